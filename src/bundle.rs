@@ -1,0 +1,1 @@
+//! Bundle manifests, verification and sealing (being written).

@@ -1,0 +1,8 @@
+//! distributor: a file-watching spool agent that verifies bundles against
+//! their manifests and publishes them into catalogued destination roots.
+
+pub mod bundle;
+pub mod config;
+pub mod hashing;
+pub mod paths;
+pub mod render;

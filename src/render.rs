@@ -1,0 +1,1 @@
+//! Markdown to HTML (being written).
