@@ -2,7 +2,11 @@
 //! their manifests and publishes them into catalogued destination roots.
 
 pub mod bundle;
+pub mod catalog;
 pub mod config;
 pub mod hashing;
+pub mod lock;
 pub mod paths;
+pub mod plan;
 pub mod render;
+pub mod storage;

@@ -1,0 +1,562 @@
+//! The ownership catalog kept in every destination root (`.distributor.json`,
+//! schema version 4): the model, strict reading, and deterministic writing.
+//!
+//! Reading classifies any state file as absent, a valid catalog, legacy
+//! (schema 1–3), future (> 4) or invalid; it never guesses. Nothing here
+//! touches the file system: callers hand in bytes and get bytes back.
+
+use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// Name of the catalog file at the top of every destination root.
+pub const STATE_FILE: &str = ".distributor.json";
+/// The schema version this tool writes.
+pub const SCHEMA_VERSION: u64 = 4;
+/// The only transform there is.
+pub const MARKDOWN_TO_HTML: &str = "markdown_to_html";
+
+/// Formats an instant as RFC 3339 in UTC with a `Z` suffix; fractional
+/// seconds appear only when non-zero.
+pub fn format_time(t: OffsetDateTime) -> String {
+    t.to_offset(time::UtcOffset::UTC)
+        .format(&Rfc3339)
+        .unwrap_or_else(|_| t.unix_timestamp().to_string())
+}
+
+/// Parses an RFC 3339 timestamp and normalises it to UTC.
+pub fn parse_time(text: &str) -> Result<OffsetDateTime, String> {
+    OffsetDateTime::parse(text, &Rfc3339)
+        .map(|t| t.to_offset(time::UtcOffset::UTC))
+        .map_err(|e| format!("{text:?} is not an RFC 3339 timestamp ({e})"))
+}
+
+/// Serde adapter for timestamps in the catalog and reports.
+pub mod rfc3339 {
+    use super::{OffsetDateTime, format_time, parse_time};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &OffsetDateTime, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_time(*t))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<OffsetDateTime, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        parse_time(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The compact identity of the bundle that produced an output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceIdentity {
+    pub id: String,
+    pub digest: String,
+    #[serde(with = "rfc3339")]
+    pub created: OffsetDateTime,
+}
+
+/// Whether an output is a copy of a bundle file or rendered from one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    Source,
+    Generated,
+}
+
+impl OutputKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputKind::Source => "source",
+            OutputKind::Generated => "generated",
+        }
+    }
+}
+
+/// One managed file in a destination root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputRecord {
+    pub path: RelPath,
+    pub pipeline_id: String,
+    pub destination_id: String,
+    pub source: SourceIdentity,
+    pub kind: OutputKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_path: Option<RelPath>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    pub sha256: String,
+    pub size: u64,
+    #[serde(with = "rfc3339")]
+    pub created_at: OffsetDateTime,
+    #[serde(with = "rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+impl OutputRecord {
+    /// True when this record belongs to the given owner.
+    pub fn owned_by(&self, pipeline_id: &str, destination_id: &str) -> bool {
+        self.pipeline_id == pipeline_id && self.destination_id == destination_id
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let path = &self.path;
+        if path.is_reserved() {
+            return Err(format!(
+                "output {path}: path uses a reserved .distributor name"
+            ));
+        }
+        check_id(IdKind::Pipeline, &self.pipeline_id).map_err(|e| format!("output {path}: {e}"))?;
+        check_id(IdKind::Destination, &self.destination_id)
+            .map_err(|e| format!("output {path}: {e}"))?;
+        check_id(IdKind::Source, &self.source.id).map_err(|e| format!("output {path}: {e}"))?;
+        if !is_sha256_digest(&self.source.digest) {
+            return Err(format!(
+                "output {path}: source.digest {:?} is not sha256:<64 lowercase hex>",
+                self.source.digest
+            ));
+        }
+        if !is_sha256_digest(&self.sha256) {
+            return Err(format!(
+                "output {path}: sha256 {:?} is not sha256:<64 lowercase hex>",
+                self.sha256
+            ));
+        }
+        match (self.kind, &self.source_path, &self.transform) {
+            (OutputKind::Source, None, None) => {}
+            (OutputKind::Source, _, _) => {
+                return Err(format!(
+                    "output {path}: a source output may not have source_path or transform"
+                ));
+            }
+            (OutputKind::Generated, Some(_), Some(t)) if t == MARKDOWN_TO_HTML => {}
+            (OutputKind::Generated, Some(_), Some(t)) => {
+                return Err(format!("output {path}: unknown transform {t:?}"));
+            }
+            (OutputKind::Generated, _, _) => {
+                return Err(format!(
+                    "output {path}: a generated output needs both source_path and transform"
+                ));
+            }
+        }
+        if let Some(url) = &self.url
+            && !is_http_url(url)
+        {
+            return Err(format!(
+                "output {path}: url {url:?} is not an absolute http(s) URL"
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn is_http_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
+        && !url.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// A valid schema-4 catalog. `outputs` is kept sorted by path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Catalog {
+    pub distributor_version: Option<String>,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+    pub outputs: Vec<OutputRecord>,
+}
+
+impl Catalog {
+    /// An empty catalog created at `now`.
+    pub fn new(now: OffsetDateTime) -> Catalog {
+        Catalog {
+            distributor_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+            created_at: now,
+            updated_at: now,
+            outputs: Vec::new(),
+        }
+    }
+
+    /// The record at `path`, if any (binary search: outputs are sorted).
+    pub fn get(&self, path: &str) -> Option<&OutputRecord> {
+        self.outputs
+            .binary_search_by(|r| r.path.as_str().cmp(path))
+            .ok()
+            .map(|i| &self.outputs[i])
+    }
+
+    /// Sorts outputs by path (byte order of the UTF-8 text).
+    pub fn sort(&mut self) {
+        self.outputs
+            .sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    }
+
+    /// Serialises as pretty JSON with a final newline.
+    pub fn to_json(&self) -> Vec<u8> {
+        let raw = RawCatalog {
+            schema_version: SCHEMA_VERSION,
+            distributor_version: self.distributor_version.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            state: RawMode {
+                mode: "catalog".to_owned(),
+            },
+            outputs: self.outputs.clone(),
+        };
+        let mut out = serde_json::to_vec_pretty(&raw).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+}
+
+/// What a root's state file says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    /// No `.distributor.json`.
+    Absent,
+    /// A valid schema-4 catalog.
+    Catalog(Catalog),
+    /// A JSON object with `schema_version` 1, 2 or 3 (superseded, never written).
+    Legacy { schema_version: u64 },
+    /// A `schema_version` above 4: written by a newer tool.
+    Future { schema_version: u64 },
+    /// Anything else; `reason` says what is wrong.
+    Invalid { reason: String },
+}
+
+impl State {
+    /// Classifies the bytes of a state file.
+    pub fn parse(bytes: &[u8]) -> State {
+        #[derive(Deserialize)]
+        struct Head {
+            schema_version: Option<serde_json::Value>,
+        }
+        let head: Head = match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(serde_json::Value::Object(map)) => Head {
+                schema_version: map.get("schema_version").cloned(),
+            },
+            Ok(_) => {
+                return State::Invalid {
+                    reason: "state is not a JSON object".to_owned(),
+                };
+            }
+            Err(e) => {
+                return State::Invalid {
+                    reason: format!("state is not valid JSON ({e})"),
+                };
+            }
+        };
+        let version = match head.schema_version {
+            Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => n.as_u64().unwrap_or(0),
+            Some(other) => {
+                return State::Invalid {
+                    reason: format!("schema_version {other} is not a positive integer"),
+                };
+            }
+            None => {
+                return State::Invalid {
+                    reason: "state has no schema_version".to_owned(),
+                };
+            }
+        };
+        match version {
+            1..=3 => State::Legacy {
+                schema_version: version,
+            },
+            SCHEMA_VERSION => match parse_v4(bytes) {
+                Ok(c) => State::Catalog(c),
+                Err(reason) => State::Invalid { reason },
+            },
+            v if v > SCHEMA_VERSION => State::Future { schema_version: v },
+            v => State::Invalid {
+                reason: format!("schema_version {v} is not a known version"),
+            },
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMode {
+    mode: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    schema_version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    distributor_version: Option<String>,
+    #[serde(with = "rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "rfc3339")]
+    updated_at: OffsetDateTime,
+    state: RawMode,
+    outputs: Vec<OutputRecord>,
+}
+
+fn parse_v4(bytes: &[u8]) -> Result<Catalog, String> {
+    let raw: RawCatalog =
+        serde_json::from_slice(bytes).map_err(|e| format!("invalid schema 4 state: {e}"))?;
+    if raw.state.mode != "catalog" {
+        return Err(format!(
+            "state.mode is {:?}; schema 4 requires \"catalog\"",
+            raw.state.mode
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for record in &raw.outputs {
+        record.check()?;
+        if !seen.insert(record.path.as_str()) {
+            return Err(format!("output {} is recorded twice", record.path));
+        }
+    }
+    let mut catalog = Catalog {
+        distributor_version: raw.distributor_version,
+        created_at: raw.created_at,
+        updated_at: raw.updated_at,
+        outputs: raw.outputs,
+    };
+    catalog.sort();
+    Ok(catalog)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The v4 example from the destination state contract, verbatim.
+    pub const SEED_V4: &str = r#"{
+  "schema_version": 4,
+  "distributor_version": "dev",
+  "created_at": "2026-06-04T12:00:00Z",
+  "updated_at": "2026-06-04T12:10:00Z",
+  "state": {
+    "mode": "catalog"
+  },
+  "outputs": [
+    {
+      "path": "report.html",
+      "pipeline_id": "reports",
+      "destination_id": "static-site",
+      "source": {
+        "id": "reports.example.2026-06-04",
+        "digest": "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "created": "2026-06-04T11:55:00Z"
+      },
+      "kind": "generated",
+      "source_path": "report.md",
+      "transform": "markdown_to_html",
+      "url": "https://reports.example.com/archive/report.html",
+      "sha256": "sha256:abcdefabcdefabcdefabcdefabcdefabcdefabcdefabcdefabcdefabcdefabcd",
+      "size": 2345,
+      "created_at": "2026-06-04T12:00:00Z",
+      "updated_at": "2026-06-04T12:10:00Z"
+    }
+  ]
+}
+"#;
+
+    /// The schema 1 example from the superseded contract.
+    const SEED_V1: &str = r#"{
+  "schema_version": 1,
+  "distributor_version": "dev",
+  "pipeline_id": "reports",
+  "destination_id": "archive",
+  "published_at": "2026-06-04T12:00:00Z",
+  "source": {"manifest": {"schema_version": 1, "id": "reports.example.2026-06-04",
+     "digest": "sha256:...", "created": "2026-06-04T11:55:00Z",
+     "files": [{"path": "report.md", "sha256": "sha256:...", "size": 1234}]}},
+  "links": {"primary_url": "https://reports.example.com/archive/report.html"},
+  "outputs": [{"path": "report.html", "kind": "generated", "source_path": "report.md",
+     "transform": "markdown_to_html", "url": "https://reports.example.com/archive/report.html",
+     "sha256": "sha256:...", "size": 2345}]
+}"#;
+
+    fn seed_value() -> serde_json::Value {
+        serde_json::from_str(SEED_V4).unwrap()
+    }
+
+    fn parse_value(v: &serde_json::Value) -> State {
+        State::parse(&serde_json::to_vec(v).unwrap())
+    }
+
+    #[test]
+    fn seed_v4_reads_and_writes_back_byte_for_byte() {
+        let State::Catalog(c) = State::parse(SEED_V4.as_bytes()) else {
+            panic!("seed must be a valid catalog");
+        };
+        assert_eq!(c.outputs.len(), 1);
+        let r = &c.outputs[0];
+        assert_eq!(r.path.as_str(), "report.html");
+        assert_eq!(r.kind, OutputKind::Generated);
+        assert_eq!(r.size, 2345);
+        assert_eq!(String::from_utf8(c.to_json()).unwrap(), SEED_V4);
+    }
+
+    #[test]
+    fn legacy_and_future_versions_are_recognised() {
+        assert_eq!(
+            State::parse(SEED_V1.as_bytes()),
+            State::Legacy { schema_version: 1 }
+        );
+        for v in [2, 3] {
+            let text = format!(r#"{{"schema_version": {v}, "anything": [1]}}"#);
+            assert_eq!(
+                State::parse(text.as_bytes()),
+                State::Legacy { schema_version: v }
+            );
+        }
+        assert_eq!(
+            State::parse(br#"{"schema_version": 5}"#),
+            State::Future { schema_version: 5 }
+        );
+    }
+
+    /// Every way a state file can be invalid, each from the contract.
+    #[test]
+    fn invalid_states_are_rejected() {
+        type Edit = fn(&mut serde_json::Value);
+        let cases: &[(&str, Edit)] = &[
+            ("unknown top-level field", |v| v["extra"] = 1.into()),
+            ("unknown output field", |v| {
+                v["outputs"][0]["extra"] = 1.into()
+            }),
+            ("unknown source field", |v| {
+                v["outputs"][0]["source"]["x"] = 1.into()
+            }),
+            ("unknown state field", |v| v["state"]["x"] = 1.into()),
+            ("wrong mode", |v| v["state"]["mode"] = "single_owner".into()),
+            ("missing outputs", |v| {
+                v.as_object_mut().unwrap().remove("outputs");
+            }),
+            ("missing created_at", |v| {
+                v.as_object_mut().unwrap().remove("created_at");
+            }),
+            ("bad timestamp", |v| v["updated_at"] = "yesterday".into()),
+            ("size as string", |v| v["outputs"][0]["size"] = "12".into()),
+            ("negative size", |v| v["outputs"][0]["size"] = (-1).into()),
+            ("uppercase sha", |v| {
+                v["outputs"][0]["sha256"] = format!("sha256:{}", "AB".repeat(32)).into()
+            }),
+            ("short sha", |v| {
+                v["outputs"][0]["sha256"] = "sha256:abc".into()
+            }),
+            ("bad source digest", |v| {
+                v["outputs"][0]["source"]["digest"] = "md5:x".into()
+            }),
+            ("dotdot path", |v| {
+                v["outputs"][0]["path"] = "../x.html".into()
+            }),
+            ("absolute path", |v| {
+                v["outputs"][0]["path"] = "/x.html".into()
+            }),
+            ("reserved path", |v| {
+                v["outputs"][0]["path"] = ".distributor.lock".into()
+            }),
+            ("bad pipeline id", |v| {
+                v["outputs"][0]["pipeline_id"] = "-x".into()
+            }),
+            ("bad destination id", |v| {
+                v["outputs"][0]["destination_id"] = "a b".into()
+            }),
+            ("bad source id", |v| {
+                v["outputs"][0]["source"]["id"] = "".into()
+            }),
+            ("bad kind", |v| v["outputs"][0]["kind"] = "copy".into()),
+            ("generated without transform", |v| {
+                v["outputs"][0].as_object_mut().unwrap().remove("transform");
+            }),
+            ("generated without source_path", |v| {
+                v["outputs"][0]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("source_path");
+            }),
+            ("source with source_path", |v| {
+                v["outputs"][0]["kind"] = "source".into()
+            }),
+            ("unknown transform", |v| {
+                v["outputs"][0]["transform"] = "gzip".into()
+            }),
+            ("bad url", |v| v["outputs"][0]["url"] = "ftp://x/y".into()),
+            ("duplicate path", |v| {
+                let first = v["outputs"][0].clone();
+                v["outputs"].as_array_mut().unwrap().push(first);
+            }),
+            ("schema_version as string", |v| {
+                v["schema_version"] = "4".into()
+            }),
+            ("schema_version zero", |v| v["schema_version"] = 0.into()),
+            ("schema_version negative", |v| {
+                v["schema_version"] = (-4).into()
+            }),
+            ("schema_version float", |v| v["schema_version"] = 4.5.into()),
+            ("no schema_version", |v| {
+                v.as_object_mut().unwrap().remove("schema_version");
+            }),
+        ];
+        for (name, edit) in cases {
+            let mut v = seed_value();
+            edit(&mut v);
+            assert!(
+                matches!(parse_value(&v), State::Invalid { .. }),
+                "{name}: {:?}",
+                parse_value(&v)
+            );
+        }
+        for junk in [
+            &b"not json"[..],
+            b"[]",
+            b"4",
+            b"",
+            b"{\"schema_version\": 4",
+        ] {
+            assert!(matches!(State::parse(junk), State::Invalid { .. }));
+        }
+    }
+
+    #[test]
+    fn writes_are_sorted_and_normalised_to_utc() {
+        let mut v = seed_value();
+        let mut second = v["outputs"][0].clone();
+        second["path"] = "a/first.html".into();
+        second["created_at"] = "2026-06-04T14:00:00.250+02:00".into();
+        v["outputs"].as_array_mut().unwrap().push(second);
+        let State::Catalog(c) = parse_value(&v) else {
+            panic!()
+        };
+        let text = String::from_utf8(c.to_json()).unwrap();
+        let a = text.find("a/first.html").unwrap();
+        let b = text.find("report.html\"").unwrap();
+        assert!(a < b, "outputs sorted by path");
+        assert!(text.contains("\"created_at\": \"2026-06-04T12:00:00.25Z\""));
+        assert!(text.ends_with("}\n"));
+        assert_eq!(State::parse(text.as_bytes()), State::Catalog(c));
+    }
+
+    #[test]
+    fn timestamps_compare_as_instants() {
+        assert_eq!(
+            parse_time("2026-06-04T13:55:00+02:00").unwrap(),
+            parse_time("2026-06-04T11:55:00Z").unwrap()
+        );
+        assert_eq!(
+            format_time(parse_time("2026-06-04T13:55:00.5+02:00").unwrap()),
+            "2026-06-04T11:55:00.5Z"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let _ = State::parse(&bytes);
+        }
+    }
+}

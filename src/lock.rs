@@ -1,0 +1,135 @@
+//! The per-root advisory lock: an exclusive `flock(2)` on
+//! `<root>/.distributor.lock`, held through an RAII guard.
+//!
+//! The lock file is created once and never replaced or deleted, so every
+//! process (and an operator's `flock` command) locks the same inode.
+
+use crate::storage::Root;
+use cap_std::fs::{OpenOptions, OpenOptionsExt};
+use std::fs::{File, TryLockError};
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Name of the lock file at the top of every destination root.
+pub const LOCK_FILE: &str = ".distributor.lock";
+
+/// Why the lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(
+        "timed out after {waited:?} waiting for the lock on {root}/{LOCK_FILE}; another distributor process (or an operator's flock) holds it. It will be retried; check `fuser {root}/{LOCK_FILE}` if it persists"
+    )]
+    Timeout { root: String, waited: Duration },
+    #[error("cannot open lock file {root}/{LOCK_FILE}: {source}")]
+    Io {
+        root: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Holds the lock until dropped.
+#[derive(Debug)]
+pub struct RootLock {
+    _file: File,
+}
+
+fn open_lock_file(root: &Root, create: bool) -> io::Result<Option<File>> {
+    let mut o = OpenOptions::new();
+    o.read(true)
+        .write(true)
+        .create(create)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    match root.dir().open_with(LOCK_FILE, &o) {
+        Ok(f) => Ok(Some(f.into_std())),
+        Err(e) if !create && e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes the lock, creating the lock file if needed, waiting up to
+/// `timeout`. Logs once when it has to wait.
+pub fn acquire(root: &Root, timeout: Duration) -> Result<RootLock, LockError> {
+    let file = open_lock_file(root, true)
+        .map_err(|source| LockError::Io {
+            root: root.path().display().to_string(),
+            source,
+        })?
+        .ok_or_else(|| LockError::Io {
+            root: root.path().display().to_string(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        })?;
+    wait_for(file, root, timeout)
+}
+
+/// Takes the lock only if the lock file already exists (dry runs create
+/// nothing). `Ok(None)` when there is no lock file.
+pub fn acquire_existing(root: &Root, timeout: Duration) -> Result<Option<RootLock>, LockError> {
+    let file = open_lock_file(root, false).map_err(|source| LockError::Io {
+        root: root.path().display().to_string(),
+        source,
+    })?;
+    match file {
+        Some(file) => wait_for(file, root, timeout).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn wait_for(file: File, root: &Root, timeout: Duration) -> Result<RootLock, LockError> {
+    let start = Instant::now();
+    let mut logged = false;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(RootLock { _file: file }),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(source)) => {
+                return Err(LockError::Io {
+                    root: root.path().display().to_string(),
+                    source,
+                });
+            }
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(LockError::Timeout {
+                root: root.path().display().to_string(),
+                waited,
+            });
+        }
+        if !logged {
+            log::info!(
+                "waiting for the lock on {}/{LOCK_FILE} (up to {timeout:?})",
+                root.path().display()
+            );
+            logged = true;
+        }
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_holder_times_out_until_the_first_drops() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::open(tmp.path()).unwrap().unwrap();
+        let held = acquire(&root, Duration::from_secs(1)).unwrap();
+        let err = acquire(&root, Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+        drop(held);
+        assert!(acquire(&root, Duration::from_millis(50)).is_ok());
+    }
+
+    #[test]
+    fn acquire_existing_creates_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::open(tmp.path()).unwrap().unwrap();
+        assert!(acquire_existing(&root, Duration::ZERO).unwrap().is_none());
+        assert!(!tmp.path().join(LOCK_FILE).exists());
+    }
+}

@@ -1,0 +1,1073 @@
+//! Planning: the pure decision, per destination, of what a publication does.
+//!
+//! Inputs are the destination's settings, the bundle's outputs, the root's
+//! state and a listing of the storage paths that matter; the output is a
+//! [`Plan`] with one of the contract's action labels. No file system access
+//! and no clock here: `now` is an input, so every rule is a small unit test.
+
+use crate::catalog::{
+    Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, STATE_FILE, SourceIdentity, State,
+};
+use crate::config::Workflow;
+use crate::paths::RelPath;
+use crate::storage::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+use time::OffsetDateTime;
+
+/// The contract's action labels (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    PublishNew,
+    UpsertAdditive,
+    ReplaceCatalog,
+    SkipSame,
+    ForceReplace,
+    FailUnmanaged,
+    FailConflict,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::PublishNew => "publish_new",
+            Action::UpsertAdditive => "upsert_additive",
+            Action::ReplaceCatalog => "replace_catalog",
+            Action::SkipSame => "skip_same",
+            Action::ForceReplace => "force_replace",
+            Action::FailUnmanaged => "fail_unmanaged",
+            Action::FailConflict => "fail_conflict",
+        }
+    }
+
+    /// True for the two refusals.
+    pub fn is_refusal(self) -> bool {
+        matches!(self, Action::FailUnmanaged | Action::FailConflict)
+    }
+}
+
+/// One output the publication wants in the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    pub path: RelPath,
+    pub kind: OutputKind,
+    /// The bundle file the bytes come from (copied or rendered).
+    pub bundle_path: RelPath,
+    pub url: Option<String>,
+    pub sha256: String,
+    pub size: u64,
+}
+
+impl Desired {
+    fn record(&self, input: &PlanInput<'_>, created_at: OffsetDateTime) -> OutputRecord {
+        let generated = self.kind == OutputKind::Generated;
+        OutputRecord {
+            path: self.path.clone(),
+            pipeline_id: input.pipeline_id.to_owned(),
+            destination_id: input.destination_id.to_owned(),
+            source: input.source.clone(),
+            kind: self.kind,
+            source_path: generated.then(|| self.bundle_path.clone()),
+            transform: generated.then(|| MARKDOWN_TO_HTML.to_owned()),
+            url: self.url.clone(),
+            sha256: self.sha256.clone(),
+            size: self.size,
+            created_at,
+            updated_at: input.now,
+        }
+    }
+
+    /// True when `record` already describes exactly this output for `input`'s owner and source.
+    fn matches(&self, record: &OutputRecord, input: &PlanInput<'_>) -> bool {
+        let want = self.record(input, record.created_at);
+        OutputRecord {
+            updated_at: record.updated_at,
+            ..want
+        } == *record
+    }
+}
+
+/// What storage holds at the paths that matter to a plan.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub root_exists: bool,
+    /// Top-level names, reserved ones aside.
+    pub top_level: Vec<String>,
+    /// Entries at every planned path and each of its folders.
+    pub entries: BTreeMap<String, Entry>,
+    /// Every entry below the root; filled only when [`needs_walk`] says so.
+    pub all: Vec<(String, Entry)>,
+}
+
+impl Listing {
+    fn entry(&self, path: &str) -> Entry {
+        self.entries.get(path).copied().unwrap_or(Entry::Missing)
+    }
+}
+
+/// The storage paths a plan for `desired` looks at: each output path and
+/// each folder above it.
+pub fn probe_paths(desired: &[Desired]) -> BTreeSet<String> {
+    let mut paths = BTreeSet::new();
+    for d in desired {
+        paths.insert(d.path.as_str().to_owned());
+        paths.extend(d.path.ancestors().map(str::to_owned));
+    }
+    paths
+}
+
+/// True when planning needs the full listing of the root (clearing plans).
+pub fn needs_walk(state: &State, workflow: Workflow, force: bool) -> bool {
+    force || (matches!(state, State::Legacy { .. }) && workflow == Workflow::Replacement)
+}
+
+/// Everything planning decides from.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    pub pipeline_id: &'a str,
+    pub destination_id: &'a str,
+    pub workflow: Workflow,
+    pub force: bool,
+    pub source: &'a SourceIdentity,
+    /// Sorted by path, unique, no path a folder of another.
+    pub desired: &'a [Desired],
+    pub state: &'a State,
+    pub listing: &'a Listing,
+    pub now: OffsetDateTime,
+}
+
+/// The decision for one destination.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub action: Action,
+    /// Outputs to write (empty for skips and refusals).
+    pub writes: Vec<Desired>,
+    /// Entries removed before anything is written: everything for
+    /// `force_replace`, entries that block planned paths for a replacement
+    /// over legacy state. Removed whole (folders with their content).
+    pub clear_first: Vec<String>,
+    /// Files removed after the writes (replacement), then their emptied folders.
+    pub delete_after: Vec<String>,
+    /// What the report lists as deleted: every file gone afterwards.
+    pub deletes: Vec<String>,
+    /// Storage paths that block the plan.
+    pub unmanaged: Vec<String>,
+    pub error: Option<String>,
+    /// The catalog to write last; `None` when nothing is written.
+    pub catalog: Option<Catalog>,
+}
+
+impl Plan {
+    fn refused(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
+        Plan {
+            action,
+            writes: Vec::new(),
+            clear_first: Vec::new(),
+            delete_after: Vec::new(),
+            deletes: Vec::new(),
+            unmanaged,
+            error: Some(error),
+            catalog: None,
+        }
+    }
+}
+
+/// Plans one destination.
+pub fn plan(input: &PlanInput<'_>) -> Plan {
+    if input.force {
+        return force_plan(input);
+    }
+    let force_hint = format!(
+        "review with --dry-run, then run with --force --destination {} to replace the whole root",
+        input.destination_id
+    );
+    match input.state {
+        State::Invalid { reason } => Plan::refused(
+            Action::FailConflict,
+            Vec::new(),
+            format!("{STATE_FILE} is invalid: {reason}; repair it by hand or {force_hint}"),
+        ),
+        State::Future { schema_version } => Plan::refused(
+            Action::FailConflict,
+            Vec::new(),
+            format!(
+                "{STATE_FILE} has schema_version {schema_version}, newer than this distributor understands (4); upgrade distributor, or {force_hint}"
+            ),
+        ),
+        State::Absent => {
+            if input.listing.root_exists && !input.listing.top_level.is_empty() {
+                let n = input.listing.top_level.len();
+                return Plan::refused(
+                    Action::FailUnmanaged,
+                    input.listing.top_level.clone(),
+                    format!(
+                        "the root has no {STATE_FILE} but holds {n} unmanaged entr{} (first: {:?}); distributor never adopts files it did not write. Point the destination at an empty folder, move the content away, or {force_hint}",
+                        if n == 1 { "y" } else { "ies" },
+                        input.listing.top_level[0]
+                    ),
+                );
+            }
+            write_plan(input, Action::PublishNew, None, Vec::new(), Vec::new())
+        }
+        State::Legacy { .. } => legacy_plan(input, &force_hint),
+        State::Catalog(catalog) => catalog_plan(input, catalog, &force_hint),
+    }
+}
+
+/// A plan that writes every desired output, removes `delete_after` (and
+/// their records) and keeps every other record of `base`.
+fn write_plan(
+    input: &PlanInput<'_>,
+    action: Action,
+    base: Option<&Catalog>,
+    clear_first: Vec<String>,
+    delete_after: Vec<String>,
+) -> Plan {
+    let mut catalog = base.cloned().unwrap_or_else(|| Catalog::new(input.now));
+    catalog.updated_at = input.now;
+    catalog.distributor_version = Some(env!("CARGO_PKG_VERSION").to_owned());
+    let mut records: BTreeMap<String, OutputRecord> = std::mem::take(&mut catalog.outputs)
+        .into_iter()
+        .map(|r| (r.path.as_str().to_owned(), r))
+        .collect();
+    for gone in &delete_after {
+        records.remove(gone);
+    }
+    for d in input.desired {
+        let created_at = records
+            .get(d.path.as_str())
+            .map_or(input.now, |r| r.created_at);
+        records.insert(d.path.as_str().to_owned(), d.record(input, created_at));
+    }
+    catalog.outputs = records.into_values().collect();
+    Plan {
+        action,
+        writes: input.desired.to_vec(),
+        clear_first,
+        deletes: delete_after.clone(),
+        delete_after,
+        unmanaged: Vec::new(),
+        error: None,
+        catalog: Some(catalog),
+    }
+}
+
+
+/// Files (anything but folders) in the full listing that no planned output
+/// replaces: what a clearing plan leaves gone.
+fn unplanned_files(input: &PlanInput<'_>) -> Vec<String> {
+    let planned: BTreeSet<&str> = input.desired.iter().map(|d| d.path.as_str()).collect();
+    input
+        .listing
+        .all
+        .iter()
+        .filter(|(p, e)| *e != Entry::Dir && !planned.contains(p.as_str()))
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+fn force_plan(input: &PlanInput<'_>) -> Plan {
+    let mut plan = write_plan(
+        input,
+        Action::ForceReplace,
+        None,
+        input.listing.top_level.clone(),
+        Vec::new(),
+    );
+    plan.deletes = unplanned_files(input);
+    plan
+}
+
+/// Legacy state (schema 1–3): its records are not trusted; the new catalog
+/// holds only the planned outputs.
+fn legacy_plan(input: &PlanInput<'_>, force_hint: &str) -> Plan {
+    match input.workflow {
+        Workflow::Additive => {
+            let mut unmanaged = Vec::new();
+            for d in input.desired {
+                let blocked_at = d
+                    .path
+                    .ancestors()
+                    .find(|a| !matches!(input.listing.entry(a), Entry::Missing | Entry::Dir));
+                if let Some(a) = blocked_at {
+                    unmanaged.push(a.to_owned());
+                } else if !matches!(
+                    input.listing.entry(d.path.as_str()),
+                    Entry::Missing | Entry::File { .. }
+                ) {
+                    unmanaged.push(d.path.as_str().to_owned());
+                }
+            }
+            if !unmanaged.is_empty() {
+                return unmanaged_refusal(unmanaged, force_hint);
+            }
+            write_plan(input, Action::UpsertAdditive, None, Vec::new(), Vec::new())
+        }
+        Workflow::Replacement => {
+            // Entries in the way of a planned path go first; every other
+            // unplanned file goes after the writes.
+            let planned = probe_paths(input.desired);
+            let desired_files: BTreeSet<&str> =
+                input.desired.iter().map(|d| d.path.as_str()).collect();
+            let mut clear_first = Vec::new();
+            let mut delete_after = Vec::new();
+            for (path, entry) in &input.listing.all {
+                let is_folder_needed = planned.contains(path) && !desired_files.contains(path.as_str());
+                let blocks = match entry {
+                    Entry::Dir => desired_files.contains(path.as_str()),
+                    _ => is_folder_needed,
+                };
+                let inside_cleared = clear_first
+                    .iter()
+                    .any(|c: &String| path.starts_with(c.as_str()) && path[c.len()..].starts_with('/'));
+                if inside_cleared {
+                    continue;
+                }
+                if blocks {
+                    clear_first.push(path.clone());
+                } else if *entry != Entry::Dir && !desired_files.contains(path.as_str()) {
+                    delete_after.push(path.clone());
+                } else if *entry == Entry::Dir
+                    && !planned.contains(path)
+                    && !input
+                        .listing
+                        .all
+                        .iter()
+                        .any(|(p, _)| p.starts_with(path.as_str()) && p[path.len()..].starts_with('/'))
+                {
+                    // An empty folder is content too.
+                    delete_after.push(path.clone());
+                }
+            }
+            let mut plan = write_plan(
+                input,
+                Action::ReplaceCatalog,
+                None,
+                clear_first,
+                delete_after,
+            );
+            plan.deletes = unplanned_files(input);
+            plan
+        }
+    }
+}
+
+fn unmanaged_refusal(mut unmanaged: Vec<String>, force_hint: &str) -> Plan {
+    unmanaged.sort();
+    unmanaged.dedup();
+    let error = format!(
+        "{} exists in the root but is not recorded in {STATE_FILE}; distributor never overwrites files it does not own. Move it away, or {force_hint}",
+        unmanaged.join(", ")
+    );
+    Plan::refused(Action::FailUnmanaged, unmanaged, error)
+}
+
+fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> Plan {
+    let mut conflicts = Vec::new();
+    let mut unmanaged = Vec::new();
+    for d in input.desired {
+        let path = d.path.as_str();
+        for a in d.path.ancestors() {
+            if let Some(r) = catalog.get(a) {
+                conflicts.push(format!(
+                    "planned output {path} needs {a} to be a folder, but {a} is a managed output of {}/{}",
+                    r.pipeline_id, r.destination_id
+                ));
+            } else if !matches!(input.listing.entry(a), Entry::Missing | Entry::Dir) {
+                unmanaged.push(a.to_owned());
+            }
+        }
+        let below = format!("{path}/");
+        let first_below = catalog
+            .outputs
+            .partition_point(|r| r.path.as_str() < below.as_str());
+        if let Some(r) = catalog.outputs.get(first_below)
+            && r.path.as_str().starts_with(&below)
+        {
+            conflicts.push(format!(
+                "planned output {path} would be a file, but the managed output {} of {}/{} lies below it",
+                r.path, r.pipeline_id, r.destination_id
+            ));
+        }
+        match input.listing.entry(path) {
+            Entry::Missing => {}
+            Entry::Dir => unmanaged.push(path.to_owned()),
+            Entry::File { .. } | Entry::Symlink | Entry::Other => {
+                if catalog.get(path).is_none() {
+                    unmanaged.push(path.to_owned());
+                }
+            }
+        }
+    }
+    if !conflicts.is_empty() {
+        return Plan::refused(
+            Action::FailConflict,
+            Vec::new(),
+            format!(
+                "{}; change the bundle or the prefix, or {force_hint}",
+                conflicts.join("; ")
+            ),
+        );
+    }
+    if !unmanaged.is_empty() {
+        return unmanaged_refusal(unmanaged, force_hint);
+    }
+
+    let planned: BTreeSet<&str> = input.desired.iter().map(|d| d.path.as_str()).collect();
+    let delete_after: Vec<String> = match input.workflow {
+        Workflow::Additive => Vec::new(),
+        Workflow::Replacement => catalog
+            .outputs
+            .iter()
+            .filter(|r| {
+                r.owned_by(input.pipeline_id, input.destination_id)
+                    && !planned.contains(r.path.as_str())
+            })
+            .map(|r| r.path.as_str().to_owned())
+            .collect(),
+    };
+    let all_same = input.desired.iter().all(|d| {
+        catalog.get(d.path.as_str()).is_some_and(|r| d.matches(r, input))
+            && input.listing.entry(d.path.as_str()) == Entry::File { size: d.size }
+    });
+    if all_same && delete_after.is_empty() {
+        return Plan {
+            action: Action::SkipSame,
+            writes: Vec::new(),
+            clear_first: Vec::new(),
+            delete_after: Vec::new(),
+            deletes: Vec::new(),
+            unmanaged: Vec::new(),
+            error: None,
+            catalog: None,
+        };
+    }
+    let action = match input.workflow {
+        Workflow::Additive => Action::UpsertAdditive,
+        Workflow::Replacement => Action::ReplaceCatalog,
+    };
+    write_plan(input, action, Some(catalog), Vec::new(), delete_after)
+}
+
+/// Percent-encodes one path segment: every byte but `A-Z a-z 0-9 - . _ ~`,
+/// uppercase hex (SPEC §11.15).
+pub fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `base_url` (ending in `/`) followed by the encoded output path.
+pub fn output_url(base_url: &str, path: &RelPath) -> String {
+    let mut url = base_url.to_owned();
+    if !url.ends_with('/') {
+        url.push('/');
+    }
+    let encoded: Vec<String> = path.segments().map(encode_segment).collect();
+    url.push_str(&encoded.join("/"));
+    url
+}
+
+/// Checks that planned paths are unique and that none is a folder of
+/// another; returns the first offending pair as an operator message.
+pub fn check_unique(desired: &[Desired]) -> Result<(), String> {
+    let mut sorted: Vec<&Desired> = desired.iter().collect();
+    sorted.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    for pair in sorted.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.path == b.path {
+            return Err(format!(
+                "two outputs would be written to {} (from {} and {}); rename one of the files in the bundle",
+                a.path, a.bundle_path, b.bundle_path
+            ));
+        }
+    }
+    let files: BTreeSet<&str> = desired.iter().map(|d| d.path.as_str()).collect();
+    for d in desired {
+        if let Some(a) = d.path.ancestors().find(|a| files.contains(a)) {
+            return Err(format!(
+                "output {} would need {a} to be a folder, but {a} is also an output; rename one of the files in the bundle",
+                d.path
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::parse_time;
+
+    const P: &str = "reports";
+    const D: &str = "site";
+
+    fn t(text: &str) -> OffsetDateTime {
+        parse_time(text).unwrap()
+    }
+
+    fn now() -> OffsetDateTime {
+        t("2026-07-01T00:00:00Z")
+    }
+
+    fn hex(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    fn source(id: &str) -> SourceIdentity {
+        SourceIdentity {
+            id: id.to_owned(),
+            digest: hex('d'),
+            created: t("2026-06-04T11:55:00Z"),
+        }
+    }
+
+    fn want(path: &str, sha: char, size: u64) -> Desired {
+        let p = RelPath::parse(path).unwrap();
+        Desired {
+            path: p.clone(),
+            kind: OutputKind::Source,
+            bundle_path: p,
+            url: None,
+            sha256: hex(sha),
+            size,
+        }
+    }
+
+    fn rec(path: &str, owner: (&str, &str), src: &SourceIdentity, sha: char, size: u64) -> OutputRecord {
+        OutputRecord {
+            path: RelPath::parse(path).unwrap(),
+            pipeline_id: owner.0.to_owned(),
+            destination_id: owner.1.to_owned(),
+            source: src.clone(),
+            kind: OutputKind::Source,
+            source_path: None,
+            transform: None,
+            url: None,
+            sha256: hex(sha),
+            size,
+            created_at: t("2026-01-01T00:00:00Z"),
+            updated_at: t("2026-02-01T00:00:00Z"),
+        }
+    }
+
+    fn catalog(records: Vec<OutputRecord>) -> State {
+        let mut c = Catalog::new(t("2026-01-01T00:00:00Z"));
+        c.outputs = records;
+        c.sort();
+        State::Catalog(c)
+    }
+
+    /// A root holding these entries (folders above them added).
+    fn storage(entries: &[(&str, Entry)]) -> Listing {
+        let mut all: BTreeMap<String, Entry> = BTreeMap::new();
+        for (path, entry) in entries {
+            let p = RelPath::parse(path).unwrap();
+            for a in p.ancestors() {
+                all.insert(a.to_owned(), Entry::Dir);
+            }
+            all.insert(path.to_string(), *entry);
+        }
+        Listing {
+            root_exists: true,
+            top_level: all.keys().filter(|p| !p.contains('/')).cloned().collect(),
+            entries: all.clone(),
+            all: all.into_iter().collect(),
+        }
+    }
+
+    fn file(size: u64) -> Entry {
+        Entry::File { size }
+    }
+
+    struct Case {
+        name: &'static str,
+        workflow: Workflow,
+        force: bool,
+        state: State,
+        listing: Listing,
+        desired: Vec<Desired>,
+        action: Action,
+        writes: &'static [&'static str],
+        deletes: &'static [&'static str],
+        unmanaged: &'static [&'static str],
+        /// Paths the new catalog records (None: no catalog written).
+        recorded: Option<&'static [&'static str]>,
+    }
+
+    fn run(case: &Case) -> Plan {
+        let src = source("bundle-2");
+        let input = PlanInput {
+            pipeline_id: P,
+            destination_id: D,
+            workflow: case.workflow,
+            force: case.force,
+            source: &src,
+            desired: &case.desired,
+            state: &case.state,
+            listing: &case.listing,
+            now: now(),
+        };
+        plan(&input)
+    }
+
+    #[test]
+    fn action_table() {
+        use Workflow::{Additive, Replacement};
+        let old = source("bundle-1");
+        let new = source("bundle-2");
+        let same_instant = SourceIdentity {
+            created: t("2026-06-04T13:55:00+02:00"),
+            ..new.clone()
+        };
+        let cases = vec![
+            Case {
+                name: "publish_new into a missing root",
+                workflow: Additive,
+                force: false,
+                state: State::Absent,
+                listing: Listing::default(),
+                desired: vec![want("a/r.html", 'a', 3)],
+                action: Action::PublishNew,
+                writes: &["a/r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["a/r.html"]),
+            },
+            Case {
+                name: "publish_new into an empty root",
+                workflow: Replacement,
+                force: false,
+                state: State::Absent,
+                listing: storage(&[]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::PublishNew,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "no state but content is unmanaged",
+                workflow: Additive,
+                force: false,
+                state: State::Absent,
+                listing: storage(&[("index.html", file(1)), ("img/x.png", file(1))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["img", "index.html"],
+                recorded: None,
+            },
+            Case {
+                name: "an empty folder counts as content",
+                workflow: Additive,
+                force: false,
+                state: State::Absent,
+                listing: storage(&[("empty", Entry::Dir)]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["empty"],
+                recorded: None,
+            },
+            Case {
+                name: "invalid state is a conflict even in an otherwise empty root",
+                workflow: Additive,
+                force: false,
+                state: State::Invalid { reason: "not JSON".into() },
+                listing: storage(&[]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailConflict,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: None,
+            },
+            Case {
+                name: "future state is a conflict",
+                workflow: Replacement,
+                force: false,
+                state: State::Future { schema_version: 5 },
+                listing: storage(&[]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailConflict,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: None,
+            },
+            Case {
+                name: "additive keeps every other record",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![
+                    rec("mine-old.html", (P, D), &old, 'b', 1),
+                    rec("theirs.html", ("other", "x"), &old, 'c', 1),
+                ]),
+                listing: storage(&[("mine-old.html", file(1)), ("theirs.html", file(1))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["mine-old.html", "r.html", "theirs.html"]),
+            },
+            Case {
+                name: "replacement deletes only the same owner's omitted outputs",
+                workflow: Replacement,
+                force: false,
+                state: catalog(vec![
+                    rec("mine-old.html", (P, D), &old, 'b', 1),
+                    rec("other-dest.html", (P, "archive"), &old, 'c', 1),
+                    rec("theirs.html", ("other", D), &old, 'c', 1),
+                ]),
+                listing: storage(&[
+                    ("mine-old.html", file(1)),
+                    ("other-dest.html", file(1)),
+                    ("theirs.html", file(1)),
+                ]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::ReplaceCatalog,
+                writes: &["r.html"],
+                deletes: &["mine-old.html"],
+                unmanaged: &[],
+                recorded: Some(&["other-dest.html", "r.html", "theirs.html"]),
+            },
+            Case {
+                name: "skip_same when every output is recorded and present",
+                workflow: Replacement,
+                force: false,
+                state: catalog(vec![
+                    rec("r.html", (P, D), &same_instant, 'a', 3),
+                    rec("theirs.html", ("other", D), &old, 'c', 1),
+                ]),
+                listing: storage(&[("r.html", file(3))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::SkipSame,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: None,
+            },
+            Case {
+                name: "not skip_same when the file on disk has another size",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![rec("r.html", (P, D), &new, 'a', 3)]),
+                listing: storage(&[("r.html", file(4))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "not skip_same when the file is gone",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![rec("r.html", (P, D), &new, 'a', 3)]),
+                listing: storage(&[]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "not skip_same when replacement would remove something",
+                workflow: Replacement,
+                force: false,
+                state: catalog(vec![
+                    rec("extra.html", (P, D), &new, 'b', 1),
+                    rec("r.html", (P, D), &new, 'a', 3),
+                ]),
+                listing: storage(&[("extra.html", file(1)), ("r.html", file(3))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::ReplaceCatalog,
+                writes: &["r.html"],
+                deletes: &["extra.html"],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "not skip_same when the source differs",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![rec("r.html", (P, D), &old, 'a', 3)]),
+                listing: storage(&[("r.html", file(3))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "an unrecorded file at a planned path is unmanaged",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![]),
+                listing: storage(&[("r.html", file(3))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["r.html"],
+                recorded: None,
+            },
+            Case {
+                name: "an unrecorded file where a folder must go is unmanaged",
+                workflow: Replacement,
+                force: false,
+                state: catalog(vec![]),
+                listing: storage(&[("a", file(3))]),
+                desired: vec![want("a/r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["a"],
+                recorded: None,
+            },
+            Case {
+                name: "a symlink where a folder must go is unmanaged",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![]),
+                listing: storage(&[("a", Entry::Symlink)]),
+                desired: vec![want("a/r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["a"],
+                recorded: None,
+            },
+            Case {
+                name: "a folder at a planned path is unmanaged",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![]),
+                listing: storage(&[("r.html/x", file(1))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["r.html"],
+                recorded: None,
+            },
+            Case {
+                name: "a managed file where a folder must go is a conflict",
+                workflow: Replacement,
+                force: false,
+                state: catalog(vec![rec("a", (P, D), &old, 'b', 1)]),
+                listing: storage(&[("a", file(1))]),
+                desired: vec![want("a/r.html", 'a', 3)],
+                action: Action::FailConflict,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: None,
+            },
+            Case {
+                name: "a managed file below a planned file is a conflict",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![rec("a/b", ("other", "x"), &old, 'b', 1)]),
+                listing: storage(&[]),
+                desired: vec![want("a", 'a', 3)],
+                action: Action::FailConflict,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: None,
+            },
+            Case {
+                name: "a recorded path now holding a symlink is overwritten",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![rec("r.html", ("other", "x"), &old, 'b', 1)]),
+                listing: storage(&[("r.html", Entry::Symlink)]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "force replaces invalid state and unmanaged content",
+                workflow: Additive,
+                force: true,
+                state: State::Invalid { reason: "x".into() },
+                listing: storage(&[("junk/a.txt", file(1)), ("r.html", file(1))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::ForceReplace,
+                writes: &["r.html"],
+                deletes: &["junk/a.txt"],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "legacy additive overwrites planned files and records only them",
+                workflow: Additive,
+                force: false,
+                state: State::Legacy { schema_version: 1 },
+                listing: storage(&[("r.html", file(9)), ("old.html", file(1))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["r.html"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["r.html"]),
+            },
+            Case {
+                name: "legacy additive refuses a folder at a planned path",
+                workflow: Additive,
+                force: false,
+                state: State::Legacy { schema_version: 2 },
+                listing: storage(&[("r.html/x", file(9))]),
+                desired: vec![want("r.html", 'a', 3)],
+                action: Action::FailUnmanaged,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &["r.html"],
+                recorded: None,
+            },
+            Case {
+                name: "legacy replacement clears the root",
+                workflow: Replacement,
+                force: false,
+                state: State::Legacy { schema_version: 3 },
+                listing: storage(&[("r.html", file(9)), ("old/x.html", file(1)), ("a", file(1))]),
+                desired: vec![want("a/r.html", 'a', 3), want("r.html", 'a', 3)],
+                action: Action::ReplaceCatalog,
+                writes: &["a/r.html", "r.html"],
+                deletes: &["a", "old/x.html"],
+                unmanaged: &[],
+                recorded: Some(&["a/r.html", "r.html"]),
+            },
+        ];
+        for case in &cases {
+            let plan = run(case);
+            let name = case.name;
+            assert_eq!(plan.action, case.action, "{name}: {:?}", plan.error);
+            let writes: Vec<&str> = plan.writes.iter().map(|d| d.path.as_str()).collect();
+            assert_eq!(writes, case.writes, "{name}: writes");
+            assert_eq!(plan.deletes, case.deletes, "{name}: deletes");
+            assert_eq!(plan.unmanaged, case.unmanaged, "{name}: unmanaged");
+            assert_eq!(plan.error.is_some(), case.action.is_refusal(), "{name}: error");
+            let recorded: Option<Vec<&str>> = plan
+                .catalog
+                .as_ref()
+                .map(|c| c.outputs.iter().map(|r| r.path.as_str()).collect());
+            assert_eq!(recorded.as_deref(), case.recorded, "{name}: catalog");
+        }
+    }
+
+    #[test]
+    fn ownership_change_keeps_created_at_and_sets_updated_at() {
+        let old = source("bundle-1");
+        let state = catalog(vec![rec("r.html", ("other", "x"), &old, 'b', 1)]);
+        let listing = storage(&[("r.html", file(1))]);
+        let desired = vec![want("r.html", 'a', 3)];
+        let src = source("bundle-2");
+        let plan = plan(&PlanInput {
+            pipeline_id: P,
+            destination_id: D,
+            workflow: Workflow::Additive,
+            force: false,
+            source: &src,
+            desired: &desired,
+            state: &state,
+            listing: &listing,
+            now: now(),
+        });
+        let c = plan.catalog.unwrap();
+        let r = &c.outputs[0];
+        assert_eq!((r.pipeline_id.as_str(), r.destination_id.as_str()), (P, D));
+        assert_eq!(r.source, src);
+        assert_eq!(r.created_at, t("2026-01-01T00:00:00Z"));
+        assert_eq!(r.updated_at, now());
+        assert_eq!(r.sha256, hex('a'));
+        assert_eq!(c.created_at, t("2026-01-01T00:00:00Z"), "catalog keeps its birth");
+        assert_eq!(c.updated_at, now());
+    }
+
+    #[test]
+    fn legacy_replacement_clears_blockers_before_writing() {
+        let state = State::Legacy { schema_version: 1 };
+        let listing = storage(&[("a", file(1)), ("r.html/x", file(1)), ("keep/y", file(1))]);
+        let desired = vec![want("a/b.html", 'a', 3), want("r.html", 'a', 3)];
+        let src = source("s");
+        let plan = plan(&PlanInput {
+            pipeline_id: P,
+            destination_id: D,
+            workflow: Workflow::Replacement,
+            force: false,
+            source: &src,
+            desired: &desired,
+            state: &state,
+            listing: &listing,
+            now: now(),
+        });
+        assert_eq!(plan.clear_first, ["a", "r.html"]);
+        assert_eq!(plan.delete_after, ["keep/y"]);
+    }
+
+    #[test]
+    fn generated_outputs_record_source_path_and_transform() {
+        let mut d = want("r.html", 'a', 3);
+        d.kind = OutputKind::Generated;
+        d.bundle_path = RelPath::parse("r.md").unwrap();
+        d.url = Some("https://x.example/r.html".into());
+        let src = source("s");
+        let plan = plan(&PlanInput {
+            pipeline_id: P,
+            destination_id: D,
+            workflow: Workflow::Additive,
+            force: false,
+            source: &src,
+            desired: std::slice::from_ref(&d),
+            state: &State::Absent,
+            listing: &Listing::default(),
+            now: now(),
+        });
+        let r = &plan.catalog.unwrap().outputs[0];
+        assert_eq!(r.source_path.as_ref().map(RelPath::as_str), Some("r.md"));
+        assert_eq!(r.transform.as_deref(), Some(MARKDOWN_TO_HTML));
+        assert_eq!(r.url.as_deref(), Some("https://x.example/r.html"));
+    }
+
+    #[test]
+    fn urls_percent_encode_each_segment() {
+        let cases = [
+            ("https://x.example/a/", "r.html", "https://x.example/a/r.html"),
+            ("https://x.example/a", "r.html", "https://x.example/a/r.html"),
+            ("https://x.example/", "my file/ü~_.html", "https://x.example/my%20file/%C3%BC~_.html"),
+            ("https://x.example/", "a+b&c/%.html", "https://x.example/a%2Bb%26c/%25.html"),
+        ];
+        for (base, path, url) in cases {
+            assert_eq!(output_url(base, &RelPath::parse(path).unwrap()), url);
+        }
+    }
+
+    #[test]
+    fn duplicate_and_nested_outputs_are_rejected() {
+        let mut html = want("x.html", 'a', 1);
+        html.bundle_path = RelPath::parse("x.md").unwrap();
+        let err = check_unique(&[want("x.html", 'b', 1), html]).unwrap_err();
+        assert!(err.contains("x.html") && err.contains("x.md"), "{err}");
+        let err = check_unique(&[want("a", 'a', 1), want("a/b", 'a', 1)]).unwrap_err();
+        assert!(err.contains("a/b"), "{err}");
+        assert!(check_unique(&[want("a", 'a', 1), want("ab/c", 'a', 1)]).is_ok());
+    }
+}

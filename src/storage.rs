@@ -1,0 +1,465 @@
+//! Root-bounded file operations on a destination root.
+//!
+//! Every path is resolved one plain segment at a time from an open handle on
+//! the root, refusing symbolic links at every step, so nothing outside the
+//! root is ever read, written, deleted or followed, whatever the root holds.
+//! A symlink inside the root is treated as content (an entry), never as a
+//! folder to descend into. This module decides nothing about plans.
+
+use crate::hashing::{self, Hashed};
+use crate::paths::{RelPath, is_reserved_name};
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Prefix of every temporary file the tool creates.
+pub const TEMP_PREFIX: &str = ".distributor-tmp-";
+
+/// What sits at a path in storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    Missing,
+    File { size: u64 },
+    Dir,
+    Symlink,
+    /// FIFO, socket or device.
+    Other,
+}
+
+impl Entry {
+    fn from_metadata(m: &cap_std::fs::Metadata) -> Entry {
+        let t = m.file_type();
+        if t.is_symlink() {
+            Entry::Symlink
+        } else if t.is_dir() {
+            Entry::Dir
+        } else if t.is_file() {
+            Entry::File { size: m.len() }
+        } else {
+            Entry::Other
+        }
+    }
+}
+
+/// An open destination root.
+#[derive(Debug)]
+pub struct Root {
+    dir: Dir,
+    path: PathBuf,
+}
+
+fn nofollow_dir_options() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW);
+    o
+}
+
+/// Opens the folder `name` inside `parent` without following a symlink.
+fn open_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
+    let file = parent.open_with(name, &nofollow_dir_options())?;
+    Ok(Dir::from_std_file(file.into_std()))
+}
+
+fn is_not_found(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP))
+}
+
+/// Fsyncs a folder so renames and deletions inside it are durable.
+pub fn sync_dir(dir: &Dir) -> io::Result<()> {
+    dir.try_clone()?.into_std_file().sync_all()
+}
+
+impl Root {
+    /// Opens the root at `path`; `Ok(None)` when it does not exist. The
+    /// configured path itself may be a symlink (the operator chose it);
+    /// nothing below it is followed.
+    pub fn open(path: &Path) -> io::Result<Option<Root>> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags_std(libc::O_DIRECTORY)
+            .open(path);
+        match file {
+            Ok(file) => Ok(Some(Root {
+                dir: Dir::from_std_file(file),
+                path: path.to_owned(),
+            })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens the root, creating it (and its parents) when missing.
+    pub fn create(path: &Path) -> io::Result<Root> {
+        if let Some(root) = Root::open(path)? {
+            return Ok(root);
+        }
+        std::fs::DirBuilder::new().recursive(true).create(path)?;
+        Root::open(path)?.ok_or_else(|| io::Error::other("root vanished after creation"))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The handle on the root folder itself.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Walks to the folder holding `path`'s last segment. `Ok(None)` when a
+    /// folder on the way is missing or is not a real folder.
+    fn parent_of(&self, path: &str) -> io::Result<Option<(Dir, String)>> {
+        let mut segments: Vec<&str> = path.split('/').collect();
+        let name = segments.pop().unwrap_or_default().to_owned();
+        let mut dir = self.dir.try_clone()?;
+        for segment in segments {
+            dir = match open_subdir(&dir, segment) {
+                Ok(d) => d,
+                Err(e) if is_not_found(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(Some((dir, name)))
+    }
+
+    /// What sits at `path` (never following a symlink on the way).
+    pub fn entry(&self, path: &str) -> io::Result<Entry> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(Entry::Missing);
+        };
+        match dir.symlink_metadata(&name) {
+            Ok(m) => Ok(Entry::from_metadata(&m)),
+            Err(e) if is_not_found(&e) => Ok(Entry::Missing),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Names at the top of the root, reserved names aside, sorted.
+    pub fn top_level(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in self.dir.entries()? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if !is_reserved_name(&name) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Every entry below the root (folders included, reserved names
+    /// skipped), without descending into symlinks, sorted by path.
+    pub fn walk(&self) -> io::Result<Vec<(String, Entry)>> {
+        let mut out = Vec::new();
+        walk_into(&self.dir, "", &mut out)?;
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Reads a reserved file at the top of the root; `Ok(None)` when absent.
+    /// A symlink or special file there is an error.
+    pub fn read_reserved(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        let mut o = OpenOptions::new();
+        o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let file = match self.dir.open_with(name, &o) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(io::Error::other(format!(
+                    "{name} is a symbolic link; remove it"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        let mut file = file.into_std();
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::other(format!("{name} is not a regular file")));
+        }
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut file, &mut bytes)?;
+        Ok(Some(bytes))
+    }
+
+    /// Hashes the regular file at `path`, streaming. `Ok(None)` when there
+    /// is no regular file there (missing, symlink, folder, special file).
+    pub fn hash_file(&self, path: &str) -> io::Result<Option<Hashed>> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(None);
+        };
+        let mut o = OpenOptions::new();
+        o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let file = match dir.open_with(&name, &o) {
+            Ok(f) => f.into_std(),
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !file.metadata()?.is_file() {
+            return Ok(None);
+        }
+        hashing::copy_hashed(&mut &file, None, None).map(Some)
+    }
+
+    /// Opens (creating when `created` is given) every folder above `path`
+    /// and returns the innermost one. Folders this call creates are pushed
+    /// onto `created` so an interrupted publication can remove them.
+    pub fn parent_dir(&self, path: &RelPath, mut created: Option<&mut Vec<String>>) -> io::Result<Dir> {
+        let mut dir = self.dir.try_clone()?;
+        for (i, segment) in path.segments().enumerate() {
+            if i + 1 == path.segments().count() {
+                break;
+            }
+            dir = match open_subdir(&dir, segment) {
+                Ok(d) => d,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => match created.as_deref_mut() {
+                    Some(created) => {
+                        let mut b = cap_std::fs::DirBuilder::new();
+                        cap_std::fs::DirBuilderExt::mode(&mut b, 0o755);
+                        dir.create_dir_with(segment, &b)?;
+                        sync_dir(&dir)?;
+                        let here = path.ancestors().nth(i).unwrap_or(segment).to_owned();
+                        created.push(here);
+                        open_subdir(&dir, segment)?
+                    }
+                    None => return Err(e),
+                },
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(dir)
+    }
+
+    /// Writes `bytes` to a reserved file at the top of the root atomically:
+    /// temporary file, fsync, rename, fsync of the root.
+    pub fn write_reserved(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let (temp, mut file) = create_temp(&self.dir)?;
+        let result = file
+            .write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| self.dir.rename(&temp, &self.dir, name));
+        if result.is_err() {
+            let _ = self.dir.remove_file(&temp);
+        }
+        result?;
+        sync_dir(&self.dir)
+    }
+
+    /// Removes a file or symlink at `path`; `Ok(false)` when already gone.
+    pub fn remove_file(&self, path: &str) -> io::Result<bool> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(false);
+        };
+        match dir.remove_file(&name) {
+            Ok(()) => {
+                sync_dir(&dir)?;
+                Ok(true)
+            }
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes `path` whatever it is: a file, a symlink (not its target),
+    /// or a folder with everything in it (never following symlinks).
+    pub fn remove_any(&self, path: &str) -> io::Result<()> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(());
+        };
+        let result = match dir.symlink_metadata(&name) {
+            Ok(m) if m.file_type().is_dir() => {
+                remove_tree(&open_subdir(&dir, &name)?)?;
+                dir.remove_dir(&name)
+            }
+            Ok(_) => dir.remove_file(&name),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => sync_dir(&dir),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the folders above `path` that are now empty, deepest first,
+    /// never the root itself.
+    pub fn prune_empty_parents(&self, path: &str) -> io::Result<()> {
+        let mut current = path;
+        while let Some(i) = current.rfind('/') {
+            current = &current[..i];
+            match self.remove_dir_if_empty(current) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the folder at `path` when it is empty; `Ok(false)` otherwise.
+    pub fn remove_dir_if_empty(&self, path: &str) -> io::Result<bool> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(false);
+        };
+        match dir.remove_dir(&name) {
+            Ok(()) => {
+                sync_dir(&dir)?;
+                Ok(true)
+            }
+            Err(e)
+                if is_not_found(&e)
+                    || matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn walk_into(dir: &Dir, prefix: &str, out: &mut Vec<(String, Entry)>) -> io::Result<()> {
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_reserved_name(&name) {
+            continue;
+        }
+        let path = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
+        out.push((path.clone(), kind));
+        if kind == Entry::Dir {
+            walk_into(&open_subdir(dir, &name)?, &path, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn remove_tree(dir: &Dir) -> io::Result<()> {
+    for entry in dir.entries()? {
+        let name = entry?.file_name();
+        let is_dir = dir.symlink_metadata(&name)?.file_type().is_dir();
+        if is_dir {
+            remove_tree(&open_subdir(dir, &name.to_string_lossy())?)?;
+            dir.remove_dir(&name)?;
+        } else {
+            dir.remove_file(&name)?;
+        }
+    }
+    Ok(())
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Creates a new temporary file (mode 0644 before umask) in `dir`.
+pub fn create_temp(dir: &Dir) -> io::Result<(String, std::fs::File)> {
+    loop {
+        let n = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{TEMP_PREFIX}{}-{n}", std::process::id());
+        let mut o = OpenOptions::new();
+        o.write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW);
+        match dir.open_with(&name, &o) {
+            Ok(f) => return Ok((name, f.into_std())),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Names a temporary file the way [`create_temp`] does, for journaling.
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+trait StdOpenExt {
+    fn custom_flags_std(&mut self, flags: i32) -> &mut Self;
+}
+
+impl StdOpenExt for std::fs::OpenOptions {
+    fn custom_flags_std(&mut self, flags: i32) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::custom_flags(self, flags)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> (tempfile::TempDir, Root) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::open(tmp.path()).unwrap().unwrap();
+        (tmp, root)
+    }
+
+    #[test]
+    fn entries_are_classified_without_following_links() {
+        let (tmp, root) = root();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("d/f"), b"abc").unwrap();
+        std::os::unix::fs::symlink("/etc", tmp.path().join("out")).unwrap();
+        std::os::unix::fs::symlink("d", tmp.path().join("in")).unwrap();
+        assert_eq!(root.entry("d").unwrap(), Entry::Dir);
+        assert_eq!(root.entry("d/f").unwrap(), Entry::File { size: 3 });
+        assert_eq!(root.entry("out").unwrap(), Entry::Symlink);
+        assert_eq!(root.entry("out/passwd").unwrap(), Entry::Missing);
+        assert_eq!(root.entry("in/f").unwrap(), Entry::Missing);
+        assert_eq!(root.entry("d/f/x").unwrap(), Entry::Missing);
+        assert_eq!(root.hash_file("in/f").unwrap(), None);
+        assert_eq!(root.hash_file("d/f").unwrap().unwrap().size, 3);
+    }
+
+    #[test]
+    fn parent_dir_refuses_to_walk_through_a_symlink() {
+        let (tmp, root) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("a")).unwrap();
+        let mut created = Vec::new();
+        let p = RelPath::parse("a/b/c.html").unwrap();
+        assert!(root.parent_dir(&p, Some(&mut created)).is_err());
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn remove_any_deletes_links_not_targets() {
+        let (tmp, root) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        std::fs::create_dir(tmp.path().join("d")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("d/link")).unwrap();
+        root.remove_any("d").unwrap();
+        assert!(!tmp.path().join("d").exists());
+        assert!(outside.path().join("keep").exists());
+    }
+
+    #[test]
+    fn walk_skips_reserved_names_and_does_not_descend_links() {
+        let (tmp, root) = root();
+        std::fs::create_dir_all(tmp.path().join("a/b")).unwrap();
+        std::fs::write(tmp.path().join("a/b/f"), b"").unwrap();
+        std::fs::write(tmp.path().join(".distributor.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink("/", tmp.path().join("l")).unwrap();
+        let names: Vec<_> = root.walk().unwrap().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(names, ["a", "a/b", "a/b/f", "l"]);
+        assert_eq!(root.top_level().unwrap(), ["a", "l"]);
+    }
+
+    #[test]
+    fn prune_empty_parents_stops_at_content_and_never_removes_the_root() {
+        let (tmp, root) = root();
+        std::fs::create_dir_all(tmp.path().join("a/b/c")).unwrap();
+        std::fs::write(tmp.path().join("a/keep"), b"").unwrap();
+        root.prune_empty_parents("a/b/c/gone.html").unwrap();
+        assert!(!tmp.path().join("a/b").exists());
+        assert!(tmp.path().join("a/keep").exists());
+        root.prune_empty_parents("top.html").unwrap();
+        assert!(tmp.path().exists());
+    }
+}
