@@ -3,10 +3,14 @@
 
 pub mod bundle;
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod hashing;
+pub mod journal;
 pub mod lock;
 pub mod paths;
 pub mod plan;
+pub mod publish;
+pub mod report;
 pub mod render;
 pub mod storage;

@@ -150,6 +150,29 @@ impl Root {
         Ok(names)
     }
 
+    /// Every name (reserved ones included) in the folder `path` ("" for
+    /// the root itself); empty when the folder is missing or not a folder.
+    pub fn list_names(&self, path: &str) -> io::Result<Vec<String>> {
+        let dir = if path.is_empty() {
+            self.dir.try_clone()?
+        } else {
+            let Some((parent, name)) = self.parent_of(path)? else {
+                return Ok(Vec::new());
+            };
+            match open_subdir(&parent, &name) {
+                Ok(d) => d,
+                Err(e) if is_not_found(&e) => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            }
+        };
+        let mut names = Vec::new();
+        for entry in dir.entries()? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// Every entry below the root (folders included, reserved names
     /// skipped), without descending into symlinks, sorted by path.
     pub fn walk(&self) -> io::Result<Vec<(String, Entry)>> {

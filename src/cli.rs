@@ -1,0 +1,316 @@
+//! The command line: parses arguments, calls the library, prints results
+//! and maps them to exit codes (SPEC §9). The only module that prints.
+
+use crate::bundle::{self, BundleError, SealError};
+use crate::catalog::parse_time;
+use crate::config::{self, Config};
+use crate::publish::{self, Options};
+use crate::report::{RunReport, Stage};
+use clap::{Args, Parser, Subcommand};
+use std::path::{Path, PathBuf};
+
+/// Exit code for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit code for runtime failures, invalid bundles and problems found.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code for usage and configuration errors.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code for a publication refused by planning.
+pub const EXIT_REFUSED: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "distributor",
+    version,
+    about = "Verify bundles against their manifests and publish them into catalogued destination roots",
+    after_help = "Example:\n  distributor --config spool-example/config.yaml run --pipeline reports spool-example/bundles/report-1"
+)]
+pub struct Cli {
+    /// Config file (default: $DISTRIBUTOR_CONFIG, else /etc/distributor/config.yaml)
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Plan and publish one bundle folder in place (the folder is not moved)
+    #[command(
+        after_help = "Example:\n  distributor run --pipeline reports --dry-run ./bundles/report-1\n  distributor run --pipeline reports --destination site --force ./bundles/report-1"
+    )]
+    Run(RunArgs),
+    /// Producer helpers: seal and verify bundles (no config needed)
+    #[command(subcommand)]
+    Bundle(BundleCommand),
+    /// Configuration helpers
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Pipeline whose destinations receive the bundle
+    #[arg(long, value_name = "P")]
+    pub pipeline: String,
+    /// Only these destinations (repeatable; default: all of the pipeline)
+    #[arg(long = "destination", value_name = "D")]
+    pub destinations: Vec<String>,
+    /// Plan and report, change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Replace everything in the named destinations' roots (needs --destination)
+    #[arg(long)]
+    pub force: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// The bundle folder (holding manifest.json)
+    pub bundle_dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BundleCommand {
+    /// Hash every regular file under DIR and write DIR/manifest.json atomically
+    #[command(after_help = "Example:\n  distributor bundle seal ./.staging-report --id reports.2026-06-04")]
+    Seal {
+        dir: PathBuf,
+        /// Source id (letters, digits, '.', '_', '-'; up to 128)
+        #[arg(long)]
+        id: String,
+        /// RFC 3339 creation time (default: now)
+        #[arg(long, value_name = "RFC3339")]
+        created: Option<String>,
+    },
+    /// Check a bundle against its manifest and print every problem
+    #[command(after_help = "Example:\n  distributor bundle verify ./inbox/report-1")]
+    Verify {
+        dir: PathBuf,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the config and print a summary
+    #[command(after_help = "Example:\n  distributor --config /etc/distributor/config.yaml config check")]
+    Check {
+        /// Print the summary as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a parsed command line and returns the process exit code.
+pub fn run(cli: Cli) -> u8 {
+    match cli.command {
+        Command::Run(args) => run_bundle(cli.config.as_deref(), &args),
+        Command::Bundle(BundleCommand::Seal { dir, id, created }) => seal(&dir, &id, created.as_deref()),
+        Command::Bundle(BundleCommand::Verify { dir, json }) => verify(&dir, json),
+        Command::Config(ConfigCommand::Check { json }) => config_check(cli.config.as_deref(), json),
+    }
+}
+
+fn load_config(flag: Option<&Path>) -> Result<Config, String> {
+    let path = config::resolve_config_path(flag);
+    config::load(&path).map_err(|e| e.to_string())
+}
+
+fn print_report(report: &RunReport, json: bool) {
+    if json {
+        print!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+}
+
+fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
+    let fail_config = |message: String| {
+        let report = RunReport::new(&args.pipeline, args.dry_run).fail(Stage::Config, message, false);
+        if args.json {
+            print_report(&report, true);
+        } else {
+            eprintln!("error: {}", report.error.as_deref().unwrap_or_default());
+        }
+        EXIT_USAGE
+    };
+    if args.force && args.destinations.is_empty() {
+        return fail_config(
+            "--force replaces everything in a destination root, so it must name the destination: add --destination D".to_owned(),
+        );
+    }
+    let config = match load_config(config_flag) {
+        Ok(c) => c,
+        Err(e) => return fail_config(e),
+    };
+    let Some(pipeline) = config.pipeline(&args.pipeline) else {
+        let known: Vec<&str> = config.pipelines.iter().map(|p| p.id.as_str()).collect();
+        return fail_config(format!(
+            "no pipeline {:?} in {}; configured pipelines: {}",
+            args.pipeline,
+            config.file.display(),
+            if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+        ));
+    };
+    let mut destinations = Vec::new();
+    if args.destinations.is_empty() {
+        destinations.extend(pipeline.destinations.iter());
+    } else {
+        for id in &args.destinations {
+            match pipeline.destination(id) {
+                Some(d) if !destinations.iter().any(|x: &&config::Destination| x.id == d.id) => {
+                    destinations.push(d)
+                }
+                Some(_) => {}
+                None => {
+                    let known: Vec<&str> =
+                        pipeline.destinations.iter().map(|d| d.id.as_str()).collect();
+                    return fail_config(format!(
+                        "pipeline {:?} has no destination {id:?}; its destinations: {}",
+                        pipeline.id,
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    let options = Options {
+        dry_run: args.dry_run,
+        force: args.force,
+        lock_timeout: config.agent.lock_timeout,
+    };
+    let started = std::time::Instant::now();
+    let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);
+    for w in &report.warnings {
+        log::warn!("{}: {w}", args.bundle_dir.display());
+    }
+    log::info!(
+        "pipeline={} bundle={} {} elapsed_ms={}",
+        pipeline.id,
+        args.bundle_dir.display(),
+        report
+            .destinations
+            .iter()
+            .map(|d| format!("{}={}", d.destination_id, d.action.as_deref().unwrap_or("none")))
+            .collect::<Vec<_>>()
+            .join(" "),
+        started.elapsed().as_millis()
+    );
+    print_report(&report, args.json);
+    report.exit_code()
+}
+
+fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
+    let created = match created.map(parse_time).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: invalid --created: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    match bundle::seal(dir, id, created) {
+        Ok(m) => {
+            println!(
+                "sealed {} ({} files, {})",
+                dir.join(bundle::MANIFEST).display(),
+                m.files.len(),
+                m.digest
+            );
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            match e {
+                SealError::BadId { .. } | SealError::BadCreated { .. } => EXIT_USAGE,
+                _ => EXIT_FAILURE,
+            }
+        }
+    }
+}
+
+fn verify(dir: &Path, json: bool) -> u8 {
+    let result = bundle::verify(dir);
+    let (ok, problems, warnings, source) = match &result {
+        Ok(b) => (
+            true,
+            Vec::new(),
+            b.warnings.clone(),
+            Some((b.manifest.id.clone(), b.manifest.digest.clone(), b.manifest.files.len())),
+        ),
+        Err(BundleError::Invalid { problems }) => {
+            (false, problems.iter().map(ToString::to_string).collect(), Vec::new(), None)
+        }
+        Err(e) => (false, vec![e.to_string()], Vec::new(), None),
+    };
+    if json {
+        let doc = serde_json::json!({
+            "ok": ok,
+            "bundle": dir.display().to_string(),
+            "id": source.as_ref().map(|s| s.0.clone()),
+            "digest": source.as_ref().map(|s| s.1.clone()),
+            "problems": problems,
+            "warnings": warnings,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        match &source {
+            Some((id, digest, n)) => println!("ok: {} is bundle {id} ({n} files, {digest})", dir.display()),
+            None => println!("invalid bundle {}:", dir.display()),
+        }
+        for p in &problems {
+            println!("  problem: {p}");
+        }
+        for w in &warnings {
+            println!("  warning: {w}");
+        }
+    }
+    if ok { EXIT_OK } else { EXIT_FAILURE }
+}
+
+fn config_check(flag: Option<&Path>, json: bool) -> u8 {
+    let config = match load_config(flag) {
+        Ok(c) => c,
+        Err(e) => {
+            if json {
+                let doc = serde_json::json!({"ok": false, "error": e});
+                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            } else {
+                eprintln!("error: {e}");
+            }
+            return EXIT_USAGE;
+        }
+    };
+    if json {
+        let pipelines: Vec<serde_json::Value> = config
+            .pipelines
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "id": p.id,
+                    "inbox": p.inbox.display().to_string(),
+                    "destinations": p.destinations.iter().map(|d| serde_json::json!({
+                        "id": d.id,
+                        "workflow": d.workflow.as_str(),
+                        "root": d.root.display().to_string(),
+                        "prefix": d.prefix,
+                        "publish_source": d.publish_source,
+                        "publish_html": d.publish_html,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "ok": true,
+            "file": config.file.display().to_string(),
+            "spool": config.spool.display().to_string(),
+            "pipelines": pipelines,
+            "warnings": config.warnings(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print!("{}", config.summary());
+    }
+    EXIT_OK
+}

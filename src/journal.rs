@@ -1,0 +1,158 @@
+//! The intent journal that makes a publication crash-safe.
+//!
+//! Before a publication changes anything in a root it writes
+//! `.distributor-journal.json` (atomically, fsynced) listing what it will
+//! write and delete. Whoever next takes the root lock and finds a journal
+//! finishes the story from the bytes on disk: every journaled path is
+//! recorded as what it really holds now (the new output, the old one, or
+//! nothing), stray temporary files and folders the publication created are
+//! removed, and the catalog is rewritten. Renames are atomic, so each path
+//! holds either the old or the new bytes, never a mix.
+
+use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
+use crate::storage::{Entry, Root, is_temp_name};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use time::OffsetDateTime;
+
+/// Name of the journal at the top of a root.
+pub const JOURNAL_FILE: &str = ".distributor-journal.json";
+
+/// One planned write: the record it will have, and the record it replaces.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JournalWrite {
+    pub new: OutputRecord,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old: Option<OutputRecord>,
+}
+
+/// What a publication is about to do to a root.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Journal {
+    pub writes: Vec<JournalWrite>,
+    /// Paths deleted after the writes (or cleared before them).
+    pub deletes: Vec<String>,
+    /// Folders the publication may create, shallowest first.
+    pub created_dirs: Vec<String>,
+    /// True when the root had no state file before the publication.
+    pub state_was_absent: bool,
+}
+
+impl Journal {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Reads the state file of a root into a [`State`]. A state file that is a
+/// symlink or cannot be read is invalid state, not a crash.
+pub fn read_state(root: &Root) -> io::Result<State> {
+    match root.read_reserved(STATE_FILE) {
+        Ok(Some(bytes)) => Ok(State::parse(&bytes)),
+        Ok(None) => Ok(State::Absent),
+        Err(e) if e.kind() == io::ErrorKind::Other => Ok(State::Invalid {
+            reason: e.to_string(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Finishes an interrupted publication if the root holds a journal.
+///
+/// Returns the state to plan against. With `apply` false (dry runs) nothing
+/// is changed on disk and the returned state is what applying would leave.
+pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<State> {
+    let current = read_state(root)?;
+    let Some(bytes) = root.read_reserved(JOURNAL_FILE)? else {
+        return Ok(current);
+    };
+    let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| {
+        io::Error::other(format!(
+            "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
+            root.path().display()
+        ))
+    })?;
+    log::warn!(
+        "{}: finishing an interrupted publication ({} writes, {} deletes journaled)",
+        root.path().display(),
+        journal.writes.len(),
+        journal.deletes.len()
+    );
+
+    let mut base = match &current {
+        State::Catalog(c) => c.clone(),
+        _ => Catalog::new(now),
+    };
+    let mut records: BTreeMap<String, OutputRecord> = std::mem::take(&mut base.outputs)
+        .into_iter()
+        .map(|r| (r.path.as_str().to_owned(), r))
+        .collect();
+    for w in &journal.writes {
+        let path = w.new.path.as_str();
+        let on_disk = root.hash_file(path)?;
+        let holds = |r: &OutputRecord| {
+            on_disk
+                .as_ref()
+                .is_some_and(|h| h.sha256 == r.sha256 && h.size == r.size)
+        };
+        if holds(&w.new) {
+            records.insert(path.to_owned(), w.new.clone());
+        } else if let Some(old) = w.old.as_ref().filter(|o| holds(o)) {
+            records.insert(path.to_owned(), old.clone());
+        } else if on_disk.is_none() && root.entry(path)? == Entry::Missing {
+            records.remove(path);
+        }
+    }
+    for path in &journal.deletes {
+        if root.entry(path)? == Entry::Missing {
+            records.remove(path);
+        }
+    }
+    if apply {
+        remove_temps(root, &journal)?;
+        for dir in journal.created_dirs.iter().rev() {
+            root.remove_dir_if_empty(dir)?;
+        }
+    }
+
+    base.outputs = records.into_values().collect();
+    base.updated_at = now;
+    let nothing_recorded = base.outputs.is_empty() && matches!(current, State::Absent);
+    if apply {
+        if !(nothing_recorded && journal.state_was_absent) {
+            root.write_reserved(STATE_FILE, &base.to_json())?;
+        }
+        root.remove_file(JOURNAL_FILE)?;
+    }
+    if nothing_recorded && journal.state_was_absent {
+        Ok(State::Absent)
+    } else {
+        Ok(State::Catalog(base))
+    }
+}
+
+/// Removes temporary files left in the root and in every folder a
+/// journaled path lives in. Called with the lock held, so no live
+/// publication owns them.
+fn remove_temps(root: &Root, journal: &Journal) -> io::Result<()> {
+    let mut folders: BTreeSet<String> = BTreeSet::from([String::new()]);
+    for w in &journal.writes {
+        if let Some(parent) = w.new.path.parent() {
+            folders.insert(parent.to_owned());
+        }
+    }
+    for folder in folders {
+        for name in root.list_names(&folder)? {
+            if is_temp_name(&name) {
+                let path = if folder.is_empty() {
+                    name
+                } else {
+                    format!("{folder}/{name}")
+                };
+                root.remove_file(&path)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,518 @@
+//! Publication: verify a bundle, lock every destination root, plan them all,
+//! and only if every plan is accepted, execute them.
+//!
+//! Execution follows the plan exactly and decides nothing new: journal,
+//! clear (force and legacy replacement only), stage every output as a
+//! fsynced temporary file, rename them into place, delete, write the
+//! catalog last, drop the journal. Any error rolls the root back to a state
+//! whose catalog matches its bytes (see `journal`).
+
+use crate::bundle::{self, VerifiedBundle};
+use crate::catalog::{Catalog, OutputKind, STATE_FILE, SourceIdentity, State, format_time};
+use crate::config::{self, Destination, Pipeline};
+use crate::hashing::{self, Hashed};
+use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
+use crate::lock::{self, RootLock};
+use crate::paths::RelPath;
+use crate::plan::{self, Desired, Listing, Plan, PlanInput};
+use crate::render::{RenderOptions, markdown_to_html};
+use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
+use crate::storage::{self, Entry, Root};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read};
+use std::path::Path;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// How to run a publication.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub dry_run: bool,
+    /// `--force`: plan `force_replace` for every selected destination.
+    pub force: bool,
+    pub lock_timeout: Duration,
+}
+
+/// Rendered HTML, keyed by the markdown file's bundle path.
+type Rendered = BTreeMap<RelPath, Vec<u8>>;
+
+/// One destination, prepared before any lock is taken.
+struct Prepared<'a> {
+    destination: &'a Destination,
+    desired: Vec<Desired>,
+    /// Bytes of generated outputs, by output path.
+    generated: BTreeMap<RelPath, Vec<u8>>,
+}
+
+/// One destination once its root is locked and planned.
+struct Planned<'a> {
+    prepared: Prepared<'a>,
+    root: Option<Root>,
+    _lock: Option<RootLock>,
+    state_was_absent: bool,
+    base: Option<Catalog>,
+    plan: Plan,
+}
+
+fn transient_io(e: &io::Error) -> bool {
+    !matches!(
+        e.kind(),
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
+    )
+}
+
+fn destination_report(d: &Destination) -> DestinationReport {
+    DestinationReport {
+        destination_id: d.id.clone(),
+        root: d.root.display().to_string(),
+        workflow: d.workflow.as_str().to_owned(),
+        action: None,
+        writes: Vec::new(),
+        deletes: Vec::new(),
+        unmanaged: Vec::new(),
+        error: None,
+    }
+}
+
+/// Publishes the bundle in `bundle_dir` to `destinations` of `pipeline`.
+pub fn publish(
+    pipeline: &Pipeline,
+    destinations: &[&Destination],
+    bundle_dir: &Path,
+    options: &Options,
+) -> RunReport {
+    let mut report = RunReport::new(&pipeline.id, options.dry_run);
+    let bundle = match bundle::verify(bundle_dir) {
+        Ok(b) => b,
+        Err(e) => {
+            report.source = bundle::read_manifest(bundle_dir).ok().map(|m| SourceReport {
+                id: m.id.clone(),
+                digest: m.digest.clone(),
+                created: m.created_text(),
+            });
+            let transient = e.is_transient();
+            return report.fail(Stage::Verify, e.to_string(), transient);
+        }
+    };
+    let m = &bundle.manifest;
+    report.source = Some(SourceReport {
+        id: m.id.clone(),
+        digest: m.digest.clone(),
+        created: m.created_text(),
+    });
+    report.warnings = bundle.warnings.clone();
+    let source = SourceIdentity {
+        id: m.id.clone(),
+        digest: m.digest.clone(),
+        created: m.created,
+    };
+    report.destinations = destinations.iter().map(|d| destination_report(d)).collect();
+
+    // Prepare every destination's outputs (rendering included) before locking.
+    let mut rendered: [Option<Rendered>; 2] = [None, None];
+    let mut prepared = Vec::new();
+    for (i, d) in destinations.iter().enumerate() {
+        let html = if d.publish_html {
+            let slot = &mut rendered[usize::from(d.allow_raw_html)];
+            if slot.is_none() {
+                match render_all(&bundle, d.allow_raw_html) {
+                    Ok(r) => *slot = Some(r),
+                    Err(e) => {
+                        report.destinations[i].error = Some(e.clone());
+                        return report.fail(Stage::Verify, e, false);
+                    }
+                }
+            }
+            slot.as_ref()
+        } else {
+            None
+        };
+        match prepare(pipeline, d, &bundle, html) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                report.destinations[i].error = Some(e.clone());
+                return report.fail(
+                    Stage::Verify,
+                    format!("bundle is invalid for destination {}: {e}", d.id),
+                    false,
+                );
+            }
+        }
+    }
+
+    // Lock roots in path order (no deadlock between processes), then plan.
+    let now = now_millis();
+    let mut order: Vec<usize> = (0..prepared.len()).collect();
+    order.sort_by(|a, b| prepared[*a].destination.root.cmp(&prepared[*b].destination.root));
+    let mut slots: Vec<Option<Prepared>> = prepared.into_iter().map(Some).collect();
+    let mut planned: Vec<(usize, Planned)> = Vec::new();
+    for i in order {
+        let p = slots[i].take().expect("each destination is planned once");
+        match lock_and_plan(p, &pipeline.id, &source, options, now) {
+            Ok(done) => planned.push((i, done)),
+            Err((stage, e, transient)) => {
+                report.destinations[i].error = Some(e.clone());
+                return report.fail(stage, e, transient);
+            }
+        }
+    }
+    planned.sort_by_key(|(i, _)| *i);
+
+    let mut refused = Vec::new();
+    for (i, p) in &planned {
+        let r = &mut report.destinations[*i];
+        r.action = Some(p.plan.action.as_str().to_owned());
+        r.writes = p.plan.writes.iter().map(|d| d.path.as_str().to_owned()).collect();
+        r.deletes = p.plan.deletes.clone();
+        r.unmanaged = p.plan.unmanaged.clone();
+        r.error = p.plan.error.clone();
+        if p.plan.action.is_refusal() {
+            refused.push(format!("{}: {}", r.destination_id, r.error.clone().unwrap_or_default()));
+        }
+    }
+    if !refused.is_empty() {
+        return report.fail(
+            Stage::Plan,
+            format!("publication refused, nothing was written: {}", refused.join("; ")),
+            false,
+        );
+    }
+    if options.dry_run {
+        return report;
+    }
+
+    for (i, p) in &planned {
+        if let Err(e) = execute(p, &bundle) {
+            let transient = transient_io(&e);
+            let message = format!(
+                "publishing to {} failed: {e}",
+                p.prepared.destination.root.display()
+            );
+            report.destinations[*i].error = Some(message.clone());
+            return report.fail(Stage::Publish, message, transient);
+        }
+    }
+    report
+}
+
+/// Reads every markdown file of the bundle (checking its bytes against the
+/// manifest again) and renders it.
+fn render_all(bundle: &VerifiedBundle, allow_raw_html: bool) -> Result<Rendered, String> {
+    let md: Vec<&bundle::ManifestFile> = bundle
+        .manifest
+        .files
+        .iter()
+        .filter(|f| f.path.as_str().ends_with(".md"))
+        .collect();
+    let generated: BTreeSet<String> = md.iter().map(|f| f.path.as_str().to_owned()).collect();
+    let mut out = Rendered::new();
+    for f in md {
+        let bytes = read_listed(bundle, f)?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            format!(
+                "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
+                f.path,
+                e.utf8_error().valid_up_to()
+            )
+        })?;
+        let html = markdown_to_html(
+            &text,
+            &RenderOptions {
+                allow_raw_html,
+                source_path: f.path.as_str(),
+                generated_markdown: &generated,
+            },
+        );
+        out.insert(f.path.clone(), html.into_bytes());
+    }
+    Ok(out)
+}
+
+fn changed_since_verified(path: &RelPath) -> String {
+    format!(
+        "{path}: changed after it was verified (its bytes no longer match manifest.json); producers must not touch a bundle once its manifest exists"
+    )
+}
+
+/// Reads a listed file into memory, checking size and hash.
+fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, String> {
+    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(|p| p.to_string())?;
+    let mut bytes = Vec::new();
+    let got = hashing::copy_hashed(&mut (&file).take(f.size + 1), Some(&mut bytes), None)
+        .map_err(|e| format!("{}: cannot read: {e}", f.path))?;
+    if got.sha256 != f.sha256 || got.size != f.size {
+        return Err(changed_since_verified(&f.path));
+    }
+    Ok(bytes)
+}
+
+/// Computes one destination's desired outputs.
+fn prepare<'a>(
+    pipeline: &Pipeline,
+    d: &'a Destination,
+    bundle: &VerifiedBundle,
+    html: Option<&Rendered>,
+) -> Result<Prepared<'a>, String> {
+    let m = &bundle.manifest;
+    let prefix = config::expand_prefix(&d.prefix, &m.id, &pipeline.id, m.created)
+        .map_err(|e| format!("prefix {:?}: {e}", d.prefix))?;
+    let place = |path: &str| -> Result<RelPath, String> {
+        let full = if prefix.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{prefix}/{path}")
+        };
+        RelPath::parse(&full).map_err(|e| format!("output path {full:?}: {e}"))
+    };
+    let url = |p: &RelPath| d.base_url.as_ref().map(|b| plan::output_url(b, p));
+    let mut desired = Vec::new();
+    let mut generated = BTreeMap::new();
+    for f in &m.files {
+        if d.publish_source {
+            let path = place(f.path.as_str())?;
+            desired.push(Desired {
+                url: url(&path),
+                path,
+                kind: OutputKind::Source,
+                bundle_path: f.path.clone(),
+                sha256: f.sha256.clone(),
+                size: f.size,
+            });
+        }
+        if let Some(bytes) = html.and_then(|h| h.get(&f.path)) {
+            let stem = f.path.as_str().strip_suffix(".md").unwrap_or(f.path.as_str());
+            let path = place(&format!("{stem}.html"))?;
+            let Hashed { sha256, size } = hashing::hash_bytes(bytes);
+            desired.push(Desired {
+                url: url(&path),
+                path: path.clone(),
+                kind: OutputKind::Generated,
+                bundle_path: f.path.clone(),
+                sha256,
+                size,
+            });
+            generated.insert(path, bytes.clone());
+        }
+    }
+    plan::check_unique(&desired)?;
+    desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    Ok(Prepared {
+        destination: d,
+        desired,
+        generated,
+    })
+}
+
+type StageError = (Stage, String, bool);
+
+fn lock_and_plan<'a>(
+    prepared: Prepared<'a>,
+    pipeline_id: &str,
+    source: &SourceIdentity,
+    options: &Options,
+    now: OffsetDateTime,
+) -> Result<Planned<'a>, StageError> {
+    let d = prepared.destination;
+    let shown = d.root.display();
+    let io_err = |what: &str, e: io::Error| {
+        let transient = transient_io(&e);
+        (Stage::Lock, format!("{what} {shown}: {e}"), transient)
+    };
+    let root = if options.dry_run {
+        Root::open(&d.root).map_err(|e| io_err("cannot open destination root", e))?
+    } else {
+        Some(Root::create(&d.root).map_err(|e| io_err("cannot create destination root", e))?)
+    };
+    let lock = match &root {
+        Some(root) if options.dry_run => lock::acquire_existing(root, options.lock_timeout),
+        Some(root) => lock::acquire(root, options.lock_timeout).map(Some),
+        None => Ok(None),
+    }
+    .map_err(|e| (Stage::Lock, e.to_string(), true))?;
+
+    let plan_err = |e: io::Error| {
+        let transient = transient_io(&e);
+        (Stage::Plan, format!("cannot read destination root {shown}: {e}"), transient)
+    };
+    let (state, listing) = match &root {
+        None => (State::Absent, Listing::default()),
+        Some(root) => {
+            let state = journal::recover(root, !options.dry_run, now).map_err(plan_err)?;
+            let listing = list(root, &prepared.desired, &state, d, options.force).map_err(plan_err)?;
+            (state, listing)
+        }
+    };
+    let plan = plan::plan(&PlanInput {
+        pipeline_id,
+        destination_id: &d.id,
+        workflow: d.workflow,
+        force: options.force,
+        source,
+        desired: &prepared.desired,
+        state: &state,
+        listing: &listing,
+        now,
+    });
+    let state_was_absent = matches!(state, State::Absent);
+    let base = match state {
+        State::Catalog(c) => Some(c),
+        _ => None,
+    };
+    Ok(Planned {
+        prepared,
+        root,
+        _lock: lock,
+        state_was_absent,
+        base,
+        plan,
+    })
+}
+
+fn list(
+    root: &Root,
+    desired: &[Desired],
+    state: &State,
+    d: &Destination,
+    force: bool,
+) -> io::Result<Listing> {
+    let mut entries = BTreeMap::new();
+    for path in plan::probe_paths(desired) {
+        let entry = root.entry(&path)?;
+        if entry != Entry::Missing {
+            entries.insert(path, entry);
+        }
+    }
+    Ok(Listing {
+        root_exists: true,
+        top_level: root.top_level()?,
+        entries,
+        all: if plan::needs_walk(state, d.workflow, force) {
+            root.walk()?
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// Folders above the planned outputs that do not exist yet, shallowest first.
+fn missing_dirs(root: &Root, writes: &[Desired]) -> io::Result<Vec<String>> {
+    let mut dirs = BTreeSet::new();
+    for d in writes {
+        dirs.extend(d.path.ancestors().map(str::to_owned));
+    }
+    let mut missing = Vec::new();
+    for dir in dirs {
+        if root.entry(&dir)? != Entry::Dir {
+            missing.push(dir);
+        }
+    }
+    missing.sort_by_key(|d| d.matches('/').count());
+    Ok(missing)
+}
+
+fn execute(p: &Planned<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
+    let plan = &p.plan;
+    let (Some(root), Some(catalog)) = (&p.root, &plan.catalog) else {
+        return Ok(()); // skip_same: nothing to do
+    };
+    let journal = Journal {
+        writes: plan
+            .writes
+            .iter()
+            .filter_map(|d| {
+                catalog.get(d.path.as_str()).map(|new| JournalWrite {
+                    new: new.clone(),
+                    old: p.base.as_ref().and_then(|b| b.get(d.path.as_str())).cloned(),
+                })
+            })
+            .collect(),
+        deletes: plan
+            .clear_first
+            .iter()
+            .chain(&plan.delete_after)
+            .cloned()
+            .collect(),
+        created_dirs: missing_dirs(root, &plan.writes)?,
+        state_was_absent: p.state_was_absent,
+    };
+    root.write_reserved(JOURNAL_FILE, &journal.to_json())?;
+    match apply(root, p, catalog, bundle) {
+        Ok(()) => {
+            root.remove_file(JOURNAL_FILE)?;
+            Ok(())
+        }
+        Err(e) => {
+            // Roll the root to a truthful catalog; report the original error.
+            if let Err(again) = journal::recover(root, true, now_millis()) {
+                log::error!(
+                    "{}: could not finish after a failed publication ({again}); the journal stays and the next run will retry",
+                    root.path().display()
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+fn apply(root: &Root, p: &Planned<'_>, catalog: &Catalog, bundle: &VerifiedBundle) -> io::Result<()> {
+    let plan = &p.plan;
+    for entry in &plan.clear_first {
+        root.remove_any(entry)?;
+    }
+    let mut created = Vec::new();
+    let mut staged = Vec::with_capacity(plan.writes.len());
+    for d in &plan.writes {
+        let dir = root.parent_dir(&d.path, Some(&mut created))?;
+        let (temp, mut file) = storage::create_temp(&dir)?;
+        staged.push(temp.clone());
+        let written = match p.prepared.generated.get(&d.path) {
+            Some(bytes) => {
+                io::Write::write_all(&mut file, bytes)?;
+                hashing::hash_bytes(bytes)
+            }
+            None => {
+                let source = bundle::open_listed(&bundle.dir, &d.bundle_path)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                hashing::copy_hashed(&mut (&source), Some(&mut file), Some(d.size))?
+            }
+        };
+        if written.sha256 != d.sha256 || written.size != d.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                changed_since_verified(&d.bundle_path),
+            ));
+        }
+        file.sync_all()?;
+    }
+    let mut touched = BTreeSet::new();
+    for (d, temp) in plan.writes.iter().zip(&staged) {
+        let dir = root.parent_dir(&d.path, None)?;
+        dir.rename(temp, &dir, d.path.file_name())?;
+        touched.insert(d.path.parent().unwrap_or("").to_owned());
+    }
+    for folder in &touched {
+        let dir = match folder.as_str() {
+            "" => root.dir().try_clone()?,
+            f => root.parent_dir(&RelPath::parse(&format!("{f}/x")).map_err(io::Error::other)?, None)?,
+        };
+        storage::sync_dir(&dir)?;
+    }
+    for path in &plan.delete_after {
+        root.remove_any(path)?;
+        root.prune_empty_parents(path)?;
+    }
+    root.write_reserved(STATE_FILE, &catalog.to_json())?;
+    log::debug!(
+        "{}: catalog written at {}",
+        root.path().display(),
+        format_time(catalog.updated_at)
+    );
+    Ok(())
+}
+
+/// The current time, truncated to milliseconds for readable catalogs.
+pub fn now_millis() -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    now.replace_nanosecond(now.nanosecond() / 1_000_000 * 1_000_000)
+        .unwrap_or(now)
+}
