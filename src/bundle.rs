@@ -1375,6 +1375,32 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_parses() {
+        // Kept in step with the example in docs/producers.md.
+        let text = r#"{
+  "schema_version": 1,
+  "id": "reports.2026-06-04",
+  "created": "2026-06-04T11:55:00Z",
+  "digest": "sha256:38de40387561b41e0e3deb9d8f7a32418d9dd0750daeb326a5f6868ee1fcff37",
+  "files": [
+    {
+      "path": "hello.txt",
+      "sha256": "sha256:5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03",
+      "size": 6
+    },
+    {
+      "path": "notes/a.md",
+      "sha256": "sha256:aa1237b773c38dbddef583c4868aaea7a44c5237ea7923aecca5513764b42d80",
+      "size": 4
+    }
+  ]
+}
+"#;
+        let m = parse_manifest(text.as_bytes()).unwrap();
+        assert_eq!(m.to_json(), text);
+    }
+
+    #[test]
     fn manifest_json_in_a_subfolder_may_be_listed() {
         let m = parse_manifest(
             &serde_json::to_vec(&doc(&[("sub/manifest.json", HELLO_SHA, 6)])).unwrap(),

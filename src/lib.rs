@@ -8,6 +8,7 @@ pub mod config;
 pub mod hashing;
 pub mod journal;
 pub mod lock;
+pub mod maintain;
 pub mod paths;
 pub mod plan;
 pub mod publish;

@@ -1,0 +1,1 @@
+//! Catalog maintenance (being written).
