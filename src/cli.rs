@@ -4,8 +4,11 @@
 use crate::bundle::{self, BundleError, SealError};
 use crate::catalog::parse_time;
 use crate::config::{self, Config};
+use crate::maintain::{self, MaintainError, Target};
+use crate::publish::now_millis;
 use crate::publish::{self, Options};
 use crate::report::{RunReport, Stage};
+use crate::spool::{self, Folder, Spool};
 use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 
@@ -35,11 +38,83 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the spool agent (foreground; SIGTERM/SIGINT stop, SIGHUP reloads)
+    #[command(
+        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml agent\n  distributor --config spool-example/config.yaml agent --once"
+    )]
+    Agent {
+        /// Process work/ and every inbox once, then exit (0: all done, 1: some failed)
+        #[arg(long)]
+        once: bool,
+    },
     /// Plan and publish one bundle folder in place (the folder is not moved)
     #[command(
         after_help = "Example:\n  distributor run --pipeline reports --dry-run ./bundles/report-1\n  distributor run --pipeline reports --destination site --force ./bundles/report-1"
     )]
     Run(RunArgs),
+    /// Retention pruning of one owner's outputs
+    #[command(
+        after_help = "Example:\n  distributor prune --pipeline reports --destination archive --dry-run\n  distributor prune --pipeline reports --destination archive --apply"
+    )]
+    Prune {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Report what would be deleted, change nothing
+        #[arg(long, conflicts_with = "apply", required_unless_present = "apply")]
+        dry_run: bool,
+        /// Delete the selected outputs
+        #[arg(long)]
+        apply: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop catalog records whose file is gone; report unmanaged entries
+    #[command(
+        name = "reconcile-state",
+        after_help = "Example:\n  distributor reconcile-state --pipeline reports --destination archive --dry-run"
+    )]
+    ReconcileState {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Every record of the root, not only this owner's
+        #[arg(long)]
+        all_owners: bool,
+        /// Report, change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-hash managed outputs; report missing and mismatched files (exit 1 if any)
+    #[command(
+        after_help = "Example:\n  distributor verify --pipeline reports --destination archive --all-owners"
+    )]
+    Verify {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Every record of the root, not only this owner's
+        #[arg(long)]
+        all_owners: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the catalog records of a destination root
+    #[command(
+        after_help = "Example:\n  distributor catalog --pipeline reports --destination archive --json"
+    )]
+    Catalog {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Print the records as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect spools; move a failed bundle back to the inbox
+    #[command(subcommand)]
+    Spool(SpoolCommand),
     /// Producer helpers: seal and verify bundles (no config needed)
     #[command(subcommand)]
     Bundle(BundleCommand),
@@ -69,10 +144,56 @@ pub struct RunArgs {
     pub bundle_dir: PathBuf,
 }
 
+/// Selects one destination root.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Pipeline id
+    #[arg(long, value_name = "P")]
+    pub pipeline: String,
+    /// Destination id
+    #[arg(long, value_name = "D")]
+    pub destination: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SpoolCommand {
+    /// List bundles in the spools (oldest first)
+    #[command(
+        after_help = "Example:\n  distributor spool list --failed\n  distributor spool list --pipeline reports --json"
+    )]
+    List {
+        /// Only this pipeline
+        #[arg(long, value_name = "P")]
+        pipeline: Option<String>,
+        /// Only failed/
+        #[arg(long, conflicts_with_all = ["done", "inbox"])]
+        failed: bool,
+        /// Only done/
+        #[arg(long, conflicts_with = "inbox")]
+        done: bool,
+        /// Only inbox/
+        #[arg(long)]
+        inbox: bool,
+        /// Print the list as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move failed/NAME back into the inbox (clears its result and attempt count)
+    #[command(after_help = "Example:\n  distributor spool retry reports weekly-2026-06-08")]
+    Retry {
+        /// Pipeline id
+        pipeline: String,
+        /// Bundle name as shown by `spool list --failed`
+        name: String,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 pub enum BundleCommand {
     /// Hash every regular file under DIR and write DIR/manifest.json atomically
-    #[command(after_help = "Example:\n  distributor bundle seal ./.staging-report --id reports.2026-06-04")]
+    #[command(
+        after_help = "Example:\n  distributor bundle seal ./.staging-report --id reports.2026-06-04"
+    )]
     Seal {
         dir: PathBuf,
         /// Source id (letters, digits, '.', '_', '-'; up to 128)
@@ -95,7 +216,9 @@ pub enum BundleCommand {
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
     /// Validate the config and print a summary
-    #[command(after_help = "Example:\n  distributor --config /etc/distributor/config.yaml config check")]
+    #[command(
+        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml config check"
+    )]
     Check {
         /// Print the summary as JSON
         #[arg(long)]
@@ -105,9 +228,82 @@ pub enum ConfigCommand {
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> u8 {
+    let config = cli.config.as_deref();
     match cli.command {
-        Command::Run(args) => run_bundle(cli.config.as_deref(), &args),
-        Command::Bundle(BundleCommand::Seal { dir, id, created }) => seal(&dir, &id, created.as_deref()),
+        Command::Agent { once } => agent(config, once),
+        Command::Prune {
+            target,
+            apply,
+            json,
+            ..
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::prune(t, apply, now_millis()).map(|r| (r.to_text(), r.to_json(), EXIT_OK))
+            },
+            json,
+        ),
+        Command::ReconcileState {
+            target,
+            all_owners,
+            dry_run,
+            json,
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::reconcile(t, all_owners, dry_run)
+                    .map(|r| (r.to_text(), r.to_json(), EXIT_OK))
+            },
+            json,
+        ),
+        Command::Verify {
+            target,
+            all_owners,
+            json,
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::verify(t, all_owners).map(|r| {
+                    let code = if r.ok { EXIT_OK } else { EXIT_FAILURE };
+                    (r.to_text(), r.to_json(), code)
+                })
+            },
+            json,
+        ),
+        Command::Catalog { target, json } => with_target(
+            config,
+            &target,
+            |t| maintain::catalog(t).map(|r| (r.to_text(), r.to_json(), EXIT_OK)),
+            json,
+        ),
+        Command::Spool(SpoolCommand::List {
+            pipeline,
+            failed,
+            done,
+            inbox,
+            json,
+        }) => {
+            let folders: Vec<Folder> = if failed {
+                vec![Folder::Failed]
+            } else if done {
+                vec![Folder::Done]
+            } else if inbox {
+                vec![Folder::Inbox]
+            } else {
+                vec![Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed]
+            };
+            spool_list(config, pipeline.as_deref(), &folders, json)
+        }
+        Command::Spool(SpoolCommand::Retry { pipeline, name }) => {
+            spool_retry(config, &pipeline, &name)
+        }
+        Command::Run(args) => run_bundle(config, &args),
+        Command::Bundle(BundleCommand::Seal { dir, id, created }) => {
+            seal(&dir, &id, created.as_deref())
+        }
         Command::Bundle(BundleCommand::Verify { dir, json }) => verify(&dir, json),
         Command::Config(ConfigCommand::Check { json }) => config_check(cli.config.as_deref(), json),
     }
@@ -128,7 +324,8 @@ fn print_report(report: &RunReport, json: bool) {
 
 fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
     let fail_config = |message: String| {
-        let report = RunReport::new(&args.pipeline, args.dry_run).fail(Stage::Config, message, false);
+        let report =
+            RunReport::new(&args.pipeline, args.dry_run).fail(Stage::Config, message, false);
         if args.json {
             print_report(&report, true);
         } else {
@@ -151,7 +348,11 @@ fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
             "no pipeline {:?} in {}; configured pipelines: {}",
             args.pipeline,
             config.file.display(),
-            if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
         ));
     };
     let mut destinations = Vec::new();
@@ -160,13 +361,20 @@ fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
     } else {
         for id in &args.destinations {
             match pipeline.destination(id) {
-                Some(d) if !destinations.iter().any(|x: &&config::Destination| x.id == d.id) => {
+                Some(d)
+                    if !destinations
+                        .iter()
+                        .any(|x: &&config::Destination| x.id == d.id) =>
+                {
                     destinations.push(d)
                 }
                 Some(_) => {}
                 None => {
-                    let known: Vec<&str> =
-                        pipeline.destinations.iter().map(|d| d.id.as_str()).collect();
+                    let known: Vec<&str> = pipeline
+                        .destinations
+                        .iter()
+                        .map(|d| d.id.as_str())
+                        .collect();
                     return fail_config(format!(
                         "pipeline {:?} has no destination {id:?}; its destinations: {}",
                         pipeline.id,
@@ -193,7 +401,11 @@ fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         report
             .destinations
             .iter()
-            .map(|d| format!("{}={}", d.destination_id, d.action.as_deref().unwrap_or("none")))
+            .map(|d| format!(
+                "{}={}",
+                d.destination_id,
+                d.action.as_deref().unwrap_or("none")
+            ))
             .collect::<Vec<_>>()
             .join(" "),
         started.elapsed().as_millis()
@@ -237,11 +449,18 @@ fn verify(dir: &Path, json: bool) -> u8 {
             true,
             Vec::new(),
             b.warnings.clone(),
-            Some((b.manifest.id.clone(), b.manifest.digest.clone(), b.manifest.files.len())),
+            Some((
+                b.manifest.id.clone(),
+                b.manifest.digest.clone(),
+                b.manifest.files.len(),
+            )),
         ),
-        Err(BundleError::Invalid { problems }) => {
-            (false, problems.iter().map(ToString::to_string).collect(), Vec::new(), None)
-        }
+        Err(BundleError::Invalid { problems }) => (
+            false,
+            problems.iter().map(ToString::to_string).collect(),
+            Vec::new(),
+            None,
+        ),
         Err(e) => (false, vec![e.to_string()], Vec::new(), None),
     };
     if json {
@@ -256,7 +475,9 @@ fn verify(dir: &Path, json: bool) -> u8 {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         match &source {
-            Some((id, digest, n)) => println!("ok: {} is bundle {id} ({n} files, {digest})", dir.display()),
+            Some((id, digest, n)) => {
+                println!("ok: {} is bundle {id} ({n} files, {digest})", dir.display())
+            }
             None => println!("invalid bundle {}:", dir.display()),
         }
         for p in &problems {
@@ -313,4 +534,157 @@ fn config_check(flag: Option<&Path>, json: bool) -> u8 {
         print!("{}", config.summary());
     }
     EXIT_OK
+}
+
+fn agent(flag: Option<&Path>, once: bool) -> u8 {
+    let path = config::resolve_config_path(flag);
+    match crate::agent::run(&path, once) {
+        Ok(true) => EXIT_OK,
+        Ok(false) => EXIT_FAILURE,
+        Err(e) => {
+            log::error!("{e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Loads the config, resolves `--pipeline`/`--destination`, runs `op` and
+/// prints its text or JSON.
+fn with_target(
+    flag: Option<&Path>,
+    args: &TargetArgs,
+    op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
+    json: bool,
+) -> u8 {
+    let config = match load_config(flag) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let Some(pipeline) = config.pipeline(&args.pipeline) else {
+        eprintln!(
+            "error: no pipeline {:?} in {}; see `distributor config check`",
+            args.pipeline,
+            config.file.display()
+        );
+        return EXIT_USAGE;
+    };
+    let Some(destination) = pipeline.destination(&args.destination) else {
+        eprintln!(
+            "error: pipeline {:?} has no destination {:?}; see `distributor config check`",
+            pipeline.id, args.destination
+        );
+        return EXIT_USAGE;
+    };
+    let target = Target {
+        pipeline_id: &pipeline.id,
+        destination,
+        lock_timeout: config.agent.lock_timeout,
+    };
+    match op(&target) {
+        Ok((text, json_text, code)) => {
+            print!("{}", if json { json_text } else { text });
+            code
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn spool_list(flag: Option<&Path>, pipeline: Option<&str>, folders: &[Folder], json: bool) -> u8 {
+    let config = match load_config(flag) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if let Some(id) = pipeline
+        && config.pipeline(id).is_none()
+    {
+        eprintln!("error: no pipeline {id:?} in {}", config.file.display());
+        return EXIT_USAGE;
+    }
+    let mut rows = Vec::new();
+    for p in config
+        .pipelines
+        .iter()
+        .filter(|p| pipeline.is_none_or(|id| id == p.id))
+    {
+        match spool::list(&Spool::of(&config, p), folders) {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                eprintln!("error: cannot list the spool of pipeline {}: {e}", p.id);
+                return EXIT_FAILURE;
+            }
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+        return EXIT_OK;
+    }
+    if rows.is_empty() {
+        println!("no bundles");
+    }
+    let now = time::OffsetDateTime::now_utc();
+    for r in &rows {
+        let age = crate::catalog::parse_time(&r.modified)
+            .map(|t| {
+                config::format_duration(std::time::Duration::from_secs(
+                    (now - t).whole_seconds().max(0) as u64,
+                ))
+            })
+            .unwrap_or_default();
+        let mut line = format!(
+            "{:<8} {:<20} {:<40} {age:>6} ago",
+            r.spool, r.pipeline_id, r.name
+        );
+        if let (Some(stage), Some(error)) = (&r.stage, &r.error) {
+            line.push_str(&format!("  [{stage}] {error}"));
+        } else if let Some(error) = &r.error {
+            line.push_str(&format!("  {error}"));
+        }
+        println!("{line}");
+    }
+    EXIT_OK
+}
+
+fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
+    let config = match load_config(flag) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let Some(p) = config.pipeline(pipeline) else {
+        eprintln!(
+            "error: no pipeline {pipeline:?} in {}",
+            config.file.display()
+        );
+        return EXIT_USAGE;
+    };
+    match spool::retry(&Spool::of(&config, p), name) {
+        Ok(to) => {
+            println!("moved {name} back to {}", to.display());
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            if e.kind() == std::io::ErrorKind::InvalidInput
+                || e.kind() == std::io::ErrorKind::NotFound
+            {
+                EXIT_USAGE
+            } else {
+                EXIT_FAILURE
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! distributor: a file-watching spool agent that verifies bundles against
 //! their manifests and publishes them into catalogued destination roots.
 
+pub mod agent;
 pub mod bundle;
 pub mod catalog;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod maintain;
 pub mod paths;
 pub mod plan;
 pub mod publish;
-pub mod report;
 pub mod render;
+pub mod report;
+pub mod spool;
 pub mod storage;

@@ -251,7 +251,6 @@ fn write_plan(
     }
 }
 
-
 /// Files (anything but folders) in the full listing that no planned output
 /// replaces: what a clearing plan leaves gone.
 fn unplanned_files(input: &PlanInput<'_>) -> Vec<String> {
@@ -311,14 +310,15 @@ fn legacy_plan(input: &PlanInput<'_>, force_hint: &str) -> Plan {
             let mut clear_first = Vec::new();
             let mut delete_after = Vec::new();
             for (path, entry) in &input.listing.all {
-                let is_folder_needed = planned.contains(path) && !desired_files.contains(path.as_str());
+                let is_folder_needed =
+                    planned.contains(path) && !desired_files.contains(path.as_str());
                 let blocks = match entry {
                     Entry::Dir => desired_files.contains(path.as_str()),
                     _ => is_folder_needed,
                 };
-                let inside_cleared = clear_first
-                    .iter()
-                    .any(|c: &String| path.starts_with(c.as_str()) && path[c.len()..].starts_with('/'));
+                let inside_cleared = clear_first.iter().any(|c: &String| {
+                    path.starts_with(c.as_str()) && path[c.len()..].starts_with('/')
+                });
                 if inside_cleared {
                     continue;
                 }
@@ -328,11 +328,9 @@ fn legacy_plan(input: &PlanInput<'_>, force_hint: &str) -> Plan {
                     delete_after.push(path.clone());
                 } else if *entry == Entry::Dir
                     && !planned.contains(path)
-                    && !input
-                        .listing
-                        .all
-                        .iter()
-                        .any(|(p, _)| p.starts_with(path.as_str()) && p[path.len()..].starts_with('/'))
+                    && !input.listing.all.iter().any(|(p, _)| {
+                        p.starts_with(path.as_str()) && p[path.len()..].starts_with('/')
+                    })
                 {
                     // An empty folder is content too.
                     delete_after.push(path.clone());
@@ -426,7 +424,9 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
             .collect(),
     };
     let all_same = input.desired.iter().all(|d| {
-        catalog.get(d.path.as_str()).is_some_and(|r| d.matches(r, input))
+        catalog
+            .get(d.path.as_str())
+            .is_some_and(|r| d.matches(r, input))
             && input.listing.entry(d.path.as_str()) == Entry::File { size: d.size }
     });
     if all_same && delete_after.is_empty() {
@@ -539,7 +539,13 @@ mod tests {
         }
     }
 
-    fn rec(path: &str, owner: (&str, &str), src: &SourceIdentity, sha: char, size: u64) -> OutputRecord {
+    fn rec(
+        path: &str,
+        owner: (&str, &str),
+        src: &SourceIdentity,
+        sha: char,
+        size: u64,
+    ) -> OutputRecord {
         OutputRecord {
             path: RelPath::parse(path).unwrap(),
             pipeline_id: owner.0.to_owned(),
@@ -682,7 +688,9 @@ mod tests {
                 name: "invalid state is a conflict even in an otherwise empty root",
                 workflow: Additive,
                 force: false,
-                state: State::Invalid { reason: "not JSON".into() },
+                state: State::Invalid {
+                    reason: "not JSON".into(),
+                },
                 listing: storage(&[]),
                 desired: vec![want("r.html", 'a', 3)],
                 action: Action::FailConflict,
@@ -964,7 +972,11 @@ mod tests {
             assert_eq!(writes, case.writes, "{name}: writes");
             assert_eq!(plan.deletes, case.deletes, "{name}: deletes");
             assert_eq!(plan.unmanaged, case.unmanaged, "{name}: unmanaged");
-            assert_eq!(plan.error.is_some(), case.action.is_refusal(), "{name}: error");
+            assert_eq!(
+                plan.error.is_some(),
+                case.action.is_refusal(),
+                "{name}: error"
+            );
             let recorded: Option<Vec<&str>> = plan
                 .catalog
                 .as_ref()
@@ -998,7 +1010,11 @@ mod tests {
         assert_eq!(r.created_at, t("2026-01-01T00:00:00Z"));
         assert_eq!(r.updated_at, now());
         assert_eq!(r.sha256, hex('a'));
-        assert_eq!(c.created_at, t("2026-01-01T00:00:00Z"), "catalog keeps its birth");
+        assert_eq!(
+            c.created_at,
+            t("2026-01-01T00:00:00Z"),
+            "catalog keeps its birth"
+        );
         assert_eq!(c.updated_at, now());
     }
 
@@ -1050,10 +1066,26 @@ mod tests {
     #[test]
     fn urls_percent_encode_each_segment() {
         let cases = [
-            ("https://x.example/a/", "r.html", "https://x.example/a/r.html"),
-            ("https://x.example/a", "r.html", "https://x.example/a/r.html"),
-            ("https://x.example/", "my file/ü~_.html", "https://x.example/my%20file/%C3%BC~_.html"),
-            ("https://x.example/", "a+b&c/%.html", "https://x.example/a%2Bb%26c/%25.html"),
+            (
+                "https://x.example/a/",
+                "r.html",
+                "https://x.example/a/r.html",
+            ),
+            (
+                "https://x.example/a",
+                "r.html",
+                "https://x.example/a/r.html",
+            ),
+            (
+                "https://x.example/",
+                "my file/ü~_.html",
+                "https://x.example/my%20file/%C3%BC~_.html",
+            ),
+            (
+                "https://x.example/",
+                "a+b&c/%.html",
+                "https://x.example/a%2Bb%26c/%25.html",
+            ),
         ];
         for (base, path, url) in cases {
             assert_eq!(output_url(base, &RelPath::parse(path).unwrap()), url);

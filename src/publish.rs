@@ -85,11 +85,13 @@ pub fn publish(
     let bundle = match bundle::verify(bundle_dir) {
         Ok(b) => b,
         Err(e) => {
-            report.source = bundle::read_manifest(bundle_dir).ok().map(|m| SourceReport {
-                id: m.id.clone(),
-                digest: m.digest.clone(),
-                created: m.created_text(),
-            });
+            report.source = bundle::read_manifest(bundle_dir)
+                .ok()
+                .map(|m| SourceReport {
+                    id: m.id.clone(),
+                    digest: m.digest.clone(),
+                    created: m.created_text(),
+                });
             let transient = e.is_transient();
             return report.fail(Stage::Verify, e.to_string(), transient);
         }
@@ -143,7 +145,12 @@ pub fn publish(
     // Lock roots in path order (no deadlock between processes), then plan.
     let now = now_millis();
     let mut order: Vec<usize> = (0..prepared.len()).collect();
-    order.sort_by(|a, b| prepared[*a].destination.root.cmp(&prepared[*b].destination.root));
+    order.sort_by(|a, b| {
+        prepared[*a]
+            .destination
+            .root
+            .cmp(&prepared[*b].destination.root)
+    });
     let mut slots: Vec<Option<Prepared>> = prepared.into_iter().map(Some).collect();
     let mut planned: Vec<(usize, Planned)> = Vec::new();
     for i in order {
@@ -162,18 +169,30 @@ pub fn publish(
     for (i, p) in &planned {
         let r = &mut report.destinations[*i];
         r.action = Some(p.plan.action.as_str().to_owned());
-        r.writes = p.plan.writes.iter().map(|d| d.path.as_str().to_owned()).collect();
+        r.writes = p
+            .plan
+            .writes
+            .iter()
+            .map(|d| d.path.as_str().to_owned())
+            .collect();
         r.deletes = p.plan.deletes.clone();
         r.unmanaged = p.plan.unmanaged.clone();
         r.error = p.plan.error.clone();
         if p.plan.action.is_refusal() {
-            refused.push(format!("{}: {}", r.destination_id, r.error.clone().unwrap_or_default()));
+            refused.push(format!(
+                "{}: {}",
+                r.destination_id,
+                r.error.clone().unwrap_or_default()
+            ));
         }
     }
     if !refused.is_empty() {
         return report.fail(
             Stage::Plan,
-            format!("publication refused, nothing was written: {}", refused.join("; ")),
+            format!(
+                "publication refused, nothing was written: {}",
+                refused.join("; ")
+            ),
             false,
         );
     }
@@ -280,7 +299,11 @@ fn prepare<'a>(
             });
         }
         if let Some(bytes) = html.and_then(|h| h.get(&f.path)) {
-            let stem = f.path.as_str().strip_suffix(".md").unwrap_or(f.path.as_str());
+            let stem = f
+                .path
+                .as_str()
+                .strip_suffix(".md")
+                .unwrap_or(f.path.as_str());
             let path = place(&format!("{stem}.html"))?;
             let Hashed { sha256, size } = hashing::hash_bytes(bytes);
             desired.push(Desired {
@@ -332,13 +355,18 @@ fn lock_and_plan<'a>(
 
     let plan_err = |e: io::Error| {
         let transient = transient_io(&e);
-        (Stage::Plan, format!("cannot read destination root {shown}: {e}"), transient)
+        (
+            Stage::Plan,
+            format!("cannot read destination root {shown}: {e}"),
+            transient,
+        )
     };
     let (state, listing) = match &root {
         None => (State::Absent, Listing::default()),
         Some(root) => {
             let state = journal::recover(root, !options.dry_run, now).map_err(plan_err)?;
-            let listing = list(root, &prepared.desired, &state, d, options.force).map_err(plan_err)?;
+            let listing =
+                list(root, &prepared.desired, &state, d, options.force).map_err(plan_err)?;
             (state, listing)
         }
     };
@@ -422,7 +450,11 @@ fn execute(p: &Planned<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
             .filter_map(|d| {
                 catalog.get(d.path.as_str()).map(|new| JournalWrite {
                     new: new.clone(),
-                    old: p.base.as_ref().and_then(|b| b.get(d.path.as_str())).cloned(),
+                    old: p
+                        .base
+                        .as_ref()
+                        .and_then(|b| b.get(d.path.as_str()))
+                        .cloned(),
                 })
             })
             .collect(),
@@ -454,7 +486,12 @@ fn execute(p: &Planned<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
     }
 }
 
-fn apply(root: &Root, p: &Planned<'_>, catalog: &Catalog, bundle: &VerifiedBundle) -> io::Result<()> {
+fn apply(
+    root: &Root,
+    p: &Planned<'_>,
+    catalog: &Catalog,
+    bundle: &VerifiedBundle,
+) -> io::Result<()> {
     let plan = &p.plan;
     for entry in &plan.clear_first {
         root.remove_any(entry)?;
@@ -493,7 +530,10 @@ fn apply(root: &Root, p: &Planned<'_>, catalog: &Catalog, bundle: &VerifiedBundl
     for folder in &touched {
         let dir = match folder.as_str() {
             "" => root.dir().try_clone()?,
-            f => root.parent_dir(&RelPath::parse(&format!("{f}/x")).map_err(io::Error::other)?, None)?,
+            f => root.parent_dir(
+                &RelPath::parse(&format!("{f}/x")).map_err(io::Error::other)?,
+                None,
+            )?,
         };
         storage::sync_dir(&dir)?;
     }

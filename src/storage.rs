@@ -20,7 +20,9 @@ pub const TEMP_PREFIX: &str = ".distributor-tmp-";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
     Missing,
-    File { size: u64 },
+    File {
+        size: u64,
+    },
     Dir,
     Symlink,
     /// FIFO, socket or device.
@@ -186,7 +188,8 @@ impl Root {
     /// A symlink or special file there is an error.
     pub fn read_reserved(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         let mut o = OpenOptions::new();
-        o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        o.read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
         let file = match self.dir.open_with(name, &o) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -213,7 +216,8 @@ impl Root {
             return Ok(None);
         };
         let mut o = OpenOptions::new();
-        o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        o.read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
         let file = match dir.open_with(&name, &o) {
             Ok(f) => f.into_std(),
             Err(e) if is_not_found(&e) => return Ok(None),
@@ -229,7 +233,11 @@ impl Root {
     /// Opens (creating when `created` is given) every folder above `path`
     /// and returns the innermost one. Folders this call creates are pushed
     /// onto `created` so an interrupted publication can remove them.
-    pub fn parent_dir(&self, path: &RelPath, mut created: Option<&mut Vec<String>>) -> io::Result<Dir> {
+    pub fn parent_dir(
+        &self,
+        path: &RelPath,
+        mut created: Option<&mut Vec<String>>,
+    ) -> io::Result<Dir> {
         let mut dir = self.dir.try_clone()?;
         for (i, segment) in path.segments().enumerate() {
             if i + 1 == path.segments().count() {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The example in one command: seeds the inbox from the tracked sample
+# bundles the way a producer should (copy to a dot-folder, then rename into
+# the inbox), runs the agent once over them, and shows what it published
+# and what it refused. Everything it writes lands in spool-example/var/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --quiet
+bin=target/debug/distributor
+config=spool-example/config.yaml
+var=spool-example/var
+inbox=$var/spool/reports/inbox
+
+rm -rf "$var"
+mkdir -p "$inbox"
+for bundle in weekly-2026-06-01 weekly-2026-06-08 broken-tampered; do
+  cp -R "spool-example/bundles/$bundle" "$inbox/.$bundle"
+  mv "$inbox/.$bundle" "$inbox/$bundle"
+done
+
+echo "== distributor agent --once"
+status=0
+"$bin" --config "$config" agent --once || status=$?
+
+echo
+echo "== published files"
+(cd "$var/www" && find . -type f ! -name '.distributor.lock' | sort)
+echo
+echo "== spool"
+"$bin" --config "$config" spool list
+
+# The example is meant to end with two bundles published and one refused.
+expect() { [ -e "$1" ] || { echo "demo: expected $1 to exist" >&2; exit 1; }; }
+expect "$var/www/archive/2026-06-01/report.html"
+expect "$var/www/archive/2026-06-08/report.html"
+expect "$var/www/latest/report.html"
+expect "$var/spool/reports/failed/broken-tampered/.distributor-result.json"
+if [ -e "$var/www/latest/details.html" ]; then
+  echo "demo: the replacement destination should have dropped details.html" >&2
+  exit 1
+fi
+[ "$status" -eq 1 ] || { echo "demo: agent --once should exit 1 (one bundle failed), got $status" >&2; exit 1; }
+echo
+echo "demo ok: two bundles published, the tampered one is in failed/ (agent exit status 1 is expected)"

@@ -1,0 +1,641 @@
+//! The spool agent: one thread per pipeline claims complete bundles from its
+//! inbox and publishes them one at a time in arrival order; a watcher turns
+//! file events into wake-ups (hints only: every wake-up rescans); a
+//! maintenance thread prunes on schedule; signals stop or reload.
+//!
+//! The only module that knows about threads and signals. Publishing goes
+//! through `publish::publish`, the same code path as `distributor run`.
+
+use crate::config::{self, Config, Pipeline};
+use crate::maintain;
+use crate::publish::{self, Options};
+use crate::report::RunReport;
+use crate::spool::{self, Spool};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select};
+use notify::{RecursiveMode, Watcher};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often folders that have no manifest yet are looked at again, in
+/// case their manifest event was missed.
+const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
+/// Longest pause between two attempts of a transiently failing bundle.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// How often the maintenance thread checks `done/` retention.
+const MAINTENANCE_TICK: Duration = Duration::from_secs(60);
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Config(#[from] config::ConfigError),
+    #[error("{0}")]
+    Start(String),
+}
+
+impl AgentError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AgentError::Config(_) => 2,
+            AgentError::Start(_) => 1,
+        }
+    }
+}
+
+/// What a pipeline thread hears.
+#[derive(Debug, Clone, Copy)]
+enum Wake {
+    /// Something may have changed in the inbox: rescan.
+    Scan,
+    /// Finish the bundle in hand and return.
+    Stop,
+}
+
+/// Counts of how bundles ended.
+#[derive(Debug, Default)]
+struct Tally {
+    done: AtomicUsize,
+    failed: AtomicUsize,
+}
+
+/// Runs the agent. With `once`, processes `work/` and every inbox, then
+/// returns whether every bundle ended in `done/`. Otherwise runs until
+/// SIGTERM/SIGINT and returns `Ok(true)`.
+pub fn run(config_path: &Path, once: bool) -> Result<bool, AgentError> {
+    let config = config::load(config_path)?;
+    for warning in config.warnings() {
+        log::warn!("{warning}");
+    }
+    create_spools(&config)?;
+    if once {
+        return Ok(run_once(&config));
+    }
+    run_forever(config_path, config)
+}
+
+fn create_spools(config: &Config) -> Result<(), AgentError> {
+    for p in &config.pipelines {
+        Spool::of(config, p)
+            .create()
+            .map_err(|e| AgentError::Start(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn run_once(config: &Config) -> bool {
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        for p in &config.pipelines {
+            let worker = Worker::new(config, p, tally.clone(), stop.clone(), true);
+            let (_tx, rx) = crossbeam_channel::unbounded();
+            scope.spawn(move || worker.run(&rx));
+        }
+    });
+    for p in &config.pipelines {
+        expire_done(config, p);
+    }
+    let failed = tally.failed.load(Ordering::Relaxed);
+    log::info!(
+        "agent --once finished: {} done, {failed} failed",
+        tally.done.load(Ordering::Relaxed)
+    );
+    failed == 0
+}
+
+/// A running set of pipeline threads plus their watcher.
+struct Running {
+    senders: Vec<Sender<Wake>>,
+    threads: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl Running {
+    fn start(config: &Config) -> Running {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Tally::default());
+        let mut senders = Vec::new();
+        let mut threads = Vec::new();
+        let mut routes = Vec::new();
+        for p in &config.pipelines {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let worker = Worker::new(config, p, tally.clone(), stop.clone(), false);
+            let name = format!("pipeline-{}", p.id);
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker.run(&rx))
+                .expect("spawning a pipeline thread");
+            routes.push((p.inbox.clone(), tx.clone()));
+            senders.push(tx);
+            threads.push(thread);
+        }
+        let watcher = start_watcher(routes);
+        Running {
+            senders,
+            threads,
+            stop,
+            _watcher: watcher,
+        }
+    }
+
+    fn wake_all(&self) {
+        for tx in &self.senders {
+            let _ = tx.send(Wake::Scan);
+        }
+    }
+
+    /// Stops claiming, lets each pipeline finish its bundle, joins.
+    fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for tx in &self.senders {
+            let _ = tx.send(Wake::Stop);
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Watches every inbox; events are hints that wake the owning pipeline.
+fn start_watcher(routes: Vec<(PathBuf, Sender<Wake>)>) -> Option<notify::RecommendedWatcher> {
+    let handler_routes = routes.clone();
+    let handler = move |event: notify::Result<notify::Event>| {
+        let wake_all = || {
+            for (_, tx) in &handler_routes {
+                let _ = tx.send(Wake::Scan);
+            }
+        };
+        match event {
+            Ok(event) if event.need_rescan() => {
+                log::info!("file watcher lost events; rescanning every inbox");
+                wake_all();
+            }
+            Ok(event) => {
+                for (inbox, tx) in &handler_routes {
+                    if event.paths.iter().any(|p| p.starts_with(inbox)) {
+                        let _ = tx.send(Wake::Scan);
+                    }
+                }
+            }
+            Err(e) => {
+                log::warn!("file watcher error ({e}); rescanning every inbox");
+                wake_all();
+            }
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            log::warn!("cannot start the file watcher ({e}); relying on periodic rescans");
+            return None;
+        }
+    };
+    for (inbox, _) in &routes {
+        if let Err(e) = watcher.watch(inbox, RecursiveMode::Recursive) {
+            log::warn!(
+                "cannot watch {} ({e}); relying on periodic rescans",
+                inbox.display()
+            );
+        }
+    }
+    Some(watcher)
+}
+
+/// What the main thread hears.
+enum Control {
+    Terminate,
+    Reload,
+}
+
+fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentError> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| AgentError::Start(format!("cannot install signal handlers: {e}")))?;
+    let (control_tx, control_rx) = crossbeam_channel::unbounded();
+    let terminating = Arc::new(AtomicBool::new(false));
+    {
+        let terminating = terminating.clone();
+        std::thread::spawn(move || {
+            for signal in signals.forever() {
+                if signal == SIGHUP {
+                    let _ = control_tx.send(Control::Reload);
+                } else if terminating.swap(true, Ordering::SeqCst) {
+                    log::warn!("second stop signal: exiting at once");
+                    std::process::exit(130);
+                } else {
+                    let _ = control_tx.send(Control::Terminate);
+                }
+            }
+        });
+    }
+    log::info!(
+        "agent started: {} pipeline(s), config {}",
+        config.pipelines.len(),
+        config_path.display()
+    );
+    let mut running = Running::start(&config);
+    let mut maintenance = Maintenance::start(&config);
+    let rescan = |config: &Config| config.agent.rescan_interval;
+    loop {
+        match control_rx.recv_timeout(rescan(&config)) {
+            Ok(Control::Terminate) => {
+                log::info!("stop requested: finishing the bundles in hand");
+                maintenance.stop();
+                running.stop();
+                log::info!("agent stopped");
+                return Ok(true);
+            }
+            Ok(Control::Reload) => match config::load(config_path) {
+                Ok(new) => {
+                    log::info!("reloading config {}", config_path.display());
+                    if let Err(e) = create_spools(&new) {
+                        log::error!("config reload refused, keeping the old config: {e}");
+                        continue;
+                    }
+                    maintenance.stop();
+                    running.stop();
+                    config = new;
+                    running = Running::start(&config);
+                    maintenance = Maintenance::start(&config);
+                }
+                Err(e) => {
+                    log::error!("config reload refused, keeping the old config: {e}");
+                }
+            },
+            Err(RecvTimeoutError::Timeout) => running.wake_all(),
+            Err(RecvTimeoutError::Disconnected) => return Ok(true),
+        }
+    }
+}
+
+/// The scheduled pruning and `done/` expiry thread.
+struct Maintenance {
+    stop_tx: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Maintenance {
+    fn start(config: &Config) -> Maintenance {
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
+        let config = config.clone();
+        let thread = std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || maintenance_loop(&config, &stop_rx))
+            .expect("spawning the maintenance thread");
+        Maintenance { stop_tx, thread }
+    }
+
+    fn stop(self) {
+        let _ = self.stop_tx.send(());
+        let _ = self.thread.join();
+    }
+}
+
+fn maintenance_loop(config: &Config, stop: &Receiver<()>) {
+    let prune_every = config.agent.prune_interval;
+    let mut next_prune = Instant::now() + prune_every;
+    let tick = if config.agent.done_retention.is_zero() {
+        MAINTENANCE_TICK
+    } else {
+        MAINTENANCE_TICK.min(config.agent.done_retention)
+    };
+    loop {
+        for p in &config.pipelines {
+            expire_done(config, p);
+        }
+        if !prune_every.is_zero() && Instant::now() >= next_prune {
+            prune_all(config);
+            next_prune = Instant::now() + prune_every;
+        }
+        let mut wait = tick;
+        if !prune_every.is_zero() {
+            wait = wait.min(next_prune.saturating_duration_since(Instant::now()));
+        }
+        match stop.recv_timeout(wait.max(Duration::from_millis(10))) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+    }
+}
+
+fn expire_done(config: &Config, p: &Pipeline) {
+    let spool = Spool::of(config, p);
+    match spool::expire_done(&spool, config.agent.done_retention) {
+        Ok(0) => {}
+        Ok(n) => log::info!(
+            "pipeline={} removed {n} done/ entries past done_retention",
+            p.id
+        ),
+        Err(e) => log::warn!("pipeline={}: cannot expire done/ entries: {e}", p.id),
+    }
+}
+
+fn prune_all(config: &Config) {
+    for p in &config.pipelines {
+        for d in p.destinations.iter().filter(|d| d.prune.is_some()) {
+            let target = maintain::Target {
+                pipeline_id: &p.id,
+                destination: d,
+                lock_timeout: config.agent.lock_timeout,
+            };
+            match maintain::prune(&target, true, publish::now_millis()) {
+                Ok(r) if r.deletes.is_empty() => {}
+                Ok(r) => log::info!(
+                    "pipeline={} destination={} pruned {} output(s)",
+                    p.id,
+                    d.id,
+                    r.deletes.len()
+                ),
+                Err(e) => log::warn!("pipeline={} destination={} prune failed: {e}", p.id, d.id),
+            }
+        }
+    }
+}
+
+/// One pipeline's loop: work/ first, then the inbox in arrival order.
+struct Worker {
+    config: Config,
+    pipeline: Pipeline,
+    spool: Spool,
+    tally: Arc<Tally>,
+    stop: Arc<AtomicBool>,
+    once: bool,
+}
+
+/// How processing one bundle ended.
+enum Outcome {
+    Finished,
+    /// Left in work/ (stopping, or the spool move failed).
+    Left,
+}
+
+/// Settle bookkeeping for one inbox entry.
+struct Seen {
+    first: Instant,
+    changed: Instant,
+    fingerprint: (std::time::SystemTime, u64, std::time::SystemTime),
+}
+
+impl Worker {
+    fn new(
+        config: &Config,
+        p: &Pipeline,
+        tally: Arc<Tally>,
+        stop: Arc<AtomicBool>,
+        once: bool,
+    ) -> Worker {
+        Worker {
+            config: config.clone(),
+            pipeline: p.clone(),
+            spool: Spool::of(config, p),
+            tally,
+            stop,
+            once,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn run(&self, rx: &Receiver<Wake>) {
+        match spool::scan(&self.spool.work) {
+            Ok((found, _)) => {
+                if !found.is_empty() {
+                    log::info!(
+                        "pipeline={} resuming {} bundle(s) left in work/",
+                        self.pipeline.id,
+                        found.len()
+                    );
+                }
+                for f in found {
+                    if self.stopping() {
+                        return;
+                    }
+                    self.process(&f.path, &f.name, rx);
+                }
+            }
+            Err(e) => log::error!(
+                "pipeline={}: cannot scan {}: {e}",
+                self.pipeline.id,
+                self.spool.work.display()
+            ),
+        }
+        let settle = self.config.agent.settle;
+        let mut seen: HashMap<String, Seen> = HashMap::new();
+        loop {
+            if self.stopping() {
+                return;
+            }
+            let (found, incomplete) = match spool::scan(&self.spool.inbox) {
+                Ok(x) => x,
+                Err(e) => {
+                    log::error!(
+                        "pipeline={}: cannot scan {}: {e}",
+                        self.pipeline.id,
+                        self.spool.inbox.display()
+                    );
+                    (Vec::new(), Vec::new())
+                }
+            };
+            let now = Instant::now();
+            let mut next_check: Option<Duration> = None;
+            let mut claimed_any = false;
+            seen.retain(|name, _| found.iter().any(|f| &f.name == name));
+            for f in &found {
+                if self.stopping() {
+                    return;
+                }
+                if !self.once && !settle.is_zero() {
+                    let s = seen.entry(f.name.clone()).or_insert(Seen {
+                        first: now,
+                        changed: now,
+                        fingerprint: f.fingerprint,
+                    });
+                    if s.fingerprint != f.fingerprint {
+                        s.fingerprint = f.fingerprint;
+                        s.changed = now;
+                    }
+                    let quiet = now.duration_since(s.changed);
+                    let waited = now.duration_since(s.first);
+                    if quiet < settle && waited < settle * 10 {
+                        let left = (settle - quiet).min(settle * 10 - waited);
+                        next_check = Some(next_check.map_or(left, |n| n.min(left)));
+                        continue;
+                    }
+                }
+                seen.remove(&f.name);
+                match spool::move_unique(&f.path, &self.spool.work, &f.name) {
+                    Ok(work_path) => {
+                        claimed_any = true;
+                        let name = work_path
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_else(|| f.name.clone());
+                        self.process(&work_path, &name, rx);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => log::error!(
+                        "pipeline={}: cannot claim {}: {e}",
+                        self.pipeline.id,
+                        f.path.display()
+                    ),
+                }
+            }
+            if self.once {
+                if !claimed_any {
+                    return;
+                }
+                continue;
+            }
+            if claimed_any {
+                continue; // more may have arrived meanwhile
+            }
+            let mut wait = self.config.agent.rescan_interval;
+            if let Some(n) = next_check {
+                wait = wait.min(n);
+            }
+            if !incomplete.is_empty() {
+                wait = wait.min(INCOMPLETE_POLL);
+            }
+            match rx.recv_timeout(wait) {
+                Ok(Wake::Stop) => return,
+                Ok(Wake::Scan) => while rx.try_recv().is_ok() {},
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Publishes the bundle at `path` (in work/), retrying transient
+    /// failures with backoff, then files it into done/ or failed/.
+    fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
+        let max = self.config.agent.max_attempts.max(1);
+        loop {
+            let attempt = spool::attempts(path) + 1;
+            if let Err(e) = spool::set_attempts(path, attempt) {
+                log::error!(
+                    "pipeline={} bundle={name}: cannot record the attempt count in {}: {e}",
+                    self.pipeline.id,
+                    path.display()
+                );
+            }
+            let started = Instant::now();
+            let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
+            let report = publish::publish(
+                &self.pipeline,
+                &destinations,
+                path,
+                &Options {
+                    dry_run: false,
+                    force: false,
+                    lock_timeout: self.config.agent.lock_timeout,
+                },
+            );
+            let elapsed = started.elapsed().as_millis();
+            for w in &report.warnings {
+                log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
+            }
+            if !report.ok && report.transient && attempt < max {
+                let backoff = backoff(attempt);
+                log::warn!(
+                    "pipeline={} bundle={name} attempt {attempt}/{max} failed at {}: {}; retrying in {backoff:?}",
+                    self.pipeline.id,
+                    stage_name(&report),
+                    report.error.as_deref().unwrap_or_default()
+                );
+                let deadline = Instant::now() + backoff;
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    select! {
+                        recv(rx) -> msg => if matches!(msg, Ok(Wake::Stop) | Err(_)) || self.stopping() {
+                            log::info!("pipeline={} bundle={name}: left in work/ for the next start", self.pipeline.id);
+                            return Outcome::Left;
+                        },
+                        default(left) => {}
+                    }
+                }
+                continue;
+            }
+            return self.file_away(path, name, &report, elapsed);
+        }
+    }
+
+    fn file_away(&self, path: &Path, name: &str, report: &RunReport, elapsed: u128) -> Outcome {
+        let actions = report
+            .destinations
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}={}",
+                    d.destination_id,
+                    d.action.as_deref().unwrap_or("none")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        match spool::finish(&self.spool, path, name, report) {
+            Ok(to) => {
+                if report.ok {
+                    self.tally.done.fetch_add(1, Ordering::Relaxed);
+                    log::info!(
+                        "pipeline={} bundle={name} done {actions} elapsed_ms={elapsed}",
+                        self.pipeline.id
+                    );
+                } else {
+                    self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                    log::error!(
+                        "pipeline={} bundle={name} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
+                        self.pipeline.id,
+                        stage_name(report),
+                        report.error.as_deref().unwrap_or_default(),
+                        to.display()
+                    );
+                }
+                Outcome::Finished
+            }
+            Err(e) => {
+                log::error!(
+                    "pipeline={} bundle={name}: cannot move it out of work/: {e}; it stays in {} and is retried on the next start",
+                    self.pipeline.id,
+                    path.display()
+                );
+                Outcome::Left
+            }
+        }
+    }
+}
+
+fn stage_name(report: &RunReport) -> String {
+    report
+        .stage
+        .and_then(|s| serde_json::to_value(s).ok())
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Exponential backoff: 1 s, 2 s, 4 s, … capped at five minutes.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.saturating_sub(1).min(16)).min(MAX_BACKOFF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(2), Duration::from_secs(2));
+        assert_eq!(backoff(4), Duration::from_secs(8));
+        assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+}

@@ -1,0 +1,453 @@
+//! A pipeline's spool folders (`inbox`, `work`, `done`, `failed`) and the
+//! moves between them: find complete bundles, claim, record the result,
+//! file away, list, retry. Every move is a `rename` within one file system,
+//! so a bundle is always in exactly one folder. No threads, no publishing.
+
+use crate::config::{Config, Pipeline};
+use crate::report::RunReport;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Result document written inside a finished bundle.
+pub const RESULT_FILE: &str = ".distributor-result.json";
+/// Attempt counter kept inside a bundle in `work/`.
+pub const ATTEMPTS_FILE: &str = ".distributor-attempts";
+/// The manifest whose presence makes a bundle complete.
+pub const MANIFEST: &str = crate::bundle::MANIFEST;
+
+/// Which spool folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Folder {
+    Inbox,
+    Work,
+    Done,
+    Failed,
+}
+
+impl Folder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Folder::Inbox => "inbox",
+            Folder::Work => "work",
+            Folder::Done => "done",
+            Folder::Failed => "failed",
+        }
+    }
+}
+
+/// The four folders of one pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spool {
+    pub pipeline_id: String,
+    pub inbox: PathBuf,
+    pub work: PathBuf,
+    pub done: PathBuf,
+    pub failed: PathBuf,
+}
+
+impl Spool {
+    pub fn of(config: &Config, pipeline: &Pipeline) -> Spool {
+        let base = pipeline.spool_dir(config);
+        Spool {
+            pipeline_id: pipeline.id.clone(),
+            inbox: pipeline.inbox.clone(),
+            work: base.join("work"),
+            done: base.join("done"),
+            failed: base.join("failed"),
+        }
+    }
+
+    pub fn folder(&self, folder: Folder) -> &Path {
+        match folder {
+            Folder::Inbox => &self.inbox,
+            Folder::Work => &self.work,
+            Folder::Done => &self.done,
+            Folder::Failed => &self.failed,
+        }
+    }
+
+    /// Creates the four folders and checks they share one file system, so
+    /// every move is an atomic rename.
+    pub fn create(&self) -> io::Result<()> {
+        let mut device = None;
+        for folder in [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed] {
+            let path = self.folder(folder);
+            fs::create_dir_all(path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot create spool folder {}: {e}", path.display()),
+                )
+            })?;
+            let dev = fs::metadata(path)?.dev();
+            match device {
+                None => device = Some((dev, path.to_owned())),
+                Some((d, ref first)) if d != dev => {
+                    return Err(io::Error::other(format!(
+                        "spool folders {} and {} of pipeline {} are on different file systems; bundles move between them by rename, so put the inbox on the same file system as the spool",
+                        first.display(),
+                        path.display(),
+                        self.pipeline_id
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A bundle folder found in a spool folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub name: String,
+    pub path: PathBuf,
+    /// Modification time of `manifest.json` (arrival order).
+    pub manifest_modified: SystemTime,
+    /// A cheap fingerprint of the bundle's top level for the settle rule.
+    pub fingerprint: (SystemTime, u64, SystemTime),
+}
+
+/// True when the inbox entry name is staging (ignored).
+pub fn is_ignored_name(name: &str) -> bool {
+    name.starts_with('.')
+}
+
+/// Bundles in `dir` whose `manifest.json` is a regular file, in arrival
+/// order (manifest modification time, then name). Folders without a
+/// manifest are returned in `incomplete`.
+pub fn scan(dir: &Path) -> io::Result<(Vec<Found>, Vec<PathBuf>)> {
+    let mut found = Vec::new();
+    let mut incomplete = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((found, incomplete)),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            log::warn!(
+                "{}: ignoring an entry whose name is not UTF-8; rename it",
+                dir.display()
+            );
+            continue;
+        };
+        if is_ignored_name(&name) || !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let path = entry.path();
+        match fs::symlink_metadata(path.join(MANIFEST)) {
+            Ok(m) if m.is_file() => {
+                let dir_meta = fs::symlink_metadata(&path)?;
+                let modified = m.modified()?;
+                found.push(Found {
+                    name,
+                    fingerprint: (modified, m.len(), dir_meta.modified()?),
+                    manifest_modified: modified,
+                    path,
+                });
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => incomplete.push(path),
+            Err(e) => return Err(e),
+        }
+    }
+    found.sort_by(|a, b| {
+        a.manifest_modified
+            .cmp(&b.manifest_modified)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    Ok((found, incomplete))
+}
+
+/// Moves `from` into folder `to` under its name, adding `.1`, `.2`, … when
+/// the name is taken. Returns the new path.
+pub fn move_unique(from: &Path, to: &Path, name: &str) -> io::Result<PathBuf> {
+    for n in 0u32.. {
+        let candidate = if n == 0 {
+            to.join(name)
+        } else {
+            to.join(format!("{name}.{n}"))
+        };
+        if fs::symlink_metadata(&candidate).is_ok() {
+            continue;
+        }
+        match rename_noreplace(from, &candidate) {
+            Ok(()) => {
+                sync_parent(to)?;
+                if let Some(parent) = from.parent() {
+                    sync_parent(parent)?;
+                }
+                return Ok(candidate);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("u32 names exhausted")
+}
+
+/// `rename(2)` that refuses to replace an existing target.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let from_c = CString::new(from.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let to_c = CString::new(to.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: both are valid NUL-terminated paths; renameat2 only reads them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from_c.as_ptr(),
+            libc::AT_FDCWD,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn sync_parent(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
+/// Writes `bytes` to `dir/name` atomically (temporary file, fsync, rename).
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let temp = dir.join(format!(".distributor-tmp-{}-{name}", std::process::id()));
+    let mut file = fs::File::create(&temp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    fs::rename(&temp, dir.join(name))?;
+    sync_parent(dir)
+}
+
+/// Attempts already made on a bundle (0 when never tried).
+pub fn attempts(bundle: &Path) -> u32 {
+    fs::read_to_string(bundle.join(ATTEMPTS_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Records the number of attempts made, durably.
+pub fn set_attempts(bundle: &Path, n: u32) -> io::Result<()> {
+    write_atomic(bundle, ATTEMPTS_FILE, format!("{n}\n").as_bytes())
+}
+
+/// Writes the result document into the bundle, then files it into `done/`
+/// or `failed/`. Returns where it went.
+pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
+    write_atomic(bundle, RESULT_FILE, report.to_json().as_bytes())?;
+    let to = if report.ok {
+        &spool.done
+    } else {
+        &spool.failed
+    };
+    move_unique(bundle, to, name)
+}
+
+/// One line of `spool list`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Entry {
+    pub pipeline_id: String,
+    pub spool: &'static str,
+    pub name: String,
+    pub modified: String,
+    pub stage: Option<String>,
+    pub error: Option<String>,
+}
+
+/// Lists the bundles of `folders`, oldest first.
+pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    for &folder in folders {
+        let dir = spool.folder(folder);
+        let entries = match fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let mut rows = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_ignored_name(&name) {
+                continue;
+            }
+            let modified = entry.metadata()?.modified()?;
+            let (stage, error) = if folder == Folder::Failed {
+                read_failure(&entry.path())
+            } else {
+                (None, None)
+            };
+            rows.push((
+                modified,
+                Entry {
+                    pipeline_id: spool.pipeline_id.clone(),
+                    spool: folder.as_str(),
+                    name,
+                    modified: crate::catalog::format_time(time::OffsetDateTime::from(modified)),
+                    stage,
+                    error,
+                },
+            ));
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+        out.extend(rows.into_iter().map(|(_, e)| e));
+    }
+    Ok(out)
+}
+
+fn read_failure(bundle: &Path) -> (Option<String>, Option<String>) {
+    let Ok(bytes) = fs::read(bundle.join(RESULT_FILE)) else {
+        return (None, Some(format!("no {RESULT_FILE} in the bundle")));
+    };
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return (None, Some(format!("{RESULT_FILE} is not valid JSON")));
+    };
+    let text = |key: &str| doc.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+    (text("stage"), text("error"))
+}
+
+/// Moves `failed/<name>` back into the inbox, clearing its result file and
+/// attempt count. Returns the new path.
+pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
+    if name.contains('/') || name.starts_with('.') || name.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{name:?} is not a bundle name; use a name shown by `distributor spool list --failed`"
+            ),
+        ));
+    }
+    let from = spool.failed.join(name);
+    if !fs::symlink_metadata(&from).is_ok_and(|m| m.is_dir()) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "no failed bundle {name:?} in {}; list them with `distributor spool list --failed`",
+                spool.failed.display()
+            ),
+        ));
+    }
+    for file in [RESULT_FILE, ATTEMPTS_FILE] {
+        match fs::remove_file(from.join(file)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    move_unique(&from, &spool.inbox, name)
+}
+
+/// Deletes `done/` entries modified longer than `retention` ago. Returns
+/// how many were removed.
+pub fn expire_done(spool: &Spool, retention: std::time::Duration) -> io::Result<usize> {
+    if retention.is_zero() {
+        return Ok(0);
+    }
+    let now = SystemTime::now();
+    let mut removed = 0;
+    let entries = match fs::read_dir(&spool.done) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let age = now.duration_since(meta.modified()?).unwrap_or_default();
+        if age > retention {
+            let path = entry.path();
+            if meta.is_dir() {
+                fs::remove_dir_all(&path)?;
+            } else {
+                fs::remove_file(&path)?;
+            }
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spool(tmp: &Path) -> Spool {
+        let s = Spool {
+            pipeline_id: "p".into(),
+            inbox: tmp.join("inbox"),
+            work: tmp.join("work"),
+            done: tmp.join("done"),
+            failed: tmp.join("failed"),
+        };
+        s.create().unwrap();
+        s
+    }
+
+    #[test]
+    fn scan_finds_complete_bundles_in_arrival_order_and_ignores_staging() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        for (name, manifest) in [("b", true), ("a", true), (".staging", true), ("c", false)] {
+            fs::create_dir(s.inbox.join(name)).unwrap();
+            if manifest {
+                fs::write(s.inbox.join(name).join(MANIFEST), b"{}").unwrap();
+            }
+        }
+        let old = SystemTime::now() - std::time::Duration::from_secs(60);
+        fs::File::options()
+            .write(true)
+            .open(s.inbox.join("b").join(MANIFEST))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        fs::write(s.inbox.join("stray-file"), b"").unwrap();
+        let (found, incomplete) = scan(&s.inbox).unwrap();
+        let names: Vec<_> = found.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["b", "a"]);
+        assert_eq!(incomplete, [s.inbox.join("c")]);
+    }
+
+    #[test]
+    fn move_unique_never_replaces() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        for _ in 0..3 {
+            fs::create_dir(s.work.join("x")).unwrap();
+            fs::write(s.work.join("x/f"), b"1").unwrap();
+            move_unique(&s.work.join("x"), &s.done, "x").unwrap();
+        }
+        let mut names: Vec<_> = fs::read_dir(&s.done)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["x", "x.1", "x.2"]);
+    }
+
+    #[test]
+    fn retry_clears_result_and_attempts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        let b = s.failed.join("bad");
+        fs::create_dir(&b).unwrap();
+        fs::write(b.join(RESULT_FILE), br#"{"stage":"verify","error":"x"}"#).unwrap();
+        set_attempts(&b, 3).unwrap();
+        let rows = list(&s, &[Folder::Failed]).unwrap();
+        assert_eq!(rows[0].stage.as_deref(), Some("verify"));
+        let back = retry(&s, "bad").unwrap();
+        assert_eq!(back, s.inbox.join("bad"));
+        assert!(!back.join(RESULT_FILE).exists());
+        assert_eq!(attempts(&back), 0);
+        assert!(retry(&s, "../etc").is_err());
+        assert!(retry(&s, "missing").is_err());
+    }
+}
