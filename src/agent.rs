@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 /// How often folders that have no manifest yet are looked at again, in
 /// case their manifest event was missed.
 const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
+/// How long a manifest that does not parse yet is given to be completed
+/// before the bundle is claimed anyway (and fails with the parse error).
+const MANIFEST_GRACE: Duration = Duration::from_secs(2);
 /// Longest pause between two attempts of a transiently failing bundle.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// How often the maintenance thread checks `done/` retention.
@@ -405,7 +408,10 @@ impl Worker {
 
     fn run(&self, rx: &Receiver<Wake>) {
         match spool::scan(&self.spool.work) {
-            Ok((found, _)) => {
+            Ok((found, incomplete)) => {
+                for path in incomplete {
+                    self.fail_without_manifest(&path);
+                }
                 if !found.is_empty() {
                     log::info!(
                         "pipeline={} resuming {} bundle(s) left in work/",
@@ -451,7 +457,7 @@ impl Worker {
                 if self.stopping() {
                     return;
                 }
-                if !self.once && !settle.is_zero() {
+                if !self.once {
                     let s = seen.entry(f.name.clone()).or_insert(Seen {
                         first: now,
                         changed: now,
@@ -463,8 +469,18 @@ impl Worker {
                     }
                     let quiet = now.duration_since(s.changed);
                     let waited = now.duration_since(s.first);
-                    if quiet < settle && waited < settle * 10 {
-                        let left = (settle - quiet).min(settle * 10 - waited);
+                    let wait_more = if quiet < settle && waited < settle * 10 {
+                        Some((settle - quiet).min(settle * 10 - waited))
+                    } else if waited < MANIFEST_GRACE.max(settle * 10)
+                        && !manifest_is_complete_json(&f.path)
+                    {
+                        // Written in place and not closed yet: wait for the
+                        // closing brace rather than fail the bundle.
+                        Some(INCOMPLETE_POLL)
+                    } else {
+                        None
+                    };
+                    if let Some(left) = wait_more {
                         next_check = Some(next_check.map_or(left, |n| n.min(left)));
                         continue;
                     }
@@ -569,31 +585,47 @@ impl Worker {
         }
     }
 
+    /// A folder in work/ whose manifest vanished cannot be published; it
+    /// goes to failed/ with the reason rather than sitting in work/ forever.
+    fn fail_without_manifest(&self, path: &Path) {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let report = RunReport::new(&self.pipeline.id, false).fail(
+            crate::report::Stage::Verify,
+            format!(
+                "{}: no {} in the bundle; restore it or re-seal the bundle, then `distributor spool retry {} {name}`",
+                path.display(),
+                spool::MANIFEST,
+                self.pipeline.id
+            ),
+            false,
+        );
+        self.file_away(path, &name, &report, 0);
+    }
+
     fn file_away(&self, path: &Path, name: &str, report: &RunReport, elapsed: u128) -> Outcome {
-        let actions = report
+        let actions: String = report
             .destinations
             .iter()
             .map(|d| {
-                format!(
-                    "{}={}",
-                    d.destination_id,
-                    d.action.as_deref().unwrap_or("none")
-                )
+                let action = d.action.as_deref().unwrap_or("none");
+                format!(" {}={action}", d.destination_id)
             })
-            .collect::<Vec<_>>()
-            .join(" ");
+            .collect();
         match spool::finish(&self.spool, path, name, report) {
             Ok(to) => {
                 if report.ok {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     log::info!(
-                        "pipeline={} bundle={name} done {actions} elapsed_ms={elapsed}",
+                        "pipeline={} bundle={name} done{actions} elapsed_ms={elapsed}",
                         self.pipeline.id
                     );
                 } else {
                     self.tally.failed.fetch_add(1, Ordering::Relaxed);
                     log::error!(
-                        "pipeline={} bundle={name} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
+                        "pipeline={} bundle={name} failed at {}{actions} elapsed_ms={elapsed}: {} (see {})",
                         self.pipeline.id,
                         stage_name(report),
                         report.error.as_deref().unwrap_or_default(),
@@ -612,6 +644,13 @@ impl Worker {
             }
         }
     }
+}
+
+/// True when the bundle's manifest.json parses as JSON: a producer writing
+/// it in place (against the advice to rename it in) has finished.
+fn manifest_is_complete_json(bundle: &Path) -> bool {
+    std::fs::read(bundle.join(spool::MANIFEST))
+        .is_ok_and(|bytes| serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok())
 }
 
 fn stage_name(report: &RunReport) -> String {
