@@ -45,8 +45,7 @@ struct Prepared<'a> {
 }
 
 /// One destination once its root is locked and planned.
-struct Planned<'a> {
-    prepared: Prepared<'a>,
+struct Planned {
     root: Option<Root>,
     _lock: Option<RootLock>,
     state_was_absent: bool,
@@ -151,11 +150,9 @@ pub fn publish(
             .root
             .cmp(&prepared[*b].destination.root)
     });
-    let mut slots: Vec<Option<Prepared>> = prepared.into_iter().map(Some).collect();
     let mut planned: Vec<(usize, Planned)> = Vec::new();
     for i in order {
-        let p = slots[i].take().expect("each destination is planned once");
-        match lock_and_plan(p, &pipeline.id, &source, options, now) {
+        match lock_and_plan(&prepared[i], &pipeline.id, &source, options, now, false) {
             Ok(done) => planned.push((i, done)),
             Err((stage, e, transient)) => {
                 report.destinations[i].error = Some(e.clone());
@@ -163,10 +160,47 @@ pub fn publish(
             }
         }
     }
+    if let Some(refused) = record_plans(&mut report, &planned) {
+        return refused;
+    }
+    if options.dry_run {
+        return report;
+    }
+    // Roots that do not exist yet are created (and locked) only now that
+    // every plan is accepted, then planned again under their lock.
+    for (i, p) in planned.iter_mut().filter(|(_, p)| p.root.is_none()) {
+        match lock_and_plan(&prepared[*i], &pipeline.id, &source, options, now, true) {
+            Ok(again) => *p = again,
+            Err((stage, e, transient)) => {
+                report.destinations[*i].error = Some(e.clone());
+                return report.fail(stage, e, transient);
+            }
+        }
+    }
+    if let Some(refused) = record_plans(&mut report, &planned) {
+        return refused;
+    }
     planned.sort_by_key(|(i, _)| *i);
 
-    let mut refused = Vec::new();
     for (i, p) in &planned {
+        if let Err(e) = execute(p, &prepared[*i], &bundle) {
+            let transient = transient_io(&e);
+            let message = format!(
+                "publishing to {} failed: {e}",
+                prepared[*i].destination.root.display()
+            );
+            report.destinations[*i].error = Some(message.clone());
+            return report.fail(Stage::Publish, message, transient);
+        }
+    }
+    report
+}
+
+/// Copies each plan into the report; returns the failed report when any
+/// plan is a refusal (then nothing may be written anywhere).
+fn record_plans(report: &mut RunReport, planned: &[(usize, Planned)]) -> Option<RunReport> {
+    let mut refused = Vec::new();
+    for (i, p) in planned {
         let r = &mut report.destinations[*i];
         r.action = Some(p.plan.action.as_str().to_owned());
         r.writes = p
@@ -186,32 +220,17 @@ pub fn publish(
             ));
         }
     }
-    if !refused.is_empty() {
-        return report.fail(
-            Stage::Plan,
-            format!(
-                "publication refused, nothing was written: {}",
-                refused.join("; ")
-            ),
-            false,
-        );
+    if refused.is_empty() {
+        return None;
     }
-    if options.dry_run {
-        return report;
-    }
-
-    for (i, p) in &planned {
-        if let Err(e) = execute(p, &bundle) {
-            let transient = transient_io(&e);
-            let message = format!(
-                "publishing to {} failed: {e}",
-                p.prepared.destination.root.display()
-            );
-            report.destinations[*i].error = Some(message.clone());
-            return report.fail(Stage::Publish, message, transient);
-        }
-    }
-    report
+    Some(report.clone().fail(
+        Stage::Plan,
+        format!(
+            "publication refused, nothing was written: {}",
+            refused.join("; ")
+        ),
+        false,
+    ))
 }
 
 /// Reads every markdown file of the bundle (checking its bytes against the
@@ -328,23 +347,24 @@ fn prepare<'a>(
 
 type StageError = (Stage, String, bool);
 
-fn lock_and_plan<'a>(
-    prepared: Prepared<'a>,
+fn lock_and_plan(
+    prepared: &Prepared<'_>,
     pipeline_id: &str,
     source: &SourceIdentity,
     options: &Options,
     now: OffsetDateTime,
-) -> Result<Planned<'a>, StageError> {
+    create: bool,
+) -> Result<Planned, StageError> {
     let d = prepared.destination;
     let shown = d.root.display();
     let io_err = |what: &str, e: io::Error| {
         let transient = transient_io(&e);
         (Stage::Lock, format!("{what} {shown}: {e}"), transient)
     };
-    let root = if options.dry_run {
-        Root::open(&d.root).map_err(|e| io_err("cannot open destination root", e))?
-    } else {
+    let root = if create {
         Some(Root::create(&d.root).map_err(|e| io_err("cannot create destination root", e))?)
+    } else {
+        Root::open(&d.root).map_err(|e| io_err("cannot open destination root", e))?
     };
     let lock = match &root {
         Some(root) if options.dry_run => lock::acquire_existing(root, options.lock_timeout),
@@ -387,7 +407,6 @@ fn lock_and_plan<'a>(
         _ => None,
     };
     Ok(Planned {
-        prepared,
         root,
         _lock: lock,
         state_was_absent,
@@ -438,7 +457,7 @@ fn missing_dirs(root: &Root, writes: &[Desired]) -> io::Result<Vec<String>> {
     Ok(missing)
 }
 
-fn execute(p: &Planned<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
+fn execute(p: &Planned, prepared: &Prepared<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &plan.catalog) else {
         return Ok(()); // skip_same: nothing to do
@@ -468,7 +487,7 @@ fn execute(p: &Planned<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
         state_was_absent: p.state_was_absent,
     };
     root.write_reserved(JOURNAL_FILE, &journal.to_json())?;
-    match apply(root, p, catalog, bundle) {
+    match apply(root, p, prepared, catalog, bundle) {
         Ok(()) => {
             root.remove_file(JOURNAL_FILE)?;
             Ok(())
@@ -488,7 +507,8 @@ fn execute(p: &Planned<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
 
 fn apply(
     root: &Root,
-    p: &Planned<'_>,
+    p: &Planned,
+    prepared: &Prepared<'_>,
     catalog: &Catalog,
     bundle: &VerifiedBundle,
 ) -> io::Result<()> {
@@ -502,7 +522,7 @@ fn apply(
         let dir = root.parent_dir(&d.path, Some(&mut created))?;
         let (temp, mut file) = storage::create_temp(&dir)?;
         staged.push(temp.clone());
-        let written = match p.prepared.generated.get(&d.path) {
+        let written = match prepared.generated.get(&d.path) {
             Some(bytes) => {
                 io::Write::write_all(&mut file, bytes)?;
                 hashing::hash_bytes(bytes)
