@@ -240,12 +240,6 @@ impl VerifyReport {
 
     pub fn to_text(&self) -> String {
         let mut out = String::new();
-        for path in &self.missing {
-            let _ = writeln!(out, "  missing     {path}");
-        }
-        for path in &self.mismatched {
-            let _ = writeln!(out, "  mismatched  {path}");
-        }
         if self.ok {
             let _ = writeln!(out, "verify: {} output(s) checked: ok", self.checked);
         } else {
@@ -256,6 +250,12 @@ impl VerifyReport {
                 self.missing.len(),
                 self.mismatched.len()
             );
+        }
+        for path in &self.missing {
+            let _ = writeln!(out, "  missing     {path}");
+        }
+        for path in &self.mismatched {
+            let _ = writeln!(out, "  mismatched  {path}");
         }
         out
     }
@@ -624,9 +624,11 @@ pub fn prune(
         .outputs
         .retain(|r| !dropped.contains(r.path.as_str()));
     catalog.updated_at = now;
-    // If this fails the journal stays, and whoever takes the lock next
-    // drops the records of the files deleted above.
-    write_catalog(target, root, &catalog)?;
+    if !dropped.is_empty() {
+        // If this fails the journal stays, and whoever takes the lock next
+        // drops the records of the files deleted above.
+        write_catalog(target, root, &catalog)?;
+    }
     root.remove_file(JOURNAL_FILE)
         .map_err(io_error(target, format!("cannot remove {JOURNAL_FILE}")))?;
     log::info!(
