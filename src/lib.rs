@@ -6,6 +6,7 @@ pub mod bundle;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod failpoint;
 pub mod hashing;
 pub mod journal;
 pub mod lock;

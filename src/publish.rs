@@ -10,6 +10,7 @@
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{Catalog, OutputKind, STATE_FILE, SourceIdentity, State, format_time};
 use crate::config::{self, Destination, Pipeline};
+use crate::failpoint;
 use crate::hashing::{self, Hashed};
 use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
 use crate::lock::{self, RootLock};
@@ -487,8 +488,10 @@ fn execute(p: &Planned, prepared: &Prepared<'_>, bundle: &VerifiedBundle) -> io:
         state_was_absent: p.state_was_absent,
     };
     root.write_reserved(JOURNAL_FILE, &journal.to_json())?;
+    failpoint::hit("publish.after_journal");
     match apply(root, p, prepared, catalog, bundle) {
         Ok(()) => {
+            failpoint::hit("publish.after_catalog");
             root.remove_file(JOURNAL_FILE)?;
             Ok(())
         }
@@ -515,6 +518,7 @@ fn apply(
     let plan = &p.plan;
     for entry in &plan.clear_first {
         root.remove_any(entry)?;
+        failpoint::hit("publish.after_clear");
     }
     let mut created = Vec::new();
     let mut staged = Vec::with_capacity(plan.writes.len());
@@ -540,11 +544,13 @@ fn apply(
             ));
         }
         file.sync_all()?;
+        failpoint::hit("publish.after_stage");
     }
     let mut touched = BTreeSet::new();
     for (d, temp) in plan.writes.iter().zip(&staged) {
         let dir = root.parent_dir(&d.path, None)?;
         dir.rename(temp, &dir, d.path.file_name())?;
+        failpoint::hit("publish.after_rename");
         touched.insert(d.path.parent().unwrap_or("").to_owned());
     }
     for folder in &touched {
@@ -560,7 +566,9 @@ fn apply(
     for path in &plan.delete_after {
         root.remove_any(path)?;
         root.prune_empty_parents(path)?;
+        failpoint::hit("publish.after_delete");
     }
+    failpoint::hit("publish.before_catalog");
     root.write_reserved(STATE_FILE, &catalog.to_json())?;
     log::debug!(
         "{}: catalog written at {}",

@@ -244,12 +244,15 @@ pub fn set_attempts(bundle: &Path, n: u32) -> io::Result<()> {
 /// or `failed/`. Returns where it went.
 pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
     write_atomic(bundle, RESULT_FILE, report.to_json().as_bytes())?;
+    crate::failpoint::hit("spool.after_result");
     let to = if report.ok {
         &spool.done
     } else {
         &spool.failed
     };
-    move_unique(bundle, to, name)
+    let moved = move_unique(bundle, to, name)?;
+    crate::failpoint::hit("spool.after_move");
+    Ok(moved)
 }
 
 /// One line of `spool list`.
