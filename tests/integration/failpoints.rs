@@ -1,0 +1,268 @@
+//! Crash at every step of a publication (debug-build crash points, see
+//! src/failpoint.rs) and prove the rerun converges: the catalog matches the
+//! bytes, nothing the tool wrote is unrecorded, nothing unrelated changed,
+//! and a bundle ends in exactly one spool folder.
+
+use crate::util::{Test, assert_catalog_matches_disk, is_reserved, sha256_file};
+use std::fs;
+use std::path::Path;
+
+const PUBLISH_POINTS: &[&str] = &[
+    "publish.after_journal",
+    "publish.after_clear",
+    "publish.after_stage",
+    "publish.after_rename",
+    "publish.after_delete",
+    "publish.before_catalog",
+    "publish.after_catalog",
+];
+
+fn config(workflow: &str) -> String {
+    format!(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        workflow: {workflow}
+        publish: {{source: true, html: true}}
+"
+    )
+}
+
+/// Files of the first bundle; the second drops `old.txt` and `sub/gone.md`,
+/// changes `report.md` and adds `new/deep/file.txt`.
+fn first(t: &Test, name: &str) -> std::path::PathBuf {
+    t.bundle_at(
+        name,
+        "first",
+        "2026-06-01T00:00:00Z",
+        &[
+            ("report.md", "# One\n\nfirst version\n"),
+            ("old.txt", "old\n"),
+            ("sub/gone.md", "# Gone\n"),
+            ("keep.txt", "same in both\n"),
+        ],
+    )
+}
+
+fn second(t: &Test, name: &str) -> std::path::PathBuf {
+    t.bundle_at(
+        name,
+        "second",
+        "2026-06-02T00:00:00Z",
+        &[
+            (
+                "report.md",
+                "# Two\n\nsecond version, longer than the first\n",
+            ),
+            ("keep.txt", "same in both\n"),
+            ("new/deep/file.txt", "new\n"),
+        ],
+    )
+}
+
+fn assert_clean(root: &Path) {
+    for entry in walk(root) {
+        let name = entry.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with(".distributor-tmp-") && name != ".distributor-journal.json",
+            "left behind: {}",
+            entry.display()
+        );
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if fs::symlink_metadata(&p).unwrap().is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// Crashes the second publication at `point` (its `nth` hit), reruns it
+/// and checks convergence.
+fn crash_and_rerun(workflow: &str, point: &str, nth: u32) -> bool {
+    let t = Test::new();
+    t.config(&config(workflow));
+    t.write("outside.txt", "not ours\n");
+    let outside_before = sha256_file(&t.join("outside.txt"));
+    let a = first(&t, "a");
+    let b = second(&t, "b");
+    t.publish("p", &a, &[]).expect_code(0);
+
+    let crashed = t
+        .cmd()
+        .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "p",
+        ])
+        .arg(&b)
+        .output();
+    let hit = crashed.code != 0;
+
+    let rerun = t.publish("p", &b, &[]);
+    rerun.expect_code(0);
+    let action = rerun.dest()["action"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_ne!(action, "fail_unmanaged", "{workflow} {point}:{nth}");
+    let root = t.join("root");
+    assert_catalog_matches_disk(&root);
+    assert_clean(&root);
+    assert_eq!(sha256_file(&t.join("outside.txt")), outside_before);
+
+    let records = t.records("root");
+    for path in ["report.md", "report.html", "keep.txt", "new/deep/file.txt"] {
+        assert_eq!(
+            records[path]["source"]["id"], "second",
+            "{workflow} {point}:{nth}: {path}"
+        );
+    }
+    let dropped_kept = records.contains_key("old.txt");
+    assert_eq!(
+        dropped_kept,
+        workflow == "additive",
+        "{workflow} {point}:{nth}: old.txt"
+    );
+    if workflow == "replacement" {
+        assert!(!t.join("root/old.txt").exists());
+        assert!(!t.join("root/sub").exists(), "emptied folder removed");
+    }
+    hit
+}
+
+/// Whether the second publication reaches `point` at least `nth` times:
+/// it stages and renames four outputs, deletes three (replacement only),
+/// clears nothing, and passes every other point once.
+fn reached(workflow: &str, point: &str, nth: u32) -> bool {
+    match point {
+        "publish.after_clear" => false,
+        "publish.after_stage" | "publish.after_rename" => nth <= 4,
+        "publish.after_delete" => workflow == "replacement" && nth <= 3,
+        _ => nth == 1,
+    }
+}
+
+#[test]
+fn every_publication_step_crash_converges_for_both_workflows() {
+    let mut hits = 0;
+    for workflow in ["additive", "replacement"] {
+        for point in PUBLISH_POINTS {
+            for nth in [1, 2, 5] {
+                let hit = crash_and_rerun(workflow, point, nth);
+                assert_eq!(
+                    hit,
+                    reached(workflow, point, nth),
+                    "{workflow} {point}:{nth}"
+                );
+                hits += usize::from(hit);
+            }
+        }
+    }
+    eprintln!("crash points: {hits} crashes mid-publication, each rerun converged");
+}
+
+#[test]
+fn force_replace_crash_converges() {
+    for point in [
+        "publish.after_journal",
+        "publish.after_clear",
+        "publish.after_rename",
+    ] {
+        let t = Test::new();
+        t.config(&config("additive"));
+        t.write("root/stray/file.txt", "unmanaged\n");
+        t.write("root/.distributor.json", "not json");
+        let b = second(&t, "b");
+        let crashed = t
+            .cmd()
+            .env("DISTRIBUTOR_FAILPOINT", point)
+            .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+            .args(["--destination", "d", "--force"])
+            .arg(&b)
+            .output();
+        assert_ne!(crashed.code, 0, "{point} was not reached");
+        t.publish("p", &b, &["--destination", "d", "--force"])
+            .expect_code(0);
+        assert_catalog_matches_disk(&t.join("root"));
+        assert_clean(&t.join("root"));
+        assert!(!t.join("root/stray").exists());
+        assert!(t.join("root/.distributor.lock").exists());
+    }
+}
+
+fn agent_config() -> &'static str {
+    "spool: ./spool
+agent: {settle: 0s}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        workflow: replacement
+"
+}
+
+/// Names of the entries in a spool folder (dot-names aside).
+fn names(t: &Test, folder: &str) -> Vec<String> {
+    let dir = t.join(&format!("spool/p/{folder}"));
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| !is_reserved(n) && !n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn agent_crash_at_every_step_files_each_bundle_exactly_once() {
+    let points: Vec<&str> = PUBLISH_POINTS
+        .iter()
+        .copied()
+        .chain(["spool.after_result", "spool.after_move"])
+        .collect();
+    for point in points {
+        let t = Test::new();
+        t.config(agent_config());
+        t.mkdir("spool/p/inbox");
+        let a = first(&t, "a");
+        let b = second(&t, "b");
+        fs::rename(&a, t.join("spool/p/inbox/a")).unwrap();
+        fs::rename(&b, t.join("spool/p/inbox/b")).unwrap();
+
+        t.cmd()
+            .env("DISTRIBUTOR_FAILPOINT", format!("{point}:1"))
+            .args(["--config", "config.yaml", "agent", "--once"])
+            .output();
+        let drained = t.run(&["agent", "--once"]);
+        drained.expect_code(0);
+        assert_eq!(names(&t, "done"), ["a", "b"], "{point}");
+        for folder in ["inbox", "work", "failed"] {
+            assert!(names(&t, folder).is_empty(), "{point}: {folder} not empty");
+        }
+        let root = t.join("root");
+        assert_catalog_matches_disk(&root);
+        assert_clean(&root);
+        let records = t.records("root");
+        assert!(
+            records.values().all(|r| r["source"]["id"] == "second"),
+            "{point}: the newest bundle owns every output"
+        );
+    }
+}
