@@ -92,13 +92,18 @@ fn create_spools(config: &Config) -> Result<(), AgentError> {
 fn run_once(config: &Config) -> bool {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
+    // The senders outlive the workers: nobody wakes a --once worker, but a
+    // disconnected channel would read as "stop" during a retry backoff.
+    let mut senders = Vec::new();
     std::thread::scope(|scope| {
         for p in &config.pipelines {
             let worker = Worker::new(config, p, tally.clone(), stop.clone(), true);
-            let (_tx, rx) = crossbeam_channel::unbounded();
+            let (tx, rx) = crossbeam_channel::unbounded::<Wake>();
+            senders.push(tx);
             scope.spawn(move || worker.run(&rx));
         }
     });
+    drop(senders);
     for p in &config.pipelines {
         expire_done(config, p);
     }

@@ -74,7 +74,7 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
         ))
     })?;
     log::warn!(
-        "{}: finishing an interrupted publication ({} writes, {} deletes journaled)",
+        "{}: settling an unfinished publication from its journal ({} writes, {} deletes journaled)",
         root.path().display(),
         journal.writes.len(),
         journal.deletes.len()
@@ -116,20 +116,29 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
         }
     }
 
-    base.outputs = records.into_values().collect();
-    base.updated_at = now;
-    let nothing_recorded = base.outputs.is_empty() && matches!(current, State::Absent);
+    let recovered: Vec<OutputRecord> = records.into_values().collect();
+    // Rewrite the catalog only when the bytes on disk say something new:
+    // a failure while staging changed nothing, and must not even touch
+    // the catalog's timestamp (or convert legacy or invalid state).
+    let changed = match &current {
+        State::Catalog(c) => c.outputs != recovered,
+        _ => !recovered.is_empty(),
+    };
+    if changed {
+        base.outputs = recovered;
+        base.updated_at = now;
+    }
     if apply {
-        if !(nothing_recorded && journal.state_was_absent) {
+        if changed {
             root.write_reserved(STATE_FILE, &base.to_json())?;
         }
         root.remove_file(JOURNAL_FILE)?;
     }
-    if nothing_recorded && journal.state_was_absent {
-        Ok(State::Absent)
+    Ok(if changed {
+        State::Catalog(base)
     } else {
-        Ok(State::Catalog(base))
-    }
+        current
+    })
 }
 
 /// Removes temporary files left in the root and in every folder a

@@ -1,0 +1,120 @@
+//! A destination on a tiny file system that fills up mid-publication: the
+//! bundle is retried then failed, the previous catalog stays valid and
+//! matching, and no temporary file is left behind. Needs root (to mount a
+//! size-limited tmpfs); skipped with a printed reason otherwise.
+
+use crate::util::{Test, assert_catalog_matches_disk};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A mounted 1 MiB tmpfs, unmounted on drop.
+struct SmallFs {
+    path: PathBuf,
+}
+
+impl SmallFs {
+    fn mount(at: &Path) -> Option<SmallFs> {
+        fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallFs {
+            path: at.to_owned(),
+        })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+fn small_fs(t: &Test) -> Option<SmallFs> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a size-limited tmpfs needs root");
+        return None;
+    }
+    let fs = SmallFs::mount(&t.join("small"));
+    if fs.is_none() {
+        eprintln!("skipped: cannot mount a tmpfs here");
+    }
+    fs
+}
+
+fn no_temp_files(root: &Path) {
+    for entry in fs::read_dir(root).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.starts_with(".distributor-tmp-") && name != ".distributor-journal.json",
+            "{name} left in {}",
+            root.display()
+        );
+        if entry.file_type().unwrap().is_dir() {
+            no_temp_files(&entry.path());
+        }
+    }
+}
+
+const CONFIG: &str = "spool: ./spool
+agent: {settle: 0s, max_attempts: 2}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./small/root
+        workflow: replacement
+";
+
+#[test]
+fn a_full_disk_fails_the_bundle_and_keeps_the_previous_catalog() {
+    let t = Test::new();
+    let Some(_fs) = small_fs(&t) else { return };
+    t.config(CONFIG);
+    let small = t.bundle_at("a", "a", "2026-06-01T00:00:00Z", &[("page.txt", "fits\n")]);
+    t.publish("p", &small, &[]).expect_code(0);
+    let before = fs::read(t.join("small/root/.distributor.json")).unwrap();
+
+    let big_content = "x".repeat(700 * 1024);
+    let big = t.bundle_at(
+        "b",
+        "b",
+        "2026-06-02T00:00:00Z",
+        &[("one.bin", &big_content), ("two.bin", &big_content)],
+    );
+
+    // Direct run: exit 1 at stage publish, nothing changed.
+    let out = t.publish("p", &big, &[]);
+    out.expect_code(1);
+    assert_eq!(out.json()["stage"], "publish");
+    let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        error.contains("space"),
+        "error should say the disk is full: {error}"
+    );
+    let root = t.join("small/root");
+    assert_eq!(fs::read(root.join(".distributor.json")).unwrap(), before);
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+    assert!(root.join("page.txt").exists());
+
+    // Through the agent: retried (transient), then failed.
+    t.mkdir("spool/p/inbox");
+    fs::rename(&big, t.join("spool/p/inbox/b")).unwrap();
+    t.run(&["agent", "--once"]).expect_code(1);
+    let failed = t.join("spool/p/failed/b");
+    let attempts = fs::read_to_string(failed.join(".distributor-attempts")).unwrap();
+    assert_eq!(attempts.trim(), "2", "retried up to max_attempts");
+    let result: serde_json::Value =
+        serde_json::from_slice(&fs::read(failed.join(".distributor-result.json")).unwrap())
+            .unwrap();
+    assert_eq!(result["stage"], "publish");
+    assert_eq!(fs::read(root.join(".distributor.json")).unwrap(), before);
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+}
