@@ -63,6 +63,13 @@ pub fn read_state(root: &Root) -> io::Result<State> {
 /// Returns the state to plan against. With `apply` false (dry runs) nothing
 /// is changed on disk and the returned state is what applying would leave.
 pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<State> {
+    if apply {
+        // A process killed while writing the journal itself (or the catalog)
+        // leaves a temporary file at the top of the root and no journal.
+        // Every temporary file is created under the lock, which the caller
+        // holds, so any found now is stale.
+        remove_temps_in(root, "")?;
+    }
     let current = read_state(root)?;
     let Some(bytes) = root.read_reserved(JOURNAL_FILE)? else {
         return Ok(current);
@@ -152,15 +159,20 @@ fn remove_temps(root: &Root, journal: &Journal) -> io::Result<()> {
         }
     }
     for folder in folders {
-        for name in root.list_names(&folder)? {
-            if is_temp_name(&name) {
-                let path = if folder.is_empty() {
-                    name
-                } else {
-                    format!("{folder}/{name}")
-                };
-                root.remove_file(&path)?;
-            }
+        remove_temps_in(root, &folder)?;
+    }
+    Ok(())
+}
+
+fn remove_temps_in(root: &Root, folder: &str) -> io::Result<()> {
+    for name in root.list_names(folder)? {
+        if is_temp_name(&name) {
+            let path = if folder.is_empty() {
+                name
+            } else {
+                format!("{folder}/{name}")
+            };
+            root.remove_file(&path)?;
         }
     }
     Ok(())

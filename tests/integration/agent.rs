@@ -1,1 +1,1299 @@
-//! (being written)
+//! The spool agent end to end, through the real binary: `agent --once`
+//! outcomes and exit codes, crash recovery from `work/`, a live agent fed by
+//! renames, in-place writes and bursts, SIGTERM / SIGHUP / SIGKILL,
+//! transient lock failures with retries, `spool list` / `spool retry`, and
+//! `done/` retention. Every assertion is about what an operator sees: spool
+//! folders, result files, catalogs, exit codes.
+//!
+//! Self-contained: the helpers below are private to this module.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Read;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{JoinHandle, sleep};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+const BIN: &str = env!("CARGO_BIN_EXE_distributor");
+const CREATED: &str = "2026-06-04T11:55:00Z";
+/// Longest any single command may run before the test fails instead of hanging.
+const DEADLINE: Duration = Duration::from_secs(90);
+/// How long a live agent gets to publish one small bundle.
+const PUBLISH_WAIT: Duration = Duration::from_secs(15);
+const RESULT: &str = ".distributor-result.json";
+const ATTEMPTS: &str = ".distributor-attempts";
+
+/// A temporary folder holding `config.yaml`, the spool, roots and bundles.
+struct Dir {
+    tmp: tempfile::TempDir,
+}
+
+impl Dir {
+    fn new() -> Dir {
+        Dir {
+            tmp: tempfile::Builder::new()
+                .prefix("distributor-agent-it-")
+                .tempdir()
+                .expect("create temp dir"),
+        }
+    }
+
+    /// On tmpfs when there is one: the burst and kill tests publish hundreds
+    /// of bundles and every publication fsyncs; killing a process exercises
+    /// the same code either way.
+    fn on_tmpfs() -> Dir {
+        let shm = Path::new("/dev/shm");
+        match tempfile::Builder::new()
+            .prefix("distributor-agent-it-")
+            .tempdir_in(shm)
+        {
+            Ok(tmp) => Dir { tmp },
+            Err(_) => Dir::new(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    fn join(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    /// `spool/<pipeline>/<folder>`.
+    fn spool(&self, pipeline: &str, folder: &str) -> PathBuf {
+        self.join(&format!("spool/{pipeline}/{folder}"))
+    }
+
+    fn config(&self, yaml: &str) {
+        write_file(&self.join("config.yaml"), yaml.as_bytes());
+    }
+
+    /// The binary with `--config <dir>/config.yaml`, logging at info.
+    fn cmd(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(self.path())
+            .env_remove("DISTRIBUTOR_CONFIG")
+            .env("RUST_LOG", "info")
+            .arg("--config")
+            .arg(self.join("config.yaml"))
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs the binary to completion with `args`.
+    fn run(&self, args: &[&str]) -> Out {
+        let mut cmd = self.cmd();
+        cmd.args(args);
+        Proc::spawn(cmd, true).finish(DEADLINE)
+    }
+
+    /// `agent --once`.
+    fn once(&self) -> Out {
+        self.run(&["agent", "--once"])
+    }
+
+    /// Starts a live agent and waits until its signal handlers are in place
+    /// (it logs "agent started" after installing them).
+    fn agent(&self) -> Proc {
+        let mut cmd = self.cmd();
+        cmd.arg("agent");
+        let agent = Proc::spawn(cmd, true);
+        agent.wait_log("agent started", Duration::from_secs(20));
+        agent
+    }
+
+    /// A bundle sealed by the binary under `bundles/<name>` (outside every
+    /// inbox), with id `name`.
+    fn sealed(&self, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        let dir = self.join(&format!("bundles/{name}"));
+        for (path, contents) in files {
+            write_file(&dir.join(path), contents);
+        }
+        seal(&dir, name);
+        dir
+    }
+}
+
+/// `distributor bundle seal DIR --id ID --created CREATED`, expected to succeed.
+#[track_caller]
+fn seal(dir: &Path, id: &str) {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("DISTRIBUTOR_CONFIG")
+        .env("RUST_LOG", "warn")
+        .args(["bundle", "seal"])
+        .arg(dir)
+        .args(["--id", id, "--created", CREATED])
+        .stdin(Stdio::null());
+    Proc::spawn(cmd, true).finish(DEADLINE).expect(0);
+}
+
+/// A bundle written without the binary (for the bursts: one process per
+/// bundle would dominate the time): files first, then a manifest computed
+/// from SPEC §3, written to a temporary name and renamed into place.
+fn write_bundle(dir: &Path, id: &str, files: &[(&str, &[u8])]) {
+    let mut listed: Vec<(String, String, usize)> = Vec::new();
+    for (path, contents) in files {
+        write_file(&dir.join(path), contents);
+        listed.push(((*path).to_owned(), sha256(contents), contents.len()));
+    }
+    listed.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let text: String = listed
+        .iter()
+        .map(|(p, s, n)| format!("{s} {n} {p}\n"))
+        .collect();
+    let doc = serde_json::json!({
+        "schema_version": 1,
+        "id": id,
+        "created": CREATED,
+        "digest": sha256(text.as_bytes()),
+        "files": listed
+            .iter()
+            .map(|(p, s, n)| serde_json::json!({"path": p, "sha256": s, "size": n}))
+            .collect::<Vec<_>>(),
+    });
+    let temp = dir.join(".manifest.json.tmp");
+    fs::write(&temp, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    fs::rename(&temp, dir.join("manifest.json")).unwrap();
+}
+
+fn write_file(path: &Path, contents: &[u8]) {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("create parent dir");
+    }
+    fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Renames `from` to `to`, creating `to`'s parent (a producer's drop).
+fn drop_into(from: &Path, to: &Path) {
+    fs::create_dir_all(to.parent().unwrap()).unwrap();
+    fs::rename(from, to)
+        .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", from.display(), to.display()));
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    let mut out = String::from("sha256:");
+    for b in Sha256::digest(bytes).iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Entry names of a folder (empty when it does not exist).
+fn names(dir: &Path) -> BTreeSet<String> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[track_caller]
+fn read_json(path: &Path) -> Value {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// The `.distributor-result.json` of a spooled bundle.
+#[track_caller]
+fn result(bundle: &Path) -> Value {
+    read_json(&bundle.join(RESULT))
+}
+
+/// The attempt count recorded in a spooled bundle.
+fn attempts(bundle: &Path) -> Option<u32> {
+    fs::read_to_string(bundle.join(ATTEMPTS))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Catalog records of a root, by path (empty when there is no catalog).
+#[track_caller]
+fn records(root: &Path) -> BTreeMap<String, Value> {
+    let path = root.join(".distributor.json");
+    if !path.exists() {
+        return BTreeMap::new();
+    }
+    read_json(&path)["outputs"]
+        .as_array()
+        .expect("outputs array")
+        .iter()
+        .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
+        .collect()
+}
+
+/// Every regular file below `dir`, relative, sorted.
+fn files_below(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                walk(base, &e.path(), out);
+            } else {
+                let rel = e.path().strip_prefix(base).unwrap().to_string_lossy().into_owned();
+                out.push(rel);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+fn is_reserved(rel: &str) -> bool {
+    rel.split('/').any(|s| s.starts_with(".distributor"))
+}
+
+/// Every catalog record matches the bytes on disk, and every regular file
+/// of the root (reserved names aside) is recorded.
+#[track_caller]
+fn assert_catalog_matches_disk(root: &Path) {
+    let recs = records(root);
+    for (path, r) in &recs {
+        let file = root.join(path);
+        let bytes = fs::read(&file).unwrap_or_else(|e| panic!("recorded {path} not readable: {e}"));
+        assert_eq!(r["size"].as_u64(), Some(bytes.len() as u64), "size of {path}");
+        assert_eq!(r["sha256"].as_str(), Some(sha256(&bytes).as_str()), "sha256 of {path}");
+    }
+    for path in files_below(root) {
+        if !is_reserved(&path) {
+            assert!(recs.contains_key(&path), "{path} is in {} but not recorded", root.display());
+        }
+    }
+}
+
+/// Temporary or journal files the tool left anywhere below `dir`.
+fn leftovers(dir: &Path) -> Vec<String> {
+    files_below(dir)
+        .into_iter()
+        .filter(|p| {
+            let name = p.rsplit('/').next().unwrap_or(p);
+            name.starts_with(".distributor-tmp") || name.starts_with(".distributor-journal")
+        })
+        .collect()
+}
+
+/// Polls `cond` every 10 ms until it holds; false after `timeout`.
+fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// What a finished command produced.
+#[derive(Debug)]
+struct Out {
+    /// Exit code, or minus the signal number that killed it.
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    #[track_caller]
+    fn expect(&self, code: i32) -> &Out {
+        assert_eq!(
+            self.code, code,
+            "expected exit code {code}, got {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+/// A child process whose output is collected as it runs; killed on drop so
+/// no failed test leaves an agent behind.
+struct Proc {
+    child: Child,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, capture: bool) -> Proc {
+        let (out, err) = if capture {
+            (Stdio::piped(), Stdio::piped())
+        } else {
+            (Stdio::null(), Stdio::null())
+        };
+        let mut child = cmd.stdout(out).stderr(err).spawn().expect("spawn distributor");
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        if let Some(pipe) = child.stdout.take() {
+            readers.push(collect(pipe, stdout.clone()));
+        }
+        if let Some(pipe) = child.stderr.take() {
+            readers.push(collect(pipe, stderr.clone()));
+        }
+        Proc {
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
+        // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    #[track_caller]
+    fn wait_log(&self, needle: &str, timeout: Duration) {
+        assert!(
+            wait_for(timeout, || self.stderr().contains(needle)),
+            "no {needle:?} in the log within {timeout:?}:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Waits for the exit (killing the child and failing at `timeout`).
+    #[track_caller]
+    fn finish(&mut self, timeout: Duration) -> Out {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("process did not exit within {timeout:?}:\n{}", self.stderr());
+            }
+            sleep(Duration::from_millis(5));
+        };
+        for r in std::mem::take(&mut self.readers) {
+            r.join().unwrap();
+        }
+        Out {
+            code: status
+                .code()
+                .unwrap_or_else(|| -status.signal().unwrap_or(0)),
+            stdout: String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned(),
+            stderr: self.stderr(),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn collect(mut pipe: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = pipe.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            buf.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    })
+}
+
+/// One pipeline `p` publishing to `./www` under `{source_id}/`, with the
+/// given lines under `agent:` (each indented by two spaces).
+fn config_p(agent: &str) -> String {
+    format!(
+        "spool: ./spool
+agent:
+{agent}pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+        prefix: \"{{source_id}}/\"
+"
+    )
+}
+
+/// Live agent settings: only file events and the incomplete-folder poll
+/// can make it notice anything (the full rescan is a minute away).
+const LIVE: &str = "  settle: 0s\n  rescan_interval: 60s\n";
+
+/// Waits until `done/<name>` holds a result file; fails with the log.
+#[track_caller]
+fn wait_done(dir: &Dir, agent: &Proc, pipeline: &str, name: &str) {
+    let bundle = dir.spool(pipeline, "done").join(name);
+    assert!(
+        wait_for(PUBLISH_WAIT, || bundle.join(RESULT).exists()),
+        "{name} did not reach {pipeline}/done within {PUBLISH_WAIT:?}; inbox {:?} work {:?} failed {:?}\n{}",
+        names(&dir.spool(pipeline, "inbox")),
+        names(&dir.spool(pipeline, "work")),
+        names(&dir.spool(pipeline, "failed")),
+        agent.stderr()
+    );
+    assert_eq!(result(&bundle)["ok"], true, "{}", result(&bundle));
+}
+
+/// SIGTERM, then expect a clean exit 0.
+#[track_caller]
+fn stop(mut agent: Proc) -> Out {
+    agent.signal(libc::SIGTERM);
+    let out = agent.finish(Duration::from_secs(30));
+    out.expect(0);
+    out
+}
+
+/// A small xorshift generator: no extra dependency, and the seed is printed
+/// so a failing run can be replayed with `DISTRIBUTOR_IT_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Rng {
+        let seed = std::env::var("DISTRIBUTOR_IT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("rng seed {seed} (replay with DISTRIBUTOR_IT_SEED={seed})");
+        Rng(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. agent --once
+// ---------------------------------------------------------------------------
+
+#[test]
+fn once_with_an_empty_inbox_exits_0_and_creates_every_spool_folder() {
+    let dir = Dir::new();
+    dir.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+  - id: q
+    inbox: ./drop/q
+    destinations:
+      - id: d
+        path: ./www-q
+",
+    );
+    dir.once().expect(0);
+    for folder in ["inbox", "work", "done", "failed"] {
+        assert!(dir.spool("p", folder).is_dir(), "spool/p/{folder} missing");
+    }
+    for folder in ["work", "done", "failed"] {
+        assert!(dir.spool("q", folder).is_dir(), "spool/q/{folder} missing");
+    }
+    assert!(dir.join("drop/q").is_dir(), "the configured inbox of q was not created");
+    assert!(!dir.spool("q", "inbox").exists(), "q has its own inbox; spool/q/inbox should not exist");
+    assert!(!dir.join("www").exists(), "nothing was published, so no root should exist");
+}
+
+#[test]
+fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
+    let dir = Dir::new();
+    dir.config(&config_p(""));
+    let inbox = dir.spool("p", "inbox");
+    for name in ["good1", "good2", "bad"] {
+        let b = dir.sealed(
+            name,
+            &[
+                ("report.md", format!("# {name}\n").as_bytes()),
+                ("data/x.csv", format!("n,{name}\n").as_bytes()),
+            ],
+        );
+        if name == "bad" {
+            fs::write(b.join("report.md"), "# tampered after sealing\n").unwrap();
+        }
+        drop_into(&b, &inbox.join(name));
+    }
+
+    let out = dir.once();
+    out.expect(1);
+
+    assert_eq!(names(&dir.spool("p", "done")), set(&["good1", "good2"]));
+    assert_eq!(names(&dir.spool("p", "failed")), set(&["bad"]));
+    assert!(names(&inbox).is_empty(), "inbox not drained: {:?}", names(&inbox));
+    assert!(names(&dir.spool("p", "work")).is_empty());
+
+    let www = dir.join("www");
+    for name in ["good1", "good2"] {
+        let r = result(&dir.spool("p", "done").join(name));
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["stage"], Value::Null, "{r}");
+        assert_eq!(r["error"], Value::Null, "{r}");
+        assert_eq!(r["pipeline_id"], "p");
+        assert_eq!(r["source"]["id"], name);
+        let writes = &r["destinations"][0]["writes"];
+        assert!(
+            writes
+                .as_array()
+                .unwrap()
+                .contains(&Value::from(format!("{name}/report.md"))),
+            "{r}"
+        );
+        assert_eq!(
+            fs::read_to_string(www.join(name).join("report.md")).unwrap(),
+            format!("# {name}\n")
+        );
+        assert_eq!(
+            fs::read_to_string(www.join(name).join("data/x.csv")).unwrap(),
+            format!("n,{name}\n")
+        );
+    }
+    let r = result(&dir.spool("p", "failed").join("bad"));
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("error is a string");
+    assert!(error.contains("report.md"), "the error should name the file: {error}");
+    assert!(!www.join("bad").exists(), "the tampered bundle must not be published");
+
+    let recs = records(&www);
+    let paths: BTreeSet<_> = recs.keys().cloned().collect();
+    assert_eq!(
+        paths,
+        set(&["good1/data/x.csv", "good1/report.md", "good2/data/x.csv", "good2/report.md"])
+    );
+    for r in recs.values() {
+        assert_eq!(r["pipeline_id"], "p");
+        assert_eq!(r["destination_id"], "d");
+    }
+    assert_catalog_matches_disk(&www);
+    assert!(out.stderr.contains("bad"), "the failure is logged:\n{}", out.stderr);
+
+    // The exit code reports this run: an all-good run exits 0 even though
+    // failed/ still holds the earlier failure.
+    let b = dir.sealed("good3", &[("report.md", b"# good3\n")]);
+    drop_into(&b, &inbox.join("good3"));
+    dir.once().expect(0);
+    assert!(dir.spool("p", "done").join("good3").join(RESULT).exists());
+    assert_eq!(result(&dir.spool("p", "done").join("good3"))["ok"], true);
+    assert!(www.join("good3/report.md").is_file());
+}
+
+// ---------------------------------------------------------------------------
+// 2. crash recovery
+// ---------------------------------------------------------------------------
+
+#[test]
+fn once_finishes_a_bundle_left_in_work_before_the_inbox() {
+    let dir = Dir::new();
+    // No prefix: both bundles write `a.txt`, so the last one processed owns it.
+    dir.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+",
+    );
+    let interrupted = dir.sealed("interrupted", &[("a.txt", b"from work\n")]);
+    fs::write(interrupted.join(ATTEMPTS), "1\n").unwrap();
+    drop_into(&interrupted, &dir.spool("p", "work").join("interrupted"));
+    let fresh = dir.sealed("fresh", &[("a.txt", b"from inbox\n")]);
+    drop_into(&fresh, &dir.spool("p", "inbox").join("fresh"));
+
+    let out = dir.once();
+    out.expect(0);
+
+    let done = dir.spool("p", "done");
+    assert_eq!(names(&done), set(&["fresh", "interrupted"]), "each exactly once");
+    assert!(names(&dir.spool("p", "work")).is_empty());
+    assert!(names(&dir.spool("p", "inbox")).is_empty());
+    assert!(names(&dir.spool("p", "failed")).is_empty());
+    assert_eq!(result(&done.join("interrupted"))["ok"], true);
+    assert_eq!(
+        attempts(&done.join("interrupted")),
+        Some(2),
+        "the attempt count survives the restart"
+    );
+
+    // work/ first: the inbox bundle was published last and owns a.txt.
+    let www = dir.join("www");
+    assert_eq!(fs::read_to_string(www.join("a.txt")).unwrap(), "from inbox\n");
+    assert_eq!(records(&www)["a.txt"]["source"]["id"], "fresh");
+    assert_catalog_matches_disk(&www);
+    let log = &out.stderr;
+    let (w, i) = (
+        log.find("bundle=interrupted done"),
+        log.find("bundle=fresh done"),
+    );
+    assert!(
+        matches!((w, i), (Some(w), Some(i)) if w < i),
+        "work/ should be processed before the inbox:\n{log}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 3. live agent
+// ---------------------------------------------------------------------------
+
+#[test]
+fn live_agent_publishes_a_bundle_renamed_in_from_a_dot_folder() {
+    let dir = Dir::new();
+    dir.config(&config_p("  settle: 50ms\n  rescan_interval: 60s\n"));
+    let agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+    let staging = inbox.join(".incoming-a");
+    for (path, contents) in [("report.md", "# a\n"), ("img/logo.txt", "logo\n")] {
+        write_file(&staging.join(path), contents.as_bytes());
+    }
+    seal(&staging, "a");
+    drop_into(&staging, &inbox.join("a"));
+
+    wait_done(&dir, &agent, "p", "a");
+    let www = dir.join("www");
+    assert_eq!(fs::read_to_string(www.join("a/report.md")).unwrap(), "# a\n");
+    assert_eq!(fs::read_to_string(www.join("a/img/logo.txt")).unwrap(), "logo\n");
+    assert_catalog_matches_disk(&www);
+    assert!(names(&inbox).is_empty());
+    assert!(names(&dir.spool("p", "work")).is_empty());
+    let out = stop(agent);
+    assert!(out.stderr.contains("bundle=a done"), "one outcome line per bundle:\n{}", out.stderr);
+}
+
+#[test]
+fn live_agent_publishes_a_bundle_written_in_place_with_the_manifest_last() {
+    let dir = Dir::new();
+    dir.config(&config_p(LIVE));
+    let agent = dir.agent();
+    // The manifest a producer would write, computed on a copy elsewhere.
+    let model = dir.sealed("b", &[("one.txt", b"one\n"), ("sub/two.txt", b"two\n")]);
+    let manifest = fs::read(model.join("manifest.json")).unwrap();
+
+    let b = dir.spool("p", "inbox").join("b");
+    fs::create_dir(&b).unwrap();
+    sleep(Duration::from_millis(300));
+    write_file(&b.join("one.txt"), b"one\n");
+    sleep(Duration::from_millis(300));
+    write_file(&b.join("sub/two.txt"), b"two\n");
+    sleep(Duration::from_millis(300));
+    assert!(b.is_dir(), "the incomplete bundle must not be claimed before its manifest");
+    fs::write(b.join(".manifest.tmp"), &manifest).unwrap();
+    fs::rename(b.join(".manifest.tmp"), b.join("manifest.json")).unwrap();
+
+    wait_done(&dir, &agent, "p", "b");
+    let www = dir.join("www");
+    assert_eq!(fs::read_to_string(www.join("b/one.txt")).unwrap(), "one\n");
+    assert_eq!(fs::read_to_string(www.join("b/sub/two.txt")).unwrap(), "two\n");
+    assert_catalog_matches_disk(&www);
+    stop(agent);
+}
+
+#[test]
+fn live_agent_publishes_a_folder_created_empty_then_filled() {
+    let dir = Dir::new();
+    dir.config(&config_p(LIVE));
+    let agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+    // c1: files and manifest right after the mkdir (races the watcher adding
+    // a watch on the new folder); c2: the folder stays empty for a while.
+    for (name, pause) in [("c1", 0), ("c2", 700)] {
+        let model = dir.sealed(name, &[("f.txt", name.as_bytes())]);
+        let manifest = fs::read(model.join("manifest.json")).unwrap();
+        let b = inbox.join(name);
+        fs::create_dir(&b).unwrap();
+        sleep(Duration::from_millis(pause));
+        fs::write(b.join("f.txt"), name).unwrap();
+        fs::write(b.join(".manifest.tmp"), &manifest).unwrap();
+        fs::rename(b.join(".manifest.tmp"), b.join("manifest.json")).unwrap();
+        wait_done(&dir, &agent, "p", name);
+        assert_eq!(
+            fs::read_to_string(dir.join("www").join(name).join("f.txt")).unwrap(),
+            name
+        );
+    }
+    assert_catalog_matches_disk(&dir.join("www"));
+    assert!(names(&dir.spool("p", "failed")).is_empty());
+    stop(agent);
+}
+
+#[test]
+fn live_agent_ignores_a_complete_bundle_while_its_name_starts_with_a_dot() {
+    let dir = Dir::new();
+    dir.config(&config_p(LIVE));
+    let agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+    let staging = inbox.join(".e");
+    write_file(&staging.join("e.txt"), b"e\n");
+    seal(&staging, "e");
+    // Touch it again so the watcher reports more events inside it.
+    for i in 0..5 {
+        write_file(&staging.join(format!("extra-{i}.txt")), b"x");
+        sleep(Duration::from_millis(150));
+    }
+    for i in 0..5 {
+        fs::remove_file(staging.join(format!("extra-{i}.txt"))).unwrap();
+    }
+    sleep(Duration::from_millis(500));
+    assert!(staging.join("manifest.json").is_file(), "the dot-folder was claimed");
+    assert!(names(&dir.spool("p", "work")).is_empty());
+    assert!(names(&dir.spool("p", "done")).is_empty());
+    assert!(!dir.join("www").join("e").exists(), "a staging bundle was published");
+
+    drop_into(&staging, &inbox.join("e"));
+    wait_done(&dir, &agent, "p", "e");
+    assert_eq!(fs::read_to_string(dir.join("www/e/e.txt")).unwrap(), "e\n");
+    stop(agent);
+}
+
+/// Default burst size: the largest that keeps the test well under 30 s in a
+/// debug build on two cores (each publication rewrites the whole catalog,
+/// so the total grows with the square of the count). Set
+/// `DISTRIBUTOR_IT_BURST=2000` to run the full-size burst.
+const BURST: usize = 500;
+
+#[test]
+fn live_agent_publishes_every_bundle_of_a_burst() {
+    let n: usize = std::env::var("DISTRIBUTOR_IT_BURST")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(BURST);
+    let dir = Dir::on_tmpfs();
+    dir.config(
+        "spool: ./spool
+agent:
+  settle: 0s
+  rescan_interval: 60s
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+",
+    );
+    let stage = dir.join("stage");
+    let all: Vec<String> = (0..n).map(|i| format!("b{i:05}")).collect();
+    for name in &all {
+        write_bundle(
+            &stage.join(name),
+            name,
+            &[(&format!("{name}.txt"), format!("burst {name}\n").as_bytes())],
+        );
+    }
+    let agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+    let start = Instant::now();
+    for name in &all {
+        fs::rename(stage.join(name), inbox.join(name)).unwrap();
+    }
+    let dropped = start.elapsed();
+    let done = dir.spool("p", "done");
+    let limit = Duration::from_secs(120);
+    let finished = wait_for(limit, || {
+        let d = names(&done);
+        d.len() >= n && d.iter().all(|name| done.join(name).join(RESULT).exists())
+    });
+    let elapsed = start.elapsed();
+    eprintln!(
+        "burst: {n} bundles dropped in {dropped:?}, all in done/ after {:.1} s ({:.1} ms per bundle)",
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1000.0 / n as f64
+    );
+    assert!(
+        finished,
+        "after {limit:?} only {} of {n} bundles are in done/ (inbox {}, work {:?}, failed {:?})",
+        names(&done).len(),
+        names(&inbox).len(),
+        names(&dir.spool("p", "work")),
+        names(&dir.spool("p", "failed"))
+    );
+    stop(agent);
+
+    let expected: BTreeSet<String> = all.iter().cloned().collect();
+    assert_eq!(names(&done), expected);
+    assert!(names(&inbox).is_empty());
+    assert!(names(&dir.spool("p", "work")).is_empty());
+    assert!(names(&dir.spool("p", "failed")).is_empty());
+    let www = dir.join("www");
+    let recs = records(&www);
+    assert_eq!(recs.len(), n, "one catalog record per bundle");
+    for name in &all {
+        let r = &recs[&format!("{name}.txt")];
+        assert_eq!(r["source"]["id"], name.as_str());
+        assert_eq!(r["sha256"], sha256(format!("burst {name}\n").as_bytes()).as_str());
+    }
+    assert_catalog_matches_disk(&www);
+    assert!(leftovers(&www).is_empty(), "{:?}", leftovers(&www));
+}
+
+// ---------------------------------------------------------------------------
+// 4. SIGTERM while busy
+// ---------------------------------------------------------------------------
+
+#[test]
+fn sigterm_while_busy_finishes_the_bundle_in_hand_and_exits_0() {
+    let dir = Dir::new();
+    dir.config(&config_p(LIVE));
+    // Bundles big enough that hashing and copying keep a debug build busy.
+    let size = 4 << 20;
+    let all: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+    let stage = dir.join("stage");
+    let content = |name: &str| {
+        let mut bytes = vec![b'.'; size];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        bytes
+    };
+    for name in &all {
+        write_bundle(&stage.join(name), name, &[("big.bin", &content(name))]);
+    }
+    let agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+    let work = dir.spool("p", "work");
+    for name in &all {
+        fs::rename(stage.join(name), inbox.join(name)).unwrap();
+    }
+    let mut in_hand = None;
+    assert!(
+        wait_for(PUBLISH_WAIT, || {
+            in_hand = names(&work).into_iter().next();
+            in_hand.is_some()
+        }),
+        "the agent never claimed a bundle:\n{}",
+        agent.stderr()
+    );
+    let in_hand = in_hand.unwrap();
+    let out = stop(agent);
+    assert!(out.stderr.contains("stop requested"), "{}", out.stderr);
+
+    let done = names(&dir.spool("p", "done"));
+    let waiting = names(&inbox);
+    assert!(names(&work).is_empty(), "left half-done in work/: {:?}", names(&work));
+    assert!(names(&dir.spool("p", "failed")).is_empty());
+    assert!(done.contains(&in_hand), "the bundle in hand ({in_hand}) was not finished: done {done:?}");
+    assert!(!waiting.is_empty(), "the agent kept claiming after SIGTERM");
+    assert!(done.is_disjoint(&waiting));
+    let union: BTreeSet<String> = done.union(&waiting).cloned().collect();
+    assert_eq!(union, all.iter().cloned().collect::<BTreeSet<_>>());
+
+    let www = dir.join("www");
+    let recs = records(&www);
+    for name in &done {
+        assert_eq!(result(&dir.spool("p", "done").join(name))["ok"], true);
+        let r = recs
+            .get(&format!("{name}/big.bin"))
+            .unwrap_or_else(|| panic!("{name} is in done/ but not in the catalog"));
+        assert_eq!(r["sha256"], sha256(&content(name)).as_str());
+    }
+    for name in &waiting {
+        assert!(!www.join(name).exists(), "unclaimed {name} has outputs");
+        assert!(!inbox.join(name).join(RESULT).exists());
+    }
+    assert_eq!(recs.len(), done.len());
+    assert_catalog_matches_disk(&www);
+    assert!(leftovers(&www).is_empty(), "{:?}", leftovers(&www));
+
+    // The rest is picked up by the next run.
+    dir.once().expect(0);
+    assert_eq!(names(&dir.spool("p", "done")).len(), all.len());
+    assert_eq!(records(&www).len(), all.len());
+}
+
+// ---------------------------------------------------------------------------
+// 5. SIGHUP
+// ---------------------------------------------------------------------------
+
+#[test]
+fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines() {
+    let dir = Dir::new();
+    dir.config(&config_p(LIVE));
+    let mut agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+
+    dir.config("pipelines: [ this is : not yaml\n  - {{{\n");
+    agent.signal(libc::SIGHUP);
+    agent.wait_log("config reload refused", Duration::from_secs(10));
+    assert!(agent.running(), "a broken config on SIGHUP must not stop the agent");
+    let b = dir.sealed("after-broken", &[("x.txt", b"x\n")]);
+    drop_into(&b, &inbox.join("after-broken"));
+    wait_done(&dir, &agent, "p", "after-broken");
+    assert!(dir.join("www/after-broken/x.txt").is_file());
+
+    dir.config(&format!(
+        "{}  - id: q
+    destinations:
+      - id: d
+        path: ./www-q
+",
+        config_p(LIVE)
+    ));
+    agent.signal(libc::SIGHUP);
+    assert!(
+        wait_for(Duration::from_secs(10), || ["inbox", "work", "done", "failed"]
+            .iter()
+            .all(|f| dir.spool("q", f).is_dir())),
+        "the new pipeline's spool folders were not created on reload:\n{}",
+        agent.stderr()
+    );
+    let b = dir.sealed("for-q", &[("q.txt", b"q\n")]);
+    drop_into(&b, &dir.spool("q", "inbox").join("for-q"));
+    wait_done(&dir, &agent, "q", "for-q");
+    let recs = records(&dir.join("www-q"));
+    assert_eq!(recs["q.txt"]["pipeline_id"], "q");
+    // The old pipeline is still served after the reload.
+    let b = dir.sealed("after-reload", &[("y.txt", b"y\n")]);
+    drop_into(&b, &inbox.join("after-reload"));
+    wait_done(&dir, &agent, "p", "after-reload");
+    stop(agent);
+}
+
+// ---------------------------------------------------------------------------
+// 6. SIGKILL loop
+// ---------------------------------------------------------------------------
+
+#[test]
+fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
+    const ITERATIONS: usize = 25;
+    const MAX_FED: usize = 400;
+    let dir = Dir::on_tmpfs();
+    dir.config(
+        "spool: ./spool
+agent:
+  settle: 0s
+  rescan_interval: 60s
+pipelines:
+  - id: p
+    destinations:
+      - id: all
+        path: ./www-all
+        prefix: \"{source_id}/\"
+      - id: latest
+        path: ./www-latest
+        workflow: replacement
+",
+    );
+    let inbox = dir.spool("p", "inbox");
+    let work = dir.spool("p", "work");
+    fs::create_dir_all(&inbox).unwrap();
+    let stage = dir.join("stage");
+    let body = |name: &str| format!("# {name}\n\n{}\n", "text ".repeat(200));
+
+    let stop_feeding = Arc::new(AtomicBool::new(false));
+    let fed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let feeder = {
+        let (stop_feeding, fed, inbox, stage) =
+            (stop_feeding.clone(), fed.clone(), inbox.clone(), stage.clone());
+        std::thread::spawn(move || {
+            for i in 0..MAX_FED {
+                if stop_feeding.load(Ordering::SeqCst) {
+                    break;
+                }
+                let name = format!("k{i:04}");
+                let b = stage.join(&name);
+                // Every bundle replaces the previous one in `latest`; `n`
+                // makes some of them drop a file the previous one had.
+                let (index, n) = (body(&name), format!("{i}\n"));
+                let mut files: Vec<(&str, &[u8])> = vec![("index.md", index.as_bytes())];
+                if i % 3 != 0 {
+                    files.push(("data/n.txt", n.as_bytes()));
+                }
+                write_bundle(&b, &name, &files);
+                fs::rename(&b, inbox.join(&name)).unwrap();
+                fed.lock().unwrap().push(name);
+                sleep(Duration::from_millis(15));
+            }
+        })
+    };
+
+    let mut rng = Rng::seeded();
+    let mut kills_mid_bundle = 0;
+    for _ in 0..ITERATIONS {
+        let mut cmd = dir.cmd();
+        cmd.arg("agent");
+        let mut agent = Proc::spawn(cmd, false);
+        sleep(Duration::from_millis(rng.below(300)));
+        agent.signal(libc::SIGKILL);
+        let out = agent.finish(Duration::from_secs(30));
+        assert!(
+            out.code == -libc::SIGKILL || out.code == 0,
+            "unexpected exit {}",
+            out.code
+        );
+        if !names(&work).is_empty() {
+            kills_mid_bundle += 1;
+        }
+    }
+    stop_feeding.store(true, Ordering::SeqCst);
+    feeder.join().unwrap();
+    let fed: BTreeSet<String> = fed.lock().unwrap().iter().cloned().collect();
+    eprintln!(
+        "kill loop: {ITERATIONS} SIGKILLs, {} bundles fed, {kills_mid_bundle} kills left a bundle in work/",
+        fed.len()
+    );
+
+    let out = dir.once();
+    out.expect(0);
+
+    let done = names(&dir.spool("p", "done"));
+    let failed = names(&dir.spool("p", "failed"));
+    assert!(failed.is_empty(), "failed: {failed:?}");
+    assert!(names(&inbox).is_empty(), "inbox: {:?}", names(&inbox));
+    assert!(names(&work).is_empty(), "work: {:?}", names(&work));
+    assert_eq!(done.len(), fed.len(), "duplicates or losses in done/");
+    assert_eq!(done, fed, "every fed bundle in done/ exactly once, under its own name");
+    for name in &done {
+        let r = result(&dir.spool("p", "done").join(name));
+        assert_eq!(r["ok"], true, "{name}: {r}");
+    }
+
+    let all = dir.join("www-all");
+    let recs = records(&all);
+    for name in &fed {
+        let r = recs
+            .get(&format!("{name}/index.md"))
+            .unwrap_or_else(|| panic!("{name}/index.md not recorded"));
+        assert_eq!(r["sha256"], sha256(body(name).as_bytes()).as_str());
+    }
+    assert_catalog_matches_disk(&all);
+    let latest = dir.join("www-latest");
+    assert_catalog_matches_disk(&latest);
+    let owners: BTreeSet<_> = records(&latest)
+        .values()
+        .map(|r| r["source"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(owners.len(), 1, "replacement keeps one bundle's outputs: {owners:?}");
+    assert!(fed.is_superset(&owners));
+    for place in [&all, &latest, &dir.join("spool")] {
+        assert!(leftovers(place).is_empty(), "left behind in {}: {:?}", place.display(), leftovers(place));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. transient failures
+// ---------------------------------------------------------------------------
+
+/// Creates `<root>/.distributor.lock` and holds an exclusive flock on it
+/// until the returned file is dropped.
+fn hold_root_lock(root: &Path) -> fs::File {
+    fs::create_dir_all(root).unwrap();
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join(".distributor.lock"))
+        .unwrap();
+    // SAFETY: flock(2) on a descriptor this function owns.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    file
+}
+
+const LOCKED: &str = "  lock_timeout: 100ms\n  max_attempts: 3\n";
+
+#[test]
+fn a_held_root_lock_is_retried_with_backoff_then_fails_at_stage_lock() {
+    let dir = Dir::new();
+    dir.config(&config_p(LOCKED));
+    let www = dir.join("www");
+    let _lock = hold_root_lock(&www);
+    let b = dir.sealed("locked", &[("a.txt", b"a\n")]);
+    drop_into(&b, &dir.spool("p", "inbox").join("locked"));
+
+    let start = Instant::now();
+    let out = dir.once();
+    let elapsed = start.elapsed();
+    out.expect(1);
+    assert!(
+        elapsed >= Duration::from_millis(2900),
+        "three attempts with 1 s and 2 s of backoff cannot take {elapsed:?}"
+    );
+    let failed = dir.spool("p", "failed").join("locked");
+    let r = result(&failed);
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["stage"], "lock", "{r}");
+    assert!(r["error"].is_string(), "{r}");
+    assert_eq!(attempts(&failed), Some(3), "max_attempts attempts are made");
+    assert_eq!(out.stderr.matches("retrying in").count(), 2, "{}", out.stderr);
+    assert!(names(&dir.spool("p", "done")).is_empty());
+    assert!(names(&dir.spool("p", "work")).is_empty());
+    assert_eq!(files_below(&www), [".distributor.lock"], "nothing written under a held lock");
+}
+
+#[test]
+fn a_root_lock_released_between_attempts_lets_the_bundle_publish() {
+    let dir = Dir::new();
+    dir.config(&config_p(LOCKED));
+    let www = dir.join("www");
+    let lock = hold_root_lock(&www);
+    let b = dir.sealed("waits", &[("a.txt", b"a\n")]);
+    drop_into(&b, &dir.spool("p", "inbox").join("waits"));
+
+    let mut cmd = dir.cmd();
+    cmd.args(["agent", "--once"]);
+    let mut once = Proc::spawn(cmd, true);
+    // Release the lock once the first attempt has failed (logged), during
+    // the 1 s backoff, so the second attempt finds it free.
+    once.wait_log("attempt 1/3 failed", Duration::from_secs(20));
+    drop(lock);
+    let out = once.finish(DEADLINE);
+    out.expect(0);
+
+    let done = dir.spool("p", "done").join("waits");
+    assert_eq!(result(&done)["ok"], true);
+    assert_eq!(attempts(&done), Some(2));
+    assert_eq!(fs::read_to_string(www.join("waits/a.txt")).unwrap(), "a\n");
+    assert_catalog_matches_disk(&www);
+    assert!(names(&dir.spool("p", "failed")).is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// 8. spool list / spool retry
+// ---------------------------------------------------------------------------
+
+#[test]
+fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
+    let dir = Dir::new();
+    dir.config(&config_p(""));
+    let inbox = dir.spool("p", "inbox");
+    let ok = dir.sealed("fine", &[("a.txt", b"fine\n")]);
+    drop_into(&ok, &inbox.join("fine"));
+    let bad = dir.sealed("broken", &[("a.txt", b"as sealed\n")]);
+    fs::write(bad.join("a.txt"), "changed after sealing\n").unwrap();
+    drop_into(&bad, &inbox.join("broken"));
+    dir.once().expect(1);
+
+    let rows = dir.run(&["spool", "list", "--json"]).expect(0).json();
+    let rows = rows.as_array().expect("spool list --json prints an array");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let keys = set(&["pipeline_id", "spool", "name", "modified", "stage", "error"]);
+    for row in rows {
+        let got: BTreeSet<String> = row.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(got, keys, "{row}");
+        assert_eq!(row["pipeline_id"], "p");
+        let modified = row["modified"].as_str().unwrap();
+        assert!(modified.contains('T') && modified.ends_with('Z'), "modified is RFC 3339 UTC: {modified}");
+    }
+    let by_name: BTreeMap<&str, &Value> = rows.iter().map(|r| (r["name"].as_str().unwrap(), r)).collect();
+    assert_eq!(by_name["fine"]["spool"], "done");
+    assert_eq!(by_name["fine"]["stage"], Value::Null);
+    assert_eq!(by_name["fine"]["error"], Value::Null);
+    assert_eq!(by_name["broken"]["spool"], "failed");
+    assert_eq!(by_name["broken"]["stage"], "verify");
+    assert!(by_name["broken"]["error"].as_str().unwrap().contains("a.txt"));
+
+    let failed_only = dir.run(&["spool", "list", "--failed", "--json"]).expect(0).json();
+    let failed_names: Vec<_> = failed_only
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(failed_names, ["broken"]);
+    let done_only = dir.run(&["spool", "list", "--pipeline", "p", "--done", "--json"]).expect(0).json();
+    assert_eq!(done_only.as_array().unwrap().len(), 1);
+    assert_eq!(done_only[0]["name"], "fine");
+    let text = dir.run(&["spool", "list", "--failed"]).expect(0).stdout.clone();
+    assert!(text.contains("broken") && !text.contains("fine"), "{text}");
+
+    dir.run(&["spool", "retry", "p", "broken"]).expect(0);
+    let back = inbox.join("broken");
+    assert!(back.join("manifest.json").is_file());
+    assert!(!back.join(RESULT).exists(), "retry keeps the old result file");
+    assert!(!back.join(ATTEMPTS).exists(), "retry keeps the attempt count");
+    assert!(names(&dir.spool("p", "failed")).is_empty());
+    let listed = dir.run(&["spool", "list", "--inbox", "--json"]).expect(0).json();
+    assert_eq!(listed[0]["name"], "broken");
+    assert_eq!(listed[0]["spool"], "inbox");
+
+    seal(&back, "broken");
+    dir.once().expect(0);
+    let done = dir.spool("p", "done").join("broken");
+    assert_eq!(result(&done)["ok"], true);
+    assert_eq!(
+        fs::read_to_string(dir.join("www/broken/a.txt")).unwrap(),
+        "changed after sealing\n"
+    );
+    assert_catalog_matches_disk(&dir.join("www"));
+
+    let missing = dir.run(&["spool", "retry", "p", "no-such-bundle"]);
+    missing.expect(2);
+    assert!(missing.stderr.contains("no-such-bundle"), "{}", missing.stderr);
+    dir.run(&["spool", "retry", "p", "../done/fine"]).expect(2);
+    dir.run(&["spool", "retry", "nope", "broken"]).expect(2);
+    assert!(dir.spool("p", "done").join("fine").is_dir());
+}
+
+// ---------------------------------------------------------------------------
+// 9. done/ retention
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_live_agent_deletes_done_entries_older_than_done_retention() {
+    let dir = Dir::new();
+    dir.config(&config_p("  settle: 0s\n  rescan_interval: 60s\n  done_retention: 1s\n"));
+    let agent = dir.agent();
+    let b = dir.sealed("old", &[("a.txt", b"a\n")]);
+    drop_into(&b, &dir.spool("p", "inbox").join("old"));
+    wait_done(&dir, &agent, "p", "old");
+    let seen = Instant::now();
+    let entry = dir.spool("p", "done").join("old");
+    assert!(
+        wait_for(Duration::from_secs(8), || !entry.exists()),
+        "done/old still there {:?} after it appeared:\n{}",
+        seen.elapsed(),
+        agent.stderr()
+    );
+    let age = seen.elapsed();
+    assert!(age >= Duration::from_millis(500), "removed after {age:?}, before it was 1 s old");
+    assert!(dir.join("www/old/a.txt").is_file(), "retention must not touch published outputs");
+    stop(agent);
+}

@@ -6,6 +6,8 @@ mod agent;
 mod bundle_cmd;
 mod config_cmd;
 mod crash;
+mod disk_full;
+mod failpoints;
 mod hostile;
 mod maintain;
 mod race;

@@ -1,0 +1,181 @@
+//! `distributor config check`: the summary and every kind of rejection.
+
+use crate::util::Test;
+
+fn check(t: &Test, yaml: &str) -> crate::util::Output {
+    t.config(yaml);
+    t.run(&["config", "check"])
+}
+
+#[test]
+fn check_prints_the_resolved_summary() {
+    let t = Test::new();
+    let out = check(
+        &t,
+        "spool: ./spool
+agent:
+  lock_timeout: 5s
+pipelines:
+  - id: reports
+    inbox: ./in/reports
+    destinations:
+      - id: site
+        path: ./roots/site
+        workflow: replacement
+        prefix: \"{source_id}/\"
+",
+    );
+    out.expect_code(0);
+    let root = t.join("roots/site");
+    let inbox = t.join("in/reports");
+    for needle in [
+        "reports",
+        "site",
+        "replacement",
+        "{source_id}/",
+        root.to_str().unwrap(),
+        inbox.to_str().unwrap(),
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "summary mentions {needle}:\n{}",
+            out.stdout
+        );
+    }
+
+    let out = t.run(&["config", "check", "--json"]);
+    out.expect_code(0);
+    let doc = out.json();
+    assert_eq!(doc["ok"], true);
+    assert_eq!(doc["pipelines"][0]["id"], "reports");
+    assert_eq!(
+        doc["pipelines"][0]["destinations"][0]["workflow"],
+        "replacement"
+    );
+    assert_eq!(
+        doc["pipelines"][0]["destinations"][0]["root"],
+        root.to_str().unwrap()
+    );
+}
+
+#[test]
+fn config_is_found_through_the_environment() {
+    let t = Test::new();
+    t.write(
+        "elsewhere/c.yaml",
+        "pipelines:\n  - id: from-env\n    destinations:\n      - id: d\n        path: ./r\n",
+    );
+    let out = t
+        .cmd()
+        .args(["config", "check"])
+        .env("DISTRIBUTOR_CONFIG", t.join("elsewhere/c.yaml"))
+        .output();
+    out.expect_code(0);
+    assert!(out.stdout.contains("from-env"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(t.join("elsewhere/r").to_str().unwrap()),
+        "relative to the config file: {}",
+        out.stdout
+    );
+}
+
+#[test]
+fn unknown_key_is_rejected_with_line_and_column() {
+    let t = Test::new();
+    let out = check(
+        &t,
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        colour: red
+",
+    );
+    out.expect_code(2);
+    let msg = out.all();
+    assert!(msg.contains("colour"), "{msg}");
+    assert!(msg.contains("line 6"), "{msg}");
+    assert!(msg.contains("column 9"), "{msg}");
+}
+
+#[test]
+fn retired_keys_point_to_workflow() {
+    let yamls = [
+        (
+            "takeover",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: ./r\n        takeover:\n          mode: replace\n",
+        ),
+        (
+            "state",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: ./r\n        state:\n          mode: catalog\n",
+        ),
+        (
+            "reconciliation",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: ./r\n        reconciliation: strict\n",
+        ),
+        ("transfer", "transfer: {}\npipelines: []\n"),
+    ];
+    for (key, yaml) in yamls {
+        let t = Test::new();
+        let out = check(&t, yaml);
+        out.expect_code(2);
+        let msg = out.all();
+        assert!(msg.contains(key), "{key}: {msg}");
+        assert!(
+            msg.contains("workflow"),
+            "{key}: message points to workflow: {msg}"
+        );
+    }
+}
+
+#[test]
+fn duplicate_ids_are_rejected() {
+    let yamls = [
+        "pipelines:\n  - id: a\n    destinations:\n      - id: d\n        path: ./x\n  - id: a\n    destinations:\n      - id: d\n        path: ./y\n",
+        "pipelines:\n  - id: a\n    destinations:\n      - id: d\n        path: ./x\n      - id: d\n        path: ./y\n",
+    ];
+    for yaml in yamls {
+        let t = Test::new();
+        let out = check(&t, yaml);
+        out.expect_code(2);
+        assert!(
+            out.all().contains("\"a\"") || out.all().contains("\"d\""),
+            "{}",
+            out.all()
+        );
+    }
+    // The same destination id in two pipelines is fine.
+    let t = Test::new();
+    check(
+        &t,
+        "pipelines:\n  - id: a\n    destinations:\n      - id: d\n        path: ./x\n  - id: b\n    destinations:\n      - id: d\n        path: ./y\n",
+    )
+    .expect_code(0);
+}
+
+#[test]
+fn other_bad_configs_exit_2() {
+    let bad = [
+        "pipelines: [\n",
+        "pipelines:\n  - id: -bad\n    destinations:\n      - id: d\n        path: ./x\n",
+        "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: ./x\n        workflow: sometimes\n",
+        "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: ./x\n        prefix: \"../{source_id}\"\n",
+        "agent:\n  settle: 5\npipelines: []\n",
+        "pipelines:\n  - id: p\n    inbox: ./in\n    destinations:\n      - id: d\n        path: ./x\n  - id: q\n    inbox: ./in\n    destinations:\n      - id: d\n        path: ./y\n",
+    ];
+    for yaml in bad {
+        let t = Test::new();
+        let out = check(&t, yaml);
+        assert_eq!(out.code, 2, "{yaml}\n{}", out.all());
+        assert!(
+            !out.stderr.trim().is_empty(),
+            "an error is printed for {yaml}"
+        );
+    }
+    let t = Test::new();
+    t.cmd()
+        .args(["--config", "nope.yaml", "config", "check"])
+        .output()
+        .expect_code(2);
+}

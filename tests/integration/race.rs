@@ -1,0 +1,178 @@
+//! Concurrency: runs on one root are serialised by the root lock, and an
+//! operator's `flock` on the lock file pauses publication.
+
+use crate::util::{Test, assert_catalog_matches_disk, wait_output};
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+fn files(tag: &str, n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| (format!("{tag}/f{i:02}.txt"), format!("{tag} {i}\n")))
+        .collect()
+}
+
+fn bundle(t: &Test, name: &str, tag: &str) -> std::path::PathBuf {
+    let owned = files(tag, 25);
+    let refs: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    t.bundle(name, &refs)
+}
+
+#[test]
+fn two_runs_on_one_root_both_land() {
+    for round in 0..10 {
+        let t = Test::new();
+        t.config(
+            "pipelines:
+  - id: one
+    destinations:
+      - id: site
+        path: ./shared
+  - id: two
+    destinations:
+      - id: site
+        path: ./shared
+",
+        );
+        // Even rounds: two pipelines; odd rounds: two bundles of one pipeline.
+        let (p1, p2) = if round % 2 == 0 {
+            ("one", "two")
+        } else {
+            ("one", "one")
+        };
+        let b1 = bundle(&t, "first", "first");
+        let b2 = bundle(&t, "second", "second");
+        let c1 = t
+            .cmd()
+            .args(["--config", "config.yaml", "run", "--json", "--pipeline", p1])
+            .arg(&b1)
+            .spawn();
+        let c2 = t
+            .cmd()
+            .args(["--config", "config.yaml", "run", "--json", "--pipeline", p2])
+            .arg(&b2)
+            .spawn();
+        let o1 = wait_output(c1, "first run");
+        let o2 = wait_output(c2, "second run");
+        o1.expect_code(0);
+        o2.expect_code(0);
+        let mut actions = [o1.dest()["action"].clone(), o2.dest()["action"].clone()];
+        actions.sort_by_key(|a| a.to_string());
+        assert_eq!(
+            actions,
+            ["publish_new", "upsert_additive"],
+            "round {round}: one went first"
+        );
+        let recs = t.records("shared");
+        assert_eq!(recs.len(), 50, "round {round}: every record of both runs");
+        for (tag, pipeline) in [("first", p1), ("second", p2)] {
+            for (path, _) in files(tag, 25) {
+                let r = &recs[&path];
+                assert_eq!(r["source"]["id"], tag, "round {round}: {path}");
+                assert_eq!(r["pipeline_id"], pipeline, "round {round}: {path}");
+            }
+        }
+        assert_catalog_matches_disk(&t.join("shared"));
+    }
+}
+
+#[test]
+fn operator_flock_pauses_publication() {
+    let t = Test::new();
+    t.config(
+        "agent:
+  lock_timeout: 200ms
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+",
+    );
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    t.mkdir("site");
+    let lock = File::create(t.join("site/.distributor.lock")).unwrap();
+    // SAFETY: flock on a file descriptor we own.
+    let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0, "take the lock: {}", std::io::Error::last_os_error());
+
+    let start = Instant::now();
+    let out = t.publish("reports", &b, &[]);
+    let waited = start.elapsed();
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["stage"], "lock");
+    assert!(
+        doc["error"].as_str().unwrap().contains(".distributor.lock"),
+        "{doc}"
+    );
+    assert!(
+        waited >= Duration::from_millis(200),
+        "it waited for the lock: {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(10), "and gave up: {waited:?}");
+    let names: Vec<String> = fs::read_dir(t.join("site"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [".distributor.lock"],
+        "nothing written while the lock is held"
+    );
+
+    // A dry run takes an existing lock too.
+    let out = t.publish("reports", &b, &["--dry-run"]);
+    out.expect_code(1);
+    assert_eq!(out.json()["stage"], "lock");
+
+    drop(lock);
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "a");
+}
+
+#[test]
+fn a_run_waits_for_a_briefly_held_lock() {
+    let t = Test::new();
+    t.config(
+        "agent:
+  lock_timeout: 20s
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+",
+    );
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    t.mkdir("site");
+    let lock = File::create(t.join("site/.distributor.lock")).unwrap();
+    // SAFETY: flock on a file descriptor we own.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let child = t
+        .cmd()
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "reports",
+        ])
+        .arg(&b)
+        .spawn();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !t.join("site/a.txt").exists(),
+        "nothing is written while the lock is held"
+    );
+    drop(lock);
+    let out = wait_output(child, "run waiting for the lock");
+    out.expect_code(0);
+    assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "a");
+}

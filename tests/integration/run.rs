@@ -1,0 +1,1055 @@
+//! `distributor run`: every planning action as an operator sees it (files
+//! on disk, catalog records, exit code and the `--json` document).
+
+use crate::util::{Kind, Test, assert_catalog_matches_disk, is_reserved, sha256, strings};
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+/// One pipeline `reports` with one destination `site` at `./site`.
+fn single(workflow: &str) -> Test {
+    let t = Test::new();
+    t.config(&format!(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        workflow: {workflow}
+        links:
+          base_url: https://example.com/archive
+"
+    ));
+    t
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+    k.sort();
+    k
+}
+
+fn sorted(v: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = v.iter().map(|s| (*s).to_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn publish_new_writes_files_records_and_report() {
+    let t = single("additive");
+    let b = t.bundle(
+        "rep.1",
+        &[("report.md", "# Report\n"), ("data/a b.csv", "x,y\n1,2\n")],
+    );
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    let doc = out.json();
+    assert_eq!(doc["ok"], true);
+    assert_eq!(doc["stage"], Value::Null);
+    assert_eq!(doc["error"], Value::Null);
+    let d = out.dest();
+    assert_eq!(d["action"], "publish_new");
+    assert_eq!(strings(&d["writes"]), ["data/a b.csv", "report.md"]);
+    assert_eq!(strings(&d["deletes"]), Vec::<String>::new());
+    assert_eq!(strings(&d["unmanaged"]), Vec::<String>::new());
+
+    assert_eq!(
+        fs::read_to_string(t.join("site/report.md")).unwrap(),
+        "# Report\n"
+    );
+    assert_eq!(
+        fs::read_to_string(t.join("site/data/a b.csv")).unwrap(),
+        "x,y\n1,2\n"
+    );
+    let manifest: Value =
+        serde_json::from_str(&fs::read_to_string(b.join("manifest.json")).unwrap()).unwrap();
+    let state = t.state("site");
+    assert_eq!(state["schema_version"], 4);
+    assert_eq!(state["state"]["mode"], "catalog");
+    let recs = t.records("site");
+    assert_eq!(
+        recs.keys().collect::<Vec<_>>(),
+        ["data/a b.csv", "report.md"]
+    );
+    let r = &recs["report.md"];
+    assert_eq!(r["pipeline_id"], "reports");
+    assert_eq!(r["destination_id"], "site");
+    assert_eq!(r["kind"], "source");
+    assert_eq!(r["source"]["id"], "rep.1");
+    assert_eq!(r["source"]["digest"], manifest["digest"]);
+    assert_eq!(r["source"]["created"], "2026-06-04T11:55:00Z");
+    assert_eq!(r["sha256"], sha256(b"# Report\n"));
+    assert_eq!(r["size"], 9);
+    assert_eq!(r["url"], "https://example.com/archive/report.md");
+    assert!(r.get("source_path").is_none() && r.get("transform").is_none());
+    assert_eq!(
+        recs["data/a b.csv"]["url"],
+        "https://example.com/archive/data/a%20b.csv"
+    );
+    assert_catalog_matches_disk(&t.join("site"));
+    let text = fs::read_to_string(t.join("site/.distributor.json")).unwrap();
+    assert!(
+        text.ends_with("}\n"),
+        "catalog is pretty JSON with a final newline"
+    );
+}
+
+#[test]
+fn rerun_of_the_same_bundle_is_skip_same() {
+    for workflow in ["additive", "replacement"] {
+        let t = single(workflow);
+        let b = t.bundle("rep.1", &[("a.txt", "a"), ("sub/b.txt", "b")]);
+        t.publish("reports", &b, &[]).expect_code(0);
+        let before = t.tree("site");
+        let out = t.publish("reports", &b, &[]);
+        out.expect_code(0);
+        let d = out.dest();
+        assert_eq!(d["action"], "skip_same", "{workflow}");
+        assert_eq!(strings(&d["writes"]), Vec::<String>::new());
+        assert_eq!(strings(&d["deletes"]), Vec::<String>::new());
+        let after = t.tree("site");
+        for path in before.files() {
+            assert_eq!(
+                before.0[&path], after.0[&path],
+                "{path} untouched by skip_same"
+            );
+        }
+        assert_eq!(
+            t.tree("site").0[".distributor.json"],
+            before.0[".distributor.json"],
+            "skip_same does not rewrite the catalog"
+        );
+    }
+}
+
+#[test]
+fn upsert_additive_adds_paths_and_keeps_earlier_records() {
+    let t = single("additive");
+    let b1 = t.bundle("rep.1", &[("a.txt", "one")]);
+    let b2 = t.bundle("rep.2", &[("b.txt", "two")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    let first = t.records("site")["a.txt"].clone();
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "upsert_additive");
+    assert_eq!(strings(&out.dest()["writes"]), ["b.txt"]);
+    let recs = t.records("site");
+    assert_eq!(recs.keys().collect::<Vec<_>>(), ["a.txt", "b.txt"]);
+    assert_eq!(
+        recs["a.txt"], first,
+        "the first bundle's record is kept as it was"
+    );
+    assert_eq!(recs["b.txt"]["source"]["id"], "rep.2");
+    assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "one");
+    assert_eq!(fs::read_to_string(t.join("site/b.txt")).unwrap(), "two");
+    assert_catalog_matches_disk(&t.join("site"));
+}
+
+#[test]
+fn overwriting_a_recorded_path_keeps_created_at_and_moves_updated_at() {
+    let t = single("additive");
+    let b1 = t.bundle("rep.1", &[("a.txt", "one")]);
+    let b2 = t.bundle("rep.2", &[("a.txt", "two, longer")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    let first = t.records("site")["a.txt"].clone();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "upsert_additive");
+    let r = &t.records("site")["a.txt"];
+    assert_eq!(r["created_at"], first["created_at"]);
+    assert_ne!(r["updated_at"], first["updated_at"]);
+    assert_eq!(r["source"]["id"], "rep.2");
+    assert_eq!(r["size"], 11);
+    assert_eq!(
+        fs::read_to_string(t.join("site/a.txt")).unwrap(),
+        "two, longer"
+    );
+}
+
+#[test]
+fn replace_catalog_deletes_what_the_owner_no_longer_publishes() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        workflow: replacement
+  - id: other
+    destinations:
+      - id: site
+        path: ./site
+",
+    );
+    let theirs = t.bundle("other.1", &[("theirs/keep.txt", "not ours")]);
+    let b1 = t.bundle("rep.1", &[("a.txt", "a1"), ("deep/er/b.txt", "b1")]);
+    let b2 = t.bundle("rep.2", &[("a.txt", "a2")]);
+    t.publish("other", &theirs, &[]).expect_code(0);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(0);
+    let d = out.dest();
+    assert_eq!(d["action"], "replace_catalog");
+    assert_eq!(strings(&d["writes"]), ["a.txt"]);
+    assert_eq!(strings(&d["deletes"]), ["deep/er/b.txt"]);
+    assert!(!t.join("site/deep").exists(), "emptied folders are removed");
+    assert!(t.join("site").is_dir(), "the root itself stays");
+    assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "a2");
+    assert_eq!(
+        fs::read_to_string(t.join("site/theirs/keep.txt")).unwrap(),
+        "not ours"
+    );
+    let recs = t.records("site");
+    assert_eq!(
+        recs.keys().collect::<Vec<_>>(),
+        ["a.txt", "theirs/keep.txt"]
+    );
+    assert_eq!(recs["theirs/keep.txt"]["pipeline_id"], "other");
+    assert_catalog_matches_disk(&t.join("site"));
+}
+
+#[test]
+fn fail_unmanaged_for_a_root_without_catalog() {
+    let t = single("additive");
+    t.write("site/stray.txt", "someone else's");
+    t.mkdir("site/empty-folder");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let before = t.tree("site");
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(3);
+    let doc = out.json();
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["stage"], "plan");
+    assert!(doc["error"].is_string());
+    let d = out.dest();
+    assert_eq!(d["action"], "fail_unmanaged");
+    assert_eq!(strings(&d["unmanaged"]), ["empty-folder", "stray.txt"]);
+    assert!(
+        d["error"].as_str().unwrap().contains("stray.txt")
+            || d["error"].as_str().unwrap().contains("empty-folder")
+    );
+    assert_eq!(strings(&d["writes"]), Vec::<String>::new());
+    let after = t.tree("site");
+    assert!(
+        !t.join("site/.distributor.json").exists(),
+        "no catalog is created"
+    );
+    assert!(!t.join("site/a.txt").exists());
+    for path in before.paths() {
+        assert_eq!(before.0[&path], after.0[&path], "{path} untouched");
+    }
+    let extra: Vec<String> = after
+        .paths()
+        .into_iter()
+        .filter(|p| !before.0.contains_key(p))
+        .collect();
+    assert!(
+        extra.iter().all(|p| is_reserved(p)),
+        "only reserved files may appear: {extra:?}"
+    );
+}
+
+#[test]
+fn fail_unmanaged_for_a_stray_file_at_a_planned_path() {
+    let t = single("additive");
+    let b1 = t.bundle("rep.1", &[("a.txt", "a")]);
+    let b2 = t.bundle("rep.2", &[("a.txt", "a"), ("b.txt", "ours")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    t.write("site/b.txt", "stray");
+    let state = fs::read(t.join("site/.distributor.json")).unwrap();
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(3);
+    assert_eq!(out.json()["stage"], "plan");
+    assert_eq!(out.dest()["action"], "fail_unmanaged");
+    assert_eq!(strings(&out.dest()["unmanaged"]), ["b.txt"]);
+    assert_eq!(fs::read_to_string(t.join("site/b.txt")).unwrap(), "stray");
+    assert_eq!(fs::read(t.join("site/.distributor.json")).unwrap(), state);
+}
+
+#[test]
+fn fail_unmanaged_for_a_stray_file_where_a_folder_must_go() {
+    let t = single("additive");
+    let b1 = t.bundle("rep.1", &[("a.txt", "a")]);
+    let b2 = t.bundle("rep.2", &[("sub/b.txt", "b")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    t.write("site/sub", "a file, not a folder");
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(3);
+    assert_eq!(out.dest()["action"], "fail_unmanaged");
+    assert_eq!(strings(&out.dest()["unmanaged"]), ["sub"]);
+    assert_eq!(
+        fs::read_to_string(t.join("site/sub")).unwrap(),
+        "a file, not a folder"
+    );
+}
+
+#[test]
+fn fail_conflict_for_bad_or_future_state_leaves_it_alone() {
+    let cases: [(&str, &[u8]); 4] = [
+        ("garbage", b"this is not json {"),
+        ("future", br#"{"schema_version": 5, "outputs": []}"#),
+        ("zero", br#"{"schema_version": 0}"#),
+        ("invalid v4", br#"{"schema_version": 4, "outputs": "nope"}"#),
+    ];
+    for (name, bytes) in cases {
+        let t = single("additive");
+        t.write("site/.distributor.json", bytes);
+        let b = t.bundle("rep.1", &[("a.txt", "a")]);
+        let out = t.publish("reports", &b, &[]);
+        out.expect_code(3);
+        assert_eq!(out.json()["stage"], "plan", "{name}");
+        assert_eq!(out.dest()["action"], "fail_conflict", "{name}");
+        assert_eq!(
+            fs::read(t.join("site/.distributor.json")).unwrap(),
+            bytes,
+            "{name}"
+        );
+        assert!(!t.join("site/a.txt").exists(), "{name}");
+    }
+}
+
+#[test]
+fn fail_conflict_when_a_managed_file_sits_where_a_folder_must_go() {
+    let t = single("additive");
+    let b1 = t.bundle("rep.1", &[("a", "a file")]);
+    let b2 = t.bundle("rep.2", &[("a/b.txt", "b")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(3);
+    assert_eq!(out.dest()["action"], "fail_conflict");
+    assert_eq!(fs::read_to_string(t.join("site/a")).unwrap(), "a file");
+}
+
+#[test]
+fn force_replace_clears_unmanaged_content_but_keeps_the_lock_file() {
+    let t = single("additive");
+    t.write("site/junk/deep/x.txt", "junk");
+    t.write("site/y.txt", "stray");
+    t.write("site/.distributor.json", "garbage");
+    t.write("site/.distributor.lock", "");
+    let lock_ino = fs::metadata(t.join("site/.distributor.lock"))
+        .unwrap()
+        .ino();
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let out = t.publish("reports", &b, &["--force", "--destination", "site"]);
+    out.expect_code(0);
+    let d = out.dest();
+    assert_eq!(d["action"], "force_replace");
+    assert_eq!(strings(&d["writes"]), ["a.txt"]);
+    assert_eq!(strings(&d["deletes"]), ["junk/deep/x.txt", "y.txt"]);
+    let lock = fs::metadata(t.join("site/.distributor.lock")).expect("lock file kept");
+    assert_eq!(lock.ino(), lock_ino, "the lock file is never replaced");
+    let files: Vec<String> = t
+        .listing("site")
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect();
+    assert_eq!(files, [".distributor.json", ".distributor.lock", "a.txt"]);
+    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+    assert_catalog_matches_disk(&t.join("site"));
+}
+
+#[test]
+fn force_without_destination_is_a_usage_error() {
+    let t = single("additive");
+    t.write("site/stray.txt", "stray");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let out = t.publish("reports", &b, &["--force"]);
+    out.expect_code(2);
+    assert_eq!(out.json()["stage"], "config");
+    assert_eq!(
+        fs::read_to_string(t.join("site/stray.txt")).unwrap(),
+        "stray"
+    );
+    assert!(!t.join("site/a.txt").exists());
+}
+
+const LEGACY: &str = r#"{
+  "schema_version": 1,
+  "pipeline_id": "reports",
+  "destination_id": "site",
+  "outputs": [{"path": "report.md", "kind": "source", "sha256": "sha256:...", "size": 3}]
+}
+"#;
+
+#[test]
+fn legacy_state_additive_overwrites_planned_paths_and_keeps_the_rest_unrecorded() {
+    let t = single("additive");
+    t.write("site/.distributor.json", LEGACY);
+    t.write("site/report.md", "old");
+    t.write("site/old/page.html", "left behind");
+    let b = t.bundle("rep.1", &[("report.md", "new report"), ("extra.txt", "e")]);
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "upsert_additive");
+    assert_eq!(
+        fs::read_to_string(t.join("site/report.md")).unwrap(),
+        "new report"
+    );
+    assert_eq!(
+        fs::read_to_string(t.join("site/old/page.html")).unwrap(),
+        "left behind"
+    );
+    let state = t.state("site");
+    assert_eq!(state["schema_version"], 4);
+    assert_eq!(
+        t.records("site").keys().collect::<Vec<_>>(),
+        ["extra.txt", "report.md"]
+    );
+}
+
+#[test]
+fn legacy_state_replacement_clears_the_root() {
+    let t = single("replacement");
+    t.write("site/.distributor.json", LEGACY);
+    t.write("site/report.md", "old");
+    t.write("site/old/page.html", "old page");
+    t.mkdir("site/empty");
+    let b = t.bundle("rep.1", &[("report.md", "new report")]);
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "replace_catalog");
+    let left: Vec<String> = t
+        .listing("site")
+        .into_iter()
+        .filter(|p| !is_reserved(p) && !p.is_empty())
+        .collect();
+    assert_eq!(left, ["report.md"]);
+    assert_eq!(
+        fs::read_to_string(t.join("site/report.md")).unwrap(),
+        "new report"
+    );
+    assert_eq!(t.state("site")["schema_version"], 4);
+    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["report.md"]);
+}
+
+#[test]
+fn dry_run_exits_like_the_real_run_and_changes_nothing() {
+    let t = single("replacement");
+    let b1 = t.bundle("rep.1", &[("a.txt", "a"), ("sub/b.txt", "b")]);
+    let b2 = t.bundle("rep.2", &[("a.txt", "changed")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+
+    // Would succeed: 0, with the plan reported and nothing done.
+    let before = t.tree("site");
+    let out = t.publish("reports", &b2, &["--dry-run"]);
+    out.expect_code(0);
+    assert_eq!(out.json()["dry_run"], true);
+    assert_eq!(out.dest()["action"], "replace_catalog");
+    assert_eq!(strings(&out.dest()["deletes"]), ["sub/b.txt"]);
+    assert_eq!(
+        t.tree("site"),
+        before,
+        "a dry run changes nothing, mtimes included"
+    );
+
+    // Would be refused: 3.
+    t.write("site/stray.txt", "x");
+    let before = t.tree("site");
+    let b3 = t.bundle("rep.3", &[("stray.txt", "y")]);
+    let out = t.publish("reports", &b3, &["--dry-run"]);
+    out.expect_code(3);
+    assert_eq!(out.dest()["action"], "fail_unmanaged");
+    assert_eq!(t.tree("site"), before);
+
+    // Invalid bundle: 1.
+    fs::write(b2.join("a.txt"), "tampered").unwrap();
+    let out = t.publish("reports", &b2, &["--dry-run"]);
+    out.expect_code(1);
+    assert_eq!(out.json()["stage"], "verify");
+    assert_eq!(t.tree("site"), before);
+}
+
+#[test]
+fn dry_run_creates_no_root_and_no_lock_file() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./deep/site
+",
+    );
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let out = t.publish("reports", &b, &["--dry-run"]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "publish_new");
+    assert_eq!(strings(&out.dest()["writes"]), ["a.txt"]);
+    assert!(
+        !t.join("deep").exists(),
+        "no root (nor its parent) is created"
+    );
+
+    t.mkdir("deep/site");
+    let before = t.tree("deep");
+    t.publish("reports", &b, &["--dry-run"]).expect_code(0);
+    assert_eq!(t.tree("deep"), before, "no lock file, no temporary file");
+    assert!(!t.join("deep/site/.distributor.lock").exists());
+}
+
+#[test]
+fn one_refused_destination_stops_every_destination() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: a
+        path: ./a-root
+      - id: b
+        path: ./b-root
+",
+    );
+    // b-root sorts after a-root, so a-root is planned first and would be
+    // written first if plans were not all made before any write.
+    t.write("b-root/stray.txt", "stray");
+    let b = t.bundle("rep.1", &[("x.txt", "x")]);
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(3);
+    let doc = out.json();
+    assert_eq!(doc["stage"], "plan");
+    let actions: Vec<&str> = doc["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["action"].as_str().unwrap_or("null"))
+        .collect();
+    assert_eq!(actions, ["publish_new", "fail_unmanaged"]);
+    let written: Vec<String> = t
+        .listing("a-root")
+        .into_iter()
+        .filter(|p| !p.is_empty() && !is_reserved(p))
+        .collect();
+    assert_eq!(
+        written,
+        Vec::<String>::new(),
+        "nothing written to the accepted destination"
+    );
+    assert!(!t.join("a-root/.distributor.json").exists());
+    assert!(!t.join("b-root/x.txt").exists());
+}
+
+#[test]
+fn markdown_is_rendered_to_escaped_html_with_rewritten_links() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        publish:
+          source: false
+          html: true
+",
+    );
+    let b = t.bundle(
+        "rep.1",
+        &[
+            ("report.md", "# Quarterly *figures*\n\nSee [the notes](notes.md) and [x](https://e.com/y.md).\n\n<script>alert(1)</script>\n"),
+            ("notes.md", "no heading here\n"),
+        ],
+    );
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_eq!(
+        strings(&out.dest()["writes"]),
+        ["notes.html", "report.html"]
+    );
+    let html = fs::read_to_string(t.join("site/report.html")).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    assert!(html.contains("<title>Quarterly figures</title>"), "{html}");
+    assert!(
+        html.contains("&lt;script&gt;"),
+        "raw HTML is shown as text: {html}"
+    );
+    assert!(!html.contains("<script>"), "{html}");
+    assert!(html.contains("href=\"notes.html\""), "{html}");
+    assert!(
+        html.contains("href=\"https://e.com/y.md\""),
+        "external links stay: {html}"
+    );
+    let notes = fs::read_to_string(t.join("site/notes.html")).unwrap();
+    assert!(
+        notes.contains("<title>notes</title>"),
+        "title falls back to the file name: {notes}"
+    );
+    assert!(!t.join("site/report.md").exists(), "publish.source is off");
+    let r = &t.records("site")["report.html"];
+    assert_eq!(r["kind"], "generated");
+    assert_eq!(r["source_path"], "report.md");
+    assert_eq!(r["transform"], "markdown_to_html");
+    assert_eq!(r["sha256"], sha256(html.as_bytes()));
+    assert_catalog_matches_disk(&t.join("site"));
+}
+
+#[test]
+fn prefix_templates_place_outputs_in_folders() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: by-id
+        path: ./by-id
+        prefix: \"{source_id}/\"
+      - id: by-date
+        path: ./by-date
+        prefix: \"{pipeline_id}/{date}\"
+      - id: by-parts
+        path: ./by-parts
+        prefix: \"{yyyy}/{mm}/{dd}/\"
+",
+    );
+    // 23:30 at UTC-2 is the next day in UTC.
+    let b = t.bundle_at(
+        "rep",
+        "rep.2026-06-04",
+        "2026-06-04T23:30:00-02:00",
+        &[("a.txt", "a")],
+    );
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    let writes: Vec<Vec<String>> = out.json()["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| strings(&d["writes"]))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            ["rep.2026-06-04/a.txt"],
+            ["reports/2026-06-05/a.txt"],
+            ["2026/06/05/a.txt"]
+        ]
+    );
+    assert!(t.join("by-id/rep.2026-06-04/a.txt").is_file());
+    assert!(t.join("by-date/reports/2026-06-05/a.txt").is_file());
+    assert!(t.join("by-parts/2026/06/05/a.txt").is_file());
+    assert_eq!(
+        out.json()["source"]["created"],
+        "2026-06-05T01:30:00Z",
+        "created is normalised to UTC"
+    );
+}
+
+#[test]
+fn urls_percent_encode_each_segment() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        prefix: \"{source_id}\"
+        links:
+          base_url: https://example.com/x
+",
+    );
+    let b = t.bundle(
+        "r_1.x",
+        &[
+            ("dir with space/ü&a+b%.txt", "x"),
+            ("plain-file.v1_~.txt", "y"),
+        ],
+    );
+    t.publish("reports", &b, &[]).expect_code(0);
+    let recs = t.records("site");
+    assert_eq!(
+        recs["r_1.x/dir with space/ü&a+b%.txt"]["url"],
+        "https://example.com/x/r_1.x/dir%20with%20space/%C3%BC%26a%2Bb%25.txt"
+    );
+    assert_eq!(
+        recs["r_1.x/plain-file.v1_~.txt"]["url"],
+        "https://example.com/x/r_1.x/plain-file.v1_~.txt"
+    );
+}
+
+#[test]
+fn usage_and_config_errors_exit_2() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let out = t.publish("nope", &b, &[]);
+    out.expect_code(2);
+    assert_eq!(out.json()["stage"], "config");
+    let out = t.publish("reports", &b, &["--destination", "nope"]);
+    out.expect_code(2);
+    assert_eq!(out.json()["stage"], "config");
+    assert!(!t.join("site").exists());
+
+    t.config("pipelines:\n  - id: reports\n    destinations:\n      - id: site\n        path: ./site\n        colour: red\n");
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(2);
+    assert_eq!(out.json()["stage"], "config");
+    assert!(out.json()["error"].as_str().unwrap().contains("colour"));
+    assert!(!t.join("site").exists());
+
+    let out = t
+        .cmd()
+        .args(["--config", "missing.yaml", "run", "--pipeline", "reports"])
+        .arg(&b)
+        .output();
+    out.expect_code(2);
+    let out = t.cmd().args(["run", "--pipeline"]).output();
+    out.expect_code(2);
+}
+
+#[test]
+fn json_document_has_exactly_the_contract_keys() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let doc = t.publish("reports", &b, &[]).json();
+    assert_eq!(
+        keys(&doc),
+        sorted(&[
+            "ok",
+            "dry_run",
+            "pipeline_id",
+            "source",
+            "destinations",
+            "stage",
+            "error"
+        ])
+    );
+    assert_eq!(doc["ok"], true);
+    assert_eq!(doc["dry_run"], false);
+    assert_eq!(doc["pipeline_id"], "reports");
+    assert_eq!(keys(&doc["source"]), sorted(&["id", "digest", "created"]));
+    assert_eq!(doc["source"]["id"], "rep.1");
+    assert!(
+        doc["source"]["digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    let dests = doc["destinations"].as_array().unwrap();
+    assert_eq!(dests.len(), 1);
+    assert_eq!(
+        keys(&dests[0]),
+        sorted(&[
+            "destination_id",
+            "root",
+            "workflow",
+            "action",
+            "writes",
+            "deletes",
+            "unmanaged",
+            "error"
+        ])
+    );
+    assert_eq!(dests[0]["destination_id"], "site");
+    assert_eq!(dests[0]["workflow"], "additive");
+    let root = dests[0]["root"].as_str().unwrap();
+    assert_eq!(
+        fs::canonicalize(root).unwrap(),
+        fs::canonicalize(t.join("site")).unwrap()
+    );
+    assert_eq!(dests[0]["error"], Value::Null);
+}
+
+#[test]
+fn json_for_an_unreadable_manifest_has_null_source_and_stage_verify() {
+    let t = single("additive");
+    t.write("bundles/broken/a.txt", "a");
+    t.write("bundles/broken/manifest.json", "{ not json");
+    let out = t.publish("reports", &t.join("bundles/broken"), &[]);
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["source"], Value::Null);
+    assert_eq!(doc["stage"], "verify");
+    assert!(doc["error"].as_str().unwrap().contains("manifest.json"));
+    assert!(!t.join("site").exists());
+
+    // No bundle folder at all.
+    let out = t.publish("reports", &t.join("bundles/absent"), &[]);
+    out.expect_code(1);
+    assert_eq!(out.json()["source"], Value::Null);
+    assert_eq!(out.json()["stage"], "verify");
+
+    // Readable manifest, bad file: the source is reported.
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    fs::write(b.join("a.txt"), "b").unwrap();
+    let doc = t.publish("reports", &b, &[]).json();
+    assert_eq!(doc["stage"], "verify");
+    assert_eq!(doc["source"]["id"], "rep.1");
+    assert!(doc["error"].as_str().unwrap().contains("a.txt"));
+}
+
+#[test]
+fn outputs_are_0644_and_folders_0755() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a"), ("sub/deeper/b.txt", "b")]);
+    for p in ["a.txt", "sub/deeper/b.txt"] {
+        fs::set_permissions(b.join(p), fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let out = t
+        .cmd()
+        .umask(0o022)
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "reports",
+        ])
+        .arg(&b)
+        .output();
+    out.expect_code(0);
+    let tree = t.tree("site");
+    for (path, mode) in [
+        ("a.txt", 0o644),
+        ("sub/deeper/b.txt", 0o644),
+        ("sub", 0o755),
+        ("sub/deeper", 0o755),
+    ] {
+        assert_eq!(
+            tree.0[path].mode, mode,
+            "mode of {path}: {:o}",
+            tree.0[path].mode
+        );
+    }
+    assert!(matches!(tree.0["a.txt"].kind, Kind::File { .. }));
+}
+
+#[test]
+fn colliding_outputs_make_the_bundle_invalid_for_the_destination() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        publish:
+          source: true
+          html: true
+",
+    );
+    let b = t.bundle(
+        "rep.1",
+        &[("x.md", "# X\n"), ("x.html", "<p>hand made</p>")],
+    );
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["ok"], false);
+    assert!(doc["error"].as_str().unwrap().contains("x.html"), "{doc}");
+    assert!(
+        t.listing("site")
+            .iter()
+            .all(|p| p.is_empty() || is_reserved(p)),
+        "nothing written"
+    );
+    assert!(!t.join("site/.distributor.json").exists());
+}
+
+#[test]
+fn text_output_without_json_names_the_action() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let out = t.run(&["run", "--pipeline", "reports", b.to_str().unwrap()]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("publish_new"), "{}", out.stdout);
+    assert!(out.stdout.contains("a.txt"), "{}", out.stdout);
+}
+
+#[test]
+fn unlisted_bundle_files_are_not_published() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    t.write("bundles/rep.1/later.txt", "not in the manifest");
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_eq!(strings(&out.dest()["writes"]), ["a.txt"]);
+    assert!(!t.join("site/later.txt").exists());
+}
+
+#[test]
+fn a_deleted_output_is_restored_by_a_rerun() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
+    t.publish("reports", &b, &[]).expect_code(0);
+    fs::remove_file(t.join("site/b.txt")).unwrap();
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_ne!(
+        out.dest()["action"],
+        "skip_same",
+        "a missing file is not the same"
+    );
+    assert_eq!(fs::read_to_string(t.join("site/b.txt")).unwrap(), "b");
+    assert_catalog_matches_disk(&t.join("site"));
+}
+
+#[test]
+fn replacement_tolerates_an_output_already_deleted_by_hand() {
+    let t = single("replacement");
+    let b1 = t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
+    let b2 = t.bundle("rep.2", &[("a.txt", "a")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    fs::remove_file(t.join("site/b.txt")).unwrap();
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "replace_catalog");
+    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+}
+
+#[test]
+fn source_and_html_together_give_two_outputs_per_markdown_file() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        publish:
+          source: true
+          html: true
+      - id: trusting
+        path: ./trusting
+        publish:
+          source: false
+          html: true
+        html:
+          raw_html: allow
+",
+    );
+    let md = "# T\n\n[bad](javascript:alert(1)) <span class=\"k\">raw</span>\n";
+    let b = t.bundle("rep.1", &[("x.md", md), ("img.png", "png")]);
+    let out = t.publish("reports", &b, &[]);
+    out.expect_code(0);
+    assert_eq!(
+        strings(&out.dest()["writes"]),
+        ["img.png", "x.html", "x.md"]
+    );
+    let recs = t.records("site");
+    assert_eq!(recs["x.md"]["kind"], "source");
+    assert_eq!(recs["x.html"]["kind"], "generated");
+    assert_eq!(fs::read_to_string(t.join("site/x.md")).unwrap(), md);
+    let escaped = fs::read_to_string(t.join("site/x.html")).unwrap();
+    assert!(
+        !escaped.contains("javascript:"),
+        "neutralised in escape mode: {escaped}"
+    );
+    assert!(escaped.contains("&lt;span"), "{escaped}");
+    let allowed = fs::read_to_string(t.join("trusting/x.html")).unwrap();
+    assert!(
+        allowed.contains("<span class=\"k\">raw</span>"),
+        "passed through with allow: {allowed}"
+    );
+    // Rendering is deterministic: the same input gives the same bytes.
+    assert_eq!(recs["x.html"]["sha256"], sha256(escaped.as_bytes()));
+    let again = t.bundle("rep.2", &[("x.md", md), ("img.png", "png")]);
+    t.publish("reports", &again, &[]).expect_code(0);
+    assert_eq!(fs::read_to_string(t.join("site/x.html")).unwrap(), escaped);
+}
+
+#[test]
+fn created_is_reported_in_utc_with_fractions_kept() {
+    let t = single("additive");
+    let b = t.bundle_at(
+        "rep",
+        "rep.1",
+        "2026-06-04T13:55:00.250+02:00",
+        &[("a.txt", "a")],
+    );
+    let doc = t.publish("reports", &b, &[]).json();
+    let created = doc["source"]["created"].as_str().unwrap();
+    assert!(
+        created.starts_with("2026-06-04T11:55:00.25") && created.ends_with('Z'),
+        "{created}"
+    );
+    assert_eq!(t.records("site")["a.txt"]["source"]["created"], created);
+}
+
+#[test]
+fn a_stricter_umask_is_respected() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("sub/a.txt", "a")]);
+    t.cmd()
+        .umask(0o077)
+        .args(["--config", "config.yaml", "run", "--pipeline", "reports"])
+        .arg(&b)
+        .output()
+        .expect_code(0);
+    let tree = t.tree("site");
+    assert_eq!(tree.0["sub/a.txt"].mode, 0o600);
+    assert_eq!(tree.0["sub"].mode, 0o700);
+}
+
+#[test]
+fn overwriting_another_owners_output_takes_it_over() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+  - id: other
+    destinations:
+      - id: site
+        path: ./site
+        workflow: replacement
+",
+    );
+    let theirs = t.bundle("other.1", &[("shared.txt", "theirs"), ("own.txt", "o")]);
+    let ours = t.bundle("rep.1", &[("shared.txt", "ours")]);
+    t.publish("other", &theirs, &[]).expect_code(0);
+    let before = t.records("site")["shared.txt"].clone();
+    t.publish("reports", &ours, &[]).expect_code(0);
+    let r = &t.records("site")["shared.txt"];
+    assert_eq!(r["pipeline_id"], "reports");
+    assert_eq!(r["source"]["id"], "rep.1");
+    assert_eq!(r["created_at"], before["created_at"]);
+    // The previous owner's replacement no longer counts it as its own.
+    let theirs2 = t.bundle("other.2", &[("own.txt", "o2")]);
+    let out = t.publish("other", &theirs2, &[]);
+    out.expect_code(0);
+    assert_eq!(strings(&out.dest()["deletes"]), Vec::<String>::new());
+    assert_eq!(
+        fs::read_to_string(t.join("site/shared.txt")).unwrap(),
+        "ours"
+    );
+}
+
+#[test]
+fn replacement_with_a_source_id_prefix_swaps_whole_folders() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        workflow: replacement
+        prefix: \"{source_id}/\"
+",
+    );
+    let b1 = t.bundle("day.1", &[("index.md", "1"), ("img/a.png", "a")]);
+    let b2 = t.bundle("day.2", &[("index.md", "2")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(0);
+    assert_eq!(
+        strings(&out.dest()["deletes"]),
+        ["day.1/img/a.png", "day.1/index.md"]
+    );
+    let left: Vec<String> = t
+        .listing("site")
+        .into_iter()
+        .filter(|p| !p.is_empty() && !is_reserved(p))
+        .collect();
+    assert_eq!(left, ["day.2", "day.2/index.md"]);
+}

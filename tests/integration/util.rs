@@ -1,0 +1,562 @@
+//! The fixture builder every integration test uses: a temporary folder, a
+//! config file written into it (relative paths resolve against it), bundles
+//! built and sealed with the real binary, the binary run with a deadline,
+//! and readers for catalogs and folder trees.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_distributor");
+
+/// The `created` every fixture bundle gets unless a test says otherwise.
+pub const CREATED: &str = "2026-06-04T11:55:00Z";
+
+/// How long any single invocation may take before the test fails (a hang
+/// on a FIFO, a lock never released) instead of blocking the suite.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A temporary working folder holding a config, bundles and roots.
+pub struct Test {
+    dir: tempfile::TempDir,
+}
+
+impl Test {
+    pub fn new() -> Test {
+        Test {
+            dir: tempfile::Builder::new()
+                .prefix("distributor-it-")
+                .tempdir()
+                .expect("create temp dir"),
+        }
+    }
+
+    /// A test folder on tmpfs when the machine has one: publication fsyncs
+    /// every file, which makes the crash loop slow on a real disk. Killing
+    /// a process exercises the same code paths either way.
+    pub fn on_tmpfs() -> Test {
+        let shm = Path::new("/dev/shm");
+        let usable = fs::metadata(shm).is_ok_and(|m| m.is_dir())
+            && tempfile::Builder::new().tempfile_in(shm).is_ok();
+        if !usable {
+            return Test::new();
+        }
+        Test {
+            dir: tempfile::Builder::new()
+                .prefix("distributor-it-")
+                .tempdir_in(shm)
+                .expect("create temp dir in /dev/shm"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `rel` inside the test folder.
+    pub fn join(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes a file (creating its folders) and returns its path.
+    pub fn write(&self, rel: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+        let path = self.join(rel);
+        write_file(&path, contents.as_ref());
+        path
+    }
+
+    /// Creates a folder (and its parents) and returns its path.
+    pub fn mkdir(&self, rel: &str) -> PathBuf {
+        let path = self.join(rel);
+        fs::create_dir_all(&path).expect("create dir");
+        path
+    }
+
+    /// Writes `config.yaml`; paths in it resolve against the test folder.
+    pub fn config(&self, yaml: &str) -> &Test {
+        self.write("config.yaml", yaml);
+        self
+    }
+
+    /// Writes `bundles/<name>` with `files` and seals it with id `name` and
+    /// the fixed [`CREATED`] time.
+    pub fn bundle(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
+        self.bundle_at(name, name, CREATED, files)
+    }
+
+    /// Like [`Test::bundle`] with an explicit id and creation time.
+    pub fn bundle_at(
+        &self,
+        name: &str,
+        id: &str,
+        created: &str,
+        files: &[(&str, &str)],
+    ) -> PathBuf {
+        let dir = self.join(&format!("bundles/{name}"));
+        assert!(!dir.exists(), "bundle {name} already exists");
+        fs::create_dir_all(&dir).expect("create bundle dir");
+        for (path, contents) in files {
+            write_file(&dir.join(path), contents.as_bytes());
+        }
+        self.seal(&dir, id, Some(created)).expect_code(0);
+        dir
+    }
+
+    /// `distributor bundle seal DIR --id ID [--created T]`.
+    pub fn seal(&self, dir: &Path, id: &str, created: Option<&str>) -> Output {
+        let mut cmd = self.cmd();
+        cmd.args(["bundle", "seal"]).arg(dir).args(["--id", id]);
+        if let Some(created) = created {
+            cmd.args(["--created", created]);
+        }
+        cmd.output()
+    }
+
+    /// The binary, run in the test folder, with no config selected.
+    pub fn cmd(&self) -> TestCommand {
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(self.path())
+            .env_remove("DISTRIBUTOR_CONFIG")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null());
+        TestCommand { cmd }
+    }
+
+    /// The binary with `--config config.yaml` and `args`.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let mut cmd = self.cmd();
+        cmd.args(["--config", "config.yaml"]).args(args);
+        cmd.output()
+    }
+
+    /// `run --json --pipeline P [extra...] BUNDLE`.
+    pub fn publish(&self, pipeline: &str, bundle: &Path, extra: &[&str]) -> Output {
+        let mut cmd = self.cmd();
+        cmd.args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            pipeline,
+        ])
+        .args(extra)
+        .arg(bundle);
+        cmd.output()
+    }
+
+    /// The catalog of the root at `rel`.
+    pub fn state(&self, rel: &str) -> Value {
+        read_state(&self.join(rel))
+    }
+
+    /// The catalog's records of the root at `rel`, by path.
+    pub fn records(&self, rel: &str) -> BTreeMap<String, Value> {
+        records(&self.state(rel))
+    }
+
+    /// Every entry below `rel`, sorted.
+    pub fn tree(&self, rel: &str) -> Tree {
+        tree(&self.join(rel))
+    }
+
+    /// Paths of every entry below `rel` (folders included), sorted.
+    pub fn listing(&self, rel: &str) -> Vec<String> {
+        self.tree(rel).0.into_keys().collect()
+    }
+}
+
+/// A command to run with a deadline.
+pub struct TestCommand {
+    cmd: Command,
+}
+
+impl TestCommand {
+    pub fn arg(&mut self, arg: impl AsRef<std::ffi::OsStr>) -> &mut TestCommand {
+        self.cmd.arg(arg);
+        self
+    }
+
+    pub fn args<I, S>(&mut self, args: I) -> &mut TestCommand
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+
+    pub fn env(&mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> &mut TestCommand {
+        self.cmd.env(key, value);
+        self
+    }
+
+    /// Runs the child with this umask.
+    pub fn umask(&mut self, mask: u32) -> &mut TestCommand {
+        // SAFETY: umask(2) is async-signal-safe and touches no memory.
+        unsafe {
+            self.cmd.pre_exec(move || {
+                libc::umask(mask as libc::mode_t);
+                Ok(())
+            });
+        }
+        self
+    }
+
+    /// Starts the child with its output discarded (for kill tests).
+    pub fn spawn_quiet(&mut self) -> Child {
+        self.cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn distributor")
+    }
+
+    /// Starts the child capturing its output; finish with [`wait_output`].
+    pub fn spawn(&mut self) -> Child {
+        self.cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn distributor")
+    }
+
+    /// Runs to completion (or fails the test at the deadline).
+    pub fn output(&mut self) -> Output {
+        let child = self.spawn();
+        wait_output(child, &format!("{:?}", self.cmd))
+    }
+}
+
+/// Waits for a child started with [`TestCommand::spawn`], killing it and
+/// failing the test if it outlives the deadline.
+pub fn wait_output(mut child: Child, what: &str) -> Output {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for distributor") {
+            break status;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    Output {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out_reader.join().expect("stdout reader")).into_owned(),
+        stderr: String::from_utf8_lossy(&err_reader.join().expect("stderr reader")).into_owned(),
+    }
+}
+
+/// What a finished command produced.
+#[derive(Debug)]
+pub struct Output {
+    /// The exit code; -1 when killed by a signal.
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// Fails the test, showing the whole output, unless the code is `code`.
+    #[track_caller]
+    pub fn expect_code(&self, code: i32) -> &Output {
+        assert_eq!(
+            self.code, code,
+            "expected exit code {code}, got {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// Stdout parsed as JSON.
+    #[track_caller]
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e})\n--- stdout\n{}\n--- stderr\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// The first (or only) destination of a `run --json` document.
+    #[track_caller]
+    pub fn dest(&self) -> Value {
+        self.json()["destinations"][0].clone()
+    }
+
+    /// Stdout and stderr together, for "the message names X" checks.
+    pub fn all(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// Strings of a JSON array (panics on anything else).
+#[track_caller]
+pub fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| {
+            s.as_str()
+                .unwrap_or_else(|| panic!("not a string: {s}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+pub fn write_file(path: &Path, contents: &[u8]) {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("create parent dir");
+    }
+    fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Reads `<root>/.distributor.json`.
+#[track_caller]
+pub fn read_state(root: &Path) -> Value {
+    let path = root.join(".distributor.json");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// A catalog's records by path.
+pub fn records(state: &Value) -> BTreeMap<String, Value> {
+    state["outputs"]
+        .as_array()
+        .expect("outputs array")
+        .iter()
+        .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
+        .collect()
+}
+
+/// `sha256:<hex>` of some bytes, computed independently of the product.
+pub fn sha256(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::from("sha256:");
+    for b in digest.iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// `sha256:<hex>` of a file.
+pub fn sha256_file(path: &Path) -> String {
+    sha256(&fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display())))
+}
+
+/// One manifest entry: path, `sha256:` hash, size.
+pub type Listed = (String, String, u64);
+
+/// The digest rule of SPEC §3, written from the contract.
+pub fn manifest_digest(files: &[Listed]) -> String {
+    let mut sorted: Vec<&Listed> = files.iter().collect();
+    sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut text = String::new();
+    for (path, sha, size) in sorted {
+        text.push_str(&format!("{sha} {size} {path}\n"));
+    }
+    sha256(text.as_bytes())
+}
+
+/// The entry of a file as a manifest lists it (following no link: the
+/// bytes are passed in).
+pub fn listed(path: &str, contents: &[u8]) -> Listed {
+    (path.to_owned(), sha256(contents), contents.len() as u64)
+}
+
+/// Writes `dir/manifest.json` by hand, with a correct digest for `files`.
+pub fn write_manifest(dir: &Path, id: &str, files: &[Listed]) {
+    let entries: Vec<Value> = files
+        .iter()
+        .map(|(p, s, n)| serde_json::json!({"path": p, "sha256": s, "size": n}))
+        .collect();
+    let doc = serde_json::json!({
+        "schema_version": 1,
+        "id": id,
+        "created": CREATED,
+        "digest": manifest_digest(files),
+        "files": entries,
+    });
+    write_file(
+        &dir.join("manifest.json"),
+        serde_json::to_string_pretty(&doc).expect("json").as_bytes(),
+    );
+}
+
+/// Creates a FIFO.
+pub fn mkfifo(path: &Path) {
+    let c = CString::new(path.as_os_str().as_bytes()).expect("no NUL in path");
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// What sits at one path of a [`Tree`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    File { sha256: String, size: u64 },
+    Dir,
+    Symlink(PathBuf),
+    Other,
+}
+
+/// One entry: its kind, permission bits, modification time and inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub kind: Kind,
+    pub mode: u32,
+    pub mtime_ns: i128,
+    pub ino: u64,
+}
+
+/// Every entry below a folder by relative path; `""` is the folder itself.
+/// Symlinks are recorded, never followed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree(pub BTreeMap<String, Node>);
+
+impl Tree {
+    /// Paths of regular files, reserved `.distributor*` names aside.
+    pub fn files(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(p, n)| matches!(n.kind, Kind::File { .. }) && !is_reserved(p))
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    /// Every path, the folder itself aside.
+    pub fn paths(&self) -> Vec<String> {
+        self.0.keys().filter(|p| !p.is_empty()).cloned().collect()
+    }
+}
+
+/// True when any segment starts with `.distributor`.
+pub fn is_reserved(path: &str) -> bool {
+    path.split('/').any(|s| s.starts_with(".distributor"))
+}
+
+/// Reads a folder tree (an empty tree when the folder is missing).
+pub fn tree(dir: &Path) -> Tree {
+    let mut out = BTreeMap::new();
+    if fs::symlink_metadata(dir).is_ok() {
+        walk(dir, "", true, &mut out);
+    }
+    Tree(out)
+}
+
+/// Like [`tree`] without hashing file contents (their `sha256` is empty):
+/// cheaper when only the shape matters.
+pub fn shape(dir: &Path) -> Tree {
+    let mut out = BTreeMap::new();
+    if fs::symlink_metadata(dir).is_ok() {
+        walk(dir, "", false, &mut out);
+    }
+    Tree(out)
+}
+
+fn walk(path: &Path, rel: &str, hash: bool, out: &mut BTreeMap<String, Node>) {
+    let meta =
+        fs::symlink_metadata(path).unwrap_or_else(|e| panic!("stat {}: {e}", path.display()));
+    let t = meta.file_type();
+    let kind = if t.is_symlink() {
+        Kind::Symlink(fs::read_link(path).expect("read link"))
+    } else if t.is_dir() {
+        Kind::Dir
+    } else if t.is_file() {
+        Kind::File {
+            sha256: if hash {
+                sha256_file(path)
+            } else {
+                String::new()
+            },
+            size: meta.len(),
+        }
+    } else {
+        Kind::Other
+    };
+    out.insert(
+        rel.to_owned(),
+        Node {
+            kind: kind.clone(),
+            mode: meta.permissions().mode() & 0o7777,
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ino: meta.ino(),
+        },
+    );
+    if kind == Kind::Dir {
+        let mut names: Vec<_> = fs::read_dir(path)
+            .expect("read dir")
+            .map(|e| e.expect("dir entry").file_name())
+            .collect();
+        names.sort();
+        for name in names {
+            let name = name.to_string_lossy().into_owned();
+            let child = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            walk(&path.join(&name), &child, hash, out);
+        }
+    }
+}
+
+/// Asserts that every record of a catalog matches the bytes on disk and
+/// that every regular file of the root (reserved names aside) is recorded.
+#[track_caller]
+pub fn assert_catalog_matches_disk(root: &Path) {
+    let recs = records(&read_state(root));
+    for (path, r) in &recs {
+        let file = root.join(path);
+        let meta = fs::symlink_metadata(&file)
+            .unwrap_or_else(|e| panic!("recorded output {path} is not on disk: {e}"));
+        assert!(
+            meta.file_type().is_file(),
+            "recorded output {path} is not a regular file"
+        );
+        assert_eq!(r["size"].as_u64(), Some(meta.len()), "size of {path}");
+        assert_eq!(
+            r["sha256"].as_str(),
+            Some(sha256_file(&file).as_str()),
+            "sha256 of {path}"
+        );
+    }
+    for path in shape(root).files() {
+        assert!(
+            recs.contains_key(&path),
+            "{path} is on disk but not recorded"
+        );
+    }
+}
