@@ -13,7 +13,7 @@ use crate::report::RunReport;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, select};
 use notify::{RecursiveMode, Watcher};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -92,6 +92,15 @@ fn create_spools(config: &Config) -> Result<(), AgentError> {
 fn run_once(config: &Config) -> bool {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
+    // First SIGTERM/SIGINT: finish the bundles in hand and stop; second: exit.
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let registered =
+            signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+                .and_then(|_| signal_hook::flag::register(signal, stop.clone()));
+        if let Err(e) = registered {
+            log::warn!("cannot install a handler for signal {signal}: {e}");
+        }
+    }
     // The senders outlive the workers: nobody wakes a --once worker, but a
     // disconnected channel would read as "stop" during a retry backoff.
     let mut senders = Vec::new();
@@ -412,8 +421,13 @@ impl Worker {
     }
 
     fn run(&self, rx: &Receiver<Wake>) {
+        let Some(_serving) = self.serve_lock(rx) else {
+            return;
+        };
         match spool::scan(&self.spool.work) {
-            Ok((found, incomplete)) => {
+            Ok(spool::Scan {
+                found, incomplete, ..
+            }) => {
                 for path in incomplete {
                     self.fail_without_manifest(&path);
                 }
@@ -439,11 +453,16 @@ impl Worker {
         }
         let settle = self.config.agent.settle;
         let mut seen: HashMap<String, Seen> = HashMap::new();
+        let mut warned: HashSet<String> = HashSet::new();
         loop {
             if self.stopping() {
                 return;
             }
-            let (found, incomplete) = match spool::scan(&self.spool.inbox) {
+            let spool::Scan {
+                found,
+                incomplete,
+                strays,
+            } = match spool::scan(&self.spool.inbox) {
                 Ok(x) => x,
                 Err(e) => {
                     log::error!(
@@ -451,9 +470,18 @@ impl Worker {
                         self.pipeline.id,
                         self.spool.inbox.display()
                     );
-                    (Vec::new(), Vec::new())
+                    spool::Scan::default()
                 }
             };
+            for name in strays {
+                if warned.insert(name.clone()) {
+                    log::warn!(
+                        "pipeline={}: {} is not a folder, so it is not a bundle; producers drop folders holding a manifest.json. Move it away",
+                        self.pipeline.id,
+                        self.spool.inbox.join(&name).display()
+                    );
+                }
+            }
             let now = Instant::now();
             let mut next_check: Option<Duration> = None;
             let mut claimed_any = false;
@@ -533,6 +561,74 @@ impl Worker {
         }
     }
 
+    /// Takes the pipeline's agent lock (`<spool>/<pipeline>/.distributor-agent.lock`)
+    /// so two agents never serve one pipeline. A live agent waits on
+    /// standby; `--once` gives up after `lock_timeout` and counts a failure.
+    fn serve_lock(&self, rx: &Receiver<Wake>) -> Option<std::fs::File> {
+        let path = self
+            .spool
+            .work
+            .parent()
+            .unwrap_or(&self.spool.work)
+            .join(".distributor-agent.lock");
+        let file = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                log::error!(
+                    "pipeline={}: cannot open {}: {e}; not serving this pipeline",
+                    self.pipeline.id,
+                    path.display()
+                );
+                self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let started = Instant::now();
+        let mut told = false;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Some(file),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    log::error!(
+                        "pipeline={}: cannot lock {}: {e}",
+                        self.pipeline.id,
+                        path.display()
+                    );
+                    self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
+            if self.once && started.elapsed() >= self.config.agent.lock_timeout {
+                log::error!(
+                    "pipeline={}: another agent is serving it (it holds {}); --once skipped the pipeline",
+                    self.pipeline.id,
+                    path.display()
+                );
+                self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            if !told {
+                log::info!(
+                    "pipeline={}: another agent is serving it (it holds {}); standing by",
+                    self.pipeline.id,
+                    path.display()
+                );
+                told = true;
+            }
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) if !self.once => return None,
+                _ if self.stopping() => return None,
+                _ => {}
+            }
+        }
+    }
+
     /// Publishes the bundle at `path` (in work/), retrying transient
     /// failures with backoff, then files it into done/ or failed/.
     fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
@@ -576,12 +672,17 @@ impl Worker {
                     if left.is_zero() {
                         break;
                     }
-                    select! {
-                        recv(rx) -> msg => if matches!(msg, Ok(Wake::Stop) | Err(_)) || self.stopping() {
-                            log::info!("pipeline={} bundle={name}: left in work/ for the next start", self.pipeline.id);
-                            return Outcome::Left;
-                        },
-                        default(left) => {}
+                    let stop = self.stopping()
+                        || select! {
+                            recv(rx) -> msg => matches!(msg, Ok(Wake::Stop) | Err(_)),
+                            default(left.min(Duration::from_millis(200))) => false,
+                        };
+                    if stop {
+                        log::info!(
+                            "pipeline={} bundle={name}: left in work/ for the next start",
+                            self.pipeline.id
+                        );
+                        return Outcome::Left;
                     }
                 }
                 continue;

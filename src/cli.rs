@@ -636,11 +636,7 @@ fn spool_list(flag: Option<&Path>, pipeline: Option<&str>, folders: &[Folder], j
     let now = time::OffsetDateTime::now_utc();
     for r in &rows {
         let age = crate::catalog::parse_time(&r.modified)
-            .map(|t| {
-                config::format_duration(std::time::Duration::from_secs(
-                    (now - t).whole_seconds().max(0) as u64,
-                ))
-            })
+            .map(|t| human_age((now - t).whole_seconds()))
             .unwrap_or_default();
         let mut line = format!(
             "{:<8} {:<20} {:<40} {age:>6} ago",
@@ -685,6 +681,36 @@ fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
             } else {
                 EXIT_FAILURE
             }
+        }
+    }
+}
+
+/// A rough age for people: seconds, minutes, hours or days.
+fn human_age(seconds: i64) -> String {
+    let s = seconds.max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..7_200 => format!("{}m", s / 60),
+        7_200..172_800 => format!("{}h", s / 3_600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_round_to_a_readable_unit() {
+        for (secs, text) in [
+            (-5, "0s"),
+            (59, "59s"),
+            (119, "119s"),
+            (120, "2m"),
+            (7_243, "2h"),
+            (200_000, "2d"),
+        ] {
+            assert_eq!(human_age(secs), text);
         }
     }
 }

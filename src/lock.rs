@@ -17,7 +17,7 @@ pub const LOCK_FILE: &str = ".distributor.lock";
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error(
-        "timed out after {waited:?} waiting for the lock on {root}/{LOCK_FILE}; another distributor process (or an operator's flock) holds it. It will be retried; check `fuser {root}/{LOCK_FILE}` if it persists"
+        "timed out after {waited:?} waiting for the lock on {root}/{LOCK_FILE}: another distributor process or an operator's flock holds it. The agent retries such bundles with backoff; if it persists, find the holder with `fuser {root}/{LOCK_FILE}`"
     )]
     Timeout { root: String, waited: Duration },
     #[error("cannot open lock file {root}/{LOCK_FILE}: {source}")]

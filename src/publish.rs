@@ -54,13 +54,6 @@ struct Planned {
     plan: Plan,
 }
 
-fn transient_io(e: &io::Error) -> bool {
-    !matches!(
-        e.kind(),
-        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
-    )
-}
-
 fn destination_report(d: &Destination) -> DestinationReport {
     DestinationReport {
         destination_id: d.id.clone(),
@@ -185,7 +178,7 @@ pub fn publish(
 
     for (i, p) in &planned {
         if let Err(e) = execute(p, &prepared[*i], &bundle) {
-            let transient = transient_io(&e);
+            let transient = storage::is_transient(&e);
             let message = format!(
                 "publishing to {} failed: {e}",
                 prepared[*i].destination.root.display()
@@ -224,7 +217,9 @@ fn record_plans(report: &mut RunReport, planned: &[(usize, Planned)]) -> Option<
     if refused.is_empty() {
         return None;
     }
-    Some(report.clone().fail(
+    let mut failed = report.clone();
+    failed.refused = true;
+    Some(failed.fail(
         Stage::Plan,
         format!(
             "publication refused, nothing was written: {}",
@@ -359,7 +354,7 @@ fn lock_and_plan(
     let d = prepared.destination;
     let shown = d.root.display();
     let io_err = |what: &str, e: io::Error| {
-        let transient = transient_io(&e);
+        let transient = storage::is_transient(&e);
         (Stage::Lock, format!("{what} {shown}: {e}"), transient)
     };
     let root = if create {
@@ -372,10 +367,16 @@ fn lock_and_plan(
         Some(root) => lock::acquire(root, options.lock_timeout).map(Some),
         None => Ok(None),
     }
-    .map_err(|e| (Stage::Lock, e.to_string(), true))?;
+    .map_err(|e| {
+        let transient = match &e {
+            lock::LockError::Timeout { .. } => true,
+            lock::LockError::Io { source, .. } => storage::is_transient(source),
+        };
+        (Stage::Lock, e.to_string(), transient)
+    })?;
 
     let plan_err = |e: io::Error| {
-        let transient = transient_io(&e);
+        let transient = storage::is_transient(&e);
         (
             Stage::Plan,
             format!("cannot read destination root {shown}: {e}"),

@@ -51,6 +51,9 @@ pub struct RunReport {
     /// Worth retrying later (lock timeout, I/O error); not serialised.
     #[serde(skip)]
     pub transient: bool,
+    /// Planning refused the publication (exit 3); not serialised.
+    #[serde(skip)]
+    pub refused: bool,
     /// Non-fatal notes (unlisted bundle files); not serialised.
     #[serde(skip)]
     pub warnings: Vec<String>,
@@ -67,6 +70,7 @@ impl RunReport {
             stage: None,
             error: None,
             transient: false,
+            refused: false,
             warnings: Vec::new(),
         }
     }
@@ -85,7 +89,7 @@ impl RunReport {
         match self.stage {
             None => 0,
             Some(Stage::Config) => 2,
-            Some(Stage::Plan) => 3,
+            Some(Stage::Plan) if self.refused => 3,
             Some(_) => 1,
         }
     }

@@ -115,15 +115,27 @@ pub fn is_ignored_name(name: &str) -> bool {
     name.starts_with('.')
 }
 
-/// Bundles in `dir` whose `manifest.json` is a regular file, in arrival
-/// order (manifest modification time, then name). Folders without a
-/// manifest are returned in `incomplete`.
-pub fn scan(dir: &Path) -> io::Result<(Vec<Found>, Vec<PathBuf>)> {
+/// What a spool folder holds.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Complete bundles, in arrival order (manifest modification time, then
+    /// name). A manifest that is not a regular file (a symlink, a folder)
+    /// counts as present: verification then fails the bundle with the reason.
+    pub found: Vec<Found>,
+    /// Folders without a manifest yet.
+    pub incomplete: Vec<PathBuf>,
+    /// Names that are not folders (files, symlinks): never bundles.
+    pub strays: Vec<String>,
+}
+
+/// Scans a spool folder for bundles.
+pub fn scan(dir: &Path) -> io::Result<Scan> {
     let mut found = Vec::new();
     let mut incomplete = Vec::new();
+    let mut strays = Vec::new();
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((found, incomplete)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
         Err(e) => return Err(e),
     };
     for entry in entries {
@@ -135,12 +147,16 @@ pub fn scan(dir: &Path) -> io::Result<(Vec<Found>, Vec<PathBuf>)> {
             );
             continue;
         };
-        if is_ignored_name(&name) || !entry.file_type()?.is_dir() {
+        if is_ignored_name(&name) {
+            continue;
+        }
+        if !entry.file_type()?.is_dir() {
+            strays.push(name);
             continue;
         }
         let path = entry.path();
         match fs::symlink_metadata(path.join(MANIFEST)) {
-            Ok(m) if m.is_file() => {
+            Ok(m) => {
                 let dir_meta = fs::symlink_metadata(&path)?;
                 let modified = m.modified()?;
                 found.push(Found {
@@ -150,7 +166,6 @@ pub fn scan(dir: &Path) -> io::Result<(Vec<Found>, Vec<PathBuf>)> {
                     path,
                 });
             }
-            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => incomplete.push(path),
             Err(e) => return Err(e),
         }
@@ -160,7 +175,12 @@ pub fn scan(dir: &Path) -> io::Result<(Vec<Found>, Vec<PathBuf>)> {
             .cmp(&b.manifest_modified)
             .then_with(|| a.name.cmp(&b.name))
     });
-    Ok((found, incomplete))
+    strays.sort();
+    Ok(Scan {
+        found,
+        incomplete,
+        strays,
+    })
 }
 
 /// Moves `from` into folder `to` under its name, adding `.1`, `.2`, … when
@@ -413,10 +433,11 @@ mod tests {
             .set_modified(old)
             .unwrap();
         fs::write(s.inbox.join("stray-file"), b"").unwrap();
-        let (found, incomplete) = scan(&s.inbox).unwrap();
-        let names: Vec<_> = found.iter().map(|f| f.name.as_str()).collect();
+        let scan = scan(&s.inbox).unwrap();
+        let names: Vec<_> = scan.found.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, ["b", "a"]);
-        assert_eq!(incomplete, [s.inbox.join("c")]);
+        assert_eq!(scan.incomplete, [s.inbox.join("c")]);
+        assert_eq!(scan.strays, ["stray-file"]);
     }
 
     #[test]

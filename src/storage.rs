@@ -69,6 +69,33 @@ fn is_not_found(e: &io::Error) -> bool {
         || matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP))
 }
 
+/// True for I/O errors that may go away by themselves (full disk, quota,
+/// permissions being fixed, a busy or flaky device), so the bundle is worth
+/// retrying later. Errors about the shape of the tree (not a folder, a
+/// symlink loop) and our own messages are permanent.
+pub fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOSPC
+                | libc::EDQUOT
+                | libc::EIO
+                | libc::EACCES
+                | libc::EPERM
+                | libc::EROFS
+                | libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOMEM
+                | libc::ENOBUFS
+                | libc::EAGAIN
+                | libc::EINTR
+                | libc::EBUSY
+                | libc::ESTALE
+                | libc::ETIMEDOUT
+        )
+    )
+}
+
 /// Fsyncs a folder so renames and deletions inside it are durable.
 pub fn sync_dir(dir: &Dir) -> io::Result<()> {
     dir.try_clone()?.into_std_file().sync_all()
