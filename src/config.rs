@@ -62,6 +62,9 @@ pub struct AgentConfig {
     pub max_attempts: u32,
     /// Age after which `done/` entries are deleted; zero keeps them.
     pub done_retention: Duration,
+    /// Where the agent writes its metrics in the Prometheus text format
+    /// (for node_exporter's textfile collector); `None` writes none.
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -73,6 +76,7 @@ impl Default for AgentConfig {
             lock_timeout: Duration::from_secs(30),
             max_attempts: 5,
             done_retention: Duration::from_secs(7 * 24 * 60 * 60),
+            metrics_file: None,
         }
     }
 }
@@ -460,6 +464,14 @@ impl Config {
             warnings
                 .push("no pipelines are configured; the agent will have nothing to do".to_owned());
         }
+        if let Some(path) = &self.agent.metrics_file
+            && path.extension().is_none_or(|e| e != "prom")
+        {
+            warnings.push(format!(
+                "agent.metrics_file {} does not end in .prom; node_exporter's textfile collector only reads files that do",
+                path.display()
+            ));
+        }
         for pipeline in &self.pipelines {
             for d in &pipeline.destinations {
                 if d.allow_raw_html && !d.publish_html {
@@ -508,6 +520,14 @@ impl Config {
             "  done_retention: {}",
             or_off(a.done_retention, "done/ entries are kept")
         );
+        match &a.metrics_file {
+            Some(path) => {
+                let _ = writeln!(s, "  metrics_file: {}", path.display());
+            }
+            None => {
+                let _ = writeln!(s, "  metrics_file: (none; no metrics are written)");
+            }
+        }
         let _ = writeln!(s, "pipelines: {}", self.pipelines.len());
         for p in &self.pipelines {
             let _ = writeln!(s, "  pipeline {}", p.id);
@@ -738,7 +758,7 @@ struct RawConfig {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of agent settings (settle, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention)"
+    expecting = "a mapping of agent settings (settle, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
 )]
 struct RawAgent {
     settle: Option<Checked<DurationRule>>,
@@ -747,6 +767,7 @@ struct RawAgent {
     lock_timeout: Option<Checked<DurationRule>>,
     max_attempts: Option<MaxAttempts>,
     done_retention: Option<Checked<DurationRule>>,
+    metrics_file: Option<Checked<FilePathRule>>,
 }
 
 #[derive(Deserialize)]
@@ -892,6 +913,26 @@ impl Rule for PathRule {
             ));
         }
         Ok(text.to_owned())
+    }
+}
+
+enum FilePathRule {}
+impl Rule for FilePathRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a file path";
+    fn check(text: &str) -> Result<String, String> {
+        let text = PathRule::check(text).map_err(|e| e.replace("a folder path", "a file path"))?;
+        let names_a_file = !text.ends_with('/')
+            && matches!(
+                Path::new(&text).components().next_back(),
+                Some(Component::Normal(_))
+            );
+        if !names_a_file {
+            return Err(format!(
+                "the path {text:?} names a folder, not a file; give a file path such as /var/lib/prometheus/node-exporter/distributor.prom"
+            ));
+        }
+        Ok(text)
     }
 }
 
@@ -1099,6 +1140,7 @@ fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     let agent = match raw.agent {
         None => defaults,
         Some(a) => AgentConfig {
+            metrics_file: a.metrics_file.map(|c| resolve(&c.0)),
             settle: a.settle.map_or(defaults.settle, |c| c.0),
             rescan_interval: a.rescan_interval.map_or(defaults.rescan_interval, |c| c.0),
             prune_interval: a.prune_interval.map_or(defaults.prune_interval, |c| c.0),
@@ -1313,6 +1355,46 @@ fn check_relations(config: &Config, file: &Path) -> Result<(), ConfigError> {
             for q in &config.pipelines {
                 let (second, key) = inbox(q);
                 if overlaps(&root_key, &key) {
+                    return Err(ConfigError::Overlap {
+                        file,
+                        first,
+                        second,
+                    });
+                }
+            }
+        }
+    }
+
+    // The metrics file is rewritten all the time: inside a root it would be
+    // unmanaged content, inside a pipeline's folders a stray entry.
+    if let Some(metrics) = &config.agent.metrics_file {
+        let metrics_key = clash_key(metrics);
+        let first = format!("agent.metrics_file ({})", metrics.display());
+        for p in &config.pipelines {
+            let mut folders = vec![
+                (
+                    format!(
+                        "the spool folder of pipeline {:?} ({})",
+                        p.id,
+                        p.spool_dir(config).display()
+                    ),
+                    clash_key(&p.spool_dir(config)),
+                ),
+                inbox(p),
+            ];
+            for d in &p.destinations {
+                folders.push((
+                    format!(
+                        "the root of destination {:?} of pipeline {:?} ({})",
+                        d.id,
+                        p.id,
+                        d.root.display()
+                    ),
+                    clash_key(&d.root),
+                ));
+            }
+            for (second, key) in folders {
+                if overlaps(&metrics_key, &key) {
                     return Err(ConfigError::Overlap {
                         file,
                         first,
@@ -2012,6 +2094,89 @@ pipelines:
             PathBuf::from("/opt/dist/conf/../out/site")
         );
         assert_eq!(p.destinations[1].root, PathBuf::from("/srv/abs"));
+    }
+
+    #[test]
+    fn metrics_file_is_optional_resolved_and_checked() {
+        let base =
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/out\n";
+        assert_eq!(ok(base).agent.metrics_file, None);
+        assert!(
+            ok(base)
+                .summary()
+                .contains("metrics_file: (none; no metrics are written)")
+        );
+
+        for (written, want) in [
+            (
+                "/var/lib/prometheus/node-exporter/distributor.prom",
+                "/var/lib/prometheus/node-exporter/distributor.prom",
+            ),
+            (
+                "metrics/./distributor.prom",
+                "/etc/distributor/metrics/distributor.prom",
+            ),
+            // Next to the pipelines' spool folders is fine.
+            (
+                "/var/spool/distributor/metrics.prom",
+                "/var/spool/distributor/metrics.prom",
+            ),
+        ] {
+            let c = ok(&format!("agent:\n  metrics_file: {written}\n{base}"));
+            assert_eq!(c.agent.metrics_file, Some(PathBuf::from(want)), "{written}");
+            assert!(c.summary().contains(&format!("metrics_file: {want}\n")));
+            assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+        }
+
+        let c = ok(&format!("agent:\n  metrics_file: /run/m.txt\n{base}"));
+        let warnings = c.warnings();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("does not end in .prom"),
+            "{warnings:?}"
+        );
+
+        for (written, want) in [
+            ("\"\"", "empty"),
+            ("/var/lib/metrics/", "names a folder"),
+            ("/var/lib/..", "names a folder"),
+            ("\"~/m.prom\"", "not expanded"),
+            ("[a]", "a file path"),
+        ] {
+            let e = err(&format!("agent:\n  metrics_file: {written}\n{base}"));
+            let message = e.to_string();
+            assert!(
+                matches!(e, ConfigError::Invalid { .. }),
+                "{written}: {message}"
+            );
+            assert!(message.contains(want), "{written}: {message}");
+            assert!(message.contains("line 2 column 17"), "{written}: {message}");
+        }
+
+        for (written, names) in [
+            ("/srv/out/metrics.prom", "the root of destination \"d\""),
+            (
+                "/var/spool/distributor/p/metrics.prom",
+                "the spool folder of pipeline \"p\"",
+            ),
+            (
+                "/var/spool/distributor/p/inbox/m.prom",
+                "the spool folder of pipeline \"p\"",
+            ),
+        ] {
+            let e = err(&format!("agent:\n  metrics_file: {written}\n{base}"));
+            let message = e.to_string();
+            assert!(
+                matches!(e, ConfigError::Overlap { .. }),
+                "{written}: {message}"
+            );
+            assert!(message.contains("agent.metrics_file"), "{message}");
+            assert!(message.contains(names), "{written}: {message}");
+        }
+        let e = err(&format!(
+            "agent:\n  metrics_file: /in/p/m.prom\npipelines:\n  - id: p\n    inbox: /in/p\n    destinations:\n      - id: d\n        path: /srv/out\n"
+        ));
+        assert!(e.to_string().contains("the inbox of pipeline \"p\""), "{e}");
     }
 
     #[test]

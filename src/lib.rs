@@ -11,6 +11,7 @@ pub mod hashing;
 pub mod journal;
 pub mod lock;
 pub mod maintain;
+pub mod metrics;
 pub mod paths;
 pub mod plan;
 pub mod publish;

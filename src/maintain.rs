@@ -625,6 +625,9 @@ pub fn prune(
         .retain(|r| !dropped.contains(r.path.as_str()));
     catalog.updated_at = now;
     if !dropped.is_empty() {
+        // The deletions reach the disk before the catalog that forgets them.
+        root.sync()
+            .map_err(io_error(target, "cannot sync the deletions"))?;
         // If this fails the journal stays, and whoever takes the lock next
         // drops the records of the files deleted above.
         write_catalog(target, root, &catalog)?;

@@ -544,30 +544,40 @@ fn apply(
                 changed_since_verified(&d.bundle_path),
             ));
         }
+        // Every staged byte is on disk before anything is renamed into
+        // place (the journal already is). Per-file fsync, not syncfs: a
+        // busy neighbour on the same file system must not slow us down.
         file.sync_all()?;
         failpoint::hit("publish.after_stage");
+    }
+    if !plan.clear_first.is_empty() {
+        storage::sync_dir(root.dir())?;
     }
     let mut touched = BTreeSet::new();
     for (d, temp) in plan.writes.iter().zip(&staged) {
         let dir = root.parent_dir(&d.path, None)?;
         dir.rename(temp, &dir, d.path.file_name())?;
         failpoint::hit("publish.after_rename");
-        touched.insert(d.path.parent().unwrap_or("").to_owned());
-    }
-    for folder in &touched {
-        let dir = match folder.as_str() {
-            "" => root.dir().try_clone()?,
-            f => root.parent_dir(
-                &RelPath::parse(&format!("{f}/x")).map_err(io::Error::other)?,
-                None,
-            )?,
-        };
-        storage::sync_dir(&dir)?;
+        touched.insert(d.path.parent().unwrap_or_default().to_owned());
     }
     for path in &plan.delete_after {
         root.remove_any(path)?;
         root.prune_empty_parents(path)?;
         failpoint::hit("publish.after_delete");
+        let mut above = path.as_str();
+        while let Some(i) = above.rfind('/') {
+            above = &above[..i];
+            touched.insert(above.to_owned());
+        }
+        touched.insert(String::new());
+    }
+    // Folders created for new outputs must be durable in their parents.
+    for dir in &created {
+        touched.insert(dir.rfind('/').map_or("", |i| &dir[..i]).to_owned());
+    }
+    // The renames and deletions are durable before the catalog records them.
+    for folder in &touched {
+        root.sync_folder(folder)?;
     }
     failpoint::hit("publish.before_catalog");
     root.write_reserved(STATE_FILE, &catalog.to_json())?;

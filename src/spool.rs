@@ -196,13 +196,7 @@ pub fn move_unique(from: &Path, to: &Path, name: &str) -> io::Result<PathBuf> {
             continue;
         }
         match rename_noreplace(from, &candidate) {
-            Ok(()) => {
-                sync_parent(to)?;
-                if let Some(parent) = from.parent() {
-                    sync_parent(parent)?;
-                }
-                return Ok(candidate);
-            }
+            Ok(()) => return Ok(candidate),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
@@ -233,18 +227,14 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-fn sync_parent(dir: &Path) -> io::Result<()> {
-    fs::File::open(dir)?.sync_all()
-}
-
-/// Writes `bytes` to `dir/name` atomically (temporary file, fsync, rename).
+/// Writes `bytes` to `dir/name` atomically (temporary file, rename). Not
+/// fsynced: spool bookkeeping that a power cut rolls back only makes the
+/// agent redo a bundle, which is idempotent (`skip_same`).
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let temp = dir.join(format!(".distributor-tmp-{}-{name}", std::process::id()));
     let mut file = fs::File::create(&temp)?;
     file.write_all(bytes)?;
-    file.sync_all()?;
-    fs::rename(&temp, dir.join(name))?;
-    sync_parent(dir)
+    fs::rename(&temp, dir.join(name))
 }
 
 /// Attempts already made on a bundle (0 when never tried).

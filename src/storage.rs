@@ -277,7 +277,6 @@ impl Root {
                         let mut b = cap_std::fs::DirBuilder::new();
                         cap_std::fs::DirBuilderExt::mode(&mut b, 0o755);
                         dir.create_dir_with(segment, &b)?;
-                        sync_dir(&dir)?;
                         let here = path.ancestors().nth(i).unwrap_or(segment).to_owned();
                         created.push(here);
                         open_subdir(&dir, segment)?
@@ -290,19 +289,58 @@ impl Root {
         Ok(dir)
     }
 
-    /// Writes `bytes` to a reserved file at the top of the root atomically:
-    /// temporary file, fsync, rename, fsync of the root.
+    /// Writes `bytes` to a reserved file at the top of the root atomically
+    /// and durably: temporary file, fsync, rename, fsync of the root.
     pub fn write_reserved(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.replace_reserved(name, bytes, true)?;
+        sync_dir(&self.dir)
+    }
+
+    /// Writes a reserved file atomically (temporary file, rename) but not
+    /// durably: the caller's next [`Root::sync`] makes it so.
+    pub fn write_reserved_unsynced(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.replace_reserved(name, bytes, false)
+    }
+
+    fn replace_reserved(&self, name: &str, bytes: &[u8], fsync: bool) -> io::Result<()> {
         let (temp, mut file) = create_temp(&self.dir)?;
         let result = file
             .write_all(bytes)
-            .and_then(|()| file.sync_all())
+            .and_then(|()| if fsync { file.sync_all() } else { Ok(()) })
             .and_then(|()| self.dir.rename(&temp, &self.dir, name));
         if result.is_err() {
             let _ = self.dir.remove_file(&temp);
         }
-        result?;
-        sync_dir(&self.dir)
+        result
+    }
+
+    /// Fsyncs the folder `path` ("" for the root) if it still exists.
+    pub fn sync_folder(&self, path: &str) -> io::Result<()> {
+        if path.is_empty() {
+            return sync_dir(&self.dir);
+        }
+        let Some((parent, name)) = self.parent_of(path)? else {
+            return Ok(());
+        };
+        match open_subdir(&parent, &name) {
+            Ok(dir) => sync_dir(&dir),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A durability barrier: every change made so far to the file system
+    /// holding the root (data, renames, deletions) reaches the disk.
+    /// Mutations in this module do not sync one by one; callers order them
+    /// around barriers.
+    pub fn sync(&self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor is open for as long as `self.dir` lives.
+        if unsafe { libc::syncfs(self.dir.as_raw_fd()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     /// Removes a file or symlink at `path`; `Ok(false)` when already gone.
@@ -311,10 +349,7 @@ impl Root {
             return Ok(false);
         };
         match dir.remove_file(&name) {
-            Ok(()) => {
-                sync_dir(&dir)?;
-                Ok(true)
-            }
+            Ok(()) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
@@ -335,7 +370,7 @@ impl Root {
             Err(e) => Err(e),
         };
         match result {
-            Ok(()) => sync_dir(&dir),
+            Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e),
         }
@@ -362,10 +397,7 @@ impl Root {
             return Ok(false);
         };
         match dir.remove_dir(&name) {
-            Ok(()) => {
-                sync_dir(&dir)?;
-                Ok(true)
-            }
+            Ok(()) => Ok(true),
             Err(e)
                 if is_not_found(&e)
                     || matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) =>

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Benchmarks distributor against the tools an operator would otherwise use.
+
+Run through bench/run, which builds the release binary first. Every figure is
+a median over alternating runs of ours and the peer's, and each of ours is
+also given as a ratio to its peer measured in the same run. Data lives in a
+temporary folder that is removed at the end.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.join(HERE, "..", "target", "release", "distributor")
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, shell=isinstance(cmd, str), check=True, **kw)
+
+
+def timed(cmd, env=None):
+    """Wall time of a command, and its peak RSS in KiB (via /usr/bin/time)."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "%M"] + cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    elapsed = time.perf_counter() - start
+    lines = proc.stderr.decode().strip().splitlines()
+    if proc.returncode not in (0,):
+        sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n" + "\n".join(lines[-20:]))
+    return elapsed, int(lines[-1])
+
+
+def timed_shell(script):
+    start = time.perf_counter()
+    sh(["bash", "-c", script], stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def write_config(path, spool, root, workflow="additive", html=False, settle="250ms"):
+    with open(path, "w") as f:
+        f.write(
+            f"""spool: {spool}
+agent:
+  settle: {settle}
+  rescan_interval: 60s
+  prune_interval: 0s
+pipelines:
+  - id: bench
+    destinations:
+      - id: root
+        path: {root}
+        workflow: {workflow}
+        publish:
+          source: true
+          html: {"true" if html else "false"}
+"""
+        )
+
+
+def seal(bundle, bundle_id):
+    sh([BIN, "bundle", "seal", bundle, "--id", bundle_id, "--created", "2026-06-04T00:00:00Z"],
+       stdout=subprocess.DEVNULL)
+
+
+def random_file(path, size):
+    chunk = 1 << 20
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(chunk, left)
+            f.write(os.urandom(n))
+            left -= n
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def bench_large(work, size, runs):
+    bundle = os.path.join(work, "large", "bundle")
+    os.makedirs(bundle)
+    random_file(os.path.join(bundle, "big.bin"), size)
+    seal(bundle, "large")
+    config = os.path.join(work, "large", "config.yaml")
+    root = os.path.join(work, "large", "root")
+    peer_dest = os.path.join(work, "large", "peer")
+    write_config(config, os.path.join(work, "large", "spool"), root)
+    ours, peer, rss = [], [], []
+    for _ in range(runs):
+        shutil.rmtree(root, ignore_errors=True)
+        sh("sync")
+        t, m = timed([BIN, "--config", config, "run", "--pipeline", "bench", bundle])
+        ours.append(t)
+        rss.append(m)
+        shutil.rmtree(peer_dest, ignore_errors=True)
+        os.makedirs(peer_dest)
+        sh("sync")
+        f = os.path.join(bundle, "big.bin")
+        peer.append(timed_shell(f"openssl dgst -sha256 '{f}' >/dev/null && cp '{f}' '{peer_dest}/' && sync"))
+    return {"ours": median(ours), "peer": median(peer), "rss_kib": max(rss)}
+
+
+def make_backlog(src, count):
+    md = ("# Report\n\n" + "lorem ipsum dolor sit amet " * 160)[:4096]
+    html = ("<p>" + "x" * 20480)[:20480]
+    for i in range(count):
+        b = os.path.join(src, f"b{i:05d}")
+        os.makedirs(b)
+        with open(os.path.join(b, f"r{i:05d}.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(b, f"p{i:05d}.html"), "w") as f:
+            f.write(html)
+        with open(os.path.join(b, f"d{i:05d}.bin"), "wb") as f:
+            f.write(os.urandom(100 * 1024))
+    # seal all (one process per bundle is slow; it is not timed)
+    for i in range(count):
+        seal(os.path.join(src, f"b{i:05d}"), f"bundle-{i:05d}")
+        b = os.path.join(src, f"b{i:05d}")
+        with open(os.path.join(b, "SHA256SUMS"), "w") as f:
+            for name in sorted(os.listdir(b)):
+                if name.endswith((".md", ".html", ".bin")):
+                    sh(["sha256sum", name], cwd=b, stdout=f)
+
+
+def bench_backlog(work, count, runs):
+    base = os.path.join(work, "backlog")
+    src = os.path.join(base, "src")
+    os.makedirs(src)
+    make_backlog(src, count)
+    config = os.path.join(base, "config.yaml")
+    spool = os.path.join(base, "spool")
+    root = os.path.join(base, "root")
+    write_config(config, spool, root)
+    ours, rsync, loop = [], [], []
+    for _ in range(runs):
+        shutil.rmtree(spool, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(os.path.join(spool, "bench"))
+        sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
+        sh("sync")
+        t, _ = timed([BIN, "--config", config, "agent", "--once"],
+                     env=dict(os.environ, RUST_LOG="warn"))
+        ours.append(t)
+
+        dest = os.path.join(base, "rsync-dest")
+        shutil.rmtree(dest, ignore_errors=True)
+        sh("sync")
+        start = time.perf_counter()
+        sh(["rsync", "-a", "--checksum", "--fsync", src + "/", dest + "/"])
+        rsync.append(time.perf_counter() - start)
+
+        lsrc = os.path.join(base, "loop-inbox")
+        ldest = os.path.join(base, "loop-dest")
+        ldone = os.path.join(base, "loop-done")
+        for d in (lsrc, ldest, ldone):
+            shutil.rmtree(d, ignore_errors=True)
+        sh(["cp", "-a", src, lsrc])
+        os.makedirs(ldest)
+        os.makedirs(ldone)
+        sh("sync")
+        loop.append(timed_shell(
+            f"""set -e
+cd '{lsrc}'
+for b in *; do
+  (cd "$b" && sha256sum -c --quiet SHA256SUMS)
+  cp "$b"/*.md "$b"/*.html "$b"/*.bin '{ldest}/'
+  sync
+  mv "$b" '{ldone}/'
+done"""))
+    return {"ours": median(ours), "rsync": median(rsync), "loop": median(loop), "count": count}
+
+
+def bench_latency(work, count):
+    base = os.path.join(work, "latency")
+    staging = os.path.join(base, "staging")
+    os.makedirs(staging)
+    config = os.path.join(base, "config.yaml")
+    spool = os.path.join(base, "spool")
+    root = os.path.join(base, "root")
+    write_config(config, spool, root, settle="0s")
+    for i in range(count):
+        b = os.path.join(staging, f"l{i:04d}")
+        os.makedirs(b)
+        with open(os.path.join(b, f"page{i:04d}.md"), "w") as f:
+            f.write(f"# Page {i}\n")
+        seal(b, f"latency-{i:04d}")
+    inbox = os.path.join(spool, "bench", "inbox")
+    agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, RUST_LOG="warn"))
+    catalog = os.path.join(root, ".distributor.json")
+    try:
+        deadline = time.time() + 10
+        while not os.path.isdir(inbox):
+            if time.time() > deadline:
+                sys.exit("agent did not create its inbox")
+            time.sleep(0.01)
+        time.sleep(0.2)
+        samples = []
+        for i in range(count):
+            name = f"page{i:04d}.md"
+            start = time.perf_counter()
+            os.rename(os.path.join(staging, f"l{i:04d}"), os.path.join(inbox, f"l{i:04d}"))
+            last = None
+            while True:
+                try:
+                    st = os.stat(catalog).st_mtime_ns
+                except FileNotFoundError:
+                    continue
+                if st != last:
+                    last = st
+                    try:
+                        with open(catalog) as f:
+                            if f'"{name}"' in f.read():
+                                break
+                    except FileNotFoundError:
+                        pass
+                if time.perf_counter() - start > 10:
+                    sys.exit(f"bundle {i} was not published within 10 s")
+            samples.append(time.perf_counter() - start)
+            time.sleep(0.01)
+    finally:
+        agent.terminate()
+        agent.wait()
+    samples.sort()
+    p99 = samples[min(len(samples) - 1, int(round(0.99 * (len(samples) - 1))))]
+    return {"p50": median(samples), "p99": p99, "count": count}
+
+
+def catalog_with(records):
+    outputs = []
+    for i in range(records):
+        outputs.append({
+            "path": f"old/{i // 1000:04d}/file-{i:07d}.html",
+            "pipeline_id": "other",
+            "destination_id": "site",
+            "source": {"id": f"src-{i // 10:06d}", "digest": "sha256:" + "ab" * 32,
+                       "created": "2026-01-01T00:00:00Z"},
+            "kind": "source",
+            "url": f"https://example.com/old/{i // 1000:04d}/file-{i:07d}.html",
+            "sha256": "sha256:" + "cd" * 32,
+            "size": 1234,
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+        })
+    doc = {"schema_version": 4, "distributor_version": "bench", "created_at": "2026-01-01T00:00:00Z",
+           "updated_at": "2026-01-01T00:00:00Z", "state": {"mode": "catalog"}, "outputs": outputs}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def bench_catalog(work, sizes, runs):
+    base = os.path.join(work, "catalog")
+    bundle = os.path.join(base, "bundle")
+    os.makedirs(bundle)
+    with open(os.path.join(bundle, "new.html"), "w") as f:
+        f.write("<p>new</p>\n")
+    seal(bundle, "catalog-bench")
+    results = []
+    for n in sizes:
+        text = catalog_with(n)
+        pristine = os.path.join(base, f"catalog-{n}.json")
+        with open(pristine, "w") as f:
+            f.write(text)
+        config = os.path.join(base, f"config-{n}.yaml")
+        root = os.path.join(base, f"root-{n}")
+        write_config(config, os.path.join(base, "spool"), root)
+        ours, peer, rss = [], [], []
+        for _ in range(runs):
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            shutil.copy(pristine, os.path.join(root, ".distributor.json"))
+            t, m = timed([BIN, "--config", config, "run", "--pipeline", "bench", bundle])
+            ours.append(t)
+            rss.append(m)
+            dumped = os.path.join(base, "python-dump.json")
+            t, _ = timed([sys.executable, "-c",
+                          "import json,sys; d=json.load(open(sys.argv[1])); "
+                          "open(sys.argv[2],'w').write(json.dumps(d, indent=2)+'\\n')",
+                          pristine, dumped])
+            peer.append(t)
+        results.append({"records": n, "ours": median(ours), "peer": median(peer),
+                        "rss_kib": max(rss), "file_kib": len(text) // 1024})
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--only", choices=["large", "backlog", "latency", "catalog"])
+    args = ap.parse_args()
+    runs = 1 if args.quick else args.runs
+    large = (8 << 20) if args.quick else (1 << 30)
+    backlog = 20 if args.quick else 1000
+    latency = 10 if args.quick else 200
+    sizes = [1000] if args.quick else [1000, 10000, 100000]
+
+    work = tempfile.mkdtemp(prefix="distributor-bench-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+              f"{platform.platform()}; data in {work}")
+        rows = []
+        if args.only in (None, "large"):
+            r = bench_large(work, large, runs)
+            rows.append((f"large file {large >> 20} MiB: run", r["ours"], "openssl dgst + cp + sync", r["peer"]))
+            rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB", None, None, None))
+        if args.only in (None, "backlog"):
+            r = bench_backlog(work, backlog, runs)
+            rows.append((f"backlog {r['count']} bundles: agent --once", r["ours"], "rsync -a --checksum --fsync", r["rsync"]))
+            rows.append(("", r["ours"], "sha256sum -c + cp + sync + mv loop", r["loop"]))
+        if args.only in (None, "latency"):
+            r = bench_latency(work, latency)
+            rows.append((f"latency p50 over {r['count']} renames", r["p50"], None, None))
+            rows.append((f"latency p99 over {r['count']} renames", r["p99"], None, None))
+        if args.only in (None, "catalog"):
+            for r in bench_catalog(work, sizes, runs):
+                rows.append((f"run into {r['records']} records ({r['file_kib']} KiB)", r["ours"],
+                             "python3 json load + dump", r["peer"]))
+                rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB "
+                             f"({r['rss_kib'] / max(r['file_kib'], 1):.1f}x the catalog)", None, None, None))
+        print()
+        print(f"{'measure':<44} {'ours':>10} {'peer':>10} {'ratio':>7}  peer")
+        for name, ours, peer_name, peer in rows:
+            o = f"{ours * 1000:9.1f}ms" if ours is not None else ""
+            p = f"{peer * 1000:9.1f}ms" if peer is not None else ""
+            ratio = f"{ours / peer:6.2f}x" if ours is not None and peer else ""
+            print(f"{name:<44} {o:>10} {p:>10} {ratio:>7}  {peer_name or ''}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

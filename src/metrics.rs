@@ -1,0 +1,507 @@
+//! Agent metrics: counters and gauges per pipeline, spool folder and
+//! destination, rendered in the Prometheus text exposition format and
+//! written atomically for node_exporter's textfile collector.
+//!
+//! This module owns the metric names, their help texts and the rendering.
+//! It keeps numbers only: it never decides when to write (the agent calls
+//! [`Metrics::write_atomic`]), never logs, and touches the file system only
+//! in `write_atomic`, inside the folder of the file it is given.
+//!
+//! A [`Metrics`] is shared between threads behind an `Arc`; every method takes
+//! `&self`. Series are kept in sorted maps, so [`Metrics::render`] gives the
+//! same text for the same numbers.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Write as _};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::config::Config;
+use crate::spool::Folder;
+
+/// Every metric name starts with this.
+pub const PREFIX: &str = "distributor_";
+
+/// The spool folders whose depth is reported, in label order.
+const SPOOL_FOLDERS: [Folder; 4] = [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed];
+
+/// Thread-safe metrics of one agent. Counters start at zero when the agent
+/// starts; nothing is persisted across restarts (Prometheus handles counter
+/// resets).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+struct State {
+    pipelines: BTreeMap<String, PipelineSeries>,
+    /// Keyed by (pipeline, spool folder name).
+    queues: BTreeMap<(String, String), u64>,
+    /// Keyed by (pipeline, destination).
+    destinations: BTreeMap<(String, String), DestinationSeries>,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+struct PipelineSeries {
+    bundles_done: u64,
+    bundles_failed: u64,
+    published_bytes: u64,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+struct DestinationSeries {
+    /// Unix seconds of the last successful publication; `None` until one
+    /// happens after start, and then the series is not rendered.
+    last_success: Option<u64>,
+    prune_deletions: u64,
+}
+
+impl Metrics {
+    /// Empty metrics: no series until [`Metrics::configure`] or a recording
+    /// method names them.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the series of `config` exist (at zero) so that dashboards and
+    /// `rate()` see every configured pipeline, spool folder and destination
+    /// from the start, and drops the series of pipelines and destinations
+    /// that are no longer configured. Values of series that stay are kept.
+    /// Call at start and after each successful reload.
+    pub fn configure(&self, config: &Config) {
+        let mut state = self.lock();
+        let mut next = State::default();
+        for p in &config.pipelines {
+            let series = state.pipelines.remove(&p.id).unwrap_or_default();
+            next.pipelines.insert(p.id.clone(), series);
+            for folder in SPOOL_FOLDERS {
+                let key = (p.id.clone(), folder.as_str().to_owned());
+                let depth = state.queues.remove(&key).unwrap_or(0);
+                next.queues.insert(key, depth);
+            }
+            for d in &p.destinations {
+                let key = (p.id.clone(), d.id.clone());
+                let series = state.destinations.remove(&key).unwrap_or_default();
+                next.destinations.insert(key, series);
+            }
+        }
+        *state = next;
+    }
+
+    /// One bundle of `pipeline` ended in `done/`.
+    pub fn bundle_done(&self, pipeline: &str) {
+        self.lock().pipeline(pipeline).bundles_done += 1;
+    }
+
+    /// One bundle of `pipeline` ended in `failed/`.
+    pub fn bundle_failed(&self, pipeline: &str) {
+        self.lock().pipeline(pipeline).bundles_failed += 1;
+    }
+
+    /// `bytes` were written into destination roots for `pipeline`.
+    pub fn add_published_bytes(&self, pipeline: &str, bytes: u64) {
+        let mut state = self.lock();
+        let series = state.pipeline(pipeline);
+        series.published_bytes = series.published_bytes.saturating_add(bytes);
+    }
+
+    /// The number of bundles currently in one spool folder (`inbox`,
+    /// `work`, `done`, `failed`; see [`Folder::as_str`]) of `pipeline`.
+    pub fn set_queue_depth(&self, pipeline: &str, spool: &str, depth: u64) {
+        self.lock()
+            .queues
+            .insert((pipeline.to_owned(), spool.to_owned()), depth);
+    }
+
+    /// `destination` of `pipeline` was published to successfully at `at`
+    /// (`skip_same` counts: the destination is up to date).
+    pub fn destination_succeeded(&self, pipeline: &str, destination: &str, at: SystemTime) {
+        let seconds = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        self.lock().destination(pipeline, destination).last_success = Some(seconds);
+    }
+
+    /// Pruning deleted `deletions` outputs from `destination` of `pipeline`.
+    pub fn add_prune_deletions(&self, pipeline: &str, destination: &str, deletions: u64) {
+        let mut state = self.lock();
+        let series = state.destination(pipeline, destination);
+        series.prune_deletions = series.prune_deletions.saturating_add(deletions);
+    }
+
+    /// Everything, in the Prometheus text exposition format (version
+    /// 0.0.4): each family with its `# HELP` and `# TYPE` lines, families in
+    /// a fixed order, series sorted by their labels.
+    pub fn render(&self) -> String {
+        let state = self.lock().clone();
+        let mut out = String::new();
+
+        let pipelines: Vec<_> = state.pipelines.iter().collect();
+        family(
+            &mut out,
+            "bundles_done_total",
+            "counter",
+            "Bundles published and moved to done/ since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.bundles_done)),
+        );
+        family(
+            &mut out,
+            "bundles_failed_total",
+            "counter",
+            "Bundles moved to failed/ since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.bundles_failed)),
+        );
+        family(
+            &mut out,
+            "published_bytes_total",
+            "counter",
+            "Bytes written into destination roots since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.published_bytes)),
+        );
+        family(
+            &mut out,
+            "spool_bundles",
+            "gauge",
+            "Bundles in each spool folder (inbox, work, done, failed) when last counted.",
+            state.queues.iter().map(|((p, spool), depth)| {
+                (
+                    vec![("pipeline", p.as_str()), ("spool", spool.as_str())],
+                    *depth,
+                )
+            }),
+        );
+        family(
+            &mut out,
+            "destination_last_success_timestamp_seconds",
+            "gauge",
+            "Unix time of the last successful publication to the destination; absent until one happens after start.",
+            state.destinations.iter().filter_map(|((p, d), s)| {
+                s.last_success.map(|at| {
+                    (
+                        vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                        at,
+                    )
+                })
+            }),
+        );
+        family(
+            &mut out,
+            "prune_deletions_total",
+            "counter",
+            "Outputs deleted from the destination by scheduled pruning since the agent started.",
+            state.destinations.iter().map(|((p, d), s)| {
+                (
+                    vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                    s.prune_deletions,
+                )
+            }),
+        );
+        out
+    }
+
+    /// Writes [`Metrics::render`] to `path` atomically: into a temporary
+    /// file in the same folder (named `.<file name>.<pid>.tmp`, which the
+    /// textfile collector ignores because it does not end in `.prom`),
+    /// flushed to disk, then renamed over `path`. A reader sees the old file
+    /// or the new one, never a partial one. The folder must exist.
+    pub fn write_atomic(&self, path: &Path) -> io::Result<()> {
+        let text = self.render();
+        let name = path.file_name().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} does not name a file", path.display()),
+            )
+        })?;
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".{}.tmp", std::process::id()));
+        let temp = path.with_file_name(temp_name);
+
+        let result = (|| {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temp)?;
+            file.write_all(text.as_bytes())?;
+            file.sync_all()?;
+            drop(file);
+            fs::rename(&temp, path)
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        result
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is plain numbers: a panic elsewhere cannot leave it
+        // inconsistent, so a poisoned lock is still good to use.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl State {
+    fn pipeline(&mut self, pipeline: &str) -> &mut PipelineSeries {
+        self.pipelines.entry(pipeline.to_owned()).or_default()
+    }
+
+    fn destination(&mut self, pipeline: &str, destination: &str) -> &mut DestinationSeries {
+        self.destinations
+            .entry((pipeline.to_owned(), destination.to_owned()))
+            .or_default()
+    }
+}
+
+/// Appends one metric family: HELP and TYPE lines, then one line per series.
+fn family<'a>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    series: impl Iterator<Item = (Vec<(&'a str, &'a str)>, u64)>,
+) {
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "# HELP {PREFIX}{name} {}", escape_help(help));
+    let _ = writeln!(out, "# TYPE {PREFIX}{name} {kind}");
+    for (labels, value) in series {
+        let labels = labels
+            .iter()
+            .map(|(key, value)| format!("{key}=\"{}\"", escape_label_value(value)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let _ = writeln!(out, "{PREFIX}{name}{{{labels}}} {value}");
+    }
+}
+
+/// A label value as the text format wants it: `\`, `"` and line feeds
+/// escaped with a backslash.
+pub fn escape_label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// A HELP text as the text format wants it: `\` and line feeds escaped.
+fn escape_help(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn config(text: &str) -> Config {
+        crate::config::parse(text, Path::new("/etc/distributor/config.yaml")).unwrap()
+    }
+
+    #[test]
+    fn render_small_case_exactly() {
+        let m = Metrics::new();
+        m.bundle_done("reports");
+        m.bundle_done("reports");
+        m.bundle_failed("reports");
+        m.add_published_bytes("reports", 1234);
+        m.add_published_bytes("reports", 66);
+        m.set_queue_depth("reports", "inbox", 3);
+        m.set_queue_depth("reports", "failed", 1);
+        m.destination_succeeded(
+            "reports",
+            "site",
+            UNIX_EPOCH + Duration::from_millis(1_780_000_000_900),
+        );
+        m.add_prune_deletions("reports", "site", 4);
+        m.add_prune_deletions("reports", "mirror", 0);
+
+        let want = "\
+# HELP distributor_bundles_done_total Bundles published and moved to done/ since the agent started.
+# TYPE distributor_bundles_done_total counter
+distributor_bundles_done_total{pipeline=\"reports\"} 2
+# HELP distributor_bundles_failed_total Bundles moved to failed/ since the agent started.
+# TYPE distributor_bundles_failed_total counter
+distributor_bundles_failed_total{pipeline=\"reports\"} 1
+# HELP distributor_published_bytes_total Bytes written into destination roots since the agent started.
+# TYPE distributor_published_bytes_total counter
+distributor_published_bytes_total{pipeline=\"reports\"} 1300
+# HELP distributor_spool_bundles Bundles in each spool folder (inbox, work, done, failed) when last counted.
+# TYPE distributor_spool_bundles gauge
+distributor_spool_bundles{pipeline=\"reports\",spool=\"failed\"} 1
+distributor_spool_bundles{pipeline=\"reports\",spool=\"inbox\"} 3
+# HELP distributor_destination_last_success_timestamp_seconds Unix time of the last successful publication to the destination; absent until one happens after start.
+# TYPE distributor_destination_last_success_timestamp_seconds gauge
+distributor_destination_last_success_timestamp_seconds{pipeline=\"reports\",destination=\"site\"} 1780000000
+# HELP distributor_prune_deletions_total Outputs deleted from the destination by scheduled pruning since the agent started.
+# TYPE distributor_prune_deletions_total counter
+distributor_prune_deletions_total{pipeline=\"reports\",destination=\"mirror\"} 0
+distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
+";
+        assert_eq!(m.render(), want);
+        // Rendering does not change anything.
+        assert_eq!(m.render(), want);
+    }
+
+    #[test]
+    fn empty_metrics_still_describe_every_family() {
+        let text = Metrics::new().render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 12, "{text}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.starts_with("# HELP distributor_")
+                    || l.starts_with("# TYPE distributor_"))
+        );
+        assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let cases = [
+            ("plain", "plain"),
+            ("", ""),
+            ("a\"b", "a\\\"b"),
+            ("a\\b", "a\\\\b"),
+            ("a\nb", "a\\nb"),
+            ("\\\"\n", "\\\\\\\"\\n"),
+            ("tab\tand ünïcode", "tab\tand ünïcode"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(escape_label_value(raw), want, "{raw:?}");
+        }
+
+        let m = Metrics::new();
+        m.add_prune_deletions("p\"1", "d\\\n", 2);
+        let text = m.render();
+        assert!(
+            text.contains(
+                "distributor_prune_deletions_total{pipeline=\"p\\\"1\",destination=\"d\\\\\\n\"} 2\n"
+            ),
+            "{text}"
+        );
+        // One line per series: the newline inside the label did not break it.
+        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 1);
+        assert_eq!(escape_help("a\\b\nc"), "a\\\\b\\nc");
+    }
+
+    #[test]
+    fn series_are_sorted_whatever_the_recording_order() {
+        let a = Metrics::new();
+        let b = Metrics::new();
+        for p in ["b", "a", "c"] {
+            a.bundle_done(p);
+            a.set_queue_depth(p, "work", 1);
+        }
+        for p in ["c", "a", "b"] {
+            b.set_queue_depth(p, "work", 1);
+            b.bundle_done(p);
+        }
+        assert_eq!(a.render(), b.render());
+        let text = a.render();
+        let order: Vec<usize> = ["pipeline=\"a\"", "pipeline=\"b\"", "pipeline=\"c\""]
+            .iter()
+            .map(|p| text.find(p).unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+    }
+
+    #[test]
+    fn configure_adds_zero_series_and_drops_removed_ones() {
+        let m = Metrics::new();
+        m.configure(&config(
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/d\n  - id: q\n    destinations:\n      - id: e\n        path: /srv/e\n",
+        ));
+        m.bundle_done("p");
+        m.bundle_done("q");
+        m.set_queue_depth("p", "inbox", 7);
+        m.add_prune_deletions("p", "d", 3);
+        let text = m.render();
+        for want in [
+            "distributor_bundles_failed_total{pipeline=\"p\"} 0\n",
+            "distributor_spool_bundles{pipeline=\"q\",spool=\"done\"} 0\n",
+            "distributor_spool_bundles{pipeline=\"q\",spool=\"work\"} 0\n",
+            "distributor_prune_deletions_total{pipeline=\"q\",destination=\"e\"} 0\n",
+        ] {
+            assert!(text.contains(want), "lacks {want:?}:\n{text}");
+        }
+        assert!(!text.contains("last_success_timestamp_seconds{"), "{text}");
+
+        // Reload: q goes away, p keeps its numbers, r appears at zero.
+        m.configure(&config(
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/d\n  - id: r\n    destinations:\n      - id: f\n        path: /srv/f\n",
+        ));
+        let text = m.render();
+        assert!(!text.contains("pipeline=\"q\""), "{text}");
+        for want in [
+            "distributor_bundles_done_total{pipeline=\"p\"} 1\n",
+            "distributor_bundles_done_total{pipeline=\"r\"} 0\n",
+            "distributor_spool_bundles{pipeline=\"p\",spool=\"inbox\"} 7\n",
+            "distributor_prune_deletions_total{pipeline=\"p\",destination=\"d\"} 3\n",
+        ] {
+            assert!(text.contains(want), "lacks {want:?}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn counters_are_safe_to_share_between_threads() {
+        let m = Arc::new(Metrics::new());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = Arc::clone(&m);
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        m.bundle_done("p");
+                        m.add_published_bytes("p", 2);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = m.render();
+        assert!(text.contains("distributor_bundles_done_total{pipeline=\"p\"} 4000\n"));
+        assert!(text.contains("distributor_published_bytes_total{pipeline=\"p\"} 8000\n"));
+    }
+
+    #[test]
+    fn write_atomic_replaces_the_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("distributor.prom");
+        fs::write(&path, "old\n").unwrap();
+        let m = Metrics::new();
+        m.bundle_done("p");
+        m.write_atomic(&path).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), m.render());
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("distributor.prom")]);
+
+        // A missing folder is an error, and nothing is left behind.
+        let missing = dir.path().join("nope").join("distributor.prom");
+        assert_eq!(
+            m.write_atomic(&missing).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        assert!(m.write_atomic(Path::new("/")).is_err());
+    }
+}
