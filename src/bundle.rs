@@ -925,11 +925,56 @@ pub fn read_manifest_at(root: &Dir, dir: &Path) -> Result<Manifest, BundleError>
 /// then opens and hashes every listed file, streaming. Every problem found is
 /// reported, not only the first. Unlisted files become warnings.
 pub fn verify(dir: &Path) -> Result<VerifiedBundle, BundleError> {
+    check(dir, true)
+}
+
+/// Checks everything [`verify`] does except the file hashes: the manifest,
+/// and that every listed file is a regular file (reached without a symlink)
+/// of the declared size. Publication uses it to read each file only once,
+/// hashing while it copies, and calls [`verify_files`] for the rest.
+pub fn inspect(dir: &Path) -> Result<VerifiedBundle, BundleError> {
+    check(dir, false)
+}
+
+/// Hashes the given listed files and checks them against the manifest;
+/// every problem is reported.
+pub fn verify_files(dir: &Path, files: &[&ManifestFile]) -> Result<(), BundleError> {
+    let root = open_bundle_dir(dir)?;
+    let mut problems = Vec::new();
+    for file in files {
+        if let Some(problem) = check_listed(&root, dir, file, true)? {
+            problems.push(problem);
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(BundleError::Invalid { problems })
+    }
+}
+
+/// The problem reported when a file's bytes do not hash to the manifest's.
+pub fn mismatch_problem(listed: &ManifestFile, actual: &hashing::Hashed) -> Problem {
+    let message = if actual.size != listed.size {
+        format!(
+            "size is {} bytes but {MANIFEST} says {}; the file changed after the manifest was written (fix the file or re-seal the bundle)",
+            actual.size, listed.size
+        )
+    } else {
+        format!(
+            "content does not match: {MANIFEST} says {}, the file hashes to {}; fix the file or re-seal the bundle",
+            listed.sha256, actual.sha256
+        )
+    };
+    Problem::at(listed.path.as_str(), message)
+}
+
+fn check(dir: &Path, hash: bool) -> Result<VerifiedBundle, BundleError> {
     let root = open_bundle_dir(dir)?;
     let manifest = read_manifest_at(&root, dir)?;
     let mut problems = Vec::new();
     for file in &manifest.files {
-        if let Some(problem) = check_listed(&root, dir, file)? {
+        if let Some(problem) = check_listed(&root, dir, file, hash)? {
             problems.push(problem);
         }
     }
@@ -950,6 +995,7 @@ fn check_listed(
     root: &Dir,
     dir: &Path,
     listed: &ManifestFile,
+    hash: bool,
 ) -> Result<Option<Problem>, BundleError> {
     let transient = |problem: Problem, e: io::Error| BundleError::Unreadable {
         path: dir.join(listed.path.as_str()),
@@ -965,6 +1011,22 @@ fn check_listed(
         Err(refusal) => return Ok(Some(refusal.problem)),
     };
     let declared = listed.size;
+    if !hash {
+        let size = file.metadata().map(|m| m.len()).map_err(|e| {
+            transient(
+                Problem::at(listed.path.as_str(), format!("cannot inspect: {e}")),
+                e,
+            )
+        })?;
+        return Ok((size != declared).then(|| {
+            Problem::at(
+                listed.path.as_str(),
+                format!(
+                    "size is {size} bytes but {MANIFEST} says {declared}; the file changed after the manifest was written (fix the file or re-seal the bundle)"
+                ),
+            )
+        }));
+    }
     let hashed = match hashing::copy_hashed(&mut file, None, Some(declared)) {
         Ok(hashed) => hashed,
         Err(e) => {

@@ -68,6 +68,14 @@ fn destination_report(d: &Destination) -> DestinationReport {
 }
 
 /// Publishes the bundle in `bundle_dir` to `destinations` of `pipeline`.
+///
+/// Every byte is read once where possible: the bundle is inspected (manifest,
+/// file types and sizes) up front, and each copied file is hashed while it
+/// is staged. Nothing is renamed into any root until every staged copy, and
+/// every file no destination copies, has matched the manifest. When the run
+/// will not write (a dry run, a refusal, a skip) or creates a root, the whole
+/// bundle is hashed before anything else, so an invalid bundle is always
+/// reported as such and never leaves a trace.
 pub fn publish(
     pipeline: &Pipeline,
     destinations: &[&Destination],
@@ -75,7 +83,7 @@ pub fn publish(
     options: &Options,
 ) -> RunReport {
     let mut report = RunReport::new(&pipeline.id, options.dry_run);
-    let bundle = match bundle::verify(bundle_dir) {
+    let bundle = match bundle::inspect(bundle_dir) {
         Ok(b) => b,
         Err(e) => {
             report.source = bundle::read_manifest(bundle_dir)
@@ -102,6 +110,8 @@ pub fn publish(
         created: m.created,
     };
     report.destinations = destinations.iter().map(|d| destination_report(d)).collect();
+    // Bundle files whose bytes have been hashed and matched the manifest.
+    let mut verified: BTreeSet<RelPath> = BTreeSet::new();
 
     // Prepare every destination's outputs (rendering included) before locking.
     let mut rendered: [Option<Rendered>; 2] = [None, None];
@@ -110,11 +120,21 @@ pub fn publish(
         let html = if d.publish_html {
             let slot = &mut rendered[usize::from(d.allow_raw_html)];
             if slot.is_none() {
-                match render_all(&bundle, d.allow_raw_html) {
+                match render_all(&bundle, d.allow_raw_html, &mut verified) {
                     Ok(r) => *slot = Some(r),
-                    Err(e) => {
+                    Err(Failure::Bundle(e)) => {
+                        return report.fail(Stage::Verify, e.to_string(), e.is_transient());
+                    }
+                    Err(Failure::Other(e)) => {
                         report.destinations[i].error = Some(e.clone());
                         return report.fail(Stage::Verify, e, false);
+                    }
+                    Err(Failure::Io(e)) => {
+                        return report.fail(
+                            Stage::Verify,
+                            e.to_string(),
+                            storage::is_transient(&e),
+                        );
                     }
                 }
             }
@@ -154,7 +174,14 @@ pub fn publish(
             }
         }
     }
-    if let Some(refused) = record_plans(&mut report, &planned) {
+    let refused = record_plans(&mut report, &planned);
+    let writes_anything = planned.iter().any(|(_, p)| !p.plan.writes.is_empty());
+    let creates_root = planned.iter().any(|(_, p)| p.root.is_none());
+    let hash_first = refused.is_some() || options.dry_run || !writes_anything || creates_root;
+    if hash_first && let Err(e) = verify_rest(&bundle, &mut verified) {
+        return report.fail(Stage::Verify, e.to_string(), e.is_transient());
+    }
+    if let Some(refused) = refused {
         return refused;
     }
     if options.dry_run {
@@ -176,18 +203,87 @@ pub fn publish(
     }
     planned.sort_by_key(|(i, _)| *i);
 
+    // Stage every destination (journal, temporary files hashed as they are
+    // copied); then check what no destination copied; only then commit.
+    let mut staged: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut failure = None;
     for (i, p) in &planned {
-        if let Err(e) = execute(p, &prepared[*i], &bundle) {
-            let transient = storage::is_transient(&e);
+        match stage(p, &prepared[*i], &bundle, &mut verified) {
+            Ok(temps) => staged.push((*i, temps)),
+            Err(f) => {
+                failure = Some((*i, f));
+                break;
+            }
+        }
+    }
+    if failure.is_none()
+        && let Err(e) = verify_rest(&bundle, &mut verified)
+    {
+        failure = Some((usize::MAX, Failure::Bundle(e)));
+    }
+    if let Some((i, f)) = failure {
+        for (_, p) in &planned {
+            roll_back(p);
+        }
+        return match f {
+            Failure::Bundle(e) => report.fail(Stage::Verify, e.to_string(), e.is_transient()),
+            Failure::Io(e) => {
+                let message = format!(
+                    "publishing to {} failed: {e}",
+                    prepared[i].destination.root.display()
+                );
+                report.destinations[i].error = Some(message.clone());
+                report.fail(Stage::Publish, message, storage::is_transient(&e))
+            }
+            Failure::Other(e) => report.fail(Stage::Publish, e, false),
+        };
+    }
+    for (i, temps) in &staged {
+        let p = &planned
+            .iter()
+            .find(|(j, _)| j == i)
+            .expect("staged destinations are planned")
+            .1;
+        if let Err(e) = commit(p, temps) {
+            roll_back(p);
             let message = format!(
                 "publishing to {} failed: {e}",
                 prepared[*i].destination.root.display()
             );
             report.destinations[*i].error = Some(message.clone());
-            return report.fail(Stage::Publish, message, transient);
+            return report.fail(Stage::Publish, message, storage::is_transient(&e));
         }
     }
     report
+}
+
+/// Why preparing or staging a publication stopped.
+enum Failure {
+    /// The bundle does not match its manifest.
+    Bundle(bundle::BundleError),
+    /// Writing to a destination failed.
+    Io(io::Error),
+    /// Anything else, already phrased for the operator.
+    Other(String),
+}
+
+/// Hashes every listed file not checked yet.
+fn verify_rest(
+    bundle: &VerifiedBundle,
+    verified: &mut BTreeSet<RelPath>,
+) -> Result<(), bundle::BundleError> {
+    let rest: Vec<&bundle::ManifestFile> = bundle
+        .manifest
+        .files
+        .iter()
+        .filter(|f| !verified.contains(&f.path))
+        .collect();
+    if rest.is_empty() {
+        return Ok(());
+    }
+    bundle::verify_files(&bundle.dir, &rest)?;
+    verified.extend(rest.into_iter().map(|f| f.path.clone()));
+    Ok(())
 }
 
 /// Copies each plan into the report; returns the failed report when any
@@ -230,8 +326,12 @@ fn record_plans(report: &mut RunReport, planned: &[(usize, Planned)]) -> Option<
 }
 
 /// Reads every markdown file of the bundle (checking its bytes against the
-/// manifest again) and renders it.
-fn render_all(bundle: &VerifiedBundle, allow_raw_html: bool) -> Result<Rendered, String> {
+/// manifest) and renders it.
+fn render_all(
+    bundle: &VerifiedBundle,
+    allow_raw_html: bool,
+    verified: &mut BTreeSet<RelPath>,
+) -> Result<Rendered, Failure> {
     let md: Vec<&bundle::ManifestFile> = bundle
         .manifest
         .files
@@ -242,12 +342,13 @@ fn render_all(bundle: &VerifiedBundle, allow_raw_html: bool) -> Result<Rendered,
     let mut out = Rendered::new();
     for f in md {
         let bytes = read_listed(bundle, f)?;
+        verified.insert(f.path.clone());
         let text = String::from_utf8(bytes).map_err(|e| {
-            format!(
+            Failure::Other(format!(
                 "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
                 f.path,
                 e.utf8_error().valid_up_to()
-            )
+            ))
         })?;
         let html = markdown_to_html(
             &text,
@@ -262,20 +363,16 @@ fn render_all(bundle: &VerifiedBundle, allow_raw_html: bool) -> Result<Rendered,
     Ok(out)
 }
 
-fn changed_since_verified(path: &RelPath) -> String {
-    format!(
-        "{path}: changed after it was verified (its bytes no longer match manifest.json); producers must not touch a bundle once its manifest exists"
-    )
-}
-
 /// Reads a listed file into memory, checking size and hash.
-fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, String> {
-    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(|p| p.to_string())?;
+fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, Failure> {
+    let invalid =
+        |p: bundle::Problem| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] });
+    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(invalid)?;
     let mut bytes = Vec::new();
     let got = hashing::copy_hashed(&mut (&file).take(f.size + 1), Some(&mut bytes), None)
-        .map_err(|e| format!("{}: cannot read: {e}", f.path))?;
+        .map_err(Failure::Io)?;
     if got.sha256 != f.sha256 || got.size != f.size {
-        return Err(changed_since_verified(&f.path));
+        return Err(invalid(bundle::mismatch_problem(f, &got)));
     }
     Ok(bytes)
 }
@@ -459,10 +556,18 @@ fn missing_dirs(root: &Root, writes: &[Desired]) -> io::Result<Vec<String>> {
     Ok(missing)
 }
 
-fn execute(p: &Planned, prepared: &Prepared<'_>, bundle: &VerifiedBundle) -> io::Result<()> {
+/// Writes the journal and every output of `p` as a fsynced temporary file,
+/// hashing copies as they stream. Returns the temporary names, in the order
+/// of `p.plan.writes`. Renames nothing.
+fn stage(
+    p: &Planned,
+    prepared: &Prepared<'_>,
+    bundle: &VerifiedBundle,
+    verified: &mut BTreeSet<RelPath>,
+) -> Result<Vec<String>, Failure> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &plan.catalog) else {
-        return Ok(()); // skip_same: nothing to do
+        return Ok(Vec::new()); // skip_same: nothing to do
     };
     let journal = Journal {
         writes: plan
@@ -485,80 +590,75 @@ fn execute(p: &Planned, prepared: &Prepared<'_>, bundle: &VerifiedBundle) -> io:
             .chain(&plan.delete_after)
             .cloned()
             .collect(),
-        created_dirs: missing_dirs(root, &plan.writes)?,
+        created_dirs: missing_dirs(root, &plan.writes).map_err(Failure::Io)?,
         state_was_absent: p.state_was_absent,
     };
-    root.write_reserved(JOURNAL_FILE, &journal.to_json())?;
+    root.write_reserved(JOURNAL_FILE, &journal.to_json())
+        .map_err(Failure::Io)?;
     failpoint::hit("publish.after_journal");
-    match apply(root, p, prepared, catalog, bundle) {
-        Ok(()) => {
-            failpoint::hit("publish.after_catalog");
-            root.remove_file(JOURNAL_FILE)?;
-            Ok(())
-        }
-        Err(e) => {
-            // Roll the root to a truthful catalog; report the original error.
-            if let Err(again) = journal::recover(root, true, now_millis()) {
-                log::error!(
-                    "{}: could not finish after a failed publication ({again}); the journal stays and the next run will retry",
-                    root.path().display()
-                );
-            }
-            Err(e)
-        }
-    }
-}
-
-fn apply(
-    root: &Root,
-    p: &Planned,
-    prepared: &Prepared<'_>,
-    catalog: &Catalog,
-    bundle: &VerifiedBundle,
-) -> io::Result<()> {
-    let plan = &p.plan;
     for entry in &plan.clear_first {
-        root.remove_any(entry)?;
+        root.remove_any(entry).map_err(Failure::Io)?;
         failpoint::hit("publish.after_clear");
     }
-    let mut created = Vec::new();
+    if !plan.clear_first.is_empty() {
+        storage::sync_dir(root.dir()).map_err(Failure::Io)?;
+    }
     let mut staged = Vec::with_capacity(plan.writes.len());
     for d in &plan.writes {
-        let dir = root.parent_dir(&d.path, Some(&mut created))?;
-        let (temp, mut file) = storage::create_temp(&dir)?;
-        staged.push(temp.clone());
-        let written = match prepared.generated.get(&d.path) {
-            Some(bytes) => {
-                io::Write::write_all(&mut file, bytes)?;
-                hashing::hash_bytes(bytes)
-            }
+        let dir = root
+            .parent_dir(&d.path, Some(&mut Vec::new()))
+            .map_err(Failure::Io)?;
+        let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
+        staged.push(temp);
+        match prepared.generated.get(&d.path) {
+            Some(bytes) => io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?,
             None => {
-                let source = bundle::open_listed(&bundle.dir, &d.bundle_path)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                hashing::copy_hashed(&mut (&source), Some(&mut file), Some(d.size))?
+                let listed = bundle
+                    .manifest
+                    .files
+                    .iter()
+                    .find(|f| f.path == d.bundle_path)
+                    .expect("copied outputs come from listed files");
+                let invalid = |p: bundle::Problem| {
+                    Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] })
+                };
+                let source = bundle::open_listed(&bundle.dir, &d.bundle_path).map_err(invalid)?;
+                let got = hashing::copy_hashed(&mut (&source), Some(&mut file), Some(d.size))
+                    .map_err(Failure::Io)?;
+                if got.sha256 != d.sha256 || got.size != d.size {
+                    return Err(invalid(bundle::mismatch_problem(listed, &got)));
+                }
+                verified.insert(d.bundle_path.clone());
             }
-        };
-        if written.sha256 != d.sha256 || written.size != d.size {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                changed_since_verified(&d.bundle_path),
-            ));
         }
         // Every staged byte is on disk before anything is renamed into
         // place (the journal already is). Per-file fsync, not syncfs: a
         // busy neighbour on the same file system must not slow us down.
-        file.sync_all()?;
+        file.sync_all().map_err(Failure::Io)?;
         failpoint::hit("publish.after_stage");
     }
-    if !plan.clear_first.is_empty() {
-        storage::sync_dir(root.dir())?;
-    }
+    Ok(staged)
+}
+
+/// Renames the staged outputs of `p` into place, deletes, writes the
+/// catalog and drops the journal.
+fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
+    let plan = &p.plan;
+    let (Some(root), Some(catalog)) = (&p.root, &plan.catalog) else {
+        return Ok(());
+    };
     let mut touched = BTreeSet::new();
-    for (d, temp) in plan.writes.iter().zip(&staged) {
+    for (d, temp) in plan.writes.iter().zip(staged) {
         let dir = root.parent_dir(&d.path, None)?;
         dir.rename(temp, &dir, d.path.file_name())?;
         failpoint::hit("publish.after_rename");
-        touched.insert(d.path.parent().unwrap_or_default().to_owned());
+        let mut above = d.path.as_str();
+        // The file's folder, and each folder above it that may be new.
+        while let Some(i) = above.rfind('/') {
+            above = &above[..i];
+            touched.insert(above.to_owned());
+        }
+        touched.insert(String::new());
     }
     for path in &plan.delete_after {
         root.remove_any(path)?;
@@ -571,10 +671,6 @@ fn apply(
         }
         touched.insert(String::new());
     }
-    // Folders created for new outputs must be durable in their parents.
-    for dir in &created {
-        touched.insert(dir.rfind('/').map_or("", |i| &dir[..i]).to_owned());
-    }
     // The renames and deletions are durable before the catalog records them.
     for folder in &touched {
         root.sync_folder(folder)?;
@@ -586,7 +682,22 @@ fn apply(
         root.path().display(),
         format_time(catalog.updated_at)
     );
+    failpoint::hit("publish.after_catalog");
+    root.remove_file(JOURNAL_FILE)?;
     Ok(())
+}
+
+/// After a failure, settles the root from its journal (if one was written):
+/// temporary files and new folders go, and the catalog records exactly what
+/// is on disk. The original error is what gets reported.
+fn roll_back(p: &Planned) {
+    let Some(root) = &p.root else { return };
+    if let Err(again) = journal::recover(root, true, now_millis()) {
+        log::error!(
+            "{}: could not settle after a failed publication ({again}); the journal stays and the next run will finish it",
+            root.path().display()
+        );
+    }
 }
 
 /// The current time, truncated to milliseconds for readable catalogs.
