@@ -199,19 +199,41 @@ impl Catalog {
 
     /// Serialises as pretty JSON with a final newline.
     pub fn to_json(&self) -> Vec<u8> {
-        let raw = RawCatalog {
+        let mut out = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = self.write_json(&mut out);
+        out
+    }
+
+    /// Streams the pretty JSON (final newline included) into `w`, without
+    /// building the document in memory first.
+    pub fn write_json(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            schema_version: u64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            distributor_version: Option<&'a str>,
+            #[serde(with = "rfc3339")]
+            created_at: OffsetDateTime,
+            #[serde(with = "rfc3339")]
+            updated_at: OffsetDateTime,
+            state: RawMode,
+            outputs: &'a [OutputRecord],
+        }
+        let out = Out {
             schema_version: SCHEMA_VERSION,
-            distributor_version: self.distributor_version.clone(),
+            distributor_version: self.distributor_version.as_deref(),
             created_at: self.created_at,
             updated_at: self.updated_at,
             state: RawMode {
                 mode: "catalog".to_owned(),
             },
-            outputs: self.outputs.clone(),
+            outputs: &self.outputs,
         };
-        let mut out = serde_json::to_vec_pretty(&raw).unwrap_or_default();
-        out.push(b'\n');
-        out
+        let mut buffered = std::io::BufWriter::with_capacity(64 * 1024, w);
+        serde_json::to_writer_pretty(&mut buffered, &out).map_err(std::io::Error::other)?;
+        std::io::Write::write_all(&mut buffered, b"\n")?;
+        std::io::Write::flush(&mut buffered)
     }
 }
 
@@ -233,15 +255,15 @@ pub enum State {
 impl State {
     /// Classifies the bytes of a state file.
     pub fn parse(bytes: &[u8]) -> State {
+        /// Only `schema_version` is looked at; every other field is skipped
+        /// without being built, so classifying a big catalog costs little.
         #[derive(Deserialize)]
         struct Head {
             schema_version: Option<serde_json::Value>,
         }
-        let head: Head = match serde_json::from_slice::<serde_json::Value>(bytes) {
-            Ok(serde_json::Value::Object(map)) => Head {
-                schema_version: map.get("schema_version").cloned(),
-            },
-            Ok(_) => {
+        let head: Head = match serde_json::from_slice(bytes) {
+            Ok(head) => head,
+            Err(e) if e.classify() == serde_json::error::Category::Data => {
                 return State::Invalid {
                     reason: "state is not a JSON object".to_owned(),
                 };
@@ -287,10 +309,12 @@ struct RawMode {
     mode: String,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCatalog {
-    schema_version: u64,
+    /// Checked by [`State::parse`] before this struct is read.
+    #[serde(rename = "schema_version")]
+    _schema_version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     distributor_version: Option<String>,
     #[serde(with = "rfc3339")]

@@ -8,7 +8,7 @@
 //! whose catalog matches its bytes (see `journal`).
 
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{Catalog, OutputKind, STATE_FILE, SourceIdentity, State, format_time};
+use crate::catalog::{OutputKind, OutputRecord, STATE_FILE, SourceIdentity, State, format_time};
 use crate::config::{self, Destination, Pipeline};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
@@ -50,7 +50,8 @@ struct Planned {
     root: Option<Root>,
     _lock: Option<RootLock>,
     state_was_absent: bool,
-    base: Option<Catalog>,
+    /// The record each planned write replaces (for the journal), by path.
+    replaced: BTreeMap<String, OutputRecord>,
     plan: Plan,
 }
 
@@ -501,15 +502,21 @@ fn lock_and_plan(
         now,
     });
     let state_was_absent = matches!(state, State::Absent);
-    let base = match state {
-        State::Catalog(c) => Some(c),
-        _ => None,
+    // Keep only the records the journal needs; the old catalog goes now.
+    let replaced = match state {
+        State::Catalog(old) => plan
+            .writes
+            .iter()
+            .filter_map(|d| old.get(d.path.as_str()).cloned())
+            .map(|r| (r.path.as_str().to_owned(), r))
+            .collect(),
+        _ => BTreeMap::new(),
     };
     Ok(Planned {
         root,
         _lock: lock,
         state_was_absent,
-        base,
+        replaced,
         plan,
     })
 }
@@ -576,11 +583,7 @@ fn stage(
             .filter_map(|d| {
                 catalog.get(d.path.as_str()).map(|new| JournalWrite {
                     new: new.clone(),
-                    old: p
-                        .base
-                        .as_ref()
-                        .and_then(|b| b.get(d.path.as_str()))
-                        .cloned(),
+                    old: p.replaced.get(d.path.as_str()).cloned(),
                 })
             })
             .collect(),
@@ -676,7 +679,7 @@ fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
         root.sync_folder(folder)?;
     }
     failpoint::hit("publish.before_catalog");
-    root.write_reserved(STATE_FILE, &catalog.to_json())?;
+    root.write_reserved_with(STATE_FILE, &mut |w| catalog.write_json(w))?;
     log::debug!(
         "{}: catalog written at {}",
         root.path().display(),

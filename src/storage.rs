@@ -292,20 +292,27 @@ impl Root {
     /// Writes `bytes` to a reserved file at the top of the root atomically
     /// and durably: temporary file, fsync, rename, fsync of the root.
     pub fn write_reserved(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.replace_reserved(name, bytes, true)?;
+        self.write_reserved_with(name, &mut |w| w.write_all(bytes))
+    }
+
+    /// [`Root::write_reserved`] with the content streamed by `fill`.
+    pub fn write_reserved_with(
+        &self,
+        name: &str,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.replace_reserved(name, fill, true)?;
         sync_dir(&self.dir)
     }
 
-    /// Writes a reserved file atomically (temporary file, rename) but not
-    /// durably: the caller's next [`Root::sync`] makes it so.
-    pub fn write_reserved_unsynced(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        self.replace_reserved(name, bytes, false)
-    }
-
-    fn replace_reserved(&self, name: &str, bytes: &[u8], fsync: bool) -> io::Result<()> {
+    fn replace_reserved(
+        &self,
+        name: &str,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+        fsync: bool,
+    ) -> io::Result<()> {
         let (temp, mut file) = create_temp(&self.dir)?;
-        let result = file
-            .write_all(bytes)
+        let result = fill(&mut file)
             .and_then(|()| if fsync { file.sync_all() } else { Ok(()) })
             .and_then(|()| self.dir.rename(&temp, &self.dir, name));
         if result.is_err() {
