@@ -124,11 +124,14 @@ def make_backlog(src, count):
             f.write(html)
         with open(os.path.join(b, f"d{i:05d}.bin"), "wb") as f:
             f.write(os.urandom(100 * 1024))
-    # seal all (one process per bundle is slow; it is not timed)
+    # seal all (one process per bundle is slow; it is not timed), and give
+    # the shell-loop peer its checksum files in a separate tree
+    sums = src + "-sums"
+    os.makedirs(sums)
     for i in range(count):
         seal(os.path.join(src, f"b{i:05d}"), f"bundle-{i:05d}")
         b = os.path.join(src, f"b{i:05d}")
-        with open(os.path.join(b, "SHA256SUMS"), "w") as f:
+        with open(os.path.join(sums, f"b{i:05d}"), "w") as f:
             for name in sorted(os.listdir(b)):
                 if name.endswith((".md", ".html", ".bin")):
                     sh(["sha256sum", name], cwd=b, stdout=f)
@@ -174,7 +177,7 @@ def bench_backlog(work, count, runs):
             f"""set -e
 cd '{lsrc}'
 for b in *; do
-  (cd "$b" && sha256sum -c --quiet SHA256SUMS)
+  (cd "$b" && sha256sum -c --quiet '{src}-sums/'"$b")
   cp "$b"/*.md "$b"/*.html "$b"/*.bin '{ldest}/'
   sync
   mv "$b" '{ldone}/'
