@@ -28,6 +28,8 @@ const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
 const MANIFEST_GRACE: Duration = Duration::from_secs(2);
 /// Longest pause between two attempts of a transiently failing bundle.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Most bundles published together as one transaction per root.
+const MAX_BATCH: usize = 64;
 /// How often the maintenance thread checks `done/` retention.
 const MAINTENANCE_TICK: Duration = Duration::from_secs(60);
 
@@ -485,6 +487,7 @@ impl Worker {
             let now = Instant::now();
             let mut next_check: Option<Duration> = None;
             let mut claimed_any = false;
+            let mut ready = Vec::new();
             seen.retain(|name, _| found.iter().any(|f| &f.name == name));
             for f in &found {
                 if self.stopping() {
@@ -519,22 +522,32 @@ impl Worker {
                     }
                 }
                 seen.remove(&f.name);
-                match spool::move_unique(&f.path, &self.spool.work, &f.name) {
-                    Ok(work_path) => {
-                        claimed_any = true;
-                        let name = work_path
-                            .file_name()
-                            .map(|n| n.to_string_lossy().into_owned())
-                            .unwrap_or_else(|| f.name.clone());
-                        self.process(&work_path, &name, rx);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => log::error!(
-                        "pipeline={}: cannot claim {}: {e}",
-                        self.pipeline.id,
-                        f.path.display()
-                    ),
+                ready.push(f);
+            }
+            for chunk in ready.chunks(MAX_BATCH) {
+                if self.stopping() {
+                    return;
                 }
+                let mut claimed = Vec::new();
+                for f in chunk {
+                    match spool::move_unique(&f.path, &self.spool.work, &f.name) {
+                        Ok(work_path) => {
+                            let name = work_path
+                                .file_name()
+                                .map(|n| n.to_string_lossy().into_owned())
+                                .unwrap_or_else(|| f.name.clone());
+                            claimed.push((work_path, name));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => log::error!(
+                            "pipeline={}: cannot claim {}: {e}",
+                            self.pipeline.id,
+                            f.path.display()
+                        ),
+                    }
+                }
+                claimed_any |= !claimed.is_empty();
+                self.process_claimed(&claimed, rx);
             }
             if self.once {
                 if !claimed_any {
@@ -627,6 +640,93 @@ impl Worker {
                 _ => {}
             }
         }
+    }
+
+    /// Publishes bundles just claimed into work/, in arrival order: several
+    /// at once as one transaction per root when possible, else one by one.
+    fn process_claimed(&self, claimed: &[(PathBuf, String)], rx: &Receiver<Wake>) {
+        let mut rest = claimed;
+        while rest.len() > 1 && !self.stopping() {
+            match self.try_batch(rest, rx) {
+                publish::Batch::Done(_) => return,
+                publish::Batch::OneFirst => {
+                    let (path, name) = &rest[0];
+                    self.process(path, name, rx);
+                    rest = &rest[1..];
+                }
+                publish::Batch::OneByOne => break,
+            }
+        }
+        for (i, (path, name)) in rest.iter().enumerate() {
+            if self.stopping() {
+                self.unclaim(&rest[i..]);
+                return;
+            }
+            self.process(path, name, rx);
+        }
+    }
+
+    /// Stopping: claimed bundles not started yet go back to the inbox.
+    fn unclaim(&self, claimed: &[(PathBuf, String)]) {
+        for (path, name) in claimed {
+            if let Err(e) = spool::move_unique(path, &self.spool.inbox, name) {
+                log::warn!(
+                    "pipeline={} bundle={name}: cannot move it back to the inbox ({e}); it stays in work/ and is processed first at the next start",
+                    self.pipeline.id
+                );
+            }
+        }
+    }
+
+    /// Publishes several claimed bundles as one transaction per root and
+    /// files each away (a transient failure is retried alone).
+    fn try_batch(&self, claimed: &[(PathBuf, String)], rx: &Receiver<Wake>) -> publish::Batch {
+        for (path, name) in claimed {
+            let attempt = spool::attempts(path) + 1;
+            if let Err(e) = spool::set_attempts(path, attempt) {
+                log::error!(
+                    "pipeline={} bundle={name}: cannot record the attempt count: {e}",
+                    self.pipeline.id
+                );
+            }
+        }
+        let started = Instant::now();
+        let dirs: Vec<&Path> = claimed.iter().map(|(p, _)| p.as_path()).collect();
+        let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
+        let options = Options {
+            dry_run: false,
+            force: false,
+            lock_timeout: self.config.agent.lock_timeout,
+        };
+        let outcome = publish::publish_batch(&self.pipeline, &destinations, &dirs, &options);
+        match &outcome {
+            publish::Batch::Done(reports) => {
+                let elapsed = started.elapsed().as_millis();
+                log::info!(
+                    "pipeline={} published a batch of {} bundles elapsed_ms={elapsed}",
+                    self.pipeline.id,
+                    reports.len()
+                );
+                for ((path, name), report) in claimed.iter().zip(reports) {
+                    for w in &report.warnings {
+                        log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
+                    }
+                    if !report.ok && report.transient {
+                        // Retried alone, with backoff.
+                        self.process(path, name, rx);
+                    } else {
+                        self.file_away(path, name, report, elapsed);
+                    }
+                }
+            }
+            publish::Batch::OneFirst | publish::Batch::OneByOne => {
+                // Nothing was attempted: undo the attempt counts.
+                for (path, _) in claimed {
+                    let _ = spool::set_attempts(path, spool::attempts(path).saturating_sub(1));
+                }
+            }
+        }
+        outcome
     }
 
     /// Publishes the bundle at `path` (in work/), retrying transient

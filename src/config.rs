@@ -2173,9 +2173,9 @@ pipelines:
             assert!(message.contains("agent.metrics_file"), "{message}");
             assert!(message.contains(names), "{written}: {message}");
         }
-        let e = err(&format!(
-            "agent:\n  metrics_file: /in/p/m.prom\npipelines:\n  - id: p\n    inbox: /in/p\n    destinations:\n      - id: d\n        path: /srv/out\n"
-        ));
+        let e = err(
+            "agent:\n  metrics_file: /in/p/m.prom\npipelines:\n  - id: p\n    inbox: /in/p\n    destinations:\n      - id: d\n        path: /srv/out\n",
+        );
         assert!(e.to_string().contains("the inbox of pipeline \"p\""), "{e}");
     }
 

@@ -305,6 +305,16 @@ impl Root {
         sync_dir(&self.dir)
     }
 
+    /// [`Root::write_reserved_with`] without any fsync: the caller's next
+    /// [`Root::sync`] makes it durable.
+    pub fn write_reserved_unsynced(
+        &self,
+        name: &str,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.replace_reserved(name, fill, false)
+    }
+
     fn replace_reserved(
         &self,
         name: &str,

@@ -3,6 +3,7 @@
 mod util;
 
 mod agent;
+mod batch;
 mod bundle_cmd;
 mod config_cmd;
 mod crash;

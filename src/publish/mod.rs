@@ -8,7 +8,9 @@
 //! whose catalog matches its bytes (see `journal`).
 
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{OutputKind, OutputRecord, STATE_FILE, SourceIdentity, State, format_time};
+use crate::catalog::{
+    Catalog, OutputKind, OutputRecord, STATE_FILE, SourceIdentity, State, format_time,
+};
 use crate::config::{self, Destination, Pipeline};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
@@ -83,78 +85,16 @@ pub fn publish(
     bundle_dir: &Path,
     options: &Options,
 ) -> RunReport {
-    let mut report = RunReport::new(&pipeline.id, options.dry_run);
-    let bundle = match bundle::inspect(bundle_dir) {
-        Ok(b) => b,
-        Err(e) => {
-            report.source = bundle::read_manifest(bundle_dir)
-                .ok()
-                .map(|m| SourceReport {
-                    id: m.id.clone(),
-                    digest: m.digest.clone(),
-                    created: m.created_text(),
-                });
-            let transient = e.is_transient();
-            return report.fail(Stage::Verify, e.to_string(), transient);
-        }
+    let Ready {
+        mut report,
+        bundle,
+        source,
+        prepared,
+        mut verified,
+    } = match prepare_bundle(pipeline, destinations, bundle_dir, options.dry_run) {
+        Ok(ready) => ready,
+        Err(report) => return *report,
     };
-    let m = &bundle.manifest;
-    report.source = Some(SourceReport {
-        id: m.id.clone(),
-        digest: m.digest.clone(),
-        created: m.created_text(),
-    });
-    report.warnings = bundle.warnings.clone();
-    let source = SourceIdentity {
-        id: m.id.clone(),
-        digest: m.digest.clone(),
-        created: m.created,
-    };
-    report.destinations = destinations.iter().map(|d| destination_report(d)).collect();
-    // Bundle files whose bytes have been hashed and matched the manifest.
-    let mut verified: BTreeSet<RelPath> = BTreeSet::new();
-
-    // Prepare every destination's outputs (rendering included) before locking.
-    let mut rendered: [Option<Rendered>; 2] = [None, None];
-    let mut prepared = Vec::new();
-    for (i, d) in destinations.iter().enumerate() {
-        let html = if d.publish_html {
-            let slot = &mut rendered[usize::from(d.allow_raw_html)];
-            if slot.is_none() {
-                match render_all(&bundle, d.allow_raw_html, &mut verified) {
-                    Ok(r) => *slot = Some(r),
-                    Err(Failure::Bundle(e)) => {
-                        return report.fail(Stage::Verify, e.to_string(), e.is_transient());
-                    }
-                    Err(Failure::Other(e)) => {
-                        report.destinations[i].error = Some(e.clone());
-                        return report.fail(Stage::Verify, e, false);
-                    }
-                    Err(Failure::Io(e)) => {
-                        return report.fail(
-                            Stage::Verify,
-                            e.to_string(),
-                            storage::is_transient(&e),
-                        );
-                    }
-                }
-            }
-            slot.as_ref()
-        } else {
-            None
-        };
-        match prepare(pipeline, d, &bundle, html) {
-            Ok(p) => prepared.push(p),
-            Err(e) => {
-                report.destinations[i].error = Some(e.clone());
-                return report.fail(
-                    Stage::Verify,
-                    format!("bundle is invalid for destination {}: {e}", d.id),
-                    false,
-                );
-            }
-        }
-    }
 
     // Lock roots in path order (no deadlock between processes), then plan.
     let now = now_millis();
@@ -175,7 +115,7 @@ pub fn publish(
             }
         }
     }
-    let refused = record_plans(&mut report, &planned);
+    let refused = record_plans(&mut report, planned.iter().map(|(i, p)| (*i, &p.plan)));
     let writes_anything = planned.iter().any(|(_, p)| !p.plan.writes.is_empty());
     let creates_root = planned.iter().any(|(_, p)| p.root.is_none());
     let hash_first = refused.is_some() || options.dry_run || !writes_anything || creates_root;
@@ -199,7 +139,7 @@ pub fn publish(
             }
         }
     }
-    if let Some(refused) = record_plans(&mut report, &planned) {
+    if let Some(refused) = record_plans(&mut report, planned.iter().map(|(i, p)| (*i, &p.plan))) {
         return refused;
     }
     planned.sort_by_key(|(i, _)| *i);
@@ -258,6 +198,115 @@ pub fn publish(
     report
 }
 
+/// A bundle inspected, rendered and mapped to each destination's outputs.
+struct Ready<'a> {
+    report: RunReport,
+    bundle: VerifiedBundle,
+    source: SourceIdentity,
+    prepared: Vec<Prepared<'a>>,
+    /// Bundle files whose bytes have been hashed and matched the manifest.
+    verified: BTreeSet<RelPath>,
+}
+
+/// Inspects the bundle (manifest, file types and sizes), renders its
+/// markdown where a destination wants HTML, and computes every
+/// destination's outputs. Takes no lock. The error is the finished report.
+fn prepare_bundle<'a>(
+    pipeline: &Pipeline,
+    destinations: &[&'a Destination],
+    bundle_dir: &Path,
+    dry_run: bool,
+) -> Result<Ready<'a>, Box<RunReport>> {
+    let mut report = RunReport::new(&pipeline.id, dry_run);
+    let bundle = match bundle::inspect(bundle_dir) {
+        Ok(b) => b,
+        Err(e) => {
+            report.source = bundle::read_manifest(bundle_dir)
+                .ok()
+                .map(|m| SourceReport {
+                    id: m.id.clone(),
+                    digest: m.digest.clone(),
+                    created: m.created_text(),
+                });
+            let transient = e.is_transient();
+            return Err(Box::new(report.fail(
+                Stage::Verify,
+                e.to_string(),
+                transient,
+            )));
+        }
+    };
+    let m = &bundle.manifest;
+    report.source = Some(SourceReport {
+        id: m.id.clone(),
+        digest: m.digest.clone(),
+        created: m.created_text(),
+    });
+    report.warnings = bundle.warnings.clone();
+    let source = SourceIdentity {
+        id: m.id.clone(),
+        digest: m.digest.clone(),
+        created: m.created,
+    };
+    report.destinations = destinations.iter().map(|d| destination_report(d)).collect();
+    // Bundle files whose bytes have been hashed and matched the manifest.
+    let mut verified: BTreeSet<RelPath> = BTreeSet::new();
+
+    // Prepare every destination's outputs (rendering included) before locking.
+    let mut rendered: [Option<Rendered>; 2] = [None, None];
+    let mut prepared = Vec::new();
+    for (i, d) in destinations.iter().enumerate() {
+        let html = if d.publish_html {
+            let slot = &mut rendered[usize::from(d.allow_raw_html)];
+            if slot.is_none() {
+                match render_all(&bundle, d.allow_raw_html, &mut verified) {
+                    Ok(r) => *slot = Some(r),
+                    Err(Failure::Bundle(e)) => {
+                        return Err(Box::new(report.fail(
+                            Stage::Verify,
+                            e.to_string(),
+                            e.is_transient(),
+                        )));
+                    }
+                    Err(Failure::Other(e)) => {
+                        report.destinations[i].error = Some(e.clone());
+                        return Err(Box::new(report.fail(Stage::Verify, e, false)));
+                    }
+                    Err(Failure::Io(e)) => {
+                        return Err(Box::new(report.fail(
+                            Stage::Verify,
+                            e.to_string(),
+                            storage::is_transient(&e),
+                        )));
+                    }
+                }
+            }
+            slot.as_ref()
+        } else {
+            None
+        };
+        match prepare(pipeline, d, &bundle, html) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                report.destinations[i].error = Some(e.clone());
+                return Err(Box::new(report.fail(
+                    Stage::Verify,
+                    format!("bundle is invalid for destination {}: {e}", d.id),
+                    false,
+                )));
+            }
+        }
+    }
+
+    Ok(Ready {
+        report,
+        bundle,
+        source,
+        prepared,
+        verified,
+    })
+}
+
 /// Why preparing or staging a publication stopped.
 enum Failure {
     /// The bundle does not match its manifest.
@@ -289,21 +338,23 @@ fn verify_rest(
 
 /// Copies each plan into the report; returns the failed report when any
 /// plan is a refusal (then nothing may be written anywhere).
-fn record_plans(report: &mut RunReport, planned: &[(usize, Planned)]) -> Option<RunReport> {
+fn record_plans<'p>(
+    report: &mut RunReport,
+    plans: impl Iterator<Item = (usize, &'p Plan)>,
+) -> Option<RunReport> {
     let mut refused = Vec::new();
-    for (i, p) in planned {
-        let r = &mut report.destinations[*i];
-        r.action = Some(p.plan.action.as_str().to_owned());
-        r.writes = p
-            .plan
+    for (i, plan) in plans {
+        let r = &mut report.destinations[i];
+        r.action = Some(plan.action.as_str().to_owned());
+        r.writes = plan
             .writes
             .iter()
             .map(|d| d.path.as_str().to_owned())
             .collect();
-        r.deletes = p.plan.deletes.clone();
-        r.unmanaged = p.plan.unmanaged.clone();
-        r.error = p.plan.error.clone();
-        if p.plan.action.is_refusal() {
+        r.deletes = plan.deletes.clone();
+        r.unmanaged = plan.unmanaged.clone();
+        r.error = plan.error.clone();
+        if plan.action.is_refusal() {
             refused.push(format!(
                 "{}: {}",
                 r.destination_id,
@@ -709,3 +760,6 @@ pub fn now_millis() -> OffsetDateTime {
     now.replace_nanosecond(now.nanosecond() / 1_000_000 * 1_000_000)
         .unwrap_or(now)
 }
+
+mod batch;
+pub use batch::{Batch, publish_batch};

@@ -1,0 +1,373 @@
+//! Publishing a backlog as one transaction per destination root.
+//!
+//! When the agent finds several bundles waiting, it publishes them together:
+//! every bundle is verified in full, the roots are locked once, each bundle
+//! is planned in arrival order against the catalog and storage as the
+//! bundles before it leave them, and the accepted bundles are written with
+//! one journal, one durability barrier for all staged files, one catalog
+//! write and a second barrier per root. Each bundle still gets its own
+//! report with its own actions; a refused or invalid bundle is reported
+//! alone and does not stop the others.
+//!
+//! Anything unusual (a missing root, state that is not a valid catalog, an
+//! error while writing) makes the batch step aside after settling the
+//! roots, and the caller publishes the bundles one by one.
+
+use super::*;
+
+/// The batch size is bounded so a batch over a big catalog does not spend
+/// more on copying catalogs (one per planned bundle) than it saves on syncs.
+pub fn batch_size(records: usize) -> usize {
+    (200_000 / (records + 1)).clamp(1, 64)
+}
+
+/// A planned bundle: its report so far and its plan per destination.
+struct Accepted<'a> {
+    index: usize,
+    ready: Ready<'a>,
+    plans: Vec<Plan>,
+}
+
+/// One destination root while the batch is planned.
+struct RootState {
+    root: Root,
+    _lock: RootLock,
+    /// The catalog as the bundles planned so far leave it.
+    catalog: Catalog,
+    /// The catalog before the batch (the journal's "old" records).
+    initial: Catalog,
+    /// Storage entries as the bundles planned so far leave them; paths not
+    /// here are read from disk.
+    overlay: BTreeMap<String, Entry>,
+    top_level: BTreeSet<String>,
+}
+
+impl RootState {
+    fn listing(&self, desired: &[Desired]) -> io::Result<Listing> {
+        let mut entries = BTreeMap::new();
+        for path in plan::probe_paths(desired) {
+            let entry = match self.overlay.get(&path) {
+                Some(e) => *e,
+                None => self.root.entry(&path)?,
+            };
+            if entry != Entry::Missing {
+                entries.insert(path, entry);
+            }
+        }
+        Ok(Listing {
+            root_exists: true,
+            top_level: self.top_level.iter().cloned().collect(),
+            entries,
+            all: Vec::new(),
+        })
+    }
+
+    /// Records what an accepted plan will leave on disk, taking its catalog.
+    fn apply(&mut self, plan: &mut Plan) {
+        for d in &plan.writes {
+            for a in d.path.ancestors() {
+                self.overlay.insert(a.to_owned(), Entry::Dir);
+            }
+            self.overlay
+                .insert(d.path.as_str().to_owned(), Entry::File { size: d.size });
+            let top = d.path.segments().next().unwrap_or_default();
+            self.top_level.insert(top.to_owned());
+        }
+        for gone in &plan.delete_after {
+            self.overlay.insert(gone.clone(), Entry::Missing);
+        }
+        if let Some(catalog) = plan.catalog.take() {
+            self.catalog = catalog;
+        }
+    }
+}
+
+/// How a batch ended.
+pub enum Batch {
+    /// One report per bundle, in order.
+    Done(Vec<RunReport>),
+    /// Nothing was published: publish the first bundle alone (it sets up a
+    /// root or converts its state), then batch the rest.
+    OneFirst,
+    /// Nothing was published: publish every bundle alone.
+    OneByOne,
+}
+
+/// Publishes `bundles` (in arrival order) to every destination of the
+/// pipeline as one transaction per root.
+pub fn publish_batch(
+    pipeline: &Pipeline,
+    destinations: &[&Destination],
+    bundles: &[&Path],
+    options: &Options,
+) -> Batch {
+    // Lock every root once, in path order; step aside unless each holds a
+    // valid catalog.
+    let now = now_millis();
+    let mut order: Vec<usize> = (0..destinations.len()).collect();
+    order.sort_by(|a, b| destinations[*a].root.cmp(&destinations[*b].root));
+    let mut roots: Vec<Option<RootState>> = (0..destinations.len()).map(|_| None).collect();
+    for j in order {
+        let d = destinations[j];
+        // A missing root or state that is not a valid catalog: the first
+        // bundle alone sets the root up, then batching can resume.
+        let Ok(Some(root)) = Root::open(&d.root) else {
+            return Batch::OneFirst;
+        };
+        let Ok(lock) = lock::acquire(&root, options.lock_timeout) else {
+            return Batch::OneByOne;
+        };
+        let Ok(State::Catalog(catalog)) = journal::recover(&root, true, now) else {
+            return Batch::OneFirst;
+        };
+        let Ok(top_level) = root.top_level() else {
+            return Batch::OneByOne;
+        };
+        let top_level = top_level.into_iter().collect();
+        roots[j] = Some(RootState {
+            root,
+            _lock: lock,
+            initial: catalog.clone(),
+            catalog,
+            overlay: BTreeMap::new(),
+            top_level,
+        });
+    }
+    let Some(mut roots) = roots.into_iter().collect::<Option<Vec<RootState>>>() else {
+        return Batch::OneByOne;
+    };
+    let records = roots
+        .iter()
+        .map(|r| r.catalog.outputs.len())
+        .max()
+        .unwrap_or(0);
+    if bundles.len() > batch_size(records) {
+        return Batch::OneByOne;
+    }
+
+    let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
+    let mut ready = Vec::new();
+    for (index, dir) in bundles.iter().enumerate() {
+        match prepare_bundle(pipeline, destinations, dir, false) {
+            Ok(r) => ready.push((index, r)),
+            Err(report) => reports[index] = Some(*report),
+        }
+    }
+
+    // Plan each bundle against the state the previous ones leave.
+    let mut accepted: Vec<Accepted> = Vec::new();
+    for (index, mut r) in ready {
+        let mut plans = Vec::new();
+        for (j, prepared) in r.prepared.iter().enumerate() {
+            // Lend the catalog to the planner instead of copying it.
+            let state = State::Catalog(std::mem::replace(&mut roots[j].catalog, Catalog::new(now)));
+            let Ok(listing) = roots[j].listing(&prepared.desired) else {
+                return Batch::OneByOne;
+            };
+            plans.push(plan::plan(&PlanInput {
+                pipeline_id: &pipeline.id,
+                destination_id: &prepared.destination.id,
+                workflow: prepared.destination.workflow,
+                force: false,
+                source: &r.source,
+                desired: &prepared.desired,
+                state: &state,
+                listing: &listing,
+                now,
+            }));
+            if let State::Catalog(c) = state {
+                roots[j].catalog = c;
+            }
+        }
+        if let Some(refused) = record_plans(&mut r.report, plans.iter().enumerate()) {
+            // An invalid bundle is reported as such, not as a refusal.
+            reports[index] = Some(match verify_rest(&r.bundle, &mut r.verified) {
+                Ok(()) => refused,
+                Err(e) => {
+                    let transient = e.is_transient();
+                    r.report.fail(Stage::Verify, e.to_string(), transient)
+                }
+            });
+            continue;
+        }
+        for (j, plan) in plans.iter_mut().enumerate() {
+            roots[j].apply(plan);
+        }
+        accepted.push(Accepted {
+            index,
+            ready: r,
+            plans,
+        });
+    }
+
+    // Write each root once: merged writes and deletes, one journal. Copies
+    // are hashed as they stream (a mismatch makes the batch step aside, and
+    // the bundles, published one by one, find the culprit).
+    let mut staged_roots = Vec::new();
+    let mut copied: Vec<(usize, RelPath)> = Vec::new();
+    for (j, state) in roots.iter().enumerate() {
+        let mut writes: BTreeMap<String, (usize, Desired)> = BTreeMap::new();
+        let mut deletes: BTreeSet<String> = BTreeSet::new();
+        for (k, a) in accepted.iter().enumerate() {
+            for d in &a.plans[j].writes {
+                writes.insert(d.path.as_str().to_owned(), (k, d.clone()));
+                deletes.remove(d.path.as_str());
+            }
+            for gone in &a.plans[j].delete_after {
+                writes.remove(gone);
+                deletes.insert(gone.clone());
+            }
+        }
+        if writes.is_empty() && deletes.is_empty() {
+            continue;
+        }
+        match stage_root(state, &writes, &deletes, &accepted, j) {
+            Ok(temps) => {
+                for (k, d) in writes.values() {
+                    copied.push((*k, d.bundle_path.clone()));
+                }
+                staged_roots.push((j, writes, deletes, temps));
+            }
+            Err(e) => {
+                log::warn!(
+                    "{}: batch publication stepped aside ({e}); publishing the bundles one by one",
+                    state.root.path().display()
+                );
+                roll_back_all(&roots);
+                return Batch::OneByOne;
+            }
+        }
+    }
+    for (k, path) in copied {
+        accepted[k].ready.verified.insert(path);
+    }
+    for a in &mut accepted {
+        if verify_rest(&a.ready.bundle, &mut a.ready.verified).is_err() {
+            roll_back_all(&roots);
+            return Batch::OneByOne;
+        }
+    }
+    // One barrier for every staged byte and journal, per file system.
+    for (j, ..) in &staged_roots {
+        if roots[*j].root.sync().is_err() {
+            roll_back_all(&roots);
+            return Batch::OneByOne;
+        }
+    }
+    for (j, writes, deletes, temps) in &staged_roots {
+        if let Err(e) = commit_root(&roots[*j], writes, deletes, temps) {
+            log::error!(
+                "{}: batch publication failed while committing ({e}); settling the root from its journal",
+                roots[*j].root.path().display()
+            );
+            roll_back_all(&roots);
+            // Bundles whose roots were committed before are published;
+            // publishing them again one by one is a skip.
+            return Batch::OneByOne;
+        }
+    }
+
+    for a in accepted {
+        reports[a.index] = Some(a.ready.report);
+    }
+    match reports.into_iter().collect() {
+        Some(reports) => Batch::Done(reports),
+        None => Batch::OneByOne,
+    }
+}
+
+fn roll_back_all(roots: &[RootState]) {
+    for state in roots {
+        if let Err(e) = journal::recover(&state.root, true, now_millis()) {
+            log::error!(
+                "{}: could not settle after a failed batch ({e}); the journal stays and the next run will finish it",
+                state.root.path().display()
+            );
+        }
+    }
+}
+
+/// Writes the journal and stages every merged write of one root as a
+/// temporary file (not fsynced: the caller's barrier covers them all).
+fn stage_root(
+    state: &RootState,
+    writes: &BTreeMap<String, (usize, Desired)>,
+    deletes: &BTreeSet<String>,
+    accepted: &[Accepted],
+    j: usize,
+) -> io::Result<Vec<String>> {
+    let root = &state.root;
+    let desired: Vec<Desired> = writes.values().map(|(_, d)| d.clone()).collect();
+    let journal = Journal {
+        writes: writes
+            .keys()
+            .filter_map(|path| {
+                state.catalog.get(path).map(|new| JournalWrite {
+                    new: new.clone(),
+                    old: state.initial.get(path).cloned(),
+                })
+            })
+            .collect(),
+        deletes: deletes.iter().cloned().collect(),
+        created_dirs: missing_dirs(root, &desired)?,
+        state_was_absent: false,
+    };
+    // Durable with the staged files, at the caller's barrier.
+    let json = journal.to_json();
+    root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| w.write_all(&json))?;
+    failpoint::hit("publish.after_journal");
+    let mut temps = Vec::with_capacity(writes.len());
+    for (k, d) in writes.values() {
+        let a = &accepted[*k];
+        let dir = root.parent_dir(&d.path, Some(&mut Vec::new()))?;
+        let (temp, mut file) = storage::create_temp(&dir)?;
+        temps.push(temp);
+        let written = match a.ready.prepared[j].generated.get(&d.path) {
+            Some(bytes) => {
+                io::Write::write_all(&mut file, bytes)?;
+                hashing::hash_bytes(bytes)
+            }
+            None => {
+                let source = bundle::open_listed(&a.ready.bundle.dir, &d.bundle_path)
+                    .map_err(|p| io::Error::new(io::ErrorKind::InvalidData, p.to_string()))?;
+                hashing::copy_hashed(&mut (&source), Some(&mut file), Some(d.size))?
+            }
+        };
+        if written.sha256 != d.sha256 || written.size != d.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} changed after it was verified", d.bundle_path),
+            ));
+        }
+        failpoint::hit("publish.after_stage");
+    }
+    Ok(temps)
+}
+
+/// Renames, deletes and writes the catalog of one root (made durable by a
+/// second barrier), then drops its journal.
+fn commit_root(
+    state: &RootState,
+    writes: &BTreeMap<String, (usize, Desired)>,
+    deletes: &BTreeSet<String>,
+    temps: &[String],
+) -> io::Result<()> {
+    let root = &state.root;
+    for ((_, d), temp) in writes.values().zip(temps) {
+        let dir = root.parent_dir(&d.path, None)?;
+        dir.rename(temp, &dir, d.path.file_name())?;
+        failpoint::hit("publish.after_rename");
+    }
+    for path in deletes {
+        root.remove_any(path)?;
+        root.prune_empty_parents(path)?;
+        failpoint::hit("publish.after_delete");
+    }
+    failpoint::hit("publish.before_catalog");
+    root.write_reserved_unsynced(STATE_FILE, &mut |w| state.catalog.write_json(w))?;
+    // Renames, deletions and the catalog are durable before the journal goes.
+    root.sync()?;
+    failpoint::hit("publish.after_catalog");
+    root.remove_file(JOURNAL_FILE)?;
+    Ok(())
+}

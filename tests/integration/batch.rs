@@ -1,0 +1,243 @@
+//! A backlog is published in batches (one transaction per root): arrival
+//! order still decides, each bundle gets its own result, a bad bundle
+//! fails alone, and a crash mid-batch converges.
+
+use crate::util::{Test, assert_catalog_matches_disk};
+use serde_json::Value;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+fn config(workflow: &str) -> String {
+    format!(
+        "spool: ./spool
+agent: {{settle: 0s}}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        workflow: {workflow}
+"
+    )
+}
+
+/// Seals `files` as bundle `name` and drops it into the inbox with a
+/// manifest modification time of `order` seconds after a fixed instant, so
+/// arrival order is exactly the order given.
+fn drop_bundle(t: &Test, name: &str, order: u64, files: &[(&str, &str)]) {
+    let dir = t.bundle_at(name, name, "2026-06-04T00:00:00Z", files);
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000 + order);
+    fs::File::options()
+        .write(true)
+        .open(dir.join("manifest.json"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    fs::create_dir_all(t.join("spool/p/inbox")).unwrap();
+    fs::rename(&dir, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
+}
+
+fn result(t: &Test, folder: &str, name: &str) -> Value {
+    let path = t.join(&format!("spool/p/{folder}/{name}/.distributor-result.json"));
+    serde_json::from_slice(&fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .unwrap()
+}
+
+fn batched(stderr: &str) -> bool {
+    stderr.contains("published a batch of")
+}
+
+#[test]
+fn a_backlog_is_published_in_arrival_order_with_one_result_per_bundle() {
+    let t = Test::new();
+    t.config(&config("additive"));
+    for i in 0..10u64 {
+        let content = format!("version {i}\n");
+        let only = format!("only-{i}.txt");
+        drop_bundle(
+            &t,
+            &format!("b{i}"),
+            i,
+            &[("page.html", &content), (&only, "x\n")],
+        );
+    }
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(0);
+    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
+    for i in 0..10 {
+        let r = result(&t, "done", &format!("b{i}"));
+        assert_eq!(r["ok"], true);
+        assert_eq!(r["source"]["id"], format!("b{i}"));
+        let writes = r["destinations"][0]["writes"].as_array().unwrap().len();
+        assert_eq!(writes, 2, "b{i} reports its own writes");
+    }
+    assert_eq!(
+        fs::read_to_string(t.join("root/page.html")).unwrap(),
+        "version 9\n"
+    );
+    let records = t.records("root");
+    assert_eq!(
+        records["page.html"]["source"]["id"], "b9",
+        "the last arrival owns it"
+    );
+    for i in 0..10 {
+        assert!(records.contains_key(&format!("only-{i}.txt")));
+    }
+    assert_catalog_matches_disk(&t.join("root"));
+}
+
+#[test]
+fn replacement_in_a_batch_deletes_what_a_later_bundle_omits() {
+    let t = Test::new();
+    t.config(&config("replacement"));
+    drop_bundle(&t, "seed", 0, &[("seed.txt", "s\n")]);
+    drop_bundle(&t, "a", 1, &[("x.txt", "a\n"), ("y/deep.txt", "a\n")]);
+    drop_bundle(&t, "b", 2, &[("x.txt", "b\n")]);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(0);
+    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
+    let b = result(&t, "done", "b");
+    assert_eq!(b["destinations"][0]["action"], "replace_catalog");
+    assert_eq!(
+        b["destinations"][0]["deletes"],
+        serde_json::json!(["y/deep.txt"])
+    );
+    assert!(!t.join("root/y").exists(), "emptied folder removed");
+    assert!(!t.join("root/seed.txt").exists());
+    assert_eq!(
+        t.records("root").keys().cloned().collect::<Vec<_>>(),
+        ["x.txt"]
+    );
+    assert_catalog_matches_disk(&t.join("root"));
+}
+
+#[test]
+fn an_invalid_bundle_in_a_batch_fails_alone() {
+    let t = Test::new();
+    t.config(&config("additive"));
+    drop_bundle(&t, "a", 0, &[("a.txt", "a\n")]);
+    drop_bundle(&t, "b", 1, &[("b.txt", "b\n")]);
+    drop_bundle(&t, "tampered", 2, &[("t.txt", "tttt\n")]);
+    fs::write(t.join("spool/p/inbox/tampered/t.txt"), "TTTT\n").unwrap();
+    drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(1);
+    assert_eq!(names(&t.join("spool/p/done")), ["a", "b", "c"]);
+    assert_eq!(names(&t.join("spool/p/failed")), ["tampered"]);
+    let r = result(&t, "failed", "tampered");
+    assert_eq!(r["stage"], "verify");
+    assert!(r["error"].as_str().unwrap_or_default().contains("t.txt"));
+    assert!(!t.join("root/t.txt").exists());
+    assert_catalog_matches_disk(&t.join("root"));
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
+    let t = Test::new();
+    t.config(&config("additive"));
+    // A first run creates the root and its catalog.
+    drop_bundle(&t, "first", 0, &[("first.txt", "1\n")]);
+    t.run(&["agent", "--once"]).expect_code(0);
+    fs::write(t.join("root/stray.txt"), "not ours\n").unwrap();
+    drop_bundle(&t, "a", 1, &[("a.txt", "a\n")]);
+    drop_bundle(&t, "blocked", 2, &[("stray.txt", "mine\n")]);
+    drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(1);
+    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
+    assert_eq!(names(&t.join("spool/p/done")), ["a", "c", "first"]);
+    let r = result(&t, "failed", "blocked");
+    assert_eq!(r["stage"], "plan");
+    assert_eq!(r["destinations"][0]["action"], "fail_unmanaged");
+    assert_eq!(
+        fs::read_to_string(t.join("root/stray.txt")).unwrap(),
+        "not ours\n"
+    );
+    assert!(!t.records("root").contains_key("stray.txt"));
+    assert_catalog_matches_disk_except(&t.join("root"), "stray.txt");
+}
+
+/// The catalog matches the disk; `unmanaged` is the one file it may not record.
+fn assert_catalog_matches_disk_except(root: &Path, unmanaged: &str) {
+    let moved = root.with_extension("stray");
+    fs::rename(root.join(unmanaged), &moved).unwrap();
+    assert_catalog_matches_disk(root);
+    fs::rename(&moved, root.join(unmanaged)).unwrap();
+}
+
+#[test]
+fn a_crash_in_the_middle_of_a_batch_converges() {
+    for point in [
+        "publish.after_journal",
+        "publish.after_stage:2",
+        "publish.after_rename:2",
+        "publish.before_catalog",
+        "publish.after_catalog",
+    ] {
+        let t = Test::new();
+        t.config(&config("replacement"));
+        drop_bundle(&t, "first", 0, &[("keep.txt", "0\n")]);
+        t.run(&["agent", "--once"]).expect_code(0);
+        for i in 1..6u64 {
+            let c = format!("{i}\n");
+            let name = format!("n{i}.txt");
+            drop_bundle(&t, &format!("b{i}"), i, &[("keep.txt", &c), (&name, &c)]);
+        }
+        let crashed = t
+            .cmd()
+            .env("DISTRIBUTOR_FAILPOINT", point)
+            .args(["--config", "config.yaml", "agent", "--once"])
+            .output();
+        assert_ne!(crashed.code, 0, "{point} was not reached");
+        t.run(&["agent", "--once"]).expect_code(0);
+        assert_eq!(
+            names(&t.join("spool/p/done")),
+            ["b1", "b2", "b3", "b4", "b5", "first"],
+            "{point}"
+        );
+        assert!(names(&t.join("spool/p/work")).is_empty());
+        assert_eq!(
+            fs::read_to_string(t.join("root/keep.txt")).unwrap(),
+            "5\n",
+            "{point}"
+        );
+        let recorded: Vec<String> = t.records("root").keys().cloned().collect();
+        assert_eq!(recorded, ["keep.txt", "n5.txt"], "{point}");
+        assert_catalog_matches_disk(&t.join("root"));
+        for leftover in fs::read_dir(t.join("root")).unwrap() {
+            let name = leftover.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.starts_with(".distributor-tmp-") && name != ".distributor-journal.json",
+                "{point}: {name} left behind"
+            );
+        }
+    }
+}
