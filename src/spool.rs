@@ -237,6 +237,24 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     fs::rename(&temp, dir.join(name))
 }
 
+/// Removes temporary files that a killed agent left at the top of a bundle
+/// (half-written result or attempt files). Only this pipeline's worker
+/// touches a bundle in work/, so any found there is stale.
+fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(bundle)? {
+        let entry = entry?;
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(crate::storage::is_temp_name)
+            && entry.file_type()?.is_file()
+        {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// Attempts already made on a bundle (0 when never tried).
 pub fn attempts(bundle: &Path) -> u32 {
     fs::read_to_string(bundle.join(ATTEMPTS_FILE))
@@ -253,6 +271,7 @@ pub fn set_attempts(bundle: &Path, n: u32) -> io::Result<()> {
 /// Writes the result document into the bundle, then files it into `done/`
 /// or `failed/`. Returns where it went.
 pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
+    remove_stale_temps(bundle)?;
     write_atomic(bundle, RESULT_FILE, report.to_json().as_bytes())?;
     crate::failpoint::hit("spool.after_result");
     let to = if report.ok {
