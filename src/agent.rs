@@ -8,6 +8,7 @@
 
 use crate::config::{self, Config, Pipeline};
 use crate::maintain;
+use crate::metrics::Metrics;
 use crate::publish::{self, Options};
 use crate::report::RunReport;
 use crate::spool::{self, Spool};
@@ -30,6 +31,8 @@ const MANIFEST_GRACE: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Most bundles published together as one transaction per root.
 const MAX_BATCH: usize = 64;
+/// How often the metrics file is rewritten when one is configured.
+const METRICS_EVERY: Duration = Duration::from_secs(10);
 /// How often the maintenance thread checks `done/` retention.
 const MAINTENANCE_TICK: Duration = Duration::from_secs(60);
 
@@ -60,11 +63,12 @@ enum Wake {
     Stop,
 }
 
-/// Counts of how bundles ended.
+/// Counts of how bundles ended, and the metrics every thread feeds.
 #[derive(Debug, Default)]
 struct Tally {
     done: AtomicUsize,
     failed: AtomicUsize,
+    metrics: Arc<Metrics>,
 }
 
 /// Runs the agent. With `once`, processes `work/` and every inbox, then
@@ -93,6 +97,7 @@ fn create_spools(config: &Config) -> Result<(), AgentError> {
 
 fn run_once(config: &Config) -> bool {
     let tally = Arc::new(Tally::default());
+    tally.metrics.configure(config);
     let stop = Arc::new(AtomicBool::new(false));
     // First SIGTERM/SIGINT: finish the bundles in hand and stop; second: exit.
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -118,6 +123,7 @@ fn run_once(config: &Config) -> bool {
     for p in &config.pipelines {
         expire_done(config, p);
     }
+    write_metrics(config, &tally.metrics);
     let failed = tally.failed.load(Ordering::Relaxed);
     log::info!(
         "agent --once finished: {} done, {failed} failed",
@@ -135,9 +141,13 @@ struct Running {
 }
 
 impl Running {
-    fn start(config: &Config) -> Running {
+    fn start(config: &Config, metrics: &Arc<Metrics>) -> Running {
         let stop = Arc::new(AtomicBool::new(false));
-        let tally = Arc::new(Tally::default());
+        metrics.configure(config);
+        let tally = Arc::new(Tally {
+            metrics: metrics.clone(),
+            ..Tally::default()
+        });
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         let mut routes = Vec::new();
@@ -257,8 +267,9 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
         config.pipelines.len(),
         config_path.display()
     );
-    let mut running = Running::start(&config);
-    let mut maintenance = Maintenance::start(&config);
+    let metrics = Arc::new(Metrics::new());
+    let mut running = Running::start(&config, &metrics);
+    let mut maintenance = Maintenance::start(&config, &metrics);
     let rescan = |config: &Config| config.agent.rescan_interval;
     loop {
         match control_rx.recv_timeout(rescan(&config)) {
@@ -279,8 +290,8 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                     maintenance.stop();
                     running.stop();
                     config = new;
-                    running = Running::start(&config);
-                    maintenance = Maintenance::start(&config);
+                    running = Running::start(&config, &metrics);
+                    maintenance = Maintenance::start(&config, &metrics);
                 }
                 Err(e) => {
                     log::error!("config reload refused, keeping the old config: {e}");
@@ -299,12 +310,13 @@ struct Maintenance {
 }
 
 impl Maintenance {
-    fn start(config: &Config) -> Maintenance {
+    fn start(config: &Config, metrics: &Arc<Metrics>) -> Maintenance {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
         let config = config.clone();
+        let metrics = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("maintenance".into())
-            .spawn(move || maintenance_loop(&config, &stop_rx))
+            .spawn(move || maintenance_loop(&config, &metrics, &stop_rx))
             .expect("spawning the maintenance thread");
         Maintenance { stop_tx, thread }
     }
@@ -315,29 +327,36 @@ impl Maintenance {
     }
 }
 
-fn maintenance_loop(config: &Config, stop: &Receiver<()>) {
+fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
     let prune_every = config.agent.prune_interval;
     let mut next_prune = Instant::now() + prune_every;
-    let tick = if config.agent.done_retention.is_zero() {
+    let mut tick = if config.agent.done_retention.is_zero() {
         MAINTENANCE_TICK
     } else {
         MAINTENANCE_TICK.min(config.agent.done_retention)
     };
+    if config.agent.metrics_file.is_some() {
+        tick = tick.min(METRICS_EVERY);
+    }
     loop {
         for p in &config.pipelines {
             expire_done(config, p);
         }
         if !prune_every.is_zero() && Instant::now() >= next_prune {
-            prune_all(config);
+            prune_all(config, metrics);
             next_prune = Instant::now() + prune_every;
         }
+        write_metrics(config, metrics);
         let mut wait = tick;
         if !prune_every.is_zero() {
             wait = wait.min(next_prune.saturating_duration_since(Instant::now()));
         }
         match stop.recv_timeout(wait.max(Duration::from_millis(10))) {
             Err(RecvTimeoutError::Timeout) => {}
-            _ => return,
+            _ => {
+                write_metrics(config, metrics);
+                return;
+            }
         }
     }
 }
@@ -354,7 +373,33 @@ fn expire_done(config: &Config, p: &Pipeline) {
     }
 }
 
-fn prune_all(config: &Config) {
+/// Counts the spool folders and writes the metrics file, if one is set.
+fn write_metrics(config: &Config, metrics: &Metrics) {
+    let Some(path) = &config.agent.metrics_file else {
+        return;
+    };
+    for p in &config.pipelines {
+        let spool = Spool::of(config, p);
+        for folder in [
+            spool::Folder::Inbox,
+            spool::Folder::Work,
+            spool::Folder::Done,
+            spool::Folder::Failed,
+        ] {
+            let depth = std::fs::read_dir(spool.folder(folder)).map_or(0, |d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            });
+            metrics.set_queue_depth(&p.id, folder.as_str(), depth as u64);
+        }
+    }
+    if let Err(e) = metrics.write_atomic(path) {
+        log::warn!("cannot write the metrics file {}: {e}", path.display());
+    }
+}
+
+fn prune_all(config: &Config, metrics: &Metrics) {
     for p in &config.pipelines {
         for d in p.destinations.iter().filter(|d| d.prune.is_some()) {
             let target = maintain::Target {
@@ -364,12 +409,15 @@ fn prune_all(config: &Config) {
             };
             match maintain::prune(&target, true, publish::now_millis()) {
                 Ok(r) if r.deletes.is_empty() => {}
-                Ok(r) => log::info!(
-                    "pipeline={} destination={} pruned {} output(s)",
-                    p.id,
-                    d.id,
-                    r.deletes.len()
-                ),
+                Ok(r) => {
+                    metrics.add_prune_deletions(&p.id, &d.id, r.deletes.len() as u64);
+                    log::info!(
+                        "pipeline={} destination={} pruned {} output(s)",
+                        p.id,
+                        d.id,
+                        r.deletes.len()
+                    );
+                }
                 Err(e) => log::warn!("pipeline={} destination={} prune failed: {e}", p.id, d.id),
             }
         }
@@ -822,14 +870,22 @@ impl Worker {
             .collect();
         match spool::finish(&self.spool, path, name, report) {
             Ok(to) => {
+                let metrics = &self.tally.metrics;
                 if report.ok {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
+                    metrics.bundle_done(&self.pipeline.id);
+                    metrics.add_published_bytes(&self.pipeline.id, report.bytes_published);
+                    let now = std::time::SystemTime::now();
+                    for d in &report.destinations {
+                        metrics.destination_succeeded(&self.pipeline.id, &d.destination_id, now);
+                    }
                     log::info!(
                         "pipeline={} bundle={name} done{actions} elapsed_ms={elapsed}",
                         self.pipeline.id
                     );
                 } else {
                     self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                    metrics.bundle_failed(&self.pipeline.id);
                     log::error!(
                         "pipeline={} bundle={name} failed at {}{actions} elapsed_ms={elapsed}: {} (see {})",
                         self.pipeline.id,

@@ -51,6 +51,9 @@ pub struct RunReport {
     /// Worth retrying later (lock timeout, I/O error); not serialised.
     #[serde(skip)]
     pub transient: bool,
+    /// Bytes written into destination roots; not serialised.
+    #[serde(skip)]
+    pub bytes_published: u64,
     /// Planning refused the publication (exit 3); not serialised.
     #[serde(skip)]
     pub refused: bool,
@@ -71,6 +74,7 @@ impl RunReport {
             error: None,
             transient: false,
             refused: false,
+            bytes_published: 0,
             warnings: Vec::new(),
         }
     }

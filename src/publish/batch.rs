@@ -268,7 +268,9 @@ pub fn publish_batch(
     }
 
     for a in accepted {
-        reports[a.index] = Some(a.ready.report);
+        let mut report = a.ready.report;
+        report.bytes_published = a.plans.iter().flat_map(|p| &p.writes).map(|d| d.size).sum();
+        reports[a.index] = Some(report);
     }
     match reports.into_iter().collect() {
         Some(reports) => Batch::Done(reports),

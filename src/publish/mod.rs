@@ -194,6 +194,7 @@ pub fn publish(
             report.destinations[*i].error = Some(message.clone());
             return report.fail(Stage::Publish, message, storage::is_transient(&e));
         }
+        report.bytes_published += p.plan.writes.iter().map(|d| d.size).sum::<u64>();
     }
     report
 }

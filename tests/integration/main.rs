@@ -11,5 +11,6 @@ mod disk_full;
 mod failpoints;
 mod hostile;
 mod maintain;
+mod metrics;
 mod race;
 mod run;

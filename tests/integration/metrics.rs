@@ -1,0 +1,55 @@
+//! `agent.metrics_file`: the agent writes Prometheus text that node_exporter's
+//! textfile collector can read, with the counts an operator alerts on.
+
+use crate::util::Test;
+use std::fs;
+
+#[test]
+fn agent_once_writes_metrics_in_the_prometheus_text_format() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+agent: {metrics_file: ./metrics.prom}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+",
+    );
+    let good = t.bundle("good", &[("a.txt", "twelve bytes")]);
+    let bad = t.bundle("bad", &[("b.txt", "bbbb")]);
+    fs::write(bad.join("b.txt"), "BBBB").unwrap();
+    t.mkdir("spool/p/inbox");
+    fs::rename(&good, t.join("spool/p/inbox/good")).unwrap();
+    fs::rename(&bad, t.join("spool/p/inbox/bad")).unwrap();
+    t.run(&["agent", "--once"]).expect_code(1);
+
+    let text = fs::read_to_string(t.join("metrics.prom")).unwrap();
+    for line in [
+        "distributor_bundles_done_total{pipeline=\"p\"} 1",
+        "distributor_bundles_failed_total{pipeline=\"p\"} 1",
+        "distributor_published_bytes_total{pipeline=\"p\"} 12",
+        "distributor_spool_bundles{pipeline=\"p\",spool=\"done\"} 1",
+        "distributor_spool_bundles{pipeline=\"p\",spool=\"failed\"} 1",
+        "distributor_spool_bundles{pipeline=\"p\",spool=\"inbox\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+    assert!(text.contains(
+        "distributor_destination_last_success_timestamp_seconds{pipeline=\"p\",destination=\"d\"} "
+    ));
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (_, value) = line.rsplit_once(' ').unwrap();
+        assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
+    }
+    let names: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("metrics"))
+        .collect();
+    assert_eq!(names, ["metrics.prom"], "no temporary file left next to it");
+}
