@@ -9,14 +9,18 @@ cargo build --quiet
 bin=target/debug/distributor
 config=spool-example/config.yaml
 var=spool-example/var
-inbox=$var/spool/reports/inbox
 
 rm -rf "$var"
-mkdir -p "$inbox"
+drop() { # PIPELINE BUNDLE
+  local to=$var/spool/$1/inbox
+  mkdir -p "$to"
+  cp -R "spool-example/bundles/$2" "$to/.$2"
+  mv "$to/.$2" "$to/$2"
+}
 for bundle in weekly-2026-06-01 weekly-2026-06-08 broken-tampered; do
-  cp -R "spool-example/bundles/$bundle" "$inbox/.$bundle"
-  mv "$inbox/.$bundle" "$inbox/$bundle"
+  drop reports "$bundle"
 done
+drop status status-2026-06-09
 
 echo "== distributor agent --once"
 status=0
@@ -26,14 +30,15 @@ echo
 echo "== published files"
 (cd "$var/www" && find . -type f ! -name '.distributor.lock' | sort)
 echo
-echo "== spool"
-"$bin" --config "$config" spool list
+echo "== status"
+"$bin" --config "$config" status
 
 # The example is meant to end with two bundles published and one refused.
 expect() { [ -e "$1" ] || { echo "demo: expected $1 to exist" >&2; exit 1; }; }
 expect "$var/www/archive/2026-06-01/report.html"
 expect "$var/www/archive/2026-06-08/report.html"
 expect "$var/www/latest/report.html"
+expect "$var/www/status/index.html"
 expect "$var/spool/reports/failed/broken-tampered/.distributor-result.json"
 if [ -e "$var/www/latest/details.html" ]; then
   echo "demo: the replacement destination should have dropped details.html" >&2
@@ -41,4 +46,4 @@ if [ -e "$var/www/latest/details.html" ]; then
 fi
 [ "$status" -eq 1 ] || { echo "demo: agent --once should exit 1 (one bundle failed), got $status" >&2; exit 1; }
 echo
-echo "demo ok: two bundles published, the tampered one is in failed/ (agent exit status 1 is expected)"
+echo "demo ok: three bundles published, the tampered one is in failed/ (agent exit status 1 is expected)"

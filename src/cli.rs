@@ -115,6 +115,13 @@ pub enum Command {
     /// Inspect spools; move a failed bundle back to the inbox
     #[command(subcommand)]
     Spool(SpoolCommand),
+    /// One screen per pipeline: spool counts, oldest waiting bundle, last failure, catalog sizes
+    #[command(after_help = "Example:\n  distributor --config /etc/distributor/config.yaml status")]
+    Status {
+        /// Print the summary as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Producer helpers: seal and verify bundles (no config needed)
     #[command(subcommand)]
     Bundle(BundleCommand),
@@ -297,6 +304,7 @@ pub fn run(cli: Cli) -> u8 {
             };
             spool_list(config, pipeline.as_deref(), &folders, json)
         }
+        Command::Status { json } => status(config, json),
         Command::Spool(SpoolCommand::Retry { pipeline, name }) => {
             spool_retry(config, &pipeline, &name)
         }
@@ -683,6 +691,131 @@ fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
             }
         }
     }
+}
+
+fn status(flag: Option<&Path>, json: bool) -> u8 {
+    let config = match load_config(flag) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let mut pipelines = Vec::new();
+    for p in &config.pipelines {
+        let spool = Spool::of(&config, p);
+        let rows = match spool::list(
+            &spool,
+            &[Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed],
+        ) {
+            Ok(rows) => rows,
+            Err(e) => {
+                eprintln!("error: cannot list the spool of pipeline {}: {e}", p.id);
+                return EXIT_FAILURE;
+            }
+        };
+        let count = |folder: Folder| rows.iter().filter(|r| r.spool == folder.as_str()).count();
+        let oldest_waiting = rows
+            .iter()
+            .find(|r| r.spool == "inbox")
+            .map(|r| r.modified.clone());
+        let last_failure = rows.iter().filter(|r| r.spool == "failed").last();
+        let destinations: Vec<serde_json::Value> = p
+            .destinations
+            .iter()
+            .map(|d| {
+                let state = std::fs::read(d.root.join(crate::catalog::STATE_FILE))
+                    .ok()
+                    .map(|b| crate::catalog::State::parse(&b));
+                let (state_text, outputs) = match &state {
+                    None => ("no catalog".to_owned(), None),
+                    Some(crate::catalog::State::Catalog(c)) => {
+                        ("catalog".to_owned(), Some(c.outputs.len()))
+                    }
+                    Some(crate::catalog::State::Legacy { schema_version }) => {
+                        (format!("legacy (schema {schema_version})"), None)
+                    }
+                    Some(crate::catalog::State::Future { schema_version }) => {
+                        (format!("future (schema {schema_version})"), None)
+                    }
+                    Some(crate::catalog::State::Invalid { .. }) => ("invalid".to_owned(), None),
+                    Some(crate::catalog::State::Absent) => ("no catalog".to_owned(), None),
+                };
+                serde_json::json!({
+                    "destination_id": d.id,
+                    "root": d.root.display().to_string(),
+                    "workflow": d.workflow.as_str(),
+                    "state": state_text,
+                    "outputs": outputs,
+                })
+            })
+            .collect();
+        pipelines.push(serde_json::json!({
+            "pipeline_id": p.id,
+            "inbox": count(Folder::Inbox),
+            "work": count(Folder::Work),
+            "done": count(Folder::Done),
+            "failed": count(Folder::Failed),
+            "oldest_waiting": oldest_waiting,
+            "last_failure": last_failure.map(|r| serde_json::json!({
+                "name": r.name, "modified": r.modified, "stage": r.stage, "error": r.error,
+            })),
+            "destinations": destinations,
+        }));
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&pipelines).unwrap_or_default()
+        );
+        return EXIT_OK;
+    }
+    if pipelines.is_empty() {
+        println!("no pipelines in {}", config.file.display());
+    }
+    let age = |t: &serde_json::Value| {
+        t.as_str()
+            .and_then(|t| crate::catalog::parse_time(t).ok())
+            .map(|t| human_age((now - t).whole_seconds()))
+            .unwrap_or_default()
+    };
+    for p in &pipelines {
+        println!(
+            "pipeline {}: inbox {}  work {}  done {}  failed {}",
+            p["pipeline_id"].as_str().unwrap_or_default(),
+            p["inbox"],
+            p["work"],
+            p["done"],
+            p["failed"]
+        );
+        if !p["oldest_waiting"].is_null() {
+            println!("  oldest waiting bundle: {} ago", age(&p["oldest_waiting"]));
+        }
+        if let Some(f) = p["last_failure"].as_object() {
+            println!(
+                "  last failure: {} ({} ago) [{}] {}",
+                f["name"].as_str().unwrap_or_default(),
+                age(&f["modified"]),
+                f["stage"].as_str().unwrap_or("?"),
+                f["error"].as_str().unwrap_or_default()
+            );
+        }
+        for d in p["destinations"].as_array().into_iter().flatten() {
+            let outputs = d["outputs"]
+                .as_u64()
+                .map(|n| format!(", {n} outputs"))
+                .unwrap_or_default();
+            println!(
+                "  destination {} ({}) {}: {}{outputs}",
+                d["destination_id"].as_str().unwrap_or_default(),
+                d["workflow"].as_str().unwrap_or_default(),
+                d["root"].as_str().unwrap_or_default(),
+                d["state"].as_str().unwrap_or_default(),
+            );
+        }
+    }
+    EXIT_OK
 }
 
 /// A rough age for people: seconds, minutes, hours or days.
