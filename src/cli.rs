@@ -720,7 +720,7 @@ fn status(flag: Option<&Path>, json: bool) -> u8 {
             .iter()
             .find(|r| r.spool == "inbox")
             .map(|r| r.modified.clone());
-        let last_failure = rows.iter().filter(|r| r.spool == "failed").last();
+        let last_failure = rows.iter().rfind(|r| r.spool == "failed");
         let destinations: Vec<serde_json::Value> = p
             .destinations
             .iter()
