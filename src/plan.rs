@@ -152,8 +152,60 @@ pub struct Plan {
     /// Storage paths that block the plan.
     pub unmanaged: Vec<String>,
     pub error: Option<String>,
-    /// The catalog to write last; `None` when nothing is written.
-    pub catalog: Option<Catalog>,
+    /// How the catalog changes, written last; `None` when nothing is written.
+    pub update: Option<CatalogUpdate>,
+}
+
+/// The change a plan makes to a root's catalog. Kept as a delta so that
+/// planning never copies a catalog that may hold 100k records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CatalogUpdate {
+    /// Start from the root's current catalog; `false` starts a fresh one
+    /// (new roots, legacy state, `force_replace`).
+    pub keep_existing: bool,
+    /// The record of every planned output, sorted by path.
+    pub upserts: Vec<OutputRecord>,
+    /// Paths whose records are dropped.
+    pub removes: Vec<String>,
+    pub now: OffsetDateTime,
+}
+
+impl CatalogUpdate {
+    /// The record a planned output will have.
+    pub fn record(&self, path: &str) -> Option<&OutputRecord> {
+        self.upserts
+            .binary_search_by(|r| r.path.as_str().cmp(path))
+            .ok()
+            .map(|i| &self.upserts[i])
+    }
+
+    /// The catalog after the update, built from `current` (moved, not
+    /// copied) in one pass.
+    pub fn apply(&self, current: Option<Catalog>) -> Catalog {
+        let mut catalog = match current {
+            Some(c) if self.keep_existing => c,
+            _ => Catalog::new(self.now),
+        };
+        catalog.updated_at = self.now;
+        catalog.distributor_version = Some(env!("CARGO_PKG_VERSION").to_owned());
+        let removes: BTreeSet<&str> = self.removes.iter().map(String::as_str).collect();
+        let old = std::mem::take(&mut catalog.outputs);
+        let mut merged = Vec::with_capacity(old.len() + self.upserts.len());
+        let mut upserts = self.upserts.iter().peekable();
+        for r in old {
+            while let Some(u) = upserts.next_if(|u| u.path.as_str() < r.path.as_str()) {
+                merged.push(u.clone());
+            }
+            if upserts.peek().is_some_and(|u| u.path == r.path) || removes.contains(r.path.as_str())
+            {
+                continue;
+            }
+            merged.push(r);
+        }
+        merged.extend(upserts.cloned());
+        catalog.outputs = merged;
+        catalog
+    }
 }
 
 impl Plan {
@@ -166,7 +218,7 @@ impl Plan {
             deletes: Vec::new(),
             unmanaged,
             error: Some(error),
-            catalog: None,
+            update: None,
         }
     }
 }
@@ -214,7 +266,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 }
 
 /// A plan that writes every desired output, removes `delete_after` (and
-/// their records) and keeps every other record of `base`.
+/// their records) and keeps every other record of `base` (none when `base`
+/// is `None`).
 fn write_plan(
     input: &PlanInput<'_>,
     action: Action,
@@ -222,32 +275,31 @@ fn write_plan(
     clear_first: Vec<String>,
     delete_after: Vec<String>,
 ) -> Plan {
-    let mut catalog = base.cloned().unwrap_or_else(|| Catalog::new(input.now));
-    catalog.updated_at = input.now;
-    catalog.distributor_version = Some(env!("CARGO_PKG_VERSION").to_owned());
-    let mut records: BTreeMap<String, OutputRecord> = std::mem::take(&mut catalog.outputs)
-        .into_iter()
-        .map(|r| (r.path.as_str().to_owned(), r))
+    let mut upserts: Vec<OutputRecord> = input
+        .desired
+        .iter()
+        .map(|d| {
+            let created_at = base
+                .and_then(|b| b.get(d.path.as_str()))
+                .map_or(input.now, |r| r.created_at);
+            d.record(input, created_at)
+        })
         .collect();
-    for gone in &delete_after {
-        records.remove(gone);
-    }
-    for d in input.desired {
-        let created_at = records
-            .get(d.path.as_str())
-            .map_or(input.now, |r| r.created_at);
-        records.insert(d.path.as_str().to_owned(), d.record(input, created_at));
-    }
-    catalog.outputs = records.into_values().collect();
+    upserts.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
     Plan {
         action,
         writes: input.desired.to_vec(),
         clear_first,
         deletes: delete_after.clone(),
+        update: Some(CatalogUpdate {
+            keep_existing: base.is_some(),
+            upserts,
+            removes: delete_after.clone(),
+            now: input.now,
+        }),
         delete_after,
         unmanaged: Vec::new(),
         error: None,
-        catalog: Some(catalog),
     }
 }
 
@@ -438,7 +490,7 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
             deletes: Vec::new(),
             unmanaged: Vec::new(),
             error: None,
-            catalog: None,
+            update: None,
         };
     }
     let action = match input.workflow {
@@ -559,6 +611,14 @@ mod tests {
             size,
             created_at: t("2026-01-01T00:00:00Z"),
             updated_at: t("2026-02-01T00:00:00Z"),
+        }
+    }
+
+    /// The catalog a state holds, as the publisher hands it to an update.
+    fn current(state: &State) -> Option<Catalog> {
+        match state {
+            State::Catalog(c) => Some(c.clone()),
+            _ => None,
         }
     }
 
@@ -977,8 +1037,8 @@ mod tests {
                 case.action.is_refusal(),
                 "{name}: error"
             );
-            let recorded: Option<Vec<&str>> = plan
-                .catalog
+            let after = plan.update.as_ref().map(|u| u.apply(current(&case.state)));
+            let recorded: Option<Vec<&str>> = after
                 .as_ref()
                 .map(|c| c.outputs.iter().map(|r| r.path.as_str()).collect());
             assert_eq!(recorded.as_deref(), case.recorded, "{name}: catalog");
@@ -1003,7 +1063,7 @@ mod tests {
             listing: &listing,
             now: now(),
         });
-        let c = plan.catalog.unwrap();
+        let c = plan.update.unwrap().apply(current(&state));
         let r = &c.outputs[0];
         assert_eq!((r.pipeline_id.as_str(), r.destination_id.as_str()), (P, D));
         assert_eq!(r.source, src);
@@ -1057,7 +1117,8 @@ mod tests {
             listing: &Listing::default(),
             now: now(),
         });
-        let r = &plan.catalog.unwrap().outputs[0];
+        let c = plan.update.unwrap().apply(None);
+        let r = &c.outputs[0];
         assert_eq!(r.source_path.as_ref().map(RelPath::as_str), Some("r.md"));
         assert_eq!(r.transform.as_deref(), Some(MARKDOWN_TO_HTML));
         assert_eq!(r.url.as_deref(), Some("https://x.example/r.html"));

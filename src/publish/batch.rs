@@ -62,8 +62,8 @@ impl RootState {
         })
     }
 
-    /// Records what an accepted plan will leave on disk, taking its catalog.
-    fn apply(&mut self, plan: &mut Plan) {
+    /// Records what an accepted plan will leave on disk and in the catalog.
+    fn apply(&mut self, plan: &Plan) {
         for d in &plan.writes {
             for a in d.path.ancestors() {
                 self.overlay.insert(a.to_owned(), Entry::Dir);
@@ -76,8 +76,9 @@ impl RootState {
         for gone in &plan.delete_after {
             self.overlay.insert(gone.clone(), Entry::Missing);
         }
-        if let Some(catalog) = plan.catalog.take() {
-            self.catalog = catalog;
+        if let Some(update) = &plan.update {
+            let current = std::mem::replace(&mut self.catalog, Catalog::new(update.now));
+            self.catalog = update.apply(Some(current));
         }
     }
 }
@@ -190,7 +191,7 @@ pub fn publish_batch(
             });
             continue;
         }
-        for (j, plan) in plans.iter_mut().enumerate() {
+        for (j, plan) in plans.iter().enumerate() {
             roots[j].apply(plan);
         }
         accepted.push(Accepted {

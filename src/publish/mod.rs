@@ -54,6 +54,8 @@ struct Planned {
     state_was_absent: bool,
     /// The record each planned write replaces (for the journal), by path.
     replaced: BTreeMap<String, OutputRecord>,
+    /// The catalog to write last (`None`: nothing to write, or a dry run).
+    catalog: Option<Catalog>,
     plan: Plan,
 }
 
@@ -554,21 +556,29 @@ fn lock_and_plan(
         now,
     });
     let state_was_absent = matches!(state, State::Absent);
-    // Keep only the records the journal needs; the old catalog goes now.
-    let replaced = match state {
-        State::Catalog(old) => plan
-            .writes
-            .iter()
-            .filter_map(|d| old.get(d.path.as_str()).cloned())
-            .map(|r| (r.path.as_str().to_owned(), r))
-            .collect(),
-        _ => BTreeMap::new(),
+    // Keep only the records the journal needs, then turn the old catalog
+    // into the new one in place (dry runs never write, so never build it).
+    let (replaced, current) = match state {
+        State::Catalog(old) => (
+            plan.writes
+                .iter()
+                .filter_map(|d| old.get(d.path.as_str()).cloned())
+                .map(|r| (r.path.as_str().to_owned(), r))
+                .collect(),
+            Some(old),
+        ),
+        _ => (BTreeMap::new(), None),
+    };
+    let catalog = match &plan.update {
+        Some(update) if !options.dry_run => Some(update.apply(current)),
+        _ => None,
     };
     Ok(Planned {
         root,
         _lock: lock,
         state_was_absent,
         replaced,
+        catalog,
         plan,
     })
 }
@@ -625,7 +635,7 @@ fn stage(
     verified: &mut BTreeSet<RelPath>,
 ) -> Result<Vec<String>, Failure> {
     let plan = &p.plan;
-    let (Some(root), Some(catalog)) = (&p.root, &plan.catalog) else {
+    let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(Vec::new()); // skip_same: nothing to do
     };
     let journal = Journal {
@@ -699,7 +709,7 @@ fn stage(
 /// catalog and drops the journal.
 fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
     let plan = &p.plan;
-    let (Some(root), Some(catalog)) = (&p.root, &plan.catalog) else {
+    let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(());
     };
     let mut touched = BTreeSet::new();
