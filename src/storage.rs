@@ -461,6 +461,54 @@ fn remove_tree(dir: &Dir) -> io::Result<()> {
     Ok(())
 }
 
+/// A writer that starts writeback of what it has written every
+/// [`WRITE_BEHIND_CHUNK`] bytes (`sync_file_range`), so the final fsync of a
+/// large file has little left to do: disk writes overlap with hashing.
+pub struct WriteBehind<'a> {
+    file: &'a mut std::fs::File,
+    written: u64,
+    started: u64,
+}
+
+/// How many bytes accumulate before writeback is started.
+pub const WRITE_BEHIND_CHUNK: u64 = 8 << 20;
+
+impl<'a> WriteBehind<'a> {
+    pub fn new(file: &'a mut std::fs::File) -> WriteBehind<'a> {
+        WriteBehind {
+            file,
+            written: 0,
+            started: 0,
+        }
+    }
+}
+
+impl Write for WriteBehind<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.started >= WRITE_BEHIND_CHUNK {
+            use std::os::fd::AsRawFd;
+            // A hint: errors surface at the fsync that follows anyway.
+            // SAFETY: the descriptor is open; the range lies within the file.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    self.started as libc::off64_t,
+                    (self.written - self.started) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+            self.started = self.written;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Creates a new temporary file (mode 0644 before umask) in `dir`.

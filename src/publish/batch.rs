@@ -15,12 +15,6 @@
 
 use super::*;
 
-/// The batch size is bounded so a batch over a big catalog does not spend
-/// more on copying catalogs (one per planned bundle) than it saves on syncs.
-pub fn batch_size(records: usize) -> usize {
-    (200_000 / (records + 1)).clamp(1, 64)
-}
-
 /// A planned bundle: its report so far and its plan per destination.
 struct Accepted<'a> {
     index: usize,
@@ -137,14 +131,6 @@ pub fn publish_batch(
     let Some(mut roots) = roots.into_iter().collect::<Option<Vec<RootState>>>() else {
         return Batch::OneByOne;
     };
-    let records = roots
-        .iter()
-        .map(|r| r.catalog.outputs.len())
-        .max()
-        .unwrap_or(0);
-    if bundles.len() > batch_size(records) {
-        return Batch::OneByOne;
-    }
 
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
     let mut ready = Vec::new();

@@ -688,8 +688,12 @@ fn stage(
                     Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] })
                 };
                 let source = bundle::open_listed(&bundle.dir, &d.bundle_path).map_err(invalid)?;
-                let got = hashing::copy_hashed(&mut (&source), Some(&mut file), Some(d.size))
-                    .map_err(Failure::Io)?;
+                let got = hashing::copy_hashed(
+                    &mut (&source),
+                    Some(&mut storage::WriteBehind::new(&mut file)),
+                    Some(d.size),
+                )
+                .map_err(Failure::Io)?;
                 if got.sha256 != d.sha256 || got.size != d.size {
                     return Err(invalid(bundle::mismatch_problem(listed, &got)));
                 }
