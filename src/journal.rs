@@ -87,6 +87,22 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
         journal.deletes.len()
     );
 
+    // A journaled path whose folder is now a symlink or a file cannot be
+    // judged (its real folder may come back); settling now would drop the
+    // records of files the tool wrote. Keep the journal and say why.
+    let journaled = journal
+        .writes
+        .iter()
+        .map(|w| w.new.path.as_str())
+        .chain(journal.deletes.iter().map(String::as_str));
+    for path in journaled {
+        if let Some(blocked) = blocked_folder(root, path)? {
+            return Err(io::Error::other(format!(
+                "{}/{blocked} is not a real folder any more (a symlink or a file took its place), but an unfinished publication recorded in {JOURNAL_FILE} wrote below it. Put the folder back, then rerun; the journal is kept until then",
+                root.path().display()
+            )));
+        }
+    }
     let mut base = match &current {
         State::Catalog(c) => c.clone(),
         _ => Catalog::new(now),
@@ -146,6 +162,24 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
     } else {
         current
     })
+}
+
+/// The first folder above `path` that exists but is not a real folder.
+fn blocked_folder(root: &Root, path: &str) -> io::Result<Option<String>> {
+    let mut end = 0;
+    while let Some(i) = path[end..].find('/') {
+        end += i;
+        let folder = &path[..end];
+        match root.entry(folder)? {
+            Entry::Dir => {}
+            Entry::Missing => return Ok(None),
+            Entry::File { .. } | Entry::Symlink | Entry::Other => {
+                return Ok(Some(folder.to_owned()));
+            }
+        }
+        end += 1;
+    }
+    Ok(None)
 }
 
 /// Removes temporary files left in the root and in every folder a

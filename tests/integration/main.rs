@@ -13,4 +13,5 @@ mod hostile;
 mod maintain;
 mod metrics;
 mod race;
+mod reliability;
 mod run;
