@@ -305,6 +305,17 @@ impl Root {
         sync_dir(&self.dir)
     }
 
+    /// Writes a reserved file atomically with its bytes fsynced, but leaves
+    /// the fsync of the root folder (which makes the rename durable) to the
+    /// caller, who may have other entries of the root to sync at once.
+    pub fn write_reserved_data(
+        &self,
+        name: &str,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.replace_reserved(name, fill, true)
+    }
+
     /// [`Root::write_reserved_with`] without any fsync: the caller's next
     /// [`Root::sync`] makes it durable.
     pub fn write_reserved_unsynced(

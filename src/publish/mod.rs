@@ -716,7 +716,8 @@ fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(());
     };
-    let mut touched = BTreeSet::new();
+    // The root is always synced: the catalog is renamed there.
+    let mut touched = BTreeSet::from([String::new()]);
     for (d, temp) in plan.writes.iter().zip(staged) {
         let dir = root.parent_dir(&d.path, None)?;
         dir.rename(temp, &dir, d.path.file_name())?;
@@ -740,12 +741,14 @@ fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
         }
         touched.insert(String::new());
     }
-    // The renames and deletions are durable before the catalog records them.
+    failpoint::hit("publish.before_catalog");
+    root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?;
+    // One fsync per folder makes the renames, the deletions and the
+    // catalog's own rename durable together; until then the journal (already
+    // durable) lets the next process settle whatever a crash leaves.
     for folder in &touched {
         root.sync_folder(folder)?;
     }
-    failpoint::hit("publish.before_catalog");
-    root.write_reserved_with(STATE_FILE, &mut |w| catalog.write_json(w))?;
     log::debug!(
         "{}: catalog written at {}",
         root.path().display(),
