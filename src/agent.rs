@@ -30,7 +30,7 @@ const MANIFEST_GRACE: Duration = Duration::from_secs(2);
 /// Longest pause between two attempts of a transiently failing bundle.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Most bundles published together as one transaction per root.
-const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 256;
 /// How often the metrics file is rewritten when one is configured.
 const METRICS_EVERY: Duration = Duration::from_secs(10);
 /// How often the maintenance thread checks `done/` retention.

@@ -46,7 +46,14 @@ pub fn copy_hashed(
     limit: Option<u64>,
 ) -> io::Result<Hashed> {
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
+    // A small file needs no 256 KiB buffer (zeroing it would cost more
+    // than reading the file).
+    let len = limit.map_or(CHUNK, |l| {
+        usize::try_from(l.saturating_add(1))
+            .unwrap_or(CHUNK)
+            .clamp(4096, CHUNK)
+    });
+    let mut buf = vec![0u8; len];
     let mut size: u64 = 0;
     loop {
         let want = match limit {

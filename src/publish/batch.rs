@@ -134,8 +134,11 @@ pub fn publish_batch(
 
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
     let mut ready = Vec::new();
-    for (index, dir) in bundles.iter().enumerate() {
-        match prepare_bundle(pipeline, destinations, dir, false) {
+    let prepared = parallel_map(bundles, |dir| {
+        prepare_bundle(pipeline, destinations, dir, false)
+    });
+    for (index, result) in prepared.into_iter().enumerate() {
+        match result {
             Ok(r) => ready.push((index, r)),
             Err(report) => reports[index] = Some(*report),
         }
@@ -305,12 +308,11 @@ fn stage_root(
     let json = journal.to_json();
     root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| w.write_all(&json))?;
     failpoint::hit("publish.after_journal");
-    let mut temps = Vec::with_capacity(writes.len());
-    for (k, d) in writes.values() {
+    let work: Vec<&(usize, Desired)> = writes.values().collect();
+    parallel_map(&work, |(k, d)| {
         let a = &accepted[*k];
         let dir = root.parent_dir(&d.path, Some(&mut Vec::new()))?;
         let (temp, mut file) = storage::create_temp(&dir)?;
-        temps.push(temp);
         let written = match a.ready.prepared[j].generated.get(&d.path) {
             Some(bytes) => {
                 io::Write::write_all(&mut file, bytes)?;
@@ -329,8 +331,33 @@ fn stage_root(
             ));
         }
         failpoint::hit("publish.after_stage");
+        Ok(temp)
+    })
+    .into_iter()
+    .collect()
+}
+
+/// Maps `f` over `items` on as many threads as there are cores (at most
+/// four), keeping the order. Used for the I/O and hashing of a batch, which
+/// would otherwise leave the other cores idle.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4);
+    if threads == 1 || items.len() < 2 {
+        return items.iter().map(&f).collect();
     }
-    Ok(temps)
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| scope.spawn(|| part.iter().map(&f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a batch worker thread panicked"))
+            .collect()
+    })
 }
 
 /// Renames, deletes and writes the catalog of one root (made durable by a
