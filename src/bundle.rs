@@ -699,45 +699,36 @@ fn kind_label(ft: FileType) -> &'static str {
     }
 }
 
-/// Opens the folder `name` inside `parent`, refusing a symbolic link. The
-/// entry is inspected first (without following it) and the opened handle
-/// must be the same inode, so a link is never followed even where `openat2`
-/// is unavailable.
+/// Opens the folder `name` inside `parent`, refusing a symbolic link.
 fn open_dir_nofollow(parent: &Dir, name: &OsStr) -> Result<Dir, EntryError> {
-    let before = parent.symlink_metadata(name).map_err(EntryError::from_io)?;
-    if !before.is_dir() {
-        return Err(EntryError::Kind(kind_label(before.file_type())));
-    }
-    let mut options = OpenOptions::new();
-    options
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW);
-    let file = parent
-        .open_with(name, &options)
-        .map_err(|e| match EntryError::from_io(e) {
-            EntryError::Missing => EntryError::Raced,
-            other => other,
-        })?;
-    let after = file.metadata().map_err(EntryError::Io)?;
-    if !after.is_dir() || after.dev() != before.dev() || after.ino() != before.ino() {
-        return Err(EntryError::Raced);
-    }
-    Ok(Dir::from_std_file(file.into_std()))
+    open_nofollow(parent, name, true).map(Dir::from_std_file)
 }
 
-/// Opens the regular file `name` inside `parent` for reading. Anything else
-/// (link, FIFO, socket, device, folder) is refused before it is opened; the
-/// open itself uses `O_NOFOLLOW | O_NONBLOCK` and the handle is checked again,
-/// so a swap between check and open is caught and never blocks.
+/// Opens the regular file `name` inside `parent` for reading, refusing
+/// anything else (link, FIFO, socket, device, folder).
 fn open_file_nofollow(parent: &Dir, name: &OsStr) -> Result<std::fs::File, EntryError> {
+    open_nofollow(parent, name, false)
+}
+
+/// Opens a folder (`dir`) or regular file inside `parent`. The entry is
+/// inspected first without following it and refused unless it is of the
+/// wanted kind; the open itself uses `O_NOFOLLOW` (and `O_NONBLOCK` for
+/// files, so it never blocks on a FIFO swapped in) and the handle must be
+/// the same inode, so a swap between check and open is caught and a link
+/// is never followed even where `openat2` is unavailable.
+fn open_nofollow(parent: &Dir, name: &OsStr, dir: bool) -> Result<std::fs::File, EntryError> {
     let before = parent.symlink_metadata(name).map_err(EntryError::from_io)?;
-    if !before.is_file() {
+    let wanted = |m: &cap_std::fs::Metadata| if dir { m.is_dir() } else { m.is_file() };
+    if !wanted(&before) {
         return Err(EntryError::Kind(kind_label(before.file_type())));
     }
+    let flags = if dir {
+        libc::O_DIRECTORY | libc::O_NOFOLLOW
+    } else {
+        libc::O_NOFOLLOW | libc::O_NONBLOCK
+    };
     let mut options = OpenOptions::new();
-    options
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    options.read(true).custom_flags(flags);
     let file = parent
         .open_with(name, &options)
         .map_err(|e| match EntryError::from_io(e) {
@@ -745,13 +736,12 @@ fn open_file_nofollow(parent: &Dir, name: &OsStr) -> Result<std::fs::File, Entry
             other => other,
         })?;
     let after = file.metadata().map_err(EntryError::Io)?;
-    if !after.is_file() || after.dev() != before.dev() || after.ino() != before.ino() {
+    if !wanted(&after) || after.dev() != before.dev() || after.ino() != before.ino() {
         return Err(EntryError::Raced);
     }
     Ok(file.into_std())
 }
 
-/// Opens the folder at `segments` below `root`, one segment at a time.
 fn open_dir_path(root: &Dir, segments: &[OsString]) -> Result<Dir, EntryError> {
     let mut current = root.try_clone().map_err(EntryError::Io)?;
     for segment in segments {
@@ -823,24 +813,11 @@ fn raced_message() -> String {
 }
 
 fn is_transient_io(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::EIO
-                | libc::EMFILE
-                | libc::ENFILE
-                | libc::ENOMEM
-                | libc::ENOBUFS
-                | libc::EAGAIN
-                | libc::EINTR
-                | libc::EBUSY
-                | libc::ESTALE
-                | libc::ETIMEDOUT
+    crate::storage::is_transient(e)
+        || matches!(
+            e.kind(),
+            io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
         )
-    ) || matches!(
-        e.kind(),
-        io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
-    )
 }
 
 fn open_bundle_dir(dir: &Path) -> Result<Dir, BundleError> {
