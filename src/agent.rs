@@ -703,10 +703,19 @@ impl Worker {
                     rest = &rest[1..];
                 }
                 publish::Batch::OneByOne => break,
+                publish::Batch::Stopped => {
+                    // Finish the bundle in hand alone; the rest go back.
+                    let (path, name) = &rest[0];
+                    self.process(path, name, rx);
+                    self.unclaim(&rest[1..]);
+                    return;
+                }
             }
         }
         for (i, (path, name)) in rest.iter().enumerate() {
-            if self.stopping() {
+            // Stopping: the first claimed bundle is the one in hand and is
+            // finished; the others go back to the inbox.
+            if i > 0 && self.stopping() {
                 self.unclaim(&rest[i..]);
                 return;
             }
@@ -746,7 +755,9 @@ impl Worker {
             force: false,
             lock_timeout: self.config.agent.lock_timeout,
         };
-        let outcome = publish::publish_batch(&self.pipeline, &destinations, &dirs, &options);
+        let keep_going = || !self.stop.load(Ordering::SeqCst);
+        let outcome =
+            publish::publish_batch(&self.pipeline, &destinations, &dirs, &options, &keep_going);
         match &outcome {
             publish::Batch::Done(reports) => {
                 let elapsed = started.elapsed().as_millis();
@@ -767,7 +778,7 @@ impl Worker {
                     }
                 }
             }
-            publish::Batch::OneFirst | publish::Batch::OneByOne => {
+            publish::Batch::OneFirst | publish::Batch::OneByOne | publish::Batch::Stopped => {
                 // Nothing was attempted: undo the attempt counts.
                 for (path, _) in claimed {
                     let _ = spool::set_attempts(path, spool::attempts(path).saturating_sub(1));

@@ -86,15 +86,22 @@ pub enum Batch {
     OneFirst,
     /// Nothing was published: publish every bundle alone.
     OneByOne,
+    /// Abandoned because `keep_going` said stop; nothing was published.
+    Stopped,
 }
 
 /// Publishes `bundles` (in arrival order) to every destination of the
 /// pipeline as one transaction per root.
+///
+/// `keep_going` is asked before planning and before each staged file; when
+/// it answers false (the agent is stopping), the batch is abandoned before
+/// anything is renamed into a root and [`Batch::Stopped`] is returned.
 pub fn publish_batch(
     pipeline: &Pipeline,
     destinations: &[&Destination],
     bundles: &[&Path],
     options: &Options,
+    keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Batch {
     // Lock every root once, in path order; step aside unless each holds a
     // valid catalog.
@@ -144,6 +151,9 @@ pub fn publish_batch(
         }
     }
 
+    if !keep_going() {
+        return Batch::Stopped;
+    }
     // Plan each bundle against the state the previous ones leave.
     let mut accepted: Vec<Accepted> = Vec::new();
     for (index, mut r) in ready {
@@ -211,12 +221,16 @@ pub fn publish_batch(
         if writes.is_empty() && deletes.is_empty() {
             continue;
         }
-        match stage_root(state, &writes, &deletes, &accepted, j) {
+        match stage_root(state, &writes, &deletes, &accepted, j, keep_going) {
             Ok(temps) => {
                 for (k, d) in writes.values() {
                     copied.push((*k, d.bundle_path.clone()));
                 }
                 staged_roots.push((j, writes, deletes, temps));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                roll_back_all(&roots);
+                return Batch::Stopped;
             }
             Err(e) => {
                 log::warn!(
@@ -287,6 +301,7 @@ fn stage_root(
     deletes: &BTreeSet<String>,
     accepted: &[Accepted],
     j: usize,
+    keep_going: &(dyn Fn() -> bool + Sync),
 ) -> io::Result<Vec<String>> {
     let root = &state.root;
     let desired: Vec<Desired> = writes.values().map(|(_, d)| d.clone()).collect();
@@ -310,21 +325,18 @@ fn stage_root(
     failpoint::hit("publish.after_journal");
     let work: Vec<&(usize, Desired)> = writes.values().collect();
     parallel_map(&work, |(k, d)| {
+        if !keep_going() {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
+        }
         let a = &accepted[*k];
-        let dir = root.parent_dir(&d.path, Some(&mut Vec::new()))?;
-        let (temp, mut file) = storage::create_temp(&dir)?;
-        let written = match a.ready.prepared[j].generated.get(&d.path) {
-            Some(bytes) => {
-                io::Write::write_all(&mut file, bytes)?;
-                hashing::hash_bytes(bytes)
-            }
-            None => {
-                let source = bundle::open_listed(&a.ready.bundle.dir, &d.bundle_path)
-                    .map_err(|p| io::Error::new(io::ErrorKind::InvalidData, p.to_string()))?;
-                hashing::copy_hashed(&mut (&source), Some(&mut file), Some(d.size))?
-            }
-        };
-        if written.sha256 != d.sha256 || written.size != d.size {
+        let generated = a.ready.prepared[j].generated.get(&d.path);
+        let (temp, _file, copied) =
+            stage_output(root, d, generated, &a.ready.bundle.dir).map_err(|f| match f {
+                Failure::Io(e) => e,
+                Failure::Bundle(e) => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+                Failure::Other(e) => io::Error::other(e),
+            })?;
+        if copied.is_some_and(|got| got.sha256 != d.sha256 || got.size != d.size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{} changed after it was verified", d.bundle_path),

@@ -670,35 +670,22 @@ fn stage(
     }
     let mut staged = Vec::with_capacity(plan.writes.len());
     for d in &plan.writes {
-        let dir = root
-            .parent_dir(&d.path, Some(&mut Vec::new()))
-            .map_err(Failure::Io)?;
-        let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
+        let (temp, file, copied) =
+            stage_output(root, d, prepared.generated.get(&d.path), &bundle.dir)?;
         staged.push(temp);
-        match prepared.generated.get(&d.path) {
-            Some(bytes) => io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?,
-            None => {
+        if let Some(got) = copied {
+            if got.sha256 != d.sha256 || got.size != d.size {
                 let listed = bundle
                     .manifest
                     .files
                     .iter()
                     .find(|f| f.path == d.bundle_path)
                     .expect("copied outputs come from listed files");
-                let invalid = |p: bundle::Problem| {
-                    Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] })
-                };
-                let source = bundle::open_listed(&bundle.dir, &d.bundle_path).map_err(invalid)?;
-                let got = hashing::copy_hashed(
-                    &mut (&source),
-                    Some(&mut storage::WriteBehind::new(&mut file)),
-                    Some(d.size),
-                )
-                .map_err(Failure::Io)?;
-                if got.sha256 != d.sha256 || got.size != d.size {
-                    return Err(invalid(bundle::mismatch_problem(listed, &got)));
-                }
-                verified.insert(d.bundle_path.clone());
+                return Err(Failure::Bundle(bundle::BundleError::Invalid {
+                    problems: vec![bundle::mismatch_problem(listed, &got)],
+                }));
             }
+            verified.insert(d.bundle_path.clone());
         }
         // Every staged byte is on disk before anything is renamed into
         // place (the journal already is). Per-file fsync, not syncfs: a
@@ -707,6 +694,40 @@ fn stage(
         failpoint::hit("publish.after_stage");
     }
     Ok(staged)
+}
+
+/// Writes one output to a new temporary file in its target folder (created
+/// as needed): the rendered bytes, or the bundle file copied as it is
+/// hashed. Returns the temporary name, the open file (not fsynced) and,
+/// for a copy, the hash of the bytes copied, for the caller to check.
+fn stage_output(
+    root: &Root,
+    d: &Desired,
+    generated: Option<&Vec<u8>>,
+    bundle_dir: &Path,
+) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
+    let dir = root
+        .parent_dir(&d.path, Some(&mut Vec::new()))
+        .map_err(Failure::Io)?;
+    let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
+    let copied = match generated {
+        Some(bytes) => {
+            io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?;
+            None
+        }
+        None => {
+            let source = bundle::open_listed(bundle_dir, &d.bundle_path)
+                .map_err(|p| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] }))?;
+            let got = hashing::copy_hashed(
+                &mut (&source),
+                Some(&mut storage::WriteBehind::new(&mut file)),
+                Some(d.size),
+            )
+            .map_err(Failure::Io)?;
+            Some(got)
+        }
+    };
+    Ok((temp, file, copied))
 }
 
 /// Renames the staged outputs of `p` into place, deletes, writes the
