@@ -381,16 +381,12 @@ fn commit_root(
     temps: &[String],
 ) -> io::Result<()> {
     let root = &state.root;
-    for ((_, d), temp) in writes.values().zip(temps) {
-        let dir = root.parent_dir(&d.path, None)?;
-        dir.rename(temp, &dir, d.path.file_name())?;
-        failpoint::hit("publish.after_rename");
-    }
-    for path in deletes {
-        root.remove_any(path)?;
-        root.prune_empty_parents(path)?;
-        failpoint::hit("publish.after_delete");
-    }
+    // The barrier below covers every folder; no per-folder fsync needed.
+    move_into_place(
+        root,
+        writes.values().map(|(_, d)| &d.path).zip(temps),
+        deletes,
+    )?;
     failpoint::hit("publish.before_catalog");
     root.write_reserved_unsynced(STATE_FILE, &mut |w| state.catalog.write_json(w))?;
     // Renames, deletions and the catalog are durable before the journal goes.

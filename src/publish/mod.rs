@@ -737,31 +737,11 @@ fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(());
     };
-    // The root is always synced: the catalog is renamed there.
-    let mut touched = BTreeSet::from([String::new()]);
-    for (d, temp) in plan.writes.iter().zip(staged) {
-        let dir = root.parent_dir(&d.path, None)?;
-        dir.rename(temp, &dir, d.path.file_name())?;
-        failpoint::hit("publish.after_rename");
-        let mut above = d.path.as_str();
-        // The file's folder, and each folder above it that may be new.
-        while let Some(i) = above.rfind('/') {
-            above = &above[..i];
-            touched.insert(above.to_owned());
-        }
-        touched.insert(String::new());
-    }
-    for path in &plan.delete_after {
-        root.remove_any(path)?;
-        root.prune_empty_parents(path)?;
-        failpoint::hit("publish.after_delete");
-        let mut above = path.as_str();
-        while let Some(i) = above.rfind('/') {
-            above = &above[..i];
-            touched.insert(above.to_owned());
-        }
-        touched.insert(String::new());
-    }
+    let touched = move_into_place(
+        root,
+        plan.writes.iter().map(|d| &d.path).zip(staged),
+        &plan.delete_after,
+    )?;
     failpoint::hit("publish.before_catalog");
     root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?;
     // One fsync per folder makes the renames, the deletions and the
@@ -778,6 +758,37 @@ fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
     Ok(())
+}
+
+/// Renames staged temporary files over their targets, then deletes (and
+/// prunes emptied folders). Returns every folder touched, the root always
+/// included (the catalog is renamed there), for the caller's fsyncs.
+fn move_into_place<'p>(
+    root: &Root,
+    staged: impl Iterator<Item = (&'p RelPath, &'p String)>,
+    deletes: impl IntoIterator<Item = &'p String>,
+) -> io::Result<BTreeSet<String>> {
+    let mut touched = BTreeSet::from([String::new()]);
+    let mut touch = |path: &str| {
+        let mut above = path;
+        while let Some(i) = above.rfind('/') {
+            above = &above[..i];
+            touched.insert(above.to_owned());
+        }
+    };
+    for (path, temp) in staged {
+        let dir = root.parent_dir(path, None)?;
+        dir.rename(temp, &dir, path.file_name())?;
+        failpoint::hit("publish.after_rename");
+        touch(path.as_str());
+    }
+    for path in deletes {
+        root.remove_any(path)?;
+        root.prune_empty_parents(path)?;
+        failpoint::hit("publish.after_delete");
+        touch(path);
+    }
+    Ok(touched)
 }
 
 /// After a failure, settles the root from its journal (if one was written):
