@@ -54,6 +54,26 @@ impl AgentError {
     }
 }
 
+/// How many pipelines this process serves (holds the agent lock of). A
+/// standby agent serves none and leaves the metrics file to the active one.
+static SERVING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts this thread as serving its pipeline until dropped.
+struct Serving;
+
+impl Serving {
+    fn start() -> Serving {
+        SERVING.fetch_add(1, Ordering::SeqCst);
+        Serving
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        SERVING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// What a pipeline thread hears.
 #[derive(Debug, Clone, Copy)]
 enum Wake {
@@ -123,7 +143,7 @@ fn run_once(config: &Config) -> bool {
     for p in &config.pipelines {
         expire_done(config, p);
     }
-    write_metrics(config, &tally.metrics);
+    write_metrics(config, &tally.metrics, false);
     let failed = tally.failed.load(Ordering::Relaxed);
     log::info!(
         "agent --once finished: {} done, {failed} failed",
@@ -346,7 +366,7 @@ fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
             prune_all(config, metrics);
             next_prune = Instant::now() + prune_every;
         }
-        write_metrics(config, metrics);
+        write_metrics(config, metrics, true);
         let mut wait = tick;
         if !prune_every.is_zero() {
             wait = wait.min(next_prune.saturating_duration_since(Instant::now()));
@@ -354,7 +374,7 @@ fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
         match stop.recv_timeout(wait.max(Duration::from_millis(10))) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => {
-                write_metrics(config, metrics);
+                write_metrics(config, metrics, true);
                 return;
             }
         }
@@ -374,10 +394,14 @@ fn expire_done(config: &Config, p: &Pipeline) {
 }
 
 /// Counts the spool folders and writes the metrics file, if one is set.
-fn write_metrics(config: &Config, metrics: &Metrics) {
+/// A live agent that serves no pipeline (a standby) writes nothing.
+fn write_metrics(config: &Config, metrics: &Metrics, live: bool) {
     let Some(path) = &config.agent.metrics_file else {
         return;
     };
+    if live && SERVING.load(Ordering::SeqCst) == 0 {
+        return;
+    }
     for p in &config.pipelines {
         let spool = Spool::of(config, p);
         for folder in [
@@ -471,9 +495,10 @@ impl Worker {
     }
 
     fn run(&self, rx: &Receiver<Wake>) {
-        let Some(_serving) = self.serve_lock(rx) else {
+        let Some(_agent_lock) = self.serve_lock(rx) else {
             return;
         };
+        let _serving = Serving::start();
         match spool::scan(&self.spool.work) {
             Ok(spool::Scan {
                 found, incomplete, ..
