@@ -847,7 +847,7 @@ impl Worker {
                 log::warn!(
                     "pipeline={} bundle={name} attempt {attempt}/{max} failed at {}: {}; retrying in {backoff:?}",
                     self.pipeline.id,
-                    stage_name(&report),
+                    report.stage_name(),
                     report.error.as_deref().unwrap_or_default()
                 );
                 let deadline = Instant::now() + backoff;
@@ -896,14 +896,7 @@ impl Worker {
     }
 
     fn file_away(&self, path: &Path, name: &str, report: &RunReport, elapsed: u128) -> Outcome {
-        let actions: String = report
-            .destinations
-            .iter()
-            .map(|d| {
-                let action = d.action.as_deref().unwrap_or("none");
-                format!(" {}={action}", d.destination_id)
-            })
-            .collect();
+        let actions = report.actions();
         match spool::finish(&self.spool, path, name, report) {
             Ok(to) => {
                 let metrics = &self.tally.metrics;
@@ -916,16 +909,16 @@ impl Worker {
                         metrics.destination_succeeded(&self.pipeline.id, &d.destination_id, now);
                     }
                     log::info!(
-                        "pipeline={} bundle={name} done{actions} elapsed_ms={elapsed}",
+                        "pipeline={} bundle={name} done {actions} elapsed_ms={elapsed}",
                         self.pipeline.id
                     );
                 } else {
                     self.tally.failed.fetch_add(1, Ordering::Relaxed);
                     metrics.bundle_failed(&self.pipeline.id);
                     log::error!(
-                        "pipeline={} bundle={name} failed at {}{actions} elapsed_ms={elapsed}: {} (see {})",
+                        "pipeline={} bundle={name} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
                         self.pipeline.id,
-                        stage_name(report),
+                        report.stage_name(),
                         report.error.as_deref().unwrap_or_default(),
                         to.display()
                     );
@@ -949,14 +942,6 @@ impl Worker {
 fn manifest_is_complete_json(bundle: &Path) -> bool {
     std::fs::read(bundle.join(spool::MANIFEST))
         .is_ok_and(|bytes| serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok())
-}
-
-fn stage_name(report: &RunReport) -> String {
-    report
-        .stage
-        .and_then(|s| serde_json::to_value(s).ok())
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// Exponential backoff: 1 s, 2 s, 4 s, … capped at five minutes.

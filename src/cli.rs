@@ -322,6 +322,14 @@ fn load_config(flag: Option<&Path>) -> Result<Config, String> {
     config::load(&path).map_err(|e| e.to_string())
 }
 
+/// Loads the config, or prints why not and returns the usage exit code.
+fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
+    load_config(flag).map_err(|e| {
+        eprintln!("error: {e}");
+        EXIT_USAGE
+    })
+}
+
 fn print_report(report: &RunReport, json: bool) {
     if json {
         print!("{}", report.to_json());
@@ -406,16 +414,7 @@ fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         "pipeline={} bundle={} {} elapsed_ms={}",
         pipeline.id,
         args.bundle_dir.display(),
-        report
-            .destinations
-            .iter()
-            .map(|d| format!(
-                "{}={}",
-                d.destination_id,
-                d.action.as_deref().unwrap_or("none")
-            ))
-            .collect::<Vec<_>>()
-            .join(" "),
+        report.actions(),
         started.elapsed().as_millis()
     );
     print_report(&report, args.json);
@@ -564,12 +563,9 @@ fn with_target(
     op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
     json: bool,
 ) -> u8 {
-    let config = match load_config(flag) {
+    let config = match config_or_usage(flag) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     let Some(pipeline) = config.pipeline(&args.pipeline) else {
         eprintln!(
@@ -604,12 +600,9 @@ fn with_target(
 }
 
 fn spool_list(flag: Option<&Path>, pipeline: Option<&str>, folders: &[Folder], json: bool) -> u8 {
-    let config = match load_config(flag) {
+    let config = match config_or_usage(flag) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     if let Some(id) = pipeline
         && config.pipeline(id).is_none()
@@ -661,12 +654,9 @@ fn spool_list(flag: Option<&Path>, pipeline: Option<&str>, folders: &[Folder], j
 }
 
 fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
-    let config = match load_config(flag) {
+    let config = match config_or_usage(flag) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     let Some(p) = config.pipeline(pipeline) else {
         eprintln!(
@@ -694,12 +684,9 @@ fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
 }
 
 fn status(flag: Option<&Path>, json: bool) -> u8 {
-    let config = match load_config(flag) {
+    let config = match config_or_usage(flag) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     let now = time::OffsetDateTime::now_utc();
     let mut pipelines = Vec::new();

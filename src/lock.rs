@@ -20,7 +20,9 @@ pub enum LockError {
         "timed out after {waited:?} waiting for the lock on {root}/{LOCK_FILE}: another distributor process or an operator's flock holds it. The agent retries such bundles with backoff; if it persists, find the holder with `fuser {root}/{LOCK_FILE}`"
     )]
     Timeout { root: String, waited: Duration },
-    #[error("cannot open lock file {root}/{LOCK_FILE}: {source}")]
+    #[error(
+        "cannot open lock file {root}/{LOCK_FILE}: {source}; the agent's user must be able to create and write it, and it must be a regular file (not a link)"
+    )]
     Io {
         root: String,
         #[source]

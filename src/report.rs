@@ -17,6 +17,20 @@ pub enum Stage {
     Spool,
 }
 
+impl Stage {
+    /// The contract's spelling (`config`, `verify`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Config => "config",
+            Stage::Verify => "verify",
+            Stage::Plan => "plan",
+            Stage::Lock => "lock",
+            Stage::Publish => "publish",
+            Stage::Spool => "spool",
+        }
+    }
+}
+
 /// The compact identity of the published bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SourceReport {
@@ -98,6 +112,27 @@ impl RunReport {
         }
     }
 
+    /// `dest=action` for every destination, space-separated: the heart of
+    /// the one log line per bundle.
+    pub fn actions(&self) -> String {
+        self.destinations
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}={}",
+                    d.destination_id,
+                    d.action.as_deref().unwrap_or("none")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The stage of a failure, or "" on success.
+    pub fn stage_name(&self) -> &'static str {
+        self.stage.map_or("", Stage::as_str)
+    }
+
     /// Pretty JSON with a final newline.
     pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
@@ -141,11 +176,7 @@ impl RunReport {
         }
         match (&self.stage, &self.error) {
             (Some(stage), Some(error)) => {
-                let stage = serde_json::to_value(stage)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                let _ = writeln!(out, "failed at {stage}: {error}");
+                let _ = writeln!(out, "failed at {}: {error}", stage.as_str());
             }
             _ => {
                 let _ = writeln!(out, "ok");

@@ -38,20 +38,10 @@ struct RootState {
 
 impl RootState {
     fn listing(&self, desired: &[Desired]) -> io::Result<Listing> {
-        let mut entries = BTreeMap::new();
-        for path in plan::probe_paths(desired) {
-            let entry = match self.overlay.get(&path) {
-                Some(e) => *e,
-                None => self.root.entry(&path)?,
-            };
-            if entry != Entry::Missing {
-                entries.insert(path, entry);
-            }
-        }
         Ok(Listing {
             root_exists: true,
             top_level: self.top_level.iter().cloned().collect(),
-            entries,
+            entries: probe(&self.root, desired, &self.overlay)?,
             all: Vec::new(),
         })
     }

@@ -170,14 +170,7 @@ pub fn publish(
         }
         return match f {
             Failure::Bundle(e) => report.fail(Stage::Verify, e.to_string(), e.is_transient()),
-            Failure::Io(e) => {
-                let message = format!(
-                    "publishing to {} failed: {e}",
-                    prepared[i].destination.root.display()
-                );
-                report.destinations[i].error = Some(message.clone());
-                report.fail(Stage::Publish, message, storage::is_transient(&e))
-            }
+            Failure::Io(e) => write_failed(report, i, prepared[i].destination, &e),
             Failure::Other(e) => report.fail(Stage::Publish, e, false),
         };
     }
@@ -189,12 +182,7 @@ pub fn publish(
             .1;
         if let Err(e) = commit(p, temps) {
             roll_back(p);
-            let message = format!(
-                "publishing to {} failed: {e}",
-                prepared[*i].destination.root.display()
-            );
-            report.destinations[*i].error = Some(message.clone());
-            return report.fail(Stage::Publish, message, storage::is_transient(&e));
+            return write_failed(report, *i, prepared[*i].destination, &e);
         }
         report.bytes_published += p.plan.writes.iter().map(|d| d.size).sum::<u64>();
     }
@@ -308,6 +296,23 @@ fn prepare_bundle<'a>(
         prepared,
         verified,
     })
+}
+
+/// The report of a write that failed in destination `i` (after its root
+/// was settled from the journal).
+fn write_failed(mut report: RunReport, i: usize, d: &Destination, e: &io::Error) -> RunReport {
+    let transient = storage::is_transient(e);
+    let next = if transient {
+        "the agent retries it with backoff; if it persists, free space or fix permissions on the root, then `distributor spool retry`"
+    } else {
+        "fix the cause, then publish the bundle again"
+    };
+    let message = format!(
+        "publishing to {} failed: {e}; the root was left consistent (its catalog matches its files), {next}",
+        d.root.display()
+    );
+    report.destinations[i].error = Some(message.clone());
+    report.fail(Stage::Publish, message, transient)
 }
 
 /// Why preparing or staging a publication stopped.
@@ -590,23 +595,36 @@ fn list(
     d: &Destination,
     force: bool,
 ) -> io::Result<Listing> {
-    let mut entries = BTreeMap::new();
-    for path in plan::probe_paths(desired) {
-        let entry = root.entry(&path)?;
-        if entry != Entry::Missing {
-            entries.insert(path, entry);
-        }
-    }
     Ok(Listing {
         root_exists: true,
         top_level: root.top_level()?,
-        entries,
+        entries: probe(root, desired, &BTreeMap::new())?,
         all: if plan::needs_walk(state, d.workflow, force) {
             root.walk()?
         } else {
             Vec::new()
         },
     })
+}
+
+/// What storage holds at each planned path and the folders above it (the
+/// planner's view); `overlay` answers for paths a batch has already planned.
+fn probe(
+    root: &Root,
+    desired: &[Desired],
+    overlay: &BTreeMap<String, Entry>,
+) -> io::Result<BTreeMap<String, Entry>> {
+    let mut entries = BTreeMap::new();
+    for path in plan::probe_paths(desired) {
+        let entry = match overlay.get(&path) {
+            Some(e) => *e,
+            None => root.entry(&path)?,
+        };
+        if entry != Entry::Missing {
+            entries.insert(path, entry);
+        }
+    }
+    Ok(entries)
 }
 
 /// Folders above the planned outputs that do not exist yet, shallowest first.

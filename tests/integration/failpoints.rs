@@ -7,15 +7,12 @@ use crate::util::{Test, assert_catalog_matches_disk, is_reserved, sha256_file};
 use std::fs;
 use std::path::Path;
 
-const PUBLISH_POINTS: &[&str] = &[
-    "publish.after_journal",
-    "publish.after_clear",
-    "publish.after_stage",
-    "publish.after_rename",
-    "publish.after_delete",
-    "publish.before_catalog",
-    "publish.after_catalog",
-];
+use distributor::failpoint::POINTS;
+
+/// The crash points inside a publication (the rest are the spool's).
+fn publish_points() -> impl Iterator<Item = &'static str> {
+    POINTS.iter().copied().filter(|p| p.starts_with("publish."))
+}
 
 fn config(workflow: &str) -> String {
     format!(
@@ -160,7 +157,7 @@ fn reached(workflow: &str, point: &str, nth: u32) -> bool {
 fn every_publication_step_crash_converges_for_both_workflows() {
     let mut hits = 0;
     for workflow in ["additive", "replacement"] {
-        for point in PUBLISH_POINTS {
+        for point in publish_points() {
             for nth in [1, 2, 5] {
                 let hit = crash_and_rerun(workflow, point, nth);
                 assert_eq!(
@@ -232,12 +229,8 @@ fn names(t: &Test, folder: &str) -> Vec<String> {
 
 #[test]
 fn agent_crash_at_every_step_files_each_bundle_exactly_once() {
-    let points: Vec<&str> = PUBLISH_POINTS
-        .iter()
-        .copied()
-        .chain(["spool.after_result", "spool.after_move"])
-        .collect();
-    for point in points {
+    // Every crash point: the publication's and the spool's.
+    for &point in POINTS {
         let t = Test::new();
         t.config(agent_config());
         t.mkdir("spool/p/inbox");
