@@ -224,6 +224,7 @@ fn start_watcher(routes: Vec<(PathBuf, Sender<Wake>)>) -> Option<notify::Recomme
                 log::info!("file watcher lost events; rescanning every inbox");
                 wake_all();
             }
+            Ok(event) if !is_hint(event.kind) => {}
             Ok(event) => {
                 for (inbox, tx) in &handler_routes {
                     if event.paths.iter().any(|p| p.starts_with(inbox)) {
@@ -253,6 +254,18 @@ fn start_watcher(routes: Vec<(PathBuf, Sender<Wake>)>) -> Option<notify::Recomme
         }
     }
     Some(watcher)
+}
+
+/// Whether a watcher event can mean a bundle arrived or changed. Opening,
+/// reading and closing without writing are not: the agent's own scans open
+/// the inbox and its manifests, and waking on those would rescan forever.
+fn is_hint(kind: notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode};
+    match kind {
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        notify::EventKind::Access(_) => false,
+        _ => true,
+    }
 }
 
 /// What the main thread hears.
@@ -959,5 +972,31 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(2));
         assert_eq!(backoff(4), Duration::from_secs(8));
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn only_changes_are_hints() {
+        use notify::EventKind;
+        use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
+        let cases = [
+            (EventKind::Access(AccessKind::Open(AccessMode::Any)), false),
+            (EventKind::Access(AccessKind::Read), false),
+            (
+                EventKind::Access(AccessKind::Close(AccessMode::Read)),
+                false,
+            ),
+            (
+                EventKind::Access(AccessKind::Close(AccessMode::Write)),
+                true,
+            ),
+            (EventKind::Create(CreateKind::Folder), true),
+            (EventKind::Modify(ModifyKind::Name(RenameMode::To)), true),
+            (EventKind::Remove(notify::event::RemoveKind::Any), true),
+            (EventKind::Any, true),
+            (EventKind::Other, true),
+        ];
+        for (kind, expected) in cases {
+            assert_eq!(is_hint(kind), expected, "{kind:?}");
+        }
     }
 }

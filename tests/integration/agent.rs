@@ -857,6 +857,40 @@ fn live_agent_publishes_a_bundle_renamed_in_from_a_dot_folder() {
     );
 }
 
+/// CPU time (user + system) the process has used so far, in clock ticks.
+fn cpu_ticks(agent: &Proc) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{}/stat", agent.child.id())).expect("stat");
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn live_agent_goes_idle_after_publishing() {
+    // The agent's own scans open the inbox and read manifests; a watcher
+    // that woke on those events would rescan forever and burn a core.
+    let dir = Dir::new();
+    dir.config(&config_p(LIVE));
+    let agent = dir.agent();
+    let inbox = dir.spool("p", "inbox");
+    let bundle = dir.sealed("idle", &[("a.md", b"# a\n")]);
+    drop_into(&bundle, &inbox.join("idle"));
+    wait_done(&dir, &agent, "p", "idle");
+
+    sleep(Duration::from_millis(300));
+    let before = cpu_ticks(&agent);
+    sleep(Duration::from_secs(2));
+    let used = cpu_ticks(&agent) - before;
+    // A busy loop uses ~200 ticks in 2 s at 100 Hz; an idle agent about 0.
+    assert!(
+        used < 40,
+        "the idle agent used {used} clock ticks of CPU in 2 s:\n{}",
+        agent.stderr()
+    );
+    stop(agent);
+}
+
 #[test]
 fn live_agent_publishes_a_bundle_written_in_place_with_the_manifest_last() {
     let dir = Dir::new();
