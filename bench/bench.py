@@ -145,33 +145,33 @@ def bench_backlog(work, count, runs):
     src = os.path.join(base, "src")
     os.makedirs(src)
     make_backlog(src, count)
-    config = os.path.join(base, "config.yaml")
-    spool = os.path.join(base, "spool")
-    root = os.path.join(base, "root")
-    write_config(config, spool, root)
     ours, rsync, loop = [], [], []
-    for _ in range(runs):
-        shutil.rmtree(spool, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
+    # Every run writes into fresh folders and nothing is deleted until the
+    # end: on ext4 without a journal, creating a file in a block group with
+    # thousands of inodes freed in the last minutes scans past each of them
+    # (fs/ext4/ialloc.c, recently_deleted), which made every tool's figure
+    # depend on how much the previous run had just cleaned up.
+    for run in range(runs):
+        rbase = os.path.join(base, f"run{run}")
+        config = os.path.join(rbase, "config.yaml")
+        spool = os.path.join(rbase, "spool")
         os.makedirs(os.path.join(spool, "bench"))
+        write_config(config, spool, os.path.join(rbase, "root"))
         sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
         sh("sync")
         t, _ = timed([BIN, "--config", config, "agent", "--once"],
                      env=dict(os.environ, RUST_LOG="warn"))
         ours.append(t)
 
-        dest = os.path.join(base, "rsync-dest")
-        shutil.rmtree(dest, ignore_errors=True)
+        dest = os.path.join(rbase, "rsync-dest")
         sh("sync")
         start = time.perf_counter()
         sh(["rsync", "-a", "--checksum", "--fsync", src + "/", dest + "/"])
         rsync.append(time.perf_counter() - start)
 
-        lsrc = os.path.join(base, "loop-inbox")
-        ldest = os.path.join(base, "loop-dest")
-        ldone = os.path.join(base, "loop-done")
-        for d in (lsrc, ldest, ldone):
-            shutil.rmtree(d, ignore_errors=True)
+        lsrc = os.path.join(rbase, "loop-inbox")
+        ldest = os.path.join(rbase, "loop-dest")
+        ldone = os.path.join(rbase, "loop-done")
         sh(["cp", "-a", src, lsrc])
         os.makedirs(ldest)
         os.makedirs(ldone)

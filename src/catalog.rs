@@ -7,7 +7,7 @@
 
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -191,6 +191,11 @@ impl Catalog {
             .map(|i| &self.outputs[i])
     }
 
+    /// Index of the first record whose path is `key` or after it.
+    pub fn first_index_from(&self, key: &str) -> usize {
+        self.outputs.partition_point(|r| r.path.as_str() < key)
+    }
+
     /// Sorts outputs by path (byte order of the UTF-8 text).
     pub fn sort(&mut self) {
         self.outputs
@@ -234,6 +239,116 @@ impl Catalog {
         serde_json::to_writer_pretty(&mut buffered, &out).map_err(std::io::Error::other)?;
         std::io::Write::write_all(&mut buffered, b"\n")?;
         std::io::Write::flush(&mut buffered)
+    }
+}
+
+/// A catalog plus changes not merged into it yet: what a batch plans
+/// against. Recording a bundle's changes costs O(changes · log), not a pass
+/// over every record, and the merge happens once at the end.
+#[derive(Debug)]
+pub struct Overlay {
+    base: Catalog,
+    /// Upserted records (`Some`) and removed paths (`None`), by path.
+    changes: BTreeMap<String, Option<OutputRecord>>,
+}
+
+impl Overlay {
+    pub fn new(base: Catalog) -> Overlay {
+        Overlay {
+            base,
+            changes: BTreeMap::new(),
+        }
+    }
+
+    /// The catalog before any change was recorded.
+    pub fn base(&self) -> &Catalog {
+        &self.base
+    }
+
+    /// The record at `path` with the changes applied.
+    pub fn get(&self, path: &str) -> Option<&OutputRecord> {
+        match self.changes.get(path) {
+            Some(change) => change.as_ref(),
+            None => self.base.get(path),
+        }
+    }
+
+    /// The first record (changes applied) whose path is `key` or after it.
+    pub fn first_from(&self, key: &str) -> Option<&OutputRecord> {
+        let from_base = self.base.outputs[self.base.first_index_from(key)..]
+            .iter()
+            .find(|r| !matches!(self.changes.get(r.path.as_str()), Some(None)));
+        let from_changes = self
+            .changes
+            .range::<str, _>((std::ops::Bound::Included(key), std::ops::Bound::Unbounded))
+            .find_map(|(_, change)| change.as_ref());
+        match (from_base, from_changes) {
+            (Some(b), Some(c)) if c.path.as_str() <= b.path.as_str() => Some(c),
+            (Some(b), _) => Some(b),
+            (None, c) => c,
+        }
+    }
+
+    /// Every record (changes applied), sorted by path.
+    pub fn iter(&self) -> impl Iterator<Item = &OutputRecord> {
+        let mut base = self.base.outputs.iter().peekable();
+        let mut changes = self.changes.iter().peekable();
+        std::iter::from_fn(move || {
+            loop {
+                let take_change = match (base.peek(), changes.peek()) {
+                    (None, None) => return None,
+                    (Some(_), None) => false,
+                    (None, Some(_)) => true,
+                    (Some(b), Some((path, _))) => path.as_str() <= b.path.as_str(),
+                };
+                if !take_change {
+                    return base.next();
+                }
+                let (path, change) = changes.next()?;
+                if base
+                    .peek()
+                    .is_some_and(|b| b.path.as_str() == path.as_str())
+                {
+                    base.next();
+                }
+                if let Some(record) = change {
+                    return Some(record);
+                }
+            }
+        })
+    }
+
+    /// Records upserts (each replacing any record at its path) and removals.
+    pub fn record(&mut self, upserts: &[OutputRecord], removes: &[String]) {
+        for path in removes {
+            self.changes.insert(path.clone(), None);
+        }
+        for r in upserts {
+            self.changes
+                .insert(r.path.as_str().to_owned(), Some(r.clone()));
+        }
+    }
+
+    /// Merges the changes in one pass; `now` becomes `updated_at`.
+    pub fn into_catalog(self, now: OffsetDateTime) -> Catalog {
+        let Overlay { mut base, changes } = self;
+        let old = std::mem::take(&mut base.outputs);
+        let mut merged = Vec::with_capacity(old.len() + changes.len());
+        let mut changes = changes.into_iter().peekable();
+        for r in old {
+            while let Some((_, change)) = changes.next_if(|(p, _)| p.as_str() < r.path.as_str()) {
+                merged.extend(change);
+            }
+            match changes.next_if(|(p, _)| p.as_str() == r.path.as_str()) {
+                Some((_, change)) => merged.extend(change),
+                None => merged.push(r),
+            }
+        }
+        merged.extend(changes.filter_map(|(_, change)| change));
+        base.outputs = merged;
+        base.updated_at = now;
+        base.distributor_version = Some(env!("CARGO_PKG_VERSION").to_owned());
+        base
     }
 }
 
@@ -582,5 +697,77 @@ pub(crate) mod tests {
         fn parse_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
             let _ = State::parse(&bytes);
         }
+    }
+
+    fn record_at(path: &str, size: u64) -> OutputRecord {
+        let State::Catalog(c) = State::parse(SEED_V4.as_bytes()) else {
+            panic!("seed must be a valid catalog");
+        };
+        let mut r = c.outputs[0].clone();
+        r.path = RelPath::parse(path).unwrap();
+        r.size = size;
+        r
+    }
+
+    #[test]
+    fn overlay_reads_like_the_merged_catalog_and_merges_once() {
+        let now = parse_time("2026-07-01T00:00:00Z").unwrap();
+        let mut base = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
+        base.outputs = ["a/x", "a/y", "b", "c/z", "d"]
+            .iter()
+            .map(|p| record_at(p, 1))
+            .collect();
+        let mut overlay = Overlay::new(base.clone());
+        // Reference: a plain map with each step applied in order.
+        let mut reference: BTreeMap<String, OutputRecord> = base
+            .outputs
+            .iter()
+            .map(|r| (r.path.as_str().to_owned(), r.clone()))
+            .collect();
+        let steps: [(&[&str], &[&str]); 4] = [
+            (&["a/w", "b"], &[]),
+            (&[], &["a/x", "c/z"]),
+            (&["c/z", "e/f"], &["d"]),
+            (&["0"], &["a/w"]),
+        ];
+        for (n, (upserts, removes)) in steps.iter().enumerate() {
+            let size = n as u64 + 2;
+            let upserts: Vec<OutputRecord> = upserts.iter().map(|p| record_at(p, size)).collect();
+            let removes: Vec<String> = removes.iter().map(|p| p.to_string()).collect();
+            overlay.record(&upserts, &removes);
+            for p in &removes {
+                reference.remove(p);
+            }
+            for r in upserts {
+                reference.insert(r.path.as_str().to_owned(), r);
+            }
+            let merged: Vec<&OutputRecord> = reference.values().collect();
+            let seen: Vec<&OutputRecord> = overlay.iter().collect();
+            assert_eq!(seen, merged, "step {n}: iter");
+            for key in [
+                "", "0", "a", "a/", "a/x", "a/y", "b", "b/", "c/", "c/z", "d", "e", "f",
+            ] {
+                assert_eq!(
+                    overlay.get(key),
+                    reference.get(key),
+                    "step {n}: get {key:?}"
+                );
+                let first = reference
+                    .range::<str, _>((std::ops::Bound::Included(key), std::ops::Bound::Unbounded))
+                    .next()
+                    .map(|(_, r)| r);
+                assert_eq!(
+                    overlay.first_from(key),
+                    first,
+                    "step {n}: first_from {key:?}"
+                );
+            }
+        }
+        assert_eq!(overlay.base(), &base);
+        let merged = overlay.into_catalog(now);
+        let expected: Vec<OutputRecord> = reference.into_values().collect();
+        assert_eq!(merged.outputs, expected);
+        assert_eq!(merged.updated_at, now);
+        assert_eq!(merged.created_at, base.created_at);
     }
 }

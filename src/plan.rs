@@ -6,7 +6,7 @@
 //! and no clock here: `now` is an input, so every rule is a small unit test.
 
 use crate::catalog::{
-    Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, STATE_FILE, SourceIdentity, State,
+    Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, Overlay, STATE_FILE, SourceIdentity, State,
 };
 use crate::config::Workflow;
 use crate::paths::RelPath;
@@ -90,7 +90,8 @@ impl Desired {
 #[derive(Debug, Clone, Default)]
 pub struct Listing {
     pub root_exists: bool,
-    /// Top-level names, reserved ones aside.
+    /// Top-level names, reserved ones aside; filled only when
+    /// [`needs_top_level`] says so.
     pub top_level: Vec<String>,
     /// Entries at every planned path and each of its folders.
     pub entries: BTreeMap<String, Entry>,
@@ -113,6 +114,13 @@ pub fn probe_paths(desired: &[Desired]) -> BTreeSet<String> {
         paths.extend(d.path.ancestors().map(str::to_owned));
     }
     paths
+}
+
+/// True when planning needs the root's top-level names: only a root without
+/// state (is it empty?) and `--force` (what it clears) look at them, so a
+/// publication into a large flat root does not list it.
+pub fn needs_top_level(state: &State, force: bool) -> bool {
+    force || matches!(state, State::Absent)
 }
 
 /// True when planning needs the full listing of the root (clearing plans).
@@ -427,10 +435,7 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
             }
         }
         let below = format!("{path}/");
-        let first_below = catalog
-            .outputs
-            .partition_point(|r| r.path.as_str() < below.as_str());
-        if let Some(r) = catalog.outputs.get(first_below)
+        if let Some(r) = catalog.outputs.get(catalog.first_index_from(&below))
             && r.path.as_str().starts_with(&below)
         {
             conflicts.push(format!(
@@ -498,6 +503,46 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
         Workflow::Replacement => Action::ReplaceCatalog,
     };
     write_plan(input, action, Some(catalog), Vec::new(), delete_after)
+}
+
+/// The records that planning `desired` can consult, taken from `records` (a
+/// catalog with a batch's pending changes): the record at each planned path
+/// and at each folder above it, the first record below each planned path,
+/// and for a replacement every record of the destination. Planning against
+/// this small catalog decides exactly what planning against all of
+/// `records` would, without a pass over every record per bundle.
+pub fn catalog_view(
+    records: &Overlay,
+    desired: &[Desired],
+    workflow: Workflow,
+    pipeline_id: &str,
+    destination_id: &str,
+) -> Catalog {
+    let mut picked: BTreeMap<&str, &OutputRecord> = BTreeMap::new();
+    for d in desired {
+        let below = format!("{}/", d.path);
+        let at_or_above = d.path.ancestors().chain([d.path.as_str()]);
+        for r in at_or_above
+            .filter_map(|a| records.get(a))
+            .chain(records.first_from(&below))
+        {
+            picked.insert(r.path.as_str(), r);
+        }
+    }
+    if workflow == Workflow::Replacement {
+        for r in records.iter() {
+            if r.owned_by(pipeline_id, destination_id) {
+                picked.insert(r.path.as_str(), r);
+            }
+        }
+    }
+    let base = records.base();
+    Catalog {
+        distributor_version: base.distributor_version.clone(),
+        created_at: base.created_at,
+        updated_at: base.updated_at,
+        outputs: picked.into_values().cloned().collect(),
+    }
 }
 
 /// Percent-encodes one path segment: every byte but `A-Z a-z 0-9 - . _ ~`,
@@ -651,6 +696,7 @@ mod tests {
         Entry::File { size }
     }
 
+    #[derive(Clone)]
     struct Case {
         name: &'static str,
         workflow: Workflow,
@@ -1042,6 +1088,26 @@ mod tests {
                 .as_ref()
                 .map(|c| c.outputs.iter().map(|r| r.path.as_str()).collect());
             assert_eq!(recorded.as_deref(), case.recorded, "{name}: catalog");
+            // A batch plans over the records the plan can consult.
+            if let (State::Catalog(c), false) = (&case.state, case.force) {
+                let records = Overlay::new(c.clone());
+                let view = catalog_view(&records, &case.desired, case.workflow, P, D);
+                let viewed = run(&Case {
+                    state: State::Catalog(view),
+                    ..case.clone()
+                });
+                assert_eq!(viewed, plan, "{name}: plan over the catalog view");
+            }
+            // The publisher lists the top level only when planning needs it.
+            if !needs_top_level(&case.state, case.force) {
+                let mut listing = case.listing.clone();
+                listing.top_level.clear();
+                let without = run(&Case {
+                    listing,
+                    ..case.clone()
+                });
+                assert_eq!(without, plan, "{name}: plan depends on the top level");
+            }
         }
     }
 

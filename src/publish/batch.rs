@@ -14,6 +14,7 @@
 //! roots, and the caller publishes the bundles one by one.
 
 use super::*;
+use crate::catalog::Overlay;
 
 /// A planned bundle: its report so far and its plan per destination.
 struct Accepted<'a> {
@@ -26,21 +27,21 @@ struct Accepted<'a> {
 struct RootState {
     root: Root,
     _lock: RootLock,
-    /// The catalog as the bundles planned so far leave it.
-    catalog: Catalog,
-    /// The catalog before the batch (the journal's "old" records).
-    initial: Catalog,
+    /// The catalog before the batch (the journal's "old" records) and the
+    /// changes of the bundles planned so far.
+    records: Overlay,
     /// Storage entries as the bundles planned so far leave them; paths not
     /// here are read from disk.
     overlay: BTreeMap<String, Entry>,
-    top_level: BTreeSet<String>,
 }
 
 impl RootState {
     fn listing(&self, desired: &[Desired]) -> io::Result<Listing> {
+        // A batch plans over a catalog without force, which never looks at
+        // the top level (plan::needs_top_level).
         Ok(Listing {
             root_exists: true,
-            top_level: self.top_level.iter().cloned().collect(),
+            top_level: Vec::new(),
             entries: probe(&self.root, desired, &self.overlay)?,
             all: Vec::new(),
         })
@@ -54,15 +55,14 @@ impl RootState {
             }
             self.overlay
                 .insert(d.path.as_str().to_owned(), Entry::File { size: d.size });
-            let top = d.path.segments().next().unwrap_or_default();
-            self.top_level.insert(top.to_owned());
         }
         for gone in &plan.delete_after {
             self.overlay.insert(gone.clone(), Entry::Missing);
         }
         if let Some(update) = &plan.update {
-            let current = std::mem::replace(&mut self.catalog, Catalog::new(update.now));
-            self.catalog = update.apply(Some(current));
+            // Batches plan over a catalog, so updates always keep it.
+            debug_assert!(update.keep_existing);
+            self.records.record(&update.upserts, &update.removes);
         }
     }
 }
@@ -112,17 +112,11 @@ pub fn publish_batch(
         let Ok(State::Catalog(catalog)) = journal::recover(&root, true, now) else {
             return Batch::OneFirst;
         };
-        let Ok(top_level) = root.top_level() else {
-            return Batch::OneByOne;
-        };
-        let top_level = top_level.into_iter().collect();
         roots[j] = Some(RootState {
             root,
             _lock: lock,
-            initial: catalog.clone(),
-            catalog,
+            records: Overlay::new(catalog),
             overlay: BTreeMap::new(),
-            top_level,
         });
     }
     let Some(mut roots) = roots.into_iter().collect::<Option<Vec<RootState>>>() else {
@@ -149,15 +143,23 @@ pub fn publish_batch(
     for (index, mut r) in ready {
         let mut plans = Vec::new();
         for (j, prepared) in r.prepared.iter().enumerate() {
-            // Lend the catalog to the planner instead of copying it.
-            let state = State::Catalog(std::mem::replace(&mut roots[j].catalog, Catalog::new(now)));
+            // Only the records this plan can consult, not the whole catalog.
+            let d = prepared.destination;
+            let view = plan::catalog_view(
+                &roots[j].records,
+                &prepared.desired,
+                d.workflow,
+                &pipeline.id,
+                &d.id,
+            );
+            let state = State::Catalog(view);
             let Ok(listing) = roots[j].listing(&prepared.desired) else {
                 return Batch::OneByOne;
             };
             plans.push(plan::plan(&PlanInput {
                 pipeline_id: &pipeline.id,
-                destination_id: &prepared.destination.id,
-                workflow: prepared.destination.workflow,
+                destination_id: &d.id,
+                workflow: d.workflow,
                 force: false,
                 source: &r.source,
                 desired: &prepared.desired,
@@ -165,9 +167,6 @@ pub fn publish_batch(
                 listing: &listing,
                 now,
             }));
-            if let State::Catalog(c) = state {
-                roots[j].catalog = c;
-            }
         }
         if let Some(refused) = record_plans(&mut r.report, plans.iter().enumerate()) {
             // An invalid bundle is reported as such, not as a refusal.
@@ -249,7 +248,9 @@ pub fn publish_batch(
         }
     }
     for (j, writes, deletes, temps) in &staged_roots {
-        if let Err(e) = commit_root(&roots[*j], writes, deletes, temps) {
+        let records = std::mem::replace(&mut roots[*j].records, Overlay::new(Catalog::new(now)));
+        let catalog = records.into_catalog(now);
+        if let Err(e) = commit_root(&roots[*j].root, &catalog, writes, deletes, temps) {
             log::error!(
                 "{}: batch publication failed while committing ({e}); settling the root from its journal",
                 roots[*j].root.path().display()
@@ -299,9 +300,9 @@ fn stage_root(
         writes: writes
             .keys()
             .filter_map(|path| {
-                state.catalog.get(path).map(|new| JournalWrite {
+                state.records.get(path).map(|new| JournalWrite {
                     new: new.clone(),
-                    old: state.initial.get(path).cloned(),
+                    old: state.records.base().get(path).cloned(),
                 })
             })
             .collect(),
@@ -365,12 +366,12 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
 /// Renames, deletes and writes the catalog of one root (made durable by a
 /// second barrier), then drops its journal.
 fn commit_root(
-    state: &RootState,
+    root: &Root,
+    catalog: &Catalog,
     writes: &BTreeMap<String, (usize, Desired)>,
     deletes: &BTreeSet<String>,
     temps: &[String],
 ) -> io::Result<()> {
-    let root = &state.root;
     // The barrier below covers every folder; no per-folder fsync needed.
     move_into_place(
         root,
@@ -378,7 +379,7 @@ fn commit_root(
         deletes,
     )?;
     failpoint::hit("publish.before_catalog");
-    root.write_reserved_unsynced(STATE_FILE, &mut |w| state.catalog.write_json(w))?;
+    root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
     // Renames, deletions and the catalog are durable before the journal goes.
     root.sync()?;
     failpoint::hit("publish.after_catalog");

@@ -597,7 +597,11 @@ fn list(
 ) -> io::Result<Listing> {
     Ok(Listing {
         root_exists: true,
-        top_level: root.top_level()?,
+        top_level: if plan::needs_top_level(state, force) {
+            root.top_level()?
+        } else {
+            Vec::new()
+        },
         entries: probe(root, desired, &BTreeMap::new())?,
         all: if plan::needs_walk(state, d.workflow, force) {
             root.walk()?
