@@ -512,6 +512,13 @@ impl Worker {
             return;
         };
         let _serving = Serving::start();
+        if let Err(e) = spool::settle_batch(&self.spool) {
+            log::error!(
+                "pipeline={}: cannot settle {} ({e}); the attempt it recorded is not counted",
+                self.pipeline.id,
+                self.spool.work.join(spool::BATCH_FILE).display()
+            );
+        }
         match spool::scan(&self.spool.work) {
             Ok(spool::Scan {
                 found, incomplete, ..
@@ -529,6 +536,13 @@ impl Worker {
                 for f in found {
                     if self.stopping() {
                         return;
+                    }
+                    if let Err(e) = spool::remove_stale_temps(&f.path) {
+                        log::warn!(
+                            "pipeline={}: cannot clean {}: {e}",
+                            self.pipeline.id,
+                            f.path.display()
+                        );
                     }
                     self.process(&f.path, &f.name, rx);
                 }
@@ -776,14 +790,18 @@ impl Worker {
     /// Publishes several claimed bundles as one transaction per root and
     /// files each away (a transient failure is retried alone).
     fn try_batch(&self, claimed: &[(PathBuf, String)], rx: &Receiver<Wake>) -> publish::Batch {
-        for (path, name) in claimed {
-            let attempt = spool::attempts(path) + 1;
-            if let Err(e) = spool::set_attempts(path, attempt) {
-                log::error!(
-                    "pipeline={} bundle={name}: cannot record the attempt count: {e}",
-                    self.pipeline.id
-                );
-            }
+        // One file records the attempt of the whole batch; a bundle gets its
+        // own counter only when it is retried alone.
+        let attempts: Vec<(String, u32)> = claimed
+            .iter()
+            .map(|(path, name)| (name.clone(), spool::attempts(path) + 1))
+            .collect();
+        if let Err(e) = spool::begin_batch(&self.spool, &attempts) {
+            log::error!(
+                "pipeline={}: cannot record the batch's attempt in {}: {e}",
+                self.pipeline.id,
+                self.spool.work.join(spool::BATCH_FILE).display()
+            );
         }
         let started = Instant::now();
         let dirs: Vec<&Path> = claimed.iter().map(|(p, _)| p.as_path()).collect();
@@ -804,24 +822,35 @@ impl Worker {
                     self.pipeline.id,
                     reports.len()
                 );
-                for ((path, name), report) in claimed.iter().zip(reports) {
+                for (((path, name), report), (_, attempt)) in
+                    claimed.iter().zip(reports).zip(&attempts)
+                {
                     for w in &report.warnings {
                         log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
                     }
                     if !report.ok && report.transient {
-                        // Retried alone, with backoff.
+                        // Retried alone, with backoff, counting the batch's attempt.
+                        if let Err(e) = spool::set_attempts(path, *attempt) {
+                            log::error!(
+                                "pipeline={} bundle={name}: cannot record the attempt count: {e}",
+                                self.pipeline.id
+                            );
+                        }
                         self.process(path, name, rx);
                     } else {
                         self.file_away(path, name, report, elapsed);
                     }
                 }
             }
-            publish::Batch::OneFirst | publish::Batch::OneByOne | publish::Batch::Stopped => {
-                // Nothing was attempted: undo the attempt counts.
-                for (path, _) in claimed {
-                    let _ = spool::set_attempts(path, spool::attempts(path).saturating_sub(1));
-                }
-            }
+            // Nothing was attempted: the batch file goes, no counter changed.
+            publish::Batch::OneFirst | publish::Batch::OneByOne | publish::Batch::Stopped => {}
+        }
+        if let Err(e) = spool::end_batch(&self.spool) {
+            log::warn!(
+                "pipeline={}: cannot remove {}: {e}",
+                self.pipeline.id,
+                self.spool.work.join(spool::BATCH_FILE).display()
+            );
         }
         outcome
     }

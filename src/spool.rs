@@ -15,6 +15,9 @@ use std::time::SystemTime;
 pub const RESULT_FILE: &str = ".distributor-result.json";
 /// Attempt counter kept inside a bundle in `work/`.
 pub const ATTEMPTS_FILE: &str = ".distributor-attempts";
+/// The attempt a batch of bundles in `work/` is making, kept in `work/`
+/// while the batch runs: one file for the batch instead of one per bundle.
+pub const BATCH_FILE: &str = ".distributor-batch.json";
 /// The manifest whose presence makes a bundle complete.
 pub const MANIFEST: &str = crate::bundle::MANIFEST;
 
@@ -237,9 +240,10 @@ fn write_in_place(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Removes temporary files that a killed agent left at the top of a bundle
-/// (half-written result or attempt files). Only this pipeline's worker
-/// touches a bundle in work/, so any found there is stale.
-fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
+/// in work/ (half-written result or attempt files of older versions, which
+/// wrote them through a temporary file). Only this pipeline's worker touches
+/// a bundle in work/, so any found there is stale.
+pub fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
     for entry in fs::read_dir(bundle)? {
         let entry = entry?;
         if entry
@@ -267,10 +271,52 @@ pub fn set_attempts(bundle: &Path, n: u32) -> io::Result<()> {
     write_in_place(bundle, ATTEMPTS_FILE, format!("{n}\n").as_bytes())
 }
 
+/// Records that the bundles of `attempts` (name in work/, attempt number)
+/// start that attempt together. Like the per-bundle counter it is written
+/// in place without fsync.
+pub fn begin_batch(spool: &Spool, attempts: &[(String, u32)]) -> io::Result<()> {
+    let doc: std::collections::BTreeMap<&str, u32> = attempts
+        .iter()
+        .map(|(name, n)| (name.as_str(), *n))
+        .collect();
+    let bytes = serde_json::to_vec(&doc).map_err(io::Error::other)?;
+    write_in_place(&spool.work, BATCH_FILE, &bytes)
+}
+
+/// The batch is over; its bundles carry their own counters from here on.
+pub fn end_batch(spool: &Spool) -> io::Result<()> {
+    match fs::remove_file(spool.work.join(BATCH_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// After a crash during a batch: each bundle of the batch still in work/
+/// gets the attempt the batch had started as its own counter, then the
+/// batch file goes. A torn batch file (power cut) only loses that attempt.
+pub fn settle_batch(spool: &Spool) -> io::Result<()> {
+    let bytes = match fs::read(spool.work.join(BATCH_FILE)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let doc: std::collections::BTreeMap<String, u32> =
+        serde_json::from_slice(&bytes).unwrap_or_default();
+    for (name, n) in doc {
+        if name.contains('/') || name == "." || name == ".." || is_ignored_name(&name) {
+            continue;
+        }
+        let bundle = spool.work.join(&name);
+        if bundle.is_dir() && attempts(&bundle) < n {
+            set_attempts(&bundle, n)?;
+        }
+    }
+    end_batch(spool)
+}
+
 /// Writes the result document into the bundle, then files it into `done/`
 /// or `failed/`. Returns where it went.
 pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
-    remove_stale_temps(bundle)?;
     write_in_place(bundle, RESULT_FILE, report.to_json().as_bytes())?;
     crate::failpoint::hit("spool.after_result");
     let to = if report.ok {
@@ -463,6 +509,56 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, ["x", "x.1", "x.2"]);
+    }
+
+    #[test]
+    fn a_batch_left_by_a_crash_becomes_per_bundle_counters() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        for name in ["fresh", "retried", "gone-to-done"] {
+            fs::create_dir(s.work.join(name)).unwrap();
+        }
+        set_attempts(&s.work.join("retried"), 4).unwrap();
+        fs::rename(s.work.join("gone-to-done"), s.done.join("gone-to-done")).unwrap();
+        fs::create_dir(tmp.path().join("outside")).unwrap();
+        let batch: Vec<(String, u32)> = [
+            ("fresh", 1),
+            ("retried", 3),
+            ("gone-to-done", 1),
+            ("../outside", 1),
+        ]
+        .iter()
+        .map(|(n, a)| (n.to_string(), *a))
+        .collect();
+        begin_batch(&s, &batch).unwrap();
+
+        settle_batch(&s).unwrap();
+        assert_eq!(
+            attempts(&s.work.join("fresh")),
+            1,
+            "the batch's attempt counts"
+        );
+        assert_eq!(
+            attempts(&s.work.join("retried")),
+            4,
+            "a higher count is kept"
+        );
+        assert_eq!(
+            attempts(&s.done.join("gone-to-done")),
+            0,
+            "only work/ is touched"
+        );
+        assert_eq!(
+            attempts(&tmp.path().join("outside")),
+            0,
+            "names stay in work/"
+        );
+        assert!(!s.work.join(BATCH_FILE).exists());
+        // Nothing to settle, or a torn file: no error, and the file goes.
+        settle_batch(&s).unwrap();
+        fs::write(s.work.join(BATCH_FILE), b"{\"fre").unwrap();
+        settle_batch(&s).unwrap();
+        assert!(!s.work.join(BATCH_FILE).exists());
     }
 
     #[test]

@@ -89,6 +89,9 @@ fn a_backlog_is_published_in_arrival_order_with_one_result_per_bundle() {
         assert!(records.contains_key(&format!("only-{i}.txt")));
     }
     assert_catalog_matches_disk(&t.join("root"));
+    // The batch's attempt was one file in work/, gone with the batch.
+    assert!(names(&t.join("spool/p/work")).is_empty());
+    assert!(!t.join("spool/p/work/.distributor-batch.json").exists());
 }
 
 #[test]
@@ -217,7 +220,20 @@ fn a_crash_in_the_middle_of_a_batch_converges() {
             .args(["--config", "config.yaml", "agent", "--once"])
             .output();
         assert_ne!(crashed.code, 0, "{point} was not reached");
+        assert!(
+            t.join("spool/p/work/.distributor-batch.json").exists(),
+            "{point}: the batch's attempt is recorded"
+        );
         t.run(&["agent", "--once"]).expect_code(0);
+        for i in 1..6 {
+            let counter = t.join(&format!("spool/p/done/b{i}/.distributor-attempts"));
+            assert_eq!(
+                fs::read_to_string(&counter).ok().as_deref(),
+                Some("2\n"),
+                "{point}: the crashed batch's attempt and the resumed one are counted"
+            );
+        }
+        assert!(!t.join("spool/p/work/.distributor-batch.json").exists());
         assert_eq!(
             names(&t.join("spool/p/done")),
             ["b1", "b2", "b3", "b4", "b5", "first"],
