@@ -42,6 +42,12 @@ def timed(cmd, env=None):
     return elapsed, int(lines[-1])
 
 
+def runs_line(measure, **series):
+    """Prints every run's figure in seconds, so the spread behind a median shows."""
+    parts = [f"{name} {' '.join(f'{x:.3f}' for x in values)}" for name, values in series.items()]
+    print(f"{measure} runs (s): " + "; ".join(parts), flush=True)
+
+
 def timed_shell(script):
     start = time.perf_counter()
     sh(["bash", "-c", script], stdout=subprocess.DEVNULL)
@@ -112,6 +118,7 @@ def bench_large(work, size, runs):
         sh("sync")
         f = os.path.join(bundle, "big.bin")
         peer.append(timed_shell(f"openssl dgst -sha256 '{f}' >/dev/null && cp '{f}' '{peer_dest}/' && sync"))
+    runs_line("large", ours=ours, peer=peer)
     return {"ours": median(ours), "peer": median(peer), "rss_kib": max(rss)}
 
 
@@ -185,6 +192,7 @@ for b in *; do
   sync
   mv "$b" '{ldone}/'
 done"""))
+    runs_line("backlog", ours=ours, rsync=rsync, loop=loop)
     return {"ours": median(ours), "rsync": median(rsync), "loop": median(loop), "count": count}
 
 

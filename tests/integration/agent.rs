@@ -107,8 +107,19 @@ impl Dir {
     /// Starts a live agent and waits until it handles SIGTERM, SIGINT and
     /// SIGHUP (a signal sent earlier would kill it with the default action).
     fn agent(&self) -> Proc {
-        let mut cmd = self.cmd();
-        cmd.arg("agent");
+        self.agent_with(&self.join("config.yaml"))
+    }
+
+    /// [`Dir::agent`] with another config file.
+    fn agent_with(&self, config: &Path) -> Proc {
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(self.path())
+            .env_remove("DISTRIBUTOR_CONFIG")
+            .env("RUST_LOG", "info")
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .arg("agent");
         let mut agent = Proc::spawn(cmd, true);
         let ready = wait_for(Duration::from_secs(20), || {
             agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
@@ -1054,6 +1065,52 @@ fn a_second_agent_stands_by_until_the_first_exits() {
         "the standing-by agent must not have handled bundle first-only:\n{}",
         out.stderr
     );
+}
+
+#[test]
+fn a_standby_agent_writes_no_metrics_until_it_serves() {
+    // Two agents on one spool, each with its own metrics file: only the one
+    // serving the pipeline may report, or a standby would publish zeros
+    // next to the real figures.
+    let dir = Dir::new();
+    let config = |metrics: &str| {
+        config_p(&format!(
+            "  settle: 0s\n  rescan_interval: 60s\n  metrics_file: ./{metrics}\n"
+        ))
+    };
+    dir.config(&config("first.prom"));
+    write_file(&dir.join("standby.yaml"), config("standby.prom").as_bytes());
+    let first = dir.agent();
+    let b = dir.sealed("counted", &[("a.txt", b"1\n")]);
+    drop_into(&b, &dir.spool("p", "inbox").join("counted"));
+    wait_done(&dir, &first, "p", "counted");
+    let second = dir.agent_with(&dir.join("standby.yaml"));
+    second.wait_log("standing by", Duration::from_secs(10));
+    // The maintenance thread reports at start and then every 10 s.
+    sleep(Duration::from_secs(1));
+    assert!(
+        !dir.join("standby.prom").exists(),
+        "a standby agent wrote metrics:\n{}",
+        fs::read_to_string(dir.join("standby.prom")).unwrap_or_default()
+    );
+    let first_text = fs::read_to_string(dir.join("first.prom")).unwrap_or_default();
+    assert!(
+        first_text.contains("distributor_bundles_done_total{pipeline=\"p\"}"),
+        "the serving agent reports:\n{first_text}"
+    );
+
+    stop(first);
+    // Serving now, the second agent reports at its next tick.
+    let standby = dir.join("standby.prom");
+    assert!(
+        wait_for(Duration::from_secs(20), || fs::read_to_string(&standby)
+            .is_ok_and(|t| t.contains(
+                "distributor_spool_bundles{pipeline=\"p\",spool=\"done\"} 1"
+            ))),
+        "the agent that took over wrote no metrics:\n{}",
+        second.stderr()
+    );
+    stop(second);
 }
 
 /// Burst size (`DISTRIBUTOR_IT_BURST` overrides it). A backlog is published
