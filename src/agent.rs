@@ -812,8 +812,14 @@ impl Worker {
             lock_timeout: self.config.agent.lock_timeout,
         };
         let keep_going = || !self.stop.load(Ordering::SeqCst);
-        let outcome =
-            publish::publish_batch(&self.pipeline, &destinations, &dirs, &options, &keep_going);
+        let outcome = publish::publish_batch(
+            &self.pipeline,
+            &destinations,
+            &dirs,
+            &options,
+            &Threads::per_core(),
+            &keep_going,
+        );
         match &outcome {
             publish::Batch::Done(reports) => {
                 let elapsed = started.elapsed().as_millis();
@@ -979,6 +985,42 @@ impl Worker {
     }
 }
 
+/// The threads a batch's reading, hashing and writing run on: one per core,
+/// at most four, taking jobs from a shared queue.
+struct Threads(usize);
+
+impl Threads {
+    fn per_core() -> Threads {
+        Threads(
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, 4),
+        )
+    }
+}
+
+impl publish::Workers for Threads {
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+        if self.0 < 2 || jobs.len() < 2 {
+            return publish::InOrder.run_all(jobs);
+        }
+        let queue = std::sync::Mutex::new(jobs.into_iter());
+        std::thread::scope(|scope| {
+            for _ in 0..self.0 {
+                scope.spawn(|| {
+                    loop {
+                        let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        match job {
+                            Some(job) => job(),
+                            None => break,
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
 /// True when the bundle's manifest.json parses as JSON: a producer writing
 /// it in place (against the advice to rename it in) has finished.
 fn manifest_is_complete_json(bundle: &Path) -> bool {
@@ -1001,6 +1043,24 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(2));
         assert_eq!(backoff(4), Duration::from_secs(8));
         assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn threads_run_every_job_exactly_once() {
+        use publish::Workers;
+        let runs: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+        for threads in [Threads(1), Threads(4)] {
+            let jobs = runs
+                .iter()
+                .map(|r| {
+                    Box::new(move || {
+                        r.fetch_add(1, Ordering::SeqCst);
+                    }) as Box<dyn FnOnce() + Send + '_>
+                })
+                .collect();
+            threads.run_all(jobs);
+        }
+        assert!(runs.iter().all(|r| r.load(Ordering::SeqCst) == 2));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use super::*;
 use crate::catalog::Overlay;
+use std::sync::Mutex;
 
 /// A planned bundle: its report so far and its plan per destination.
 struct Accepted<'a> {
@@ -91,6 +92,7 @@ pub fn publish_batch(
     destinations: &[&Destination],
     bundles: &[&Path],
     options: &Options,
+    workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Batch {
     // Lock every root once, in path order; step aside unless each holds a
@@ -125,7 +127,7 @@ pub fn publish_batch(
 
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
     let mut ready = Vec::new();
-    let prepared = parallel_map(bundles, |dir| {
+    let prepared = map_on(workers, bundles, |dir| {
         prepare_bundle(pipeline, destinations, dir, false)
     });
     for (index, result) in prepared.into_iter().enumerate() {
@@ -210,7 +212,7 @@ pub fn publish_batch(
         if writes.is_empty() && deletes.is_empty() {
             continue;
         }
-        match stage_root(state, &writes, &deletes, &accepted, j, keep_going) {
+        match stage_root(state, &writes, &deletes, &accepted, j, workers, keep_going) {
             Ok(temps) => {
                 for (k, d) in writes.values() {
                     copied.push((*k, d.bundle_path.clone()));
@@ -292,6 +294,7 @@ fn stage_root(
     deletes: &BTreeSet<String>,
     accepted: &[Accepted],
     j: usize,
+    workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> io::Result<Vec<String>> {
     let root = &state.root;
@@ -315,7 +318,7 @@ fn stage_root(
     root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| w.write_all(&json))?;
     failpoint::hit("publish.after_journal");
     let work: Vec<&(usize, Desired)> = writes.values().collect();
-    parallel_map(&work, |(k, d)| {
+    map_on(workers, &work, |(k, d)| {
         if !keep_going() {
             return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
         }
@@ -340,27 +343,53 @@ fn stage_root(
     .collect()
 }
 
-/// Maps `f` over `items` on as many threads as there are cores (at most
-/// four), keeping the order. Used for the I/O and hashing of a batch, which
-/// would otherwise leave the other cores idle.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 4);
-    if threads == 1 || items.len() < 2 {
-        return items.iter().map(&f).collect();
+/// Runs independent jobs, possibly several at once. The agent lends its
+/// threads through this; publishing never starts a thread of its own.
+pub trait Workers: Sync {
+    /// Runs every job once and returns when all have finished.
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>);
+}
+
+/// Runs the jobs one after the other on the calling thread.
+pub struct InOrder;
+
+impl Workers for InOrder {
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+        for job in jobs {
+            job();
+        }
     }
-    let chunk = items.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| scope.spawn(|| part.iter().map(&f).collect::<Vec<R>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("a batch worker thread panicked"))
-            .collect()
-    })
+}
+
+/// Maps `f` over `items` as one job per item on `workers`, keeping the
+/// order of the results. Used for the reading, hashing and writing of a
+/// batch, which would otherwise leave the other cores idle.
+fn map_on<T: Sync, R: Send>(
+    workers: &dyn Workers,
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let slots: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let f = &f;
+    let jobs = items
+        .iter()
+        .zip(&slots)
+        .map(|(item, slot)| {
+            Box::new(move || {
+                let result = f(item);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+            }) as Box<dyn FnOnce() + Send + '_>
+        })
+        .collect();
+    workers.run_all(jobs);
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("Workers::run_all ran every job")
+        })
+        .collect()
 }
 
 /// Renames, deletes and writes the catalog of one root (made durable by a
@@ -385,4 +414,29 @@ fn commit_root(
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the jobs last first, as a pool might finish them.
+    struct Backwards;
+
+    impl Workers for Backwards {
+        fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+            for job in jobs.into_iter().rev() {
+                job();
+            }
+        }
+    }
+
+    #[test]
+    fn map_on_keeps_the_order_of_the_items_whatever_order_jobs_run_in() {
+        let items: Vec<u32> = (0..50).collect();
+        let expected: Vec<u32> = items.iter().map(|i| i * 3).collect();
+        assert_eq!(map_on(&InOrder, &items, |i| i * 3), expected);
+        assert_eq!(map_on(&Backwards, &items, |i| i * 3), expected);
+        assert!(map_on(&Backwards, &[] as &[u32], |i| *i).is_empty());
+    }
 }

@@ -834,4 +834,4 @@ pub fn now_millis() -> OffsetDateTime {
 }
 
 mod batch;
-pub use batch::{Batch, publish_batch};
+pub use batch::{Batch, InOrder, Workers, publish_batch};
