@@ -1,0 +1,113 @@
+//! Why a bundle cannot be used: [`BundleError`] and the per-file
+//! [`Problem`]s it carries, each naming the file and what to do.
+
+use super::MANIFEST;
+use super::open::is_transient_io;
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// One thing wrong with a bundle, with the file it concerns and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: Option<String>,
+    pub message: String,
+}
+
+impl Problem {
+    pub(super) fn at(path: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem {
+            path: Some(path.into()),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.path {
+            Some(path) => write!(f, "{path}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Why a bundle cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// The bundle folder or its `manifest.json` could not be opened or read.
+    /// `message` says what happened and what to do; `io` keeps the original
+    /// error when there was one.
+    #[error("{}: {message}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        message: String,
+        io: Option<io::Error>,
+    },
+    /// `manifest.json` is not valid JSON, does not follow the schema, or is
+    /// inconsistent in itself (duplicate paths, wrong digest).
+    #[error("{}", manifest_location(.line, .column, .message))]
+    Manifest {
+        line: Option<usize>,
+        column: Option<usize>,
+        message: String,
+    },
+    /// The manifest is fine but the files are not: every problem found.
+    #[error("{}", invalid_summary(.problems))]
+    Invalid { problems: Vec<Problem> },
+}
+
+impl BundleError {
+    /// True when retrying later may succeed (a passing I/O condition such as
+    /// running out of file descriptors or an I/O error), false when the
+    /// bundle itself is wrong.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            BundleError::Unreadable { io: Some(e), .. } => is_transient_io(e),
+            _ => false,
+        }
+    }
+
+    /// Exit code of a command that fails with this error (SPEC §9).
+    pub fn exit_code(&self) -> i32 {
+        1
+    }
+
+    pub(super) fn manifest(message: impl Into<String>) -> BundleError {
+        BundleError::Manifest {
+            line: None,
+            column: None,
+            message: message.into(),
+        }
+    }
+
+    pub(super) fn manifest_at(
+        line: usize,
+        column: usize,
+        message: impl Into<String>,
+    ) -> BundleError {
+        BundleError::Manifest {
+            line: Some(line),
+            column: Some(column),
+            message: message.into(),
+        }
+    }
+}
+
+fn manifest_location(line: &Option<usize>, column: &Option<usize>, message: &str) -> String {
+    match (*line, *column) {
+        (Some(line), Some(column)) => format!("{MANIFEST} line {line} column {column}: {message}"),
+        (Some(line), None) => format!("{MANIFEST} line {line}: {message}"),
+        _ => format!("{MANIFEST}: {message}"),
+    }
+}
+
+fn invalid_summary(problems: &[Problem]) -> String {
+    let n = problems.len();
+    let list: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    format!(
+        "bundle does not match {MANIFEST} ({n} problem{}): {}",
+        if n == 1 { "" } else { "s" },
+        list.join("; ")
+    )
+}

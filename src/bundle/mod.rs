@@ -1,0 +1,42 @@
+//! Bundles (SPEC §3): the `manifest.json` model and its strict parser, the
+//! digest rule, full verification of a bundle folder against its manifest,
+//! and sealing a folder into a bundle for producers.
+//!
+//! Everything on disk is reached through an open directory handle, one path
+//! segment at a time, refusing symbolic links at every step. This module must
+//! never read from anything but a regular file (a FIFO, socket or device is
+//! never opened for reading), never hold a whole bundle file in memory, and
+//! never write anything except `manifest.json` (through a reserved temporary
+//! name) when sealing. It knows nothing about spools, catalogs or
+//! destinations.
+
+mod error;
+mod manifest;
+mod open;
+mod parse;
+mod seal;
+mod verify;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{BundleError, Problem};
+pub use manifest::{Manifest, ManifestFile, compute_digest};
+pub use open::{open_listed, open_listed_at};
+pub use parse::parse_manifest;
+pub use seal::{SealError, seal};
+pub use verify::{
+    VerifiedBundle, inspect, mismatch_problem, read_manifest, read_manifest_at, verify,
+    verify_files,
+};
+
+/// Name of the manifest inside a bundle folder.
+pub const MANIFEST: &str = "manifest.json";
+/// Largest manifest we read. A manifest listing a hundred thousand files is
+/// still well below this; anything bigger is refused rather than buffered.
+pub const MAX_MANIFEST_BYTES: u64 = 16 * 1024 * 1024;
+/// The only `schema_version` this build understands.
+pub const SCHEMA_VERSION: u64 = 1;
+/// At most this many "present but not listed" warnings are reported one by
+/// one; the rest are summarised in a final warning.
+pub const MAX_WARNINGS: usize = 100;

@@ -1,0 +1,249 @@
+//! Reading the manifest of a bundle folder and checking the listed files
+//! against it: [`verify`] (hashes included), [`inspect`] (sizes only) and
+//! [`verify_files`]. Reads only; it never writes or moves anything.
+
+use super::error::{BundleError, Problem};
+use super::manifest::{Manifest, ManifestFile};
+use super::open::{
+    EntryError, Refusal, display_segments, is_transient_io, kind_label, open_bundle_dir,
+    open_checked, open_file_nofollow, raced_message, walk,
+};
+use super::parse::{parse_manifest, too_big};
+use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};
+use crate::hashing;
+use cap_std::fs::Dir;
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// A bundle whose every listed file matched its size and hash when checked.
+#[derive(Debug)]
+pub struct VerifiedBundle {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    /// Things worth telling the producer that do not make the bundle
+    /// invalid, such as files present but not listed.
+    pub warnings: Vec<String>,
+}
+
+/// Reads and parses `dir/manifest.json`, which must be a regular file (not a
+/// link) of at most [`MAX_MANIFEST_BYTES`].
+pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
+    let root = open_bundle_dir(dir)?;
+    read_manifest_at(&root, dir)
+}
+
+/// [`read_manifest`] for a bundle folder that is already open; `dir` is only
+/// used in messages.
+pub fn read_manifest_at(root: &Dir, dir: &Path) -> Result<Manifest, BundleError> {
+    let path = dir.join(MANIFEST);
+    let unreadable = |message: String, io: Option<io::Error>| BundleError::Unreadable {
+        path: path.clone(),
+        message,
+        io,
+    };
+    let mut file = open_file_nofollow(root, OsStr::new(MANIFEST)).map_err(|e| match e {
+        EntryError::Missing => unreadable(
+            "not found; a bundle is complete only once its manifest.json exists (write it last, or run `distributor bundle seal`)".to_owned(),
+            None,
+        ),
+        EntryError::Kind(kind) => unreadable(
+            format!("is {kind}; the manifest must be a regular file, never a link or special file"),
+            None,
+        ),
+        EntryError::Raced => unreadable(raced_message(), None),
+        EntryError::Io(e) => unreadable(format!("cannot open: {e}"), Some(e)),
+    })?;
+    let len = file
+        .metadata()
+        .map_err(|e| unreadable(format!("cannot inspect: {e}"), Some(e)))?
+        .len();
+    if len > MAX_MANIFEST_BYTES {
+        return Err(too_big(len));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    (&mut file)
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(format!("cannot read: {e}"), Some(e)))?;
+    parse_manifest(&bytes)
+}
+
+/// Fully checks the bundle in `dir`: parses the manifest (digest included),
+/// then opens and hashes every listed file, streaming. Every problem found is
+/// reported, not only the first. Unlisted files become warnings.
+pub fn verify(dir: &Path) -> Result<VerifiedBundle, BundleError> {
+    check(dir, true)
+}
+
+/// Checks everything [`verify`] does except the file hashes: the manifest,
+/// and that every listed file is a regular file (reached without a symlink)
+/// of the declared size. Publication uses it to read each file only once,
+/// hashing while it copies, and calls [`verify_files`] for the rest.
+pub fn inspect(dir: &Path) -> Result<VerifiedBundle, BundleError> {
+    check(dir, false)
+}
+
+/// Hashes the given listed files and checks them against the manifest;
+/// every problem is reported.
+pub fn verify_files(dir: &Path, files: &[&ManifestFile]) -> Result<(), BundleError> {
+    let root = open_bundle_dir(dir)?;
+    let mut problems = Vec::new();
+    for file in files {
+        if let Some(problem) = check_listed(&root, dir, file, true)? {
+            problems.push(problem);
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(BundleError::Invalid { problems })
+    }
+}
+
+/// The problem reported when a file's bytes do not hash to the manifest's.
+pub fn mismatch_problem(listed: &ManifestFile, actual: &hashing::Hashed) -> Problem {
+    let message = if actual.size != listed.size {
+        format!(
+            "size is {} bytes but {MANIFEST} says {}; the file changed after the manifest was written (fix the file or re-seal the bundle)",
+            actual.size, listed.size
+        )
+    } else {
+        format!(
+            "content does not match: {MANIFEST} says {}, the file hashes to {}; fix the file or re-seal the bundle",
+            listed.sha256, actual.sha256
+        )
+    };
+    Problem::at(listed.path.as_str(), message)
+}
+
+fn check(dir: &Path, hash: bool) -> Result<VerifiedBundle, BundleError> {
+    let root = open_bundle_dir(dir)?;
+    let manifest = read_manifest_at(&root, dir)?;
+    let mut problems = Vec::new();
+    for file in &manifest.files {
+        if let Some(problem) = check_listed(&root, dir, file, hash)? {
+            problems.push(problem);
+        }
+    }
+    if !problems.is_empty() {
+        return Err(BundleError::Invalid { problems });
+    }
+    let warnings = unlisted_warnings(&root, &manifest);
+    Ok(VerifiedBundle {
+        dir: dir.to_path_buf(),
+        manifest,
+        warnings,
+    })
+}
+
+/// Checks one listed file. `Ok(Some(..))` is a problem with the bundle;
+/// `Err` is a passing I/O failure that makes the whole check unreliable.
+fn check_listed(
+    root: &Dir,
+    dir: &Path,
+    listed: &ManifestFile,
+    hash: bool,
+) -> Result<Option<Problem>, BundleError> {
+    let transient = |problem: Problem, e: io::Error| BundleError::Unreadable {
+        path: dir.join(listed.path.as_str()),
+        message: format!("{}; try again later", problem.message),
+        io: Some(e),
+    };
+    let mut file = match open_checked(root, &listed.path) {
+        Ok(file) => file,
+        Err(Refusal {
+            problem,
+            io: Some(e),
+        }) if is_transient_io(&e) => return Err(transient(problem, e)),
+        Err(refusal) => return Ok(Some(refusal.problem)),
+    };
+    let declared = listed.size;
+    if !hash {
+        let size = file.metadata().map(|m| m.len()).map_err(|e| {
+            transient(
+                Problem::at(listed.path.as_str(), format!("cannot inspect: {e}")),
+                e,
+            )
+        })?;
+        return Ok((size != declared).then(|| {
+            Problem::at(
+                listed.path.as_str(),
+                format!(
+                    "size is {size} bytes but {MANIFEST} says {declared}; the file changed after the manifest was written (fix the file or re-seal the bundle)"
+                ),
+            )
+        }));
+    }
+    let hashed = match hashing::copy_hashed(&mut file, None, Some(declared)) {
+        Ok(hashed) => hashed,
+        Err(e) => {
+            let problem = Problem::at(listed.path.as_str(), format!("cannot read: {e}"));
+            if is_transient_io(&e) {
+                return Err(transient(problem, e));
+            }
+            return Ok(Some(problem));
+        }
+    };
+    let problem = if hashed.size != declared {
+        let (actual, more) = if hashed.size > declared {
+            match file.metadata().map(|m| m.len()) {
+                Ok(len) if len > declared => (len, ""),
+                _ => (hashed.size, "at least "),
+            }
+        } else {
+            (hashed.size, "")
+        };
+        Some(format!(
+            "size is {more}{actual} bytes but {MANIFEST} says {declared}; the file changed after the manifest was written (fix the file or re-seal the bundle)"
+        ))
+    } else if hashed.sha256 != listed.sha256 {
+        Some(format!(
+            "content does not match: {MANIFEST} says {}, the file hashes to {}; fix the file or re-seal the bundle",
+            listed.sha256, hashed.sha256
+        ))
+    } else {
+        None
+    };
+    Ok(problem.map(|message| Problem::at(listed.path.as_str(), message)))
+}
+
+fn unlisted_warnings(root: &Dir, manifest: &Manifest) -> Vec<String> {
+    let listed: HashSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+    let mut warnings = Vec::new();
+    let mut unlisted = 0usize;
+    let result = walk(root, &mut |segments, ft| {
+        if ft.is_dir() {
+            return true;
+        }
+        let shown = display_segments(segments);
+        if listed.contains(shown.as_str()) {
+            return false;
+        }
+        unlisted += 1;
+        if warnings.len() < MAX_WARNINGS {
+            warnings.push(if ft.is_file() {
+                format!("{shown}: present but not listed in {MANIFEST}; ignored")
+            } else {
+                format!(
+                    "{shown}: {} present but not listed in {MANIFEST}; ignored",
+                    kind_label(ft)
+                )
+            });
+        }
+        false
+    });
+    if unlisted > warnings.len() {
+        warnings.push(format!(
+            "{} more entries present but not listed in {MANIFEST}; ignored",
+            unlisted - warnings.len()
+        ));
+    }
+    if let Err((path, e)) = result {
+        warnings.push(format!(
+            "{path}: could not be listed while looking for unlisted files: {e}"
+        ));
+    }
+    warnings
+}

@@ -1,0 +1,261 @@
+//! The resolved configuration every other module works from: [`Config`],
+//! its pipelines and destinations, and what `config check` shows of them.
+//! Plain data and accessors; nothing here reads files or checks input.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::format_duration;
+
+/// A loaded, checked configuration with every path resolved.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The config file it was read from (as given, made absolute).
+    pub file: PathBuf,
+    /// The spool folder; per-pipeline spools live below it.
+    pub spool: PathBuf,
+    pub agent: AgentConfig,
+    pub pipelines: Vec<Pipeline>,
+}
+
+/// Timing and retry settings of the agent (`agent:` section).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// Quiet time after a manifest appears before the bundle is claimed.
+    pub settle: Duration,
+    /// Full inbox rescan period; never zero.
+    pub rescan_interval: Duration,
+    /// Retention pruning period; zero turns scheduled pruning off.
+    pub prune_interval: Duration,
+    /// How long to wait for a destination root lock.
+    pub lock_timeout: Duration,
+    /// Attempts per bundle for transient failures; at least 1.
+    pub max_attempts: u32,
+    /// Age after which `done/` entries are deleted; zero keeps them.
+    pub done_retention: Duration,
+    /// Where the agent writes its metrics in the Prometheus text format
+    /// (for node_exporter's textfile collector); `None` writes none.
+    pub metrics_file: Option<PathBuf>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            settle: Duration::from_millis(250),
+            rescan_interval: Duration::from_secs(60),
+            prune_interval: Duration::from_secs(60 * 60),
+            lock_timeout: Duration::from_secs(30),
+            max_attempts: 5,
+            done_retention: Duration::from_secs(7 * 24 * 60 * 60),
+            metrics_file: None,
+        }
+    }
+}
+
+/// One configured flow: an inbox and the destinations it publishes to.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub id: String,
+    /// Resolved inbox folder; default `<spool>/<id>/inbox`.
+    pub inbox: PathBuf,
+    pub destinations: Vec<Destination>,
+}
+
+impl Pipeline {
+    /// The pipeline's spool folder, `<spool>/<id>`.
+    pub fn spool_dir(&self, config: &Config) -> PathBuf {
+        config.spool.join(&self.id)
+    }
+
+    /// The destination with this id, if the pipeline has one.
+    pub fn destination(&self, id: &str) -> Option<&Destination> {
+        self.destinations.iter().find(|d| d.id == id)
+    }
+}
+
+impl Config {
+    /// The pipeline with this id, if configured.
+    pub fn pipeline(&self, id: &str) -> Option<&Pipeline> {
+        self.pipelines.iter().find(|p| p.id == id)
+    }
+}
+
+/// How a publication treats the owner's earlier outputs (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workflow {
+    /// Write the planned outputs and keep every other record.
+    Additive,
+    /// Also delete this owner's outputs that are no longer planned.
+    Replacement,
+}
+
+impl Workflow {
+    /// The config and JSON spelling: `additive` or `replacement`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Workflow::Additive => "additive",
+            Workflow::Replacement => "replacement",
+        }
+    }
+}
+
+impl fmt::Display for Workflow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One target a pipeline publishes to.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    pub id: String,
+    /// The destination root (`path`), resolved against the config file's folder.
+    pub root: PathBuf,
+    pub workflow: Workflow,
+    /// The raw `prefix` template text, checked at load; "" for none.
+    pub prefix: String,
+    /// `publish.source`: copy listed files as they are.
+    pub publish_source: bool,
+    /// `publish.html`: render `*.md` files to HTML.
+    pub publish_html: bool,
+    /// `html.raw_html: allow` (true) or `escape` (false).
+    pub allow_raw_html: bool,
+    /// `links.base_url`, always ending with `/`.
+    pub base_url: Option<String>,
+    /// `retention.prune`.
+    pub prune: Option<PrunePolicy>,
+}
+
+/// Retention policy of one owner (`retention.prune`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrunePolicy {
+    /// Outputs whose `updated_at` is older than this may be pruned.
+    pub max_age: Duration,
+    /// Outputs of the owner's N newest sources are never pruned.
+    pub keep_latest: u32,
+}
+
+impl Config {
+    /// Things that are allowed but probably not meant; shown by
+    /// `config check` and worth logging at start.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.pipelines.is_empty() {
+            warnings
+                .push("no pipelines are configured; the agent will have nothing to do".to_owned());
+        }
+        if let Some(path) = &self.agent.metrics_file
+            && path.extension().is_none_or(|e| e != "prom")
+        {
+            warnings.push(format!(
+                "agent.metrics_file {} does not end in .prom; node_exporter's textfile collector only reads files that do",
+                path.display()
+            ));
+        }
+        for pipeline in &self.pipelines {
+            for d in &pipeline.destinations {
+                if d.allow_raw_html && !d.publish_html {
+                    warnings.push(format!(
+                        "destination {:?} of pipeline {:?} sets html.raw_html: allow but does not publish HTML; the setting has no effect",
+                        d.id, pipeline.id
+                    ));
+                }
+            }
+        }
+        warnings
+    }
+
+    /// A readable description of the resolved config: what
+    /// `distributor config check` prints.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let a = &self.agent;
+        let or_off = |d: Duration, off: &str| {
+            if d.is_zero() {
+                format!("0s ({off})")
+            } else {
+                format_duration(d)
+            }
+        };
+        // Writing to a String cannot fail.
+        let _ = writeln!(s, "config file: {}", self.file.display());
+        let _ = writeln!(s, "spool: {}", self.spool.display());
+        let _ = writeln!(s, "agent:");
+        let _ = writeln!(s, "  settle: {}", format_duration(a.settle));
+        let _ = writeln!(
+            s,
+            "  rescan_interval: {}",
+            format_duration(a.rescan_interval)
+        );
+        let _ = writeln!(
+            s,
+            "  prune_interval: {}",
+            or_off(a.prune_interval, "scheduled pruning off")
+        );
+        let _ = writeln!(s, "  lock_timeout: {}", format_duration(a.lock_timeout));
+        let _ = writeln!(s, "  max_attempts: {}", a.max_attempts);
+        let _ = writeln!(
+            s,
+            "  done_retention: {}",
+            or_off(a.done_retention, "done/ entries are kept")
+        );
+        match &a.metrics_file {
+            Some(path) => {
+                let _ = writeln!(s, "  metrics_file: {}", path.display());
+            }
+            None => {
+                let _ = writeln!(s, "  metrics_file: (none; no metrics are written)");
+            }
+        }
+        let _ = writeln!(s, "pipelines: {}", self.pipelines.len());
+        for p in &self.pipelines {
+            let _ = writeln!(s, "  pipeline {}", p.id);
+            let _ = writeln!(s, "    inbox: {}", p.inbox.display());
+            let _ = writeln!(s, "    spool: {}", p.spool_dir(self).display());
+            for d in &p.destinations {
+                let yes_no = |b: bool| if b { "yes" } else { "no" };
+                let _ = writeln!(s, "    destination {}", d.id);
+                let _ = writeln!(s, "      backend: local");
+                let _ = writeln!(s, "      root: {}", d.root.display());
+                let _ = writeln!(s, "      workflow: {}", d.workflow);
+                if d.prefix.is_empty() {
+                    let _ = writeln!(s, "      prefix: (none)");
+                } else {
+                    let _ = writeln!(s, "      prefix: {:?}", d.prefix);
+                }
+                let _ = writeln!(
+                    s,
+                    "      publish: source {}, html {}",
+                    yes_no(d.publish_source),
+                    yes_no(d.publish_html)
+                );
+                let raw = if d.allow_raw_html { "allow" } else { "escape" };
+                let _ = writeln!(s, "      raw_html: {raw}");
+                let url = d
+                    .base_url
+                    .as_deref()
+                    .unwrap_or("(none; outputs get no url)");
+                let _ = writeln!(s, "      base_url: {url}");
+                match &d.prune {
+                    Some(prune) => {
+                        let _ = writeln!(
+                            s,
+                            "      prune: max_age {}, keep_latest {}",
+                            format_duration(prune.max_age),
+                            prune.keep_latest
+                        );
+                    }
+                    None => {
+                        let _ = writeln!(s, "      prune: (no policy)");
+                    }
+                }
+            }
+        }
+        for warning in self.warnings() {
+            let _ = writeln!(s, "warning: {warning}");
+        }
+        s
+    }
+}

@@ -1,0 +1,473 @@
+//! The config file as written (serde types that check every leaf while it
+//! is read) and [`build`], which resolves it into a [`Config`]. It must never
+//! touch the file system: paths are resolved lexically.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::DEFAULT_SPOOL;
+use super::error::ConfigError;
+use super::model::{AgentConfig, Config, Destination, Pipeline, PrunePolicy, Workflow};
+use super::relations::{check_relations, normalize};
+use super::values::{expand_prefix, parse_duration};
+use crate::paths::{self, IdKind};
+
+// ---------------------------------------------------------------------------
+// The file as written. Every leaf is checked while it is read, so a bad value
+// is reported at its own line and column.
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with the keys spool, agent and pipelines"
+)]
+pub(super) struct RawConfig {
+    spool: Option<Checked<PathRule>>,
+    agent: Option<RawAgent>,
+    pipelines: Option<Vec<RawPipeline>>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of agent settings (settle, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
+)]
+struct RawAgent {
+    settle: Option<Checked<DurationRule>>,
+    rescan_interval: Option<Checked<IntervalRule>>,
+    prune_interval: Option<Checked<DurationRule>>,
+    lock_timeout: Option<Checked<DurationRule>>,
+    max_attempts: Option<MaxAttempts>,
+    done_retention: Option<Checked<DurationRule>>,
+    metrics_file: Option<Checked<FilePathRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a pipeline: a mapping with id, an optional inbox, and destinations"
+)]
+struct RawPipeline {
+    id: Checked<PipelineIdRule>,
+    inbox: Option<Checked<PathRule>>,
+    destinations: Destinations,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a destination: a mapping with id, path and optional backend, workflow, prefix, publish, html, links and retention"
+)]
+struct RawDestination {
+    id: Checked<DestinationIdRule>,
+    #[allow(dead_code)] // only `local` exists; the check is the point
+    backend: Option<Checked<BackendRule>>,
+    path: Checked<PathRule>,
+    workflow: Option<Checked<WorkflowRule>>,
+    prefix: Option<Checked<PrefixRule>>,
+    publish: Option<RawPublish>,
+    html: Option<RawHtml>,
+    links: Option<RawLinks>,
+    retention: Option<RawRetention>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with source and html (true or false)"
+)]
+struct RawPublish {
+    source: Option<bool>,
+    html: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with raw_html")]
+struct RawHtml {
+    raw_html: Option<Checked<RawHtmlRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with base_url")]
+struct RawLinks {
+    base_url: Option<Checked<BaseUrlRule>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with prune")]
+struct RawRetention {
+    prune: Option<RawPrune>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with max_age and an optional keep_latest"
+)]
+struct RawPrune {
+    max_age: Checked<DurationRule>,
+    keep_latest: Option<KeepLatest>,
+}
+
+/// A non-empty list of destinations.
+struct Destinations(Vec<RawDestination>);
+
+impl<'de> Deserialize<'de> for Destinations {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let list = Vec::<RawDestination>::deserialize(d)?;
+        if list.is_empty() {
+            return Err(de::Error::custom(
+                "the pipeline has no destinations; add at least one under destinations",
+            ));
+        }
+        Ok(Destinations(list))
+    }
+}
+
+/// A rule for one scalar text value.
+trait Rule {
+    type Out;
+    const EXPECTING: &'static str;
+    fn check(text: &str) -> Result<Self::Out, String>;
+}
+
+/// A scalar checked by rule `R` while it is read.
+struct Checked<R: Rule>(R::Out);
+
+impl<'de, R: Rule> Deserialize<'de> for Checked<R> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<R>(PhantomData<R>);
+        impl<'de, R: Rule> Visitor<'de> for V<R> {
+            type Value = Checked<R>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(R::EXPECTING)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Checked<R>, E> {
+                R::check(v).map(Checked).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V::<R>(PhantomData))
+    }
+}
+
+enum PipelineIdRule {}
+impl Rule for PipelineIdRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a pipeline id";
+    fn check(text: &str) -> Result<String, String> {
+        paths::check_id(IdKind::Pipeline, text).map(|()| text.to_owned())
+    }
+}
+
+enum DestinationIdRule {}
+impl Rule for DestinationIdRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a destination id";
+    fn check(text: &str) -> Result<String, String> {
+        paths::check_id(IdKind::Destination, text).map(|()| text.to_owned())
+    }
+}
+
+enum PathRule {}
+impl Rule for PathRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a folder path";
+    fn check(text: &str) -> Result<String, String> {
+        if text.is_empty() {
+            return Err("the path is empty; give a folder path".to_owned());
+        }
+        if text.chars().any(char::is_control) {
+            return Err(format!("the path {text:?} contains a control character"));
+        }
+        if text == "~" || text.starts_with("~/") {
+            return Err(format!(
+                "the path {text:?} starts with '~', which is not expanded; write the full path"
+            ));
+        }
+        Ok(text.to_owned())
+    }
+}
+
+enum FilePathRule {}
+impl Rule for FilePathRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a file path";
+    fn check(text: &str) -> Result<String, String> {
+        let text = PathRule::check(text).map_err(|e| e.replace("a folder path", "a file path"))?;
+        let names_a_file = !text.ends_with('/')
+            && matches!(
+                Path::new(&text).components().next_back(),
+                Some(Component::Normal(_))
+            );
+        if !names_a_file {
+            return Err(format!(
+                "the path {text:?} names a folder, not a file; give a file path such as /var/lib/prometheus/node-exporter/distributor.prom"
+            ));
+        }
+        Ok(text)
+    }
+}
+
+enum DurationRule {}
+impl Rule for DurationRule {
+    type Out = Duration;
+    const EXPECTING: &'static str = "a duration such as 250ms, 30s, 5m, 1h or 7d";
+    fn check(text: &str) -> Result<Duration, String> {
+        parse_duration(text)
+    }
+}
+
+/// A duration that must not be zero.
+enum IntervalRule {}
+impl Rule for IntervalRule {
+    type Out = Duration;
+    const EXPECTING: &'static str = DurationRule::EXPECTING;
+    fn check(text: &str) -> Result<Duration, String> {
+        let d = parse_duration(text)?;
+        if d.is_zero() {
+            return Err(format!(
+                "{text:?} would rescan without pause; give a period greater than zero, such as 60s"
+            ));
+        }
+        Ok(d)
+    }
+}
+
+enum WorkflowRule {}
+impl Rule for WorkflowRule {
+    type Out = Workflow;
+    const EXPECTING: &'static str = "additive or replacement";
+    fn check(text: &str) -> Result<Workflow, String> {
+        match text {
+            "additive" => Ok(Workflow::Additive),
+            "replacement" => Ok(Workflow::Replacement),
+            _ => Err(format!(
+                "workflow {text:?} is not known; use additive or replacement"
+            )),
+        }
+    }
+}
+
+enum RawHtmlRule {}
+impl Rule for RawHtmlRule {
+    type Out = bool;
+    const EXPECTING: &'static str = "escape or allow";
+    fn check(text: &str) -> Result<bool, String> {
+        match text {
+            "escape" => Ok(false),
+            "allow" => Ok(true),
+            _ => Err(format!(
+                "raw_html {text:?} is not known; use escape or allow"
+            )),
+        }
+    }
+}
+
+enum BackendRule {}
+impl Rule for BackendRule {
+    type Out = ();
+    const EXPECTING: &'static str = "local";
+    fn check(text: &str) -> Result<(), String> {
+        match text {
+            "local" => Ok(()),
+            _ => Err(format!(
+                "backend {text:?} is not supported; the only backend is local"
+            )),
+        }
+    }
+}
+
+enum PrefixRule {}
+impl Rule for PrefixRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a prefix template in quotes, such as \"{source_id}/\"";
+    fn check(text: &str) -> Result<String, String> {
+        let sample = time::macros::datetime!(2026-01-31 12:00 UTC);
+        expand_prefix(text, "sample-source", "sample-pipeline", sample)?;
+        Ok(text.to_owned())
+    }
+}
+
+enum BaseUrlRule {}
+impl Rule for BaseUrlRule {
+    type Out = String;
+    const EXPECTING: &'static str = "an absolute http or https URL";
+    fn check(text: &str) -> Result<String, String> {
+        check_base_url(text)
+    }
+}
+
+/// Accepts `http://host[/path]` or `https://...`; returns it ending in `/`.
+pub(super) fn check_base_url(text: &str) -> Result<String, String> {
+    let lower = text.to_ascii_lowercase();
+    let rest = if lower.starts_with("https://") {
+        &text["https://".len()..]
+    } else if lower.starts_with("http://") {
+        &text["http://".len()..]
+    } else {
+        return Err(format!(
+            "base_url {text:?} is not an absolute http or https URL; write it like https://example.com/reports/"
+        ));
+    };
+    let host = rest.split('/').next().unwrap_or_default();
+    if host.is_empty() {
+        return Err(format!("base_url {text:?} has no host name"));
+    }
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "base_url {text:?} contains a space or control character; percent-encode it"
+        ));
+    }
+    if text.contains(['?', '#']) {
+        return Err(format!(
+            "base_url {text:?} has a query or fragment; output paths are appended to it, so remove the '?' or '#' part"
+        ));
+    }
+    let mut url = text.to_owned();
+    if !url.ends_with('/') {
+        url.push('/');
+    }
+    Ok(url)
+}
+
+/// `max_attempts`: an integer of at least 1.
+struct MaxAttempts(u32);
+
+impl<'de> Deserialize<'de> for MaxAttempts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CountVisitor {
+            field: "max_attempts",
+            min: 1,
+            hint: "use 1 for a single attempt without retries",
+        })
+        .map(MaxAttempts)
+    }
+}
+
+/// `keep_latest`: an integer of at least 0.
+struct KeepLatest(u32);
+
+impl<'de> Deserialize<'de> for KeepLatest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CountVisitor {
+            field: "keep_latest",
+            min: 0,
+            hint: "use 0 to protect no source, or a positive number",
+        })
+        .map(KeepLatest)
+    }
+}
+
+struct CountVisitor {
+    field: &'static str,
+    min: u32,
+    hint: &'static str,
+}
+
+impl CountVisitor {
+    fn check<E: de::Error>(&self, n: i128) -> Result<u32, E> {
+        if n < i128::from(self.min) {
+            return Err(E::custom(format!(
+                "{} must be at least {}, not {n}; {}",
+                self.field, self.min, self.hint
+            )));
+        }
+        u32::try_from(n).map_err(|_| {
+            E::custom(format!(
+                "{} is {n}, which is larger than {}",
+                self.field,
+                u32::MAX
+            ))
+        })
+    }
+}
+
+impl<'de> Visitor<'de> for CountVisitor {
+    type Value = u32;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a whole number of at least {}", self.min)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u32, E> {
+        self.check(i128::from(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<u32, E> {
+        self.check(i128::from(v))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// From the file as written to the resolved config.
+
+pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
+    let file_abs = normalize(&std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()));
+    let base = file_abs.parent().map(Path::to_path_buf).unwrap_or_default();
+    let resolve = |text: &str| normalize(&base.join(text));
+
+    let spool = match raw.spool {
+        Some(Checked(text)) => resolve(&text),
+        None => PathBuf::from(DEFAULT_SPOOL),
+    };
+
+    let defaults = AgentConfig::default();
+    let agent = match raw.agent {
+        None => defaults,
+        Some(a) => AgentConfig {
+            metrics_file: a.metrics_file.map(|c| resolve(&c.0)),
+            settle: a.settle.map_or(defaults.settle, |c| c.0),
+            rescan_interval: a.rescan_interval.map_or(defaults.rescan_interval, |c| c.0),
+            prune_interval: a.prune_interval.map_or(defaults.prune_interval, |c| c.0),
+            lock_timeout: a.lock_timeout.map_or(defaults.lock_timeout, |c| c.0),
+            max_attempts: a.max_attempts.map_or(defaults.max_attempts, |c| c.0),
+            done_retention: a.done_retention.map_or(defaults.done_retention, |c| c.0),
+        },
+    };
+
+    let mut pipelines = Vec::new();
+    for rp in raw.pipelines.unwrap_or_default() {
+        let id = rp.id.0;
+        let inbox = match rp.inbox {
+            Some(Checked(text)) => resolve(&text),
+            None => spool.join(&id).join("inbox"),
+        };
+        let mut destinations = Vec::new();
+        for rd in rp.destinations.0 {
+            let publish = rd.publish.unwrap_or(RawPublish {
+                source: None,
+                html: None,
+            });
+            destinations.push(Destination {
+                id: rd.id.0,
+                root: resolve(&rd.path.0),
+                workflow: rd.workflow.map_or(Workflow::Additive, |c| c.0),
+                prefix: rd.prefix.map(|c| c.0).unwrap_or_default(),
+                publish_source: publish.source.unwrap_or(true),
+                publish_html: publish.html.unwrap_or(false),
+                allow_raw_html: rd.html.and_then(|h| h.raw_html).is_some_and(|c| c.0),
+                base_url: rd.links.and_then(|l| l.base_url).map(|c| c.0),
+                prune: rd.retention.and_then(|r| r.prune).map(|p| PrunePolicy {
+                    max_age: p.max_age.0,
+                    keep_latest: p.keep_latest.map_or(1, |k| k.0),
+                }),
+            });
+        }
+        pipelines.push(Pipeline {
+            id,
+            inbox,
+            destinations,
+        });
+    }
+
+    let config = Config {
+        file: file_abs,
+        spool,
+        agent,
+        pipelines,
+    };
+    check_relations(&config, file)?;
+    Ok(config)
+}

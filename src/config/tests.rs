@@ -1,0 +1,940 @@
+//! Unit tests of config loading, from YAML text to the resolved [`Config`].
+
+use super::raw::check_base_url;
+use super::*;
+use std::time::Duration;
+use time::macros::datetime;
+
+const FILE: &str = "/etc/distributor/config.yaml";
+
+fn ok(text: &str) -> Config {
+    match parse(text, Path::new(FILE)) {
+        Ok(config) => config,
+        Err(e) => panic!("config should load: {e}\n{text}"),
+    }
+}
+
+fn err(text: &str) -> ConfigError {
+    match parse(text, Path::new(FILE)) {
+        Ok(_) => panic!("config should be rejected:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+/// One pipeline `p` with one destination `d` whose extra keys are `dest`
+/// (indented by 8 spaces in the caller's text).
+fn with_destination(dest: &str) -> String {
+    format!(
+        "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/out\n{dest}"
+    )
+}
+
+const SPEC_EXAMPLE: &str = r#"
+spool: /var/spool/distributor      # default; per-pipeline spools live under it
+agent:
+  settle: 250ms
+  rescan_interval: 60s
+  prune_interval: 1h
+  lock_timeout: 30s
+  max_attempts: 5
+  done_retention: 7d
+pipelines:
+  - id: reports
+    inbox: ./inbox/reports
+    destinations:
+      - id: static-site
+        backend: local
+        path: /srv/reports/archive
+        workflow: additive
+        prefix: "{source_id}/"
+        publish:
+          source: true
+          html: false
+        html:
+          raw_html: escape
+        links:
+          base_url: https://reports.example.com/archive/
+        retention:
+          prune:
+            max_age: 30d
+            keep_latest: 1
+"#;
+
+#[test]
+fn spec_example_parses_to_the_expected_values() {
+    let c = ok(SPEC_EXAMPLE);
+    assert_eq!(c.file, PathBuf::from(FILE));
+    assert_eq!(c.spool, PathBuf::from("/var/spool/distributor"));
+    assert_eq!(c.agent, AgentConfig::default());
+    assert_eq!(c.pipelines.len(), 1);
+    let p = c.pipeline("reports").unwrap();
+    assert_eq!(p.inbox, PathBuf::from("/etc/distributor/inbox/reports"));
+    assert_eq!(
+        p.spool_dir(&c),
+        PathBuf::from("/var/spool/distributor/reports")
+    );
+    assert_eq!(p.destinations.len(), 1);
+    let d = p.destination("static-site").unwrap();
+    assert_eq!(d.root, PathBuf::from("/srv/reports/archive"));
+    assert_eq!(d.workflow, Workflow::Additive);
+    assert_eq!(d.workflow.as_str(), "additive");
+    assert_eq!(d.prefix, "{source_id}/");
+    assert!(d.publish_source);
+    assert!(!d.publish_html);
+    assert!(!d.allow_raw_html);
+    assert_eq!(
+        d.base_url.as_deref(),
+        Some("https://reports.example.com/archive/")
+    );
+    assert_eq!(
+        d.prune,
+        Some(PrunePolicy {
+            max_age: Duration::from_secs(30 * 86_400),
+            keep_latest: 1
+        })
+    );
+    assert!(c.pipeline("other").is_none());
+    assert!(p.destination("other").is_none());
+    assert!(c.warnings().is_empty());
+}
+
+#[test]
+fn defaults_fill_every_optional_key() {
+    let c = parse(
+        "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: out\n",
+        Path::new("/srv/cfg/config.yaml"),
+    )
+    .unwrap();
+    assert_eq!(c.spool, PathBuf::from(DEFAULT_SPOOL));
+    let a = &c.agent;
+    assert_eq!(a.settle, Duration::from_millis(250));
+    assert_eq!(a.rescan_interval, Duration::from_secs(60));
+    assert_eq!(a.prune_interval, Duration::from_secs(3600));
+    assert_eq!(a.lock_timeout, Duration::from_secs(30));
+    assert_eq!(a.max_attempts, 5);
+    assert_eq!(a.done_retention, Duration::from_secs(7 * 86_400));
+    let p = &c.pipelines[0];
+    assert_eq!(p.inbox, PathBuf::from("/var/spool/distributor/p/inbox"));
+    let d = &p.destinations[0];
+    assert_eq!(d.root, PathBuf::from("/srv/cfg/out"));
+    assert_eq!(d.workflow, Workflow::Additive);
+    assert_eq!(d.prefix, "");
+    assert!(d.publish_source && !d.publish_html && !d.allow_raw_html);
+    assert_eq!(d.base_url, None);
+    assert_eq!(d.prune, None);
+}
+
+#[test]
+fn explicit_values_and_empty_sections() {
+    let c = ok(&with_destination(
+        "        workflow: replacement\n        publish:\n          source: false\n          html: true\n        html:\n          raw_html: allow\n        links:\n          base_url: http://h.example\n        retention:\n          prune:\n            max_age: 0s\n",
+    ));
+    let d = &c.pipelines[0].destinations[0];
+    assert_eq!(d.workflow, Workflow::Replacement);
+    assert_eq!(d.workflow.as_str(), "replacement");
+    assert!(!d.publish_source && d.publish_html && d.allow_raw_html);
+    assert_eq!(d.base_url.as_deref(), Some("http://h.example/"));
+    assert_eq!(
+        d.prune,
+        Some(PrunePolicy {
+            max_age: Duration::ZERO,
+            keep_latest: 1
+        })
+    );
+
+    // Keys present but empty mean "use the defaults".
+    let c = ok(
+        "agent:\npipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/out\n        publish:\n        html:\n        links:\n        retention:\n",
+    );
+    assert_eq!(c.agent, AgentConfig::default());
+    let d = &c.pipelines[0].destinations[0];
+    assert!(d.publish_source && !d.publish_html && !d.allow_raw_html);
+    assert_eq!(d.base_url, None);
+    assert_eq!(d.prune, None);
+}
+
+#[test]
+fn zero_pipelines_is_valid_but_warned_about() {
+    for text in [
+        "",
+        "# nothing yet\n",
+        "pipelines: []\n",
+        "spool: /s\npipelines:\n",
+    ] {
+        let c = ok(text);
+        assert!(c.pipelines.is_empty(), "{text:?}");
+        assert_eq!(c.warnings().len(), 1, "{text:?}");
+        assert!(c.summary().contains("warning: no pipelines"), "{text:?}");
+    }
+}
+
+#[test]
+fn same_destination_id_in_different_pipelines_is_fine() {
+    let c = ok(
+        "pipelines:\n  - id: a\n    destinations:\n      - id: site\n        path: /srv/a\n  - id: b\n    destinations:\n      - id: site\n        path: /srv/b\n",
+    );
+    assert_eq!(c.pipelines.len(), 2);
+    // Two pipelines may also share a root: the catalog records owners.
+    ok(
+        "pipelines:\n  - id: a\n    destinations:\n      - id: site\n        path: /srv/x\n  - id: b\n    destinations:\n      - id: site\n        path: /srv/x\n",
+    );
+}
+
+#[test]
+fn numeric_looking_ids_are_text() {
+    let c =
+        ok("pipelines:\n  - id: 2024\n    destinations:\n      - id: 1.5\n        path: /srv/x\n");
+    assert_eq!(c.pipelines[0].id, "2024");
+    assert_eq!(c.pipelines[0].destinations[0].id, "1.5");
+}
+
+#[test]
+fn null_means_default_for_optional_paths() {
+    let c = ok(
+        "spool: ~\npipelines:\n  - id: p\n    inbox: null\n    destinations:\n      - id: d\n        path: /srv/x\n",
+    );
+    assert_eq!(c.spool, PathBuf::from(DEFAULT_SPOOL));
+    assert_eq!(
+        c.pipelines[0].inbox,
+        PathBuf::from("/var/spool/distributor/p/inbox")
+    );
+    let e = err("pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: ~\n");
+    assert!(e.to_string().contains("line 5"), "{e}");
+}
+
+/// (name, config text, substrings the message must contain)
+fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
+    let dest = |extra: &str| with_destination(extra);
+    let two_pipelines = |a_extra: &str, b_extra: &str| {
+        format!(
+            "pipelines:\n  - id: a\n{a_extra}    destinations:\n      - id: d\n        path: /srv/a\n  - id: b\n{b_extra}    destinations:\n      - id: d\n        path: /srv/b\n"
+        )
+    };
+    vec![
+        (
+            "yaml syntax",
+            "pipelines: [\n".to_owned(),
+            vec![FILE, "line 2 column 1", "not valid YAML", "fix the syntax"],
+        ),
+        (
+            "unquoted prefix braces",
+            dest("        prefix: {source_id}/\n"),
+            vec!["line 6", "not valid YAML"],
+        ),
+        (
+            "top-level not a mapping",
+            "- a\n".to_owned(),
+            vec!["line 1 column 1", "expected a mapping"],
+        ),
+        (
+            "unknown top key",
+            "spool: /s\nspoool: /t\n".to_owned(),
+            vec![FILE, "line 2 column 1", "unknown key `spoool`", "expected one of", "spelling"],
+        ),
+        (
+            "unknown agent key",
+            "agent:\n  setle: 1s\n".to_owned(),
+            vec!["line 2 column 3", "agent", "`setle`"],
+        ),
+        (
+            "unknown destination key",
+            dest("        mode: fast\n"),
+            vec!["line 6 column 9", "pipelines[0].destinations[0]", "`mode`"],
+        ),
+        (
+            "unknown nested key",
+            dest("        publish:\n          pdf: true\n"),
+            vec!["line 7 column 11", "`pdf`"],
+        ),
+        (
+            "bad pipeline id",
+            "pipelines:\n  - id: bad id\n    destinations:\n      - id: d\n        path: /srv/x\n".to_owned(),
+            vec!["line 2 column 9", "pipeline id \"bad id\"", "letters, digits"],
+        ),
+        (
+            "pipeline id starting with a dot",
+            "pipelines:\n  - id: .p\n    destinations:\n      - id: d\n        path: /srv/x\n".to_owned(),
+            vec!["line 2", "must start with a letter or digit"],
+        ),
+        (
+            "bad destination id",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: a/b\n        path: /srv/x\n".to_owned(),
+            vec!["line 4 column 13", "destination id \"a/b\""],
+        ),
+        (
+            "missing id",
+            "pipelines:\n  - destinations:\n      - id: d\n        path: /srv/x\n".to_owned(),
+            vec!["line 2", "missing required key `id`"],
+        ),
+        (
+            "missing path",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n".to_owned(),
+            vec!["line 4", "missing required key `path`"],
+        ),
+        (
+            "empty path",
+            dest("").replace("path: /srv/out", "path: \"\""),
+            vec!["line 5", "path is empty"],
+        ),
+        (
+            "tilde path",
+            dest("").replace("path: /srv/out", "path: ~/out"),
+            vec!["line 5", "not expanded"],
+        ),
+        (
+            "duplicate pipeline ids",
+            "pipelines:\n  - id: p\n    inbox: /in/1\n    destinations:\n      - id: d\n        path: /srv/x\n  - id: p\n    inbox: /in/2\n    destinations:\n      - id: d\n        path: /srv/y\n".to_owned(),
+            vec![FILE, "pipeline id \"p\"", "more than one pipeline"],
+        ),
+        (
+            "duplicate destination ids in one pipeline",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/x\n      - id: d\n        path: /srv/y\n".to_owned(),
+            vec![FILE, "pipeline \"p\"", "destination with id \"d\"", "unique within a pipeline"],
+        ),
+        (
+            "shared inbox",
+            two_pipelines("    inbox: /in/x\n", "    inbox: /in/./x/\n"),
+            vec![FILE, "\"a\" and \"b\" share the inbox /in/x", "its own inbox"],
+        ),
+        (
+            "shared inbox through ..",
+            two_pipelines("    inbox: /in/x\n", "    inbox: /in/y/../x\n"),
+            vec!["share the inbox"],
+        ),
+        (
+            "shared inbox: explicit equals another's default",
+            two_pipelines("    inbox: /var/spool/distributor/b/inbox\n", ""),
+            vec!["share the inbox"],
+        ),
+        (
+            "nested inboxes",
+            two_pipelines("    inbox: /in\n", "    inbox: /in/b\n"),
+            vec!["the inbox of pipeline \"a\" (/in)", "the inbox of pipeline \"b\" (/in/b)", "overlap"],
+        ),
+        (
+            "inbox is a work folder",
+            two_pipelines("    inbox: /var/spool/distributor/b/work\n", ""),
+            vec!["the work folder of pipeline \"b\"", "overlap"],
+        ),
+        (
+            "inbox holds the spool",
+            two_pipelines("    inbox: /var/spool\n", ""),
+            vec!["the inbox of pipeline \"a\"", "overlap"],
+        ),
+        (
+            "two destinations with the same root",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: d1\n        path: /srv/x\n      - id: d2\n        path: /srv/./x/\n".to_owned(),
+            vec![FILE, "\"d1\" and \"d2\"", "same root /srv/x", "one catalog"],
+        ),
+        (
+            "root inside the spool",
+            dest("").replace("path: /srv/out", "path: /var/spool/distributor/site"),
+            vec!["root of destination \"d\"", "the spool", "overlap"],
+        ),
+        (
+            "root holding the spool",
+            dest("").replace("path: /srv/out", "path: /var"),
+            vec!["the spool", "overlap"],
+        ),
+        (
+            "root equal to an inbox",
+            dest("").replace("    destinations:", "    inbox: /srv/out\n    destinations:"),
+            vec!["root of destination", "the inbox of pipeline \"p\"", "overlap"],
+        ),
+        (
+            "backend other than local",
+            dest("        backend: s3\n"),
+            vec!["line 6 column 18", "backend \"s3\"", "only backend is local"],
+        ),
+        (
+            "bad duration",
+            "agent:\n  settle: 5\n".to_owned(),
+            vec!["line 2 column 11", "agent.settle", "\"5\"", "no unit", "250ms"],
+        ),
+        (
+            "bad duration unit",
+            "agent:\n  done_retention: 1w\n".to_owned(),
+            vec!["line 2", "unknown unit \"w\""],
+        ),
+        (
+            "zero rescan interval",
+            "agent:\n  rescan_interval: 0s\n".to_owned(),
+            vec!["line 2", "greater than zero"],
+        ),
+        (
+            "bad prune max_age",
+            dest("        retention:\n          prune:\n            max_age: 30 days\n"),
+            vec!["line 8", "max_age", "not a duration", "contains a space"],
+        ),
+        (
+            "missing prune max_age",
+            dest("        retention:\n          prune:\n            keep_latest: 2\n"),
+            vec!["line 8", "missing required key `max_age`"],
+        ),
+        (
+            "bad workflow",
+            dest("        workflow: mirror\n"),
+            vec!["line 6 column 19", "workflow \"mirror\"", "additive or replacement"],
+        ),
+        (
+            "bad raw_html",
+            dest("        html:\n          raw_html: yes\n"),
+            vec!["line 7", "raw_html \"yes\"", "escape or allow"],
+        ),
+        (
+            "bad publish value",
+            dest("        publish:\n          html: maybe\n"),
+            vec!["line 7", "publish.html"],
+        ),
+        (
+            "publishes nothing",
+            dest("        publish:\n          source: false\n"),
+            vec![FILE, "destination \"d\" of pipeline \"p\" publishes nothing"],
+        ),
+        (
+            "prefix leaving the root",
+            dest("        prefix: \"../x\"\n"),
+            vec!["line 6 column 17", "prefix \"../x\"", "'..' segment"],
+        ),
+        (
+            "prefix absolute",
+            dest("        prefix: \"/x\"\n"),
+            vec!["line 6", "starts with '/'"],
+        ),
+        (
+            "prefix unknown placeholder",
+            dest("        prefix: \"{month}/\"\n"),
+            vec!["line 6", "unknown placeholder {month}", "{source_id}"],
+        ),
+        (
+            "prefix stray brace",
+            dest("        prefix: \"x}\"\n"),
+            vec!["line 6", "'}' without a matching '{'"],
+        ),
+        (
+            "prefix reserved name",
+            dest("        prefix: \".distributor/\"\n"),
+            vec!["line 6", "reserved"],
+        ),
+        (
+            "base_url not http",
+            dest("        links:\n          base_url: ftp://h/x/\n"),
+            vec!["line 7", "base_url \"ftp://h/x/\"", "absolute http or https URL"],
+        ),
+        (
+            "base_url relative",
+            dest("        links:\n          base_url: /archive/\n"),
+            vec!["line 7", "absolute http or https URL"],
+        ),
+        (
+            "base_url without host",
+            dest("        links:\n          base_url: https:///x\n"),
+            vec!["line 7", "no host"],
+        ),
+        (
+            "base_url with query",
+            dest("        links:\n          base_url: https://h/x?y=1\n"),
+            vec!["line 7", "query or fragment"],
+        ),
+        (
+            "max_attempts zero",
+            "agent:\n  max_attempts: 0\n".to_owned(),
+            vec!["line 2 column 17", "max_attempts must be at least 1, not 0"],
+        ),
+        (
+            "max_attempts not a number",
+            "agent:\n  max_attempts: many\n".to_owned(),
+            vec!["line 2", "whole number"],
+        ),
+        (
+            "keep_latest negative",
+            dest("        retention:\n          prune:\n            max_age: 1d\n            keep_latest: -1\n"),
+            vec!["line 9", "keep_latest must be at least 0, not -1"],
+        ),
+        (
+            "pipeline without destinations",
+            "pipelines:\n  - id: p\n    destinations: []\n".to_owned(),
+            vec!["line 2", "no destinations"],
+        ),
+        (
+            "pipeline missing destinations",
+            "pipelines:\n  - id: p\n".to_owned(),
+            vec!["line 2", "missing required key `destinations`"],
+        ),
+        (
+            "duplicate key",
+            "spool: /a\nspool: /b\n".to_owned(),
+            vec!["line", "duplicate"],
+        ),
+    ]
+}
+
+#[test]
+fn invalid_configs_are_rejected_with_a_useful_message() {
+    let mut failures = Vec::new();
+    for (name, text, wants) in error_cases() {
+        let message = match parse(&text, Path::new(FILE)) {
+            Ok(_) => {
+                failures.push(format!("{name}: accepted\n{text}"));
+                continue;
+            }
+            Err(e) => e.to_string(),
+        };
+        for want in wants {
+            if !message.contains(want) {
+                failures.push(format!(
+                    "{name}: message lacks {want:?}\n  message: {message}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn unknown_keys_carry_line_and_column() {
+    let e = err("agent:\n  settle: 1s\n  typo: 2\n");
+    match e {
+        ConfigError::UnknownKey { at, key, .. } => {
+            assert_eq!(key, "typo");
+            assert_eq!(at.line_column, Some((3, 3)));
+            assert_eq!(at.file, PathBuf::from(FILE));
+        }
+        other => panic!("expected UnknownKey, got {other:?}"),
+    }
+}
+
+#[test]
+fn retired_keys_are_rejected_at_every_level() {
+    for key in RETIRED_KEYS {
+        let cases = [
+            ("top", format!("{key}: x\n"), (1, 1)),
+            ("agent", format!("agent:\n  {key}: x\n"), (2, 3)),
+            (
+                "pipeline",
+                format!(
+                    "pipelines:\n  - id: p\n    {key}:\n      mode: x\n    destinations:\n      - id: d\n        path: /srv/x\n"
+                ),
+                (3, 5),
+            ),
+            (
+                "destination",
+                with_destination(&format!("        {key}:\n          mode: x\n")),
+                (6, 9),
+            ),
+            (
+                "nested",
+                with_destination(&format!("        publish:\n          {key}: x\n")),
+                (7, 11),
+            ),
+            // Retired even where the typed parse would fail first.
+            (
+                "before a bad value",
+                format!("agent:\n  settle: nope\n  {key}: x\n"),
+                (3, 3),
+            ),
+        ];
+        for (level, text, line_column) in cases {
+            let e = err(&text);
+            let message = e.to_string();
+            match &e {
+                ConfigError::Retired { at, key: k } => {
+                    assert_eq!(k, key, "{level}");
+                    assert_eq!(at.line_column, Some(line_column), "{key} at {level}");
+                }
+                other => panic!("{key} at {level}: expected Retired, got {other}"),
+            }
+            assert!(
+                message.contains(&format!("\"{key}\" was retired")),
+                "{message}"
+            );
+            assert!(message.contains("workflow: additive"), "{message}");
+            assert!(message.contains("workflow: replacement"), "{message}");
+            assert!(message.contains(FILE), "{message}");
+        }
+    }
+    // A retired word as a value, not a key, is just text.
+    ok(&with_destination("        prefix: \"state/\"\n"));
+}
+
+#[test]
+fn durations() {
+    let cases: &[(&str, Option<Duration>)] = &[
+        ("10ms", Some(Duration::from_millis(10))),
+        ("250ms", Some(Duration::from_millis(250))),
+        ("0s", Some(Duration::ZERO)),
+        ("0ms", Some(Duration::ZERO)),
+        ("30s", Some(Duration::from_secs(30))),
+        ("5m", Some(Duration::from_secs(300))),
+        ("1h", Some(Duration::from_secs(3600))),
+        ("7d", Some(Duration::from_secs(7 * 86_400))),
+        ("007s", Some(Duration::from_secs(7))),
+        ("", None),
+        ("5", None),
+        ("s", None),
+        ("1.5s", None),
+        ("5 s", None),
+        (" 5s", None),
+        ("5s ", None),
+        ("-1s", None),
+        ("+1s", None),
+        ("1w", None),
+        ("1S", None),
+        ("1h30m", None),
+        ("1sec", None),
+        ("99999999999999999999s", None),
+        ("999999999999999999d", None),
+    ];
+    for (text, want) in cases {
+        assert_eq!(parse_duration(text).ok(), *want, "{text:?}");
+    }
+    assert!(parse_duration("5").unwrap_err().contains("no unit"));
+    assert!(parse_duration("1.5s").unwrap_err().contains("fractions"));
+    assert!(parse_duration("5 s").unwrap_err().contains("space"));
+    assert!(
+        parse_duration("1w")
+            .unwrap_err()
+            .contains("unknown unit \"w\"")
+    );
+}
+
+#[test]
+fn durations_format_in_the_largest_exact_unit() {
+    for (ms, text) in [
+        (0, "0s"),
+        (250, "250ms"),
+        (1500, "1500ms"),
+        (30_000, "30s"),
+        (60_000, "1m"),
+        (90_000, "90s"),
+        (3_600_000, "1h"),
+        (7 * 86_400_000, "7d"),
+    ] {
+        let d = Duration::from_millis(ms);
+        assert_eq!(format_duration(d), text);
+        assert_eq!(parse_duration(text), Ok(d));
+    }
+}
+
+#[test]
+fn prefix_expansion() {
+    let created = datetime!(2026-06-04 23:30:00 -02:00); // 2026-06-05 in UTC
+    let cases: &[(&str, Result<&str, &str>)] = &[
+        ("", Ok("")),
+        ("x", Ok("x")),
+        ("x/", Ok("x")),
+        ("{source_id}/", Ok("rep.2026")),
+        ("{source_id}", Ok("rep.2026")),
+        ("{pipeline_id}/{source_id}/", Ok("reports/rep.2026")),
+        ("{date}/", Ok("2026-06-05")),
+        ("{yyyy}/{mm}/{dd}/", Ok("2026/06/05")),
+        (
+            "archive/{yyyy}-{mm}/{source_id}",
+            Ok("archive/2026-06/rep.2026"),
+        ),
+        ("{month}/", Err("unknown placeholder {month}")),
+        ("{}/", Err("unknown placeholder {}")),
+        ("{source_id", Err("not closed")),
+        ("{a{date}}", Err("not closed")),
+        ("x}/", Err("without a matching")),
+        ("../", Err("'..' segment")),
+        ("a/../b", Err("'..' segment")),
+        ("./a", Err("'.' segment")),
+        ("/", Err("path is empty")),
+        ("/x", Err("starts with '/'")),
+        ("x//", Err("ends with '/'")),
+        ("a//b", Err("empty segment")),
+        ("a\\b", Err("backslash")),
+        (".distributor-x/", Err("reserved")),
+    ];
+    for (template, want) in cases {
+        let got = expand_prefix(template, "rep.2026", "reports", created);
+        match (want, &got) {
+            (Ok(w), Ok(g)) => assert_eq!(g, w, "{template:?}"),
+            (Err(w), Err(g)) => assert!(g.contains(w), "{template:?}: {g:?} lacks {w:?}"),
+            _ => panic!("{template:?}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn prefix_dates_use_utc_on_both_sides_of_midnight() {
+    let early = datetime!(2026-01-01 00:30:00 +01:00); // 2025-12-31 in UTC
+    assert_eq!(
+        expand_prefix("{date}", "s", "p", early).unwrap(),
+        "2025-12-31"
+    );
+    let utc = datetime!(2026-02-28 23:59:59 UTC);
+    assert_eq!(
+        expand_prefix("{yyyy}/{mm}/{dd}", "s", "p", utc).unwrap(),
+        "2026/02/28"
+    );
+}
+
+#[test]
+fn relative_paths_resolve_against_the_config_folder() {
+    let text = "spool: spool\npipelines:\n  - id: p\n    inbox: ./in//p/\n    destinations:\n      - id: rel\n        path: ../out/./site\n      - id: abs\n        path: /srv/abs/\n";
+    let c = parse(text, Path::new("/opt/dist/conf/config.yaml")).unwrap();
+    assert_eq!(c.file, PathBuf::from("/opt/dist/conf/config.yaml"));
+    assert_eq!(c.spool, PathBuf::from("/opt/dist/conf/spool"));
+    let p = &c.pipelines[0];
+    assert_eq!(p.inbox, PathBuf::from("/opt/dist/conf/in/p"));
+    assert_eq!(p.spool_dir(&c), PathBuf::from("/opt/dist/conf/spool/p"));
+    // `..` is kept: only the file system knows where it leads.
+    assert_eq!(
+        p.destinations[0].root,
+        PathBuf::from("/opt/dist/conf/../out/site")
+    );
+    assert_eq!(p.destinations[1].root, PathBuf::from("/srv/abs"));
+}
+
+#[test]
+fn metrics_file_is_optional_resolved_and_checked() {
+    let base = "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/out\n";
+    assert_eq!(ok(base).agent.metrics_file, None);
+    assert!(
+        ok(base)
+            .summary()
+            .contains("metrics_file: (none; no metrics are written)")
+    );
+
+    for (written, want) in [
+        (
+            "/var/lib/prometheus/node-exporter/distributor.prom",
+            "/var/lib/prometheus/node-exporter/distributor.prom",
+        ),
+        (
+            "metrics/./distributor.prom",
+            "/etc/distributor/metrics/distributor.prom",
+        ),
+        // Next to the pipelines' spool folders is fine.
+        (
+            "/var/spool/distributor/metrics.prom",
+            "/var/spool/distributor/metrics.prom",
+        ),
+    ] {
+        let c = ok(&format!("agent:\n  metrics_file: {written}\n{base}"));
+        assert_eq!(c.agent.metrics_file, Some(PathBuf::from(want)), "{written}");
+        assert!(c.summary().contains(&format!("metrics_file: {want}\n")));
+        assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    }
+
+    let c = ok(&format!("agent:\n  metrics_file: /run/m.txt\n{base}"));
+    let warnings = c.warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].contains("does not end in .prom"),
+        "{warnings:?}"
+    );
+
+    for (written, want) in [
+        ("\"\"", "empty"),
+        ("/var/lib/metrics/", "names a folder"),
+        ("/var/lib/..", "names a folder"),
+        ("\"~/m.prom\"", "not expanded"),
+        ("[a]", "a file path"),
+    ] {
+        let e = err(&format!("agent:\n  metrics_file: {written}\n{base}"));
+        let message = e.to_string();
+        assert!(
+            matches!(e, ConfigError::Invalid { .. }),
+            "{written}: {message}"
+        );
+        assert!(message.contains(want), "{written}: {message}");
+        assert!(message.contains("line 2 column 17"), "{written}: {message}");
+    }
+
+    for (written, names) in [
+        ("/srv/out/metrics.prom", "the root of destination \"d\""),
+        (
+            "/var/spool/distributor/p/metrics.prom",
+            "the spool folder of pipeline \"p\"",
+        ),
+        (
+            "/var/spool/distributor/p/inbox/m.prom",
+            "the spool folder of pipeline \"p\"",
+        ),
+    ] {
+        let e = err(&format!("agent:\n  metrics_file: {written}\n{base}"));
+        let message = e.to_string();
+        assert!(
+            matches!(e, ConfigError::Overlap { .. }),
+            "{written}: {message}"
+        );
+        assert!(message.contains("agent.metrics_file"), "{message}");
+        assert!(message.contains(names), "{written}: {message}");
+    }
+    let e = err(
+        "agent:\n  metrics_file: /in/p/m.prom\npipelines:\n  - id: p\n    inbox: /in/p\n    destinations:\n      - id: d\n        path: /srv/out\n",
+    );
+    assert!(e.to_string().contains("the inbox of pipeline \"p\""), "{e}");
+}
+
+#[test]
+fn a_relative_config_file_is_made_absolute() {
+    let c = parse(
+        "spool: s\npipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: out\n",
+        Path::new("./conf/config.yaml"),
+    )
+    .unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    assert_eq!(c.file, cwd.join("conf/config.yaml"));
+    assert_eq!(c.spool, cwd.join("conf/s"));
+    assert_eq!(c.pipelines[0].destinations[0].root, cwd.join("conf/out"));
+}
+
+#[test]
+fn config_path_precedence() {
+    let flag = Path::new("/from/flag.yaml");
+    let env = || Some(OsString::from("/from/env.yaml"));
+    assert_eq!(
+        choose_config_path(Some(flag), env()),
+        PathBuf::from("/from/flag.yaml")
+    );
+    assert_eq!(
+        choose_config_path(None, env()),
+        PathBuf::from("/from/env.yaml")
+    );
+    assert_eq!(
+        choose_config_path(None, Some(OsString::new())),
+        PathBuf::from(DEFAULT_CONFIG_PATH)
+    );
+    assert_eq!(
+        choose_config_path(None, None),
+        PathBuf::from(DEFAULT_CONFIG_PATH)
+    );
+}
+
+#[test]
+fn base_urls() {
+    for (text, want) in [
+        ("https://h.example/a/", Some("https://h.example/a/")),
+        ("https://h.example/a", Some("https://h.example/a/")),
+        ("http://h.example", Some("http://h.example/")),
+        (
+            "HTTPS://h.example:8443/x",
+            Some("HTTPS://h.example:8443/x/"),
+        ),
+        ("https://h.example/a%20b/", Some("https://h.example/a%20b/")),
+        ("h.example/a", None),
+        ("https://", None),
+        ("https:/h", None),
+        ("https://h/a b", None),
+        ("https://h/#top", None),
+        ("mailto:x@h", None),
+    ] {
+        assert_eq!(check_base_url(text).ok().as_deref(), want, "{text:?}");
+    }
+}
+
+#[test]
+fn load_reads_the_file_and_names_it_in_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(
+        &file,
+        "pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: out\n",
+    )
+    .unwrap();
+    let c = load(&file).unwrap();
+    assert_eq!(c.file, file);
+    assert_eq!(c.pipelines[0].destinations[0].root, dir.path().join("out"));
+
+    let missing = dir.path().join("missing.yaml");
+    let e = load(&missing).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    let message = e.to_string();
+    assert!(message.contains("missing.yaml"), "{message}");
+    assert!(message.contains("--config"), "{message}");
+
+    std::fs::write(&file, "agent:\n  settle: soon\n").unwrap();
+    let message = load(&file).unwrap_err().to_string();
+    assert!(
+        message.contains(&format!("{} line 2 column 11", file.display())),
+        "{message}"
+    );
+}
+
+#[test]
+fn summary_lists_everything_config_check_should_show() {
+    let text = format!(
+        "{SPEC_EXAMPLE}      - id: mirror\n        path: /srv/mirror\n        workflow: replacement\n        publish:\n          html: true\n"
+    );
+    let summary = ok(&text).summary();
+    for want in [
+        "config file: /etc/distributor/config.yaml",
+        "spool: /var/spool/distributor",
+        "settle: 250ms",
+        "rescan_interval: 1m",
+        "prune_interval: 1h",
+        "lock_timeout: 30s",
+        "max_attempts: 5",
+        "done_retention: 7d",
+        "pipeline reports",
+        "inbox: /etc/distributor/inbox/reports",
+        "destination static-site",
+        "workflow: additive",
+        "root: /srv/reports/archive",
+        "prefix: \"{source_id}/\"",
+        "publish: source yes, html no",
+        "raw_html: escape",
+        "base_url: https://reports.example.com/archive/",
+        "prune: max_age 30d, keep_latest 1",
+        "destination mirror",
+        "workflow: replacement",
+        "prefix: (none)",
+        "publish: source yes, html yes",
+        "prune: (no policy)",
+    ] {
+        assert!(summary.contains(want), "summary lacks {want:?}:\n{summary}");
+    }
+    assert!(!summary.contains("warning"), "{summary}");
+
+    let off = ok("agent:\n  prune_interval: 0s\n  done_retention: 0s\n").summary();
+    assert!(
+        off.contains("prune_interval: 0s (scheduled pruning off)"),
+        "{off}"
+    );
+    assert!(
+        off.contains("done_retention: 0s (done/ entries are kept)"),
+        "{off}"
+    );
+}
+
+#[test]
+fn raw_html_allow_without_html_is_a_warning() {
+    let c = ok(&with_destination(
+        "        html:\n          raw_html: allow\n",
+    ));
+    let warnings = c.warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].contains("no effect"));
+}
+
+proptest::proptest! {
+    #[test]
+    fn parse_never_panics_on_arbitrary_text(text in "\\PC{0,200}") {
+        let _ = parse(&text, Path::new(FILE));
+    }
+
+    #[test]
+    fn parse_never_panics_on_yaml_like_text(
+        lines in proptest::collection::vec(
+            (0usize..5, proptest::sample::select(vec![
+                "spool:", "agent:", "pipelines:", "- id: p", "id: d", "destinations:",
+                "- id: d", "path: /srv/x", "path: out", "inbox: in", "settle: 1s",
+                "max_attempts: 0", "prefix: \"{date}/\"", "publish:", "html: true",
+                "raw_html: allow", "links:", "base_url: https://h/", "retention:",
+                "prune:", "max_age: 1d", "keep_latest: -3", "takeover: x", "[", "{",
+                "&a x", "*a", "!tag", "? x", "- ", ":", "\"", "workflow: replacement",
+            ])),
+            0..16,
+        )
+    ) {
+        let text: String = lines
+            .iter()
+            .map(|(indent, line)| format!("{}{line}\n", "  ".repeat(*indent)))
+            .collect();
+        let _ = parse(&text, Path::new(FILE));
+    }
+}
