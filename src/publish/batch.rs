@@ -13,8 +13,21 @@
 //! error while writing) makes the batch step aside after settling the
 //! roots, and the caller publishes the bundles one by one.
 
-use super::*;
-use crate::catalog::Overlay;
+use super::prepare::{Ready, prepare_bundle};
+use super::stage::{missing_dirs, move_into_place, probe, stage_output};
+use super::{Failure, Options, now_millis, record_plans, verify_rest};
+use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
+use crate::config::{Destination, Pipeline};
+use crate::failpoint;
+use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
+use crate::lock::{self, RootLock};
+use crate::paths::RelPath;
+use crate::plan::{self, Desired, Listing, Plan, PlanInput};
+use crate::report::{RunReport, Stage};
+use crate::storage::{Entry, Root};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::Path;
 use std::sync::Mutex;
 
 /// A planned bundle: its report so far and its plan per destination.

@@ -1,0 +1,134 @@
+//! Publishing the bundles a worker just claimed: several at once as one
+//! transaction per root when possible, else one by one. When stopping, the
+//! claimed bundles not started yet go back to the inbox.
+
+use super::Wake;
+use super::threads::Threads;
+use super::worker::Worker;
+use crate::publish::{self, Options};
+use crate::spool;
+use crossbeam_channel::Receiver;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+impl Worker {
+    /// Publishes bundles just claimed into work/, in arrival order: several
+    /// at once as one transaction per root when possible, else one by one.
+    pub(super) fn process_claimed(&self, claimed: &[(PathBuf, String)], rx: &Receiver<Wake>) {
+        let mut rest = claimed;
+        while rest.len() > 1 && !self.stopping() {
+            match self.try_batch(rest, rx) {
+                publish::Batch::Done(_) => return,
+                publish::Batch::OneFirst => {
+                    let (path, name) = &rest[0];
+                    self.process(path, name, rx);
+                    rest = &rest[1..];
+                }
+                publish::Batch::OneByOne => break,
+                publish::Batch::Stopped => {
+                    // Finish the bundle in hand alone; the rest go back.
+                    let (path, name) = &rest[0];
+                    self.process(path, name, rx);
+                    self.unclaim(&rest[1..]);
+                    return;
+                }
+            }
+        }
+        for (i, (path, name)) in rest.iter().enumerate() {
+            // Stopping: the first claimed bundle is the one in hand and is
+            // finished; the others go back to the inbox.
+            if i > 0 && self.stopping() {
+                self.unclaim(&rest[i..]);
+                return;
+            }
+            self.process(path, name, rx);
+        }
+    }
+
+    /// Stopping: claimed bundles not started yet go back to the inbox.
+    fn unclaim(&self, claimed: &[(PathBuf, String)]) {
+        for (path, name) in claimed {
+            if let Err(e) = spool::move_unique(path, &self.spool.inbox, name) {
+                log::warn!(
+                    "pipeline={} bundle={name}: cannot move it back to the inbox ({e}); it stays in work/ and is processed first at the next start",
+                    self.pipeline.id
+                );
+            }
+        }
+    }
+
+    /// Publishes several claimed bundles as one transaction per root and
+    /// files each away (a transient failure is retried alone).
+    fn try_batch(&self, claimed: &[(PathBuf, String)], rx: &Receiver<Wake>) -> publish::Batch {
+        // One file records the attempt of the whole batch; a bundle gets its
+        // own counter only when it is retried alone.
+        let attempts: Vec<(String, u32)> = claimed
+            .iter()
+            .map(|(path, name)| (name.clone(), spool::attempts(path) + 1))
+            .collect();
+        if let Err(e) = spool::begin_batch(&self.spool, &attempts) {
+            log::error!(
+                "pipeline={}: cannot record the batch's attempt in {}: {e}",
+                self.pipeline.id,
+                self.spool.work.join(spool::BATCH_FILE).display()
+            );
+        }
+        let started = Instant::now();
+        let dirs: Vec<&Path> = claimed.iter().map(|(p, _)| p.as_path()).collect();
+        let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
+        let options = Options {
+            dry_run: false,
+            force: false,
+            lock_timeout: self.config.agent.lock_timeout,
+        };
+        let keep_going = || !self.stop.load(Ordering::SeqCst);
+        let outcome = publish::publish_batch(
+            &self.pipeline,
+            &destinations,
+            &dirs,
+            &options,
+            &Threads::per_core(),
+            &keep_going,
+        );
+        match &outcome {
+            publish::Batch::Done(reports) => {
+                let elapsed = started.elapsed().as_millis();
+                log::info!(
+                    "pipeline={} published a batch of {} bundles elapsed_ms={elapsed}",
+                    self.pipeline.id,
+                    reports.len()
+                );
+                for (((path, name), report), (_, attempt)) in
+                    claimed.iter().zip(reports).zip(&attempts)
+                {
+                    for w in &report.warnings {
+                        log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
+                    }
+                    if !report.ok && report.transient {
+                        // Retried alone, with backoff, counting the batch's attempt.
+                        if let Err(e) = spool::set_attempts(path, *attempt) {
+                            log::error!(
+                                "pipeline={} bundle={name}: cannot record the attempt count: {e}",
+                                self.pipeline.id
+                            );
+                        }
+                        self.process(path, name, rx);
+                    } else {
+                        self.file_away(path, name, report, elapsed);
+                    }
+                }
+            }
+            // Nothing was attempted: the batch file goes, no counter changed.
+            publish::Batch::OneFirst | publish::Batch::OneByOne | publish::Batch::Stopped => {}
+        }
+        if let Err(e) = spool::end_batch(&self.spool) {
+            log::warn!(
+                "pipeline={}: cannot remove {}: {e}",
+                self.pipeline.id,
+                self.spool.work.join(spool::BATCH_FILE).display()
+            );
+        }
+        outcome
+    }
+}

@@ -1,0 +1,140 @@
+//! The maintenance thread: `done/` expiry, scheduled pruning and the metrics
+//! file. It must never publish, and a live agent serving no pipeline (a
+//! standby) writes no metrics.
+
+use super::{MAINTENANCE_TICK, METRICS_EVERY, SERVING};
+use crate::config::{Config, Pipeline};
+use crate::maintain;
+use crate::metrics::Metrics;
+use crate::publish;
+use crate::spool::{self, Spool};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The scheduled pruning and `done/` expiry thread.
+pub(super) struct Maintenance {
+    stop_tx: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Maintenance {
+    pub(super) fn start(config: &Config, metrics: &Arc<Metrics>) -> Maintenance {
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
+        let config = config.clone();
+        let metrics = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || maintenance_loop(&config, &metrics, &stop_rx))
+            .expect("spawning the maintenance thread");
+        Maintenance { stop_tx, thread }
+    }
+
+    pub(super) fn stop(self) {
+        let _ = self.stop_tx.send(());
+        let _ = self.thread.join();
+    }
+}
+
+fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
+    let prune_every = config.agent.prune_interval;
+    let mut next_prune = Instant::now() + prune_every;
+    let mut tick = if config.agent.done_retention.is_zero() {
+        MAINTENANCE_TICK
+    } else {
+        MAINTENANCE_TICK.min(config.agent.done_retention)
+    };
+    if config.agent.metrics_file.is_some() {
+        tick = tick.min(METRICS_EVERY);
+    }
+    loop {
+        for p in &config.pipelines {
+            expire_done(config, p);
+        }
+        if !prune_every.is_zero() && Instant::now() >= next_prune {
+            prune_all(config, metrics);
+            next_prune = Instant::now() + prune_every;
+        }
+        write_metrics(config, metrics, true);
+        let mut wait = tick;
+        if !prune_every.is_zero() {
+            wait = wait.min(next_prune.saturating_duration_since(Instant::now()));
+        }
+        match stop.recv_timeout(wait.max(Duration::from_millis(10))) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => {
+                write_metrics(config, metrics, true);
+                return;
+            }
+        }
+    }
+}
+
+pub(super) fn expire_done(config: &Config, p: &Pipeline) {
+    let spool = Spool::of(config, p);
+    match spool::expire_done(&spool, config.agent.done_retention) {
+        Ok(0) => {}
+        Ok(n) => log::info!(
+            "pipeline={} removed {n} done/ entries past done_retention",
+            p.id
+        ),
+        Err(e) => log::warn!("pipeline={}: cannot expire done/ entries: {e}", p.id),
+    }
+}
+
+/// Counts the spool folders and writes the metrics file, if one is set.
+/// A live agent that serves no pipeline (a standby) writes nothing.
+pub(super) fn write_metrics(config: &Config, metrics: &Metrics, live: bool) {
+    let Some(path) = &config.agent.metrics_file else {
+        return;
+    };
+    if live && SERVING.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    for p in &config.pipelines {
+        let spool = Spool::of(config, p);
+        for folder in [
+            spool::Folder::Inbox,
+            spool::Folder::Work,
+            spool::Folder::Done,
+            spool::Folder::Failed,
+        ] {
+            let depth = std::fs::read_dir(spool.folder(folder)).map_or(0, |d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            });
+            metrics.set_queue_depth(&p.id, folder.as_str(), depth as u64);
+        }
+    }
+    if let Err(e) = metrics.write_atomic(path) {
+        log::warn!("cannot write the metrics file {}: {e}", path.display());
+    }
+}
+
+fn prune_all(config: &Config, metrics: &Metrics) {
+    for p in &config.pipelines {
+        for d in p.destinations.iter().filter(|d| d.prune.is_some()) {
+            let target = maintain::Target {
+                pipeline_id: &p.id,
+                destination: d,
+                lock_timeout: config.agent.lock_timeout,
+            };
+            match maintain::prune(&target, true, publish::now_millis()) {
+                Ok(r) if r.deletes.is_empty() => {}
+                Ok(r) => {
+                    metrics.add_prune_deletions(&p.id, &d.id, r.deletes.len() as u64);
+                    log::info!(
+                        "pipeline={} destination={} pruned {} output(s)",
+                        p.id,
+                        d.id,
+                        r.deletes.len()
+                    );
+                }
+                Err(e) => log::warn!("pipeline={} destination={} prune failed: {e}", p.id, d.id),
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The spool agent: one thread per pipeline claims complete bundles from its
+//! inbox and publishes them one at a time in arrival order; a watcher turns
+//! file events into wake-ups (hints only: every wake-up rescans); a
+//! maintenance thread prunes on schedule; signals stop or reload.
+//!
+//! The only module that knows about threads and signals. Publishing goes
+//! through `publish::publish`, the same code path as `distributor run`.
+
+use crate::config::{self, Config};
+use crate::metrics::Metrics;
+use crate::spool::Spool;
+use crossbeam_channel::{RecvTimeoutError, Sender};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+mod batch;
+mod maintenance;
+mod process;
+mod threads;
+mod watcher;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+use maintenance::{Maintenance, expire_done, write_metrics};
+use watcher::start_watcher;
+use worker::Worker;
+
+/// How often folders that have no manifest yet are looked at again, in
+/// case their manifest event was missed.
+const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
+/// How long a manifest that does not parse yet is given to be completed
+/// before the bundle is claimed anyway (and fails with the parse error).
+const MANIFEST_GRACE: Duration = Duration::from_secs(2);
+/// Longest pause between two attempts of a transiently failing bundle.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// Most bundles published together as one transaction per root.
+const MAX_BATCH: usize = 256;
+/// How often the metrics file is rewritten when one is configured.
+const METRICS_EVERY: Duration = Duration::from_secs(10);
+/// How often the maintenance thread checks `done/` retention.
+const MAINTENANCE_TICK: Duration = Duration::from_secs(60);
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    Config(#[from] config::ConfigError),
+    #[error("{0}")]
+    Start(String),
+}
+
+impl AgentError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AgentError::Config(_) => 2,
+            AgentError::Start(_) => 1,
+        }
+    }
+}
+
+/// How many pipelines this process serves (holds the agent lock of). A
+/// standby agent serves none and leaves the metrics file to the active one.
+static SERVING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts this thread as serving its pipeline until dropped.
+struct Serving;
+
+impl Serving {
+    fn start() -> Serving {
+        SERVING.fetch_add(1, Ordering::SeqCst);
+        Serving
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        SERVING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What a pipeline thread hears.
+#[derive(Debug, Clone, Copy)]
+enum Wake {
+    /// Something may have changed in the inbox: rescan.
+    Scan,
+    /// Finish the bundle in hand and return.
+    Stop,
+}
+
+/// Counts of how bundles ended, and the metrics every thread feeds.
+#[derive(Debug, Default)]
+struct Tally {
+    done: AtomicUsize,
+    failed: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+/// Runs the agent. With `once`, processes `work/` and every inbox, then
+/// returns whether every bundle ended in `done/`. Otherwise runs until
+/// SIGTERM/SIGINT and returns `Ok(true)`.
+pub fn run(config_path: &Path, once: bool) -> Result<bool, AgentError> {
+    let config = config::load(config_path)?;
+    for warning in config.warnings() {
+        log::warn!("{warning}");
+    }
+    create_spools(&config)?;
+    if once {
+        return Ok(run_once(&config));
+    }
+    run_forever(config_path, config)
+}
+
+fn create_spools(config: &Config) -> Result<(), AgentError> {
+    for p in &config.pipelines {
+        Spool::of(config, p)
+            .create()
+            .map_err(|e| AgentError::Start(e.to_string()))?;
+    }
+    Ok(())
+}
+
+fn run_once(config: &Config) -> bool {
+    let tally = Arc::new(Tally::default());
+    tally.metrics.configure(config);
+    let stop = Arc::new(AtomicBool::new(false));
+    // First SIGTERM/SIGINT: finish the bundles in hand and stop; second: exit.
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let registered =
+            signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+                .and_then(|_| signal_hook::flag::register(signal, stop.clone()));
+        if let Err(e) = registered {
+            log::warn!("cannot install a handler for signal {signal}: {e}");
+        }
+    }
+    // The senders outlive the workers: nobody wakes a --once worker, but a
+    // disconnected channel would read as "stop" during a retry backoff.
+    let mut senders = Vec::new();
+    std::thread::scope(|scope| {
+        for p in &config.pipelines {
+            let worker = Worker::new(config, p, tally.clone(), stop.clone(), true);
+            let (tx, rx) = crossbeam_channel::unbounded::<Wake>();
+            senders.push(tx);
+            scope.spawn(move || worker.run(&rx));
+        }
+    });
+    drop(senders);
+    for p in &config.pipelines {
+        expire_done(config, p);
+    }
+    write_metrics(config, &tally.metrics, false);
+    let failed = tally.failed.load(Ordering::Relaxed);
+    log::info!(
+        "agent --once finished: {} done, {failed} failed",
+        tally.done.load(Ordering::Relaxed)
+    );
+    failed == 0
+}
+
+/// A running set of pipeline threads plus their watcher.
+struct Running {
+    senders: Vec<Sender<Wake>>,
+    threads: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl Running {
+    fn start(config: &Config, metrics: &Arc<Metrics>) -> Running {
+        let stop = Arc::new(AtomicBool::new(false));
+        metrics.configure(config);
+        let tally = Arc::new(Tally {
+            metrics: metrics.clone(),
+            ..Tally::default()
+        });
+        let mut senders = Vec::new();
+        let mut threads = Vec::new();
+        let mut routes = Vec::new();
+        for p in &config.pipelines {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let worker = Worker::new(config, p, tally.clone(), stop.clone(), false);
+            let name = format!("pipeline-{}", p.id);
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker.run(&rx))
+                .expect("spawning a pipeline thread");
+            routes.push((p.inbox.clone(), tx.clone()));
+            senders.push(tx);
+            threads.push(thread);
+        }
+        let watcher = start_watcher(routes);
+        Running {
+            senders,
+            threads,
+            stop,
+            _watcher: watcher,
+        }
+    }
+
+    fn wake_all(&self) {
+        for tx in &self.senders {
+            let _ = tx.send(Wake::Scan);
+        }
+    }
+
+    /// Stops claiming, lets each pipeline finish its bundle, joins.
+    fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for tx in &self.senders {
+            let _ = tx.send(Wake::Stop);
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the main thread hears.
+enum Control {
+    Terminate,
+    Reload,
+}
+
+fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentError> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| AgentError::Start(format!("cannot install signal handlers: {e}")))?;
+    let (control_tx, control_rx) = crossbeam_channel::unbounded();
+    let terminating = Arc::new(AtomicBool::new(false));
+    {
+        let terminating = terminating.clone();
+        std::thread::spawn(move || {
+            for signal in signals.forever() {
+                if signal == SIGHUP {
+                    let _ = control_tx.send(Control::Reload);
+                } else if terminating.swap(true, Ordering::SeqCst) {
+                    log::warn!("second stop signal: exiting at once");
+                    std::process::exit(130);
+                } else {
+                    let _ = control_tx.send(Control::Terminate);
+                }
+            }
+        });
+    }
+    log::info!(
+        "agent started: {} pipeline(s), config {}",
+        config.pipelines.len(),
+        config_path.display()
+    );
+    let metrics = Arc::new(Metrics::new());
+    let mut running = Running::start(&config, &metrics);
+    let mut maintenance = Maintenance::start(&config, &metrics);
+    let rescan = |config: &Config| config.agent.rescan_interval;
+    loop {
+        match control_rx.recv_timeout(rescan(&config)) {
+            Ok(Control::Terminate) => {
+                log::info!("stop requested: finishing the bundles in hand");
+                maintenance.stop();
+                running.stop();
+                log::info!("agent stopped");
+                return Ok(true);
+            }
+            Ok(Control::Reload) => match config::load(config_path) {
+                Ok(new) => {
+                    log::info!("reloading config {}", config_path.display());
+                    if let Err(e) = create_spools(&new) {
+                        log::error!("config reload refused, keeping the old config: {e}");
+                        continue;
+                    }
+                    maintenance.stop();
+                    running.stop();
+                    config = new;
+                    running = Running::start(&config, &metrics);
+                    maintenance = Maintenance::start(&config, &metrics);
+                }
+                Err(e) => {
+                    log::error!("config reload refused, keeping the old config: {e}");
+                }
+            },
+            Err(RecvTimeoutError::Timeout) => running.wake_all(),
+            Err(RecvTimeoutError::Disconnected) => return Ok(true),
+        }
+    }
+}

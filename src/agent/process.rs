@@ -1,0 +1,155 @@
+//! Publishing one claimed bundle, retrying transient failures with backoff,
+//! and filing it into `done/` or `failed/`, counted in the tally and metrics.
+
+use super::worker::Worker;
+use super::{MAX_BACKOFF, Wake};
+use crate::publish::{self, Options};
+use crate::report::RunReport;
+use crate::spool;
+use crossbeam_channel::{Receiver, select};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How processing one bundle ended.
+pub(super) enum Outcome {
+    Finished,
+    /// Left in work/ (stopping, or the spool move failed).
+    Left,
+}
+
+impl Worker {
+    /// Publishes the bundle at `path` (in work/), retrying transient
+    /// failures with backoff, then files it into done/ or failed/.
+    pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
+        let max = self.config.agent.max_attempts.max(1);
+        loop {
+            let attempt = spool::attempts(path) + 1;
+            if let Err(e) = spool::set_attempts(path, attempt) {
+                log::error!(
+                    "pipeline={} bundle={name}: cannot record the attempt count in {}: {e}",
+                    self.pipeline.id,
+                    path.display()
+                );
+            }
+            let started = Instant::now();
+            let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
+            let report = publish::publish(
+                &self.pipeline,
+                &destinations,
+                path,
+                &Options {
+                    dry_run: false,
+                    force: false,
+                    lock_timeout: self.config.agent.lock_timeout,
+                },
+            );
+            let elapsed = started.elapsed().as_millis();
+            for w in &report.warnings {
+                log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
+            }
+            if !report.ok && report.transient && attempt < max {
+                let backoff = backoff(attempt);
+                log::warn!(
+                    "pipeline={} bundle={name} attempt {attempt}/{max} failed at {}: {}; retrying in {backoff:?}",
+                    self.pipeline.id,
+                    report.stage_name(),
+                    report.error.as_deref().unwrap_or_default()
+                );
+                let deadline = Instant::now() + backoff;
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    let stop = self.stopping()
+                        || select! {
+                            recv(rx) -> msg => matches!(msg, Ok(Wake::Stop) | Err(_)),
+                            default(left.min(Duration::from_millis(200))) => false,
+                        };
+                    if stop {
+                        log::info!(
+                            "pipeline={} bundle={name}: left in work/ for the next start",
+                            self.pipeline.id
+                        );
+                        return Outcome::Left;
+                    }
+                }
+                continue;
+            }
+            return self.file_away(path, name, &report, elapsed);
+        }
+    }
+
+    /// A folder in work/ whose manifest vanished cannot be published; it
+    /// goes to failed/ with the reason rather than sitting in work/ forever.
+    pub(super) fn fail_without_manifest(&self, path: &Path) {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let report = RunReport::new(&self.pipeline.id, false).fail(
+            crate::report::Stage::Verify,
+            format!(
+                "{}: no {} in the bundle; restore it or re-seal the bundle, then `distributor spool retry {} {name}`",
+                path.display(),
+                spool::MANIFEST,
+                self.pipeline.id
+            ),
+            false,
+        );
+        self.file_away(path, &name, &report, 0);
+    }
+
+    pub(super) fn file_away(
+        &self,
+        path: &Path,
+        name: &str,
+        report: &RunReport,
+        elapsed: u128,
+    ) -> Outcome {
+        let actions = report.actions();
+        match spool::finish(&self.spool, path, name, report) {
+            Ok(to) => {
+                let metrics = &self.tally.metrics;
+                if report.ok {
+                    self.tally.done.fetch_add(1, Ordering::Relaxed);
+                    metrics.bundle_done(&self.pipeline.id);
+                    metrics.add_published_bytes(&self.pipeline.id, report.bytes_published);
+                    let now = std::time::SystemTime::now();
+                    for d in &report.destinations {
+                        metrics.destination_succeeded(&self.pipeline.id, &d.destination_id, now);
+                    }
+                    log::info!(
+                        "pipeline={} bundle={name} done {actions} elapsed_ms={elapsed}",
+                        self.pipeline.id
+                    );
+                } else {
+                    self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                    metrics.bundle_failed(&self.pipeline.id);
+                    log::error!(
+                        "pipeline={} bundle={name} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
+                        self.pipeline.id,
+                        report.stage_name(),
+                        report.error.as_deref().unwrap_or_default(),
+                        to.display()
+                    );
+                }
+                Outcome::Finished
+            }
+            Err(e) => {
+                log::error!(
+                    "pipeline={} bundle={name}: cannot move it out of work/: {e}; it stays in {} and is retried on the next start",
+                    self.pipeline.id,
+                    path.display()
+                );
+                Outcome::Left
+            }
+        }
+    }
+}
+
+/// Exponential backoff: 1 s, 2 s, 4 s, … capped at five minutes.
+pub(super) fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1u64 << attempt.saturating_sub(1).min(16)).min(MAX_BACKOFF)
+}

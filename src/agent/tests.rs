@@ -1,0 +1,60 @@
+//! Unit tests of the agent: backoff, the thread pool and which watcher
+//! events are hints.
+
+use super::process::backoff;
+use super::threads::Threads;
+use super::watcher::is_hint;
+use super::*;
+use crate::publish;
+
+#[test]
+fn backoff_doubles_and_caps() {
+    assert_eq!(backoff(1), Duration::from_secs(1));
+    assert_eq!(backoff(2), Duration::from_secs(2));
+    assert_eq!(backoff(4), Duration::from_secs(8));
+    assert_eq!(backoff(40), MAX_BACKOFF);
+}
+
+#[test]
+fn threads_run_every_job_exactly_once() {
+    use publish::Workers;
+    let runs: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+    for threads in [Threads(1), Threads(4)] {
+        let jobs = runs
+            .iter()
+            .map(|r| {
+                Box::new(move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                }) as Box<dyn FnOnce() + Send + '_>
+            })
+            .collect();
+        threads.run_all(jobs);
+    }
+    assert!(runs.iter().all(|r| r.load(Ordering::SeqCst) == 2));
+}
+
+#[test]
+fn only_changes_are_hints() {
+    use notify::EventKind;
+    use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode};
+    let cases = [
+        (EventKind::Access(AccessKind::Open(AccessMode::Any)), false),
+        (EventKind::Access(AccessKind::Read), false),
+        (
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+            false,
+        ),
+        (
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            true,
+        ),
+        (EventKind::Create(CreateKind::Folder), true),
+        (EventKind::Modify(ModifyKind::Name(RenameMode::To)), true),
+        (EventKind::Remove(notify::event::RemoveKind::Any), true),
+        (EventKind::Any, true),
+        (EventKind::Other, true),
+    ];
+    for (kind, expected) in cases {
+        assert_eq!(is_hint(kind), expected, "{kind:?}");
+    }
+}

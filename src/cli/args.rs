@@ -1,0 +1,217 @@
+//! The command line's shape: every command, flag and help text, as clap
+//! derive types. Definitions only; nothing here runs a command.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "distributor",
+    version,
+    about = "Verify bundles against their manifests and publish them into catalogued destination roots",
+    after_help = "Example:\n  distributor --config spool-example/config.yaml run --pipeline reports spool-example/bundles/report-1"
+)]
+pub struct Cli {
+    /// Config file (default: $DISTRIBUTOR_CONFIG, else /etc/distributor/config.yaml)
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the spool agent (foreground; SIGTERM/SIGINT stop, SIGHUP reloads)
+    #[command(
+        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml agent\n  distributor --config spool-example/config.yaml agent --once"
+    )]
+    Agent {
+        /// Process work/ and every inbox once, then exit (0: all done, 1: some failed)
+        #[arg(long)]
+        once: bool,
+    },
+    /// Plan and publish one bundle folder in place (the folder is not moved)
+    #[command(
+        after_help = "Example:\n  distributor run --pipeline reports --dry-run ./bundles/report-1\n  distributor run --pipeline reports --destination site --force ./bundles/report-1"
+    )]
+    Run(RunArgs),
+    /// Retention pruning of one owner's outputs
+    #[command(
+        after_help = "Example:\n  distributor prune --pipeline reports --destination archive --dry-run\n  distributor prune --pipeline reports --destination archive --apply"
+    )]
+    Prune {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Report what would be deleted, change nothing
+        #[arg(long, conflicts_with = "apply", required_unless_present = "apply")]
+        dry_run: bool,
+        /// Delete the selected outputs
+        #[arg(long)]
+        apply: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop catalog records whose file is gone; report unmanaged entries
+    #[command(
+        name = "reconcile-state",
+        after_help = "Example:\n  distributor reconcile-state --pipeline reports --destination archive --dry-run"
+    )]
+    ReconcileState {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Every record of the root, not only this owner's
+        #[arg(long)]
+        all_owners: bool,
+        /// Report, change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-hash managed outputs; report missing and mismatched files (exit 1 if any)
+    #[command(
+        after_help = "Example:\n  distributor verify --pipeline reports --destination archive --all-owners"
+    )]
+    Verify {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Every record of the root, not only this owner's
+        #[arg(long)]
+        all_owners: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the catalog records of a destination root
+    #[command(
+        after_help = "Example:\n  distributor catalog --pipeline reports --destination archive --json"
+    )]
+    Catalog {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Print the records as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect spools; move a failed bundle back to the inbox
+    #[command(subcommand)]
+    Spool(SpoolCommand),
+    /// One screen per pipeline: spool counts, oldest waiting bundle, last failure, catalog sizes
+    #[command(after_help = "Example:\n  distributor --config /etc/distributor/config.yaml status")]
+    Status {
+        /// Print the summary as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Producer helpers: seal and verify bundles (no config needed)
+    #[command(subcommand)]
+    Bundle(BundleCommand),
+    /// Configuration helpers
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Pipeline whose destinations receive the bundle
+    #[arg(long, value_name = "P")]
+    pub pipeline: String,
+    /// Only these destinations (repeatable; default: all of the pipeline)
+    #[arg(long = "destination", value_name = "D")]
+    pub destinations: Vec<String>,
+    /// Plan and report, change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Replace everything in the named destinations' roots (needs --destination)
+    #[arg(long)]
+    pub force: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// The bundle folder (holding manifest.json)
+    pub bundle_dir: PathBuf,
+}
+
+/// Selects one destination root.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Pipeline id
+    #[arg(long, value_name = "P")]
+    pub pipeline: String,
+    /// Destination id
+    #[arg(long, value_name = "D")]
+    pub destination: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SpoolCommand {
+    /// List bundles in the spools (oldest first)
+    #[command(
+        after_help = "Example:\n  distributor spool list --failed\n  distributor spool list --pipeline reports --json"
+    )]
+    List {
+        /// Only this pipeline
+        #[arg(long, value_name = "P")]
+        pipeline: Option<String>,
+        /// Only failed/
+        #[arg(long, conflicts_with_all = ["done", "inbox"])]
+        failed: bool,
+        /// Only done/
+        #[arg(long, conflicts_with = "inbox")]
+        done: bool,
+        /// Only inbox/
+        #[arg(long)]
+        inbox: bool,
+        /// Print the list as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move failed/NAME back into the inbox (clears its result and attempt count)
+    #[command(after_help = "Example:\n  distributor spool retry reports weekly-2026-06-08")]
+    Retry {
+        /// Pipeline id
+        pipeline: String,
+        /// Bundle name as shown by `spool list --failed`
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BundleCommand {
+    /// Hash every regular file under DIR and write DIR/manifest.json atomically
+    #[command(
+        after_help = "Example:\n  distributor bundle seal ./.staging-report --id reports.2026-06-04"
+    )]
+    Seal {
+        dir: PathBuf,
+        /// Source id (letters, digits, '.', '_', '-'; up to 128)
+        #[arg(long)]
+        id: String,
+        /// RFC 3339 creation time (default: now)
+        #[arg(long, value_name = "RFC3339")]
+        created: Option<String>,
+    },
+    /// Check a bundle against its manifest and print every problem
+    #[command(after_help = "Example:\n  distributor bundle verify ./inbox/report-1")]
+    Verify {
+        dir: PathBuf,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the config and print a summary
+    #[command(
+        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml config check"
+    )]
+    Check {
+        /// Print the summary as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}

@@ -1,0 +1,177 @@
+//! The command line: parses arguments, calls the library, prints results
+//! and maps them to exit codes (SPEC §9). The only module that prints.
+
+use crate::config::{self, Config};
+use crate::maintain;
+use crate::publish::now_millis;
+use crate::spool::Folder;
+use std::path::Path;
+
+mod args;
+mod output;
+mod producer;
+mod publishing;
+mod roots;
+mod spools;
+
+#[cfg(test)]
+mod tests;
+
+pub use args::{BundleCommand, Cli, Command, ConfigCommand, RunArgs, SpoolCommand, TargetArgs};
+
+use producer::{seal, verify};
+use publishing::{agent, run_bundle};
+use roots::with_target;
+use spools::{spool_list, spool_retry, status};
+
+/// Exit code for success.
+pub const EXIT_OK: u8 = 0;
+/// Exit code for runtime failures, invalid bundles and problems found.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code for usage and configuration errors.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code for a publication refused by planning.
+pub const EXIT_REFUSED: u8 = 3;
+
+/// Runs a parsed command line and returns the process exit code.
+pub fn run(cli: Cli) -> u8 {
+    let config = cli.config.as_deref();
+    match cli.command {
+        Command::Agent { once } => agent(config, once),
+        Command::Prune {
+            target,
+            apply,
+            json,
+            ..
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::prune(t, apply, now_millis()).map(|r| (r.to_text(), r.to_json(), EXIT_OK))
+            },
+            json,
+        ),
+        Command::ReconcileState {
+            target,
+            all_owners,
+            dry_run,
+            json,
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::reconcile(t, all_owners, dry_run)
+                    .map(|r| (r.to_text(), r.to_json(), EXIT_OK))
+            },
+            json,
+        ),
+        Command::Verify {
+            target,
+            all_owners,
+            json,
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::verify(t, all_owners).map(|r| {
+                    let code = if r.ok { EXIT_OK } else { EXIT_FAILURE };
+                    (r.to_text(), r.to_json(), code)
+                })
+            },
+            json,
+        ),
+        Command::Catalog { target, json } => with_target(
+            config,
+            &target,
+            |t| maintain::catalog(t).map(|r| (r.to_text(), r.to_json(), EXIT_OK)),
+            json,
+        ),
+        Command::Spool(SpoolCommand::List {
+            pipeline,
+            failed,
+            done,
+            inbox,
+            json,
+        }) => {
+            let folders: Vec<Folder> = if failed {
+                vec![Folder::Failed]
+            } else if done {
+                vec![Folder::Done]
+            } else if inbox {
+                vec![Folder::Inbox]
+            } else {
+                vec![Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed]
+            };
+            spool_list(config, pipeline.as_deref(), &folders, json)
+        }
+        Command::Status { json } => status(config, json),
+        Command::Spool(SpoolCommand::Retry { pipeline, name }) => {
+            spool_retry(config, &pipeline, &name)
+        }
+        Command::Run(args) => run_bundle(config, &args),
+        Command::Bundle(BundleCommand::Seal { dir, id, created }) => {
+            seal(&dir, &id, created.as_deref())
+        }
+        Command::Bundle(BundleCommand::Verify { dir, json }) => verify(&dir, json),
+        Command::Config(ConfigCommand::Check { json }) => config_check(cli.config.as_deref(), json),
+    }
+}
+
+fn load_config(flag: Option<&Path>) -> Result<Config, String> {
+    let path = config::resolve_config_path(flag);
+    config::load(&path).map_err(|e| e.to_string())
+}
+
+/// Loads the config, or prints why not and returns the usage exit code.
+fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
+    load_config(flag).map_err(|e| {
+        eprintln!("error: {e}");
+        EXIT_USAGE
+    })
+}
+
+fn config_check(flag: Option<&Path>, json: bool) -> u8 {
+    let config = match load_config(flag) {
+        Ok(c) => c,
+        Err(e) => {
+            if json {
+                let doc = serde_json::json!({"ok": false, "error": e});
+                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            } else {
+                eprintln!("error: {e}");
+            }
+            return EXIT_USAGE;
+        }
+    };
+    if json {
+        let pipelines: Vec<serde_json::Value> = config
+            .pipelines
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "id": p.id,
+                    "inbox": p.inbox.display().to_string(),
+                    "destinations": p.destinations.iter().map(|d| serde_json::json!({
+                        "id": d.id,
+                        "workflow": d.workflow.as_str(),
+                        "root": d.root.display().to_string(),
+                        "prefix": d.prefix,
+                        "publish_source": d.publish_source,
+                        "publish_html": d.publish_html,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "ok": true,
+            "file": config.file.display().to_string(),
+            "spool": config.spool.display().to_string(),
+            "pipelines": pipelines,
+            "warnings": config.warnings(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print!("{}", config.summary());
+    }
+    EXIT_OK
+}

@@ -1,0 +1,104 @@
+//! The commands that publish: `run` (one bundle folder in place) and `agent`
+//! (the spool agent). Both call the library and report what it returns.
+
+use super::output::print_report;
+use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RunArgs, load_config};
+use crate::config;
+use crate::publish::{self, Options};
+use crate::report::{RunReport, Stage};
+use std::path::Path;
+
+pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
+    let fail_config = |message: String| {
+        let report =
+            RunReport::new(&args.pipeline, args.dry_run).fail(Stage::Config, message, false);
+        if args.json {
+            print_report(&report, true);
+        } else {
+            eprintln!("error: {}", report.error.as_deref().unwrap_or_default());
+        }
+        EXIT_USAGE
+    };
+    if args.force && args.destinations.is_empty() {
+        return fail_config(
+            "--force replaces everything in a destination root, so it must name the destination: add --destination D".to_owned(),
+        );
+    }
+    let config = match load_config(config_flag) {
+        Ok(c) => c,
+        Err(e) => return fail_config(e),
+    };
+    let Some(pipeline) = config.pipeline(&args.pipeline) else {
+        let known: Vec<&str> = config.pipelines.iter().map(|p| p.id.as_str()).collect();
+        return fail_config(format!(
+            "no pipeline {:?} in {}; configured pipelines: {}",
+            args.pipeline,
+            config.file.display(),
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
+        ));
+    };
+    let mut destinations = Vec::new();
+    if args.destinations.is_empty() {
+        destinations.extend(pipeline.destinations.iter());
+    } else {
+        for id in &args.destinations {
+            match pipeline.destination(id) {
+                Some(d)
+                    if !destinations
+                        .iter()
+                        .any(|x: &&config::Destination| x.id == d.id) =>
+                {
+                    destinations.push(d)
+                }
+                Some(_) => {}
+                None => {
+                    let known: Vec<&str> = pipeline
+                        .destinations
+                        .iter()
+                        .map(|d| d.id.as_str())
+                        .collect();
+                    return fail_config(format!(
+                        "pipeline {:?} has no destination {id:?}; its destinations: {}",
+                        pipeline.id,
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    let options = Options {
+        dry_run: args.dry_run,
+        force: args.force,
+        lock_timeout: config.agent.lock_timeout,
+    };
+    let started = std::time::Instant::now();
+    let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);
+    for w in &report.warnings {
+        log::warn!("{}: {w}", args.bundle_dir.display());
+    }
+    log::info!(
+        "pipeline={} bundle={} {} elapsed_ms={}",
+        pipeline.id,
+        args.bundle_dir.display(),
+        report.actions(),
+        started.elapsed().as_millis()
+    );
+    print_report(&report, args.json);
+    report.exit_code()
+}
+
+pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
+    let path = config::resolve_config_path(flag);
+    match crate::agent::run(&path, once) {
+        Ok(true) => EXIT_OK,
+        Ok(false) => EXIT_FAILURE,
+        Err(e) => {
+            log::error!("{e}");
+            e.exit_code()
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Running a maintenance command (`prune`, `reconcile-state`, `verify`,
+//! `catalog`) on the one destination root that `--pipeline` and
+//! `--destination` select, and printing its result.
+
+use super::{EXIT_USAGE, TargetArgs, config_or_usage};
+use crate::maintain::{MaintainError, Target};
+use std::path::Path;
+
+/// Loads the config, resolves `--pipeline`/`--destination`, runs `op` and
+/// prints its text or JSON.
+pub(super) fn with_target(
+    flag: Option<&Path>,
+    args: &TargetArgs,
+    op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
+    json: bool,
+) -> u8 {
+    let config = match config_or_usage(flag) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(pipeline) = config.pipeline(&args.pipeline) else {
+        eprintln!(
+            "error: no pipeline {:?} in {}; see `distributor config check`",
+            args.pipeline,
+            config.file.display()
+        );
+        return EXIT_USAGE;
+    };
+    let Some(destination) = pipeline.destination(&args.destination) else {
+        eprintln!(
+            "error: pipeline {:?} has no destination {:?}; see `distributor config check`",
+            pipeline.id, args.destination
+        );
+        return EXIT_USAGE;
+    };
+    let target = Target {
+        pipeline_id: &pipeline.id,
+        destination,
+        lock_timeout: config.agent.lock_timeout,
+    };
+    match op(&target) {
+        Ok((text, json_text, code)) => {
+            print!("{}", if json { json_text } else { text });
+            code
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Maintenance of one destination root: retention pruning, reconciling the
+//! catalog with storage, verifying managed outputs, and listing the catalog.
+//!
+//! Every operation works on one root, under its lock, through the
+//! root-bounded operations of `storage`. Before reading the catalog it
+//! classifies the state file and refuses (changing nothing) when it is
+//! invalid, written by a newer tool, or legacy; it then finishes an
+//! interrupted publication when it is about to write (`journal::recover`).
+//! Read-only operations (dry runs, `verify`, `catalog`) create nothing: no
+//! root, no lock file, no temporary file.
+//!
+//! It must never delete anything but the catalog-recorded outputs selected
+//! by a prune policy, never touch another owner's outputs when scoped to
+//! one, never adopt unmanaged content, and never print.
+
+use crate::catalog::STATE_FILE;
+use crate::config::Destination;
+use crate::lock::LockError;
+use serde::Serialize;
+use std::io;
+use std::time::Duration;
+
+mod list;
+mod prune;
+mod reconcile;
+mod session;
+mod verify;
+
+#[cfg(test)]
+mod tests;
+
+pub use list::{CatalogReport, catalog};
+pub use prune::{PruneReport, prune, select_prunable};
+pub use reconcile::{ReconcileReport, reconcile};
+pub use verify::{VerifyReport, verify};
+
+/// The destination root a maintenance command works on, and whose outputs
+/// are "its own" (the owner `pipeline_id` / `destination.id`).
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub pipeline_id: &'a str,
+    pub destination: &'a Destination,
+    pub lock_timeout: Duration,
+}
+
+impl Target<'_> {
+    fn root_text(&self) -> String {
+        self.destination.root.display().to_string()
+    }
+
+    fn owner(&self) -> String {
+        format!("{}/{}", self.pipeline_id, self.destination.id)
+    }
+}
+
+/// Why a maintenance command did not run (or did not finish).
+#[derive(Debug, thiserror::Error)]
+pub enum MaintainError {
+    #[error(
+        "pipeline {pipeline_id:?} destination {destination_id:?} (root {root}) has no retention policy, so there is nothing to prune; add `retention: {{prune: {{max_age: 30d, keep_latest: 1}}}}` to that destination in the config to enable pruning"
+    )]
+    NoPrunePolicy {
+        pipeline_id: String,
+        destination_id: String,
+        root: String,
+    },
+    #[error(
+        "{root}/{STATE_FILE} is invalid ({reason}); nothing was changed. Restore the file from a backup, or rebuild the root with `distributor run --pipeline {pipeline_id} --destination {destination_id} --force BUNDLE` (which deletes everything in the root) after reviewing it with --dry-run"
+    )]
+    InvalidState {
+        root: String,
+        reason: String,
+        pipeline_id: String,
+        destination_id: String,
+    },
+    #[error(
+        "{root}/{STATE_FILE} has schema_version {schema_version}, written by a newer distributor (this one understands up to 4); nothing was changed. Maintain this root with the newer version"
+    )]
+    FutureState { root: String, schema_version: u64 },
+    #[error(
+        "{root}/{STATE_FILE} is legacy state (schema_version {schema_version}); maintenance needs a schema 4 catalog, and nothing was changed. The next publication to this root converts it (`distributor run --pipeline {pipeline_id} --destination {destination_id} BUNDLE`); run this command again afterwards"
+    )]
+    LegacyState {
+        root: String,
+        schema_version: u64,
+        pipeline_id: String,
+        destination_id: String,
+    },
+    #[error("{0}")]
+    Lock(#[from] LockError),
+    #[error(
+        "{root}: {doing}: {source}; check the folder's permissions and free space, then run the command again"
+    )]
+    Io {
+        root: String,
+        doing: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl MaintainError {
+    /// The process exit code (SPEC §9, §11.9, §11.18).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            MaintainError::NoPrunePolicy { .. } => 2,
+            MaintainError::InvalidState { .. }
+            | MaintainError::FutureState { .. }
+            | MaintainError::LegacyState { .. } => 3,
+            MaintainError::Lock(_) | MaintainError::Io { .. } => 1,
+        }
+    }
+
+    /// Worth trying again later without anyone changing anything (a lock
+    /// held elsewhere, an I/O error); the scheduled pruning uses this.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, MaintainError::Lock(_) | MaintainError::Io { .. })
+    }
+}
+
+fn io_error(target: &Target, doing: impl Into<String>) -> impl FnOnce(io::Error) -> MaintainError {
+    let root = target.root_text();
+    let doing = doing.into();
+    move |source| MaintainError::Io {
+        root,
+        doing,
+        source,
+    }
+}
+
+fn json_text<T: Serialize>(value: &T) -> String {
+    let mut s = serde_json::to_string_pretty(value).unwrap_or_default();
+    s.push('\n');
+    s
+}

@@ -1,0 +1,263 @@
+//! Preparing a bundle before any lock is taken: inspecting it (manifest,
+//! file types and sizes), rendering its markdown where a destination wants
+//! HTML, and computing each destination's outputs. It never writes.
+
+use super::Failure;
+use crate::bundle::{self, VerifiedBundle};
+use crate::catalog::{OutputKind, SourceIdentity};
+use crate::config::{self, Destination, Pipeline};
+use crate::hashing::{self, Hashed};
+use crate::paths::RelPath;
+use crate::plan::{self, Desired};
+use crate::render::{RenderOptions, markdown_to_html};
+use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
+use crate::storage;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::Path;
+
+/// Rendered HTML, keyed by the markdown file's bundle path.
+type Rendered = BTreeMap<RelPath, Vec<u8>>;
+
+/// One destination, prepared before any lock is taken.
+pub(super) struct Prepared<'a> {
+    pub(super) destination: &'a Destination,
+    pub(super) desired: Vec<Desired>,
+    /// Bytes of generated outputs, by output path.
+    pub(super) generated: BTreeMap<RelPath, Vec<u8>>,
+}
+
+fn destination_report(d: &Destination) -> DestinationReport {
+    DestinationReport {
+        destination_id: d.id.clone(),
+        root: d.root.display().to_string(),
+        workflow: d.workflow.as_str().to_owned(),
+        action: None,
+        writes: Vec::new(),
+        deletes: Vec::new(),
+        unmanaged: Vec::new(),
+        error: None,
+    }
+}
+
+/// A bundle inspected, rendered and mapped to each destination's outputs.
+pub(super) struct Ready<'a> {
+    pub(super) report: RunReport,
+    pub(super) bundle: VerifiedBundle,
+    pub(super) source: SourceIdentity,
+    pub(super) prepared: Vec<Prepared<'a>>,
+    /// Bundle files whose bytes have been hashed and matched the manifest.
+    pub(super) verified: BTreeSet<RelPath>,
+}
+
+/// Inspects the bundle (manifest, file types and sizes), renders its
+/// markdown where a destination wants HTML, and computes every
+/// destination's outputs. Takes no lock. The error is the finished report.
+pub(super) fn prepare_bundle<'a>(
+    pipeline: &Pipeline,
+    destinations: &[&'a Destination],
+    bundle_dir: &Path,
+    dry_run: bool,
+) -> Result<Ready<'a>, Box<RunReport>> {
+    let mut report = RunReport::new(&pipeline.id, dry_run);
+    let bundle = match bundle::inspect(bundle_dir) {
+        Ok(b) => b,
+        Err(e) => {
+            report.source = bundle::read_manifest(bundle_dir)
+                .ok()
+                .map(|m| SourceReport {
+                    id: m.id.clone(),
+                    digest: m.digest.clone(),
+                    created: m.created_text(),
+                });
+            let transient = e.is_transient();
+            return Err(Box::new(report.fail(
+                Stage::Verify,
+                e.to_string(),
+                transient,
+            )));
+        }
+    };
+    let m = &bundle.manifest;
+    report.source = Some(SourceReport {
+        id: m.id.clone(),
+        digest: m.digest.clone(),
+        created: m.created_text(),
+    });
+    report.warnings = bundle.warnings.clone();
+    let source = SourceIdentity {
+        id: m.id.clone(),
+        digest: m.digest.clone(),
+        created: m.created,
+    };
+    report.destinations = destinations.iter().map(|d| destination_report(d)).collect();
+    // Bundle files whose bytes have been hashed and matched the manifest.
+    let mut verified: BTreeSet<RelPath> = BTreeSet::new();
+
+    // Prepare every destination's outputs (rendering included) before locking.
+    let mut rendered: [Option<Rendered>; 2] = [None, None];
+    let mut prepared = Vec::new();
+    for (i, d) in destinations.iter().enumerate() {
+        let html = if d.publish_html {
+            let slot = &mut rendered[usize::from(d.allow_raw_html)];
+            if slot.is_none() {
+                match render_all(&bundle, d.allow_raw_html, &mut verified) {
+                    Ok(r) => *slot = Some(r),
+                    Err(Failure::Bundle(e)) => {
+                        return Err(Box::new(report.fail(
+                            Stage::Verify,
+                            e.to_string(),
+                            e.is_transient(),
+                        )));
+                    }
+                    Err(Failure::Other(e)) => {
+                        report.destinations[i].error = Some(e.clone());
+                        return Err(Box::new(report.fail(Stage::Verify, e, false)));
+                    }
+                    Err(Failure::Io(e)) => {
+                        return Err(Box::new(report.fail(
+                            Stage::Verify,
+                            e.to_string(),
+                            storage::is_transient(&e),
+                        )));
+                    }
+                }
+            }
+            slot.as_ref()
+        } else {
+            None
+        };
+        match prepare(pipeline, d, &bundle, html) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                report.destinations[i].error = Some(e.clone());
+                return Err(Box::new(report.fail(
+                    Stage::Verify,
+                    format!("bundle is invalid for destination {}: {e}", d.id),
+                    false,
+                )));
+            }
+        }
+    }
+
+    Ok(Ready {
+        report,
+        bundle,
+        source,
+        prepared,
+        verified,
+    })
+}
+
+/// Reads every markdown file of the bundle (checking its bytes against the
+/// manifest) and renders it.
+fn render_all(
+    bundle: &VerifiedBundle,
+    allow_raw_html: bool,
+    verified: &mut BTreeSet<RelPath>,
+) -> Result<Rendered, Failure> {
+    let md: Vec<&bundle::ManifestFile> = bundle
+        .manifest
+        .files
+        .iter()
+        .filter(|f| f.path.as_str().ends_with(".md"))
+        .collect();
+    let generated: BTreeSet<String> = md.iter().map(|f| f.path.as_str().to_owned()).collect();
+    let mut out = Rendered::new();
+    for f in md {
+        let bytes = read_listed(bundle, f)?;
+        verified.insert(f.path.clone());
+        let text = String::from_utf8(bytes).map_err(|e| {
+            Failure::Other(format!(
+                "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
+                f.path,
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
+        let html = markdown_to_html(
+            &text,
+            &RenderOptions {
+                allow_raw_html,
+                source_path: f.path.as_str(),
+                generated_markdown: &generated,
+            },
+        );
+        out.insert(f.path.clone(), html.into_bytes());
+    }
+    Ok(out)
+}
+
+/// Reads a listed file into memory, checking size and hash.
+fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, Failure> {
+    let invalid =
+        |p: bundle::Problem| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] });
+    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(invalid)?;
+    let mut bytes = Vec::new();
+    let got = hashing::copy_hashed(&mut (&file).take(f.size + 1), Some(&mut bytes), None)
+        .map_err(Failure::Io)?;
+    if got.sha256 != f.sha256 || got.size != f.size {
+        return Err(invalid(bundle::mismatch_problem(f, &got)));
+    }
+    Ok(bytes)
+}
+
+/// Computes one destination's desired outputs.
+fn prepare<'a>(
+    pipeline: &Pipeline,
+    d: &'a Destination,
+    bundle: &VerifiedBundle,
+    html: Option<&Rendered>,
+) -> Result<Prepared<'a>, String> {
+    let m = &bundle.manifest;
+    let prefix = config::expand_prefix(&d.prefix, &m.id, &pipeline.id, m.created)
+        .map_err(|e| format!("prefix {:?}: {e}", d.prefix))?;
+    let place = |path: &str| -> Result<RelPath, String> {
+        let full = if prefix.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{prefix}/{path}")
+        };
+        RelPath::parse(&full).map_err(|e| format!("output path {full:?}: {e}"))
+    };
+    let url = |p: &RelPath| d.base_url.as_ref().map(|b| plan::output_url(b, p));
+    let mut desired = Vec::new();
+    let mut generated = BTreeMap::new();
+    for f in &m.files {
+        if d.publish_source {
+            let path = place(f.path.as_str())?;
+            desired.push(Desired {
+                url: url(&path),
+                path,
+                kind: OutputKind::Source,
+                bundle_path: f.path.clone(),
+                sha256: f.sha256.clone(),
+                size: f.size,
+            });
+        }
+        if let Some(bytes) = html.and_then(|h| h.get(&f.path)) {
+            let stem = f
+                .path
+                .as_str()
+                .strip_suffix(".md")
+                .unwrap_or(f.path.as_str());
+            let path = place(&format!("{stem}.html"))?;
+            let Hashed { sha256, size } = hashing::hash_bytes(bytes);
+            desired.push(Desired {
+                url: url(&path),
+                path: path.clone(),
+                kind: OutputKind::Generated,
+                bundle_path: f.path.clone(),
+                sha256,
+                size,
+            });
+            generated.insert(path, bytes.clone());
+        }
+    }
+    plan::check_unique(&desired)?;
+    desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    Ok(Prepared {
+        destination: d,
+        desired,
+        generated,
+    })
+}
