@@ -190,29 +190,13 @@ impl CatalogUpdate {
     /// The catalog after the update, built from `current` (moved, not
     /// copied) in one pass.
     pub fn apply(&self, current: Option<Catalog>) -> Catalog {
-        let mut catalog = match current {
+        let base = match current {
             Some(c) if self.keep_existing => c,
             _ => Catalog::new(self.now),
         };
-        catalog.updated_at = self.now;
-        catalog.distributor_version = Some(env!("CARGO_PKG_VERSION").to_owned());
-        let removes: BTreeSet<&str> = self.removes.iter().map(String::as_str).collect();
-        let old = std::mem::take(&mut catalog.outputs);
-        let mut merged = Vec::with_capacity(old.len() + self.upserts.len());
-        let mut upserts = self.upserts.iter().peekable();
-        for r in old {
-            while let Some(u) = upserts.next_if(|u| u.path.as_str() < r.path.as_str()) {
-                merged.push(u.clone());
-            }
-            if upserts.peek().is_some_and(|u| u.path == r.path) || removes.contains(r.path.as_str())
-            {
-                continue;
-            }
-            merged.push(r);
-        }
-        merged.extend(upserts.cloned());
-        catalog.outputs = merged;
-        catalog
+        let mut catalog = Overlay::new(base);
+        catalog.record(&self.upserts, &self.removes);
+        catalog.into_catalog(self.now)
     }
 }
 
