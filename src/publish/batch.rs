@@ -336,9 +336,9 @@ fn stage_root(
             return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
         }
         let a = &accepted[*k];
-        let generated = a.ready.prepared[j].generated.get(&d.path);
+        let in_memory = a.ready.prepared[j].in_memory.get(&d.path);
         let (temp, _file, copied) =
-            stage_output(root, d, generated, &a.ready.bundle.dir).map_err(|f| match f {
+            stage_output(root, d, in_memory, &a.ready.bundle.dir).map_err(|f| match f {
                 Failure::Io(e) => e,
                 Failure::Bundle(e) => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
                 Failure::Other(e) => io::Error::other(e),

@@ -16,15 +16,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
 
-/// Rendered HTML, keyed by the markdown file's bundle path.
-type Rendered = BTreeMap<RelPath, Vec<u8>>;
+/// A markdown file read (and verified) for rendering, and its HTML.
+struct Page {
+    markdown: Vec<u8>,
+    html: Vec<u8>,
+}
+
+/// Rendered pages, keyed by the markdown file's bundle path.
+type Rendered = BTreeMap<RelPath, Page>;
 
 /// One destination, prepared before any lock is taken.
 pub(super) struct Prepared<'a> {
     pub(super) destination: &'a Destination,
     pub(super) desired: Vec<Desired>,
-    /// Bytes of generated outputs, by output path.
-    pub(super) generated: BTreeMap<RelPath, Vec<u8>>,
+    /// Outputs whose bytes are already in memory, by output path: rendered
+    /// HTML, and markdown sources read and verified for rendering (staged
+    /// from here rather than read from the bundle a second time).
+    pub(super) in_memory: BTreeMap<RelPath, Vec<u8>>,
 }
 
 fn destination_report(d: &Destination) -> DestinationReport {
@@ -165,24 +173,25 @@ fn render_all(
     let generated: BTreeSet<String> = md.iter().map(|f| f.path.as_str().to_owned()).collect();
     let mut out = Rendered::new();
     for f in md {
-        let bytes = read_listed(bundle, f)?;
+        let markdown = read_listed(bundle, f)?;
         verified.insert(f.path.clone());
-        let text = String::from_utf8(bytes).map_err(|e| {
+        let text = std::str::from_utf8(&markdown).map_err(|e| {
             Failure::Other(format!(
                 "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
                 f.path,
-                e.utf8_error().valid_up_to()
+                e.valid_up_to()
             ))
         })?;
         let html = markdown_to_html(
-            &text,
+            text,
             &RenderOptions {
                 allow_raw_html,
                 source_path: f.path.as_str(),
                 generated_markdown: &generated,
             },
         );
-        out.insert(f.path.clone(), html.into_bytes());
+        let html = html.into_bytes();
+        out.insert(f.path.clone(), Page { markdown, html });
     }
     Ok(out)
 }
@@ -221,10 +230,14 @@ fn prepare<'a>(
     };
     let url = |p: &RelPath| d.base_url.as_ref().map(|b| plan::output_url(b, p));
     let mut desired = Vec::new();
-    let mut generated = BTreeMap::new();
+    let mut in_memory = BTreeMap::new();
     for f in &m.files {
+        let page = html.and_then(|h| h.get(&f.path));
         if d.publish_source {
             let path = place(f.path.as_str())?;
+            if let Some(page) = page {
+                in_memory.insert(path.clone(), page.markdown.clone());
+            }
             desired.push(Desired {
                 url: url(&path),
                 path,
@@ -234,7 +247,7 @@ fn prepare<'a>(
                 size: f.size,
             });
         }
-        if let Some(bytes) = html.and_then(|h| h.get(&f.path)) {
+        if let Some(Page { html: bytes, .. }) = page {
             let stem = f
                 .path
                 .as_str()
@@ -250,7 +263,7 @@ fn prepare<'a>(
                 sha256,
                 size,
             });
-            generated.insert(path, bytes.clone());
+            in_memory.insert(path, bytes.clone());
         }
     }
     plan::check_unique(&desired)?;
@@ -258,6 +271,44 @@ fn prepare<'a>(
     Ok(Prepared {
         destination: d,
         desired,
-        generated,
+        in_memory,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_read_for_rendering_is_staged_from_memory_not_read_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("bundle");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("a.md"), "# A\n").unwrap();
+        std::fs::write(dir.join("b.txt"), "b\n").unwrap();
+        bundle::seal(&dir, "b-1", None).unwrap();
+        let config = config::parse(
+            "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+        publish: {source: true, html: true}
+",
+            &tmp.path().join("config.yaml"),
+        )
+        .unwrap();
+        let pipeline = &config.pipelines[0];
+        let destination = &pipeline.destinations[0];
+        let Ok(ready) = prepare_bundle(pipeline, &[destination], &dir, false) else {
+            panic!("the bundle is valid");
+        };
+        let in_memory = &ready.prepared[0].in_memory;
+        let at = |p: &str| in_memory.get(&RelPath::parse(p).unwrap());
+        assert_eq!(at("a.md").map(Vec::as_slice), Some(&b"# A\n"[..]));
+        assert!(at("a.html").is_some_and(|html| !html.is_empty()));
+        assert_eq!(at("b.txt"), None, "other files are copied from the bundle");
+        assert!(ready.verified.contains(&RelPath::parse("a.md").unwrap()));
+    }
 }

@@ -98,7 +98,7 @@ pub(super) fn stage(
     let mut staged = Vec::with_capacity(plan.writes.len());
     for d in &plan.writes {
         let (temp, file, copied) =
-            stage_output(root, d, prepared.generated.get(&d.path), &bundle.dir)?;
+            stage_output(root, d, prepared.in_memory.get(&d.path), &bundle.dir)?;
         staged.push(temp);
         if let Some(got) = copied {
             if got.sha256 != d.sha256 || got.size != d.size {
@@ -124,20 +124,20 @@ pub(super) fn stage(
 }
 
 /// Writes one output to a new temporary file in its target folder (created
-/// as needed): the rendered bytes, or the bundle file copied as it is
+/// as needed): bytes already in memory, or the bundle file copied as it is
 /// hashed. Returns the temporary name, the open file (not fsynced) and,
 /// for a copy, the hash of the bytes copied, for the caller to check.
 pub(super) fn stage_output(
     root: &Root,
     d: &Desired,
-    generated: Option<&Vec<u8>>,
+    in_memory: Option<&Vec<u8>>,
     bundle_dir: &Path,
 ) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
     let dir = root
         .parent_dir(&d.path, Some(&mut Vec::new()))
         .map_err(Failure::Io)?;
     let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
-    let copied = match generated {
+    let copied = match in_memory {
         Some(bytes) => {
             io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?;
             None
