@@ -69,7 +69,7 @@ impl Worker {
             .collect();
         if let Err(e) = spool::begin_batch(&self.spool, &attempts) {
             log::error!(
-                "pipeline={}: cannot record the batch's attempt in {}: {e}",
+                "pipeline={}: cannot record the batch's attempt in {}: {e}; publishing goes ahead, but a crash now would not count this attempt. Check free space and permissions in work/",
                 self.pipeline.id,
                 self.spool.work.join(spool::BATCH_FILE).display()
             );
@@ -124,7 +124,7 @@ impl Worker {
         }
         if let Err(e) = spool::end_batch(&self.spool) {
             log::warn!(
-                "pipeline={}: cannot remove {}: {e}",
+                "pipeline={}: cannot remove {}: {e}; the next start folds it into per-bundle counters. Check permissions in work/",
                 self.pipeline.id,
                 self.spool.work.join(spool::BATCH_FILE).display()
             );

@@ -58,7 +58,7 @@ impl Worker {
         let _serving = Serving::start();
         if let Err(e) = spool::settle_batch(&self.spool) {
             log::error!(
-                "pipeline={}: cannot settle {} ({e}); the attempt it recorded is not counted",
+                "pipeline={}: cannot settle {} ({e}); the attempt it recorded is not counted. Check permissions in work/, and delete the file if this repeats (only an attempt count is lost)",
                 self.pipeline.id,
                 self.spool.work.join(spool::BATCH_FILE).display()
             );
@@ -83,7 +83,7 @@ impl Worker {
                     }
                     if let Err(e) = spool::remove_stale_temps(&f.path) {
                         log::warn!(
-                            "pipeline={}: cannot clean {}: {e}",
+                            "pipeline={}: cannot remove leftover temporary files from {}: {e}; the bundle is processed anyway. Check permissions, then delete its .distributor-tmp-* files by hand",
                             self.pipeline.id,
                             f.path.display()
                         );
