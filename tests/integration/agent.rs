@@ -5,10 +5,11 @@
 //! `done/` retention. Every assertion is about what an operator sees: spool
 //! folders, result files, catalogs, exit codes.
 //!
-//! Self-contained: the helpers below are private to this module.
+//! The live-agent helpers (processes, signals, spool folders) live below;
+//! file, JSON and catalog checks come from `util`.
 
+use crate::util::{self, assert_catalog_matches_disk, read_json, sha256, wait_for, write_file};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Read;
@@ -186,26 +187,11 @@ fn write_bundle(dir: &Path, id: &str, files: &[(&str, &[u8])]) {
     fs::rename(&temp, dir.join("manifest.json")).unwrap();
 }
 
-fn write_file(path: &Path, contents: &[u8]) {
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).expect("create parent dir");
-    }
-    fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-}
-
 /// Renames `from` to `to`, creating `to`'s parent (a producer's drop).
 fn drop_into(from: &Path, to: &Path) {
     fs::create_dir_all(to.parent().unwrap()).unwrap();
     fs::rename(from, to)
         .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", from.display(), to.display()));
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    let mut out = String::from("sha256:");
-    for b in Sha256::digest(bytes).iter() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
 }
 
 /// Entry names of a folder (empty when it does not exist).
@@ -220,12 +206,6 @@ fn names(dir: &Path) -> BTreeSet<String> {
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
-}
-
-#[track_caller]
-fn read_json(path: &Path) -> Value {
-    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
 /// The `.distributor-result.json` of a spooled bundle.
@@ -248,12 +228,7 @@ fn records(root: &Path) -> BTreeMap<String, Value> {
     if !path.exists() {
         return BTreeMap::new();
     }
-    read_json(&path)["outputs"]
-        .as_array()
-        .expect("outputs array")
-        .iter()
-        .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
-        .collect()
+    util::records(&read_json(&path))
 }
 
 /// Every regular file below `dir`, relative, sorted.
@@ -284,40 +259,6 @@ fn files_below(dir: &Path) -> Vec<String> {
     out
 }
 
-fn is_reserved(rel: &str) -> bool {
-    rel.split('/').any(|s| s.starts_with(".distributor"))
-}
-
-/// Every catalog record matches the bytes on disk, and every regular file
-/// of the root (reserved names aside) is recorded.
-#[track_caller]
-fn assert_catalog_matches_disk(root: &Path) {
-    let recs = records(root);
-    for (path, r) in &recs {
-        let file = root.join(path);
-        let bytes = fs::read(&file).unwrap_or_else(|e| panic!("recorded {path} not readable: {e}"));
-        assert_eq!(
-            r["size"].as_u64(),
-            Some(bytes.len() as u64),
-            "size of {path}"
-        );
-        assert_eq!(
-            r["sha256"].as_str(),
-            Some(sha256(&bytes).as_str()),
-            "sha256 of {path}"
-        );
-    }
-    for path in files_below(root) {
-        if !is_reserved(&path) {
-            assert!(
-                recs.contains_key(&path),
-                "{path} is in {} but not recorded",
-                root.display()
-            );
-        }
-    }
-}
-
 /// Temporary or journal files the tool left anywhere below `dir`.
 fn leftovers(dir: &Path) -> Vec<String> {
     files_below(dir)
@@ -327,20 +268,6 @@ fn leftovers(dir: &Path) -> Vec<String> {
             name.starts_with(".distributor-tmp") || name.starts_with(".distributor-journal")
         })
         .collect()
-}
-
-/// Polls `cond` every 10 ms until it holds; false after `timeout`.
-fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        sleep(Duration::from_millis(10));
-    }
 }
 
 /// What a finished command produced.

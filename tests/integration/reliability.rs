@@ -15,8 +15,8 @@
 //! Randomised tests print their seed; set `RELIABILITY_SEED` to replay one.
 
 use crate::util::{
-    Listed, Output, Test, assert_catalog_matches_disk, listed, manifest_digest, mkfifo, records,
-    sha256, strings, tree, wait_output, write_file, write_manifest,
+    Listed, Output, Test, assert_catalog_matches_disk, listed, manifest_digest, mkfifo, read_json,
+    records, sha256, strings, tree, wait_for, wait_output, write_file, write_manifest,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -144,23 +144,6 @@ fn stage_bundle(dir: &Path, id: &str, files: &[(String, Vec<u8>)], order: u64) {
         .expect("set manifest mtime");
 }
 
-fn read_json(path: &Path) -> Value {
-    let bytes = fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
-}
-
-/// Waits for `cond`, polling; false at the deadline.
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if cond() {
-            return true;
-        }
-        sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
 /// True once the process has a handler for `signal` (from /proc).
 fn catches(pid: u32, signal: i32) -> bool {
     let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
@@ -190,7 +173,7 @@ fn live_agent(t: &Test) -> Child {
 /// SIGTERMs a live agent once it handles the signal; asserts it exits 0.
 fn stop_agent(mut agent: Child, what: &str) {
     assert!(
-        wait_until(Duration::from_secs(20), || catches(
+        wait_for(Duration::from_secs(20), || catches(
             agent.id(),
             libc::SIGTERM
         )),
@@ -199,7 +182,7 @@ fn stop_agent(mut agent: Child, what: &str) {
     signal(&agent, libc::SIGTERM);
     let mut status = None;
     assert!(
-        wait_until(Duration::from_secs(60), || {
+        wait_for(Duration::from_secs(60), || {
             status = agent.try_wait().expect("wait for agent");
             status.is_some()
         }),
@@ -510,7 +493,7 @@ pipelines:
             kills += 1;
         }
     }
-    let all_done = wait_until(Duration::from_secs(60), || {
+    let all_done = wait_for(Duration::from_secs(60), || {
         names(&t.join("spool/p1/done")).len() + names(&t.join("spool/p2/done")).len() >= order.len()
     });
     let took = started.elapsed();

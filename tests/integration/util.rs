@@ -337,12 +337,31 @@ pub fn write_file(path: &Path, contents: &[u8]) {
     fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
+/// Reads a JSON file, failing the test with its path.
+#[track_caller]
+pub fn read_json(path: &Path) -> Value {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
 /// Reads `<root>/.distributor.json`.
 #[track_caller]
 pub fn read_state(root: &Path) -> Value {
-    let path = root.join(".distributor.json");
-    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+    read_json(&root.join(".distributor.json"))
+}
+
+/// Polls `cond` every 10 ms until it holds; false after `timeout`.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A catalog's records by path.
