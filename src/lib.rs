@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod failpoint;
 pub mod hashing;
+pub mod inert;
 pub mod journal;
 pub mod lock;
 pub mod maintain;
