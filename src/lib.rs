@@ -19,4 +19,5 @@ pub mod publish;
 pub mod render;
 pub mod report;
 pub mod spool;
+pub mod spoolfs;
 pub mod storage;

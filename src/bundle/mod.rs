@@ -11,6 +11,7 @@
 //! destinations.
 
 mod error;
+mod limits;
 mod manifest;
 mod open;
 mod parse;
@@ -21,6 +22,7 @@ mod verify;
 mod tests;
 
 pub use error::{BundleError, Problem};
+pub use limits::{Limits, check_limits, markdown_too_big};
 pub use manifest::{Manifest, ManifestFile, compute_digest};
 pub use open::{open_listed, open_listed_at};
 pub use parse::parse_manifest;
@@ -32,9 +34,9 @@ pub use verify::{
 
 /// Name of the manifest inside a bundle folder.
 pub const MANIFEST: &str = "manifest.json";
-/// Largest manifest we read. A manifest listing a hundred thousand files is
-/// still well below this; anything bigger is refused rather than buffered.
-pub const MAX_MANIFEST_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest manifest read where no limits are configured (`bundle verify`,
+/// which needs no config): the cap that the default limits give.
+pub const MAX_MANIFEST_BYTES: u64 = 200_000 * 256;
 /// The only `schema_version` this build understands.
 pub const SCHEMA_VERSION: u64 = 1;
 /// At most this many "present but not listed" warnings are reported one by

@@ -6,94 +6,22 @@ use super::MANIFEST;
 use super::error::{BundleError, Problem};
 use crate::paths::{RelPath, is_reserved_name};
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, FileType, FileTypeExt, MetadataExt, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, FileType};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::Path;
 
-/// Why one entry could not be opened as the kind of thing we need.
-pub(super) enum EntryError {
-    Missing,
-    /// Found something else; the text names it ("a symbolic link").
-    Kind(&'static str),
-    /// It changed between the check and the open.
-    Raced,
-    Io(io::Error),
-}
-
-impl EntryError {
-    fn from_io(e: io::Error) -> EntryError {
-        if e.kind() == io::ErrorKind::NotFound {
-            EntryError::Missing
-        } else if e.raw_os_error() == Some(libc::ELOOP) {
-            EntryError::Kind("a symbolic link")
-        } else {
-            EntryError::Io(e)
-        }
-    }
-}
-
-pub(super) fn kind_label(ft: FileType) -> &'static str {
-    if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_dir() {
-        "a folder"
-    } else if ft.is_file() {
-        "a regular file"
-    } else if ft.is_fifo() {
-        "a named pipe (FIFO)"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else {
-        "a special file"
-    }
-}
+pub(super) use crate::spoolfs::{EntryError, kind_label};
 
 /// Opens the folder `name` inside `parent`, refusing a symbolic link.
 fn open_dir_nofollow(parent: &Dir, name: &OsStr) -> Result<Dir, EntryError> {
-    open_nofollow(parent, name, true).map(Dir::from_std_file)
+    crate::spoolfs::open_dir(parent, name)
 }
 
 /// Opens the regular file `name` inside `parent` for reading, refusing
-/// anything else (link, FIFO, socket, device, folder).
+/// anything else (link, FIFO, socket, device, folder, hard link).
 pub(super) fn open_file_nofollow(parent: &Dir, name: &OsStr) -> Result<std::fs::File, EntryError> {
-    open_nofollow(parent, name, false)
-}
-
-/// Opens a folder (`dir`) or regular file inside `parent`. The entry is
-/// inspected first without following it and refused unless it is of the
-/// wanted kind; the open itself uses `O_NOFOLLOW` (and `O_NONBLOCK` for
-/// files, so it never blocks on a FIFO swapped in) and the handle must be
-/// the same inode, so a swap between check and open is caught and a link
-/// is never followed even where `openat2` is unavailable.
-fn open_nofollow(parent: &Dir, name: &OsStr, dir: bool) -> Result<std::fs::File, EntryError> {
-    let before = parent.symlink_metadata(name).map_err(EntryError::from_io)?;
-    let wanted = |m: &cap_std::fs::Metadata| if dir { m.is_dir() } else { m.is_file() };
-    if !wanted(&before) {
-        return Err(EntryError::Kind(kind_label(before.file_type())));
-    }
-    let flags = if dir {
-        libc::O_DIRECTORY | libc::O_NOFOLLOW
-    } else {
-        libc::O_NOFOLLOW | libc::O_NONBLOCK
-    };
-    let mut options = OpenOptions::new();
-    options.read(true).custom_flags(flags);
-    let file = parent
-        .open_with(name, &options)
-        .map_err(|e| match EntryError::from_io(e) {
-            EntryError::Missing => EntryError::Raced,
-            other => other,
-        })?;
-    let after = file.metadata().map_err(EntryError::Io)?;
-    if !wanted(&after) || after.dev() != before.dev() || after.ino() != before.ino() {
-        return Err(EntryError::Raced);
-    }
-    Ok(file.into_std())
+    crate::spoolfs::open_file(parent, name)
 }
 
 fn open_dir_path(root: &Dir, segments: &[OsString]) -> Result<Dir, EntryError> {
@@ -138,7 +66,7 @@ pub(super) fn open_checked(root: &Dir, path: &RelPath) -> Result<std::fs::File, 
                 None,
             ),
             EntryError::Kind(kind) => refuse(format!("\"{walked}\" is {kind}, not a folder"), None),
-            EntryError::Raced => refuse(raced_message(), None),
+            EntryError::Raced | EntryError::HardLink(_) => refuse(raced_message(), None),
             EntryError::Io(e) => refuse(format!("cannot open folder \"{walked}\": {e}"), Some(e)),
         })?;
         folder = Some(next);
@@ -153,6 +81,12 @@ pub(super) fn open_checked(root: &Dir, path: &RelPath) -> Result<std::fs::File, 
         ),
         EntryError::Kind(kind) => refuse(
             format!("is {kind}, not a regular file; only regular files can be listed"),
+            None,
+        ),
+        EntryError::HardLink(n) => refuse(
+            format!(
+                "is a hard link ({n} names for one file); the agent never reads a file that has other names, so copy the file into the bundle instead of linking it"
+            ),
             None,
         ),
         EntryError::Raced => refuse(raced_message(), None),
@@ -266,7 +200,9 @@ fn list_folder(root: &Dir, segments: &[OsString]) -> Result<Vec<Listed>, (String
             EntryError::Io(e) => e,
             EntryError::Missing => io::Error::from(io::ErrorKind::NotFound),
             EntryError::Kind(kind) => io::Error::other(format!("it is now {kind}")),
-            EntryError::Raced => io::Error::other("it changed while being listed"),
+            EntryError::Raced | EntryError::HardLink(_) => {
+                io::Error::other("it changed while being listed")
+            }
         };
         (shown(), e)
     })?;

@@ -4,7 +4,7 @@
 
 use super::error::BundleError;
 use super::manifest::{Manifest, ManifestFile, compute_digest, normalise_created};
-use super::{MANIFEST, MAX_MANIFEST_BYTES, SCHEMA_VERSION};
+use super::{MANIFEST, SCHEMA_VERSION};
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use std::collections::{BTreeSet, HashSet};
@@ -16,10 +16,8 @@ use time::format_description::well_known::Rfc3339;
 /// file list must be non-empty, unique and free of folder/file clashes, and
 /// the digest must match the list. Unknown top-level keys are ignored;
 /// unknown keys inside a file entry are errors.
+/// The caller caps how much it reads (see [`super::Limits::max_manifest_bytes`]).
 pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
-    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(too_big(bytes.len() as u64));
-    }
     if bytes.starts_with(b"\xEF\xBB\xBF") {
         return Err(BundleError::manifest_at(
             1,
@@ -67,9 +65,9 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
     })
 }
 
-pub(super) fn too_big(len: u64) -> BundleError {
+pub(super) fn too_big(len: u64, cap: u64) -> BundleError {
     BundleError::manifest(format!(
-        "is {len} bytes, more than the {MAX_MANIFEST_BYTES}-byte limit; split the bundle into smaller ones"
+        "is {len} bytes, more than the {cap} bytes read at most (256 bytes for each of limits.max_files); split the bundle into smaller ones"
     ))
 }
 

@@ -488,9 +488,77 @@ fn deep_nesting_is_a_clean_error() {
 }
 
 #[test]
-fn oversized_manifest_is_refused() {
-    let big = vec![b' '; usize::try_from(MAX_MANIFEST_BYTES).unwrap() + 1];
-    assert!(parse_err(&big).contains("more than the 16777216-byte limit"));
+fn oversized_manifest_is_refused_before_it_is_read_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let limits = Limits {
+        max_files: 10,
+        ..Limits::default()
+    };
+    let cap = limits.max_manifest_bytes();
+    std::fs::write(
+        dir.join(MANIFEST),
+        vec![b' '; usize::try_from(cap).unwrap() + 1],
+    )
+    .unwrap();
+    let e = verify(dir, &limits).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("more than the {cap} bytes read at most")),
+        "{e}"
+    );
+}
+
+#[test]
+fn limits_are_checked_against_the_manifest_and_name_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(dir.join("a.bin"), vec![0u8; 100]).unwrap();
+    std::fs::write(dir.join("b.md"), vec![b'x'; 60]).unwrap();
+    seal(dir, "lim", None).unwrap();
+    let cases: &[(Limits, Option<&str>)] = &[
+        (Limits::default(), None),
+        (
+            Limits {
+                max_files: 1,
+                ..Limits::default()
+            },
+            Some("lists 2 files, more than limits.max_files (1)"),
+        ),
+        (
+            Limits {
+                max_file_bytes: 99,
+                ..Limits::default()
+            },
+            Some("a.bin: declared size 100 bytes is more than limits.max_file_bytes (99 bytes)"),
+        ),
+        (
+            Limits {
+                max_bundle_bytes: 159,
+                ..Limits::default()
+            },
+            Some("add up to 160 bytes, more than limits.max_bundle_bytes (159 bytes)"),
+        ),
+    ];
+    for (limits, want) in cases {
+        let got = verify(dir, limits);
+        match want {
+            None => assert!(got.is_ok(), "{limits:?}: {:?}", got.err()),
+            Some(want) => {
+                let e = got.unwrap_err().to_string();
+                assert!(e.contains(want), "{limits:?}: {e}");
+            }
+        }
+    }
+    let l = Limits {
+        max_markdown_bytes: 59,
+        ..Limits::default()
+    };
+    let p = markdown_too_big("b.md", 60, &l).unwrap().to_string();
+    assert!(
+        p.starts_with("b.md: is 60 bytes, more than limits.max_markdown_bytes (59 bytes)"),
+        "{p}"
+    );
+    assert!(markdown_too_big("b.md", 59, &l).is_none());
 }
 
 // ----- sealing and verifying ------------------------------------------
@@ -530,7 +598,7 @@ fn sealed() -> (tempfile::TempDir, PathBuf) {
 
 fn problems(dir: &Path) -> Vec<Problem> {
     let dir = dir.to_path_buf();
-    match within_time(move || verify(&dir)) {
+    match within_time(move || verify(&dir, &Limits::default())) {
         Err(BundleError::Invalid { problems }) => problems,
         other => panic!("expected problems, got {other:?}"),
     }
@@ -550,7 +618,7 @@ fn one_problem(dir: &Path, path: &str, want: &str) {
 #[test]
 fn a_sealed_bundle_verifies() {
     let (_tmp, dir) = sealed();
-    let v = verify(&dir).unwrap();
+    let v = verify(&dir, &Limits::default()).unwrap();
     assert_eq!(v.dir, dir);
     assert_eq!(v.warnings, Vec::<String>::new());
     let paths: Vec<&str> = v.manifest.files.iter().map(|f| f.path.as_str()).collect();
@@ -625,7 +693,10 @@ fn seal_skips_manifest_and_reserved_names_and_reseals() {
             .iter()
             .all(|f| !f.path.is_reserved() && f.path.as_str() != MANIFEST)
     );
-    assert_eq!(verify(&dir).unwrap().warnings, Vec::<String>::new());
+    assert_eq!(
+        verify(&dir, &Limits::default()).unwrap().warnings,
+        Vec::<String>::new()
+    );
 }
 
 #[test]
@@ -800,7 +871,7 @@ fn every_problem_is_reported() {
         "{got:?}"
     );
     assert!(got[2].starts_with("notes/a.md: is a named pipe"), "{got:?}");
-    let e = verify(&dir).unwrap_err();
+    let e = verify(&dir, &Limits::default()).unwrap_err();
     assert!(!e.is_transient());
     assert!(
         e.to_string()
@@ -817,7 +888,7 @@ fn unlisted_entries_are_warnings() {
     std::os::unix::fs::symlink("hello.txt", dir.join("notes/link")).unwrap();
     fs::write(dir.join(".distributor-result.json"), "{}").unwrap();
     fs::write(dir.join("notes/.distributor-tmp-1"), "").unwrap();
-    let v = verify(&dir).unwrap();
+    let v = verify(&dir, &Limits::default()).unwrap();
     assert_eq!(
         v.warnings,
         [
@@ -834,7 +905,7 @@ fn many_unlisted_files_are_summarised() {
     for i in 0..MAX_WARNINGS + 5 {
         fs::write(dir.join(format!("u{i:04}")), "").unwrap();
     }
-    let v = verify(&dir).unwrap();
+    let v = verify(&dir, &Limits::default()).unwrap();
     assert_eq!(v.warnings.len(), MAX_WARNINGS + 1);
     assert!(v.warnings[MAX_WARNINGS].starts_with("5 more entries"));
 }
@@ -843,13 +914,13 @@ fn many_unlisted_files_are_summarised() {
 fn manifest_must_be_a_regular_file() {
     let (tmp, dir) = sealed();
     fs::rename(dir.join(MANIFEST), tmp.path().join("m.json")).unwrap();
-    let e = verify(&dir).unwrap_err();
+    let e = verify(&dir, &Limits::default()).unwrap_err();
     assert!(matches!(e, BundleError::Unreadable { .. }), "{e:?}");
     assert!(e.to_string().contains("manifest.json: not found"), "{e}");
     assert!(!e.is_transient());
 
     std::os::unix::fs::symlink(tmp.path().join("m.json"), dir.join(MANIFEST)).unwrap();
-    let e = verify(&dir).unwrap_err();
+    let e = verify(&dir, &Limits::default()).unwrap_err();
     assert!(e.to_string().contains("is a symbolic link"), "{e}");
 
     fs::remove_file(dir.join(MANIFEST)).unwrap();
@@ -862,7 +933,7 @@ fn manifest_must_be_a_regular_file() {
 #[test]
 fn missing_bundle_folder_is_unreadable() {
     let tmp = tempfile::tempdir().unwrap();
-    let e = verify(&tmp.path().join("nope")).unwrap_err();
+    let e = verify(&tmp.path().join("nope"), &Limits::default()).unwrap_err();
     assert!(matches!(e, BundleError::Unreadable { .. }));
     assert!(
         e.to_string().contains("cannot open the bundle folder"),

@@ -3,6 +3,7 @@
 //! [`verify_files`]. Reads only; it never writes or moves anything.
 
 use super::error::{BundleError, Problem};
+use super::limits::{Limits, check_limits};
 use super::manifest::{Manifest, ManifestFile};
 use super::open::{
     EntryError, Refusal, display_segments, is_transient_io, kind_label, open_bundle_dir,
@@ -31,12 +32,12 @@ pub struct VerifiedBundle {
 /// link) of at most [`MAX_MANIFEST_BYTES`].
 pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
     let root = open_bundle_dir(dir)?;
-    read_manifest_at(&root, dir)
+    read_manifest_at(&root, dir, MAX_MANIFEST_BYTES)
 }
 
-/// [`read_manifest`] for a bundle folder that is already open; `dir` is only
-/// used in messages.
-pub fn read_manifest_at(root: &Dir, dir: &Path) -> Result<Manifest, BundleError> {
+/// [`read_manifest`] for a bundle folder that is already open, reading at
+/// most `cap` bytes; `dir` is only used in messages.
+pub fn read_manifest_at(root: &Dir, dir: &Path, cap: u64) -> Result<Manifest, BundleError> {
     let path = dir.join(MANIFEST);
     let unreadable = |message: String, io: Option<io::Error>| BundleError::Unreadable {
         path: path.clone(),
@@ -52,6 +53,12 @@ pub fn read_manifest_at(root: &Dir, dir: &Path) -> Result<Manifest, BundleError>
             format!("is {kind}; the manifest must be a regular file, never a link or special file"),
             None,
         ),
+        EntryError::HardLink(n) => unreadable(
+            format!(
+                "is a hard link ({n} names for one file); write the manifest as a new file (temporary name + rename), never as a link"
+            ),
+            None,
+        ),
         EntryError::Raced => unreadable(raced_message(), None),
         EntryError::Io(e) => unreadable(format!("cannot open: {e}"), Some(e)),
     })?;
@@ -59,30 +66,33 @@ pub fn read_manifest_at(root: &Dir, dir: &Path) -> Result<Manifest, BundleError>
         .metadata()
         .map_err(|e| unreadable(format!("cannot inspect: {e}"), Some(e)))?
         .len();
-    if len > MAX_MANIFEST_BYTES {
-        return Err(too_big(len));
+    if len > cap {
+        return Err(too_big(len, cap));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     (&mut file)
-        .take(MAX_MANIFEST_BYTES + 1)
+        .take(cap + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| unreadable(format!("cannot read: {e}"), Some(e)))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_big(bytes.len() as u64, cap));
+    }
     parse_manifest(&bytes)
 }
 
 /// Fully checks the bundle in `dir`: parses the manifest (digest included),
 /// then opens and hashes every listed file, streaming. Every problem found is
 /// reported, not only the first. Unlisted files become warnings.
-pub fn verify(dir: &Path) -> Result<VerifiedBundle, BundleError> {
-    check(dir, true)
+pub fn verify(dir: &Path, limits: &Limits) -> Result<VerifiedBundle, BundleError> {
+    check(dir, limits, true)
 }
 
 /// Checks everything [`verify`] does except the file hashes: the manifest,
 /// and that every listed file is a regular file (reached without a symlink)
 /// of the declared size. Publication uses it to read each file only once,
 /// hashing while it copies, and calls [`verify_files`] for the rest.
-pub fn inspect(dir: &Path) -> Result<VerifiedBundle, BundleError> {
-    check(dir, false)
+pub fn inspect(dir: &Path, limits: &Limits) -> Result<VerifiedBundle, BundleError> {
+    check(dir, limits, false)
 }
 
 /// Hashes the given listed files and checks them against the manifest;
@@ -118,9 +128,10 @@ pub fn mismatch_problem(listed: &ManifestFile, actual: &hashing::Hashed) -> Prob
     Problem::at(listed.path.as_str(), message)
 }
 
-fn check(dir: &Path, hash: bool) -> Result<VerifiedBundle, BundleError> {
+fn check(dir: &Path, limits: &Limits, hash: bool) -> Result<VerifiedBundle, BundleError> {
     let root = open_bundle_dir(dir)?;
-    let manifest = read_manifest_at(&root, dir)?;
+    let manifest = read_manifest_at(&root, dir, limits.max_manifest_bytes())?;
+    check_limits(&manifest, limits)?;
     let mut problems = Vec::new();
     for file in &manifest.files {
         if let Some(problem) = check_listed(&root, dir, file, hash)? {

@@ -35,7 +35,7 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
 }
 
 pub(super) fn verify(dir: &Path, json: bool) -> u8 {
-    let result = bundle::verify(dir);
+    let result = bundle::verify(dir, &bundle::Limits::default());
     let (ok, problems, warnings, source) = match &result {
         Ok(b) => (
             true,

@@ -25,8 +25,10 @@ mod yaml;
 mod tests;
 
 pub use error::{ConfigError, Place};
-pub use model::{AgentConfig, Config, Destination, Pipeline, PrunePolicy, Workflow};
-pub use values::{PREFIX_PLACEHOLDERS, expand_prefix, format_duration, parse_duration};
+pub use model::{AgentConfig, Config, Destination, Limits, Pipeline, PrunePolicy, Workflow};
+pub use values::{
+    PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,
+};
 
 use raw::{RawConfig, build};
 use yaml::{find_retired_keys, yaml_error};

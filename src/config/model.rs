@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::format_duration;
+use super::values::format_size;
+pub use crate::bundle::Limits;
 
 /// A loaded, checked configuration with every path resolved.
 #[derive(Debug, Clone)]
@@ -16,6 +18,8 @@ pub struct Config {
     /// The spool folder; per-pipeline spools live below it.
     pub spool: PathBuf,
     pub agent: AgentConfig,
+    /// The top-level `limits:` (defaults for every pipeline).
+    pub limits: Limits,
     pub pipelines: Vec<Pipeline>,
 }
 
@@ -24,6 +28,9 @@ pub struct Config {
 pub struct AgentConfig {
     /// Quiet time after a manifest appears before the bundle is claimed.
     pub settle: Duration,
+    /// How long a bundle may stay incomplete without any change before it
+    /// is claimed and failed (SPEC §13.2).
+    pub incomplete_timeout: Duration,
     /// Full inbox rescan period; never zero.
     pub rescan_interval: Duration,
     /// Retention pruning period; zero turns scheduled pruning off.
@@ -43,6 +50,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             settle: Duration::from_millis(250),
+            incomplete_timeout: Duration::from_secs(10 * 60),
             rescan_interval: Duration::from_secs(60),
             prune_interval: Duration::from_secs(60 * 60),
             lock_timeout: Duration::from_secs(30),
@@ -59,6 +67,8 @@ pub struct Pipeline {
     pub id: String,
     /// Resolved inbox folder; default `<spool>/<id>/inbox`.
     pub inbox: PathBuf,
+    /// The top-level limits with this pipeline's overrides applied.
+    pub limits: Limits,
     pub destinations: Vec<Destination>,
 }
 
@@ -186,6 +196,11 @@ impl Config {
         let _ = writeln!(s, "  settle: {}", format_duration(a.settle));
         let _ = writeln!(
             s,
+            "  incomplete_timeout: {}",
+            format_duration(a.incomplete_timeout)
+        );
+        let _ = writeln!(
+            s,
             "  rescan_interval: {}",
             format_duration(a.rescan_interval)
         );
@@ -209,10 +224,23 @@ impl Config {
                 let _ = writeln!(s, "  metrics_file: (none; no metrics are written)");
             }
         }
+        let limits = |l: &Limits| {
+            format!(
+                "max_file_bytes {}, max_bundle_bytes {}, max_files {}, max_markdown_bytes {}",
+                format_size(l.max_file_bytes),
+                format_size(l.max_bundle_bytes),
+                l.max_files,
+                format_size(l.max_markdown_bytes)
+            )
+        };
+        let _ = writeln!(s, "limits: {}", limits(&self.limits));
         let _ = writeln!(s, "pipelines: {}", self.pipelines.len());
         for p in &self.pipelines {
             let _ = writeln!(s, "  pipeline {}", p.id);
             let _ = writeln!(s, "    inbox: {}", p.inbox.display());
+            if p.limits != self.limits {
+                let _ = writeln!(s, "    limits: {}", limits(&p.limits));
+            }
             let _ = writeln!(s, "    spool: {}", p.spool_dir(self).display());
             for d in &p.destinations {
                 let yes_no = |b: bool| if b { "yes" } else { "no" };

@@ -12,9 +12,9 @@ use serde::de::{self, Deserializer, Visitor};
 
 use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
-use super::model::{AgentConfig, Config, Destination, Pipeline, PrunePolicy, Workflow};
+use super::model::{AgentConfig, Config, Destination, Limits, Pipeline, PrunePolicy, Workflow};
 use super::relations::{check_relations, normalize};
-use super::values::{expand_prefix, parse_duration};
+use super::values::{expand_prefix, parse_duration, parse_size};
 use crate::paths::{self, IdKind};
 
 // ---------------------------------------------------------------------------
@@ -24,21 +24,23 @@ use crate::paths::{self, IdKind};
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with the keys spool, agent and pipelines"
+    expecting = "a mapping with the keys spool, agent, limits and pipelines"
 )]
 pub(super) struct RawConfig {
     spool: Option<Checked<PathRule>>,
     agent: Option<RawAgent>,
+    limits: Option<RawLimits>,
     pipelines: Option<Vec<RawPipeline>>,
 }
 
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of agent settings (settle, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
+    expecting = "a mapping of agent settings (settle, incomplete_timeout, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
 )]
 struct RawAgent {
     settle: Option<Checked<DurationRule>>,
+    incomplete_timeout: Option<Checked<DurationRule>>,
     rescan_interval: Option<Checked<IntervalRule>>,
     prune_interval: Option<Checked<DurationRule>>,
     lock_timeout: Option<Checked<DurationRule>>,
@@ -50,11 +52,37 @@ struct RawAgent {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
+    expecting = "a mapping of limits (max_file_bytes, max_bundle_bytes, max_files, max_markdown_bytes)"
+)]
+struct RawLimits {
+    max_file_bytes: Option<Checked<SizeRule>>,
+    max_bundle_bytes: Option<Checked<SizeRule>>,
+    max_files: Option<MaxFiles>,
+    max_markdown_bytes: Option<Checked<SizeRule>>,
+}
+
+impl RawLimits {
+    fn over(self, base: Limits) -> Limits {
+        Limits {
+            max_file_bytes: self.max_file_bytes.map_or(base.max_file_bytes, |c| c.0),
+            max_bundle_bytes: self.max_bundle_bytes.map_or(base.max_bundle_bytes, |c| c.0),
+            max_files: self.max_files.map_or(base.max_files, |c| u64::from(c.0)),
+            max_markdown_bytes: self
+                .max_markdown_bytes
+                .map_or(base.max_markdown_bytes, |c| c.0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
     expecting = "a pipeline: a mapping with id, an optional inbox, and destinations"
 )]
 struct RawPipeline {
     id: Checked<PipelineIdRule>,
     inbox: Option<Checked<PathRule>>,
+    limits: Option<RawLimits>,
     destinations: Destinations,
 }
 
@@ -213,6 +241,21 @@ impl Rule for FilePathRule {
     }
 }
 
+enum SizeRule {}
+impl Rule for SizeRule {
+    type Out = u64;
+    const EXPECTING: &'static str = "a size such as 4MiB, 1GiB or 16GiB";
+    fn check(text: &str) -> Result<u64, String> {
+        let n = parse_size(text)?;
+        if n == 0 {
+            return Err(format!(
+                "{text:?} would refuse every bundle; give a size greater than zero"
+            ));
+        }
+        Ok(n)
+    }
+}
+
 enum DurationRule {}
 impl Rule for DurationRule {
     type Out = Duration;
@@ -349,6 +392,20 @@ impl<'de> Deserialize<'de> for MaxAttempts {
     }
 }
 
+/// `limits.max_files`: an integer of at least 1.
+struct MaxFiles(u32);
+
+impl<'de> Deserialize<'de> for MaxFiles {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CountVisitor {
+            field: "max_files",
+            min: 1,
+            hint: "give the most files one bundle may list, such as 200000",
+        })
+        .map(MaxFiles)
+    }
+}
+
 /// `keep_latest`: an integer of at least 0.
 struct KeepLatest(u32);
 
@@ -419,6 +476,9 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
         Some(a) => AgentConfig {
             metrics_file: a.metrics_file.map(|c| resolve(&c.0)),
             settle: a.settle.map_or(defaults.settle, |c| c.0),
+            incomplete_timeout: a
+                .incomplete_timeout
+                .map_or(defaults.incomplete_timeout, |c| c.0),
             rescan_interval: a.rescan_interval.map_or(defaults.rescan_interval, |c| c.0),
             prune_interval: a.prune_interval.map_or(defaults.prune_interval, |c| c.0),
             lock_timeout: a.lock_timeout.map_or(defaults.lock_timeout, |c| c.0),
@@ -427,9 +487,14 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
         },
     };
 
+    let limits = raw
+        .limits
+        .map_or_else(Limits::default, |l| l.over(Limits::default()));
+
     let mut pipelines = Vec::new();
     for rp in raw.pipelines.unwrap_or_default() {
         let id = rp.id.0;
+        let pipeline_limits = rp.limits.map_or(limits, |l| l.over(limits));
         let inbox = match rp.inbox {
             Some(Checked(text)) => resolve(&text),
             None => spool.join(&id).join("inbox"),
@@ -458,6 +523,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
         pipelines.push(Pipeline {
             id,
             inbox,
+            limits: pipeline_limits,
             destinations,
         });
     }
@@ -466,6 +532,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
         file: file_abs,
         spool,
         agent,
+        limits,
         pipelines,
     };
     check_relations(&config, file)?;

@@ -938,3 +938,92 @@ proptest::proptest! {
         let _ = parse(&text, Path::new(FILE));
     }
 }
+
+#[test]
+fn limits_default_and_pipelines_override_single_keys() {
+    let c = ok("pipelines:\n  - id: p\n    destinations:\n      - id: d\n        path: /srv/out\n");
+    assert_eq!(c.limits, Limits::default());
+    assert_eq!(c.pipelines[0].limits.max_file_bytes, 16 << 30);
+    assert_eq!(c.pipelines[0].limits.max_bundle_bytes, 64 << 30);
+    assert_eq!(c.pipelines[0].limits.max_files, 200_000);
+    assert_eq!(c.pipelines[0].limits.max_markdown_bytes, 4 << 20);
+    assert_eq!(c.agent.incomplete_timeout, Duration::from_secs(600));
+
+    let c = ok(r#"
+agent:
+  incomplete_timeout: 30s
+limits:
+  max_file_bytes: 1GiB
+  max_files: 10
+pipelines:
+  - id: p
+    limits: {max_bundle_bytes: 1GiB, max_markdown_bytes: 512KiB}
+    destinations:
+      - id: d
+        path: /srv/out
+  - id: q
+    destinations:
+      - id: d
+        path: /srv/q
+"#);
+    assert_eq!(c.agent.incomplete_timeout, Duration::from_secs(30));
+    let top = Limits {
+        max_file_bytes: 1 << 30,
+        max_files: 10,
+        ..Limits::default()
+    };
+    assert_eq!(c.limits, top);
+    assert_eq!(
+        c.pipelines[0].limits,
+        Limits {
+            max_bundle_bytes: 1 << 30,
+            max_markdown_bytes: 512 << 10,
+            ..top
+        }
+    );
+    assert_eq!(c.pipelines[1].limits, top);
+    let summary = c.summary();
+    assert!(summary.contains("limits: max_file_bytes 1GiB, max_bundle_bytes 64GiB, max_files 10, max_markdown_bytes 4MiB"), "{summary}");
+    assert!(summary.contains("  incomplete_timeout: 30s"), "{summary}");
+}
+
+#[test]
+fn bad_limits_name_the_key_and_the_fix() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "limits:\n  max_file_bytes: 16GB\n",
+            "units are binary and spelled out (GiB)",
+        ),
+        ("limits:\n  max_file_bytes: 16\n", "it has no unit"),
+        (
+            "limits:\n  max_bundle_bytes: 0MiB\n",
+            "would refuse every bundle",
+        ),
+        ("limits:\n  max_files: 0\n", "max_files must be at least 1"),
+        ("limits:\n  max_markdown_bytes: 4 MiB\n", "unknown unit"),
+        ("limits:\n  max_size: 1GiB\n", "unknown key `max_size`, expected one of `max_file_bytes`"),
+        (
+            "limits:\n  max_file_bytes: 99999999999TiB\n",
+            "too large a size",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = err(text).to_string();
+        assert!(e.contains(want), "{text}: {e}");
+    }
+}
+
+#[test]
+fn sizes_parse_and_format_round_trip() {
+    for (text, n) in [
+        ("1B", 1u64),
+        ("1500B", 1500),
+        ("4KiB", 4096),
+        ("4MiB", 4 << 20),
+        ("16GiB", 16 << 30),
+        ("2TiB", 2 << 40),
+    ] {
+        assert_eq!(parse_size(text), Ok(n), "{text}");
+        assert_eq!(format_size(n), text);
+    }
+}

@@ -7,6 +7,61 @@ use crate::paths::{self, RelPath};
 
 /// Parses `<integer><unit>` with unit `ms`, `s`, `m`, `h` or `d`
 /// (`250ms`, `0s`, `7d`). No sign, spaces, fractions or compound forms.
+/// Parses a size: a whole number followed by `B`, `KiB`, `MiB`, `GiB` or
+/// `TiB` (SPEC §12.3).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    const HINT: &str =
+        "write a whole number followed by B, KiB, MiB, GiB or TiB, such as 4MiB or 16GiB";
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() {
+        return Err(format!(
+            "{text:?} is not a size: it must start with a digit; {HINT}"
+        ));
+    }
+    let shift = match unit {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        "" => return Err(format!("{text:?} is not a size: it has no unit; {HINT}")),
+        "KB" | "MB" | "GB" | "TB" | "kB" | "K" | "M" | "G" | "T" | "k" | "b" => {
+            return Err(format!(
+                "{text:?} is not a size: units are binary and spelled out ({}); {HINT}",
+                match unit.chars().next() {
+                    Some('K' | 'k') => "KiB",
+                    Some('M') => "MiB",
+                    Some('G') => "GiB",
+                    Some('T') => "TiB",
+                    _ => "B",
+                }
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size: unknown unit {unit:?}; {HINT}"
+            ));
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("{text:?} is too large a size; {HINT}"))
+}
+
+/// Formats a size the way the config writes it, in the largest unit that
+/// divides it (`4MiB`, `1500B`).
+pub fn format_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     const HINT: &str =
         "write a whole number followed by ms, s, m, h or d, such as 250ms, 30s or 7d";

@@ -68,7 +68,7 @@ pub(super) fn prepare_bundle<'a>(
     dry_run: bool,
 ) -> Result<Ready<'a>, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
-    let bundle = match bundle::inspect(bundle_dir) {
+    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits) {
         Ok(b) => b,
         Err(e) => {
             report.source = bundle::read_manifest(bundle_dir)
@@ -109,7 +109,7 @@ pub(super) fn prepare_bundle<'a>(
         let html = if d.publish_html {
             let slot = &mut rendered[usize::from(d.allow_raw_html)];
             if slot.is_none() {
-                match render_all(&bundle, d.allow_raw_html, &mut verified) {
+                match render_all(&bundle, d.allow_raw_html, &pipeline.limits, &mut verified) {
                     Ok(r) => *slot = Some(r),
                     Err(Failure::Bundle(e)) => {
                         return Err(Box::new(report.fail(
@@ -162,6 +162,7 @@ pub(super) fn prepare_bundle<'a>(
 fn render_all(
     bundle: &VerifiedBundle,
     allow_raw_html: bool,
+    limits: &bundle::Limits,
     verified: &mut BTreeSet<RelPath>,
 ) -> Result<Rendered, Failure> {
     let md: Vec<&bundle::ManifestFile> = bundle
@@ -170,6 +171,15 @@ fn render_all(
         .iter()
         .filter(|f| f.path.as_str().ends_with(".md"))
         .collect();
+    let too_big: Vec<bundle::Problem> = md
+        .iter()
+        .filter_map(|f| bundle::markdown_too_big(f.path.as_str(), f.size, limits))
+        .collect();
+    if !too_big.is_empty() {
+        return Err(Failure::Bundle(bundle::BundleError::Invalid {
+            problems: too_big,
+        }));
+    }
     let generated: BTreeSet<String> = md.iter().map(|f| f.path.as_str().to_owned()).collect();
     let mut out = Rendered::new();
     for f in md {

@@ -941,7 +941,7 @@ fn hostile_bundles(t: &Test) -> Vec<Hostile> {
     add(
         "50 MB manifest",
         verbatim("huge-manifest", &big),
-        &["manifest.json", "16777216-byte limit"],
+        &["manifest.json", "more than the 51200000 bytes read at most"],
     );
     // Deep nesting: skipped iteratively under an unknown key (no stack
     // overflow, reported where the text ends), refused at once elsewhere.

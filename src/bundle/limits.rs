@@ -1,0 +1,111 @@
+//! What one bundle may ask of the agent (SPEC §12.3): how many files, how
+//! many bytes, how much markdown to render. Checked against the manifest
+//! before any listed byte is read, so a producer cannot make the agent hash
+//! a terabyte of sparse file or render a gigabyte of tables.
+
+use super::error::{BundleError, Problem};
+use super::manifest::Manifest;
+
+/// What one bundle may ask of the agent (SPEC §12.3), checked against the
+/// manifest before any listed byte is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// One listed file.
+    pub max_file_bytes: u64,
+    /// All listed files together.
+    pub max_bundle_bytes: u64,
+    /// Listed files.
+    pub max_files: u64,
+    /// A `.md` file that `publish.html` renders.
+    pub max_markdown_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_file_bytes: 16 << 30,
+            max_bundle_bytes: 64 << 30,
+            max_files: 200_000,
+            max_markdown_bytes: 4 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The most bytes of `manifest.json` read for a bundle: room for
+    /// `max_files` entries of ordinary length (256 bytes each), and never
+    /// less than 1 MiB.
+    pub fn max_manifest_bytes(&self) -> u64 {
+        self.max_files.saturating_mul(256).max(1 << 20)
+    }
+}
+
+/// Checks the manifest against the limits; every limit exceeded is one
+/// problem naming the key.
+pub fn check_limits(manifest: &Manifest, limits: &Limits) -> Result<(), BundleError> {
+    let raise = "split the bundle, or raise the limit in the agent's config (top-level `limits:` or the pipeline's own)";
+    let mut problems = Vec::new();
+    let count = manifest.files.len() as u64;
+    if count > limits.max_files {
+        problems.push(Problem {
+            path: None,
+            message: format!(
+                "the manifest lists {count} files, more than limits.max_files ({}); {raise}",
+                limits.max_files
+            ),
+        });
+    }
+    let mut total: u64 = 0;
+    let mut over = 0usize;
+    for f in &manifest.files {
+        total = total.saturating_add(f.size);
+        if f.size > limits.max_file_bytes {
+            over += 1;
+            if over <= super::MAX_WARNINGS {
+                problems.push(Problem::at(
+                    f.path.as_str(),
+                    format!(
+                        "declared size {} bytes is more than limits.max_file_bytes ({} bytes); {raise}",
+                        f.size, limits.max_file_bytes
+                    ),
+                ));
+            }
+        }
+    }
+    if over > super::MAX_WARNINGS {
+        problems.push(Problem {
+            path: None,
+            message: format!(
+                "{} more files are over limits.max_file_bytes",
+                over - super::MAX_WARNINGS
+            ),
+        });
+    }
+    if total > limits.max_bundle_bytes {
+        problems.push(Problem {
+            path: None,
+            message: format!(
+                "the listed files add up to {total} bytes, more than limits.max_bundle_bytes ({} bytes); {raise}",
+                limits.max_bundle_bytes
+            ),
+        });
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(BundleError::Invalid { problems })
+    }
+}
+
+/// The problem of a markdown file too big to render (`limits.max_markdown_bytes`).
+pub fn markdown_too_big(path: &str, size: u64, limits: &Limits) -> Option<Problem> {
+    (size > limits.max_markdown_bytes).then(|| {
+        Problem::at(
+            path,
+            format!(
+                "is {size} bytes, more than limits.max_markdown_bytes ({} bytes) for rendering to HTML; split the page, turn publish.html off for this destination, or raise limits.max_markdown_bytes",
+                limits.max_markdown_bytes
+            ),
+        )
+    })
+}

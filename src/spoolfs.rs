@@ -1,0 +1,328 @@
+//! The one way the agent and the spool commands touch anything inside a
+//! spool folder or a bundle (SPEC §12.1). Producers own the bundles they
+//! drop and may keep descriptors open on them after the claim, so every
+//! name in there is the producer's: it may be a symbolic link, a FIFO, a
+//! device, a hard link to a file the producer cannot read, or a file that
+//! never ends.
+//!
+//! Like Postfix's `postdrop`/`pickup`, this module therefore
+//! - opens folders and files one segment at a time relative to an open
+//!   folder, never following a symbolic link (`O_NOFOLLOW`), never blocking
+//!   (`O_NONBLOCK`: a FIFO or device is refused, never read);
+//! - checks what it opened by its descriptor (regular file, one link, the
+//!   inode it inspected), and reads at most a cap;
+//! - writes its own files there only by creating a new temporary file and
+//!   renaming it over the entry relative to the folder's descriptor, never
+//!   by opening an existing name for writing.
+//!
+//! Outside this module, nothing opens a path inside a spool.
+
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, FileType, FileTypeExt, MetadataExt, OpenOptions, OpenOptionsExt};
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+/// Why an entry could not be opened as the kind of thing wanted.
+#[derive(Debug)]
+pub enum EntryError {
+    /// There is nothing by that name.
+    Missing,
+    /// Something else is there; the text names it ("a symbolic link").
+    Kind(&'static str),
+    /// A regular file with more than one name (the count of names).
+    HardLink(u64),
+    /// It changed between the check and the open.
+    Raced,
+    Io(io::Error),
+}
+
+impl EntryError {
+    fn from_io(e: io::Error) -> EntryError {
+        if e.kind() == io::ErrorKind::NotFound {
+            EntryError::Missing
+        } else if e.raw_os_error() == Some(libc::ELOOP) {
+            EntryError::Kind("a symbolic link")
+        } else if e.raw_os_error() == Some(libc::ENOTDIR) {
+            EntryError::Kind("not a folder")
+        } else {
+            EntryError::Io(e)
+        }
+    }
+}
+
+impl std::fmt::Display for EntryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EntryError::Missing => f.write_str("not found"),
+            EntryError::Kind(kind) => write!(f, "is {kind}"),
+            EntryError::HardLink(n) => write!(
+                f,
+                "is a hard link ({n} names for one file); the agent never reads a file that has other names"
+            ),
+            EntryError::Raced => f.write_str("changed while it was being opened"),
+            EntryError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A short label for a file type, links not followed ("a named pipe (FIFO)").
+pub fn kind_label(ft: FileType) -> &'static str {
+    if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_dir() {
+        "a folder"
+    } else if ft.is_file() {
+        "a regular file"
+    } else if ft.is_fifo() {
+        "a named pipe (FIFO)"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else {
+        "a special file"
+    }
+}
+
+/// Opens the folder at `path` (a spool folder or a bundle in one). The
+/// folders above the last are the operator's and may be links; the last
+/// component itself is never followed.
+pub fn open_folder(path: &Path) -> Result<Dir, EntryError> {
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => (parent, name),
+        _ => {
+            return Dir::open_ambient_dir(path, ambient_authority()).map_err(EntryError::from_io);
+        }
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let parent = Dir::open_ambient_dir(parent, ambient_authority()).map_err(EntryError::from_io)?;
+    open_dir(&parent, name)
+}
+
+/// Opens the folder `name` inside `parent`, refusing a symbolic link.
+pub fn open_dir(parent: &Dir, name: &OsStr) -> Result<Dir, EntryError> {
+    open_entry(parent, name, true).map(Dir::from_std_file)
+}
+
+/// Opens the regular file `name` inside `parent` for reading, refusing
+/// anything else: a link, FIFO, socket, device or folder, and a file with
+/// more than one name (a hard link could make the agent read a file the
+/// producer cannot).
+pub fn open_file(parent: &Dir, name: &OsStr) -> Result<std::fs::File, EntryError> {
+    open_entry(parent, name, false)
+}
+
+/// The entry is inspected without following it and refused unless it is of
+/// the wanted kind, so a special file is never even opened; the open uses
+/// `O_NOFOLLOW` (and `O_NONBLOCK` for files, so a FIFO swapped in cannot
+/// block it), and the descriptor must be the inode inspected.
+fn open_entry(parent: &Dir, name: &OsStr, dir: bool) -> Result<std::fs::File, EntryError> {
+    let before = parent.symlink_metadata(name).map_err(EntryError::from_io)?;
+    let wanted = |m: &cap_std::fs::Metadata| if dir { m.is_dir() } else { m.is_file() };
+    if !wanted(&before) {
+        return Err(EntryError::Kind(kind_label(before.file_type())));
+    }
+    let flags = if dir {
+        libc::O_DIRECTORY | libc::O_NOFOLLOW
+    } else {
+        libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY
+    };
+    let mut options = OpenOptions::new();
+    options.read(true).custom_flags(flags);
+    let file = parent
+        .open_with(name, &options)
+        .map_err(|e| match EntryError::from_io(e) {
+            EntryError::Missing => EntryError::Raced,
+            other => other,
+        })?;
+    let after = file.metadata().map_err(EntryError::Io)?;
+    if !wanted(&after) || after.dev() != before.dev() || after.ino() != before.ino() {
+        return Err(EntryError::Raced);
+    }
+    if !dir && after.nlink() > 1 {
+        return Err(EntryError::HardLink(after.nlink()));
+    }
+    Ok(file.into_std())
+}
+
+/// Why a capped read failed.
+#[derive(Debug)]
+pub enum ReadError {
+    Entry(EntryError),
+    /// The file is larger than the cap (its size, the cap).
+    TooBig(u64, u64),
+}
+
+impl ReadError {
+    pub fn is_missing(&self) -> bool {
+        matches!(self, ReadError::Entry(EntryError::Missing))
+    }
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Entry(e) => e.fmt(f),
+            ReadError::TooBig(len, cap) => {
+                write!(f, "is {len} bytes, more than the {cap} bytes read at most")
+            }
+        }
+    }
+}
+
+/// Reads the regular file `name` in `dir` whole, refusing it (without
+/// reading) when it is over `cap` bytes, and never reading more than `cap`
+/// even if it grows meanwhile.
+pub fn read_capped(dir: &Dir, name: &str, cap: u64) -> Result<Vec<u8>, ReadError> {
+    let file = open_file(dir, OsStr::new(name)).map_err(ReadError::Entry)?;
+    read_open_capped(file, cap)
+}
+
+/// [`read_capped`] for a file already opened with [`open_file`].
+pub fn read_open_capped(file: std::fs::File, cap: u64) -> Result<Vec<u8>, ReadError> {
+    let len = file
+        .metadata()
+        .map_err(|e| ReadError::Entry(EntryError::Io(e)))?
+        .len();
+    if len > cap {
+        return Err(ReadError::TooBig(len, cap));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ReadError::Entry(EntryError::Io(e)))?;
+    if bytes.len() as u64 > cap {
+        return Err(ReadError::TooBig(bytes.len() as u64, cap));
+    }
+    Ok(bytes)
+}
+
+/// [`read_capped`] of the file at `path`, whose folder is opened first
+/// with [`open_folder`].
+pub fn read_capped_at(path: &Path, cap: u64) -> Result<Vec<u8>, ReadError> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(ReadError::Entry(EntryError::Kind("not a file name")));
+    };
+    let dir = open_folder(parent).map_err(ReadError::Entry)?;
+    let file = open_file(&dir, name).map_err(ReadError::Entry)?;
+    read_open_capped(file, cap)
+}
+
+/// Replaces the entry `name` in `dir` with a new file holding `bytes`: a
+/// new temporary file is created (`O_EXCL`, never through an existing name),
+/// filled, optionally fsynced, and renamed over `name` relative to `dir`. A
+/// symbolic link, FIFO or hard link planted at `name` is replaced, never
+/// written through.
+pub fn replace(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let (temp, mut file) = crate::storage::create_temp(dir)?;
+    let result = file
+        .write_all(bytes)
+        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
+        .and_then(|()| dir.rename(&temp, dir, name));
+    if result.is_err() {
+        let _ = dir.remove_file(&temp);
+    }
+    result
+}
+
+/// Removes the entry `name` from `dir` if it is not a folder (a link is
+/// removed itself, never its target). `Ok(false)` when there was none.
+pub fn remove(dir: &Dir, name: &str) -> io::Result<bool> {
+    match dir.remove_file(name) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn dir(path: &Path) -> Dir {
+        Dir::open_ambient_dir(path, ambient_authority()).unwrap()
+    }
+
+    fn mkfifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    #[test]
+    fn reads_refuse_links_fifos_devices_hard_links_and_big_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        std::fs::write(t.join("plain"), b"12345").unwrap();
+        std::fs::write(t.join("secret"), b"secret").unwrap();
+        symlink(t.join("secret"), t.join("link")).unwrap();
+        symlink("/dev/zero", t.join("zero")).unwrap();
+        std::fs::hard_link(t.join("secret"), t.join("hard")).unwrap();
+        mkfifo(&t.join("fifo"));
+        std::fs::create_dir(t.join("folder")).unwrap();
+        let d = dir(t);
+        assert_eq!(read_capped(&d, "plain", 5).unwrap(), b"12345");
+        let cases: &[(&str, u64, &str)] = &[
+            ("plain", 4, "is 5 bytes, more than the 4 bytes read at most"),
+            ("link", 100, "is a symbolic link"),
+            ("zero", 100, "is a symbolic link"),
+            ("fifo", 100, "is a named pipe (FIFO)"),
+            ("folder", 100, "is a folder"),
+            ("missing", 100, "not found"),
+        ];
+        for (name, cap, want) in cases {
+            let err = read_capped(&d, name, *cap).unwrap_err();
+            assert_eq!(err.to_string(), *want, "{name}");
+        }
+        let err = read_capped(&d, "hard", 100).unwrap_err().to_string();
+        assert!(err.contains("hard link (2 names"), "{err}");
+        let dev = dir(Path::new("/dev"));
+        assert_eq!(
+            read_capped(&dev, "null", 100).unwrap_err().to_string(),
+            "is a character device"
+        );
+    }
+
+    #[test]
+    fn replace_never_writes_through_a_planted_entry() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let victim = t.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::fs::create_dir(t.join("b")).unwrap();
+        symlink(&victim, t.join("b/result")).unwrap();
+        std::fs::hard_link(&victim, t.join("b/hard")).unwrap();
+        mkfifo(&t.join("b/fifo"));
+        let d = open_folder(&t.join("b")).unwrap();
+        for name in ["result", "hard", "fifo", "new"] {
+            replace(&d, name, b"{}", false).unwrap();
+            assert_eq!(std::fs::read(t.join("b").join(name)).unwrap(), b"{}");
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let leftovers: Vec<_> = std::fs::read_dir(t.join("b"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| crate::storage::is_temp_name(n))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn open_folder_never_follows_its_last_component() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        std::fs::create_dir(t.join("real")).unwrap();
+        symlink(t.join("real"), t.join("alias")).unwrap();
+        assert!(open_folder(&t.join("real")).is_ok());
+        let err = open_folder(&t.join("alias")).unwrap_err();
+        assert_eq!(err.to_string(), "is a symbolic link");
+    }
+}
