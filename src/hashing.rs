@@ -66,6 +66,8 @@ pub fn copy_hashed(
             }
             None => buf.len(),
         };
+        // A stop request ends even a terabyte-sized read within one chunk.
+        crate::interrupt::check()?;
         let n = match reader.read(&mut buf[..want]) {
             Ok(0) => break,
             Ok(n) => n,

@@ -9,6 +9,7 @@ pub mod config;
 pub mod failpoint;
 pub mod hashing;
 pub mod inert;
+pub mod interrupt;
 pub mod journal;
 pub mod lock;
 pub mod maintain;

@@ -30,12 +30,10 @@ use maintenance::{Maintenance, expire_done, write_metrics};
 use watcher::start_watcher;
 use worker::Worker;
 
-/// How often folders that have no manifest yet are looked at again, in
-/// case their manifest event was missed.
-const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
-/// How long a manifest that does not parse yet is given to be completed
-/// before the bundle is claimed anyway (and fails with the parse error).
-const MANIFEST_GRACE: Duration = Duration::from_secs(2);
+/// After a stop signal, how long the bundle in hand may take to finish
+/// before its hashing and copying are interrupted (SPEC §8: finish the
+/// bundle in hand; §12.4: stop within 2 s however big it is).
+const STOP_GRACE: Duration = Duration::from_millis(1000);
 /// Longest pause between two attempts of a transiently failing bundle.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Most bundles published together as one transaction per root.
@@ -97,6 +95,8 @@ enum Wake {
 struct Tally {
     done: AtomicUsize,
     failed: AtomicUsize,
+    /// `--once`: bundles left in the inbox because they are incomplete.
+    incomplete: AtomicUsize,
     metrics: Arc<Metrics>,
 }
 
@@ -113,6 +113,15 @@ pub fn run(config_path: &Path, once: bool) -> Result<bool, AgentError> {
         return Ok(run_once(&config));
     }
     run_forever(config_path, config)
+}
+
+/// Interrupts long hashing and copying once `grace` has passed: the bundle
+/// then in hand stays in work/ and is resumed at the next start.
+fn interrupt_after(grace: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(grace);
+        crate::interrupt::request();
+    });
 }
 
 fn create_spools(config: &Config) -> Result<(), AgentError> {
@@ -137,6 +146,15 @@ fn run_once(config: &Config) -> bool {
             log::warn!("cannot install a handler for signal {signal}: {e}");
         }
     }
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            interrupt_after(STOP_GRACE);
+        });
+    }
     // The senders outlive the workers: nobody wakes a --once worker, but a
     // disconnected channel would read as "stop" during a retry backoff.
     let mut senders = Vec::new();
@@ -154,11 +172,12 @@ fn run_once(config: &Config) -> bool {
     }
     write_metrics(config, &tally.metrics, false);
     let failed = tally.failed.load(Ordering::Relaxed);
+    let incomplete = tally.incomplete.load(Ordering::Relaxed);
     log::info!(
-        "agent --once finished: {} done, {failed} failed",
+        "agent --once finished: {} done, {failed} failed, {incomplete} incomplete left in the inbox",
         tally.done.load(Ordering::Relaxed)
     );
-    failed == 0
+    failed == 0 && incomplete == 0
 }
 
 /// A running set of pipeline threads plus their watcher.
@@ -241,6 +260,7 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                     log::warn!("second stop signal: exiting at once");
                     std::process::exit(130);
                 } else {
+                    interrupt_after(STOP_GRACE);
                     let _ = control_tx.send(Control::Terminate);
                 }
             }

@@ -101,6 +101,21 @@ impl Worker {
         self.file_away(path, &name, &report, 0);
     }
 
+    /// A claimed entry that is not a real folder (a link swapped in after
+    /// the probe) is filed into failed/ as it is: nothing is read through
+    /// it and nothing is written into it.
+    pub(super) fn fail_not_a_folder(&self, path: &Path, name: &str) {
+        let report = RunReport::new(&self.pipeline.id, false).fail(
+            crate::report::Stage::Verify,
+            format!(
+                "{}: not a real folder when it was claimed (a symbolic link?); links are never followed. Drop the bundle folder itself",
+                path.display()
+            ),
+            false,
+        );
+        self.file_away(path, name, &report, 0);
+    }
+
     pub(super) fn file_away(
         &self,
         path: &Path,
@@ -108,6 +123,20 @@ impl Worker {
         report: &RunReport,
         elapsed: u128,
     ) -> Outcome {
+        if !report.ok && crate::interrupt::requested() {
+            // Interrupted by the stop (or failing while stopping): resumed
+            // at the next start rather than filed as a failure.
+            let attempts = spool::attempts(path);
+            if attempts > 0 {
+                let _ = spool::set_attempts(path, attempts - 1);
+            }
+            log::info!(
+                "pipeline={} bundle={}: stopped before it finished; left in work/ for the next start",
+                self.pipeline.id,
+                crate::inert::inert(name)
+            );
+            return Outcome::Left;
+        }
         let actions = report.actions();
         match spool::finish(&self.spool, path, name, report) {
             Ok(to) => {

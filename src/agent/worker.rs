@@ -2,15 +2,14 @@
 //! letting inbox entries settle and claiming them into `work/` in arrival
 //! order. It publishes nothing itself: bundles go to `process` and `process_claimed`.
 
-use super::{INCOMPLETE_POLL, MANIFEST_GRACE, MAX_BATCH, Serving, Tally, Wake};
+use super::{MAX_BATCH, Serving, Tally, Wake};
 use crate::config::{Config, Pipeline};
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use std::collections::{HashMap, HashSet};
-use std::path::Path;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// One pipeline's loop: work/ first, then the inbox in arrival order.
 pub(super) struct Worker {
@@ -22,11 +21,19 @@ pub(super) struct Worker {
     once: bool,
 }
 
-/// Settle bookkeeping for one inbox entry.
-struct Seen {
-    first: Instant,
-    changed: Instant,
-    fingerprint: (std::time::SystemTime, u64, std::time::SystemTime),
+/// What was last logged about an inbox entry.
+struct Told {
+    note: String,
+}
+
+impl Told {
+    fn note(note: String) -> Told {
+        Told { note }
+    }
+}
+
+fn inert(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::inert::inert(text)
 }
 
 impl Worker {
@@ -97,97 +104,98 @@ impl Worker {
                 self.spool.work.display()
             ),
         }
-        let settle = self.config.agent.settle;
-        let mut seen: HashMap<String, Seen> = HashMap::new();
-        let mut warned: HashSet<String> = HashSet::new();
+        let timing = spool::Timing {
+            once: self.once,
+            ..self.spool.timing
+        };
+        // When each inbox entry was first seen complete (the 10 x settle cap).
+        let mut complete_since: HashMap<String, Instant> = HashMap::new();
+        // What was last logged about each entry, so each state is logged once.
+        let mut told: HashMap<String, Told> = HashMap::new();
         loop {
             if self.stopping() {
                 return;
             }
-            let spool::Scan {
-                found,
-                incomplete,
-                strays,
-            } = match spool::scan(&self.spool.inbox) {
-                Ok(x) => x,
+            let probes = match spool::probe_inbox(&self.spool.inbox, &self.pipeline.limits) {
+                Ok(p) => p,
                 Err(e) => {
-                    log::error!(
-                        "pipeline={}: cannot scan {}: {e}",
-                        self.pipeline.id,
-                        self.spool.inbox.display()
-                    );
-                    spool::Scan::default()
+                    let key = format!("cannot scan: {e}");
+                    if told.get("").is_none_or(|t| t.note != key) {
+                        log::error!(
+                            "pipeline={}: cannot scan {}: {e}; no bundle of this pipeline is claimed until the agent can list its inbox (check its permissions; see docs/security.md)",
+                            self.pipeline.id,
+                            self.spool.inbox.display()
+                        );
+                        told.insert(String::new(), Told::note(key));
+                    }
+                    Vec::new()
                 }
             };
-            for name in strays {
-                if warned.insert(name.clone()) {
-                    log::warn!(
-                        "pipeline={}: {} is not a folder, so it is not a bundle; producers drop folders holding a manifest.json. Move it away",
-                        self.pipeline.id,
-                        self.spool.inbox.join(&name).display()
-                    );
-                }
-            }
             let now = Instant::now();
+            let wall = SystemTime::now();
+            told.retain(|name, _| name.is_empty() || probes.iter().any(|p| &p.name == name));
+            complete_since.retain(|name, _| {
+                probes
+                    .iter()
+                    .any(|p| &p.name == name && p.kind == spool::ProbeKind::Complete)
+            });
             let mut next_check: Option<Duration> = None;
-            let mut claimed_any = false;
             let mut ready = Vec::new();
-            seen.retain(|name, _| found.iter().any(|f| &f.name == name));
-            for f in &found {
-                if self.stopping() {
-                    return;
-                }
-                if !self.once {
-                    let s = seen.entry(f.name.clone()).or_insert(Seen {
-                        first: now,
-                        changed: now,
-                        fingerprint: f.fingerprint,
-                    });
-                    if s.fingerprint != f.fingerprint {
-                        s.fingerprint = f.fingerprint;
-                        s.changed = now;
-                    }
-                    let quiet = now.duration_since(s.changed);
-                    let waited = now.duration_since(s.first);
-                    let wait_more = if quiet < settle && waited < settle * 10 {
-                        Some((settle - quiet).min(settle * 10 - waited))
-                    } else if waited < MANIFEST_GRACE.max(settle * 10)
-                        && !manifest_is_complete_json(&f.path)
-                    {
-                        // Written in place and not closed yet: wait for the
-                        // closing brace rather than fail the bundle.
-                        Some(INCOMPLETE_POLL)
-                    } else {
-                        None
-                    };
-                    if let Some(left) = wait_more {
+            let mut left_incomplete = Vec::new();
+            for p in &probes {
+                let complete_for = (p.kind == spool::ProbeKind::Complete).then(|| {
+                    now.duration_since(*complete_since.entry(p.name.clone()).or_insert(now))
+                });
+                let (state, verdict) = p.decide(wall, complete_for, &timing);
+                self.tell(p, state, wall, &timing, &mut told);
+                match verdict {
+                    spool::Verdict::Claim => ready.push(p),
+                    spool::Verdict::Wait(left) => {
                         next_check = Some(next_check.map_or(left, |n| n.min(left)));
-                        continue;
+                    }
+                    spool::Verdict::Leave => {
+                        if state == spool::Waiting::Incomplete {
+                            left_incomplete.push(p);
+                        }
                     }
                 }
-                seen.remove(&f.name);
-                ready.push(f);
             }
+            let mut claimed_any = false;
             for chunk in ready.chunks(MAX_BATCH) {
                 if self.stopping() {
                     return;
                 }
                 let mut claimed = Vec::new();
-                for f in chunk {
-                    match spool::move_unique(&f.path, &self.spool.work, &f.name) {
+                for p in chunk {
+                    complete_since.remove(&p.name);
+                    match spool::move_unique(&p.path, &self.spool.work, &p.name) {
                         Ok(work_path) => {
+                            told.remove(&p.name);
                             let name = work_path
                                 .file_name()
                                 .map(|n| n.to_string_lossy().into_owned())
-                                .unwrap_or_else(|| f.name.clone());
+                                .unwrap_or_else(|| p.name.clone());
+                            if !spool::is_real_folder(&work_path) {
+                                // Swapped for a link after the probe: never
+                                // followed, filed away as it is.
+                                self.fail_not_a_folder(&work_path, &name);
+                                continue;
+                            }
                             claimed.push((work_path, name));
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => log::error!(
-                            "pipeline={}: cannot claim {}: {e}",
-                            self.pipeline.id,
-                            f.path.display()
-                        ),
+                        Err(e) => {
+                            let key = format!("cannot claim: {e}");
+                            if told.get(&p.name).is_none_or(|t| t.note != key) {
+                                log::error!(
+                                    "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. The agent needs write access to the bundle folder to move it: see docs/security.md",
+                                    self.pipeline.id,
+                                    inert(&p.name),
+                                    inert(&p.path.display().to_string())
+                                );
+                                told.insert(p.name.clone(), Told::note(key));
+                            }
+                        }
                     }
                 }
                 claimed_any |= !claimed.is_empty();
@@ -195,6 +203,19 @@ impl Worker {
             }
             if self.once {
                 if !claimed_any {
+                    if !left_incomplete.is_empty() {
+                        self.tally
+                            .incomplete
+                            .fetch_add(left_incomplete.len(), Ordering::Relaxed);
+                        for p in &left_incomplete {
+                            log::warn!(
+                                "pipeline={} bundle={}: incomplete, left in the inbox: {}",
+                                self.pipeline.id,
+                                inert(&p.name),
+                                inert(&p.reason(spool::Waiting::Incomplete, wall, &timing))
+                            );
+                        }
+                    }
                     return;
                 }
                 continue;
@@ -206,14 +227,53 @@ impl Worker {
             if let Some(n) = next_check {
                 wait = wait.min(n);
             }
-            if !incomplete.is_empty() {
-                wait = wait.min(INCOMPLETE_POLL);
-            }
             match rx.recv_timeout(wait) {
                 Ok(Wake::Stop) => return,
                 Ok(Wake::Scan) => while rx.try_recv().is_ok() {},
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Logs what an inbox entry is waiting for, once per state (SPEC §12.5):
+    /// a folder without a manifest and an incomplete bundle at info, an
+    /// unreadable entry at warning with the fix, and a folder that has had no
+    /// manifest for `incomplete_timeout` once more at warning.
+    fn tell(
+        &self,
+        p: &spool::Probe,
+        state: spool::Waiting,
+        wall: SystemTime,
+        timing: &spool::Timing,
+        told: &mut HashMap<String, Told>,
+    ) {
+        use spool::Waiting;
+        let stale = state == Waiting::NoManifest && p.quiet(wall) >= timing.incomplete_timeout;
+        let key = match (&p.kind, stale) {
+            (spool::ProbeKind::Unreadable(why), _) => format!("unreadable {why}"),
+            (_, true) => "stale".to_owned(),
+            _ => state.as_str().to_owned(),
+        };
+        if told.get(&p.name).is_some_and(|t| t.note == key) {
+            return;
+        }
+        told.insert(p.name.clone(), Told::note(key));
+        let (id, name) = (&self.pipeline.id, inert(&p.name));
+        let reason = p.reason(state, wall, timing);
+        let reason = inert(&reason);
+        match state {
+            Waiting::Unreadable => log::warn!("pipeline={id} inbox entry {name}: {reason}"),
+            Waiting::NoManifest if stale => log::warn!(
+                "pipeline={id} inbox folder {name}: still no {} after {}; a producer may have forgotten the last step (write the manifest, or rename the finished folder in)",
+                spool::MANIFEST,
+                crate::config::format_duration(timing.incomplete_timeout)
+            ),
+            Waiting::NoManifest | Waiting::Incomplete => {
+                log::info!("pipeline={id} bundle={name} waits: {reason}")
+            }
+            Waiting::Settling | Waiting::Ready => {
+                log::debug!("pipeline={id} bundle={name}: {reason}")
             }
         }
     }
@@ -285,11 +345,4 @@ impl Worker {
             }
         }
     }
-}
-
-/// True when the bundle's manifest.json parses as JSON: a producer writing
-/// it in place (against the advice to rename it in) has finished.
-fn manifest_is_complete_json(bundle: &Path) -> bool {
-    std::fs::read(bundle.join(spool::MANIFEST))
-        .is_ok_and(|bytes| serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok())
 }

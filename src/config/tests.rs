@@ -1001,7 +1001,10 @@ fn bad_limits_name_the_key_and_the_fix() {
         ),
         ("limits:\n  max_files: 0\n", "max_files must be at least 1"),
         ("limits:\n  max_markdown_bytes: 4 MiB\n", "unknown unit"),
-        ("limits:\n  max_size: 1GiB\n", "unknown key `max_size`, expected one of `max_file_bytes`"),
+        (
+            "limits:\n  max_size: 1GiB\n",
+            "unknown key `max_size`, expected one of `max_file_bytes`",
+        ),
         (
             "limits:\n  max_file_bytes: 99999999999TiB\n",
             "too large a size",

@@ -2,14 +2,25 @@
 //! moves between them: find complete bundles, claim, record the result,
 //! file away, list, retry. Every move is a `rename` within one file system,
 //! so a bundle is always in exactly one folder. No threads, no publishing.
+//!
+//! Bundles belong to their producers, who may be hostile (SPEC §12): every
+//! file read or written inside a spool goes through [`crate::spoolfs`], and
+//! one entry that cannot be read or moved never stops the others.
 
 use crate::config::{Config, Pipeline};
 use crate::report::RunReport;
+use crate::spoolfs;
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
+
+mod inbox;
+mod list;
+
+pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
+pub use list::{Entry, Removed, delete, expire_done, list, read_result, retry};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";
@@ -49,6 +60,10 @@ pub struct Spool {
     pub work: PathBuf,
     pub done: PathBuf,
     pub failed: PathBuf,
+    /// The pipeline's limits (the manifest cap when probing the inbox).
+    pub limits: crate::bundle::Limits,
+    /// When inbox entries are claimed (`once` is false here).
+    pub timing: Timing,
 }
 
 impl Spool {
@@ -60,6 +75,12 @@ impl Spool {
             work: base.join("work"),
             done: base.join("done"),
             failed: base.join("failed"),
+            limits: pipeline.limits,
+            timing: Timing {
+                settle: config.agent.settle,
+                incomplete_timeout: config.agent.incomplete_timeout,
+                once: false,
+            },
         }
     }
 
@@ -73,18 +94,57 @@ impl Spool {
     }
 
     /// Creates the four folders and checks they share one file system, so
-    /// every move is an atomic rename.
+    /// every move is an atomic rename. New folders get the modes of SPEC
+    /// §12.6: `work/`, `done/` and `failed/` 0750 (no access for others),
+    /// `inbox/` 01770 (sticky: a producer cannot rename or delete another
+    /// producer's entry). Existing folders owned by the agent's user are
+    /// tightened the same way (others' access removed, sticky bit added);
+    /// the group and the group's access stay the operator's choice.
     pub fn create(&self) -> io::Result<()> {
         let mut device = None;
         for folder in [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed] {
             let path = self.folder(folder);
-            fs::create_dir_all(path).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot create spool folder {}: {e}", path.display()),
-                )
-            })?;
-            let dev = fs::metadata(path)?.dev();
+            let (new_mode, fix) = match folder {
+                Folder::Inbox => (0o1770, (0o1000, 0)),
+                _ => (0o750, (0, 0o007)),
+            };
+            let created = match fs::symlink_metadata(path) {
+                Ok(_) => false,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+                Err(e) => return Err(folder_error(path, e)),
+            };
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(path)
+                .map_err(|e| folder_error(path, e))?;
+            let meta = fs::metadata(path).map_err(|e| folder_error(path, e))?;
+            let mode = meta.mode() & 0o7777;
+            let wanted = if created {
+                // The umask may take access away, never add the sticky bit.
+                (new_mode & !current_umask()) | (new_mode & 0o1000)
+            } else {
+                (mode | fix.0) & !fix.1
+            };
+            if wanted != mode && meta.uid() == effective_uid() {
+                fs::set_permissions(path, fs::Permissions::from_mode(wanted))
+                    .map_err(|e| folder_error(path, e))?;
+                if !created {
+                    log::info!(
+                        "pipeline={}: spool folder {} had mode {mode:04o}; set {wanted:04o} (SPEC: no access for others to work/, done/, failed/; a sticky inbox)",
+                        self.pipeline_id,
+                        path.display()
+                    );
+                }
+            } else if wanted != mode && !created {
+                log::warn!(
+                    "pipeline={}: spool folder {} has mode {mode:04o} and belongs to another user, so the agent cannot set {wanted:04o}; run `chmod {wanted:04o} {}` (see docs/security.md)",
+                    self.pipeline_id,
+                    path.display(),
+                    path.display()
+                );
+            }
+            let dev = meta.dev();
             match device {
                 None => device = Some((dev, path.to_owned())),
                 Some((d, ref first)) if d != dev => {
@@ -102,15 +162,38 @@ impl Spool {
     }
 }
 
-/// A bundle folder found in a spool folder.
+fn folder_error(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("cannot create spool folder {}: {e}", path.display()),
+    )
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The process umask, from `/proc/self/status` (reading it with umask(2)
+/// would change it for a moment under other threads); 022 when unknown.
+fn current_umask() -> u32 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022)
+}
+
+/// A bundle folder found in `work/` (left there by a crash or a stop).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
     pub name: String,
     pub path: PathBuf,
     /// Modification time of `manifest.json` (arrival order).
     pub manifest_modified: SystemTime,
-    /// A cheap fingerprint of the bundle's top level for the settle rule.
-    pub fingerprint: (SystemTime, u64, SystemTime),
 }
 
 /// True when the inbox entry name is staging (ignored).
@@ -118,72 +201,82 @@ pub fn is_ignored_name(name: &str) -> bool {
     name.starts_with('.')
 }
 
-/// What a spool folder holds.
+/// What `work/` holds.
 #[derive(Debug, Default)]
 pub struct Scan {
-    /// Complete bundles, in arrival order (manifest modification time, then
-    /// name). A manifest that is not a regular file (a symlink, a folder)
-    /// counts as present: verification then fails the bundle with the reason.
+    /// Bundles with a manifest entry, in arrival order (manifest
+    /// modification time, then name). A manifest that is not a regular file
+    /// (a symlink, a folder) counts as present: verification then fails the
+    /// bundle with the reason.
     pub found: Vec<Found>,
-    /// Folders without a manifest yet.
+    /// Folders without a manifest.
     pub incomplete: Vec<PathBuf>,
     /// Names that are not folders (files, symlinks): never bundles.
     pub strays: Vec<String>,
 }
 
-/// Scans a spool folder for bundles.
+/// Scans `work/` for bundles to resume. Only the agent writes there, but the
+/// bundles are still the producers': nothing in them is followed, and an
+/// entry that cannot be inspected is passed over (logged), not fatal.
 pub fn scan(dir: &Path) -> io::Result<Scan> {
-    let mut found = Vec::new();
-    let mut incomplete = Vec::new();
-    let mut strays = Vec::new();
+    let mut scan = Scan::default();
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(scan),
         Err(e) => return Err(e),
     };
     for entry in entries {
         let entry = entry?;
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
             log::warn!(
-                "{}: ignoring an entry whose name is not UTF-8; rename it",
-                dir.display()
+                "{}: ignoring an entry whose name is not UTF-8 ({}); rename it",
+                dir.display(),
+                crate::inert::inert_os(&entry.file_name())
             );
             continue;
         };
         if is_ignored_name(&name) {
             continue;
         }
-        if !entry.file_type()?.is_dir() {
-            strays.push(name);
-            continue;
-        }
         let path = entry.path();
-        match fs::symlink_metadata(path.join(MANIFEST)) {
-            Ok(m) => {
-                let dir_meta = fs::symlink_metadata(&path)?;
-                let modified = m.modified()?;
-                found.push(Found {
-                    name,
-                    fingerprint: (modified, m.len(), dir_meta.modified()?),
-                    manifest_modified: modified,
-                    path,
-                });
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => {}
+            Ok(_) => {
+                scan.strays.push(name);
+                continue;
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => incomplete.push(path),
-            Err(e) => return Err(e),
+            Err(e) => {
+                log::warn!("cannot inspect {}: {e}; passed over", path.display());
+                continue;
+            }
+        }
+        match fs::symlink_metadata(path.join(MANIFEST)) {
+            Ok(m) => scan.found.push(Found {
+                name,
+                manifest_modified: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                path,
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => scan.incomplete.push(path),
+            Err(e) => log::warn!(
+                "cannot inspect {}: {e}; passed over until it can be read",
+                path.join(MANIFEST).display()
+            ),
         }
     }
-    found.sort_by(|a, b| {
+    scan.found.sort_by(|a, b| {
         a.manifest_modified
             .cmp(&b.manifest_modified)
             .then_with(|| a.name.cmp(&b.name))
     });
-    strays.sort();
-    Ok(Scan {
-        found,
-        incomplete,
-        strays,
-    })
+    scan.strays.sort();
+    Ok(scan)
+}
+
+/// True when `path` is a real folder (not a link to one). A producer may
+/// swap its inbox entry for a symlink between the scan and the claim; the
+/// claim then moves the link, which must never be processed as a bundle.
+pub fn is_real_folder(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
 }
 
 /// Moves `from` into folder `to` under its name, adding `.1`, `.2`, … when
@@ -230,75 +323,88 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-/// Writes a small bookkeeping file inside a bundle, in place and without
-/// fsync. Both such files are rewritten whole whenever the bundle is
+/// Most bytes read of a bookkeeping file (attempt count, batch file, result).
+const MAX_ATTEMPTS_BYTES: u64 = 64;
+const MAX_BATCH_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_RESULT_BYTES: u64 = 16 << 20;
+
+fn open_bundle(bundle: &Path) -> io::Result<cap_std::fs::Dir> {
+    spoolfs::open_folder(bundle).map_err(|e| match e {
+        spoolfs::EntryError::Io(e) => e,
+        other => io::Error::other(format!("{}: {other}", bundle.display())),
+    })
+}
+
+/// Writes a small bookkeeping file inside a bundle by replacing the entry
+/// (a new file renamed over the name, relative to the bundle's descriptor),
+/// without fsync: both such files are rewritten whole whenever the bundle is
 /// processed again, and a power cut that loses them only makes the agent
-/// redo a bundle, which is idempotent (`skip_same`). Skipping a temporary
-/// file and rename saves two inodes per bundle on a busy spool.
-fn write_in_place(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    fs::write(dir.join(name), bytes)
+/// redo a bundle, which is idempotent (`skip_same`). A producer's symlink,
+/// FIFO or hard link at that name is replaced, never written through.
+fn write_bookkeeping(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    spoolfs::replace(&open_bundle(dir)?, name, bytes, false)
 }
 
 /// Removes temporary files that a killed agent left at the top of a bundle
-/// in work/ (half-written result or attempt files of older versions, which
-/// wrote them through a temporary file). Only this pipeline's worker touches
-/// a bundle in work/, so any found there is stale.
+/// in work/. Only this pipeline's worker touches a bundle in work/, so any
+/// found there is stale.
 pub fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
-    for entry in fs::read_dir(bundle)? {
+    let dir = open_bundle(bundle)?;
+    for entry in dir.entries()? {
         let entry = entry?;
-        if entry
-            .file_name()
-            .to_str()
-            .is_some_and(crate::storage::is_temp_name)
-            && entry.file_type()?.is_file()
-        {
-            fs::remove_file(entry.path())?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if crate::storage::is_temp_name(name) && entry.file_type()?.is_file() {
+            spoolfs::remove(&dir, name)?;
         }
     }
     Ok(())
 }
 
-/// Attempts already made on a bundle (0 when never tried).
+/// Attempts already made on a bundle (0 when never tried, or when what is
+/// there is not a small regular file).
 pub fn attempts(bundle: &Path) -> u32 {
-    fs::read_to_string(bundle.join(ATTEMPTS_FILE))
+    let Ok(dir) = open_bundle(bundle) else {
+        return 0;
+    };
+    spoolfs::read_capped(&dir, ATTEMPTS_FILE, MAX_ATTEMPTS_BYTES)
         .ok()
+        .and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
 }
 
 /// Records the number of attempts made (kept across restarts).
 pub fn set_attempts(bundle: &Path, n: u32) -> io::Result<()> {
-    write_in_place(bundle, ATTEMPTS_FILE, format!("{n}\n").as_bytes())
+    write_bookkeeping(bundle, ATTEMPTS_FILE, format!("{n}\n").as_bytes())
 }
 
 /// Records that the bundles of `attempts` (name in work/, attempt number)
 /// start that attempt together. Like the per-bundle counter it is written
-/// in place without fsync.
+/// without fsync.
 pub fn begin_batch(spool: &Spool, attempts: &[(String, u32)]) -> io::Result<()> {
     let doc: std::collections::BTreeMap<&str, u32> = attempts
         .iter()
         .map(|(name, n)| (name.as_str(), *n))
         .collect();
     let bytes = serde_json::to_vec(&doc).map_err(io::Error::other)?;
-    write_in_place(&spool.work, BATCH_FILE, &bytes)
+    write_bookkeeping(&spool.work, BATCH_FILE, &bytes)
 }
 
 /// The batch is over; its bundles carry their own counters from here on.
 pub fn end_batch(spool: &Spool) -> io::Result<()> {
-    match fs::remove_file(spool.work.join(BATCH_FILE)) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    spoolfs::remove(&open_bundle(&spool.work)?, BATCH_FILE).map(|_| ())
 }
 
 /// After a crash during a batch: each bundle of the batch still in work/
 /// gets the attempt the batch had started as its own counter, then the
 /// batch file goes. A torn batch file (power cut) only loses that attempt.
 pub fn settle_batch(spool: &Spool) -> io::Result<()> {
-    let bytes = match fs::read(spool.work.join(BATCH_FILE)) {
+    let work = open_bundle(&spool.work)?;
+    let bytes = match spoolfs::read_capped(&work, BATCH_FILE, MAX_BATCH_BYTES) {
         Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
+        Err(e) if e.is_missing() => return Ok(()),
+        Err(_) => Vec::new(),
     };
     let doc: std::collections::BTreeMap<String, u32> =
         serde_json::from_slice(&bytes).unwrap_or_default();
@@ -307,7 +413,7 @@ pub fn settle_batch(spool: &Spool) -> io::Result<()> {
             continue;
         }
         let bundle = spool.work.join(&name);
-        if bundle.is_dir() && attempts(&bundle) < n {
+        if is_real_folder(&bundle) && attempts(&bundle) < n {
             set_attempts(&bundle, n)?;
         }
     }
@@ -315,9 +421,13 @@ pub fn settle_batch(spool: &Spool) -> io::Result<()> {
 }
 
 /// Writes the result document into the bundle, then files it into `done/`
-/// or `failed/`. Returns where it went.
+/// or `failed/`. Returns where it went. A "bundle" that is not a real folder
+/// (a link swapped in before the claim) is filed away without writing
+/// anything into it.
 pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
-    write_in_place(bundle, RESULT_FILE, report.to_json().as_bytes())?;
+    if is_real_folder(bundle) {
+        write_bookkeeping(bundle, RESULT_FILE, report.to_json().as_bytes())?;
+    }
     crate::failpoint::hit("spool.after_result");
     let to = if report.ok {
         &spool.done
@@ -327,130 +437,6 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
     let moved = move_unique(bundle, to, name)?;
     crate::failpoint::hit("spool.after_move");
     Ok(moved)
-}
-
-/// One line of `spool list`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Entry {
-    pub pipeline_id: String,
-    pub spool: &'static str,
-    pub name: String,
-    pub modified: String,
-    pub stage: Option<String>,
-    pub error: Option<String>,
-}
-
-/// Lists the bundles of `folders`, oldest first.
-pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
-    let mut out = Vec::new();
-    for &folder in folders {
-        let dir = spool.folder(folder);
-        let entries = match fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        let mut rows = Vec::new();
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_ignored_name(&name) {
-                continue;
-            }
-            let modified = entry.metadata()?.modified()?;
-            let (stage, error) = if folder == Folder::Failed {
-                read_failure(&entry.path())
-            } else {
-                (None, None)
-            };
-            rows.push((
-                modified,
-                Entry {
-                    pipeline_id: spool.pipeline_id.clone(),
-                    spool: folder.as_str(),
-                    name,
-                    modified: crate::catalog::format_time(time::OffsetDateTime::from(modified)),
-                    stage,
-                    error,
-                },
-            ));
-        }
-        rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
-        out.extend(rows.into_iter().map(|(_, e)| e));
-    }
-    Ok(out)
-}
-
-fn read_failure(bundle: &Path) -> (Option<String>, Option<String>) {
-    let Ok(bytes) = fs::read(bundle.join(RESULT_FILE)) else {
-        return (None, Some(format!("no {RESULT_FILE} in the bundle")));
-    };
-    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
-        return (None, Some(format!("{RESULT_FILE} is not valid JSON")));
-    };
-    let text = |key: &str| doc.get(key).and_then(|v| v.as_str()).map(str::to_owned);
-    (text("stage"), text("error"))
-}
-
-/// Moves `failed/<name>` back into the inbox, clearing its result file and
-/// attempt count. Returns the new path.
-pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
-    if name.contains('/') || name.starts_with('.') || name.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "{name:?} is not a bundle name; use a name shown by `distributor spool list --failed`"
-            ),
-        ));
-    }
-    let from = spool.failed.join(name);
-    if !fs::symlink_metadata(&from).is_ok_and(|m| m.is_dir()) {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!(
-                "no failed bundle {name:?} in {}; list them with `distributor spool list --failed`",
-                spool.failed.display()
-            ),
-        ));
-    }
-    for file in [RESULT_FILE, ATTEMPTS_FILE] {
-        match fs::remove_file(from.join(file)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    move_unique(&from, &spool.inbox, name)
-}
-
-/// Deletes `done/` entries modified longer than `retention` ago. Returns
-/// how many were removed.
-pub fn expire_done(spool: &Spool, retention: std::time::Duration) -> io::Result<usize> {
-    if retention.is_zero() {
-        return Ok(0);
-    }
-    let now = SystemTime::now();
-    let mut removed = 0;
-    let entries = match fs::read_dir(&spool.done) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        let age = now.duration_since(meta.modified()?).unwrap_or_default();
-        if age > retention {
-            let path = entry.path();
-            if meta.is_dir() {
-                fs::remove_dir_all(&path)?;
-            } else {
-                fs::remove_file(&path)?;
-            }
-            removed += 1;
-        }
-    }
-    Ok(removed)
 }
 
 #[cfg(test)]
@@ -464,6 +450,12 @@ mod tests {
             work: tmp.join("work"),
             done: tmp.join("done"),
             failed: tmp.join("failed"),
+            limits: crate::bundle::Limits::default(),
+            timing: Timing {
+                settle: std::time::Duration::from_millis(250),
+                incomplete_timeout: std::time::Duration::from_secs(600),
+                once: false,
+            },
         };
         s.create().unwrap();
         s

@@ -1,0 +1,777 @@
+//! Looking at the inbox: what each entry is (SPEC §13) and whether it may be
+//! claimed now. [`probe_inbox`] inspects every entry on its own, through
+//! [`crate::spoolfs`], so one unreadable, hostile or half-copied entry never
+//! hides the others (§12.5). [`decide`] is the pure rule: from what a probe
+//! found and how long the entry has been quiet, claim, wait or leave it.
+//!
+//! *Complete* means: `manifest.json` is a regular file that parses, every
+//! listed file exists with its declared size, and nothing in the folder
+//! changed for `settle`. Changes are read from the change times (ctime) of
+//! the folder and everything in it, which a producer cannot set (rsync and
+//! tar preserve modification times, not change times), so a copy that keeps
+//! writing is never mistaken for a quiet one.
+
+use super::{MANIFEST, is_ignored_name};
+use crate::bundle::{self, Limits};
+use crate::spoolfs::{self, EntryError};
+use cap_std::fs::{Dir, MetadataExt};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// How long a folder stays unexamined at most while it is incomplete, in
+/// case changes inside it send no event.
+pub const INCOMPLETE_POLL: Duration = Duration::from_secs(1);
+/// Deepest folder nesting inspected in a bundle.
+const MAX_DEPTH: usize = 128;
+/// Entries inspected beyond `max_files` before the folder counts as too big.
+const SPARE_ENTRIES: u64 = 10_000;
+
+/// Why an inbox entry waits, as `spool list --inbox` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Waiting {
+    NoManifest,
+    Incomplete,
+    Settling,
+    Unreadable,
+    Ready,
+}
+
+impl Waiting {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Waiting::NoManifest => "no_manifest",
+            Waiting::Incomplete => "incomplete",
+            Waiting::Settling => "settling",
+            Waiting::Unreadable => "unreadable",
+            Waiting::Ready => "ready",
+        }
+    }
+
+    /// Every state, in the order `status` shows them.
+    pub const ALL: [Waiting; 5] = [
+        Waiting::Ready,
+        Waiting::Settling,
+        Waiting::Incomplete,
+        Waiting::NoManifest,
+        Waiting::Unreadable,
+    ];
+}
+
+/// What a probe found in one inbox entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// A folder without `manifest.json`: not a bundle yet.
+    NoManifest,
+    /// The agent cannot read, search or use it; the text says why and what
+    /// to do.
+    Unreadable(String),
+    /// The manifest does not parse yet, or listed files are missing or of
+    /// another size; the text says which.
+    Incomplete(String),
+    /// Manifest parsed and every listed file has its declared size.
+    Complete,
+    /// Waiting cannot make it valid (a manifest that is a FIFO or a link,
+    /// that parses but breaks the contract or a limit, a listed file that is
+    /// a link): it is claimed so that verification fails it with the reason.
+    Broken(String),
+}
+
+/// One inbox entry as found.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub name: String,
+    pub path: PathBuf,
+    pub kind: ProbeKind,
+    /// The newest change time of the folder and everything in it.
+    pub last_change: SystemTime,
+    /// Modification time of `manifest.json` (arrival order), when present.
+    pub arrival: Option<SystemTime>,
+}
+
+/// An inbox entry as `spool list --inbox` and `status` show it.
+pub type InboxEntry = (Probe, Waiting);
+
+/// What the worker does with an entry now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Claim,
+    /// Look again after at most this long.
+    Wait(Duration),
+    /// Nothing to do until something changes (`agent --once`: left).
+    Leave,
+}
+
+/// The agent settings the decision depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    pub settle: Duration,
+    pub incomplete_timeout: Duration,
+    /// `agent --once`: complete bundles are claimed without waiting for
+    /// `settle`, incomplete ones are left.
+    pub once: bool,
+}
+
+impl Timing {
+    /// The same timing as the live agent would use (for listings).
+    pub fn for_listing(&self) -> Timing {
+        Timing {
+            once: false,
+            ..*self
+        }
+    }
+}
+
+/// The claim rule (SPEC §8, §13). `quiet` is how long nothing in the folder
+/// has changed; `complete_for` how long the live agent has seen it complete
+/// (a bundle whose files keep being touched is still claimed after
+/// 10 × `settle`).
+pub fn decide(
+    kind: &ProbeKind,
+    quiet: Duration,
+    complete_for: Option<Duration>,
+    t: &Timing,
+) -> (Waiting, Verdict) {
+    match kind {
+        ProbeKind::NoManifest => (Waiting::NoManifest, Verdict::Leave),
+        ProbeKind::Unreadable(_) => (Waiting::Unreadable, Verdict::Leave),
+        ProbeKind::Broken(_) => (Waiting::Ready, Verdict::Claim),
+        ProbeKind::Complete => {
+            let cap = t.settle * 10;
+            let seen = complete_for.unwrap_or_default();
+            if t.once || quiet >= t.settle || (complete_for.is_some() && seen >= cap) {
+                (Waiting::Ready, Verdict::Claim)
+            } else {
+                let left =
+                    (t.settle - quiet).min(cap.saturating_sub(seen).max(Duration::from_millis(1)));
+                (Waiting::Settling, Verdict::Wait(left))
+            }
+        }
+        ProbeKind::Incomplete(_) => {
+            if quiet >= t.incomplete_timeout {
+                (Waiting::Incomplete, Verdict::Claim)
+            } else if t.once {
+                (Waiting::Incomplete, Verdict::Leave)
+            } else {
+                let left = (t.incomplete_timeout - quiet).min(INCOMPLETE_POLL);
+                (Waiting::Incomplete, Verdict::Wait(left))
+            }
+        }
+    }
+}
+
+impl Probe {
+    /// [`decide`] at wall-clock time `now`.
+    pub fn decide(
+        &self,
+        now: SystemTime,
+        complete_for: Option<Duration>,
+        t: &Timing,
+    ) -> (Waiting, Verdict) {
+        decide(&self.kind, self.quiet(now), complete_for, t)
+    }
+
+    /// How long nothing in the folder has changed.
+    pub fn quiet(&self, now: SystemTime) -> Duration {
+        now.duration_since(self.last_change).unwrap_or_default()
+    }
+
+    /// The text `spool list --inbox` shows for the entry in state `state`.
+    pub fn reason(&self, state: Waiting, now: SystemTime, t: &Timing) -> String {
+        let quiet = short(self.quiet(now));
+        match (&self.kind, state) {
+            (ProbeKind::NoManifest, _) => format!(
+                "no {MANIFEST} yet (nothing changed for {quiet}); a folder becomes a bundle once its {MANIFEST} is written, last"
+            ),
+            (ProbeKind::Unreadable(why), _) => why.clone(),
+            (ProbeKind::Incomplete(what), _) => format!(
+                "{what}; nothing changed for {quiet}, failed after {} without change",
+                short(t.incomplete_timeout)
+            ),
+            (ProbeKind::Broken(why), _) => {
+                format!("will be claimed and fail verification: {why}")
+            }
+            (ProbeKind::Complete, Waiting::Settling) => format!(
+                "complete, changed {quiet} ago; claimed once nothing changes for {}",
+                short(t.settle)
+            ),
+            (ProbeKind::Complete, _) => "complete; claimed at the agent's next scan".to_owned(),
+        }
+    }
+}
+
+fn short(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        crate::config::format_duration(Duration::from_millis(d.as_millis() as u64))
+    } else {
+        crate::config::format_duration(Duration::from_secs(d.as_secs()))
+    }
+}
+
+/// Probes every entry of the inbox (dot-names are staging and skipped). Only
+/// an inbox that cannot be listed at all is an error.
+pub fn probe_inbox(inbox: &Path, limits: &Limits) -> io::Result<Vec<Probe>> {
+    let dir = match spoolfs::open_folder(inbox) {
+        Ok(d) => d,
+        Err(EntryError::Missing) => return Ok(Vec::new()),
+        Err(EntryError::Io(e)) => return Err(e),
+        Err(other) => {
+            return Err(io::Error::other(format!(
+                "{}: {other}; the inbox must be a real folder",
+                inbox.display()
+            )));
+        }
+    };
+    let mut probes = Vec::new();
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str().map(str::to_owned) else {
+            probes.push(Probe {
+                name: crate::inert::inert_os(&file_name),
+                path: inbox.join(&file_name),
+                kind: ProbeKind::Unreadable(
+                    "its name is not UTF-8; rename it (bundle names are UTF-8)".to_owned(),
+                ),
+                last_change: change_time(entry.metadata().ok().as_ref()),
+                arrival: None,
+            });
+            continue;
+        };
+        if is_ignored_name(&name) {
+            continue;
+        }
+        if let Some(p) = probe_entry(&dir, inbox, &name, limits) {
+            probes.push(p);
+        }
+    }
+    probes.sort_by(|a, b| a.arrival.cmp(&b.arrival).then_with(|| a.name.cmp(&b.name)));
+    Ok(probes)
+}
+
+fn change_time(meta: Option<&cap_std::fs::Metadata>) -> SystemTime {
+    meta.and_then(|m| {
+        let secs = u64::try_from(m.ctime()).ok()?;
+        let nanos = u32::try_from(m.ctime_nsec()).ok()?;
+        SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+    })
+    .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Probes one entry; `None` when it vanished meanwhile.
+fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> Option<Probe> {
+    let path = inbox_path.join(name);
+    let meta = match inbox.symlink_metadata(name) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            return Some(Probe {
+                name: name.to_owned(),
+                path,
+                kind: ProbeKind::Unreadable(format!("cannot inspect it: {e}")),
+                last_change: SystemTime::UNIX_EPOCH,
+                arrival: None,
+            });
+        }
+    };
+    let mut probe = Probe {
+        name: name.to_owned(),
+        path,
+        kind: ProbeKind::NoManifest,
+        last_change: change_time(Some(&meta)),
+        arrival: None,
+    };
+    if !meta.is_dir() {
+        probe.kind = ProbeKind::Unreadable(format!(
+            "is {}, not a folder, so it is not a bundle; producers drop folders holding a {MANIFEST}: move it away",
+            spoolfs::kind_label(meta.file_type())
+        ));
+        return Some(probe);
+    }
+    let folder = match spoolfs::open_dir(inbox, OsStr::new(name)) {
+        Ok(d) => d,
+        Err(EntryError::Missing) => return None,
+        Err(e) => {
+            probe.kind = ProbeKind::Unreadable(unreadable_folder(".", &e));
+            return Some(probe);
+        }
+    };
+    let tree = match Tree::read(&folder, limits.max_files.saturating_add(SPARE_ENTRIES)) {
+        Ok(tree) => tree,
+        Err(TreeError::Unreadable(why)) => {
+            probe.kind = ProbeKind::Unreadable(why);
+            return Some(probe);
+        }
+        Err(TreeError::TooBig(why)) => {
+            probe.kind = ProbeKind::Broken(why);
+            return Some(probe);
+        }
+    };
+    probe.last_change = probe.last_change.max(tree.last_change);
+    probe.arrival = tree.files.get(MANIFEST).map(|f| f.modified);
+    probe.kind = examine(&folder, &tree, limits);
+    Some(probe)
+}
+
+fn unreadable_folder(shown: &str, e: &EntryError) -> String {
+    let place = if shown == "." {
+        "the folder".to_owned()
+    } else {
+        format!("its folder \"{shown}\"")
+    };
+    match e {
+        EntryError::Io(io) if io.kind() == io::ErrorKind::PermissionDenied => format!(
+            "the agent cannot read {place} ({io}); give the agent's group read and search access (chmod g+rx), as docs/security.md describes"
+        ),
+        other => format!("the agent cannot open {place}: {other}"),
+    }
+}
+
+/// One entry below a bundle folder, links not followed.
+struct Node {
+    /// A regular file (its size counts); anything else is `kind`.
+    kind: &'static str,
+    size: u64,
+    modified: SystemTime,
+}
+
+/// What a bundle folder holds, by path.
+struct Tree {
+    files: HashMap<String, Node>,
+    last_change: SystemTime,
+}
+
+enum TreeError {
+    Unreadable(String),
+    TooBig(String),
+}
+
+impl Tree {
+    /// Lists everything below `root` (links are listed, never followed),
+    /// reading at most `max_entries` entries and `MAX_DEPTH` levels.
+    fn read(root: &Dir, max_entries: u64) -> Result<Tree, TreeError> {
+        let mut tree = Tree {
+            files: HashMap::new(),
+            last_change: SystemTime::UNIX_EPOCH,
+        };
+        let mut count: u64 = 0;
+        let mut stack: Vec<(Dir, String, usize)> = vec![(
+            root.try_clone()
+                .map_err(|e| TreeError::Unreadable(e.to_string()))?,
+            String::new(),
+            0,
+        )];
+        while let Some((dir, prefix, depth)) = stack.pop() {
+            let shown = if prefix.is_empty() {
+                "."
+            } else {
+                prefix.as_str()
+            };
+            let entries = dir
+                .entries()
+                .map_err(|e| TreeError::Unreadable(unreadable_folder(shown, &EntryError::Io(e))))?;
+            for entry in entries {
+                let entry = entry.map_err(|e| {
+                    TreeError::Unreadable(unreadable_folder(shown, &EntryError::Io(e)))
+                })?;
+                count += 1;
+                if count > max_entries {
+                    return Err(TreeError::TooBig(format!(
+                        "the folder holds more than {max_entries} entries, far more than limits.max_files allows"
+                    )));
+                }
+                let meta = match entry.metadata() {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(TreeError::Unreadable(unreadable_folder(
+                            shown,
+                            &EntryError::Io(e),
+                        )));
+                    }
+                };
+                tree.last_change = tree.last_change.max(change_time(Some(&meta)));
+                let file_name = entry.file_name();
+                let Some(name) = file_name.to_str() else {
+                    continue;
+                };
+                let path = if prefix.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                if meta.is_dir() {
+                    if depth + 1 >= MAX_DEPTH {
+                        return Err(TreeError::TooBig(format!(
+                            "folders nest more than {MAX_DEPTH} levels deep (at \"{path}\")"
+                        )));
+                    }
+                    match spoolfs::open_dir(&dir, &file_name) {
+                        Ok(sub) => stack.push((sub, path.clone(), depth + 1)),
+                        Err(EntryError::Missing) => continue,
+                        Err(e) => return Err(TreeError::Unreadable(unreadable_folder(&path, &e))),
+                    }
+                }
+                let modified = meta
+                    .modified()
+                    .map(|t| t.into_std())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                tree.files.insert(
+                    path,
+                    Node {
+                        kind: if meta.is_file() {
+                            "a regular file"
+                        } else {
+                            spoolfs::kind_label(meta.file_type())
+                        },
+                        size: meta.len(),
+                        modified,
+                    },
+                );
+            }
+        }
+        Ok(tree)
+    }
+}
+
+/// Most names listed one by one in an incomplete bundle's reason.
+const MAX_NAMED: usize = 5;
+
+/// Reads the manifest and compares the listed files with the tree.
+fn examine(folder: &Dir, tree: &Tree, limits: &Limits) -> ProbeKind {
+    if !tree.files.contains_key(MANIFEST) {
+        return ProbeKind::NoManifest;
+    }
+    let bytes = match spoolfs::read_capped(folder, MANIFEST, limits.max_manifest_bytes()) {
+        Ok(b) => b,
+        Err(e) if e.is_missing() => return ProbeKind::NoManifest,
+        Err(spoolfs::ReadError::Entry(EntryError::Io(e)))
+            if e.kind() == io::ErrorKind::PermissionDenied =>
+        {
+            return ProbeKind::Unreadable(format!(
+                "the agent cannot read its {MANIFEST} ({e}); make it readable by the agent's group (chmod g+r)"
+            ));
+        }
+        Err(e) => return ProbeKind::Broken(format!("{MANIFEST} {e}")),
+    };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
+        && e.classify() == serde_json::error::Category::Eof
+    {
+        return ProbeKind::Incomplete(format!(
+            "{MANIFEST} ends early ({} bytes so far; it is still being written?)",
+            bytes.len()
+        ));
+    }
+    let manifest = match bundle::parse_manifest(&bytes) {
+        Ok(m) => m,
+        Err(e) => return ProbeKind::Broken(e.to_string()),
+    };
+    if let Err(e) = bundle::check_limits(&manifest, limits) {
+        return ProbeKind::Broken(e.to_string());
+    }
+    let mut missing = Vec::new();
+    let mut short = Vec::new();
+    for listed in &manifest.files {
+        match tree.files.get(listed.path.as_str()) {
+            None => missing.push(listed.path.as_str()),
+            Some(node) if node.kind != "a regular file" => {
+                return ProbeKind::Broken(format!("{}: is {}", listed.path, node.kind));
+            }
+            Some(node) if node.size != listed.size => short.push(format!(
+                "{} ({} of {} bytes)",
+                listed.path, node.size, listed.size
+            )),
+            Some(_) => {}
+        }
+    }
+    if missing.is_empty() && short.is_empty() {
+        return ProbeKind::Complete;
+    }
+    let mut parts = Vec::new();
+    let named = |list: Vec<String>| {
+        let more = list.len().saturating_sub(MAX_NAMED);
+        let mut text = list
+            .into_iter()
+            .take(MAX_NAMED)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if more > 0 {
+            text.push_str(&format!(" and {more} more"));
+        }
+        text
+    };
+    if !missing.is_empty() {
+        parts.push(format!(
+            "{} of {} listed files missing: {}",
+            missing.len(),
+            manifest.files.len(),
+            named(missing.iter().map(|s| s.to_string()).collect())
+        ));
+    }
+    if !short.is_empty() {
+        parts.push(format!(
+            "{} not of the declared size yet: {}",
+            short.len(),
+            named(short)
+        ));
+    }
+    ProbeKind::Incomplete(parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn timing(once: bool) -> Timing {
+        Timing {
+            settle: MS(250),
+            incomplete_timeout: Duration::from_secs(600),
+            once,
+        }
+    }
+
+    #[test]
+    fn the_claim_rule_case_by_case() {
+        use ProbeKind::*;
+        use Verdict::*;
+        let incomplete = Incomplete("x".into());
+        type Case = (
+            &'static str,
+            ProbeKind,
+            u64,
+            Option<u64>,
+            bool,
+            Waiting,
+            Verdict,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "no manifest waits for one",
+                NoManifest,
+                999_999,
+                None,
+                false,
+                Waiting::NoManifest,
+                Leave,
+            ),
+            (
+                "no manifest, --once",
+                NoManifest,
+                0,
+                None,
+                true,
+                Waiting::NoManifest,
+                Leave,
+            ),
+            (
+                "unreadable is left",
+                Unreadable("x".into()),
+                999_999,
+                None,
+                false,
+                Waiting::Unreadable,
+                Leave,
+            ),
+            (
+                "broken is claimed at once to fail it",
+                Broken("x".into()),
+                0,
+                None,
+                false,
+                Waiting::Ready,
+                Claim,
+            ),
+            (
+                "complete and just changed: settles",
+                Complete,
+                100,
+                Some(0),
+                false,
+                Waiting::Settling,
+                Wait(MS(150)),
+            ),
+            (
+                "complete and quiet for settle: claimed",
+                Complete,
+                250,
+                Some(0),
+                false,
+                Waiting::Ready,
+                Claim,
+            ),
+            (
+                "complete, touched for 10 x settle: claimed anyway",
+                Complete,
+                0,
+                Some(2500),
+                false,
+                Waiting::Ready,
+                Claim,
+            ),
+            (
+                "complete, touched for a while: waits the rest",
+                Complete,
+                0,
+                Some(2400),
+                false,
+                Waiting::Settling,
+                Wait(MS(100)),
+            ),
+            (
+                "complete, --once: no settle",
+                Complete,
+                0,
+                None,
+                true,
+                Waiting::Ready,
+                Claim,
+            ),
+            (
+                "incomplete and recently changed: polls",
+                incomplete.clone(),
+                10,
+                None,
+                false,
+                Waiting::Incomplete,
+                Wait(INCOMPLETE_POLL),
+            ),
+            (
+                "incomplete near the timeout: waits the rest",
+                incomplete.clone(),
+                599_700,
+                None,
+                false,
+                Waiting::Incomplete,
+                Wait(MS(300)),
+            ),
+            (
+                "incomplete past the timeout: claimed to fail",
+                incomplete.clone(),
+                600_000,
+                None,
+                false,
+                Waiting::Incomplete,
+                Claim,
+            ),
+            (
+                "incomplete, --once: left",
+                incomplete.clone(),
+                10,
+                None,
+                true,
+                Waiting::Incomplete,
+                Leave,
+            ),
+            (
+                "incomplete past the timeout, --once: claimed",
+                incomplete,
+                600_000,
+                None,
+                true,
+                Waiting::Incomplete,
+                Claim,
+            ),
+        ];
+        for (what, kind, quiet, seen, once, state, verdict) in cases {
+            let got = decide(&kind, MS(quiet), seen.map(MS), &timing(once));
+            assert_eq!(got, (state, verdict), "{what}");
+        }
+    }
+
+    fn write(path: &Path, bytes: &[u8]) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    fn probe_one(inbox: &Path) -> Probe {
+        let mut all = probe_inbox(inbox, &Limits::default()).unwrap();
+        assert_eq!(all.len(), 1, "{all:?}");
+        all.remove(0)
+    }
+
+    #[test]
+    fn probes_tell_missing_short_unparsable_and_complete_apart() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inbox = tmp.path().join("inbox");
+        let b = inbox.join("b");
+        write(&b.join("sub/a.txt"), b"hello");
+        write(&b.join("z.bin"), &[0u8; 10]);
+        std::fs::create_dir_all(&b).unwrap();
+        assert_eq!(probe_one(&inbox).kind, ProbeKind::NoManifest);
+        bundle::seal(&b, "b-1", None).unwrap();
+        let manifest = std::fs::read(b.join(MANIFEST)).unwrap();
+        assert_eq!(probe_one(&inbox).kind, ProbeKind::Complete);
+        assert!(probe_one(&inbox).arrival.is_some());
+
+        std::fs::write(b.join(MANIFEST), &manifest[..manifest.len() / 2]).unwrap();
+        let kind = probe_one(&inbox).kind;
+        assert!(
+            matches!(&kind, ProbeKind::Incomplete(t) if t.contains("ends early")),
+            "{kind:?}"
+        );
+
+        std::fs::write(b.join(MANIFEST), &manifest).unwrap();
+        std::fs::write(b.join("z.bin"), [0u8; 4]).unwrap();
+        std::fs::remove_file(b.join("sub/a.txt")).unwrap();
+        let kind = probe_one(&inbox).kind;
+        assert_eq!(
+            kind,
+            ProbeKind::Incomplete(
+                "1 of 2 listed files missing: sub/a.txt; 1 not of the declared size yet: z.bin (4 of 10 bytes)".into()
+            )
+        );
+
+        std::fs::write(b.join(MANIFEST), b"{\"schema_version\": 7}").unwrap();
+        assert!(matches!(probe_one(&inbox).kind, ProbeKind::Broken(_)));
+    }
+
+    #[test]
+    fn hostile_entries_are_refused_without_blocking_and_do_not_hide_others() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inbox = tmp.path().join("inbox");
+        std::fs::create_dir_all(&inbox).unwrap();
+        let fifo = inbox.join("fifo-manifest");
+        std::fs::create_dir(&fifo).unwrap();
+        let c = std::ffi::CString::new(fifo.join(MANIFEST).as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let zero = inbox.join("zero-manifest");
+        std::fs::create_dir(&zero).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", zero.join(MANIFEST)).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), inbox.join("link")).unwrap();
+        write(&inbox.join("stray"), b"x");
+        let good = inbox.join("good");
+        write(&good.join("f"), b"f");
+        bundle::seal(&good, "good", None).unwrap();
+
+        let probes = probe_inbox(&inbox, &Limits::default()).unwrap();
+        let kinds: HashMap<&str, &ProbeKind> =
+            probes.iter().map(|p| (p.name.as_str(), &p.kind)).collect();
+        assert_eq!(kinds["good"], &ProbeKind::Complete);
+        let text = |name: &str| format!("{:?}", kinds[name]);
+        assert!(
+            text("fifo-manifest").contains("Broken(\"manifest.json is a named pipe (FIFO)"),
+            "{}",
+            text("fifo-manifest")
+        );
+        assert!(
+            text("zero-manifest").contains("Broken(\"manifest.json is a symbolic link"),
+            "{}",
+            text("zero-manifest")
+        );
+        assert!(
+            text("link").contains("Unreadable(\"is a symbolic link, not a folder"),
+            "{}",
+            text("link")
+        );
+        assert!(
+            text("stray").contains("Unreadable(\"is a regular file, not a folder"),
+            "{}",
+            text("stray")
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! What the spool commands see and do: list the bundles of a spool, read a
+//! finished bundle's result, move failed bundles back to the inbox, delete
+//! them, and expire old `done/` entries. Every result file is read through
+//! [`crate::spoolfs`]: a producer may have replaced it with a FIFO, a link
+//! to `/dev/zero` or a hard link, and none of that may hang or leak.
+
+use super::inbox::probe_inbox;
+use super::{ATTEMPTS_FILE, Folder, MAX_RESULT_BYTES, RESULT_FILE, Spool, is_ignored_name};
+use crate::spoolfs;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// One line of `spool list`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Entry {
+    pub pipeline_id: String,
+    pub spool: &'static str,
+    pub name: String,
+    pub modified: String,
+    pub stage: Option<String>,
+    pub error: Option<String>,
+    /// Inbox entries: why the entry waits (SPEC §13.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Lists the entries of `folders`, oldest first. Inbox entries carry their
+/// state and the reason they wait.
+pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
+    let mut out = Vec::new();
+    for &folder in folders {
+        if folder == Folder::Inbox {
+            out.extend(list_inbox(spool)?);
+            continue;
+        }
+        let dir = spool.folder(folder);
+        let entries = match fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        let mut rows = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let name = crate::inert::inert_os(&entry.file_name());
+            if is_ignored_name(&name) {
+                continue;
+            }
+            // lstat: a name is listed, never followed.
+            let modified = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let (stage, error) = if folder == Folder::Failed {
+                match read_result(&entry.path()) {
+                    Ok(doc) => {
+                        let text =
+                            |key: &str| doc.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+                        (text("stage"), text("error"))
+                    }
+                    Err(e) => (None, Some(e)),
+                }
+            } else {
+                (None, None)
+            };
+            rows.push((
+                modified,
+                Entry {
+                    pipeline_id: spool.pipeline_id.clone(),
+                    spool: folder.as_str(),
+                    name,
+                    modified: format_time(modified),
+                    stage,
+                    error,
+                    state: None,
+                    reason: None,
+                },
+            ));
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+        out.extend(rows.into_iter().map(|(_, e)| e));
+    }
+    Ok(out)
+}
+
+fn format_time(t: SystemTime) -> String {
+    crate::catalog::format_time(time::OffsetDateTime::from(t))
+}
+
+/// The inbox, each entry with its state (SPEC §13.4), oldest first.
+fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
+    let now = SystemTime::now();
+    let mut rows: Vec<(SystemTime, Entry)> = probe_inbox(&spool.inbox, &spool.limits)?
+        .into_iter()
+        .map(|p| {
+            let (state, _) = p.decide(now, None, &spool.timing.for_listing());
+            let reason = p.reason(state, now, &spool.timing);
+            let since = p.arrival.unwrap_or(p.last_change);
+            (
+                since,
+                Entry {
+                    pipeline_id: spool.pipeline_id.clone(),
+                    spool: Folder::Inbox.as_str(),
+                    name: crate::inert::inert(&p.name).into_owned(),
+                    modified: format_time(since),
+                    stage: None,
+                    error: None,
+                    state: Some(state.as_str()),
+                    reason: Some(reason),
+                },
+            )
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+    Ok(rows.into_iter().map(|(_, e)| e).collect())
+}
+
+/// Reads the `.distributor-result.json` of a finished bundle, refusing (with
+/// the reason as text) anything but a small regular file of JSON.
+pub fn read_result(bundle: &Path) -> Result<serde_json::Value, String> {
+    let bytes =
+        spoolfs::read_capped_at(&bundle.join(RESULT_FILE), MAX_RESULT_BYTES).map_err(|e| {
+            if e.is_missing() {
+                format!("no {RESULT_FILE} in the bundle")
+            } else {
+                format!("{RESULT_FILE} {e}; not read")
+            }
+        })?;
+    serde_json::from_slice(&bytes).map_err(|_| format!("{RESULT_FILE} is not valid JSON"))
+}
+
+/// Checks that `name` is a plain entry name, with the hint to list them.
+fn check_name(name: &str, listing: &str) -> io::Result<()> {
+    if name.contains('/') || name.starts_with('.') || name.is_empty() || name.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{:?} is not a bundle name; use a name shown by `distributor spool list {listing}`",
+                crate::inert::inert(name)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The real folder `folder/name`, or a NotFound error with the hint.
+fn existing(spool: &Spool, folder: Folder, name: &str) -> io::Result<PathBuf> {
+    let listing = format!("--{}", folder.as_str());
+    check_name(name, &listing)?;
+    let path = spool.folder(folder).join(name);
+    if !super::is_real_folder(&path) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "no {} bundle {:?} in {}; list them with `distributor spool list {listing}`",
+                folder.as_str(),
+                crate::inert::inert(name),
+                spool.folder(folder).display()
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+/// Moves `failed/<name>` back into the inbox, clearing its result file and
+/// attempt count. Returns the new path.
+pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
+    let from = existing(spool, Folder::Failed, name)?;
+    let dir = spoolfs::open_folder(&from)
+        .map_err(|e| io::Error::other(format!("{}: {e}", from.display())))?;
+    for file in [RESULT_FILE, ATTEMPTS_FILE] {
+        spoolfs::remove(&dir, file)?;
+    }
+    super::move_unique(&from, &spool.inbox, name)
+}
+
+/// What [`delete`] removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub path: PathBuf,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Deletes `failed/<name>` with everything in it (links are removed, never
+/// followed). Returns what was removed.
+pub fn delete(spool: &Spool, name: &str) -> io::Result<Removed> {
+    let path = existing(spool, Folder::Failed, name)?;
+    let (files, bytes) = count_tree(&path);
+    fs::remove_dir_all(&path)?;
+    Ok(Removed { path, files, bytes })
+}
+
+/// Files and bytes below `path`, links not followed; what cannot be read
+/// is not counted.
+fn count_tree(path: &Path) -> (u64, u64) {
+    let (mut files, mut bytes) = (0, 0);
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => stack.push(entry.path()),
+                Ok(m) => {
+                    files += 1;
+                    bytes += m.len();
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    (files, bytes)
+}
+
+/// Deletes `done/` entries modified longer than `retention` ago. Returns
+/// how many were removed.
+pub fn expire_done(spool: &Spool, retention: std::time::Duration) -> io::Result<usize> {
+    if retention.is_zero() {
+        return Ok(0);
+    }
+    let now = SystemTime::now();
+    let mut removed = 0;
+    let entries = match fs::read_dir(&spool.done) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let age = now.duration_since(meta.modified()?).unwrap_or_default();
+        if age > retention {
+            let path = entry.path();
+            if meta.is_dir() {
+                fs::remove_dir_all(&path)?;
+            } else {
+                fs::remove_file(&path)?;
+            }
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_files_that_are_fifos_links_or_huge_are_refused_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = tmp.path().join("b");
+        fs::create_dir(&b).unwrap();
+        type Make<'a> = &'a dyn Fn(&Path);
+        let cases: &[(&str, Make, &str)] = &[
+            (
+                "fifo",
+                &|p| {
+                    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                    // SAFETY: valid NUL-terminated path.
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                },
+                "is a named pipe (FIFO); not read",
+            ),
+            (
+                "zero",
+                &|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap(),
+                "is a symbolic link; not read",
+            ),
+            ("none", &|_| {}, "no .distributor-result.json in the bundle"),
+            (
+                "junk",
+                &|p| fs::write(p, b"{").unwrap(),
+                "is not valid JSON",
+            ),
+        ];
+        for (what, make, want) in cases {
+            let _ = fs::remove_file(b.join(RESULT_FILE));
+            make(&b.join(RESULT_FILE));
+            let got = read_result(&b).unwrap_err();
+            assert!(got.ends_with(want), "{what}: {got}");
+        }
+    }
+}
