@@ -168,9 +168,34 @@ pub enum SpoolCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Move failed/NAME back into the inbox (clears its result and attempt count)
-    #[command(after_help = "Example:\n  distributor spool retry reports weekly-2026-06-08")]
+    /// Move failed/NAME (or every failed bundle) back into the inbox (clears its result and attempt count)
+    #[command(
+        after_help = "Example:\n  distributor spool retry reports weekly-2026-06-08\n  distributor spool retry reports --all"
+    )]
     Retry {
+        /// Pipeline id
+        pipeline: String,
+        /// Bundle name as shown by `spool list --failed`
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        name: Option<String>,
+        /// Every failed bundle of the pipeline
+        #[arg(long)]
+        all: bool,
+    },
+    /// Print a failed or done bundle's result (stage, error, what each destination did)
+    #[command(after_help = "Example:\n  distributor spool show reports weekly-2026-06-08")]
+    Show {
+        /// Pipeline id
+        pipeline: String,
+        /// Bundle name as shown by `spool list --failed` or `--done`
+        name: String,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete failed/NAME with everything in it (asks nothing; prints what it removed)
+    #[command(after_help = "Example:\n  distributor spool delete reports weekly-2026-06-08")]
+    Delete {
         /// Pipeline id
         pipeline: String,
         /// Bundle name as shown by `spool list --failed`

@@ -8,6 +8,7 @@ use crate::spool::Folder;
 use std::path::Path;
 
 mod args;
+mod failed;
 mod output;
 mod producer;
 mod publishing;
@@ -105,8 +106,21 @@ pub fn run(cli: Cli) -> u8 {
             spool_list(config, pipeline.as_deref(), &folders, json)
         }
         Command::Status { json } => status(config, json),
-        Command::Spool(SpoolCommand::Retry { pipeline, name }) => {
-            spool_retry(config, &pipeline, &name)
+        Command::Spool(SpoolCommand::Retry {
+            pipeline,
+            name,
+            all,
+        }) => match name {
+            Some(name) if !all => spool_retry(config, &pipeline, &name),
+            _ => failed::retry_all(config, &pipeline),
+        },
+        Command::Spool(SpoolCommand::Show {
+            pipeline,
+            name,
+            json,
+        }) => failed::show(config, &pipeline, &name, json),
+        Command::Spool(SpoolCommand::Delete { pipeline, name }) => {
+            failed::delete(config, &pipeline, &name)
         }
         Command::Run(args) => run_bundle(config, &args),
         Command::Bundle(BundleCommand::Seal { dir, id, created }) => {

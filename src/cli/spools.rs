@@ -3,6 +3,7 @@
 
 use super::output::human_age;
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
+use crate::inert::inert;
 use crate::spool::{self, Folder, Spool};
 use std::path::Path;
 
@@ -51,14 +52,19 @@ pub(super) fn spool_list(
         let age = crate::catalog::parse_time(&r.modified)
             .map(|t| human_age((now - t).whole_seconds()))
             .unwrap_or_default();
+        // Names are inert already; stage, error and reason come from files
+        // a producer can write, so they are made inert here.
         let mut line = format!(
             "{:<8} {:<20} {:<40} {age:>6} ago",
             r.spool, r.pipeline_id, r.name
         );
+        if let (Some(state), Some(reason)) = (r.state, &r.reason) {
+            line.push_str(&format!("  {state}: {}", inert(reason)));
+        }
         if let (Some(stage), Some(error)) = (&r.stage, &r.error) {
-            line.push_str(&format!("  [{stage}] {error}"));
+            line.push_str(&format!("  [{}] {}", inert(stage), inert(error)));
         } else if let Some(error) = &r.error {
-            line.push_str(&format!("  {error}"));
+            line.push_str(&format!("  {}", inert(error)));
         }
         println!("{line}");
     }
@@ -79,11 +85,15 @@ pub(super) fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8
     };
     match spool::retry(&Spool::of(&config, p), name) {
         Ok(to) => {
-            println!("moved {name} back to {}", to.display());
+            println!(
+                "moved {} back to {}",
+                inert(name),
+                inert(&to.display().to_string())
+            );
             EXIT_OK
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", inert(&e.to_string()));
             if e.kind() == std::io::ErrorKind::InvalidInput
                 || e.kind() == std::io::ErrorKind::NotFound
             {

@@ -8,6 +8,7 @@ mod bundle_cmd;
 mod config_cmd;
 mod crash;
 mod disk_full;
+mod failed_spool;
 mod failpoints;
 mod hostile;
 mod maintain;

@@ -1,0 +1,185 @@
+//! Working the failed spool (SPEC §14.2), like Postfix's `postsuper`:
+//! `spool retry P --all`, `spool show P NAME`, `spool delete P NAME`.
+//! Names and messages come from producers, so text output is made inert.
+
+use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
+use crate::config::Config;
+use crate::inert::inert;
+use crate::spool::{self, Folder, Spool};
+use std::io;
+use std::path::Path;
+
+/// The pipeline's spool, or the exit code after saying why there is none.
+fn spool_of(flag: Option<&Path>, pipeline: &str) -> Result<(Config, Spool), u8> {
+    let config = config_or_usage(flag)?;
+    let Some(p) = config.pipeline(pipeline) else {
+        eprintln!(
+            "error: no pipeline {:?} in {}",
+            inert(pipeline),
+            config.file.display()
+        );
+        return Err(EXIT_USAGE);
+    };
+    let spool = Spool::of(&config, p);
+    Ok((config, spool))
+}
+
+fn code_of(e: &io::Error) -> u8 {
+    match e.kind() {
+        io::ErrorKind::InvalidInput | io::ErrorKind::NotFound => EXIT_USAGE,
+        _ => EXIT_FAILURE,
+    }
+}
+
+/// `spool retry P --all`: every failed bundle back to the inbox, oldest
+/// first; one that cannot be moved is reported and the rest go on.
+pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str) -> u8 {
+    let (_, spool) = match spool_of(flag, pipeline) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let rows = match spool::list(&spool, &[Folder::Failed]) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!(
+                "error: cannot list {}: {e}",
+                spool.folder(Folder::Failed).display()
+            );
+            return EXIT_FAILURE;
+        }
+    };
+    let (mut moved, mut errors) = (0usize, 0usize);
+    for row in &rows {
+        match spool::retry(&spool, &row.name) {
+            Ok(to) => {
+                moved += 1;
+                println!(
+                    "moved {} back to {}",
+                    row.name,
+                    inert(&to.display().to_string())
+                );
+            }
+            Err(e) => {
+                errors += 1;
+                eprintln!("error: {}: {}", row.name, inert(&e.to_string()));
+            }
+        }
+    }
+    println!(
+        "{moved} failed bundle{} moved back to the inbox{}",
+        if moved == 1 { "" } else { "s" },
+        if errors > 0 {
+            format!(", {errors} could not be moved")
+        } else {
+            String::new()
+        }
+    );
+    if errors > 0 { EXIT_FAILURE } else { EXIT_OK }
+}
+
+/// `spool show P NAME`: the result of a failed or done bundle.
+pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) -> u8 {
+    let (_, spool) = match spool_of(flag, pipeline) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let found = [Folder::Failed, Folder::Done].into_iter().find(|&f| {
+        !name.contains('/')
+            && !name.starts_with('.')
+            && spool::is_real_folder(&spool.folder(f).join(name))
+    });
+    let Some(folder) = found else {
+        eprintln!(
+            "error: no failed or done bundle {:?} in pipeline {pipeline}; list them with `distributor spool list --pipeline {pipeline}`",
+            inert(name)
+        );
+        return EXIT_USAGE;
+    };
+    let path = spool.folder(folder).join(name);
+    let result = spool::read_result(&path);
+    if json {
+        let doc = serde_json::json!({
+            "pipeline_id": pipeline,
+            "spool": folder.as_str(),
+            "name": name,
+            "path": path.display().to_string(),
+            "result": result.as_ref().ok(),
+            "error": result.as_ref().err(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return if result.is_ok() {
+            EXIT_OK
+        } else {
+            EXIT_FAILURE
+        };
+    }
+    println!(
+        "bundle {} in {}",
+        inert(name),
+        inert(&path.display().to_string())
+    );
+    let doc = match result {
+        Ok(doc) => doc,
+        Err(why) => {
+            println!("  result: {}", inert(&why));
+            return EXIT_FAILURE;
+        }
+    };
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => inert(s).into_owned(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => inert(&other.to_string()).into_owned(),
+    };
+    println!("  ok: {}", text(&doc["ok"]));
+    if !doc["stage"].is_null() {
+        println!("  failed at: {}", text(&doc["stage"]));
+        println!("  error: {}", text(&doc["error"]));
+    }
+    if let Some(source) = doc["source"].as_object() {
+        println!(
+            "  source: {} (created {})",
+            text(&source["id"]),
+            text(&source["created"])
+        );
+    }
+    for d in doc["destinations"].as_array().into_iter().flatten() {
+        let count = |key: &str| d[key].as_array().map_or(0, Vec::len);
+        println!(
+            "  destination {}: {} ({} written, {} deleted{})",
+            text(&d["destination_id"]),
+            text(&d["action"]),
+            count("writes"),
+            count("deletes"),
+            if d["error"].is_null() {
+                String::new()
+            } else {
+                format!("; {}", text(&d["error"]))
+            }
+        );
+    }
+    EXIT_OK
+}
+
+/// `spool delete P NAME`: removes a failed bundle.
+pub(super) fn delete(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
+    let (_, spool) = match spool_of(flag, pipeline) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match spool::delete(&spool, name) {
+        Ok(removed) => {
+            println!(
+                "removed {} ({} file{}, {} bytes)",
+                inert(&removed.path.display().to_string()),
+                removed.files,
+                if removed.files == 1 { "" } else { "s" },
+                removed.bytes
+            );
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("error: {}", inert(&e.to_string()));
+            code_of(&e)
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Working the failed spool from the command line (SPEC §14.2):
+//! `spool retry P --all`, `spool show P NAME [--json]`, `spool delete P NAME`,
+//! and `spool list --inbox` saying why each entry waits (§13.4).
+
+use crate::util::{Test, write_file};
+use std::fs;
+use std::path::Path;
+
+const CONFIG: &str = "spool: spool
+pipelines:
+  - id: p
+    destinations:
+      - id: site
+        path: www
+";
+
+/// Drops a sealed bundle into the inbox by rename, as a producer should.
+fn drop_bundle(t: &Test, name: &str, files: &[(&str, &str)]) {
+    let b = t.bundle(name, files);
+    fs::create_dir_all(t.join("spool/p/inbox")).unwrap();
+    fs::rename(&b, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
+}
+
+/// Same size, other bytes: complete, so claimed, and refused at verify.
+fn tamper(t: &Test, name: &str) {
+    let f = t.join(&format!("spool/p/inbox/{name}/a.txt"));
+    let len = fs::metadata(&f).unwrap().len() as usize;
+    fs::write(&f, "X".repeat(len)).unwrap();
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Two failed bundles and one published one, after `agent --once`.
+fn two_failed() -> Test {
+    let t = Test::new();
+    t.config(CONFIG);
+    drop_bundle(&t, "good", &[("a.txt", "good\n")]);
+    for name in ["bad1", "bad2"] {
+        drop_bundle(&t, name, &[("a.txt", "bad\n")]);
+        tamper(&t, name);
+    }
+    t.run(&["agent", "--once"]).expect_code(1);
+    assert_eq!(names(&t.join("spool/p/failed")), ["bad1", "bad2"]);
+    assert_eq!(names(&t.join("spool/p/done")), ["good"]);
+    t
+}
+
+#[test]
+fn show_prints_a_failed_or_done_bundles_result() {
+    let t = two_failed();
+    let out = t.run(&["spool", "show", "p", "bad1"]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("failed at: verify"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("a.txt: content does not match"),
+        "{}",
+        out.stdout
+    );
+
+    let doc = t.run(&["spool", "show", "p", "good", "--json"]);
+    doc.expect_code(0);
+    let doc = doc.json();
+    assert_eq!(doc["spool"], "done");
+    assert_eq!(doc["result"]["ok"], true);
+    assert_eq!(doc["result"]["destinations"][0]["action"], "publish_new");
+
+    let missing = t.run(&["spool", "show", "p", "nope"]);
+    missing.expect_code(2);
+    assert!(missing.stderr.contains("spool list"), "{}", missing.stderr);
+}
+
+#[test]
+fn retry_all_moves_every_failed_bundle_back_and_clears_its_result() {
+    let t = two_failed();
+    let out = t.run(&["spool", "retry", "p", "--all"]);
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .contains("2 failed bundles moved back to the inbox"),
+        "{}",
+        out.stdout
+    );
+    assert!(names(&t.join("spool/p/failed")).is_empty());
+    let inbox = t.join("spool/p/inbox");
+    assert_eq!(names(&inbox), ["bad1", "bad2"]);
+    for name in ["bad1", "bad2"] {
+        assert!(!inbox.join(name).join(".distributor-result.json").exists());
+        assert!(!inbox.join(name).join(".distributor-attempts").exists());
+    }
+    // A name and --all together, or neither, is a usage error.
+    t.run(&["spool", "retry", "p"]).expect_code(2);
+    t.run(&["spool", "retry", "p", "bad1", "--all"])
+        .expect_code(2);
+    // Nothing left: still fine.
+    let again = t.run(&["spool", "retry", "p", "--all"]);
+    again.expect_code(0);
+    assert!(
+        again.stdout.contains("0 failed bundles"),
+        "{}",
+        again.stdout
+    );
+}
+
+#[test]
+fn delete_removes_only_the_named_failed_bundle_and_says_what_it_removed() {
+    let t = two_failed();
+    let out = t.run(&["spool", "delete", "p", "bad1"]);
+    out.expect_code(0);
+    assert!(out.stdout.starts_with("removed "), "{}", out.stdout);
+    assert!(out.stdout.contains("bad1 (4 files,"), "{}", out.stdout);
+    assert_eq!(names(&t.join("spool/p/failed")), ["bad2"]);
+    // Only failed bundles, only plain names.
+    t.run(&["spool", "delete", "p", "good"]).expect_code(2);
+    t.run(&["spool", "delete", "p", "../done/good"])
+        .expect_code(2);
+    assert_eq!(names(&t.join("spool/p/done")), ["good"]);
+}
+
+#[test]
+fn a_link_planted_in_a_failed_bundle_is_removed_never_followed() {
+    let t = two_failed();
+    let victim = t.write("victim/keep.txt", "keep\n");
+    std::os::unix::fs::symlink(t.join("victim"), t.join("spool/p/failed/bad1/escape")).unwrap();
+    t.run(&["spool", "delete", "p", "bad1"]).expect_code(0);
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "keep\n");
+}
+
+#[test]
+fn spool_list_inbox_says_why_each_entry_waits() {
+    let t = Test::new();
+    t.config(CONFIG);
+    let inbox = t.join("spool/p/inbox");
+    drop_bundle(&t, "ready", &[("a.txt", "a\n")]);
+    drop_bundle(&t, "partial", &[("a.txt", "a\n"), ("b.bin", "0123456789")]);
+    fs::remove_file(inbox.join("partial/a.txt")).unwrap();
+    fs::write(inbox.join("partial/b.bin"), "0123").unwrap();
+    fs::create_dir_all(inbox.join("no-manifest-yet")).unwrap();
+    write_file(&inbox.join("no-manifest-yet/x"), b"x");
+    write_file(&inbox.join("stray.txt"), b"not a folder");
+
+    let out = t.run(&["spool", "list", "--inbox", "--json"]);
+    out.expect_code(0);
+    let rows = out.json();
+    let rows = rows.as_array().unwrap();
+    let by_name = |name: &str| {
+        rows.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed: {rows:?}"))
+            .clone()
+    };
+    let partial = by_name("partial");
+    assert_eq!(partial["state"], "incomplete");
+    let reason = partial["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("1 of 2 listed files missing: a.txt")
+            && reason.contains("b.bin (4 of 10 bytes)"),
+        "{reason}"
+    );
+    assert_eq!(by_name("no-manifest-yet")["state"], "no_manifest");
+    assert_eq!(by_name("stray.txt")["state"], "unreadable");
+    let ready = by_name("ready")["state"].as_str().unwrap().to_owned();
+    assert!(ready == "ready" || ready == "settling", "{ready}");
+    for r in rows {
+        assert_eq!(r["spool"], "inbox");
+        assert!(r["reason"].as_str().is_some_and(|s| !s.is_empty()), "{r}");
+    }
+
+    let text = t.run(&["spool", "list", "--inbox"]);
+    text.expect_code(0);
+    assert!(
+        text.stdout
+            .contains("incomplete: 1 of 2 listed files missing"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("no_manifest: no manifest.json yet"),
+        "{}",
+        text.stdout
+    );
+
+    // --once publishes the complete one, leaves the rest, exits 1 for the
+    // incomplete one, and a folder without a manifest changes nothing.
+    let once = t.run(&["agent", "--once"]);
+    once.expect_code(1);
+    assert!(
+        once.stderr
+            .contains("partial: incomplete, left in the inbox"),
+        "{}",
+        once.stderr
+    );
+    assert_eq!(names(&t.join("spool/p/done")), ["ready"]);
+    assert_eq!(names(&inbox), ["no-manifest-yet", "partial", "stray.txt"]);
+}
