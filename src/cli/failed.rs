@@ -96,7 +96,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
         return EXIT_USAGE;
     };
     let path = spool.folder(folder).join(name);
-    let result = spool::read_result(&path);
+    let result = spool::read_result(&spool, folder, name);
     if json {
         let doc = serde_json::json!({
             "pipeline_id": pipeline,

@@ -46,7 +46,8 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
         let mut rows = Vec::new();
         for entry in entries {
             let entry = entry?;
-            let name = crate::inert::inert_os(&entry.file_name());
+            let raw = entry.file_name();
+            let name = crate::inert::inert_os(&raw);
             if is_ignored_name(&name) {
                 continue;
             }
@@ -56,7 +57,11 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
                 .and_then(|m| m.modified())
                 .unwrap_or(SystemTime::UNIX_EPOCH);
             let (stage, error) = if folder == Folder::Failed {
-                match read_result(&entry.path()) {
+                match raw
+                    .to_str()
+                    .ok_or_else(|| "its name is not UTF-8".to_owned())
+                    .and_then(|raw| read_result(spool, folder, raw))
+                {
                     Ok(doc) => {
                         let text =
                             |key: &str| doc.get(key).and_then(|v| v.as_str()).map(str::to_owned);
@@ -119,17 +124,27 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
     Ok(rows.into_iter().map(|(_, e)| e).collect())
 }
 
-/// Reads the `.distributor-result.json` of a finished bundle, refusing (with
-/// the reason as text) anything but a small regular file of JSON.
-pub fn read_result(bundle: &Path) -> Result<serde_json::Value, String> {
-    let bytes =
-        spoolfs::read_capped_at(&bundle.join(RESULT_FILE), MAX_RESULT_BYTES).map_err(|e| {
-            if e.is_missing() {
-                format!("no {RESULT_FILE} in the bundle")
-            } else {
-                format!("{RESULT_FILE} {e}; not read")
-            }
-        })?;
+/// Reads the result of the finished bundle `folder/name`: for a failed
+/// bundle the agent's own copy, else (or when there is none) the
+/// `.distributor-result.json` inside it, refusing (with the reason as text)
+/// anything but a small regular file of JSON.
+pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<serde_json::Value, String> {
+    if folder == Folder::Failed {
+        let (kept, file) = spool.kept_result(name);
+        if let Ok(bytes) = spoolfs::read_capped_at(&kept.join(file), MAX_RESULT_BYTES)
+            && let Ok(doc) = serde_json::from_slice(&bytes)
+        {
+            return Ok(doc);
+        }
+    }
+    let path = spool.folder(folder).join(name).join(RESULT_FILE);
+    let bytes = spoolfs::read_capped_at(&path, MAX_RESULT_BYTES).map_err(|e| {
+        if e.is_missing() {
+            format!("no {RESULT_FILE} in the bundle")
+        } else {
+            format!("{RESULT_FILE} {e}; not read")
+        }
+    })?;
     serde_json::from_slice(&bytes).map_err(|_| format!("{RESULT_FILE} is not valid JSON"))
 }
 
@@ -175,7 +190,9 @@ pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
     for file in [RESULT_FILE, ATTEMPTS_FILE] {
         spoolfs::remove(&dir, file)?;
     }
-    super::move_unique(&from, &spool.inbox, name)
+    let to = super::move_unique(&from, &spool.inbox, name)?;
+    super::forget_result(spool, name)?;
+    Ok(to)
 }
 
 /// What [`delete`] removed.
@@ -192,6 +209,7 @@ pub fn delete(spool: &Spool, name: &str) -> io::Result<Removed> {
     let path = existing(spool, Folder::Failed, name)?;
     let (files, bytes) = count_tree(&path);
     fs::remove_dir_all(&path)?;
+    super::forget_result(spool, name)?;
     Ok(Removed { path, files, bytes })
 }
 
@@ -255,8 +273,21 @@ mod tests {
     #[test]
     fn result_files_that_are_fifos_links_or_huge_are_refused_not_read() {
         let tmp = tempfile::tempdir().unwrap();
-        let b = tmp.path().join("b");
-        fs::create_dir(&b).unwrap();
+        let spool = Spool {
+            pipeline_id: "p".into(),
+            inbox: tmp.path().join("inbox"),
+            work: tmp.path().join("work"),
+            done: tmp.path().join("done"),
+            failed: tmp.path().join("failed"),
+            limits: crate::bundle::Limits::default(),
+            timing: super::super::Timing {
+                settle: std::time::Duration::from_millis(250),
+                incomplete_timeout: std::time::Duration::from_secs(600),
+                once: false,
+            },
+        };
+        let b = spool.failed.join("b");
+        fs::create_dir_all(&b).unwrap();
         type Make<'a> = &'a dyn Fn(&Path);
         let cases: &[(&str, Make, &str)] = &[
             (
@@ -283,7 +314,7 @@ mod tests {
         for (what, make, want) in cases {
             let _ = fs::remove_file(b.join(RESULT_FILE));
             make(&b.join(RESULT_FILE));
-            let got = read_result(&b).unwrap_err();
+            let got = read_result(&spool, Folder::Failed, "b").unwrap_err();
             assert!(got.ends_with(want), "{what}: {got}");
         }
     }

@@ -331,6 +331,10 @@ pub(crate) const MAX_RESULT_BYTES: u64 = 16 << 20;
 fn open_bundle(bundle: &Path) -> io::Result<cap_std::fs::Dir> {
     spoolfs::open_folder(bundle).map_err(|e| match e {
         spoolfs::EntryError::Io(e) => e,
+        spoolfs::EntryError::Missing => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: not found", bundle.display()),
+        ),
         other => io::Error::other(format!("{}: {other}", bundle.display())),
     })
 }
@@ -436,7 +440,56 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
     };
     let moved = move_unique(bundle, to, name)?;
     crate::failpoint::hit("spool.after_move");
+    if !report.ok
+        && let Err(e) = keep_result(spool, &moved, report)
+    {
+        log::warn!(
+            "cannot keep the agent's copy of the result of {}: {e}; `spool list` and `spool show` fall back to the copy inside the bundle, which its producer can change",
+            moved.display()
+        );
+    }
     Ok(moved)
+}
+
+/// The agent's own record of failed bundles' results, in the pipeline's
+/// spool folder beside `failed/` (where producers have no access): the copy
+/// inside a bundle belongs to its producer, who can rewrite it.
+pub const RESULTS_DIR: &str = ".distributor-results";
+
+impl Spool {
+    /// Where the agent keeps its copy of the result of `failed/<name>`.
+    pub(crate) fn kept_result(&self, name: &str) -> (PathBuf, String) {
+        let base = self.failed.parent().unwrap_or(&self.failed);
+        (base.join(RESULTS_DIR), format!("{name}.json"))
+    }
+}
+
+/// Writes the agent's copy of a failed bundle's result.
+fn keep_result(spool: &Spool, moved: &Path, report: &RunReport) -> io::Result<()> {
+    let Some(name) = moved.file_name().and_then(|n| n.to_str()) else {
+        return Ok(());
+    };
+    let (folder, file) = spool.kept_result(name);
+    match fs::DirBuilder::new().mode(0o750).create(&folder) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    spoolfs::replace(
+        &open_bundle(&folder)?,
+        &file,
+        report.to_json().as_bytes(),
+        false,
+    )
+}
+
+/// Removes the agent's copy of the result of `failed/<name>`, if any.
+fn forget_result(spool: &Spool, name: &str) -> io::Result<()> {
+    let (folder, file) = spool.kept_result(name);
+    match open_bundle(&folder) {
+        Ok(dir) => spoolfs::remove(&dir, &file).map(|_| ()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

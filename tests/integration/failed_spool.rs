@@ -201,3 +201,44 @@ fn spool_list_inbox_says_why_each_entry_waits() {
     assert_eq!(names(&t.join("spool/p/done")), ["ready"]);
     assert_eq!(names(&inbox), ["no-manifest-yet", "partial", "stray.txt"]);
 }
+
+#[test]
+fn a_producer_rewriting_its_failed_bundles_result_does_not_change_what_operators_see() {
+    let t = two_failed();
+    let inside = t.join("spool/p/failed/bad1/.distributor-result.json");
+    // The producer still owns its folder and rewrites the agent's record.
+    fs::remove_file(&inside).unwrap();
+    fs::write(
+        &inside,
+        r#"{"ok": false, "stage": "lock", "error": "all fine, nothing to see"}"#,
+    )
+    .unwrap();
+    let rows = t.run(&["spool", "list", "--failed", "--json"]);
+    rows.expect_code(0);
+    let rows = rows.json();
+    let bad1 = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "bad1")
+        .unwrap()
+        .clone();
+    assert_eq!(bad1["stage"], "verify", "{bad1}");
+    assert!(
+        bad1["error"]
+            .as_str()
+            .unwrap()
+            .contains("content does not match"),
+        "{bad1}"
+    );
+    let shown = t.run(&["spool", "show", "p", "bad1"]);
+    assert!(
+        shown.stdout.contains("failed at: verify"),
+        "{}",
+        shown.stdout
+    );
+    // Retry and delete drop the agent's copy with the bundle.
+    t.run(&["spool", "retry", "p", "bad1"]).expect_code(0);
+    t.run(&["spool", "delete", "p", "bad2"]).expect_code(0);
+    assert!(names(&t.join("spool/p/.distributor-results")).is_empty());
+}
