@@ -11,6 +11,7 @@ pub mod hashing;
 pub mod inert;
 pub mod journal;
 pub mod lock;
+pub mod logging;
 pub mod maintain;
 pub mod metrics;
 pub mod paths;

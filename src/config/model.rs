@@ -24,6 +24,10 @@ pub struct Config {
 pub struct AgentConfig {
     /// Quiet time after a manifest appears before the bundle is claimed.
     pub settle: Duration,
+    /// How long a bundle may stay incomplete in the inbox with no change
+    /// before it is claimed and failed (SPEC §13); also the age at which
+    /// `status --check` reports an inbox entry as stuck.
+    pub incomplete_timeout: Duration,
     /// Full inbox rescan period; never zero.
     pub rescan_interval: Duration,
     /// Retention pruning period; zero turns scheduled pruning off.
@@ -43,6 +47,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             settle: Duration::from_millis(250),
+            incomplete_timeout: Duration::from_secs(10 * 60),
             rescan_interval: Duration::from_secs(60),
             prune_interval: Duration::from_secs(60 * 60),
             lock_timeout: Duration::from_secs(30),
@@ -184,6 +189,11 @@ impl Config {
         let _ = writeln!(s, "spool: {}", self.spool.display());
         let _ = writeln!(s, "agent:");
         let _ = writeln!(s, "  settle: {}", format_duration(a.settle));
+        let _ = writeln!(
+            s,
+            "  incomplete_timeout: {}",
+            format_duration(a.incomplete_timeout)
+        );
         let _ = writeln!(
             s,
             "  rescan_interval: {}",

@@ -35,10 +35,11 @@ pub(super) struct RawConfig {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of agent settings (settle, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
+    expecting = "a mapping of agent settings (settle, incomplete_timeout, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
 )]
 struct RawAgent {
     settle: Option<Checked<DurationRule>>,
+    incomplete_timeout: Option<Checked<DurationRule>>,
     rescan_interval: Option<Checked<IntervalRule>>,
     prune_interval: Option<Checked<DurationRule>>,
     lock_timeout: Option<Checked<DurationRule>>,
@@ -419,6 +420,9 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
         Some(a) => AgentConfig {
             metrics_file: a.metrics_file.map(|c| resolve(&c.0)),
             settle: a.settle.map_or(defaults.settle, |c| c.0),
+            incomplete_timeout: a
+                .incomplete_timeout
+                .map_or(defaults.incomplete_timeout, |c| c.0),
             rescan_interval: a.rescan_interval.map_or(defaults.rescan_interval, |c| c.0),
             prune_interval: a.prune_interval.map_or(defaults.prune_interval, |c| c.0),
             lock_timeout: a.lock_timeout.map_or(defaults.lock_timeout, |c| c.0),

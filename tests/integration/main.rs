@@ -12,6 +12,7 @@ mod failpoints;
 mod hostile;
 mod maintain;
 mod metrics;
+mod operate;
 mod race;
 mod reliability;
 mod run;
