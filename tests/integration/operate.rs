@@ -592,3 +592,42 @@ fn the_readme_commands_for_a_running_agent_work_as_written() {
     assert!(stdout.contains("Everything is fine."), "{stdout}");
     assert!(stdout.contains("agent: serving"), "{stdout}");
 }
+
+#[test]
+fn the_config_docs_examples_differ_exactly_in_the_values_they_say_are_not_defaults() {
+    let doc =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/config.md")).unwrap();
+    let blocks: Vec<&str> = doc
+        .split("```yaml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    let t = Test::new();
+    let summary = |name: &str, yaml: &str| {
+        t.write(name, yaml);
+        let mut cmd = t.cmd();
+        let out = cmd.args(["--config", name, "config", "check"]).output();
+        out.expect_code(0);
+        out.stdout
+            .lines()
+            .filter(|l| !l.starts_with("config file:"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let (full, small) = (
+        summary("full.yaml", blocks[0]),
+        summary("small.yaml", blocks[1]),
+    );
+    assert_eq!(full.len(), small.len(), "{full:?}\n{small:?}");
+    let differing: Vec<String> = full
+        .iter()
+        .zip(&small)
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.trim().split(':').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        differing,
+        ["inbox", "prefix", "base_url", "prune"],
+        "{full:?}"
+    );
+}
