@@ -630,4 +630,17 @@ fn the_config_docs_examples_differ_exactly_in_the_values_they_say_are_not_defaul
         ["inbox", "prefix", "base_url", "prune"],
         "{full:?}"
     );
+    // ... and the text names exactly those.
+    let para = doc
+        .split("\n\n")
+        .find(|p| p.contains("are not defaults"))
+        .expect("the paragraph after the example");
+    for key in [
+        "`inbox`",
+        "`prefix`",
+        "`links.base_url`",
+        "`retention.prune`",
+    ] {
+        assert!(para.contains(key), "{key} in {para}");
+    }
 }
