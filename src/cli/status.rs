@@ -133,7 +133,7 @@ fn pipeline_status(
     let limit = config.agent.incomplete_timeout;
     for r in in_folder(Folder::Inbox) {
         let age = age_seconds(&r.modified, now);
-        if age.is_some_and(|a| a > 0 && a as u128 > limit.as_secs() as u128) {
+        if age.is_some_and(|a| u64::try_from(a).is_ok_and(|a| a > limit.as_secs())) {
             problems.push(format!(
                 "pipeline {}: {} has waited in the inbox for {} (longer than agent.incomplete_timeout {}); see `distributor spool list --inbox --pipeline {}`",
                 p.id,
