@@ -1,7 +1,8 @@
 //! The spool agent: one thread per pipeline claims complete bundles from its
 //! inbox and publishes them one at a time in arrival order; a watcher turns
 //! file events into wake-ups (hints only: every wake-up rescans); a
-//! maintenance thread prunes on schedule; signals stop or reload.
+//! maintenance thread prunes on schedule; signals stop or reload; under
+//! systemd a notify thread reports readiness, status and the watchdog.
 //!
 //! The only module that knows about threads and signals. Publishing goes
 //! through `publish::publish`, the same code path as `distributor run`.
