@@ -575,7 +575,7 @@ fn the_readme_commands_for_a_running_agent_work_as_written() {
         .join("\n");
     write_file(
         &t.join("readme.sh"),
-        format!("set -e\n{script}\nwait %1\n").as_bytes(),
+        format!("set -e\ntrap 'kill %1 2>/dev/null || true' EXIT\n{script}\nwait %1\n").as_bytes(),
     );
     let mut cmd = Command::new("bash");
     cmd.arg("readme.sh")
