@@ -33,7 +33,8 @@ echo
 echo "== status"
 "$bin" --config "$config" status
 
-# The example is meant to end with two bundles published and one refused.
+# The example is meant to end with three bundles published (two reports and
+# one status page) and one refused (the tampered report).
 expect() { [ -e "$1" ] || { echo "demo: expected $1 to exist" >&2; exit 1; }; }
 expect "$var/www/archive/2026-06-01/report.html"
 expect "$var/www/archive/2026-06-08/report.html"

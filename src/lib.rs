@@ -12,6 +12,7 @@ pub mod inert;
 pub mod interrupt;
 pub mod journal;
 pub mod lock;
+pub mod logging;
 pub mod maintain;
 pub mod metrics;
 pub mod paths;

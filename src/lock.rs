@@ -17,7 +17,8 @@ pub const LOCK_FILE: &str = ".distributor.lock";
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error(
-        "timed out after {waited:?} waiting for the lock on {root}/{LOCK_FILE}: another distributor process or an operator's flock holds it. The agent retries such bundles with backoff; if it persists, find the holder with `fuser {root}/{LOCK_FILE}`"
+        "timed out after {} waiting for the lock on {root}/{LOCK_FILE}: another distributor process or an operator's flock holds it; if it persists, find the holder with `fuser {root}/{LOCK_FILE}`",
+        seconds(*waited)
     )]
     Timeout { root: String, waited: Duration },
     #[error(
@@ -28,6 +29,11 @@ pub enum LockError {
         #[source]
         source: io::Error,
     },
+}
+
+/// A wait for people: tenths of a second (`2.0s`, `0.1s`), never nanoseconds.
+fn seconds(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
 }
 
 /// Holds the lock until dropped.
@@ -102,8 +108,9 @@ fn wait_for(file: File, root: &Root, timeout: Duration) -> Result<RootLock, Lock
         }
         if !logged {
             log::info!(
-                "waiting for the lock on {}/{LOCK_FILE} (up to {timeout:?})",
-                root.path().display()
+                "waiting for the lock on {}/{LOCK_FILE} (up to {})",
+                root.path().display(),
+                seconds(timeout)
             );
             logged = true;
         }
@@ -125,6 +132,25 @@ mod tests {
         assert!(matches!(err, LockError::Timeout { .. }), "{err}");
         drop(held);
         assert!(acquire(&root, Duration::from_millis(50)).is_ok());
+    }
+
+    #[test]
+    fn waits_are_shown_in_tenths_of_a_second() {
+        for (d, want) in [
+            (Duration::from_nanos(2_000_134_976), "2.0s"),
+            (Duration::from_millis(100), "0.1s"),
+            (Duration::from_millis(30_049), "30.0s"),
+            (Duration::ZERO, "0.0s"),
+        ] {
+            assert_eq!(seconds(d), want);
+        }
+        let e = LockError::Timeout {
+            root: "/srv/x".into(),
+            waited: Duration::from_nanos(2_000_134_976),
+        };
+        let text = e.to_string();
+        assert!(text.contains("timed out after 2.0s waiting"), "{text}");
+        assert!(!text.contains("retries"), "{text}");
     }
 
     #[test]

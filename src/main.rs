@@ -3,6 +3,6 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = distributor::cli::Cli::parse();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    distributor::logging::init();
     ExitCode::from(distributor::cli::run(cli))
 }

@@ -102,6 +102,14 @@ impl Metrics {
         self.lock().pipeline(pipeline).bundles_failed += 1;
     }
 
+    /// Bundles done and failed since start, over every pipeline.
+    pub fn bundle_totals(&self) -> (u64, u64) {
+        let state = self.lock();
+        state.pipelines.values().fold((0, 0), |(done, failed), s| {
+            (done + s.bundles_done, failed + s.bundles_failed)
+        })
+    }
+
     /// `bytes` were written into destination roots for `pipeline`.
     pub fn add_published_bytes(&self, pipeline: &str, bytes: u64) {
         let mut state = self.lock();

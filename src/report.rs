@@ -115,6 +115,10 @@ impl RunReport {
     /// `dest=action` for every destination, space-separated: the heart of
     /// the one log line per bundle.
     pub fn actions(&self) -> String {
+        if self.destinations.is_empty() {
+            // A bundle that failed verification never reaches a destination.
+            return "no destination planned".to_owned();
+        }
         self.destinations
             .iter()
             .map(|d| {

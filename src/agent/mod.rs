@@ -1,7 +1,8 @@
 //! The spool agent: one thread per pipeline claims complete bundles from its
 //! inbox and publishes them one at a time in arrival order; a watcher turns
 //! file events into wake-ups (hints only: every wake-up rescans); a
-//! maintenance thread prunes on schedule; signals stop or reload.
+//! maintenance thread prunes on schedule; signals stop or reload; under
+//! systemd a notify thread reports readiness, status and the watchdog.
 //!
 //! The only module that knows about threads and signals. Publishing goes
 //! through `publish::publish`, the same code path as `distributor run`.
@@ -18,7 +19,9 @@ use std::time::Duration;
 
 mod batch;
 mod maintenance;
+pub mod presence;
 mod process;
+mod sd_notify;
 mod threads;
 mod watcher;
 mod worker;
@@ -27,6 +30,7 @@ mod worker;
 mod tests;
 
 use maintenance::{Maintenance, expire_done, write_metrics};
+use sd_notify::Notifier;
 use watcher::start_watcher;
 use worker::Worker;
 
@@ -40,6 +44,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const MAX_BATCH: usize = 256;
 /// How often the metrics file is rewritten when one is configured.
 const METRICS_EVERY: Duration = Duration::from_secs(10);
+/// How often `STATUS=` is refreshed for systemd when it listens.
+const NOTIFY_STATUS_EVERY: Duration = Duration::from_secs(10);
+/// How long start-up waits for the pipeline threads to take their locks
+/// before telling systemd it is ready (a standby agent never takes them).
+const READY_WAIT: Duration = Duration::from_secs(2);
 /// How often the maintenance thread checks `done/` retention.
 const MAINTENANCE_TICK: Duration = Duration::from_secs(60);
 
@@ -97,6 +106,8 @@ struct Tally {
     failed: AtomicUsize,
     /// `--once`: bundles left in the inbox because they are incomplete.
     incomplete: AtomicUsize,
+    /// Pipelines `--once` left alone because another agent serves them.
+    skipped: AtomicUsize,
     metrics: Arc<Metrics>,
 }
 
@@ -173,11 +184,39 @@ fn run_once(config: &Config) -> bool {
     write_metrics(config, &tally.metrics, false);
     let failed = tally.failed.load(Ordering::Relaxed);
     let incomplete = tally.incomplete.load(Ordering::Relaxed);
-    log::info!(
-        "agent --once finished: {} done, {failed} failed, {incomplete} incomplete left in the inbox",
-        tally.done.load(Ordering::Relaxed)
+    let skipped = tally.skipped.load(Ordering::Relaxed);
+    let summary = once_summary(
+        tally.done.load(Ordering::Relaxed),
+        failed,
+        incomplete,
+        skipped,
     );
-    failed == 0 && incomplete == 0
+    if failed == 0 && skipped == 0 && incomplete == 0 {
+        log::info!("{summary}");
+    } else {
+        log::warn!("{summary}");
+    }
+    failed == 0 && skipped == 0 && incomplete == 0
+}
+
+/// The last line of `agent --once`.
+fn once_summary(done: usize, failed: usize, incomplete: usize, skipped: usize) -> String {
+    let mut s = format!("agent --once finished: {done} done, {failed} failed");
+    if incomplete > 0 {
+        s.push_str(&format!(", {incomplete} incomplete left in the inbox"));
+    }
+    if skipped > 0 {
+        let pipelines = if skipped == 1 {
+            "pipeline"
+        } else {
+            "pipelines"
+        };
+        let it = if skipped == 1 { "it" } else { "them" };
+        s.push_str(&format!(
+            ", {skipped} {pipelines} skipped (another agent serves {it})"
+        ));
+    }
+    s
 }
 
 /// A running set of pipeline threads plus their watcher.
@@ -274,11 +313,16 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
     let metrics = Arc::new(Metrics::new());
     let mut running = Running::start(&config, &metrics);
     let mut maintenance = Maintenance::start(&config, &metrics);
+    let notifier = Arc::new(Notifier::from_env());
+    let configured = Arc::new(AtomicUsize::new(config.pipelines.len()));
+    tell_ready(&notifier, &metrics, &configured);
+    start_notify_thread(&notifier, &metrics, &configured);
     let rescan = |config: &Config| config.agent.rescan_interval;
     loop {
         match control_rx.recv_timeout(rescan(&config)) {
             Ok(Control::Terminate) => {
                 log::info!("stop requested: finishing the bundles in hand");
+                notifier.send("STOPPING=1\nSTATUS=stopping: finishing the bundles in hand");
                 maintenance.stop();
                 running.stop();
                 log::info!("agent stopped");
@@ -291,11 +335,15 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                         log::error!("config reload refused, keeping the old config: {e}");
                         continue;
                     }
+                    notifier.send("RELOADING=1\nSTATUS=reloading the config");
                     maintenance.stop();
                     running.stop();
                     config = new;
                     running = Running::start(&config, &metrics);
                     maintenance = Maintenance::start(&config, &metrics);
+                    configured.store(config.pipelines.len(), Ordering::SeqCst);
+                    tell_ready(&notifier, &metrics, &configured);
+                    log::info!("config reloaded: {} pipeline(s)", config.pipelines.len());
                 }
                 Err(e) => {
                     log::error!("config reload refused, keeping the old config: {e}");
@@ -304,5 +352,69 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
             Err(RecvTimeoutError::Timeout) => running.wake_all(),
             Err(RecvTimeoutError::Disconnected) => return Ok(true),
         }
+    }
+}
+
+/// The `STATUS=` text of this moment.
+fn notify_status(metrics: &Metrics, configured: &AtomicUsize) -> String {
+    let (done, failed) = metrics.bundle_totals();
+    sd_notify::status_line(
+        SERVING.load(Ordering::SeqCst),
+        configured.load(Ordering::SeqCst),
+        done,
+        failed,
+    )
+}
+
+/// Tells systemd the agent serves, after giving the pipeline threads a
+/// moment to take their locks (so the first `STATUS=` counts them).
+fn tell_ready(notifier: &Notifier, metrics: &Metrics, configured: &AtomicUsize) {
+    if !notifier.enabled() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    while SERVING.load(Ordering::SeqCst) < configured.load(Ordering::SeqCst)
+        && started.elapsed() < READY_WAIT
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    notifier.send(&format!(
+        "READY=1\nSTATUS={}",
+        notify_status(metrics, configured)
+    ));
+}
+
+/// Sends `WATCHDOG=1` every half `WATCHDOG_USEC` and refreshes `STATUS=`
+/// when it changed, for as long as the process lives.
+fn start_notify_thread(
+    notifier: &Arc<Notifier>,
+    metrics: &Arc<Metrics>,
+    configured: &Arc<AtomicUsize>,
+) {
+    if !notifier.enabled() {
+        return;
+    }
+    let tick = notifier
+        .watchdog()
+        .map_or(NOTIFY_STATUS_EVERY, |w| w.min(NOTIFY_STATUS_EVERY));
+    let (notifier, metrics, configured) = (notifier.clone(), metrics.clone(), configured.clone());
+    let spawned = std::thread::Builder::new()
+        .name("notify".into())
+        .spawn(move || {
+            let mut last = notify_status(&metrics, &configured);
+            loop {
+                std::thread::sleep(tick);
+                if notifier.watchdog().is_some() {
+                    notifier.send("WATCHDOG=1");
+                }
+                let now = notify_status(&metrics, &configured);
+                if now != last {
+                    notifier.send(&format!("STATUS={now}"));
+                    last = now;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        log::warn!("cannot start the systemd notification thread: {e}");
     }
 }

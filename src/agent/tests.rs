@@ -58,3 +58,29 @@ fn only_changes_are_hints() {
         assert_eq!(is_hint(kind), expected, "{kind:?}");
     }
 }
+
+#[test]
+fn the_once_summary_names_skipped_pipelines_only_when_there_are_any() {
+    for (done, failed, skipped, want) in [
+        (2, 0, 0, "agent --once finished: 2 done, 0 failed"),
+        (0, 1, 0, "agent --once finished: 0 done, 1 failed"),
+        (
+            0,
+            0,
+            1,
+            "agent --once finished: 0 done, 0 failed, 1 pipeline skipped (another agent serves it)",
+        ),
+        (
+            3,
+            0,
+            2,
+            "agent --once finished: 3 done, 0 failed, 2 pipelines skipped (another agent serves them)",
+        ),
+    ] {
+        assert_eq!(
+            once_summary(done, failed, 2, skipped),
+            want.replacen(" failed", " failed, 2 incomplete left in the inbox", 1)
+        );
+        assert_eq!(once_summary(done, failed, 0, skipped), want);
+    }
+}

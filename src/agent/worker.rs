@@ -279,15 +279,13 @@ impl Worker {
     }
 
     /// Takes the pipeline's agent lock (`<spool>/<pipeline>/.distributor-agent.lock`)
-    /// so two agents never serve one pipeline. A live agent waits on
-    /// standby; `--once` gives up after `lock_timeout` and counts a failure.
+    /// so two agents never serve one pipeline, and records this process in
+    /// `.distributor-agent.json` for `status`. A live agent waits on
+    /// standby; `--once` gives up after `lock_timeout` and counts the
+    /// pipeline as skipped.
     fn serve_lock(&self, rx: &Receiver<Wake>) -> Option<std::fs::File> {
-        let path = self
-            .spool
-            .work
-            .parent()
-            .unwrap_or(&self.spool.work)
-            .join(".distributor-agent.lock");
+        let folder = self.spool.work.parent().unwrap_or(&self.spool.work);
+        let path = super::presence::lock_path(folder);
         let file = match std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -297,9 +295,10 @@ impl Worker {
             Ok(f) => f,
             Err(e) => {
                 log::error!(
-                    "pipeline={}: cannot open {}: {e}; not serving this pipeline",
+                    "pipeline={}: cannot open {}: {e}; not serving this pipeline. The agent's user must be able to create files in {}",
                     self.pipeline.id,
-                    path.display()
+                    path.display(),
+                    folder.display()
                 );
                 self.tally.failed.fetch_add(1, Ordering::Relaxed);
                 return None;
@@ -309,7 +308,16 @@ impl Worker {
         let mut told = false;
         loop {
             match file.try_lock() {
-                Ok(()) => return Some(file),
+                Ok(()) => {
+                    if let Err(e) = super::presence::announce(folder) {
+                        log::warn!(
+                            "pipeline={}: cannot write {}: {e}; the pipeline is served, but `distributor status` cannot show this agent's pid",
+                            self.pipeline.id,
+                            folder.join(super::presence::INFO_FILE).display()
+                        );
+                    }
+                    return Some(file);
+                }
                 Err(std::fs::TryLockError::WouldBlock) => {}
                 Err(std::fs::TryLockError::Error(e)) => {
                     log::error!(
@@ -322,20 +330,29 @@ impl Worker {
                 }
             }
             if self.once && started.elapsed() >= self.config.agent.lock_timeout {
-                log::error!(
-                    "pipeline={}: another agent is serving it (it holds {}); --once skipped the pipeline",
+                log::warn!(
+                    "pipeline={}: another agent is serving it (it holds {}); --once skipped the pipeline and left its inbox to that agent",
                     self.pipeline.id,
                     path.display()
                 );
-                self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                self.tally.skipped.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
             if !told {
-                log::info!(
-                    "pipeline={}: another agent is serving it (it holds {}); standing by",
-                    self.pipeline.id,
-                    path.display()
-                );
+                if self.once {
+                    log::info!(
+                        "pipeline={}: another agent is serving it (it holds {}); waiting up to {} for it",
+                        self.pipeline.id,
+                        path.display(),
+                        crate::config::format_duration(self.config.agent.lock_timeout)
+                    );
+                } else {
+                    log::info!(
+                        "pipeline={}: another agent is serving it (it holds {}); standing by",
+                        self.pipeline.id,
+                        path.display()
+                    );
+                }
                 told = true;
             }
             match rx.recv_timeout(Duration::from_millis(200)) {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
     name = "distributor",
     version,
     about = "Verify bundles against their manifests and publish them into catalogued destination roots",
-    after_help = "Example:\n  distributor --config spool-example/config.yaml run --pipeline reports spool-example/bundles/report-1"
+    after_help = "Example (from a checkout):\n  distributor --config spool-example/config.yaml run --pipeline reports --dry-run spool-example/bundles/weekly-2026-06-08"
 )]
 pub struct Cli {
     /// Config file (default: $DISTRIBUTOR_CONFIG, else /etc/distributor/config.yaml)
@@ -98,12 +98,17 @@ pub enum Command {
     /// Inspect spools; move a failed bundle back to the inbox
     #[command(subcommand)]
     Spool(SpoolCommand),
-    /// One screen per pipeline: spool counts, oldest waiting bundle, last failure, catalog sizes
-    #[command(after_help = "Example:\n  distributor --config /etc/distributor/config.yaml status")]
+    /// One screen per pipeline: serving agent, last success and failure, spool counts, catalogs
+    #[command(
+        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml status\n  distributor status --check   # exit 1 and one line per problem: unserved pipeline, failed or stuck bundle"
+    )]
     Status {
         /// Print the summary as JSON
         #[arg(long)]
         json: bool,
+        /// Exit 1 when a pipeline has no agent, a bundle is failed, or an inbox entry is older than agent.incomplete_timeout
+        #[arg(long)]
+        check: bool,
     },
     /// Producer helpers: seal and verify bundles (no config needed)
     #[command(subcommand)]
@@ -230,13 +235,16 @@ pub enum BundleCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Validate the config and print a summary
+    /// Validate the config, print a summary, and warn about folders the running user cannot write
     #[command(
-        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml config check"
+        after_help = "Example:\n  runuser -u distributor -- distributor --config /etc/distributor/config.yaml config check --strict"
     )]
     Check {
         /// Print the summary as JSON
         #[arg(long)]
         json: bool,
+        /// Exit 2 when a spool folder or destination root is not writable by the running user
+        #[arg(long)]
+        strict: bool,
     },
 }

@@ -7,6 +7,7 @@ use crate::publish::now_millis;
 use crate::spool::Folder;
 use std::path::Path;
 
+mod access;
 mod args;
 mod failed;
 mod output;
@@ -14,6 +15,7 @@ mod producer;
 mod publishing;
 mod roots;
 mod spools;
+mod status;
 
 #[cfg(test)]
 mod tests;
@@ -23,7 +25,8 @@ pub use args::{BundleCommand, Cli, Command, ConfigCommand, RunArgs, SpoolCommand
 use producer::{seal, verify};
 use publishing::{agent, run_bundle};
 use roots::with_target;
-use spools::{spool_list, spool_retry, status};
+use spools::{spool_list, spool_retry};
+use status::status;
 
 /// Exit code for success.
 pub const EXIT_OK: u8 = 0;
@@ -105,7 +108,7 @@ pub fn run(cli: Cli) -> u8 {
             };
             spool_list(config, pipeline.as_deref(), &folders, json)
         }
-        Command::Status { json } => status(config, json),
+        Command::Status { json, check } => status(config, json, check),
         Command::Spool(SpoolCommand::Retry {
             pipeline,
             name,
@@ -127,7 +130,9 @@ pub fn run(cli: Cli) -> u8 {
             seal(&dir, &id, created.as_deref())
         }
         Command::Bundle(BundleCommand::Verify { dir, json }) => verify(&dir, json),
-        Command::Config(ConfigCommand::Check { json }) => config_check(cli.config.as_deref(), json),
+        Command::Config(ConfigCommand::Check { json, strict }) => {
+            config_check(cli.config.as_deref(), json, strict)
+        }
     }
 }
 
@@ -144,7 +149,7 @@ fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
     })
 }
 
-fn config_check(flag: Option<&Path>, json: bool) -> u8 {
+fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
     let config = match load_config(flag) {
         Ok(c) => c,
         Err(e) => {
@@ -156,6 +161,12 @@ fn config_check(flag: Option<&Path>, json: bool) -> u8 {
             }
             return EXIT_USAGE;
         }
+    };
+    let not_writable = access::not_writable(&config);
+    let code = if strict && !not_writable.is_empty() {
+        EXIT_USAGE
+    } else {
+        EXIT_OK
     };
     if json {
         let pipelines: Vec<serde_json::Value> = config
@@ -176,16 +187,29 @@ fn config_check(flag: Option<&Path>, json: bool) -> u8 {
                 })
             })
             .collect();
+        let mut warnings = config.warnings();
+        warnings.extend(not_writable.iter().map(access::NotWritable::to_text));
         let doc = serde_json::json!({
-            "ok": true,
+            "ok": code == EXIT_OK,
             "file": config.file.display().to_string(),
             "spool": config.spool.display().to_string(),
             "pipelines": pipelines,
-            "warnings": config.warnings(),
+            "warnings": warnings,
+            "not_writable": not_writable,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         print!("{}", config.summary());
+        for n in &not_writable {
+            println!("warning: {}", n.to_text());
+        }
+        if code != EXIT_OK {
+            eprintln!(
+                "error: --strict: {} folder(s) above are not writable by user {}",
+                not_writable.len(),
+                access::current_user()
+            );
+        }
     }
-    EXIT_OK
+    code
 }

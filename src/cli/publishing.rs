@@ -97,7 +97,13 @@ pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
         Ok(true) => EXIT_OK,
         Ok(false) => EXIT_FAILURE,
         Err(e) => {
-            log::error!("{e}");
+            // Logged under the module that failed, not under cli: what an
+            // operator filters the journal by.
+            let target = match e {
+                crate::agent::AgentError::Config(_) => "distributor::config",
+                crate::agent::AgentError::Start(_) => "distributor::agent",
+            };
+            log::error!(target: target, "{e}");
             e.exit_code()
         }
     }

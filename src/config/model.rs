@@ -28,8 +28,9 @@ pub struct Config {
 pub struct AgentConfig {
     /// Quiet time after a manifest appears before the bundle is claimed.
     pub settle: Duration,
-    /// How long a bundle may stay incomplete without any change before it
-    /// is claimed and failed (SPEC §13.2).
+    /// How long a bundle may stay incomplete in the inbox with no change
+    /// before it is claimed and failed (SPEC §13); also the age at which
+    /// `status --check` reports an inbox entry as stuck.
     pub incomplete_timeout: Duration,
     /// Full inbox rescan period; never zero.
     pub rescan_interval: Duration,

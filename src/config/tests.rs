@@ -1030,3 +1030,42 @@ fn sizes_parse_and_format_round_trip() {
         assert_eq!(format_size(n), text);
     }
 }
+
+#[test]
+fn syntax_errors_name_a_tab_and_an_unquoted_placeholder() {
+    let cases: [(String, &[&str]); 4] = [
+        (
+            "pipelines:\n\t- id: p\n".to_owned(),
+            &["line 2 column 1", "has a tab at column 1", "spaces only"],
+        ),
+        (
+            with_destination("        prefix: {source_id}/\n"),
+            &[
+                "line 6",
+                "read as a YAML mapping",
+                r#"prefix: "{source_id}/""#,
+            ],
+        ),
+        (
+            with_destination("        prefix: {yyyy}/{mm}/\n"),
+            &[r#"put it in quotes: prefix: "{yyyy}/{mm}/""#],
+        ),
+        (
+            // Not one of the two: no hint.
+            "pipelines: [\n".to_owned(),
+            &["not valid YAML"],
+        ),
+    ];
+    for (text, wants) in cases {
+        let message = err(&text).to_string();
+        for want in wants {
+            assert!(message.contains(want), "{want:?} in {message}");
+        }
+        if text.starts_with("pipelines: [") {
+            assert!(
+                !message.contains("tab") && !message.contains("quotes"),
+                "{message}"
+            );
+        }
+    }
+}

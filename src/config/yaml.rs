@@ -31,7 +31,11 @@ pub(super) fn find_retired_keys(text: &str, file: &Path) -> Result<(), ConfigErr
             }),
             None => Err(ConfigError::Syntax {
                 at: place(&e, file),
-                message: message_without_location(&e),
+                message: format!(
+                    "{}{}",
+                    message_without_location(&e),
+                    syntax_hint(text, e.location().map(|l| (l.line(), l.column())))
+                ),
             }),
         },
     }
@@ -129,6 +133,43 @@ impl Scan<'_> {
             ..self
         }
     }
+}
+
+/// A hint for the two syntax errors whose parser message does not say what
+/// is wrong: a tab where YAML expects indentation, and a `{placeholder}`
+/// value left unquoted (read as a YAML mapping). "" when neither applies.
+fn syntax_hint(text: &str, at: Option<(usize, usize)>) -> String {
+    let Some((line, column)) = at else {
+        return String::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(here) = line.checked_sub(1).and_then(|i| lines.get(i)) else {
+        return String::new();
+    };
+    if here.chars().nth(column.saturating_sub(1)) == Some('\t') {
+        return format!(
+            "; line {line} has a tab at column {column}: YAML indents with spaces only, so replace the tab with spaces"
+        );
+    }
+    // The unquoted value is on the error line or shortly before it.
+    for n in (line.saturating_sub(3).max(1)..=line).rev() {
+        let Some(text) = lines.get(n - 1) else {
+            continue;
+        };
+        let item = text.trim_start().trim_start_matches("- ");
+        if let Some((key, value)) = item.split_once(':')
+            && !key.is_empty()
+            && !key.contains(['"', '\'', '{'])
+            && value.trim_start().starts_with('{')
+        {
+            return format!(
+                "; line {n}: a value that starts with {{ is read as a YAML mapping, so put it in quotes: {}: \"{}\"",
+                key.trim(),
+                value.trim().replace('"', "\\\"")
+            );
+        }
+    }
+    String::new()
 }
 
 fn place(e: &serde_norway::Error, file: &Path) -> Place {

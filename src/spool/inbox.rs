@@ -21,9 +21,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// How long a folder stays unexamined at most while it is incomplete, in
-/// case changes inside it send no event.
-pub const INCOMPLETE_POLL: Duration = Duration::from_secs(1);
+/// How long a folder stays unexamined at most while it has no manifest or
+/// is incomplete, in case changes inside it send no event (the watcher sees
+/// the inbox itself, not every folder below it).
+pub const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
 /// Deepest folder nesting inspected in a bundle.
 const MAX_DEPTH: usize = 128;
 /// Entries inspected beyond `max_files` before the folder counts as too big.
@@ -135,7 +136,8 @@ pub fn decide(
     t: &Timing,
 ) -> (Waiting, Verdict) {
     match kind {
-        ProbeKind::NoManifest => (Waiting::NoManifest, Verdict::Leave),
+        ProbeKind::NoManifest if t.once => (Waiting::NoManifest, Verdict::Leave),
+        ProbeKind::NoManifest => (Waiting::NoManifest, Verdict::Wait(INCOMPLETE_POLL)),
         ProbeKind::Unreadable(_) => (Waiting::Unreadable, Verdict::Leave),
         ProbeKind::Broken(_) => (Waiting::Ready, Verdict::Claim),
         ProbeKind::Complete => {
@@ -156,6 +158,7 @@ pub fn decide(
                 (Waiting::Incomplete, Verdict::Leave)
             } else {
                 let left = (t.incomplete_timeout - quiet).min(INCOMPLETE_POLL);
+                // (the lower bound keeps a near-timeout wait from spinning)
                 (Waiting::Incomplete, Verdict::Wait(left))
             }
         }
@@ -550,13 +553,13 @@ mod tests {
         );
         let cases: Vec<Case> = vec![
             (
-                "no manifest waits for one",
+                "no manifest: looked at again",
                 NoManifest,
                 999_999,
                 None,
                 false,
                 Waiting::NoManifest,
-                Leave,
+                Wait(INCOMPLETE_POLL),
             ),
             (
                 "no manifest, --once",
@@ -642,11 +645,11 @@ mod tests {
             (
                 "incomplete near the timeout: waits the rest",
                 incomplete.clone(),
-                599_700,
+                599_900,
                 None,
                 false,
                 Waiting::Incomplete,
-                Wait(MS(300)),
+                Wait(MS(100)),
             ),
             (
                 "incomplete past the timeout: claimed to fail",

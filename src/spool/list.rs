@@ -104,7 +104,9 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
         .map(|p| {
             let (state, _) = p.decide(now, None, &spool.timing.for_listing());
             let reason = p.reason(state, now, &spool.timing);
-            let since = p.arrival.unwrap_or(p.last_change);
+            // The last change of anything in the entry: a producer cannot
+            // set it (modification times can be, and rsync copies them).
+            let since = p.last_change;
             (
                 since,
                 Entry {

@@ -13,6 +13,7 @@ mod failpoints;
 mod hostile;
 mod maintain;
 mod metrics;
+mod operate;
 mod race;
 mod reliability;
 mod run;

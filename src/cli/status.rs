@@ -1,0 +1,306 @@
+//! `distributor status [--json] [--check]`: one screen per pipeline (is an
+//! agent serving it, last success and failure, spool counts, catalogs), and
+//! with `--check` a monitoring verdict (SPEC §14.1).
+//!
+//! Last success and last failure are the newest entries of `done/` and
+//! `failed/` (their time is when the agent filed them there): nothing else
+//! records them, so a success whose `done/` entry expired after
+//! `done_retention` no longer shows, and a failed bundle retried or deleted
+//! no longer counts as the last failure.
+
+use super::output::human_age;
+use super::{EXIT_FAILURE, EXIT_OK, access, config_or_usage};
+use crate::agent::presence;
+use crate::config::{Config, Pipeline};
+use crate::inert::inert;
+use crate::spool::{self, Entry, Folder, Spool};
+use serde_json::{Value, json};
+use std::path::Path;
+use time::OffsetDateTime;
+
+pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
+    let config = match config_or_usage(flag) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let now = OffsetDateTime::now_utc();
+    let mut pipelines = Vec::new();
+    let mut problems = Vec::new();
+    let mut errors = Vec::new();
+    for p in &config.pipelines {
+        match pipeline_status(&config, p, now, &mut problems) {
+            Ok(doc) => pipelines.push(doc),
+            Err(e) => {
+                problems.push(format!("pipeline {}: {e}", p.id));
+                errors.push(e);
+            }
+        }
+    }
+    if check {
+        return report_check(&config, &problems, json);
+    }
+    for e in &errors {
+        eprintln!("error: {e}");
+    }
+    let code = if errors.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FAILURE
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&pipelines).unwrap_or_default()
+        );
+        return code;
+    }
+    if pipelines.is_empty() && errors.is_empty() {
+        println!("no pipelines in {}", config.file.display());
+    }
+    for p in &pipelines {
+        print_text(p, now);
+    }
+    code
+}
+
+/// `--check`: one line per problem, exit 1 if any.
+fn report_check(config: &Config, problems: &[String], json: bool) -> u8 {
+    if json {
+        let doc = json!({"ok": problems.is_empty(), "problems": problems});
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else if problems.is_empty() {
+        println!(
+            "ok: {} pipeline(s) served, no failed bundle, nothing stuck in an inbox",
+            config.pipelines.len()
+        );
+    } else {
+        for problem in problems {
+            println!("{problem}");
+        }
+    }
+    if problems.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FAILURE
+    }
+}
+
+/// The JSON document of one pipeline; adds what `--check` objects to to
+/// `problems`. Errs when the spool cannot be read, saying how to fix it.
+fn pipeline_status(
+    config: &Config,
+    p: &Pipeline,
+    now: OffsetDateTime,
+    problems: &mut Vec<String>,
+) -> Result<Value, String> {
+    let spool = Spool::of(config, p);
+    let folders = [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed];
+    let rows = spool::list(&spool, &folders).map_err(|e| unreadable(&spool, &folders, &e))?;
+    let pipeline_dir = p.spool_dir(config);
+    let agent = presence::read(&pipeline_dir).map_err(|e| {
+        let lock = presence::lock_path(&pipeline_dir);
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            format!(
+                "cannot open {}: {e}; {}",
+                lock.display(),
+                access::read_fix(&lock)
+            )
+        } else {
+            format!("cannot open {}: {e}", lock.display())
+        }
+    })?;
+    let in_folder = |f: Folder| rows.iter().filter(move |r| r.spool == f.as_str());
+    let count = |f: Folder| in_folder(f).count();
+    let oldest_waiting = in_folder(Folder::Inbox).next().map(|r| r.modified.clone());
+    // Per inbox state (SPEC §13.4): how many, and the oldest with its reason.
+    let mut inbox_states = serde_json::Map::new();
+    for state in spool::Waiting::ALL {
+        let mut rows = in_folder(Folder::Inbox).filter(|r| r.state == Some(state.as_str()));
+        if let Some(oldest) = rows.next() {
+            inbox_states.insert(
+                state.as_str().to_owned(),
+                json!({
+                    "count": 1 + rows.count(),
+                    "oldest": {"name": oldest.name, "since": oldest.modified, "reason": oldest.reason},
+                }),
+            );
+        }
+    }
+    let last_failure = in_folder(Folder::Failed).next_back();
+    let last_success = in_folder(Folder::Done).next_back();
+
+    if !agent.running {
+        problems.push(format!(
+            "pipeline {}: no agent serves it (start it: systemctl start distributor)",
+            p.id
+        ));
+    }
+    let failed = count(Folder::Failed);
+    if failed > 0 {
+        problems.push(format!(
+            "pipeline {}: {failed} bundle(s) in {} (newest: {}); see `distributor spool list --failed --pipeline {}`",
+            p.id,
+            spool.failed.display(),
+            last_failure.map_or("", |r| r.name.as_str()),
+            p.id
+        ));
+    }
+    let limit = config.agent.incomplete_timeout;
+    for r in in_folder(Folder::Inbox) {
+        let age = age_seconds(&r.modified, now);
+        if age.is_some_and(|a| u64::try_from(a).is_ok_and(|a| a > limit.as_secs())) {
+            problems.push(format!(
+                "pipeline {}: {} has waited in the inbox for {} (longer than agent.incomplete_timeout {}); see `distributor spool list --inbox --pipeline {}`",
+                p.id,
+                spool.inbox.join(&r.name).display(),
+                human_age(age.unwrap_or(0)),
+                crate::config::format_duration(limit),
+                p.id
+            ));
+        }
+    }
+
+    Ok(json!({
+        "pipeline_id": p.id,
+        "agent": agent,
+        "inbox": count(Folder::Inbox),
+        "work": count(Folder::Work),
+        "done": count(Folder::Done),
+        "failed": failed,
+        "oldest_waiting": oldest_waiting,
+        "inbox_states": inbox_states,
+        "last_success": last_success.map(|r| json!({"name": r.name, "modified": r.modified})),
+        "last_failure": last_failure.map(failure_json),
+        "destinations": p.destinations.iter().map(destination_json).collect::<Vec<_>>(),
+    }))
+}
+
+fn failure_json(r: &Entry) -> Value {
+    json!({"name": r.name, "modified": r.modified, "stage": r.stage, "error": r.error})
+}
+
+/// Why a spool could not be listed, naming the folder and the fix.
+fn unreadable(spool: &Spool, folders: &[Folder], e: &std::io::Error) -> String {
+    let blocked = folders
+        .iter()
+        .map(|&f| spool.folder(f))
+        .find(|dir| matches!(access::can_read(dir), Ok(false)));
+    match blocked {
+        Some(dir) if e.kind() == std::io::ErrorKind::PermissionDenied => format!(
+            "cannot list {}: {e}; {}",
+            dir.display(),
+            access::read_fix(dir)
+        ),
+        Some(dir) => format!("cannot list {}: {e}", dir.display()),
+        None => format!(
+            "cannot list the spool of pipeline {}: {e}",
+            spool.pipeline_id
+        ),
+    }
+}
+
+fn destination_json(d: &crate::config::Destination) -> Value {
+    use crate::catalog::State;
+    let state = std::fs::read(d.root.join(crate::catalog::STATE_FILE))
+        .ok()
+        .map(|b| State::parse(&b));
+    let (state_text, outputs) = match &state {
+        None | Some(State::Absent) => ("no catalog".to_owned(), None),
+        Some(State::Catalog(c)) => ("catalog".to_owned(), Some(c.outputs.len())),
+        Some(State::Legacy { schema_version }) => {
+            (format!("legacy (schema {schema_version})"), None)
+        }
+        Some(State::Future { schema_version }) => {
+            (format!("future (schema {schema_version})"), None)
+        }
+        Some(State::Invalid { .. }) => ("invalid".to_owned(), None),
+    };
+    json!({
+        "destination_id": d.id,
+        "root": d.root.display().to_string(),
+        "workflow": d.workflow.as_str(),
+        "state": state_text,
+        "outputs": outputs,
+    })
+}
+
+fn age_seconds(time: &str, now: OffsetDateTime) -> Option<i64> {
+    crate::catalog::parse_time(time)
+        .ok()
+        .map(|t| (now - t).whole_seconds())
+}
+
+fn print_text(p: &Value, now: OffsetDateTime) {
+    let age = |t: &Value| {
+        t.as_str()
+            .and_then(|t| age_seconds(t, now))
+            .map(human_age)
+            .unwrap_or_default()
+    };
+    println!(
+        "pipeline {}: inbox {}  work {}  done {}  failed {}",
+        p["pipeline_id"].as_str().unwrap_or_default(),
+        p["inbox"],
+        p["work"],
+        p["done"],
+        p["failed"]
+    );
+    let agent = &p["agent"];
+    if agent["running"].as_bool() == Some(true) {
+        let pid = agent["pid"]
+            .as_u64()
+            .map_or_else(|| "unknown pid".to_owned(), |n| format!("pid {n}"));
+        let since = agent["since"]
+            .as_str()
+            .map(|s| format!(", since {s} ({} ago)", age(&agent["since"])))
+            .unwrap_or_default();
+        println!("  agent: serving ({pid}{since})");
+    } else {
+        println!("  agent: none serving this pipeline");
+    }
+    match p["last_success"].as_object() {
+        Some(s) => println!(
+            "  last success: {} ({} ago)",
+            s["name"].as_str().unwrap_or_default(),
+            age(&s["modified"])
+        ),
+        None => println!("  last success: none in done/"),
+    }
+    if !p["oldest_waiting"].is_null() {
+        println!("  oldest waiting bundle: {} ago", age(&p["oldest_waiting"]));
+    }
+    if let Some(states) = p["inbox_states"].as_object() {
+        for (state, s) in states {
+            let oldest = &s["oldest"];
+            println!(
+                "  inbox {state}: {} (oldest {}, {} ago: {})",
+                s["count"],
+                oldest["name"].as_str().unwrap_or_default(),
+                age(&oldest["since"]),
+                inert(oldest["reason"].as_str().unwrap_or_default())
+            );
+        }
+    }
+    if let Some(f) = p["last_failure"].as_object() {
+        println!(
+            "  last failure: {} ({} ago) [{}] {}",
+            f["name"].as_str().unwrap_or_default(),
+            age(&f["modified"]),
+            inert(f["stage"].as_str().unwrap_or("?")),
+            inert(f["error"].as_str().unwrap_or_default())
+        );
+    }
+    for d in p["destinations"].as_array().into_iter().flatten() {
+        let outputs = d["outputs"]
+            .as_u64()
+            .map(|n| format!(", {n} outputs"))
+            .unwrap_or_default();
+        println!(
+            "  destination {} ({}) {}: {}{outputs}",
+            d["destination_id"].as_str().unwrap_or_default(),
+            d["workflow"].as_str().unwrap_or_default(),
+            d["root"].as_str().unwrap_or_default(),
+            d["state"].as_str().unwrap_or_default(),
+        );
+    }
+}
