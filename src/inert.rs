@@ -100,4 +100,22 @@ mod tests {
         assert_eq!(inert_bytes("ok\u{e9}".as_bytes()), "ok\u{e9}");
         assert_eq!(inert_bytes(b"a\x1bb\xc3"), "a\\x1bb\\xc3");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn nothing_that_moves_a_terminal_survives(text in "\\PC*|[\\x00-\\x1f\\x7f-\\u{9f}\\u{202a}-\\u{202e}a-z]{0,40}") {
+            let out = inert(&text);
+            proptest::prop_assert!(!out.chars().any(needs_escape), "{out:?}");
+            // Text without anything to escape is unchanged.
+            if !text.chars().any(needs_escape) {
+                proptest::prop_assert_eq!(out.as_ref(), text.as_str());
+            }
+        }
+
+        #[test]
+        fn any_bytes_become_printable_text(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let out = inert_bytes(&bytes);
+            proptest::prop_assert!(!out.chars().any(needs_escape), "{out:?}");
+        }
+    }
 }
