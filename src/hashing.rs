@@ -75,11 +75,13 @@ pub fn copy_hashed(
             Err(e) => return Err(e),
         };
         hasher.update(&buf[..n]);
+        crate::progress::add_bytes(n as u64);
         if let Some(sink) = sink.as_mut() {
             sink.write_all(&buf[..n])?;
         }
         size += n as u64;
     }
+    crate::progress::file_done();
     Ok(Hashed {
         sha256: format_digest(hasher),
         size,

@@ -17,6 +17,7 @@ pub mod maintain;
 pub mod metrics;
 pub mod paths;
 pub mod plan;
+pub mod progress;
 pub mod publish;
 pub mod render;
 pub mod report;

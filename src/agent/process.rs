@@ -2,7 +2,7 @@
 //! and filing it into `done/` or `failed/`, counted in the tally and metrics.
 
 use super::worker::Worker;
-use super::{MAX_BACKOFF, Wake};
+use super::{MAX_BACKOFF, PROGRESS_EVERY, Wake};
 use crate::publish::{self, Options};
 use crate::report::RunReport;
 use crate::spool;
@@ -34,16 +34,18 @@ impl Worker {
             }
             let started = Instant::now();
             let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
-            let report = publish::publish(
-                &self.pipeline,
-                &destinations,
-                path,
-                &Options {
-                    dry_run: false,
-                    force: false,
-                    lock_timeout: self.config.agent.lock_timeout,
-                },
-            );
+            let report = self.with_progress(&[(path, name)], || {
+                publish::publish(
+                    &self.pipeline,
+                    &destinations,
+                    path,
+                    &Options {
+                        dry_run: false,
+                        force: false,
+                        lock_timeout: self.config.agent.lock_timeout,
+                    },
+                )
+            });
             let elapsed = started.elapsed().as_millis();
             for w in &report.warnings {
                 log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
@@ -99,6 +101,48 @@ impl Worker {
             false,
         );
         self.file_away(path, &name, &report, 0);
+    }
+
+    /// Runs `work` (publishing the bundles `bundles`) while counting what it
+    /// reads; when it takes longer than [`PROGRESS_EVERY`], logs how far it
+    /// got every [`PROGRESS_EVERY`] (SPEC §14.4).
+    pub(super) fn with_progress<T>(
+        &self,
+        bundles: &[(&Path, &str)],
+        work: impl FnOnce() -> T,
+    ) -> T {
+        let progress = std::sync::Arc::new(crate::progress::Progress::default());
+        let (finished, wait) = crossbeam_channel::bounded::<()>(0);
+        std::thread::scope(|scope| {
+            let progress_seen = progress.clone();
+            scope.spawn(move || {
+                let started = Instant::now();
+                let mut totals: Option<(u64, u64)> = None;
+                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                    wait.recv_timeout(PROGRESS_EVERY)
+                {
+                    let (files_total, bytes_total) =
+                        *totals.get_or_insert_with(|| listed_totals(bundles));
+                    let (files, bytes) = progress_seen.done();
+                    let names: Vec<_> = bundles.iter().map(|(_, n)| crate::inert::inert(n)).collect();
+                    let which = match names.as_slice() {
+                        [one] => format!("bundle={one}"),
+                        many => format!("batch of {} bundles ({}, ...)", many.len(), names[0]),
+                    };
+                    log::info!(
+                        "pipeline={} {which} still working after {}s: {files} of {files_total} files and {} of {} read",
+                        self.pipeline.id,
+                        started.elapsed().as_secs(),
+                        human_bytes(bytes),
+                        human_bytes(bytes_total)
+                    );
+                }
+            });
+            let _counted = crate::progress::enter(Some(progress));
+            let out = work();
+            drop(finished);
+            out
+        })
     }
 
     /// A claimed entry that is not a real folder (a link swapped in after
@@ -178,7 +222,58 @@ impl Worker {
     }
 }
 
+/// Files and bytes listed in the bundles' manifests (what "done" counts
+/// towards); a manifest that cannot be read counts nothing.
+fn listed_totals(bundles: &[(&Path, &str)]) -> (u64, u64) {
+    bundles
+        .iter()
+        .filter_map(|(path, _)| crate::bundle::read_manifest(path).ok())
+        .fold((0, 0), |(files, bytes), m| {
+            (
+                files + m.files.len() as u64,
+                bytes + m.files.iter().map(|f| f.size).sum::<u64>(),
+            )
+        })
+}
+
+/// `1.5 GiB`, `12 MiB`, `300 bytes`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value < 10.0 {
+        format!("{value:.1} {}", UNITS[unit])
+    } else {
+        format!("{value:.0} {}", UNITS[unit])
+    }
+}
+
 /// Exponential backoff: 1 s, 2 s, 4 s, … capped at five minutes.
 pub(super) fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1u64 << attempt.saturating_sub(1).min(16)).min(MAX_BACKOFF)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_counts_read_like_a_person_writes_them() {
+        for (n, want) in [
+            (0, "0 bytes"),
+            (1023, "1023 bytes"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            (20 << 20, "20 MiB"),
+            ((3 << 30) + (1 << 29), "3.5 GiB"),
+            (5 << 40, "5.0 TiB"),
+        ] {
+            assert_eq!(super::human_bytes(n), want, "{n}");
+        }
+    }
 }

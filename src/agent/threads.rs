@@ -23,9 +23,13 @@ impl publish::Workers for Threads {
             return publish::InOrder.run_all(jobs);
         }
         let queue = std::sync::Mutex::new(jobs.into_iter());
+        // The bundle's progress follows its work onto the pool's threads.
+        let progress = crate::progress::current();
         std::thread::scope(|scope| {
             for _ in 0..self.0 {
+                let progress = progress.clone();
                 scope.spawn(|| {
+                    let _counted = crate::progress::enter(progress);
                     loop {
                         let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                         match job {

@@ -647,3 +647,33 @@ fn the_config_docs_examples_differ_exactly_in_the_values_they_say_are_not_defaul
         assert!(para.contains(key), "{key} in {para}");
     }
 }
+
+#[test]
+fn a_bundle_that_takes_long_logs_its_progress_every_10s() {
+    // The root's lock is held by "an operator" for longer than 10 s, so the
+    // bundle in hand is still unfinished when the first progress line is
+    // due; then the lock goes and the bundle is published.
+    let t = Test::new();
+    t.config(&CONFIG.replace("lock_timeout: 200ms", "lock_timeout: 60s"));
+    let www = t.mkdir("www");
+    let lock = fs::File::create(www.join(".distributor.lock")).unwrap();
+    lock.lock().unwrap();
+    let agent = Agent::start(&t, &[]);
+    let b = t.bundle("slow", &[("a.txt", "0123456789")]);
+    let inbox = t.mkdir("spool/p/inbox");
+    fs::rename(&b, inbox.join("slow")).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(60), || agent.stderr().contains(
+            "bundle=slow still working after 10s: 0 of 1 files and 0 bytes of 10 bytes read"
+        )),
+        "no progress line:\n{}",
+        agent.stderr()
+    );
+    lock.unlock().unwrap();
+    assert!(
+        wait_for(WAIT, || t.join("spool/p/done/slow").is_dir()),
+        "{}",
+        agent.stderr()
+    );
+    assert_eq!(agent.stop(), 0);
+}
