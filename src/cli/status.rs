@@ -169,6 +169,10 @@ fn pipeline_status(
         "failed": failed,
         "oldest_waiting": oldest_waiting,
         "inbox_states": inbox_states,
+        // The bundles claimed and not filed yet: the agent's work in hand.
+        "in_hand": in_folder(Folder::Work)
+            .map(|r| json!({"name": r.name, "since": r.modified}))
+            .collect::<Vec<_>>(),
         "last_success": last_success.map(|r| json!({"name": r.name, "modified": r.modified})),
         "last_failure": last_failure.map(failure_json),
         "destinations": p.destinations.iter().map(destination_json).collect::<Vec<_>>(),
@@ -268,6 +272,13 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     }
     if !p["oldest_waiting"].is_null() {
         println!("  oldest waiting bundle: {} ago", age(&p["oldest_waiting"]));
+    }
+    for b in p["in_hand"].as_array().into_iter().flatten() {
+        println!(
+            "  in hand: {} (claimed {} ago)",
+            b["name"].as_str().unwrap_or_default(),
+            age(&b["since"])
+        );
     }
     if let Some(states) = p["inbox_states"].as_object() {
         for (state, s) in states {

@@ -669,6 +669,15 @@ fn a_bundle_that_takes_long_logs_its_progress_every_10s() {
         "no progress line:\n{}",
         agent.stderr()
     );
+    // status shows the bundle in hand.
+    let status = status_json(&t);
+    assert_eq!(status["in_hand"][0]["name"], "slow", "{status}");
+    let text = t.run(&["status"]);
+    assert!(
+        text.stdout.contains("  in hand: slow (claimed "),
+        "{}",
+        text.stdout
+    );
     lock.unlock().unwrap();
     assert!(
         wait_for(WAIT, || t.join("spool/p/done/slow").is_dir()),
