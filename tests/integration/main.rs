@@ -14,4 +14,5 @@ mod maintain;
 mod metrics;
 mod race;
 mod reliability;
+mod render;
 mod run;
