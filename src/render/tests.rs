@@ -454,9 +454,9 @@ fn tags(html: &str) -> Vec<StartTag> {
         if !rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
             continue;
         }
-        let end = rest.find('>').expect("tag ends");
+        let end = rest.find('>').unwrap_or(rest.len());
         let inside = rest[..end].trim_end_matches('/');
-        rest = &rest[end + 1..];
+        rest = rest.get(end + 1..).unwrap_or_default();
         let name_end = inside
             .find(|c: char| c.is_whitespace())
             .unwrap_or(inside.len());
@@ -472,10 +472,20 @@ fn tags(html: &str) -> Vec<StartTag> {
             let name = attrs[..name_end].to_ascii_lowercase();
             attrs = &attrs[name_end..];
             let value = if let Some(quoted) = attrs.strip_prefix("=\"") {
-                let close = quoted.find('"').expect("value ends");
-                attrs = &quoted[close + 1..];
+                let close = quoted.find('"').unwrap_or(quoted.len());
+                attrs = quoted.get(close + 1..).unwrap_or_default();
                 quoted[..close].to_owned()
+            } else if let Some(bare) = attrs.strip_prefix('=') {
+                // Unquoted (raw HTML passed through when allowed).
+                let end = bare.find(char::is_whitespace).unwrap_or(bare.len());
+                attrs = &bare[end..];
+                bare[..end].to_owned()
             } else {
+                if name_end == 0 {
+                    // Not an attribute; step over one character.
+                    let step = attrs.chars().next().map_or(0, char::len_utf8);
+                    attrs = &attrs[step..];
+                }
                 String::new()
             };
             tag.attrs.push((name, value));
@@ -711,4 +721,145 @@ fn default_page_has_the_stylesheet() {
     assert!(STYLESHEET.contains("max-width"));
     assert!(STYLESHEET.contains("table"));
     assert!(STYLESHEET.contains("pre"));
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pieces of markdown that exercise every rule of the renderer, glued
+    /// together at random with arbitrary text.
+    const PIECES: &[&str] = &[
+        "# ",
+        "## ",
+        "\n",
+        "\n\n",
+        " ",
+        "text",
+        "Usage",
+        "fn 1",
+        "fnref-1",
+        "*",
+        "_",
+        "~~",
+        "`",
+        "```\n",
+        "    ",
+        "> ",
+        "- ",
+        "1. ",
+        "- [ ] ",
+        "|",
+        "|---|",
+        "[^1]",
+        "[^a]: note\n",
+        "[^1]: one\n",
+        "[x](",
+        ")",
+        "](",
+        "![",
+        "<",
+        ">",
+        "</",
+        "<script>",
+        "</script>",
+        "<img src=x onerror=alert(1)>",
+        "<a href=\"javascript:alert(1)\">",
+        "<div onclick=x>",
+        "javascript:alert(1)",
+        "JaVaScRiPt:",
+        "java\tscript:",
+        "&#106;avascript:",
+        "data:text/html,",
+        "vbscript:",
+        "https://example.com/a_(b)",
+        "http://x.org.",
+        "https://",
+        "www.x.org",
+        "<user@example.com>",
+        "<https://x.org>",
+        "other.md",
+        "../a.md#s",
+        "{{title}}",
+        "{{content}}",
+        "&amp;",
+        "&",
+        "\"",
+        "'",
+        "\\",
+        "é",
+        "\u{202e}",
+        "\u{200b}",
+        "=",
+        "===\n",
+        "---\n",
+        "[r]: javascript:x\n",
+        "[r]",
+    ];
+
+    fn markdown() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![
+                4 => prop::sample::select(PIECES).prop_map(str::to_owned),
+                1 => "[ -~]{0,12}",
+                1 => any::<String>().prop_map(|s| s.chars().take(6).collect()),
+            ],
+            0..60,
+        )
+        .prop_map(|pieces| pieces.concat())
+    }
+
+    fn render_mode(markdown: &str, allow: bool) -> String {
+        let generated = set(&["other.md", "a.md"]);
+        markdown_to_html(
+            markdown,
+            &RenderOptions {
+                allow_raw_html: allow,
+                source_path: "docs/page.md",
+                generated_markdown: &generated,
+                template: None,
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn rendering_is_safe_deterministic_and_ids_are_unique(markdown in markdown()) {
+            for allow in [false, true] {
+                let first = render_mode(&markdown, allow);
+                let second = render_mode(&markdown, allow);
+                prop_assert_eq!(&first, &second);
+                let page = body(&first);
+                let all_ids: Vec<String> = tags(page)
+                    .iter()
+                    .filter_map(|t| t.attr("id").map(str::to_owned))
+                    .collect();
+                let unique: BTreeSet<&String> = all_ids.iter().collect();
+                if !allow {
+                    prop_assert_eq!(unique.len(), all_ids.len(), "ids {:?} in {}", all_ids, page);
+                }
+                if allow {
+                    continue;
+                }
+                prop_assert!(!page.to_ascii_lowercase().contains("<script"), "{}", page);
+                for tag in tags(page) {
+                    for (name, value) in &tag.attrs {
+                        prop_assert!(!name.starts_with("on"), "attribute {} in {}", name, page);
+                        if name == "href" || name == "src" {
+                            let squeezed: String = value
+                                .chars()
+                                .filter(|c| !c.is_ascii_whitespace() && !c.is_ascii_control())
+                                .collect::<String>()
+                                .to_ascii_lowercase();
+                            for scheme in ["javascript:", "vbscript:", "data:"] {
+                                prop_assert!(!squeezed.starts_with(scheme), "{}={} in {}", name, value, page);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
