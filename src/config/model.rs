@@ -171,6 +171,12 @@ impl Config {
                         d.id, pipeline.id
                     ));
                 }
+                if d.html_template.is_some() && !d.publish_html {
+                    warnings.push(format!(
+                        "destination {:?} of pipeline {:?} sets html.template but does not publish HTML; the template is not used",
+                        d.id, pipeline.id
+                    ));
+                }
             }
         }
         warnings
