@@ -214,19 +214,25 @@ impl RunReport {
         }
         let writes: usize = self.destinations.iter().map(|d| d.writes.len()).sum();
         let deletes: usize = self.destinations.iter().map(|d| d.deletes.len()).sum();
-        let (write_verb, delete_verb) = if self.dry_run {
-            ("would write", "would delete")
+        if self.dry_run {
+            // Nothing is written, so there are no bytes to count.
+            let _ = writeln!(
+                out,
+                "would write {}, would delete {} (dry run, {:.1}s)",
+                count(writes, "file", "files"),
+                count(deletes, "file", "files"),
+                elapsed.as_secs_f64()
+            );
         } else {
-            ("wrote", "deleted")
-        };
-        let _ = writeln!(
-            out,
-            "{write_verb} {} ({}), {delete_verb} {} in {:.1}s",
-            count(writes, "file", "files"),
-            human_bytes(self.bytes_published),
-            count(deletes, "file", "files"),
-            elapsed.as_secs_f64()
-        );
+            let _ = writeln!(
+                out,
+                "wrote {} ({}), deleted {} in {:.1}s",
+                count(writes, "file", "files"),
+                human_bytes(self.bytes_published),
+                count(deletes, "file", "files"),
+                elapsed.as_secs_f64()
+            );
+        }
         match (&self.stage, &self.error) {
             (Some(stage), Some(error)) => {
                 let _ = writeln!(out, "failed at {}: {}", stage.as_str(), inert(error));
@@ -309,6 +315,19 @@ mod tests {
             "{verbose}"
         );
         assert!(!verbose.contains('\x1b'), "{verbose}");
+    }
+
+    #[test]
+    fn dry_run_text_counts_without_bytes() {
+        let mut r = report(2, 0);
+        r.dry_run = true;
+        r.bytes_published = 0;
+        let text = r.to_text(false, Duration::from_millis(50));
+        assert!(text.starts_with("dry run of pipeline reports"), "{text}");
+        assert!(
+            text.contains("\nwould write 2 files, would delete 1 file (dry run, 0.1s)\nok\n"),
+            "{text}"
+        );
     }
 
     #[test]
