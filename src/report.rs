@@ -2,8 +2,10 @@
 //! spool's `.distributor-result.json`) and its text form. Formatting only;
 //! nothing here decides or performs anything.
 
+use crate::inert::inert;
 use serde::Serialize;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 /// Where a failure happened (SPEC §11.20).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -144,48 +146,221 @@ impl RunReport {
         s
     }
 
-    /// The readable form printed by `run` without `--json`.
-    pub fn to_text(&self) -> String {
+    /// The readable form printed by `run` without `--json`: per destination
+    /// its action and counts, then the totals (files, bytes, `elapsed`).
+    /// `verbose` adds every written, deleted and blocking path; without it
+    /// at most [`BLOCKING_SHOWN`] blocking paths are listed. Names come from
+    /// the producer, so they are printed inert (SPEC §12.7).
+    pub fn to_text(&self, verbose: bool, elapsed: Duration) -> String {
         let mut out = String::new();
         let verb = if self.dry_run { "dry run" } else { "run" };
         let source = self
             .source
             .as_ref()
             .map_or("(manifest unreadable)".to_owned(), |s| {
-                format!("{} created {}", s.id, s.created)
+                format!("{} created {}", inert(&s.id), s.created)
             });
         let _ = writeln!(out, "{verb} of pipeline {}: {source}", self.pipeline_id);
         for d in &self.destinations {
             let action = d.action.as_deref().unwrap_or("not planned");
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "  {} ({}, {}): {action}",
-                d.destination_id, d.workflow, d.root
+                d.destination_id,
+                d.workflow,
+                inert(&d.root)
             );
-            for w in &d.writes {
-                let _ = writeln!(out, "    write   {w}");
+            let mut counts = Vec::new();
+            if d.action.is_some() || !d.writes.is_empty() {
+                counts.push(count(d.writes.len(), "write", "writes"));
+                counts.push(count(d.deletes.len(), "delete", "deletes"));
             }
-            for x in &d.deletes {
-                let _ = writeln!(out, "    delete  {x}");
+            if !d.unmanaged.is_empty() {
+                counts.push(format!(
+                    "blocked by {}",
+                    count(d.unmanaged.len(), "unmanaged path", "unmanaged paths")
+                ));
             }
-            for u in &d.unmanaged {
-                let _ = writeln!(out, "    blocked by unmanaged {u}");
+            if counts.is_empty() {
+                out.push('\n');
+            } else {
+                let _ = writeln!(out, ", {}", counts.join(", "));
+            }
+            if verbose {
+                for w in &d.writes {
+                    let _ = writeln!(out, "    write   {}", inert(w));
+                }
+                for x in &d.deletes {
+                    let _ = writeln!(out, "    delete  {}", inert(x));
+                }
+            }
+            let shown = if verbose {
+                d.unmanaged.len()
+            } else {
+                BLOCKING_SHOWN
+            };
+            for u in d.unmanaged.iter().take(shown) {
+                let _ = writeln!(out, "    blocked by unmanaged {}", inert(u));
+            }
+            if d.unmanaged.len() > shown {
+                let _ = writeln!(
+                    out,
+                    "    ... and {} more (--verbose or --json lists them all)",
+                    d.unmanaged.len() - shown
+                );
             }
             if let Some(e) = &d.error {
-                let _ = writeln!(out, "    error: {e}");
+                let _ = writeln!(out, "    error: {}", inert(e));
             }
         }
         for w in &self.warnings {
-            let _ = writeln!(out, "warning: {w}");
+            let _ = writeln!(out, "warning: {}", inert(w));
+        }
+        let writes: usize = self.destinations.iter().map(|d| d.writes.len()).sum();
+        let deletes: usize = self.destinations.iter().map(|d| d.deletes.len()).sum();
+        if self.dry_run {
+            // Nothing is written, so there are no bytes to count.
+            let _ = writeln!(
+                out,
+                "would write {}, would delete {} (dry run, {:.1}s)",
+                count(writes, "file", "files"),
+                count(deletes, "file", "files"),
+                elapsed.as_secs_f64()
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "wrote {} ({}), deleted {} in {:.1}s",
+                count(writes, "file", "files"),
+                human_bytes(self.bytes_published),
+                count(deletes, "file", "files"),
+                elapsed.as_secs_f64()
+            );
         }
         match (&self.stage, &self.error) {
             (Some(stage), Some(error)) => {
-                let _ = writeln!(out, "failed at {}: {error}", stage.as_str());
+                let _ = writeln!(out, "failed at {}: {}", stage.as_str(), inert(error));
             }
             _ => {
                 let _ = writeln!(out, "ok");
             }
         }
         out
+    }
+}
+
+/// Blocking paths listed by `run` without `--verbose`.
+pub const BLOCKING_SHOWN: usize = 10;
+
+/// "1 file", "2 files".
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Bytes for people: exact below 1 KiB, else one decimal in KiB/MiB/GiB/TiB.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return count(
+            usize::try_from(bytes).unwrap_or(usize::MAX),
+            "byte",
+            "bytes",
+        );
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(writes: usize, unmanaged: usize) -> RunReport {
+        let mut r = RunReport::new("reports", false);
+        r.source = Some(SourceReport {
+            id: "rep.1".to_owned(),
+            digest: "sha256:x".to_owned(),
+            created: "2026-06-04T11:55:00Z".to_owned(),
+        });
+        r.destinations.push(DestinationReport {
+            destination_id: "site".to_owned(),
+            root: "/srv/site".to_owned(),
+            workflow: "additive".to_owned(),
+            action: Some("publish_new".to_owned()),
+            writes: (0..writes).map(|i| format!("f{i}.txt")).collect(),
+            deletes: vec!["old\x1b[2J.txt".to_owned()],
+            unmanaged: (0..unmanaged).map(|i| format!("u{i}")).collect(),
+            error: None,
+        });
+        r.bytes_published = 3 * 1024 * 1024 / 2;
+        r
+    }
+
+    #[test]
+    fn text_is_a_summary_unless_verbose() {
+        let r = report(3, 0);
+        let text = r.to_text(false, Duration::from_millis(2_340));
+        assert_eq!(
+            text,
+            "run of pipeline reports: rep.1 created 2026-06-04T11:55:00Z\n  \
+             site (additive, /srv/site): publish_new, 3 writes, 1 delete\n\
+             wrote 3 files (1.5 MiB), deleted 1 file in 2.3s\nok\n"
+        );
+        let verbose = r.to_text(true, Duration::from_millis(2_340));
+        assert!(verbose.contains("    write   f0.txt\n"), "{verbose}");
+        assert!(verbose.contains("    write   f2.txt\n"), "{verbose}");
+        assert!(
+            verbose.contains("    delete  old\\x1b[2J.txt\n"),
+            "{verbose}"
+        );
+        assert!(!verbose.contains('\x1b'), "{verbose}");
+    }
+
+    #[test]
+    fn dry_run_text_counts_without_bytes() {
+        let mut r = report(2, 0);
+        r.dry_run = true;
+        r.bytes_published = 0;
+        let text = r.to_text(false, Duration::from_millis(50));
+        assert!(text.starts_with("dry run of pipeline reports"), "{text}");
+        assert!(
+            text.contains("\nwould write 2 files, would delete 1 file (dry run, 0.1s)\nok\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn blocking_paths_are_capped_without_verbose() {
+        let r = report(0, 25);
+        let text = r.to_text(false, Duration::ZERO);
+        assert_eq!(
+            text.matches("blocked by unmanaged u").count(),
+            BLOCKING_SHOWN,
+            "{text}"
+        );
+        assert!(text.contains("... and 15 more"), "{text}");
+        assert!(text.contains("blocked by 25 unmanaged paths"), "{text}");
+        let all = r.to_text(true, Duration::ZERO);
+        assert_eq!(all.matches("blocked by unmanaged u").count(), 25, "{all}");
+    }
+
+    #[test]
+    fn bytes_for_people() {
+        let cases: &[(u64, &str)] = &[
+            (0, "0 bytes"),
+            (1, "1 byte"),
+            (1023, "1023 bytes"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            (5 << 30, "5.0 GiB"),
+        ];
+        for (bytes, expected) in cases {
+            assert_eq!(human_bytes(*bytes), *expected);
+        }
     }
 }

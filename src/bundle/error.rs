@@ -102,12 +102,57 @@ fn manifest_location(line: &Option<usize>, column: &Option<usize>, message: &str
     }
 }
 
+/// Problems named in one [`BundleError::Invalid`] message; the rest are
+/// counted. The message is one line (it goes into logs and the result
+/// JSON); `bundle verify` prints every problem on its own line.
+pub const PROBLEMS_SHOWN: usize = 10;
+
 fn invalid_summary(problems: &[Problem]) -> String {
     let n = problems.len();
-    let list: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    let list: Vec<String> = problems
+        .iter()
+        .take(PROBLEMS_SHOWN)
+        .map(Problem::to_string)
+        .collect();
+    let more = if n > PROBLEMS_SHOWN {
+        format!(
+            "; and {} more (distributor bundle verify DIR lists each)",
+            n - PROBLEMS_SHOWN
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "bundle does not match {MANIFEST} ({n} problem{}): {}",
+        "bundle does not match {MANIFEST} ({n} problem{}): {}{more}",
         if n == 1 { "" } else { "s" },
         list.join("; ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_summary_counts_and_caps_the_list() {
+        let problems = |n: usize| -> Vec<Problem> {
+            (0..n)
+                .map(|i| Problem::at(format!("f{i}"), "gone"))
+                .collect()
+        };
+        assert_eq!(
+            invalid_summary(&problems(1)),
+            "bundle does not match manifest.json (1 problem): f0: gone"
+        );
+        let many = invalid_summary(&problems(78));
+        assert!(
+            many.starts_with(
+                "bundle does not match manifest.json (78 problems): f0: gone; f1: gone;"
+            ),
+            "{many}"
+        );
+        assert!(many.contains("f9: gone; and 68 more"), "{many}");
+        assert!(!many.contains("f10"), "{many}");
+        assert!(!many.contains('\n'), "{many}");
+    }
 }

@@ -26,7 +26,7 @@ pub use limits::{Limits, check_limits, markdown_too_big};
 pub use manifest::{Manifest, ManifestFile, compute_digest};
 pub use open::{open_listed, open_listed_at};
 pub use parse::parse_manifest;
-pub use seal::{SealError, seal};
+pub use seal::{SealError, Sealed, seal, seal_report};
 pub use verify::{
     VerifiedBundle, inspect, mismatch_problem, read_manifest, read_manifest_at, verify,
     verify_files,

@@ -5,15 +5,18 @@
 use super::MANIFEST;
 use super::error::Problem;
 use super::manifest::{Manifest, ManifestFile, compute_digest, normalise_created};
-use super::open::{display_segments, kind_label, open_checked, walk};
+use super::open::{kind_label, open_checked, walk};
 use crate::hashing;
-use crate::paths::{IdKind, RelPath, check_id};
+use crate::inert::{inert, inert_os};
+use crate::paths::{IdKind, RelPath, check_id, is_reserved_name};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use time::OffsetDateTime;
+use unicode_normalization::UnicodeNormalization;
 
 /// Why `seal` did not write a manifest.
 #[derive(Debug, thiserror::Error)]
@@ -24,14 +27,14 @@ pub enum SealError {
     BadCreated { reason: String },
     #[error("{}: cannot read: {io}", path.display())]
     Unreadable { path: PathBuf, io: io::Error },
-    #[error(
-        "cannot seal {}: {}; only regular files can be sealed, so move these out of the folder or replace them with regular files",
-        dir.display(),
-        problem_list(.problems)
-    )]
+    /// Entries that cannot be sealed; the message lists each on its own
+    /// line, then what to do about each kind of problem found.
+    #[error("{}", refused_text(.dir, .problems, .hints))]
     Refused {
         dir: PathBuf,
         problems: Vec<Problem>,
+        /// What to do, one line per kind of problem present.
+        hints: Vec<&'static str>,
     },
     #[error(
         "{}: nothing to seal: the folder holds no regular file besides {MANIFEST} and reserved .distributor* names",
@@ -52,9 +55,46 @@ impl SealError {
     }
 }
 
-fn problem_list(problems: &[Problem]) -> String {
-    let list: Vec<String> = problems.iter().map(Problem::to_string).collect();
-    list.join("; ")
+/// Hint for links and special files.
+const HINT_KIND: &str = "only regular files can be sealed: replace each symbolic link with the file it points to, and move pipes, sockets and devices out of the folder";
+/// Hint for names that are not bundle paths.
+const HINT_NAME: &str = "rename the entries whose names cannot be used: bundle paths are UTF-8, without backslashes or control characters, and no part may start with .distributor";
+
+/// `cannot seal DIR: N problems, nothing was written:`, then one problem
+/// per line (names made inert), then the hints.
+fn refused_text(dir: &Path, problems: &[Problem], hints: &[&str]) -> String {
+    let mut text = format!(
+        "cannot seal {}: {}, nothing was written:",
+        inert_os(dir.as_os_str()),
+        count(problems.len(), "problem", "problems")
+    );
+    for problem in problems {
+        text.push_str("\n  ");
+        text.push_str(&inert(&problem.to_string()));
+    }
+    for hint in hints {
+        text.push('\n');
+        text.push_str(hint);
+    }
+    text
+}
+
+/// "1 problem", "2 problems".
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A sealed bundle and what the producer should know about it.
+#[derive(Debug)]
+pub struct Sealed {
+    pub manifest: Manifest,
+    /// Reserved `.distributor*` entries that were left out, as paths
+    /// relative to the folder (made inert for printing).
+    pub skipped: Vec<String>,
+    /// Listed names that are allowed but deceptive: equal to another after
+    /// Unicode NFC normalisation, or holding bidirectional or zero-width
+    /// characters.
+    pub warnings: Vec<String>,
 }
 
 /// Temporary name used while writing `manifest.json`. It is reserved
@@ -70,6 +110,16 @@ fn temp_manifest_name() -> String {
 /// special files anywhere in the tree. `created` defaults to now (UTC, whole
 /// seconds).
 pub fn seal(dir: &Path, id: &str, created: Option<OffsetDateTime>) -> Result<Manifest, SealError> {
+    seal_report(dir, id, created).map(|sealed| sealed.manifest)
+}
+
+/// [`seal`], also saying which reserved entries were skipped and which
+/// names deserve a warning.
+pub fn seal_report(
+    dir: &Path,
+    id: &str,
+    created: Option<OffsetDateTime>,
+) -> Result<Sealed, SealError> {
     check_id(IdKind::Source, id).map_err(|reason| SealError::BadId {
         id: id.to_owned(),
         reason,
@@ -86,30 +136,42 @@ pub fn seal(dir: &Path, id: &str, created: Option<OffsetDateTime>) -> Result<Man
 
     let mut found: Vec<RelPath> = Vec::new();
     let mut problems: Vec<Problem> = Vec::new();
+    let (mut bad_kinds, mut bad_names) = (false, false);
+    // Folders walked (the top one included), to find the reserved entries
+    // the walk leaves out.
+    let mut folders: Vec<Vec<OsString>> = vec![Vec::new()];
     walk(&root, &mut |segments, ft| {
-        let shown = display_segments(segments);
+        let shown = shown_path(segments);
         let last = segments.last().map(OsString::as_os_str).unwrap_or_default();
         let Some(name) = last.to_str() else {
+            bad_names = true;
             problems.push(Problem::at(
                 shown,
-                "name is not valid UTF-8; rename it (bundle paths are UTF-8)",
+                "name is not valid UTF-8 (bytes shown as \\xNN); rename it (bundle paths are UTF-8)",
             ));
             return false;
         };
         if let Err(e) = RelPath::parse(name) {
+            bad_names = true;
             problems.push(Problem::at(shown, format!("name cannot be used: {e}")));
             return false;
         }
         if ft.is_dir() {
+            folders.push(segments.to_vec());
             return true;
         }
         if !ft.is_file() {
+            bad_kinds = true;
             problems.push(Problem::at(shown, format!("is {}", kind_label(ft))));
             return false;
         }
-        match RelPath::parse(&shown) {
+        let utf8: Vec<&str> = segments.iter().filter_map(|s| s.to_str()).collect();
+        match RelPath::parse(&utf8.join("/")) {
             Ok(path) => found.push(path),
-            Err(e) => problems.push(Problem::at(shown, format!("path cannot be used: {e}"))),
+            Err(e) => {
+                bad_names = true;
+                problems.push(Problem::at(shown, format!("path cannot be used: {e}")));
+            }
         }
         false
     })
@@ -118,11 +180,20 @@ pub fn seal(dir: &Path, id: &str, created: Option<OffsetDateTime>) -> Result<Man
         io,
     })?;
     if !problems.is_empty() {
+        let mut hints = Vec::new();
+        if bad_kinds {
+            hints.push(HINT_KIND);
+        }
+        if bad_names {
+            hints.push(HINT_NAME);
+        }
         return Err(SealError::Refused {
             dir: dir.to_path_buf(),
             problems,
+            hints,
         });
     }
+    let skipped = reserved_entries(&root, &folders);
     if found.is_empty() {
         return Err(SealError::Empty {
             dir: dir.to_path_buf(),
@@ -140,6 +211,7 @@ pub fn seal(dir: &Path, id: &str, created: Option<OffsetDateTime>) -> Result<Man
             None => SealError::Refused {
                 dir: dir.to_path_buf(),
                 problems: vec![r.problem],
+                hints: vec![HINT_KIND],
             },
         })?;
         let hashed =
@@ -163,7 +235,118 @@ pub fn seal(dir: &Path, id: &str, created: Option<OffsetDateTime>) -> Result<Man
         dir: dir.to_path_buf(),
         io,
     })?;
-    Ok(manifest)
+    let warnings = name_warnings(&manifest.files);
+    Ok(Sealed {
+        manifest,
+        skipped,
+        warnings,
+    })
+}
+
+/// `segments` joined with `/`, each made inert (invalid UTF-8 as `\xNN`).
+fn shown_path(segments: &[OsString]) -> String {
+    let parts: Vec<String> = segments.iter().map(|s| inert_os(s)).collect();
+    parts.join("/")
+}
+
+/// The reserved `.distributor*` entries of the walked folders (the
+/// top-level `manifest.json` is not one), as inert paths. A folder that
+/// cannot be listed again is passed over: this is a courtesy report.
+fn reserved_entries(root: &Dir, folders: &[Vec<OsString>]) -> Vec<String> {
+    let mut skipped = Vec::new();
+    for folder in folders {
+        let entries = if folder.is_empty() {
+            root.entries()
+        } else {
+            root.read_dir(folder.iter().collect::<PathBuf>())
+        };
+        let Ok(entries) = entries else { continue };
+        let mut names: Vec<OsString> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .filter(|name| is_reserved_name(&name.to_string_lossy()))
+            .collect();
+        names.sort();
+        for name in names {
+            let mut path = folder.clone();
+            path.push(name);
+            skipped.push(shown_path(&path));
+        }
+    }
+    skipped.sort();
+    skipped
+}
+
+/// `path` with every non-ASCII character as `\u{XXXX}` (and ASCII made
+/// inert), so that two spellings that look the same can be told apart.
+fn code_points(path: &str) -> String {
+    let mut out = String::with_capacity(path.len() + 8);
+    for c in path.chars() {
+        if c.is_ascii() {
+            out.push_str(&inert(c.encode_utf8(&mut [0; 4])));
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        }
+    }
+    out
+}
+
+/// Bidirectional controls: embeddings and overrides (U+202A–U+202E) and
+/// isolates (U+2066–U+2069).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Zero-width characters: spaces, joiners, word joiner, BOM.
+fn is_zero_width(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}')
+}
+
+/// Warnings for listed paths that are valid but deceptive: they hold
+/// bidirectional or zero-width characters (they show differently from
+/// their bytes, in logs and listings), or two of them are the same text
+/// after Unicode NFC normalisation (they collide on file systems that
+/// normalise names, and look identical).
+fn name_warnings(files: &[ManifestFile]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut by_nfc: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for f in files {
+        let path = f.path.as_str();
+        let codes = |pick: fn(char) -> bool| -> Vec<String> {
+            let mut codes: Vec<String> = path
+                .chars()
+                .filter(|c| pick(*c))
+                .map(|c| format!("U+{:04X}", u32::from(c)))
+                .collect();
+            codes.dedup();
+            codes
+        };
+        let bidi = codes(is_bidi_control);
+        if !bidi.is_empty() {
+            warnings.push(format!(
+                "{}: holds bidirectional control characters ({}), so it is displayed differently from its real order; rename it unless that is intended",
+                inert(path),
+                bidi.join(", ")
+            ));
+        }
+        let zero = codes(is_zero_width);
+        if !zero.is_empty() {
+            warnings.push(format!(
+                "{}: holds zero-width characters ({}), so it looks like a name it is not; rename it unless that is intended",
+                inert(path),
+                zero.join(", ")
+            ));
+        }
+        by_nfc.entry(path.nfc().collect()).or_default().push(path);
+    }
+    for same in by_nfc.values().filter(|paths| paths.len() > 1) {
+        let shown: Vec<String> = same.iter().map(|p| code_points(p)).collect();
+        warnings.push(format!(
+            "{} are the same name after Unicode NFC normalisation: they look identical and collide on file systems that normalise names (macOS, some SMB shares); keep one spelling",
+            shown.join(" and ")
+        ));
+    }
+    warnings
 }
 
 /// Writes `manifest.json` in `root`: temporary reserved name, `sync_all`,

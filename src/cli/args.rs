@@ -135,6 +135,9 @@ pub struct RunArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
+    /// List every file written, deleted or blocking (text output; default: a summary)
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// The bundle folder (holding manifest.json)
     pub bundle_dir: PathBuf,
 }

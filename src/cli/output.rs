@@ -2,12 +2,15 @@
 //! ages rounded for people.
 
 use crate::report::RunReport;
+use std::time::Duration;
 
-pub(super) fn print_report(report: &RunReport, json: bool) {
+/// Prints a run report: the JSON document, or the text summary (every
+/// file too when `verbose`).
+pub(super) fn print_report(report: &RunReport, json: bool, verbose: bool, elapsed: Duration) {
     if json {
         print!("{}", report.to_json());
     } else {
-        print!("{}", report.to_text());
+        print!("{}", report.to_text(verbose, elapsed));
     }
 }
 

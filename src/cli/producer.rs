@@ -4,6 +4,12 @@
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::bundle::{self, BundleError, SealError};
 use crate::catalog::parse_time;
+use crate::inert::{inert, inert_os};
+
+/// "1 file", "2 files".
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
 use std::path::Path;
 
 pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
@@ -14,14 +20,27 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
             return EXIT_USAGE;
         }
     };
-    match bundle::seal(dir, id, created) {
-        Ok(m) => {
+    match bundle::seal_report(dir, id, created) {
+        Ok(sealed) => {
+            let m = &sealed.manifest;
             println!(
-                "sealed {} ({} files, {})",
-                dir.join(bundle::MANIFEST).display(),
-                m.files.len(),
+                "sealed {} ({}, {})",
+                inert_os(dir.join(bundle::MANIFEST).as_os_str()),
+                count(m.files.len(), "file", "files"),
                 m.digest
             );
+            if !sealed.skipped.is_empty() {
+                eprintln!(
+                    "warning: left out {} (names starting with .distributor are reserved for distributor's own files and never sealed; rename any that belong in the bundle):",
+                    count(sealed.skipped.len(), "reserved entry", "reserved entries")
+                );
+                for path in &sealed.skipped {
+                    eprintln!("  {path}");
+                }
+            }
+            for w in &sealed.warnings {
+                eprintln!("warning: {w}");
+            }
             EXIT_OK
         }
         Err(e) => {
@@ -66,17 +85,23 @@ pub(super) fn verify(dir: &Path, json: bool) -> u8 {
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
+        let shown_dir = inert_os(dir.as_os_str());
         match &source {
-            Some((id, digest, n)) => {
-                println!("ok: {} is bundle {id} ({n} files, {digest})", dir.display())
-            }
-            None => println!("invalid bundle {}:", dir.display()),
+            Some((id, digest, n)) => println!(
+                "ok: {shown_dir} is bundle {} ({}, {digest})",
+                inert(id),
+                count(*n, "file", "files")
+            ),
+            None => println!(
+                "invalid bundle {shown_dir} ({}):",
+                count(problems.len(), "problem", "problems")
+            ),
         }
         for p in &problems {
-            println!("  problem: {p}");
+            println!("  problem: {}", inert(p));
         }
         for w in &warnings {
-            println!("  warning: {w}");
+            println!("  warning: {}", inert(w));
         }
     }
     if ok { EXIT_OK } else { EXIT_FAILURE }

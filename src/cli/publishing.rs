@@ -13,7 +13,7 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         let report =
             RunReport::new(&args.pipeline, args.dry_run).fail(Stage::Config, message, false);
         if args.json {
-            print_report(&report, true);
+            print_report(&report, true, false, std::time::Duration::ZERO);
         } else {
             eprintln!("error: {}", report.error.as_deref().unwrap_or_default());
         }
@@ -87,7 +87,7 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         report.actions(),
         started.elapsed().as_millis()
     );
-    print_report(&report, args.json);
+    print_report(&report, args.json, args.verbose, started.elapsed());
     report.exit_code()
 }
 

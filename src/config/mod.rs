@@ -8,7 +8,8 @@
 //! where the YAML parser knows it, the line and column.
 //!
 //! It must never touch the file system beyond reading the config file itself
-//! in [`load`]: paths are resolved lexically, nothing is created, canonicalised
+//! and the page templates it names (`html.template`, read and checked while
+//! building): paths are resolved lexically, nothing is created, canonicalised
 //! or probed, and nothing here prints or logs.
 
 use std::ffi::OsString;
@@ -18,6 +19,7 @@ mod error;
 mod model;
 mod raw;
 mod relations;
+mod template;
 mod values;
 mod yaml;
 
@@ -25,7 +27,9 @@ mod yaml;
 mod tests;
 
 pub use error::{ConfigError, Place};
-pub use model::{AgentConfig, Config, Destination, Limits, Pipeline, PrunePolicy, Workflow};
+pub use model::{
+    AgentConfig, Config, Destination, HtmlTemplate, Limits, Pipeline, PrunePolicy, Workflow,
+};
 pub use values::{
     PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,
 };
@@ -68,7 +72,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// Checks config text as if read from `file`; relative paths inside it are
-/// resolved against `file`'s folder. Reads nothing from disk.
+/// resolved against `file`'s folder. Reads nothing from disk but the page
+/// templates the text names.
 pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
     find_retired_keys(text, file)?;
     let raw: RawConfig = serde_norway::from_str(text).map_err(|e| yaml_error(&e, file))?;

@@ -132,10 +132,20 @@ pub struct Destination {
     pub publish_html: bool,
     /// `html.raw_html: allow` (true) or `escape` (false).
     pub allow_raw_html: bool,
+    /// `html.template`: the page template, read and checked at load.
+    pub html_template: Option<HtmlTemplate>,
     /// `links.base_url`, always ending with `/`.
     pub base_url: Option<String>,
     /// `retention.prune`.
     pub prune: Option<PrunePolicy>,
+}
+
+/// A page template (`html.template`): the file, resolved against the config
+/// file's folder, and its text, which holds `{{content}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HtmlTemplate {
+    pub path: PathBuf,
+    pub text: std::sync::Arc<str>,
 }
 
 /// Retention policy of one owner (`retention.prune`).
@@ -169,6 +179,12 @@ impl Config {
                 if d.allow_raw_html && !d.publish_html {
                     warnings.push(format!(
                         "destination {:?} of pipeline {:?} sets html.raw_html: allow but does not publish HTML; the setting has no effect",
+                        d.id, pipeline.id
+                    ));
+                }
+                if d.html_template.is_some() && !d.publish_html {
+                    warnings.push(format!(
+                        "destination {:?} of pipeline {:?} sets html.template but does not publish HTML; the template is not used",
                         d.id, pipeline.id
                     ));
                 }
@@ -262,6 +278,9 @@ impl Config {
                 );
                 let raw = if d.allow_raw_html { "allow" } else { "escape" };
                 let _ = writeln!(s, "      raw_html: {raw}");
+                if let Some(template) = &d.html_template {
+                    let _ = writeln!(s, "      template: {}", template.path.display());
+                }
                 let url = d
                     .base_url
                     .as_deref()

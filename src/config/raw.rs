@@ -14,6 +14,7 @@ use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
 use super::model::{AgentConfig, Config, Destination, Limits, Pipeline, PrunePolicy, Workflow};
 use super::relations::{check_relations, normalize};
+use super::template::read_template;
 use super::values::{expand_prefix, parse_duration, parse_size};
 use crate::paths::{self, IdKind};
 
@@ -115,9 +116,13 @@ struct RawPublish {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with raw_html")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with raw_html and template"
+)]
 struct RawHtml {
     raw_html: Option<Checked<RawHtmlRule>>,
+    template: Option<Checked<FilePathRule>>,
 }
 
 #[derive(Deserialize)]
@@ -512,7 +517,15 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 prefix: rd.prefix.map(|c| c.0).unwrap_or_default(),
                 publish_source: publish.source.unwrap_or(true),
                 publish_html: publish.html.unwrap_or(false),
-                allow_raw_html: rd.html.and_then(|h| h.raw_html).is_some_and(|c| c.0),
+                allow_raw_html: rd
+                    .html
+                    .as_ref()
+                    .and_then(|h| h.raw_html.as_ref())
+                    .is_some_and(|c| c.0),
+                html_template: match rd.html.and_then(|h| h.template) {
+                    Some(Checked(text)) => Some(read_template(&resolve(&text), file)?),
+                    None => None,
+                },
                 base_url: rd.links.and_then(|l| l.base_url).map(|c| c.0),
                 prune: rd.retention.and_then(|r| r.prune).map(|p| PrunePolicy {
                     max_age: p.max_age.0,

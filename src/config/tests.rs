@@ -1069,3 +1069,54 @@ fn syntax_errors_name_a_tab_and_an_unquoted_placeholder() {
         }
     }
 }
+
+#[test]
+fn html_template_is_read_relative_to_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("config.yaml");
+    std::fs::create_dir(tmp.path().join("t")).unwrap();
+    std::fs::write(tmp.path().join("t/page.html"), "<main>{{content}}</main>").unwrap();
+    let text = with_destination(
+        "        publish: {html: true}\n        html:\n          template: t/page.html\n",
+    );
+    let c = parse(&text, &file).unwrap();
+    let template = c.pipelines[0].destinations[0]
+        .html_template
+        .as_ref()
+        .unwrap();
+    assert_eq!(template.path, tmp.path().join("t/page.html"));
+    assert_eq!(&*template.text, "<main>{{content}}</main>");
+    assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    assert!(c.summary().contains("template: "), "{}", c.summary());
+
+    let unused = with_destination("        html:\n          template: t/page.html\n");
+    let warnings = parse(&unused, &file).unwrap().warnings();
+    assert!(warnings[0].contains("template is not used"), "{warnings:?}");
+}
+
+#[test]
+fn html_template_missing_or_without_content_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("config.yaml");
+    std::fs::write(tmp.path().join("no-content.html"), "<p>{{title}}</p>").unwrap();
+    std::fs::write(tmp.path().join("latin1.html"), b"{{content}} \xe9").unwrap();
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "missing.html",
+            &["missing.html", "cannot read", "create the file"],
+        ),
+        ("no-content.html", &["no-content.html", "{{content}}"]),
+        ("latin1.html", &["latin1.html", "UTF-8"]),
+        ("t/", &["names a folder"]),
+    ];
+    for (path, wanted) in cases {
+        let text = with_destination(&format!(
+            "        publish: {{html: true}}\n        html:\n          template: {path}\n"
+        ));
+        let e = parse(&text, &file).unwrap_err().to_string();
+        assert!(e.contains("config.yaml"), "{path}: {e}");
+        for w in *wanted {
+            assert!(e.contains(w), "{path}: {e}");
+        }
+    }
+}

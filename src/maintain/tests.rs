@@ -289,6 +289,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         publish_source: true,
         publish_html: false,
         allow_raw_html: false,
+        html_template: None,
         base_url: None,
         prune,
     }

@@ -103,14 +103,22 @@ pub(super) fn prepare_bundle<'a>(
     let mut verified: BTreeSet<RelPath> = BTreeSet::new();
 
     // Prepare every destination's outputs (rendering included) before locking.
-    let mut rendered: [Option<Rendered>; 2] = [None, None];
+    // Pages rendered so far, by what shapes them (raw_html, template).
+    let mut rendered: Vec<((bool, Option<&config::HtmlTemplate>), Rendered)> = Vec::new();
     let mut prepared = Vec::new();
     for (i, d) in destinations.iter().enumerate() {
         let html = if d.publish_html {
-            let slot = &mut rendered[usize::from(d.allow_raw_html)];
-            if slot.is_none() {
-                match render_all(&bundle, d.allow_raw_html, &pipeline.limits, &mut verified) {
-                    Ok(r) => *slot = Some(r),
+            let key = (d.allow_raw_html, d.html_template.as_ref());
+            if !rendered.iter().any(|(k, _)| *k == key) {
+                let template = d.html_template.as_ref().map(|t| &*t.text);
+                match render_all(
+                    &bundle,
+                    d.allow_raw_html,
+                    template,
+                    &pipeline.limits,
+                    &mut verified,
+                ) {
+                    Ok(r) => rendered.push((key, r)),
                     Err(Failure::Bundle(e)) => {
                         return Err(Box::new(report.fail(
                             Stage::Verify,
@@ -131,7 +139,7 @@ pub(super) fn prepare_bundle<'a>(
                     }
                 }
             }
-            slot.as_ref()
+            rendered.iter().find(|(k, _)| *k == key).map(|(_, r)| r)
         } else {
             None
         };
@@ -162,6 +170,7 @@ pub(super) fn prepare_bundle<'a>(
 fn render_all(
     bundle: &VerifiedBundle,
     allow_raw_html: bool,
+    template: Option<&str>,
     limits: &bundle::Limits,
     verified: &mut BTreeSet<RelPath>,
 ) -> Result<Rendered, Failure> {
@@ -198,6 +207,7 @@ fn render_all(
                 allow_raw_html,
                 source_path: f.path.as_str(),
                 generated_markdown: &generated,
+                template,
             },
         );
         let html = html.into_bytes();

@@ -253,3 +253,162 @@ pub fn hostile_bundles(t: &Test) -> Vec<(&'static str, std::path::PathBuf, Strin
     cases.push(("symlinked folder", b, "sub".to_owned()));
     cases
 }
+
+#[test]
+fn seal_lists_one_problem_per_line_with_a_count() {
+    let t = Test::new();
+    let outside = t.write("outside.txt", "secret");
+    let dir = t.mkdir("b");
+    t.write("b/a.txt", "a");
+    for i in 0..78 {
+        symlink(&outside, dir.join(format!("link-{i:02}.txt"))).unwrap();
+    }
+    let out = t.seal(&dir, "x", None);
+    out.expect_code(1);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("error: cannot seal ")
+            && lines[0].ends_with(": 78 problems, nothing was written:"),
+        "{}",
+        out.stderr
+    );
+    for i in 0..78 {
+        assert_eq!(
+            lines[1 + i],
+            format!("  link-{i:02}.txt: is a symbolic link")
+        );
+    }
+    assert!(
+        lines[79].starts_with("only regular files can be sealed"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(lines.len(), 80, "{}", out.stderr);
+    assert!(lines.iter().all(|l| l.len() < 200), "{}", out.stderr);
+    assert!(!dir.join("manifest.json").exists());
+}
+
+#[test]
+fn seal_says_which_reserved_files_it_left_out() {
+    let t = Test::new();
+    let dir = t.mkdir("b");
+    t.write("b/a.txt", "a");
+    t.write(
+        "b/.distributor-notes.txt",
+        "the producer meant to ship this",
+    );
+    t.write("b/sub/.distributor.lock", "");
+    t.write("b/sub/kept.txt", "k");
+    let out = t.seal(&dir, "x", None);
+    out.expect_code(0);
+    assert!(out.stdout.contains("(2 files, sha256:"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("warning: left out 2 reserved entries"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("\n  .distributor-notes.txt\n"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("\n  sub/.distributor.lock\n"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("reserved for distributor"),
+        "{}",
+        out.stderr
+    );
+
+    let one = t.mkdir("one");
+    t.write("one/a.txt", "a");
+    let out = t.seal(&one, "y", None);
+    out.expect_code(0);
+    assert!(out.stdout.contains("(1 file, sha256:"), "{}", out.stdout);
+    assert_eq!(out.stderr, "", "nothing skipped, nothing said");
+    let out = t.cmd().args(["bundle", "verify"]).arg(&one).output();
+    out.expect_code(0);
+    assert!(
+        out.stdout.contains("is bundle y (1 file, sha256:"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn seal_shows_bad_names_escaped_with_the_rename_hint() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let t = Test::new();
+    let dir = t.mkdir("b");
+    t.write("b/a.txt", "a");
+    fs::write(dir.join(OsStr::from_bytes(b"bad\xff\xfe.txt")), "x").unwrap();
+    fs::write(dir.join("new\nline.txt"), "x").unwrap();
+    fs::write(dir.join("back\\slash.txt"), "x").unwrap();
+    let out = t.seal(&dir, "x", None);
+    out.expect_code(1);
+    let err = &out.stderr;
+    assert!(
+        err.contains("  bad\\xff\\xfe.txt: name is not valid UTF-8"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  new\\nline.txt: name cannot be used"),
+        "{err}"
+    );
+    assert!(
+        err.contains("  back\\slash.txt: name cannot be used"),
+        "{err}"
+    );
+    assert!(!err.contains('\u{fffd}'), "no lossy replacement: {err}");
+    assert!(
+        err.contains("rename the entries whose names cannot be used"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("only regular files can be sealed"),
+        "these are regular files: {err}"
+    );
+    assert_eq!(err.lines().count(), 5, "{err}");
+}
+
+#[test]
+fn seal_warns_about_deceptive_names_but_seals() {
+    let t = Test::new();
+    let dir = t.mkdir("b");
+    t.write("b/caf\u{e9}.txt", "composed");
+    t.write("b/cafe\u{301}.txt", "decomposed");
+    t.write("b/invoice\u{202e}fdp.exe", "bidi");
+    t.write("b/pay\u{200b}pal.txt", "zero width");
+    t.write("b/plain.txt", "plain");
+    let out = t.seal(&dir, "x", None);
+    out.expect_code(0);
+    assert_eq!(manifest(&dir)["files"].as_array().unwrap().len(), 5);
+    let err = &out.stderr;
+    assert!(
+        err.contains(
+            "caf\\u{e9}.txt and cafe\\u{301}.txt are the same name after Unicode NFC normalisation"
+        ) || err.contains(
+            "cafe\\u{301}.txt and caf\\u{e9}.txt are the same name after Unicode NFC normalisation"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("U+202E"), "{err}");
+    assert!(err.contains("bidirectional"), "{err}");
+    assert!(
+        err.contains("pay\\u{200b}pal.txt") || err.contains("U+200B"),
+        "{err}"
+    );
+    assert!(
+        !err.contains('\u{202e}'),
+        "the override itself is not printed: {err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("warning: ")).count(),
+        3,
+        "{err}"
+    );
+}

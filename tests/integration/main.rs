@@ -16,4 +16,5 @@ mod metrics;
 mod operate;
 mod race;
 mod reliability;
+mod render;
 mod run;

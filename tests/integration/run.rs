@@ -854,13 +854,79 @@ fn colliding_outputs_make_the_bundle_invalid_for_the_destination() {
 }
 
 #[test]
-fn text_output_without_json_names_the_action() {
+fn text_output_is_a_summary_and_lists_files_only_when_verbose() {
     let t = single("additive");
-    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let b = t.bundle(
+        "rep.1",
+        &[("a.txt", "a"), ("b.txt", "bb"), ("c/d.txt", "ddd")],
+    );
     let out = t.run(&["run", "--pipeline", "reports", b.to_str().unwrap()]);
     out.expect_code(0);
-    assert!(out.stdout.contains("publish_new"), "{}", out.stdout);
-    assert!(out.stdout.contains("a.txt"), "{}", out.stdout);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", out.stdout);
+    assert!(
+        lines[0].starts_with("run of pipeline reports: rep.1 created "),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[1].contains("site (additive, ")
+            && lines[1].ends_with("): publish_new, 3 writes, 0 deletes"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines[2].starts_with("wrote 3 files (6 bytes), deleted 0 files in "),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lines[3], "ok");
+    assert!(!out.stdout.contains("a.txt"), "{}", out.stdout);
+
+    // Same bundle again, listing every file.
+    let out = t.run(&[
+        "run",
+        "--verbose",
+        "--pipeline",
+        "reports",
+        b.to_str().unwrap(),
+    ]);
+    out.expect_code(0);
+    assert!(
+        out.stdout.contains(": skip_same, 0 writes, 0 deletes"),
+        "{}",
+        out.stdout
+    );
+    let b2 = t.bundle("rep.2", &[("a.txt", "new")]);
+    let out = t.run(&[
+        "run",
+        "--verbose",
+        "--pipeline",
+        "reports",
+        b2.to_str().unwrap(),
+    ]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("    write   a.txt\n"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("wrote 1 file (3 bytes)"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn json_output_is_the_same_with_verbose() {
+    let t = single("additive");
+    let b = t.bundle("rep.1", &[("a.txt", "a")]);
+    let dry = |extra: &[&str]| {
+        let mut args = vec!["run", "--json", "--dry-run", "--pipeline", "reports"];
+        args.extend_from_slice(extra);
+        args.push(b.to_str().unwrap());
+        let out = t.run(&args);
+        out.expect_code(0);
+        out.stdout
+    };
+    assert_eq!(dry(&[]), dry(&["--verbose"]));
 }
 
 #[test]

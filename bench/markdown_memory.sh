@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Peak memory of rendering one big markdown file, for several shapes.
+#
+# For each shape it writes a bundle holding one .md file of about SIZE_MIB
+# MiB, seals it, and runs `distributor run` (publish.html on, source copy
+# off) under /usr/bin/time -v. It prints the peak resident set size and its
+# ratio to the markdown size. SPEC §12.3 promises at most 32 x the input;
+# the ratio includes the process's fixed base (a few MiB), so it reads a
+# little high for small inputs.
+#
+# Usage: bench/markdown_memory.sh [SIZE_MIB] (default 10). Uses
+# target/release/distributor, building it when missing; set DISTRIBUTOR to
+# measure another binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+size_mib="${1:-10}"
+bin="${DISTRIBUTOR:-target/release/distributor}"
+if [ ! -x "$bin" ]; then
+  cargo build --release --quiet
+fi
+command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)" >&2; exit 2; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+cat >"$work/config.yaml" <<'YAML'
+spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+        workflow: replacement
+        publish: {source: false, html: true}
+YAML
+
+# Writes one shape of about size_mib MiB to $1.
+make_markdown() {
+  python3 - "$1" "$2" "$size_mib" <<'PY'
+import sys
+shape, out, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+target = mib * 1024 * 1024
+parts, total, i = [], 0, 0
+def add(s):
+    global total
+    parts.append(s)
+    total += len(s)
+if shape == "table":
+    add("| a | b | c | d |\n|---|---|---|---|\n")
+    while total < target:
+        add(f"| {i} | x | y | z |\n"); i += 1
+elif shape == "dense_table":
+    add("|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n")
+    while total < target:
+        add("|1|2|3|4|5|6|7|8|\n")
+elif shape == "emphasis":
+    while total < target:
+        add("*a* _b_ ")
+elif shape == "paragraphs":
+    while total < target:
+        add(f"Paragraph {i} with *some* emphasis, `code`, a [link](https://example.com/{i}) and plain words that go on for a while.\n\n"); i += 1
+elif shape == "headings":
+    while total < target:
+        add(f"## Heading {i % 1000}\n\ntext\n\n"); i += 1
+elif shape == "lists":
+    while total < target:
+        depth = i % 8
+        add("  " * depth + f"- item {i}\n"); i += 1
+elif shape == "urls":
+    while total < target:
+        add(f"see https://example.com/page/{i}, and http://x.example/{i}.\n"); i += 1
+else:
+    sys.exit(f"unknown shape {shape}")
+open(out, "w").write("".join(parts))
+PY
+}
+
+printf '%-12s %9s %11s %7s\n' shape input_MiB peak_MiB ratio
+for shape in table dense_table paragraphs emphasis headings lists urls; do
+  bundle="$work/b-$shape"
+  rm -rf "$bundle" "$work/www"
+  mkdir -p "$bundle"
+  make_markdown "$shape" "$bundle/page.md"
+  "$bin" bundle seal "$bundle" --id "bench-$shape" >/dev/null
+  input=$(stat -c %s "$bundle/page.md")
+  /usr/bin/time -v -o "$work/time.txt" \
+    "$bin" --config "$work/config.yaml" run --pipeline p "$bundle" >/dev/null
+  peak_kib=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$work/time.txt")
+  python3 -c "import sys; i=$input; p=$peak_kib*1024; print(f'{sys.argv[1]:<12} {i/2**20:9.1f} {p/2**20:11.1f} {p/i:7.1f}')" "$shape"
+done

@@ -1,0 +1,865 @@
+//! Unit tests of the renderer: output shape, escaping, links, ids.
+
+use super::links::{has_dangerous_scheme, percent_decode};
+use super::*;
+
+fn set(paths: &[&str]) -> BTreeSet<String> {
+    paths.iter().map(|p| (*p).to_owned()).collect()
+}
+
+fn render_with(markdown: &str, source: &str, generated: &[&str], allow: bool) -> String {
+    let generated = set(generated);
+    markdown_to_html(
+        markdown,
+        &RenderOptions {
+            allow_raw_html: allow,
+            source_path: source,
+            generated_markdown: &generated,
+            template: None,
+        },
+    )
+}
+
+fn render(markdown: &str) -> String {
+    render_with(markdown, "docs/report.md", &[], false)
+}
+
+fn render_allow(markdown: &str) -> String {
+    render_with(markdown, "docs/report.md", &[], true)
+}
+
+/// The text between `<body>\n` and `</body>`.
+fn body(html: &str) -> &str {
+    let start = html.find("<body>\n").expect("body start") + "<body>\n".len();
+    let end = html.find("</body>").expect("body end");
+    &html[start..end]
+}
+
+/// The self-link written at the end of a heading with this id.
+fn anchor(id: &str) -> String {
+    format!("<a class=\"anchor\" href=\"#{id}\" aria-label=\"Link to this section\">#</a>")
+}
+
+fn title(html: &str) -> &str {
+    let start = html.find("<title>").expect("title start") + "<title>".len();
+    let end = html.find("</title>").expect("title end");
+    &html[start..end]
+}
+
+#[test]
+fn document_skeleton_is_fixed() {
+    let html = render("# Hello\n\nWorld.\n");
+    assert_eq!(
+        html,
+        format!(
+            "<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n\
+             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+             <title>Hello</title>\n<style>\n{STYLESHEET}</style>\n</head>\n<body>\n\
+             <h1 id=\"hello\">Hello{}</h1>\n<p>World.</p>\n\
+             </body>\n</html>\n",
+            anchor("hello")
+        )
+    );
+}
+
+#[test]
+fn empty_markdown_still_gives_a_document() {
+    let html = render("");
+    assert!(html.starts_with("<!DOCTYPE html>\n"));
+    assert!(html.contains("<body>\n</body>\n"));
+    assert!(html.ends_with("</html>\n"));
+    assert_eq!(title(&html), "report");
+}
+
+#[test]
+fn title_cases() {
+    let cases: &[(&str, &str, &str)] = &[
+        // (markdown, source path, expected title)
+        ("# Plain\n", "a.md", "Plain"),
+        (
+            "text\n\n## Second level\n\n# Later\n",
+            "a.md",
+            "Second level",
+        ),
+        (
+            "# Use `cargo` *now* and **here**\n",
+            "a.md",
+            "Use cargo now and here",
+        ),
+        ("# [Linked](x.md) ~~old~~\n", "a.md", "Linked old"),
+        ("# ![logo](l.png) Name\n", "a.md", "logo Name"),
+        ("Setext\n======\n", "a.md", "Setext"),
+        // Escape mode shows raw HTML as text, so the title keeps it.
+        (
+            "# A <b>bold</b> claim\n",
+            "a.md",
+            "A &lt;b&gt;bold&lt;/b&gt; claim",
+        ),
+        ("# Fish & <chips>\n", "a.md", "Fish &amp; &lt;chips&gt;"),
+        (
+            "# `a<b>` & \"q\"\n",
+            "a.md",
+            "a&lt;b&gt; &amp; &quot;q&quot;",
+        ),
+        ("no heading at all\n", "docs/report.md", "report"),
+        ("#\n\n# Second\n", "docs/report.md", "report"),
+        ("no heading\n", "top.md", "top"),
+        ("no heading\n", "a/b/c.d.md", "c.d"),
+        ("no heading\n", "a/x <y>.md", "x &lt;y&gt;"),
+    ];
+    for (markdown, source, expected) in cases {
+        let html = render_with(markdown, source, &[], false);
+        assert_eq!(title(&html), *expected, "markdown {markdown:?}");
+    }
+}
+
+#[test]
+fn title_leaves_out_raw_html_when_allowed() {
+    let html = render_with("# A <b>bold</b> claim\n", "a.md", &[], true);
+    assert_eq!(title(&html), "A bold claim");
+    assert!(
+        body(&html).contains(&format!(
+            "<h1 id=\"a-bold-claim\">A <b>bold</b> claim{}</h1>",
+            anchor("a-bold-claim")
+        )),
+        "{html}"
+    );
+}
+
+#[test]
+fn raw_html_is_escaped_by_default() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "<script>alert(1)</script>\n",
+            "<p>&lt;script&gt;alert(1)&lt;/script&gt;</p>\n",
+        ),
+        (
+            "<div class=\"x\">\nhi\n</div>\n",
+            "<p>&lt;div class=\"x\"&gt;\nhi\n&lt;/div&gt;</p>\n",
+        ),
+        ("<!-- note -->\n", "<p>&lt;!-- note --&gt;</p>\n"),
+        (
+            "a <b onclick=\"x()\">b</b> c\n",
+            "<p>a &lt;b onclick=\"x()\"&gt;b&lt;/b&gt; c</p>\n",
+        ),
+    ];
+    for (markdown, expected) in cases {
+        assert_eq!(body(&render(markdown)), *expected, "markdown {markdown:?}");
+    }
+}
+
+#[test]
+fn raw_html_passes_through_when_allowed() {
+    let cases: &[(&str, &str)] = &[
+        ("<script>alert(1)</script>\n", "<script>alert(1)</script>\n"),
+        ("a <b>b</b> c\n", "<p>a <b>b</b> c</p>\n"),
+    ];
+    for (markdown, expected) in cases {
+        assert_eq!(
+            body(&render_allow(markdown)),
+            *expected,
+            "markdown {markdown:?}"
+        );
+    }
+}
+
+#[test]
+fn escaped_raw_html_never_leaves_a_live_tag() {
+    let html = render("x\n\n<script>evil()</script>\n\n<img src=x onerror=y>\n");
+    let content = body(&html);
+    assert!(!content.contains("<script"), "{content}");
+    assert!(!content.contains("<img"), "{content}");
+    assert!(content.contains("&lt;script&gt;evil()&lt;/script&gt;"));
+}
+
+#[test]
+fn dangerous_schemes_are_neutralised_in_escape_mode() {
+    let cases: &[&str] = &[
+        "[x](javascript:alert(1))",
+        "[x](JavaScript:alert(1))",
+        "[x](<  javascript:alert(1)>)",
+        "[x](java&#9;script:alert(1))",
+        "[x](<java\tscript:alert(1)>)",
+        "[x](&#x0A;javascript:alert(1))",
+        "[x](VBScript:msgbox)",
+        "[x](data:text/html;base64,PHNjcmlwdD4=)",
+        "[x](DATA:text/html,hi)",
+        "[x](&#106;avascript:alert(1))",
+        "<javascript:alert(1)>",
+        "[x][ref]\n\n[ref]: javascript:alert(1)",
+    ];
+    for markdown in cases {
+        let html = render(markdown);
+        assert!(
+            body(&html).contains("<a href=\"#\">"),
+            "markdown {markdown:?} gave {html}"
+        );
+        assert_eq!(
+            body(&html).matches("href=\"").count(),
+            body(&html).matches("href=\"#\"").count(),
+            "markdown {markdown:?} gave {html}"
+        );
+    }
+    let image = render("![alt](javascript:alert(1))");
+    assert!(
+        body(&image).contains("<img src=\"#\" alt=\"alt\""),
+        "{image}"
+    );
+    let data_image = render("![alt](data:image/png;base64,AAAA)");
+    assert!(body(&data_image).contains("<img src=\"#\""), "{data_image}");
+}
+
+#[test]
+fn dangerous_schemes_are_kept_in_allow_mode() {
+    let html = render_allow("[x](javascript:alert(1)) ![i](data:image/png;base64,AAAA)");
+    assert!(
+        body(&html).contains("href=\"javascript:alert(1)\""),
+        "{html}"
+    );
+    assert!(
+        body(&html).contains("src=\"data:image/png;base64,AAAA\""),
+        "{html}"
+    );
+}
+
+#[test]
+fn safe_schemes_are_not_neutralised() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[x](https://example.com/a)",
+            "href=\"https://example.com/a\"",
+        ),
+        ("[x](mailto:a@b.c)", "href=\"mailto:a@b.c\""),
+        ("<a@b.c>", "href=\"mailto:a@b.c\""),
+        ("[x](javascript.md)", "href=\"javascript.md\""),
+        ("[x](notes/data:x)", "href=\"notes/data:x\""),
+    ];
+    for (markdown, expected) in cases {
+        let html = render(markdown);
+        assert!(
+            body(&html).contains(expected),
+            "markdown {markdown:?} gave {html}"
+        );
+    }
+}
+
+#[test]
+fn markdown_links_are_rewritten_to_generated_html() {
+    let generated = [
+        "a/index.md",
+        "a/other.md",
+        "a/sub/deep.md",
+        "b/x.md",
+        "top.md",
+        "a/my file.md",
+    ];
+    let cases: &[(&str, &str)] = &[
+        // (link in a/index.md, expected href)
+        ("other.md", "other.html"),
+        ("./other.md", "./other.html"),
+        ("sub/deep.md", "sub/deep.html"),
+        ("../b/x.md", "../b/x.html"),
+        ("../b/x.md#top", "../b/x.html#top"),
+        ("other.md?v=1#s", "other.html?v=1#s"),
+        ("../top.md", "../top.html"),
+        ("sub/../other.md", "sub/../other.html"),
+        ("my%20file.md", "my%20file.html"),
+        ("index.md", "index.html"),
+        // left alone
+        ("missing.md", "missing.md"),
+        ("../a/sub.md", "../a/sub.md"),
+        ("../../top.md", "../../top.md"),
+        ("../../../a/other.md", "../../../a/other.md"),
+        ("https://x/y.md", "https://x/y.md"),
+        ("//x/y.md", "//x/y.md"),
+        ("/a/other.md", "/a/other.md"),
+        ("#anchor", "#anchor"),
+        ("other.md/", "other.md/"),
+        ("other.markdown", "other.markdown"),
+        ("other.MD", "other.MD"),
+        ("other.html", "other.html"),
+        ("?q=other.md", "?q=other.md"),
+    ];
+    for (link, expected) in cases {
+        let markdown = format!("[t]({link})\n");
+        let html = render_with(&markdown, "a/index.md", &generated, false);
+        let wanted = format!("<a href=\"{expected}\">t</a>");
+        assert!(body(&html).contains(&wanted), "link {link:?} gave {html}");
+    }
+}
+
+#[test]
+fn angle_bracket_link_with_space_is_rewritten() {
+    let html = render_with(
+        "[t](<my file.md#x>)\n",
+        "a/index.md",
+        &["a/my file.md"],
+        false,
+    );
+    assert!(
+        body(&html).contains("<a href=\"my%20file.html#x\">"),
+        "{html}"
+    );
+}
+
+#[test]
+fn rewriting_uses_the_source_folder() {
+    let generated = ["x.md", "docs/x.md"];
+    let at_top = render_with("[t](x.md)", "index.md", &generated, false);
+    assert!(body(&at_top).contains("href=\"x.html\""), "{at_top}");
+    let in_docs = render_with("[t](../x.md)", "docs/index.md", &["x.md"], false);
+    assert!(body(&in_docs).contains("href=\"../x.html\""), "{in_docs}");
+    let climbing = render_with("[t](../x.md)", "index.md", &generated, false);
+    assert!(body(&climbing).contains("href=\"../x.md\""), "{climbing}");
+}
+
+#[test]
+fn images_and_reference_links_are_rewritten_too() {
+    let html = render_with(
+        "![pic](other.md) [r][1]\n\n[1]: other.md#s\n",
+        "index.md",
+        &["other.md"],
+        true,
+    );
+    assert!(
+        body(&html).contains("<img src=\"other.html\" alt=\"pic\""),
+        "{html}"
+    );
+    assert!(
+        body(&html).contains("<a href=\"other.html#s\">r</a>"),
+        "{html}"
+    );
+}
+
+#[test]
+fn extensions_are_on() {
+    let cases: &[(&str, &str)] = &[
+        ("| a | b |\n|---|---|\n| 1 | 2 |\n", "<table>"),
+        ("| a | b |\n|---|---|\n| 1 | 2 |\n", "<td>1</td>"),
+        (
+            "Note[^1].\n\n[^1]: The note.\n",
+            "class=\"footnote-reference\"",
+        ),
+        (
+            "Note[^1].\n\n[^1]: The note.\n",
+            "class=\"footnote-definition\"",
+        ),
+        ("~~gone~~\n", "<del>gone</del>"),
+        ("- [x] done\n- [ ] todo\n", "type=\"checkbox\" checked=\"\""),
+        ("- [ ] todo\n", "<input disabled=\"\" type=\"checkbox\"/>"),
+    ];
+    for (markdown, expected) in cases {
+        let html = render(markdown);
+        assert!(
+            body(&html).contains(expected),
+            "markdown {markdown:?} gave {html}"
+        );
+    }
+}
+
+#[test]
+fn other_extensions_stay_off() {
+    let cases: &[(&str, &str)] = &[
+        // Heading attributes are off: the braces stay text.
+        ("# Title {#id}\n", "<h1 id=\"title-id\">Title {#id}<a "),
+        // Smart punctuation is off.
+        ("\"quoted\" -- x\n", "<p>\"quoted\" -- x</p>"),
+        // Math is off.
+        ("$x$\n", "<p>$x$</p>"),
+    ];
+    for (markdown, expected) in cases {
+        let html = render(markdown);
+        assert!(
+            body(&html).contains(expected),
+            "markdown {markdown:?} gave {html}"
+        );
+    }
+}
+
+#[test]
+fn rendering_is_deterministic() {
+    let markdown = "# T\n\nA[^n] and [b](b.md) <i>x</i>\n\n[^n]: note\n\n| a |\n|---|\n| 1 |\n";
+    let generated = set(&["b.md"]);
+    let options = RenderOptions {
+        allow_raw_html: false,
+        source_path: "a.md",
+        generated_markdown: &generated,
+        template: None,
+    };
+    let first = markdown_to_html(markdown, &options);
+    let second = markdown_to_html(markdown, &options);
+    assert_eq!(first.as_bytes(), second.as_bytes());
+    assert!(first.contains("href=\"b.html\""));
+}
+
+#[test]
+fn dangerous_scheme_detection() {
+    let cases: &[(&str, bool)] = &[
+        ("javascript:x", true),
+        ("JAVASCRIPT:x", true),
+        ("\u{1}\u{7f} java\n\tscript:x", true),
+        ("vbscript:x", true),
+        ("data:,x", true),
+        ("https://x", false),
+        ("javascript", false),
+        ("./javascript:x", false),
+        ("java%73cript:x", false),
+        ("", false),
+    ];
+    for (dest, expected) in cases {
+        assert_eq!(has_dangerous_scheme(dest), *expected, "dest {dest:?}");
+    }
+}
+
+#[test]
+fn percent_decoding() {
+    let cases: &[(&str, Option<&str>)] = &[
+        ("plain", Some("plain")),
+        ("a%20b", Some("a b")),
+        ("%C3%A9", Some("é")),
+        ("%c3%a9", Some("é")),
+        ("100%", Some("100%")),
+        ("%zz", Some("%zz")),
+        ("%FF", None),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(percent_decode(text).as_deref(), *expected, "text {text:?}");
+    }
+}
+
+/// A start tag found by [`tags`]: its name and attributes (entities in
+/// values left as written).
+#[derive(Debug)]
+struct StartTag {
+    name: String,
+    attrs: Vec<(String, String)>,
+}
+
+impl StartTag {
+    fn attr(&self, name: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every start tag of `html`, in order: a small scanner for the markup this
+/// renderer writes (quoted attribute values, no comments in the body).
+fn tags(html: &str) -> Vec<StartTag> {
+    let mut found = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find('<') {
+        rest = &rest[at + 1..];
+        if !rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            continue;
+        }
+        let end = rest.find('>').unwrap_or(rest.len());
+        let inside = rest[..end].trim_end_matches('/');
+        rest = rest.get(end + 1..).unwrap_or_default();
+        let name_end = inside
+            .find(|c: char| c.is_whitespace())
+            .unwrap_or(inside.len());
+        let mut tag = StartTag {
+            name: inside[..name_end].to_ascii_lowercase(),
+            attrs: Vec::new(),
+        };
+        let mut attrs = inside[name_end..].trim_start();
+        while !attrs.is_empty() {
+            let name_end = attrs
+                .find(|c: char| c == '=' || c.is_whitespace())
+                .unwrap_or(attrs.len());
+            let name = attrs[..name_end].to_ascii_lowercase();
+            attrs = &attrs[name_end..];
+            let value = if let Some(quoted) = attrs.strip_prefix("=\"") {
+                let close = quoted.find('"').unwrap_or(quoted.len());
+                attrs = quoted.get(close + 1..).unwrap_or_default();
+                quoted[..close].to_owned()
+            } else if let Some(bare) = attrs.strip_prefix('=') {
+                // Unquoted (raw HTML passed through when allowed).
+                let end = bare.find(char::is_whitespace).unwrap_or(bare.len());
+                attrs = &bare[end..];
+                bare[..end].to_owned()
+            } else {
+                if name_end == 0 {
+                    // Not an attribute; step over one character.
+                    let step = attrs.chars().next().map_or(0, char::len_utf8);
+                    attrs = &attrs[step..];
+                }
+                String::new()
+            };
+            tag.attrs.push((name, value));
+            attrs = attrs.trim_start();
+        }
+        found.push(tag);
+    }
+    found
+}
+
+/// Every `id` of the page body, in order.
+fn ids(html: &str) -> Vec<String> {
+    tags(body(html))
+        .iter()
+        .filter_map(|t| t.attr("id").map(str::to_owned))
+        .collect()
+}
+
+/// Every `href` of the page body, in order.
+fn hrefs(html: &str) -> Vec<String> {
+    tags(body(html))
+        .iter()
+        .filter(|t| t.name == "a")
+        .filter_map(|t| t.attr("href").map(str::to_owned))
+        .collect()
+}
+
+fn assert_unique(ids: &[String], html: &str) {
+    let mut seen = BTreeSet::new();
+    for id in ids {
+        assert!(seen.insert(id), "id {id:?} twice in {html}");
+    }
+}
+
+#[test]
+fn headings_get_github_style_ids_and_self_links() {
+    let markdown = "# Getting Started\n\n## Usage\n\n## Usage\n\n### What's new? (v1.2)\n\n\
+                    ## `cargo` *install*\n\nSetext\n------\n\n## Ünïcode Straße\n\n#\n\n## Usage 1\n";
+    let html = render(markdown);
+    let expected = [
+        "getting-started",
+        "usage",
+        "usage-1",
+        "whats-new-v12",
+        "cargo-install",
+        "setext",
+        "ünïcode-straße",
+        "section",
+        "usage-1-1",
+    ];
+    assert_eq!(ids(&html), expected, "{html}");
+    let headings: Vec<StartTag> = tags(body(&html))
+        .into_iter()
+        .filter(|t| t.name.len() == 2 && t.name.starts_with('h'))
+        .collect();
+    assert_eq!(headings.len(), expected.len());
+    let self_links: Vec<String> = hrefs(&html);
+    let wanted: Vec<String> = expected.iter().map(|id| format!("#{id}")).collect();
+    assert_eq!(self_links, wanted, "each heading links to itself: {html}");
+}
+
+#[test]
+fn heading_ids_leave_out_markup_and_image_text() {
+    let cases: &[(&str, &str, bool)] = &[
+        ("# A <b>bold</b> claim\n", "a-bold-claim", true),
+        // Escaped raw HTML is text a reader sees, so it counts.
+        ("# A <b>bold</b> claim\n", "a-bboldb-claim", false),
+        ("# ![logo](l.png) Name\n", "name", false),
+        ("# [Link](https://x.org) text\n", "link-text", false),
+        ("# Fish & chips\n", "fish--chips", false),
+    ];
+    for (markdown, id, allow) in cases {
+        let html = render_with(markdown, "a.md", &[], *allow);
+        assert_eq!(
+            ids(&html),
+            [*id],
+            "markdown {markdown:?} gave {}",
+            body(&html)
+        );
+    }
+}
+
+#[test]
+fn footnote_ids_are_prefixed_and_unique() {
+    let markdown = "# Notes\n\nOne[^b] two[^a] again[^B].\n\n## fn 1\n\n## fn-1\n\n\
+                    [^a]: First note.\n\n[^b]: Second note.\n\n[^never]: Unreferenced.\n";
+    let html = render(markdown);
+    let all = ids(&html);
+    assert_unique(&all, &html);
+    assert_eq!(
+        all,
+        [
+            "notes",
+            "fnref-1",
+            "fnref-2",
+            "fnref-1-2",
+            "h-fn-1",
+            "h-fn-1-1",
+            "fn-2",
+            "fn-1",
+            "fn-3"
+        ],
+        "{html}"
+    );
+    let links = hrefs(&html);
+    for id in ["#fn-1", "#fn-2", "#fnref-1", "#fnref-2"] {
+        assert!(links.iter().any(|h| h == id), "no link to {id}: {html}");
+    }
+    // Every in-page link points at an id of the page.
+    for href in links.iter().filter_map(|h| h.strip_prefix('#')) {
+        assert!(all.iter().any(|id| id == href), "dangling #{href}: {html}");
+    }
+    assert!(
+        !html.contains("id=\"a\"") && !html.contains("id=\"1\""),
+        "{html}"
+    );
+}
+
+#[test]
+fn bare_urls_become_links_outside_code_and_links() {
+    let cases: &[(&str, &[&str])] = &[
+        ("See https://example.com/a.\n", &["https://example.com/a"]),
+        (
+            "(http://x.org/wiki/A_(b)) and https://y.org/q?a=1&b=2, done\n",
+            &["http://x.org/wiki/A_(b)", "https://y.org/q?a=1&amp;b=2"],
+        ),
+        ("*https://x.org/em*\n", &["https://x.org/em"]),
+        ("a https://x.org/a_b_c z\n", &["https://x.org/a_b_c"]),
+        ("a https://x.org/a\\_b z\n", &["https://x.org/a_b"]),
+        (
+            "# Docs at https://x.org\n",
+            &["https://x.org", "#docs-at-httpsxorg"],
+        ),
+        ("| h |\n|---|\n| https://x.org/t |\n", &["https://x.org/t"]),
+        ("`https://x.org/code`\n", &[]),
+        ("```\nhttps://x.org/block\n```\n", &[]),
+        ("    https://x.org/indented\n", &[]),
+        (
+            "[text https://x.org/in](https://x.org/out)\n",
+            &["https://x.org/out"],
+        ),
+        ("<https://x.org/auto>\n", &["https://x.org/auto"]),
+        ("![https://x.org/alt](i.png)\n", &[]),
+        ("xhttps://x.org\n", &[]),
+        ("ftp://x.org\n", &[]),
+    ];
+    for (markdown, expected) in cases {
+        let html = render(markdown);
+        assert_eq!(
+            hrefs(&html),
+            *expected,
+            "markdown {markdown:?} gave {}",
+            body(&html)
+        );
+    }
+    let html = render("Go to https://example.com/a now.\n");
+    assert!(
+        body(&html).contains(
+            "<p>Go to <a href=\"https://example.com/a\">https://example.com/a</a> now.</p>"
+        ),
+        "{html}"
+    );
+}
+
+#[test]
+fn bare_urls_in_raw_html_are_left_alone() {
+    // Escaped, the tags are text a reader sees: the URL inside the tag is
+    // not at a word start, the one between the tags is plain text.
+    let escaped = render("<a href=\"https://x.org/h\">https://x.org/t</a>\n");
+    assert_eq!(hrefs(&escaped), ["https://x.org/t"], "{}", body(&escaped));
+    let block = render("<div>\nhttps://x.org/in-block\n</div>\n");
+    assert_eq!(hrefs(&block), Vec::<String>::new(), "{}", body(&block));
+    let allowed = render_allow("x <a href=\"https://x.org/h\">https://x.org/t</a> y\n");
+    assert_eq!(hrefs(&allowed), ["https://x.org/h"], "{}", body(&allowed));
+}
+
+#[test]
+fn email_autolinks_are_mailto_links_in_both_modes() {
+    for allow in [false, true] {
+        for markdown in [
+            "<user@example.com>\n",
+            "Write to <user@example.com>.\n",
+            "- <first.last+tag@sub.example.org>\n",
+            "# Contact <user@example.com>\n",
+            "| who |\n|---|\n| <user@example.com> |\n",
+        ] {
+            let html = render_with(markdown, "a.md", &[], allow);
+            let mailto: Vec<String> = hrefs(&html)
+                .into_iter()
+                .filter(|h| h.starts_with("mailto:"))
+                .collect();
+            assert_eq!(
+                mailto.len(),
+                1,
+                "allow {allow} markdown {markdown:?} gave {}",
+                body(&html)
+            );
+            assert!(!body(&html).contains("&lt;"), "{html}");
+        }
+    }
+}
+
+#[test]
+fn template_gets_title_and_content() {
+    let generated = set(&[]);
+    let options = RenderOptions {
+        allow_raw_html: false,
+        source_path: "a.md",
+        generated_markdown: &generated,
+        template: Some(
+            "<html><title>{{title}}</title>{{ x }}<main>{{content}}</main><footer>{{title}}</footer>",
+        ),
+    };
+    let html = markdown_to_html("# Fish & {{content}}\n\nBody {{title}}.\n", &options);
+    assert_eq!(
+        html,
+        format!(
+            "<html><title>Fish &amp; {{{{content}}}}</title>{{{{ x }}}}<main><h1 id=\"fish--content\">Fish &amp; {{{{content}}}}{}</h1>\n<p>Body {{{{title}}}}.</p>\n</main><footer>Fish &amp; {{{{content}}}}</footer>",
+            anchor("fish--content")
+        )
+    );
+    assert!(
+        !html.contains("<style>"),
+        "no built-in stylesheet with a template"
+    );
+}
+
+#[test]
+fn default_page_has_the_stylesheet() {
+    let html = render("text\n");
+    assert!(html.contains("<style>\n"));
+    assert!(STYLESHEET.contains("prefers-color-scheme: dark"));
+    assert!(STYLESHEET.contains("max-width"));
+    assert!(STYLESHEET.contains("table"));
+    assert!(STYLESHEET.contains("pre"));
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pieces of markdown that exercise every rule of the renderer, glued
+    /// together at random with arbitrary text.
+    const PIECES: &[&str] = &[
+        "# ",
+        "## ",
+        "\n",
+        "\n\n",
+        " ",
+        "text",
+        "Usage",
+        "fn 1",
+        "fnref-1",
+        "*",
+        "_",
+        "~~",
+        "`",
+        "```\n",
+        "    ",
+        "> ",
+        "- ",
+        "1. ",
+        "- [ ] ",
+        "|",
+        "|---|",
+        "[^1]",
+        "[^a]: note\n",
+        "[^1]: one\n",
+        "[x](",
+        ")",
+        "](",
+        "![",
+        "<",
+        ">",
+        "</",
+        "<script>",
+        "</script>",
+        "<img src=x onerror=alert(1)>",
+        "<a href=\"javascript:alert(1)\">",
+        "<div onclick=x>",
+        "javascript:alert(1)",
+        "JaVaScRiPt:",
+        "java\tscript:",
+        "&#106;avascript:",
+        "data:text/html,",
+        "vbscript:",
+        "https://example.com/a_(b)",
+        "http://x.org.",
+        "https://",
+        "www.x.org",
+        "<user@example.com>",
+        "<https://x.org>",
+        "other.md",
+        "../a.md#s",
+        "{{title}}",
+        "{{content}}",
+        "&amp;",
+        "&",
+        "\"",
+        "'",
+        "\\",
+        "é",
+        "\u{202e}",
+        "\u{200b}",
+        "=",
+        "===\n",
+        "---\n",
+        "[r]: javascript:x\n",
+        "[r]",
+    ];
+
+    fn markdown() -> impl Strategy<Value = String> {
+        prop::collection::vec(
+            prop_oneof![
+                4 => prop::sample::select(PIECES).prop_map(str::to_owned),
+                1 => "[ -~]{0,12}",
+                1 => any::<String>().prop_map(|s| s.chars().take(6).collect()),
+            ],
+            0..60,
+        )
+        .prop_map(|pieces| pieces.concat())
+    }
+
+    fn render_mode(markdown: &str, allow: bool) -> String {
+        let generated = set(&["other.md", "a.md"]);
+        markdown_to_html(
+            markdown,
+            &RenderOptions {
+                allow_raw_html: allow,
+                source_path: "docs/page.md",
+                generated_markdown: &generated,
+                template: None,
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn rendering_is_safe_deterministic_and_ids_are_unique(markdown in markdown()) {
+            for allow in [false, true] {
+                let first = render_mode(&markdown, allow);
+                let second = render_mode(&markdown, allow);
+                prop_assert_eq!(&first, &second);
+                let page = body(&first);
+                let all_ids: Vec<String> = tags(page)
+                    .iter()
+                    .filter_map(|t| t.attr("id").map(str::to_owned))
+                    .collect();
+                let unique: BTreeSet<&String> = all_ids.iter().collect();
+                if !allow {
+                    prop_assert_eq!(unique.len(), all_ids.len(), "ids {:?} in {}", all_ids, page);
+                }
+                if allow {
+                    continue;
+                }
+                prop_assert!(!page.to_ascii_lowercase().contains("<script"), "{}", page);
+                for tag in tags(page) {
+                    for (name, value) in &tag.attrs {
+                        prop_assert!(!name.starts_with("on"), "attribute {} in {}", name, page);
+                        if name == "href" || name == "src" {
+                            let squeezed: String = value
+                                .chars()
+                                .filter(|c| !c.is_ascii_whitespace() && !c.is_ascii_control())
+                                .collect::<String>()
+                                .to_ascii_lowercase();
+                            for scheme in ["javascript:", "vbscript:", "data:"] {
+                                prop_assert!(!squeezed.starts_with(scheme), "{}={} in {}", name, value, page);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! `publish.html` as a reader and an operator see it: the page published
+//! (ids, links, stylesheet or template), template config errors, and the
+//! memory a big markdown file costs (SPEC §10, §12.3, §16).
+
+use crate::util::{Test, write_file};
+use std::collections::BTreeSet;
+use std::fs;
+
+/// One pipeline `p` publishing HTML (and no sources) to `./site`, with
+/// `extra` added under the destination's `html:` key.
+fn html_site(extra: &str) -> Test {
+    let t = Test::new();
+    t.config(&format!(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: site
+        path: ./site
+        publish: {{source: false, html: true}}
+        html:
+          raw_html: escape
+{extra}"
+    ));
+    t
+}
+
+/// `(tag name, attributes)` of every start tag in `html`: a small scanner
+/// for the markup the renderer writes (double-quoted values).
+fn start_tags(html: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut found = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find('<') {
+        rest = &rest[at + 1..];
+        if !rest.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            continue;
+        }
+        let end = rest.find('>').expect("tag ends");
+        let inside = rest[..end].trim_end_matches('/');
+        rest = &rest[end + 1..];
+        let (name, mut attrs_text) = inside.split_once(' ').unwrap_or((inside, ""));
+        let mut attrs = Vec::new();
+        loop {
+            attrs_text = attrs_text.trim_start();
+            if attrs_text.is_empty() {
+                break;
+            }
+            let name_end = attrs_text.find(['=', ' ']).unwrap_or(attrs_text.len());
+            let attr = attrs_text[..name_end].to_owned();
+            attrs_text = &attrs_text[name_end..];
+            let value = match attrs_text.strip_prefix("=\"") {
+                Some(quoted) => {
+                    let close = quoted.find('"').expect("value ends");
+                    attrs_text = &quoted[close + 1..];
+                    quoted[..close].to_owned()
+                }
+                None => String::new(),
+            };
+            attrs.push((attr, value));
+        }
+        found.push((name.to_ascii_lowercase(), attrs));
+    }
+    found
+}
+
+fn attr_values(html: &str, attr: &str) -> Vec<String> {
+    start_tags(html)
+        .into_iter()
+        .flat_map(|(_, attrs)| attrs)
+        .filter(|(name, _)| name == attr)
+        .map(|(_, value)| value)
+        .collect()
+}
+
+#[test]
+fn published_page_has_heading_ids_footnotes_autolinks_and_stylesheet() {
+    let t = html_site("");
+    let b = t.bundle(
+        "b-1",
+        &[(
+            "README.md",
+            "# My Crate\n\n[Usage](#usage) · [Notes](#notes)\n\n## Usage\n\nSee https://docs.example.org/crate. \
+             Mail <dev@example.com>.[^1]\n\n## Usage\n\n## Notes\n\n[^1]: A note.\n",
+        )],
+    );
+    t.publish("p", &b, &[]).expect_code(0);
+    let html = fs::read_to_string(t.join("site/README.html")).unwrap();
+
+    let ids = attr_values(&html, "id");
+    assert_eq!(
+        ids,
+        ["my-crate", "usage", "fnref-1", "usage-1", "notes", "fn-1"],
+        "{html}"
+    );
+    let unique: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "ids are unique: {html}");
+    let hrefs = attr_values(&html, "href");
+    for wanted in [
+        "#usage",
+        "#notes",
+        "https://docs.example.org/crate",
+        "mailto:dev@example.com",
+        "#fn-1",
+        "#fnref-1",
+        "#usage-1",
+    ] {
+        assert!(
+            hrefs.iter().any(|h| h == wanted),
+            "no href {wanted}: {html}"
+        );
+    }
+    for fragment in hrefs.iter().filter_map(|h| h.strip_prefix('#')) {
+        assert!(
+            ids.iter().any(|id| id == fragment),
+            "#{fragment} goes nowhere: {html}"
+        );
+    }
+    assert!(html.contains("<style>") && html.contains("prefers-color-scheme: dark"));
+
+    // Same input, same bytes.
+    let again = t.bundle(
+        "b-2",
+        &[(
+            "README.md",
+            &fs::read_to_string(b.join("README.md")).unwrap(),
+        )],
+    );
+    fs::remove_dir_all(t.join("site")).unwrap();
+    t.publish("p", &again, &[]).expect_code(0);
+    assert_eq!(
+        fs::read_to_string(t.join("site/README.html")).unwrap(),
+        html
+    );
+}
+
+#[test]
+fn template_wraps_each_page() {
+    let t = html_site("          template: page.html\n");
+    t.write(
+        "page.html",
+        "<!DOCTYPE html><html><head><title>{{title}} | Site</title></head>\
+         <body><main>{{content}}</main></body></html>\n",
+    );
+    let b = t.bundle("b-1", &[("a.md", "# Fish & Chips\n\nText.\n")]);
+    t.publish("p", &b, &[]).expect_code(0);
+    let html = fs::read_to_string(t.join("site/a.html")).unwrap();
+    assert!(
+        html.starts_with("<!DOCTYPE html><html><head><title>Fish &amp; Chips | Site</title></head><body><main><h1 id=\"fish--chips\">"),
+        "{html}"
+    );
+    assert!(
+        html.ends_with("<p>Text.</p>\n</main></body></html>\n"),
+        "{html}"
+    );
+    assert!(!html.contains("<style>"), "{html}");
+
+    let check = t.run(&["config", "check"]);
+    check.expect_code(0);
+    assert!(check.stdout.contains("template: "), "{}", check.stdout);
+}
+
+#[test]
+fn missing_or_empty_template_is_a_config_error() {
+    let t = html_site("          template: templates/page.html\n");
+    let b = t.bundle("b-1", &[("a.md", "# A\n")]);
+    for out in [t.run(&["config", "check"]), t.publish("p", &b, &[])] {
+        out.expect_code(2);
+        let text = out.all();
+        assert!(text.contains("config.yaml"), "{text}");
+        assert!(text.contains("templates/page.html"), "{text}");
+        assert!(text.contains("cannot read"), "{text}");
+    }
+    assert!(!t.join("site").exists());
+
+    write_file(&t.join("templates/page.html"), b"<html>{{title}}</html>\n");
+    let out = t.run(&["config", "check"]);
+    out.expect_code(2);
+    assert!(out.all().contains("{{content}}"), "{}", out.all());
+    assert!(out.all().contains("templates/page.html"), "{}", out.all());
+}
+
+/// Peak resident memory, in bytes, of `distributor run` publishing a bundle
+/// of one markdown file to HTML, read with wait4(2) for that child alone.
+fn peak_rss_of_run(t: &Test, name: &str, markdown: &str) -> u64 {
+    let b = t.bundle(name, &[("page.md", markdown)]);
+    #[allow(clippy::zombie_processes)] // reaped by wait4 below
+    let child = t
+        .cmd()
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&b)
+        .spawn_quiet();
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child; status and usage are valid for writes.
+    let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "run of {name} failed: status {status}"
+    );
+    // Reaped by wait4 above; this only drops the handle.
+    drop(child);
+    u64::try_from(usage.ru_maxrss).expect("maxrss") * 1024
+}
+
+#[test]
+fn rendering_a_big_markdown_table_stays_within_32_times_its_size() {
+    let t = html_site("");
+    let base = peak_rss_of_run(&t, "small", "# Small\n\n| a | b |\n|---|---|\n| 1 | 2 |\n");
+    let mut table = String::from("| id | name | value | note |\n|---|---|---|---|\n");
+    let mut row = 0u64;
+    // Up to the default limits.max_markdown_bytes (4 MiB), not past it.
+    loop {
+        let next = format!("| {row} | x | y | z |\n");
+        if table.len() + next.len() > 4 << 20 {
+            break;
+        }
+        table.push_str(&next);
+        row += 1;
+    }
+    let peak = peak_rss_of_run(&t, "big", &table);
+    let input = table.len() as u64;
+    assert!(
+        fs::metadata(t.join("site/page.html")).unwrap().len() > input,
+        "the table was rendered"
+    );
+    assert!(
+        peak.saturating_sub(base) <= 32 * input,
+        "rendering {input} bytes took {} MiB over a base of {} MiB ({}x)",
+        (peak - base) >> 20,
+        base >> 20,
+        (peak - base) / input
+    );
+}
