@@ -670,6 +670,101 @@ fn a_writer_that_puts_the_manifest_first_and_pauses_between_files_ends_in_done()
     agent.stop();
 }
 
+/// Fails the test, naming the fix, when scp is not installed.
+fn require_scp() {
+    // scp has no --version; `scp` alone prints its usage and exits 1.
+    let found = Command::new("scp")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    assert!(
+        found,
+        "scp is not installed, and the delivery tests run the real tool: install it \
+         (apt-get install openssh-client; .ci/run does this when run as root)"
+    );
+}
+
+#[test]
+fn scp_r_into_a_live_inbox_ends_in_done() {
+    require_scp();
+    let t = setup();
+    let agent = Agent::start(&t);
+    let name = "scp-copied";
+    let mut files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            (
+                format!("page-{i:02}.txt"),
+                format!("page {i}\n").into_bytes(),
+            )
+        })
+        .collect();
+    files.push(("zdata.bin".to_owned(), random_bytes(8 * MIB)));
+    let src = source(&t, name, &files);
+    let dst = spool(&t, "inbox").join(name);
+    // The remote side of scp without an SSH server: `-S` names the program
+    // scp runs instead of ssh, and this one runs the remote command (the
+    // `scp -t` sink, as sshd would) locally. The legacy protocol (-O) needs
+    // no sftp-server; the sink writes each file in place, in the order the
+    // sender lists them.
+    let transport = t.write(
+        "fake-ssh",
+        "#!/bin/sh\n\
+         while [ $# -gt 0 ]; do case \"$1\" in --) shift; break;; -*) shift;; *) break;; esac; done\n\
+         shift\n\
+         exec sh -c \"$*\"\n",
+    );
+    fs::set_permissions(
+        &transport,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let to = format!("localhost:{}/", spool(&t, "inbox").display());
+    // -l: 16384 kbit/s, so the data file takes about four seconds.
+    let mut scp = tool(
+        &t,
+        "scp",
+        &[
+            "-O",
+            "-S",
+            "./fake-ssh",
+            "-l",
+            "16384",
+            "-r",
+            &format!("src/{name}"),
+            &to,
+        ],
+    )
+    .stdin(Stdio::null())
+    .spawn()
+    .expect("spawn scp");
+    // scp sends the files in the order the source folder lists them. When
+    // the manifest comes before the data, hold scp still until the agent
+    // has seen the bundle incomplete.
+    let data_whole =
+        || fs::metadata(dst.join("zdata.bin")).is_ok_and(|m| m.len() == 8 * MIB as u64);
+    let arrived = wait_for(DELIVERY_WAIT, || {
+        has_whole_manifest(&src, &dst) || scp.try_wait().ok().flatten().is_some()
+    });
+    assert!(arrived, "scp did not write {name}/manifest.json");
+    let mut manifest_first = false;
+    if scp.try_wait().expect("try_wait").is_none() && !data_whole() {
+        signal_group(&scp, libc::SIGSTOP);
+        if !data_whole() {
+            manifest_first = true;
+            agent.wait_incomplete(name);
+        }
+        signal_group(&scp, libc::SIGCONT);
+    }
+    let status = wait_tool(&mut scp, "scp -r");
+    assert!(status.success(), "scp: {status}");
+    let waited = assert_delivered(&t, &agent, name, &src);
+    eprintln!(
+        "scp -r: the manifest came before the data: {manifest_first}; in done/ {waited:?} after scp finished"
+    );
+    agent.stop();
+}
+
 #[test]
 fn mv_of_a_sealed_folder_from_a_staging_place_on_the_same_file_system_ends_in_done() {
     let t = setup();
