@@ -274,16 +274,14 @@ impl Agent {
     }
 
     /// The agent's log line saying that `name` waits because it is
-    /// incomplete (a manifest, but listed files missing or short).
+    /// incomplete: it has a manifest (perhaps still being written), but
+    /// listed files are missing or short. The agent logs this once, for
+    /// whatever it saw first.
     fn incomplete_line(&self, name: &str) -> Option<String> {
         let head = format!("bundle={name} waits: ");
         self.log()
             .lines()
-            .find(|l| {
-                l.contains(&head)
-                    && (l.contains("listed files missing")
-                        || l.contains("not of the declared size"))
-            })
+            .find(|l| l.contains(&head) && !l.contains("no manifest.json yet"))
             .map(str::to_owned)
     }
 
@@ -609,8 +607,12 @@ fn tar_x_into_a_live_inbox_ends_in_done_even_when_the_archive_pauses_after_the_m
         wait_for(DELIVERY_WAIT, || has_whole_manifest(&src, &dst)),
         "tar did not extract manifest.json"
     );
-    let line = agent.wait_incomplete(name);
-    assert!(line.contains("zdata.bin"), "{line}");
+    // tar writes the manifest in place, so the agent may first have seen
+    // it half written; what it waits for now is the data.
+    agent.wait_incomplete(name);
+    let (state, reason) = inbox_state(&t, name).expect("listed");
+    assert_eq!(state, "incomplete", "{reason}");
+    assert!(reason.contains("zdata.bin ("), "{reason}");
     stdin.write_all(&archive[half..]).unwrap();
     drop(stdin);
     let status = wait_tool(&mut tar, "tar -x");
@@ -638,8 +640,10 @@ fn a_writer_that_puts_the_manifest_first_and_pauses_between_files_ends_in_done()
         fs::read(src.join("manifest.json")).unwrap(),
     )
     .unwrap();
-    let line = agent.wait_incomplete(name);
-    assert!(line.contains("3 of 3 listed files missing"), "{line}");
+    agent.wait_incomplete(name);
+    let (state, reason) = inbox_state(&t, name).expect("listed");
+    assert_eq!(state, "incomplete", "{reason}");
+    assert!(reason.contains("3 of 3 listed files missing"), "{reason}");
     for (i, (path, bytes)) in files.iter().enumerate() {
         if i + 1 == files.len() {
             // The last file in two halves, with a pause between them.
@@ -810,7 +814,9 @@ fn incomplete_in_inbox(t: &Test, name: &str) -> PathBuf {
     fs::create_dir_all(&dst).unwrap();
     write_file(&dst.join("ok.txt"), b"ok\n");
     write_file(&dst.join("z.bin"), &[7u8; 4]);
-    fs::copy(src.join("manifest.json"), dst.join("manifest.json")).unwrap();
+    // The manifest last and whole (written aside, renamed into place).
+    fs::copy(src.join("manifest.json"), dst.join(".manifest.tmp")).unwrap();
+    fs::rename(dst.join(".manifest.tmp"), dst.join("manifest.json")).unwrap();
     dst
 }
 
