@@ -149,7 +149,18 @@ impl Worker {
                 let (state, verdict) = p.decide(wall, complete_for, &timing);
                 self.tell(p, state, wall, &timing, &mut told);
                 match verdict {
-                    spool::Verdict::Claim => ready.push(p),
+                    spool::Verdict::Claim => {
+                        if let spool::ProbeKind::Incomplete(what) = &p.kind {
+                            log::warn!(
+                                "pipeline={} bundle={}: still incomplete after {} without change ({}); claimed so that it is filed under failed/. Deliver it again, complete",
+                                self.pipeline.id,
+                                inert(&p.name),
+                                crate::config::format_duration(timing.incomplete_timeout),
+                                inert(what)
+                            );
+                        }
+                        ready.push(p)
+                    }
                     spool::Verdict::Wait(left) => {
                         next_check = Some(next_check.map_or(left, |n| n.min(left)));
                     }

@@ -856,7 +856,17 @@ fn a_bundle_left_incomplete_fails_at_verify_after_incomplete_timeout_naming_what
         !t.join(&format!("www/{name}")).exists(),
         "nothing is published"
     );
-    agent.stop();
+    // The log says why an incomplete bundle was claimed after all (the
+    // verify error alone reads like a file changed after sealing).
+    let log = agent.stop();
+    let gave_up = log
+        .lines()
+        .find(|l| l.contains(&format!("bundle={name}")) && l.contains("still incomplete after 2s"))
+        .unwrap_or_else(|| panic!("no line says the agent gave up waiting:\n{log}"));
+    assert!(
+        gave_up.contains("a.txt") && gave_up.contains("z.bin (4 of 10 bytes)"),
+        "{gave_up}"
+    );
 }
 
 #[test]
