@@ -1,15 +1,16 @@
 //! Delivery with ordinary tools (SPEC §13): producers copy bundles into a
-//! live agent's inbox with `rsync`, `cp -r`, `tar -x`, a writer that puts
-//! the manifest first, and `mv`, and every delivery ends in `done/` with the
-//! published bytes equal to the sources, never in `failed/`. Where a tool
-//! can expose a premature claim (the manifest lands before the data), the
-//! test holds the tool still until the agent has demonstrably seen the
-//! bundle incomplete, so the outcome does not depend on timing. Also: the
-//! `incomplete_timeout`, `agent --once` with incomplete bundles, and the
-//! inbox states `spool list --inbox` reports.
+//! live agent's inbox with `rsync`, `cp -r`, `tar -x`, `scp -r`, a writer
+//! that puts the manifest first, and `mv`, and every delivery ends in
+//! `done/` with the published bytes equal to the sources, never in
+//! `failed/`. Where a tool can expose a premature claim (the manifest lands
+//! before the data), the test holds the tool still until the agent has
+//! demonstrably seen the bundle incomplete, so the outcome does not depend
+//! on timing. Also: the `incomplete_timeout`, `agent --once` with
+//! incomplete bundles, and the inbox states `spool list --inbox` reports.
 //!
-//! These tests run the real tools; `rsync` must be installed (`.ci/run`
-//! installs it), and its absence fails the tests, naming the fix.
+//! These tests run the real tools; `rsync` and `scp` must be installed
+//! (`.ci/run` installs them), and their absence fails the tests, naming the
+//! fix.
 
 use crate::util::{BIN, Test, assert_catalog_matches_disk, read_json, wait_for, write_file};
 use serde_json::Value;
@@ -399,8 +400,8 @@ fn wait_tool(child: &mut Child, what: &str) -> std::process::ExitStatus {
     }
 }
 
-/// The size `manifest.json` of `src` has, once the copy at `dst` has it
-/// whole (a tool writing it in place may show it half written first).
+/// True once the copy at `dst` holds the whole `manifest.json` of `src` (a
+/// tool writing it in place may show it half written first).
 fn has_whole_manifest(src: &Path, dst: &Path) -> bool {
     let want = fs::metadata(src.join("manifest.json")).unwrap().len();
     fs::metadata(dst.join("manifest.json")).is_ok_and(|m| m.len() == want)
@@ -576,6 +577,47 @@ fn cp_r_of_a_large_bundle_straight_into_a_live_inbox_ends_in_done() {
         waited,
         agent.incomplete_line(name).is_some()
     );
+    agent.stop();
+}
+
+#[test]
+fn cp_r_of_many_bundles_at_once_is_noticed_without_waiting_for_a_rescan() {
+    // cp creates each folder and fills it at once, before the watcher has
+    // started watching the new folder, so the manifest may come without a
+    // file event; the rescan is a minute away, and the agent must not need
+    // it.
+    let t = Test::new();
+    t.config(&config("10m").replace("rescan_interval: 200ms", "rescan_interval: 60s"));
+    let agent = Agent::start(&t);
+    let names_in: Vec<String> = (0..40).map(|i| format!("burst-{i:02}")).collect();
+    let mut args = vec!["-r".to_owned()];
+    for name in &names_in {
+        source(&t, name, &[("f.txt".to_owned(), name.as_bytes().to_vec())]);
+        args.push(format!("src/{name}"));
+    }
+    args.push("spool/p/inbox/".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_tool(&t, "cp", &args);
+    let done = spool(&t, "done");
+    // Far less than the rescan interval: each bundle is looked at within a
+    // second of its last change, events or not.
+    let all = wait_for(Duration::from_secs(40), || {
+        names_in.iter().all(|n| done.join(n).join(RESULT).exists())
+    });
+    assert!(
+        all,
+        "not every bundle reached done/ before the next rescan; still in the inbox: {:?}\n{}",
+        names(&spool(&t, "inbox")),
+        agent.log()
+    );
+    assert!(names(&spool(&t, "failed")).is_empty(), "{}", agent.log());
+    for name in &names_in {
+        assert_eq!(
+            fs::read(t.join("www").join(name).join("f.txt")).unwrap(),
+            name.as_bytes()
+        );
+    }
+    assert_catalog_matches_disk(&t.join("www"));
     agent.stop();
 }
 
