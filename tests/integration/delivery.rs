@@ -527,7 +527,14 @@ fn rsync_partial_interrupted_leaves_a_short_file_that_waits_and_a_rerun_complete
     signal_group(&rsync, libc::SIGINT);
     let status = wait_tool(&mut rsync, "rsync --partial (interrupted)");
     assert!(!status.success(), "rsync was interrupted: {status}");
-    // --partial kept what it had under the final name: a short zdata.bin.
+    // --partial keeps what it had under the final name: a short zdata.bin
+    // (renamed into place by rsync's receiver, which may outlive the
+    // process that was waited for).
+    assert!(
+        wait_for(NOTICE_WAIT, || dst.join("zdata.bin").exists()),
+        "rsync --partial did not keep the partial zdata.bin: {:?}",
+        names(&dst)
+    );
     let kept = fs::metadata(dst.join("zdata.bin"))
         .expect("rsync --partial keeps the partial zdata.bin")
         .len();
