@@ -1032,9 +1032,30 @@ fn spool_list_inbox_says_why_each_entry_waits() {
     }
     assert_eq!(rows.len(), 5, "{rows:?}");
 
+    // The text output: one line per entry with its state and the reason.
     let text = t.run(&["spool", "list", "--inbox"]);
     text.expect_code(0);
-    for name in ["no-manifest", "half", "whole", "stray.txt", "link"] {
-        assert!(text.stdout.contains(name), "{name} in:\n{}", text.stdout);
+    let line = |name: &str| -> String {
+        text.stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{}", text.stdout))
+            .to_owned()
+    };
+    assert!(line("no-manifest").contains("no_manifest: no manifest.json yet"));
+    let half = line("half");
+    assert!(
+        half.contains("incomplete: 1 of 3 listed files missing: a.txt")
+            && half.contains("z.bin (4 of 10 bytes)"),
+        "{half}"
+    );
+    let whole = line("whole");
+    assert!(
+        whole.contains("settling: complete") || whole.contains("ready: complete"),
+        "{whole}"
+    );
+    for odd in ["stray.txt", "link"] {
+        assert!(line(odd).contains("unreadable: is "), "{}", line(odd));
+        assert!(line(odd).contains("not a folder"), "{}", line(odd));
     }
 }
