@@ -190,7 +190,7 @@ impl Probe {
             ),
             (ProbeKind::Unreadable(why), _) => why.clone(),
             (ProbeKind::Incomplete(what), _) => format!(
-                "{what}; nothing changed for {quiet}, failed after {} without change",
+                "{what}; nothing changed for {quiet}; goes to failed/ after {} without change",
                 short(t.incomplete_timeout)
             ),
             (ProbeKind::Broken(why), _) => {

@@ -1022,6 +1022,11 @@ fn spool_list_inbox_says_why_each_entry_waits() {
         "{reason}"
     );
     assert!(reason.contains("z.bin (4 of 10 bytes)"), "{reason}");
+    // It says what will happen, not that it already failed.
+    assert!(
+        reason.contains("goes to failed/ after 10m without change"),
+        "{reason}"
+    );
     let (state, reason) = by_name("whole");
     assert!(state == "settling" || state == "ready", "{state}: {reason}");
     assert!(reason.starts_with("complete"), "{reason}");
