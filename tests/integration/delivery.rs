@@ -452,13 +452,13 @@ fn rsync_with_bwlimit_writes_the_manifest_first_and_the_agent_waits_for_the_data
     let name = "rsync-slow";
     let src = manifest_first_bundle(&t, name, 8 * MIB);
     let dst = spool(&t, "inbox").join(name);
-    // 8 MiB at 2 MiB/s: rsync needs about four seconds for the data file.
+    // 8 MiB at 1 MiB/s: rsync needs about eight seconds for the data file.
     let mut rsync = tool(
         &t,
         "rsync",
         &[
             "-a",
-            "--bwlimit=2048",
+            "--bwlimit=1024",
             &format!("src/{name}"),
             "spool/p/inbox/",
         ],
@@ -501,7 +501,7 @@ fn rsync_partial_interrupted_leaves_a_short_file_that_waits_and_a_rerun_complete
         &[
             "-a",
             "--partial",
-            "--bwlimit=2048",
+            "--bwlimit=1024",
             &format!("src/{name}"),
             "spool/p/inbox/",
         ],
