@@ -116,7 +116,7 @@ pub fn verify_files(dir: &Path, files: &[&ManifestFile]) -> Result<(), BundleErr
 pub fn mismatch_problem(listed: &ManifestFile, actual: &hashing::Hashed) -> Problem {
     let message = if actual.size != listed.size {
         format!(
-            "size is {} bytes but {MANIFEST} says {}; the file changed after the manifest was written (fix the file or re-seal the bundle)",
+            "size is {} bytes but {MANIFEST} says {}; the file is incomplete or changed after the manifest was written (deliver it complete, or re-seal the bundle)",
             actual.size, listed.size
         )
     } else {
@@ -182,7 +182,7 @@ fn check_listed(
             Problem::at(
                 listed.path.as_str(),
                 format!(
-                    "size is {size} bytes but {MANIFEST} says {declared}; the file changed after the manifest was written (fix the file or re-seal the bundle)"
+                    "size is {size} bytes but {MANIFEST} says {declared}; the file is incomplete or changed after the manifest was written (deliver it complete, or re-seal the bundle)"
                 ),
             )
         }));
@@ -207,7 +207,7 @@ fn check_listed(
             (hashed.size, "")
         };
         Some(format!(
-            "size is {more}{actual} bytes but {MANIFEST} says {declared}; the file changed after the manifest was written (fix the file or re-seal the bundle)"
+            "size is {more}{actual} bytes but {MANIFEST} says {declared}; the file is incomplete or changed after the manifest was written (deliver it complete, or re-seal the bundle)"
         ))
     } else if hashed.sha256 != listed.sha256 {
         Some(format!(
