@@ -14,6 +14,7 @@ mod hostile;
 mod maintain;
 mod metrics;
 mod operate;
+mod producer;
 mod race;
 mod reliability;
 mod render;

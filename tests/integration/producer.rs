@@ -1,0 +1,750 @@
+//! Playing the hostile producer for real (SPEC §12, issue 11): bundles are
+//! dropped, and bookkeeping files planted, by other users than the agent.
+//! The producer-side steps run as ordinary commands (`mkdir`, `cp`, `ln -s`,
+//! `mkfifo`, `mv`, `rm`, `truncate`) under uid 65534 (and 60001 for "another
+//! producer"), sharing group 65534 with each other, which plays the
+//! producers' group of the install recipe: the inbox belongs to that group
+//! and is group-writable and sticky. The agent runs as root (the worst case:
+//! root follows any link and reads any file) except where the point is what
+//! an unprivileged agent cannot do.
+//!
+//! Dropping privileges needs root; as another user these tests print why
+//! they skip and pass. CI runs them as root.
+//!
+//! One test (or a few) per item of issue 11's list, each asserting what an
+//! operator cares about: nothing outside the root changed, the good bundle
+//! behind the hostile one was published, where each bundle was filed and
+//! why, the exit code, the agent stopping, memory, and inert output.
+
+use crate::util::{Output, Test, listed, read_json, sha256, wait_for, wait_output, write_manifest};
+use serde_json::Value;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The producer (and, in the unprivileged-agent test, the agent).
+const NOBODY: u32 = 65534;
+/// Another producer of the same pipeline.
+const OTHER: u32 = 60001;
+/// The producers' group (also the unprivileged agent's).
+const PRODUCERS: u32 = 65534;
+/// How long the live agent gets to publish or file a small bundle.
+const WAIT: Duration = Duration::from_secs(30);
+const RESULT: &str = ".distributor-result.json";
+const ATTEMPTS: &str = ".distributor-attempts";
+
+/// True when the test can switch users; otherwise prints why it skips.
+fn can_switch_users(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!(
+        "skipping {test}: it runs producers (and agents) as uid {NOBODY} and {OTHER}, which only root can do; CI runs it as root"
+    );
+    false
+}
+
+/// A test folder others may enter, with one pipeline `reports` (and
+/// whatever else the config names) spooled under `./spool`.
+struct Lab {
+    t: Test,
+}
+
+impl Lab {
+    /// Writes the config (the spool is `./spool`; roots go under the test
+    /// folder) and lets the agent create the spools (`agent --once` with
+    /// nothing to do), then gives the producers' group the inbox of each
+    /// pipeline in `pipelines` as the install recipe does.
+    fn new(config: &str, pipelines: &[&str]) -> Lab {
+        let lab = Lab::bare(config);
+        lab.agent_once(None).expect_code(0);
+        for p in pipelines {
+            lab.open_inbox(p);
+        }
+        lab
+    }
+
+    /// The folder and config only; nothing created by the agent yet.
+    fn bare(config: &str) -> Lab {
+        let t = Test::new();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        t.config(config);
+        Lab { t }
+    }
+
+    fn path(&self) -> &Path {
+        self.t.path()
+    }
+
+    fn join(&self, rel: &str) -> PathBuf {
+        self.t.join(rel)
+    }
+
+    /// `spool/<pipeline>/<folder>`.
+    fn spool(&self, pipeline: &str, folder: &str) -> PathBuf {
+        self.join(&format!("spool/{pipeline}/{folder}"))
+    }
+
+    /// The producers' group may pass through the pipeline's spool folder
+    /// and write into its inbox, which stays sticky (the install recipe,
+    /// done with group ownership instead of ACLs).
+    fn open_inbox(&self, pipeline: &str) {
+        chown(self.join("spool"), None, Some(PRODUCERS)).unwrap();
+        let base = self.join(&format!("spool/{pipeline}"));
+        chown(&base, None, Some(PRODUCERS)).unwrap();
+        let inbox = base.join("inbox");
+        chown(&inbox, None, Some(PRODUCERS)).unwrap();
+        fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+    }
+
+    /// The binary with this config and `args`, as root or as `uid`, logging
+    /// at info.
+    fn command(&self, uid: Option<u32>, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_distributor"));
+        cmd.current_dir(self.path())
+            .env_remove("DISTRIBUTOR_CONFIG")
+            .env_remove("JOURNAL_STREAM")
+            .env("RUST_LOG", "info")
+            .arg("--config")
+            .arg(self.join("config.yaml"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(PRODUCERS);
+        }
+        cmd
+    }
+
+    /// Runs the binary to completion (the test fails at util's deadline).
+    fn run(&self, uid: Option<u32>, args: &[&str]) -> Output {
+        let mut cmd = self.command(uid, args);
+        let what = format!("distributor {}", args.join(" "));
+        wait_output(cmd.spawn().expect("spawn distributor"), &what)
+    }
+
+    /// `agent --once`, as root or as `uid`.
+    fn agent_once(&self, uid: Option<u32>) -> Output {
+        self.run(uid, &["agent", "--once"])
+    }
+
+    /// A live agent, as root or as `uid`, its log in `agent-<n>.log`.
+    fn agent(&self, uid: Option<u32>) -> Live {
+        let n = (0..)
+            .find(|n| !self.join(&format!("agent-{n}.log")).exists())
+            .unwrap();
+        let log = self.join(&format!("agent-{n}.log"));
+        let mut cmd = self.command(uid, &["agent"]);
+        cmd.stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("spawn the agent");
+        let mut live = Live { child, log };
+        let ready = wait_for(WAIT, || live.catches_stop() || !live.running());
+        assert!(
+            ready && live.running(),
+            "the agent did not come up:\n{}",
+            live.log()
+        );
+        live
+    }
+
+    /// Runs `script` with `sh -c` as `uid` (group [`PRODUCERS`]) in the test
+    /// folder, with `env` set: a producer's own commands.
+    fn producer(&self, uid: u32, script: &str, env: &[(&str, &[u8])]) -> Output {
+        wait_output(self.producer_spawn(uid, script, env), script)
+    }
+
+    fn producer_spawn(&self, uid: u32, script: &str, env: &[(&str, &[u8])]) -> Child {
+        use std::os::unix::ffi::OsStrExt;
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(self.path())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .uid(uid)
+            .gid(PRODUCERS)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (key, value) in env {
+            cmd.env(key, std::ffi::OsStr::from_bytes(value));
+        }
+        cmd.spawn().expect("spawn sh")
+    }
+
+    /// A producer's drop, as `uid`: copies `bundles/<name>` (built and
+    /// sealed beforehand) into the inbox under a dot-name, then renames it.
+    #[track_caller]
+    fn deliver(&self, uid: u32, pipeline: &str, name: &str) {
+        let inbox = format!("spool/{pipeline}/inbox");
+        self.producer(
+            uid,
+            &format!(
+                "umask 002 && cp -r bundles/{name} {inbox}/.{name} && chmod -R g+w {inbox}/.{name} && mv {inbox}/.{name} {inbox}/{name}"
+            ),
+            &[],
+        )
+        .expect_code(0);
+    }
+
+    /// A bundle sealed under `bundles/<name>` (readable by everyone).
+    fn sealed(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
+        self.t.bundle(name, files)
+    }
+
+    /// A sealed bundle whose `a.txt` was then changed (same size): it fails
+    /// verification (hash mismatch).
+    fn corrupt(&self, name: &str) -> PathBuf {
+        let dir = self.sealed(name, &[("a.txt", "good bytes")]);
+        fs::write(dir.join("a.txt"), "evil bytes").unwrap();
+        dir
+    }
+}
+
+/// A live agent whose log goes to a file; killed on drop.
+struct Live {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Live {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// One field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).
+    fn status_kib(&self, field: &str) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/<pid>/status"))
+    }
+
+    /// Bytes the agent has read so far (`rchar` of `/proc/<pid>/io`).
+    fn bytes_read(&self) -> u64 {
+        fs::read_to_string(format!("/proc/{}/io", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("rchar:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// True once the agent handles SIGTERM (a signal sent earlier would kill
+    /// it with the default action).
+    fn catches_stop(&self) -> bool {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or(0);
+        mask & (1 << (libc::SIGTERM - 1)) != 0
+    }
+
+    /// Sends SIGTERM and waits up to `deadline` for the exit: the exit code
+    /// (minus the signal when killed) and how long it took.
+    #[track_caller]
+    fn terminate(&mut self, deadline: Duration) -> (i32, Duration) {
+        let pid = libc::pid_t::try_from(self.pid()).unwrap();
+        // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let sent = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                let code = status
+                    .code()
+                    .unwrap_or_else(|| -status.signal().unwrap_or(0));
+                return (code, sent.elapsed());
+            }
+            if sent.elapsed() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "the agent did not exit within {deadline:?} of SIGTERM:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The result document of a filed bundle, which must be a regular file
+/// (a planted link or FIFO replaced, never written through).
+#[track_caller]
+fn result_of(bundle: &Path) -> Value {
+    let path = bundle.join(RESULT);
+    let meta = fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(meta.is_file(), "{} is not a regular file", path.display());
+    read_json(&path)
+}
+
+/// The `error` text of a filed bundle's result.
+#[track_caller]
+fn error_of(bundle: &Path) -> String {
+    result_of(bundle)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A file's bytes and mode, to show it did not change.
+fn snapshot(path: &Path) -> (Vec<u8>, u32, i64) {
+    let meta = fs::symlink_metadata(path).unwrap();
+    (fs::read(path).unwrap(), meta.mode(), meta.mtime())
+}
+
+const ONE_PIPELINE: &str = "spool: ./spool
+agent:
+  settle: 100ms
+  rescan_interval: 300ms
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+";
+
+// ---------------------------------------------------------------------------
+// 1. Bookkeeping names planted as links or FIFOs
+// ---------------------------------------------------------------------------
+
+/// Issue 11 item 1: `.distributor-result.json` and `.distributor-attempts`
+/// planted by the producer as symbolic links to files outside (another
+/// site's page) are replaced, never written through, whether the bundle
+/// fails or succeeds.
+#[test]
+fn planted_result_and_attempt_links_never_write_outside() {
+    if !can_switch_users("planted_result_and_attempt_links_never_write_outside") {
+        return;
+    }
+    let lab = Lab::new(ONE_PIPELINE, &["reports"]);
+    let victims: Vec<PathBuf> = ["result", "attempts"]
+        .iter()
+        .map(|v| {
+            lab.t.write(
+                &format!("other-site/{v}.html"),
+                format!("<p>{v}, keep me</p>\n"),
+            )
+        })
+        .collect();
+    let before: Vec<_> = victims.iter().map(|v| snapshot(v)).collect();
+    lab.sealed("good", &[("a.txt", "published")]);
+    lab.corrupt("bad");
+    for name in ["bad", "good"] {
+        let staged = format!("spool/reports/inbox/.{name}");
+        lab.producer(
+            NOBODY,
+            &format!(
+                "cp -r bundles/{name} {staged} && ln -s {} {staged}/{RESULT} && ln -s {} {staged}/{ATTEMPTS} && mv {staged} spool/reports/inbox/{name}",
+                victims[0].display(),
+                victims[1].display()
+            ),
+            &[],
+        )
+        .expect_code(0);
+    }
+
+    lab.agent_once(None).expect_code(1);
+
+    for (victim, before) in victims.iter().zip(&before) {
+        assert_eq!(&snapshot(victim), before, "{} changed", victim.display());
+    }
+    let good = lab.spool("reports", "done").join("good");
+    let bad = lab.spool("reports", "failed").join("bad");
+    assert_eq!(result_of(&good)["ok"], true);
+    assert_eq!(result_of(&bad)["stage"], "verify");
+    assert!(error_of(&bad).contains("a.txt"), "{}", error_of(&bad));
+    for bundle in [&good, &bad] {
+        let attempts = fs::symlink_metadata(bundle.join(ATTEMPTS)).unwrap();
+        assert!(
+            attempts.is_file(),
+            "{}: the attempt link was replaced",
+            bundle.display()
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(lab.join("site/a.txt")).unwrap(),
+        "published"
+    );
+}
+
+/// Issue 11 item 1: the same names planted as FIFOs make `agent --once`
+/// neither hang nor fail: it finishes with both bundles filed.
+#[test]
+fn planted_result_and_attempt_fifos_do_not_hang_agent_once() {
+    if !can_switch_users("planted_result_and_attempt_fifos_do_not_hang_agent_once") {
+        return;
+    }
+    let lab = Lab::new(ONE_PIPELINE, &["reports"]);
+    lab.sealed("good", &[("a.txt", "published")]);
+    lab.corrupt("bad");
+    for name in ["bad", "good"] {
+        let staged = format!("spool/reports/inbox/.{name}");
+        lab.producer(
+            NOBODY,
+            &format!(
+                "cp -r bundles/{name} {staged} && mkfifo {staged}/{RESULT} {staged}/{ATTEMPTS} && mv {staged} spool/reports/inbox/{name}"
+            ),
+            &[],
+        )
+        .expect_code(0);
+    }
+
+    // util's deadline (60 s) fails the test if it hangs on a FIFO.
+    let out = lab.agent_once(None);
+    out.expect_code(1);
+
+    let good = lab.spool("reports", "done").join("good");
+    let bad = lab.spool("reports", "failed").join("bad");
+    assert_eq!(result_of(&good)["ok"], true, "{}", out.stderr);
+    assert_eq!(result_of(&bad)["stage"], "verify");
+    assert_eq!(
+        fs::read_to_string(lab.join("site/a.txt")).unwrap(),
+        "published"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 3. Special manifests in front of a live agent
+// ---------------------------------------------------------------------------
+
+/// Issue 11 item 3: a live agent with a FIFO `manifest.json` and a
+/// `manifest.json -> /dev/zero` in its inbox files both into failed/ with
+/// the reason, publishes the good bundle behind them, keeps its memory
+/// bounded, and stops on SIGTERM with exit 0.
+#[test]
+fn fifo_and_dev_zero_manifests_neither_block_nor_bloat_the_live_agent() {
+    if !can_switch_users("fifo_and_dev_zero_manifests_neither_block_nor_bloat_the_live_agent") {
+        return;
+    }
+    let lab = Lab::new(ONE_PIPELINE, &["reports"]);
+    lab.sealed("good", &[("a.txt", "published")]);
+    let mut agent = lab.agent(None);
+    let inbox = "spool/reports/inbox";
+    lab.producer(
+        NOBODY,
+        &format!(
+            "mkdir {inbox}/.fifo && mkfifo {inbox}/.fifo/manifest.json && mv {inbox}/.fifo {inbox}/fifo && \
+             mkdir {inbox}/.zero && ln -s /dev/zero {inbox}/.zero/manifest.json && mv {inbox}/.zero {inbox}/zero"
+        ),
+        &[],
+    )
+    .expect_code(0);
+    lab.deliver(NOBODY, "reports", "good");
+
+    let done = lab.spool("reports", "done").join("good");
+    let failed = lab.spool("reports", "failed");
+    let filed = wait_for(WAIT, || {
+        done.join(RESULT).is_file()
+            && failed.join("fifo").join(RESULT).is_file()
+            && failed.join("zero").join(RESULT).is_file()
+    });
+    assert!(filed, "not every bundle was filed:\n{}", agent.log());
+    assert_eq!(
+        fs::read_to_string(lab.join("site/a.txt")).unwrap(),
+        "published"
+    );
+    for (name, reason) in [("fifo", "named pipe (FIFO)"), ("zero", "symbolic link")] {
+        let bundle = failed.join(name);
+        assert_eq!(result_of(&bundle)["stage"], "verify", "{name}");
+        let error = error_of(&bundle);
+        assert!(
+            error.contains("manifest.json") && error.contains(reason),
+            "{name}: {error}"
+        );
+    }
+    let peak_kib = agent.status_kib("VmHWM");
+    eprintln!("agent peak RSS (VmHWM): {peak_kib} KiB");
+    assert!(peak_kib < 200 * 1024, "peak RSS {peak_kib} KiB");
+
+    let (code, took) = agent.terminate(Duration::from_secs(10));
+    eprintln!("agent exit after SIGTERM: {took:?}");
+    assert_eq!(code, 0, "{}", agent.log());
+}
+
+// ---------------------------------------------------------------------------
+// 6. Huge markdown
+// ---------------------------------------------------------------------------
+
+/// Issue 11 item 6: a markdown file over `limits.max_markdown_bytes` for a
+/// destination that renders HTML fails at verify naming the key; a smaller
+/// one behind it is rendered.
+#[test]
+fn markdown_over_the_limit_fails_at_verify_naming_the_key() {
+    if !can_switch_users("markdown_over_the_limit_fails_at_verify_naming_the_key") {
+        return;
+    }
+    let lab = Lab::new(
+        "spool: ./spool
+limits:
+  max_markdown_bytes: 1KiB
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+        publish: {source: false, html: true}
+",
+        &["reports"],
+    );
+    let table = format!("|a|b|\n|-|-|\n{}", "|x|y|\n".repeat(400));
+    lab.sealed("big-md", &[("page.md", &table)]);
+    lab.sealed("small-md", &[("small.md", "# Small\n")]);
+    lab.deliver(NOBODY, "reports", "big-md");
+    lab.deliver(NOBODY, "reports", "small-md");
+
+    lab.agent_once(None).expect_code(1);
+
+    let bundle = lab.spool("reports", "failed").join("big-md");
+    assert_eq!(result_of(&bundle)["stage"], "verify");
+    let error = error_of(&bundle);
+    assert!(
+        error.contains("page.md") && error.contains("limits.max_markdown_bytes"),
+        "{error}"
+    );
+    assert!(!lab.join("site/page.html").exists());
+    assert!(lab.join("site/small.html").is_file());
+}
+
+// ---------------------------------------------------------------------------
+// 7. Result files replaced after the bundle was filed
+// ---------------------------------------------------------------------------
+
+/// Issue 11 item 7: a producer who kept its bundle folder open (here as
+/// its working directory) replaces the `.distributor-result.json` of its
+/// failed bundle by a FIFO or a link to `/dev/zero`, although failed/ is
+/// closed to it. `spool list` and `status` still answer at once, exit 0 and
+/// say why they did not read it.
+#[test]
+fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
+    if !can_switch_users(
+        "spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero",
+    ) {
+        return;
+    }
+    let lab = Lab::new(ONE_PIPELINE, &["reports"]);
+    let go = lab.join("go");
+    let swaps = [
+        ("swapped-fifo", "mkfifo", "named pipe (FIFO)"),
+        ("swapped-zero", "ln -s /dev/zero", "symbolic link"),
+    ];
+    let mut producers = Vec::new();
+    for (name, make, _) in swaps {
+        lab.corrupt(name);
+        lab.deliver(NOBODY, "reports", name);
+        let mut child = lab.producer_spawn(
+            NOBODY,
+            &format!(
+                "cd spool/reports/inbox/{name} || exit 1; echo in; \
+                 i=0; while [ ! -e \"$GO\" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; \
+                 rm -f {RESULT} && {make} {RESULT}"
+            ),
+            &[("GO", go.as_os_str().as_encoded_bytes())],
+        );
+        // Wait for the `cd`: from then on the producer holds the folder.
+        let mut line = [0u8; 3];
+        use std::io::Read;
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut line)
+            .unwrap();
+        assert_eq!(&line, b"in\n");
+        producers.push(child);
+    }
+    lab.agent_once(None).expect_code(1);
+    fs::write(&go, "").unwrap();
+    for child in producers {
+        wait_output(child, "producer").expect_code(0);
+    }
+    let failed = lab.spool("reports", "failed");
+    assert!(
+        fs::symlink_metadata(failed.join("swapped-zero").join(RESULT))
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the producer replaced its result file inside failed/"
+    );
+
+    for args in [
+        &["spool", "list"][..],
+        &["spool", "list", "--failed", "--json"],
+        &["status"],
+        &["status", "--json"],
+    ] {
+        let started = Instant::now();
+        let out = lab.run(None, args);
+        let took = started.elapsed();
+        out.expect_code(0);
+        assert!(took < Duration::from_secs(20), "{args:?} took {took:?}");
+        // The reason shown is either why the swapped file was not read, or
+        // the failure itself (from a copy the producer cannot reach).
+        let explains = |text: &str, refused: &str| {
+            text.contains(refused) && text.contains("not read") || text.contains("a.txt")
+        };
+        if args.len() == 2 && args[0] == "spool" {
+            for (name, _, reason) in swaps {
+                let line = out
+                    .stdout
+                    .lines()
+                    .find(|l| l.contains(name))
+                    .unwrap_or_else(|| panic!("{name} not listed:\n{}", out.stdout));
+                assert!(explains(line, reason), "{line}");
+            }
+        } else if args == ["spool", "list", "--failed", "--json"] {
+            let rows = out.json();
+            for (name, _, reason) in swaps {
+                let row = rows
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["name"] == name)
+                    .unwrap_or_else(|| panic!("{name} not listed: {rows:#}"));
+                let error = row["error"].as_str().unwrap_or_default();
+                assert!(explains(error, reason), "{name}: {error}");
+            }
+        } else if args == ["status"] {
+            assert!(out.stdout.contains("failed 2"), "{}", out.stdout);
+            let line = out
+                .stdout
+                .lines()
+                .find(|l| l.contains("last failure"))
+                .unwrap_or_else(|| panic!("no last failure:\n{}", out.stdout));
+            assert!(explains(line, "") || line.contains("not read"), "{line}");
+        } else {
+            let doc = out.json();
+            assert_eq!(doc[0]["failed"], 2, "{doc:#}");
+            let error = doc[0]["last_failure"]["error"].as_str().unwrap_or_default();
+            assert!(explains(error, "") || error.contains("not read"), "{doc:#}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 8. Spool permissions
+// ---------------------------------------------------------------------------
+
+/// Issue 11 item 8: the agent creates work/, done/ and failed/ without
+/// access for others and a sticky inbox; a producer who can enter another
+/// pipeline's spool folder still cannot list or read its bundles, and
+/// cannot rename or delete another producer's inbox entry, only its own.
+#[test]
+fn spool_modes_keep_producers_out_of_other_pipelines_and_off_each_others_entries() {
+    if !can_switch_users(
+        "spool_modes_keep_producers_out_of_other_pipelines_and_off_each_others_entries",
+    ) {
+        return;
+    }
+    let lab = Lab::bare(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+  - id: other
+    destinations:
+      - id: site
+        path: ./other-site
+",
+    );
+    lab.agent_once(None).expect_code(0);
+    for p in ["reports", "other"] {
+        for folder in ["work", "done", "failed"] {
+            let mode = fs::metadata(lab.spool(p, folder)).unwrap().mode() & 0o7777;
+            assert_eq!(mode & 0o027, 0, "{p}/{folder} has mode {mode:04o}");
+        }
+        let mode = fs::metadata(lab.spool(p, "inbox")).unwrap().mode() & 0o7777;
+        assert_ne!(mode & 0o1000, 0, "{p}/inbox has mode {mode:04o}");
+        lab.open_inbox(p);
+    }
+    lab.sealed("theirs", &[("a.txt", "theirs, private")]);
+    lab.corrupt("their-failure");
+    lab.deliver(OTHER, "other", "theirs");
+    lab.deliver(OTHER, "other", "their-failure");
+    lab.agent_once(None).expect_code(1);
+    assert!(lab.spool("other", "done").join("theirs").is_dir());
+    assert!(lab.spool("other", "failed").join("their-failure").is_dir());
+    fs::create_dir(lab.spool("other", "work").join("in-hand")).unwrap();
+
+    // The producer of `reports` gets into `spool/other` (the group may pass
+    // through), but no further.
+    lab.producer(NOBODY, "ls spool/other", &[]).expect_code(0);
+    for cmd in [
+        "ls spool/other/work",
+        "ls spool/other/done",
+        "ls spool/other/failed",
+        "cat spool/other/done/theirs/a.txt",
+        "cat spool/other/failed/their-failure/a.txt",
+    ] {
+        let out = lab.producer(NOBODY, cmd, &[]);
+        assert_ne!(out.code, 0, "{cmd} succeeded: {}", out.stdout);
+        assert!(
+            out.stderr.contains("Permission denied"),
+            "{cmd}: {}",
+            out.stderr
+        );
+        assert!(!out.stdout.contains("theirs"), "{cmd}: {}", out.stdout);
+    }
+
+    // Sticky inbox: an entry everyone could write into is still only its
+    // owner's (and the agent's) to rename or delete.
+    let inbox = "spool/reports/inbox";
+    lab.producer(
+        NOBODY,
+        &format!("mkdir {inbox}/mine && chmod 0777 {inbox}/mine"),
+        &[],
+    )
+    .expect_code(0);
+    for cmd in [
+        format!("mv {inbox}/mine {inbox}/stolen"),
+        format!("rmdir {inbox}/mine"),
+    ] {
+        let out = lab.producer(OTHER, &cmd, &[]);
+        assert_ne!(out.code, 0, "{cmd} succeeded");
+        assert!(
+            out.stderr.contains("Operation not permitted"),
+            "{cmd}: {}",
+            out.stderr
+        );
+    }
+    assert!(lab.join(&format!("{inbox}/mine")).is_dir());
+    lab.producer(
+        OTHER,
+        &format!(
+            "mkdir {inbox}/yours && mv {inbox}/yours {inbox}/renamed && rmdir {inbox}/renamed"
+        ),
+        &[],
+    )
+    .expect_code(0);
+    lab.producer(NOBODY, &format!("rmdir {inbox}/mine"), &[])
+        .expect_code(0);
+}
