@@ -337,6 +337,8 @@ struct Node {
     /// A regular file (its size counts); anything else is `kind`.
     kind: &'static str,
     size: u64,
+    /// Names the file has (more than one: a hard link, never read).
+    links: u64,
     modified: SystemTime,
 }
 
@@ -430,6 +432,7 @@ impl Tree {
                             spoolfs::kind_label(meta.file_type())
                         },
                         size: meta.len(),
+                        links: meta.nlink(),
                         modified,
                     },
                 );
@@ -481,6 +484,14 @@ fn examine(folder: &Dir, tree: &Tree, limits: &Limits) -> ProbeKind {
             None => missing.push(listed.path.as_str()),
             Some(node) if node.kind != "a regular file" => {
                 return ProbeKind::Broken(format!("{}: is {}", listed.path, node.kind));
+            }
+            // Its size is another file's, maybe one the producer cannot
+            // read: neither waited for nor shown.
+            Some(node) if node.links > 1 => {
+                return ProbeKind::Broken(format!(
+                    "{}: is a hard link ({} names for one file)",
+                    listed.path, node.links
+                ));
             }
             Some(node) if node.size != listed.size => short.push(format!(
                 "{} ({} of {} bytes)",

@@ -432,6 +432,79 @@ fn planted_result_and_attempt_fifos_do_not_hang_agent_once() {
 }
 
 // ---------------------------------------------------------------------------
+// 2. Hard links to files the producer cannot read
+// ---------------------------------------------------------------------------
+
+/// Issue 11 item 2: a listed file that is a hard link to a root-only file
+/// fails the bundle at stage verify, naming the file and saying "hard link",
+/// publishes nothing, and tells nothing about the secret (neither its size
+/// nor its hash), whether the manifest guesses or knows them.
+#[test]
+fn a_hard_link_to_a_root_only_file_is_refused_without_leaking_it() {
+    if !can_switch_users("a_hard_link_to_a_root_only_file_is_refused_without_leaking_it") {
+        return;
+    }
+    let lab = Lab::new(ONE_PIPELINE, &["reports"]);
+    let secret_bytes = "root-only secret ".repeat(250); // 4250 bytes
+    let secret = lab.t.write("private/secret", &secret_bytes);
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(lab.join("private"), fs::Permissions::from_mode(0o700)).unwrap();
+    let real_size = secret_bytes.len().to_string();
+    let real_hash = sha256(secret_bytes.as_bytes());
+    // The producer cannot read the secret; root writes both manifests: one
+    // guessing (size 7, a made-up hash), one knowing the real values.
+    let guess = ("leak.txt".to_owned(), sha256(b"guess"), 7);
+    write_manifest(&lab.join("bundles/leak-guess"), "leak-guess", &[guess]);
+    let exact = listed("leak.txt", secret_bytes.as_bytes());
+    write_manifest(&lab.join("bundles/leak-exact"), "leak-exact", &[exact]);
+    for name in ["leak-guess", "leak-exact"] {
+        let staged = format!("spool/reports/inbox/.{name}");
+        lab.producer(
+            NOBODY,
+            &format!("mkdir {staged} && cp bundles/{name}/manifest.json {staged}/"),
+            &[],
+        )
+        .expect_code(0);
+        // An unprivileged producer can make this link only where
+        // fs.protected_hardlinks=0 (not the default); root makes it here.
+        fs::hard_link(&secret, lab.join(&format!("{staged}/leak.txt"))).unwrap();
+        lab.producer(
+            NOBODY,
+            &format!("mv {staged} spool/reports/inbox/{name}"),
+            &[],
+        )
+        .expect_code(0);
+    }
+
+    let out = lab.agent_once(None);
+    out.expect_code(1);
+
+    for name in ["leak-guess", "leak-exact"] {
+        let bundle = lab.spool("reports", "failed").join(name);
+        let doc = result_of(&bundle);
+        assert_eq!(doc["stage"], "verify", "{name}: {doc}");
+        let error = error_of(&bundle);
+        assert!(
+            error.contains("leak.txt") && error.contains("hard link"),
+            "{name}: {error}"
+        );
+        assert!(
+            !error.contains(&real_hash),
+            "{name} leaks the hash: {error}"
+        );
+        if name == "leak-guess" {
+            assert!(
+                !error.contains(&real_size),
+                "{name} leaks the size: {error}"
+            );
+        }
+    }
+    assert!(!lab.join("site").exists(), "nothing was published");
+    assert!(!out.stderr.contains(&real_hash), "{}", out.stderr);
+    assert!(!out.stderr.contains("root-only secret"), "{}", out.stderr);
+}
+
+// ---------------------------------------------------------------------------
 // 3. Special manifests in front of a live agent
 // ---------------------------------------------------------------------------
 
