@@ -563,6 +563,124 @@ fn fifo_and_dev_zero_manifests_neither_block_nor_bloat_the_live_agent() {
 }
 
 // ---------------------------------------------------------------------------
+// 4. Entries an unprivileged agent cannot search or move
+// ---------------------------------------------------------------------------
+
+/// The names of the entries of item 4 that the agent cannot use.
+const UNUSABLE: [&str; 3] = ["no-search-0700", "no-search-0000", "no-write"];
+
+/// Issue 11 item 4: with the agent running as its own (unprivileged) user,
+/// inbox folders it cannot search (0700 and 0000, owned by the producer)
+/// and one it can read but not move block nothing: the good bundles behind
+/// them are published, each bad entry is logged once (by `agent --once` and
+/// by a live agent over several scans), and `spool list --inbox` shows each
+/// as `unreadable` with its reason.
+#[test]
+fn entries_the_agent_cannot_search_or_move_block_nothing_and_are_logged_once() {
+    if !can_switch_users(
+        "entries_the_agent_cannot_search_or_move_block_nothing_and_are_logged_once",
+    ) {
+        return;
+    }
+    let lab = Lab::bare(
+        "spool: ./spool
+agent:
+  settle: 100ms
+  rescan_interval: 200ms
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+",
+    );
+    // The operator's set-up: the agent's user owns the spool and the root;
+    // the producer (uid 60001) shares the agent's group.
+    for folder in ["spool", "site"] {
+        let path = lab.t.mkdir(folder);
+        chown(&path, Some(NOBODY), Some(PRODUCERS)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o750)).unwrap();
+    }
+    lab.agent_once(Some(NOBODY)).expect_code(0);
+    let inbox = lab.spool("reports", "inbox");
+    assert_eq!(fs::metadata(&inbox).unwrap().uid(), NOBODY);
+    fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+
+    for name in UNUSABLE
+        .iter()
+        .chain(&["good-1", "good-2", "good-3", "good-4"])
+    {
+        lab.sealed(name, &[(&format!("{name}.txt"), name)]);
+    }
+    let inbox = "spool/reports/inbox";
+    lab.producer(
+        OTHER,
+        &format!(
+            "cp -r bundles/no-search-0700 {inbox}/.a && chmod 0700 {inbox}/.a && mv {inbox}/.a {inbox}/no-search-0700 && \
+             cp -r bundles/no-search-0000 {inbox}/.b && chmod 0000 {inbox}/.b && mv {inbox}/.b {inbox}/no-search-0000 && \
+             cp -r bundles/no-write {inbox}/.c && chmod 0755 {inbox}/.c && mv {inbox}/.c {inbox}/no-write"
+        ),
+        &[],
+    )
+    .expect_code(0);
+    lab.deliver(OTHER, "reports", "good-1");
+
+    let once = lab.agent_once(Some(NOBODY));
+    once.expect_code(0);
+    let done = lab.spool("reports", "done");
+    assert!(done.join("good-1").is_dir(), "{}", once.stderr);
+    assert_eq!(
+        fs::read_to_string(lab.join("site/good-1.txt")).unwrap(),
+        "good-1"
+    );
+    for name in UNUSABLE {
+        let lines = once.stderr.lines().filter(|l| l.contains(name)).count();
+        assert_eq!(lines, 1, "agent --once logs {name} once:\n{}", once.stderr);
+        assert!(
+            lab.join(&format!("{inbox}/{name}")).exists(),
+            "{name} is left in the inbox"
+        );
+    }
+
+    let listing = lab.run(Some(NOBODY), &["spool", "list", "--inbox", "--json"]);
+    listing.expect_code(0);
+    let rows = listing.json();
+    for name in UNUSABLE {
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed: {rows:#}"));
+        assert_eq!(row["state"], "unreadable", "{row:#}");
+        let reason = row["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("cannot"), "{name}: {reason}");
+    }
+
+    // A live agent scans every 200 ms; each good bundle dropped and
+    // published means at least one more scan past the bad entries.
+    let mut agent = lab.agent(Some(NOBODY));
+    for name in ["good-2", "good-3", "good-4"] {
+        lab.deliver(OTHER, "reports", name);
+        let published = wait_for(WAIT, || done.join(name).join(RESULT).is_file());
+        assert!(published, "{name} was not published:\n{}", agent.log());
+    }
+    let (code, _) = agent.terminate(Duration::from_secs(10));
+    assert_eq!(code, 0);
+    let log = agent.log();
+    for name in UNUSABLE {
+        // The watcher may say once that it cannot watch inside a folder it
+        // cannot read; the entry itself is reported once.
+        let (watcher, worker): (Vec<&str>, Vec<&str>) = log
+            .lines()
+            .filter(|l| l.contains(name))
+            .partition(|l| l.contains("agent::watcher"));
+        assert_eq!(worker.len(), 1, "the live agent logs {name} once:\n{log}");
+        assert!(watcher.len() <= 1, "{log}");
+    }
+}
+
+// ---------------------------------------------------------------------------
 // 6. Huge markdown
 // ---------------------------------------------------------------------------
 
