@@ -681,6 +681,118 @@ pipelines:
 }
 
 // ---------------------------------------------------------------------------
+// 5. Huge sparse files
+// ---------------------------------------------------------------------------
+
+/// Has the producer drop `name` holding one sparse `big.bin` of `size`
+/// bytes, listed with a wrong hash (root writes the manifest).
+fn drop_sparse(lab: &Lab, name: &str, size: u64) {
+    let entry = ("big.bin".to_owned(), sha256(b"not what is in it"), size);
+    write_manifest(&lab.join(&format!("bundles/{name}")), name, &[entry]);
+    let staged = format!("spool/reports/inbox/.{name}");
+    lab.producer(
+        NOBODY,
+        &format!(
+            "mkdir {staged} && truncate -s {size} {staged}/big.bin && cp bundles/{name}/manifest.json {staged}/ && mv {staged} spool/reports/inbox/{name}"
+        ),
+        &[],
+    )
+    .expect_code(0);
+}
+
+/// Issue 11 item 5: a 1 TiB sparse file (4 KiB of the producer's disk)
+/// declared with a wrong hash fails at verify on `limits.max_file_bytes`
+/// without being read.
+#[test]
+fn a_sparse_terabyte_fails_on_the_file_limit_without_being_read() {
+    if !can_switch_users("a_sparse_terabyte_fails_on_the_file_limit_without_being_read") {
+        return;
+    }
+    let lab = Lab::new(ONE_PIPELINE, &["reports"]);
+    drop_sparse(&lab, "huge", 1 << 40);
+
+    let started = Instant::now();
+    let out = lab.agent_once(None);
+    let took = started.elapsed();
+    eprintln!("agent --once with a 1 TiB sparse file: {took:?}");
+    out.expect_code(1);
+    // Hashing 1 TiB would take hours; refusing it takes a moment.
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    let bundle = lab.spool("reports", "failed").join("huge");
+    assert_eq!(result_of(&bundle)["stage"], "verify");
+    let error = error_of(&bundle);
+    assert!(
+        error.contains("big.bin") && error.contains("limits.max_file_bytes"),
+        "{error}"
+    );
+    assert!(!lab.join("site").exists());
+}
+
+/// Issue 11 item 5: with the limits raised, SIGTERM while the agent hashes
+/// a 50 GiB sparse file stops it promptly with exit 0; the bundle stays in
+/// work/ with its attempt count unchanged and is resumed by the next start.
+#[test]
+fn sigterm_while_hashing_a_huge_file_stops_the_agent_and_the_bundle_resumes() {
+    if !can_switch_users("sigterm_while_hashing_a_huge_file_stops_the_agent_and_the_bundle_resumes")
+    {
+        return;
+    }
+    let lab = Lab::new(
+        "spool: ./spool
+agent:
+  settle: 100ms
+limits:
+  max_file_bytes: 64GiB
+  max_bundle_bytes: 64GiB
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+",
+        &["reports"],
+    );
+    let mut agent = lab.agent(None);
+    let before = agent.bytes_read();
+    drop_sparse(&lab, "huge", 50 << 30);
+    let work = lab.spool("reports", "work").join("huge");
+    // Hashing is under way once the bundle is in work/ and the agent has
+    // read a good many of its zeros.
+    let hashing = wait_for(Duration::from_secs(60), || {
+        work.is_dir() && agent.bytes_read() > before + (64 << 20)
+    });
+    assert!(hashing, "the agent did not start hashing:\n{}", agent.log());
+
+    let (code, took) = agent.terminate(Duration::from_secs(10));
+    eprintln!("agent exit after SIGTERM during hashing: {took:?}");
+    assert_eq!(code, 0, "{}", agent.log());
+    assert!(work.is_dir(), "the bundle stays in work/:\n{}", agent.log());
+    let attempts = fs::read_to_string(work.join(ATTEMPTS)).unwrap_or_default();
+    assert_eq!(
+        attempts.trim().parse::<u32>().unwrap_or(0),
+        0,
+        "an interrupted attempt is not counted"
+    );
+    assert!(!lab.spool("reports", "failed").join("huge").exists());
+    assert!(!lab.join("site/big.bin").exists());
+
+    // The next start resumes it from work/ (made small and sealed again,
+    // so this test does not hash 50 GiB).
+    fs::write(work.join("big.bin"), "small now").unwrap();
+    lab.t
+        .seal(&work, "huge", Some(crate::util::CREATED))
+        .expect_code(0);
+    let out = lab.agent_once(None);
+    out.expect_code(0);
+    assert!(out.stderr.contains("resuming 1 bundle"), "{}", out.stderr);
+    assert!(lab.spool("reports", "done").join("huge").is_dir());
+    assert_eq!(
+        fs::read_to_string(lab.join("site/big.bin")).unwrap(),
+        "small now"
+    );
+}
+
+// ---------------------------------------------------------------------------
 // 6. Huge markdown
 // ---------------------------------------------------------------------------
 
