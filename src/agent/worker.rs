@@ -194,8 +194,13 @@ impl Worker {
                                 .entry(p.name.clone())
                                 .or_insert_with(|| Told::note(String::new()));
                             if told.claim.as_ref() != Some(&key) {
+                                let fix = if e.raw_os_error() == Some(libc::EPERM) {
+                                    "The inbox is sticky and belongs to another user, so the agent may move only its own user's entries: make the agent's user own the inbox (chown)"
+                                } else {
+                                    "The agent needs write access to the bundle folder to move it"
+                                };
                                 log::error!(
-                                    "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. The agent needs write access to the bundle folder to move it: see docs/security.md",
+                                    "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. {fix}: see docs/security.md",
                                     self.pipeline.id,
                                     inert(&p.name),
                                     inert(&p.path.display().to_string())

@@ -569,6 +569,38 @@ fn fifo_and_dev_zero_manifests_neither_block_nor_bloat_the_live_agent() {
 /// The names of the entries of item 4 that the agent cannot use.
 const UNUSABLE: [&str; 3] = ["no-search-0700", "no-search-0000", "no-write"];
 
+const UNPRIVILEGED: &str = "spool: ./spool
+agent:
+  settle: 100ms
+  rescan_interval: 200ms
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+";
+
+impl Lab {
+    /// One pipeline served by an agent running as uid 65534 (rescanning
+    /// every 200 ms): as the operator's set-up, the agent's user owns the
+    /// spool and the root, and the producer (uid 60001) shares its group;
+    /// the agent creates the spool folders and the group may write into
+    /// the sticky inbox.
+    fn unprivileged() -> Lab {
+        let lab = Lab::bare(UNPRIVILEGED);
+        for folder in ["spool", "site"] {
+            let path = lab.t.mkdir(folder);
+            chown(&path, Some(NOBODY), Some(PRODUCERS)).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o750)).unwrap();
+        }
+        lab.agent_once(Some(NOBODY)).expect_code(0);
+        let inbox = lab.spool("reports", "inbox");
+        assert_eq!(fs::metadata(&inbox).unwrap().uid(), NOBODY);
+        fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+        lab
+    }
+}
+
 /// Issue 11 item 4: with the agent running as its own (unprivileged) user,
 /// inbox folders it cannot search (0700 and 0000, owned by the producer)
 /// and one it can read but not move block nothing: the good bundles behind
@@ -582,29 +614,7 @@ fn entries_the_agent_cannot_search_or_move_block_nothing_and_are_logged_once() {
     ) {
         return;
     }
-    let lab = Lab::bare(
-        "spool: ./spool
-agent:
-  settle: 100ms
-  rescan_interval: 200ms
-pipelines:
-  - id: reports
-    destinations:
-      - id: site
-        path: ./site
-",
-    );
-    // The operator's set-up: the agent's user owns the spool and the root;
-    // the producer (uid 60001) shares the agent's group.
-    for folder in ["spool", "site"] {
-        let path = lab.t.mkdir(folder);
-        chown(&path, Some(NOBODY), Some(PRODUCERS)).unwrap();
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o750)).unwrap();
-    }
-    lab.agent_once(Some(NOBODY)).expect_code(0);
-    let inbox = lab.spool("reports", "inbox");
-    assert_eq!(fs::metadata(&inbox).unwrap().uid(), NOBODY);
-    fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+    let lab = Lab::unprivileged();
 
     for name in UNUSABLE
         .iter()
@@ -678,6 +688,44 @@ pipelines:
         assert_eq!(worker.len(), 1, "the live agent logs {name} once:\n{log}");
         assert!(watcher.len() <= 1, "{log}");
     }
+}
+
+/// Issue 11 item 4: a bundle that looks ready but whose claim keeps
+/// failing is logged once, not at every scan. Here the inbox belongs to
+/// another user than the agent's (an operator made it by hand), so the
+/// sticky bit lets the agent move only the entries of its own user: the
+/// other producer's bundle cannot be claimed, the agent's own go through.
+#[test]
+fn a_claim_that_keeps_failing_is_logged_once_not_at_every_scan() {
+    if !can_switch_users("a_claim_that_keeps_failing_is_logged_once_not_at_every_scan") {
+        return;
+    }
+    let lab = Lab::unprivileged();
+    let inbox = lab.spool("reports", "inbox");
+    chown(&inbox, Some(0), Some(PRODUCERS)).unwrap();
+    fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+    for name in ["stuck", "own-1", "own-2", "own-3"] {
+        lab.sealed(name, &[(&format!("{name}.txt"), name)]);
+    }
+    let mut agent = lab.agent(Some(NOBODY));
+    lab.deliver(OTHER, "reports", "stuck");
+    let done = lab.spool("reports", "done");
+    // Each bundle published means at least one more scan past "stuck".
+    for name in ["own-1", "own-2", "own-3"] {
+        lab.deliver(NOBODY, "reports", name);
+        let published = wait_for(WAIT, || done.join(name).join(RESULT).is_file());
+        assert!(published, "{name} was not published:\n{}", agent.log());
+    }
+    let (code, _) = agent.terminate(Duration::from_secs(10));
+    assert_eq!(code, 0);
+    let log = agent.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("stuck")).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(
+        lines[0].contains("cannot claim") && lines[0].contains("own the inbox"),
+        "{log}"
+    );
+    assert!(inbox.join("stuck").is_dir());
 }
 
 // ---------------------------------------------------------------------------
