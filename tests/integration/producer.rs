@@ -903,11 +903,11 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
     let lab = Lab::new(ONE_PIPELINE, &["reports"]);
     let go = lab.join("go");
     let swaps = [
-        ("swapped-fifo", "mkfifo", "named pipe (FIFO)"),
-        ("swapped-zero", "ln -s /dev/zero", "symbolic link"),
+        ("swapped-fifo", "mkfifo"),
+        ("swapped-zero", "ln -s /dev/zero"),
     ];
     let mut producers = Vec::new();
-    for (name, make, _) in swaps {
+    for (name, make) in swaps {
         lab.corrupt(name);
         lab.deliver(NOBODY, "reports", name);
         let mut child = lab.producer_spawn(
@@ -944,6 +944,13 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
             .is_symlink(),
         "the producer replaced its result file inside failed/"
     );
+    // The agent keeps its own copy of each failed result, which the
+    // producer cannot reach (tested in failed_spool); without it (a bundle
+    // failed by an older version) the commands read the file in the bundle.
+    for (name, _) in swaps {
+        let kept = lab.join(&format!("spool/reports/.distributor-results/{name}.json"));
+        fs::remove_file(&kept).unwrap();
+    }
 
     for args in [
         &["spool", "list"][..],
@@ -956,23 +963,26 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
         let took = started.elapsed();
         out.expect_code(0);
         assert!(took < Duration::from_secs(20), "{args:?} took {took:?}");
-        // The reason shown is either why the swapped file was not read, or
-        // the failure itself (from a copy the producer cannot reach).
-        let explains = |text: &str, refused: &str| {
-            text.contains(refused) && text.contains("not read") || text.contains("a.txt")
+        let reason = |name: &str, text: &str| {
+            let kind = if name == "swapped-fifo" {
+                "named pipe (FIFO)"
+            } else {
+                "symbolic link"
+            };
+            text.contains(kind) && text.contains("not read")
         };
         if args.len() == 2 && args[0] == "spool" {
-            for (name, _, reason) in swaps {
+            for (name, _) in swaps {
                 let line = out
                     .stdout
                     .lines()
                     .find(|l| l.contains(name))
                     .unwrap_or_else(|| panic!("{name} not listed:\n{}", out.stdout));
-                assert!(explains(line, reason), "{line}");
+                assert!(reason(name, line), "{line}");
             }
         } else if args == ["spool", "list", "--failed", "--json"] {
             let rows = out.json();
-            for (name, _, reason) in swaps {
+            for (name, _) in swaps {
                 let row = rows
                     .as_array()
                     .unwrap()
@@ -980,7 +990,7 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
                     .find(|r| r["name"] == name)
                     .unwrap_or_else(|| panic!("{name} not listed: {rows:#}"));
                 let error = row["error"].as_str().unwrap_or_default();
-                assert!(explains(error, reason), "{name}: {error}");
+                assert!(reason(name, error), "{row:#}");
             }
         } else if args == ["status"] {
             assert!(out.stdout.contains("failed 2"), "{}", out.stdout);
@@ -989,12 +999,12 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
                 .lines()
                 .find(|l| l.contains("last failure"))
                 .unwrap_or_else(|| panic!("no last failure:\n{}", out.stdout));
-            assert!(explains(line, "") || line.contains("not read"), "{line}");
+            assert!(swaps.iter().any(|(n, _)| reason(n, line)), "{line}");
         } else {
             let doc = out.json();
             assert_eq!(doc[0]["failed"], 2, "{doc:#}");
             let error = doc[0]["last_failure"]["error"].as_str().unwrap_or_default();
-            assert!(explains(error, "") || error.contains("not read"), "{doc:#}");
+            assert!(swaps.iter().any(|(n, _)| reason(n, error)), "{doc:#}");
         }
     }
 }
