@@ -175,7 +175,12 @@ impl Lab {
         for (key, value) in env {
             cmd.env(key, std::ffi::OsStr::from_bytes(value));
         }
-        cmd.spawn().expect("spawn sh")
+        cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot run sh as uid {uid} in {}: {e}; run the tests with TMPDIR in a folder every user may search, such as /tmp",
+                self.path().display()
+            )
+        })
     }
 
     /// A producer's drop, as `uid`: copies `bundles/<name>` (built and
