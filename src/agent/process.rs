@@ -50,7 +50,9 @@ impl Worker {
             for w in &report.warnings {
                 log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
             }
-            if !report.ok && report.transient && attempt < max {
+            // A stop interrupting the work is not a transient failure: the
+            // attempt is given back in file_away and the bundle left in work/.
+            if !report.ok && report.transient && attempt < max && !crate::interrupt::requested() {
                 let backoff = backoff(attempt);
                 log::warn!(
                     "pipeline={} bundle={name} attempt {attempt}/{max} failed at {}: {}; retrying in {backoff:?}",

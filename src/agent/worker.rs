@@ -21,14 +21,18 @@ pub(super) struct Worker {
     once: bool,
 }
 
-/// What was last logged about an inbox entry.
+/// What was last logged about an inbox entry: its state, and apart from
+/// it the last failure to claim it (an entry that probes as ready but
+/// cannot be moved would otherwise be logged at every scan, alternating
+/// between the two).
 struct Told {
     note: String,
+    claim: Option<String>,
 }
 
 impl Told {
     fn note(note: String) -> Told {
-        Told { note }
+        Told { note, claim: None }
     }
 }
 
@@ -197,14 +201,22 @@ impl Worker {
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                         Err(e) => {
                             let key = format!("cannot claim: {e}");
-                            if told.get(&p.name).is_none_or(|t| t.note != key) {
+                            let told = told
+                                .entry(p.name.clone())
+                                .or_insert_with(|| Told::note(String::new()));
+                            if told.claim.as_ref() != Some(&key) {
+                                let fix = if e.raw_os_error() == Some(libc::EPERM) {
+                                    "The inbox is sticky and belongs to another user, so the agent may move only its own user's entries: make the agent's user own the inbox (chown)"
+                                } else {
+                                    "The agent needs write access to the bundle folder to move it"
+                                };
                                 log::error!(
-                                    "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. The agent needs write access to the bundle folder to move it: see docs/security.md",
+                                    "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. {fix}: see docs/security.md",
                                     self.pipeline.id,
                                     inert(&p.name),
                                     inert(&p.path.display().to_string())
                                 );
-                                told.insert(p.name.clone(), Told::note(key));
+                                told.claim = Some(key);
                             }
                         }
                     }
@@ -266,10 +278,13 @@ impl Worker {
             (_, true) => "stale".to_owned(),
             _ => state.as_str().to_owned(),
         };
-        if told.get(&p.name).is_some_and(|t| t.note == key) {
+        let told = told
+            .entry(p.name.clone())
+            .or_insert_with(|| Told::note(String::new()));
+        if told.note == key {
             return;
         }
-        told.insert(p.name.clone(), Told::note(key));
+        told.note = key;
         let (id, name) = (&self.pipeline.id, inert(&p.name));
         let reason = p.reason(state, wall, timing);
         let reason = inert(&reason);

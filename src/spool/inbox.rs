@@ -315,7 +315,33 @@ fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> O
     probe.last_change = probe.last_change.max(tree.last_change);
     probe.arrival = tree.files.get(MANIFEST).map(|f| f.modified);
     probe.kind = examine(&folder, &tree, limits);
+    if probe.kind != ProbeKind::NoManifest && !writable(inbox, name) {
+        // Claiming moves the folder into work/, which needs write access
+        // to the folder itself (its ".." entry changes).
+        probe.kind = ProbeKind::Unreadable(
+            "the agent cannot move it into work/: the folder is not writable for the agent; make bundle folders writable by the agent's group (chmod -R g+w) before the final rename, as docs/security.md describes".to_owned(),
+        );
+    }
     Some(probe)
+}
+
+/// True when the running user may write into the folder `name` of
+/// `inbox` (as root: always).
+fn writable(inbox: &Dir, name: &str) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(c_name) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a valid descriptor and NUL-terminated name; faccessat only
+    // reads them.
+    unsafe {
+        libc::faccessat(
+            inbox.as_raw_fd(),
+            c_name.as_ptr(),
+            libc::W_OK,
+            libc::AT_EACCESS,
+        ) == 0
+    }
 }
 
 fn unreadable_folder(shown: &str, e: &EntryError) -> String {
@@ -337,6 +363,8 @@ struct Node {
     /// A regular file (its size counts); anything else is `kind`.
     kind: &'static str,
     size: u64,
+    /// Names the file has (more than one: a hard link, never read).
+    links: u64,
     modified: SystemTime,
 }
 
@@ -430,6 +458,7 @@ impl Tree {
                             spoolfs::kind_label(meta.file_type())
                         },
                         size: meta.len(),
+                        links: meta.nlink(),
                         modified,
                     },
                 );
@@ -481,6 +510,14 @@ fn examine(folder: &Dir, tree: &Tree, limits: &Limits) -> ProbeKind {
             None => missing.push(listed.path.as_str()),
             Some(node) if node.kind != "a regular file" => {
                 return ProbeKind::Broken(format!("{}: is {}", listed.path, node.kind));
+            }
+            // Its size is another file's, maybe one the producer cannot
+            // read: neither waited for nor shown.
+            Some(node) if node.links > 1 => {
+                return ProbeKind::Broken(format!(
+                    "{}: is a hard link ({} names for one file)",
+                    listed.path, node.links
+                ));
             }
             Some(node) if node.size != listed.size => short.push(format!(
                 "{} ({} of {} bytes)",

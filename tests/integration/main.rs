@@ -15,6 +15,7 @@ mod hostile;
 mod maintain;
 mod metrics;
 mod operate;
+mod producer;
 mod race;
 mod reliability;
 mod render;
