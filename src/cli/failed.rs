@@ -55,13 +55,13 @@ pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str) -> u8 {
                 moved += 1;
                 println!(
                     "moved {} back to {}",
-                    row.name,
+                    inert(&row.name),
                     inert(&to.display().to_string())
                 );
             }
             Err(e) => {
                 errors += 1;
-                eprintln!("error: {}: {}", row.name, inert(&e.to_string()));
+                eprintln!("error: {}: {}", inert(&row.name), inert(&e.to_string()));
             }
         }
     }

@@ -51,11 +51,12 @@ pub(super) fn spool_list(
         let age = crate::catalog::parse_time(&r.modified)
             .map(|t| human_age((now - t).whole_seconds()))
             .unwrap_or_default();
-        // Names are inert already; stage, error and reason come from files
-        // a producer can write, so they are made inert here.
+        // Names, stages, errors and reasons come from producers: inert.
         let mut line = format!(
             "{:<8} {:<20} {:<40} {age:>6} ago",
-            r.spool, r.pipeline_id, r.name
+            r.spool,
+            r.pipeline_id,
+            inert(&r.name)
         );
         if let (Some(state), Some(reason)) = (r.state, &r.reason) {
             line.push_str(&format!("  {state}: {}", inert(reason)));

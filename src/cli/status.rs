@@ -141,7 +141,7 @@ fn pipeline_status(
             "pipeline {}: {failed} bundle(s) in {} (newest: {}); see `distributor spool list --failed --pipeline {}`",
             p.id,
             spool.failed.display(),
-            last_failure.map_or("", |r| r.name.as_str()),
+            inert(last_failure.map_or("", |r| r.name.as_str())),
             p.id
         ));
     }
@@ -152,7 +152,7 @@ fn pipeline_status(
             problems.push(format!(
                 "pipeline {}: {} has waited in the inbox for {} (longer than agent.incomplete_timeout {}); see `distributor spool list --inbox --pipeline {}`",
                 p.id,
-                spool.inbox.join(&r.name).display(),
+                inert(&spool.inbox.join(&r.name).display().to_string()),
                 human_age(age.unwrap_or(0)),
                 crate::config::format_duration(limit),
                 p.id
@@ -265,7 +265,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     match p["last_success"].as_object() {
         Some(s) => println!(
             "  last success: {} ({} ago)",
-            s["name"].as_str().unwrap_or_default(),
+            inert(s["name"].as_str().unwrap_or_default()),
             age(&s["modified"])
         ),
         None => println!("  last success: none in done/"),
@@ -276,7 +276,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     for b in p["in_hand"].as_array().into_iter().flatten() {
         println!(
             "  in hand: {} (claimed {} ago)",
-            b["name"].as_str().unwrap_or_default(),
+            inert(b["name"].as_str().unwrap_or_default()),
             age(&b["since"])
         );
     }
@@ -286,7 +286,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             println!(
                 "  inbox {state}: {} (oldest {}, {} ago: {})",
                 s["count"],
-                oldest["name"].as_str().unwrap_or_default(),
+                inert(oldest["name"].as_str().unwrap_or_default()),
                 age(&oldest["since"]),
                 inert(oldest["reason"].as_str().unwrap_or_default())
             );
@@ -295,7 +295,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     if let Some(f) = p["last_failure"].as_object() {
         println!(
             "  last failure: {} ({} ago) [{}] {}",
-            f["name"].as_str().unwrap_or_default(),
+            inert(f["name"].as_str().unwrap_or_default()),
             age(&f["modified"]),
             inert(f["stage"].as_str().unwrap_or("?")),
             inert(f["error"].as_str().unwrap_or_default())

@@ -47,7 +47,11 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
         for entry in entries {
             let entry = entry?;
             let raw = entry.file_name();
-            let name = crate::inert::inert_os(&raw);
+            // The exact name (JSON escapes it); text printers make it inert.
+            // A name that is not UTF-8 can only be shown escaped.
+            let name = raw
+                .to_str()
+                .map_or_else(|| crate::inert::inert_os(&raw), str::to_owned);
             if is_ignored_name(&name) {
                 continue;
             }
@@ -112,7 +116,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
                 Entry {
                     pipeline_id: spool.pipeline_id.clone(),
                     spool: Folder::Inbox.as_str(),
-                    name: crate::inert::inert(&p.name).into_owned(),
+                    name: p.name.clone(),
                     modified: format_time(since),
                     stage: None,
                     error: None,
