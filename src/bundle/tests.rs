@@ -976,3 +976,47 @@ proptest::proptest! {
         let _ = parse_manifest(text.as_bytes());
     }
 }
+
+proptest::proptest! {
+    /// Manifests with hostile paths but a correct digest: whatever parses
+    /// names only clean, unreserved, non-clashing paths inside the bundle.
+    #[test]
+    fn whatever_parses_stays_inside_the_bundle(
+        paths in proptest::collection::vec(
+            "(\\.\\.|\\.|a|b|\\.distributor-x|manifest\\.json|c\\\\d|\u{1b}|é|/){1,4}",
+            1..5,
+        ),
+    ) {
+        let files: Vec<serde_json::Value> = paths
+            .iter()
+            .map(|p| json!({"path": p, "sha256": HELLO_SHA, "size": 6}))
+            .collect();
+        let mut digest_text = String::new();
+        let mut sorted: Vec<&String> = paths.iter().collect();
+        sorted.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for p in sorted {
+            digest_text.push_str(&format!("{HELLO_SHA} 6 {p}\n"));
+        }
+        let digest = hashing::hash_bytes(digest_text.as_bytes()).sha256;
+        let doc = json!({
+            "schema_version": 1, "id": "x", "created": "2026-06-04T11:55:00Z",
+            "digest": digest, "files": files,
+        });
+        if let Ok(m) = parse_manifest(doc.to_string().as_bytes()) {
+            for f in &m.files {
+                let p = f.path.as_str();
+                proptest::prop_assert!(RelPath::parse(p).is_ok(), "{p:?}");
+                proptest::prop_assert!(p != MANIFEST, "{p:?}");
+                proptest::prop_assert!(
+                    p.split('/').all(|s| !s.starts_with(".distributor") && s != ".." && s != "."),
+                    "{p:?}"
+                );
+                proptest::prop_assert!(!p.chars().any(char::is_control), "{p:?}");
+                for g in &m.files {
+                    proptest::prop_assert!(!g.path.as_str().starts_with(&format!("{p}/")), "{p:?} is a folder of {:?}", g.path);
+                }
+            }
+            proptest::prop_assert_eq!(compute_digest(&m.files), m.digest);
+        }
+    }
+}
