@@ -64,6 +64,30 @@ fn open_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
     Ok(Dir::from_std_file(file.into_std()))
 }
 
+/// Creates the folder `name` inside `parent` (mode 0755 before umask) and
+/// opens it without following a link. A folder that already exists (made
+/// by a concurrent staging thread) is opened as is; anything else at that
+/// name fails the open with `ELOOP` or `ENOTDIR`.
+fn create_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
+    let mut b = cap_std::fs::DirBuilder::new();
+    cap_std::fs::DirBuilderExt::mode(&mut b, 0o755);
+    match parent.create_dir_with(name, &b) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    open_subdir(parent, name).map_err(|e| {
+        if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
+            io::Error::new(
+                e.kind(),
+                format!("{name} appeared while creating it, but it is not a real folder ({e})"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 fn is_not_found(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound
         || matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP))
@@ -257,32 +281,24 @@ impl Root {
         hashing::copy_hashed(&mut &file, None, None).map(Some)
     }
 
-    /// Opens (creating when `created` is given) every folder above `path`
-    /// and returns the innermost one. Folders this call creates are pushed
-    /// onto `created` so an interrupted publication can remove them.
-    pub fn parent_dir(
-        &self,
-        path: &RelPath,
-        mut created: Option<&mut Vec<String>>,
-    ) -> io::Result<Dir> {
+    /// Opens every folder above `path` and returns the innermost one,
+    /// creating missing folders when `create` is true.
+    ///
+    /// Creation is idempotent, so several threads may stage outputs into
+    /// the same new folder at once: when another thread created the folder
+    /// first (`EEXIST`), what exists is opened without following a link
+    /// and must be a real folder; a symlink, file or anything else there
+    /// is still an error. Folders a publication may create are recorded
+    /// once, in its journal, before staging starts (not here).
+    pub fn parent_dir(&self, path: &RelPath, create: bool) -> io::Result<Dir> {
         let mut dir = self.dir.try_clone()?;
-        for (i, segment) in path.segments().enumerate() {
-            if i + 1 == path.segments().count() {
-                break;
-            }
+        let depth = path.segments().count();
+        for segment in path.segments().take(depth.saturating_sub(1)) {
             dir = match open_subdir(&dir, segment) {
                 Ok(d) => d,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => match created.as_deref_mut() {
-                    Some(created) => {
-                        let mut b = cap_std::fs::DirBuilder::new();
-                        cap_std::fs::DirBuilderExt::mode(&mut b, 0o755);
-                        dir.create_dir_with(segment, &b)?;
-                        let here = path.ancestors().nth(i).unwrap_or(segment).to_owned();
-                        created.push(here);
-                        open_subdir(&dir, segment)?
-                    }
-                    None => return Err(e),
-                },
+                Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+                    create_subdir(&dir, segment)?
+                }
                 Err(e) => return Err(e),
             };
         }
@@ -587,9 +603,53 @@ mod tests {
         let (tmp, root) = root();
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), tmp.path().join("a")).unwrap();
-        let mut created = Vec::new();
         let p = RelPath::parse("a/b/c.html").unwrap();
-        assert!(root.parent_dir(&p, Some(&mut created)).is_err());
+        assert!(root.parent_dir(&p, true).is_err());
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn threads_creating_the_same_new_folders_all_succeed() {
+        let (tmp, root) = root();
+        let root = &root;
+        for round in 0..20 {
+            let paths: Vec<RelPath> = (0..8)
+                .map(|i| RelPath::parse(&format!("r{round}/s/t/f{i}")).unwrap())
+                .collect();
+            let barrier = std::sync::Barrier::new(paths.len());
+            std::thread::scope(|scope| {
+                for p in &paths {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        root.parent_dir(p, true)
+                            .unwrap_or_else(|e| panic!("{p}: {e}"));
+                    });
+                }
+            });
+            assert!(tmp.path().join(format!("r{round}/s/t")).is_dir());
+        }
+    }
+
+    #[test]
+    fn an_existing_name_is_accepted_only_when_it_is_a_real_folder() {
+        let (tmp, root) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("dir")).unwrap();
+        std::fs::write(tmp.path().join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("dir", tmp.path().join("inner")).unwrap();
+        let cases = [
+            ("dir", true),
+            ("new", true),
+            ("file", false),
+            ("link", false),
+            ("inner", false),
+        ];
+        for (name, ok) in cases {
+            assert_eq!(create_subdir(root.dir(), name).is_ok(), ok, "{name}");
+        }
+        assert!(tmp.path().join("new").is_dir());
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
     }
 

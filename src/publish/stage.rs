@@ -133,9 +133,7 @@ pub(super) fn stage_output(
     in_memory: Option<&Vec<u8>>,
     bundle_dir: &Path,
 ) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
-    let dir = root
-        .parent_dir(&d.path, Some(&mut Vec::new()))
-        .map_err(Failure::Io)?;
+    let dir = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
     let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
     let copied = match in_memory {
         Some(bytes) => {
@@ -204,7 +202,7 @@ pub(super) fn move_into_place<'p>(
         }
     };
     for (path, temp) in staged {
-        let dir = root.parent_dir(path, None)?;
+        let dir = root.parent_dir(path, false)?;
         dir.rename(temp, &dir, path.file_name())?;
         failpoint::hit("publish.after_rename");
         touch(path.as_str());
