@@ -50,6 +50,7 @@ struct PipelineSeries {
     bundles_done: u64,
     bundles_failed: u64,
     published_bytes: u64,
+    batch_fallbacks: u64,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -100,6 +101,12 @@ impl Metrics {
     /// One bundle of `pipeline` ended in `failed/`.
     pub fn bundle_failed(&self, pipeline: &str) {
         self.lock().pipeline(pipeline).bundles_failed += 1;
+    }
+
+    /// A batch of `pipeline` stepped aside and its bundles were published
+    /// one by one.
+    pub fn batch_fallback(&self, pipeline: &str) {
+        self.lock().pipeline(pipeline).batch_fallbacks += 1;
     }
 
     /// `bytes` were written into destination roots for `pipeline`.
@@ -167,6 +174,15 @@ impl Metrics {
             pipelines
                 .iter()
                 .map(|(p, s)| (vec![("pipeline", p.as_str())], s.published_bytes)),
+        );
+        family(
+            &mut out,
+            "batch_fallbacks_total",
+            "counter",
+            "Batches that stepped aside (their bundles were then published one by one) since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.batch_fallbacks)),
         );
         family(
             &mut out,
@@ -341,6 +357,9 @@ distributor_bundles_failed_total{pipeline=\"reports\"} 1
 # HELP distributor_published_bytes_total Bytes written into destination roots since the agent started.
 # TYPE distributor_published_bytes_total counter
 distributor_published_bytes_total{pipeline=\"reports\"} 1300
+# HELP distributor_batch_fallbacks_total Batches that stepped aside (their bundles were then published one by one) since the agent started.
+# TYPE distributor_batch_fallbacks_total counter
+distributor_batch_fallbacks_total{pipeline=\"reports\"} 0
 # HELP distributor_spool_bundles Bundles in each spool folder (inbox, work, done, failed) when last counted.
 # TYPE distributor_spool_bundles gauge
 distributor_spool_bundles{pipeline=\"reports\",spool=\"failed\"} 1
@@ -362,7 +381,7 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 12, "{text}");
+        assert_eq!(lines.len(), 14, "{text}");
         assert!(
             lines
                 .iter()

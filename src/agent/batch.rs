@@ -25,7 +25,15 @@ impl Worker {
                     self.process(path, name, rx);
                     rest = &rest[1..];
                 }
-                publish::Batch::OneByOne => break,
+                publish::Batch::OneByOne { cause } => {
+                    log::warn!(
+                        "pipeline={}: batch publication stepped aside, publishing {} bundles one by one: {cause}",
+                        self.pipeline.id,
+                        rest.len()
+                    );
+                    self.tally.metrics.batch_fallback(&self.pipeline.id);
+                    break;
+                }
                 publish::Batch::Stopped => {
                     // Finish the bundle in hand alone; the rest go back.
                     let (path, name) = &rest[0];
@@ -120,7 +128,9 @@ impl Worker {
                 }
             }
             // Nothing was attempted: the batch file goes, no counter changed.
-            publish::Batch::OneFirst | publish::Batch::OneByOne | publish::Batch::Stopped => {}
+            publish::Batch::OneFirst
+            | publish::Batch::OneByOne { .. }
+            | publish::Batch::Stopped => {}
         }
         if let Err(e) = spool::end_batch(&self.spool) {
             log::warn!(

@@ -9,9 +9,11 @@
 //! report with its own actions; a refused or invalid bundle is reported
 //! alone and does not stop the others.
 //!
-//! Anything unusual (a missing root, state that is not a valid catalog, an
-//! error while writing) makes the batch step aside after settling the
-//! roots, and the caller publishes the bundles one by one.
+//! A missing root or state that is not a valid catalog makes the first
+//! bundle go alone (it sets the root up). An error while writing (a lock
+//! timeout, a full disk, a bundle file changed after it was verified)
+//! makes the batch step aside after settling the roots, with the cause,
+//! and the caller publishes the bundles one by one.
 
 use super::prepare::{Ready, prepare_bundle};
 use super::stage::{missing_dirs, move_into_place, probe, stage_output};
@@ -88,8 +90,10 @@ pub enum Batch {
     /// Nothing was published: publish the first bundle alone (it sets up a
     /// root or converts its state), then batch the rest.
     OneFirst,
-    /// Nothing was published: publish every bundle alone.
-    OneByOne,
+    /// Nothing was published: publish every bundle alone. Says why, for
+    /// the log line and the fallback counter; ordinary input (nested
+    /// folders, new prefixes, overlapping paths) never ends here.
+    OneByOne { cause: String },
     /// Abandoned because `keep_going` said stop; nothing was published.
     Stopped,
 }
@@ -121,8 +125,13 @@ pub fn publish_batch(
         let Ok(Some(root)) = Root::open(&d.root) else {
             return Batch::OneFirst;
         };
-        let Ok(lock) = lock::acquire(&root, options.lock_timeout) else {
-            return Batch::OneByOne;
+        let lock = match lock::acquire(&root, options.lock_timeout) {
+            Ok(lock) => lock,
+            Err(e) => {
+                return Batch::OneByOne {
+                    cause: e.to_string(),
+                };
+            }
         };
         let Ok(State::Catalog(catalog)) = journal::recover(&root, true, now) else {
             return Batch::OneFirst;
@@ -135,7 +144,9 @@ pub fn publish_batch(
         });
     }
     let Some(mut roots) = roots.into_iter().collect::<Option<Vec<RootState>>>() else {
-        return Batch::OneByOne;
+        return Batch::OneByOne {
+            cause: "a destination root was not locked".to_owned(),
+        };
     };
 
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
@@ -168,8 +179,16 @@ pub fn publish_batch(
                 &d.id,
             );
             let state = State::Catalog(view);
-            let Ok(listing) = roots[j].listing(&prepared.desired) else {
-                return Batch::OneByOne;
+            let listing = match roots[j].listing(&prepared.desired) {
+                Ok(listing) => listing,
+                Err(e) => {
+                    return Batch::OneByOne {
+                        cause: format!(
+                            "cannot read destination root {}: {e}",
+                            roots[j].root.path().display()
+                        ),
+                    };
+                }
             };
             plans.push(plan::plan(&PlanInput {
                 pipeline_id: &pipeline.id,
@@ -237,12 +256,10 @@ pub fn publish_batch(
                 return Batch::Stopped;
             }
             Err(e) => {
-                log::warn!(
-                    "{}: batch publication stepped aside ({e}); publishing the bundles one by one",
-                    state.root.path().display()
-                );
                 roll_back_all(&roots);
-                return Batch::OneByOne;
+                return Batch::OneByOne {
+                    cause: format!("staging into {} failed: {e}", state.root.path().display()),
+                };
             }
         }
     }
@@ -250,16 +267,20 @@ pub fn publish_batch(
         accepted[k].ready.verified.insert(path);
     }
     for a in &mut accepted {
-        if verify_rest(&a.ready.bundle, &mut a.ready.verified).is_err() {
+        if let Err(e) = verify_rest(&a.ready.bundle, &mut a.ready.verified) {
             roll_back_all(&roots);
-            return Batch::OneByOne;
+            return Batch::OneByOne {
+                cause: format!("a bundle does not match its manifest: {e}"),
+            };
         }
     }
     // One barrier for every staged byte and journal, per file system.
     for (j, ..) in &staged_roots {
-        if roots[*j].root.sync().is_err() {
+        if let Err(e) = roots[*j].root.sync() {
             roll_back_all(&roots);
-            return Batch::OneByOne;
+            return Batch::OneByOne {
+                cause: format!("syncing {} failed: {e}", roots[*j].root.path().display()),
+            };
         }
     }
     for (j, writes, deletes, temps) in &staged_roots {
@@ -273,7 +294,12 @@ pub fn publish_batch(
             roll_back_all(&roots);
             // Bundles whose roots were committed before are published;
             // publishing them again one by one is a skip.
-            return Batch::OneByOne;
+            return Batch::OneByOne {
+                cause: format!(
+                    "committing into {} failed: {e}",
+                    roots[*j].root.path().display()
+                ),
+            };
         }
     }
 
@@ -284,7 +310,9 @@ pub fn publish_batch(
     }
     match reports.into_iter().collect() {
         Some(reports) => Batch::Done(reports),
-        None => Batch::OneByOne,
+        None => Batch::OneByOne {
+            cause: "a bundle of the batch got no report".to_owned(),
+        },
     }
 }
 
