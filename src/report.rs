@@ -50,6 +50,10 @@ pub struct DestinationReport {
     pub deletes: Vec<String>,
     pub unmanaged: Vec<String>,
     pub error: Option<String>,
+    /// Planned writes (also listed in `writes`) whose file already held
+    /// exactly those bytes and was kept as it is; not serialised.
+    #[serde(skip)]
+    pub unchanged: Vec<String>,
 }
 
 /// The whole result of publishing one bundle.
@@ -160,6 +164,13 @@ impl RunReport {
             );
             for w in &d.writes {
                 let _ = writeln!(out, "    write   {w}");
+            }
+            if !d.unchanged.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    ({} of these writes already held the same bytes and were kept as they are)",
+                    d.unchanged.len()
+                );
             }
             for x in &d.deletes {
                 let _ = writeln!(out, "    delete  {x}");

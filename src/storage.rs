@@ -281,6 +281,31 @@ impl Root {
         hashing::copy_hashed(&mut &file, None, None).map(Some)
     }
 
+    /// True when `path` is a regular file (reached without following a
+    /// link) of exactly `size` bytes whose SHA-256 is `sha256`. The size is
+    /// checked on the open handle first, so a file of another size is never
+    /// read; otherwise the file is read and hashed in full.
+    pub fn holds(&self, path: &str, sha256: &str, size: u64) -> io::Result<bool> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(false);
+        };
+        let mut o = OpenOptions::new();
+        o.read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let file = match dir.open_with(&name, &o) {
+            Ok(f) => f.into_std(),
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.len() != size {
+            return Ok(false);
+        }
+        let got = hashing::copy_hashed(&mut io::Read::take(&file, size + 1), None, Some(size))?;
+        Ok(got.size == size && got.sha256 == sha256)
+    }
+
     /// Opens every folder above `path` and returns the innermost one,
     /// creating missing folders when `create` is true.
     ///
@@ -596,6 +621,26 @@ mod tests {
         assert_eq!(root.entry("d/f/x").unwrap(), Entry::Missing);
         assert_eq!(root.hash_file("in/f").unwrap(), None);
         assert_eq!(root.hash_file("d/f").unwrap().unwrap().size, 3);
+        let abc = hashing::hash_bytes(b"abc").sha256;
+        let cases = [
+            ("d/f", 3, true),
+            ("d/f", 4, false),
+            ("in/f", 3, false),
+            ("d", 3, false),
+            ("x", 3, false),
+        ];
+        for (path, size, holds) in cases {
+            assert_eq!(
+                root.holds(path, &abc, size).unwrap(),
+                holds,
+                "{path} {size}"
+            );
+        }
+        assert!(
+            !root
+                .holds("d/f", &hashing::hash_bytes(b"abd").sha256, 3)
+                .unwrap()
+        );
     }
 
     #[test]

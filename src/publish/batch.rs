@@ -16,7 +16,7 @@
 //! and the caller publishes the bundles one by one.
 
 use super::prepare::{Ready, prepare_bundle};
-use super::stage::{missing_dirs, move_into_place, probe, stage_output};
+use super::stage::{Job, Staged, missing_dirs, move_into_place, probe, stage_one};
 use super::{Failure, Options, now_millis, record_plans, verify_rest};
 use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
 use crate::config::{Destination, Pipeline};
@@ -228,6 +228,8 @@ pub fn publish_batch(
     // the bundles, published one by one, find the culprit).
     let mut staged_roots = Vec::new();
     let mut copied: Vec<(usize, RelPath)> = Vec::new();
+    // Per root: the paths left unchanged, and the bundle whose write it was.
+    let mut unchanged: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); roots.len()];
     for (j, state) in roots.iter().enumerate() {
         let mut writes: BTreeMap<String, (usize, Desired)> = BTreeMap::new();
         let mut deletes: BTreeSet<String> = BTreeSet::new();
@@ -245,11 +247,16 @@ pub fn publish_batch(
             continue;
         }
         match stage_root(state, &writes, &deletes, &accepted, j, workers, keep_going) {
-            Ok(temps) => {
-                for (k, d) in writes.values() {
-                    copied.push((*k, d.bundle_path.clone()));
+            Ok(staged) => {
+                for ((k, d), s) in writes.values().zip(&staged) {
+                    match s {
+                        Staged::Temp(_) => copied.push((*k, d.bundle_path.clone())),
+                        Staged::Unchanged => {
+                            unchanged[j].insert(d.path.as_str().to_owned(), *k);
+                        }
+                    }
                 }
-                staged_roots.push((j, writes, deletes, temps));
+                staged_roots.push((j, writes, deletes, staged));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                 roll_back_all(&roots);
@@ -303,9 +310,19 @@ pub fn publish_batch(
         }
     }
 
-    for a in accepted {
+    for (k, a) in accepted.into_iter().enumerate() {
         let mut report = a.ready.report;
-        report.bytes_published = a.plans.iter().flat_map(|p| &p.writes).map(|d| d.size).sum();
+        for (j, plan) in a.plans.iter().enumerate() {
+            for d in &plan.writes {
+                if unchanged[j].get(d.path.as_str()) == Some(&k) {
+                    report.destinations[j]
+                        .unchanged
+                        .push(d.path.as_str().to_owned());
+                } else {
+                    report.bytes_published += d.size;
+                }
+            }
+        }
         reports[a.index] = Some(report);
     }
     match reports.into_iter().collect() {
@@ -328,7 +345,8 @@ fn roll_back_all(roots: &[RootState]) {
 }
 
 /// Writes the journal and stages every merged write of one root as a
-/// temporary file (not fsynced: the caller's barrier covers them all).
+/// temporary file (not fsynced: the caller's barrier covers them all), or
+/// leaves it alone when the file there already holds those bytes.
 fn stage_root(
     state: &RootState,
     writes: &BTreeMap<String, (usize, Desired)>,
@@ -337,7 +355,7 @@ fn stage_root(
     j: usize,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
-) -> io::Result<Vec<String>> {
+) -> io::Result<Vec<Staged>> {
     let root = &state.root;
     let desired: Vec<Desired> = writes.values().map(|(_, d)| d.clone()).collect();
     let journal = Journal {
@@ -364,21 +382,20 @@ fn stage_root(
             return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
         }
         let a = &accepted[*k];
-        let in_memory = a.ready.prepared[j].in_memory.get(&d.path);
-        let (temp, _file, copied) =
-            stage_output(root, d, in_memory, &a.ready.bundle.dir).map_err(|f| match f {
-                Failure::Io(e) => e,
-                Failure::Bundle(e) => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
-                Failure::Other(e) => io::Error::other(e),
-            })?;
-        if copied.is_some_and(|got| got.sha256 != d.sha256 || got.size != d.size) {
-            return Err(io::Error::new(
+        let job = Job {
+            d,
+            old: state.records.base().get(d.path.as_str()),
+            in_memory: a.ready.prepared[j].in_memory.get(&d.path),
+            bundle: &a.ready.bundle,
+        };
+        stage_one(root, &job, false).map_err(|f| match f {
+            Failure::Io(e) => e,
+            Failure::Bundle(e) => io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} changed after it was verified", d.bundle_path),
-            ));
-        }
-        failpoint::hit("publish.after_stage");
-        Ok(temp)
+                format!("a bundle file changed after it was verified: {e}"),
+            ),
+            Failure::Other(e) => io::Error::other(e),
+        })
     })
     .into_iter()
     .collect()
@@ -402,10 +419,54 @@ impl Workers for InOrder {
     }
 }
 
+/// Runs the jobs on one thread per core (at most four), taking them from
+/// a shared queue; for `distributor run`, which has no agent to lend its
+/// threads. Threads live only as long as one [`Workers::run_all`].
+pub struct PerCore(usize);
+
+impl PerCore {
+    pub fn new() -> PerCore {
+        PerCore(
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, 4),
+        )
+    }
+}
+
+impl Default for PerCore {
+    fn default() -> PerCore {
+        PerCore::new()
+    }
+}
+
+impl Workers for PerCore {
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+        if self.0 < 2 || jobs.len() < 2 {
+            return InOrder.run_all(jobs);
+        }
+        let queue = Mutex::new(jobs.into_iter());
+        std::thread::scope(|scope| {
+            for _ in 0..self.0 {
+                scope.spawn(|| {
+                    loop {
+                        let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        match job {
+                            Some(job) => job(),
+                            None => break,
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
 /// Maps `f` over `items` as one job per item on `workers`, keeping the
 /// order of the results. Used for the reading, hashing and writing of a
-/// batch, which would otherwise leave the other cores idle.
-fn map_on<T: Sync, R: Send>(
+/// batch or a large bundle, which would otherwise leave the other cores
+/// idle.
+pub(super) fn map_on<T: Sync, R: Send>(
     workers: &dyn Workers,
     items: &[T],
     f: impl Fn(&T) -> R + Sync,
@@ -440,12 +501,16 @@ fn commit_root(
     catalog: &Catalog,
     writes: &BTreeMap<String, (usize, Desired)>,
     deletes: &BTreeSet<String>,
-    temps: &[String],
+    staged: &[Staged],
 ) -> io::Result<()> {
     // The barrier below covers every folder; no per-folder fsync needed.
     move_into_place(
         root,
-        writes.values().map(|(_, d)| &d.path).zip(temps),
+        writes
+            .values()
+            .map(|(_, d)| &d.path)
+            .zip(staged)
+            .filter_map(|(path, s)| Some((path, s.temp()?))),
         deletes,
     )?;
     failpoint::hit("publish.before_catalog");

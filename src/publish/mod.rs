@@ -3,8 +3,9 @@
 //!
 //! Execution follows the plan exactly and decides nothing new: journal,
 //! clear (force and legacy replacement only), stage every output as a
-//! fsynced temporary file, rename them into place, delete, write the
-//! catalog last, drop the journal. Any error rolls the root back to a state
+//! durable temporary file (or leave it alone when the file there already
+//! holds those bytes, as its record says and a re-hash confirms), rename
+//! them into place, delete, write the catalog last, drop the journal. Any error rolls the root back to a state
 //! whose catalog matches its bytes (see `journal`).
 
 use crate::bundle::{self, VerifiedBundle};
@@ -26,10 +27,10 @@ mod batch;
 mod prepare;
 mod stage;
 
-pub use batch::{Batch, InOrder, Workers, publish_batch};
+pub use batch::{Batch, InOrder, PerCore, Workers, publish_batch};
 
 use prepare::{Prepared, Ready, prepare_bundle};
-use stage::{commit, probe, roll_back, stage};
+use stage::{Staged, commit, probe, roll_back, stage};
 
 /// How to run a publication.
 #[derive(Debug, Clone)]
@@ -128,10 +129,10 @@ pub fn publish(
 
     // Stage every destination (journal, temporary files hashed as they are
     // copied); then check what no destination copied; only then commit.
-    let mut staged: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut staged: Vec<(usize, Vec<Staged>)> = Vec::new();
     let mut failure = None;
     for (i, p) in &planned {
-        match stage(p, &prepared[*i], &bundle, &mut verified) {
+        match stage(p, &prepared[*i], &bundle, &mut verified, &PerCore::new()) {
             Ok(temps) => staged.push((*i, temps)),
             Err(f) => {
                 failure = Some((*i, f));
@@ -164,7 +165,14 @@ pub fn publish(
             roll_back(p);
             return write_failed(report, *i, prepared[*i].destination, &e);
         }
-        report.bytes_published += p.plan.writes.iter().map(|d| d.size).sum::<u64>();
+        for (d, s) in p.plan.writes.iter().zip(temps) {
+            match s {
+                Staged::Temp(_) => report.bytes_published += d.size,
+                Staged::Unchanged => report.destinations[*i]
+                    .unchanged
+                    .push(d.path.as_str().to_owned()),
+            }
+        }
     }
     report
 }

@@ -45,6 +45,7 @@ fn destination_report(d: &Destination) -> DestinationReport {
         deletes: Vec::new(),
         unmanaged: Vec::new(),
         error: None,
+        unchanged: Vec::new(),
     }
 }
 

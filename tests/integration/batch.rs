@@ -375,3 +375,47 @@ pipelines:
     assert_eq!(names(&t.join("spool/p/failed")), ["tampered"]);
     assert_catalog_matches_disk(&t.join("root"));
 }
+
+#[test]
+fn a_batch_keeps_files_that_already_hold_the_planned_bytes() {
+    use std::os::unix::fs::MetadataExt;
+    let t = Test::new();
+    t.config(&config("additive"));
+    drop_bundle(
+        &t,
+        "first",
+        0,
+        &[("a/same.txt", "same\n"), ("a/old.txt", "1\n")],
+    );
+    t.run(&["agent", "--once"]).expect_code(0);
+    let stamp = |p: &str| {
+        let m = fs::metadata(t.join(&format!("root/{p}"))).unwrap();
+        (m.ino(), m.mtime(), m.mtime_nsec())
+    };
+    let same = stamp("a/same.txt");
+    let old = stamp("a/old.txt");
+    drop_bundle(&t, "x", 1, &[("x.txt", "x\n")]);
+    drop_bundle(
+        &t,
+        "y",
+        2,
+        &[("a/same.txt", "same\n"), ("a/old.txt", "2\n")],
+    );
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(0);
+    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
+    assert_eq!(stamp("a/same.txt"), same, "kept as it was");
+    assert_ne!(stamp("a/old.txt").0, old.0, "rewritten");
+    assert_eq!(fs::read_to_string(t.join("root/a/old.txt")).unwrap(), "2\n");
+    let y = result(&t, "done", "y");
+    assert_eq!(
+        y["destinations"][0]["writes"],
+        serde_json::json!(["a/old.txt", "a/same.txt"])
+    );
+    assert_eq!(t.records("root")["a/same.txt"]["source"]["id"], "y");
+    assert_catalog_matches_disk(&t.join("root"));
+}

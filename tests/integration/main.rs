@@ -15,3 +15,4 @@ mod metrics;
 mod race;
 mod reliability;
 mod run;
+mod unchanged;
