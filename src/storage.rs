@@ -7,11 +7,16 @@
 //! folder to descend into. This module decides nothing about plans.
 
 use crate::hashing::{self, Hashed};
-use crate::paths::{RelPath, is_reserved_name};
+use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How deep below a root a folder may be nested before walking or removing
+/// it is refused: no output path can be deeper (each of its at most
+/// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
+pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
 /// Prefix of every temporary file the tool creates.
 pub const TEMP_PREFIX: &str = ".distributor-tmp-";
@@ -228,11 +233,73 @@ impl Root {
 
     /// Every entry below the root (folders included, reserved names
     /// skipped), without descending into symlinks, sorted by path.
+    ///
+    /// Iterative: one folder is open at a time, whatever the depth, and a
+    /// tree nested deeper than [`MAX_DEPTH`] is refused with an error.
     pub fn walk(&self) -> io::Result<Vec<(String, Entry)>> {
         let mut out = Vec::new();
-        walk_into(&self.dir, "", &mut out)?;
+        let mut pending = vec![String::new()];
+        let mut last = None;
+        while let Some(folder) = pending.pop() {
+            let dir = self.open_folder(&folder, &mut last)?;
+            for entry in dir.entries()? {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if is_reserved_name(&name) {
+                    continue;
+                }
+                let path = join(&folder, &name);
+                let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
+                if kind == Entry::Dir {
+                    self.check_depth(&path)?;
+                    pending.push(path.clone());
+                }
+                out.push((path, kind));
+            }
+        }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// Opens the folder at `path` ("" for the root) without following a
+    /// link anywhere on the way. `last` is the folder opened before: when
+    /// it is `path`'s parent (the usual case in a depth-first walk), one
+    /// `openat` from it does, instead of walking down from the root again.
+    /// On return `last` holds the folder just opened.
+    fn open_folder(&self, path: &str, last: &mut Option<(String, Dir)>) -> io::Result<Dir> {
+        let (parent_path, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let dir = match last {
+            _ if path.is_empty() => self.dir.try_clone()?,
+            Some((p, parent)) if p == parent_path => open_subdir(parent, name)?,
+            _ => self.open_folder_from_root(path)?,
+        };
+        *last = Some((path.to_owned(), dir.try_clone()?));
+        Ok(dir)
+    }
+
+    fn open_folder_from_root(&self, path: &str) -> io::Result<Dir> {
+        let Some((parent, name)) = self.parent_of(path)? else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{}/{path} vanished while it was being read",
+                    self.path.display()
+                ),
+            ));
+        };
+        open_subdir(&parent, &name)
+    }
+
+    /// Refuses a folder deeper than [`MAX_DEPTH`] below the root.
+    fn check_depth(&self, path: &str) -> io::Result<()> {
+        if path.split('/').count() > MAX_DEPTH {
+            return Err(io::Error::other(format!(
+                "{}/{}...: folders are nested more than {MAX_DEPTH} deep, deeper than any output path can be ({MAX_PATH_BYTES} bytes at most), so distributor did not write them; move that folder out of the root, then rerun",
+                self.path.display(),
+                &path[..path.len().min(200)]
+            )));
+        }
+        Ok(())
     }
 
     /// Reads a reserved file at the top of the root; `Ok(None)` when absent.
@@ -403,13 +470,7 @@ impl Root {
     /// Mutations in this module do not sync one by one; callers order them
     /// around barriers.
     pub fn sync(&self) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the descriptor is open for as long as `self.dir` lives.
-        if unsafe { libc::syncfs(self.dir.as_raw_fd()) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        rustix::fs::syncfs(&self.dir).map_err(io::Error::from)
     }
 
     /// Removes a file or symlink at `path`; `Ok(false)` when already gone.
@@ -432,8 +493,8 @@ impl Root {
         };
         let result = match dir.symlink_metadata(&name) {
             Ok(m) if m.file_type().is_dir() => {
-                remove_tree(&open_subdir(&dir, &name)?)?;
-                dir.remove_dir(&name)
+                drop(dir);
+                self.remove_tree(path)
             }
             Ok(_) => dir.remove_file(&name),
             Err(e) => Err(e),
@@ -443,6 +504,42 @@ impl Root {
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Removes the folder at `path` and everything in it, without
+    /// following a link. Iterative: one folder is open at a time, whatever
+    /// the depth, and a tree nested deeper than [`MAX_DEPTH`] is refused
+    /// (files met before the refusal are gone already; a publication's
+    /// journal settles that).
+    fn remove_tree(&self, path: &str) -> io::Result<()> {
+        // (folder, emptied): a folder is removed once what it held is gone.
+        let mut pending = vec![(path.to_owned(), false)];
+        let mut last = None;
+        while let Some((folder, emptied)) = pending.pop() {
+            if emptied {
+                let Some((parent, name)) = self.parent_of(&folder)? else {
+                    continue;
+                };
+                match parent.remove_dir(&name) {
+                    Ok(()) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            self.check_depth(&folder)?;
+            let dir = self.open_folder(&folder, &mut last)?;
+            pending.push((folder.clone(), true));
+            for entry in dir.entries()? {
+                let name = entry?.file_name();
+                if dir.symlink_metadata(&name)?.file_type().is_dir() {
+                    pending.push((join(&folder, &name.to_string_lossy()), false));
+                } else {
+                    dir.remove_file(&name)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Removes the folders above `path` that are now empty, deepest first,
@@ -478,39 +575,13 @@ impl Root {
     }
 }
 
-fn walk_into(dir: &Dir, prefix: &str, out: &mut Vec<(String, Entry)>) -> io::Result<()> {
-    for entry in dir.entries()? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if is_reserved_name(&name) {
-            continue;
-        }
-        let path = if prefix.is_empty() {
-            name.clone()
-        } else {
-            format!("{prefix}/{name}")
-        };
-        let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
-        out.push((path.clone(), kind));
-        if kind == Entry::Dir {
-            walk_into(&open_subdir(dir, &name)?, &path, out)?;
-        }
+/// `folder/name`, or `name` at the root.
+fn join(folder: &str, name: &str) -> String {
+    if folder.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{folder}/{name}")
     }
-    Ok(())
-}
-
-fn remove_tree(dir: &Dir) -> io::Result<()> {
-    for entry in dir.entries()? {
-        let name = entry?.file_name();
-        let is_dir = dir.symlink_metadata(&name)?.file_type().is_dir();
-        if is_dir {
-            remove_tree(&open_subdir(dir, &name.to_string_lossy())?)?;
-            dir.remove_dir(&name)?;
-        } else {
-            dir.remove_file(&name)?;
-        }
-    }
-    Ok(())
 }
 
 /// A writer that starts writeback of what it has written every
@@ -696,6 +767,34 @@ mod tests {
         }
         assert!(tmp.path().join("new").is_dir());
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+
+    /// Makes `a/a/.../a` (`depth` folders) with a file at the bottom,
+    /// one level at a time (the whole path may exceed PATH_MAX).
+    fn nest(root: &Root, depth: usize) {
+        let mut dir = root.dir().try_clone().unwrap();
+        for _ in 0..depth {
+            dir.create_dir("a").unwrap();
+            dir = dir.open_dir("a").unwrap();
+        }
+        dir.write("f", b"x").unwrap();
+    }
+
+    #[test]
+    fn deep_trees_are_walked_and_removed_and_too_deep_ones_refused() {
+        let (tmp, root) = root();
+        nest(&root, 300);
+        let walked = root.walk().unwrap();
+        assert_eq!(walked.len(), 301);
+        assert_eq!(walked.last().unwrap().1, Entry::File { size: 1 });
+        root.remove_any("a").unwrap();
+        assert!(!tmp.path().join("a").exists());
+
+        nest(&root, MAX_DEPTH + 1);
+        let e = root.walk().unwrap_err().to_string();
+        assert!(e.contains(&format!("more than {MAX_DEPTH} deep")), "{e}");
+        let e = root.remove_any("a").unwrap_err().to_string();
+        assert!(e.contains("move that folder out of the root"), "{e}");
     }
 
     #[test]

@@ -274,7 +274,10 @@ fn large(t: &Test, name: &str, version: u32) -> std::path::PathBuf {
             (format!("d{}/f{i:02}.txt", i % 3), body)
         })
         .collect();
-    let files: Vec<(&str, &str)> = files.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_str()))
+        .collect();
     let created = format!("2026-06-0{version}T00:00:00Z");
     t.bundle_at(name, &format!("v{version}"), &created, &files)
 }
