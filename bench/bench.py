@@ -343,11 +343,17 @@ def bench_latency(work, count):
     spool = os.path.join(base, "spool")
     root = os.path.join(base, "root")
     write_config(config, spool, root, settle="0s")
+    # Shaped like real bundles: 3 files in a new subfolder.
     for i in range(count):
         b = os.path.join(staging, f"l{i:04d}")
-        os.makedirs(b)
-        with open(os.path.join(b, f"page{i:04d}.md"), "w") as f:
-            f.write(f"# Page {i}\n")
+        folder = os.path.join(b, f"r{i:04d}")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "report.md"), "w") as f:
+            f.write(f"# Report {i}\n")
+        with open(os.path.join(folder, "page.html"), "w") as f:
+            f.write(f"<p>{i}</p>\n")
+        with open(os.path.join(folder, "data.bin"), "wb") as f:
+            f.write(os.urandom(4096))
         seal(b, f"latency-{i:04d}")
     inbox = os.path.join(spool, "bench", "inbox")
     agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
@@ -362,7 +368,7 @@ def bench_latency(work, count):
         time.sleep(0.2)
         samples = []
         for i in range(count):
-            name = f"page{i:04d}.md"
+            name = f"r{i:04d}/report.md"
             start = time.perf_counter()
             os.rename(os.path.join(staging, f"l{i:04d}"), os.path.join(inbox, f"l{i:04d}"))
             last = None

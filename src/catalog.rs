@@ -329,6 +329,16 @@ impl Overlay {
         }
     }
 
+    /// [`Overlay::record`], moving the records in instead of copying them.
+    pub fn record_owned(&mut self, upserts: Vec<OutputRecord>, removes: Vec<String>) {
+        for path in removes {
+            self.changes.insert(path, None);
+        }
+        for r in upserts {
+            self.changes.insert(r.path.as_str().to_owned(), Some(r));
+        }
+    }
+
     /// Merges the changes in one pass; `now` becomes `updated_at`.
     pub fn into_catalog(self, now: OffsetDateTime) -> Catalog {
         let Overlay { mut base, changes } = self;

@@ -198,6 +198,19 @@ impl CatalogUpdate {
         catalog.record(&self.upserts, &self.removes);
         catalog.into_catalog(self.now)
     }
+
+    /// [`CatalogUpdate::apply`], consuming the update so that its records
+    /// are moved into the catalog rather than copied (a large tree's
+    /// records are then held once, not twice).
+    pub fn into_catalog(self, current: Option<Catalog>) -> Catalog {
+        let base = match current {
+            Some(c) if self.keep_existing => c,
+            _ => Catalog::new(self.now),
+        };
+        let mut catalog = Overlay::new(base);
+        catalog.record_owned(self.upserts, self.removes);
+        catalog.into_catalog(self.now)
+    }
 }
 
 impl Plan {

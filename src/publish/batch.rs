@@ -21,7 +21,7 @@ use super::{Failure, Options, now_millis, record_plans, verify_rest};
 use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
 use crate::config::{Destination, Pipeline};
 use crate::failpoint;
-use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
+use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::lock::{self, RootLock};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired, Listing, Plan, PlanInput};
@@ -358,23 +358,23 @@ fn stage_root(
 ) -> io::Result<Vec<Staged>> {
     let root = &state.root;
     let desired: Vec<Desired> = writes.values().map(|(_, d)| d.clone()).collect();
-    let journal = Journal {
+    let journal = JournalRef {
         writes: writes
             .keys()
             .filter_map(|path| {
-                state.records.get(path).map(|new| JournalWrite {
-                    new: new.clone(),
-                    old: state.records.base().get(path).cloned(),
+                state.records.get(path).map(|new| JournalWriteRef {
+                    new,
+                    old: state.records.base().get(path),
                 })
             })
             .collect(),
-        deletes: deletes.iter().cloned().collect(),
+        deletes: deletes.iter().map(String::as_str).collect(),
         created_dirs: missing_dirs(root, &desired)?,
         state_was_absent: false,
     };
     // Durable with the staged files, at the caller's barrier.
-    let json = journal.to_json();
-    root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| w.write_all(&json))?;
+    root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| journal.write_json(w))?;
+    drop(journal);
     failpoint::hit("publish.after_journal");
     let work: Vec<&(usize, Desired)> = writes.values().collect();
     map_on(workers, &work, |(k, d)| {

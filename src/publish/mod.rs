@@ -315,7 +315,7 @@ fn lock_and_plan(
             (state, listing)
         }
     };
-    let plan = plan::plan(&PlanInput {
+    let mut plan = plan::plan(&PlanInput {
         pipeline_id,
         destination_id: &d.id,
         workflow: d.workflow,
@@ -340,8 +340,9 @@ fn lock_and_plan(
         ),
         _ => (BTreeMap::new(), None),
     };
-    let catalog = match &plan.update {
-        Some(update) if !options.dry_run => Some(update.apply(current)),
+    // The update is consumed: its records move into the new catalog.
+    let catalog = match plan.update.take() {
+        Some(update) if !options.dry_run => Some(update.into_catalog(current)),
         _ => None,
     };
     Ok(Planned {

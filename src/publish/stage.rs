@@ -9,7 +9,7 @@ use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, STATE_FILE, format_time};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
-use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
+use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::storage::{self, Entry, Root};
@@ -151,14 +151,14 @@ pub(super) fn stage(
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(Vec::new()); // skip_same: nothing to do
     };
-    let journal = Journal {
+    let journal = JournalRef {
         writes: plan
             .writes
             .iter()
             .filter_map(|d| {
-                catalog.get(d.path.as_str()).map(|new| JournalWrite {
-                    new: new.clone(),
-                    old: p.replaced.get(d.path.as_str()).cloned(),
+                catalog.get(d.path.as_str()).map(|new| JournalWriteRef {
+                    new,
+                    old: p.replaced.get(d.path.as_str()),
                 })
             })
             .collect(),
@@ -166,13 +166,14 @@ pub(super) fn stage(
             .clear_first
             .iter()
             .chain(&plan.delete_after)
-            .cloned()
+            .map(String::as_str)
             .collect(),
         created_dirs: missing_dirs(root, &plan.writes).map_err(Failure::Io)?,
         state_was_absent: p.state_was_absent,
     };
-    root.write_reserved(JOURNAL_FILE, &journal.to_json())
+    root.write_reserved_with(JOURNAL_FILE, &mut |w| journal.write_json(w))
         .map_err(Failure::Io)?;
+    drop(journal);
     failpoint::hit("publish.after_journal");
     for entry in &plan.clear_first {
         root.remove_any(entry).map_err(Failure::Io)?;
