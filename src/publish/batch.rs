@@ -394,7 +394,7 @@ fn stage_root(
                 io::ErrorKind::InvalidData,
                 format!("a bundle file changed after it was verified: {e}"),
             ),
-            Failure::Other(e) => io::Error::other(e),
+            Failure::Stopped(e) => io::Error::other(e.message),
         })
     })
     .into_iter()
@@ -402,7 +402,10 @@ fn stage_root(
 }
 
 /// Runs independent jobs, possibly several at once. The agent lends its
-/// threads through this; publishing never starts a thread of its own.
+/// threads through this for a batch's reading, hashing and writing. The
+/// only threads publishing starts itself are scoped ones ([`PerCore`]):
+/// for staging a large single bundle, and for renames, which mostly wait
+/// on the disk; none outlives the call that started it.
 pub trait Workers: Sync {
     /// Runs every job once and returns when all have finished.
     fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>);
@@ -431,6 +434,14 @@ impl PerCore {
                 .map_or(1, |n| n.get())
                 .clamp(1, 4),
         )
+    }
+}
+
+impl PerCore {
+    /// Threads for work that mostly waits on the disk (renames over
+    /// existing files), where more threads than cores still help.
+    pub fn for_io() -> PerCore {
+        PerCore(8)
     }
 }
 
@@ -512,6 +523,7 @@ fn commit_root(
             .zip(staged)
             .filter_map(|(path, s)| Some((path, s.temp()?))),
         deletes,
+        Some(&PerCore::for_io()),
     )?;
     failpoint::hit("publish.before_catalog");
     root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;

@@ -92,9 +92,9 @@ pub fn publish(
     for i in order {
         match lock_and_plan(&prepared[i], &pipeline.id, &source, options, now, false) {
             Ok(done) => planned.push((i, done)),
-            Err((stage, e, transient)) => {
-                report.destinations[i].error = Some(e.clone());
-                return report.fail(stage, e, transient);
+            Err(e) => {
+                report.destinations[i].error = Some(e.message.clone());
+                return e.fail(report);
             }
         }
     }
@@ -116,9 +116,9 @@ pub fn publish(
     for (i, p) in planned.iter_mut().filter(|(_, p)| p.root.is_none()) {
         match lock_and_plan(&prepared[*i], &pipeline.id, &source, options, now, true) {
             Ok(again) => *p = again,
-            Err((stage, e, transient)) => {
-                report.destinations[*i].error = Some(e.clone());
-                return report.fail(stage, e, transient);
+            Err(e) => {
+                report.destinations[*i].error = Some(e.message.clone());
+                return e.fail(report);
             }
         }
     }
@@ -152,7 +152,7 @@ pub fn publish(
         return match f {
             Failure::Bundle(e) => report.fail(Stage::Verify, e.to_string(), e.is_transient()),
             Failure::Io(e) => write_failed(report, i, prepared[i].destination, &e),
-            Failure::Other(e) => report.fail(Stage::Publish, e, false),
+            Failure::Stopped(e) => e.fail(report),
         };
     }
     for (i, temps) in &staged {
@@ -200,8 +200,45 @@ enum Failure {
     Bundle(bundle::BundleError),
     /// Writing to a destination failed.
     Io(io::Error),
-    /// Anything else, already phrased for the operator.
-    Other(String),
+    /// Anything else, already classified and phrased for the operator.
+    Stopped(PublishError),
+}
+
+/// Why a publication stopped before writing: the step, what to tell the
+/// operator (what happened and what to do), and whether retrying later may
+/// help. Transient or permanent is decided once, where the error is made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+struct PublishError {
+    stage: Stage,
+    message: String,
+    transient: bool,
+}
+
+impl PublishError {
+    /// A failure that publishing the bundle again cannot fix by itself.
+    fn permanent(stage: Stage, message: String) -> PublishError {
+        PublishError {
+            stage,
+            message,
+            transient: false,
+        }
+    }
+
+    /// An I/O failure while doing `what`; transient when the error may go
+    /// away by itself ([`storage::is_transient`]).
+    fn io(stage: Stage, what: impl std::fmt::Display, e: &io::Error) -> PublishError {
+        PublishError {
+            stage,
+            message: format!("{what}: {e}"),
+            transient: storage::is_transient(e),
+        }
+    }
+
+    /// `report`, failed with this error.
+    fn fail(self, report: RunReport) -> RunReport {
+        report.fail(self.stage, self.message, self.transient)
+    }
 }
 
 /// Hashes every listed file not checked yet.
@@ -264,8 +301,6 @@ fn record_plans<'p>(
     ))
 }
 
-type StageError = (Stage, String, bool);
-
 fn lock_and_plan(
     prepared: &Prepared<'_>,
     pipeline_id: &str,
@@ -273,13 +308,11 @@ fn lock_and_plan(
     options: &Options,
     now: OffsetDateTime,
     create: bool,
-) -> Result<Planned, StageError> {
+) -> Result<Planned, PublishError> {
     let d = prepared.destination;
     let shown = d.root.display();
-    let io_err = |what: &str, e: io::Error| {
-        let transient = storage::is_transient(&e);
-        (Stage::Lock, format!("{what} {shown}: {e}"), transient)
-    };
+    let io_err =
+        |what: &str, e: io::Error| PublishError::io(Stage::Lock, format!("{what} {shown}"), &e);
     let root = if create {
         Some(Root::create(&d.root).map_err(|e| io_err("cannot create destination root", e))?)
     } else {
@@ -295,15 +328,18 @@ fn lock_and_plan(
             lock::LockError::Timeout { .. } => true,
             lock::LockError::Io { source, .. } => storage::is_transient(source),
         };
-        (Stage::Lock, e.to_string(), transient)
+        PublishError {
+            stage: Stage::Lock,
+            message: e.to_string(),
+            transient,
+        }
     })?;
 
     let plan_err = |e: io::Error| {
-        let transient = storage::is_transient(&e);
-        (
+        PublishError::io(
             Stage::Plan,
-            format!("cannot read destination root {shown}: {e}"),
-            transient,
+            format!("cannot read destination root {shown}"),
+            &e,
         )
     };
     let (state, listing) = match &root {
