@@ -363,23 +363,23 @@ fn lock_and_plan(
         now,
     });
     let state_was_absent = matches!(state, State::Absent);
-    // Keep only the records the journal needs, then turn the old catalog
-    // into the new one in place (dry runs never write, so never build it).
-    let (replaced, current) = match state {
-        State::Catalog(old) => (
-            plan.writes
-                .iter()
-                .filter_map(|d| old.get(d.path.as_str()).cloned())
-                .map(|r| (r.path.as_str().to_owned(), r))
-                .collect(),
-            Some(old),
-        ),
-        _ => (BTreeMap::new(), None),
-    };
-    // The update is consumed: its records move into the new catalog.
-    let catalog = match plan.update.take() {
-        Some(update) if !options.dry_run => Some(update.into_catalog(current)),
+    // Turn the old catalog into the new one in place, keeping aside the
+    // records the planned writes replace, for the journal (dry runs never
+    // write, so never build it). Records are moved, never copied.
+    let current = match state {
+        State::Catalog(old) => Some(old),
         _ => None,
+    };
+    let (catalog, replaced) = match plan.update.take() {
+        Some(update) if !options.dry_run => {
+            let (catalog, replaced) = update.into_catalog(current);
+            let replaced = replaced
+                .into_iter()
+                .map(|r| (r.path.as_str().to_owned(), r))
+                .collect();
+            (Some(catalog), replaced)
+        }
+        _ => (None, BTreeMap::new()),
     };
     Ok(Planned {
         root,
