@@ -19,7 +19,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.path.join(HERE, "..", "target", "release", "distributor")
+# DISTRIBUTOR_BIN runs another build (an older one, to compare).
+BIN = os.environ.get("DISTRIBUTOR_BIN") or os.path.join(HERE, "..", "target", "release", "distributor")
 
 
 def sh(cmd, **kw):
@@ -196,6 +197,144 @@ done"""))
     return {"ours": median(ours), "rsync": median(rsync), "loop": median(loop), "count": count}
 
 
+def make_nested(src, count):
+    """Bundles shaped like real ones: 3 files in a new subfolder each."""
+    md = ("# Report\n\n" + "lorem ipsum dolor sit amet " * 160)[:4096]
+    html = ("<p>" + "x" * 20480)[:20480]
+    for i in range(count):
+        b = os.path.join(src, f"b{i:05d}")
+        folder = os.path.join(b, f"r{i:05d}")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "report.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(folder, "page.html"), "w") as f:
+            f.write(html)
+        with open(os.path.join(folder, "data.bin"), "wb") as f:
+            f.write(os.urandom(100 * 1024))
+        seal(b, f"bundle-{i:05d}")
+
+
+def write_prefixed_config(path, spool, root):
+    with open(path, "w") as f:
+        f.write(
+            f"""spool: {spool}
+agent:
+  settle: 0s
+  rescan_interval: 60s
+  prune_interval: 0s
+pipelines:
+  - id: bench
+    destinations:
+      - id: root
+        path: {root}
+        prefix: "{{source_id}}/"
+"""
+        )
+
+
+def bench_nested(work, count, runs):
+    """A backlog of nested bundles through agent --once, without and with a
+    `{source_id}/` prefix, against rsync of the same tree; fresh folders
+    every run (see bench_backlog)."""
+    base = os.path.join(work, "nested")
+    src = os.path.join(base, "src")
+    os.makedirs(src)
+    make_nested(src, count)
+    flat, prefixed, rsync = [], [], []
+    env = dict(os.environ, RUST_LOG="warn")
+    for run in range(runs):
+        rbase = os.path.join(base, f"run{run}")
+        for kind, series in (("flat", flat), ("prefixed", prefixed)):
+            config = os.path.join(rbase, kind, "config.yaml")
+            spool = os.path.join(rbase, kind, "spool")
+            root = os.path.join(rbase, kind, "root")
+            os.makedirs(os.path.join(spool, "bench"))
+            if kind == "flat":
+                write_config(config, spool, root, settle="0s")
+            else:
+                write_prefixed_config(config, spool, root)
+            sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
+            sh("sync")
+            start = time.perf_counter()
+            proc = subprocess.run([BIN, "--config", config, "agent", "--once"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+            series.append(time.perf_counter() - start)
+            if proc.returncode != 0:
+                sys.exit(f"nested backlog ({kind}) failed:\n{proc.stderr.decode()[-2000:]}")
+            if b"stepped aside" in proc.stderr:
+                print(f"nested backlog ({kind}): a batch stepped aside (published one by one)",
+                      flush=True)
+        dest = os.path.join(rbase, "rsync-dest")
+        sh("sync")
+        start = time.perf_counter()
+        sh(["rsync", "-a", "--checksum", "--fsync", src + "/", dest + "/"])
+        rsync.append(time.perf_counter() - start)
+    runs_line("nested", flat=flat, prefixed=prefixed, rsync=rsync)
+    return {"flat": median(flat), "prefixed": median(prefixed), "rsync": median(rsync),
+            "count": count}
+
+
+def make_tree(dir, files, seed):
+    """`files` files of 512 B to 12 KiB in nested folders (about 6 KiB
+    each on average, like a generated documentation site)."""
+    import random
+    rng = random.Random(seed)
+    for i in range(files):
+        folder = os.path.join(dir, f"d{i % 50:02d}", f"s{(i // 50) % 20:02d}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"page{i:06d}.html"), "wb") as f:
+            f.write(os.urandom(rng.randint(512, 12 * 1024)))
+
+
+def change_third(dir, files):
+    """Rewrites every third file of a tree made by make_tree (same size)."""
+    for i in range(0, files, 3):
+        path = os.path.join(dir, f"d{i % 50:02d}", f"s{(i // 50) % 20:02d}", f"page{i:06d}.html")
+        size = os.path.getsize(path)
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+
+
+def bench_tree(work, files, runs):
+    """One bundle holding a whole nested tree: into an empty root (against
+    cp -a && sync), then its next version with a third of the files changed
+    under workflow: replacement (against rsync --checksum --delete --fsync)."""
+    base = os.path.join(work, "tree")
+    v1 = os.path.join(base, "v1")
+    v2 = os.path.join(base, "v2")
+    make_tree(v1, files, 1)
+    sh(["cp", "-a", v1, v2])
+    change_third(v2, files)
+    seal(v1, "tree")
+    seal(v2, "tree")
+    fresh, update, cp, rsync, rss = [], [], [], [], []
+    for run in range(runs):
+        rbase = os.path.join(base, f"run{run}")
+        config = os.path.join(rbase, "config.yaml")
+        root = os.path.join(rbase, "root")
+        os.makedirs(root)
+        write_config(config, os.path.join(rbase, "spool"), root, workflow="replacement")
+        sh("sync")
+        t, m = timed([BIN, "--config", config, "run", "--pipeline", "bench", v1])
+        fresh.append(t)
+        rss.append(m)
+        dest = os.path.join(rbase, "peer")
+        sh("sync")
+        cp.append(timed_shell(f"cp -a '{v1}' '{dest}' && sync"))
+        sh("sync")
+        t, m = timed([BIN, "--config", config, "run", "--pipeline", "bench", v2])
+        update.append(t)
+        rss.append(m)
+        sh("sync")
+        start = time.perf_counter()
+        sh(["rsync", "-a", "--checksum", "--delete", "--fsync", v2 + "/", dest + "/"])
+        rsync.append(time.perf_counter() - start)
+    catalog_kib = os.path.getsize(os.path.join(base, "run0", "root", ".distributor.json")) // 1024
+    runs_line("tree", fresh=fresh, cp=cp, update=update, rsync=rsync)
+    return {"fresh": median(fresh), "cp": median(cp), "update": median(update),
+            "rsync": median(rsync), "files": files, "rss_kib": max(rss), "catalog_kib": catalog_kib}
+
+
 def bench_latency(work, count):
     base = os.path.join(work, "latency")
     staging = os.path.join(base, "staging")
@@ -204,11 +343,17 @@ def bench_latency(work, count):
     spool = os.path.join(base, "spool")
     root = os.path.join(base, "root")
     write_config(config, spool, root, settle="0s")
+    # Shaped like real bundles: 3 files in a new subfolder.
     for i in range(count):
         b = os.path.join(staging, f"l{i:04d}")
-        os.makedirs(b)
-        with open(os.path.join(b, f"page{i:04d}.md"), "w") as f:
-            f.write(f"# Page {i}\n")
+        folder = os.path.join(b, f"r{i:04d}")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "report.md"), "w") as f:
+            f.write(f"# Report {i}\n")
+        with open(os.path.join(folder, "page.html"), "w") as f:
+            f.write(f"<p>{i}</p>\n")
+        with open(os.path.join(folder, "data.bin"), "wb") as f:
+            f.write(os.urandom(4096))
         seal(b, f"latency-{i:04d}")
     inbox = os.path.join(spool, "bench", "inbox")
     agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
@@ -223,7 +368,7 @@ def bench_latency(work, count):
         time.sleep(0.2)
         samples = []
         for i in range(count):
-            name = f"page{i:04d}.md"
+            name = f"r{i:04d}/report.md"
             start = time.perf_counter()
             os.rename(os.path.join(staging, f"l{i:04d}"), os.path.join(inbox, f"l{i:04d}"))
             last = None
@@ -312,11 +457,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--only", choices=["large", "backlog", "latency", "catalog"])
+    ap.add_argument("--only", choices=["large", "backlog", "nested", "tree", "latency", "catalog"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     large = (8 << 20) if args.quick else (1 << 30)
     backlog = 20 if args.quick else 1000
+    nested = 30 if args.quick else 300
+    tree = 1500 if args.quick else 50000
+    tree_runs = 1 if args.quick else min(runs, 3)
     latency = 10 if args.quick else 200
     sizes = [1000] if args.quick else [1000, 10000, 100000]
 
@@ -333,6 +481,16 @@ def main():
             r = bench_backlog(work, backlog, runs)
             rows.append((f"backlog {r['count']} bundles: agent --once", r["ours"], "rsync -a --checksum --fsync", r["rsync"]))
             rows.append(("", r["ours"], "sha256sum -c + cp + sync + mv loop", r["loop"]))
+        if args.only in (None, "nested"):
+            r = bench_nested(work, nested, runs)
+            rows.append((f"nested backlog {r['count']} bundles: agent --once", r["flat"], "rsync -a --checksum --fsync", r["rsync"]))
+            rows.append(("  with prefix {source_id}/", r["prefixed"], "rsync -a --checksum --fsync", r["rsync"]))
+        if args.only in (None, "tree"):
+            r = bench_tree(work, tree, tree_runs)
+            rows.append((f"tree {r['files']} files into an empty root", r["fresh"], "cp -a && sync", r["cp"]))
+            rows.append(("  next version, a third changed", r["update"], "rsync -a --checksum --delete --fsync", r["rsync"]))
+            rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB "
+                         f"({r['rss_kib'] / max(r['catalog_kib'], 1):.1f}x the catalog)", None, None, None))
         if args.only in (None, "latency"):
             r = bench_latency(work, latency)
             rows.append((f"latency p50 over {r['count']} renames", r["p50"], None, None))

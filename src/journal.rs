@@ -39,6 +39,35 @@ pub struct Journal {
     pub state_was_absent: bool,
 }
 
+/// A journal written from records borrowed from the catalog being built,
+/// so a large publication does not copy every record to journal it. It is
+/// written exactly as [`Journal`] is read.
+#[derive(Debug, Serialize)]
+pub struct JournalRef<'a> {
+    pub writes: Vec<JournalWriteRef<'a>>,
+    pub deletes: Vec<&'a str>,
+    pub created_dirs: Vec<String>,
+    pub state_was_absent: bool,
+}
+
+/// A [`JournalWrite`] by reference.
+#[derive(Debug, Serialize)]
+pub struct JournalWriteRef<'a> {
+    pub new: &'a OutputRecord,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old: Option<&'a OutputRecord>,
+}
+
+impl JournalRef<'_> {
+    /// Streams the journal as JSON into `w` through a buffer (a journal of
+    /// a large tree is tens of MiB; it is never held in memory as text).
+    pub fn write_json(&self, w: &mut dyn std::io::Write) -> io::Result<()> {
+        let mut buffered = std::io::BufWriter::with_capacity(1 << 16, w);
+        serde_json::to_writer(&mut buffered, self).map_err(io::Error::from)?;
+        std::io::Write::flush(&mut buffered)
+    }
+}
+
 impl Journal {
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
@@ -210,4 +239,76 @@ fn remove_temps_in(root: &Root, folder: &str) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{OutputKind, SourceIdentity};
+    use crate::paths::RelPath;
+
+    fn record(path: &str, size: u64) -> OutputRecord {
+        let at = time::macros::datetime!(2026-06-01 00:00 UTC);
+        OutputRecord {
+            path: RelPath::parse(path).unwrap(),
+            pipeline_id: "p".to_owned(),
+            destination_id: "d".to_owned(),
+            source: SourceIdentity {
+                id: "s".to_owned(),
+                digest: format!("sha256:{}", "a".repeat(64)),
+                created: at,
+            },
+            kind: OutputKind::Source,
+            source_path: None,
+            transform: None,
+            url: None,
+            sha256: format!("sha256:{}", "b".repeat(64)),
+            size,
+            created_at: at,
+            updated_at: at,
+        }
+    }
+
+    #[test]
+    fn a_journal_written_by_reference_reads_back_as_the_same_journal() {
+        let (new_a, old_a, new_b) = (record("a/x", 1), record("a/x", 2), record("b", 3));
+        let cases = [
+            (vec![], vec![], vec![], false),
+            (
+                vec![(&new_a, Some(&old_a)), (&new_b, None)],
+                vec!["gone", "g/one"],
+                vec!["a".to_owned()],
+                true,
+            ),
+        ];
+        for (writes, deletes, created_dirs, state_was_absent) in cases {
+            let by_ref = JournalRef {
+                writes: writes
+                    .iter()
+                    .map(|(new, old)| JournalWriteRef { new, old: *old })
+                    .collect(),
+                deletes: deletes.clone(),
+                created_dirs: created_dirs.clone(),
+                state_was_absent,
+            };
+            let mut bytes = Vec::new();
+            by_ref.write_json(&mut bytes).unwrap();
+            let read: Journal = serde_json::from_slice(&bytes).unwrap();
+            let owned = Journal {
+                writes: writes
+                    .iter()
+                    .map(|(new, old)| JournalWrite {
+                        new: (*new).clone(),
+                        old: old.cloned(),
+                    })
+                    .collect(),
+                deletes: deletes.iter().map(|d| d.to_string()).collect(),
+                created_dirs,
+                state_was_absent,
+            };
+            assert_eq!(bytes, owned.to_json());
+            assert_eq!(read.writes.len(), owned.writes.len());
+            assert_eq!(read.deletes, owned.deletes);
+        }
+    }
 }

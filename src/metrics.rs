@@ -50,6 +50,7 @@ struct PipelineSeries {
     bundles_done: u64,
     bundles_failed: u64,
     published_bytes: u64,
+    batch_fallbacks: u64,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -108,6 +109,12 @@ impl Metrics {
         state.pipelines.values().fold((0, 0), |(done, failed), s| {
             (done + s.bundles_done, failed + s.bundles_failed)
         })
+    }
+
+    /// A batch of `pipeline` stepped aside and its bundles were published
+    /// one by one.
+    pub fn batch_fallback(&self, pipeline: &str) {
+        self.lock().pipeline(pipeline).batch_fallbacks += 1;
     }
 
     /// `bytes` were written into destination roots for `pipeline`.
@@ -175,6 +182,15 @@ impl Metrics {
             pipelines
                 .iter()
                 .map(|(p, s)| (vec![("pipeline", p.as_str())], s.published_bytes)),
+        );
+        family(
+            &mut out,
+            "batch_fallbacks_total",
+            "counter",
+            "Batches that stepped aside (their bundles were then published one by one) since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.batch_fallbacks)),
         );
         family(
             &mut out,
@@ -349,6 +365,9 @@ distributor_bundles_failed_total{pipeline=\"reports\"} 1
 # HELP distributor_published_bytes_total Bytes written into destination roots since the agent started.
 # TYPE distributor_published_bytes_total counter
 distributor_published_bytes_total{pipeline=\"reports\"} 1300
+# HELP distributor_batch_fallbacks_total Batches that stepped aside (their bundles were then published one by one) since the agent started.
+# TYPE distributor_batch_fallbacks_total counter
+distributor_batch_fallbacks_total{pipeline=\"reports\"} 0
 # HELP distributor_spool_bundles Bundles in each spool folder (inbox, work, done, failed) when last counted.
 # TYPE distributor_spool_bundles gauge
 distributor_spool_bundles{pipeline=\"reports\",spool=\"failed\"} 1
@@ -370,7 +389,7 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 12, "{text}");
+        assert_eq!(lines.len(), 14, "{text}");
         assert!(
             lines
                 .iter()

@@ -198,6 +198,35 @@ impl CatalogUpdate {
         catalog.record(&self.upserts, &self.removes);
         catalog.into_catalog(self.now)
     }
+
+    /// [`CatalogUpdate::apply`], consuming the update so that its records
+    /// are moved into the catalog rather than copied (a large tree's
+    /// records are then held once, not twice). Also hands back the records
+    /// of `current` at the planned paths (what each write replaces, for
+    /// the journal), moved out rather than copied.
+    pub fn into_catalog(self, current: Option<Catalog>) -> (Catalog, Vec<OutputRecord>) {
+        let (base, replaced) = match current {
+            Some(c) if self.keep_existing => (c, Vec::new()),
+            Some(c) => {
+                let planned: BTreeSet<&str> =
+                    self.upserts.iter().map(|r| r.path.as_str()).collect();
+                let replaced = c
+                    .outputs
+                    .into_iter()
+                    .filter(|r| planned.contains(r.path.as_str()))
+                    .collect();
+                (Catalog::new(self.now), replaced)
+            }
+            None => (Catalog::new(self.now), Vec::new()),
+        };
+        let mut catalog = Overlay::new(base);
+        catalog.record_owned(self.upserts, self.removes);
+        if self.keep_existing {
+            catalog.into_catalog_and_replaced(self.now)
+        } else {
+            (catalog.into_catalog(self.now), replaced)
+        }
+    }
 }
 
 impl Plan {

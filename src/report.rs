@@ -52,6 +52,10 @@ pub struct DestinationReport {
     pub deletes: Vec<String>,
     pub unmanaged: Vec<String>,
     pub error: Option<String>,
+    /// Planned writes (also listed in `writes`) whose file already held
+    /// exactly those bytes and was kept as it is; not serialised.
+    #[serde(skip)]
+    pub unchanged: Vec<String>,
 }
 
 /// The whole result of publishing one bundle.
@@ -181,6 +185,12 @@ impl RunReport {
                     count(d.unmanaged.len(), "unmanaged path", "unmanaged paths")
                 ));
             }
+            if !d.unchanged.is_empty() {
+                counts.push(format!(
+                    "{} already held the same bytes and kept",
+                    count(d.unchanged.len(), "write", "writes")
+                ));
+            }
             if counts.is_empty() {
                 out.push('\n');
             } else {
@@ -295,6 +305,7 @@ mod tests {
             writes: (0..writes).map(|i| format!("f{i}.txt")).collect(),
             deletes: vec!["old\x1b[2J.txt".to_owned()],
             unmanaged: (0..unmanaged).map(|i| format!("u{i}")).collect(),
+            unchanged: Vec::new(),
             error: None,
         });
         r.bytes_published = 3 * 1024 * 1024 / 2;

@@ -7,11 +7,16 @@
 //! folder to descend into. This module decides nothing about plans.
 
 use crate::hashing::{self, Hashed};
-use crate::paths::{RelPath, is_reserved_name};
+use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How deep below a root a folder may be nested before walking or removing
+/// it is refused: no output path can be deeper (each of its at most
+/// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
+pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
 /// Prefix of every temporary file the tool creates.
 pub const TEMP_PREFIX: &str = ".distributor-tmp-";
@@ -62,6 +67,30 @@ fn nofollow_dir_options() -> OpenOptions {
 fn open_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
     let file = parent.open_with(name, &nofollow_dir_options())?;
     Ok(Dir::from_std_file(file.into_std()))
+}
+
+/// Creates the folder `name` inside `parent` (mode 0755 before umask) and
+/// opens it without following a link. A folder that already exists (made
+/// by a concurrent staging thread) is opened as is; anything else at that
+/// name fails the open with `ELOOP` or `ENOTDIR`.
+fn create_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
+    let mut b = cap_std::fs::DirBuilder::new();
+    cap_std::fs::DirBuilderExt::mode(&mut b, 0o755);
+    match parent.create_dir_with(name, &b) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    open_subdir(parent, name).map_err(|e| {
+        if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
+            io::Error::new(
+                e.kind(),
+                format!("{name} appeared while creating it, but it is not a real folder ({e})"),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 fn is_not_found(e: &io::Error) -> bool {
@@ -204,11 +233,73 @@ impl Root {
 
     /// Every entry below the root (folders included, reserved names
     /// skipped), without descending into symlinks, sorted by path.
+    ///
+    /// Iterative: one folder is open at a time, whatever the depth, and a
+    /// tree nested deeper than [`MAX_DEPTH`] is refused with an error.
     pub fn walk(&self) -> io::Result<Vec<(String, Entry)>> {
         let mut out = Vec::new();
-        walk_into(&self.dir, "", &mut out)?;
+        let mut pending = vec![String::new()];
+        let mut last = None;
+        while let Some(folder) = pending.pop() {
+            let dir = self.open_folder(&folder, &mut last)?;
+            for entry in dir.entries()? {
+                let entry = entry?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if is_reserved_name(&name) {
+                    continue;
+                }
+                let path = join(&folder, &name);
+                let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
+                if kind == Entry::Dir {
+                    self.check_depth(&path)?;
+                    pending.push(path.clone());
+                }
+                out.push((path, kind));
+            }
+        }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    /// Opens the folder at `path` ("" for the root) without following a
+    /// link anywhere on the way. `last` is the folder opened before: when
+    /// it is `path`'s parent (the usual case in a depth-first walk), one
+    /// `openat` from it does, instead of walking down from the root again.
+    /// On return `last` holds the folder just opened.
+    fn open_folder(&self, path: &str, last: &mut Option<(String, Dir)>) -> io::Result<Dir> {
+        let (parent_path, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let dir = match last {
+            _ if path.is_empty() => self.dir.try_clone()?,
+            Some((p, parent)) if p == parent_path => open_subdir(parent, name)?,
+            _ => self.open_folder_from_root(path)?,
+        };
+        *last = Some((path.to_owned(), dir.try_clone()?));
+        Ok(dir)
+    }
+
+    fn open_folder_from_root(&self, path: &str) -> io::Result<Dir> {
+        let Some((parent, name)) = self.parent_of(path)? else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{}/{path} vanished while it was being read",
+                    self.path.display()
+                ),
+            ));
+        };
+        open_subdir(&parent, &name)
+    }
+
+    /// Refuses a folder deeper than [`MAX_DEPTH`] below the root.
+    fn check_depth(&self, path: &str) -> io::Result<()> {
+        if path.split('/').count() > MAX_DEPTH {
+            return Err(io::Error::other(format!(
+                "{}/{}...: folders are nested more than {MAX_DEPTH} deep, deeper than any output path can be ({MAX_PATH_BYTES} bytes at most), so distributor did not write them; move that folder out of the root, then rerun",
+                self.path.display(),
+                &path[..path.len().min(200)]
+            )));
+        }
+        Ok(())
     }
 
     /// Reads a reserved file at the top of the root; `Ok(None)` when absent.
@@ -257,32 +348,49 @@ impl Root {
         hashing::copy_hashed(&mut &file, None, None).map(Some)
     }
 
-    /// Opens (creating when `created` is given) every folder above `path`
-    /// and returns the innermost one. Folders this call creates are pushed
-    /// onto `created` so an interrupted publication can remove them.
-    pub fn parent_dir(
-        &self,
-        path: &RelPath,
-        mut created: Option<&mut Vec<String>>,
-    ) -> io::Result<Dir> {
+    /// True when `path` is a regular file (reached without following a
+    /// link) of exactly `size` bytes whose SHA-256 is `sha256`. The size is
+    /// checked on the open handle first, so a file of another size is never
+    /// read; otherwise the file is read and hashed in full.
+    pub fn holds(&self, path: &str, sha256: &str, size: u64) -> io::Result<bool> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(false);
+        };
+        let mut o = OpenOptions::new();
+        o.read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+        let file = match dir.open_with(&name, &o) {
+            Ok(f) => f.into_std(),
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.len() != size {
+            return Ok(false);
+        }
+        let got = hashing::copy_hashed(&mut io::Read::take(&file, size + 1), None, Some(size))?;
+        Ok(got.size == size && got.sha256 == sha256)
+    }
+
+    /// Opens every folder above `path` and returns the innermost one,
+    /// creating missing folders when `create` is true.
+    ///
+    /// Creation is idempotent, so several threads may stage outputs into
+    /// the same new folder at once: when another thread created the folder
+    /// first (`EEXIST`), what exists is opened without following a link
+    /// and must be a real folder; a symlink, file or anything else there
+    /// is still an error. Folders a publication may create are recorded
+    /// once, in its journal, before staging starts (not here).
+    pub fn parent_dir(&self, path: &RelPath, create: bool) -> io::Result<Dir> {
         let mut dir = self.dir.try_clone()?;
-        for (i, segment) in path.segments().enumerate() {
-            if i + 1 == path.segments().count() {
-                break;
-            }
+        let depth = path.segments().count();
+        for segment in path.segments().take(depth.saturating_sub(1)) {
             dir = match open_subdir(&dir, segment) {
                 Ok(d) => d,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => match created.as_deref_mut() {
-                    Some(created) => {
-                        let mut b = cap_std::fs::DirBuilder::new();
-                        cap_std::fs::DirBuilderExt::mode(&mut b, 0o755);
-                        dir.create_dir_with(segment, &b)?;
-                        let here = path.ancestors().nth(i).unwrap_or(segment).to_owned();
-                        created.push(here);
-                        open_subdir(&dir, segment)?
-                    }
-                    None => return Err(e),
-                },
+                Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+                    create_subdir(&dir, segment)?
+                }
                 Err(e) => return Err(e),
             };
         }
@@ -362,13 +470,7 @@ impl Root {
     /// Mutations in this module do not sync one by one; callers order them
     /// around barriers.
     pub fn sync(&self) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the descriptor is open for as long as `self.dir` lives.
-        if unsafe { libc::syncfs(self.dir.as_raw_fd()) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        rustix::fs::syncfs(&self.dir).map_err(io::Error::from)
     }
 
     /// Removes a file or symlink at `path`; `Ok(false)` when already gone.
@@ -391,8 +493,8 @@ impl Root {
         };
         let result = match dir.symlink_metadata(&name) {
             Ok(m) if m.file_type().is_dir() => {
-                remove_tree(&open_subdir(&dir, &name)?)?;
-                dir.remove_dir(&name)
+                drop(dir);
+                self.remove_tree(path)
             }
             Ok(_) => dir.remove_file(&name),
             Err(e) => Err(e),
@@ -402,6 +504,42 @@ impl Root {
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Removes the folder at `path` and everything in it, without
+    /// following a link. Iterative: one folder is open at a time, whatever
+    /// the depth, and a tree nested deeper than [`MAX_DEPTH`] is refused
+    /// (files met before the refusal are gone already; a publication's
+    /// journal settles that).
+    fn remove_tree(&self, path: &str) -> io::Result<()> {
+        // (folder, emptied): a folder is removed once what it held is gone.
+        let mut pending = vec![(path.to_owned(), false)];
+        let mut last = None;
+        while let Some((folder, emptied)) = pending.pop() {
+            if emptied {
+                let Some((parent, name)) = self.parent_of(&folder)? else {
+                    continue;
+                };
+                match parent.remove_dir(&name) {
+                    Ok(()) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            self.check_depth(&folder)?;
+            let dir = self.open_folder(&folder, &mut last)?;
+            pending.push((folder.clone(), true));
+            for entry in dir.entries()? {
+                let name = entry?.file_name();
+                if dir.symlink_metadata(&name)?.file_type().is_dir() {
+                    pending.push((join(&folder, &name.to_string_lossy()), false));
+                } else {
+                    dir.remove_file(&name)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Removes the folders above `path` that are now empty, deepest first,
@@ -437,39 +575,13 @@ impl Root {
     }
 }
 
-fn walk_into(dir: &Dir, prefix: &str, out: &mut Vec<(String, Entry)>) -> io::Result<()> {
-    for entry in dir.entries()? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if is_reserved_name(&name) {
-            continue;
-        }
-        let path = if prefix.is_empty() {
-            name.clone()
-        } else {
-            format!("{prefix}/{name}")
-        };
-        let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
-        out.push((path.clone(), kind));
-        if kind == Entry::Dir {
-            walk_into(&open_subdir(dir, &name)?, &path, out)?;
-        }
+/// `folder/name`, or `name` at the root.
+fn join(folder: &str, name: &str) -> String {
+    if folder.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{folder}/{name}")
     }
-    Ok(())
-}
-
-fn remove_tree(dir: &Dir) -> io::Result<()> {
-    for entry in dir.entries()? {
-        let name = entry?.file_name();
-        let is_dir = dir.symlink_metadata(&name)?.file_type().is_dir();
-        if is_dir {
-            remove_tree(&open_subdir(dir, &name.to_string_lossy())?)?;
-            dir.remove_dir(&name)?;
-        } else {
-            dir.remove_file(&name)?;
-        }
-    }
-    Ok(())
 }
 
 /// A writer that starts writeback of what it has written every
@@ -580,6 +692,26 @@ mod tests {
         assert_eq!(root.entry("d/f/x").unwrap(), Entry::Missing);
         assert_eq!(root.hash_file("in/f").unwrap(), None);
         assert_eq!(root.hash_file("d/f").unwrap().unwrap().size, 3);
+        let abc = hashing::hash_bytes(b"abc").sha256;
+        let cases = [
+            ("d/f", 3, true),
+            ("d/f", 4, false),
+            ("in/f", 3, false),
+            ("d", 3, false),
+            ("x", 3, false),
+        ];
+        for (path, size, holds) in cases {
+            assert_eq!(
+                root.holds(path, &abc, size).unwrap(),
+                holds,
+                "{path} {size}"
+            );
+        }
+        assert!(
+            !root
+                .holds("d/f", &hashing::hash_bytes(b"abd").sha256, 3)
+                .unwrap()
+        );
     }
 
     #[test]
@@ -587,10 +719,82 @@ mod tests {
         let (tmp, root) = root();
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), tmp.path().join("a")).unwrap();
-        let mut created = Vec::new();
         let p = RelPath::parse("a/b/c.html").unwrap();
-        assert!(root.parent_dir(&p, Some(&mut created)).is_err());
+        assert!(root.parent_dir(&p, true).is_err());
         assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn threads_creating_the_same_new_folders_all_succeed() {
+        let (tmp, root) = root();
+        let root = &root;
+        for round in 0..20 {
+            let paths: Vec<RelPath> = (0..8)
+                .map(|i| RelPath::parse(&format!("r{round}/s/t/f{i}")).unwrap())
+                .collect();
+            let barrier = std::sync::Barrier::new(paths.len());
+            std::thread::scope(|scope| {
+                for p in &paths {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        root.parent_dir(p, true)
+                            .unwrap_or_else(|e| panic!("{p}: {e}"));
+                    });
+                }
+            });
+            assert!(tmp.path().join(format!("r{round}/s/t")).is_dir());
+        }
+    }
+
+    #[test]
+    fn an_existing_name_is_accepted_only_when_it_is_a_real_folder() {
+        let (tmp, root) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("dir")).unwrap();
+        std::fs::write(tmp.path().join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("dir", tmp.path().join("inner")).unwrap();
+        let cases = [
+            ("dir", true),
+            ("new", true),
+            ("file", false),
+            ("link", false),
+            ("inner", false),
+        ];
+        for (name, ok) in cases {
+            assert_eq!(create_subdir(root.dir(), name).is_ok(), ok, "{name}");
+        }
+        assert!(tmp.path().join("new").is_dir());
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+    }
+
+    /// Makes `a/a/.../a` (`depth` folders) with a file at the bottom,
+    /// one level at a time (the whole path may exceed PATH_MAX).
+    fn nest(root: &Root, depth: usize) {
+        let mut dir = root.dir().try_clone().unwrap();
+        for _ in 0..depth {
+            dir.create_dir("a").unwrap();
+            dir = dir.open_dir("a").unwrap();
+        }
+        dir.write("f", b"x").unwrap();
+    }
+
+    #[test]
+    fn deep_trees_are_walked_and_removed_and_too_deep_ones_refused() {
+        let (tmp, root) = root();
+        nest(&root, 300);
+        let walked = root.walk().unwrap();
+        assert_eq!(walked.len(), 301);
+        assert_eq!(walked.last().unwrap().1, Entry::File { size: 1 });
+        root.remove_any("a").unwrap();
+        assert!(!tmp.path().join("a").exists());
+
+        nest(&root, MAX_DEPTH + 1);
+        let e = root.walk().unwrap_err().to_string();
+        assert!(e.contains(&format!("more than {MAX_DEPTH} deep")), "{e}");
+        let e = root.remove_any("a").unwrap_err().to_string();
+        assert!(e.contains("move that folder out of the root"), "{e}");
     }
 
     #[test]

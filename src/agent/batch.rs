@@ -3,7 +3,6 @@
 //! claimed bundles not started yet go back to the inbox.
 
 use super::Wake;
-use super::threads::Threads;
 use super::worker::Worker;
 use crate::publish::{self, Options};
 use crate::spool;
@@ -25,7 +24,15 @@ impl Worker {
                     self.process(path, name, rx);
                     rest = &rest[1..];
                 }
-                publish::Batch::OneByOne => break,
+                publish::Batch::OneByOne { cause } => {
+                    log::warn!(
+                        "pipeline={}: batch publication stepped aside, publishing {} bundles one by one: {cause}",
+                        self.pipeline.id,
+                        rest.len()
+                    );
+                    self.tally.metrics.batch_fallback(&self.pipeline.id);
+                    break;
+                }
                 publish::Batch::Stopped => {
                     // Finish the bundle in hand alone; the rest go back.
                     let (path, name) = &rest[0];
@@ -83,14 +90,20 @@ impl Worker {
             lock_timeout: self.config.agent.lock_timeout,
         };
         let keep_going = || !self.stop.load(Ordering::SeqCst);
-        let outcome = publish::publish_batch(
-            &self.pipeline,
-            &destinations,
-            &dirs,
-            &options,
-            &Threads::per_core(),
-            &keep_going,
-        );
+        let named: Vec<(&Path, &str)> = claimed
+            .iter()
+            .map(|(p, n)| (p.as_path(), n.as_str()))
+            .collect();
+        let outcome = self.with_progress(&named, || {
+            publish::publish_batch(
+                &self.pipeline,
+                &destinations,
+                &dirs,
+                &options,
+                &publish::PerCore::new(),
+                &keep_going,
+            )
+        });
         match &outcome {
             publish::Batch::Done(reports) => {
                 let elapsed = started.elapsed().as_millis();
@@ -120,7 +133,9 @@ impl Worker {
                 }
             }
             // Nothing was attempted: the batch file goes, no counter changed.
-            publish::Batch::OneFirst | publish::Batch::OneByOne | publish::Batch::Stopped => {}
+            publish::Batch::OneFirst
+            | publish::Batch::OneByOne { .. }
+            | publish::Batch::Stopped => {}
         }
         if let Err(e) = spool::end_batch(&self.spool) {
             log::warn!(

@@ -22,7 +22,6 @@ mod maintenance;
 pub mod presence;
 mod process;
 mod sd_notify;
-mod threads;
 mod watcher;
 mod worker;
 

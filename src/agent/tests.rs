@@ -2,7 +2,6 @@
 //! events are hints.
 
 use super::process::backoff;
-use super::threads::Threads;
 use super::watcher::is_hint;
 use super::*;
 use crate::publish;
@@ -19,7 +18,7 @@ fn backoff_doubles_and_caps() {
 fn threads_run_every_job_exactly_once() {
     use publish::Workers;
     let runs: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
-    for threads in [Threads(1), Threads(4)] {
+    for threads in [publish::PerCore(1), publish::PerCore(4)] {
         let jobs = runs
             .iter()
             .map(|r| {

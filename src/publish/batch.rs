@@ -9,17 +9,19 @@
 //! report with its own actions; a refused or invalid bundle is reported
 //! alone and does not stop the others.
 //!
-//! Anything unusual (a missing root, state that is not a valid catalog, an
-//! error while writing) makes the batch step aside after settling the
-//! roots, and the caller publishes the bundles one by one.
+//! A missing root or state that is not a valid catalog makes the first
+//! bundle go alone (it sets the root up). An error while writing (a lock
+//! timeout, a full disk, a bundle file changed after it was verified)
+//! makes the batch step aside after settling the roots, with the cause,
+//! and the caller publishes the bundles one by one.
 
 use super::prepare::{Ready, prepare_bundle};
-use super::stage::{missing_dirs, move_into_place, probe, stage_output};
+use super::stage::{Job, Staged, missing_dirs, move_into_place, probe, stage_one};
 use super::{Failure, Options, now_millis, record_plans, verify_rest};
 use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
 use crate::config::{Destination, Pipeline};
 use crate::failpoint;
-use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
+use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::lock::{self, RootLock};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired, Listing, Plan, PlanInput};
@@ -88,8 +90,10 @@ pub enum Batch {
     /// Nothing was published: publish the first bundle alone (it sets up a
     /// root or converts its state), then batch the rest.
     OneFirst,
-    /// Nothing was published: publish every bundle alone.
-    OneByOne,
+    /// Nothing was published: publish every bundle alone. Says why, for
+    /// the log line and the fallback counter; ordinary input (nested
+    /// folders, new prefixes, overlapping paths) never ends here.
+    OneByOne { cause: String },
     /// Abandoned because `keep_going` said stop; nothing was published.
     Stopped,
 }
@@ -121,8 +125,13 @@ pub fn publish_batch(
         let Ok(Some(root)) = Root::open(&d.root) else {
             return Batch::OneFirst;
         };
-        let Ok(lock) = lock::acquire(&root, options.lock_timeout) else {
-            return Batch::OneByOne;
+        let lock = match lock::acquire(&root, options.lock_timeout) {
+            Ok(lock) => lock,
+            Err(e) => {
+                return Batch::OneByOne {
+                    cause: e.to_string(),
+                };
+            }
         };
         let Ok(State::Catalog(catalog)) = journal::recover(&root, true, now) else {
             return Batch::OneFirst;
@@ -135,7 +144,9 @@ pub fn publish_batch(
         });
     }
     let Some(mut roots) = roots.into_iter().collect::<Option<Vec<RootState>>>() else {
-        return Batch::OneByOne;
+        return Batch::OneByOne {
+            cause: "a destination root was not locked".to_owned(),
+        };
     };
 
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
@@ -168,8 +179,16 @@ pub fn publish_batch(
                 &d.id,
             );
             let state = State::Catalog(view);
-            let Ok(listing) = roots[j].listing(&prepared.desired) else {
-                return Batch::OneByOne;
+            let listing = match roots[j].listing(&prepared.desired) {
+                Ok(listing) => listing,
+                Err(e) => {
+                    return Batch::OneByOne {
+                        cause: format!(
+                            "cannot read destination root {}: {e}",
+                            roots[j].root.path().display()
+                        ),
+                    };
+                }
             };
             plans.push(plan::plan(&PlanInput {
                 pipeline_id: &pipeline.id,
@@ -209,6 +228,8 @@ pub fn publish_batch(
     // the bundles, published one by one, find the culprit).
     let mut staged_roots = Vec::new();
     let mut copied: Vec<(usize, RelPath)> = Vec::new();
+    // Per root: the paths left unchanged, and the bundle whose write it was.
+    let mut unchanged: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); roots.len()];
     for (j, state) in roots.iter().enumerate() {
         let mut writes: BTreeMap<String, (usize, Desired)> = BTreeMap::new();
         let mut deletes: BTreeSet<String> = BTreeSet::new();
@@ -226,23 +247,26 @@ pub fn publish_batch(
             continue;
         }
         match stage_root(state, &writes, &deletes, &accepted, j, workers, keep_going) {
-            Ok(temps) => {
-                for (k, d) in writes.values() {
-                    copied.push((*k, d.bundle_path.clone()));
+            Ok(staged) => {
+                for ((k, d), s) in writes.values().zip(&staged) {
+                    match s {
+                        Staged::Temp(_) => copied.push((*k, d.bundle_path.clone())),
+                        Staged::Unchanged => {
+                            unchanged[j].insert(d.path.as_str().to_owned(), *k);
+                        }
+                    }
                 }
-                staged_roots.push((j, writes, deletes, temps));
+                staged_roots.push((j, writes, deletes, staged));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {
                 roll_back_all(&roots);
                 return Batch::Stopped;
             }
             Err(e) => {
-                log::warn!(
-                    "{}: batch publication stepped aside ({e}); publishing the bundles one by one",
-                    state.root.path().display()
-                );
                 roll_back_all(&roots);
-                return Batch::OneByOne;
+                return Batch::OneByOne {
+                    cause: format!("staging into {} failed: {e}", state.root.path().display()),
+                };
             }
         }
     }
@@ -250,16 +274,20 @@ pub fn publish_batch(
         accepted[k].ready.verified.insert(path);
     }
     for a in &mut accepted {
-        if verify_rest(&a.ready.bundle, &mut a.ready.verified).is_err() {
+        if let Err(e) = verify_rest(&a.ready.bundle, &mut a.ready.verified) {
             roll_back_all(&roots);
-            return Batch::OneByOne;
+            return Batch::OneByOne {
+                cause: format!("a bundle does not match its manifest: {e}"),
+            };
         }
     }
     // One barrier for every staged byte and journal, per file system.
     for (j, ..) in &staged_roots {
-        if roots[*j].root.sync().is_err() {
+        if let Err(e) = roots[*j].root.sync() {
             roll_back_all(&roots);
-            return Batch::OneByOne;
+            return Batch::OneByOne {
+                cause: format!("syncing {} failed: {e}", roots[*j].root.path().display()),
+            };
         }
     }
     for (j, writes, deletes, temps) in &staged_roots {
@@ -273,18 +301,35 @@ pub fn publish_batch(
             roll_back_all(&roots);
             // Bundles whose roots were committed before are published;
             // publishing them again one by one is a skip.
-            return Batch::OneByOne;
+            return Batch::OneByOne {
+                cause: format!(
+                    "committing into {} failed: {e}",
+                    roots[*j].root.path().display()
+                ),
+            };
         }
     }
 
-    for a in accepted {
+    for (k, a) in accepted.into_iter().enumerate() {
         let mut report = a.ready.report;
-        report.bytes_published = a.plans.iter().flat_map(|p| &p.writes).map(|d| d.size).sum();
+        for (j, plan) in a.plans.iter().enumerate() {
+            for d in &plan.writes {
+                if unchanged[j].get(d.path.as_str()) == Some(&k) {
+                    report.destinations[j]
+                        .unchanged
+                        .push(d.path.as_str().to_owned());
+                } else {
+                    report.bytes_published += d.size;
+                }
+            }
+        }
         reports[a.index] = Some(report);
     }
     match reports.into_iter().collect() {
         Some(reports) => Batch::Done(reports),
-        None => Batch::OneByOne,
+        None => Batch::OneByOne {
+            cause: "a bundle of the batch got no report".to_owned(),
+        },
     }
 }
 
@@ -300,7 +345,8 @@ fn roll_back_all(roots: &[RootState]) {
 }
 
 /// Writes the journal and stages every merged write of one root as a
-/// temporary file (not fsynced: the caller's barrier covers them all).
+/// temporary file (not fsynced: the caller's barrier covers them all), or
+/// leaves it alone when the file there already holds those bytes.
 fn stage_root(
     state: &RootState,
     writes: &BTreeMap<String, (usize, Desired)>,
@@ -309,26 +355,26 @@ fn stage_root(
     j: usize,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
-) -> io::Result<Vec<String>> {
+) -> io::Result<Vec<Staged>> {
     let root = &state.root;
     let desired: Vec<Desired> = writes.values().map(|(_, d)| d.clone()).collect();
-    let journal = Journal {
+    let journal = JournalRef {
         writes: writes
             .keys()
             .filter_map(|path| {
-                state.records.get(path).map(|new| JournalWrite {
-                    new: new.clone(),
-                    old: state.records.base().get(path).cloned(),
+                state.records.get(path).map(|new| JournalWriteRef {
+                    new,
+                    old: state.records.base().get(path),
                 })
             })
             .collect(),
-        deletes: deletes.iter().cloned().collect(),
+        deletes: deletes.iter().map(String::as_str).collect(),
         created_dirs: missing_dirs(root, &desired)?,
         state_was_absent: false,
     };
     // Durable with the staged files, at the caller's barrier.
-    let json = journal.to_json();
-    root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| w.write_all(&json))?;
+    root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| journal.write_json(w))?;
+    drop(journal);
     failpoint::hit("publish.after_journal");
     let work: Vec<&(usize, Desired)> = writes.values().collect();
     map_on(workers, &work, |(k, d)| {
@@ -336,28 +382,30 @@ fn stage_root(
             return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
         }
         let a = &accepted[*k];
-        let in_memory = a.ready.prepared[j].in_memory.get(&d.path);
-        let (temp, _file, copied) =
-            stage_output(root, d, in_memory, &a.ready.bundle.dir).map_err(|f| match f {
-                Failure::Io(e) => e,
-                Failure::Bundle(e) => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
-                Failure::Other(e) => io::Error::other(e),
-            })?;
-        if copied.is_some_and(|got| got.sha256 != d.sha256 || got.size != d.size) {
-            return Err(io::Error::new(
+        let job = Job {
+            d,
+            old: state.records.base().get(d.path.as_str()),
+            in_memory: a.ready.prepared[j].in_memory.get(&d.path),
+            bundle: &a.ready.bundle,
+        };
+        stage_one(root, &job, false).map_err(|f| match f {
+            Failure::Io(e) => e,
+            Failure::Bundle(e) => io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} changed after it was verified", d.bundle_path),
-            ));
-        }
-        failpoint::hit("publish.after_stage");
-        Ok(temp)
+                format!("a bundle file changed after it was verified: {e}"),
+            ),
+            Failure::Stopped(e) => io::Error::other(e.message),
+        })
     })
     .into_iter()
     .collect()
 }
 
 /// Runs independent jobs, possibly several at once. The agent lends its
-/// threads through this; publishing never starts a thread of its own.
+/// threads through this for a batch's reading, hashing and writing. The
+/// only threads publishing starts itself are scoped ones ([`PerCore`]):
+/// for staging a large single bundle, and for renames, which mostly wait
+/// on the disk; none outlives the call that started it.
 pub trait Workers: Sync {
     /// Runs every job once and returns when all have finished.
     fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>);
@@ -374,10 +422,66 @@ impl Workers for InOrder {
     }
 }
 
+/// Runs the jobs on one thread per core (at most four), taking them from
+/// a shared queue; the agent's batches and `distributor run` use it alike.
+/// Threads live only as long as one [`Workers::run_all`].
+pub struct PerCore(pub usize);
+
+impl PerCore {
+    pub fn new() -> PerCore {
+        PerCore(
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, 4),
+        )
+    }
+}
+
+impl PerCore {
+    /// Threads for work that mostly waits on the disk (renames over
+    /// existing files), where more threads than cores still help.
+    pub fn for_io() -> PerCore {
+        PerCore(8)
+    }
+}
+
+impl Default for PerCore {
+    fn default() -> PerCore {
+        PerCore::new()
+    }
+}
+
+impl Workers for PerCore {
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+        if self.0 < 2 || jobs.len() < 2 {
+            return InOrder.run_all(jobs);
+        }
+        let queue = Mutex::new(jobs.into_iter());
+        // What the jobs read counts towards the caller's progress.
+        let progress = crate::progress::current();
+        std::thread::scope(|scope| {
+            for _ in 0..self.0 {
+                let progress = progress.clone();
+                scope.spawn(|| {
+                    let _counted = crate::progress::enter(progress);
+                    loop {
+                        let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        match job {
+                            Some(job) => job(),
+                            None => break,
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
 /// Maps `f` over `items` as one job per item on `workers`, keeping the
 /// order of the results. Used for the reading, hashing and writing of a
-/// batch, which would otherwise leave the other cores idle.
-fn map_on<T: Sync, R: Send>(
+/// batch or a large bundle, which would otherwise leave the other cores
+/// idle.
+pub(super) fn map_on<T: Sync, R: Send>(
     workers: &dyn Workers,
     items: &[T],
     f: impl Fn(&T) -> R + Sync,
@@ -412,13 +516,18 @@ fn commit_root(
     catalog: &Catalog,
     writes: &BTreeMap<String, (usize, Desired)>,
     deletes: &BTreeSet<String>,
-    temps: &[String],
+    staged: &[Staged],
 ) -> io::Result<()> {
     // The barrier below covers every folder; no per-folder fsync needed.
     move_into_place(
         root,
-        writes.values().map(|(_, d)| &d.path).zip(temps),
+        writes
+            .values()
+            .map(|(_, d)| &d.path)
+            .zip(staged)
+            .filter_map(|(path, s)| Some((path, s.temp()?))),
         deletes,
+        Some(&PerCore::for_io()),
     )?;
     failpoint::hit("publish.before_catalog");
     root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;

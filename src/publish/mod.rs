@@ -3,8 +3,9 @@
 //!
 //! Execution follows the plan exactly and decides nothing new: journal,
 //! clear (force and legacy replacement only), stage every output as a
-//! fsynced temporary file, rename them into place, delete, write the
-//! catalog last, drop the journal. Any error rolls the root back to a state
+//! durable temporary file (or leave it alone when the file there already
+//! holds those bytes, as its record says and a re-hash confirms), rename
+//! them into place, delete, write the catalog last, drop the journal. Any error rolls the root back to a state
 //! whose catalog matches its bytes (see `journal`).
 
 use crate::bundle::{self, VerifiedBundle};
@@ -26,10 +27,10 @@ mod batch;
 mod prepare;
 mod stage;
 
-pub use batch::{Batch, InOrder, Workers, publish_batch};
+pub use batch::{Batch, InOrder, PerCore, Workers, publish_batch};
 
 use prepare::{Prepared, Ready, prepare_bundle};
-use stage::{commit, probe, roll_back, stage};
+use stage::{Staged, commit, probe, roll_back, stage};
 
 /// How to run a publication.
 #[derive(Debug, Clone)]
@@ -91,9 +92,9 @@ pub fn publish(
     for i in order {
         match lock_and_plan(&prepared[i], &pipeline.id, &source, options, now, false) {
             Ok(done) => planned.push((i, done)),
-            Err((stage, e, transient)) => {
-                report.destinations[i].error = Some(e.clone());
-                return report.fail(stage, e, transient);
+            Err(e) => {
+                report.destinations[i].error = Some(e.message.clone());
+                return e.fail(report);
             }
         }
     }
@@ -115,9 +116,9 @@ pub fn publish(
     for (i, p) in planned.iter_mut().filter(|(_, p)| p.root.is_none()) {
         match lock_and_plan(&prepared[*i], &pipeline.id, &source, options, now, true) {
             Ok(again) => *p = again,
-            Err((stage, e, transient)) => {
-                report.destinations[*i].error = Some(e.clone());
-                return report.fail(stage, e, transient);
+            Err(e) => {
+                report.destinations[*i].error = Some(e.message.clone());
+                return e.fail(report);
             }
         }
     }
@@ -128,10 +129,10 @@ pub fn publish(
 
     // Stage every destination (journal, temporary files hashed as they are
     // copied); then check what no destination copied; only then commit.
-    let mut staged: Vec<(usize, Vec<String>)> = Vec::new();
+    let mut staged: Vec<(usize, Vec<Staged>)> = Vec::new();
     let mut failure = None;
     for (i, p) in &planned {
-        match stage(p, &prepared[*i], &bundle, &mut verified) {
+        match stage(p, &prepared[*i], &bundle, &mut verified, &PerCore::new()) {
             Ok(temps) => staged.push((*i, temps)),
             Err(f) => {
                 failure = Some((*i, f));
@@ -151,7 +152,7 @@ pub fn publish(
         return match f {
             Failure::Bundle(e) => report.fail(Stage::Verify, e.to_string(), e.is_transient()),
             Failure::Io(e) => write_failed(report, i, prepared[i].destination, &e),
-            Failure::Other(e) => report.fail(Stage::Publish, e, false),
+            Failure::Stopped(e) => e.fail(report),
         };
     }
     for (i, temps) in &staged {
@@ -164,7 +165,14 @@ pub fn publish(
             roll_back(p);
             return write_failed(report, *i, prepared[*i].destination, &e);
         }
-        report.bytes_published += p.plan.writes.iter().map(|d| d.size).sum::<u64>();
+        for (d, s) in p.plan.writes.iter().zip(temps) {
+            match s {
+                Staged::Temp(_) => report.bytes_published += d.size,
+                Staged::Unchanged => report.destinations[*i]
+                    .unchanged
+                    .push(d.path.as_str().to_owned()),
+            }
+        }
     }
     report
 }
@@ -192,8 +200,45 @@ enum Failure {
     Bundle(bundle::BundleError),
     /// Writing to a destination failed.
     Io(io::Error),
-    /// Anything else, already phrased for the operator.
-    Other(String),
+    /// Anything else, already classified and phrased for the operator.
+    Stopped(PublishError),
+}
+
+/// Why a publication stopped before writing: the step, what to tell the
+/// operator (what happened and what to do), and whether retrying later may
+/// help. Transient or permanent is decided once, where the error is made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+struct PublishError {
+    stage: Stage,
+    message: String,
+    transient: bool,
+}
+
+impl PublishError {
+    /// A failure that publishing the bundle again cannot fix by itself.
+    fn permanent(stage: Stage, message: String) -> PublishError {
+        PublishError {
+            stage,
+            message,
+            transient: false,
+        }
+    }
+
+    /// An I/O failure while doing `what`; transient when the error may go
+    /// away by itself ([`storage::is_transient`]).
+    fn io(stage: Stage, what: impl std::fmt::Display, e: &io::Error) -> PublishError {
+        PublishError {
+            stage,
+            message: format!("{what}: {e}"),
+            transient: storage::is_transient(e),
+        }
+    }
+
+    /// `report`, failed with this error.
+    fn fail(self, report: RunReport) -> RunReport {
+        report.fail(self.stage, self.message, self.transient)
+    }
 }
 
 /// Hashes every listed file not checked yet.
@@ -256,8 +301,6 @@ fn record_plans<'p>(
     ))
 }
 
-type StageError = (Stage, String, bool);
-
 fn lock_and_plan(
     prepared: &Prepared<'_>,
     pipeline_id: &str,
@@ -265,13 +308,11 @@ fn lock_and_plan(
     options: &Options,
     now: OffsetDateTime,
     create: bool,
-) -> Result<Planned, StageError> {
+) -> Result<Planned, PublishError> {
     let d = prepared.destination;
     let shown = d.root.display();
-    let io_err = |what: &str, e: io::Error| {
-        let transient = storage::is_transient(&e);
-        (Stage::Lock, format!("{what} {shown}: {e}"), transient)
-    };
+    let io_err =
+        |what: &str, e: io::Error| PublishError::io(Stage::Lock, format!("{what} {shown}"), &e);
     let root = if create {
         Some(Root::create(&d.root).map_err(|e| io_err("cannot create destination root", e))?)
     } else {
@@ -287,15 +328,18 @@ fn lock_and_plan(
             lock::LockError::Timeout { .. } => true,
             lock::LockError::Io { source, .. } => storage::is_transient(source),
         };
-        (Stage::Lock, e.to_string(), transient)
+        PublishError {
+            stage: Stage::Lock,
+            message: e.to_string(),
+            transient,
+        }
     })?;
 
     let plan_err = |e: io::Error| {
-        let transient = storage::is_transient(&e);
-        (
+        PublishError::io(
             Stage::Plan,
-            format!("cannot read destination root {shown}: {e}"),
-            transient,
+            format!("cannot read destination root {shown}"),
+            &e,
         )
     };
     let (state, listing) = match &root {
@@ -307,7 +351,7 @@ fn lock_and_plan(
             (state, listing)
         }
     };
-    let plan = plan::plan(&PlanInput {
+    let mut plan = plan::plan(&PlanInput {
         pipeline_id,
         destination_id: &d.id,
         workflow: d.workflow,
@@ -319,22 +363,23 @@ fn lock_and_plan(
         now,
     });
     let state_was_absent = matches!(state, State::Absent);
-    // Keep only the records the journal needs, then turn the old catalog
-    // into the new one in place (dry runs never write, so never build it).
-    let (replaced, current) = match state {
-        State::Catalog(old) => (
-            plan.writes
-                .iter()
-                .filter_map(|d| old.get(d.path.as_str()).cloned())
-                .map(|r| (r.path.as_str().to_owned(), r))
-                .collect(),
-            Some(old),
-        ),
-        _ => (BTreeMap::new(), None),
-    };
-    let catalog = match &plan.update {
-        Some(update) if !options.dry_run => Some(update.apply(current)),
+    // Turn the old catalog into the new one in place, keeping aside the
+    // records the planned writes replace, for the journal (dry runs never
+    // write, so never build it). Records are moved, never copied.
+    let current = match state {
+        State::Catalog(old) => Some(old),
         _ => None,
+    };
+    let (catalog, replaced) = match plan.update.take() {
+        Some(update) if !options.dry_run => {
+            let (catalog, replaced) = update.into_catalog(current);
+            let replaced = replaced
+                .into_iter()
+                .map(|r| (r.path.as_str().to_owned(), r))
+                .collect();
+            (Some(catalog), replaced)
+        }
+        _ => (None, BTreeMap::new()),
     };
     Ok(Planned {
         root,

@@ -2,7 +2,7 @@
 //! file types and sizes), rendering its markdown where a destination wants
 //! HTML, and computing each destination's outputs. It never writes.
 
-use super::Failure;
+use super::{Failure, PublishError};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, SourceIdentity};
 use crate::config::{self, Destination, Pipeline};
@@ -45,6 +45,7 @@ fn destination_report(d: &Destination) -> DestinationReport {
         deletes: Vec::new(),
         unmanaged: Vec::new(),
         error: None,
+        unchanged: Vec::new(),
     }
 }
 
@@ -126,9 +127,9 @@ pub(super) fn prepare_bundle<'a>(
                             e.is_transient(),
                         )));
                     }
-                    Err(Failure::Other(e)) => {
-                        report.destinations[i].error = Some(e.clone());
-                        return Err(Box::new(report.fail(Stage::Verify, e, false)));
+                    Err(Failure::Stopped(e)) => {
+                        report.destinations[i].error = Some(e.message.clone());
+                        return Err(Box::new(e.fail(report)));
                     }
                     Err(Failure::Io(e)) => {
                         return Err(Box::new(report.fail(
@@ -195,10 +196,13 @@ fn render_all(
         let markdown = read_listed(bundle, f)?;
         verified.insert(f.path.clone());
         let text = std::str::from_utf8(&markdown).map_err(|e| {
-            Failure::Other(format!(
-                "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
-                f.path,
-                e.valid_up_to()
+            Failure::Stopped(PublishError::permanent(
+                Stage::Verify,
+                format!(
+                    "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
+                    f.path,
+                    e.valid_up_to()
+                ),
             ))
         })?;
         let html = markdown_to_html(

@@ -2,13 +2,14 @@
 //! planned paths, the journal, outputs staged as temporary files, renamed
 //! into place, the catalog written last, and settling after a failure.
 
+use super::batch::{PerCore, Workers, map_on};
 use super::prepare::Prepared;
 use super::{Failure, Planned, now_millis};
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{STATE_FILE, format_time};
+use crate::catalog::{OutputRecord, STATE_FILE, format_time};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
-use crate::journal::{self, JOURNAL_FILE, Journal, JournalWrite};
+use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::storage::{self, Entry, Root};
@@ -52,27 +53,112 @@ pub(super) fn missing_dirs(root: &Root, writes: &[Desired]) -> io::Result<Vec<St
     Ok(missing)
 }
 
-/// Writes the journal and every output of `p` as a fsynced temporary file,
-/// hashing copies as they stream. Returns the temporary names, in the order
-/// of `p.plan.writes`. Renames nothing.
+/// What staging did for one planned write.
+#[derive(Debug)]
+pub(super) enum Staged {
+    /// Written to this temporary file beside its target, to be renamed.
+    Temp(String),
+    /// The target already holds exactly these bytes: the record it
+    /// replaces has the same SHA-256 and size, and the regular file there
+    /// has that size and hashes to it. Nothing is written or renamed, so
+    /// the file keeps its inode and modification time.
+    Unchanged,
+}
+
+impl Staged {
+    pub(super) fn temp(&self) -> Option<&String> {
+        match self {
+            Staged::Temp(name) => Some(name),
+            Staged::Unchanged => None,
+        }
+    }
+}
+
+/// One planned write, as [`stage_one`] takes it.
+pub(super) struct Job<'a> {
+    pub(super) d: &'a Desired,
+    /// The catalog record this write replaces, if any.
+    pub(super) old: Option<&'a OutputRecord>,
+    /// The bytes, when already in memory (rendered HTML, markdown read
+    /// for rendering); else the bundle file is copied.
+    pub(super) in_memory: Option<&'a Vec<u8>>,
+    pub(super) bundle: &'a VerifiedBundle,
+}
+
+/// From this many writes and deletes on, a publication makes its staged
+/// files and renames durable with one barrier per file system (`syncfs`)
+/// instead of a fsync per file and folder, and stages on several threads.
+/// Below it, per-file fsyncs are cheaper (a few small files) and a busy
+/// neighbour on the same file system cannot slow the publication down.
+pub(super) const BARRIER_FROM: usize = 16;
+
+/// Whether `plan` is made durable by barriers (see [`BARRIER_FROM`]).
+pub(super) fn uses_barrier(plan: &plan::Plan) -> bool {
+    plan.writes.len() + plan.delete_after.len() + plan.clear_first.len() >= BARRIER_FROM
+}
+
+/// Stages one planned write: nothing when the target already holds the
+/// bytes ([`Staged::Unchanged`]), else a temporary file in the target
+/// folder (created as needed), fsynced when `fsync` is set. A copied file
+/// is hashed as it streams and must match the manifest.
+pub(super) fn stage_one(root: &Root, job: &Job<'_>, fsync: bool) -> Result<Staged, Failure> {
+    let d = job.d;
+    let recorded_same = job
+        .old
+        .is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size);
+    if recorded_same
+        && root
+            .holds(d.path.as_str(), &d.sha256, d.size)
+            .map_err(Failure::Io)?
+    {
+        return Ok(Staged::Unchanged);
+    }
+    let (temp, file, copied) = stage_output(root, d, job.in_memory, &job.bundle.dir)?;
+    if let Some(got) = copied
+        && (got.sha256 != d.sha256 || got.size != d.size)
+    {
+        let listed = job
+            .bundle
+            .manifest
+            .files
+            .iter()
+            .find(|f| f.path == d.bundle_path)
+            .expect("copied outputs come from listed files");
+        return Err(Failure::Bundle(bundle::BundleError::Invalid {
+            problems: vec![bundle::mismatch_problem(listed, &got)],
+        }));
+    }
+    if fsync {
+        file.sync_all().map_err(Failure::Io)?;
+    }
+    failpoint::hit("publish.after_stage");
+    Ok(Staged::Temp(temp))
+}
+
+/// Writes the journal and stages every output of `p` (see [`stage_one`]),
+/// hashing copies as they stream. Returns what was staged, in the order of
+/// `p.plan.writes`. Renames nothing. Every staged byte is on disk before
+/// this returns: fsynced one by one, or, for a large plan, staged on
+/// `workers` and covered by one barrier.
 pub(super) fn stage(
     p: &Planned,
     prepared: &Prepared<'_>,
     bundle: &VerifiedBundle,
     verified: &mut BTreeSet<RelPath>,
-) -> Result<Vec<String>, Failure> {
+    workers: &dyn Workers,
+) -> Result<Vec<Staged>, Failure> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(Vec::new()); // skip_same: nothing to do
     };
-    let journal = Journal {
+    let journal = JournalRef {
         writes: plan
             .writes
             .iter()
             .filter_map(|d| {
-                catalog.get(d.path.as_str()).map(|new| JournalWrite {
-                    new: new.clone(),
-                    old: p.replaced.get(d.path.as_str()).cloned(),
+                catalog.get(d.path.as_str()).map(|new| JournalWriteRef {
+                    new,
+                    old: p.replaced.get(d.path.as_str()),
                 })
             })
             .collect(),
@@ -80,13 +166,14 @@ pub(super) fn stage(
             .clear_first
             .iter()
             .chain(&plan.delete_after)
-            .cloned()
+            .map(String::as_str)
             .collect(),
         created_dirs: missing_dirs(root, &plan.writes).map_err(Failure::Io)?,
         state_was_absent: p.state_was_absent,
     };
-    root.write_reserved(JOURNAL_FILE, &journal.to_json())
+    root.write_reserved_with(JOURNAL_FILE, &mut |w| journal.write_json(w))
         .map_err(Failure::Io)?;
+    drop(journal);
     failpoint::hit("publish.after_journal");
     for entry in &plan.clear_first {
         root.remove_any(entry).map_err(Failure::Io)?;
@@ -95,30 +182,31 @@ pub(super) fn stage(
     if !plan.clear_first.is_empty() {
         storage::sync_dir(root.dir()).map_err(Failure::Io)?;
     }
-    let mut staged = Vec::with_capacity(plan.writes.len());
-    for d in &plan.writes {
-        let (temp, file, copied) =
-            stage_output(root, d, prepared.in_memory.get(&d.path), &bundle.dir)?;
-        staged.push(temp);
-        if let Some(got) = copied {
-            if got.sha256 != d.sha256 || got.size != d.size {
-                let listed = bundle
-                    .manifest
-                    .files
-                    .iter()
-                    .find(|f| f.path == d.bundle_path)
-                    .expect("copied outputs come from listed files");
-                return Err(Failure::Bundle(bundle::BundleError::Invalid {
-                    problems: vec![bundle::mismatch_problem(listed, &got)],
-                }));
-            }
-            verified.insert(d.bundle_path.clone());
+    let jobs: Vec<Job> = plan
+        .writes
+        .iter()
+        .map(|d| Job {
+            d,
+            old: p.replaced.get(d.path.as_str()),
+            in_memory: prepared.in_memory.get(&d.path),
+            bundle,
+        })
+        .collect();
+    let staged: Vec<Staged> = if uses_barrier(plan) {
+        let staged = map_on(workers, &jobs, |job| stage_one(root, job, false))
+            .into_iter()
+            .collect::<Result<Vec<Staged>, Failure>>()?;
+        root.sync().map_err(Failure::Io)?;
+        staged
+    } else {
+        jobs.iter()
+            .map(|job| stage_one(root, job, true))
+            .collect::<Result<Vec<Staged>, Failure>>()?
+    };
+    for (job, s) in jobs.iter().zip(&staged) {
+        if job.in_memory.is_none() && matches!(s, Staged::Temp(_)) {
+            verified.insert(job.d.bundle_path.clone());
         }
-        // Every staged byte is on disk before anything is renamed into
-        // place (the journal already is). Per-file fsync, not syncfs: a
-        // busy neighbour on the same file system must not slow us down.
-        file.sync_all().map_err(Failure::Io)?;
-        failpoint::hit("publish.after_stage");
     }
     Ok(staged)
 }
@@ -127,15 +215,13 @@ pub(super) fn stage(
 /// as needed): bytes already in memory, or the bundle file copied as it is
 /// hashed. Returns the temporary name, the open file (not fsynced) and,
 /// for a copy, the hash of the bytes copied, for the caller to check.
-pub(super) fn stage_output(
+fn stage_output(
     root: &Root,
     d: &Desired,
     in_memory: Option<&Vec<u8>>,
     bundle_dir: &Path,
 ) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
-    let dir = root
-        .parent_dir(&d.path, Some(&mut Vec::new()))
-        .map_err(Failure::Io)?;
+    let dir = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
     let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
     let copied = match in_memory {
         Some(bytes) => {
@@ -159,23 +245,36 @@ pub(super) fn stage_output(
 
 /// Renames the staged outputs of `p` into place, deletes, writes the
 /// catalog and drops the journal.
-pub(super) fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
+pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
         return Ok(());
     };
     let touched = move_into_place(
         root,
-        plan.writes.iter().map(|d| &d.path).zip(staged),
+        plan.writes
+            .iter()
+            .map(|d| &d.path)
+            .zip(staged)
+            .filter_map(|(path, s)| Some((path, s.temp()?))),
         &plan.delete_after,
+        uses_barrier(plan).then_some(&PerCore::for_io() as &dyn Workers),
     )?;
     failpoint::hit("publish.before_catalog");
-    root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?;
-    // One fsync per folder makes the renames, the deletions and the
-    // catalog's own rename durable together; until then the journal (already
-    // durable) lets the next process settle whatever a crash leaves.
-    for folder in &touched {
-        root.sync_folder(folder)?;
+    if uses_barrier(plan) {
+        // One barrier makes the renames, the deletions and the catalog
+        // durable together, however many folders they touched.
+        root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
+        root.sync()?;
+    } else {
+        root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?;
+        // One fsync per folder makes the renames, the deletions and the
+        // catalog's own rename durable together; until then the journal
+        // (already durable) lets the next process settle whatever a crash
+        // leaves.
+        for folder in &touched {
+            root.sync_folder(folder)?;
+        }
     }
     log::debug!(
         "{}: catalog written at {}",
@@ -188,12 +287,14 @@ pub(super) fn commit(p: &Planned, staged: &[String]) -> io::Result<()> {
 }
 
 /// Renames staged temporary files over their targets, then deletes (and
-/// prunes emptied folders). Returns every folder touched, the root always
-/// included (the catalog is renamed there), for the caller's fsyncs.
+/// prunes emptied folders). Renames run on `parallel` when given. Returns
+/// every folder touched, the root always included (the catalog is renamed
+/// there), for the caller's fsyncs.
 pub(super) fn move_into_place<'p>(
     root: &Root,
     staged: impl Iterator<Item = (&'p RelPath, &'p String)>,
     deletes: impl IntoIterator<Item = &'p String>,
+    parallel: Option<&dyn Workers>,
 ) -> io::Result<BTreeSet<String>> {
     let mut touched = BTreeSet::from([String::new()]);
     let mut touch = |path: &str| {
@@ -203,11 +304,26 @@ pub(super) fn move_into_place<'p>(
             touched.insert(above.to_owned());
         }
     };
-    for (path, temp) in staged {
-        let dir = root.parent_dir(path, None)?;
+    let staged: Vec<(&RelPath, &String)> = staged.collect();
+    for (path, _) in &staged {
+        touch(path.as_str());
+    }
+    let rename = |(path, temp): &(&RelPath, &String)| -> io::Result<()> {
+        let dir = root.parent_dir(path, false)?;
         dir.rename(temp, &dir, path.file_name())?;
         failpoint::hit("publish.after_rename");
-        touch(path.as_str());
+        Ok(())
+    };
+    match parallel {
+        // Renaming over an existing file waits for the old one's blocks to
+        // be freed (and, with `discard`, trimmed): a few of those waits at
+        // once go faster than one after the other. Order does not matter,
+        // the journal covers every path, and the catalog comes after all.
+        Some(workers) => map_on(workers, &staged, rename)
+            .into_iter()
+            .collect::<io::Result<Vec<()>>>()
+            .map(drop)?,
+        None => staged.iter().try_for_each(rename)?,
     }
     for path in deletes {
         root.remove_any(path)?;

@@ -302,25 +302,8 @@ pub fn move_unique(from: &Path, to: &Path, name: &str) -> io::Result<PathBuf> {
 
 /// `rename(2)` that refuses to replace an existing target.
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let from_c = CString::new(from.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let to_c = CString::new(to.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: both are valid NUL-terminated paths; renameat2 only reads them.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from_c.as_ptr(),
-            libc::AT_FDCWD,
-            to_c.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(io::Error::from)
 }
 
 /// Most bytes read of a bookkeeping file (attempt count, batch file, result).

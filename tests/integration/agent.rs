@@ -1215,7 +1215,8 @@ fn sigterm_mid_run(once: bool) {
     let mut in_hand = None;
     assert!(
         wait_for(PUBLISH_WAIT, || {
-            in_hand = names(&work).into_iter().next();
+            // A bundle, not the batch's attempt file.
+            in_hand = names(&work).into_iter().find(|n| !n.starts_with('.'));
             in_hand.is_some() && agent.catches(&[libc::SIGTERM])
         }),
         "the agent never claimed a bundle:\n{}",
@@ -1229,7 +1230,10 @@ fn sigterm_mid_run(once: bool) {
     // The bundle in hand (or the batch in hand) is finished, unless it was
     // still hashing or copying when the stop grace ran out (SPEC §12.4);
     // then it is left whole in work/ and resumed by the next start.
-    let left = names(&work);
+    let left: BTreeSet<String> = names(&work)
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .collect();
     if !left.is_empty() {
         assert!(
             stderr.contains("left in work/ for the next start"),

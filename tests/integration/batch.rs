@@ -257,3 +257,165 @@ fn a_crash_in_the_middle_of_a_batch_converges() {
         }
     }
 }
+
+fn metric(t: &Test, name: &str) -> String {
+    let text = fs::read_to_string(t.join("metrics.prom")).unwrap();
+    let prefix = format!("distributor_{name}{{pipeline=\"p\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .to_owned()
+}
+
+/// Regression: staging threads raced to create the same new folder
+/// (`EEXIST`) and the whole batch fell back to one-by-one publication.
+#[test]
+fn nested_bundles_in_new_folders_are_published_in_one_batch_without_falling_back() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+agent: {settle: 0s, metrics_file: ./metrics.prom}
+pipelines:
+  - id: p
+    destinations:
+      - id: flat
+        path: ./root
+      - id: per-source
+        path: ./by-source
+        prefix: \"{source_id}/\"
+",
+    );
+    // Both roots exist with a catalog, as after a first publication.
+    drop_bundle(&t, "first", 0, &[("first.txt", "1\n")]);
+    t.run(&["agent", "--once"]).expect_code(0);
+    let data = "d".repeat(64 * 1024);
+    let n = 40u64;
+    for i in 1..=n {
+        let folder = format!("r{i:05}");
+        let report = format!("# report {i}\n");
+        let page = format!("<p>{i}</p>\n");
+        drop_bundle(
+            &t,
+            &format!("b{i:03}"),
+            i,
+            &[
+                (&format!("{folder}/report.md"), &report),
+                (&format!("{folder}/page.html"), &page),
+                (&format!("{folder}/data.bin"), &data),
+            ],
+        );
+    }
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(0);
+    assert!(
+        out.stderr
+            .contains(&format!("published a batch of {n} bundles")),
+        "not one batch:\n{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("stepped aside"),
+        "the batch fell back:\n{}",
+        out.stderr
+    );
+    assert_eq!(metric(&t, "batch_fallbacks_total"), "0");
+    assert_eq!(names(&t.join("spool/p/done")).len(), n as usize + 1);
+    for i in 1..=n {
+        let report = format!("# report {i}\n");
+        let flat = t.join(&format!("root/r{i:05}/report.md"));
+        assert_eq!(fs::read_to_string(flat).unwrap(), report);
+        let nested = t.join(&format!("by-source/b{i:03}/r{i:05}/report.md"));
+        assert_eq!(fs::read_to_string(nested).unwrap(), report);
+    }
+    assert_eq!(t.records("by-source").len(), 3 * n as usize + 1);
+    assert_catalog_matches_disk(&t.join("root"));
+    assert_catalog_matches_disk(&t.join("by-source"));
+}
+
+#[test]
+fn a_batch_that_steps_aside_says_why_and_is_counted() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+agent: {settle: 0s, metrics_file: ./metrics.prom}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+",
+    );
+    drop_bundle(&t, "first", 0, &[("first.txt", "1\n")]);
+    t.run(&["agent", "--once"]).expect_code(0);
+    drop_bundle(&t, "a", 1, &[("a.txt", "a\n")]);
+    // Changed after sealing: only staging, which hashes as it copies, sees it.
+    drop_bundle(&t, "tampered", 2, &[("t.txt", "tttt\n")]);
+    fs::write(t.join("spool/p/inbox/tampered/t.txt"), "TTTT\n").unwrap();
+    drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(1);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("stepped aside"))
+        .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("pipeline=p"), "{line}");
+    assert!(line.contains("t.txt"), "the cause is named: {line}");
+    assert_eq!(metric(&t, "batch_fallbacks_total"), "1");
+    assert_eq!(names(&t.join("spool/p/done")), ["a", "c", "first"]);
+    assert_eq!(names(&t.join("spool/p/failed")), ["tampered"]);
+    assert_catalog_matches_disk(&t.join("root"));
+}
+
+#[test]
+fn a_batch_keeps_files_that_already_hold_the_planned_bytes() {
+    use std::os::unix::fs::MetadataExt;
+    let t = Test::new();
+    t.config(&config("additive"));
+    drop_bundle(
+        &t,
+        "first",
+        0,
+        &[("a/same.txt", "same\n"), ("a/old.txt", "1\n")],
+    );
+    t.run(&["agent", "--once"]).expect_code(0);
+    let stamp = |p: &str| {
+        let m = fs::metadata(t.join(&format!("root/{p}"))).unwrap();
+        (m.ino(), m.mtime(), m.mtime_nsec())
+    };
+    let same = stamp("a/same.txt");
+    let old = stamp("a/old.txt");
+    drop_bundle(&t, "x", 1, &[("x.txt", "x\n")]);
+    drop_bundle(
+        &t,
+        "y",
+        2,
+        &[("a/same.txt", "same\n"), ("a/old.txt", "2\n")],
+    );
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(0);
+    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
+    assert_eq!(stamp("a/same.txt"), same, "kept as it was");
+    assert_ne!(stamp("a/old.txt").0, old.0, "rewritten");
+    assert_eq!(fs::read_to_string(t.join("root/a/old.txt")).unwrap(), "2\n");
+    let y = result(&t, "done", "y");
+    assert_eq!(
+        y["destinations"][0]["writes"],
+        serde_json::json!(["a/old.txt", "a/same.txt"])
+    );
+    assert_eq!(t.records("root")["a/same.txt"]["source"]["id"], "y");
+    assert_catalog_matches_disk(&t.join("root"));
+}

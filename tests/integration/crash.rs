@@ -23,8 +23,10 @@ fn noise(len: usize, mut seed: u64) -> Vec<u8> {
     out
 }
 
-/// Writes and seals a bundle of ~300 small files and one large one.
-/// `variant` changes contents, sizes and part of the path set.
+/// Writes and seals a bundle of ~350 small files and one large one (a
+/// single publication large enough to be made durable by barriers).
+/// `variant` changes contents, sizes and part of the path set; 40 files are
+/// the same in every variant.
 fn big_bundle(t: &Test, name: &str, variant: u64) -> (PathBuf, BTreeSet<String>) {
     let dir = t.mkdir(&format!("bundles/{name}"));
     let mut paths = BTreeSet::new();
@@ -40,6 +42,12 @@ fn big_bundle(t: &Test, name: &str, variant: u64) -> (PathBuf, BTreeSet<String>)
     for i in 0..30u64 {
         let path = format!("only-{name}/g{i}.txt");
         crate::util::write_file(&dir.join(&path), format!("{name} {i}").as_bytes());
+        paths.insert(path);
+    }
+    // The same bytes in every variant: a rerun keeps these files in place.
+    for i in 0..40u64 {
+        let path = format!("same/s{i:02}.txt");
+        crate::util::write_file(&dir.join(&path), format!("shared {i}\n").as_bytes());
         paths.insert(path);
     }
     crate::util::write_file(

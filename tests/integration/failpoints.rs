@@ -259,3 +259,69 @@ fn agent_crash_at_every_step_files_each_bundle_exactly_once() {
         );
     }
 }
+
+/// A version of a 24-file tree (enough for one barrier instead of per-file
+/// fsyncs): every other file differs between versions, the rest are the
+/// same bytes (left in place by the second publication).
+fn large(t: &Test, name: &str, version: u32) -> std::path::PathBuf {
+    let files: Vec<(String, String)> = (0..24)
+        .map(|i| {
+            let body = if i % 2 == 0 {
+                format!("file {i} version {version}\n")
+            } else {
+                format!("file {i} the same in every version\n")
+            };
+            (format!("d{}/f{i:02}.txt", i % 3), body)
+        })
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_str()))
+        .collect();
+    let created = format!("2026-06-0{version}T00:00:00Z");
+    t.bundle_at(name, &format!("v{version}"), &created, &files)
+}
+
+#[test]
+fn large_publication_crash_at_every_step_converges() {
+    let mut hits = 0;
+    for workflow in ["additive", "replacement"] {
+        for point in publish_points() {
+            for nth in [1, 5, 12] {
+                let t = Test::new();
+                t.config(&config(workflow));
+                let a = large(&t, "a", 1);
+                let b = large(&t, "b", 2);
+                t.publish("p", &a, &[]).expect_code(0);
+                let crashed = t
+                    .cmd()
+                    .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
+                    .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+                    .arg(&b)
+                    .output();
+                hits += usize::from(crashed.code != 0);
+                let rerun = t.publish("p", &b, &[]);
+                rerun.expect_code(0);
+                let context = format!("{workflow} {point}:{nth}");
+                assert_ne!(rerun.dest()["action"], "fail_unmanaged", "{context}");
+                let root = t.join("root");
+                assert_catalog_matches_disk(&root);
+                assert_clean(&root);
+                let records = t.records("root");
+                assert_eq!(records.len(), 24, "{context}");
+                assert!(
+                    records.values().all(|r| r["source"]["id"] == "v2"),
+                    "{context}: the second version owns every output"
+                );
+                // Twelve files changed: staging and renames reach the 12th hit.
+                let expected = match point {
+                    "publish.after_clear" | "publish.after_delete" => false,
+                    "publish.after_stage" | "publish.after_rename" => true,
+                    _ => nth == 1,
+                };
+                assert_eq!(crashed.code != 0, expected, "{context}");
+            }
+        }
+    }
+    eprintln!("large publication: {hits} crashes mid-publication, each rerun converged");
+}

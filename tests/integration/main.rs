@@ -20,3 +20,4 @@ mod race;
 mod reliability;
 mod render;
 mod run;
+mod unchanged;

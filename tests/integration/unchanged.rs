@@ -1,0 +1,158 @@
+//! Unchanged outputs are not rewritten: when a planned output's record
+//! already has its SHA-256 and size, and the file there holds exactly those
+//! bytes, publication leaves it alone (same inode, same modification time),
+//! and still records the new owner and source.
+
+use crate::util::{Test, assert_catalog_matches_disk, strings};
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+/// Inode and modification time (ns) of every file below `root`, by path.
+fn stamps(root: &std::path::Path, paths: &[String]) -> BTreeMap<String, (u64, i64, i64)> {
+    paths
+        .iter()
+        .map(|p| {
+            let m = fs::symlink_metadata(root.join(p)).unwrap();
+            (p.clone(), (m.ino(), m.mtime(), m.mtime_nsec()))
+        })
+        .collect()
+}
+
+/// `n` files in nested folders; version `v` changes every third one.
+fn files(n: usize, v: u32) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| {
+            let path = format!("d{}/s{}/f{i}.txt", i % 4, i % 3);
+            let body = if i % 3 == 0 && v > 1 {
+                format!("file {i} version {v}\n")
+            } else {
+                format!("file {i} original\n")
+            };
+            (path, body)
+        })
+        .collect()
+}
+
+#[test]
+fn replacement_keeps_unchanged_files_and_rewrites_only_the_changed_third() {
+    // Few files are fsynced one by one, many go through one barrier.
+    for n in [6, 48] {
+        let t = Test::new();
+        t.config(
+            "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        workflow: replacement
+",
+        );
+        let v1 = files(n, 1);
+        let borrowed: Vec<(&str, &str)> =
+            v1.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
+        let b1 = t.bundle_at("v1", "site", "2026-06-01T00:00:00Z", &borrowed);
+        t.publish("p", &b1, &[]).expect_code(0);
+        let root = t.join("root");
+        let paths: Vec<String> = v1.iter().map(|(p, _)| p.clone()).collect();
+        let before = stamps(&root, &paths);
+
+        let mut v2 = files(n, 2);
+        v2.pop(); // one output dropped
+        v2.push(("new/added.txt".to_owned(), "added\n".to_owned()));
+        let borrowed: Vec<(&str, &str)> =
+            v2.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
+        let b2 = t.bundle_at("v2", "site", "2026-06-02T00:00:00Z", &borrowed);
+        let out = t.publish("p", &b2, &[]);
+        out.expect_code(0);
+        let dest = out.dest();
+        assert_eq!(dest["action"], "replace_catalog");
+        // `writes` lists every planned output, kept ones included.
+        assert_eq!(strings(&dest["writes"]).len(), v2.len(), "n={n}");
+        assert_eq!(strings(&dest["deletes"]), [v1[n - 1].0.clone()]);
+
+        let after = stamps(&root, &paths[..n - 1]);
+        for (i, (path, body)) in v2.iter().enumerate() {
+            assert_eq!(
+                &fs::read_to_string(root.join(path)).unwrap(),
+                body,
+                "{path}"
+            );
+            if i >= n - 1 {
+                continue;
+            }
+            if i % 3 == 0 {
+                assert_ne!(
+                    after[path].0, before[path].0,
+                    "n={n}: {path} changed, so rewritten"
+                );
+            } else {
+                assert_eq!(
+                    after[path], before[path],
+                    "n={n}: unchanged {path} kept its inode and modification time"
+                );
+            }
+        }
+        assert!(!root.join(&v1[n - 1].0).exists());
+        let records = t.records("root");
+        assert_eq!(records.len(), v2.len());
+        for r in records.values() {
+            assert_eq!(r["source"]["created"], "2026-06-02T00:00:00Z", "{r}");
+        }
+        assert_catalog_matches_disk(&root);
+        // A third run of the same bundle is a skip.
+        assert_eq!(t.publish("p", &b2, &[]).dest()["action"], "skip_same");
+    }
+}
+
+#[test]
+fn a_recorded_file_changed_on_disk_is_rewritten_not_kept() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+",
+    );
+    let b1 = t.bundle_at(
+        "v1",
+        "s",
+        "2026-06-01T00:00:00Z",
+        &[("a.txt", "same\n"), ("b.txt", "1\n")],
+    );
+    t.publish("p", &b1, &[]).expect_code(0);
+    // Same size, other bytes: the size alone must not decide.
+    fs::write(t.join("root/a.txt"), "SAME\n").unwrap();
+    let b2 = t.bundle_at(
+        "v2",
+        "s",
+        "2026-06-02T00:00:00Z",
+        &[("a.txt", "same\n"), ("b.txt", "2\n")],
+    );
+    let out = t.run(&["run", "--pipeline", "p", b2.to_str().unwrap()]);
+    out.expect_code(0);
+    assert_eq!(fs::read_to_string(t.join("root/a.txt")).unwrap(), "same\n");
+    assert!(!out.stdout.contains("already held"), "{}", out.stdout);
+    assert_catalog_matches_disk(&t.join("root"));
+
+    // Now unchanged: the text report says the file was kept.
+    let b3 = t.bundle_at(
+        "v3",
+        "s",
+        "2026-06-03T00:00:00Z",
+        &[("a.txt", "same\n"), ("b.txt", "3\n")],
+    );
+    let out = t.run(&["run", "--pipeline", "p", b3.to_str().unwrap()]);
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .contains("1 write already held the same bytes and kept"),
+        "{}",
+        out.stdout
+    );
+    assert_catalog_matches_disk(&t.join("root"));
+}
