@@ -25,7 +25,9 @@ mod yaml;
 mod tests;
 
 pub use error::{ConfigError, Place};
-pub use model::{AgentConfig, Config, Destination, Limits, Pipeline, PrunePolicy, Workflow};
+pub use model::{
+    AgentConfig, Backend, Config, Destination, Limits, Pipeline, PrunePolicy, S3Location, Workflow,
+};
 pub use values::{
     PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,
 };
