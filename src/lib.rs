@@ -20,6 +20,7 @@ pub mod plan;
 pub mod publish;
 pub mod render;
 pub mod report;
+pub mod s3;
 pub mod spool;
 pub mod spoolfs;
 pub mod storage;

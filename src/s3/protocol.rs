@@ -1,0 +1,663 @@
+//! The commit protocol of an s3 root (docs/object-storage.md has the full
+//! argument). Storage-level only: the engine plans, this module makes the
+//! plan true in the bucket or leaves a record that lets anyone finish or
+//! undo it.
+//!
+//! One publication = one *intent*:
+//! 1. create `<path>/.distributor-pending/<id>.json` with `If-None-Match: *`,
+//!    listing every key it will write (with the sha256 it will hold) and
+//!    every recorded object it will delete;
+//! 2. write each output at its final key: a key without a catalog record
+//!    with `If-None-Match: *`, a recorded one with `If-Match` of the ETag
+//!    a HEAD showed right before, after checking the object still holds
+//!    the sha256 the catalog records (metadata, or a re-hash);
+//! 3. compare-and-swap the catalog on the ETag it was read with (on
+//!    conflict: re-read, let the caller rebase, try again);
+//! 4. delete the objects the new catalog no longer records;
+//! 5. delete the intent.
+//!
+//! The intent is a lease: its owner renews it (a conditional replace) every
+//! `renew_every` while it works. An intent older than `lease` by the
+//! server's clock is stale; anyone may *recover* it: revoke it (a
+//! conditional replace, so one recoverer wins and the owner's renewal
+//! fails), fence the catalog (a compare-and-swap that changes its bytes, so
+//! the owner's own compare-and-swap can never succeed any more), adopt
+//! what the owner overwrote, delete what it created, delete the intent.
+//!
+//! Invariants: nothing here writes without a condition; an unrecorded
+//! object is deleted only if its metadata names the intent being cleaned
+//! and only after a fence; the catalog's `updated_at` strictly increases
+//! with every compare-and-swap, so its bytes (and ETag) never repeat.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use object_store::{ObjectStore as _, PutMode, PutOptions, PutPayload, UpdateVersion};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use super::{ETag, Error, Result, S3Root, Written, random_id};
+use crate::catalog::{Catalog, State};
+
+/// Folder (below the root's prefix) of the intent records.
+pub const PENDING_DIR: &str = ".distributor-pending";
+
+/// Timing of the intent lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// An intent not renewed for this long (server clock) is stale.
+    pub lease: Duration,
+    /// The owner renews its intent when this much has passed since the
+    /// last renewal (its own monotonic clock).
+    pub renew_every: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease: Duration::from_secs(5 * 60),
+            renew_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One output to store.
+pub struct Write<'a> {
+    /// Path relative to the root.
+    pub path: String,
+    /// `sha256:<hex>` the bytes must have (checked while uploading).
+    pub sha256: String,
+    pub source: Box<dyn Read + 'a>,
+    /// The sha256 the catalog records at `path` (a replacement), or `None`
+    /// for a path the catalog does not record (a new key).
+    pub replaces: Option<String>,
+}
+
+/// One recorded object to delete once the catalog no longer records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delete {
+    pub path: String,
+    /// The sha256 the catalog recorded for it.
+    pub sha256: String,
+}
+
+/// What the catalog looked like when the plan was made.
+#[derive(Debug, Clone)]
+pub struct Base {
+    pub state: State,
+    /// `None` when there was no catalog object.
+    pub etag: Option<ETag>,
+}
+
+/// What a successful commit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub etag: ETag,
+    /// Each written path with what was stored.
+    pub written: Vec<(String, Written)>,
+    /// How many times the catalog had to be rebased on a newer one.
+    pub rebases: u32,
+}
+
+/// The pending-intent record, `.distributor-pending/<id>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Intent {
+    pub id: String,
+    /// Who wrote it: host name and process id, for operators.
+    pub owner: String,
+    /// Bumped by every renewal, so each renewal has a new ETag.
+    pub renewals: u64,
+    /// Set by a recoverer: the owner must not go on.
+    pub revoked: bool,
+    pub writes: Vec<IntentWrite>,
+    pub deletes: Vec<Delete>,
+}
+
+/// One key an intent writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentWrite {
+    pub path: String,
+    pub sha256: String,
+    /// Whether the key was recorded in the catalog (a replacement).
+    pub replaces: bool,
+}
+
+fn intent_key(id: &str) -> String {
+    format!("{PENDING_DIR}/{id}.json")
+}
+
+fn owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned());
+    format!("{host} pid {}", std::process::id())
+}
+
+/// The catalog a compare-and-swap writes: `next` with `updated_at` moved
+/// past `prev`'s if needed, so that no two versions have the same bytes.
+pub fn monotonic(mut next: Catalog, prev: &State) -> Catalog {
+    if let State::Catalog(prev) = prev
+        && next.updated_at <= prev.updated_at
+    {
+        next.updated_at = prev.updated_at + Duration::from_millis(1);
+    }
+    next
+}
+
+/// The sha256 recorded for `path` in `state`, if any.
+fn recorded<'s>(state: &'s State, path: &str) -> Option<&'s str> {
+    match state {
+        State::Catalog(c) => c.get(path).map(|r| r.sha256.as_str()),
+        _ => None,
+    }
+}
+
+impl S3Root {
+    fn put_json(&self, rel: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag> {
+        let key = self.key(rel);
+        let put = self.block_on(self.store.put_opts(
+            &key,
+            PutPayload::from(bytes),
+            PutOptions {
+                mode,
+                ..PutOptions::default()
+            },
+        ));
+        match put {
+            Ok(r) => self.etag_of(rel, r.e_tag),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(Error::Exists {
+                root: self.label.clone(),
+                key: rel.to_owned(),
+            }),
+            Err(object_store::Error::Precondition { .. }) => Err(Error::Changed {
+                root: self.label.clone(),
+                key: rel.to_owned(),
+            }),
+            Err(e) => Err(self.store_err("PUT", rel, e)),
+        }
+    }
+
+    /// Reads the intent `id`: the record, its version and its age by the
+    /// server's clock (`None` when there is no such intent).
+    pub fn read_intent(&self, id: &str) -> Result<Option<(Intent, ETag, OffsetDateTime)>> {
+        let rel = intent_key(id);
+        let key = self.key(&rel);
+        let got = self.block_on(async {
+            match self.store.get_opts(&key, Default::default()).await {
+                Ok(r) => {
+                    let meta = r.meta.clone();
+                    r.bytes().await.map(|b| Some((b, meta)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        let Some((bytes, meta)) = got.map_err(|e| self.store_err("GET", &rel, e))? else {
+            return Ok(None);
+        };
+        let intent: Intent = serde_json::from_slice(&bytes).map_err(|e| Error::Protocol {
+            root: self.label.clone(),
+            what: format!(
+                "{rel} is not an intent record ({e}); remove it by hand once no publisher runs"
+            ),
+        })?;
+        Ok(Some((
+            intent,
+            self.etag_of(&rel, meta.e_tag)?,
+            super::to_time(meta.last_modified),
+        )))
+    }
+
+    /// Reads and classifies the catalog.
+    pub fn read_state(&self) -> Result<Base> {
+        Ok(match self.read_catalog()? {
+            None => Base {
+                state: State::Absent,
+                etag: None,
+            },
+            Some((bytes, etag)) => Base {
+                state: State::parse(&bytes),
+                etag: Some(etag),
+            },
+        })
+    }
+
+    /// Compare-and-swap of a catalog built from `base`.
+    fn swap(&self, next: Catalog, base: &Base) -> Result<ETag> {
+        let next = monotonic(next, &base.state);
+        self.write_catalog(&next.to_json(), base.etag.as_ref())
+    }
+}
+
+/// A live intent held by this process.
+struct Session<'r> {
+    root: &'r S3Root,
+    settings: Settings,
+    intent: Intent,
+    etag: ETag,
+    renewed: Instant,
+}
+
+impl<'r> Session<'r> {
+    fn begin(root: &'r S3Root, settings: Settings, intent: Intent) -> Result<Session<'r>> {
+        let renewed = Instant::now();
+        let bytes = serde_json::to_vec_pretty(&intent).unwrap_or_default();
+        let etag = root.put_json(&intent_key(&intent.id), bytes, PutMode::Create)?;
+        Ok(Session {
+            root,
+            settings,
+            intent,
+            etag,
+            renewed,
+        })
+    }
+
+    /// Renews the lease when due; fails when a recoverer revoked it.
+    fn keep_alive(&mut self) -> Result<()> {
+        if self.renewed.elapsed() < self.settings.renew_every {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.intent.renewals += 1;
+        let bytes = serde_json::to_vec_pretty(&self.intent).unwrap_or_default();
+        let mode = PutMode::Update(UpdateVersion {
+            e_tag: Some(self.etag.0.clone()),
+            version: None,
+        });
+        match self
+            .root
+            .put_json(&intent_key(&self.intent.id), bytes, mode)
+        {
+            Ok(etag) => {
+                self.etag = etag;
+                self.renewed = started;
+                Ok(())
+            }
+            Err(Error::Changed { .. }) => Err(Error::Protocol {
+                root: self.root.label.clone(),
+                what: format!(
+                    "publication {} was paused longer than the lease ({}s) and another publisher took over its leftovers; nothing of it is recorded; retry",
+                    self.intent.id,
+                    self.settings.lease.as_secs()
+                ),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Publishes `writes` and `deletes` and swaps the catalog from `base` to
+/// `next` (see the module doc for the steps). On a lost compare-and-swap
+/// the latest catalog is passed to `rebase`, which returns the catalog to
+/// write instead, or `None` when the publication no longer fits (then
+/// everything this call wrote is undone and [`Error::Conflict`] returned).
+pub fn commit(
+    root: &S3Root,
+    settings: Settings,
+    base: Base,
+    next: Catalog,
+    writes: Vec<Write<'_>>,
+    deletes: Vec<Delete>,
+    rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
+) -> Result<Committed> {
+    root.check_conformance()?;
+    let intent = Intent {
+        id: random_id(),
+        owner: owner(),
+        renewals: 0,
+        revoked: false,
+        writes: writes
+            .iter()
+            .map(|w| IntentWrite {
+                path: w.path.clone(),
+                sha256: w.sha256.clone(),
+                replaces: w.replaces.is_some(),
+            })
+            .collect(),
+        deletes: deletes.clone(),
+    };
+    let mut session = Session::begin(root, settings, intent)?;
+    match run(&mut session, base, next, writes, &deletes, rebase) {
+        Ok(committed) => {
+            // The catalog is in force; what is left is tidying.
+            for d in &deletes {
+                delete_if_unrecorded_and_unchanged(root, &committed_state(root)?, d)?;
+            }
+            root.delete(&intent_key(&session.intent.id))?;
+            Ok(committed)
+        }
+        Err(e) => {
+            // Undo what this publication wrote, as a recoverer would.
+            if let Err(cleanup) = recover_owned(&mut session) {
+                log::warn!(
+                    "{}: cleaning up after a failed publication: {cleanup}; the intent {} stays and the next publisher cleans up after {}s",
+                    root.label,
+                    intent_key(&session.intent.id),
+                    settings.lease.as_secs()
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+fn committed_state(root: &S3Root) -> Result<State> {
+    Ok(root.read_state()?.state)
+}
+
+fn run(
+    session: &mut Session<'_>,
+    base: Base,
+    next: Catalog,
+    writes: Vec<Write<'_>>,
+    _deletes: &[Delete],
+    rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
+) -> Result<Committed> {
+    let root = session.root;
+    let id = session.intent.id.clone();
+    let mut written = Vec::with_capacity(writes.len());
+    for mut w in writes {
+        session.keep_alive()?;
+        let stored = match &w.replaces {
+            None => root.put_new(&w.path, &mut w.source, Some(&w.sha256), &id),
+            Some(recorded_sha) => {
+                let etag = current_version(root, &w.path, recorded_sha)?;
+                root.put_replace(&w.path, &mut w.source, &etag, Some(&w.sha256), &id)
+            }
+        };
+        let stored = match stored {
+            Err(Error::Exists { key, .. }) => return Err(explain_existing(root, &key)?),
+            other => other?,
+        };
+        written.push((w.path, stored));
+    }
+    let mut base = base;
+    let mut next = next;
+    let mut rebases = 0;
+    loop {
+        session.keep_alive()?;
+        match root.swap(next, &base) {
+            Ok(etag) => {
+                return Ok(Committed {
+                    etag,
+                    written,
+                    rebases,
+                });
+            }
+            Err(Error::Conflict { .. }) if rebases < 8 => {
+                base = root.read_state()?;
+                rebases += 1;
+                next = rebase(&base.state).ok_or_else(|| Error::Conflict {
+                    root: root.label.clone(),
+                    key: super::CATALOG_KEY.to_owned(),
+                })?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The ETag of the object at `path` if it still holds `recorded_sha`;
+/// [`Error::Changed`] if it does not (or is gone).
+fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag> {
+    let changed = || Error::Changed {
+        root: root.label.clone(),
+        key: path.to_owned(),
+    };
+    let head = root.head(path)?.ok_or_else(changed)?;
+    match head.sha256.as_deref() {
+        Some(sha) if sha == recorded_sha => Ok(head.etag),
+        Some(_) => Err(changed()),
+        None => {
+            // Written without the metadata (e.g. a multipart upload whose
+            // digest was not known in advance): re-hash; the GET's ETag is
+            // the version whose bytes were hashed.
+            let (hashed, etag) = root.get_hashed(path)?.ok_or_else(changed)?;
+            if hashed.sha256 == recorded_sha {
+                Ok(etag)
+            } else {
+                Err(changed())
+            }
+        }
+    }
+}
+
+/// Why a new key could not be created: another publication's object
+/// (transient) or an unmanaged one (permanent).
+fn explain_existing(root: &S3Root, path: &str) -> Result<Error> {
+    let exists = Error::Exists {
+        root: root.label.clone(),
+        key: path.to_owned(),
+    };
+    let Some(head) = root.head(path)? else {
+        // Gone again: someone cleaned it up; a retry may succeed.
+        return Ok(Error::Changed {
+            root: root.label.clone(),
+            key: path.to_owned(),
+        });
+    };
+    match head.intent {
+        Some(id) if root.read_intent(&id)?.is_some() => Ok(Error::Changed {
+            root: root.label.clone(),
+            key: path.to_owned(),
+        }),
+        _ => Ok(exists),
+    }
+}
+
+/// Deletes `d` if the catalog no longer records it and it still holds the
+/// recorded bytes.
+fn delete_if_unrecorded_and_unchanged(root: &S3Root, state: &State, d: &Delete) -> Result<()> {
+    if recorded(state, &d.path).is_some() {
+        return Ok(());
+    }
+    if let Some(head) = root.head(&d.path)? {
+        let same = match head.sha256 {
+            Some(sha) => sha == d.sha256,
+            None => root
+                .get_hashed(&d.path)?
+                .is_some_and(|(h, _)| h.sha256 == d.sha256),
+        };
+        if same {
+            root.delete(&d.path)?;
+        }
+    }
+    Ok(())
+}
+
+/// What recovering an intent did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Unrecorded objects the intent had created, deleted.
+    pub deleted: Vec<String>,
+    /// Recorded paths whose object the intent had overwritten: their
+    /// records now describe the object.
+    pub adopted: Vec<String>,
+    /// Objects the intent's committed catalog no longer records, deleted.
+    pub finished_deletes: Vec<String>,
+}
+
+/// Recovers the intent `id` if it is stale (older than the lease by the
+/// server's clock) or revoked; returns `Ok(None)` while it is live or when
+/// there is no such intent.
+pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Recovered>> {
+    root.check_conformance()?;
+    for _ in 0..8 {
+        let Some((mut intent, etag, modified)) = root.read_intent(id)? else {
+            return Ok(None);
+        };
+        if !intent.revoked {
+            let now = root.server_now()?;
+            let age = now - modified;
+            if age < settings.lease {
+                return Ok(None);
+            }
+            intent.revoked = true;
+            let bytes = serde_json::to_vec_pretty(&intent).unwrap_or_default();
+            let mode = PutMode::Update(UpdateVersion {
+                e_tag: Some(etag.0.clone()),
+                version: None,
+            });
+            match root.put_json(&intent_key(id), bytes, mode) {
+                Ok(_) => {}
+                // Renewed or revoked meanwhile: look again.
+                Err(Error::Changed { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        return clean_up(root, &intent, true).map(Some);
+    }
+    Err(Error::Conflict {
+        root: root.label.clone(),
+        key: intent_key(id),
+    })
+}
+
+/// The owner undoing its own publication after a failure: revoke (so a
+/// paused self cannot go on), then clean up like a recoverer.
+fn recover_owned(session: &mut Session<'_>) -> Result<Recovered> {
+    let root = session.root;
+    session.intent.revoked = true;
+    let bytes = serde_json::to_vec_pretty(&session.intent).unwrap_or_default();
+    let mode = PutMode::Update(UpdateVersion {
+        e_tag: Some(session.etag.0.clone()),
+        version: None,
+    });
+    match root.put_json(&intent_key(&session.intent.id), bytes, mode) {
+        // Revoked by someone else already: they clean up.
+        Ok(_) | Err(Error::Changed { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    clean_up(root, &session.intent, false)
+}
+
+/// The work of a recoverer once `intent` is revoked: fence the catalog
+/// (adopting overwritten records), delete the intent's unrecorded
+/// objects and the deletes its committed catalog asked for, delete the
+/// intent. Idempotent: a recoverer that dies half-way is followed by
+/// another that does the rest. The owner cleaning up after itself needs
+/// no fence (`fence` false): it is the one that will not commit.
+fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
+    let mut out = Recovered::default();
+    // 1. What the intent left: for each written key, the object as it is.
+    let mut rounds = 0;
+    let state = loop {
+        rounds += 1;
+        let base = root.read_state()?;
+        let mut adopt = Vec::new();
+        let mut orphans = Vec::new();
+        for w in &intent.writes {
+            let Some(head) = root.head(&w.path)? else {
+                continue;
+            };
+            if head.intent.as_deref() != Some(intent.id.as_str()) {
+                continue; // not (or no longer) this intent's object
+            }
+            match recorded(&base.state, &w.path) {
+                None => orphans.push(w.path.clone()),
+                Some(sha) => {
+                    let actual = match head.sha256 {
+                        Some(s) => (s, head.size),
+                        None => match root.get_hashed(&w.path)? {
+                            Some((h, _)) => (h.sha256, h.size),
+                            None => continue,
+                        },
+                    };
+                    if actual.0 != sha {
+                        adopt.push((w.path.clone(), actual));
+                    }
+                }
+            }
+        }
+        let deletes: Vec<&Delete> = intent
+            .deletes
+            .iter()
+            .filter(|d| recorded(&base.state, &d.path).is_none())
+            .collect();
+        if adopt.is_empty() && orphans.is_empty() && deletes.is_empty() {
+            break base.state;
+        }
+        if adopt.is_empty() && !fence {
+            for path in orphans {
+                root.delete(&path)?;
+                out.deleted.push(path);
+            }
+            for d in deletes {
+                delete_if_unrecorded_and_unchanged(root, &base.state, d)?;
+                out.finished_deletes.push(d.path.clone());
+            }
+            break base.state;
+        }
+        // 2. Fence: a catalog version the owner never saw, so its
+        // compare-and-swap fails from now on; overwritten records adopted.
+        let now = root.server_now()?;
+        let next = match &base.state {
+            State::Catalog(c) => {
+                let mut c = c.clone();
+                for (path, (sha, size)) in &adopt {
+                    if let Some(r) = c.outputs.iter_mut().find(|r| r.path.as_str() == path) {
+                        r.sha256 = sha.clone();
+                        r.size = *size;
+                        r.updated_at = now;
+                    }
+                }
+                c.updated_at = now;
+                Some(c)
+            }
+            State::Absent => Some(Catalog::new(now)),
+            // Legacy, future or invalid state is never rewritten by a
+            // recoverer; its orphans wait for `run --force`.
+            _ => None,
+        };
+        let Some(next) = next else {
+            return Err(Error::Protocol {
+                root: root.label.clone(),
+                what: format!(
+                    "{} left objects behind in a root whose catalog is not a valid v4 catalog; run the bundle again with --force",
+                    intent_key(&intent.id)
+                ),
+            });
+        };
+        match root.swap(next, &base) {
+            Ok(_) => {
+                out.adopted = adopt.into_iter().map(|(p, _)| p).collect();
+                // 3. Now nobody can record the orphans any more.
+                for path in orphans {
+                    root.delete(&path)?;
+                    out.deleted.push(path);
+                }
+                let state = root.read_state()?.state;
+                for d in deletes {
+                    delete_if_unrecorded_and_unchanged(root, &state, d)?;
+                    out.finished_deletes.push(d.path.clone());
+                }
+                break state;
+            }
+            Err(Error::Conflict { .. }) if rounds < 8 => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let _ = state;
+    root.delete(&intent_key(&intent.id))?;
+    Ok(out)
+}
+
+/// Intent ids under the root's `.distributor-pending/` (a LIST: for
+/// maintenance and reports only).
+pub fn pending_intents(root: &S3Root) -> Result<Vec<String>> {
+    Ok(root
+        .list(PENDING_DIR)?
+        .into_iter()
+        .filter_map(|l| {
+            l.path
+                .strip_prefix(&format!("{PENDING_DIR}/"))
+                .and_then(|n| n.strip_suffix(".json"))
+                .map(str::to_owned)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+#[path = "protocol_tests.rs"]
+mod tests;
