@@ -180,6 +180,37 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An access key: from the environment in production (SPEC §15.1).
+#[derive(Clone)]
+pub struct Credentials {
+    pub key_id: String,
+    pub secret: String,
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credentials({}, secret hidden)", self.key_id)
+    }
+}
+
+impl Credentials {
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and, when set,
+    /// `AWS_SESSION_TOKEN`.
+    pub fn from_env() -> Result<Credentials> {
+        let env = |var: &'static str| std::env::var(var).ok().filter(|v| !v.is_empty());
+        Ok(Credentials {
+            key_id: env("AWS_ACCESS_KEY_ID").ok_or(Error::Credentials {
+                var: "AWS_ACCESS_KEY_ID",
+            })?,
+            secret: env("AWS_SECRET_ACCESS_KEY").ok_or(Error::Credentials {
+                var: "AWS_SECRET_ACCESS_KEY",
+            })?,
+            token: env("AWS_SESSION_TOKEN"),
+        })
+    }
+}
+
 /// One destination root inside a bucket: the bucket, a key prefix, and the
 /// client and runtime that talk to it.
 pub struct S3Root {
@@ -200,17 +231,20 @@ impl fmt::Debug for S3Root {
 }
 
 impl S3Root {
-    /// A client for `location`, with credentials from the environment,
-    /// path-style requests, and plain HTTP allowed for `http://` endpoints.
-    /// Makes no request.
+    /// A client for `location`, with credentials from the environment
+    /// ([`Credentials::from_env`]), path-style requests, and plain HTTP
+    /// allowed for `http://` endpoints. Makes no request.
     pub fn open(location: &S3Location) -> Result<S3Root> {
-        let env = |var: &'static str| std::env::var(var).ok().filter(|v| !v.is_empty());
-        let key = env("AWS_ACCESS_KEY_ID").ok_or(Error::Credentials {
-            var: "AWS_ACCESS_KEY_ID",
-        })?;
-        let secret = env("AWS_SECRET_ACCESS_KEY").ok_or(Error::Credentials {
-            var: "AWS_SECRET_ACCESS_KEY",
-        })?;
+        S3Root::open_with(location, Credentials::from_env()?)
+    }
+
+    /// [`S3Root::open`] with the credentials given.
+    pub fn open_with(location: &S3Location, credentials: Credentials) -> Result<S3Root> {
+        let Credentials {
+            key_id: key,
+            secret,
+            token,
+        } = credentials;
         let label = location.to_string();
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&location.bucket)
@@ -228,7 +262,7 @@ impl S3Root {
                     .with_connect_timeout(Duration::from_secs(10))
                     .with_timeout(Duration::from_secs(300)),
             );
-        if let Some(token) = env("AWS_SESSION_TOKEN") {
+        if let Some(token) = token {
             builder = builder.with_token(token);
         }
         if let Some(endpoint) = &location.endpoint {

@@ -17,3 +17,5 @@ mod operate;
 mod race;
 mod reliability;
 mod run;
+mod s3;
+mod seaweed;
