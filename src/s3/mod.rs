@@ -100,7 +100,7 @@ pub enum Error {
     Client {
         root: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("cannot start the s3 backend's runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -142,7 +142,7 @@ pub enum Error {
         op: &'static str,
         key: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("{root}: {what}")]
     Protocol { root: String, what: String },
@@ -167,7 +167,7 @@ impl Error {
         match self {
             Error::Conflict { .. } | Error::Changed { .. } => true,
             Error::Store { source, .. } => !matches!(
-                source,
+                **source,
                 object_store::Error::NotImplemented { .. }
                     | object_store::Error::NotSupported { .. }
                     | object_store::Error::PermissionDenied { .. }
@@ -272,7 +272,7 @@ impl S3Root {
         }
         let store = builder.build().map_err(|source| Error::Client {
             root: label.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let server = format!(
             "{} {}",
@@ -326,7 +326,7 @@ impl S3Root {
             root: self.label.clone(),
             op,
             key: rel.to_owned(),
-            source,
+            source: Box::new(source),
         }
     }
 

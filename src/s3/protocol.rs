@@ -346,16 +346,44 @@ fn committed_state(root: &S3Root) -> Result<State> {
     Ok(root.read_state()?.state)
 }
 
+/// The record of `path` in `state`, if any.
+fn record_of<'s>(state: &'s State, path: &str) -> Option<&'s crate::catalog::OutputRecord> {
+    match state {
+        State::Catalog(c) => c.get(path),
+        _ => None,
+    }
+}
+
+/// Whether a publication planned on `base` may be rebased onto `latest`:
+/// nobody committed a change to any path it writes or deletes in between,
+/// and the state is still a valid catalog (or still absent) as it was.
+pub fn rebase_allowed(base: &State, latest: &State, paths: &[&str]) -> bool {
+    let same_kind = matches!(
+        (base, latest),
+        (State::Catalog(_), State::Catalog(_)) | (State::Absent, State::Catalog(_))
+    );
+    same_kind
+        && paths
+            .iter()
+            .all(|p| record_of(base, p) == record_of(latest, p))
+}
+
 fn run(
     session: &mut Session<'_>,
     base: Base,
     next: Catalog,
     writes: Vec<Write<'_>>,
-    _deletes: &[Delete],
+    deletes: &[Delete],
     rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
 ) -> Result<Committed> {
     let root = session.root;
     let id = session.intent.id.clone();
+    let touched: Vec<String> = writes
+        .iter()
+        .map(|w| w.path.clone())
+        .chain(deletes.iter().map(|d| d.path.clone()))
+        .collect();
+    let touched: Vec<&str> = touched.iter().map(String::as_str).collect();
     let mut written = Vec::with_capacity(writes.len());
     for mut w in writes {
         session.keep_alive()?;
@@ -386,12 +414,20 @@ fn run(
                 });
             }
             Err(Error::Conflict { .. }) if rebases < 8 => {
-                base = root.read_state()?;
+                let latest = root.read_state()?;
                 rebases += 1;
-                next = rebase(&base.state).ok_or_else(|| Error::Conflict {
+                let conflict = || Error::Conflict {
                     root: root.label.clone(),
                     key: super::CATALOG_KEY.to_owned(),
-                })?;
+                };
+                // Another publication committed first. Ours still holds if
+                // it touched none of our paths; then the caller re-applies
+                // its changes to the winner's catalog.
+                if !rebase_allowed(&base.state, &latest.state, &touched) {
+                    return Err(conflict());
+                }
+                next = rebase(&latest.state).ok_or_else(conflict)?;
+                base = latest;
             }
             Err(e) => return Err(e),
         }
@@ -640,6 +676,20 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
     };
     let _ = state;
     root.delete(&intent_key(&intent.id))?;
+    Ok(out)
+}
+
+/// Recovers every stale intent of the root (a LIST of
+/// `.distributor-pending/`: clean-up, not a commit decision). Meant to run
+/// before a publication plans and in `reconcile-state`; live intents are
+/// left alone.
+pub fn recover_stale(root: &S3Root, settings: Settings) -> Result<Vec<(String, Recovered)>> {
+    let mut out = Vec::new();
+    for id in pending_intents(root)? {
+        if let Some(done) = recover(root, settings, &id)? {
+            out.push((id, done));
+        }
+    }
     Ok(out)
 }
 

@@ -440,3 +440,85 @@ fn a_committed_publication_killed_before_its_deletes_is_finished() {
     assert_eq!(done.finished_deletes, ["drop"]);
     assert_eq!(paths(&root), [".distributor.json", "stay"]);
 }
+
+#[test]
+fn a_rebase_is_refused_when_the_winner_touched_our_paths() {
+    let root = memory_root("");
+    publish(&root, &[("a", b"A")]);
+    let base = root.read_state().unwrap();
+    // The winner replaces "a" after we planned our own replacement of it.
+    {
+        let b2 = root.read_state().unwrap();
+        let next = catalog_with(&b2.state, &[record("a", b"A by winner")], &[]);
+        let w = vec![write("a", b"A by winner", Some(b"A"))];
+        commit(&root, Settings::default(), b2, next, w, vec![], &mut never).unwrap();
+    }
+    // We had planned to drop "a" and add "b" (a replacement).
+    let mine = record("b", b"B");
+    let next = catalog_with(&base.state, std::slice::from_ref(&mine), &["a"]);
+    let mut rebase =
+        |latest: &State| Some(catalog_with(latest, std::slice::from_ref(&mine), &["a"]));
+    let deletes = vec![Delete {
+        path: "a".into(),
+        sha256: hash_bytes(b"A").sha256,
+    }];
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        vec![write("b", b"B", None)],
+        deletes,
+        &mut rebase,
+    );
+    assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
+    // The winner's "a" stays recorded and in place; our "b" was undone.
+    assert_eq!(paths(&root), [".distributor.json", "a"]);
+    let c = catalog(&root);
+    assert_eq!(
+        c.get("a").unwrap().sha256,
+        hash_bytes(b"A by winner").sha256
+    );
+    let (a, _) = root.get_hashed("a").unwrap().unwrap();
+    assert_eq!(a, hash_bytes(b"A by winner"));
+}
+
+#[test]
+fn rebase_is_allowed_only_for_untouched_paths() {
+    let base = State::Catalog(catalog_with(&State::Absent, &[record("a", b"A")], &[]));
+    let other = State::Catalog(catalog_with(&base, &[record("b", b"B")], &[]));
+    let changed_a = State::Catalog(catalog_with(&base, &[record("a", b"A2")], &[]));
+    let dropped_a = State::Catalog(catalog_with(&base, &[], &["a"]));
+    for (latest, paths, allowed) in [
+        (&other, vec!["a", "c"], true),
+        (&changed_a, vec!["a"], false),
+        (&changed_a, vec!["c"], true),
+        (&dropped_a, vec!["a"], false),
+        (&State::Absent, vec!["c"], false),
+        (&State::Invalid { reason: "x".into() }, vec!["c"], false),
+    ] {
+        assert_eq!(rebase_allowed(&base, latest, &paths), allowed, "{paths:?}");
+    }
+    assert!(rebase_allowed(&State::Absent, &other, &["c"]));
+}
+
+#[test]
+fn stale_intents_are_found_and_recovered_in_one_call() {
+    let root = memory_root("");
+    let id = killed_publisher(&root);
+    assert_eq!(pending_intents(&root).unwrap(), std::slice::from_ref(&id));
+    assert!(
+        recover_stale(&root, Settings::default())
+            .unwrap()
+            .is_empty(),
+        "still live"
+    );
+    let stale = Settings {
+        lease: Duration::ZERO,
+        ..Settings::default()
+    };
+    let done = recover_stale(&root, stale).unwrap();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].0, id);
+    assert_eq!(pending_intents(&root).unwrap(), Vec::<String>::new());
+}
