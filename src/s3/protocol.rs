@@ -320,11 +320,23 @@ pub fn commit(
     let mut session = Session::begin(root, settings, intent)?;
     match run(&mut session, base, next, writes, &deletes, rebase) {
         Ok(committed) => {
-            // The catalog is in force; what is left is tidying.
-            for d in &deletes {
-                delete_if_unrecorded_and_unchanged(root, &committed_state(root)?, d)?;
+            // The catalog is in force: the publication succeeded. What is
+            // left is tidying; if it fails, the intent stays and recovery
+            // finishes it.
+            let tidied = committed_state(root).and_then(|state| {
+                for d in &deletes {
+                    delete_if_unrecorded_and_unchanged(root, &state, d)?;
+                }
+                root.delete(&intent_key(&session.intent.id))
+            });
+            if let Err(e) = tidied {
+                log::warn!(
+                    "{}: the publication is committed, but tidying up failed: {e}; {} stays and the next publisher finishes it after {}s",
+                    root.label,
+                    intent_key(&session.intent.id),
+                    settings.lease.as_secs()
+                );
             }
-            root.delete(&intent_key(&session.intent.id))?;
             Ok(committed)
         }
         Err(e) => {
@@ -395,7 +407,9 @@ fn run(
             }
         };
         let stored = match stored {
-            Err(Error::Exists { key, .. }) => return Err(explain_existing(root, &key)?),
+            Err(Error::Exists { key, .. }) => {
+                return Err(explain_existing(root, session.settings, &key)?);
+            }
             other => other?,
         };
         written.push((w.path, stored));
@@ -459,27 +473,77 @@ fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag
     }
 }
 
-/// Why a new key could not be created: another publication's object
-/// (transient) or an unmanaged one (permanent).
-fn explain_existing(root: &S3Root, path: &str) -> Result<Error> {
-    let exists = Error::Exists {
+/// Why a new key could not be created. An object written by a
+/// publication (its metadata names an intent) makes the conflict
+/// transient: that publication is in progress (its intent is live), or is
+/// recovered here (stale), or left its object behind after it was revoked
+/// (no intent any more: the object is removed here). Anything else is
+/// unmanaged (`fail_unmanaged`).
+fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Error> {
+    let changed = || Error::Changed {
         root: root.label.clone(),
         key: path.to_owned(),
     };
     let Some(head) = root.head(path)? else {
         // Gone again: someone cleaned it up; a retry may succeed.
-        return Ok(Error::Changed {
+        return Ok(changed());
+    };
+    let Some(id) = head.intent else {
+        return Ok(Error::Exists {
             root: root.label.clone(),
             key: path.to_owned(),
         });
     };
-    match head.intent {
-        Some(id) if root.read_intent(&id)?.is_some() => Ok(Error::Changed {
+    if root.read_intent(&id)?.is_some() {
+        recover(root, settings, &id)?;
+        return Ok(changed());
+    }
+    if remove_orphan(root, path, &id)? {
+        Ok(changed())
+    } else {
+        Ok(Error::Exists {
             root: root.label.clone(),
             key: path.to_owned(),
-        }),
-        _ => Ok(exists),
+        })
     }
+}
+
+/// Removes the object at `path` written by intent `id`, which no longer
+/// exists, if the catalog does not record it: the leftover of a publication
+/// that was revoked while paused. The intent was seen missing *before* the
+/// catalog is read, so a publication that committed the object (and only
+/// then deleted its intent) shows in that catalog. Fences the catalog
+/// first. Returns whether the object is gone.
+fn remove_orphan(root: &S3Root, path: &str, id: &str) -> Result<bool> {
+    for _ in 0..8 {
+        let base = root.read_state()?;
+        if recorded(&base.state, path).is_some() {
+            return Ok(false);
+        }
+        let now = root.server_now()?;
+        let next = match &base.state {
+            State::Catalog(c) => {
+                let mut c = c.clone();
+                c.updated_at = now;
+                c
+            }
+            State::Absent => Catalog::new(now),
+            _ => return Ok(false),
+        };
+        match root.swap(next, &base) {
+            Ok(_) => {
+                if let Some(head) = root.head(path)?
+                    && head.intent.as_deref() == Some(id)
+                {
+                    root.delete(path)?;
+                }
+                return Ok(true);
+            }
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
 }
 
 /// Deletes `d` if the catalog no longer records it and it still holds the

@@ -522,3 +522,63 @@ fn stale_intents_are_found_and_recovered_in_one_call() {
     assert_eq!(done[0].0, id);
     assert_eq!(pending_intents(&root).unwrap(), Vec::<String>::new());
 }
+
+#[test]
+fn the_leftover_of_a_revoked_publication_is_removed_not_reported_as_unmanaged() {
+    let root = memory_root("");
+    publish(&root, &[("kept", b"K")]);
+    // Written by a publication whose intent no longer exists (it was
+    // recovered while paused, then wrote once more and died).
+    root.put_new("late", &mut &b"L"[..], None, "gone-intent")
+        .unwrap();
+    let base = root.read_state().unwrap();
+    let next = catalog_with(&base.state, &[record("late", b"mine")], &[]);
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        vec![write("late", b"mine", None)],
+        vec![],
+        &mut never,
+    );
+    assert!(matches!(r, Err(Error::Changed { .. })), "transient: {r:?}");
+    assert_eq!(
+        paths(&root),
+        [".distributor.json", "kept"],
+        "the leftover is gone"
+    );
+    // The retry succeeds.
+    publish(&root, &[("late", b"mine")]);
+    assert!(catalog(&root).get("late").is_some());
+}
+
+#[test]
+fn a_stale_intent_met_on_a_new_key_is_recovered_then_the_retry_succeeds() {
+    let root = memory_root("");
+    let id = killed_publisher(&root);
+    let stale = Settings {
+        lease: Duration::ZERO,
+        ..Settings::default()
+    };
+    let base = root.read_state().unwrap();
+    let mine = record("orphan", b"mine");
+    let next = catalog_with(&base.state, std::slice::from_ref(&mine), &[]);
+    let r = commit(
+        &root,
+        stale,
+        base,
+        next,
+        vec![write("orphan", b"mine", None)],
+        vec![],
+        &mut never,
+    );
+    assert!(matches!(r, Err(Error::Changed { .. })), "{r:?}");
+    assert!(
+        root.read_intent(&id).unwrap().is_none(),
+        "recovered on the way"
+    );
+    publish(&root, &[("orphan", b"mine")]);
+    let (h, _) = root.get_hashed("orphan").unwrap().unwrap();
+    assert_eq!(h, hash_bytes(b"mine"));
+}
