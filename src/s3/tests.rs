@@ -271,3 +271,29 @@ fn errors_map_to_stages() {
         assert_eq!((e.stage(), e.is_transient()), (stage, transient), "{e}");
     }
 }
+
+#[test]
+fn a_large_replacement_is_conditional_too() {
+    let root = memory_root("");
+    let v1 = root.put_new("f", &mut &b"small"[..], None, "i1").unwrap();
+    let len = 2 * PART_SIZE as u64 + 3;
+    let sha = pattern_sha(len);
+    let v2 = root
+        .put_replace(
+            "f",
+            &mut Pattern { left: len, at: 0 },
+            &v1.etag,
+            Some(&sha),
+            "i2",
+        )
+        .unwrap();
+    assert_eq!((v2.sha256.as_str(), v2.size), (sha.as_str(), len));
+    // The old version is gone: a replacement based on it is refused before
+    // a single part goes up, and the object stays as it is.
+    let stale = root.put_replace("f", &mut Pattern { left: len, at: 7 }, &v1.etag, None, "i3");
+    assert!(matches!(stale, Err(Error::Changed { .. })), "{stale:?}");
+    let (hashed, etag) = root.get_hashed("f").unwrap().unwrap();
+    assert_eq!((hashed.sha256, etag), (sha, v2.etag));
+    let head = root.head("f").unwrap().unwrap();
+    assert_eq!(head.intent.as_deref(), Some("i2"));
+}
