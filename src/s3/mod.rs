@@ -413,7 +413,7 @@ impl S3Root {
         intent: &str,
     ) -> Result<Written> {
         self.check_conformance()?;
-        upload::put(self, rel, source, None, sha256, intent)
+        upload::put(self, rel, source, None, sha256, intent, &mut || Ok(()))
     }
 
     /// Uploads `source` over `rel` only if the object is still at version
@@ -427,7 +427,15 @@ impl S3Root {
         intent: &str,
     ) -> Result<Written> {
         self.check_conformance()?;
-        upload::put(self, rel, source, Some(etag), sha256, intent)
+        upload::put(
+            self,
+            rel,
+            source,
+            Some(etag),
+            sha256,
+            intent,
+            &mut || Ok(()),
+        )
     }
 
     /// What the server says about `rel`, or `None` when it does not exist.

@@ -400,10 +400,26 @@ fn run(
     for mut w in writes {
         session.keep_alive()?;
         let stored = match &w.replaces {
-            None => root.put_new(&w.path, &mut w.source, Some(&w.sha256), &id),
+            None => super::upload::put(
+                root,
+                &w.path,
+                &mut w.source,
+                None,
+                Some(&w.sha256),
+                &id,
+                &mut || session.keep_alive(),
+            ),
             Some(recorded_sha) => {
                 let etag = current_version(root, &w.path, recorded_sha)?;
-                root.put_replace(&w.path, &mut w.source, &etag, Some(&w.sha256), &id)
+                super::upload::put(
+                    root,
+                    &w.path,
+                    &mut w.source,
+                    Some(&etag),
+                    Some(&w.sha256),
+                    &id,
+                    &mut || session.keep_alive(),
+                )
             }
         };
         let stored = match stored {

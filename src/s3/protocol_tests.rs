@@ -582,3 +582,66 @@ fn a_stale_intent_met_on_a_new_key_is_recovered_then_the_retry_succeeds() {
     let (h, _) = root.get_hashed("orphan").unwrap().unwrap();
     assert_eq!(h, hash_bytes(b"mine"));
 }
+
+/// A source that, once the first part has been read, lets "another host"
+/// recover every intent as if its lease had run out.
+struct RecoveredMidway {
+    inner: super::super::tests::Pattern,
+    store: std::sync::Arc<dyn object_store::ObjectStore>,
+    done: bool,
+}
+
+impl std::io::Read for RecoveredMidway {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.done && self.inner.at >= super::super::upload::PART_SIZE as u64 {
+            self.done = true;
+            let store = std::sync::Arc::clone(&self.store);
+            // Another process: its own client and runtime, on its own thread.
+            std::thread::spawn(move || {
+                let other = S3Root::with_store(store, "", "other".into(), "other".into()).unwrap();
+                let stale = Settings {
+                    lease: Duration::ZERO,
+                    ..Settings::default()
+                };
+                recover_stale(&other, stale).unwrap()
+            })
+            .join()
+            .unwrap();
+        }
+        self.inner.read(buf)
+    }
+}
+
+#[test]
+fn a_long_upload_renews_its_lease_and_stops_when_it_was_taken_over() {
+    let root = memory_root("");
+    let len = 3 * super::super::upload::PART_SIZE as u64;
+    let source = RecoveredMidway {
+        inner: super::super::tests::Pattern { left: len, at: 0 },
+        store: std::sync::Arc::clone(&root.store),
+        done: false,
+    };
+    let mut big = record("big", b"");
+    big.size = len;
+    let w = Write {
+        path: "big".into(),
+        sha256: "sha256:unused-the-upload-stops-first".into(),
+        source: Box::new(source),
+        replaces: None,
+    };
+    let base = root.read_state().unwrap();
+    let next = catalog_with(&base.state, &[big], &[]);
+    let settings = Settings {
+        lease: Duration::from_secs(300),
+        renew_every: Duration::ZERO, // renew before every part
+    };
+    let r = commit(&root, settings, base, next, vec![w], vec![], &mut never);
+    let e = r.unwrap_err();
+    assert!(
+        e.to_string().contains("paused longer than the lease"),
+        "{e}"
+    );
+    // Nothing of it is left: the recoverer removed the claimed key.
+    assert_eq!(paths(&root), [".distributor.json"]);
+    assert!(catalog(&root).outputs.is_empty());
+}

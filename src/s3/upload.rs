@@ -105,7 +105,9 @@ fn mode(replace: Option<&ETag>) -> PutMode {
 }
 
 /// The conditional upload behind `put_new` (`replace` = None) and
-/// `put_replace`.
+/// `put_replace`. `tick` runs before each further part of a multipart
+/// upload (the commit protocol renews its lease there); an error from it
+/// aborts the upload.
 pub(super) fn put(
     root: &S3Root,
     rel: &str,
@@ -113,6 +115,7 @@ pub(super) fn put(
     replace: Option<&ETag>,
     expected: Option<&str>,
     intent: &str,
+    tick: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Written> {
     let read_err = |source| Error::Read {
         root: root.label.clone(),
@@ -179,56 +182,58 @@ pub(super) fn put(
     ));
     claim.map_err(refused)?;
 
-    let size_and_result: Result<(u64, String, Option<String>)> = root.block_on(async {
+    // The upload is driven step by step: reading the source and `tick`
+    // (which may talk to the store itself) happen outside the runtime;
+    // parts upload while the runtime runs (waiting for capacity, finishing).
+    let size_and_result = (|| -> Result<(u64, String, Option<String>)> {
         let upload = root
-            .store
-            .put_multipart_opts(
+            .block_on(root.store.put_multipart_opts(
                 &key,
                 PutMultipartOptions {
                     attributes: attributes(rel, expected, intent),
                     ..PutMultipartOptions::default()
                 },
-            )
-            .await
+            ))
             .map_err(|e| root.store_err("PUT (multipart start)", rel, e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         let mut size = n as u64;
-        writer.write(&buf[..n]);
+        {
+            // Writing a full chunk spawns its upload on the runtime.
+            let _in_runtime = root.runtime.enter();
+            writer.write(&buf[..n]);
+        }
         let mut part = buf;
-        let outcome: Result<()> = async {
+        let outcome = (|| -> Result<()> {
             loop {
-                writer
-                    .wait_for_capacity(MAX_IN_FLIGHT)
-                    .await
+                root.block_on(writer.wait_for_capacity(MAX_IN_FLIGHT))
                     .map_err(|e| root.store_err("PUT (part)", rel, e))?;
+                tick()?;
                 let n = read_full(source, &mut part).map_err(read_err)?;
                 if n == 0 {
                     return Ok(());
                 }
                 hasher.update(&part[..n]);
                 size += n as u64;
+                let _in_runtime = root.runtime.enter();
                 writer.write(&part[..n]);
             }
-        }
-        .await;
+        })();
         let sha256 = crate::hashing::format_digest(hasher.clone());
-        let outcome = outcome.and_then(|()| check(&sha256));
-        match outcome {
+        match outcome.and_then(|()| check(&sha256)) {
             Ok(()) => {
-                let r = writer
-                    .finish()
-                    .await
+                let r = root
+                    .block_on(writer.finish())
                     .map_err(|e| root.store_err("PUT (multipart complete)", rel, e))?;
                 Ok((size, sha256, r.e_tag))
             }
             Err(e) => {
                 // Best effort: an abandoned upload is invisible and the
                 // bucket's lifecycle rule (docs/object-storage.md) ends it.
-                let _ = writer.abort().await;
+                let _ = root.block_on(writer.abort());
                 Err(e)
             }
         }
-    });
+    })();
     let (size, sha256, etag) = match size_and_result {
         Ok(done) => done,
         Err(e) => {
