@@ -67,7 +67,7 @@ fn config_is_found_through_the_environment() {
     );
     let out = t
         .cmd()
-        .args(["--config", "config.yaml", "config", "check"])
+        .args(["config", "check"])
         .env("DISTRIBUTOR_CONFIG", t.join("elsewhere/c.yaml"))
         .output();
     out.expect_code(0);
