@@ -25,6 +25,7 @@
 
 pub mod conformance;
 pub mod protocol;
+mod recovery;
 #[cfg(test)]
 mod tests;
 pub mod upload;
