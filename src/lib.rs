@@ -21,6 +21,7 @@ pub mod progress;
 pub mod publish;
 pub mod render;
 pub mod report;
+pub mod s3;
 pub mod spool;
 pub mod spoolfs;
 pub mod storage;

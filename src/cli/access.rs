@@ -216,7 +216,12 @@ pub(super) fn not_writable(config: &crate::config::Config) -> Vec<NotWritable> {
                 wanted.push((format!("{folder}/ of pipeline {}", p.id), dir, "0750"));
             }
         }
-        for d in &p.destinations {
+        // An s3 root is not a folder here; its access shows at the first write.
+        for d in p
+            .destinations
+            .iter()
+            .filter(|d| d.backend == crate::config::Backend::Local)
+        {
             wanted.push((
                 format!("root of destination {} (pipeline {})", d.id, p.id),
                 d.root.clone(),

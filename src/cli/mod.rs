@@ -143,7 +143,11 @@ fn load_config(flag: Option<&Path>) -> Result<Config, String> {
 
 /// Loads the config, or prints why not and returns the usage exit code.
 fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
-    load_config(flag).map_err(|e| {
+    let loaded = load_config(flag).and_then(|c| {
+        c.refuse_unwired_backends().map_err(|e| e.to_string())?;
+        Ok(c)
+    });
+    loaded.map_err(|e| {
         eprintln!("error: {e}");
         EXIT_USAGE
     })
@@ -176,14 +180,26 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
                 serde_json::json!({
                     "id": p.id,
                     "inbox": p.inbox.display().to_string(),
-                    "destinations": p.destinations.iter().map(|d| serde_json::json!({
-                        "id": d.id,
-                        "workflow": d.workflow.as_str(),
-                        "root": d.root.display().to_string(),
-                        "prefix": d.prefix,
-                        "publish_source": d.publish_source,
-                        "publish_html": d.publish_html,
-                    })).collect::<Vec<_>>(),
+                    "destinations": p.destinations.iter().map(|d| {
+                        let mut doc = serde_json::json!({
+                            "id": d.id,
+                            "backend": "local",
+                            "workflow": d.workflow.as_str(),
+                            "root": d.root.display().to_string(),
+                            "prefix": d.prefix,
+                            "publish_source": d.publish_source,
+                            "publish_html": d.publish_html,
+                        });
+                        if let config::Backend::S3(l) = &d.backend {
+                            doc["backend"] = "s3".into();
+                            doc["root"] = l.to_string().into();
+                            doc["bucket"] = l.bucket.clone().into();
+                            doc["path"] = l.path.clone().into();
+                            doc["endpoint"] = l.endpoint.clone().into();
+                            doc["region"] = l.region.clone().into();
+                        }
+                        doc
+                    }).collect::<Vec<_>>(),
                 })
             })
             .collect();

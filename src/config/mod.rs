@@ -28,7 +28,8 @@ mod tests;
 
 pub use error::{ConfigError, Place};
 pub use model::{
-    AgentConfig, Config, Destination, HtmlTemplate, Limits, Pipeline, PrunePolicy, Workflow,
+    AgentConfig, Backend, Config, Destination, HtmlTemplate, Limits, Pipeline, PrunePolicy,
+    S3Location, Workflow,
 };
 pub use values::{
     PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,

@@ -117,12 +117,48 @@ impl fmt::Display for Workflow {
     }
 }
 
+/// Where a destination's root lives (`backend:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A folder on this machine: [`Destination::root`].
+    Local,
+    /// A key prefix in an S3-compatible bucket (SPEC §15).
+    S3(S3Location),
+}
+
+/// The root of an s3 destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Location {
+    pub bucket: String,
+    /// Key prefix of the root inside the bucket: "" (the whole bucket) or a
+    /// clean relative path without a trailing slash.
+    pub path: String,
+    /// An S3-compatible server (path-style requests); `None` for AWS.
+    pub endpoint: Option<String>,
+    /// Default `us-east-1`.
+    pub region: String,
+}
+
+impl fmt::Display for S3Location {
+    /// `s3://bucket/path`, with the endpoint when there is one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.path)?;
+        if let Some(endpoint) = &self.endpoint {
+            write!(f, " at {endpoint}")?;
+        }
+        Ok(())
+    }
+}
+
 /// One target a pipeline publishes to.
 #[derive(Debug, Clone)]
 pub struct Destination {
     pub id: String,
-    /// The destination root (`path`), resolved against the config file's folder.
+    /// The destination root (`path`), resolved against the config file's
+    /// folder. Empty for an s3 destination, whose root is in `backend`.
     pub root: PathBuf,
+    /// `local` (the root is [`Destination::root`]) or `s3`.
+    pub backend: Backend,
     pub workflow: Workflow,
     /// The raw `prefix` template text, checked at load; "" for none.
     pub prefix: String,
@@ -158,6 +194,29 @@ pub struct PrunePolicy {
 }
 
 impl Config {
+    /// Refuses a config with an s3 destination for anything but `config
+    /// check`: the s3 backend (`crate::s3`) is not wired into publication
+    /// and maintenance yet, and an s3 destination has no local root.
+    pub fn refuse_unwired_backends(&self) -> Result<(), super::ConfigError> {
+        for p in &self.pipelines {
+            for d in &p.destinations {
+                if let Backend::S3(l) = &d.backend {
+                    return Err(super::ConfigError::Invalid {
+                        at: super::Place {
+                            file: self.file.clone(),
+                            line_column: None,
+                        },
+                        message: format!(
+                            "destination {:?} of pipeline {:?} publishes to {l} (backend s3); this build checks s3 destinations (config check) but cannot publish to them or maintain them yet; remove the destination or use backend local",
+                            d.id, p.id
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Things that are allowed but probably not meant; shown by
     /// `config check` and worth logging at start.
     pub fn warnings(&self) -> Vec<String> {
@@ -176,6 +235,16 @@ impl Config {
         }
         for pipeline in &self.pipelines {
             for d in &pipeline.destinations {
+                if let Backend::S3(l) = &d.backend {
+                    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+                        if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
+                            warnings.push(format!(
+                                "destination {:?} of pipeline {:?} publishes to {l} but {var} is not set in this environment; s3 credentials come only from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN",
+                                d.id, pipeline.id
+                            ));
+                        }
+                    }
+                }
                 if d.allow_raw_html && !d.publish_html {
                     warnings.push(format!(
                         "destination {:?} of pipeline {:?} sets html.raw_html: allow but does not publish HTML; the setting has no effect",
@@ -262,8 +331,25 @@ impl Config {
             for d in &p.destinations {
                 let yes_no = |b: bool| if b { "yes" } else { "no" };
                 let _ = writeln!(s, "    destination {}", d.id);
-                let _ = writeln!(s, "      backend: local");
-                let _ = writeln!(s, "      root: {}", d.root.display());
+                match &d.backend {
+                    Backend::Local => {
+                        let _ = writeln!(s, "      backend: local");
+                        let _ = writeln!(s, "      root: {}", d.root.display());
+                    }
+                    Backend::S3(l) => {
+                        let _ = writeln!(s, "      backend: s3");
+                        let _ = writeln!(s, "      bucket: {}", l.bucket);
+                        let path = if l.path.is_empty() {
+                            "(none; the whole bucket)"
+                        } else {
+                            &l.path
+                        };
+                        let _ = writeln!(s, "      path: {path}");
+                        let endpoint = l.endpoint.as_deref().unwrap_or("(none; AWS S3)");
+                        let _ = writeln!(s, "      endpoint: {endpoint}");
+                        let _ = writeln!(s, "      region: {}", l.region);
+                    }
+                }
                 let _ = writeln!(s, "      workflow: {}", d.workflow);
                 if d.prefix.is_empty() {
                     let _ = writeln!(s, "      prefix: (none)");

@@ -12,7 +12,10 @@ use serde::de::{self, Deserializer, Visitor};
 
 use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
-use super::model::{AgentConfig, Config, Destination, Limits, Pipeline, PrunePolicy, Workflow};
+use super::error::Place;
+use super::model::{
+    AgentConfig, Backend, Config, Destination, Limits, Pipeline, PrunePolicy, S3Location, Workflow,
+};
 use super::relations::{check_relations, normalize};
 use super::template::read_template;
 use super::values::{expand_prefix, parse_duration, parse_size};
@@ -90,13 +93,15 @@ struct RawPipeline {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a destination: a mapping with id, path and optional backend, workflow, prefix, publish, html, links and retention"
+    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, workflow, prefix, publish, html, links and retention"
 )]
 struct RawDestination {
     id: Checked<DestinationIdRule>,
-    #[allow(dead_code)] // only `local` exists; the check is the point
     backend: Option<Checked<BackendRule>>,
-    path: Checked<PathRule>,
+    path: Checked<DestinationPathRule>,
+    bucket: Option<Checked<BucketRule>>,
+    endpoint: Option<Checked<EndpointRule>>,
+    region: Option<Checked<RegionRule>>,
     workflow: Option<Checked<WorkflowRule>>,
     prefix: Option<Checked<PrefixRule>>,
     publish: Option<RawPublish>,
@@ -316,17 +321,111 @@ impl Rule for RawHtmlRule {
     }
 }
 
+/// Which backend a destination names (`backend:`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BackendKind {
+    Local,
+    S3,
+}
+
 enum BackendRule {}
 impl Rule for BackendRule {
-    type Out = ();
-    const EXPECTING: &'static str = "local";
-    fn check(text: &str) -> Result<(), String> {
+    type Out = BackendKind;
+    const EXPECTING: &'static str = "local or s3";
+    fn check(text: &str) -> Result<BackendKind, String> {
         match text {
-            "local" => Ok(()),
+            "local" => Ok(BackendKind::Local),
+            "s3" => Ok(BackendKind::S3),
             _ => Err(format!(
-                "backend {text:?} is not supported; the only backend is local"
+                "backend {text:?} is not supported; use local or s3"
             )),
         }
+    }
+}
+
+/// A destination's `path`: a folder for `local`, a key prefix for `s3`
+/// (where "" is the whole bucket). Which one is checked in [`build`],
+/// once the backend is known.
+enum DestinationPathRule {}
+impl Rule for DestinationPathRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a folder path (backend local) or a key prefix (backend s3)";
+    fn check(text: &str) -> Result<String, String> {
+        if text.is_empty() {
+            return Ok(String::new());
+        }
+        PathRule::check(text)
+    }
+}
+
+/// An S3 key prefix: empty or a clean relative path.
+pub(super) fn check_key_prefix(text: &str) -> Result<String, String> {
+    let trimmed = text.strip_suffix('/').unwrap_or(text);
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    paths::RelPath::parse(trimmed)
+        .map(|p| p.to_string())
+        .map_err(|e| {
+            format!(
+                "path {text:?} is not a key prefix: {e}; with backend s3, path is a clean relative path inside the bucket such as site/archive, or \"\" for the whole bucket"
+            )
+        })
+}
+
+enum BucketRule {}
+impl Rule for BucketRule {
+    type Out = String;
+    const EXPECTING: &'static str = "an S3 bucket name";
+    fn check(text: &str) -> Result<String, String> {
+        let ok_chars = text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        let ends_ok = text
+            .bytes()
+            .next()
+            .zip(text.bytes().last())
+            .is_some_and(|(a, z)| a.is_ascii_alphanumeric() && z.is_ascii_alphanumeric());
+        if !(3..=63).contains(&text.len()) || !ok_chars || !ends_ok {
+            return Err(format!(
+                "bucket {text:?} is not a valid bucket name; use 3 to 63 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+            ));
+        }
+        Ok(text.to_owned())
+    }
+}
+
+enum EndpointRule {}
+impl Rule for EndpointRule {
+    type Out = String;
+    const EXPECTING: &'static str = "an http or https URL such as http://127.0.0.1:8333";
+    fn check(text: &str) -> Result<String, String> {
+        let url = check_base_url(text).map_err(|e| e.replace("base_url", "endpoint"))?;
+        let url = url.trim_end_matches('/').to_owned();
+        if url.matches('/').count() > 2 {
+            return Err(format!(
+                "endpoint {text:?} has a path; give the server only (scheme, host and port), and the key prefix in path"
+            ));
+        }
+        Ok(url)
+    }
+}
+
+enum RegionRule {}
+impl Rule for RegionRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a region name such as us-east-1";
+    fn check(text: &str) -> Result<String, String> {
+        if text.is_empty()
+            || !text
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(format!(
+                "region {text:?} is not a region name; use lowercase letters, digits and '-', such as us-east-1"
+            ));
+        }
+        Ok(text.to_owned())
     }
 }
 
@@ -465,6 +564,62 @@ impl<'de> Visitor<'de> for CountVisitor {
 // ---------------------------------------------------------------------------
 // From the file as written to the resolved config.
 
+/// The root and backend of a destination: the keys that depend on
+/// `backend` are checked here, where it is known.
+fn destination_backend(
+    rd: &RawDestination,
+    pipeline: &str,
+    file: &Path,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> Result<(PathBuf, Backend), ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        at: Place {
+            file: file.to_path_buf(),
+            line_column: None,
+        },
+        message: format!(
+            "destination {:?} of pipeline {pipeline:?}: {message}",
+            rd.id.0
+        ),
+    };
+    let kind = rd.backend.as_ref().map_or(BackendKind::Local, |c| c.0);
+    match kind {
+        BackendKind::Local => {
+            for (key, set) in [
+                ("bucket", rd.bucket.is_some()),
+                ("endpoint", rd.endpoint.is_some()),
+                ("region", rd.region.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(format!(
+                        "{key} is set but the backend is local; {key} belongs to backend s3: add \"backend: s3\" or remove {key}"
+                    )));
+                }
+            }
+            if rd.path.0.is_empty() {
+                return Err(invalid("the path is empty; give a folder path".to_owned()));
+            }
+            Ok((resolve(&rd.path.0), Backend::Local))
+        }
+        BackendKind::S3 => {
+            let bucket = rd.bucket.as_ref().map(|c| c.0.clone()).ok_or_else(|| {
+                invalid("backend s3 needs a bucket; add \"bucket: NAME\"".to_owned())
+            })?;
+            let path = check_key_prefix(&rd.path.0).map_err(invalid)?;
+            let location = S3Location {
+                bucket,
+                path,
+                endpoint: rd.endpoint.as_ref().map(|c| c.0.clone()),
+                region: rd
+                    .region
+                    .as_ref()
+                    .map_or_else(|| "us-east-1".to_owned(), |c| c.0.clone()),
+            };
+            Ok((PathBuf::new(), Backend::S3(location)))
+        }
+    }
+}
+
 pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     let file_abs = normalize(&std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()));
     let base = file_abs.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -506,13 +661,15 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
         };
         let mut destinations = Vec::new();
         for rd in rp.destinations.0 {
+            let (root, backend) = destination_backend(&rd, &id, file, &resolve)?;
             let publish = rd.publish.unwrap_or(RawPublish {
                 source: None,
                 html: None,
             });
             destinations.push(Destination {
                 id: rd.id.0,
-                root: resolve(&rd.path.0),
+                root,
+                backend,
                 workflow: rd.workflow.map_or(Workflow::Additive, |c| c.0),
                 prefix: rd.prefix.map(|c| c.0).unwrap_or_default(),
                 publish_source: publish.source.unwrap_or(true),

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::{Component, Path, PathBuf};
 
 use super::error::{ConfigError, Place};
-use super::model::{Config, Pipeline};
+use super::model::{Backend, Config, Pipeline};
 use super::values::expand_prefix;
 
 /// Removes `.` segments, repeated and trailing separators. `..` is kept:
@@ -84,13 +84,21 @@ pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), Config
         }
         for (i, a) in p.destinations.iter().enumerate() {
             for b in &p.destinations[i + 1..] {
-                if clash_key(&a.root) == clash_key(&b.root) {
+                let same = match (&a.backend, &b.backend) {
+                    (Backend::Local, Backend::Local) => clash_key(&a.root) == clash_key(&b.root),
+                    (Backend::S3(x), Backend::S3(y)) => x == y,
+                    _ => false,
+                };
+                if same {
                     return Err(ConfigError::SharedRoot {
                         file,
                         pipeline: p.id.clone(),
                         first: a.id.clone(),
                         second: b.id.clone(),
-                        root: a.root.clone(),
+                        root: match &a.backend {
+                            Backend::Local => a.root.clone(),
+                            Backend::S3(l) => PathBuf::from(l.to_string()),
+                        },
                     });
                 }
             }
@@ -150,7 +158,12 @@ pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), Config
     // replacement or forced publication may delete anything in its root.
     let spool_key = clash_key(&config.spool);
     for p in &config.pipelines {
-        for d in &p.destinations {
+        // An s3 root is not on this machine's file system.
+        for d in p
+            .destinations
+            .iter()
+            .filter(|d| d.backend == Backend::Local)
+        {
             let root_key = clash_key(&d.root);
             let first = format!(
                 "the root of destination {:?} of pipeline {:?} ({})",
@@ -196,7 +209,11 @@ pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), Config
                 ),
                 inbox(p),
             ];
-            for d in &p.destinations {
+            for d in p
+                .destinations
+                .iter()
+                .filter(|d| d.backend == Backend::Local)
+            {
                 folders.push((
                     format!(
                         "the root of destination {:?} of pipeline {:?} ({})",

@@ -274,7 +274,7 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
         (
             "empty path",
             dest("").replace("path: /srv/out", "path: \"\""),
-            vec!["line 5", "path is empty"],
+            vec![FILE, "destination \"d\" of pipeline \"p\"", "path is empty"],
         ),
         (
             "tilde path",
@@ -342,9 +342,65 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
             vec!["root of destination", "the inbox of pipeline \"p\"", "overlap"],
         ),
         (
-            "backend other than local",
+            "unknown backend",
+            dest("        backend: ftp\n"),
+            vec!["line 6 column 18", "backend \"ftp\"", "use local or s3"],
+        ),
+        (
+            "s3 without a bucket",
             dest("        backend: s3\n"),
-            vec!["line 6 column 18", "backend \"s3\"", "only backend is local"],
+            vec![FILE, "destination \"d\" of pipeline \"p\"", "backend s3 needs a bucket"],
+        ),
+        (
+            "bucket with backend local",
+            dest("        bucket: reports\n"),
+            vec!["destination \"d\"", "bucket is set but the backend is local", "backend: s3"],
+        ),
+        (
+            "endpoint with the default backend",
+            dest("        endpoint: http://127.0.0.1:8333\n"),
+            vec!["endpoint is set but the backend is local"],
+        ),
+        (
+            "region with backend local",
+            dest("        backend: local\n        region: eu-west-1\n"),
+            vec!["region is set but the backend is local"],
+        ),
+        (
+            "s3 path that is not a key prefix",
+            dest("        backend: s3\n        bucket: reports\n"),
+            vec!["path \"/srv/out\" is not a key prefix", "clean relative path"],
+        ),
+        (
+            "s3 path with ..",
+            dest("        backend: s3\n        bucket: reports\n")
+                .replace("path: /srv/out", "path: site/../x"),
+            vec!["path \"site/../x\" is not a key prefix"],
+        ),
+        (
+            "bad bucket name",
+            dest("        backend: s3\n        bucket: Reports_2026\n"),
+            vec!["line 7 column 17", "bucket \"Reports_2026\" is not a valid bucket name"],
+        ),
+        (
+            "endpoint that is not a URL",
+            dest("        backend: s3\n        bucket: reports\n        endpoint: 127.0.0.1:8333\n"),
+            vec!["line 8", "endpoint \"127.0.0.1:8333\" is not an absolute http or https URL"],
+        ),
+        (
+            "endpoint with a path",
+            dest("        backend: s3\n        bucket: reports\n        endpoint: http://h:1/sub\n"),
+            vec!["line 8", "has a path"],
+        ),
+        (
+            "bad region",
+            dest("        backend: s3\n        bucket: reports\n        region: EU West\n"),
+            vec!["line 8", "region \"EU West\""],
+        ),
+        (
+            "two s3 destinations on one root",
+            "pipelines:\n  - id: p\n    destinations:\n      - id: a\n        backend: s3\n        bucket: bk1\n        path: x\n      - id: b\n        backend: s3\n        bucket: bk1\n        path: x/\n".to_owned(),
+            vec!["destinations \"a\" and \"b\"", "s3://bk1/x"],
         ),
         (
             "bad duration",
@@ -1119,4 +1175,86 @@ fn html_template_missing_or_without_content_is_an_error() {
             assert!(e.contains(w), "{path}: {e}");
         }
     }
+}
+
+#[test]
+fn s3_destinations_resolve_to_a_location() {
+    let s3 = |extra: &str, path: &str| {
+        let text = with_destination(&format!("        backend: s3\n{extra}"))
+            .replace("path: /srv/out", &format!("path: {path}"));
+        let config = ok(&text);
+        config.pipelines[0].destinations[0].clone()
+    };
+    let location = |bucket: &str, path: &str, endpoint: Option<&str>, region: &str| {
+        Backend::S3(S3Location {
+            bucket: bucket.into(),
+            path: path.into(),
+            endpoint: endpoint.map(str::to_owned),
+            region: region.into(),
+        })
+    };
+    for (extra, path, want) in [
+        (
+            "        bucket: reports\n",
+            "site/archive",
+            location("reports", "site/archive", None, "us-east-1"),
+        ),
+        (
+            "        bucket: reports\n",
+            "\"\"",
+            location("reports", "", None, "us-east-1"),
+        ),
+        (
+            "        bucket: reports\n",
+            "site/",
+            location("reports", "site", None, "us-east-1"),
+        ),
+        (
+            "        bucket: my.bucket-1\n        endpoint: http://127.0.0.1:8333/\n        region: eu-west-1\n",
+            "a",
+            location(
+                "my.bucket-1",
+                "a",
+                Some("http://127.0.0.1:8333"),
+                "eu-west-1",
+            ),
+        ),
+    ] {
+        let d = s3(extra, path);
+        assert_eq!(d.backend, want, "{extra} {path}");
+        assert_eq!(
+            d.root,
+            PathBuf::new(),
+            "an s3 destination has no local root"
+        );
+    }
+    // Local destinations are unchanged.
+    let local = ok(&with_destination(""));
+    assert_eq!(local.pipelines[0].destinations[0].backend, Backend::Local);
+    assert_eq!(
+        local.pipelines[0].destinations[0].root,
+        PathBuf::from("/srv/out")
+    );
+}
+
+#[test]
+fn s3_destinations_show_in_the_summary_and_are_refused_for_use() {
+    let text = with_destination(
+        "        backend: s3\n        bucket: reports\n        endpoint: http://127.0.0.1:8333\n",
+    )
+    .replace("path: /srv/out", "path: \"\"");
+    let config = ok(&text);
+    let summary = config.summary();
+    for want in [
+        "backend: s3",
+        "bucket: reports",
+        "path: (none; the whole bucket)",
+        "endpoint: http://127.0.0.1:8333",
+        "region: us-east-1",
+    ] {
+        assert!(summary.contains(want), "summary lacks {want:?}:\n{summary}");
+    }
+    let e = config.refuse_unwired_backends().unwrap_err().to_string();
+    assert!(e.contains("s3://reports/ at http://127.0.0.1:8333"), "{e}");
+    assert!(ok(&with_destination("")).refuse_unwired_backends().is_ok());
 }

@@ -282,6 +282,7 @@ fn missing_and_unmanaged_from_a_listing() {
 
 fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
     Destination {
+        backend: crate::config::Backend::Local,
         id: ME.1.to_owned(),
         root: root.to_owned(),
         workflow: Workflow::Additive,

@@ -179,3 +179,71 @@ fn other_bad_configs_exit_2() {
         .output()
         .expect_code(2);
 }
+
+/// An s3 destination: `config check` shows it (text and JSON) and warns
+/// without credentials; commands that would publish or maintain refuse it
+/// until the backend is wired in, without touching any folder.
+#[test]
+fn check_shows_an_s3_destination_and_publishing_commands_refuse_it() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: web
+        backend: s3
+        bucket: reports
+        path: site/archive/
+        endpoint: http://127.0.0.1:8333
+",
+    );
+    let out = t
+        .cmd()
+        .args(["--config", "config.yaml", "config", "check"])
+        .env("AWS_ACCESS_KEY_ID", "")
+        .output();
+    out.expect_code(0);
+    for needle in [
+        "backend: s3",
+        "bucket: reports",
+        "path: site/archive",
+        "endpoint: http://127.0.0.1:8333",
+        "region: us-east-1",
+        "warning: destination \"web\" of pipeline \"reports\" publishes to s3://reports/site/archive at http://127.0.0.1:8333 but AWS_ACCESS_KEY_ID is not set",
+    ] {
+        assert!(out.stdout.contains(needle), "{needle}:\n{}", out.stdout);
+    }
+    let doc = t
+        .cmd()
+        .args(["--config", "config.yaml", "config", "check", "--json"])
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .output()
+        .json();
+    let d = &doc["pipelines"][0]["destinations"][0];
+    assert_eq!(d["backend"], "s3");
+    assert_eq!(d["bucket"], "reports");
+    assert_eq!(d["path"], "site/archive");
+    assert_eq!(d["endpoint"], "http://127.0.0.1:8333");
+    assert_eq!(d["region"], "us-east-1");
+    assert_eq!(doc["warnings"], serde_json::json!([]));
+
+    let bundle = t.bundle("b1", &[("a.txt", "A")]);
+    let run = t.publish("reports", &bundle, &[]);
+    run.expect_code(2);
+    let said = format!("{}{}", run.stdout, run.stderr);
+    assert!(
+        said.contains("destination \\\"web\\\" of pipeline \\\"reports\\\" publishes to s3://reports/site/archive")
+            || said.contains("destination \"web\" of pipeline \"reports\" publishes to s3://reports/site/archive"),
+        "{said}"
+    );
+    assert!(
+        said.contains("cannot publish to them or maintain them yet"),
+        "{said}"
+    );
+    let agent = t.run(&["agent", "--once"]);
+    agent.expect_code(2);
+    assert!(agent.stderr.contains("backend s3"), "{}", agent.stderr);
+    assert!(!t.join("spool").exists(), "nothing was created");
+}

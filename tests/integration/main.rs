@@ -20,4 +20,6 @@ mod race;
 mod reliability;
 mod render;
 mod run;
+mod s3;
+mod seaweed;
 mod unchanged;

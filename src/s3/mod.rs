@@ -1,0 +1,603 @@
+//! The object-store backend (`backend: s3`, SPEC §15): a synchronous API over
+//! an S3-compatible bucket, built on `object_store` with a private
+//! current-thread tokio runtime. Nothing outside this module sees async.
+//!
+//! Invariants this module keeps (the argument is in docs/object-storage.md):
+//! - Every write to a key is conditional: `If-None-Match: *` for a key that
+//!   must not exist ([`S3Root::put_new`], the catalog's first version, intent
+//!   records), `If-Match: <etag>` for a key whose current version the caller
+//!   has seen ([`S3Root::put_replace`], [`S3Root::write_catalog`]). There is
+//!   no unconditional overwrite anywhere.
+//! - No write happens before the server has passed the conformance check
+//!   ([`conformance`]) in this process: a server that accepts the headers and
+//!   ignores them is refused with [`Error::Nonconforming`].
+//! - Every object this module writes carries its sha256 and the id of the
+//!   intent that wrote it as user metadata (`x-amz-meta-distributor-sha256`,
+//!   `x-amz-meta-distributor-intent`); ETags are only ever compared, never
+//!   taken for a digest (multipart ETags are not MD5).
+//! - Uploads stream: memory is bounded by a few parts ([`upload::PART_SIZE`])
+//!   whatever the object's size, and the bytes are hashed in the same pass.
+//! - LIST ([`S3Root::list`]) feeds reports and clean-up only, never a commit
+//!   decision; the commit decision is always a conditional write.
+//! - Ages are measured against the server's clock: [`S3Root::server_now`]
+//!   writes nothing new and reads the `Last-Modified` the server stamped on an
+//!   object it has just stored.
+
+pub mod conformance;
+pub mod protocol;
+mod recovery;
+#[cfg(test)]
+mod tests;
+pub mod upload;
+
+use std::fmt;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{
+    Attribute, Attributes, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, RetryConfig, UpdateVersion,
+};
+use time::OffsetDateTime;
+
+use crate::config::S3Location;
+use crate::hashing::Hashed;
+
+pub use upload::Written;
+
+/// The name of the catalog object below the root's prefix.
+pub const CATALOG_KEY: &str = ".distributor.json";
+/// User-metadata key (without `x-amz-meta-`) holding an object's sha256.
+pub const META_SHA256: &str = "distributor-sha256";
+/// User-metadata key holding the id of the intent that wrote the object.
+pub const META_INTENT: &str = "distributor-intent";
+
+/// An object's version as the server names it (an HTTP entity tag, quotes
+/// included). Compared for equality only; never a digest.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ETag(pub String);
+
+impl fmt::Display for ETag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a HEAD says about an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub size: u64,
+    pub etag: ETag,
+    /// `sha256:<hex>` from the object's metadata, if this tool wrote it.
+    pub sha256: Option<String>,
+    /// The intent id from the object's metadata, if this tool wrote it.
+    pub intent: Option<String>,
+    /// The server's `Last-Modified`.
+    pub last_modified: OffsetDateTime,
+}
+
+/// One entry of [`S3Root::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The key relative to the root's prefix.
+    pub path: String,
+    pub size: u64,
+    pub last_modified: OffsetDateTime,
+}
+
+/// What can go wrong talking to the bucket. Each variant says which stage
+/// of a publication it belongs to ([`Error::stage`]) and whether a retry
+/// may succeed ([`Error::is_transient`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "{var} is not set; an s3 destination takes its credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones), never from the config file"
+    )]
+    Credentials { var: &'static str },
+    #[error("cannot set up the s3 client for {root}: {source}")]
+    Client {
+        root: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+    #[error("cannot start the s3 backend's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(
+        "{root}: the server does not enforce conditional writes: {behaviour}; several publishers could overwrite each other: use a server that enforces them (SeaweedFS >= 4.48, AWS S3, MinIO)"
+    )]
+    Nonconforming { root: String, behaviour: String },
+    #[error(
+        "{root}: another publisher changed the catalog {key} since it was read; nothing of this publication is recorded; retry"
+    )]
+    Conflict { root: String, key: String },
+    #[error(
+        "{root}: {key} already exists and is not recorded in the catalog; it was left untouched"
+    )]
+    Exists { root: String, key: String },
+    #[error(
+        "{root}: {key} changed since it was looked at (another publisher wrote it); it was left untouched; retry"
+    )]
+    Changed { root: String, key: String },
+    #[error(
+        "{root}: {key}: the bytes read hash to {actual}, expected {expected}; nothing was stored"
+    )]
+    HashMismatch {
+        root: String,
+        key: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{root}: reading the data for {key}: {source}")]
+    Read {
+        root: String,
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{root}: {op} {key}: {source}")]
+    Store {
+        root: String,
+        op: &'static str,
+        key: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+    #[error("{root}: {what}")]
+    Protocol { root: String, what: String },
+}
+
+impl Error {
+    /// The stage of a publication this error belongs to: the conformance
+    /// check and lost compare-and-swaps stand where the local backend's
+    /// lock does.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            Error::Credentials { .. } | Error::Client { .. } | Error::Runtime(_) => "config",
+            Error::Nonconforming { .. } | Error::Conflict { .. } | Error::Changed { .. } => "lock",
+            Error::Exists { .. } => "plan",
+            Error::HashMismatch { .. } | Error::Read { .. } => "write",
+            Error::Store { .. } | Error::Protocol { .. } => "write",
+        }
+    }
+
+    /// Whether a later attempt may succeed without anyone changing anything.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Conflict { .. } | Error::Changed { .. } => true,
+            Error::Store { source, .. } => !matches!(
+                **source,
+                object_store::Error::NotImplemented { .. }
+                    | object_store::Error::NotSupported { .. }
+                    | object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An access key: from the environment in production (SPEC §15.1).
+#[derive(Clone)]
+pub struct Credentials {
+    pub key_id: String,
+    pub secret: String,
+    pub token: Option<String>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credentials({}, secret hidden)", self.key_id)
+    }
+}
+
+impl Credentials {
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and, when set,
+    /// `AWS_SESSION_TOKEN`.
+    pub fn from_env() -> Result<Credentials> {
+        let env = |var: &'static str| std::env::var(var).ok().filter(|v| !v.is_empty());
+        Ok(Credentials {
+            key_id: env("AWS_ACCESS_KEY_ID").ok_or(Error::Credentials {
+                var: "AWS_ACCESS_KEY_ID",
+            })?,
+            secret: env("AWS_SECRET_ACCESS_KEY").ok_or(Error::Credentials {
+                var: "AWS_SECRET_ACCESS_KEY",
+            })?,
+            token: env("AWS_SESSION_TOKEN"),
+        })
+    }
+}
+
+/// One destination root inside a bucket: the bucket, a key prefix, and the
+/// client and runtime that talk to it.
+pub struct S3Root {
+    runtime: tokio::runtime::Runtime,
+    store: Arc<dyn ObjectStore>,
+    /// "" or a clean relative path without a trailing slash.
+    prefix: String,
+    /// `s3://bucket/prefix` (and the endpoint), for messages.
+    label: String,
+    /// Which server and bucket the conformance check is cached for.
+    server: String,
+}
+
+impl fmt::Debug for S3Root {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+impl S3Root {
+    /// A client for `location`, with credentials from the environment
+    /// ([`Credentials::from_env`]), path-style requests, and plain HTTP
+    /// allowed for `http://` endpoints. Makes no request.
+    pub fn open(location: &S3Location) -> Result<S3Root> {
+        S3Root::open_with(location, Credentials::from_env()?)
+    }
+
+    /// [`S3Root::open`] with the credentials given.
+    pub fn open_with(location: &S3Location, credentials: Credentials) -> Result<S3Root> {
+        let Credentials {
+            key_id: key,
+            secret,
+            token,
+        } = credentials;
+        let label = location.to_string();
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&location.bucket)
+            .with_region(&location.region)
+            .with_access_key_id(key)
+            .with_secret_access_key(secret)
+            .with_virtual_hosted_style_request(false)
+            .with_retry(RetryConfig {
+                max_retries: 4,
+                retry_timeout: Duration::from_secs(60),
+                ..RetryConfig::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(10))
+                    .with_timeout(Duration::from_secs(300)),
+            );
+        if let Some(token) = token {
+            builder = builder.with_token(token);
+        }
+        if let Some(endpoint) = &location.endpoint {
+            builder = builder
+                .with_endpoint(endpoint)
+                .with_allow_http(endpoint.starts_with("http://"));
+        }
+        let store = builder.build().map_err(|source| Error::Client {
+            root: label.clone(),
+            source: Box::new(source),
+        })?;
+        let server = format!(
+            "{} {}",
+            location.endpoint.as_deref().unwrap_or("aws"),
+            location.bucket
+        );
+        S3Root::with_store(Arc::new(store), &location.path, label, server)
+    }
+
+    /// A root over any store (tests use `object_store::memory::InMemory`).
+    /// `server` names the server and bucket for the conformance cache.
+    pub fn with_store(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        label: String,
+        server: String,
+    ) -> Result<S3Root> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(Error::Runtime)?;
+        Ok(S3Root {
+            runtime,
+            store,
+            prefix: prefix.trim_matches('/').to_owned(),
+            label,
+            server,
+        })
+    }
+
+    /// `s3://bucket/prefix`, for messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The full key of `rel` (a path relative to the root).
+    pub fn key(&self, rel: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(rel)
+        } else {
+            Path::from(format!("{}/{rel}", self.prefix))
+        }
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    fn store_err(&self, op: &'static str, rel: &str, source: object_store::Error) -> Error {
+        Error::Store {
+            root: self.label.clone(),
+            op,
+            key: rel.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The catalog's bytes and version, or `None` when there is none.
+    pub fn read_catalog(&self) -> Result<Option<(Vec<u8>, ETag)>> {
+        let key = self.key(CATALOG_KEY);
+        let got = self.block_on(async {
+            match self.store.get_opts(&key, GetOptions::default()).await {
+                Ok(r) => {
+                    let etag = r.meta.e_tag.clone();
+                    r.bytes().await.map(|b| Some((b.to_vec(), etag)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        match got.map_err(|e| self.store_err("GET", CATALOG_KEY, e))? {
+            None => Ok(None),
+            Some((bytes, Some(etag))) => Ok(Some((bytes, ETag(etag)))),
+            Some((_, None)) => Err(Error::Protocol {
+                root: self.label.clone(),
+                what: format!(
+                    "the server sent {CATALOG_KEY} without an ETag; compare-and-swap is impossible without one"
+                ),
+            }),
+        }
+    }
+
+    /// Compare-and-swap of the catalog: creates it when `expected` is
+    /// `None` (`If-None-Match: *`), else replaces exactly that version
+    /// (`If-Match`). [`Error::Conflict`] when another writer got there
+    /// first. Returns the new version.
+    pub fn write_catalog(&self, bytes: &[u8], expected: Option<&ETag>) -> Result<ETag> {
+        self.check_conformance()?;
+        let mode = match expected {
+            None => PutMode::Create,
+            Some(etag) => PutMode::Update(UpdateVersion {
+                e_tag: Some(etag.0.clone()),
+                version: None,
+            }),
+        };
+        let mut attributes = Attributes::new();
+        attributes.insert(Attribute::ContentType, "application/json".into());
+        let key = self.key(CATALOG_KEY);
+        let payload = PutPayload::from(bytes.to_vec());
+        let put = self.block_on(self.store.put_opts(
+            &key,
+            payload,
+            PutOptions {
+                mode,
+                attributes,
+                ..PutOptions::default()
+            },
+        ));
+        match put {
+            Ok(r) => self.etag_of(CATALOG_KEY, r.e_tag),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Err(Error::Conflict {
+                root: self.label.clone(),
+                key: CATALOG_KEY.to_owned(),
+            }),
+            Err(e) => Err(self.store_err("PUT", CATALOG_KEY, e)),
+        }
+    }
+
+    fn etag_of(&self, rel: &str, etag: Option<String>) -> Result<ETag> {
+        etag.map(ETag).ok_or_else(|| Error::Protocol {
+            root: self.label.clone(),
+            what: format!("the server stored {rel} but sent no ETag"),
+        })
+    }
+
+    /// Uploads `source` to `rel`, which must not exist (`If-None-Match: *`):
+    /// never overwrites an object, even one that appeared a moment ago.
+    /// `sha256` (when the caller knows it) is checked before the object
+    /// becomes visible; `intent` is recorded in the object's metadata.
+    pub fn put_new(
+        &self,
+        rel: &str,
+        source: &mut dyn Read,
+        sha256: Option<&str>,
+        intent: &str,
+    ) -> Result<Written> {
+        self.check_conformance()?;
+        upload::put(self, rel, source, None, sha256, intent, &mut || Ok(()))
+    }
+
+    /// Uploads `source` over `rel` only if the object is still at version
+    /// `etag` (`If-Match`); [`Error::Changed`] otherwise.
+    pub fn put_replace(
+        &self,
+        rel: &str,
+        source: &mut dyn Read,
+        etag: &ETag,
+        sha256: Option<&str>,
+        intent: &str,
+    ) -> Result<Written> {
+        self.check_conformance()?;
+        upload::put(
+            self,
+            rel,
+            source,
+            Some(etag),
+            sha256,
+            intent,
+            &mut || Ok(()),
+        )
+    }
+
+    /// What the server says about `rel`, or `None` when it does not exist.
+    pub fn head(&self, rel: &str) -> Result<Option<Head>> {
+        let key = self.key(rel);
+        let options = GetOptions {
+            head: true,
+            ..GetOptions::default()
+        };
+        let got = self.block_on(self.store.get_opts(&key, options));
+        let r = match got {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.store_err("HEAD", rel, e)),
+        };
+        let meta = |name: &'static str| {
+            r.attributes
+                .get(&Attribute::Metadata(name.into()))
+                .map(|v| v.as_ref().to_owned())
+        };
+        Ok(Some(Head {
+            size: r.meta.size,
+            etag: self.etag_of(rel, r.meta.e_tag.clone())?,
+            sha256: meta(META_SHA256),
+            intent: meta(META_INTENT),
+            last_modified: to_time(r.meta.last_modified),
+        }))
+    }
+
+    /// Streams `rel` through sha256 (for `verify`), with the version that
+    /// was read; `None` when it does not exist. Memory stays at one chunk.
+    pub fn get_hashed(&self, rel: &str) -> Result<Option<(Hashed, ETag)>> {
+        use futures_util::StreamExt as _;
+        use sha2::Digest as _;
+        let key = self.key(rel);
+        let got: Result<Option<(Hashed, Option<String>)>, object_store::Error> =
+            self.block_on(async {
+                let r = match self.store.get_opts(&key, GetOptions::default()).await {
+                    Ok(r) => r,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let etag = r.meta.e_tag.clone();
+                let mut hasher = sha2::Sha256::new();
+                let mut size = 0u64;
+                let mut stream = r.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk?;
+                    size += chunk.len() as u64;
+                    hasher.update(&chunk);
+                }
+                let sha256 = crate::hashing::format_digest(hasher);
+                Ok(Some((Hashed { sha256, size }, etag)))
+            });
+        match got.map_err(|e| self.store_err("GET", rel, e))? {
+            None => Ok(None),
+            Some((hashed, etag)) => Ok(Some((hashed, self.etag_of(rel, etag)?))),
+        }
+    }
+
+    /// Deletes `rel`; a missing object is not an error. S3's DELETE takes
+    /// no `If-Match` on most servers (and `object_store` sends none), so the
+    /// caller decides with [`S3Root::head`] right before: see
+    /// docs/object-storage.md for why that window is harmless.
+    pub fn delete(&self, rel: &str) -> Result<()> {
+        self.check_conformance()?;
+        let key = self.key(rel);
+        match self.block_on(self.store.delete(&key)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.store_err("DELETE", rel, e)),
+        }
+    }
+
+    /// Every object under `rel_prefix` ("" = the whole root), keys relative
+    /// to the root, sorted. For reports and clean-up only: a listing may be
+    /// stale, so no commit decision rests on it.
+    pub fn list(&self, rel_prefix: &str) -> Result<Vec<Listed>> {
+        use futures_util::StreamExt as _;
+        let full = match (self.prefix.is_empty(), rel_prefix.is_empty()) {
+            (true, true) => None,
+            (true, false) => Some(Path::from(rel_prefix)),
+            (false, true) => Some(Path::from(self.prefix.as_str())),
+            (false, false) => Some(Path::from(format!("{}/{rel_prefix}", self.prefix))),
+        };
+        let strip = if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        };
+        let listed: Result<Vec<Listed>, object_store::Error> = self.block_on(async {
+            let mut out = Vec::new();
+            let mut stream = self.store.list(full.as_ref());
+            while let Some(meta) = stream.next().await {
+                let meta = meta?;
+                let key = meta.location.to_string();
+                let path = key.strip_prefix(&strip).unwrap_or(&key).to_owned();
+                out.push(Listed {
+                    path,
+                    size: meta.size,
+                    last_modified: to_time(meta.last_modified),
+                });
+            }
+            Ok(out)
+        });
+        let mut listed = listed.map_err(|e| self.store_err("LIST", rel_prefix, e))?;
+        listed.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(listed)
+    }
+
+    /// The server's clock: the `Last-Modified` it stamps on a tiny object
+    /// this call creates under a fresh `.distributor-clock-<random>` key and
+    /// deletes again. S3 does not expose the `Date` header through
+    /// `object_store`; `Last-Modified` is the same clock, to the second.
+    pub fn server_now(&self) -> Result<OffsetDateTime> {
+        let rel = format!(".distributor-clock-{}", random_id());
+        self.check_conformance()?;
+        let key = self.key(&rel);
+        let put = self.block_on(self.store.put_opts(
+            &key,
+            PutPayload::from_static(b""),
+            PutOptions {
+                mode: PutMode::Create,
+                ..PutOptions::default()
+            },
+        ));
+        put.map_err(|e| self.store_err("PUT", &rel, e))?;
+        let head = self.head(&rel);
+        let deleted = self.delete(&rel);
+        let head = head?.ok_or_else(|| Error::Protocol {
+            root: self.label.clone(),
+            what: format!("{rel} vanished right after it was written"),
+        })?;
+        deleted?;
+        Ok(head.last_modified)
+    }
+}
+
+fn to_time(t: chrono::DateTime<chrono::Utc>) -> OffsetDateTime {
+    OffsetDateTime::from_unix_timestamp(t.timestamp())
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+        .replace_nanosecond(t.timestamp_subsec_nanos())
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+/// 128 random bits as 32 hex digits, for probe keys and intent ids.
+pub fn random_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut out = String::with_capacity(32);
+    for _ in 0..2 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}

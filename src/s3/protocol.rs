@@ -1,0 +1,557 @@
+//! The commit protocol of an s3 root (docs/object-storage.md has the full
+//! argument). Storage-level only: the engine plans, this module makes the
+//! plan true in the bucket or leaves a record that lets anyone finish or
+//! undo it.
+//!
+//! One publication = one *intent*:
+//! 1. create `<path>/.distributor-pending/<id>.json` with `If-None-Match: *`,
+//!    listing every key it will write (with the sha256 it will hold) and
+//!    every recorded object it will delete;
+//! 2. write each output at its final key: a key without a catalog record
+//!    with `If-None-Match: *`, a recorded one with `If-Match` of the ETag
+//!    a HEAD showed right before, after checking the object still holds
+//!    the sha256 the catalog records (metadata, or a re-hash);
+//! 3. compare-and-swap the catalog on the ETag it was read with (on
+//!    conflict: re-read, let the caller rebase, try again);
+//! 4. delete the objects the new catalog no longer records;
+//! 5. delete the intent.
+//!
+//! The intent is a lease: its owner renews it (a conditional replace) every
+//! `renew_every` while it works. An intent older than `lease` by the
+//! server's clock is stale; anyone may *recover* it: revoke it (a
+//! conditional replace, so one recoverer wins and the owner's renewal
+//! fails), fence the catalog (a compare-and-swap that changes its bytes, so
+//! the owner's own compare-and-swap can never succeed any more), adopt
+//! what the owner overwrote, delete what it created, delete the intent
+//! (in `recovery`, re-exported here).
+//!
+//! Invariants: nothing here writes without a condition; an unrecorded
+//! object is deleted only if its metadata names the intent being cleaned
+//! and only after a fence; the catalog's `updated_at` strictly increases
+//! with every compare-and-swap, so its bytes (and ETag) never repeat.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use object_store::{ObjectStore as _, PutMode, PutOptions, PutPayload, UpdateVersion};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use super::{ETag, Error, Result, S3Root, Written, random_id};
+use crate::catalog::{Catalog, State};
+
+pub use super::recovery::{Recovered, pending_intents, recover, recover_stale};
+use super::recovery::{recover_owned, remove_orphan};
+
+/// Folder (below the root's prefix) of the intent records.
+pub const PENDING_DIR: &str = ".distributor-pending";
+
+/// Timing of the intent lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// An intent not renewed for this long (server clock) is stale.
+    pub lease: Duration,
+    /// The owner renews its intent when this much has passed since the
+    /// last renewal (its own monotonic clock).
+    pub renew_every: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease: Duration::from_secs(5 * 60),
+            renew_every: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One output to store.
+pub struct Write<'a> {
+    /// Path relative to the root.
+    pub path: String,
+    /// `sha256:<hex>` the bytes must have (checked while uploading).
+    pub sha256: String,
+    pub source: Box<dyn Read + 'a>,
+    /// The sha256 the catalog records at `path` (a replacement), or `None`
+    /// for a path the catalog does not record (a new key).
+    pub replaces: Option<String>,
+}
+
+/// One recorded object to delete once the catalog no longer records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delete {
+    pub path: String,
+    /// The sha256 the catalog recorded for it.
+    pub sha256: String,
+}
+
+/// What the catalog looked like when the plan was made.
+#[derive(Debug, Clone)]
+pub struct Base {
+    pub state: State,
+    /// `None` when there was no catalog object.
+    pub etag: Option<ETag>,
+}
+
+/// What a successful commit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub etag: ETag,
+    /// Each written path with what was stored.
+    pub written: Vec<(String, Written)>,
+    /// How many times the catalog had to be rebased on a newer one.
+    pub rebases: u32,
+}
+
+/// The pending-intent record, `.distributor-pending/<id>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Intent {
+    pub id: String,
+    /// Who wrote it: host name and process id, for operators.
+    pub owner: String,
+    /// Bumped by every renewal, so each renewal has a new ETag.
+    pub renewals: u64,
+    /// Set by a recoverer: the owner must not go on.
+    pub revoked: bool,
+    pub writes: Vec<IntentWrite>,
+    pub deletes: Vec<Delete>,
+}
+
+/// One key an intent writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentWrite {
+    pub path: String,
+    pub sha256: String,
+    /// Whether the key was recorded in the catalog (a replacement).
+    pub replaces: bool,
+}
+
+pub(super) fn intent_key(id: &str) -> String {
+    format!("{PENDING_DIR}/{id}.json")
+}
+
+fn owner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".to_owned());
+    format!("{host} pid {}", std::process::id())
+}
+
+/// The catalog a compare-and-swap writes: `next` with `updated_at` moved
+/// past `prev`'s if needed, so that no two versions have the same bytes.
+pub fn monotonic(mut next: Catalog, prev: &State) -> Catalog {
+    if let State::Catalog(prev) = prev
+        && next.updated_at <= prev.updated_at
+    {
+        next.updated_at = prev.updated_at + Duration::from_millis(1);
+    }
+    next
+}
+
+/// The sha256 recorded for `path` in `state`, if any.
+pub(super) fn recorded<'s>(state: &'s State, path: &str) -> Option<&'s str> {
+    match state {
+        State::Catalog(c) => c.get(path).map(|r| r.sha256.as_str()),
+        _ => None,
+    }
+}
+
+impl S3Root {
+    pub(super) fn put_json(&self, rel: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag> {
+        let key = self.key(rel);
+        let put = self.block_on(self.store.put_opts(
+            &key,
+            PutPayload::from(bytes),
+            PutOptions {
+                mode,
+                ..PutOptions::default()
+            },
+        ));
+        match put {
+            Ok(r) => self.etag_of(rel, r.e_tag),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(Error::Exists {
+                root: self.label.clone(),
+                key: rel.to_owned(),
+            }),
+            Err(object_store::Error::Precondition { .. }) => Err(Error::Changed {
+                root: self.label.clone(),
+                key: rel.to_owned(),
+            }),
+            Err(e) => Err(self.store_err("PUT", rel, e)),
+        }
+    }
+
+    /// Reads the intent `id`: the record, its version and its age by the
+    /// server's clock (`None` when there is no such intent).
+    pub fn read_intent(&self, id: &str) -> Result<Option<(Intent, ETag, OffsetDateTime)>> {
+        let rel = intent_key(id);
+        let key = self.key(&rel);
+        let got = self.block_on(async {
+            match self.store.get_opts(&key, Default::default()).await {
+                Ok(r) => {
+                    let meta = r.meta.clone();
+                    r.bytes().await.map(|b| Some((b, meta)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        let Some((bytes, meta)) = got.map_err(|e| self.store_err("GET", &rel, e))? else {
+            return Ok(None);
+        };
+        let intent: Intent = serde_json::from_slice(&bytes).map_err(|e| Error::Protocol {
+            root: self.label.clone(),
+            what: format!(
+                "{rel} is not an intent record ({e}); remove it by hand once no publisher runs"
+            ),
+        })?;
+        Ok(Some((
+            intent,
+            self.etag_of(&rel, meta.e_tag)?,
+            super::to_time(meta.last_modified),
+        )))
+    }
+
+    /// Reads and classifies the catalog.
+    pub fn read_state(&self) -> Result<Base> {
+        Ok(match self.read_catalog()? {
+            None => Base {
+                state: State::Absent,
+                etag: None,
+            },
+            Some((bytes, etag)) => Base {
+                state: State::parse(&bytes),
+                etag: Some(etag),
+            },
+        })
+    }
+
+    /// Compare-and-swap of a catalog built from `base`.
+    pub(super) fn swap(&self, next: Catalog, base: &Base) -> Result<ETag> {
+        let next = monotonic(next, &base.state);
+        self.write_catalog(&next.to_json(), base.etag.as_ref())
+    }
+}
+
+/// A live intent held by this process.
+pub(super) struct Session<'r> {
+    pub(super) root: &'r S3Root,
+    pub(super) settings: Settings,
+    pub(super) intent: Intent,
+    pub(super) etag: ETag,
+    pub(super) renewed: Instant,
+}
+
+impl<'r> Session<'r> {
+    fn begin(root: &'r S3Root, settings: Settings, intent: Intent) -> Result<Session<'r>> {
+        let renewed = Instant::now();
+        let bytes = serde_json::to_vec_pretty(&intent).unwrap_or_default();
+        let etag = root.put_json(&intent_key(&intent.id), bytes, PutMode::Create)?;
+        Ok(Session {
+            root,
+            settings,
+            intent,
+            etag,
+            renewed,
+        })
+    }
+
+    /// Renews the lease when due; fails when a recoverer revoked it.
+    fn keep_alive(&mut self) -> Result<()> {
+        if self.renewed.elapsed() < self.settings.renew_every {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.intent.renewals += 1;
+        let bytes = serde_json::to_vec_pretty(&self.intent).unwrap_or_default();
+        let mode = PutMode::Update(UpdateVersion {
+            e_tag: Some(self.etag.0.clone()),
+            version: None,
+        });
+        match self
+            .root
+            .put_json(&intent_key(&self.intent.id), bytes, mode)
+        {
+            Ok(etag) => {
+                self.etag = etag;
+                self.renewed = started;
+                Ok(())
+            }
+            Err(Error::Changed { .. }) => Err(Error::Protocol {
+                root: self.root.label.clone(),
+                what: format!(
+                    "publication {} was paused longer than the lease ({}s) and another publisher took over its leftovers; nothing of it is recorded; retry",
+                    self.intent.id,
+                    self.settings.lease.as_secs()
+                ),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Publishes `writes` and `deletes` and swaps the catalog from `base` to
+/// `next` (see the module doc for the steps). On a lost compare-and-swap
+/// the latest catalog is passed to `rebase`, which returns the catalog to
+/// write instead, or `None` when the publication no longer fits (then
+/// everything this call wrote is undone and [`Error::Conflict`] returned).
+pub fn commit(
+    root: &S3Root,
+    settings: Settings,
+    base: Base,
+    next: Catalog,
+    writes: Vec<Write<'_>>,
+    deletes: Vec<Delete>,
+    rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
+) -> Result<Committed> {
+    root.check_conformance()?;
+    let intent = Intent {
+        id: random_id(),
+        owner: owner(),
+        renewals: 0,
+        revoked: false,
+        writes: writes
+            .iter()
+            .map(|w| IntentWrite {
+                path: w.path.clone(),
+                sha256: w.sha256.clone(),
+                replaces: w.replaces.is_some(),
+            })
+            .collect(),
+        deletes: deletes.clone(),
+    };
+    let mut session = Session::begin(root, settings, intent)?;
+    match run(&mut session, base, next, writes, &deletes, rebase) {
+        Ok(committed) => {
+            // The catalog is in force: the publication succeeded. What is
+            // left is tidying; if it fails, the intent stays and recovery
+            // finishes it.
+            let tidied = committed_state(root).and_then(|state| {
+                for d in &deletes {
+                    delete_if_unrecorded_and_unchanged(root, &state, d)?;
+                }
+                root.delete(&intent_key(&session.intent.id))
+            });
+            if let Err(e) = tidied {
+                log::warn!(
+                    "{}: the publication is committed, but tidying up failed: {e}; {} stays and the next publisher finishes it after {}s",
+                    root.label,
+                    intent_key(&session.intent.id),
+                    settings.lease.as_secs()
+                );
+            }
+            Ok(committed)
+        }
+        Err(e) => {
+            // Undo what this publication wrote, as a recoverer would.
+            if let Err(cleanup) = recover_owned(&mut session) {
+                log::warn!(
+                    "{}: cleaning up after a failed publication: {cleanup}; the intent {} stays and the next publisher cleans up after {}s",
+                    root.label,
+                    intent_key(&session.intent.id),
+                    settings.lease.as_secs()
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+fn committed_state(root: &S3Root) -> Result<State> {
+    Ok(root.read_state()?.state)
+}
+
+/// The record of `path` in `state`, if any.
+fn record_of<'s>(state: &'s State, path: &str) -> Option<&'s crate::catalog::OutputRecord> {
+    match state {
+        State::Catalog(c) => c.get(path),
+        _ => None,
+    }
+}
+
+/// Whether a publication planned on `base` may be rebased onto `latest`:
+/// nobody committed a change to any path it writes or deletes in between,
+/// and the state is still a valid catalog (or still absent) as it was.
+pub fn rebase_allowed(base: &State, latest: &State, paths: &[&str]) -> bool {
+    let same_kind = matches!(
+        (base, latest),
+        (State::Catalog(_), State::Catalog(_)) | (State::Absent, State::Catalog(_))
+    );
+    same_kind
+        && paths
+            .iter()
+            .all(|p| record_of(base, p) == record_of(latest, p))
+}
+
+fn run(
+    session: &mut Session<'_>,
+    base: Base,
+    next: Catalog,
+    writes: Vec<Write<'_>>,
+    deletes: &[Delete],
+    rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
+) -> Result<Committed> {
+    let root = session.root;
+    let id = session.intent.id.clone();
+    let touched: Vec<String> = writes
+        .iter()
+        .map(|w| w.path.clone())
+        .chain(deletes.iter().map(|d| d.path.clone()))
+        .collect();
+    let touched: Vec<&str> = touched.iter().map(String::as_str).collect();
+    let mut written = Vec::with_capacity(writes.len());
+    for mut w in writes {
+        session.keep_alive()?;
+        let stored = match &w.replaces {
+            None => super::upload::put(
+                root,
+                &w.path,
+                &mut w.source,
+                None,
+                Some(&w.sha256),
+                &id,
+                &mut || session.keep_alive(),
+            ),
+            Some(recorded_sha) => {
+                let etag = current_version(root, &w.path, recorded_sha)?;
+                super::upload::put(
+                    root,
+                    &w.path,
+                    &mut w.source,
+                    Some(&etag),
+                    Some(&w.sha256),
+                    &id,
+                    &mut || session.keep_alive(),
+                )
+            }
+        };
+        let stored = match stored {
+            Err(Error::Exists { key, .. }) => {
+                return Err(explain_existing(root, session.settings, &key)?);
+            }
+            other => other?,
+        };
+        written.push((w.path, stored));
+    }
+    let mut base = base;
+    let mut next = next;
+    let mut rebases = 0;
+    loop {
+        session.keep_alive()?;
+        match root.swap(next, &base) {
+            Ok(etag) => {
+                return Ok(Committed {
+                    etag,
+                    written,
+                    rebases,
+                });
+            }
+            Err(Error::Conflict { .. }) if rebases < 8 => {
+                let latest = root.read_state()?;
+                rebases += 1;
+                let conflict = || Error::Conflict {
+                    root: root.label.clone(),
+                    key: super::CATALOG_KEY.to_owned(),
+                };
+                // Another publication committed first. Ours still holds if
+                // it touched none of our paths; then the caller re-applies
+                // its changes to the winner's catalog.
+                if !rebase_allowed(&base.state, &latest.state, &touched) {
+                    return Err(conflict());
+                }
+                next = rebase(&latest.state).ok_or_else(conflict)?;
+                base = latest;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The ETag of the object at `path` if it still holds `recorded_sha`;
+/// [`Error::Changed`] if it does not (or is gone).
+fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag> {
+    let changed = || Error::Changed {
+        root: root.label.clone(),
+        key: path.to_owned(),
+    };
+    let head = root.head(path)?.ok_or_else(changed)?;
+    match head.sha256.as_deref() {
+        Some(sha) if sha == recorded_sha => Ok(head.etag),
+        Some(_) => Err(changed()),
+        None => {
+            // Written without the metadata (e.g. a multipart upload whose
+            // digest was not known in advance): re-hash; the GET's ETag is
+            // the version whose bytes were hashed.
+            let (hashed, etag) = root.get_hashed(path)?.ok_or_else(changed)?;
+            if hashed.sha256 == recorded_sha {
+                Ok(etag)
+            } else {
+                Err(changed())
+            }
+        }
+    }
+}
+
+/// Why a new key could not be created. An object written by a
+/// publication (its metadata names an intent) makes the conflict
+/// transient: that publication is in progress (its intent is live), or is
+/// recovered here (stale), or left its object behind after it was revoked
+/// (no intent any more: the object is removed here). Anything else is
+/// unmanaged (`fail_unmanaged`).
+fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Error> {
+    let changed = || Error::Changed {
+        root: root.label.clone(),
+        key: path.to_owned(),
+    };
+    let Some(head) = root.head(path)? else {
+        // Gone again: someone cleaned it up; a retry may succeed.
+        return Ok(changed());
+    };
+    let Some(id) = head.intent else {
+        return Ok(Error::Exists {
+            root: root.label.clone(),
+            key: path.to_owned(),
+        });
+    };
+    if root.read_intent(&id)?.is_some() {
+        recover(root, settings, &id)?;
+        return Ok(changed());
+    }
+    if remove_orphan(root, path, &id)? {
+        Ok(changed())
+    } else {
+        Ok(Error::Exists {
+            root: root.label.clone(),
+            key: path.to_owned(),
+        })
+    }
+}
+
+/// Deletes `d` if the catalog no longer records it and it still holds the
+/// recorded bytes.
+pub(super) fn delete_if_unrecorded_and_unchanged(
+    root: &S3Root,
+    state: &State,
+    d: &Delete,
+) -> Result<()> {
+    if recorded(state, &d.path).is_some() {
+        return Ok(());
+    }
+    if let Some(head) = root.head(&d.path)? {
+        let same = match head.sha256 {
+            Some(sha) => sha == d.sha256,
+            None => root
+                .get_hashed(&d.path)?
+                .is_some_and(|(h, _)| h.sha256 == d.sha256),
+        };
+        if same {
+            root.delete(&d.path)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "protocol_tests.rs"]
+mod tests;

@@ -1,0 +1,259 @@
+//! Recovery of publications that did not finish (docs/object-storage.md,
+//! "Recovery"): a stale or revoked intent is fenced and cleaned up by
+//! anyone; an owner undoes its own failed publication; the leftover of a
+//! revoked publication is removed. Never deletes an object the catalog
+//! records, and deletes an unrecorded one only if its metadata names the
+//! intent being cleaned, after the catalog was fenced.
+
+use object_store::{PutMode, UpdateVersion};
+
+use super::protocol::{
+    Delete, Intent, PENDING_DIR, Session, Settings, delete_if_unrecorded_and_unchanged, intent_key,
+    recorded,
+};
+use super::{Error, Result, S3Root};
+use crate::catalog::{Catalog, State};
+
+/// Removes the object at `path` written by intent `id`, which no longer
+/// exists, if the catalog does not record it: the leftover of a publication
+/// that was revoked while paused. The intent was seen missing *before* the
+/// catalog is read, so a publication that committed the object (and only
+/// then deleted its intent) shows in that catalog. Fences the catalog
+/// first. Returns whether the object is gone.
+pub(super) fn remove_orphan(root: &S3Root, path: &str, id: &str) -> Result<bool> {
+    for _ in 0..8 {
+        let base = root.read_state()?;
+        if recorded(&base.state, path).is_some() {
+            return Ok(false);
+        }
+        let now = root.server_now()?;
+        let next = match &base.state {
+            State::Catalog(c) => {
+                let mut c = c.clone();
+                c.updated_at = now;
+                c
+            }
+            State::Absent => Catalog::new(now),
+            _ => return Ok(false),
+        };
+        match root.swap(next, &base) {
+            Ok(_) => {
+                if let Some(head) = root.head(path)?
+                    && head.intent.as_deref() == Some(id)
+                {
+                    root.delete(path)?;
+                }
+                return Ok(true);
+            }
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
+/// What recovering an intent did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// Unrecorded objects the intent had created, deleted.
+    pub deleted: Vec<String>,
+    /// Recorded paths whose object the intent had overwritten: their
+    /// records now describe the object.
+    pub adopted: Vec<String>,
+    /// Objects the intent's committed catalog no longer records, deleted.
+    pub finished_deletes: Vec<String>,
+}
+
+/// Recovers the intent `id` if it is stale (older than the lease by the
+/// server's clock) or revoked; returns `Ok(None)` while it is live or when
+/// there is no such intent.
+pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Recovered>> {
+    root.check_conformance()?;
+    for _ in 0..8 {
+        let Some((mut intent, etag, modified)) = root.read_intent(id)? else {
+            return Ok(None);
+        };
+        if !intent.revoked {
+            let now = root.server_now()?;
+            let age = now - modified;
+            if age < settings.lease {
+                return Ok(None);
+            }
+            intent.revoked = true;
+            let bytes = serde_json::to_vec_pretty(&intent).unwrap_or_default();
+            let mode = PutMode::Update(UpdateVersion {
+                e_tag: Some(etag.0.clone()),
+                version: None,
+            });
+            match root.put_json(&intent_key(id), bytes, mode) {
+                Ok(_) => {}
+                // Renewed or revoked meanwhile: look again.
+                Err(Error::Changed { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        return clean_up(root, &intent, true).map(Some);
+    }
+    Err(Error::Conflict {
+        root: root.label.clone(),
+        key: intent_key(id),
+    })
+}
+
+/// The owner undoing its own publication after a failure: revoke (so a
+/// paused self cannot go on), then clean up like a recoverer.
+pub(super) fn recover_owned(session: &mut Session<'_>) -> Result<Recovered> {
+    let root = session.root;
+    session.intent.revoked = true;
+    let bytes = serde_json::to_vec_pretty(&session.intent).unwrap_or_default();
+    let mode = PutMode::Update(UpdateVersion {
+        e_tag: Some(session.etag.0.clone()),
+        version: None,
+    });
+    match root.put_json(&intent_key(&session.intent.id), bytes, mode) {
+        // Revoked by someone else already: they clean up.
+        Ok(_) | Err(Error::Changed { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    clean_up(root, &session.intent, false)
+}
+
+/// The work of a recoverer once `intent` is revoked: fence the catalog
+/// (adopting overwritten records), delete the intent's unrecorded
+/// objects and the deletes its committed catalog asked for, delete the
+/// intent. Idempotent: a recoverer that dies half-way is followed by
+/// another that does the rest. The owner cleaning up after itself needs
+/// no fence (`fence` false): it is the one that will not commit.
+fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
+    let mut out = Recovered::default();
+    // 1. What the intent left: for each written key, the object as it is.
+    let mut rounds = 0;
+    let state = loop {
+        rounds += 1;
+        let base = root.read_state()?;
+        let mut adopt = Vec::new();
+        let mut orphans = Vec::new();
+        for w in &intent.writes {
+            let Some(head) = root.head(&w.path)? else {
+                continue;
+            };
+            if head.intent.as_deref() != Some(intent.id.as_str()) {
+                continue; // not (or no longer) this intent's object
+            }
+            match recorded(&base.state, &w.path) {
+                None => orphans.push(w.path.clone()),
+                Some(sha) => {
+                    let actual = match head.sha256 {
+                        Some(s) => (s, head.size),
+                        None => match root.get_hashed(&w.path)? {
+                            Some((h, _)) => (h.sha256, h.size),
+                            None => continue,
+                        },
+                    };
+                    if actual.0 != sha {
+                        adopt.push((w.path.clone(), actual));
+                    }
+                }
+            }
+        }
+        let deletes: Vec<&Delete> = intent
+            .deletes
+            .iter()
+            .filter(|d| recorded(&base.state, &d.path).is_none())
+            .collect();
+        if adopt.is_empty() && orphans.is_empty() && deletes.is_empty() {
+            break base.state;
+        }
+        if adopt.is_empty() && !fence {
+            for path in orphans {
+                root.delete(&path)?;
+                out.deleted.push(path);
+            }
+            for d in deletes {
+                delete_if_unrecorded_and_unchanged(root, &base.state, d)?;
+                out.finished_deletes.push(d.path.clone());
+            }
+            break base.state;
+        }
+        // 2. Fence: a catalog version the owner never saw, so its
+        // compare-and-swap fails from now on; overwritten records adopted.
+        let now = root.server_now()?;
+        let next = match &base.state {
+            State::Catalog(c) => {
+                let mut c = c.clone();
+                for (path, (sha, size)) in &adopt {
+                    if let Some(r) = c.outputs.iter_mut().find(|r| r.path.as_str() == path) {
+                        r.sha256 = sha.clone();
+                        r.size = *size;
+                        r.updated_at = now;
+                    }
+                }
+                c.updated_at = now;
+                Some(c)
+            }
+            State::Absent => Some(Catalog::new(now)),
+            // Legacy, future or invalid state is never rewritten by a
+            // recoverer; its orphans wait for `run --force`.
+            _ => None,
+        };
+        let Some(next) = next else {
+            return Err(Error::Protocol {
+                root: root.label.clone(),
+                what: format!(
+                    "{} left objects behind in a root whose catalog is not a valid v4 catalog; run the bundle again with --force",
+                    intent_key(&intent.id)
+                ),
+            });
+        };
+        match root.swap(next, &base) {
+            Ok(_) => {
+                out.adopted = adopt.into_iter().map(|(p, _)| p).collect();
+                // 3. Now nobody can record the orphans any more.
+                for path in orphans {
+                    root.delete(&path)?;
+                    out.deleted.push(path);
+                }
+                let state = root.read_state()?.state;
+                for d in deletes {
+                    delete_if_unrecorded_and_unchanged(root, &state, d)?;
+                    out.finished_deletes.push(d.path.clone());
+                }
+                break state;
+            }
+            Err(Error::Conflict { .. }) if rounds < 8 => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let _ = state;
+    root.delete(&intent_key(&intent.id))?;
+    Ok(out)
+}
+
+/// Recovers every stale intent of the root (a LIST of
+/// `.distributor-pending/`: clean-up, not a commit decision). Meant to run
+/// before a publication plans and in `reconcile-state`; live intents are
+/// left alone.
+pub fn recover_stale(root: &S3Root, settings: Settings) -> Result<Vec<(String, Recovered)>> {
+    let mut out = Vec::new();
+    for id in pending_intents(root)? {
+        if let Some(done) = recover(root, settings, &id)? {
+            out.push((id, done));
+        }
+    }
+    Ok(out)
+}
+
+/// Intent ids under the root's `.distributor-pending/` (a LIST: for
+/// maintenance and reports only).
+pub fn pending_intents(root: &S3Root) -> Result<Vec<String>> {
+    Ok(root
+        .list(PENDING_DIR)?
+        .into_iter()
+        .filter_map(|l| {
+            l.path
+                .strip_prefix(&format!("{PENDING_DIR}/"))
+                .and_then(|n| n.strip_suffix(".json"))
+                .map(str::to_owned)
+        })
+        .collect())
+}

