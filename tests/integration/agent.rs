@@ -1014,17 +1014,24 @@ fn a_standby_agent_writes_no_metrics_until_it_serves() {
     wait_done(&dir, &first, "p", "counted");
     let second = dir.agent_with(&dir.join("standby.yaml"));
     second.wait_log("standing by", Duration::from_secs(10));
-    // The maintenance thread reports at start and then every 10 s.
-    sleep(Duration::from_secs(1));
+    // The maintenance threads report at start and then every 10 s; the
+    // serving agent's first report may come before it took the pipeline,
+    // so wait for one that counts the bundle (by then the standby has had
+    // its start report and usually a periodic one too).
+    let counted = || {
+        fs::read_to_string(dir.join("first.prom"))
+            .unwrap_or_default()
+            .contains("distributor_bundles_done_total{pipeline=\"p\"}")
+    };
+    assert!(
+        wait_for(Duration::from_secs(30), counted),
+        "the serving agent reports:\n{}",
+        fs::read_to_string(dir.join("first.prom")).unwrap_or_default()
+    );
     assert!(
         !dir.join("standby.prom").exists(),
         "a standby agent wrote metrics:\n{}",
         fs::read_to_string(dir.join("standby.prom")).unwrap_or_default()
-    );
-    let first_text = fs::read_to_string(dir.join("first.prom")).unwrap_or_default();
-    assert!(
-        first_text.contains("distributor_bundles_done_total{pipeline=\"p\"}"),
-        "the serving agent reports:\n{first_text}"
     );
 
     stop(first);
