@@ -16,6 +16,9 @@ impl Worker {
     /// at once as one transaction per root when possible, else one by one.
     pub(super) fn process_claimed(&self, claimed: &[(PathBuf, String)], rx: &Receiver<Wake>) {
         let mut rest = claimed;
+        // Whether a bundle of these was already published alone: once one
+        // was, a stop sends every other one back instead of starting it.
+        let mut finished_one = false;
         while rest.len() > 1 && !self.stopping() {
             match self.try_batch(rest, rx) {
                 publish::Batch::Done(_) => return,
@@ -23,6 +26,7 @@ impl Worker {
                     let (path, name) = &rest[0];
                     self.process(path, name, rx);
                     rest = &rest[1..];
+                    finished_one = true;
                 }
                 publish::Batch::OneByOne { cause } => {
                     log::warn!(
@@ -34,18 +38,24 @@ impl Worker {
                     break;
                 }
                 publish::Batch::Stopped => {
-                    // Finish the bundle in hand alone; the rest go back.
-                    let (path, name) = &rest[0];
-                    self.process(path, name, rx);
-                    self.unclaim(&rest[1..]);
+                    // Finish the bundle in hand alone (unless one was
+                    // already finished); the rest go back.
+                    if finished_one {
+                        self.unclaim(rest);
+                    } else {
+                        let (path, name) = &rest[0];
+                        self.process(path, name, rx);
+                        self.unclaim(&rest[1..]);
+                    }
                     return;
                 }
             }
         }
         for (i, (path, name)) in rest.iter().enumerate() {
             // Stopping: the first claimed bundle is the one in hand and is
-            // finished; the others go back to the inbox.
-            if i > 0 && self.stopping() {
+            // finished (unless one was finished alone already); the others
+            // go back to the inbox.
+            if (i > 0 || finished_one) && self.stopping() {
                 self.unclaim(&rest[i..]);
                 return;
             }
