@@ -8,8 +8,8 @@
 //! files live in the agent's own folder, not in a producer's inbox; the
 //! file is still read without following links and with a size cap.
 
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{self, Read, Write};
+use std::fs::{OpenOptions, TryLockError};
+use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -74,16 +74,7 @@ struct Info {
 }
 
 fn read_info(path: &Path) -> Option<Info> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(INFO_CAP).read_to_end(&mut bytes).ok()?;
+    let bytes = crate::spoolfs::read_capped_at(path, INFO_CAP).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -102,17 +93,11 @@ pub fn announce(pipeline_spool: &Path) -> io::Result<()> {
         since: Some(since),
     })
     .map_err(io::Error::other)?;
-    let tmp = pipeline_spool.join(format!("{INFO_FILE}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f: File = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(&body)?;
-    drop(f);
-    std::fs::rename(&tmp, &path)
+    let dir = crate::spoolfs::open_folder(pipeline_spool).map_err(|e| match e {
+        crate::spoolfs::EntryError::Io(e) => e,
+        other => io::Error::other(format!("{}: {other}", pipeline_spool.display())),
+    })?;
+    crate::spoolfs::replace(&dir, INFO_FILE, &body, false)
 }
 
 #[cfg(test)]

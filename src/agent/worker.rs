@@ -7,6 +7,7 @@ use crate::config::{Config, Pipeline};
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -312,10 +313,13 @@ impl Worker {
     fn serve_lock(&self, rx: &Receiver<Wake>) -> Option<std::fs::File> {
         let folder = self.spool.work.parent().unwrap_or(&self.spool.work);
         let path = super::presence::lock_path(folder);
+        // Never through a link planted at the name; the lock file itself is
+        // never replaced (the lock lives on its inode).
         let file = match std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
         {
             Ok(f) => f,

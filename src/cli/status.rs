@@ -205,19 +205,25 @@ fn unreadable(spool: &Spool, folders: &[Folder], e: &std::io::Error) -> String {
 
 fn destination_json(d: &crate::config::Destination) -> Value {
     use crate::catalog::State;
-    let state = std::fs::read(d.root.join(crate::catalog::STATE_FILE))
-        .ok()
-        .map(|b| State::parse(&b));
+    // Read like every other command reads a root's catalog: no link
+    // followed, no FIFO opened (a tampered root must not hang status).
+    let state = crate::storage::Root::open(&d.root)
+        .and_then(|root| match root {
+            Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
+            None => Ok(None),
+        })
+        .map(|bytes| bytes.map(|b| State::parse(&b)));
     let (state_text, outputs) = match &state {
-        None | Some(State::Absent) => ("no catalog".to_owned(), None),
-        Some(State::Catalog(c)) => ("catalog".to_owned(), Some(c.outputs.len())),
-        Some(State::Legacy { schema_version }) => {
+        Err(e) => (format!("catalog unreadable: {e}"), None),
+        Ok(None) | Ok(Some(State::Absent)) => ("no catalog".to_owned(), None),
+        Ok(Some(State::Catalog(c))) => ("catalog".to_owned(), Some(c.outputs.len())),
+        Ok(Some(State::Legacy { schema_version })) => {
             (format!("legacy (schema {schema_version})"), None)
         }
-        Some(State::Future { schema_version }) => {
+        Ok(Some(State::Future { schema_version })) => {
             (format!("future (schema {schema_version})"), None)
         }
-        Some(State::Invalid { .. }) => ("invalid".to_owned(), None),
+        Ok(Some(State::Invalid { .. })) => ("invalid".to_owned(), None),
     };
     json!({
         "destination_id": d.id,

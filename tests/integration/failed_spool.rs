@@ -242,3 +242,18 @@ fn a_producer_rewriting_its_failed_bundles_result_does_not_change_what_operators
     t.run(&["spool", "delete", "p", "bad2"]).expect_code(0);
     assert!(names(&t.join("spool/p/.distributor-results")).is_empty());
 }
+
+#[test]
+fn status_does_not_hang_on_a_catalog_that_is_a_fifo() {
+    let t = Test::new();
+    t.config(CONFIG);
+    t.mkdir("www");
+    crate::util::mkfifo(&t.join("www/.distributor.json"));
+    let out = t.run(&["status"]);
+    out.expect_code(0);
+    assert!(
+        out.stdout.contains("catalog unreadable: .distributor.json is not a regular file"),
+        "{}",
+        out.stdout
+    );
+}
