@@ -106,6 +106,20 @@ pub fn open_folder(path: &Path) -> Result<Dir, EntryError> {
     open_dir(&parent, name)
 }
 
+/// [`open_folder`] with the refusal as an `io::Error` naming `path`
+/// (`NotFound` when there is nothing there), for callers that only pass
+/// the error on.
+pub fn open_folder_io(path: &Path) -> io::Result<Dir> {
+    open_folder(path).map_err(|e| match e {
+        EntryError::Io(e) => e,
+        EntryError::Missing => io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{}: not found", path.display()),
+        ),
+        other => io::Error::other(format!("{}: {other}", path.display())),
+    })
+}
+
 /// Opens the folder `name` inside `parent`, refusing a symbolic link.
 pub fn open_dir(parent: &Dir, name: &OsStr) -> Result<Dir, EntryError> {
     open_entry(parent, name, true).map(Dir::from_std_file)

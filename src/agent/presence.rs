@@ -93,10 +93,7 @@ pub fn announce(pipeline_spool: &Path) -> io::Result<()> {
         since: Some(since),
     })
     .map_err(io::Error::other)?;
-    let dir = crate::spoolfs::open_folder(pipeline_spool).map_err(|e| match e {
-        crate::spoolfs::EntryError::Io(e) => e,
-        other => io::Error::other(format!("{}: {other}", pipeline_spool.display())),
-    })?;
+    let dir = crate::spoolfs::open_folder_io(pipeline_spool)?;
     crate::spoolfs::replace(&dir, INFO_FILE, &body, false)
 }
 

@@ -328,20 +328,8 @@ fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> O
 /// True when the running user may write into the folder `name` of
 /// `inbox` (as root: always).
 fn writable(inbox: &Dir, name: &str) -> bool {
-    use std::os::fd::AsRawFd;
-    let Ok(c_name) = std::ffi::CString::new(name) else {
-        return false;
-    };
-    // SAFETY: a valid descriptor and NUL-terminated name; faccessat only
-    // reads them.
-    unsafe {
-        libc::faccessat(
-            inbox.as_raw_fd(),
-            c_name.as_ptr(),
-            libc::W_OK,
-            libc::AT_EACCESS,
-        ) == 0
-    }
+    use rustix::fs::{Access, AtFlags, accessat};
+    accessat(inbox, name, Access::WRITE_OK, AtFlags::EACCESS).is_ok()
 }
 
 fn unreadable_folder(shown: &str, e: &EntryError) -> String {

@@ -191,8 +191,7 @@ fn existing(spool: &Spool, folder: Folder, name: &str) -> io::Result<PathBuf> {
 /// attempt count. Returns the new path.
 pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
     let from = existing(spool, Folder::Failed, name)?;
-    let dir = spoolfs::open_folder(&from)
-        .map_err(|e| io::Error::other(format!("{}: {e}", from.display())))?;
+    let dir = spoolfs::open_folder_io(&from)?;
     for file in [RESULT_FILE, ATTEMPTS_FILE] {
         spoolfs::remove(&dir, file)?;
     }

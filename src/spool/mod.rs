@@ -170,8 +170,7 @@ fn folder_error(path: &Path, e: io::Error) -> io::Error {
 }
 
 fn effective_uid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// The process umask, from `/proc/self/status` (reading it with umask(2)
@@ -312,14 +311,7 @@ const MAX_BATCH_BYTES: u64 = 16 << 20;
 pub(crate) const MAX_RESULT_BYTES: u64 = 16 << 20;
 
 fn open_bundle(bundle: &Path) -> io::Result<cap_std::fs::Dir> {
-    spoolfs::open_folder(bundle).map_err(|e| match e {
-        spoolfs::EntryError::Io(e) => e,
-        spoolfs::EntryError::Missing => io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{}: not found", bundle.display()),
-        ),
-        other => io::Error::other(format!("{}: {other}", bundle.display())),
-    })
+    spoolfs::open_folder_io(bundle)
 }
 
 /// Writes a small bookkeeping file inside a bundle by replacing the entry

@@ -252,7 +252,8 @@ fn status_does_not_hang_on_a_catalog_that_is_a_fifo() {
     let out = t.run(&["status"]);
     out.expect_code(0);
     assert!(
-        out.stdout.contains("catalog unreadable: .distributor.json is not a regular file"),
+        out.stdout
+            .contains("catalog unreadable: .distributor.json is not a regular file"),
         "{}",
         out.stdout
     );
