@@ -19,7 +19,14 @@ impl Worker {
         // Whether a bundle of these was already published alone: once one
         // was, a stop sends every other one back instead of starting it.
         let mut finished_one = false;
-        while rest.len() > 1 && !self.stopping() {
+        // A batch is one transaction per local root; s3 destinations
+        // commit bundle by bundle (see `publish::publish`).
+        let batches = !self
+            .pipeline
+            .destinations
+            .iter()
+            .any(|d| matches!(d.backend, crate::config::Backend::S3(_)));
+        while batches && rest.len() > 1 && !self.stopping() {
             match self.try_batch(rest, rx) {
                 publish::Batch::Done(_) => return,
                 publish::Batch::OneFirst => {

@@ -117,7 +117,6 @@ struct Tally {
 /// SIGTERM/SIGINT and returns `Ok(true)`.
 pub fn run(config_path: &Path, once: bool) -> Result<bool, AgentError> {
     let config = config::load(config_path)?;
-    config.refuse_unwired_backends()?;
     for warning in config.warnings() {
         log::warn!("{warning}");
     }
@@ -330,9 +329,7 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                 log::info!("agent stopped");
                 return Ok(true);
             }
-            Ok(Control::Reload) => match config::load(config_path)
-                .and_then(|c| c.refuse_unwired_backends().map(|()| c))
-            {
+            Ok(Control::Reload) => match config::load(config_path) {
                 Ok(new) => {
                     log::info!("reloading config {}", config_path.display());
                     if let Err(e) = create_spools(&new) {

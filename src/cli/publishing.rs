@@ -28,9 +28,6 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         Ok(c) => c,
         Err(e) => return fail_config(e),
     };
-    if let Err(e) = config.refuse_unwired_backends() {
-        return fail_config(e.to_string());
-    }
     let Some(pipeline) = config.pipeline(&args.pipeline) else {
         let known: Vec<&str> = config.pipelines.iter().map(|p| p.id.as_str()).collect();
         return fail_config(format!(

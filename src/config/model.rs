@@ -176,6 +176,17 @@ pub struct Destination {
     pub prune: Option<PrunePolicy>,
 }
 
+impl Destination {
+    /// Where the destination publishes, for reports and messages: the root
+    /// folder, or `s3://bucket/path` for an s3 destination.
+    pub fn root_label(&self) -> String {
+        match &self.backend {
+            Backend::Local => self.root.display().to_string(),
+            Backend::S3(l) => format!("s3://{}/{}", l.bucket, l.path),
+        }
+    }
+}
+
 /// A page template (`html.template`): the file, resolved against the config
 /// file's folder, and its text, which holds `{{content}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]

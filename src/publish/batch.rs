@@ -112,6 +112,19 @@ pub fn publish_batch(
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Batch {
+    // s3 destinations commit bundle by bundle (the agent never batches
+    // them; this keeps any other caller right).
+    if let Some(d) = destinations
+        .iter()
+        .find(|d| matches!(d.backend, crate::config::Backend::S3(_)))
+    {
+        return Batch::OneByOne {
+            cause: format!(
+                "destination {} is an s3 destination, which commits bundle by bundle",
+                d.id
+            ),
+        };
+    }
     // Lock every root once, in path order; step aside unless each holds a
     // valid catalog.
     let now = now_millis();

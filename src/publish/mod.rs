@@ -10,7 +10,7 @@
 
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{Catalog, OutputRecord, SourceIdentity, State};
-use crate::config::{Destination, Pipeline};
+use crate::config::{Backend, Destination, Pipeline};
 use crate::journal;
 use crate::lock::{self, RootLock};
 use crate::paths::RelPath;
@@ -25,6 +25,7 @@ use time::OffsetDateTime;
 
 mod batch;
 mod prepare;
+mod remote;
 mod stage;
 
 pub use batch::{Batch, InOrder, PerCore, Workers, publish_batch};
@@ -89,17 +90,33 @@ pub fn publish(
             .cmp(&prepared[*b].destination.root)
     });
     let mut planned: Vec<(usize, Planned)> = Vec::new();
+    // s3 destinations take no lock: their commit is a compare-and-swap.
+    let mut remote: Vec<(usize, remote::Planned)> = Vec::new();
     for i in order {
-        match lock_and_plan(&prepared[i], &pipeline.id, &source, options, now, false) {
-            Ok(done) => planned.push((i, done)),
-            Err(e) => {
-                report.destinations[i].error = Some(e.message.clone());
-                return e.fail(report);
+        let outcome = match &prepared[i].destination.backend {
+            Backend::Local => {
+                lock_and_plan(&prepared[i], &pipeline.id, &source, options, now, false)
+                    .map(|done| planned.push((i, done)))
             }
+            Backend::S3(location) => remote::plan_destination(
+                &prepared[i],
+                location,
+                &pipeline.id,
+                &source,
+                options,
+                now,
+            )
+            .map(|done| remote.push((i, done))),
+        };
+        if let Err(e) = outcome {
+            report.destinations[i].error = Some(e.message.clone());
+            return e.fail(report);
         }
     }
-    let refused = record_plans(&mut report, planned.iter().map(|(i, p)| (*i, &p.plan)));
-    let writes_anything = planned.iter().any(|(_, p)| !p.plan.writes.is_empty());
+    let refused = record_plans(&mut report, all_plans(&planned, &remote).into_iter());
+    let writes_anything = all_plans(&planned, &remote)
+        .iter()
+        .any(|(_, p)| !p.writes.is_empty());
     let creates_root = planned.iter().any(|(_, p)| p.root.is_none());
     let hash_first = refused.is_some() || options.dry_run || !writes_anything || creates_root;
     if hash_first && let Err(e) = verify_rest(&bundle, &mut verified) {
@@ -122,10 +139,11 @@ pub fn publish(
             }
         }
     }
-    if let Some(refused) = record_plans(&mut report, planned.iter().map(|(i, p)| (*i, &p.plan))) {
+    if let Some(refused) = record_plans(&mut report, all_plans(&planned, &remote).into_iter()) {
         return refused;
     }
     planned.sort_by_key(|(i, _)| *i);
+    remote.sort_by_key(|(i, _)| *i);
 
     // Stage every destination (journal, temporary files hashed as they are
     // copied); then check what no destination copied; only then commit.
@@ -139,6 +157,12 @@ pub fn publish(
                 break;
             }
         }
+    }
+    // What an s3 destination uploads from the bundle is hashed on its way
+    // up (a mismatch undoes that destination's publication), so it is not
+    // read a second time here.
+    for (i, p) in &remote {
+        verified.extend(p.uploads_from_bundle(&prepared[*i]).cloned());
     }
     if failure.is_none()
         && let Err(e) = verify_rest(&bundle, &mut verified)
@@ -154,6 +178,26 @@ pub fn publish(
             Failure::Io(e) => write_failed(report, i, prepared[i].destination, &e),
             Failure::Stopped(e) => e.fail(report),
         };
+    }
+    // s3 destinations commit first: their uploads are the last reads of
+    // the bundle, and a failure there can still roll the local roots back.
+    for (i, p) in &remote {
+        if let Err(e) = remote::commit(p, &prepared[*i], &bundle) {
+            for (_, p) in &planned {
+                roll_back(p);
+            }
+            report.destinations[*i].error = Some(e.message.clone());
+            return e.fail(report);
+        }
+        for d in &p.plan.writes {
+            if p.unchanged.contains(d.path.as_str()) {
+                report.destinations[*i]
+                    .unchanged
+                    .push(d.path.as_str().to_owned());
+            } else {
+                report.bytes_published += d.size;
+            }
+        }
     }
     for (i, temps) in &staged {
         let p = &planned
@@ -175,6 +219,17 @@ pub fn publish(
         }
     }
     report
+}
+
+/// Every destination's plan, local and s3, with its index.
+fn all_plans<'p>(
+    planned: &'p [(usize, Planned)],
+    remote: &'p [(usize, remote::Planned)],
+) -> Vec<(usize, &'p Plan)> {
+    let local = planned.iter().map(|(i, p)| (*i, &p.plan));
+    local
+        .chain(remote.iter().map(|(i, p)| (*i, &p.plan)))
+        .collect()
 }
 
 /// The report of a write that failed in destination `i` (after its root

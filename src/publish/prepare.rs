@@ -38,7 +38,7 @@ pub(super) struct Prepared<'a> {
 fn destination_report(d: &Destination) -> DestinationReport {
     DestinationReport {
         destination_id: d.id.clone(),
-        root: d.root.display().to_string(),
+        root: d.root_label(),
         workflow: d.workflow.as_str().to_owned(),
         action: None,
         writes: Vec::new(),

@@ -52,6 +52,8 @@ pub use upload::Written;
 pub const CATALOG_KEY: &str = ".distributor.json";
 /// User-metadata key (without `x-amz-meta-`) holding an object's sha256.
 pub const META_SHA256: &str = "distributor-sha256";
+/// HEAD requests [`S3Root::head_many`] keeps in flight.
+pub const HEADS_IN_FLIGHT: usize = 16;
 /// User-metadata key holding the id of the intent that wrote the object.
 pub const META_INTENT: &str = "distributor-intent";
 
@@ -237,6 +239,25 @@ impl S3Root {
     /// allowed for `http://` endpoints. Makes no request.
     pub fn open(location: &S3Location) -> Result<S3Root> {
         S3Root::open_with(location, Credentials::from_env()?)
+    }
+
+    /// The process's one client for `location` (opened on first use, with
+    /// credentials from the environment), so that a long-running agent keeps
+    /// its connections and its runtime across publications instead of
+    /// setting them up for every bundle.
+    pub fn shared(location: &S3Location) -> Result<Arc<S3Root>> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static OPEN: OnceLock<Mutex<HashMap<String, Arc<S3Root>>>> = OnceLock::new();
+        let key = format!("{location} {}", location.region);
+        let open = OPEN.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut open = open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(root) = open.get(&key) {
+            return Ok(Arc::clone(root));
+        }
+        let root = Arc::new(S3Root::open(location)?);
+        open.insert(key, Arc::clone(&root));
+        Ok(root)
     }
 
     /// [`S3Root::open`] with the credentials given.
@@ -441,12 +462,30 @@ impl S3Root {
 
     /// What the server says about `rel`, or `None` when it does not exist.
     pub fn head(&self, rel: &str) -> Result<Option<Head>> {
+        self.block_on(self.head_async(rel))
+    }
+
+    /// [`S3Root::head`] of every path in `rels` (in that order), with up to
+    /// [`HEADS_IN_FLIGHT`] requests at once: planning a bundle of many
+    /// files waits for the slowest round trips, not for their sum.
+    pub fn head_many(&self, rels: &[&str]) -> Result<Vec<Option<Head>>> {
+        use futures_util::StreamExt as _;
+        self.block_on(
+            futures_util::stream::iter(rels.iter().map(|rel| self.head_async(rel)))
+                .buffered(HEADS_IN_FLIGHT)
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .collect()
+    }
+
+    async fn head_async(&self, rel: &str) -> Result<Option<Head>> {
         let key = self.key(rel);
         let options = GetOptions {
             head: true,
             ..GetOptions::default()
         };
-        let got = self.block_on(self.store.get_opts(&key, options));
+        let got = self.store.get_opts(&key, options).await;
         let r = match got {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),

@@ -21,5 +21,6 @@ mod reliability;
 mod render;
 mod run;
 mod s3;
+mod s3_publish;
 mod seaweed;
 mod unchanged;

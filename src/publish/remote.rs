@@ -1,0 +1,433 @@
+//! Publishing to an s3 destination (SPEC §15): the same plan as for a
+//! local root, made true in the bucket by the commit protocol of
+//! [`crate::s3::protocol`] instead of a lock, staged files and renames.
+//!
+//! - "Lock": the server's conformance check (once per process and
+//!   bucket), then recovery of any stale intent another host left behind,
+//!   so a publisher killed anywhere converges at the next publication.
+//! - Plan: the catalog object and its ETag are read; the planner sees what
+//!   a HEAD of each output key shows (and a listing where a local root
+//!   would be listed: a root without a catalog). The listing only informs
+//!   the plan: every write is conditional, so an object that appears after
+//!   the listing is still never overwritten.
+//! - Commit: outputs at their final keys, the catalog swapped on its ETag;
+//!   a lost swap is rebased onto the winner's catalog when the winner
+//!   touched none of this plan's paths, else everything written is undone
+//!   and the publication fails as transient (the agent retries it).
+//!
+//! Two things the local backend does are refused here, because they would
+//! delete objects the catalog does not record (§15.4): `--force`, and
+//! replacing a catalog of an older schema (whose records are not trusted).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read};
+use std::sync::Arc;
+
+use time::OffsetDateTime;
+
+use super::prepare::Prepared;
+use super::{Options, PublishError};
+use crate::bundle::{self, VerifiedBundle};
+use crate::catalog::{Catalog, OutputRecord, SourceIdentity, State};
+use crate::config::Workflow;
+use crate::config::{Destination, S3Location};
+use crate::plan::{self, Action, CatalogUpdate, Listing, Plan, PlanInput};
+use crate::report::Stage;
+use crate::s3::protocol::{self, Base, Delete, Settings, Write};
+use crate::s3::{self, Head, S3Root};
+use crate::storage::Entry;
+
+/// One s3 destination, planned.
+pub(super) struct Planned {
+    root: Arc<S3Root>,
+    pipeline_id: String,
+    base: Base,
+    pub(super) plan: Plan,
+    /// The catalog change, kept to re-apply it on a newer catalog.
+    update: Option<CatalogUpdate>,
+    /// Planned outputs whose object already holds exactly the planned
+    /// bytes (its record and its metadata agree): not uploaded again.
+    pub(super) unchanged: BTreeSet<String>,
+}
+
+impl Planned {
+    /// Bundle files this destination uploads from the bundle (not from
+    /// memory): their bytes are hashed while they go up.
+    pub(super) fn uploads_from_bundle<'a>(
+        &'a self,
+        prepared: &'a Prepared<'_>,
+    ) -> impl Iterator<Item = &'a crate::paths::RelPath> + 'a {
+        self.plan
+            .writes
+            .iter()
+            .filter(|d| !self.unchanged.contains(d.path.as_str()))
+            .filter(|d| !prepared.in_memory.contains_key(&d.path))
+            .map(|d| &d.bundle_path)
+    }
+}
+
+fn s3_error(e: s3::Error) -> PublishError {
+    let stage = match e.stage() {
+        "lock" | "config" => Stage::Lock,
+        "plan" => Stage::Plan,
+        _ => Stage::Publish,
+    };
+    let stopped =
+        matches!(&e, s3::Error::Read { source, .. } if crate::interrupt::is_stopped(source));
+    PublishError {
+        stage,
+        transient: stopped || e.is_transient(),
+        message: e.to_string(),
+    }
+}
+
+/// Opens the destination's bucket, checks the server and recovers stale
+/// intents (not in a dry run, which writes nothing), reads the catalog and
+/// plans.
+pub(super) fn plan_destination(
+    prepared: &Prepared<'_>,
+    location: &S3Location,
+    pipeline_id: &str,
+    source: &SourceIdentity,
+    options: &Options,
+    now: OffsetDateTime,
+) -> Result<Planned, PublishError> {
+    let d = prepared.destination;
+    let root = S3Root::shared(location).map_err(s3_error)?;
+    if !options.dry_run {
+        root.check_conformance().map_err(s3_error)?;
+        let recovered = protocol::recover_stale(&root, Settings::default()).map_err(s3_error)?;
+        for (id, _) in &recovered {
+            log::warn!(
+                "{}: finished or undid the publication {id} that another publisher left behind (it stopped renewing its intent)",
+                root.label()
+            );
+        }
+    }
+    let base = root.read_state().map_err(s3_error)?;
+    if options.force {
+        let plan = refusal(
+            Action::FailConflict,
+            Vec::new(),
+            format!(
+                "--force is not available for the s3 destination {}: it would delete objects the catalog does not record, which distributor never does in a bucket; delete what must go with your S3 tool (e.g. `aws s3 rm --recursive s3://{}/{}`), then publish again without --force",
+                d.id, location.bucket, location.path
+            ),
+        );
+        return Ok(empty(root, pipeline_id, base, plan));
+    }
+    let (listing, heads) = list(&root, prepared, &base.state).map_err(s3_error)?;
+    let mut plan = plan::plan(&PlanInput {
+        pipeline_id,
+        destination_id: &d.id,
+        workflow: d.workflow,
+        force: false,
+        source,
+        desired: &prepared.desired,
+        state: &base.state,
+        listing: &listing,
+        now,
+    });
+    if let Some(refused) = unrecorded_deletes(&plan, &base.state, d) {
+        return Ok(empty(root, pipeline_id, base, refused));
+    }
+    let update = plan.update.take();
+    let unchanged = plan
+        .writes
+        .iter()
+        .filter(|w| {
+            let recorded = record(&base.state, w.path.as_str());
+            recorded.is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
+                && heads.get(w.path.as_str()).is_some_and(|h| {
+                    h.size == w.size && h.sha256.as_deref() == Some(w.sha256.as_str())
+                })
+        })
+        .map(|w| w.path.as_str().to_owned())
+        .collect();
+    Ok(Planned {
+        root,
+        pipeline_id: pipeline_id.to_owned(),
+        base,
+        plan,
+        update,
+        unchanged,
+    })
+}
+
+fn empty(root: Arc<S3Root>, pipeline_id: &str, base: Base, plan: Plan) -> Planned {
+    Planned {
+        root,
+        pipeline_id: pipeline_id.to_owned(),
+        base,
+        plan,
+        update: None,
+        unchanged: BTreeSet::new(),
+    }
+}
+
+fn refusal(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
+    Plan {
+        action,
+        writes: Vec::new(),
+        clear_first: Vec::new(),
+        delete_after: Vec::new(),
+        deletes: Vec::new(),
+        unmanaged,
+        error: Some(error),
+        update: None,
+    }
+}
+
+/// A refusal when the plan would delete an object the catalog does not
+/// record (replacing a catalog of an older schema, whose records are not
+/// trusted): in a bucket only recorded objects are ever deleted.
+fn unrecorded_deletes(plan: &Plan, state: &State, d: &Destination) -> Option<Plan> {
+    let mut unrecorded: Vec<String> = plan
+        .clear_first
+        .iter()
+        .chain(&plan.delete_after)
+        .filter(|p| record(state, p).is_none())
+        .cloned()
+        .collect();
+    if unrecorded.is_empty() {
+        return None;
+    }
+    unrecorded.sort();
+    unrecorded.dedup();
+    let n = unrecorded.len();
+    Some(refusal(
+        Action::FailUnmanaged,
+        unrecorded.clone(),
+        format!(
+            "publishing to the s3 destination {} would delete {n} object{} that {} does not record (first: {:?}); distributor never deletes such objects in a bucket. Move them away with your S3 tool, or publish with workflow: additive",
+            d.id,
+            if n == 1 { "" } else { "s" },
+            crate::catalog::STATE_FILE,
+            unrecorded[0]
+        ),
+    ))
+}
+
+fn record<'s>(state: &'s State, path: &str) -> Option<&'s OutputRecord> {
+    match state {
+        State::Catalog(c) => c.get(path),
+        _ => None,
+    }
+}
+
+/// What the planner sees of the bucket: a HEAD of every planned output
+/// key (returned alongside, by path, for the unchanged check), and
+/// every key below the root where a local root would be listed. Folders do
+/// not exist in a bucket, so nothing there is ever a folder or blocks one.
+fn list(
+    root: &S3Root,
+    prepared: &Prepared<'_>,
+    state: &State,
+) -> s3::Result<(Listing, BTreeMap<String, Head>)> {
+    let mut listing = Listing {
+        root_exists: true,
+        ..Listing::default()
+    };
+    let workflow = prepared.destination.workflow;
+    if plan::needs_top_level(state, false) || plan::needs_walk(state, workflow, false) {
+        let reserved = |p: &str| p.starts_with(".distributor");
+        let keys: Vec<s3::Listed> = root
+            .list("")?
+            .into_iter()
+            .filter(|l| !reserved(&l.path))
+            .collect();
+        if plan::needs_top_level(state, false) {
+            let mut top: Vec<String> = keys
+                .iter()
+                .map(|l| l.path.split('/').next().unwrap_or_default().to_owned())
+                .collect();
+            top.dedup();
+            listing.top_level = top;
+        }
+        if plan::needs_walk(state, workflow, false) {
+            listing.all = keys
+                .into_iter()
+                .map(|l| (l.path, Entry::File { size: l.size }))
+                .collect();
+        }
+    }
+    let paths: Vec<&str> = prepared.desired.iter().map(|d| d.path.as_str()).collect();
+    let mut heads = BTreeMap::new();
+    for (path, head) in paths.iter().zip(root.head_many(&paths)?) {
+        if let Some(h) = head {
+            listing
+                .entries
+                .insert((*path).to_owned(), Entry::File { size: h.size });
+            heads.insert((*path).to_owned(), h);
+        }
+    }
+    Ok((listing, heads))
+}
+
+/// Where the bytes of one planned write come from.
+fn source<'a>(
+    prepared: &'a Prepared<'_>,
+    bundle: &VerifiedBundle,
+    d: &plan::Desired,
+) -> Result<Box<dyn Read + 'a>, PublishError> {
+    if let Some(bytes) = prepared.in_memory.get(&d.path) {
+        return Ok(Box::new(bytes.as_slice()));
+    }
+    let file = bundle::open_listed(&bundle.dir, &d.bundle_path).map_err(|p| {
+        PublishError::permanent(
+            Stage::Verify,
+            bundle::BundleError::Invalid { problems: vec![p] }.to_string(),
+        )
+    })?;
+    Ok(Box::new(Stoppable(file)))
+}
+
+/// A reader that gives up at its next read once the agent is told to stop
+/// (SPEC §12.4), so a large upload does not hold the agent.
+struct Stoppable<R>(R);
+
+impl<R: Read> Read for Stoppable<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if crate::interrupt::requested() {
+            return Err(io::Error::other(crate::interrupt::Stopped));
+        }
+        self.0.read(buf)
+    }
+}
+
+/// Makes the plan true in the bucket (see the module doc), or says why
+/// nothing of it is recorded.
+pub(super) fn commit(
+    p: &Planned,
+    prepared: &Prepared<'_>,
+    bundle: &VerifiedBundle,
+) -> Result<(), PublishError> {
+    let Planned {
+        root,
+        pipeline_id,
+        base,
+        plan,
+        update,
+        unchanged,
+    } = p;
+    let Some(update) = update else {
+        return Ok(());
+    };
+    let mut writes = Vec::new();
+    for d in plan.writes.iter() {
+        if unchanged.contains(d.path.as_str()) {
+            continue;
+        }
+        writes.push(Write {
+            path: d.path.as_str().to_owned(),
+            sha256: d.sha256.clone(),
+            source: source(prepared, bundle, d)?,
+            replaces: record(&base.state, d.path.as_str()).map(|r| r.sha256.clone()),
+        });
+    }
+    let deletes: Vec<Delete> = plan
+        .delete_after
+        .iter()
+        .filter_map(|path| {
+            record(&base.state, path).map(|r| Delete {
+                path: path.clone(),
+                sha256: r.sha256.clone(),
+            })
+        })
+        .collect();
+    let next = apply(update, &base.state);
+    // The protocol checks the paths it writes and deletes; the rebase also
+    // needs the outputs kept unchanged (their records are re-written) and,
+    // for a replacement, the destination's whole set of records (another
+    // publication of the same destination decides what this one deletes).
+    let destination = prepared.destination;
+    let mut rebase = |latest: &State| -> Option<Catalog> {
+        let kept_same = unchanged
+            .iter()
+            .all(|path| record(&base.state, path) == record(latest, path));
+        let owned = |state: &State| -> Vec<OutputRecord> {
+            match state {
+                State::Catalog(c) => c
+                    .outputs
+                    .iter()
+                    .filter(|r| r.owned_by(pipeline_id, &destination.id))
+                    .cloned()
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let same_destination =
+            destination.workflow == Workflow::Additive || owned(&base.state) == owned(latest);
+        (kept_same && same_destination).then(|| apply(update, latest))
+    };
+    let committed = protocol::commit(
+        root,
+        Settings::default(),
+        Base {
+            state: base.state.clone(),
+            etag: base.etag.clone(),
+        },
+        next,
+        writes,
+        deletes,
+        &mut rebase,
+    );
+    match committed {
+        Ok(c) => {
+            if c.rebases > 0 {
+                log::info!(
+                    "{}: another publisher committed first; this publication touched none of its paths and was applied on top of its catalog ({} rebase{})",
+                    root.label(),
+                    c.rebases,
+                    if c.rebases == 1 { "" } else { "s" }
+                );
+            }
+            Ok(())
+        }
+        Err(s3::Error::HashMismatch { key, .. }) => Err(mismatch(bundle, plan, root, &key)),
+        Err(e) => Err(s3_error(e)),
+    }
+}
+
+/// `update` applied to `state`'s catalog (kept as it is when the plan
+/// started from one; when it started from none and someone created one in
+/// the meantime, on top of theirs).
+fn apply(update: &CatalogUpdate, state: &State) -> Catalog {
+    match state {
+        State::Catalog(c) => {
+            let mut update = update.clone();
+            update.keep_existing = true;
+            update.into_catalog(Some(c.clone())).0
+        }
+        _ => update.clone().into_catalog(None).0,
+    }
+}
+
+/// The error of an upload whose bytes did not match the manifest: the
+/// bundle's own verification message for the file, re-checked.
+fn mismatch(bundle: &VerifiedBundle, plan: &Plan, root: &S3Root, key: &str) -> PublishError {
+    let listed = plan
+        .writes
+        .iter()
+        .find(|d| key.ends_with(d.path.as_str()))
+        .and_then(|d| {
+            bundle
+                .manifest
+                .files
+                .iter()
+                .find(|f| f.path == d.bundle_path)
+        });
+    if let Some(listed) = listed
+        && let Err(e) = bundle::verify_files(&bundle.dir, &[listed])
+    {
+        return PublishError::permanent(Stage::Verify, e.to_string());
+    }
+    PublishError {
+        stage: Stage::Verify,
+        message: format!(
+            "{}: the bytes uploaded to {key} did not match the manifest; nothing of the bundle is recorded there; publish the bundle again",
+            root.label()
+        ),
+        transient: true,
+    }
+}

@@ -1,0 +1,398 @@
+//! `distributor run` and the agent publishing to s3 destinations (SPEC
+//! §15) against the real SeaweedFS of `seaweed::server`: every planning
+//! action as an operator sees it in the bucket (objects, their bytes, the
+//! catalog object) and in the exit code and `--json` report.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use distributor::config::S3Location;
+use distributor::s3::S3Root;
+use serde_json::Value;
+
+use crate::seaweed::server;
+use crate::util::{Output, Test, sha256, strings};
+
+/// A test folder whose config has pipeline `reports` with one s3
+/// destination `web` (in a bucket of its own, below `site/archive`) and,
+/// with `local`, a second destination `disk` at `./disk`.
+struct S3Test {
+    t: Test,
+    location: S3Location,
+    root: S3Root,
+}
+
+impl S3Test {
+    fn new(workflow: &str, local: bool) -> S3Test {
+        let s = server();
+        let location = s.location("site/archive");
+        let root = S3Root::open_with(&location, s.credentials()).expect("s3 client");
+        // The bucket exists (the server makes it on a first upload); the
+        // root below it is empty.
+        let probe = ".bucket-made";
+        root.put_new(probe, &mut &b""[..], None, "test")
+            .expect("make the bucket");
+        root.delete(probe).expect("delete the probe");
+        let t = Test::new();
+        let disk = if local {
+            "      - id: disk\n        path: ./disk\n        workflow: additive\n"
+        } else {
+            ""
+        };
+        t.config(&format!(
+            "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: web
+        backend: s3
+        bucket: {bucket}
+        path: site/archive
+        endpoint: {endpoint}
+        workflow: {workflow}
+        publish:
+          source: true
+          html: true
+{disk}",
+            bucket = location.bucket,
+            endpoint = s.endpoint,
+        ));
+        S3Test { t, location, root }
+    }
+
+    /// The binary with the server's credentials in its environment.
+    fn run(&self, args: &[&str]) -> Output {
+        let creds = server().credentials();
+        let mut cmd = self.t.cmd();
+        cmd.env("AWS_ACCESS_KEY_ID", &creds.key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+            .args(["--config", "config.yaml"])
+            .args(args);
+        cmd.output()
+    }
+
+    fn publish(&self, bundle: &Path, extra: &[&str]) -> Output {
+        let bundle = bundle.to_str().expect("utf-8 path");
+        let mut args = vec!["run", "--json", "--pipeline", "reports"];
+        args.extend_from_slice(extra);
+        args.push(bundle);
+        self.run(&args)
+    }
+
+    /// Every object below the root (reserved ones included), with its bytes.
+    fn objects(&self) -> BTreeMap<String, Vec<u8>> {
+        self.root
+            .list("")
+            .expect("list")
+            .into_iter()
+            .map(|l| {
+                let bytes = self.get(&l.path).expect("listed object");
+                (l.path, bytes)
+            })
+            .collect()
+    }
+
+    /// A plain client of the bucket, bypassing the tool, and a runtime.
+    fn raw(&self) -> (impl object_store::ObjectStore, tokio::runtime::Runtime) {
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&self.location.bucket)
+            .with_region("us-east-1")
+            .with_endpoint(server().endpoint.clone())
+            .with_allow_http(true)
+            .with_access_key_id(server().credentials().key_id)
+            .with_secret_access_key(server().credentials().secret)
+            .build()
+            .expect("client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        (store, rt)
+    }
+
+    fn get(&self, rel: &str) -> Option<Vec<u8>> {
+        use object_store::ObjectStoreExt as _;
+        let (store, rt) = self.raw();
+        rt.block_on(async {
+            match store.get(&self.root.key(rel)).await {
+                Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("GET {rel}: {e}"),
+            }
+        })
+    }
+
+    /// An object written behind the tool's back (unconditionally).
+    fn plant(&self, rel: &str, bytes: &[u8]) {
+        use object_store::ObjectStoreExt as _;
+        let (store, rt) = self.raw();
+        rt.block_on(store.put(&self.root.key(rel), bytes.to_vec().into()))
+            .expect("plant an object");
+    }
+
+    /// The catalog object's records by path.
+    fn records(&self) -> BTreeMap<String, Value> {
+        let bytes = self.get(".distributor.json").expect("a catalog object");
+        let doc: Value = serde_json::from_slice(&bytes).expect("catalog JSON");
+        assert_eq!(doc["schema_version"], 4);
+        doc["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
+            .collect()
+    }
+
+    /// Every record's object holds exactly the recorded bytes, and no
+    /// intent is left pending.
+    fn assert_records_match_objects(&self) {
+        for (path, r) in self.records() {
+            let bytes = self.get(&path).unwrap_or_else(|| panic!("{path} missing"));
+            assert_eq!(r["sha256"], sha256(&bytes), "{path}");
+            assert_eq!(r["size"], bytes.len() as u64, "{path}");
+        }
+        let pending = self.root.list(".distributor-pending").expect("list");
+        assert!(pending.is_empty(), "pending intents left: {pending:?}");
+    }
+
+    /// Keys of the objects that are outputs (reserved names aside).
+    fn output_keys(&self) -> Vec<String> {
+        self.objects()
+            .into_keys()
+            .filter(|k| !k.starts_with(".distributor"))
+            .collect()
+    }
+}
+
+#[test]
+fn publish_new_puts_every_output_at_its_key_and_records_it() {
+    let s = S3Test::new("additive", false);
+    let b = s.t.bundle(
+        "rep.1",
+        &[("report.md", "# Report\n"), ("data/a b.csv", "x,y\n1,2\n")],
+    );
+    let out = s.publish(&b, &[]);
+    out.expect_code(0);
+    let d = out.dest();
+    assert_eq!(d["action"], "publish_new");
+    assert_eq!(
+        d["root"],
+        format!("s3://{}/site/archive", s.location.bucket)
+    );
+    assert_eq!(
+        strings(&d["writes"]),
+        ["data/a b.csv", "report.html", "report.md"]
+    );
+    assert_eq!(s.get("report.md").unwrap(), b"# Report\n");
+    assert_eq!(s.get("data/a b.csv").unwrap(), b"x,y\n1,2\n");
+    let html = String::from_utf8(s.get("report.html").unwrap()).unwrap();
+    assert!(html.contains("<h1"), "{html}");
+    let records = s.records();
+    assert_eq!(
+        records.keys().collect::<Vec<_>>(),
+        ["data/a b.csv", "report.html", "report.md"]
+    );
+    assert_eq!(records["report.md"]["pipeline_id"], "reports");
+    assert_eq!(records["report.md"]["destination_id"], "web");
+    assert_eq!(records["report.html"]["kind"], "generated");
+    s.assert_records_match_objects();
+    assert_eq!(
+        s.output_keys(),
+        ["data/a b.csv", "report.html", "report.md"],
+        "nothing but the outputs and the catalog"
+    );
+}
+
+#[test]
+fn a_rerun_is_skip_same_and_a_changed_bundle_uploads_only_what_changed() {
+    let s = S3Test::new("additive", false);
+    let b1 = s.t.bundle_at(
+        "v1",
+        "rep",
+        "2026-01-01T00:00:00Z",
+        &[("a.txt", "same\n"), ("b.txt", "old\n")],
+    );
+    s.publish(&b1, &[]).expect_code(0);
+    let etag_a = s.root.head("a.txt").unwrap().unwrap().etag;
+
+    let again = s.publish(&b1, &[]);
+    again.expect_code(0);
+    assert_eq!(again.dest()["action"], "skip_same");
+
+    let b2 = s.t.bundle_at(
+        "v2",
+        "rep",
+        "2026-01-02T00:00:00Z",
+        &[("a.txt", "same\n"), ("b.txt", "new!\n")],
+    );
+    let out = s.publish(&b2, &[]);
+    out.expect_code(0);
+    let d = out.dest();
+    assert_eq!(d["action"], "upsert_additive");
+    assert_eq!(s.get("b.txt").unwrap(), b"new!\n");
+    assert_eq!(
+        s.root.head("a.txt").unwrap().unwrap().etag,
+        etag_a,
+        "an unchanged output is not uploaded again"
+    );
+    let records = s.records();
+    assert_eq!(
+        records["a.txt"]["source"]["created"],
+        "2026-01-02T00:00:00Z"
+    );
+    s.assert_records_match_objects();
+}
+
+#[test]
+fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
+    let s = S3Test::new("replacement", false);
+    let b1 = s.t.bundle_at(
+        "v1",
+        "rep",
+        "2026-01-01T00:00:00Z",
+        &[("keep.txt", "k\n"), ("old/gone.txt", "g\n")],
+    );
+    s.publish(&b1, &[]).expect_code(0);
+    s.plant("stray.txt", b"not ours\n");
+    let b2 =
+        s.t.bundle_at("v2", "rep", "2026-01-02T00:00:00Z", &[("keep.txt", "k2\n")]);
+    let out = s.publish(&b2, &[]);
+    out.expect_code(0);
+    let d = out.dest();
+    assert_eq!(d["action"], "replace_catalog");
+    assert_eq!(strings(&d["deletes"]), ["old/gone.txt"]);
+    assert_eq!(s.output_keys(), ["keep.txt", "stray.txt"]);
+    assert_eq!(s.get("stray.txt").unwrap(), b"not ours\n");
+    assert_eq!(
+        s.records().keys().collect::<Vec<_>>(),
+        ["keep.txt"],
+        "the deleted output's record is gone"
+    );
+    s.assert_records_match_objects();
+}
+
+#[test]
+fn unrecorded_objects_are_never_overwritten() {
+    // A root without a catalog that holds objects.
+    let s = S3Test::new("additive", false);
+    s.plant("index.html", b"<p>theirs</p>");
+    let b = s.t.bundle("rep.1", &[("report.txt", "r\n")]);
+    let out = s.publish(&b, &[]);
+    out.expect_code(3);
+    assert_eq!(out.dest()["action"], "fail_unmanaged");
+    assert_eq!(strings(&out.dest()["unmanaged"]), ["index.html"]);
+    assert_eq!(s.output_keys(), ["index.html"]);
+    assert!(s.get(".distributor.json").is_none(), "no catalog was made");
+
+    // A stray object at a planned path of a managed root.
+    let s = S3Test::new("additive", false);
+    let b1 = s.t.bundle("v1", &[("a.txt", "a\n")]);
+    s.publish(&b1, &[]).expect_code(0);
+    s.plant("b.txt", b"theirs\n");
+    let b2 = s.t.bundle("v2", &[("a.txt", "a\n"), ("b.txt", "ours\n")]);
+    let out = s.publish(&b2, &[]);
+    out.expect_code(3);
+    assert_eq!(out.dest()["action"], "fail_unmanaged");
+    assert_eq!(strings(&out.dest()["unmanaged"]), ["b.txt"]);
+    assert_eq!(s.get("b.txt").unwrap(), b"theirs\n");
+    assert_eq!(s.records().keys().collect::<Vec<_>>(), ["a.txt"]);
+}
+
+#[test]
+fn a_bad_catalog_and_force_are_refused_and_leave_the_bucket_alone() {
+    let s = S3Test::new("additive", false);
+    s.plant(".distributor.json", b"{ not json");
+    let b = s.t.bundle("rep.1", &[("a.txt", "a\n")]);
+    let out = s.publish(&b, &[]);
+    out.expect_code(3);
+    assert_eq!(out.dest()["action"], "fail_conflict");
+    assert_eq!(s.get(".distributor.json").unwrap(), b"{ not json");
+    assert!(s.output_keys().is_empty());
+
+    let out = s.publish(&b, &["--force", "--destination", "web"]);
+    out.expect_code(3);
+    let error = out.dest()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        error.contains("--force is not available") && error.contains("aws s3 rm"),
+        "{error}"
+    );
+    assert_eq!(s.get(".distributor.json").unwrap(), b"{ not json");
+    assert!(s.output_keys().is_empty());
+}
+
+#[test]
+fn a_dry_run_writes_nothing_to_the_bucket() {
+    let s = S3Test::new("additive", false);
+    let b = s.t.bundle("rep.1", &[("a.txt", "a\n")]);
+    let out = s.publish(&b, &["--dry-run"]);
+    out.expect_code(0);
+    assert_eq!(out.dest()["action"], "publish_new");
+    assert_eq!(strings(&out.dest()["writes"]), ["a.txt"]);
+    assert!(s.objects().is_empty(), "{:?}", s.objects().keys());
+}
+
+#[test]
+fn bytes_that_differ_from_the_manifest_are_never_published() {
+    let s = S3Test::new("additive", false);
+    let b =
+        s.t.bundle("rep.1", &[("a.txt", "good\n"), ("b.txt", "fine\n")]);
+    // Same size, other bytes: only hashing can tell.
+    std::fs::write(b.join("b.txt"), "evil\n").unwrap();
+    let out = s.publish(&b, &[]);
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["stage"], "verify");
+    let error = doc["error"].as_str().unwrap_or_default();
+    assert!(error.contains("b.txt"), "{error}");
+    assert!(
+        s.output_keys().is_empty(),
+        "{:?} were left in the bucket",
+        s.output_keys()
+    );
+    assert!(s.get(".distributor.json").is_none());
+    assert!(s.root.list(".distributor-pending").unwrap().is_empty());
+}
+
+#[test]
+fn missing_credentials_are_a_lock_failure_naming_the_variable() {
+    let s = S3Test::new("additive", false);
+    let b = s.t.bundle("rep.1", &[("a.txt", "a\n")]);
+    let mut cmd = s.t.cmd();
+    // Empty counts as unset.
+    cmd.env("AWS_ACCESS_KEY_ID", "")
+        .env("AWS_SECRET_ACCESS_KEY", "")
+        .args(["--config", "config.yaml", "run", "--json", "--pipeline"])
+        .arg("reports")
+        .arg(&b);
+    let out = cmd.output();
+    out.expect_code(1);
+    let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("AWS_ACCESS_KEY_ID"), "{error}");
+    assert!(s.objects().is_empty());
+}
+
+#[test]
+fn the_agent_publishes_to_local_and_s3_destinations_in_one_go() {
+    let s = S3Test::new("additive", true);
+    for i in 0..3 {
+        let b =
+            s.t.bundle(&format!("rep.{i}"), &[(&format!("r{i}.txt"), "x\n")]);
+        let inbox = s.t.join("spool/reports/inbox");
+        std::fs::create_dir_all(&inbox).unwrap();
+        std::fs::rename(&b, inbox.join(format!("rep.{i}"))).unwrap();
+    }
+    let out = s.run(&["agent", "--once"]);
+    out.expect_code(0);
+    let done = std::fs::read_dir(s.t.join("spool/reports/done")).unwrap();
+    assert_eq!(done.count(), 3, "{}", out.all());
+    assert_eq!(s.output_keys(), ["r0.txt", "r1.txt", "r2.txt"]);
+    for i in 0..3 {
+        assert_eq!(
+            std::fs::read(s.t.join(&format!("disk/r{i}.txt"))).unwrap(),
+            b"x\n"
+        );
+    }
+    s.assert_records_match_objects();
+    let disk = s.t.records("disk");
+    assert_eq!(disk.len(), 3);
+}
