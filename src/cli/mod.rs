@@ -143,11 +143,7 @@ fn load_config(flag: Option<&Path>) -> Result<Config, String> {
 
 /// Loads the config, or prints why not and returns the usage exit code.
 fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
-    let loaded = load_config(flag).and_then(|c| {
-        c.refuse_unwired_backends().map_err(|e| e.to_string())?;
-        Ok(c)
-    });
-    loaded.map_err(|e| {
+    load_config(flag).map_err(|e| {
         eprintln!("error: {e}");
         EXIT_USAGE
     })

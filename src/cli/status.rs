@@ -205,14 +205,22 @@ fn unreadable(spool: &Spool, folders: &[Folder], e: &std::io::Error) -> String {
 
 fn destination_json(d: &crate::config::Destination) -> Value {
     use crate::catalog::State;
-    // Read like every other command reads a root's catalog: no link
-    // followed, no FIFO opened (a tampered root must not hang status).
-    let state = crate::storage::Root::open(&d.root)
-        .and_then(|root| match root {
-            Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
-            None => Ok(None),
-        })
-        .map(|bytes| bytes.map(|b| State::parse(&b)));
+    let state = match &d.backend {
+        // Read like every other command reads a root's catalog: no link
+        // followed, no FIFO opened (a tampered root must not hang status).
+        crate::config::Backend::Local => crate::storage::Root::open(&d.root)
+            .and_then(|root| match root {
+                Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
+                None => Ok(None),
+            })
+            .map(|bytes| bytes.map(|b| State::parse(&b)))
+            .map_err(|e| e.to_string()),
+        // The catalog object, read (a GET; nothing is written).
+        crate::config::Backend::S3(location) => crate::s3::S3Root::shared(location)
+            .and_then(|root| root.read_state())
+            .map(|base| Some(base.state))
+            .map_err(|e| e.to_string()),
+    };
     let (state_text, outputs) = match &state {
         Err(e) => (format!("catalog unreadable: {e}"), None),
         Ok(None) | Ok(Some(State::Absent)) => ("no catalog".to_owned(), None),
@@ -227,7 +235,7 @@ fn destination_json(d: &crate::config::Destination) -> Value {
     };
     json!({
         "destination_id": d.id,
-        "root": d.root.display().to_string(),
+        "root": d.root_label(),
         "workflow": d.workflow.as_str(),
         "state": state_text,
         "outputs": outputs,

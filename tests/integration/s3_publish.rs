@@ -395,4 +395,22 @@ fn the_agent_publishes_to_local_and_s3_destinations_in_one_go() {
     s.assert_records_match_objects();
     let disk = s.t.records("disk");
     assert_eq!(disk.len(), 3);
+
+    // `status` reads the catalog object like a local catalog.
+    let status = s.run(&["status", "--json"]);
+    status.expect_code(0);
+    let doc = status.json();
+    let web = doc[0]["destinations"]
+        .as_array()
+        .expect("destinations")
+        .iter()
+        .find(|d| d["destination_id"] == "web")
+        .expect("destination web")
+        .clone();
+    assert_eq!(web["state"], "catalog", "{web}");
+    assert_eq!(web["outputs"], 3, "{web}");
+    assert_eq!(
+        web["root"],
+        format!("s3://{}/site/archive", s.location.bucket)
+    );
 }
