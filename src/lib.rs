@@ -2,6 +2,7 @@
 //! their manifests and publishes them into catalogued destination roots.
 
 pub mod agent;
+pub mod atomic;
 pub mod bundle;
 pub mod catalog;
 pub mod cli;

@@ -6,20 +6,19 @@
 //! A symlink inside the root is treated as content (an entry), never as a
 //! folder to descend into. This module decides nothing about plans.
 
+use crate::atomic::{self, Durability, Temp};
 use crate::hashing::{self, Hashed};
 use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How deep below a root a folder may be nested before walking or removing
 /// it is refused: no output path can be deeper (each of its at most
 /// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
 pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
-/// Prefix of every temporary file the tool creates.
-pub const TEMP_PREFIX: &str = ".distributor-tmp-";
+pub use crate::atomic::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
 
 /// What sits at a path in storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,11 +122,6 @@ pub fn is_transient(e: &io::Error) -> bool {
                 | libc::ETIMEDOUT
         )
     )
-}
-
-/// Fsyncs a folder so renames and deletions inside it are durable.
-pub fn sync_dir(dir: &Dir) -> io::Result<()> {
-    dir.try_clone()?.into_std_file().sync_all()
 }
 
 impl Root {
@@ -409,8 +403,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.replace_reserved(name, fill, true)?;
-        sync_dir(&self.dir)
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Full, fill)
     }
 
     /// Writes a reserved file atomically with its bytes fsynced, but leaves
@@ -421,7 +414,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.replace_reserved(name, fill, true)
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Data, fill)
     }
 
     /// [`Root::write_reserved_with`] without any fsync: the caller's next
@@ -431,23 +424,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.replace_reserved(name, fill, false)
-    }
-
-    fn replace_reserved(
-        &self,
-        name: &str,
-        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
-        fsync: bool,
-    ) -> io::Result<()> {
-        let (temp, mut file) = create_temp(&self.dir)?;
-        let result = fill(&mut file)
-            .and_then(|()| if fsync { file.sync_all() } else { Ok(()) })
-            .and_then(|()| self.dir.rename(&temp, &self.dir, name));
-        if result.is_err() {
-            let _ = self.dir.remove_file(&temp);
-        }
-        result
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Unsynced, fill)
     }
 
     /// Fsyncs the folder `path` ("" for the root) if it still exists.
@@ -630,31 +607,6 @@ impl Write for WriteBehind<'_> {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
-}
-
-static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Creates a new temporary file (mode 0644 before umask) in `dir`.
-pub fn create_temp(dir: &Dir) -> io::Result<(String, std::fs::File)> {
-    loop {
-        let n = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{TEMP_PREFIX}{}-{n}", std::process::id());
-        let mut o = OpenOptions::new();
-        o.write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW);
-        match dir.open_with(&name, &o) {
-            Ok(f) => return Ok((name, f.into_std())),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Names a temporary file the way [`create_temp`] does, for journaling.
-pub fn is_temp_name(name: &str) -> bool {
-    name.starts_with(TEMP_PREFIX)
 }
 
 trait StdOpenExt {
