@@ -19,32 +19,20 @@ use std::path::{Path, PathBuf};
 pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
 pub use crate::atomic::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
+pub use crate::io_class::is_transient;
+pub use crate::plan::Entry;
 
-/// What sits at a path in storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    Missing,
-    File {
-        size: u64,
-    },
-    Dir,
-    Symlink,
-    /// FIFO, socket or device.
-    Other,
-}
-
-impl Entry {
-    fn from_metadata(m: &cap_std::fs::Metadata) -> Entry {
-        let t = m.file_type();
-        if t.is_symlink() {
-            Entry::Symlink
-        } else if t.is_dir() {
-            Entry::Dir
-        } else if t.is_file() {
-            Entry::File { size: m.len() }
-        } else {
-            Entry::Other
-        }
+/// What a file system entry is, as a plan sees it.
+fn entry_of(m: &cap_std::fs::Metadata) -> Entry {
+    let t = m.file_type();
+    if t.is_symlink() {
+        Entry::Symlink
+    } else if t.is_dir() {
+        Entry::Dir
+    } else if t.is_file() {
+        Entry::File { size: m.len() }
+    } else {
+        Entry::Other
     }
 }
 
@@ -95,33 +83,6 @@ fn create_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
 fn is_not_found(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound
         || matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP))
-}
-
-/// True for I/O errors that may go away by themselves (full disk, quota,
-/// permissions being fixed, a busy or flaky device), so the bundle is worth
-/// retrying later. Errors about the shape of the tree (not a folder, a
-/// symlink loop) and our own messages are permanent.
-pub fn is_transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::ENOSPC
-                | libc::EDQUOT
-                | libc::EIO
-                | libc::EACCES
-                | libc::EPERM
-                | libc::EROFS
-                | libc::EMFILE
-                | libc::ENFILE
-                | libc::ENOMEM
-                | libc::ENOBUFS
-                | libc::EAGAIN
-                | libc::EINTR
-                | libc::EBUSY
-                | libc::ESTALE
-                | libc::ETIMEDOUT
-        )
-    )
 }
 
 impl Root {
@@ -183,7 +144,7 @@ impl Root {
             return Ok(Entry::Missing);
         };
         match dir.symlink_metadata(&name) {
-            Ok(m) => Ok(Entry::from_metadata(&m)),
+            Ok(m) => Ok(entry_of(&m)),
             Err(e) if is_not_found(&e) => Ok(Entry::Missing),
             Err(e) => Err(e),
         }
@@ -243,7 +204,7 @@ impl Root {
                     continue;
                 }
                 let path = join(&folder, &name);
-                let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
+                let kind = entry_of(&dir.symlink_metadata(&name)?);
                 if kind == Entry::Dir {
                     self.check_depth(&path)?;
                     pending.push(path.clone());
