@@ -10,7 +10,7 @@
 
 use crate::util::{
     self, CREATED, DEADLINE, Output, Proc, Rng, Test, assert_catalog_matches_disk, hold_root_lock,
-    listed, read_json, sha256, wait_for, write_file, write_manifest,
+    listed, names, read_json, sha256, wait_for, write_file, write_manifest,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,16 +47,6 @@ fn drop_into(from: &Path, to: &Path) {
     fs::create_dir_all(to.parent().unwrap()).unwrap();
     fs::rename(from, to)
         .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", from.display(), to.display()));
-}
-
-/// Entry names of a folder (empty when it does not exist).
-fn names(dir: &Path) -> BTreeSet<String> {
-    match fs::read_dir(dir) {
-        Ok(entries) => entries
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect(),
-        Err(_) => BTreeSet::new(),
-    }
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs;
 use std::io::Read;
@@ -604,6 +604,16 @@ pub fn read_json(path: &Path) -> Value {
 #[track_caller]
 pub fn read_state(root: &Path) -> Value {
     read_json(&root.join(".distributor.json"))
+}
+
+/// Entry names of a folder (empty when it does not exist).
+pub fn names(dir: &Path) -> BTreeSet<String> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    }
 }
 
 /// Polls `cond` every 10 ms until it holds; false after `timeout`.
