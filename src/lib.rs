@@ -2,14 +2,17 @@
 //! their manifests and publishes them into catalogued destination roots.
 
 pub mod agent;
+pub mod atomic;
 pub mod bundle;
 pub mod catalog;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod failpoint;
 pub mod hashing;
 pub mod inert;
 pub mod interrupt;
+pub mod io_class;
 pub mod journal;
 pub mod lock;
 pub mod logging;

@@ -13,12 +13,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::atomic::{self, Durability, Temp};
 use crate::config::Config;
 use crate::spool::Folder;
 
@@ -236,8 +236,9 @@ impl Metrics {
     /// Writes [`Metrics::render`] to `path` atomically: into a temporary
     /// file in the same folder (named `.<file name>.<pid>.tmp`, which the
     /// textfile collector ignores because it does not end in `.prom`),
-    /// flushed to disk, then renamed over `path`. A reader sees the old file
-    /// or the new one, never a partial one. The folder must exist.
+    /// flushed to disk, renamed over `path`, then the folder flushed too. A
+    /// reader sees the old file or the new one, never a partial one. The
+    /// folder must exist.
     pub fn write_atomic(&self, path: &Path) -> io::Result<()> {
         let text = self.render();
         let name = path.file_name().ok_or_else(|| {
@@ -246,25 +247,21 @@ impl Metrics {
                 format!("{} does not name a file", path.display()),
             )
         })?;
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(format!(".{}.tmp", std::process::id()));
-        let temp = path.with_file_name(temp_name);
-
-        let result = (|| {
-            let mut file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&temp)?;
-            file.write_all(text.as_bytes())?;
-            file.sync_all()?;
-            drop(file);
-            fs::rename(&temp, path)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        result
+        let mut temp = std::ffi::OsString::from(".");
+        temp.push(name);
+        temp.push(format!(".{}.tmp", std::process::id()));
+        let folder = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        let dir = cap_std::fs::Dir::open_ambient_dir(folder, cap_std::ambient_authority())?;
+        atomic::replace_bytes(
+            &dir,
+            name,
+            Temp::Named(&temp),
+            Durability::Full,
+            text.as_bytes(),
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -330,6 +327,7 @@ fn escape_help(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::sync::Arc;
     use std::time::Duration;
 

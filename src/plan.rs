@@ -10,9 +10,22 @@ use crate::catalog::{
 };
 use crate::config::Workflow;
 use crate::paths::RelPath;
-use crate::storage::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use time::OffsetDateTime;
+
+/// What sits at a path in storage, as a plan sees it (the storage layer
+/// lists it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    Missing,
+    File {
+        size: u64,
+    },
+    Dir,
+    Symlink,
+    /// FIFO, socket or device.
+    Other,
+}
 
 /// The contract's action labels (SPEC §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,10 +17,11 @@
 //!
 //! Outside this module, nothing opens a path inside a spool.
 
+use crate::atomic::{self, Durability, Temp};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType, FileTypeExt, MetadataExt, OpenOptions, OpenOptionsExt};
 use std::ffi::OsStr;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::Path;
 
 /// Why an entry could not be opened as the kind of thing wanted.
@@ -235,15 +236,12 @@ pub fn read_capped_at(path: &Path, cap: u64) -> Result<Vec<u8>, ReadError> {
 /// symbolic link, FIFO or hard link planted at `name` is replaced, never
 /// written through.
 pub fn replace(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
-    let (temp, mut file) = crate::storage::create_temp(dir)?;
-    let result = file
-        .write_all(bytes)
-        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
-        .and_then(|()| dir.rename(&temp, dir, name));
-    if result.is_err() {
-        let _ = dir.remove_file(&temp);
-    }
-    result
+    let durability = if durable {
+        Durability::Data
+    } else {
+        Durability::Unsynced
+    };
+    atomic::replace_bytes(dir, name, Temp::Unique, durability, bytes)
 }
 
 /// Removes the entry `name` from `dir` if it is not a folder (a link is

@@ -6,46 +6,33 @@
 //! A symlink inside the root is treated as content (an entry), never as a
 //! folder to descend into. This module decides nothing about plans.
 
+use crate::atomic::{self, Durability, Temp};
 use crate::hashing::{self, Hashed};
 use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How deep below a root a folder may be nested before walking or removing
 /// it is refused: no output path can be deeper (each of its at most
 /// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
 pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
-/// Prefix of every temporary file the tool creates.
-pub const TEMP_PREFIX: &str = ".distributor-tmp-";
+pub use crate::atomic::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
+pub use crate::io_class::is_transient;
+pub use crate::plan::Entry;
 
-/// What sits at a path in storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    Missing,
-    File {
-        size: u64,
-    },
-    Dir,
-    Symlink,
-    /// FIFO, socket or device.
-    Other,
-}
-
-impl Entry {
-    fn from_metadata(m: &cap_std::fs::Metadata) -> Entry {
-        let t = m.file_type();
-        if t.is_symlink() {
-            Entry::Symlink
-        } else if t.is_dir() {
-            Entry::Dir
-        } else if t.is_file() {
-            Entry::File { size: m.len() }
-        } else {
-            Entry::Other
-        }
+/// What a file system entry is, as a plan sees it.
+fn entry_of(m: &cap_std::fs::Metadata) -> Entry {
+    let t = m.file_type();
+    if t.is_symlink() {
+        Entry::Symlink
+    } else if t.is_dir() {
+        Entry::Dir
+    } else if t.is_file() {
+        Entry::File { size: m.len() }
+    } else {
+        Entry::Other
     }
 }
 
@@ -96,38 +83,6 @@ fn create_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
 fn is_not_found(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound
         || matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP))
-}
-
-/// True for I/O errors that may go away by themselves (full disk, quota,
-/// permissions being fixed, a busy or flaky device), so the bundle is worth
-/// retrying later. Errors about the shape of the tree (not a folder, a
-/// symlink loop) and our own messages are permanent.
-pub fn is_transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::ENOSPC
-                | libc::EDQUOT
-                | libc::EIO
-                | libc::EACCES
-                | libc::EPERM
-                | libc::EROFS
-                | libc::EMFILE
-                | libc::ENFILE
-                | libc::ENOMEM
-                | libc::ENOBUFS
-                | libc::EAGAIN
-                | libc::EINTR
-                | libc::EBUSY
-                | libc::ESTALE
-                | libc::ETIMEDOUT
-        )
-    )
-}
-
-/// Fsyncs a folder so renames and deletions inside it are durable.
-pub fn sync_dir(dir: &Dir) -> io::Result<()> {
-    dir.try_clone()?.into_std_file().sync_all()
 }
 
 impl Root {
@@ -189,7 +144,7 @@ impl Root {
             return Ok(Entry::Missing);
         };
         match dir.symlink_metadata(&name) {
-            Ok(m) => Ok(Entry::from_metadata(&m)),
+            Ok(m) => Ok(entry_of(&m)),
             Err(e) if is_not_found(&e) => Ok(Entry::Missing),
             Err(e) => Err(e),
         }
@@ -249,7 +204,7 @@ impl Root {
                     continue;
                 }
                 let path = join(&folder, &name);
-                let kind = Entry::from_metadata(&dir.symlink_metadata(&name)?);
+                let kind = entry_of(&dir.symlink_metadata(&name)?);
                 if kind == Entry::Dir {
                     self.check_depth(&path)?;
                     pending.push(path.clone());
@@ -409,8 +364,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.replace_reserved(name, fill, true)?;
-        sync_dir(&self.dir)
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Full, fill)
     }
 
     /// Writes a reserved file atomically with its bytes fsynced, but leaves
@@ -421,7 +375,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.replace_reserved(name, fill, true)
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Data, fill)
     }
 
     /// [`Root::write_reserved_with`] without any fsync: the caller's next
@@ -431,23 +385,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.replace_reserved(name, fill, false)
-    }
-
-    fn replace_reserved(
-        &self,
-        name: &str,
-        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
-        fsync: bool,
-    ) -> io::Result<()> {
-        let (temp, mut file) = create_temp(&self.dir)?;
-        let result = fill(&mut file)
-            .and_then(|()| if fsync { file.sync_all() } else { Ok(()) })
-            .and_then(|()| self.dir.rename(&temp, &self.dir, name));
-        if result.is_err() {
-            let _ = self.dir.remove_file(&temp);
-        }
-        result
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Unsynced, fill)
     }
 
     /// Fsyncs the folder `path` ("" for the root) if it still exists.
@@ -630,31 +568,6 @@ impl Write for WriteBehind<'_> {
     fn flush(&mut self) -> io::Result<()> {
         self.file.flush()
     }
-}
-
-static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Creates a new temporary file (mode 0644 before umask) in `dir`.
-pub fn create_temp(dir: &Dir) -> io::Result<(String, std::fs::File)> {
-    loop {
-        let n = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{TEMP_PREFIX}{}-{n}", std::process::id());
-        let mut o = OpenOptions::new();
-        o.write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW);
-        match dir.open_with(&name, &o) {
-            Ok(f) => return Ok((name, f.into_std())),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Names a temporary file the way [`create_temp`] does, for journaling.
-pub fn is_temp_name(name: &str) -> bool {
-    name.starts_with(TEMP_PREFIX)
 }
 
 trait StdOpenExt {

@@ -3,10 +3,10 @@
 //! standby) writes no metrics.
 
 use super::{MAINTENANCE_TICK, METRICS_EVERY, SERVING};
+use crate::clock;
 use crate::config::{Config, Pipeline};
 use crate::maintain;
 use crate::metrics::Metrics;
-use crate::publish;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -122,7 +122,7 @@ fn prune_all(config: &Config, metrics: &Metrics) {
                 destination: d,
                 lock_timeout: config.agent.lock_timeout,
             };
-            match maintain::prune(&target, true, publish::now_millis()) {
+            match maintain::prune(&target, true, clock::now_millis()) {
                 Ok(r) if r.deletes.is_empty() => {}
                 Ok(r) => {
                     metrics.add_prune_deletions(&p.id, &d.id, r.deletes.len() as u64);

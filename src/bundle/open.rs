@@ -101,7 +101,7 @@ pub(super) fn raced_message() -> String {
 }
 
 pub(super) fn is_transient_io(e: &io::Error) -> bool {
-    crate::storage::is_transient(e)
+    crate::io_class::is_transient(e)
         || matches!(
             e.kind(),
             io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory

@@ -6,14 +6,15 @@ use super::MANIFEST;
 use super::error::Problem;
 use super::manifest::{Manifest, ManifestFile, compute_digest, normalise_created};
 use super::open::{kind_label, open_checked, walk};
+use crate::atomic::{self, Durability, Temp};
 use crate::hashing;
 use crate::inert::{inert, inert_os};
 use crate::paths::{IdKind, RelPath, check_id, is_reserved_name};
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use cap_std::fs::Dir;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use time::OffsetDateTime;
 use unicode_normalization::UnicodeNormalization;
@@ -353,25 +354,11 @@ fn name_warnings(files: &[ManifestFile]) -> Vec<String> {
 /// rename over the final name, then sync the folder.
 fn write_manifest(root: &Dir, text: &str) -> io::Result<()> {
     let temp = temp_manifest_name();
-    let mut options = OpenOptions::new();
-    options
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW);
-    let written = (|| {
-        let mut file = root.open_with(&temp, &options)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        drop(file);
-        root.rename(&temp, root, MANIFEST)
-    })();
-    if let Err(e) = written {
-        let _ = root.remove_file(&temp);
-        return Err(e);
-    }
-    let mut folder = OpenOptions::new();
-    folder.read(true).custom_flags(libc::O_DIRECTORY);
-    root.open_with(".", &folder)?.sync_all()
+    atomic::replace_bytes(
+        root,
+        MANIFEST,
+        Temp::Named(temp.as_ref()),
+        Durability::Full,
+        text.as_bytes(),
+    )
 }

@@ -1,9 +1,9 @@
 //! The command line: parses arguments, calls the library, prints results
 //! and maps them to exit codes (SPEC §9). The only module that prints.
 
+use crate::clock::now_millis;
 use crate::config::{self, Config};
 use crate::maintain;
-use crate::publish::now_millis;
 use crate::spool::Folder;
 use std::path::Path;
 

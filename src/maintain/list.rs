@@ -4,7 +4,7 @@
 use super::session::{Access, Session, open};
 use super::{MaintainError, Target, json_text};
 use crate::catalog::{OutputRecord, format_time};
-use crate::publish::now_millis;
+use crate::clock::now_millis;
 use serde::Serialize;
 use std::fmt::Write as _;
 

@@ -5,7 +5,7 @@
 use super::session::{Access, in_scope, listing, open, write_catalog};
 use super::{MaintainError, Target, json_text};
 use crate::catalog::OutputRecord;
-use crate::publish::now_millis;
+use crate::clock::now_millis;
 use crate::storage::Entry;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};

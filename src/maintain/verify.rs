@@ -3,7 +3,7 @@
 
 use super::session::{Access, in_scope, open};
 use super::{MaintainError, Target, io_error, json_text};
-use crate::publish::now_millis;
+use crate::clock::now_millis;
 use serde::Serialize;
 use std::fmt::Write as _;
 

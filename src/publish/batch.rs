@@ -17,8 +17,9 @@
 
 use super::prepare::{Ready, prepare_bundle};
 use super::stage::{Job, Staged, missing_dirs, move_into_place, probe, stage_one};
-use super::{Failure, Options, now_millis, record_plans, verify_rest};
+use super::{Failure, Options, record_plans, verify_rest};
 use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
+use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
 use crate::failpoint;
 use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};

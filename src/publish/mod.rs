@@ -10,6 +10,7 @@
 
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{Catalog, OutputRecord, SourceIdentity, State};
+use crate::clock::now_millis;
 use crate::config::{Backend, Destination, Pipeline};
 use crate::journal;
 use crate::lock::{self, RootLock};
@@ -467,11 +468,4 @@ fn list(
             Vec::new()
         },
     })
-}
-
-/// The current time, truncated to milliseconds for readable catalogs.
-pub fn now_millis() -> OffsetDateTime {
-    let now = OffsetDateTime::now_utc();
-    now.replace_nanosecond(now.nanosecond() / 1_000_000 * 1_000_000)
-        .unwrap_or(now)
 }

@@ -31,11 +31,10 @@ use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{Catalog, OutputRecord, SourceIdentity, State};
 use crate::config::Workflow;
 use crate::config::{Destination, S3Location};
-use crate::plan::{self, Action, CatalogUpdate, Listing, Plan, PlanInput};
+use crate::plan::{self, Action, CatalogUpdate, Entry, Listing, Plan, PlanInput};
 use crate::report::Stage;
 use crate::s3::protocol::{self, Base, Delete, Settings, Write};
 use crate::s3::{self, Head, S3Root};
-use crate::storage::Entry;
 
 /// One s3 destination, planned.
 pub(super) struct Planned {

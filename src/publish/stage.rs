@@ -4,9 +4,10 @@
 
 use super::batch::{PerCore, Workers, map_on};
 use super::prepare::Prepared;
-use super::{Failure, Planned, now_millis};
+use super::{Failure, Planned};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, STATE_FILE, format_time};
+use crate::clock::now_millis;
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
 use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};

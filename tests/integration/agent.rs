@@ -5,186 +5,41 @@
 //! `done/` retention. Every assertion is about what an operator sees: spool
 //! folders, result files, catalogs, exit codes.
 //!
-//! The live-agent helpers (processes, signals, spool folders) live below;
-//! file, JSON and catalog checks come from `util`.
+//! The fixtures (test folder, live agent processes, signals, the root lock)
+//! come from `util`; the spool checks live below.
 
-use crate::util::{self, assert_catalog_matches_disk, read_json, sha256, wait_for, write_file};
+use crate::util::{
+    self, CREATED, DEADLINE, Output, Proc, Rng, Test, assert_catalog_matches_disk, hold_root_lock,
+    listed, names, read_json, sha256, wait_for, write_file, write_manifest,
+};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::Read;
-use std::os::unix::io::AsRawFd;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::{JoinHandle, sleep};
+use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
 
-const BIN: &str = env!("CARGO_BIN_EXE_distributor");
-const CREATED: &str = "2026-06-04T11:55:00Z";
-/// Longest any single command may run before the test fails instead of hanging.
-const DEADLINE: Duration = Duration::from_secs(90);
 /// How long a live agent gets to publish one small bundle.
 const PUBLISH_WAIT: Duration = Duration::from_secs(15);
 const RESULT: &str = ".distributor-result.json";
 const ATTEMPTS: &str = ".distributor-attempts";
 
-/// A temporary folder holding `config.yaml`, the spool, roots and bundles.
-struct Dir {
-    tmp: tempfile::TempDir,
-}
-
-impl Dir {
-    fn new() -> Dir {
-        Dir {
-            tmp: tempfile::Builder::new()
-                .prefix("distributor-agent-it-")
-                .tempdir()
-                .expect("create temp dir"),
-        }
-    }
-
-    /// On tmpfs when there is one: the burst and kill tests publish hundreds
-    /// of bundles and every publication fsyncs; killing a process exercises
-    /// the same code either way.
-    fn on_tmpfs() -> Dir {
-        let shm = Path::new("/dev/shm");
-        match tempfile::Builder::new()
-            .prefix("distributor-agent-it-")
-            .tempdir_in(shm)
-        {
-            Ok(tmp) => Dir { tmp },
-            Err(_) => Dir::new(),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.tmp.path()
-    }
-
-    fn join(&self, rel: &str) -> PathBuf {
-        self.tmp.path().join(rel)
-    }
-
-    /// `spool/<pipeline>/<folder>`.
-    fn spool(&self, pipeline: &str, folder: &str) -> PathBuf {
-        self.join(&format!("spool/{pipeline}/{folder}"))
-    }
-
-    fn config(&self, yaml: &str) {
-        write_file(&self.join("config.yaml"), yaml.as_bytes());
-    }
-
-    /// The binary with `--config <dir>/config.yaml`, logging at info.
-    fn cmd(&self) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.current_dir(self.path())
-            .env_remove("DISTRIBUTOR_CONFIG")
-            .env("RUST_LOG", "info")
-            .arg("--config")
-            .arg(self.join("config.yaml"))
-            .stdin(Stdio::null());
-        cmd
-    }
-
-    /// Runs the binary to completion with `args`.
-    fn run(&self, args: &[&str]) -> Out {
-        let mut cmd = self.cmd();
-        cmd.args(args);
-        Proc::spawn(cmd, true).finish(DEADLINE)
-    }
-
-    /// `agent --once`.
-    fn once(&self) -> Out {
-        self.run(&["agent", "--once"])
-    }
-
-    /// Starts a live agent and waits until it handles SIGTERM, SIGINT and
-    /// SIGHUP (a signal sent earlier would kill it with the default action).
-    fn agent(&self) -> Proc {
-        self.agent_with(&self.join("config.yaml"))
-    }
-
-    /// [`Dir::agent`] with another config file.
-    fn agent_with(&self, config: &Path) -> Proc {
-        let mut cmd = Command::new(BIN);
-        cmd.current_dir(self.path())
-            .env_remove("DISTRIBUTOR_CONFIG")
-            .env("RUST_LOG", "info")
-            .arg("--config")
-            .arg(config)
-            .stdin(Stdio::null())
-            .arg("agent");
-        let mut agent = Proc::spawn(cmd, true);
-        let ready = wait_for(Duration::from_secs(20), || {
-            agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
-        });
-        assert!(
-            ready && agent.running(),
-            "the agent did not come up:\n{}",
-            agent.stderr()
-        );
-        agent
-    }
-
-    /// A bundle sealed by the binary under `bundles/<name>` (outside every
-    /// inbox), with id `name`.
-    fn sealed(&self, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
-        let dir = self.join(&format!("bundles/{name}"));
-        for (path, contents) in files {
-            write_file(&dir.join(path), contents);
-        }
-        seal(&dir, name);
-        dir
-    }
-}
-
-/// `distributor bundle seal DIR --id ID --created CREATED`, expected to succeed.
-#[track_caller]
-fn seal(dir: &Path, id: &str) {
-    let mut cmd = Command::new(BIN);
-    cmd.env_remove("DISTRIBUTOR_CONFIG")
-        .env("RUST_LOG", "warn")
-        .args(["bundle", "seal"])
-        .arg(dir)
-        .args(["--id", id, "--created", CREATED])
-        .stdin(Stdio::null());
-    Proc::spawn(cmd, true).finish(DEADLINE).expect(0);
-}
-
 /// A bundle written without the binary (for the bursts: one process per
 /// bundle would dominate the time): files first, then a manifest computed
-/// from SPEC §3, written to a temporary name and renamed into place.
+/// from SPEC §3.
 fn write_bundle(dir: &Path, id: &str, files: &[(&str, &[u8])]) {
-    let mut listed: Vec<(String, String, usize)> = Vec::new();
+    let mut list = Vec::new();
     for (path, contents) in files {
         write_file(&dir.join(path), contents);
-        listed.push(((*path).to_owned(), sha256(contents), contents.len()));
+        list.push(listed(path, contents));
     }
-    listed.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-    let text: String = listed
-        .iter()
-        .map(|(p, s, n)| format!("{s} {n} {p}\n"))
-        .collect();
-    let doc = serde_json::json!({
-        "schema_version": 1,
-        "id": id,
-        "created": CREATED,
-        "digest": sha256(text.as_bytes()),
-        "files": listed
-            .iter()
-            .map(|(p, s, n)| serde_json::json!({"path": p, "sha256": s, "size": n}))
-            .collect::<Vec<_>>(),
-    });
-    let temp = dir.join(".manifest.json.tmp");
-    fs::write(&temp, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
-    fs::rename(&temp, dir.join("manifest.json")).unwrap();
+    write_manifest(dir, id, &list);
 }
 
 /// Renames `from` to `to`, creating `to`'s parent (a producer's drop).
@@ -192,16 +47,6 @@ fn drop_into(from: &Path, to: &Path) {
     fs::create_dir_all(to.parent().unwrap()).unwrap();
     fs::rename(from, to)
         .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", from.display(), to.display()));
-}
-
-/// Entry names of a folder (empty when it does not exist).
-fn names(dir: &Path) -> BTreeSet<String> {
-    match fs::read_dir(dir) {
-        Ok(entries) => entries
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect(),
-        Err(_) => BTreeSet::new(),
-    }
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {
@@ -270,165 +115,6 @@ fn leftovers(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// What a finished command produced.
-#[derive(Debug)]
-struct Out {
-    /// Exit code, or minus the signal number that killed it.
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    #[track_caller]
-    fn expect(&self, code: i32) -> &Out {
-        assert_eq!(
-            self.code, code,
-            "expected exit code {code}, got {}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        );
-        self
-    }
-
-    #[track_caller]
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
-    }
-}
-
-/// A child process whose output is collected as it runs; killed on drop so
-/// no failed test leaves an agent behind.
-struct Proc {
-    child: Child,
-    stdout: Arc<Mutex<Vec<u8>>>,
-    stderr: Arc<Mutex<Vec<u8>>>,
-    readers: Vec<JoinHandle<()>>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command, capture: bool) -> Proc {
-        let (out, err) = if capture {
-            (Stdio::piped(), Stdio::piped())
-        } else {
-            (Stdio::null(), Stdio::null())
-        };
-        let mut child = cmd
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn distributor");
-        let stdout = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let mut readers = Vec::new();
-        if let Some(pipe) = child.stdout.take() {
-            readers.push(collect(pipe, stdout.clone()));
-        }
-        if let Some(pipe) = child.stderr.take() {
-            readers.push(collect(pipe, stderr.clone()));
-        }
-        Proc {
-            child,
-            stdout,
-            stderr,
-            readers,
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
-        let rc = unsafe { libc::kill(pid, sig) };
-        assert_eq!(
-            rc,
-            0,
-            "kill({pid}, {sig}): {}",
-            std::io::Error::last_os_error()
-        );
-    }
-
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
-    }
-
-    /// True when the process has handlers installed for every one of
-    /// `signals` (the `SigCgt` mask of `/proc/<pid>/status`).
-    fn catches(&self, signals: &[libc::c_int]) -> bool {
-        let status =
-            fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        let mask = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigCgt:"))
-            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-            .unwrap_or(0);
-        signals.iter().all(|&s| mask & (1u64 << (s - 1)) != 0)
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    #[track_caller]
-    fn wait_log(&self, needle: &str, timeout: Duration) {
-        assert!(
-            wait_for(timeout, || self.stderr().contains(needle)),
-            "no {needle:?} in the log within {timeout:?}:\n{}",
-            self.stderr()
-        );
-    }
-
-    /// Waits for the exit (killing the child and failing at `timeout`).
-    #[track_caller]
-    fn finish(&mut self, timeout: Duration) -> Out {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if start.elapsed() > timeout {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "process did not exit within {timeout:?}:\n{}",
-                    self.stderr()
-                );
-            }
-            sleep(Duration::from_millis(5));
-        };
-        for r in std::mem::take(&mut self.readers) {
-            r.join().unwrap();
-        }
-        Out {
-            code: status
-                .code()
-                .unwrap_or_else(|| -status.signal().unwrap_or(0)),
-            stdout: String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned(),
-            stderr: self.stderr(),
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn collect(mut pipe: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut chunk = [0u8; 8192];
-        while let Ok(n) = pipe.read(&mut chunk) {
-            if n == 0 {
-                break;
-            }
-            buf.lock().unwrap().extend_from_slice(&chunk[..n]);
-        }
-    })
-}
-
 /// One pipeline `p` publishing to `./www` under `{source_id}/`, with the
 /// given lines under `agent:` (each indented by two spaces).
 fn config_p(agent: &str) -> String {
@@ -451,7 +137,7 @@ const LIVE: &str = "  settle: 0s\n  rescan_interval: 60s\n";
 
 /// Waits until `done/<name>` holds a result file; fails with the log.
 #[track_caller]
-fn wait_done(dir: &Dir, agent: &Proc, pipeline: &str, name: &str) {
+fn wait_done(dir: &Test, agent: &Proc, pipeline: &str, name: &str) {
     let bundle = dir.spool(pipeline, "done").join(name);
     assert!(
         wait_for(PUBLISH_WAIT, || bundle.join(RESULT).exists()),
@@ -466,45 +152,17 @@ fn wait_done(dir: &Dir, agent: &Proc, pipeline: &str, name: &str) {
 
 /// SIGTERM, then expect a clean exit 0.
 #[track_caller]
-fn stop(agent: Proc) -> Out {
+fn stop(agent: Proc) -> Output {
     stop_with(agent, libc::SIGTERM)
 }
 
 /// `signal` (SIGTERM or SIGINT), then expect a clean exit 0.
 #[track_caller]
-fn stop_with(mut agent: Proc, signal: libc::c_int) -> Out {
+fn stop_with(mut agent: Proc, signal: libc::c_int) -> Output {
     agent.signal(signal);
     let out = agent.finish(Duration::from_secs(30));
-    out.expect(0);
+    out.expect_code(0);
     out
-}
-
-/// A small xorshift generator: no extra dependency, and the seed is printed
-/// so a failing run can be replayed with `DISTRIBUTOR_IT_SEED`.
-struct Rng(u64);
-
-impl Rng {
-    fn seeded() -> Rng {
-        let seed = std::env::var("DISTRIBUTOR_IT_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("rng seed {seed} (replay with DISTRIBUTOR_IT_SEED={seed})");
-        Rng(seed)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -513,7 +171,7 @@ impl Rng {
 
 #[test]
 fn once_with_an_empty_inbox_exits_0_and_creates_every_spool_folder() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(
         "spool: ./spool
 pipelines:
@@ -528,7 +186,7 @@ pipelines:
         path: ./www-q
 ",
     );
-    dir.once().expect(0);
+    dir.once().expect_code(0);
     for folder in ["inbox", "work", "done", "failed"] {
         assert!(dir.spool("p", folder).is_dir(), "spool/p/{folder} missing");
     }
@@ -551,7 +209,7 @@ pipelines:
 
 #[test]
 fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(""));
     let inbox = dir.spool("p", "inbox");
     for name in ["good1", "good2", "bad"] {
@@ -570,7 +228,7 @@ fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
     }
 
     let out = dir.once();
-    out.expect(1);
+    out.expect_code(1);
 
     assert_eq!(names(&dir.spool("p", "done")), set(&["good1", "good2"]));
     assert_eq!(names(&dir.spool("p", "failed")), set(&["bad"]));
@@ -645,7 +303,7 @@ fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
     // failed/ still holds the earlier failure.
     let b = dir.sealed("good3", &[("report.md", b"# good3\n")]);
     drop_into(&b, &inbox.join("good3"));
-    dir.once().expect(0);
+    dir.once().expect_code(0);
     assert!(dir.spool("p", "done").join("good3").join(RESULT).exists());
     assert_eq!(result(&dir.spool("p", "done").join("good3"))["ok"], true);
     assert!(www.join("good3/report.md").is_file());
@@ -653,7 +311,7 @@ fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
 
 #[test]
 fn once_processes_bundles_in_manifest_modification_order_then_by_name() {
-    let dir = Dir::new();
+    let dir = Test::new();
     // No prefix: every bundle writes `a.txt`, so the last one processed owns it.
     dir.config(
         "spool: ./spool
@@ -677,7 +335,7 @@ pipelines:
             .unwrap();
         drop_into(&b, &dir.spool("p", "inbox").join(name));
     }
-    dir.once().expect(0);
+    dir.once().expect_code(0);
     let www = dir.join("www");
     assert_eq!(fs::read_to_string(www.join("a.txt")).unwrap(), "m");
     assert_eq!(records(&www)["a.txt"]["source"]["id"], "m");
@@ -686,11 +344,11 @@ pipelines:
 
 #[test]
 fn agent_with_a_broken_config_exits_2_and_says_where() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p("  settle: 0s\n  sttle: 1s\n"));
     for args in [&["agent", "--once"][..], &["agent"][..]] {
         let out = dir.run(args);
-        out.expect(2);
+        out.expect_code(2);
         assert!(
             out.stderr.contains("sttle") && out.stderr.contains("line 4"),
             "{args:?}: the error names the key and its line:\n{}",
@@ -709,7 +367,7 @@ fn agent_with_a_broken_config_exits_2_and_says_where() {
 
 #[test]
 fn once_finishes_a_bundle_left_in_work_before_the_inbox() {
-    let dir = Dir::new();
+    let dir = Test::new();
     // No prefix: both bundles write `a.txt`, so the last one processed owns it.
     dir.config(
         "spool: ./spool
@@ -727,7 +385,7 @@ pipelines:
     drop_into(&fresh, &dir.spool("p", "inbox").join("fresh"));
 
     let out = dir.once();
-    out.expect(0);
+    out.expect_code(0);
 
     let done = dir.spool("p", "done");
     assert_eq!(
@@ -761,7 +419,7 @@ pipelines:
 
 #[test]
 fn live_agent_publishes_a_bundle_renamed_in_from_a_dot_folder() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p("  settle: 50ms\n  rescan_interval: 60s\n"));
     let agent = dir.agent();
     let inbox = dir.spool("p", "inbox");
@@ -769,7 +427,8 @@ fn live_agent_publishes_a_bundle_renamed_in_from_a_dot_folder() {
     for (path, contents) in [("report.md", "# a\n"), ("img/logo.txt", "logo\n")] {
         write_file(&staging.join(path), contents.as_bytes());
     }
-    seal(&staging, "renamed-in");
+    dir.seal(&staging, "renamed-in", Some(CREATED))
+        .expect_code(0);
     drop_into(&staging, &inbox.join("renamed-in"));
 
     wait_done(&dir, &agent, "p", "renamed-in");
@@ -809,7 +468,7 @@ fn cpu_ticks(agent: &Proc) -> u64 {
 fn live_agent_goes_idle_after_publishing() {
     // The agent's own scans open the inbox and read manifests; a watcher
     // that woke on those events would rescan forever and burn a core.
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LIVE));
     let agent = dir.agent();
     let inbox = dir.spool("p", "inbox");
@@ -832,7 +491,7 @@ fn live_agent_goes_idle_after_publishing() {
 
 #[test]
 fn live_agent_publishes_a_bundle_written_in_place_with_the_manifest_last() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LIVE));
     let agent = dir.agent();
     // The manifest a producer would write, computed on a copy elsewhere.
@@ -866,7 +525,7 @@ fn live_agent_publishes_a_bundle_written_in_place_with_the_manifest_last() {
 
 #[test]
 fn live_agent_publishes_a_folder_created_empty_then_filled() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LIVE));
     let agent = dir.agent();
     let inbox = dir.spool("p", "inbox");
@@ -894,13 +553,13 @@ fn live_agent_publishes_a_folder_created_empty_then_filled() {
 
 #[test]
 fn live_agent_ignores_a_complete_bundle_while_its_name_starts_with_a_dot() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LIVE));
     let agent = dir.agent();
     let inbox = dir.spool("p", "inbox");
     let staging = inbox.join(".e");
     write_file(&staging.join("e.txt"), b"e\n");
-    seal(&staging, "e");
+    dir.seal(&staging, "e", Some(CREATED)).expect_code(0);
     // Touch it again so the watcher reports more events inside it.
     for i in 0..5 {
         write_file(&staging.join(format!("extra-{i}.txt")), b"x");
@@ -929,7 +588,7 @@ fn live_agent_ignores_a_complete_bundle_while_its_name_starts_with_a_dot() {
 
 #[test]
 fn live_agent_claims_a_bundle_that_keeps_changing_after_ten_times_settle() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p("  settle: 300ms\n  rescan_interval: 60s\n"));
     let agent = dir.agent();
     let b = dir.sealed("busy", &[("a.txt", b"a\n")]);
@@ -963,7 +622,7 @@ fn live_agent_claims_a_bundle_that_keeps_changing_after_ten_times_settle() {
 
 #[test]
 fn a_second_agent_stands_by_until_the_first_exits() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(
         "  settle: 0s\n  rescan_interval: 60s\n  lock_timeout: 200ms\n",
     ));
@@ -976,7 +635,7 @@ fn a_second_agent_stands_by_until_the_first_exits() {
     drop_into(&b, &inbox.join("first-only"));
     wait_done(&dir, &first, "p", "first-only");
     // An --once run finds the pipeline served and gives up after lock_timeout.
-    dir.once().expect(1);
+    dir.once().expect_code(1);
 
     stop(first);
     let b = dir.sealed("two", &[("a.txt", b"2\n")]);
@@ -1000,7 +659,7 @@ fn a_standby_agent_writes_no_metrics_until_it_serves() {
     // Two agents on one spool, each with its own metrics file: only the one
     // serving the pipeline may report, or a standby would publish zeros
     // next to the real figures.
-    let dir = Dir::new();
+    let dir = Test::new();
     let config = |metrics: &str| {
         config_p(&format!(
             "  settle: 0s\n  rescan_interval: 60s\n  metrics_file: ./{metrics}\n"
@@ -1058,7 +717,7 @@ fn live_agent_publishes_every_bundle_of_a_burst() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(BURST);
-    let dir = Dir::on_tmpfs();
+    let dir = Test::on_tmpfs();
     dir.config(
         "spool: ./spool
 agent:
@@ -1133,7 +792,7 @@ pipelines:
 
 #[test]
 fn a_backlog_over_a_big_catalog_is_still_published_in_batches() {
-    let dir = Dir::on_tmpfs();
+    let dir = Test::on_tmpfs();
     dir.config(&config_p(""));
     let inbox = dir.spool("p", "inbox");
     // One bundle of 3300 files gives the root a catalog of 3300 records.
@@ -1145,7 +804,7 @@ fn a_backlog_over_a_big_catalog_is_still_published_in_batches() {
         .map(|(p, c)| (p.as_str(), c.as_slice()))
         .collect();
     write_bundle(&inbox.join("big"), "big", &files);
-    dir.once().expect(0);
+    dir.once().expect_code(0);
     assert_eq!(records(&dir.join("www")).len(), 3300);
 
     let n = 300;
@@ -1154,7 +813,7 @@ fn a_backlog_over_a_big_catalog_is_still_published_in_batches() {
         write_bundle(&inbox.join(&name), &name, &[("x.txt", name.as_bytes())]);
     }
     let out = dir.once();
-    out.expect(0);
+    out.expect_code(0);
     assert_eq!(records(&dir.join("www")).len(), 3300 + n);
     // The agent says how it published them: in batches, not one by one.
     let batched: usize = out
@@ -1188,7 +847,7 @@ fn sigterm_during_once_finishes_the_bundle_in_hand_and_exits_0() {
 /// while one is in `work/`, and checks that it was finished, that nothing
 /// else was claimed, and that the catalog agrees with the spool.
 fn sigterm_mid_run(once: bool) {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LIVE));
     let size = 4 << 20;
     let all: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
@@ -1211,9 +870,7 @@ fn sigterm_mid_run(once: bool) {
     };
     let agent = if once {
         drop_all();
-        let mut cmd = dir.cmd();
-        cmd.args(["agent", "--once"]);
-        Proc::spawn(cmd, true)
+        dir.agent_cmd().args(["agent", "--once"]).start()
     } else {
         let agent = dir.agent();
         drop_all();
@@ -1286,7 +943,7 @@ fn sigterm_mid_run(once: bool) {
     }
 
     // The rest is picked up by the next run.
-    dir.once().expect(0);
+    dir.once().expect_code(0);
     assert_eq!(names(&dir.spool("p", "done")).len(), all.len());
     assert_eq!(records(&www).len(), all.len());
 }
@@ -1297,7 +954,7 @@ fn sigterm_mid_run(once: bool) {
 
 #[test]
 fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LIVE));
     let mut agent = dir.agent();
     let inbox = dir.spool("p", "inbox");
@@ -1359,7 +1016,7 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
 fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     const ITERATIONS: usize = 40;
     const MAX_FED: usize = 300;
-    let dir = Dir::on_tmpfs();
+    let dir = Test::on_tmpfs();
     dir.config(
         "spool: ./spool
 agent:
@@ -1413,12 +1070,10 @@ pipelines:
         })
     };
 
-    let mut rng = Rng::seeded();
+    let mut rng = Rng::seeded("kill loop");
     let mut kills_mid_bundle = 0;
     for _ in 0..ITERATIONS {
-        let mut cmd = dir.cmd();
-        cmd.arg("agent");
-        let mut agent = Proc::spawn(cmd, false);
+        let mut agent = dir.agent_cmd().arg("agent").start_quiet();
         sleep(Duration::from_millis(rng.below(300)));
         agent.signal(libc::SIGKILL);
         let out = agent.finish(Duration::from_secs(30));
@@ -1436,7 +1091,7 @@ pipelines:
     );
 
     let out = dir.once();
-    out.expect(0);
+    out.expect_code(0);
 
     let done = names(&dir.spool("p", "done"));
     let failed = names(&dir.spool("p", "failed"));
@@ -1496,7 +1151,7 @@ pipelines:
 /// `done/k0016/.distributor-tmp-20609-.distributor-result.json`.
 #[test]
 fn temporary_files_of_a_killed_agent_do_not_end_up_in_done() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(""));
     let b = dir.sealed("killed", &[("a.txt", b"a\n")]);
     // What a SIGKILL between creating and renaming these files leaves.
@@ -1512,7 +1167,7 @@ fn temporary_files_of_a_killed_agent_do_not_end_up_in_done() {
     )
     .unwrap();
     drop_into(&b, &dir.spool("p", "work").join("killed"));
-    dir.once().expect(0);
+    dir.once().expect_code(0);
     let done = dir.spool("p", "done").join("killed");
     assert_eq!(result(&done)["ok"], true);
     assert_eq!(leftovers(&done), Vec::<String>::new());
@@ -1522,27 +1177,11 @@ fn temporary_files_of_a_killed_agent_do_not_end_up_in_done() {
 // 7. transient failures
 // ---------------------------------------------------------------------------
 
-/// Creates `<root>/.distributor.lock` and holds an exclusive flock on it
-/// until the returned file is dropped.
-fn hold_root_lock(root: &Path) -> fs::File {
-    fs::create_dir_all(root).unwrap();
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join(".distributor.lock"))
-        .unwrap();
-    // SAFETY: flock(2) on a descriptor this function owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
-    file
-}
-
 const LOCKED: &str = "  lock_timeout: 100ms\n  max_attempts: 3\n";
 
 #[test]
 fn a_held_root_lock_is_retried_with_backoff_then_fails_at_stage_lock() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LOCKED));
     let www = dir.join("www");
     let _lock = hold_root_lock(&www);
@@ -1552,7 +1191,7 @@ fn a_held_root_lock_is_retried_with_backoff_then_fails_at_stage_lock() {
     let start = Instant::now();
     let out = dir.once();
     let elapsed = start.elapsed();
-    out.expect(1);
+    out.expect_code(1);
     assert!(
         elapsed >= Duration::from_millis(2900),
         "three attempts with 1 s and 2 s of backoff cannot take {elapsed:?}"
@@ -1574,22 +1213,20 @@ fn a_held_root_lock_is_retried_with_backoff_then_fails_at_stage_lock() {
 
 #[test]
 fn a_root_lock_released_between_attempts_lets_the_bundle_publish() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(LOCKED));
     let www = dir.join("www");
     let lock = hold_root_lock(&www);
     let b = dir.sealed("waits", &[("a.txt", b"a\n")]);
     drop_into(&b, &dir.spool("p", "inbox").join("waits"));
 
-    let mut cmd = dir.cmd();
-    cmd.args(["agent", "--once"]);
-    let mut once = Proc::spawn(cmd, true);
+    let mut once = dir.agent_cmd().args(["agent", "--once"]).start();
     // Release the lock once the first attempt has failed (logged), during
     // the 1 s backoff, so the second attempt finds it free.
     once.wait_log("attempt 1/3", Duration::from_secs(20));
     drop(lock);
     let out = once.finish(DEADLINE);
-    out.expect(0);
+    out.expect_code(0);
 
     let done = dir.spool("p", "done").join("waits");
     assert_eq!(result(&done)["ok"], true);
@@ -1605,7 +1242,7 @@ fn a_root_lock_released_between_attempts_lets_the_bundle_publish() {
 
 #[test]
 fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(""));
     let inbox = dir.spool("p", "inbox");
     let ok = dir.sealed("fine", &[("a.txt", b"fine\n")]);
@@ -1613,9 +1250,9 @@ fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
     let bad = dir.sealed("broken", &[("a.txt", b"as sealed\n")]);
     fs::write(bad.join("a.txt"), "AS SEALED\n").unwrap();
     drop_into(&bad, &inbox.join("broken"));
-    dir.once().expect(1);
+    dir.once().expect_code(1);
 
-    let rows = dir.run(&["spool", "list", "--json"]).expect(0).json();
+    let rows = dir.run(&["spool", "list", "--json"]).expect_code(0).json();
     let rows = rows.as_array().expect("spool list --json prints an array");
     assert_eq!(rows.len(), 2, "{rows:?}");
     let keys = set(&["pipeline_id", "spool", "name", "modified", "stage", "error"]);
@@ -1647,7 +1284,7 @@ fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
 
     let failed_only = dir
         .run(&["spool", "list", "--failed", "--json"])
-        .expect(0)
+        .expect_code(0)
         .json();
     let failed_names: Vec<_> = failed_only
         .as_array()
@@ -1658,18 +1295,18 @@ fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
     assert_eq!(failed_names, ["broken"]);
     let done_only = dir
         .run(&["spool", "list", "--pipeline", "p", "--done", "--json"])
-        .expect(0)
+        .expect_code(0)
         .json();
     assert_eq!(done_only.as_array().unwrap().len(), 1);
     assert_eq!(done_only[0]["name"], "fine");
     let text = dir
         .run(&["spool", "list", "--failed"])
-        .expect(0)
+        .expect_code(0)
         .stdout
         .clone();
     assert!(text.contains("broken") && !text.contains("fine"), "{text}");
 
-    dir.run(&["spool", "retry", "p", "broken"]).expect(0);
+    dir.run(&["spool", "retry", "p", "broken"]).expect_code(0);
     let back = inbox.join("broken");
     assert!(back.join("manifest.json").is_file());
     assert!(
@@ -1683,13 +1320,13 @@ fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
     assert!(names(&dir.spool("p", "failed")).is_empty());
     let listed = dir
         .run(&["spool", "list", "--inbox", "--json"])
-        .expect(0)
+        .expect_code(0)
         .json();
     assert_eq!(listed[0]["name"], "broken");
     assert_eq!(listed[0]["spool"], "inbox");
 
-    seal(&back, "broken");
-    dir.once().expect(0);
+    dir.seal(&back, "broken", Some(CREATED)).expect_code(0);
+    dir.once().expect_code(0);
     let done = dir.spool("p", "done").join("broken");
     assert_eq!(result(&done)["ok"], true);
     assert_eq!(
@@ -1699,14 +1336,16 @@ fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
     assert_catalog_matches_disk(&dir.join("www"));
 
     let missing = dir.run(&["spool", "retry", "p", "no-such-bundle"]);
-    missing.expect(2);
+    missing.expect_code(2);
     assert!(
         missing.stderr.contains("no-such-bundle"),
         "{}",
         missing.stderr
     );
-    dir.run(&["spool", "retry", "p", "../done/fine"]).expect(2);
-    dir.run(&["spool", "retry", "nope", "broken"]).expect(2);
+    dir.run(&["spool", "retry", "p", "../done/fine"])
+        .expect_code(2);
+    dir.run(&["spool", "retry", "nope", "broken"])
+        .expect_code(2);
     assert!(dir.spool("p", "done").join("fine").is_dir());
 }
 
@@ -1716,7 +1355,7 @@ fn spool_list_and_retry_bring_a_fixed_bundle_back_through_the_agent() {
 
 #[test]
 fn a_live_agent_deletes_done_entries_older_than_done_retention() {
-    let dir = Dir::new();
+    let dir = Test::new();
     dir.config(&config_p(
         "  settle: 0s\n  rescan_interval: 60s\n  done_retention: 1s\n",
     ));

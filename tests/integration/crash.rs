@@ -2,26 +2,13 @@
 //! rerun, leaves a root whose catalog matches its bytes, with nothing the
 //! tool wrote left unrecorded and nothing unrelated touched.
 
-use crate::util::{Test, assert_catalog_matches_disk, sha256_file, shape};
+use crate::util::{Rng, Test, assert_catalog_matches_disk, sha256_file, shape};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const MIN_ITERATIONS: usize = 30;
 const MAX_ITERATIONS: usize = 60;
-
-/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
-fn noise(len: usize, mut seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        out.extend_from_slice(&seed.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// Writes and seals a bundle of ~350 small files and one large one (a
 /// single publication large enough to be made durable by barriers).
@@ -52,7 +39,7 @@ fn big_bundle(t: &Test, name: &str, variant: u64) -> (PathBuf, BTreeSet<String>)
     }
     crate::util::write_file(
         &dir.join("blob.bin"),
-        &noise(1_000_000, 0x9e37_79b9 + variant),
+        &Rng::new(0x9e37_79b9 + variant).bytes(1_000_000),
     );
     paths.insert("blob.bin".to_owned());
     t.seal(&dir, name, Some("2026-06-04T11:55:00Z"))

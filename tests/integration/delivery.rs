@@ -12,7 +12,9 @@
 //! (`.ci/run` installs them), and their absence fails the tests, naming the
 //! fix.
 
-use crate::util::{BIN, Test, assert_catalog_matches_disk, read_json, wait_for, write_file};
+use crate::util::{
+    Proc, Test, assert_catalog_matches_disk, names, read_json, wait_for, write_file,
+};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::fs;
@@ -20,8 +22,6 @@ use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long a delivery may take to reach `done/` (64 MiB in a debug build,
@@ -62,16 +62,6 @@ fn setup() -> Test {
 
 fn spool(t: &Test, folder: &str) -> PathBuf {
     t.join(&format!("spool/p/{folder}"))
-}
-
-/// Entry names of a folder (empty when it does not exist).
-fn names(dir: &Path) -> BTreeSet<String> {
-    match fs::read_dir(dir) {
-        Ok(entries) => entries
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect(),
-        Err(_) => BTreeSet::new(),
-    }
 }
 
 /// `n` bytes that do not compress or repeat.
@@ -206,49 +196,17 @@ fn wait_inbox_state(t: &Test, name: &str, state: &str, reason_ok: impl Fn(&str) 
 
 /// A live `distributor agent`, its log collected as it runs; killed on drop
 /// so a failed test leaves no agent behind.
-struct Agent {
-    child: Child,
-    log: Arc<Mutex<Vec<u8>>>,
-    readers: Vec<JoinHandle<()>>,
-}
+struct Agent(Proc);
 
 impl Agent {
     /// Starts the agent on the test's config and waits until it serves:
-    /// its inbox exists and it handles SIGTERM.
+    /// it handles its signals and its inbox exists.
     fn start(t: &Test) -> Agent {
-        let mut child = Command::new(BIN)
-            .current_dir(t.path())
-            .env_remove("DISTRIBUTOR_CONFIG")
-            .env("RUST_LOG", "info")
-            .args(["--config", "config.yaml", "agent"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn distributor agent");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            let mut chunk = [0u8; 8192];
-            while let Ok(n) = pipe.read(&mut chunk) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&chunk[..n]);
-            }
-        });
-        let mut agent = Agent {
-            child,
-            log,
-            readers: vec![reader],
-        };
+        let mut agent = Agent(t.agent());
         let inbox = spool(t, "inbox");
-        let up = wait_for(NOTICE_WAIT, || {
-            (agent.catches_sigterm() && inbox.is_dir()) || !agent.running()
-        });
+        let up = wait_for(NOTICE_WAIT, || inbox.is_dir() || !agent.0.running());
         assert!(
-            up && agent.running(),
+            up && agent.0.running(),
             "the agent did not come up:\n{}",
             agent.log()
         );
@@ -256,22 +214,7 @@ impl Agent {
     }
 
     fn log(&self) -> String {
-        String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// True once the process has a SIGTERM handler (`SigCgt` in /proc).
-    fn catches_sigterm(&self) -> bool {
-        let status =
-            fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigCgt:"))
-            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-            .is_some_and(|mask| mask & (1u64 << (libc::SIGTERM - 1)) != 0)
+        self.0.stderr()
     }
 
     /// The agent's log line saying that `name` waits because it is
@@ -300,35 +243,10 @@ impl Agent {
     /// SIGTERM, then a clean exit 0; returns the whole log.
     #[track_caller]
     fn stop(mut self) -> String {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "the agent did not stop:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        for r in std::mem::take(&mut self.readers) {
-            r.join().unwrap();
-        }
-        assert_eq!(status.code(), Some(0), "agent exit:\n{}", self.log());
-        self.log()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.0.signal(libc::SIGTERM);
+        let out = self.0.finish(Duration::from_secs(30));
+        assert_eq!(out.code, 0, "agent exit:\n{}", out.stderr);
+        out.stderr
     }
 }
 

@@ -3,16 +3,14 @@
 //! `config check` run as an unprivileged user, `agent --once` next to a
 //! serving agent, and the commands the README and `--help` show.
 
-use crate::util::{BIN, Output, Test, wait_for, write_file};
+use crate::util::{BIN, Output, Proc, Test, wait_for, write_file};
 use serde_json::Value;
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Generous: these waits end as soon as the condition holds.
@@ -34,10 +32,7 @@ pipelines:
 ";
 
 /// A live agent whose stderr is collected; killed on drop.
-struct Agent {
-    child: Child,
-    stderr: Arc<Mutex<Vec<u8>>>,
-}
+struct Agent(Proc);
 
 impl Agent {
     fn start(t: &Test, env: &[(&str, &str)]) -> Agent {
@@ -55,43 +50,21 @@ impl Agent {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("spawn agent");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let mut pipe = child.stderr.take().unwrap();
-        let buf = stderr.clone();
-        std::thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut chunk) {
-                if n == 0 {
-                    break;
-                }
-                buf.lock().unwrap().extend_from_slice(&chunk[..n]);
-            }
-        });
-        Agent { child, stderr }
+        Agent(Proc::new(cmd.spawn().expect("spawn agent"), "the agent"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.child.id()
     }
 
     fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+        self.0.stderr()
     }
 
     /// SIGTERM, then the exit code.
     fn stop(mut self) -> i32 {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap();
-        // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let done = wait_for(WAIT, || self.child.try_wait().unwrap().is_some());
-        assert!(done, "the agent did not stop:\n{}", self.stderr());
-        self.child.wait().unwrap().code().unwrap_or(-1)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.0.signal(libc::SIGTERM);
+        self.0.finish(WAIT).code
     }
 }
 
@@ -149,7 +122,7 @@ fn status_shows_the_serving_agent_last_success_and_failure_and_check_says_what_i
 
     let agent = Agent::start(&t, &[]);
     let doc = wait_served(&t, &agent);
-    assert_eq!(doc["agent"]["pid"], u64::from(agent.child.id()));
+    assert_eq!(doc["agent"]["pid"], u64::from(agent.pid()));
     let since = doc["agent"]["since"].as_str().expect("since is a time");
     assert!(since.ends_with('Z') && since.contains('T'), "{since}");
     let out = t.run(&["status", "--check"]);
@@ -159,7 +132,7 @@ fn status_shows_the_serving_agent_last_success_and_failure_and_check_says_what_i
     out.expect_code(0);
     assert!(
         out.stdout
-            .contains(&format!("agent: serving (pid {}", agent.child.id())),
+            .contains(&format!("agent: serving (pid {}", agent.pid())),
         "{}",
         out.stdout
     );
@@ -445,9 +418,7 @@ fn under_systemd_the_agent_says_ready_keeps_the_watchdog_fed_and_says_stopping()
     recv("WATCHDOG=1", &mut seen);
     assert_eq!(status_json(&t)["agent"]["running"], true);
 
-    let pid = libc::pid_t::try_from(agent.child.id()).unwrap();
-    // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    agent.0.signal(libc::SIGTERM);
     recv("STOPPING=1", &mut seen);
     drop(agent);
 }

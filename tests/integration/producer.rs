@@ -16,7 +16,9 @@
 //! behind the hostile one was published, where each bundle was filed and
 //! why, the exit code, the agent stopping, memory, and inert output.
 
-use crate::util::{Output, Test, listed, read_json, sha256, wait_for, wait_output, write_manifest};
+use crate::util::{
+    Output, Test, catches, listed, read_json, sha256, signal, wait_for, wait_output, write_manifest,
+};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
@@ -254,22 +256,14 @@ impl Live {
     /// True once the agent handles SIGTERM (a signal sent earlier would kill
     /// it with the default action).
     fn catches_stop(&self) -> bool {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        let mask = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigCgt:"))
-            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-            .unwrap_or(0);
-        mask & (1 << (libc::SIGTERM - 1)) != 0
+        catches(self.pid(), &[libc::SIGTERM])
     }
 
     /// Sends SIGTERM and waits up to `deadline` for the exit: the exit code
     /// (minus the signal when killed) and how long it took.
     #[track_caller]
     fn terminate(&mut self, deadline: Duration) -> (i32, Duration) {
-        let pid = libc::pid_t::try_from(self.pid()).unwrap();
-        // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        signal(self.pid(), libc::SIGTERM);
         let sent = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {

@@ -1,9 +1,8 @@
 //! Concurrency: runs on one root are serialised by the root lock, and an
 //! operator's `flock` on the lock file pauses publication.
 
-use crate::util::{Test, assert_catalog_matches_disk, wait_output};
-use std::fs::{self, File};
-use std::os::fd::AsRawFd;
+use crate::util::{Test, assert_catalog_matches_disk, hold_root_lock, wait_output};
+use std::fs;
 use std::time::{Duration, Instant};
 
 fn files(tag: &str, n: usize) -> Vec<(String, String)> {
@@ -93,11 +92,7 @@ pipelines:
 ",
     );
     let b = t.bundle("rep.1", &[("a.txt", "a")]);
-    t.mkdir("site");
-    let lock = File::create(t.join("site/.distributor.lock")).unwrap();
-    // SAFETY: flock on a file descriptor we own.
-    let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    assert_eq!(rc, 0, "take the lock: {}", std::io::Error::last_os_error());
+    let lock = hold_root_lock(&t.join("site"));
 
     let start = Instant::now();
     let out = t.publish("reports", &b, &[]);
@@ -150,10 +145,7 @@ pipelines:
 ",
     );
     let b = t.bundle("rep.1", &[("a.txt", "a")]);
-    t.mkdir("site");
-    let lock = File::create(t.join("site/.distributor.lock")).unwrap();
-    // SAFETY: flock on a file descriptor we own.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let lock = hold_root_lock(&t.join("site"));
     let child = t
         .cmd()
         .args([

@@ -12,11 +12,12 @@
 //!   recorded paths, and a root or folder swapped for a link while `run`
 //!   publishes in a loop) never lead a write, a delete or a read outside.
 //!
-//! Randomised tests print their seed; set `RELIABILITY_SEED` to replay one.
+//! Randomised tests print their seed; set `DISTRIBUTOR_IT_SEED` to replay one.
 
 use crate::util::{
-    Listed, Output, Test, assert_catalog_matches_disk, listed, manifest_digest, mkfifo, read_json,
-    records, sha256, strings, tree, wait_for, wait_output, write_file, write_manifest,
+    Listed, Output, Rng, Test, assert_catalog_matches_disk, catches, listed, manifest_digest,
+    mkfifo, read_json, records, sha256, signal, strings, tree, wait_for, wait_output, write_file,
+    write_manifest,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,41 +37,6 @@ use std::time::{Duration, Instant, SystemTime};
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-
-/// xorshift64: no dependency, and a printed seed replays a run.
-struct Rng(u64);
-
-impl Rng {
-    fn seeded(what: &str) -> Rng {
-        let seed = std::env::var("RELIABILITY_SEED")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or_else(|| {
-                SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .expect("clock after 1970")
-                    .as_nanos() as u64
-            })
-            | 1;
-        eprintln!("{what}: seed {seed} (replay with RELIABILITY_SEED={seed})");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn millis(&mut self, from: u64, to: u64) -> Duration {
-        Duration::from_millis(from + self.below(to - from + 1))
-    }
-}
 
 /// One entry of a [`snapshot`]: file type and permissions, size, mtime, inode.
 type Stat = (u32, u64, i64, i64, u64);
@@ -144,25 +110,6 @@ fn stage_bundle(dir: &Path, id: &str, files: &[(String, Vec<u8>)], order: u64) {
         .expect("set manifest mtime");
 }
 
-/// True once the process has a handler for `signal` (from /proc).
-fn catches(pid: u32, signal: i32) -> bool {
-    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
-}
-
-/// Sends `signal` to a child we started.
-fn signal(child: &Child, signal: i32) {
-    let pid = i32::try_from(child.id()).expect("pid fits");
-    // SAFETY: kill(2) on the pid of a child we own and have not reaped.
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
-}
-
 /// A live `distributor agent` on the test's config, output discarded.
 fn live_agent(t: &Test) -> Child {
     t.cmd()
@@ -175,11 +122,11 @@ fn stop_agent(mut agent: Child, what: &str) {
     assert!(
         wait_for(Duration::from_secs(20), || catches(
             agent.id(),
-            libc::SIGTERM
+            &[libc::SIGTERM]
         )),
         "{what} never installed its SIGTERM handler"
     );
-    signal(&agent, libc::SIGTERM);
+    signal(agent.id(), libc::SIGTERM);
     let mut status = None;
     assert!(
         wait_for(Duration::from_secs(60), || {
@@ -284,7 +231,7 @@ pipelines:
     let fed = Arc::new(Mutex::new(Vec::<String>::new()));
     let feeder = {
         let (fed, inbox, staging) = (fed.clone(), inbox.clone(), staging.clone());
-        let mut rng = Rng(rng.next() | 1);
+        let mut rng = rng.split();
         std::thread::spawn(move || {
             for i in 0..FED_BUNDLES {
                 sleep(rng.millis(0, 40));
@@ -482,13 +429,13 @@ pipelines:
             // can be read as the kill left it: only bundles found there may
             // be published twice.
             let (victim, other) = (kills % 2, 1 - kills % 2);
-            signal(&agents[other], libc::SIGSTOP);
+            signal(agents[other].id(), libc::SIGSTOP);
             agents[victim].kill().expect("SIGKILL an agent");
             agents[victim].wait().expect("reap");
             for pipeline in ["p1", "p2"] {
                 interrupted.extend(names(&t.join(&format!("spool/{pipeline}/work"))));
             }
-            signal(&agents[other], libc::SIGCONT);
+            signal(agents[other].id(), libc::SIGCONT);
             agents[victim] = live_agent(&t);
             kills += 1;
         }
@@ -1422,7 +1369,7 @@ pipelines:
     let stop = Arc::new(AtomicBool::new(false));
     let swapper = {
         let (stop, target, partner) = (stop.clone(), target.clone(), partner.clone());
-        let mut rng = Rng(rng.next() | 1);
+        let mut rng = rng.split();
         std::thread::spawn(move || {
             let mut swaps = 0usize;
             while !stop.load(Ordering::SeqCst) {

@@ -1,19 +1,23 @@
 //! The fixture builder every integration test uses: a temporary folder, a
 //! config file written into it (relative paths resolve against it), bundles
-//! built and sealed with the real binary, the binary run with a deadline,
-//! and readers for catalogs and folder trees.
+//! built and sealed with the real binary, the binary run with a deadline or
+//! kept running as a live agent ([`Proc`]), readers for catalogs and folder
+//! trees, a held root lock and one seeded random generator.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The binary under test.
@@ -24,7 +28,7 @@ pub const CREATED: &str = "2026-06-04T11:55:00Z";
 
 /// How long any single invocation may take before the test fails (a hang
 /// on a FIFO, a lock never released) instead of blocking the suite.
-const DEADLINE: Duration = Duration::from_secs(60);
+pub const DEADLINE: Duration = Duration::from_secs(90);
 
 /// A temporary working folder holding a config, bundles and roots.
 pub struct Test {
@@ -102,11 +106,21 @@ impl Test {
         created: &str,
         files: &[(&str, &str)],
     ) -> PathBuf {
+        let files: Vec<(&str, &[u8])> = files.iter().map(|(p, c)| (*p, c.as_bytes())).collect();
+        self.sealed_at(name, id, created, &files)
+    }
+
+    /// Like [`Test::bundle`] with contents given as bytes.
+    pub fn sealed(&self, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        self.sealed_at(name, name, CREATED, files)
+    }
+
+    fn sealed_at(&self, name: &str, id: &str, created: &str, files: &[(&str, &[u8])]) -> PathBuf {
         let dir = self.join(&format!("bundles/{name}"));
         assert!(!dir.exists(), "bundle {name} already exists");
         fs::create_dir_all(&dir).expect("create bundle dir");
         for (path, contents) in files {
-            write_file(&dir.join(path), contents.as_bytes());
+            write_file(&dir.join(path), contents);
         }
         self.seal(&dir, id, Some(created)).expect_code(0);
         dir
@@ -137,6 +151,51 @@ impl Test {
         let mut cmd = self.cmd();
         cmd.args(["--config", "config.yaml"]).args(args);
         cmd.output()
+    }
+
+    /// The binary with `--config config.yaml`, logging at info like an
+    /// operator's agent (agent tests read its log).
+    pub fn agent_cmd(&self) -> TestCommand {
+        let mut cmd = self.cmd();
+        cmd.env("RUST_LOG", "info")
+            .args(["--config", "config.yaml"]);
+        cmd
+    }
+
+    /// `agent --once`, logging at info.
+    pub fn once(&self) -> Output {
+        self.agent_cmd().args(["agent", "--once"]).output()
+    }
+
+    /// Starts a live agent on `config.yaml`; see [`Test::agent_with`].
+    pub fn agent(&self) -> Proc {
+        self.agent_with(Path::new("config.yaml"))
+    }
+
+    /// Starts a live agent on `config` (logging at info) and waits until it
+    /// handles SIGTERM, SIGINT and SIGHUP (a signal sent earlier would kill
+    /// it with the default action).
+    pub fn agent_with(&self, config: &Path) -> Proc {
+        let mut cmd = self.cmd();
+        cmd.env("RUST_LOG", "info")
+            .arg("--config")
+            .arg(config)
+            .arg("agent");
+        let mut agent = cmd.start();
+        let ready = wait_for(Duration::from_secs(20), || {
+            agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
+        });
+        assert!(
+            ready && agent.running(),
+            "the agent did not come up:\n{}",
+            agent.stderr()
+        );
+        agent
+    }
+
+    /// `spool/<pipeline>/<folder>`.
+    pub fn spool(&self, pipeline: &str, folder: &str) -> PathBuf {
+        self.join(&format!("spool/{pipeline}/{folder}"))
     }
 
     /// `run --json --pipeline P [extra...] BUNDLE`.
@@ -231,51 +290,248 @@ impl TestCommand {
             .expect("spawn distributor")
     }
 
+    /// Starts the child as a [`Proc`] whose output is collected as it runs.
+    pub fn start(&mut self) -> Proc {
+        let what = format!("{:?}", self.cmd);
+        Proc::new(self.spawn(), &what)
+    }
+
+    /// Starts the child as a [`Proc`] with its output discarded.
+    pub fn start_quiet(&mut self) -> Proc {
+        let what = format!("{:?}", self.cmd);
+        Proc::new(self.spawn_quiet(), &what)
+    }
+
     /// Runs to completion (or fails the test at the deadline).
     pub fn output(&mut self) -> Output {
-        let child = self.spawn();
-        wait_output(child, &format!("{:?}", self.cmd))
+        self.start().finish(DEADLINE)
     }
 }
 
 /// Waits for a child started with [`TestCommand::spawn`], killing it and
 /// failing the test if it outlives the deadline.
-pub fn wait_output(mut child: Child, what: &str) -> Output {
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let out_reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = out.read_to_end(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = err.read_to_end(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for distributor") {
-            break status;
+pub fn wait_output(child: Child, what: &str) -> Output {
+    Proc::new(child, what).finish(DEADLINE)
+}
+
+/// A child process whose piped output is collected as it runs; killed on
+/// drop, so no failed test leaves an agent behind.
+pub struct Proc {
+    pub child: Child,
+    what: String,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Proc {
+    /// Takes over `child` (named `what` in failures), reading whichever of
+    /// its stdout and stderr are piped.
+    pub fn new(mut child: Child, what: &str) -> Proc {
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        if let Some(pipe) = child.stdout.take() {
+            readers.push(collect(pipe, stdout.clone()));
         }
-        if start.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {DEADLINE:?}");
+        if let Some(pipe) = child.stderr.take() {
+            readers.push(collect(pipe, stderr.clone()));
         }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    Output {
-        code: status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out_reader.join().expect("stdout reader")).into_owned(),
-        stderr: String::from_utf8_lossy(&err_reader.join().expect("stderr reader")).into_owned(),
+        Proc {
+            child,
+            what: what.to_owned(),
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    /// Sends `sig` to the process.
+    pub fn signal(&self, sig: libc::c_int) {
+        signal(self.child.id(), sig);
+    }
+
+    /// Its stderr so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// True when the process has handlers installed for every one of
+    /// `signals`.
+    pub fn catches(&self, signals: &[libc::c_int]) -> bool {
+        catches(self.child.id(), signals)
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Waits until its stderr holds `needle`; fails with the log at `timeout`.
+    #[track_caller]
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        assert!(
+            wait_for(timeout, || self.stderr().contains(needle)),
+            "no {needle:?} in the log within {timeout:?}:\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Waits for the exit (killing the child and failing at `timeout`).
+    #[track_caller]
+    pub fn finish(&mut self, timeout: Duration) -> Output {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} did not exit within {timeout:?}:\n{}",
+                    self.what,
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        for r in std::mem::take(&mut self.readers) {
+            r.join().expect("output reader");
+        }
+        Output {
+            code: status
+                .code()
+                .unwrap_or_else(|| -status.signal().unwrap_or(0)),
+            stdout: String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned(),
+            stderr: self.stderr(),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn collect(mut pipe: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = pipe.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            buf.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    })
+}
+
+/// Sends `sig` to the process `pid` (a child not yet reaped).
+pub fn signal(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits");
+    // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// True when the process `pid` has handlers installed for every one of
+/// `signals` (the `SigCgt` mask of `/proc/<pid>/status`).
+pub fn catches(pid: u32, signals: &[libc::c_int]) -> bool {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    signals.iter().all(|&s| mask & (1u64 << (s - 1)) != 0)
+}
+
+/// Creates `<root>/.distributor.lock` (and the root) and holds an
+/// exclusive lock on it, as an operator pausing publication would, until
+/// the returned file is dropped.
+#[track_caller]
+pub fn hold_root_lock(root: &Path) -> fs::File {
+    fs::create_dir_all(root).expect("create root");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join(".distributor.lock"))
+        .expect("open the lock file");
+    file.try_lock().expect("take the root lock");
+    file
+}
+
+/// xorshift64: no dependency, and a printed seed replays a run.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from `DISTRIBUTOR_IT_SEED` or the clock; prints the seed
+    /// with `what` so a failing run can be replayed.
+    pub fn seeded(what: &str) -> Rng {
+        let seed = std::env::var("DISTRIBUTOR_IT_SEED")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("clock after 1970")
+                    .as_nanos() as u64
+            })
+            | 1;
+        eprintln!("{what}: seed {seed} (replay with DISTRIBUTOR_IT_SEED={seed})");
+        Rng(seed)
+    }
+
+    /// A fixed sequence (`seed` must not be 0).
+    pub fn new(seed: u64) -> Rng {
+        assert_ne!(seed, 0, "xorshift never leaves 0");
+        Rng(seed)
+    }
+
+    /// A generator of its own for another thread, drawn from this one.
+    pub fn split(&mut self) -> Rng {
+        Rng(self.next_u64() | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from + 1))
+    }
+
+    /// `len` bytes of the sequence.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len + 8);
+        while out.len() < len {
+            out.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        out.truncate(len);
+        out
     }
 }
 
 /// What a finished command produced.
 #[derive(Debug)]
 pub struct Output {
-    /// The exit code; -1 when killed by a signal.
+    /// The exit code, or minus the number of the signal that killed it.
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
@@ -348,6 +604,16 @@ pub fn read_json(path: &Path) -> Value {
 #[track_caller]
 pub fn read_state(root: &Path) -> Value {
     read_json(&root.join(".distributor.json"))
+}
+
+/// Entry names of a folder (empty when it does not exist).
+pub fn names(dir: &Path) -> BTreeSet<String> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    }
 }
 
 /// Polls `cond` every 10 ms until it holds; false after `timeout`.
