@@ -75,6 +75,15 @@ impl Worker {
                 self.spool.work.join(spool::BATCH_FILE).display()
             );
         }
+        // A temporary file of the agent's own bookkeeping (the batch file)
+        // left at the top of work/ by a kill.
+        if let Err(e) = spool::remove_stale_temps(&self.spool.work) {
+            log::warn!(
+                "pipeline={}: cannot remove leftover temporary files from {}: {e}; check permissions, then delete its .distributor-tmp-* files by hand",
+                self.pipeline.id,
+                self.spool.work.display()
+            );
+        }
         match spool::scan(&self.spool.work) {
             Ok(spool::Scan {
                 found, incomplete, ..

@@ -1383,3 +1383,20 @@ fn a_live_agent_deletes_done_entries_older_than_done_retention() {
     // SIGINT stops the agent like SIGTERM.
     stop_with(agent, libc::SIGINT);
 }
+
+#[test]
+fn a_temporary_file_left_at_the_top_of_work_by_a_kill_is_removed_at_start() {
+    let dir = Test::new();
+    dir.config(&config_p(""));
+    let work = dir.spool("p", "work");
+    fs::create_dir_all(&work).unwrap();
+    // What a kill during the batch file's replacement leaves behind.
+    let temp = work.join(".distributor-tmp-4242-7");
+    fs::write(&temp, "{\"partial\":").unwrap();
+    dir.once().expect_code(0);
+    assert!(
+        !temp.exists(),
+        "the leftover temporary file is still in work/"
+    );
+    assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
+}
