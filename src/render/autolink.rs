@@ -109,7 +109,7 @@ fn entity_start(url: &str) -> Option<usize> {
         .rfind(|c: char| !c.is_ascii_alphanumeric())
         .map_or(0, |i| i + 1);
     (name_start > 0 && name_start < body.len() && body.as_bytes()[name_start - 1] == b'&')
-        .then_some(name_start - 1)
+        .then(|| name_start - 1)
 }
 
 #[cfg(test)]
@@ -118,6 +118,14 @@ mod tests {
 
     fn urls(text: &str) -> Vec<&str> {
         find_urls(text).into_iter().map(|r| &text[r]).collect()
+    }
+
+    #[test]
+    fn a_semicolon_right_after_the_scheme_is_not_an_entity() {
+        // Found by the rendering property test: `then_some` computed the
+        // entity's start before checking there was one, and underflowed.
+        assert_eq!(urls("# https://;_0_*"), Vec::<&str>::new());
+        assert_eq!(urls("see https://x.org/;"), ["https://x.org/;"]);
     }
 
     #[test]
