@@ -355,7 +355,27 @@ impl Overlay {
     fn merge(self, now: OffsetDateTime, mut replaced: Option<&mut Vec<OutputRecord>>) -> Catalog {
         let Overlay { mut base, changes } = self;
         let old = std::mem::take(&mut base.outputs);
-        let mut merged = Vec::with_capacity(old.len() + changes.len());
+        // Exactly the records the result holds: a large tree's catalog is
+        // tens of MiB, and reserving for old + changes would double it.
+        let added = changes
+            .iter()
+            .filter(|(path, change)| {
+                change.is_some()
+                    && old
+                        .binary_search_by(|r| r.path.as_str().cmp(path.as_str()))
+                        .is_err()
+            })
+            .count();
+        let removed = changes
+            .iter()
+            .filter(|(path, change)| {
+                change.is_none()
+                    && old
+                        .binary_search_by(|r| r.path.as_str().cmp(path.as_str()))
+                        .is_ok()
+            })
+            .count();
+        let mut merged = Vec::with_capacity(old.len() + added - removed);
         let mut changes = changes.into_iter().peekable();
         for r in old {
             while let Some((_, change)) = changes.next_if(|(p, _)| p.as_str() < r.path.as_str()) {
