@@ -21,5 +21,6 @@ mod reliability;
 mod render;
 mod run;
 mod s3;
+mod s3_maintain;
 mod seaweed;
 mod unchanged;
