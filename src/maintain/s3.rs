@@ -34,20 +34,9 @@ const VERIFY_CONCURRENCY: usize = 8;
 /// How often a command plans again after losing a compare-and-swap.
 const ROUNDS: usize = 8;
 
-/// The commit protocol's timing. Debug builds (the ones `cargo test`
-/// runs) read `DISTRIBUTOR_TEST_S3_LEASE_SECS` to shorten the lease, so a
-/// test need not wait five minutes for an intent to go stale.
+/// The commit protocol's timing (shortened lease in tests).
 fn settings() -> Settings {
-    #[allow(unused_mut)]
-    let mut settings = Settings::default();
-    #[cfg(debug_assertions)]
-    if let Some(secs) = std::env::var("DISTRIBUTOR_TEST_S3_LEASE_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        settings.lease = std::time::Duration::from_secs(secs);
-    }
-    settings
+    Settings::for_process()
 }
 
 /// Turns an error of the bucket into one that names the root, what the
