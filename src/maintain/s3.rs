@@ -125,9 +125,11 @@ fn report_pending(target: &Target, root: &S3Root) -> Result<BTreeSet<String>, Ma
     Ok(writes)
 }
 
-/// For commands that write: recovers every stale intent, then returns the
-/// paths the live ones write.
-fn recover(target: &Target, root: &S3Root) -> Result<BTreeSet<String>, MaintainError> {
+/// For commands that write: refuses state maintenance cannot work on
+/// (before changing anything, as for a local root), then recovers every
+/// stale intent.
+fn recover(target: &Target, root: &S3Root) -> Result<(), MaintainError> {
+    read(target, root)?;
     let recovered = protocol::recover_stale(root, settings())
         .map_err(s3_error(target, "cannot recover an unfinished publication"))?;
     for (id, done) in recovered {
@@ -139,10 +141,7 @@ fn recover(target: &Target, root: &S3Root) -> Result<BTreeSet<String>, MaintainE
             done.finished_deletes.len()
         );
     }
-    Ok(pending(target, root)?
-        .into_iter()
-        .flat_map(|(_, intent, _)| intent.writes.into_iter().map(|w| w.path))
-        .collect())
+    Ok(())
 }
 
 /// `catalog` on an s3 root.
@@ -306,10 +305,14 @@ pub(super) fn reconcile(
         unmanaged: Vec::new(),
         removed_records: 0,
     };
-    let in_flight = if dry_run {
+    let in_flight: BTreeSet<String> = if dry_run {
         report_pending(target, &root)?
     } else {
-        recover(target, &root)?
+        recover(target, &root)?;
+        pending(target, &root)?
+            .into_iter()
+            .flat_map(|(_, intent, _)| intent.writes.into_iter().map(|w| w.path))
+            .collect()
     };
     for _ in 0..ROUNDS {
         let (base, catalog) = read(target, &root)?;

@@ -565,13 +565,32 @@ fn s3_reconcile_reports_and_drops_records_whose_object_is_gone() {
 fn s3_invalid_catalog_is_refused_untouched_with_exit_3() {
     let f = Fixture::new();
     f.put_behind(".distributor.json", "{\"schema_version\": 4}\n");
+    // A stale intent is not recovered either: nothing changes.
+    let intent = protocol::Intent {
+        id: "0123".into(),
+        owner: "elsewhere pid 1".into(),
+        renewals: 0,
+        revoked: false,
+        writes: vec![],
+        deletes: vec![],
+    };
+    f.put_behind(
+        ".distributor-pending/0123.json",
+        &serde_json::to_string(&intent).unwrap(),
+    );
+    let before = f.snapshot();
     for (command, extra) in [
         ("catalog", &[][..]),
         ("verify", &[][..]),
         ("prune", &["--apply"][..]),
         ("reconcile-state", &[][..]),
     ] {
-        let r = f.maintain(command, "reports", extra);
+        let r = f.maintain_env(
+            command,
+            "reports",
+            extra,
+            &[("DISTRIBUTOR_TEST_S3_LEASE_SECS", "0")],
+        );
         assert_eq!(r.code, 3, "{command}: {}", r.both());
         let want = format!(
             "s3://{}/site/.distributor.json at {} is invalid",
@@ -580,10 +599,7 @@ fn s3_invalid_catalog_is_refused_untouched_with_exit_3() {
         );
         assert!(r.stderr.contains(&want), "{want:?} not in: {}", r.stderr);
     }
-    assert_eq!(
-        f.get(".distributor.json").unwrap(),
-        b"{\"schema_version\": 4}\n"
-    );
+    assert_eq!(f.snapshot(), before, "nothing changed");
 }
 
 #[test]
