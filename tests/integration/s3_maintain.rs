@@ -629,11 +629,10 @@ impl Read for Die {
     }
 }
 
-/// Run by `a_killed_publishers_intent_is_recovered_by_the_next_maintenance_command`
-/// in a child process: creates `new.html`, overwrites the recorded
+/// Run by `killed_publisher_then` in a child process: creates `new.html`, overwrites the recorded
 /// `kept.html`, then dies uploading `z.html`.
 #[test]
-#[ignore = "run in a child process by s3_a_killed_publishers_intent_is_recovered"]
+#[ignore = "run in a child process by killed_publisher_then"]
 fn s3_killed_publisher_child() {
     let Ok(bucket) = std::env::var("DISTRIBUTOR_S3_CHILD_BUCKET") else {
         return;
@@ -688,7 +687,18 @@ fn s3_killed_publisher_child() {
 }
 
 #[test]
-fn s3_a_killed_publishers_intent_is_recovered_by_the_next_maintenance_command() {
+fn s3_a_killed_publishers_intent_is_recovered_by_reconcile_state() {
+    killed_publisher_then(&["reconcile-state"]);
+}
+
+#[test]
+fn s3_a_killed_publishers_intent_is_recovered_by_prune_apply() {
+    killed_publisher_then(&["prune", "--apply"]);
+}
+
+/// A publisher dies half-way; read-only commands report its intent and
+/// change nothing; once the lease is over, `recover_with` recovers it.
+fn killed_publisher_then(recover_with: &[&str]) {
     let f = Fixture::new();
     publish(&f.root, &[seed("kept.html", "reports", "s8", OLD, "old")]).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
@@ -736,9 +746,9 @@ fn s3_a_killed_publishers_intent_is_recovered_by_the_next_maintenance_command() 
 
     // Once the lease is over, the next command that writes recovers it.
     let r = f.maintain_env(
-        "reconcile-state",
+        recover_with[0],
         "reports",
-        &["--json"],
+        &recover_with[1..],
         &[
             ("DISTRIBUTOR_TEST_S3_LEASE_SECS", "0"),
             ("RUST_LOG", "info"),
