@@ -19,7 +19,7 @@ use object_store::ObjectStoreExt as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::seaweed::{credentials, server};
+use crate::seaweed::{credentials, reader_credentials, server};
 
 const OLD: &str = "2026-01-01T00:00:00Z";
 
@@ -617,6 +617,59 @@ fn s3_missing_credentials_exit_2_naming_the_variables() {
         "names the root: {}",
         r.stderr
     );
+}
+
+/// The read-only commands write nothing at all, not even a probe or a
+/// clock object: they work with credentials that may only read and list,
+/// also with a stale intent in the root. `prune --apply` with those
+/// credentials fails, naming the root and what to check.
+#[test]
+fn s3_read_only_commands_need_no_write_permission() {
+    let f = populated();
+    let intent = protocol::Intent {
+        id: "4567".into(),
+        owner: "elsewhere pid 1".into(),
+        renewals: 0,
+        revoked: false,
+        writes: vec![],
+        deletes: vec![],
+    };
+    f.put_behind(
+        ".distributor-pending/4567.json",
+        &serde_json::to_string(&intent).unwrap(),
+    );
+    let before = f.snapshot();
+    let reader = reader_credentials();
+    let env = [
+        ("AWS_ACCESS_KEY_ID", reader.key_id.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", reader.secret.as_str()),
+        ("DISTRIBUTOR_TEST_S3_LEASE_SECS", "0"),
+    ];
+    for (command, extra) in [
+        ("catalog", &["--json"][..]),
+        ("verify", &["--all-owners", "--json"][..]),
+        ("prune", &["--dry-run", "--json"][..]),
+        ("reconcile-state", &["--dry-run", "--json"][..]),
+    ] {
+        let r = f.maintain_env(command, "reports", extra, &env);
+        assert_eq!(r.code, 0, "{command}: {}", r.both());
+        assert!(
+            r.stderr
+                .contains("publication 4567 by elsewhere pid 1 has not finished"),
+            "{command} reports the pending intent: {}",
+            r.stderr
+        );
+    }
+    assert_eq!(f.snapshot(), before, "nothing changed");
+    let r = f.maintain_env("prune", "reports", &["--apply"], &env);
+    assert_eq!(r.code, 1, "{}", r.both());
+    for want in [
+        &format!("s3://{}/site at ", f.location.bucket),
+        "bucket permissions",
+    ] {
+        assert!(r.stderr.contains(want), "{want:?} not in: {}", r.stderr);
+    }
+    assert_eq!(f.snapshot(), before, "nothing changed");
 }
 
 /// A reader that kills its process (no clean-up at all) when read: the
