@@ -1,6 +1,7 @@
 //! The s3 maintenance logic against `object_store`'s in-memory store,
 //! which has the same conditional semantics as S3: `prune` racing a
-//! publisher that committed after the catalog was read.
+//! publisher that committed after the catalog was read, and the parallel
+//! re-hashing `verify` uses.
 
 use std::sync::Arc;
 
@@ -174,4 +175,22 @@ fn reserved_keys_are_the_tools_own_at_any_depth() {
     ] {
         assert_eq!(reserved(key), want, "{key}");
     }
+}
+
+#[test]
+fn get_hashed_all_keeps_the_order_and_reports_missing_objects() {
+    let root = memory_root();
+    for (path, body) in [("a", "A"), ("b", "BB"), ("c", "CCC")] {
+        root.put_new(path, &mut body.as_bytes(), None, "i").unwrap();
+    }
+    let got = root
+        .get_hashed_all(&["c", "gone", "a", "b", "c"], 2)
+        .unwrap();
+    let got: Vec<Option<(String, u64)>> = got
+        .into_iter()
+        .map(|g| g.map(|(h, _)| (h.sha256, h.size)))
+        .collect();
+    let h = |b: &[u8]| Some((hash_bytes(b).sha256, b.len() as u64));
+    assert_eq!(got, [h(b"CCC"), None, h(b"A"), h(b"BB"), h(b"CCC")]);
+    assert_eq!(root.get_hashed_all(&[], 8).unwrap().len(), 0);
 }
