@@ -2,7 +2,7 @@
 //! `catalog`) on the one destination root that `--pipeline` and
 //! `--destination` select, and printing its result.
 
-use super::{EXIT_USAGE, TargetArgs, config_or_usage};
+use super::{EXIT_USAGE, TargetArgs, load_config};
 use crate::maintain::{MaintainError, Target};
 use std::path::Path;
 
@@ -14,9 +14,14 @@ pub(super) fn with_target(
     op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
     json: bool,
 ) -> u8 {
-    let config = match config_or_usage(flag) {
+    // These commands work on s3 destinations too (SPEC §15.5), so the
+    // config is not checked for backends that others cannot use yet.
+    let config = match load_config(flag) {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
     };
     let Some(pipeline) = config.pipeline(&args.pipeline) else {
         eprintln!(

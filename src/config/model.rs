@@ -205,29 +205,6 @@ pub struct PrunePolicy {
 }
 
 impl Config {
-    /// Refuses a config with an s3 destination for anything but `config
-    /// check`: the s3 backend (`crate::s3`) is not wired into publication
-    /// and maintenance yet, and an s3 destination has no local root.
-    pub fn refuse_unwired_backends(&self) -> Result<(), super::ConfigError> {
-        for p in &self.pipelines {
-            for d in &p.destinations {
-                if let Backend::S3(l) = &d.backend {
-                    return Err(super::ConfigError::Invalid {
-                        at: super::Place {
-                            file: self.file.clone(),
-                            line_column: None,
-                        },
-                        message: format!(
-                            "destination {:?} of pipeline {:?} publishes to {l} (backend s3); this build checks s3 destinations (config check) but cannot publish to them or maintain them yet; remove the destination or use backend local",
-                            d.id, p.id
-                        ),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Things that are allowed but probably not meant; shown by
     /// `config check` and worth logging at start.
     pub fn warnings(&self) -> Vec<String> {

@@ -5,6 +5,7 @@ use super::session::{Access, Session, open};
 use super::{MaintainError, Target, json_text};
 use crate::catalog::{OutputRecord, format_time};
 use crate::clock::now_millis;
+use crate::config::Backend;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -86,6 +87,9 @@ impl CatalogReport {
 
 /// Lists every record of the target's root (all owners).
 pub fn catalog(target: &Target) -> Result<CatalogReport, MaintainError> {
+    if let Backend::S3(location) = &target.destination.backend {
+        return super::s3::catalog(target, location);
+    }
     let mut report = CatalogReport {
         root: target.root_text(),
         outputs: Vec::new(),

@@ -12,9 +12,13 @@
 //! It must never delete anything but the catalog-recorded outputs selected
 //! by a prune policy, never touch another owner's outputs when scoped to
 //! one, never adopt unmanaged content, and never print.
+//!
+//! An s3 destination (`backend: s3`) has no lock and no journal: each
+//! command does the same work through `s3` (compare-and-swap of the
+//! catalog, the commit protocol's intents); see `s3.rs` in this module.
 
 use crate::catalog::STATE_FILE;
-use crate::config::Destination;
+use crate::config::{Backend, Destination};
 use crate::lock::LockError;
 use serde::Serialize;
 use std::io;
@@ -23,6 +27,7 @@ use std::time::Duration;
 mod list;
 mod prune;
 mod reconcile;
+mod s3;
 mod session;
 mod verify;
 
@@ -44,8 +49,33 @@ pub struct Target<'a> {
 }
 
 impl Target<'_> {
+    /// The root for messages: a folder, or `s3://bucket/path at endpoint`.
     fn root_text(&self) -> String {
-        self.destination.root.display().to_string()
+        match &self.destination.backend {
+            Backend::S3(l) => l.to_string(),
+            Backend::Local => self.destination.root.display().to_string(),
+        }
+    }
+
+    /// The root's catalog for messages: `<root>/.distributor.json`, or
+    /// `s3://bucket/path/.distributor.json at endpoint`.
+    fn state_file_text(&self) -> String {
+        match &self.destination.backend {
+            Backend::S3(l) => {
+                let mut text = format!("s3://{}/", l.bucket);
+                if !l.path.is_empty() {
+                    text.push_str(&l.path);
+                    text.push('/');
+                }
+                text.push_str(STATE_FILE);
+                if let Some(endpoint) = &l.endpoint {
+                    text.push_str(" at ");
+                    text.push_str(endpoint);
+                }
+                text
+            }
+            Backend::Local => format!("{}/{STATE_FILE}", self.root_text()),
+        }
     }
 
     fn owner(&self) -> String {
@@ -65,29 +95,37 @@ pub enum MaintainError {
         root: String,
     },
     #[error(
-        "{root}/{STATE_FILE} is invalid ({reason}); nothing was changed. Restore the file from a backup, or rebuild the root with `distributor run --pipeline {pipeline_id} --destination {destination_id} --force BUNDLE` (which deletes everything in the root) after reviewing it with --dry-run"
+        "{file} is invalid ({reason}); nothing was changed. Restore the file from a backup, or rebuild the root with `distributor run --pipeline {pipeline_id} --destination {destination_id} --force BUNDLE` (which deletes everything in the root) after reviewing it with --dry-run"
     )]
     InvalidState {
-        root: String,
+        file: String,
         reason: String,
         pipeline_id: String,
         destination_id: String,
     },
     #[error(
-        "{root}/{STATE_FILE} has schema_version {schema_version}, written by a newer distributor (this one understands up to 4); nothing was changed. Maintain this root with the newer version"
+        "{file} has schema_version {schema_version}, written by a newer distributor (this one understands up to 4); nothing was changed. Maintain this root with the newer version"
     )]
-    FutureState { root: String, schema_version: u64 },
+    FutureState { file: String, schema_version: u64 },
     #[error(
-        "{root}/{STATE_FILE} is legacy state (schema_version {schema_version}); maintenance needs a schema 4 catalog, and nothing was changed. The next publication to this root converts it (`distributor run --pipeline {pipeline_id} --destination {destination_id} BUNDLE`); run this command again afterwards"
+        "{file} is legacy state (schema_version {schema_version}); maintenance needs a schema 4 catalog, and nothing was changed. The next publication to this root converts it (`distributor run --pipeline {pipeline_id} --destination {destination_id} BUNDLE`); run this command again afterwards"
     )]
     LegacyState {
-        root: String,
+        file: String,
         schema_version: u64,
         pipeline_id: String,
         destination_id: String,
     },
     #[error("{0}")]
     Lock(#[from] LockError),
+    /// Talking to an s3 root failed; `message` names the root and says
+    /// what to do.
+    #[error("{message}")]
+    S3 {
+        message: String,
+        #[source]
+        source: crate::s3::Error,
+    },
     #[error(
         "{root}: {doing}: {source}; check the folder's permissions and free space, then run the command again"
     )]
@@ -108,13 +146,20 @@ impl MaintainError {
             | MaintainError::FutureState { .. }
             | MaintainError::LegacyState { .. } => 3,
             MaintainError::Lock(_) | MaintainError::Io { .. } => 1,
+            // Missing credentials or a bad client setup: configuration.
+            MaintainError::S3 { source, .. } if source.stage() == "config" => 2,
+            MaintainError::S3 { .. } => 1,
         }
     }
 
     /// Worth trying again later without anyone changing anything (a lock
     /// held elsewhere, an I/O error); the scheduled pruning uses this.
     pub fn is_transient(&self) -> bool {
-        matches!(self, MaintainError::Lock(_) | MaintainError::Io { .. })
+        match self {
+            MaintainError::Lock(_) | MaintainError::Io { .. } => true,
+            MaintainError::S3 { source, .. } => source.is_transient(),
+            _ => false,
+        }
     }
 }
 

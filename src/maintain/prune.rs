@@ -5,7 +5,7 @@
 use super::session::{Access, open, write_catalog};
 use super::{MaintainError, Target, io_error, json_text};
 use crate::catalog::OutputRecord;
-use crate::config::PrunePolicy;
+use crate::config::{Backend, PrunePolicy};
 use crate::journal::{JOURNAL_FILE, Journal};
 use crate::storage::{Entry, Root};
 use serde::Serialize;
@@ -136,6 +136,9 @@ pub fn prune(
         destination_id: d.id.clone(),
         deletes: Vec::new(),
     };
+    if let Backend::S3(location) = &d.backend {
+        return super::s3::prune(target, location, policy, apply, now, report);
+    }
     let access = if apply { Access::Write } else { Access::Read };
     let Some(session) = open(target, access, now)? else {
         return Ok(report);

@@ -6,6 +6,7 @@ use super::session::{Access, in_scope, listing, open, write_catalog};
 use super::{MaintainError, Target, json_text};
 use crate::catalog::OutputRecord;
 use crate::clock::now_millis;
+use crate::config::Backend;
 use crate::storage::Entry;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -117,6 +118,9 @@ pub fn reconcile(
     dry_run: bool,
 ) -> Result<ReconcileReport, MaintainError> {
     let now = now_millis();
+    if let Backend::S3(location) = &target.destination.backend {
+        return super::s3::reconcile(target, location, all_owners, dry_run, now);
+    }
     let mut report = ReconcileReport {
         dry_run,
         missing: Vec::new(),

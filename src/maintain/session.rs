@@ -27,23 +27,23 @@ pub(super) struct Session {
 }
 
 /// Refuses state that maintenance cannot work on.
-fn usable(target: &Target, state: State) -> Result<Option<Catalog>, MaintainError> {
-    let root = target.root_text();
+pub(super) fn usable(target: &Target, state: State) -> Result<Option<Catalog>, MaintainError> {
+    let file = target.state_file_text();
     match state {
         State::Absent => Ok(None),
         State::Catalog(c) => Ok(Some(c)),
         State::Invalid { reason } => Err(MaintainError::InvalidState {
-            root,
+            file,
             reason,
             pipeline_id: target.pipeline_id.to_owned(),
             destination_id: target.destination.id.clone(),
         }),
         State::Future { schema_version } => Err(MaintainError::FutureState {
-            root,
+            file,
             schema_version,
         }),
         State::Legacy { schema_version } => Err(MaintainError::LegacyState {
-            root,
+            file,
             schema_version,
             pipeline_id: target.pipeline_id.to_owned(),
             destination_id: target.destination.id.clone(),

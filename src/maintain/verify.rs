@@ -4,6 +4,7 @@
 use super::session::{Access, in_scope, open};
 use super::{MaintainError, Target, io_error, json_text};
 use crate::clock::now_millis;
+use crate::config::Backend;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -51,6 +52,9 @@ impl VerifyReport {
 /// interrupted publication's journal: it checks what the catalog would say
 /// once that is finished.
 pub fn verify(target: &Target, all_owners: bool) -> Result<VerifyReport, MaintainError> {
+    if let Backend::S3(location) = &target.destination.backend {
+        return super::s3::verify(target, location, all_owners);
+    }
     let mut report = VerifyReport {
         ok: true,
         checked: 0,

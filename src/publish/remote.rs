@@ -95,7 +95,8 @@ pub(super) fn plan_destination(
     let root = S3Root::shared(location).map_err(s3_error)?;
     if !options.dry_run {
         root.check_conformance().map_err(s3_error)?;
-        let recovered = protocol::recover_stale(&root, Settings::default()).map_err(s3_error)?;
+        let recovered =
+            protocol::recover_stale(&root, Settings::for_process()).map_err(s3_error)?;
         for (id, _) in &recovered {
             log::warn!(
                 "{}: finished or undid the publication {id} that another publisher left behind (it stopped renewing its intent)",
@@ -361,7 +362,7 @@ pub(super) fn commit(
     };
     let committed = protocol::commit(
         root,
-        Settings::default(),
+        Settings::for_process(),
         Base {
             state: base.state.clone(),
             etag: base.etag.clone(),

@@ -536,6 +536,50 @@ impl S3Root {
         }
     }
 
+    /// [`S3Root::get_hashed`] of every path in `rels`, up to `concurrency`
+    /// GETs in flight (for `verify` of many objects: the time goes into
+    /// round trips, not bytes). Results in the order of `rels`; the first
+    /// error ends the call. Memory stays at one chunk per GET in flight.
+    pub fn get_hashed_all(
+        &self,
+        rels: &[&str],
+        concurrency: usize,
+    ) -> Result<Vec<Option<(Hashed, ETag)>>> {
+        use futures_util::StreamExt as _;
+        let one = |rel: &str| {
+            let rel = rel.to_owned();
+            async move {
+                use sha2::Digest as _;
+                let key = self.key(&rel);
+                let r = match self.store.get_opts(&key, GetOptions::default()).await {
+                    Ok(r) => r,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(self.store_err("GET", &rel, e)),
+                };
+                let etag = r.meta.e_tag.clone();
+                let mut hasher = sha2::Sha256::new();
+                let mut size = 0u64;
+                let mut stream = r.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| self.store_err("GET", &rel, e))?;
+                    size += chunk.len() as u64;
+                    hasher.update(&chunk);
+                }
+                let sha256 = crate::hashing::format_digest(hasher);
+                Ok(Some((Hashed { sha256, size }, self.etag_of(&rel, etag)?)))
+            }
+        };
+        self.block_on(async {
+            let mut results = futures_util::stream::iter(rels.iter().map(|rel| one(rel)))
+                .buffered(concurrency.max(1));
+            let mut out = Vec::with_capacity(rels.len());
+            while let Some(r) = results.next().await {
+                out.push(r?);
+            }
+            Ok(out)
+        })
+    }
+
     /// Deletes `rel`; a missing object is not an error. S3's DELETE takes
     /// no `If-Match` on most servers (and `object_store` sends none), so the
     /// caller decides with [`S3Root::head`] right before: see

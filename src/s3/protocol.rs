@@ -65,6 +65,28 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// The settings a process uses: the defaults, except that debug builds
+    /// (the ones `cargo test` runs) take the lease from
+    /// `DISTRIBUTOR_TEST_S3_LEASE_SECS` when it is set, so that a test need
+    /// not wait five minutes for a killed publisher's intent to go stale.
+    /// Release builds ignore the variable.
+    pub fn for_process() -> Settings {
+        #[allow(unused_mut)]
+        let mut settings = Settings::default();
+        #[cfg(debug_assertions)]
+        if let Some(secs) = std::env::var("DISTRIBUTOR_TEST_S3_LEASE_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            settings.lease = Duration::from_secs(secs);
+            // A live owner renews well within its lease.
+            settings.renew_every = settings.renew_every.min(settings.lease / 3);
+        }
+        settings
+    }
+}
+
 /// One output to store.
 pub struct Write<'a> {
     /// Path relative to the root.

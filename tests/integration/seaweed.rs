@@ -30,6 +30,9 @@ use distributor::s3::{Credentials, S3Root};
 pub const VERSION: &str = "4.48";
 const ACCESS_KEY: &str = "distributor-test";
 const SECRET_KEY: &str = "distributor-test-secret";
+/// An identity that may read and list but not write (`reader_credentials`).
+const READER_KEY: &str = "distributor-reader";
+const READER_SECRET: &str = "distributor-reader-secret";
 
 /// The running server.
 pub struct Server {
@@ -84,6 +87,16 @@ pub fn credentials() -> Credentials {
     Credentials {
         key_id: ACCESS_KEY.to_owned(),
         secret: SECRET_KEY.to_owned(),
+        token: None,
+    }
+}
+
+/// Credentials of an identity that may read and list every bucket but
+/// write nothing: proves that a command writes nothing at all.
+pub fn reader_credentials() -> Credentials {
+    Credentials {
+        key_id: READER_KEY.to_owned(),
+        secret: READER_SECRET.to_owned(),
         token: None,
     }
 }
@@ -213,7 +226,7 @@ fn start() -> Result<Server, String> {
     fs::write(
         &config,
         format!(
-            r#"{{"identities":[{{"name":"admin","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}},{{"name":"anonymous","actions":["Read","Write","List"]}}]}}"#
+            r#"{{"identities":[{{"name":"admin","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}},{{"name":"reader","credentials":[{{"accessKey":"{READER_KEY}","secretKey":"{READER_SECRET}"}}],"actions":["Read","List"]}},{{"name":"anonymous","actions":["Read","Write","List"]}}]}}"#
         ),
     )
     .map_err(|e| format!("{}: {e}", config.display()))?;

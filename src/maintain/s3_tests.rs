@@ -1,0 +1,196 @@
+//! The s3 maintenance logic against `object_store`'s in-memory store,
+//! which has the same conditional semantics as S3: `prune` racing a
+//! publisher that committed after the catalog was read, and the parallel
+//! re-hashing `verify` uses.
+
+use std::sync::Arc;
+
+use object_store::memory::InMemory;
+
+use super::{prune_once, reserved};
+use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
+use crate::hashing::hash_bytes;
+use crate::paths::RelPath;
+use crate::s3::protocol::{self, Settings, Write};
+use crate::s3::{Error, S3Root};
+
+fn memory_root() -> S3Root {
+    S3Root::with_store(
+        Arc::new(InMemory::new()),
+        "site",
+        "s3://memory/site".into(),
+        format!("memory {}", crate::s3::random_id()),
+    )
+    .expect("runtime")
+}
+
+fn record(path: &str, body: &str) -> OutputRecord {
+    let when = parse_time("2026-01-01T00:00:00Z").unwrap();
+    let h = hash_bytes(body.as_bytes());
+    OutputRecord {
+        path: RelPath::parse(path).unwrap(),
+        pipeline_id: "p".into(),
+        destination_id: "d".into(),
+        source: SourceIdentity {
+            id: "s".into(),
+            digest: h.sha256.clone(),
+            created: when,
+        },
+        kind: OutputKind::Source,
+        source_path: None,
+        transform: None,
+        url: None,
+        sha256: h.sha256,
+        size: h.size,
+        created_at: when,
+        updated_at: when,
+    }
+}
+
+fn with(state: &State, r: &OutputRecord) -> Catalog {
+    let mut c = match state {
+        State::Catalog(c) => c.clone(),
+        _ => Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap()),
+    };
+    c.outputs.retain(|o| o.path != r.path);
+    c.outputs.push(r.clone());
+    c.sort();
+    c
+}
+
+/// Publishes `body` at `path` (a replacement when it is recorded).
+fn publish(root: &S3Root, path: &str, body: &'static str) {
+    let base = root.read_state().unwrap();
+    let r = record(path, body);
+    let replaces = match &base.state {
+        State::Catalog(c) => c.get(path).map(|r| r.sha256.clone()),
+        _ => None,
+    };
+    let write = Write {
+        path: path.to_owned(),
+        sha256: r.sha256.clone(),
+        source: Box::new(body.as_bytes()),
+        replaces,
+    };
+    let next = with(&base.state, &r);
+    protocol::commit(
+        root,
+        Settings::default(),
+        base,
+        next,
+        vec![write],
+        vec![],
+        &mut |latest| Some(with(latest, &r)),
+    )
+    .unwrap();
+}
+
+fn catalog(root: &S3Root) -> Catalog {
+    match root.read_state().unwrap().state {
+        State::Catalog(c) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn paths(root: &S3Root) -> Vec<String> {
+    catalog(root)
+        .outputs
+        .iter()
+        .map(|r| r.path.as_str().to_owned())
+        .collect()
+}
+
+fn now() -> time::OffsetDateTime {
+    parse_time("2026-06-01T00:00:00Z").unwrap()
+}
+
+#[test]
+fn prune_keeps_a_publication_committed_after_it_read_the_catalog() {
+    let root = memory_root();
+    publish(&root, "old.md", "old");
+    let base = root.read_state().unwrap();
+    let read = catalog(&root);
+    // Another host commits between prune's read and its compare-and-swap.
+    publish(&root, "new.md", "new");
+    prune_once(
+        &root,
+        Settings::default(),
+        base,
+        &read,
+        &["old.md".into()],
+        now(),
+    )
+    .unwrap();
+    assert_eq!(paths(&root), ["new.md"], "the publication is kept");
+    assert!(
+        root.head("old.md").unwrap().is_none(),
+        "pruned object deleted"
+    );
+    assert!(root.head("new.md").unwrap().is_some());
+    assert_eq!(
+        protocol::pending_intents(&root).unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn prune_gives_up_when_a_publisher_changed_a_selected_record() {
+    let root = memory_root();
+    publish(&root, "old.md", "old");
+    let base = root.read_state().unwrap();
+    let read = catalog(&root);
+    // The selected output is published again meanwhile: it is new now.
+    publish(&root, "old.md", "fresh");
+    let e = prune_once(
+        &root,
+        Settings::default(),
+        base,
+        &read,
+        &["old.md".into()],
+        now(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Conflict { .. }), "{e:?}");
+    let c = catalog(&root);
+    assert_eq!(paths(&root), ["old.md"], "the new record stays");
+    assert_eq!(c.outputs[0].sha256, hash_bytes(b"fresh").sha256);
+    let (h, _) = root.get_hashed("old.md").unwrap().unwrap();
+    assert_eq!(h.sha256, c.outputs[0].sha256, "its object stays");
+    assert_eq!(
+        protocol::pending_intents(&root).unwrap(),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn reserved_keys_are_the_tools_own_at_any_depth() {
+    for (key, want) in [
+        (".distributor.json", true),
+        (".distributor-pending/abc.json", true),
+        (".distributor-clock-1", true),
+        ("a/.distributor.json", true),
+        ("a/b.html", false),
+        ("distributor.json", false),
+        (".hidden", false),
+    ] {
+        assert_eq!(reserved(key), want, "{key}");
+    }
+}
+
+#[test]
+fn get_hashed_all_keeps_the_order_and_reports_missing_objects() {
+    let root = memory_root();
+    for (path, body) in [("a", "A"), ("b", "BB"), ("c", "CCC")] {
+        root.put_new(path, &mut body.as_bytes(), None, "i").unwrap();
+    }
+    let got = root
+        .get_hashed_all(&["c", "gone", "a", "b", "c"], 2)
+        .unwrap();
+    let got: Vec<Option<(String, u64)>> = got
+        .into_iter()
+        .map(|g| g.map(|(h, _)| (h.sha256, h.size)))
+        .collect();
+    let h = |b: &[u8]| Some((hash_bytes(b).sha256, b.len() as u64));
+    assert_eq!(got, [h(b"CCC"), None, h(b"A"), h(b"BB"), h(b"CCC")]);
+    assert_eq!(root.get_hashed_all(&[], 8).unwrap().len(), 0);
+}
