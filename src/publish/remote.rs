@@ -279,19 +279,29 @@ fn source<'a>(
             bundle::BundleError::Invalid { problems: vec![p] }.to_string(),
         )
     })?;
-    Ok(Box::new(Stoppable(file)))
+    Ok(Box::new(Stoppable { file, ended: false }))
 }
 
-/// A reader that gives up at its next read once the agent is told to stop
-/// (SPEC §12.4), so a large upload does not hold the agent.
-struct Stoppable<R>(R);
+/// A bundle file on its way up: gives up at its next read once the agent
+/// is told to stop (SPEC §12.4), so a large upload does not hold the
+/// agent, and counts into the bundle's progress like a local copy.
+struct Stoppable<R> {
+    file: R,
+    ended: bool,
+}
 
 impl<R: Read> Read for Stoppable<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if crate::interrupt::requested() {
             return Err(io::Error::other(crate::interrupt::Stopped));
         }
-        self.0.read(buf)
+        let n = self.file.read(buf)?;
+        if n == 0 && !buf.is_empty() && !self.ended {
+            self.ended = true;
+            crate::progress::file_done();
+        }
+        crate::progress::add_bytes(n as u64);
+        Ok(n)
     }
 }
 
