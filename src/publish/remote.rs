@@ -346,29 +346,15 @@ pub(super) fn commit(
         })
         .collect();
     let next = apply(update, &base.state);
-    // The protocol checks the paths it writes and deletes; the rebase also
-    // needs the outputs kept unchanged (their records are re-written) and,
-    // for a replacement, the destination's whole set of records (another
-    // publication of the same destination decides what this one deletes).
-    let destination = prepared.destination;
-    let mut rebase = |latest: &State| -> Option<Catalog> {
-        let kept_same = unchanged
-            .iter()
-            .all(|path| record(&base.state, path) == record(latest, path));
-        let owned = |state: &State| -> Vec<OutputRecord> {
-            match state {
-                State::Catalog(c) => c
-                    .outputs
-                    .iter()
-                    .filter(|r| r.owned_by(pipeline_id, &destination.id))
-                    .cloned()
-                    .collect(),
-                _ => Vec::new(),
-            }
-        };
-        let same_destination =
-            destination.workflow == Workflow::Additive || owned(&base.state) == owned(latest);
-        (kept_same && same_destination).then(|| apply(update, latest))
+    let mut rebase = |latest: &State| {
+        rebase_onto(
+            update,
+            &base.state,
+            latest,
+            unchanged,
+            pipeline_id,
+            prepared.destination,
+        )
     };
     let committed = protocol::commit(
         root,
@@ -397,6 +383,40 @@ pub(super) fn commit(
         Err(s3::Error::HashMismatch { key, .. }) => Err(mismatch(bundle, plan, root, &key)),
         Err(e) => Err(s3_error(e)),
     }
+}
+
+/// The catalog to write instead when another publication committed
+/// `latest` after this one planned on `base`, or `None` when this plan no
+/// longer holds. The protocol already checked the paths written and
+/// deleted; this also needs the outputs kept unchanged (their records are
+/// written again) and, for a replacement, the destination's whole set of
+/// records (another publication of the same destination changes what this
+/// one must delete).
+fn rebase_onto(
+    update: &CatalogUpdate,
+    base: &State,
+    latest: &State,
+    unchanged: &BTreeSet<String>,
+    pipeline_id: &str,
+    destination: &Destination,
+) -> Option<Catalog> {
+    let kept_same = unchanged
+        .iter()
+        .all(|path| record(base, path) == record(latest, path));
+    let owned = |state: &'_ State| -> Vec<OutputRecord> {
+        match state {
+            State::Catalog(c) => c
+                .outputs
+                .iter()
+                .filter(|r| r.owned_by(pipeline_id, &destination.id))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let same_destination =
+        destination.workflow == Workflow::Additive || owned(base) == owned(latest);
+    (kept_same && same_destination).then(|| apply(update, latest))
 }
 
 /// `update` applied to `state`'s catalog (kept as it is when the plan
@@ -441,3 +461,7 @@ fn mismatch(bundle: &VerifiedBundle, plan: &Plan, root: &S3Root, key: &str) -> P
         transient: true,
     }
 }
+
+#[cfg(test)]
+#[path = "remote_tests.rs"]
+mod tests;
