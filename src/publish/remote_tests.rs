@@ -96,7 +96,7 @@ fn a_lost_swap_is_reapplied_only_when_this_plan_still_holds() {
         Case {
             name: "another pipeline added a path of its own",
             workflow: Workflow::Additive,
-            base: catalog(&[mine.clone()]),
+            base: catalog(std::slice::from_ref(&mine)),
             latest: catalog(&[mine.clone(), record("z.txt", "q/web", "z")]),
             unchanged: &[],
             update: update(true, &["b.txt"], &[]),
@@ -105,7 +105,7 @@ fn a_lost_swap_is_reapplied_only_when_this_plan_still_holds() {
         Case {
             name: "the record of an output kept unchanged moved on",
             workflow: Workflow::Additive,
-            base: catalog(&[mine.clone()]),
+            base: catalog(std::slice::from_ref(&mine)),
             latest: catalog(&[record("a.txt", "q/web", "theirs")]),
             unchanged: &["a.txt"],
             update: update(true, &["a.txt", "b.txt"], &[]),
@@ -114,7 +114,7 @@ fn a_lost_swap_is_reapplied_only_when_this_plan_still_holds() {
         Case {
             name: "replacement: the same destination published in between",
             workflow: Workflow::Replacement,
-            base: catalog(&[mine.clone()]),
+            base: catalog(std::slice::from_ref(&mine)),
             latest: catalog(&[mine.clone(), record("c.txt", "p/web", "c")]),
             unchanged: &[],
             update: update(true, &["b.txt"], &["a.txt"]),
@@ -123,7 +123,7 @@ fn a_lost_swap_is_reapplied_only_when_this_plan_still_holds() {
         Case {
             name: "replacement: only another destination published in between",
             workflow: Workflow::Replacement,
-            base: catalog(&[mine.clone()]),
+            base: catalog(std::slice::from_ref(&mine)),
             latest: catalog(&[mine.clone(), record("c.txt", "p/disk", "c")]),
             unchanged: &[],
             update: update(true, &["b.txt"], &["a.txt"]),
