@@ -44,11 +44,20 @@ pub(super) fn start_watcher(
         }
     };
     for (inbox, _) in &routes {
-        if let Err(e) = watcher.watch(inbox, RecursiveMode::Recursive) {
-            log::warn!(
+        let Err(e) = watcher.watch(inbox, RecursiveMode::Recursive) else {
+            continue;
+        };
+        // Typically a producer's folder the agent cannot read: watch the
+        // inbox itself, so that new entries are still seen at once.
+        match watcher.watch(inbox, RecursiveMode::NonRecursive) {
+            Ok(()) => log::warn!(
+                "cannot watch everything below {} ({e}); new entries are still noticed at once, changes inside existing ones at the next rescan",
+                inbox.display()
+            ),
+            Err(e) => log::warn!(
                 "cannot watch {} ({e}); relying on periodic rescans",
                 inbox.display()
-            );
+            ),
         }
     }
     Some(watcher)
