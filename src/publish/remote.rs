@@ -48,6 +48,8 @@ pub(super) struct Planned {
     /// Planned outputs whose object already holds exactly the planned
     /// bytes (its record and its metadata agree): not uploaded again.
     pub(super) unchanged: BTreeSet<String>,
+    /// The intent lease this process uses ([`LEASE_ENV`]).
+    settings: Settings,
 }
 
 impl Planned {
@@ -63,6 +65,29 @@ impl Planned {
             .filter(|d| !self.unchanged.contains(d.path.as_str()))
             .filter(|d| !prepared.in_memory.contains_key(&d.path))
             .map(|d| &d.bundle_path)
+    }
+}
+
+/// Environment variable setting the intent lease in whole seconds
+/// (docs/object-storage.md, "Lease"); the owner renews every tenth of it.
+const LEASE_ENV: &str = "DISTRIBUTOR_S3_LEASE_SECS";
+
+/// The lease settings for the value of [`LEASE_ENV`] (`None`: unset, the
+/// default of 5 minutes). At least 2 s: ages are measured on the server's
+/// `Last-Modified`, which has whole seconds.
+fn lease_settings(value: Option<&str>) -> Result<Settings, String> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(Settings::default());
+    };
+    match value.trim().parse::<u64>() {
+        Ok(secs @ 2..=86_400) => Ok(Settings {
+            lease: std::time::Duration::from_secs(secs),
+            renew_every: std::time::Duration::from_secs(secs) / 10,
+        }),
+        _ => Err(format!(
+            "{LEASE_ENV} is {value:?}, not a whole number of seconds from 2 to 86400; fix it in the publisher's environment, or unset it for the default of {} s",
+            Settings::default().lease.as_secs()
+        )),
     }
 }
 
@@ -93,10 +118,12 @@ pub(super) fn plan_destination(
     now: OffsetDateTime,
 ) -> Result<Planned, PublishError> {
     let d = prepared.destination;
+    let settings = lease_settings(std::env::var(LEASE_ENV).ok().as_deref())
+        .map_err(|e| PublishError::permanent(Stage::Lock, e))?;
     let root = S3Root::shared(location).map_err(s3_error)?;
     if !options.dry_run {
         root.check_conformance().map_err(s3_error)?;
-        let recovered = protocol::recover_stale(&root, Settings::default()).map_err(s3_error)?;
+        let recovered = protocol::recover_stale(&root, settings).map_err(s3_error)?;
         for (id, _) in &recovered {
             log::warn!(
                 "{}: finished or undid the publication {id} that another publisher left behind (it stopped renewing its intent)",
@@ -114,7 +141,7 @@ pub(super) fn plan_destination(
                 d.id, location.bucket, location.path
             ),
         );
-        return Ok(empty(root, pipeline_id, base, plan));
+        return Ok(empty(root, pipeline_id, base, plan, settings));
     }
     let (listing, heads) = list(&root, prepared, &base.state).map_err(s3_error)?;
     let mut plan = plan::plan(&PlanInput {
@@ -129,7 +156,7 @@ pub(super) fn plan_destination(
         now,
     });
     if let Some(refused) = unrecorded_deletes(&plan, &base.state, d) {
-        return Ok(empty(root, pipeline_id, base, refused));
+        return Ok(empty(root, pipeline_id, base, refused, settings));
     }
     let update = plan.update.take();
     let unchanged = plan
@@ -151,10 +178,17 @@ pub(super) fn plan_destination(
         plan,
         update,
         unchanged,
+        settings,
     })
 }
 
-fn empty(root: Arc<S3Root>, pipeline_id: &str, base: Base, plan: Plan) -> Planned {
+fn empty(
+    root: Arc<S3Root>,
+    pipeline_id: &str,
+    base: Base,
+    plan: Plan,
+    settings: Settings,
+) -> Planned {
     Planned {
         root,
         pipeline_id: pipeline_id.to_owned(),
@@ -162,6 +196,7 @@ fn empty(root: Arc<S3Root>, pipeline_id: &str, base: Base, plan: Plan) -> Planne
         plan,
         update: None,
         unchanged: BTreeSet::new(),
+        settings,
     }
 }
 
@@ -255,9 +290,17 @@ fn list(
     let mut heads = BTreeMap::new();
     for (path, head) in paths.iter().zip(root.head_many(&paths)?) {
         if let Some(h) = head {
-            listing
-                .entries
-                .insert((*path).to_owned(), Entry::File { size: h.size });
+            // An unrecorded object that names a publication's intent is that
+            // publication's (in progress, or killed and not yet recovered),
+            // not an unmanaged one: planned as absent, so that the commit's
+            // conditional create meets it and makes the attempt transient
+            // (or recovers it) instead of a `fail_unmanaged` refusal.
+            let claimed = h.intent.is_some() && record(state, path).is_none();
+            if !claimed {
+                listing
+                    .entries
+                    .insert((*path).to_owned(), Entry::File { size: h.size });
+            }
             heads.insert((*path).to_owned(), h);
         }
     }
@@ -309,6 +352,7 @@ pub(super) fn commit(
         plan,
         update,
         unchanged,
+        settings,
     } = p;
     let Some(update) = update else {
         return Ok(());
@@ -362,7 +406,7 @@ pub(super) fn commit(
     };
     let committed = protocol::commit(
         root,
-        Settings::default(),
+        *settings,
         Base {
             state: base.state.clone(),
             etag: base.etag.clone(),
@@ -429,5 +473,41 @@ fn mismatch(bundle: &VerifiedBundle, plan: &Plan, root: &S3Root, key: &str) -> P
             root.label()
         ),
         transient: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn lease_settings_from_the_environment() {
+        let default = Settings::default();
+        let secs = |lease: u64, renew_ms: u64| Settings {
+            lease: Duration::from_secs(lease),
+            renew_every: Duration::from_millis(renew_ms),
+        };
+        let cases: [(Option<&str>, Option<Settings>); 9] = [
+            (None, Some(default)),
+            (Some(""), Some(default)),
+            (Some("300"), Some(default)),
+            (Some("2"), Some(secs(2, 200))),
+            (Some(" 45 "), Some(secs(45, 4_500))),
+            (Some("1"), None),
+            (Some("0"), None),
+            (Some("5m"), None),
+            (Some("86401"), None),
+        ];
+        for (value, expected) in cases {
+            let got = lease_settings(value);
+            match expected {
+                Some(s) => assert_eq!(got, Ok(s), "{value:?}"),
+                None => {
+                    let e = got.expect_err(value.unwrap_or_default());
+                    assert!(e.contains(LEASE_ENV) && e.contains("300 s"), "{e}");
+                }
+            }
+        }
     }
 }

@@ -586,11 +586,11 @@ impl S3Root {
     }
 
     /// The server's clock: the `Last-Modified` it stamps on a tiny object
-    /// this call creates under a fresh `.distributor-clock-<random>` key and
+    /// this call creates under a fresh `.distributor-pending/clock-<random>` key and
     /// deletes again. S3 does not expose the `Date` header through
     /// `object_store`; `Last-Modified` is the same clock, to the second.
     pub fn server_now(&self) -> Result<OffsetDateTime> {
-        let rel = format!(".distributor-clock-{}", random_id());
+        let rel = format!("{}/clock-{}", protocol::PENDING_DIR, random_id());
         self.check_conformance()?;
         let key = self.key(&rel);
         let put = self.block_on(self.store.put_opts(

@@ -230,17 +230,43 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
 }
 
 /// Recovers every stale intent of the root (a LIST of
-/// `.distributor-pending/`: clean-up, not a commit decision). Meant to run
-/// before a publication plans and in `reconcile-state`; live intents are
-/// left alone.
+/// `.distributor-pending/`: clean-up, not a commit decision), and removes
+/// the conformance probes and clock objects that processes killed half-way
+/// left there once they are older than the lease. Meant to run before a
+/// publication plans and in `reconcile-state`; live intents are left alone.
 pub fn recover_stale(root: &S3Root, settings: Settings) -> Result<Vec<(String, Recovered)>> {
+    let listed = root.list(PENDING_DIR)?;
     let mut out = Vec::new();
-    for id in pending_intents(root)? {
-        if let Some(done) = recover(root, settings, &id)? {
-            out.push((id, done));
+    for id in listed.iter().filter_map(|l| intent_id(&l.path)) {
+        if let Some(done) = recover(root, settings, id)? {
+            out.push((id.to_owned(), done));
+        }
+    }
+    let scratch: Vec<_> = listed.iter().filter(|l| is_scratch(&l.path)).collect();
+    if !scratch.is_empty() {
+        let now = root.server_now()?;
+        for l in scratch {
+            if now - l.last_modified >= settings.lease {
+                root.delete(&l.path)?;
+            }
         }
     }
     Ok(out)
+}
+
+/// The intent id of a key below the root, if it is an intent record.
+fn intent_id(path: &str) -> Option<&str> {
+    path.strip_prefix(PENDING_DIR)
+        .and_then(|p| p.strip_prefix('/'))
+        .and_then(|n| n.strip_suffix(".json"))
+}
+
+/// Whether a key below the root is a conformance probe or a clock object
+/// (`.distributor-pending/probe-*`, `.distributor-pending/clock-*`).
+fn is_scratch(path: &str) -> bool {
+    path.strip_prefix(PENDING_DIR)
+        .and_then(|p| p.strip_prefix('/'))
+        .is_some_and(|n| n.starts_with("probe-") || n.starts_with("clock-"))
 }
 
 /// Intent ids under the root's `.distributor-pending/` (a LIST: for
@@ -248,12 +274,30 @@ pub fn recover_stale(root: &S3Root, settings: Settings) -> Result<Vec<(String, R
 pub fn pending_intents(root: &S3Root) -> Result<Vec<String>> {
     Ok(root
         .list(PENDING_DIR)?
-        .into_iter()
-        .filter_map(|l| {
-            l.path
-                .strip_prefix(&format!("{PENDING_DIR}/"))
-                .and_then(|n| n.strip_suffix(".json"))
-                .map(str::to_owned)
-        })
+        .iter()
+        .filter_map(|l| intent_id(&l.path))
+        .map(str::to_owned)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{intent_id, is_scratch};
+
+    #[test]
+    fn keys_under_the_pending_folder_by_kind() {
+        let cases = [
+            (".distributor-pending/abc.json", Some("abc"), false),
+            (".distributor-pending/probe-12ab", None, true),
+            (".distributor-pending/clock-12ab", None, true),
+            (".distributor-pending/other", None, false),
+            (".distributor-pendingx/abc.json", None, false),
+            ("site/.distributor-pending/abc.json", None, false),
+            ("probe-12ab", None, false),
+        ];
+        for (path, id, scratch) in cases {
+            assert_eq!(intent_id(path), id, "{path}");
+            assert_eq!(is_scratch(path), scratch, "{path}");
+        }
+    }
 }

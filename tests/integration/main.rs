@@ -22,5 +22,6 @@ mod render;
 mod run;
 mod s3;
 mod s3_publish;
+mod s3_race;
 mod seaweed;
 mod unchanged;
