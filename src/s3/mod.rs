@@ -147,6 +147,14 @@ pub enum Error {
         #[source]
         source: Box<object_store::Error>,
     },
+    #[error(
+        "{root}: publication {id} was paused longer than the lease ({lease_secs}s) and another publisher took over its leftovers; nothing of it is recorded; retry"
+    )]
+    Revoked {
+        root: String,
+        id: String,
+        lease_secs: u64,
+    },
     #[error("{root}: {what}")]
     Protocol { root: String, what: String },
 }
@@ -158,7 +166,10 @@ impl Error {
     pub fn stage(&self) -> &'static str {
         match self {
             Error::Credentials { .. } | Error::Client { .. } | Error::Runtime(_) => "config",
-            Error::Nonconforming { .. } | Error::Conflict { .. } | Error::Changed { .. } => "lock",
+            Error::Nonconforming { .. }
+            | Error::Conflict { .. }
+            | Error::Changed { .. }
+            | Error::Revoked { .. } => "lock",
             Error::Exists { .. } => "plan",
             Error::HashMismatch { .. } | Error::Read { .. } => "write",
             Error::Store { .. } | Error::Protocol { .. } => "write",
@@ -168,7 +179,7 @@ impl Error {
     /// Whether a later attempt may succeed without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Conflict { .. } | Error::Changed { .. } => true,
+            Error::Conflict { .. } | Error::Changed { .. } | Error::Revoked { .. } => true,
             Error::Store { source, .. } => !matches!(
                 **source,
                 object_store::Error::NotImplemented { .. }

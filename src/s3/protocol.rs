@@ -278,13 +278,10 @@ impl<'r> Session<'r> {
                 self.renewed = started;
                 Ok(())
             }
-            Err(Error::Changed { .. }) => Err(Error::Protocol {
+            Err(Error::Changed { .. }) => Err(Error::Revoked {
                 root: self.root.label.clone(),
-                what: format!(
-                    "publication {} was paused longer than the lease ({}s) and another publisher took over its leftovers; nothing of it is recorded; retry",
-                    self.intent.id,
-                    self.settings.lease.as_secs()
-                ),
+                id: self.intent.id.clone(),
+                lease_secs: self.settings.lease.as_secs(),
             }),
             Err(e) => Err(e),
         }
@@ -496,7 +493,8 @@ fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag
 /// Why a new key could not be created. An object written by a
 /// publication (its metadata names an intent) makes the conflict
 /// transient: that publication is in progress (its intent is live), or is
-/// recovered here (stale), or left its object behind after it was revoked
+/// recovered here (stale), or committed it since this one planned (the
+/// catalog records it now), or left its object behind after it was revoked
 /// (no intent any more: the object is removed here). Anything else is
 /// unmanaged (`fail_unmanaged`).
 fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Error> {
@@ -519,13 +517,17 @@ fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Err
         return Ok(changed());
     }
     if remove_orphan(root, path, &id)? {
-        Ok(changed())
-    } else {
-        Ok(Error::Exists {
-            root: root.label.clone(),
-            key: path.to_owned(),
-        })
+        return Ok(changed());
     }
+    if recorded(&root.read_state()?.state, path).is_some() {
+        // Its publication committed after this one planned: a retry plans
+        // on the new catalog.
+        return Ok(changed());
+    }
+    Ok(Error::Exists {
+        root: root.label.clone(),
+        key: path.to_owned(),
+    })
 }
 
 /// Deletes `d` if the catalog no longer records it and it still holds the

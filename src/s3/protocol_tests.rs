@@ -554,6 +554,34 @@ fn the_leftover_of_a_revoked_publication_is_removed_not_reported_as_unmanaged() 
 }
 
 #[test]
+fn a_new_key_another_publication_created_and_committed_first_is_a_transient_conflict() {
+    let root = memory_root("");
+    publish(&root, &[("kept", b"K")]);
+    // Planned while "both" was unrecorded; another host creates and
+    // commits it first (its intent is gone, its catalog records the key).
+    let base = root.read_state().unwrap();
+    publish(&root, &[("both", b"theirs")]);
+    let next = catalog_with(&base.state, &[record("both", b"mine")], &[]);
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        vec![write("both", b"mine", None)],
+        vec![],
+        &mut never,
+    );
+    assert!(
+        matches!(r, Err(Error::Changed { ref key, .. }) if key == "both"),
+        "not an unmanaged object: a retry plans on the new catalog: {r:?}"
+    );
+    let (theirs, _) = root.get_hashed("both").unwrap().unwrap();
+    assert_eq!(theirs, hash_bytes(b"theirs"), "the winner's object stays");
+    assert!(catalog(&root).get("both").is_some());
+    assert_eq!(pending_intents(&root).unwrap(), Vec::<String>::new());
+}
+
+#[test]
 fn a_stale_intent_met_on_a_new_key_is_recovered_then_the_retry_succeeds() {
     let root = memory_root("");
     let id = killed_publisher(&root);
@@ -640,6 +668,10 @@ fn a_long_upload_renews_its_lease_and_stops_when_it_was_taken_over() {
     assert!(
         e.to_string().contains("paused longer than the lease"),
         "{e}"
+    );
+    assert!(
+        e.is_transient() && e.stage() == "lock",
+        "retried, as a lost lock would be: {e:?}"
     );
     // Nothing of it is left: the recoverer removed the claimed key.
     assert_eq!(paths(&root), [".distributor.json"]);

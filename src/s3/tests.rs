@@ -253,6 +253,15 @@ fn errors_map_to_stages() {
             true,
         ),
         (
+            Error::Revoked {
+                root: root(),
+                id: "i".into(),
+                lease_secs: 300,
+            },
+            "lock",
+            true,
+        ),
+        (
             Error::Exists {
                 root: root(),
                 key: key(),
