@@ -124,16 +124,20 @@ impl Bucket {
         listed.into_iter().map(|l| l.path).collect()
     }
 
-    /// Whether an intent written by process `pid` is pending.
-    fn intent_of(&self, pid: u32) -> bool {
+    /// The bundles (`h<host>-b<n>`) whose outputs the intents process
+    /// `pid` wrote are publishing: empty when it has no intent pending.
+    fn publishing(&self, pid: u32) -> BTreeSet<String> {
         let owner = format!(" pid {pid}");
-        self.pending().iter().any(|id| {
-            self.root
-                .read_intent(id)
-                .ok()
-                .flatten()
-                .is_some_and(|(intent, _, _)| intent.owner.ends_with(&owner))
-        })
+        let mut out = BTreeSet::new();
+        for id in self.pending() {
+            let Ok(Some((intent, _, _))) = self.root.read_intent(&id) else {
+                continue;
+            };
+            if intent.owner.ends_with(&owner) {
+                out.extend(intent.writes.iter().filter_map(|w| bundle_of(&w.path)));
+            }
+        }
+        out
     }
 
     /// The catalog object's records by path.
@@ -377,6 +381,13 @@ fn collect(mut pipe: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>) -> Jo
     })
 }
 
+/// The bundle an output path belongs to: `hA/b003/f0.txt` is `hA-b003`'s.
+fn bundle_of(path: &str) -> Option<String> {
+    let mut parts = path.split('/');
+    let (host, n) = (parts.next()?, parts.next()?);
+    (host.starts_with('h') && n.starts_with('b')).then(|| format!("{host}-{n}"))
+}
+
 /// Entry names of a folder (empty when it does not exist).
 fn names(dir: &Path) -> BTreeSet<String> {
     match fs::read_dir(dir) {
@@ -517,12 +528,16 @@ impl Fed {
 // The race
 // ---------------------------------------------------------------------------
 
-/// Where in the victim's work the next `kill -9` lands.
+/// Where in the victim's work the next `kill -9` lands. Each bundle is
+/// hit by a mid-publication or just-claimed kill at most once, so that no
+/// bundle runs out of attempts (every kill mid-publication costs its
+/// bundle an attempt or two until the lease runs out).
 #[derive(Debug, Clone, Copy)]
 enum Trigger {
-    /// As soon as an intent it wrote is in the bucket (mid-publication).
+    /// As soon as an intent it wrote for a bundle not hit before is in the
+    /// bucket (mid-publication).
     Intent,
-    /// As soon as it claimed a bundle into work/.
+    /// As soon as it claimed a bundle not hit before into work/.
     Claimed,
     /// As soon as one more of its bundles reached done/.
     Done,
@@ -583,6 +598,8 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     let mut next = 0u32;
     let (mut kills, mut mid_publication, mut left_in_work) = (0u32, 0u32, 0u32);
     let mut round = 0;
+    // Bundles a kill already landed on.
+    let mut hit = BTreeSet::new();
     while round < MIN_ROUNDS || (mid_publication < MIN_MID_PUBLICATION && round < MAX_ROUNDS) {
         for host in &hosts {
             for _ in 0..PER_ROUND {
@@ -601,14 +618,19 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
             _ => Trigger::Done,
         };
         let done_before = names(&victim.spool("done")).len();
+        let fresh = |bundles: BTreeSet<String>| -> Option<String> {
+            bundles.into_iter().find(|b| !hit.contains(b))
+        };
+        let mut target = None;
         let fired = wait_for(EVENT_WAIT, || {
-            let fired = match trigger {
-                Trigger::Intent => bucket.intent_of(pid),
-                Trigger::Claimed => !names(&victim.spool("work")).is_empty(),
-                Trigger::Done => names(&victim.spool("done")).len() > done_before,
+            target = match trigger {
+                Trigger::Intent => fresh(bucket.publishing(pid)),
+                Trigger::Claimed => fresh(names(&victim.spool("work"))),
+                Trigger::Done => (names(&victim.spool("done")).len() > done_before)
+                    .then(|| "(between bundles)".to_owned()),
             };
             // An agent that got through everything is killed idle.
-            fired || victim.idle()
+            target.is_some() || victim.idle()
         });
         assert!(
             fired,
@@ -618,9 +640,10 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
         );
         agent.kill9();
         kills += 1;
-        if bucket.intent_of(pid) {
+        if !bucket.publishing(pid).is_empty() {
             mid_publication += 1;
         }
+        hit.extend(target);
         if !names(&victim.spool("work")).is_empty() {
             left_in_work += 1;
         }
