@@ -771,3 +771,148 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
         "no kill landed while the victim's intent was pending: the race did not test a killed publication"
     );
 }
+
+// ---------------------------------------------------------------------------
+// One publication killed mid-upload, converged from another host
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_host() {
+    const BIG: &str = "zz-big.bin";
+    let bucket = Bucket::new("killed");
+    let tmp = tempfile::Builder::new()
+        .prefix("distributor-s3kill-")
+        .tempdir()
+        .expect("temp dir");
+    let dir = tmp.path();
+    let stage = dir.join("stage");
+    let (a, b) = (
+        Host::new(dir, "A", &bucket.location, 6),
+        Host::new(dir, "B", &bucket.location, 6),
+    );
+    let path = |p: &Path| p.to_str().expect("utf-8").to_owned();
+
+    let seed = stage.join("seed");
+    write_bundle(
+        &seed,
+        "seed",
+        &[("common.txt".to_owned(), b"v0\n".to_vec())],
+    );
+    a.run(&["run", "--json", "--pipeline", PIPELINE, &path(&seed)])
+        .expect(0);
+    let planted = bucket.plant("theirs/readme.txt", b"not managed\n");
+
+    // Host A's bundle, written in path order: a replacement of a recorded
+    // object, 20 new small objects, then one large enough for a multipart
+    // upload (the key is claimed by an empty placeholder first).
+    let mut files = vec![("common.txt".to_owned(), b"vA\n".to_vec())];
+    for i in 0..20 {
+        files.push((format!("x/f{i:02}.txt"), format!("A {i}\n").into_bytes()));
+    }
+    files.push((BIG.to_owned(), noise(20 * 1024 * 1024, 42)));
+    let bundle_a = stage.join("from-a");
+    write_bundle(&bundle_a, "from-a", &files);
+
+    let mut run_a = a
+        .cmd(&["run", "--json", "--pipeline", PIPELINE, &path(&bundle_a)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn run");
+    // The kill lands while the large object uploads: its placeholder (no
+    // bytes yet) is in the bucket.
+    let in_flight = wait_for(EVENT_WAIT, || {
+        bucket
+            .root
+            .head(BIG)
+            .expect("HEAD")
+            .is_some_and(|h| h.size == 0 && h.intent.is_some())
+            || run_a.try_wait().expect("wait").is_some()
+    });
+    assert!(in_flight, "the upload of {BIG} never started");
+    assert!(
+        run_a.try_wait().expect("wait").is_none(),
+        "run finished before the upload could be interrupted"
+    );
+    Agent {
+        child: run_a,
+        reader: None,
+    }
+    .kill9();
+
+    // What the kill left: an intent, a recorded object that no longer
+    // matches its record, unrecorded new objects and the placeholder.
+    assert_eq!(bucket.pending().len(), 1, "the killed publication's intent");
+    assert_eq!(bucket.get("common.txt").as_deref(), Some(&b"vA\n"[..]));
+    assert_eq!(
+        bucket.records()["common.txt"]["sha256"],
+        sha256(b"v0\n"),
+        "not committed"
+    );
+    let leftovers: Vec<String> = bucket
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with("x/") || k == BIG)
+        .collect();
+    assert_eq!(leftovers.len(), 21, "{leftovers:?}");
+
+    // Host B publishes right away onto the same paths: refused while the
+    // intent is live (transient, retried by its agent), then it recovers the
+    // intent once stale, and publishes.
+    let bundle_b = stage.join("from-b");
+    write_bundle(
+        &bundle_b,
+        "from-b",
+        &[
+            ("common.txt".to_owned(), b"vB\n".to_vec()),
+            ("x/f00.txt".to_owned(), b"B 0\n".to_vec()),
+            ("y/g.txt".to_owned(), b"B g\n".to_vec()),
+        ],
+    );
+    b.feed(&bundle_b);
+    let out = b.run(&["agent", "--once"]);
+    out.expect(0);
+    assert!(
+        out.stderr.contains("that another publisher left behind"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        names(&b.spool("done")),
+        BTreeSet::from(["from-b".to_owned()])
+    );
+    let records = bucket.assert_records_match_objects();
+    assert_eq!(
+        records.keys().collect::<Vec<_>>(),
+        ["common.txt", "x/f00.txt", "y/g.txt"]
+    );
+    assert_eq!(bucket.get("common.txt").as_deref(), Some(&b"vB\n"[..]));
+    assert_eq!(
+        bucket.keys(),
+        [
+            ".distributor.json",
+            "common.txt",
+            "theirs/readme.txt",
+            "x/f00.txt",
+            "y/g.txt"
+        ]
+        .map(str::to_owned)
+        .into(),
+        "the killed publication's other objects and its placeholder are gone"
+    );
+    assert!(bucket.reserved().is_empty(), "{:?}", bucket.reserved());
+
+    // Host A publishes its bundle again: everything lands.
+    a.run(&["run", "--json", "--pipeline", PIPELINE, &path(&bundle_a)])
+        .expect(0);
+    let records = bucket.assert_records_match_objects();
+    assert_eq!(records.len(), 23, "{:?}", records.keys());
+    assert_eq!(records[BIG]["size"], 20 * 1024 * 1024);
+    assert_eq!(records["y/g.txt"]["source"]["id"], "from-b");
+    assert_eq!(bucket.etag("theirs/readme.txt"), Some(planted));
+    assert_eq!(
+        bucket.get("theirs/readme.txt").as_deref(),
+        Some(&b"not managed\n"[..])
+    );
+    assert!(bucket.reserved().is_empty(), "{:?}", bucket.reserved());
+}
