@@ -490,11 +490,11 @@ struct Fed {
 
 impl Fed {
     /// Seals bundle `n` of `host` under `stage/` and returns its folder:
-    /// 3-6 small files and a 48 KiB one of its own, and every third
-    /// bundle also [`SHARED`].
-    fn bundle(&mut self, stage: &Path, host: &str, n: u32) -> PathBuf {
+    /// `small` small files and a 48 KiB one of its own, and with `shared`
+    /// also [`SHARED`].
+    fn bundle(&mut self, stage: &Path, host: &str, n: u32, small: u32, shared: bool) -> PathBuf {
         let name = format!("h{host}-b{n:03}");
-        let mut files: Vec<(String, Vec<u8>)> = (0..3 + n % 4)
+        let mut files: Vec<(String, Vec<u8>)> = (0..small)
             .map(|i| {
                 (
                     format!("h{host}/b{n:03}/f{i}.txt"),
@@ -504,7 +504,7 @@ impl Fed {
             .collect();
         let seed = u64::from(n) * 131 + u64::from(host.as_bytes()[0]);
         files.push((format!("h{host}/b{n:03}/blob.bin"), noise(48 * 1024, seed)));
-        if n.is_multiple_of(3) {
+        if shared {
             let bytes = format!("{name} wrote the shared file\n").into_bytes();
             self.shared.insert(sha256(&bytes));
             files.push((SHARED.to_owned(), bytes));
@@ -596,6 +596,23 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     let mut rng = Rng::seeded();
     let mut agents: Vec<Option<Agent>> = hosts.iter().map(|h| Some(h.agent())).collect();
     let mut next = 0u32;
+    // Contention first: both hosts publish bundles that all write SHARED
+    // at once; when two overlap, the later compare-and-swap finds that the
+    // other changed its path, is undone and retried (never lost).
+    for _ in 0..3 {
+        for host in &hosts {
+            let b = fed.bundle(&stage, &host.name, next, 20, true);
+            next += 1;
+            host.feed(&b);
+        }
+    }
+    let settled = wait_for(EVENT_WAIT, || hosts.iter().all(Host::idle));
+    assert!(
+        settled,
+        "the contention bundles were not all published within {EVENT_WAIT:?}\n{}\n{}",
+        hosts[0].log(),
+        hosts[1].log()
+    );
     let (mut kills, mut mid_publication, mut left_in_work) = (0u32, 0u32, 0u32);
     let mut round = 0;
     // Bundles a kill already landed on.
@@ -603,7 +620,13 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     while round < MIN_ROUNDS || (mid_publication < MIN_MID_PUBLICATION && round < MAX_ROUNDS) {
         for host in &hosts {
             for _ in 0..PER_ROUND {
-                let b = fed.bundle(&stage, &host.name, next);
+                let b = fed.bundle(
+                    &stage,
+                    &host.name,
+                    next,
+                    3 + next % 4,
+                    next.is_multiple_of(3),
+                );
                 next += 1;
                 host.feed(&b);
             }
@@ -760,9 +783,15 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     );
 
     let bundles: usize = fed.bundles.values().map(BTreeSet::len).sum();
+    let logged =
+        |needle: &str| -> usize { hosts.iter().map(|h| h.log().matches(needle).count()).sum() };
     eprintln!(
-        "s3 race: {round} rounds, {kills} kill -9s ({mid_publication} with the victim's intent pending, {left_in_work} leaving a bundle in work/), {bundles} bundles on 2 hosts, {} records, {:.1}s racing, {:.1}s in all",
+        "s3 race: {round} rounds, {kills} kill -9s ({mid_publication} with the victim's intent pending, {left_in_work} leaving a bundle in work/), {bundles} bundles on 2 hosts, {} records; logged: {} rebased commits, {} lost races for {SHARED} or the catalog (undone, retried), {} transient retries in all, {} recovered intents; {:.1}s racing, {:.1}s in all",
         records.len(),
+        logged("applied on top of its catalog"),
+        logged(&format!("{SHARED} changed since")) + logged("changed the catalog"),
+        logged("; retrying in"),
+        logged("that another publisher left behind"),
         racing.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
