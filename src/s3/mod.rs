@@ -148,6 +148,16 @@ pub enum Error {
         source: Box<object_store::Error>,
     },
     #[error(
+        "{root}: {key} holds an object of publication {id} ({owner}), which is still running or stopped less than the lease ({lease_secs}s) ago; nothing of this publication is recorded; retry: once that publication ends or its lease runs out, its leftovers are cleaned up"
+    )]
+    Claimed {
+        root: String,
+        key: String,
+        id: String,
+        owner: String,
+        lease_secs: u64,
+    },
+    #[error(
         "{root}: publication {id} was paused longer than the lease ({lease_secs}s) and another publisher took over its leftovers; nothing of it is recorded; retry"
     )]
     Revoked {
@@ -169,6 +179,7 @@ impl Error {
             Error::Nonconforming { .. }
             | Error::Conflict { .. }
             | Error::Changed { .. }
+            | Error::Claimed { .. }
             | Error::Revoked { .. } => "lock",
             Error::Exists { .. } => "plan",
             Error::HashMismatch { .. } | Error::Read { .. } => "write",
@@ -179,7 +190,10 @@ impl Error {
     /// Whether a later attempt may succeed without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Conflict { .. } | Error::Changed { .. } | Error::Revoked { .. } => true,
+            Error::Conflict { .. }
+            | Error::Changed { .. }
+            | Error::Claimed { .. }
+            | Error::Revoked { .. } => true,
             Error::Store { source, .. } => !matches!(
                 **source,
                 object_store::Error::NotImplemented { .. }

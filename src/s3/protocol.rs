@@ -411,7 +411,7 @@ fn run(
                 &mut || session.keep_alive(),
             ),
             Some(recorded_sha) => {
-                let etag = current_version(root, &w.path, recorded_sha)?;
+                let etag = current_version(root, session.settings, &w.path, recorded_sha)?;
                 super::upload::put(
                     root,
                     &w.path,
@@ -467,7 +467,12 @@ fn run(
 
 /// The ETag of the object at `path` if it still holds `recorded_sha`;
 /// [`Error::Changed`] if it does not (or is gone).
-fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag> {
+fn current_version(
+    root: &S3Root,
+    settings: Settings,
+    path: &str,
+    recorded_sha: &str,
+) -> Result<ETag> {
     let changed = || Error::Changed {
         root: root.label.clone(),
         key: path.to_owned(),
@@ -475,7 +480,18 @@ fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag
     let head = root.head(path)?.ok_or_else(changed)?;
     match head.sha256.as_deref() {
         Some(sha) if sha == recorded_sha => Ok(head.etag),
-        Some(_) => Err(changed()),
+        Some(_) => {
+            // Overwritten by a publication whose intent is still there:
+            // recovered on the spot when stale (the retry then sees the
+            // adopted record), else say whose it is.
+            if let Some(id) = &head.intent
+                && let Some((intent, _, _)) = root.read_intent(id)?
+                && recover(root, settings, id)?.is_none()
+            {
+                return Err(claimed(root, settings, path, intent));
+            }
+            Err(changed())
+        }
         None => {
             // Written without the metadata (e.g. a multipart upload whose
             // digest was not known in advance): re-hash; the GET's ETag is
@@ -512,8 +528,10 @@ fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Err
             key: path.to_owned(),
         });
     };
-    if root.read_intent(&id)?.is_some() {
-        recover(root, settings, &id)?;
+    if let Some((intent, _, _)) = root.read_intent(&id)? {
+        if recover(root, settings, &id)?.is_none() {
+            return Ok(claimed(root, settings, path, intent));
+        }
         return Ok(changed());
     }
     if remove_orphan(root, path, &id)? {
@@ -528,6 +546,17 @@ fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Err
         root: root.label.clone(),
         key: path.to_owned(),
     })
+}
+
+/// The error for `path` holding an object of the live `intent`.
+fn claimed(root: &S3Root, settings: Settings, path: &str, intent: Intent) -> Error {
+    Error::Claimed {
+        root: root.label.clone(),
+        key: path.to_owned(),
+        id: intent.id,
+        owner: intent.owner,
+        lease_secs: settings.lease.as_secs(),
+    }
 }
 
 /// Deletes `d` if the catalog no longer records it and it still holds the

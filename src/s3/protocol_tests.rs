@@ -320,6 +320,7 @@ fn killed_publisher(root: &S3Root) -> String {
 fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
     let root = memory_root("");
     let id = killed_publisher(&root);
+    let live = id.clone();
     assert_eq!(recover(&root, Settings::default(), &id).unwrap(), None);
     // Another publisher wanting "orphan" waits (transient), it does not fail
     // the bundle as unmanaged.
@@ -334,8 +335,29 @@ fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
         vec![],
         &mut never,
     );
-    assert!(matches!(r, Err(Error::Changed { .. })), "{r:?}");
-    assert!(r.unwrap_err().is_transient());
+    assert!(
+        matches!(r, Err(Error::Claimed { ref id, ref owner, .. }) if *id == live && owner == "test"),
+        "{r:?}"
+    );
+    let e = r.unwrap_err();
+    assert!(e.is_transient() && e.stage() == "lock", "{e:?}");
+    assert!(e.to_string().contains("still running"), "{e}");
+    // The same for a recorded object it overwrote.
+    let base = root.read_state().unwrap();
+    let next = catalog_with(&base.state, &[record("over", b"mine")], &[]);
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        vec![write("over", b"mine", Some(b"old"))],
+        vec![],
+        &mut never,
+    );
+    assert!(
+        matches!(r, Err(Error::Claimed { ref key, .. }) if key == "over"),
+        "{r:?}"
+    );
 }
 
 #[test]
