@@ -1,11 +1,14 @@
 //! Several hosts publishing into one s3 root (SPEC §15.4, §15.6; issue 14),
 //! against the real SeaweedFS of `seaweed::server`. Each "host" is an agent
 //! with a spool of its own and the same s3 destination; they race bundles
-//! into one root while the test `kill -9`s them at points chosen by what it
-//! observes (an intent of the victim in the bucket, a bundle claimed, a
-//! bundle done), never by a fixed sleep. Once idle, the root must hold every
-//! record of every bundle, every record must match its object, no intent may
-//! be left, and the objects nobody manages must be untouched.
+//! into one root (some writing one shared path, so that overlapping
+//! publications conflict) while the test `kill -9`s them at points chosen
+//! by what it observes (an intent of the victim in the bucket, a bundle
+//! claimed, a bundle done), never by a fixed sleep. Once idle, the root must
+//! hold every record of every bundle, every record must match its object,
+//! nothing may be left under `.distributor-pending/`, and the objects nobody
+//! manages must be untouched. A second test kills one publication in the
+//! middle of a multipart upload and has another host converge the root.
 //!
 //! The intent lease is shortened to [`LEASE_SECS`] through
 //! `DISTRIBUTOR_S3_LEASE_SECS`, so a killed publisher's leftovers become
