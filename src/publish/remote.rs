@@ -123,13 +123,9 @@ pub(super) fn plan_destination(
     let root = S3Root::shared(location).map_err(s3_error)?;
     if !options.dry_run {
         root.check_conformance().map_err(s3_error)?;
-        let recovered = protocol::recover_stale(&root, settings).map_err(s3_error)?;
-        for (id, _) in &recovered {
-            log::warn!(
-                "{}: finished or undid the publication {id} that another publisher left behind (it stopped renewing its intent)",
-                root.label()
-            );
-        }
+        // Each recovery is logged where it happens (also when a publication
+        // runs into a stale intent's object later on).
+        protocol::recover_stale(&root, settings).map_err(s3_error)?;
     }
     let base = root.read_state().map_err(s3_error)?;
     if options.force {

@@ -92,7 +92,15 @@ pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Rec
                 Err(e) => return Err(e),
             }
         }
-        return clean_up(root, &intent, true).map(Some);
+        let done = clean_up(root, &intent, true)?;
+        log::warn!(
+            "{}: finished or undid publication {id} of {} that another publisher left behind (it stopped renewing its intent: killed, or paused longer than the lease): deleted {} object(s) it had created, adopted {} record(s) of objects it had overwritten",
+            root.label,
+            intent.owner,
+            done.deleted.len(),
+            done.adopted.len()
+        );
+        return Ok(Some(done));
     }
     Err(Error::Conflict {
         root: root.label.clone(),

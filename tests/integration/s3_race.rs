@@ -905,7 +905,10 @@ fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_ho
     let out = b.run(&["agent", "--once"]);
     out.expect(0);
     assert!(
-        out.stderr.contains("that another publisher left behind"),
+        out.stderr.contains("that another publisher left behind")
+            && out.stderr.contains(
+                "deleted 21 object(s) it had created, adopted 1 record(s) of objects it had overwritten"
+            ),
         "{}",
         out.stderr
     );
