@@ -466,7 +466,8 @@ fn run(
 }
 
 /// The ETag of the object at `path` if it still holds `recorded_sha`;
-/// [`Error::Changed`] if it does not (or is gone).
+/// [`Error::Claimed`] if a live publication overwrote it, else
+/// [`Error::Changed`] if it does not hold it (or is gone).
 fn current_version(
     root: &S3Root,
     settings: Settings,
