@@ -4,7 +4,7 @@
 
 use super::Wake;
 use super::worker::Worker;
-use crate::publish::{self, Options};
+use crate::publish;
 use crate::spool;
 use crossbeam_channel::Receiver;
 use std::path::{Path, PathBuf};
@@ -101,11 +101,7 @@ impl Worker {
         let started = Instant::now();
         let dirs: Vec<&Path> = claimed.iter().map(|(p, _)| p.as_path()).collect();
         let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
-        let options = Options {
-            dry_run: false,
-            force: false,
-            lock_timeout: self.config.agent.lock_timeout,
-        };
+        let options = self.options();
         let keep_going = || !self.stop.load(Ordering::SeqCst);
         let named: Vec<(&Path, &str)> = claimed
             .iter()

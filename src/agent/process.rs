@@ -3,7 +3,7 @@
 
 use super::worker::Worker;
 use super::{MAX_BACKOFF, PROGRESS_EVERY, Wake};
-use crate::publish::{self, Options};
+use crate::publish;
 use crate::report::RunReport;
 use crate::spool;
 use crossbeam_channel::{Receiver, select};
@@ -35,16 +35,7 @@ impl Worker {
             let started = Instant::now();
             let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
             let report = self.with_progress(&[(path, name)], || {
-                publish::publish(
-                    &self.pipeline,
-                    &destinations,
-                    path,
-                    &Options {
-                        dry_run: false,
-                        force: false,
-                        lock_timeout: self.config.agent.lock_timeout,
-                    },
-                )
+                publish::publish(&self.pipeline, &destinations, path, &self.options())
             });
             let elapsed = started.elapsed().as_millis();
             for w in &report.warnings {

@@ -59,6 +59,16 @@ impl Worker {
         }
     }
 
+    /// How this worker publishes.
+    pub(super) fn options(&self) -> crate::publish::Options {
+        crate::publish::Options {
+            dry_run: false,
+            force: false,
+            lock_timeout: self.config.agent.lock_timeout,
+            serving: Some(self.spool.work.display().to_string()),
+        }
+    }
+
     pub(super) fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
@@ -74,6 +84,11 @@ impl Worker {
                 self.pipeline.id,
                 self.spool.work.join(spool::BATCH_FILE).display()
             );
+        }
+        // Publications a previous agent serving this spool left unfinished
+        // in s3 destinations: it is gone (this one holds the spool's lock).
+        for d in &self.pipeline.destinations {
+            crate::publish::recover_abandoned(d, &self.spool.work.display().to_string());
         }
         // A temporary file of the agent's own bookkeeping (the batch file)
         // left at the top of work/ by a kill.

@@ -74,6 +74,7 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         dry_run: args.dry_run,
         force: args.force,
         lock_timeout: config.agent.lock_timeout,
+        serving: None,
     };
     let started = std::time::Instant::now();
     let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);

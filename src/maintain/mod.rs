@@ -124,7 +124,7 @@ pub enum MaintainError {
     S3 {
         message: String,
         #[source]
-        source: crate::s3::Error,
+        source: Box<crate::s3::Error>,
     },
     #[error(
         "{root}: {doing}: {source}; check the folder's permissions and free space, then run the command again"

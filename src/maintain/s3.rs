@@ -34,9 +34,10 @@ const VERIFY_CONCURRENCY: usize = 8;
 /// How often a command plans again after losing a compare-and-swap.
 const ROUNDS: usize = 8;
 
-/// The commit protocol's timing (shortened lease in tests).
-fn settings() -> Settings {
-    Settings::for_process()
+/// The commit protocol's timing: the lease from the environment
+/// (`DISTRIBUTOR_S3_LEASE_SECS`), as publishers use it.
+fn settings(target: &Target) -> Result<Settings, MaintainError> {
+    Settings::for_process().map_err(s3_error(target, "cannot read the lease setting"))
 }
 
 /// Turns an error of the bucket into one that names the root, what the
@@ -66,7 +67,7 @@ fn s3_error<'a>(
         };
         MaintainError::S3 {
             message: format!("{root}: {doing}: {text}{hint}"),
-            source,
+            source: Box::new(source),
         }
     }
 }
@@ -109,7 +110,7 @@ fn pending(
 /// For read-only commands: logs each publication in progress (or whose
 /// publisher died) without touching it.
 fn report_pending(target: &Target, root: &S3Root) -> Result<BTreeSet<String>, MaintainError> {
-    let lease = settings().lease.as_secs();
+    let lease = settings(target)?.lease.as_secs();
     let mut writes = BTreeSet::new();
     for (id, intent, stamped) in pending(target, root)? {
         log::warn!(
@@ -130,7 +131,7 @@ fn report_pending(target: &Target, root: &S3Root) -> Result<BTreeSet<String>, Ma
 /// stale intent.
 fn recover(target: &Target, root: &S3Root) -> Result<(), MaintainError> {
     read(target, root)?;
-    let recovered = protocol::recover_stale(root, settings())
+    let recovered = protocol::recover_stale(root, settings(target)?)
         .map_err(s3_error(target, "cannot recover an unfinished publication"))?;
     for (id, done) in recovered {
         log::info!(
@@ -220,7 +221,7 @@ pub(super) fn prune(
         return Ok(report);
     }
     recover(target, &root)?;
-    let settings = settings();
+    let settings = settings(target)?;
     for _ in 0..ROUNDS {
         let (base, catalog) = read(target, &root)?;
         let Some(catalog) = catalog else {

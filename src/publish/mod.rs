@@ -32,6 +32,7 @@ mod stage;
 pub use batch::{Batch, InOrder, PerCore, Workers, publish_batch};
 
 use prepare::{Prepared, Ready, prepare_bundle};
+pub use remote::recover_abandoned;
 use stage::{Staged, commit, probe, roll_back, stage};
 
 /// How to run a publication.
@@ -41,6 +42,11 @@ pub struct Options {
     /// `--force`: plan `force_replace` for every selected destination.
     pub force: bool,
     pub lock_timeout: Duration,
+    /// When an agent publishes: its pipeline's `work/` folder, which it
+    /// alone serves. Tags its s3 intents so that the next agent serving
+    /// the folder recovers them at once after a crash
+    /// ([`recover_abandoned`]).
+    pub serving: Option<String>,
 }
 
 /// One destination once its root is locked and planned.

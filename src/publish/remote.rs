@@ -47,6 +47,10 @@ pub(super) struct Planned {
     /// Planned outputs whose object already holds exactly the planned
     /// bytes (its record and its metadata agree): not uploaded again.
     pub(super) unchanged: BTreeSet<String>,
+    /// The intent lease this process uses ([`LEASE_ENV`]).
+    settings: Settings,
+    /// [`Options::serving`].
+    serving: Option<String>,
 }
 
 impl Planned {
@@ -92,20 +96,16 @@ pub(super) fn plan_destination(
     now: OffsetDateTime,
 ) -> Result<Planned, PublishError> {
     let d = prepared.destination;
+    let settings = Settings::for_process().map_err(s3_error)?;
     let root = S3Root::shared(location).map_err(s3_error)?;
     if !options.dry_run {
         root.check_conformance().map_err(s3_error)?;
-        let recovered =
-            protocol::recover_stale(&root, Settings::for_process()).map_err(s3_error)?;
-        for (id, _) in &recovered {
-            log::warn!(
-                "{}: finished or undid the publication {id} that another publisher left behind (it stopped renewing its intent)",
-                root.label()
-            );
-        }
+        // Each recovery is logged where it happens (also when a publication
+        // runs into a stale intent's object later on).
+        protocol::recover_stale(&root, settings).map_err(s3_error)?;
     }
     let base = root.read_state().map_err(s3_error)?;
-    if options.force {
+    let (mut plan, heads) = if options.force {
         let plan = refusal(
             Action::FailConflict,
             Vec::new(),
@@ -114,23 +114,26 @@ pub(super) fn plan_destination(
                 d.id, location.bucket, location.path
             ),
         );
-        return Ok(empty(root, pipeline_id, base, plan));
-    }
-    let (listing, heads) = list(&root, prepared, &base.state).map_err(s3_error)?;
-    let mut plan = plan::plan(&PlanInput {
-        pipeline_id,
-        destination_id: &d.id,
-        workflow: d.workflow,
-        force: false,
-        source,
-        desired: &prepared.desired,
-        state: &base.state,
-        listing: &listing,
-        now,
-    });
-    if let Some(refused) = unrecorded_deletes(&plan, &base.state, d) {
-        return Ok(empty(root, pipeline_id, base, refused));
-    }
+        (plan, BTreeMap::new())
+    } else {
+        let (listing, heads) = list(&root, prepared, &base.state).map_err(s3_error)?;
+        let plan = plan::plan(&PlanInput {
+            pipeline_id,
+            destination_id: &d.id,
+            workflow: d.workflow,
+            force: false,
+            source,
+            desired: &prepared.desired,
+            state: &base.state,
+            listing: &listing,
+            now,
+        });
+        match unrecorded_deletes(&plan, &base.state, d) {
+            Some(refused) => (refused, heads),
+            None => (plan, heads),
+        }
+    };
+    // Refusals have no update and no writes.
     let update = plan.update.take();
     let unchanged = plan
         .writes
@@ -151,18 +154,9 @@ pub(super) fn plan_destination(
         plan,
         update,
         unchanged,
+        settings,
+        serving: options.serving.clone(),
     })
-}
-
-fn empty(root: Arc<S3Root>, pipeline_id: &str, base: Base, plan: Plan) -> Planned {
-    Planned {
-        root,
-        pipeline_id: pipeline_id.to_owned(),
-        base,
-        plan,
-        update: None,
-        unchanged: BTreeSet::new(),
-    }
 }
 
 fn refusal(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
@@ -231,10 +225,19 @@ fn list(
     let workflow = prepared.destination.workflow;
     if plan::needs_top_level(state, false) || plan::needs_walk(state, workflow, false) {
         let reserved = |p: &str| p.starts_with(".distributor");
+        // Keys a publication in progress (or killed, not recovered yet)
+        // writes are its, not unmanaged: as for a HEAD below, they are
+        // left to the conditional create, which retries or recovers them.
+        let mut claimed = BTreeSet::new();
+        for id in protocol::pending_intents(root)? {
+            if let Some((intent, ..)) = root.read_intent(&id)? {
+                claimed.extend(intent.writes.into_iter().map(|w| w.path));
+            }
+        }
         let keys: Vec<s3::Listed> = root
             .list("")?
             .into_iter()
-            .filter(|l| !reserved(&l.path))
+            .filter(|l| !reserved(&l.path) && !claimed.contains(&l.path))
             .collect();
         if plan::needs_top_level(state, false) {
             let mut top: Vec<String> = keys
@@ -255,9 +258,17 @@ fn list(
     let mut heads = BTreeMap::new();
     for (path, head) in paths.iter().zip(root.head_many(&paths)?) {
         if let Some(h) = head {
-            listing
-                .entries
-                .insert((*path).to_owned(), Entry::File { size: h.size });
+            // An unrecorded object that names a publication's intent is that
+            // publication's (in progress, or killed and not yet recovered),
+            // not an unmanaged one: planned as absent, so that the commit's
+            // conditional create meets it and makes the attempt transient
+            // (or recovers it) instead of a `fail_unmanaged` refusal.
+            let claimed = h.intent.is_some() && record(state, path).is_none();
+            if !claimed {
+                listing
+                    .entries
+                    .insert((*path).to_owned(), Entry::File { size: h.size });
+            }
             heads.insert((*path).to_owned(), h);
         }
     }
@@ -319,6 +330,8 @@ pub(super) fn commit(
         plan,
         update,
         unchanged,
+        settings,
+        serving,
     } = p;
     let Some(update) = update else {
         return Ok(());
@@ -356,9 +369,10 @@ pub(super) fn commit(
             prepared.destination,
         )
     };
-    let committed = protocol::commit(
+    let committed = protocol::commit_for(
         root,
-        Settings::for_process(),
+        *settings,
+        serving.as_deref(),
         Base {
             state: base.state.clone(),
             etag: base.etag.clone(),
@@ -382,6 +396,25 @@ pub(super) fn commit(
         }
         Err(s3::Error::HashMismatch { key, .. }) => Err(mismatch(bundle, plan, root, &key)),
         Err(e) => Err(s3_error(e)),
+    }
+}
+
+/// Recovers at once what an earlier agent serving the spool folder
+/// `serving` left unfinished in destination `d` (if it is an s3
+/// destination; see [`protocol::recover_abandoned`]). Failures are logged:
+/// the lease recovers the same intents later.
+pub fn recover_abandoned(d: &Destination, serving: &str) {
+    let crate::config::Backend::S3(location) = &d.backend else {
+        return;
+    };
+    // Each recovery is logged where it happens.
+    let recovered =
+        S3Root::shared(location).and_then(|root| protocol::recover_abandoned(&root, serving));
+    if let Err(e) = recovered {
+        log::warn!(
+            "destination {}: cannot recover the publications the previous agent serving {serving} left unfinished ({e}); they are recovered once their lease runs out",
+            d.id
+        );
     }
 }
 

@@ -4,10 +4,12 @@
 //! on such a server the commit protocol would silently lose updates, so the
 //! backend refuses it with [`Error::Nonconforming`] (stage `lock`).
 //!
-//! Under `<path>/.distributor-probe-<random>`: create with
+//! Under `<path>/.distributor-pending/probe-<random>`: create with
 //! `If-None-Match: *` twice (the second must be refused), replace with a
 //! wrong `If-Match` (must be refused), replace with the right one (must
-//! succeed), delete. The probe key is fresh, so no other object is touched.
+//! succeed), delete. The probe key is fresh, so no other object is touched;
+//! a probe left by a process killed half-way is removed by the next
+//! recovery once it is older than the lease.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
@@ -44,7 +46,7 @@ impl S3Root {
 
     /// The probe itself, uncached.
     pub fn probe(&self) -> Result<()> {
-        let rel = format!(".distributor-probe-{}", random_id());
+        let rel = format!("{}/probe-{}", super::protocol::PENDING_DIR, random_id());
         let outcome = self.probe_at(&rel);
         // Always try to remove the probe object, whatever happened.
         let key = self.key(&rel);

@@ -105,6 +105,9 @@ pub enum Error {
         #[source]
         source: Box<object_store::Error>,
     },
+    /// A setting of the s3 backend in the environment is unusable.
+    #[error("{0}")]
+    Setting(String),
     #[error("cannot start the s3 backend's runtime: {0}")]
     Runtime(#[source] std::io::Error),
     #[error(
@@ -147,6 +150,24 @@ pub enum Error {
         #[source]
         source: Box<object_store::Error>,
     },
+    #[error(
+        "{root}: {key} holds an object of publication {id} ({owner}), which is still running or stopped less than the lease ({lease_secs}s) ago; nothing of this publication is recorded; retry: once that publication ends or its lease runs out, its leftovers are cleaned up"
+    )]
+    Claimed {
+        root: String,
+        key: String,
+        id: String,
+        owner: String,
+        lease_secs: u64,
+    },
+    #[error(
+        "{root}: publication {id} was paused longer than the lease ({lease_secs}s) and another publisher took over its leftovers; nothing of it is recorded; retry"
+    )]
+    Revoked {
+        root: String,
+        id: String,
+        lease_secs: u64,
+    },
     #[error("{root}: {what}")]
     Protocol { root: String, what: String },
 }
@@ -157,8 +178,15 @@ impl Error {
     /// lock does.
     pub fn stage(&self) -> &'static str {
         match self {
-            Error::Credentials { .. } | Error::Client { .. } | Error::Runtime(_) => "config",
-            Error::Nonconforming { .. } | Error::Conflict { .. } | Error::Changed { .. } => "lock",
+            Error::Credentials { .. }
+            | Error::Client { .. }
+            | Error::Runtime(_)
+            | Error::Setting(_) => "config",
+            Error::Nonconforming { .. }
+            | Error::Conflict { .. }
+            | Error::Changed { .. }
+            | Error::Claimed { .. }
+            | Error::Revoked { .. } => "lock",
             Error::Exists { .. } => "plan",
             Error::HashMismatch { .. } | Error::Read { .. } => "write",
             Error::Store { .. } | Error::Protocol { .. } => "write",
@@ -168,7 +196,10 @@ impl Error {
     /// Whether a later attempt may succeed without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Conflict { .. } | Error::Changed { .. } => true,
+            Error::Conflict { .. }
+            | Error::Changed { .. }
+            | Error::Claimed { .. }
+            | Error::Revoked { .. } => true,
             Error::Store { source, .. } => !matches!(
                 **source,
                 object_store::Error::NotImplemented { .. }
@@ -630,11 +661,11 @@ impl S3Root {
     }
 
     /// The server's clock: the `Last-Modified` it stamps on a tiny object
-    /// this call creates under a fresh `.distributor-clock-<random>` key and
+    /// this call creates under a fresh `.distributor-pending/clock-<random>` key and
     /// deletes again. S3 does not expose the `Date` header through
     /// `object_store`; `Last-Modified` is the same clock, to the second.
     pub fn server_now(&self) -> Result<OffsetDateTime> {
-        let rel = format!(".distributor-clock-{}", random_id());
+        let rel = format!("{}/clock-{}", protocol::PENDING_DIR, random_id());
         self.check_conformance()?;
         let key = self.key(&rel);
         let put = self.block_on(self.store.put_opts(

@@ -40,7 +40,7 @@ use time::OffsetDateTime;
 use super::{ETag, Error, Result, S3Root, Written, random_id};
 use crate::catalog::{Catalog, State};
 
-pub use super::recovery::{Recovered, pending_intents, recover, recover_stale};
+pub use super::recovery::{Recovered, pending_intents, recover, recover_abandoned, recover_stale};
 use super::recovery::{recover_owned, remove_orphan};
 
 /// Folder (below the root's prefix) of the intent records.
@@ -65,25 +65,49 @@ impl Default for Settings {
     }
 }
 
+/// Environment variable setting the intent lease in whole seconds
+/// (docs/object-storage.md, "Lease"); the owner renews every tenth of it.
+pub const LEASE_ENV: &str = "DISTRIBUTOR_S3_LEASE_SECS";
+
 impl Settings {
-    /// The settings a process uses: the defaults, except that debug builds
-    /// (the ones `cargo test` runs) take the lease from
-    /// `DISTRIBUTOR_TEST_S3_LEASE_SECS` when it is set, so that a test need
-    /// not wait five minutes for a killed publisher's intent to go stale.
-    /// Release builds ignore the variable.
-    pub fn for_process() -> Settings {
-        #[allow(unused_mut)]
-        let mut settings = Settings::default();
+    /// The settings a process uses: the lease from [`LEASE_ENV`] when it is
+    /// set (else 5 minutes). Debug builds (the ones `cargo test` runs) also
+    /// take any lease, 0 included, from `DISTRIBUTOR_TEST_S3_LEASE_SECS`, so
+    /// that a test need not wait for a killed publisher's intent to go
+    /// stale; release builds ignore that variable. The error names the
+    /// variable and says what to do.
+    pub fn for_process() -> Result<Settings> {
         #[cfg(debug_assertions)]
         if let Some(secs) = std::env::var("DISTRIBUTOR_TEST_S3_LEASE_SECS")
             .ok()
             .and_then(|v| v.parse().ok())
         {
-            settings.lease = Duration::from_secs(secs);
-            // A live owner renews well within its lease.
-            settings.renew_every = settings.renew_every.min(settings.lease / 3);
+            let lease = Duration::from_secs(secs);
+            return Ok(Settings {
+                lease,
+                renew_every: lease / 10,
+            });
         }
-        settings
+        lease_settings(std::env::var(LEASE_ENV).ok().as_deref()).map_err(Error::Setting)
+    }
+}
+
+/// The lease settings for the value of [`LEASE_ENV`] (`None`: unset, the
+/// default of 5 minutes). At least 2 s: ages are measured on the server's
+/// `Last-Modified`, which has whole seconds.
+fn lease_settings(value: Option<&str>) -> Result<Settings, String> {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Ok(Settings::default());
+    };
+    match value.trim().parse::<u64>() {
+        Ok(secs @ 2..=86_400) => Ok(Settings {
+            lease: Duration::from_secs(secs),
+            renew_every: Duration::from_secs(secs) / 10,
+        }),
+        _ => Err(format!(
+            "{LEASE_ENV} is {value:?}, not a whole number of seconds from 2 to 86400; fix it in the publisher's environment, or unset it for the default of {} s",
+            Settings::default().lease.as_secs()
+        )),
     }
 }
 
@@ -136,6 +160,13 @@ pub struct Intent {
     pub renewals: u64,
     /// Set by a recoverer: the owner must not go on.
     pub revoked: bool,
+    /// For an agent's publication: `host:spool-folder` of the pipeline it
+    /// serves. Only one agent serves a spool folder at a time (it holds the
+    /// folder's lock), so the next agent there knows the owner is dead and
+    /// recovers the intent at once ([`recover_abandoned`]) instead of
+    /// waiting for the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spool: Option<String>,
     pub writes: Vec<IntentWrite>,
     pub deletes: Vec<Delete>,
 }
@@ -153,11 +184,20 @@ pub(super) fn intent_key(id: &str) -> String {
     format!("{PENDING_DIR}/{id}.json")
 }
 
-fn owner() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown-host".to_owned());
-    format!("{host} pid {}", std::process::id())
+        .unwrap_or_else(|_| "unknown-host".to_owned())
+}
+
+fn owner() -> String {
+    format!("{} pid {}", host(), std::process::id())
+}
+
+/// The `host:spool` an intent of an agent serving `spool` on this host
+/// carries (see [`Intent::spool`]).
+pub fn spool_tag(spool: &str) -> String {
+    format!("{}:{spool}", host())
 }
 
 /// The catalog a compare-and-swap writes: `next` with `updated_at` moved
@@ -300,13 +340,10 @@ impl<'r> Session<'r> {
                 self.renewed = started;
                 Ok(())
             }
-            Err(Error::Changed { .. }) => Err(Error::Protocol {
+            Err(Error::Changed { .. }) => Err(Error::Revoked {
                 root: self.root.label.clone(),
-                what: format!(
-                    "publication {} was paused longer than the lease ({}s) and another publisher took over its leftovers; nothing of it is recorded; retry",
-                    self.intent.id,
-                    self.settings.lease.as_secs()
-                ),
+                id: self.intent.id.clone(),
+                lease_secs: self.settings.lease.as_secs(),
             }),
             Err(e) => Err(e),
         }
@@ -327,12 +364,29 @@ pub fn commit(
     deletes: Vec<Delete>,
     rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
 ) -> Result<Committed> {
+    commit_for(root, settings, None, base, next, writes, deletes, rebase)
+}
+
+/// [`commit`] for an agent serving the spool folder `spool` (see
+/// [`Intent::spool`]; `None` for any other publisher).
+#[allow(clippy::too_many_arguments)]
+pub fn commit_for(
+    root: &S3Root,
+    settings: Settings,
+    spool: Option<&str>,
+    base: Base,
+    next: Catalog,
+    writes: Vec<Write<'_>>,
+    deletes: Vec<Delete>,
+    rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
+) -> Result<Committed> {
     root.check_conformance()?;
     let intent = Intent {
         id: random_id(),
         owner: owner(),
         renewals: 0,
         revoked: false,
+        spool: spool.map(|s| format!("{}:{s}", host())),
         writes: writes
             .iter()
             .map(|w| IntentWrite {
@@ -436,7 +490,7 @@ fn run(
                 &mut || session.keep_alive(),
             ),
             Some(recorded_sha) => {
-                let etag = current_version(root, &w.path, recorded_sha)?;
+                let etag = current_version(root, session.settings, &w.path, recorded_sha)?;
                 super::upload::put(
                     root,
                     &w.path,
@@ -491,8 +545,14 @@ fn run(
 }
 
 /// The ETag of the object at `path` if it still holds `recorded_sha`;
-/// [`Error::Changed`] if it does not (or is gone).
-fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag> {
+/// [`Error::Claimed`] if a live publication overwrote it, else
+/// [`Error::Changed`] if it does not hold it (or is gone).
+fn current_version(
+    root: &S3Root,
+    settings: Settings,
+    path: &str,
+    recorded_sha: &str,
+) -> Result<ETag> {
     let changed = || Error::Changed {
         root: root.label.clone(),
         key: path.to_owned(),
@@ -500,7 +560,18 @@ fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag
     let head = root.head(path)?.ok_or_else(changed)?;
     match head.sha256.as_deref() {
         Some(sha) if sha == recorded_sha => Ok(head.etag),
-        Some(_) => Err(changed()),
+        Some(_) => {
+            // Overwritten by a publication whose intent is still there:
+            // recovered on the spot when stale (the retry then sees the
+            // adopted record), else say whose it is.
+            if let Some(id) = &head.intent
+                && let Some((intent, _, _)) = root.read_intent(id)?
+                && recover(root, settings, id)?.is_none()
+            {
+                return Err(claimed(root, settings, path, intent));
+            }
+            Err(changed())
+        }
         None => {
             // Written without the metadata (e.g. a multipart upload whose
             // digest was not known in advance): re-hash; the GET's ETag is
@@ -518,7 +589,8 @@ fn current_version(root: &S3Root, path: &str, recorded_sha: &str) -> Result<ETag
 /// Why a new key could not be created. An object written by a
 /// publication (its metadata names an intent) makes the conflict
 /// transient: that publication is in progress (its intent is live), or is
-/// recovered here (stale), or left its object behind after it was revoked
+/// recovered here (stale), or committed it since this one planned (the
+/// catalog records it now), or left its object behind after it was revoked
 /// (no intent any more: the object is removed here). Anything else is
 /// unmanaged (`fail_unmanaged`).
 fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Error> {
@@ -536,17 +608,34 @@ fn explain_existing(root: &S3Root, settings: Settings, path: &str) -> Result<Err
             key: path.to_owned(),
         });
     };
-    if root.read_intent(&id)?.is_some() {
-        recover(root, settings, &id)?;
+    if let Some((intent, _, _)) = root.read_intent(&id)? {
+        if recover(root, settings, &id)?.is_none() {
+            return Ok(claimed(root, settings, path, intent));
+        }
         return Ok(changed());
     }
     if remove_orphan(root, path, &id)? {
-        Ok(changed())
-    } else {
-        Ok(Error::Exists {
-            root: root.label.clone(),
-            key: path.to_owned(),
-        })
+        return Ok(changed());
+    }
+    if recorded(&root.read_state()?.state, path).is_some() {
+        // Its publication committed after this one planned: a retry plans
+        // on the new catalog.
+        return Ok(changed());
+    }
+    Ok(Error::Exists {
+        root: root.label.clone(),
+        key: path.to_owned(),
+    })
+}
+
+/// The error for `path` holding an object of the live `intent`.
+fn claimed(root: &S3Root, settings: Settings, path: &str, intent: Intent) -> Error {
+    Error::Claimed {
+        root: root.label.clone(),
+        key: path.to_owned(),
+        id: intent.id,
+        owner: intent.owner,
+        lease_secs: settings.lease.as_secs(),
     }
 }
 

@@ -286,6 +286,7 @@ fn killed_publisher(root: &S3Root) -> String {
         owner: "test".into(),
         renewals: 0,
         revoked: false,
+        spool: None,
         writes: vec![
             IntentWrite {
                 path: "orphan".into(),
@@ -320,6 +321,7 @@ fn killed_publisher(root: &S3Root) -> String {
 fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
     let root = memory_root("");
     let id = killed_publisher(&root);
+    let live = id.clone();
     assert_eq!(recover(&root, Settings::default(), &id).unwrap(), None);
     // Another publisher wanting "orphan" waits (transient), it does not fail
     // the bundle as unmanaged.
@@ -334,8 +336,29 @@ fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
         vec![],
         &mut never,
     );
-    assert!(matches!(r, Err(Error::Changed { .. })), "{r:?}");
-    assert!(r.unwrap_err().is_transient());
+    assert!(
+        matches!(r, Err(Error::Claimed { ref id, ref owner, .. }) if *id == live && owner == "test"),
+        "{r:?}"
+    );
+    let e = r.unwrap_err();
+    assert!(e.is_transient() && e.stage() == "lock", "{e:?}");
+    assert!(e.to_string().contains("still running"), "{e}");
+    // The same for a recorded object it overwrote.
+    let base = root.read_state().unwrap();
+    let next = catalog_with(&base.state, &[record("over", b"mine")], &[]);
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        vec![write("over", b"mine", Some(b"old"))],
+        vec![],
+        &mut never,
+    );
+    assert!(
+        matches!(r, Err(Error::Claimed { ref key, .. }) if key == "over"),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -381,6 +404,7 @@ fn a_paused_publisher_cannot_commit_after_it_was_recovered() {
         owner: "paused".into(),
         renewals: 0,
         revoked: false,
+        spool: None,
         writes: vec![IntentWrite {
             path: "late".into(),
             sha256: hash_bytes(b"L").sha256,
@@ -420,6 +444,7 @@ fn a_committed_publication_killed_before_its_deletes_is_finished() {
         owner: "t".into(),
         renewals: 0,
         revoked: false,
+        spool: None,
         writes: vec![],
         deletes: vec![Delete {
             path: "drop".into(),
@@ -554,6 +579,34 @@ fn the_leftover_of_a_revoked_publication_is_removed_not_reported_as_unmanaged() 
 }
 
 #[test]
+fn a_new_key_another_publication_created_and_committed_first_is_a_transient_conflict() {
+    let root = memory_root("");
+    publish(&root, &[("kept", b"K")]);
+    // Planned while "both" was unrecorded; another host creates and
+    // commits it first (its intent is gone, its catalog records the key).
+    let base = root.read_state().unwrap();
+    publish(&root, &[("both", b"theirs")]);
+    let next = catalog_with(&base.state, &[record("both", b"mine")], &[]);
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        vec![write("both", b"mine", None)],
+        vec![],
+        &mut never,
+    );
+    assert!(
+        matches!(r, Err(Error::Changed { ref key, .. }) if key == "both"),
+        "not an unmanaged object: a retry plans on the new catalog: {r:?}"
+    );
+    let (theirs, _) = root.get_hashed("both").unwrap().unwrap();
+    assert_eq!(theirs, hash_bytes(b"theirs"), "the winner's object stays");
+    assert!(catalog(&root).get("both").is_some());
+    assert_eq!(pending_intents(&root).unwrap(), Vec::<String>::new());
+}
+
+#[test]
 fn a_stale_intent_met_on_a_new_key_is_recovered_then_the_retry_succeeds() {
     let root = memory_root("");
     let id = killed_publisher(&root);
@@ -641,7 +694,41 @@ fn a_long_upload_renews_its_lease_and_stops_when_it_was_taken_over() {
         e.to_string().contains("paused longer than the lease"),
         "{e}"
     );
+    assert!(
+        e.is_transient() && e.stage() == "lock",
+        "retried, as a lost lock would be: {e:?}"
+    );
     // Nothing of it is left: the recoverer removed the claimed key.
     assert_eq!(paths(&root), [".distributor.json"]);
     assert!(catalog(&root).outputs.is_empty());
+}
+
+#[test]
+fn lease_settings_from_the_environment() {
+    let default = Settings::default();
+    let secs = |lease: u64, renew_ms: u64| Settings {
+        lease: Duration::from_secs(lease),
+        renew_every: Duration::from_millis(renew_ms),
+    };
+    let cases: [(Option<&str>, Option<Settings>); 9] = [
+        (None, Some(default)),
+        (Some(""), Some(default)),
+        (Some("300"), Some(default)),
+        (Some("2"), Some(secs(2, 200))),
+        (Some(" 45 "), Some(secs(45, 4_500))),
+        (Some("1"), None),
+        (Some("0"), None),
+        (Some("5m"), None),
+        (Some("86401"), None),
+    ];
+    for (value, expected) in cases {
+        let got = lease_settings(value);
+        match expected {
+            Some(s) => assert_eq!(got, Ok(s), "{value:?}"),
+            None => {
+                let e = got.expect_err(value.unwrap_or_default());
+                assert!(e.contains(LEASE_ENV) && e.contains("300 s"), "{e}");
+            }
+        }
+    }
 }

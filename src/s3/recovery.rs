@@ -68,15 +68,46 @@ pub struct Recovered {
 /// server's clock) or revoked; returns `Ok(None)` while it is live or when
 /// there is no such intent.
 pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Recovered>> {
+    recover_if(root, id, &mut |_, modified| {
+        Ok(root.server_now()? - modified >= settings.lease)
+    })
+}
+
+/// Recovers, at once, every intent that an earlier agent serving the spool
+/// folder `spool` on this host left behind ([`Intent::spool`]): the caller
+/// serves that folder now (it holds the folder's lock), so that agent is
+/// dead, and waiting for its lease would only hold up its own bundles.
+/// Wrongly taking a live publisher's intent would cost it a retry, never a
+/// lost update: recovery revokes and fences like any other.
+pub fn recover_abandoned(root: &S3Root, spool: &str) -> Result<Vec<(String, Recovered)>> {
+    let tag = super::protocol::spool_tag(spool);
+    let ours = format!(" pid {}", std::process::id());
+    let mut out = Vec::new();
+    for id in pending_intents(root)? {
+        let done = recover_if(root, &id, &mut |intent, _| {
+            Ok(intent.spool.as_deref() == Some(tag.as_str()) && !intent.owner.ends_with(&ours))
+        })?;
+        if let Some(done) = done {
+            out.push((id, done));
+        }
+    }
+    Ok(out)
+}
+
+/// Recovers the intent `id` when `take` says so (or it is revoked
+/// already); `Ok(None)` when it does not, or there is no such intent.
+fn recover_if(
+    root: &S3Root,
+    id: &str,
+    take: &mut dyn FnMut(&Intent, time::OffsetDateTime) -> Result<bool>,
+) -> Result<Option<Recovered>> {
     root.check_conformance()?;
     for _ in 0..8 {
         let Some((mut intent, etag, modified)) = root.read_intent(id)? else {
             return Ok(None);
         };
         if !intent.revoked {
-            let now = root.server_now()?;
-            let age = now - modified;
-            if age < settings.lease {
+            if !take(&intent, modified)? {
                 return Ok(None);
             }
             intent.revoked = true;
@@ -92,7 +123,15 @@ pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Rec
                 Err(e) => return Err(e),
             }
         }
-        return clean_up(root, &intent, true).map(Some);
+        let done = clean_up(root, &intent, true)?;
+        log::warn!(
+            "{}: finished or undid publication {id} of {} that another publisher left behind (it stopped renewing its intent: killed, or paused longer than the lease): deleted {} object(s) it had created, adopted {} record(s) of objects it had overwritten",
+            root.label,
+            intent.owner,
+            done.deleted.len(),
+            done.adopted.len()
+        );
+        return Ok(Some(done));
     }
     Err(Error::Conflict {
         root: root.label.clone(),
@@ -230,17 +269,43 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
 }
 
 /// Recovers every stale intent of the root (a LIST of
-/// `.distributor-pending/`: clean-up, not a commit decision). Meant to run
-/// before a publication plans and in `reconcile-state`; live intents are
-/// left alone.
+/// `.distributor-pending/`: clean-up, not a commit decision), and removes
+/// the conformance probes and clock objects that processes killed half-way
+/// left there once they are older than the lease. Meant to run before a
+/// publication plans and in `reconcile-state`; live intents are left alone.
 pub fn recover_stale(root: &S3Root, settings: Settings) -> Result<Vec<(String, Recovered)>> {
+    let listed = root.list(PENDING_DIR)?;
     let mut out = Vec::new();
-    for id in pending_intents(root)? {
-        if let Some(done) = recover(root, settings, &id)? {
-            out.push((id, done));
+    for id in listed.iter().filter_map(|l| intent_id(&l.path)) {
+        if let Some(done) = recover(root, settings, id)? {
+            out.push((id.to_owned(), done));
+        }
+    }
+    let scratch: Vec<_> = listed.iter().filter(|l| is_scratch(&l.path)).collect();
+    if !scratch.is_empty() {
+        let now = root.server_now()?;
+        for l in scratch {
+            if now - l.last_modified >= settings.lease {
+                root.delete(&l.path)?;
+            }
         }
     }
     Ok(out)
+}
+
+/// The intent id of a key below the root, if it is an intent record.
+fn intent_id(path: &str) -> Option<&str> {
+    path.strip_prefix(PENDING_DIR)
+        .and_then(|p| p.strip_prefix('/'))
+        .and_then(|n| n.strip_suffix(".json"))
+}
+
+/// Whether a key below the root is a conformance probe or a clock object
+/// (`.distributor-pending/probe-*`, `.distributor-pending/clock-*`).
+fn is_scratch(path: &str) -> bool {
+    path.strip_prefix(PENDING_DIR)
+        .and_then(|p| p.strip_prefix('/'))
+        .is_some_and(|n| n.starts_with("probe-") || n.starts_with("clock-"))
 }
 
 /// Intent ids under the root's `.distributor-pending/` (a LIST: for
@@ -248,12 +313,30 @@ pub fn recover_stale(root: &S3Root, settings: Settings) -> Result<Vec<(String, R
 pub fn pending_intents(root: &S3Root) -> Result<Vec<String>> {
     Ok(root
         .list(PENDING_DIR)?
-        .into_iter()
-        .filter_map(|l| {
-            l.path
-                .strip_prefix(&format!("{PENDING_DIR}/"))
-                .and_then(|n| n.strip_suffix(".json"))
-                .map(str::to_owned)
-        })
+        .iter()
+        .filter_map(|l| intent_id(&l.path))
+        .map(str::to_owned)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{intent_id, is_scratch};
+
+    #[test]
+    fn keys_under_the_pending_folder_by_kind() {
+        let cases = [
+            (".distributor-pending/abc.json", Some("abc"), false),
+            (".distributor-pending/probe-12ab", None, true),
+            (".distributor-pending/clock-12ab", None, true),
+            (".distributor-pending/other", None, false),
+            (".distributor-pendingx/abc.json", None, false),
+            ("site/.distributor-pending/abc.json", None, false),
+            ("probe-12ab", None, false),
+        ];
+        for (path, id, scratch) in cases {
+            assert_eq!(intent_id(path), id, "{path}");
+            assert_eq!(is_scratch(path), scratch, "{path}");
+        }
+    }
 }

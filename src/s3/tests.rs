@@ -253,6 +253,26 @@ fn errors_map_to_stages() {
             true,
         ),
         (
+            Error::Claimed {
+                root: root(),
+                key: key(),
+                id: "i".into(),
+                owner: "o".into(),
+                lease_secs: 300,
+            },
+            "lock",
+            true,
+        ),
+        (
+            Error::Revoked {
+                root: root(),
+                id: "i".into(),
+                lease_secs: 300,
+            },
+            "lock",
+            true,
+        ),
+        (
             Error::Exists {
                 root: root(),
                 key: key(),

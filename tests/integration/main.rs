@@ -23,5 +23,6 @@ mod run;
 mod s3;
 mod s3_maintain;
 mod s3_publish;
+mod s3_race;
 mod seaweed;
 mod unchanged;

@@ -571,6 +571,7 @@ fn s3_invalid_catalog_is_refused_untouched_with_exit_3() {
         owner: "elsewhere pid 1".into(),
         renewals: 0,
         revoked: false,
+        spool: None,
         writes: vec![],
         deletes: vec![],
     };
@@ -631,6 +632,7 @@ fn s3_read_only_commands_need_no_write_permission() {
         owner: "elsewhere pid 1".into(),
         renewals: 0,
         revoked: false,
+        spool: None,
         writes: vec![],
         deletes: vec![],
     };
