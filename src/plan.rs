@@ -243,7 +243,8 @@ impl CatalogUpdate {
 }
 
 impl Plan {
-    fn refused(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
+    /// A refusal: nothing written, `error` says why.
+    pub fn refused(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
         Plan {
             action,
             writes: Vec::new(),

@@ -106,7 +106,7 @@ pub(super) fn plan_destination(
     }
     let base = root.read_state().map_err(s3_error)?;
     let (mut plan, heads) = if options.force {
-        let plan = refusal(
+        let plan = Plan::refused(
             Action::FailConflict,
             Vec::new(),
             format!(
@@ -159,19 +159,6 @@ pub(super) fn plan_destination(
     })
 }
 
-fn refusal(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
-    Plan {
-        action,
-        writes: Vec::new(),
-        clear_first: Vec::new(),
-        delete_after: Vec::new(),
-        deletes: Vec::new(),
-        unmanaged,
-        error: Some(error),
-        update: None,
-    }
-}
-
 /// A refusal when the plan would delete an object the catalog does not
 /// record (replacing a catalog of an older schema, whose records are not
 /// trusted): in a bucket only recorded objects are ever deleted.
@@ -189,7 +176,7 @@ fn unrecorded_deletes(plan: &Plan, state: &State, d: &Destination) -> Option<Pla
     unrecorded.sort();
     unrecorded.dedup();
     let n = unrecorded.len();
-    Some(refusal(
+    Some(Plan::refused(
         Action::FailUnmanaged,
         unrecorded.clone(),
         format!(

@@ -845,32 +845,12 @@ fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_ho
     let bundle_a = stage.join("from-a");
     write_bundle(&bundle_a, "from-a", &files);
 
-    let mut run_a = a
-        .cmd(&["run", "--json", "--pipeline", PIPELINE, &path(&bundle_a)])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn run");
-    // The kill lands while the large object uploads: its placeholder (no
-    // bytes yet) is in the bucket.
-    let in_flight = wait_for(EVENT_WAIT, || {
-        bucket
-            .root
-            .head(BIG)
-            .expect("HEAD")
-            .is_some_and(|h| h.size == 0 && h.intent.is_some())
-            || run_a.try_wait().expect("wait").is_some()
-    });
-    assert!(in_flight, "the upload of {BIG} never started");
-    assert!(
-        run_a.try_wait().expect("wait").is_none(),
-        "run finished before the upload could be interrupted"
+    // The kill lands while the large object uploads.
+    kill_during_upload(
+        a.cmd(&["run", "--json", "--pipeline", PIPELINE, &path(&bundle_a)]),
+        &bucket,
+        BIG,
     );
-    Agent {
-        child: run_a,
-        reader: None,
-    }
-    .kill9();
 
     // What the kill left: an intent, a recorded object that no longer
     // matches its record, unrecorded new objects and the placeholder.
@@ -980,29 +960,7 @@ fn an_agent_killed_mid_upload_finishes_its_own_bundle_at_restart_without_waiting
     let staged = dir.join("stage/rep");
     write_bundle(&staged, "rep", &files);
     host.feed(&staged);
-    let mut agent = default_lease(&["agent"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the agent");
-    let in_flight = wait_for(EVENT_WAIT, || {
-        bucket
-            .root
-            .head(BIG)
-            .expect("HEAD")
-            .is_some_and(|h| h.size == 0 && h.intent.is_some())
-            || agent.try_wait().expect("wait").is_some()
-    });
-    assert!(in_flight, "the upload of {BIG} never started");
-    assert!(
-        agent.try_wait().expect("wait").is_none(),
-        "the agent exited"
-    );
-    Agent {
-        child: agent,
-        reader: None,
-    }
-    .kill9();
+    kill_during_upload(default_lease(&["agent"]), &bucket, BIG);
     assert_eq!(bucket.pending().len(), 1, "the killed publication's intent");
     assert_eq!(
         names(&host.spool("work")),
@@ -1053,26 +1011,11 @@ fn a_killed_first_publication_does_not_make_the_root_look_unmanaged() {
             (BIG.to_owned(), noise(20 * 1024 * 1024, 3)),
         ],
     );
-    let mut run_a = a
-        .cmd(&["run", "--json", "--pipeline", PIPELINE, &path(&bundle_a)])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn run");
-    let in_flight = wait_for(EVENT_WAIT, || {
-        bucket
-            .root
-            .head(BIG)
-            .expect("HEAD")
-            .is_some_and(|h| h.size == 0 && h.intent.is_some())
-            || run_a.try_wait().expect("wait").is_some()
-    });
-    assert!(in_flight && run_a.try_wait().expect("wait").is_none());
-    Agent {
-        child: run_a,
-        reader: None,
-    }
-    .kill9();
+    kill_during_upload(
+        a.cmd(&["run", "--json", "--pipeline", PIPELINE, &path(&bundle_a)]),
+        &bucket,
+        BIG,
+    );
     assert!(bucket.get(".distributor.json").is_none(), "no catalog yet");
 
     let bundle_b = dir.join("stage/from-b");
@@ -1104,4 +1047,33 @@ fn a_killed_first_publication_does_not_make_the_root_look_unmanaged() {
         [".distributor.json", "b.txt"].map(str::to_owned).into(),
         "the killed publication's objects are gone ({refusals} transient refusal(s) first)"
     );
+}
+
+/// Spawns `cmd` and kills it (`kill -9`) while it uploads `key` in parts:
+/// once the key's empty placeholder, which claims it before any part is
+/// sent, is in the bucket.
+fn kill_during_upload(mut cmd: Command, bucket: &Bucket, key: &str) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn distributor");
+    let in_flight = wait_for(EVENT_WAIT, || {
+        bucket
+            .root
+            .head(key)
+            .expect("HEAD")
+            .is_some_and(|h| h.size == 0 && h.intent.is_some())
+            || child.try_wait().expect("wait").is_some()
+    });
+    assert!(in_flight, "the upload of {key} never started");
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "it finished before the upload could be interrupted"
+    );
+    Agent {
+        child,
+        reader: None,
+    }
+    .kill9();
 }
