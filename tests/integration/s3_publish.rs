@@ -6,33 +6,22 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use distributor::config::S3Location;
-use distributor::s3::S3Root;
 use serde_json::Value;
 
-use crate::seaweed::server;
-use crate::util::{Output, Test, sha256, strings};
+use crate::seaweed::{Bucket, server};
+use crate::util::{Output, Test, strings};
 
 /// A test folder whose config has pipeline `reports` with one s3
 /// destination `web` (in a bucket of its own, below `site/archive`) and,
 /// with `local`, a second destination `disk` at `./disk`.
 struct S3Test {
     t: Test,
-    location: S3Location,
-    root: S3Root,
+    bucket: Bucket,
 }
 
 impl S3Test {
     fn new(workflow: &str, local: bool) -> S3Test {
-        let s = server();
-        let location = s.location("site/archive");
-        let root = S3Root::open_with(&location, s.credentials()).expect("s3 client");
-        // The bucket exists (the server makes it on a first upload); the
-        // root below it is empty.
-        let probe = ".bucket-made";
-        root.put_new(probe, &mut &b""[..], None, "test")
-            .expect("make the bucket");
-        root.delete(probe).expect("delete the probe");
+        let bucket = Bucket::new("site/archive");
         let t = Test::new();
         let disk = if local {
             "      - id: disk\n        path: ./disk\n        workflow: additive\n"
@@ -54,10 +43,10 @@ pipelines:
           source: true
           html: true
 {disk}",
-            bucket = location.bucket,
-            endpoint = s.endpoint,
+            bucket = bucket.location.bucket,
+            endpoint = server().endpoint,
         ));
-        S3Test { t, location, root }
+        S3Test { t, bucket }
     }
 
     /// The binary with the server's credentials in its environment.
@@ -79,86 +68,27 @@ pipelines:
         self.run(&args)
     }
 
-    /// Every object below the root (reserved ones included), with its bytes.
-    fn objects(&self) -> BTreeMap<String, Vec<u8>> {
-        self.root
-            .list("")
-            .expect("list")
-            .into_iter()
-            .map(|l| {
-                let bytes = self.get(&l.path).expect("listed object");
-                (l.path, bytes)
-            })
-            .collect()
-    }
-
-    /// A plain client of the bucket, bypassing the tool, and a runtime.
-    fn raw(&self) -> (impl object_store::ObjectStore, tokio::runtime::Runtime) {
-        let store = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(&self.location.bucket)
-            .with_region("us-east-1")
-            .with_endpoint(server().endpoint.clone())
-            .with_allow_http(true)
-            .with_access_key_id(server().credentials().key_id)
-            .with_secret_access_key(server().credentials().secret)
-            .build()
-            .expect("client");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        (store, rt)
-    }
-
     fn get(&self, rel: &str) -> Option<Vec<u8>> {
-        use object_store::ObjectStoreExt as _;
-        let (store, rt) = self.raw();
-        rt.block_on(async {
-            match store.get(&self.root.key(rel)).await {
-                Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => panic!("GET {rel}: {e}"),
-            }
-        })
+        self.bucket.get(rel)
     }
 
-    /// An object written behind the tool's back (unconditionally).
-    fn plant(&self, rel: &str, bytes: &[u8]) {
-        use object_store::ObjectStoreExt as _;
-        let (store, rt) = self.raw();
-        rt.block_on(store.put(&self.root.key(rel), bytes.to_vec().into()))
-            .expect("plant an object");
-    }
-
-    /// The catalog object's records by path.
     fn records(&self) -> BTreeMap<String, Value> {
-        let bytes = self.get(".distributor.json").expect("a catalog object");
-        let doc: Value = serde_json::from_slice(&bytes).expect("catalog JSON");
-        assert_eq!(doc["schema_version"], 4);
-        doc["outputs"]
-            .as_array()
-            .expect("outputs")
-            .iter()
-            .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
-            .collect()
+        self.bucket.records()
     }
 
     /// Every record's object holds exactly the recorded bytes, and no
     /// intent is left pending.
     fn assert_records_match_objects(&self) {
-        for (path, r) in self.records() {
-            let bytes = self.get(&path).unwrap_or_else(|| panic!("{path} missing"));
-            assert_eq!(r["sha256"], sha256(&bytes), "{path}");
-            assert_eq!(r["size"], bytes.len() as u64, "{path}");
-        }
-        let pending = self.root.list(".distributor-pending").expect("list");
+        self.bucket.assert_records_match_objects();
+        let pending = self.bucket.pending();
         assert!(pending.is_empty(), "pending intents left: {pending:?}");
     }
 
     /// Keys of the objects that are outputs (reserved names aside).
     fn output_keys(&self) -> Vec<String> {
-        self.objects()
-            .into_keys()
+        self.bucket
+            .keys()
+            .into_iter()
             .filter(|k| !k.starts_with(".distributor"))
             .collect()
     }
@@ -177,7 +107,7 @@ fn publish_new_puts_every_output_at_its_key_and_records_it() {
     assert_eq!(d["action"], "publish_new");
     assert_eq!(
         d["root"],
-        format!("s3://{}/site/archive", s.location.bucket)
+        format!("s3://{}/site/archive", s.bucket.location.bucket)
     );
     assert_eq!(
         strings(&d["writes"]),
@@ -213,7 +143,7 @@ fn a_rerun_is_skip_same_and_a_changed_bundle_uploads_only_what_changed() {
         &[("a.txt", "same\n"), ("b.txt", "old\n")],
     );
     s.publish(&b1, &[]).expect_code(0);
-    let etag_a = s.root.head("a.txt").unwrap().unwrap().etag;
+    let etag_a = s.bucket.root.head("a.txt").unwrap().unwrap().etag;
 
     let again = s.publish(&b1, &[]);
     again.expect_code(0);
@@ -231,7 +161,7 @@ fn a_rerun_is_skip_same_and_a_changed_bundle_uploads_only_what_changed() {
     assert_eq!(d["action"], "upsert_additive");
     assert_eq!(s.get("b.txt").unwrap(), b"new!\n");
     assert_eq!(
-        s.root.head("a.txt").unwrap().unwrap().etag,
+        s.bucket.root.head("a.txt").unwrap().unwrap().etag,
         etag_a,
         "an unchanged output is not uploaded again"
     );
@@ -253,7 +183,7 @@ fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
         &[("keep.txt", "k\n"), ("old/gone.txt", "g\n")],
     );
     s.publish(&b1, &[]).expect_code(0);
-    s.plant("stray.txt", b"not ours\n");
+    s.bucket.plant("stray.txt", b"not ours\n");
     let b2 =
         s.t.bundle_at("v2", "rep", "2026-01-02T00:00:00Z", &[("keep.txt", "k2\n")]);
     let out = s.publish(&b2, &[]);
@@ -275,7 +205,7 @@ fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
 fn unrecorded_objects_are_never_overwritten() {
     // A root without a catalog that holds objects.
     let s = S3Test::new("additive", false);
-    s.plant("index.html", b"<p>theirs</p>");
+    s.bucket.plant("index.html", b"<p>theirs</p>");
     let b = s.t.bundle("rep.1", &[("report.txt", "r\n")]);
     let out = s.publish(&b, &[]);
     out.expect_code(3);
@@ -288,7 +218,7 @@ fn unrecorded_objects_are_never_overwritten() {
     let s = S3Test::new("additive", false);
     let b1 = s.t.bundle("v1", &[("a.txt", "a\n")]);
     s.publish(&b1, &[]).expect_code(0);
-    s.plant("b.txt", b"theirs\n");
+    s.bucket.plant("b.txt", b"theirs\n");
     let b2 = s.t.bundle("v2", &[("a.txt", "a\n"), ("b.txt", "ours\n")]);
     let out = s.publish(&b2, &[]);
     out.expect_code(3);
@@ -301,7 +231,7 @@ fn unrecorded_objects_are_never_overwritten() {
 #[test]
 fn a_bad_catalog_and_force_are_refused_and_leave_the_bucket_alone() {
     let s = S3Test::new("additive", false);
-    s.plant(".distributor.json", b"{ not json");
+    s.bucket.plant(".distributor.json", b"{ not json");
     let b = s.t.bundle("rep.1", &[("a.txt", "a\n")]);
     let out = s.publish(&b, &[]);
     out.expect_code(3);
@@ -328,7 +258,7 @@ fn a_dry_run_writes_nothing_to_the_bucket() {
     out.expect_code(0);
     assert_eq!(out.dest()["action"], "publish_new");
     assert_eq!(strings(&out.dest()["writes"]), ["a.txt"]);
-    assert!(s.objects().is_empty(), "{:?}", s.objects().keys());
+    assert!(s.bucket.keys().is_empty(), "{:?}", s.bucket.keys());
 }
 
 #[test]
@@ -350,7 +280,13 @@ fn bytes_that_differ_from_the_manifest_are_never_published() {
         s.output_keys()
     );
     assert!(s.get(".distributor.json").is_none());
-    assert!(s.root.list(".distributor-pending").unwrap().is_empty());
+    assert!(
+        s.bucket
+            .root
+            .list(".distributor-pending")
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
@@ -368,7 +304,7 @@ fn missing_credentials_are_a_lock_failure_naming_the_variable() {
     out.expect_code(1);
     let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
     assert!(error.contains("AWS_ACCESS_KEY_ID"), "{error}");
-    assert!(s.objects().is_empty());
+    assert!(s.bucket.keys().is_empty());
 }
 
 #[test]
@@ -411,6 +347,6 @@ fn the_agent_publishes_to_local_and_s3_destinations_in_one_go() {
     assert_eq!(web["outputs"], 3, "{web}");
     assert_eq!(
         web["root"],
-        format!("s3://{}/site/archive", s.location.bucket)
+        format!("s3://{}/site/archive", s.bucket.location.bucket)
     );
 }

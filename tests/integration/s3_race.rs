@@ -24,10 +24,9 @@ use std::thread::{JoinHandle, sleep};
 use std::time::{Duration, Instant};
 
 use distributor::config::S3Location;
-use distributor::s3::S3Root;
 use serde_json::Value;
 
-use crate::seaweed::server;
+use crate::seaweed::{Bucket, server};
 use crate::util::{sha256, wait_for, write_file};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distributor");
@@ -38,138 +37,6 @@ const PIPELINE: &str = "site";
 const RESULT: &str = ".distributor-result.json";
 /// Longest the test waits for any one observable event before failing.
 const EVENT_WAIT: Duration = Duration::from_secs(60);
-
-// ---------------------------------------------------------------------------
-// The bucket, seen through a plain client
-// ---------------------------------------------------------------------------
-
-/// One root in a bucket of its own, read and written behind the tool's back.
-struct Bucket {
-    location: S3Location,
-    root: S3Root,
-    store: object_store::aws::AmazonS3,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Bucket {
-    fn new(prefix: &str) -> Bucket {
-        let s = server();
-        let location = s.location(prefix);
-        let root = S3Root::open_with(&location, s.credentials()).expect("s3 client");
-        let store = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name(&location.bucket)
-            .with_region("us-east-1")
-            .with_endpoint(s.endpoint.clone())
-            .with_allow_http(true)
-            .with_access_key_id(s.credentials().key_id)
-            .with_secret_access_key(s.credentials().secret)
-            .build()
-            .expect("client");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        // The server makes the bucket on its first upload.
-        let probe = ".bucket-made";
-        root.put_new(probe, &mut &b""[..], None, "test")
-            .expect("make the bucket");
-        root.delete(probe).expect("delete the probe");
-        Bucket {
-            location,
-            root,
-            store,
-            rt,
-        }
-    }
-
-    fn get(&self, rel: &str) -> Option<Vec<u8>> {
-        use object_store::ObjectStoreExt as _;
-        self.rt.block_on(async {
-            match self.store.get(&self.root.key(rel)).await {
-                Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => panic!("GET {rel}: {e}"),
-            }
-        })
-    }
-
-    /// Writes `rel` unconditionally, as another tool would; returns its ETag.
-    fn plant(&self, rel: &str, bytes: &[u8]) -> String {
-        use object_store::ObjectStoreExt as _;
-        self.rt
-            .block_on(self.store.put(&self.root.key(rel), bytes.to_vec().into()))
-            .expect("plant an object");
-        self.etag(rel).expect("the planted object")
-    }
-
-    fn etag(&self, rel: &str) -> Option<String> {
-        self.root.head(rel).expect("HEAD").map(|h| h.etag.0)
-    }
-
-    /// Every key below the root, relative.
-    fn keys(&self) -> BTreeSet<String> {
-        self.root
-            .list("")
-            .expect("LIST")
-            .into_iter()
-            .map(|l| l.path)
-            .collect()
-    }
-
-    /// Ids of the intents under `.distributor-pending/`.
-    fn pending(&self) -> Vec<String> {
-        distributor::s3::protocol::pending_intents(&self.root).expect("LIST pending")
-    }
-
-    /// Every key under `.distributor-pending/` (intents, probes, clocks).
-    fn reserved(&self) -> Vec<String> {
-        let listed = self.root.list(".distributor-pending").expect("LIST");
-        listed.into_iter().map(|l| l.path).collect()
-    }
-
-    /// The bundles (`h<host>-b<n>`) whose outputs the intents process
-    /// `pid` wrote are publishing: empty when it has no intent pending.
-    fn publishing(&self, pid: u32) -> BTreeSet<String> {
-        let owner = format!(" pid {pid}");
-        let mut out = BTreeSet::new();
-        for id in self.pending() {
-            let Ok(Some((intent, _, _))) = self.root.read_intent(&id) else {
-                continue;
-            };
-            if intent.owner.ends_with(&owner) {
-                out.extend(intent.writes.iter().filter_map(|w| bundle_of(&w.path)));
-            }
-        }
-        out
-    }
-
-    /// The catalog object's records by path.
-    fn records(&self) -> BTreeMap<String, Value> {
-        let bytes = self.get(".distributor.json").expect("a catalog object");
-        let doc: Value = serde_json::from_slice(&bytes).expect("catalog JSON");
-        assert_eq!(doc["schema_version"], 4, "{doc}");
-        doc["outputs"]
-            .as_array()
-            .expect("outputs")
-            .iter()
-            .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
-            .collect()
-    }
-
-    /// Every record's object holds exactly the recorded bytes.
-    #[track_caller]
-    fn assert_records_match_objects(&self) -> BTreeMap<String, Value> {
-        let records = self.records();
-        for (path, r) in &records {
-            let bytes = self
-                .get(path)
-                .unwrap_or_else(|| panic!("{path} is recorded but has no object"));
-            assert_eq!(r["sha256"], sha256(&bytes), "{path}: record {r}");
-            assert_eq!(r["size"], bytes.len() as u64, "{path}: record {r}");
-        }
-        records
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Hosts: a config and a spool each, the same s3 destination
@@ -650,7 +517,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
         let mut target = None;
         let fired = wait_for(EVENT_WAIT, || {
             target = match trigger {
-                Trigger::Intent => fresh(bucket.publishing(pid)),
+                Trigger::Intent => fresh(publishing(&bucket, pid)),
                 Trigger::Claimed => fresh(names(&victim.spool("work"))),
                 Trigger::Done => (names(&victim.spool("done")).len() > done_before)
                     .then(|| "(between bundles)".to_owned()),
@@ -666,7 +533,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
         );
         agent.kill9();
         kills += 1;
-        if !bucket.publishing(pid).is_empty() {
+        if !publishing(&bucket, pid).is_empty() {
             mid_publication += 1;
         }
         hit.extend(target);
@@ -1076,4 +943,20 @@ fn kill_during_upload(mut cmd: Command, bucket: &Bucket, key: &str) {
         reader: None,
     }
     .kill9();
+}
+
+/// The bundles (`h<host>-b<n>`) whose outputs the intents process
+/// `pid` wrote are publishing: empty when it has no intent pending.
+fn publishing(bucket: &Bucket, pid: u32) -> BTreeSet<String> {
+    let owner = format!(" pid {pid}");
+    let mut out = BTreeSet::new();
+    for id in bucket.pending() {
+        let Ok(Some((intent, _, _))) = bucket.root.read_intent(&id) else {
+            continue;
+        };
+        if intent.owner.ends_with(&owner) {
+            out.extend(intent.writes.iter().filter_map(|w| bundle_of(&w.path)));
+        }
+    }
+    out
 }

@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 
 use distributor::config::S3Location;
 use distributor::s3::{Credentials, S3Root};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::util::sha256;
 
 /// The SeaweedFS release the tests and CI use.
 pub const VERSION: &str = "4.48";
@@ -426,5 +430,121 @@ fn forward_requests(mut client: TcpStream, mut server: TcpStream) -> std::io::Re
             server.write_all(&chunk[..n])?;
             left -= n;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The bucket, seen through a plain client
+// ---------------------------------------------------------------------------
+
+/// One root in a bucket of its own, read and written behind the tool's back.
+pub struct Bucket {
+    pub location: S3Location,
+    pub root: S3Root,
+    store: object_store::aws::AmazonS3,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Bucket {
+    pub fn new(prefix: &str) -> Bucket {
+        let s = server();
+        let location = s.location(prefix);
+        let root = S3Root::open_with(&location, s.credentials()).expect("s3 client");
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&location.bucket)
+            .with_region("us-east-1")
+            .with_endpoint(s.endpoint.clone())
+            .with_allow_http(true)
+            .with_access_key_id(s.credentials().key_id)
+            .with_secret_access_key(s.credentials().secret)
+            .build()
+            .expect("client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // The server makes the bucket on its first upload.
+        let probe = ".bucket-made";
+        root.put_new(probe, &mut &b""[..], None, "test")
+            .expect("make the bucket");
+        root.delete(probe).expect("delete the probe");
+        Bucket {
+            location,
+            root,
+            store,
+            rt,
+        }
+    }
+
+    pub fn get(&self, rel: &str) -> Option<Vec<u8>> {
+        use object_store::ObjectStoreExt as _;
+        self.rt.block_on(async {
+            match self.store.get(&self.root.key(rel)).await {
+                Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("GET {rel}: {e}"),
+            }
+        })
+    }
+
+    /// Writes `rel` unconditionally, as another tool would; returns its ETag.
+    pub fn plant(&self, rel: &str, bytes: &[u8]) -> String {
+        use object_store::ObjectStoreExt as _;
+        self.rt
+            .block_on(self.store.put(&self.root.key(rel), bytes.to_vec().into()))
+            .expect("plant an object");
+        self.etag(rel).expect("the planted object")
+    }
+
+    pub fn etag(&self, rel: &str) -> Option<String> {
+        self.root.head(rel).expect("HEAD").map(|h| h.etag.0)
+    }
+
+    /// Every key below the root, relative.
+    pub fn keys(&self) -> BTreeSet<String> {
+        self.root
+            .list("")
+            .expect("LIST")
+            .into_iter()
+            .map(|l| l.path)
+            .collect()
+    }
+
+    /// Ids of the intents under `.distributor-pending/`.
+    pub fn pending(&self) -> Vec<String> {
+        distributor::s3::protocol::pending_intents(&self.root).expect("LIST pending")
+    }
+
+    /// Every key under `.distributor-pending/` (intents, probes, clocks).
+    pub fn reserved(&self) -> Vec<String> {
+        let listed = self.root.list(".distributor-pending").expect("LIST");
+        listed.into_iter().map(|l| l.path).collect()
+    }
+
+    /// The catalog object's records by path.
+    pub fn records(&self) -> BTreeMap<String, Value> {
+        let bytes = self.get(".distributor.json").expect("a catalog object");
+        let doc: Value = serde_json::from_slice(&bytes).expect("catalog JSON");
+        assert_eq!(doc["schema_version"], 4, "{doc}");
+        doc["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
+            .collect()
+    }
+
+    /// Every record's object holds exactly the recorded bytes.
+    #[track_caller]
+    pub fn assert_records_match_objects(&self) -> BTreeMap<String, Value> {
+        let records = self.records();
+        for (path, r) in &records {
+            let bytes = self
+                .get(path)
+                .unwrap_or_else(|| panic!("{path} is recorded but has no object"));
+            assert_eq!(r["sha256"], sha256(&bytes), "{path}: record {r}");
+            assert_eq!(r["size"], bytes.len() as u64, "{path}: record {r}");
+        }
+        records
     }
 }
