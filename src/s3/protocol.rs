@@ -435,7 +435,7 @@ fn run(
             continue;
         }
         send_small(session, &mut queue, &mut written)?;
-        let mut source = std::io::Cursor::new(first).chain(w.source);
+        let mut source = super::upload::FirstThen::new(first, &mut w.source);
         let stored = super::upload::put(
             root,
             &w.path,

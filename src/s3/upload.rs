@@ -120,6 +120,38 @@ pub(super) fn read_first_part(root: &S3Root, rel: &str, source: &mut dyn Read) -
     Ok(buf)
 }
 
+/// A source whose first part was already read ([`read_first_part`]):
+/// those bytes, then the rest. The first part's buffer is freed as soon as
+/// it has been read again, so a large upload holds it only once.
+pub(super) struct FirstThen<'a> {
+    first: Option<std::io::Cursor<Vec<u8>>>,
+    rest: &'a mut dyn Read,
+}
+
+impl<'a> FirstThen<'a> {
+    pub(super) fn new(first: Vec<u8>, rest: &'a mut dyn Read) -> FirstThen<'a> {
+        FirstThen {
+            first: Some(std::io::Cursor::new(first)),
+            rest,
+        }
+    }
+}
+
+impl Read for FirstThen<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(first) = &mut self.first {
+            let n = first.read(buf)?;
+            if first.position() >= first.get_ref().len() as u64 {
+                self.first = None;
+            }
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+        }
+        self.rest.read(buf)
+    }
+}
+
 /// One conditional PUT of an object shorter than a part whose bytes the
 /// caller has hashed (`sha256`) and checked: `If-None-Match: *` for a new
 /// key (`replace` None), `If-Match` otherwise. [`Error::Exists`] or
