@@ -85,7 +85,8 @@ class Seaweed:
         deadline = time.time() + 90
         while True:
             if self.proc.poll() is not None:
-                sys.exit(f"SeaweedFS exited ({self.proc.returncode}); see {self.dir}/weed.log")
+                sys.exit(f"SeaweedFS exited ({self.proc.returncode}); the end of its log:\n"
+                         + self.log_tail())
             ok = subprocess.run(["rclone", "mkdir", "s3:ready"], env=self.rclone_env(True),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
             if ok:
@@ -96,11 +97,18 @@ class Seaweed:
                     break
             if time.time() > deadline:
                 self.__exit__(None, None, None)
-                sys.exit(f"SeaweedFS did not accept a write within 90 s; see the log above")
+                sys.exit("SeaweedFS did not accept a write within 90 s; the end of its log:\n"
+                         + self.log_tail())
             time.sleep(0.2)
         print(f"SeaweedFS {SEAWEEDFS_VERSION} ready at {self.endpoint} after "
               f"{time.perf_counter() - started:.1f} s", flush=True)
         return self
+
+    def log_tail(self):
+        """The last lines of the server's log (its folder is removed at the end)."""
+        self.log.flush()
+        with open(os.path.join(self.dir, "weed.log"), errors="replace") as f:
+            return "".join(f.readlines()[-20:])
 
     def __exit__(self, *exc):
         if self.proc is None:
