@@ -453,11 +453,97 @@ def bench_catalog(work, sizes, runs):
     return results
 
 
+def bench_s3_backlog(work, server, count, runs):
+    """A backlog of nested bundles through agent --once into a bucket,
+    against rclone copy --checksum of the same objects (a folder tree of
+    the published files) to the same server; a new bucket for every run."""
+    import s3
+    base = os.path.join(work, "s3backlog")
+    src = os.path.join(base, "src")
+    os.makedirs(src)
+    make_nested(src, count)
+    # The peer's tree: the bundles' files where they are published (hard links).
+    peer = os.path.join(base, "peer")
+    os.makedirs(peer)
+    for b in sorted(os.listdir(src)):
+        for entry in os.listdir(os.path.join(src, b)):
+            if entry != "manifest.json":
+                shutil.copytree(os.path.join(src, b, entry), os.path.join(peer, entry),
+                                copy_function=os.link)
+    expected = 3 * count
+    ours, rclone = [], []
+    for run in range(runs):
+        rbase = os.path.join(base, f"run{run}")
+        config = os.path.join(rbase, "config.yaml")
+        spool = os.path.join(rbase, "spool")
+        os.makedirs(os.path.join(spool, "bench"))
+        bucket = server.bucket("backlog-ours")
+        s3.write_s3_config(config, spool, server.endpoint, bucket)
+        sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
+        sh("sync")
+        t, _ = timed([BIN, "--config", config, "agent", "--once"], env=server.distributor_env())
+        ours.append(t)
+        stored = server.objects(bucket)
+        if len(stored) != expected + 1 or "site/.distributor.json" not in stored:
+            sys.exit(f"s3 backlog: the bucket holds {len(stored)} objects after agent --once, "
+                     f"expected {expected} outputs and the catalog")
+        server.drop(bucket)
+
+        bucket = server.bucket("backlog-rclone")
+        sh("sync")
+        t, _ = timed(["rclone", "copy", "--checksum", peer, f"s3:{bucket}/site"],
+                     env=server.rclone_env())
+        rclone.append(t)
+        if len(server.objects(bucket)) != expected:
+            sys.exit(f"s3 backlog: rclone stored {len(server.objects(bucket))} objects, expected {expected}")
+        server.drop(bucket)
+    runs_line("s3 backlog", ours=ours, rclone=rclone)
+    return {"ours": median(ours), "rclone": median(rclone), "count": count}
+
+
+def bench_s3_large(work, server, size, runs):
+    """One large file into a bucket: run against rclone copy --checksum."""
+    import s3
+    base = os.path.join(work, "s3large")
+    bundle = os.path.join(base, "bundle")
+    os.makedirs(bundle)
+    big = os.path.join(bundle, "big.bin")
+    random_file(big, size)
+    seal(bundle, "large")
+    ours, rclone, rss, peer_rss = [], [], [], []
+    for run in range(runs):
+        config = os.path.join(base, f"config{run}.yaml")
+        bucket = server.bucket("large-ours")
+        s3.write_s3_config(config, os.path.join(base, f"spool{run}"), server.endpoint, bucket)
+        sh("sync")
+        t, m = timed([BIN, "--config", config, "run", "--pipeline", "bench", bundle],
+                     env=server.distributor_env())
+        ours.append(t)
+        rss.append(m)
+        if server.objects(bucket).get("site/big.bin") != size:
+            sys.exit("s3 large: site/big.bin is not in the bucket after run")
+        server.drop(bucket)
+
+        bucket = server.bucket("large-rclone")
+        sh("sync")
+        t, m = timed(["rclone", "copy", "--checksum", big, f"s3:{bucket}/site"],
+                     env=server.rclone_env())
+        rclone.append(t)
+        peer_rss.append(m)
+        if server.objects(bucket).get("site/big.bin") != size:
+            sys.exit("s3 large: rclone did not store site/big.bin")
+        server.drop(bucket)
+    runs_line("s3 large", ours=ours, rclone=rclone)
+    return {"ours": median(ours), "rclone": median(rclone), "rss_kib": max(rss),
+            "peer_rss_kib": max(peer_rss)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--only", choices=["large", "backlog", "nested", "tree", "latency", "catalog"])
+    ap.add_argument("--only", choices=["large", "backlog", "nested", "tree", "latency", "catalog",
+                                       "s3", "s3-backlog", "s3-large"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     large = (8 << 20) if args.quick else (1 << 30)
@@ -467,6 +553,8 @@ def main():
     tree_runs = 1 if args.quick else min(runs, 3)
     latency = 10 if args.quick else 200
     sizes = [1000] if args.quick else [1000, 10000, 100000]
+    s3_backlog = 20 if args.quick else 1000
+    s3_large = (16 << 20) if args.quick else (1 << 30)
 
     work = tempfile.mkdtemp(prefix="distributor-bench-", dir=os.environ.get("BENCH_DIR"))
     try:
@@ -501,6 +589,19 @@ def main():
                              "python3 json load + dump", r["peer"]))
                 rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB "
                              f"({r['rss_kib'] / max(r['file_kib'], 1):.1f}x the catalog)", None, None, None))
+        if args.only in (None, "s3", "s3-backlog", "s3-large"):
+            import s3
+            with s3.Seaweed(work) as server:
+                if args.only in (None, "s3", "s3-backlog"):
+                    r = bench_s3_backlog(work, server, s3_backlog, runs)
+                    rows.append((f"s3 backlog {r['count']} bundles: agent --once", r["ours"],
+                                 "rclone copy --checksum (goal <= 0.67x)", r["rclone"]))
+                if args.only in (None, "s3", "s3-large"):
+                    r = bench_s3_large(work, server, s3_large, runs)
+                    rows.append((f"s3 large file {s3_large >> 20} MiB: run", r["ours"],
+                                 "rclone copy --checksum (goal <= 1.10x)", r["rclone"]))
+                    rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB (rclone "
+                                 f"{r['peer_rss_kib'] // 1024} MiB)", None, None, None))
         print()
         print(f"{'measure':<44} {'ours':>10} {'peer':>10} {'ratio':>7}  peer")
         for name, ours, peer_name, peer in rows:

@@ -256,6 +256,11 @@ pub struct S3Root {
     label: String,
     /// Which server and bucket the conformance check is cached for.
     server: String,
+    /// The catalog version this client last read or wrote, and its bytes:
+    /// the next read asks the server for the catalog only if it is no
+    /// longer that version (`If-None-Match`), so a publisher that is alone
+    /// does not download the catalog it has just written.
+    catalog_seen: std::sync::Mutex<Option<(ETag, Vec<u8>)>>,
 }
 
 impl fmt::Debug for S3Root {
@@ -353,7 +358,14 @@ impl S3Root {
             prefix: prefix.trim_matches('/').to_owned(),
             label,
             server,
+            catalog_seen: std::sync::Mutex::new(None),
         })
+    }
+
+    fn catalog_seen(&self) -> std::sync::MutexGuard<'_, Option<(ETag, Vec<u8>)>> {
+        self.catalog_seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// `s3://bucket/prefix`, for messages.
@@ -384,21 +396,51 @@ impl S3Root {
     }
 
     /// The catalog's bytes and version, or `None` when there is none.
+    /// A version this client has seen is not downloaded again: the GET
+    /// carries `If-None-Match` with its ETag, and on `304 Not Modified`
+    /// the bytes kept from that version are returned (the server has said
+    /// that its current version is that one).
     pub fn read_catalog(&self) -> Result<Option<(Vec<u8>, ETag)>> {
         let key = self.key(CATALOG_KEY);
+        let seen = self.catalog_seen().as_ref().map(|(etag, _)| etag.clone());
         let got = self.block_on(async {
-            match self.store.get_opts(&key, GetOptions::default()).await {
+            let options = GetOptions {
+                if_none_match: seen.as_ref().map(|etag| etag.0.clone()),
+                ..GetOptions::default()
+            };
+            match self.store.get_opts(&key, options).await {
                 Ok(r) => {
                     let etag = r.meta.e_tag.clone();
                     r.bytes().await.map(|b| Some((b.to_vec(), etag)))
                 }
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(object_store::Error::NotModified { .. }) if seen.is_some() => {
+                    let kept = self.catalog_seen().clone();
+                    match kept {
+                        Some((etag, bytes)) if Some(&etag) == seen.as_ref() => {
+                            Ok(Some((bytes, Some(etag.0))))
+                        }
+                        // Replaced meanwhile by this process: read it again.
+                        _ => match self.store.get_opts(&key, GetOptions::default()).await {
+                            Ok(r) => {
+                                let etag = r.meta.e_tag.clone();
+                                r.bytes().await.map(|b| Some((b.to_vec(), etag)))
+                            }
+                            Err(object_store::Error::NotFound { .. }) => Ok(None),
+                            Err(e) => Err(e),
+                        },
+                    }
+                }
                 Err(e) => Err(e),
             }
         });
         match got.map_err(|e| self.store_err("GET", CATALOG_KEY, e))? {
             None => Ok(None),
-            Some((bytes, Some(etag))) => Ok(Some((bytes, ETag(etag)))),
+            Some((bytes, Some(etag))) => {
+                let etag = ETag(etag);
+                *self.catalog_seen() = Some((etag.clone(), bytes.clone()));
+                Ok(Some((bytes, etag)))
+            }
             Some((_, None)) => Err(Error::Protocol {
                 root: self.label.clone(),
                 what: format!(
@@ -435,7 +477,11 @@ impl S3Root {
             },
         ));
         match put {
-            Ok(r) => self.etag_of(CATALOG_KEY, r.e_tag),
+            Ok(r) => {
+                let etag = self.etag_of(CATALOG_KEY, r.e_tag)?;
+                *self.catalog_seen() = Some((etag.clone(), bytes.to_vec()));
+                Ok(etag)
+            }
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },

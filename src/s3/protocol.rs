@@ -403,12 +403,17 @@ pub fn commit_for(
             // The catalog is in force: the publication succeeded. What is
             // left is tidying; if it fails, the intent stays and recovery
             // finishes it.
-            let tidied = committed_state(root).and_then(|state| {
-                for d in &deletes {
-                    delete_if_unrecorded_and_unchanged(root, &state, d)?;
+            // (The catalog is read again only when there is something to
+            // delete.)
+            let tidied = (|| {
+                if !deletes.is_empty() {
+                    let state = committed_state(root)?;
+                    for d in &deletes {
+                        delete_if_unrecorded_and_unchanged(root, &state, d)?;
+                    }
                 }
                 root.delete(&intent_key(&session.intent.id))
-            });
+            })();
             if let Err(e) = tidied {
                 log::warn!(
                     "{}: the publication is committed, but tidying up failed: {e}; {} stays and the next publisher finishes it after {}s",
@@ -477,31 +482,50 @@ fn run(
         .collect();
     let touched: Vec<&str> = touched.iter().map(String::as_str).collect();
     let mut written = Vec::with_capacity(writes.len());
+    // Objects shorter than a part wait here, read and checked, and go up
+    // together (up to SMALL_IN_FLIGHT conditional PUTs at once); larger
+    // ones go up alone as multipart uploads, after the queue is sent.
+    let mut queue = SmallQueue::default();
     for mut w in writes {
         session.keep_alive()?;
-        let stored = match &w.replaces {
-            None => super::upload::put(
+        let replace = match &w.replaces {
+            None => None,
+            Some(recorded_sha) => Some(current_version(
                 root,
+                session.settings,
                 &w.path,
-                &mut w.source,
-                None,
-                Some(&w.sha256),
-                &id,
-                &mut || session.keep_alive(),
-            ),
-            Some(recorded_sha) => {
-                let etag = current_version(root, session.settings, &w.path, recorded_sha)?;
-                super::upload::put(
-                    root,
-                    &w.path,
-                    &mut w.source,
-                    Some(&etag),
-                    Some(&w.sha256),
-                    &id,
-                    &mut || session.keep_alive(),
-                )
-            }
+                recorded_sha,
+            )?),
         };
+        let first = super::upload::read_first_part(root, &w.path, &mut w.source)?;
+        if first.len() < super::upload::PART_SIZE {
+            let sha256 = crate::hashing::hash_bytes(&first).sha256;
+            if sha256 != w.sha256 {
+                return Err(Error::HashMismatch {
+                    root: root.label.clone(),
+                    key: w.path,
+                    expected: w.sha256,
+                    actual: sha256,
+                });
+            }
+            queue.bytes += first.len();
+            queue.items.push((w.path, first, sha256, replace));
+            if queue.items.len() >= SMALL_IN_FLIGHT || queue.bytes >= SMALL_QUEUE_BYTES {
+                send_small(session, &mut queue, &mut written)?;
+            }
+            continue;
+        }
+        send_small(session, &mut queue, &mut written)?;
+        let mut source = super::upload::FirstThen::new(first, &mut w.source);
+        let stored = super::upload::put(
+            root,
+            &w.path,
+            &mut source,
+            replace.as_ref(),
+            Some(&w.sha256),
+            &id,
+            &mut || session.keep_alive(),
+        );
         let stored = match stored {
             Err(Error::Exists { key, .. }) => {
                 return Err(explain_existing(root, session.settings, &key)?);
@@ -510,6 +534,7 @@ fn run(
         };
         written.push((w.path, stored));
     }
+    send_small(session, &mut queue, &mut written)?;
     let mut base = base;
     let mut next = next;
     let mut rebases = 0;
@@ -541,6 +566,60 @@ fn run(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Small objects a commit sends at once, and the bytes they may hold in
+/// memory together (besides the one being read): memory stays within a
+/// few parts, as for a multipart upload.
+const SMALL_IN_FLIGHT: usize = 8;
+const SMALL_QUEUE_BYTES: usize = 3 * super::upload::PART_SIZE;
+
+/// Objects shorter than a part, read and checked, waiting to be sent:
+/// path, bytes, sha256, and the version a replacement must still be at.
+#[derive(Default)]
+struct SmallQueue {
+    items: Vec<(String, Vec<u8>, String, Option<ETag>)>,
+    bytes: usize,
+}
+
+/// Sends the queued objects, each with its own conditional PUT, all at
+/// once; records what was stored in `written` (in the order of the
+/// writes). Every PUT finishes before an error is returned, so the
+/// caller's clean-up sees every object this publication stored.
+fn send_small(
+    session: &mut Session<'_>,
+    queue: &mut SmallQueue,
+    written: &mut Vec<(String, Written)>,
+) -> Result<()> {
+    if queue.items.is_empty() {
+        return Ok(());
+    }
+    session.keep_alive()?;
+    let root = session.root;
+    let id = session.intent.id.as_str();
+    let items = std::mem::take(&mut queue.items);
+    queue.bytes = 0;
+    let results = root.block_on(futures_util::future::join_all(items.into_iter().map(
+        |(path, bytes, sha256, replace)| async move {
+            let stored =
+                super::upload::put_one(root, &path, bytes, sha256, replace.as_ref(), id).await;
+            (path, stored)
+        },
+    )));
+    let mut failed = None;
+    for (path, stored) in results {
+        match stored {
+            Ok(stored) => written.push((path, stored)),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match failed {
+        None => Ok(()),
+        Some(Error::Exists { key, .. }) => Err(explain_existing(root, session.settings, &key)?),
+        Some(e) => Err(e),
     }
 }
 

@@ -732,3 +732,99 @@ fn lease_settings_from_the_environment() {
         }
     }
 }
+
+#[test]
+fn small_objects_go_up_together_around_a_large_one_and_stay_in_order() {
+    // More small objects than go up at once, with a multipart one between
+    // them: everything stored, hashes checked, reported in write order.
+    let root = memory_root("site");
+    let large: Vec<u8> = (0..super::super::upload::PART_SIZE + 3)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let mut files: Vec<(String, Vec<u8>)> = (0..2 * SMALL_IN_FLIGHT + 3)
+        .map(|i| (format!("s/{i:02}.txt"), format!("small {i}").into_bytes()))
+        .collect();
+    files.insert(5, ("big.bin".to_owned(), large));
+    let base = root.read_state().unwrap();
+    let records: Vec<_> = files.iter().map(|(p, b)| record(p, b)).collect();
+    let next = catalog_with(&base.state, &records, &[]);
+    let writes = files.iter().map(|(p, b)| write(p, b, None)).collect();
+    let done = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        writes,
+        vec![],
+        &mut never,
+    )
+    .unwrap();
+    let order: Vec<&str> = done.written.iter().map(|(p, _)| p.as_str()).collect();
+    let expected: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(order, expected);
+    for (path, bytes) in &files {
+        let (stored, _) = root.get_hashed(path).unwrap().unwrap();
+        assert_eq!(stored, hash_bytes(bytes), "{path}");
+    }
+    assert_eq!(pending_intents(&root).unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn a_small_object_whose_bytes_do_not_match_stores_nothing() {
+    let root = memory_root("");
+    let base = root.read_state().unwrap();
+    let next = catalog_with(
+        &base.state,
+        &[record("a", b"A"), record("b", b"B"), record("c", b"C")],
+        &[],
+    );
+    let mut bad = write("c", b"not C", None);
+    bad.sha256 = hash_bytes(b"C").sha256;
+    let writes = vec![write("a", b"A", None), write("b", b"B", None), bad];
+    let r = commit(
+        &root,
+        Settings::default(),
+        base,
+        next,
+        writes,
+        vec![],
+        &mut never,
+    );
+    assert!(
+        matches!(r, Err(Error::HashMismatch { ref key, .. }) if key == "c"),
+        "{r:?}"
+    );
+    assert_eq!(paths(&root), Vec::<String>::new(), "nothing stored");
+}
+
+#[test]
+fn a_catalog_another_client_wrote_is_read_not_the_copy_kept() {
+    // Two publishers (clients) on one bucket: each keeps the version it
+    // last saw, and still reads the other's newer one.
+    let one = memory_root("");
+    let other = S3Root::with_store(
+        std::sync::Arc::clone(&one.store),
+        "",
+        "s3://memory/other".into(),
+        one.server.clone(),
+    )
+    .unwrap();
+    publish(&one, &[("a", b"A")]);
+    assert_eq!(catalog(&one).outputs.len(), 1, "its own write, kept");
+    publish(&other, &[("b", b"B")]);
+    let seen: Vec<String> = catalog(&one)
+        .outputs
+        .iter()
+        .map(|r| r.path.as_str().to_owned())
+        .collect();
+    assert_eq!(seen, ["a", "b"]);
+    assert_eq!(
+        one.read_catalog().unwrap(),
+        other.read_catalog().unwrap(),
+        "same bytes and version"
+    );
+    // Gone altogether: read as gone, not as the kept copy.
+    one.block_on(one.store.delete(&one.key(crate::s3::CATALOG_KEY)))
+        .unwrap();
+    assert_eq!(other.read_catalog().unwrap(), None);
+}

@@ -104,6 +104,97 @@ fn mode(replace: Option<&ETag>) -> PutMode {
     }
 }
 
+/// The first [`PART_SIZE`] bytes of `source`, or all of it when it is
+/// shorter (then the object goes up in one PUT). The buffer grows with
+/// what is read, so a small object costs its size, not a part.
+pub(super) fn read_first_part(root: &S3Root, rel: &str, source: &mut dyn Read) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    source
+        .take(PART_SIZE as u64)
+        .read_to_end(&mut buf)
+        .map_err(|source| Error::Read {
+            root: root.label.clone(),
+            key: rel.to_owned(),
+            source,
+        })?;
+    Ok(buf)
+}
+
+/// A source whose first part was already read ([`read_first_part`]):
+/// those bytes, then the rest. The first part's buffer is freed as soon as
+/// it has been read again, so a large upload holds it only once.
+pub(super) struct FirstThen<'a> {
+    first: Option<std::io::Cursor<Vec<u8>>>,
+    rest: &'a mut dyn Read,
+}
+
+impl<'a> FirstThen<'a> {
+    pub(super) fn new(first: Vec<u8>, rest: &'a mut dyn Read) -> FirstThen<'a> {
+        FirstThen {
+            first: Some(std::io::Cursor::new(first)),
+            rest,
+        }
+    }
+}
+
+impl Read for FirstThen<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(first) = &mut self.first {
+            let n = first.read(buf)?;
+            if first.position() >= first.get_ref().len() as u64 {
+                self.first = None;
+            }
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+        }
+        self.rest.read(buf)
+    }
+}
+
+/// One conditional PUT of an object shorter than a part whose bytes the
+/// caller has hashed (`sha256`) and checked: `If-None-Match: *` for a new
+/// key (`replace` None), `If-Match` otherwise. [`Error::Exists`] or
+/// [`Error::Changed`] when the condition fails.
+pub(super) async fn put_one(
+    root: &S3Root,
+    rel: &str,
+    bytes: Vec<u8>,
+    sha256: String,
+    replace: Option<&ETag>,
+    intent: &str,
+) -> Result<Written> {
+    let size = bytes.len() as u64;
+    let put = root
+        .store
+        .put_opts(
+            &root.key(rel),
+            PutPayload::from(bytes),
+            PutOptions {
+                mode: mode(replace),
+                attributes: attributes(rel, Some(&sha256), intent),
+                ..PutOptions::default()
+            },
+        )
+        .await;
+    let r = put.map_err(|e| match e {
+        object_store::Error::AlreadyExists { .. } => Error::Exists {
+            root: root.label.clone(),
+            key: rel.to_owned(),
+        },
+        object_store::Error::Precondition { .. } => Error::Changed {
+            root: root.label.clone(),
+            key: rel.to_owned(),
+        },
+        e => root.store_err("PUT", rel, e),
+    })?;
+    Ok(Written {
+        sha256,
+        size,
+        etag: root.etag_of(rel, r.e_tag)?,
+    })
+}
+
 /// The conditional upload behind `put_new` (`replace` = None) and
 /// `put_replace`. `tick` runs before each further part of a multipart
 /// upload (the commit protocol renews its lease there); an error from it
@@ -144,31 +235,17 @@ pub(super) fn put(
     };
     let key = root.key(rel);
     let mut hasher = sha2::Sha256::new();
-    let mut buf = vec![0u8; PART_SIZE];
-    let n = read_full(source, &mut buf).map_err(read_err)?;
-    hasher.update(&buf[..n]);
+    let mut buf = read_first_part(root, rel, source)?;
+    let n = buf.len();
+    hasher.update(&buf);
 
     if n < PART_SIZE {
         // One conditional PUT: atomic, the condition checked by the server.
         let sha256 = crate::hashing::format_digest(hasher);
         check(&sha256)?;
-        buf.truncate(n);
-        let put = root.block_on(root.store.put_opts(
-            &key,
-            PutPayload::from(buf),
-            PutOptions {
-                mode: mode(replace),
-                attributes: attributes(rel, Some(&sha256), intent),
-                ..PutOptions::default()
-            },
-        ));
-        let r = put.map_err(refused)?;
-        return Ok(Written {
-            sha256,
-            size: n as u64,
-            etag: root.etag_of(rel, r.e_tag)?,
-        });
+        return root.block_on(put_one(root, rel, buf, sha256, replace, intent));
     }
+    buf.resize(PART_SIZE, 0);
 
     // Claim the key: the one conditional write of a multipart upload.
     let claim = root.block_on(root.store.put_opts(

@@ -674,13 +674,22 @@ fn s3_read_only_commands_need_no_write_permission() {
     assert_eq!(f.snapshot(), before, "nothing changed");
 }
 
-/// A reader that kills its process (no clean-up at all) when read: the
-/// publisher dies in the middle of its uploads.
-struct Die;
+/// A reader that kills its process (no clean-up at all) once it has given
+/// one part's worth of bytes: the publisher dies in the middle of a
+/// multipart upload, after the smaller objects queued before it were sent.
+struct Die {
+    given: usize,
+}
 
 impl Read for Die {
-    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
-        std::process::abort()
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.given >= distributor::s3::upload::PART_SIZE {
+            std::process::abort()
+        }
+        let n = buf.len().min(distributor::s3::upload::PART_SIZE - self.given);
+        buf[..n].fill(b'z');
+        self.given += n;
+        Ok(n)
     }
 }
 
@@ -725,7 +734,7 @@ fn s3_killed_publisher_child() {
         Write {
             path: "z.html".into(),
             sha256: sha256(b"never"),
-            source: Box::new(Die),
+            source: Box::new(Die { given: 0 }),
             replaces: None,
         },
     ];

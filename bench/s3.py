@@ -1,0 +1,192 @@
+"""The s3 measures of bench.py (issue 14): publishing into a bucket of a
+real S3-compatible server (SeaweedFS, as the tests use), side by side with
+`rclone copy --checksum` to the same server.
+
+- The server is started once for all s3 measures, on free ports of
+  127.0.0.1, with its data in the benchmark's temporary folder, and stopped
+  at the end (SIGTERM, then SIGKILL after 2 s). It is killed with the
+  benchmark if that dies first (PR_SET_PDEATHSIG).
+- Every run of either tool writes into a bucket of its own, made before the
+  timed command (creating a bucket is not what is measured), and emptied
+  afterwards (untimed) so the server's volumes do not fill up.
+"""
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEAWEEDFS_VERSION = "4.48"  # keep equal to tests/integration/seaweed.rs
+ACCESS_KEY = "distributor-bench"
+SECRET_KEY = "distributor-bench-secret"
+
+
+def weed_binary():
+    """`$DISTRIBUTOR_TEST_WEED`, else the venv the tests and bench/run install."""
+    if os.environ.get("DISTRIBUTOR_TEST_WEED"):
+        return os.environ["DISTRIBUTOR_TEST_WEED"]
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(HERE, "..", "target")
+    weed = os.path.join(target, "seaweedfs-venv", "bin", "weed")
+    if not os.path.exists(weed):
+        sys.exit(f"{weed} is missing: run the benchmark through bench/run, which installs "
+                 f"SeaweedFS {SEAWEEDFS_VERSION} there")
+    return weed
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent():
+    # PR_SET_PDEATHSIG = 1: the server gets SIGKILL when the benchmark dies.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+class Seaweed:
+    """One SeaweedFS server with S3 on a free port (as tests/integration/seaweed.rs)."""
+
+    def __init__(self, work):
+        self.dir = os.path.join(work, "seaweedfs")
+        self.proc = None
+        self.buckets = 0
+
+    def __enter__(self):
+        os.makedirs(os.path.join(self.dir, "data"))
+        open(os.path.join(self.dir, "rclone.conf"), "w").close()
+        config = os.path.join(self.dir, "s3.json")
+        with open(config, "w") as f:
+            f.write('{"identities":[{"name":"admin","credentials":[{"accessKey":"%s","secretKey":"%s"}],'
+                    '"actions":["Admin","Read","Write","List","Tagging"]}]}' % (ACCESS_KEY, SECRET_KEY))
+        # One volume per new collection (each bucket is one) instead of 7.
+        with open(os.path.join(self.dir, "master.toml"), "w") as f:
+            f.write("[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n")
+        s3_port = free_port()
+        args = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-dir={os.path.join(self.dir, 'data')}", "-master.volumeSizeLimitMB=64",
+                "-volume.max=100", "-s3", f"-s3.port={s3_port}", f"-s3.config={config}",
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
+        for flag in ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+                     "filer.port", "filer.port.grpc", "s3.port.grpc"):
+            args.append(f"-{flag}={free_port()}")
+        self.endpoint = f"http://127.0.0.1:{s3_port}"
+        self.log = open(os.path.join(self.dir, "weed.log"), "wb")
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(args, cwd=self.dir, stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=self.log,
+                                     preexec_fn=_die_with_parent)
+        # Ready when a write succeeds (S3 answers before the volume server
+        # has registered).
+        deadline = time.time() + 90
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit(f"SeaweedFS exited ({self.proc.returncode}); the end of its log:\n"
+                         + self.log_tail())
+            ok = subprocess.run(["rclone", "mkdir", "s3:ready"], env=self.rclone_env(True),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+            if ok:
+                probe = subprocess.run(["rclone", "rcat", "s3:ready/probe"], input=b"ready",
+                                       env=self.rclone_env(), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
+                if probe.returncode == 0:
+                    break
+            if time.time() > deadline:
+                self.__exit__(None, None, None)
+                sys.exit("SeaweedFS did not accept a write within 90 s; the end of its log:\n"
+                         + self.log_tail())
+            time.sleep(0.2)
+        print(f"SeaweedFS {SEAWEEDFS_VERSION} ready at {self.endpoint} after "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+        return self
+
+    def log_tail(self):
+        """The last lines of the server's log (its folder is removed at the end)."""
+        self.log.flush()
+        with open(os.path.join(self.dir, "weed.log"), errors="replace") as f:
+            return "".join(f.readlines()[-20:])
+
+    def __exit__(self, *exc):
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        self.log.close()
+
+    def rclone_env(self, make_buckets=False):
+        """rclone's remote `s3:` on this server, configured by environment
+        (an empty config file, so that it does not look for one)."""
+        env = dict(os.environ, RCLONE_CONFIG=os.path.join(self.dir, "rclone.conf"))
+        # rclone's AWS SDK fails to set up any client, even for plain http,
+        # when AWS_CA_BUNDLE names a bundle ("unsupported transport").
+        env.pop("AWS_CA_BUNDLE", None)
+        return dict(env,
+                    RCLONE_CONFIG_S3_TYPE="s3",
+                    RCLONE_CONFIG_S3_PROVIDER="SeaweedFS",
+                    RCLONE_CONFIG_S3_ENDPOINT=self.endpoint,
+                    RCLONE_CONFIG_S3_ACCESS_KEY_ID=ACCESS_KEY,
+                    RCLONE_CONFIG_S3_SECRET_ACCESS_KEY=SECRET_KEY,
+                    RCLONE_CONFIG_S3_REGION="us-east-1",
+                    RCLONE_CONFIG_S3_FORCE_PATH_STYLE="true",
+                    # the bucket is made before the timed copy
+                    RCLONE_CONFIG_S3_NO_CHECK_BUCKET="false" if make_buckets else "true")
+
+    def distributor_env(self):
+        return dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                    RUST_LOG="warn")
+
+    def bucket(self, name):
+        """A new, empty bucket."""
+        self.buckets += 1
+        bucket = f"{name}-{self.buckets}"
+        subprocess.run(["rclone", "mkdir", f"s3:{bucket}"], env=self.rclone_env(True), check=True)
+        return bucket
+
+    def objects(self, bucket):
+        """Keys and sizes in `bucket` (for checking what a run stored)."""
+        out = subprocess.run(["rclone", "lsl", f"s3:{bucket}"], env=self.rclone_env(),
+                             check=True, stdout=subprocess.PIPE).stdout.decode()
+        found = {}
+        for line in out.splitlines():
+            parts = line.split(None, 3)
+            if len(parts) == 4:
+                found[parts[3]] = int(parts[0])
+        return found
+
+    def drop(self, bucket):
+        """Deletes `bucket` and what is in it (untimed), freeing its volumes."""
+        subprocess.run(["rclone", "purge", f"s3:{bucket}"], env=self.rclone_env(), check=True,
+                       stderr=subprocess.DEVNULL)
+
+
+def write_s3_config(path, spool, endpoint, bucket):
+    with open(path, "w") as f:
+        f.write(
+            f"""spool: {spool}
+agent:
+  settle: 0s
+  rescan_interval: 60s
+  prune_interval: 0s
+pipelines:
+  - id: bench
+    destinations:
+      - id: bucket
+        backend: s3
+        bucket: {bucket}
+        path: site
+        endpoint: {endpoint}
+        region: us-east-1
+        publish:
+          source: true
+          html: false
+"""
+        )
