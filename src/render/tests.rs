@@ -863,3 +863,269 @@ mod properties {
         }
     }
 }
+
+/// Big documents are parsed in pieces (see `split`); these compare the
+/// pieces' rendering with the whole document's, with sizes small enough
+/// that every test input is cut.
+mod pieces {
+    use super::*;
+    use crate::render::{render, split::Settings};
+
+    const WHOLE: Settings = Settings {
+        min_document: usize::MAX,
+        ..Settings::DEFAULT
+    };
+    const TINY: Settings = Settings {
+        min_document: 0,
+        min_rows: 1,
+        batch: 24,
+        min_words: 1,
+        max_words: 24,
+    };
+
+    fn render_both(markdown: &str, allow: bool) -> (String, String, usize) {
+        let generated = set(&["other.md"]);
+        let options = RenderOptions {
+            allow_raw_html: allow,
+            source_path: "docs/page.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let (whole, none) = render(markdown, &options, &WHOLE);
+        assert_eq!(none, 0);
+        let (cut, pieces) = render(markdown, &options, &TINY);
+        (whole, cut, pieces)
+    }
+
+    /// Renders in both ways and modes; returns the pieces used (escape mode).
+    fn same_output(markdown: &str) -> usize {
+        let mut used = 0;
+        for allow in [false, true] {
+            let (whole, cut, pieces) = render_both(markdown, allow);
+            assert_eq!(
+                cut, whole,
+                "cut into {pieces} pieces, allow {allow}:\n{markdown}"
+            );
+            if !allow {
+                used = pieces;
+            }
+        }
+        used
+    }
+
+    fn rows(n: usize, row: impl Fn(usize) -> String) -> String {
+        (0..n).map(row).collect()
+    }
+
+    #[test]
+    fn tables_cut_into_rows_render_the_same() {
+        let body = rows(12, |i| format!("| {i} | x{i} | *y* |\n"));
+        let cases: Vec<(String, bool)> = vec![
+            (format!("| a | b | c |\n|---|---|---|\n{body}"), true),
+            (
+                format!("# T\n\n|a|b|c|\n|:-|:-:|-:|\n{body}\nafter\n"),
+                true,
+            ),
+            (format!("a | b | c\n|---|---|---|\n{body}"), true),
+            (format!("  | a | b | c |\n|---|---|---|\n{body}"), true),
+            (format!("| a | b | c |\n|---|---|---|\n{body}|1|2|"), true),
+            (
+                format!(
+                    "| a | b |\n|---|---|\n{}",
+                    rows(10, |i| format!("| `x|{i}` | a \\| b |\n"))
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "| a | b |\n|---|---|\n{}",
+                    rows(10, |i| format!("| {i} |\n| 1 | 2 | 3 | 4 |\n|\n"))
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "| a | b | c | d | e | f |\n|---|---|---|---|---|---|\n{}\n[r]: other.md \"T\"\n[S]: javascript:alert(1)\n[^n]: note\n",
+                    rows(16, |i| format!(
+                        "| [x][r] {i} | [s] | ![i][R] | {} | <b>{i}</b> <script>x</script> | https://example.com/{i} |\n",
+                        if i % 5 == 2 { "[^n]" } else { "n" }
+                    ))
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "| a | b |\n|---|---|\n{}",
+                    rows(10, |i| format!(
+                        "| **{i}** _x_ | ~~y~~ [a](other.md#s) <a href=\"u\">https://x.org</a> |\n"
+                    ))
+                ),
+                true,
+            ),
+            // Rows going on without a leading pipe, then a paragraph.
+            (
+                format!("| a | b |\n|---|---|\n{body}go on | x\nmore\n\npara\n"),
+                true,
+            ),
+            // A table right after a paragraph line.
+            (format!("para\n| a | b |\n|---|---|\n{body}"), true),
+            (
+                format!(
+                    "| a | b |\r\n|---|---|\r\n{}",
+                    rows(10, |i| format!("| {i} | y |\r\n"))
+                ),
+                true,
+            ),
+            // Not tables: a paragraph, a code block, an HTML block, a
+            // blockquote, a list item, a header with too few cells.
+            (format!("|a|\n|b|\n{body}"), false),
+            (format!("```\n| a | b |\n|---|---|\n{body}```\n"), false),
+            (
+                format!("<div>\n| a | b |\n|---|---|\n{body}</div>\n"),
+                false,
+            ),
+            (format!("> | a | b |\n> |---|---|\n{body}"), false),
+            (format!("- | a | b |\n  |---|---|\n{body}"), false),
+            (format!("| a |\n|---|---|\n{body}"), false),
+            (format!("[^1]: | a | b |\n|---|---|\n{body}"), false),
+        ];
+        for (markdown, cut) in cases {
+            let pieces = same_output(&markdown);
+            if cut {
+                assert!(pieces > 0, "not cut:\n{markdown}");
+            }
+        }
+    }
+
+    /// A tiny deterministic generator (xorshift), so the inputs are the same
+    /// on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    const WORDS: &[&str] = &[
+        "a",
+        "b",
+        "word",
+        "*a*",
+        "**b**",
+        "_c_",
+        "__d__",
+        "***e***",
+        "*f",
+        "g*",
+        "_h",
+        "i_",
+        "*",
+        "_",
+        "**",
+        "__",
+        "foo_bar",
+        "x*y*z",
+        "*a _b* c_",
+        "**a*",
+        "*a**",
+        "`c`",
+        "``",
+        "[l](other.md)",
+        "[r]",
+        "[r][]",
+        "![i](x.png)",
+        "<b>",
+        "</b>",
+        "<x@y.org>",
+        "\\*",
+        "~~s~~",
+        "~",
+        "https://example.com/a_b",
+        "www.x.org",
+        "&amp;",
+        "&",
+        "\"q\"",
+        "'q'",
+        "(p)",
+        "é",
+        "\u{1F600}",
+        "#",
+        "1.",
+        "-",
+        "+",
+        ">",
+        "=",
+        "|",
+        "[^1]",
+        "!",
+        ":",
+        "\n",
+        "\n",
+        "\n",
+        "\n\n",
+        "  \n",
+        "\n# h\n",
+        "\n- ",
+        "\n1. ",
+        "\n> ",
+        "\n===\n",
+        "\n---\n",
+        "\n|-|-|\n",
+        "\n    ",
+        "\n*a",
+        "\n_b",
+        "\n*",
+        "\nword",
+        "\t",
+    ];
+
+    #[test]
+    fn paragraphs_cut_into_words_render_the_same() {
+        let mut rng = Rng(0x5eed_cafe_f00d_1234);
+        let mut used = 0;
+        for _ in 0..600 {
+            let n = 1 + rng.below(80);
+            let mut markdown = String::new();
+            for i in 0..n {
+                if i > 0 && rng.below(5) > 0 {
+                    markdown.push(' ');
+                }
+                // Mostly the plain words and emphasis at the start of the list.
+                let pick = if rng.below(3) > 0 {
+                    rng.below(12)
+                } else {
+                    rng.below(WORDS.len())
+                };
+                markdown.push_str(WORDS[pick]);
+            }
+            if rng.below(4) == 0 {
+                markdown.push_str("\n\n[r]: other.md\n[^1]: n\n");
+            }
+            used += same_output(&markdown);
+        }
+        assert!(used > 200, "only {used} pieces were cut");
+    }
+
+    #[test]
+    fn dense_emphasis_and_tables_are_cut_with_the_default_sizes() {
+        let emphasis = "*a* **b** _c_ ".repeat(10_000);
+        let table = format!("|a|b|c|d|\n|-|-|-|-|\n{}", "|1|2|3|4|\n".repeat(10_000));
+        for markdown in [emphasis, table] {
+            let generated = set(&[]);
+            let options = RenderOptions {
+                allow_raw_html: false,
+                source_path: "page.md",
+                generated_markdown: &generated,
+                template: None,
+            };
+            let (cut, pieces) = render(&markdown, &options, &Settings::DEFAULT);
+            let (whole, _) = render(&markdown, &options, &WHOLE);
+            assert!(pieces > 5, "{pieces} pieces");
+            assert!(cut == whole, "the renderings differ");
+        }
+    }
+}

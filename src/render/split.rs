@@ -1,0 +1,913 @@
+//! Rendering a big document in pieces, so that memory follows the largest
+//! piece and not the document (SPEC §12.3).
+//!
+//! pulldown-cmark builds the tree of the whole document, inline nodes
+//! included (about 50 bytes each), before the first event comes out. Text
+//! made of tiny cells (`|1|2|3|`) or tiny emphasis (`*a* _b_`) has about one
+//! node per byte, so the tree alone is ~50 x the input. Two kinds of pieces
+//! are taken out of the document and parsed on their own:
+//!
+//! - **Rows**: the body rows of a table, from a run of lines that start with
+//!   `|`. The main document keeps the header, the delimiter row and one row
+//!   holding a token; the cut rows are parsed in batches, each batch as its
+//!   own little table with the same header and delimiter row, and their row
+//!   events take the token row's place.
+//! - **Words**: a stretch of a paragraph between two spaces, without any
+//!   character that can open something spanning farther (code spans, links,
+//!   raw HTML, autolinks, escapes, strikethrough, quotes, parentheses, pipes),
+//!   whose lines after the first start like paragraph text, and whose
+//!   emphasis is complete on its own (parsed alone, no `*` or `_` is left
+//!   as text). The main document holds a token in its place; the stretch is
+//!   parsed alone as a paragraph and its inline events take the token's
+//!   place.
+//!
+//! Nothing here is trusted blindly: the main document is parsed as usual and
+//! every token must come out where its piece is known to mean the same
+//! thing (a rows token as the first body row of a top-level table whose
+//! header and delimiter rows are the recorded ones; a words token in the
+//! text of a paragraph, outside links). A token anywhere else, or not at all,
+//! fails its piece, and the caller renders again without the failed pieces;
+//! without pieces the document is parsed whole, as before. Reference links in
+//! pieces are resolved against the main document's definitions (pieces never
+//! hold definitions).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use pulldown_cmark::{
+    BrokenLink, CowStr, Event, LinkType, OffsetIter, Options, Parser, RefDefs, Tag, TagEnd,
+};
+
+/// Sizes that decide when and how a document is cut.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    /// Documents smaller than this are parsed whole.
+    pub min_document: usize,
+    /// Table rows are cut only when there are at least this many bytes of them.
+    pub min_rows: usize,
+    /// Bytes of rows parsed together.
+    pub batch: usize,
+    /// A stretch of words is cut only when it is at least this long.
+    pub min_words: usize,
+    /// A stretch of words is at most this long.
+    pub max_words: usize,
+}
+
+impl Settings {
+    /// Cuts only for documents of 64 KiB or more, into pieces of at most
+    /// 16 KiB: the tree of one piece stays under 1 MiB.
+    pub(super) const DEFAULT: Settings = Settings {
+        min_document: 64 << 10,
+        min_rows: 4 << 10,
+        batch: 16 << 10,
+        min_words: 1 << 10,
+        max_words: 16 << 10,
+    };
+}
+
+/// One piece cut out of the document.
+#[derive(Debug, Clone)]
+pub(super) struct Cut {
+    /// Bytes of the document the piece replaces.
+    source: Range<usize>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// Table body rows; `header` and `delimiter` are the table's lines
+    /// (without line ending) in the document.
+    Rows {
+        header: Range<usize>,
+        delimiter: Range<usize>,
+        /// Cells of the delimiter row.
+        columns: usize,
+        /// At most this many cells the parser adds to the cut rows to fill
+        /// them up to `columns`.
+        filled: usize,
+    },
+    /// A stretch of paragraph text.
+    Words,
+}
+
+/// Finds the pieces worth cutting, in document order.
+pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    if markdown.len() < settings.min_document {
+        return Vec::new();
+    }
+    let mut cuts = find_rows(markdown, settings);
+    // Rows and the lines of their table's header stay as they are.
+    let taken: Vec<Range<usize>> = cuts
+        .iter()
+        .flat_map(|cut| match &cut.kind {
+            Kind::Rows { header, .. } => vec![header.start..cut.source.end],
+            Kind::Words => Vec::new(),
+        })
+        .collect();
+    let words = find_words(markdown, settings).into_iter().filter(|cut| {
+        !taken
+            .iter()
+            .any(|t| cut.source.start < t.end && t.start < cut.source.end)
+    });
+    cuts.extend(words);
+    cuts.sort_by_key(|cut| cut.source.start);
+    cuts
+}
+
+/// The lines of `text` as (start, end without line ending, end with it).
+fn lines(text: &str) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= bytes.len() {
+            return None;
+        }
+        let start = at;
+        let newline = memchr(b'\n', &bytes[start..]).map(|i| start + i);
+        let (content_end, next) = match newline {
+            Some(n) => (n, n + 1),
+            None => (bytes.len(), bytes.len()),
+        };
+        let content_end = if content_end > start && bytes[content_end - 1] == b'\r' {
+            content_end - 1
+        } else {
+            content_end
+        };
+        at = next;
+        Some((start, content_end, next))
+    })
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}
+
+/// Whether a line could be a table's delimiter row (`|---|:-:|`); loose on
+/// purpose, the parse of the main document decides.
+fn looks_like_delimiter(line: &str) -> bool {
+    line.contains('-')
+        && line
+            .bytes()
+            .all(|b| matches!(b, b'|' | b'-' | b':' | b' ' | b'\t'))
+}
+
+/// Runs of lines starting with `|` that hold the body rows of a table.
+fn find_rows(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let all: Vec<(usize, usize, usize)> = lines(markdown).collect();
+    let mut cuts = Vec::new();
+    let mut i = 0;
+    while i < all.len() {
+        if !markdown[all[i].0..].starts_with('|') {
+            i += 1;
+            continue;
+        }
+        let run_start = i;
+        // A line of a lone `|` has no cell: it ends a table.
+        while i < all.len()
+            && markdown[all[i].0..].starts_with('|')
+            && !markdown[all[i].0 + 1..all[i].1].trim().is_empty()
+        {
+            i += 1;
+        }
+        if i == run_start {
+            i += 1;
+            continue;
+        }
+        let run = run_start..i;
+        // The delimiter row among the first lines of the run; the header
+        // is the line before it.
+        let Some(delimiter) = (run.start..run.end.min(run.start + 3))
+            .find(|&l| looks_like_delimiter(&markdown[all[l].0..all[l].1]))
+        else {
+            continue;
+        };
+        if delimiter == 0 {
+            continue;
+        }
+        let header = delimiter - 1;
+        let first = delimiter + 1;
+        if first >= run.end {
+            continue;
+        }
+        // Rows with a footnote reference stay: a piece does not know which
+        // footnotes are defined.
+        let columns = cells(&markdown[all[delimiter].0..all[delimiter].1]);
+        let mut l = first;
+        while l < run.end {
+            let line = |l: usize| &markdown[all[l].0..all[l].1];
+            if line(l).contains("[^") {
+                l += 1;
+                continue;
+            }
+            let from = l;
+            while l < run.end && !line(l).contains("[^") {
+                l += 1;
+            }
+            let source = all[from].0..all[l - 1].2;
+            if source.len() < settings.min_rows {
+                continue;
+            }
+            let filled = (from..l)
+                .map(|l| columns.saturating_sub(fewest_cells(line(l))))
+                .sum();
+            cuts.push(Cut {
+                source,
+                kind: Kind::Rows {
+                    header: all[header].0..all[header].1,
+                    delimiter: all[delimiter].0..all[delimiter].1,
+                    columns,
+                    filled,
+                },
+            });
+        }
+    }
+    cuts
+}
+
+/// The cells of a table line without code spans, escapes, links or raw
+/// HTML, counted the way the parser splits them.
+fn cells(line: &str) -> usize {
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    let mut cells = 0;
+    loop {
+        if bytes.get(at) == Some(&b'|') {
+            at += 1;
+        }
+        while matches!(bytes.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if at >= bytes.len() {
+            return cells;
+        }
+        cells += 1;
+        while at < bytes.len() && bytes[at] != b'|' {
+            at += 1;
+        }
+    }
+}
+
+/// At least this many cells are in a row line starting with `|` that has
+/// more than the `|`.
+fn fewest_cells(line: &str) -> usize {
+    if line.contains(['`', '\\', '<', '[', '$']) {
+        1
+    } else {
+        cells(line).max(1)
+    }
+}
+
+/// The parser stops a table once it has filled this many missing cells
+/// (pulldown-cmark's `MAX_AUTOCOMPLETED_CELLS`).
+const MOST_FILLED_CELLS: usize = 1 << 18;
+
+/// Bytes a stretch of words never holds: each can start or end something
+/// that spans farther than the stretch.
+fn unsafe_in_words(b: u8) -> bool {
+    matches!(
+        b,
+        b'`' | b'[' | b']' | b'<' | b'>' | b'\\' | b'~' | b'|' | b'"' | b'\'' | b'(' | b')' | b'\r'
+    )
+}
+
+/// Whether `bytes[at..]` starts like paragraph text that starts nothing
+/// else, even at the start of a line: a letter, or `*`/`_` right before a
+/// letter or digit.
+fn starts_plain(bytes: &[u8], at: usize) -> bool {
+    match bytes.get(at) {
+        Some(b) if b.is_ascii_alphabetic() => true,
+        Some(b'*' | b'_') => bytes.get(at + 1).is_some_and(u8::is_ascii_alphanumeric),
+        _ => false,
+    }
+}
+
+/// Stretches of paragraph text, cut at spaces (see the module comment).
+fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let bytes = markdown.as_bytes();
+    let mut cuts = Vec::new();
+    let mut start: Option<usize> = None;
+    let mut end: Option<usize> = None;
+    // A non-blank byte came before, on the current line.
+    let mut line_content = false;
+    let close = |start: usize, end: Option<usize>, cuts: &mut Vec<Cut>| {
+        let Some(end) = end else { return };
+        if end - start < settings.min_words
+            || next_line_looks_like_delimiter(markdown, end)
+            || !emphasis_runs_are_one_sided(bytes, start..end)
+        {
+            return;
+        }
+        cuts.push(Cut {
+            source: start..end,
+            kind: Kind::Words,
+        });
+    };
+    for (at, &b) in bytes.iter().enumerate() {
+        if let Some(s) = start {
+            let stop = if unsafe_in_words(b) {
+                true
+            } else if b == b'\n' {
+                // The next line must go on as paragraph text.
+                let rest = &bytes[at + 1..];
+                let indent = rest
+                    .iter()
+                    .take_while(|c| matches!(c, b' ' | b'\t'))
+                    .count();
+                !starts_plain(rest, indent)
+            } else {
+                false
+            };
+            if stop {
+                close(s, end, &mut cuts);
+                start = None;
+            } else if b == b' ' && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n') {
+                end = Some(at);
+                if at - s >= settings.max_words {
+                    close(s, end, &mut cuts);
+                    start = None;
+                }
+            }
+        }
+        if start.is_none() && b == b' ' && line_content && starts_plain(bytes, at + 1) {
+            start = Some(at + 1);
+            end = None;
+        }
+        if b == b'\n' {
+            line_content = false;
+        } else if !matches!(b, b' ' | b'\t') {
+            line_content = true;
+        }
+    }
+    if let Some(s) = start {
+        close(s, end, &mut cuts);
+    }
+    cuts
+}
+
+/// Whether every run of `*` or `_` in `bytes[range]` can only open or only
+/// close emphasis (CommonMark's left- and right-flanking), judged by ASCII
+/// neighbours. A run that could do both might, in the whole paragraph, close
+/// an opener from before the stretch while alone it opens one inside it.
+fn emphasis_runs_are_one_sided(bytes: &[u8], range: Range<usize>) -> bool {
+    let mut at = range.start;
+    while at < range.end {
+        let b = bytes[at];
+        if b != b'*' && b != b'_' {
+            at += 1;
+            continue;
+        }
+        let run_end = at + bytes[at..].iter().take_while(|&&c| c == b).count();
+        // The stretch lies between spaces, so both neighbours exist.
+        let (before, after) = (bytes[at - 1], bytes[run_end]);
+        if !before.is_ascii() || !after.is_ascii() {
+            return false;
+        }
+        let space = |c: u8| c.is_ascii_whitespace();
+        let punct = |c: u8| c.is_ascii_punctuation();
+        let left = !space(after) && (!punct(after) || space(before) || punct(before));
+        let right = !space(before) && (!punct(before) || space(after) || punct(after));
+        if left == right {
+            return false;
+        }
+        at = run_end;
+    }
+    true
+}
+
+/// Whether the line after the one holding byte `at` could be a delimiter
+/// row (it could turn the paragraph's line into a table header).
+fn next_line_looks_like_delimiter(markdown: &str, at: usize) -> bool {
+    let Some(newline) = markdown[at..].find('\n') else {
+        return false;
+    };
+    let rest = &markdown[at + newline + 1..];
+    let line = rest.split('\n').next().unwrap_or("");
+    looks_like_delimiter(line.trim_end_matches('\r'))
+}
+
+/// The documents to parse: the main one with tokens in place of the cuts,
+/// and the batches of rows.
+pub(super) struct Plan<'m> {
+    markdown: &'m str,
+    cuts: Vec<Cut>,
+    /// Tokens are this prefix, the cut's index, and `z`.
+    prefix: String,
+    main: String,
+    /// The row batches of every rows cut, one after another.
+    extra: String,
+    /// For each cut, its batches in `extra` (empty for words).
+    batches: Vec<Vec<Range<usize>>>,
+}
+
+impl<'m> Plan<'m> {
+    pub(super) fn new(markdown: &'m str, cuts: Vec<Cut>, settings: &Settings) -> Self {
+        let mut prefix = String::from("distributorcut");
+        while markdown.contains(&prefix) {
+            prefix.push('x');
+        }
+        let cut_bytes: usize = cuts.iter().map(|c| c.source.len()).sum();
+        let mut main = String::with_capacity(markdown.len() - cut_bytes + cuts.len() * 32);
+        let mut extra = String::new();
+        let mut batches = Vec::with_capacity(cuts.len());
+        let mut at = 0;
+        for (index, cut) in cuts.iter().enumerate() {
+            main.push_str(&markdown[at..cut.source.start]);
+            at = cut.source.end;
+            match &cut.kind {
+                Kind::Words => {
+                    main.push_str(&token(&prefix, index));
+                    batches.push(Vec::new());
+                }
+                Kind::Rows {
+                    header, delimiter, ..
+                } => {
+                    main.push('|');
+                    main.push_str(&token(&prefix, index));
+                    main.push_str("|\n");
+                    let mut ranges = Vec::new();
+                    let rows = &markdown[cut.source.clone()];
+                    let mut from = 0;
+                    while from < rows.len() {
+                        let mut to = (from + settings.batch).min(rows.len());
+                        while to < rows.len() && rows.as_bytes()[to - 1] != b'\n' {
+                            to += 1;
+                        }
+                        let begin = extra.len();
+                        extra.push_str(&markdown[header.clone()]);
+                        extra.push('\n');
+                        extra.push_str(&markdown[delimiter.clone()]);
+                        extra.push('\n');
+                        extra.push_str(&rows[from..to]);
+                        ranges.push(begin..extra.len());
+                        from = to;
+                    }
+                    batches.push(ranges);
+                }
+            }
+        }
+        main.push_str(&markdown[at..]);
+        Plan {
+            markdown,
+            cuts,
+            prefix,
+            main,
+            extra,
+            batches,
+        }
+    }
+
+    /// How many pieces are parsed on their own (stretches of words and
+    /// batches of rows).
+    pub(super) fn pieces(&self) -> usize {
+        self.batches.iter().map(|b| b.len().max(1)).sum()
+    }
+
+    /// The cuts, without those at the given indexes.
+    pub(super) fn into_cuts_without(self, failed: &[usize]) -> Vec<Cut> {
+        self.cuts
+            .into_iter()
+            .enumerate()
+            .filter(|(index, _)| !failed.contains(index))
+            .map(|(_, cut)| cut)
+            .collect()
+    }
+}
+
+fn token(prefix: &str, index: usize) -> String {
+    format!("{prefix}{index}z")
+}
+
+/// What an open tag is, as far as token placement goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Paragraph,
+    Table,
+    /// Emphasis, strong, strikethrough: text inside is still paragraph text.
+    Inline,
+    Link,
+    Other,
+}
+
+fn open_kind(tag: &Tag<'_>) -> Open {
+    match tag {
+        Tag::Paragraph => Open::Paragraph,
+        Tag::Table(_) => Open::Table,
+        Tag::Emphasis | Tag::Strong | Tag::Strikethrough => Open::Inline,
+        Tag::Link { .. } | Tag::Image { .. } => Open::Link,
+        _ => Open::Other,
+    }
+}
+
+/// The event stream of a [`Plan`]: the main document's events with each
+/// token replaced by its piece's events. Check [`Splicer::failed`] once it
+/// is exhausted.
+pub(super) struct Splicer<'p> {
+    plan: &'p Plan<'p>,
+    main: OffsetIter<'p>,
+    pending: VecDeque<Event<'p>>,
+    stack: Vec<Open>,
+    /// Header and delimiter lines (in `plan.main`) of the open top-level table.
+    table: Option<(Range<usize>, Range<usize>)>,
+    /// The open top-level table's columns, its cuts, and at most how many
+    /// cells the parser fills in it, whole or cut. Below
+    /// [`MOST_FILLED_CELLS`] both parse it the same.
+    columns: usize,
+    table_cuts: Vec<usize>,
+    filled: usize,
+    seen: Vec<bool>,
+    failed: Vec<usize>,
+}
+
+impl<'p> Splicer<'p> {
+    pub(super) fn new(plan: &'p Plan<'p>, options: Options) -> Self {
+        Splicer {
+            plan,
+            main: Parser::new_ext(&plan.main, options).into_offset_iter(),
+            pending: VecDeque::new(),
+            stack: Vec::new(),
+            table: None,
+            columns: 0,
+            table_cuts: Vec::new(),
+            filled: 0,
+            seen: vec![false; plan.cuts.len()],
+            failed: Vec::new(),
+        }
+    }
+
+    /// Indexes of the cuts whose token did not come out where it should
+    /// (or not at all): the rendering is wrong and must be done again
+    /// without them. Empty when the rendering is right.
+    pub(super) fn failed(&self) -> Vec<usize> {
+        let mut failed = self.failed.clone();
+        failed.extend(
+            self.seen
+                .iter()
+                .enumerate()
+                .filter(|(_, seen)| !**seen)
+                .map(|(index, _)| index),
+        );
+        failed.sort_unstable();
+        failed.dedup();
+        failed
+    }
+
+    /// Fails every cut whose token occurs in `text`.
+    fn fail_tokens_in(&mut self, text: &str) {
+        let mut rest = text;
+        while let Some(at) = rest.find(&self.plan.prefix) {
+            rest = &rest[at + self.plan.prefix.len()..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            match rest[..digits].parse::<usize>() {
+                Ok(index) if index < self.plan.cuts.len() => self.failed.push(index),
+                _ => self.failed.extend(0..self.plan.cuts.len()),
+            }
+        }
+    }
+
+    /// Fails the tokens in the text a tag carries.
+    fn check_tag(&mut self, tag: &Tag<'_>) {
+        match tag {
+            Tag::Link {
+                dest_url,
+                title,
+                id,
+                ..
+            }
+            | Tag::Image {
+                dest_url,
+                title,
+                id,
+                ..
+            } => {
+                self.fail_tokens_in(dest_url);
+                self.fail_tokens_in(title);
+                self.fail_tokens_in(id);
+            }
+            Tag::CodeBlock(pulldown_cmark::CodeBlockKind::Fenced(info)) => {
+                self.fail_tokens_in(info)
+            }
+            Tag::FootnoteDefinition(label) => self.fail_tokens_in(label),
+            Tag::Heading {
+                id, classes, attrs, ..
+            } => {
+                if let Some(id) = id {
+                    self.fail_tokens_in(id);
+                }
+                for class in classes {
+                    self.fail_tokens_in(class);
+                }
+                for (name, value) in attrs {
+                    self.fail_tokens_in(name);
+                    if let Some(value) = value {
+                        self.fail_tokens_in(value);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Index of the cut whose token `text` is exactly.
+    fn token_index(&self, text: &str) -> Option<usize> {
+        let rest = text.strip_prefix(self.plan.prefix.as_str())?;
+        let digits = rest.strip_suffix('z')?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok().filter(|&i| i < self.plan.cuts.len())
+    }
+
+    /// Whether text here is paragraph text outside links.
+    fn in_paragraph_text(&self) -> bool {
+        for open in self.stack.iter().rev() {
+            match open {
+                Open::Inline => continue,
+                Open::Paragraph => return true,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// Passes one main event on, checking where tokens come out.
+    fn handle(&mut self, event: Event<'p>, range: Range<usize>) {
+        match event {
+            Event::Start(Tag::TableRow) if self.stack == [Open::Table] => self.handle_row(),
+            Event::Start(tag) => {
+                self.check_tag(&tag);
+                if let (Tag::Table(alignments), true) = (&tag, self.stack.is_empty()) {
+                    self.table = table_lines(&self.plan.main, range.start);
+                    self.columns = alignments.len();
+                    self.table_cuts.clear();
+                    self.filled = 0;
+                }
+                self.stack.push(open_kind(&tag));
+                self.pending.push_back(Event::Start(tag));
+            }
+            Event::End(end) => {
+                self.stack.pop();
+                if end == TagEnd::Table && self.stack.is_empty() {
+                    self.table = None;
+                }
+                self.pending.push_back(Event::End(end));
+            }
+            Event::Text(text) if text.contains(self.plan.prefix.as_str()) => {
+                self.handle_words(text)
+            }
+            Event::Text(ref text)
+            | Event::Code(ref text)
+            | Event::InlineHtml(ref text)
+            | Event::Html(ref text)
+            | Event::InlineMath(ref text)
+            | Event::DisplayMath(ref text)
+            | Event::FootnoteReference(ref text) => {
+                self.fail_tokens_in(text);
+                self.pending.push_back(event);
+            }
+            other => self.pending.push_back(other),
+        }
+    }
+
+    /// A body row of a top-level table: the rows of a cut when it is the
+    /// cut's token row, else passed on as it is.
+    fn handle_row(&mut self) {
+        let mut row = Vec::new();
+        for (event, _) in self.main.by_ref() {
+            let end = matches!(event, Event::End(TagEnd::TableRow));
+            row.push(event);
+            if end {
+                break;
+            }
+        }
+        let token_row = match (row.first(), row.get(1), row.get(2)) {
+            (
+                Some(Event::Start(Tag::TableCell)),
+                Some(Event::Text(text)),
+                Some(Event::End(TagEnd::TableCell)),
+            ) => self.token_index(text),
+            _ => None,
+        };
+        let rest_empty = row[3.min(row.len())..].iter().all(|e| {
+            matches!(
+                e,
+                Event::Start(Tag::TableCell)
+                    | Event::End(TagEnd::TableCell)
+                    | Event::End(TagEnd::TableRow)
+            )
+        });
+        if let Some(index) = token_row.filter(|_| rest_empty) {
+            self.splice_rows(index);
+            return;
+        }
+        // Cells without content may be filled ones.
+        self.filled += row
+            .windows(2)
+            .filter(|pair| {
+                matches!(
+                    pair,
+                    [Event::Start(Tag::TableCell), Event::End(TagEnd::TableCell)]
+                )
+            })
+            .count();
+        if self.filled >= MOST_FILLED_CELLS {
+            self.failed.extend(&self.table_cuts);
+        }
+        self.pending.push_back(Event::Start(Tag::TableRow));
+        for event in row {
+            match &event {
+                Event::Start(tag) => self.check_tag(tag),
+                Event::Text(t) | Event::Code(t) | Event::InlineHtml(t) => {
+                    let t = t.clone();
+                    self.fail_tokens_in(&t);
+                }
+                Event::FootnoteReference(t) => {
+                    let t = t.clone();
+                    self.fail_tokens_in(&t);
+                }
+                _ => {}
+            }
+            self.pending.push_back(event);
+        }
+    }
+
+    /// The body rows of rows cut `index`, in place of its token row.
+    fn splice_rows(&mut self, index: usize) {
+        let plan = self.plan;
+        let Kind::Rows {
+            header,
+            delimiter,
+            columns,
+            filled,
+        } = &plan.cuts[index].kind
+        else {
+            self.failed.push(index);
+            return;
+        };
+        // Whole, the parser fills at most `filled` cells in the cut rows;
+        // with the cut, `columns` in the token row.
+        self.table_cuts.push(index);
+        self.filled += filled + columns;
+        if *columns != self.columns || self.filled >= MOST_FILLED_CELLS {
+            self.failed.extend(&self.table_cuts);
+            return;
+        }
+        let same_table = self.table.as_ref().is_some_and(|(h, d)| {
+            plan.main[h.clone()] == plan.markdown[header.clone()]
+                && plan.main[d.clone()] == plan.markdown[delimiter.clone()]
+        });
+        if !same_table || std::mem::replace(&mut self.seen[index], true) {
+            self.failed.push(index);
+            return;
+        }
+        let defs = self.main.reference_definitions();
+        for batch in &plan.batches[index] {
+            let mut in_body = false;
+            for event in parse_piece(&plan.extra[batch.clone()], defs) {
+                match event {
+                    Event::End(TagEnd::TableHead) => in_body = true,
+                    Event::End(TagEnd::Table) => break,
+                    event if in_body => self.pending.push_back(event),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Text holding words tokens: each token becomes its stretch's events.
+    fn handle_words(&mut self, text: CowStr<'p>) {
+        let plan = self.plan;
+        let piece = |range: Range<usize>| -> CowStr<'p> {
+            match &text {
+                CowStr::Borrowed(s) => CowStr::Borrowed(&s[range]),
+                other => other[range].to_owned().into(),
+            }
+        };
+        let mut at = 0;
+        while let Some(found) = text[at..].find(plan.prefix.as_str()) {
+            let token_start = at + found;
+            let after = token_start + plan.prefix.len();
+            let digits = text[after..].bytes().take_while(u8::is_ascii_digit).count();
+            let index = text[after..after + digits].parse::<usize>().ok();
+            let Some(index) =
+                index.filter(|&i| i < plan.cuts.len() && text[after + digits..].starts_with('z'))
+            else {
+                self.failed.extend(0..plan.cuts.len());
+                return;
+            };
+            let token_end = after + digits + 1;
+            if token_start > at {
+                self.pending.push_back(Event::Text(piece(at..token_start)));
+            }
+            at = token_end;
+            if !matches!(plan.cuts[index].kind, Kind::Words)
+                || !self.in_paragraph_text()
+                || std::mem::replace(&mut self.seen[index], true)
+            {
+                self.failed.push(index);
+                continue;
+            }
+            let source = &plan.markdown[plan.cuts[index].source.clone()];
+            let defs = self.main.reference_definitions();
+            let events: Vec<Event<'p>> = parse_piece(source, defs).collect();
+            // Alone, the stretch must be one paragraph with its emphasis
+            // complete: a `*` or `_` left as text could pair with one
+            // outside it.
+            let complete = matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
+                && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
+                && events[1..events.len() - 1].iter().all(|e| match e {
+                    Event::Start(tag) => open_kind(tag) == Open::Inline,
+                    Event::End(end) => matches!(
+                        end,
+                        TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough
+                    ),
+                    Event::Text(t) => !t.contains(['*', '_']),
+                    _ => true,
+                });
+            if !complete {
+                self.failed.push(index);
+                continue;
+            }
+            let inner = events.len() - 1;
+            self.pending.extend(events.into_iter().take(inner).skip(1));
+        }
+        if at < text.len() {
+            self.pending.push_back(Event::Text(piece(at..text.len())));
+        }
+    }
+}
+
+/// The header and delimiter lines of the table starting at `offset` of
+/// `main`.
+fn table_lines(main: &str, offset: usize) -> Option<(Range<usize>, Range<usize>)> {
+    let start = main[..offset].rfind('\n').map_or(0, |n| n + 1);
+    let mut it = lines(&main[start..]);
+    let (hs, he, _) = it.next()?;
+    let (ds, de, _) = it.next()?;
+    Some((start + hs..start + he, start + ds..start + de))
+}
+
+/// Events of a piece parsed alone, reference links resolved against the
+/// main document's definitions.
+fn parse_piece<'t>(text: &'t str, defs: &RefDefs<'_>) -> impl Iterator<Item = Event<'t>> {
+    let resolve = move |link: BrokenLink<'t>| {
+        defs.get(&link.reference).map(|def| {
+            let title = def.title.as_deref().unwrap_or("");
+            (
+                CowStr::from(def.dest.to_string()),
+                CowStr::from(title.to_owned()),
+            )
+        })
+    };
+    Parser::new_with_broken_link_callback(text, super::parser_options(), Some(resolve)).map(
+        |event| match event {
+            // Resolved by the callback, so marked "unknown"; in the whole
+            // document it was an ordinary reference.
+            Event::Start(Tag::Link {
+                link_type,
+                dest_url,
+                title,
+                id,
+            }) => Event::Start(Tag::Link {
+                link_type: known(link_type),
+                dest_url,
+                title,
+                id,
+            }),
+            Event::Start(Tag::Image {
+                link_type,
+                dest_url,
+                title,
+                id,
+            }) => Event::Start(Tag::Image {
+                link_type: known(link_type),
+                dest_url,
+                title,
+                id,
+            }),
+            other => other,
+        },
+    )
+}
+
+fn known(link_type: LinkType) -> LinkType {
+    match link_type {
+        LinkType::ReferenceUnknown => LinkType::Reference,
+        LinkType::CollapsedUnknown => LinkType::Collapsed,
+        LinkType::ShortcutUnknown => LinkType::Shortcut,
+        other => other,
+    }
+}
+
+impl<'p> Iterator for Splicer<'p> {
+    type Item = Event<'p>;
+
+    fn next(&mut self) -> Option<Event<'p>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            let (event, range) = self.main.next()?;
+            self.handle(event, range);
+        }
+    }
+}
