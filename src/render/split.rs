@@ -498,6 +498,15 @@ fn open_kind(tag: &Tag<'_>) -> Open {
     }
 }
 
+/// Splicing in hand, done one piece at a time so that only one piece's
+/// events wait at once.
+enum Work<'p> {
+    /// Rows cut `index`, from batch `next` on.
+    Rows { index: usize, next: usize },
+    /// A main text event holding words tokens, from byte `at` on.
+    Words { text: CowStr<'p>, at: usize },
+}
+
 /// The event stream of a [`Plan`]: the main document's events with each
 /// token replaced by its piece's events. Check [`Splicer::failed`] once it
 /// is exhausted.
@@ -505,6 +514,7 @@ pub(super) struct Splicer<'p> {
     plan: &'p Plan<'p>,
     main: OffsetIter<'p>,
     pending: VecDeque<Event<'p>>,
+    work: Option<Work<'p>>,
     stack: Vec<Open>,
     /// Header and delimiter lines (in `plan.main`) of the open top-level table.
     table: Option<(Range<usize>, Range<usize>)>,
@@ -524,6 +534,7 @@ impl<'p> Splicer<'p> {
             plan,
             main: Parser::new_ext(&plan.main, options).into_offset_iter(),
             pending: VecDeque::new(),
+            work: None,
             stack: Vec::new(),
             table: None,
             columns: 0,
@@ -652,7 +663,7 @@ impl<'p> Splicer<'p> {
                 self.pending.push_back(Event::End(end));
             }
             Event::Text(text) if text.contains(self.plan.prefix.as_str()) => {
-                self.handle_words(text)
+                self.work = Some(Work::Words { text, at: 0 });
             }
             Event::Text(ref text)
             | Event::Code(ref text)
@@ -759,22 +770,49 @@ impl<'p> Splicer<'p> {
             self.failed.push(index);
             return;
         }
+        self.work = Some(Work::Rows { index, next: 0 });
+    }
+
+    /// The rows of one batch of a rows cut.
+    fn splice_batch(&mut self, index: usize, batch: usize) {
+        let plan = self.plan;
         let defs = self.main.reference_definitions();
-        for batch in &plan.batches[index] {
-            let mut in_body = false;
-            for event in parse_piece(&plan.extra[batch.clone()], defs) {
-                match event {
-                    Event::End(TagEnd::TableHead) => in_body = true,
-                    Event::End(TagEnd::Table) => break,
-                    event if in_body => self.pending.push_back(event),
-                    _ => {}
-                }
+        let mut in_body = false;
+        for event in parse_piece(&plan.extra[plan.batches[index][batch].clone()], defs) {
+            match event {
+                Event::End(TagEnd::TableHead) => in_body = true,
+                Event::End(TagEnd::Table) => break,
+                event if in_body => self.pending.push_back(event),
+                _ => {}
             }
         }
     }
 
-    /// Text holding words tokens: each token becomes its stretch's events.
-    fn handle_words(&mut self, text: CowStr<'p>) {
+    /// Goes on with the work in hand, one piece at a time; false when there
+    /// is none.
+    fn step(&mut self) -> bool {
+        match self.work.take() {
+            None => false,
+            Some(Work::Rows { index, next }) => {
+                if next < self.plan.batches[index].len() {
+                    self.splice_batch(index, next);
+                    self.work = Some(Work::Rows {
+                        index,
+                        next: next + 1,
+                    });
+                }
+                true
+            }
+            Some(Work::Words { text, at }) => {
+                self.words_step(text, at);
+                true
+            }
+        }
+    }
+
+    /// Text holding words tokens, from byte `at` on: the text up to the
+    /// next token and that token's stretch; the rest is left as work.
+    fn words_step(&mut self, text: CowStr<'p>, at: usize) {
         let plan = self.plan;
         let piece = |range: Range<usize>| -> CowStr<'p> {
             match &text {
@@ -782,57 +820,66 @@ impl<'p> Splicer<'p> {
                 other => other[range].to_owned().into(),
             }
         };
-        let mut at = 0;
-        while let Some(found) = text[at..].find(plan.prefix.as_str()) {
-            let token_start = at + found;
-            let after = token_start + plan.prefix.len();
-            let digits = text[after..].bytes().take_while(u8::is_ascii_digit).count();
-            let index = text[after..after + digits].parse::<usize>().ok();
-            let Some(index) =
-                index.filter(|&i| i < plan.cuts.len() && text[after + digits..].starts_with('z'))
-            else {
-                self.failed.extend(0..plan.cuts.len());
-                return;
-            };
-            let token_end = after + digits + 1;
-            if token_start > at {
-                self.pending.push_back(Event::Text(piece(at..token_start)));
+        let Some(found) = text[at..].find(plan.prefix.as_str()) else {
+            if at < text.len() {
+                self.pending.push_back(Event::Text(piece(at..text.len())));
             }
-            at = token_end;
-            if !matches!(plan.cuts[index].kind, Kind::Words)
-                || !self.in_paragraph_text()
-                || std::mem::replace(&mut self.seen[index], true)
-            {
-                self.failed.push(index);
-                continue;
-            }
-            let source = &plan.markdown[plan.cuts[index].source.clone()];
-            let defs = self.main.reference_definitions();
-            let events: Vec<Event<'p>> = parse_piece(source, defs).collect();
-            // Alone, the stretch must be one paragraph with its emphasis
-            // complete: a `*` or `_` left as text could pair with one
-            // outside it.
-            let complete = matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
-                && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
-                && events[1..events.len() - 1].iter().all(|e| match e {
-                    Event::Start(tag) => open_kind(tag) == Open::Inline,
-                    Event::End(end) => matches!(
-                        end,
-                        TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough
-                    ),
-                    Event::Text(t) => !t.contains(['*', '_']),
-                    _ => true,
-                });
-            if !complete {
-                self.failed.push(index);
-                continue;
-            }
-            let inner = events.len() - 1;
-            self.pending.extend(events.into_iter().take(inner).skip(1));
+            return;
+        };
+        let token_start = at + found;
+        let after = token_start + plan.prefix.len();
+        let digits = text[after..].bytes().take_while(u8::is_ascii_digit).count();
+        let index = text[after..after + digits].parse::<usize>().ok();
+        let Some(index) =
+            index.filter(|&i| i < plan.cuts.len() && text[after + digits..].starts_with('z'))
+        else {
+            self.failed.extend(0..plan.cuts.len());
+            return;
+        };
+        let token_end = after + digits + 1;
+        if token_start > at {
+            self.pending.push_back(Event::Text(piece(at..token_start)));
         }
-        if at < text.len() {
-            self.pending.push_back(Event::Text(piece(at..text.len())));
+        let fits = matches!(plan.cuts[index].kind, Kind::Words)
+            && self.in_paragraph_text()
+            && !std::mem::replace(&mut self.seen[index], true);
+        if fits {
+            self.splice_words(index);
+        } else {
+            self.failed.push(index);
         }
+        self.work = Some(Work::Words {
+            text,
+            at: token_end,
+        });
+    }
+
+    /// The inline events of words cut `index`.
+    fn splice_words(&mut self, index: usize) {
+        let plan = self.plan;
+        let source = &plan.markdown[plan.cuts[index].source.clone()];
+        let defs = self.main.reference_definitions();
+        let events: Vec<Event<'p>> = parse_piece(source, defs).collect();
+        // Alone, the stretch must be one paragraph with its emphasis
+        // complete: a `*` or `_` left as text could pair with one outside
+        // it.
+        let complete = matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
+            && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
+            && events[1..events.len() - 1].iter().all(|e| match e {
+                Event::Start(tag) => open_kind(tag) == Open::Inline,
+                Event::End(end) => matches!(
+                    end,
+                    TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough
+                ),
+                Event::Text(t) => !t.contains(['*', '_']),
+                _ => true,
+            });
+        if !complete {
+            self.failed.push(index);
+            return;
+        }
+        let inner = events.len() - 1;
+        self.pending.extend(events.into_iter().take(inner).skip(1));
     }
 }
 
@@ -905,6 +952,9 @@ impl<'p> Iterator for Splicer<'p> {
         loop {
             if let Some(event) = self.pending.pop_front() {
                 return Some(event);
+            }
+            if self.step() {
+                continue;
             }
             let (event, range) = self.main.next()?;
             self.handle(event, range);
