@@ -31,6 +31,7 @@
 //! pieces are resolved against the main document's definitions (pieces never
 //! hold definitions).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ops::Range;
 
@@ -153,75 +154,85 @@ fn looks_like_delimiter(line: &str) -> bool {
 
 /// Runs of lines starting with `|` that hold the body rows of a table.
 fn find_rows(markdown: &str, settings: &Settings) -> Vec<Cut> {
-    let all: Vec<(usize, usize, usize)> = lines(markdown).collect();
     let mut cuts = Vec::new();
-    let mut i = 0;
-    while i < all.len() {
-        if !markdown[all[i].0..].starts_with('|') {
-            i += 1;
-            continue;
-        }
-        let run_start = i;
+    // The lines of the current run, and the line before it.
+    let mut run: Vec<(usize, usize, usize)> = Vec::new();
+    let mut before_run = None;
+    let mut previous = None;
+    let end = markdown.len();
+    for line in lines(markdown).chain(std::iter::once((end, end, end))) {
         // A line of a lone `|` has no cell: it ends a table.
-        while i < all.len()
-            && markdown[all[i].0..].starts_with('|')
-            && !markdown[all[i].0 + 1..all[i].1].trim().is_empty()
-        {
-            i += 1;
-        }
-        if i == run_start {
-            i += 1;
-            continue;
-        }
-        let run = run_start..i;
-        // The delimiter row among the first lines of the run; the header
-        // is the line before it.
-        let Some(delimiter) = (run.start..run.end.min(run.start + 3))
-            .find(|&l| looks_like_delimiter(&markdown[all[l].0..all[l].1]))
-        else {
-            continue;
-        };
-        if delimiter == 0 {
-            continue;
-        }
-        let header = delimiter - 1;
-        let first = delimiter + 1;
-        if first >= run.end {
-            continue;
-        }
-        // Rows with a footnote reference stay: a piece does not know which
-        // footnotes are defined.
-        let columns = cells(&markdown[all[delimiter].0..all[delimiter].1]);
-        let mut l = first;
-        while l < run.end {
-            let line = |l: usize| &markdown[all[l].0..all[l].1];
-            if line(l).contains("[^") {
-                l += 1;
-                continue;
+        let row = line.0 < end
+            && markdown[line.0..].starts_with('|')
+            && !markdown[line.0 + 1..line.1].trim().is_empty();
+        if row {
+            if run.is_empty() {
+                before_run = previous;
             }
-            let from = l;
-            while l < run.end && !line(l).contains("[^") {
-                l += 1;
-            }
-            let source = all[from].0..all[l - 1].2;
-            if source.len() < settings.min_rows {
-                continue;
-            }
-            let filled = (from..l)
-                .map(|l| columns.saturating_sub(fewest_cells(line(l))))
-                .sum();
-            cuts.push(Cut {
-                source,
-                kind: Kind::Rows {
-                    header: all[header].0..all[header].1,
-                    delimiter: all[delimiter].0..all[delimiter].1,
-                    columns,
-                    filled,
-                },
-            });
+            run.push(line);
+        } else if !run.is_empty() {
+            rows_of_run(markdown, before_run, &run, settings, &mut cuts);
+            run.clear();
         }
+        previous = Some(line);
     }
     cuts
+}
+
+/// The cuts of one run of lines starting with `|`.
+fn rows_of_run(
+    markdown: &str,
+    before_run: Option<(usize, usize, usize)>,
+    run: &[(usize, usize, usize)],
+    settings: &Settings,
+    cuts: &mut Vec<Cut>,
+) {
+    let text = |(start, end, _): (usize, usize, usize)| &markdown[start..end];
+    // The delimiter row among the first lines of the run; the header is the
+    // line before it.
+    let Some(delimiter) = (0..run.len().min(3)).find(|&l| looks_like_delimiter(text(run[l])))
+    else {
+        return;
+    };
+    let header = match delimiter {
+        0 => match before_run {
+            Some(line) if !text(line).trim().is_empty() => line,
+            _ => return,
+        },
+        d => run[d - 1],
+    };
+    let delimiter_line = run[delimiter];
+    let columns = cells(text(delimiter_line));
+    // Rows with a footnote reference stay: a piece does not know which
+    // footnotes are defined.
+    let mut l = delimiter + 1;
+    while l < run.len() {
+        if text(run[l]).contains("[^") {
+            l += 1;
+            continue;
+        }
+        let from = l;
+        while l < run.len() && !text(run[l]).contains("[^") {
+            l += 1;
+        }
+        let source = run[from].0..run[l - 1].2;
+        if source.len() < settings.min_rows {
+            continue;
+        }
+        let filled = run[from..l]
+            .iter()
+            .map(|&line| columns.saturating_sub(fewest_cells(text(line))))
+            .sum();
+        cuts.push(Cut {
+            source,
+            kind: Kind::Rows {
+                header: header.0..header.1,
+                delimiter: delimiter_line.0..delimiter_line.1,
+                columns,
+                filled,
+            },
+        });
+    }
 }
 
 /// The cells of a table line without code spans, escapes, links or raw
@@ -281,7 +292,8 @@ fn starts_plain(bytes: &[u8], at: usize) -> bool {
     }
 }
 
-/// Stretches of paragraph text, cut at spaces (see the module comment).
+/// Stretches of paragraph text, cut at spaces and line ends (see the module
+/// comment).
 fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let bytes = markdown.as_bytes();
     let mut cuts = Vec::new();
@@ -304,6 +316,12 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     };
     for (at, &b) in bytes.iter().enumerate() {
         if let Some(s) = start {
+            // A stretch ends before a space or a line end.
+            let boundary =
+                matches!(b, b' ' | b'\n') && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n');
+            if boundary {
+                end = Some(at);
+            }
             let stop = if unsafe_in_words(b) {
                 true
             } else if b == b'\n' {
@@ -315,20 +333,17 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
                     .count();
                 !starts_plain(rest, indent)
             } else {
-                false
+                boundary && at - s >= settings.max_words
             };
             if stop {
                 close(s, end, &mut cuts);
                 start = None;
-            } else if b == b' ' && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n') {
-                end = Some(at);
-                if at - s >= settings.max_words {
-                    close(s, end, &mut cuts);
-                    start = None;
-                }
             }
         }
-        if start.is_none() && b == b' ' && line_content && starts_plain(bytes, at + 1) {
+        // A stretch starts after a space that follows text on its line, or
+        // at the start of a line.
+        let after = (b == b' ' && line_content) || b == b'\n';
+        if start.is_none() && after && starts_plain(bytes, at + 1) {
             start = Some(at + 1);
             end = None;
         }
@@ -526,6 +541,11 @@ pub(super) struct Splicer<'p> {
     filled: usize,
     seen: Vec<bool>,
     failed: Vec<usize>,
+    /// Bytes that reference links may still expand to: the parser stops
+    /// resolving them past the document's size (at least 100 KB). Shared by
+    /// the pieces and charged with the main document's own, so that the
+    /// pieces together cannot expand more than the whole document could.
+    budget: Cell<usize>,
 }
 
 impl<'p> Splicer<'p> {
@@ -541,6 +561,7 @@ impl<'p> Splicer<'p> {
             table_cuts: Vec::new(),
             filled: 0,
             seen: vec![false; plan.cuts.len()],
+            budget: Cell::new(plan.markdown.len().max(100_000)),
             failed: Vec::new(),
         }
     }
@@ -646,6 +667,22 @@ impl<'p> Splicer<'p> {
             Event::Start(Tag::TableRow) if self.stack == [Open::Table] => self.handle_row(),
             Event::Start(tag) => {
                 self.check_tag(&tag);
+                if let Tag::Link {
+                    link_type: LinkType::Reference | LinkType::Collapsed | LinkType::Shortcut,
+                    dest_url,
+                    title,
+                    ..
+                }
+                | Tag::Image {
+                    link_type: LinkType::Reference | LinkType::Collapsed | LinkType::Shortcut,
+                    dest_url,
+                    title,
+                    ..
+                } = &tag
+                {
+                    let used = dest_url.len() + title.len();
+                    self.budget.set(self.budget.get().saturating_sub(used));
+                }
                 if let (Tag::Table(alignments), true) = (&tag, self.stack.is_empty()) {
                     self.table = table_lines(&self.plan.main, range.start);
                     self.columns = alignments.len();
@@ -778,7 +815,11 @@ impl<'p> Splicer<'p> {
         let plan = self.plan;
         let defs = self.main.reference_definitions();
         let mut in_body = false;
-        for event in parse_piece(&plan.extra[plan.batches[index][batch].clone()], defs) {
+        for event in parse_piece(
+            &plan.extra[plan.batches[index][batch].clone()],
+            defs,
+            &self.budget,
+        ) {
             match event {
                 Event::End(TagEnd::TableHead) => in_body = true,
                 Event::End(TagEnd::Table) => break,
@@ -859,7 +900,7 @@ impl<'p> Splicer<'p> {
         let plan = self.plan;
         let source = &plan.markdown[plan.cuts[index].source.clone()];
         let defs = self.main.reference_definitions();
-        let events: Vec<Event<'p>> = parse_piece(source, defs).collect();
+        let events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
         // Alone, the stretch must be one paragraph with its emphasis
         // complete: a `*` or `_` left as text could pair with one outside
         // it.
@@ -894,11 +935,20 @@ fn table_lines(main: &str, offset: usize) -> Option<(Range<usize>, Range<usize>)
 }
 
 /// Events of a piece parsed alone, reference links resolved against the
-/// main document's definitions.
-fn parse_piece<'t>(text: &'t str, defs: &RefDefs<'_>) -> impl Iterator<Item = Event<'t>> {
+/// main document's definitions while `budget` lasts (see
+/// [`Splicer::budget`]).
+fn parse_piece<'t>(
+    text: &'t str,
+    defs: &RefDefs<'_>,
+    budget: &Cell<usize>,
+) -> impl Iterator<Item = Event<'t>> {
     let resolve = move |link: BrokenLink<'t>| {
+        if budget.get() == 0 {
+            return None;
+        }
         defs.get(&link.reference).map(|def| {
             let title = def.title.as_deref().unwrap_or("");
+            budget.set(budget.get().saturating_sub(def.dest.len() + title.len()));
             (
                 CowStr::from(def.dest.to_string()),
                 CowStr::from(title.to_owned()),

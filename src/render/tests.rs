@@ -1087,7 +1087,7 @@ mod pieces {
     fn paragraphs_cut_into_words_render_the_same() {
         let mut rng = Rng(0x5eed_cafe_f00d_1234);
         let mut used = 0;
-        for _ in 0..600 {
+        for _ in 0..2000 {
             let n = 1 + rng.below(80);
             let mut markdown = String::new();
             for i in 0..n {
