@@ -273,21 +273,24 @@ fn fewest_cells(line: &str) -> usize {
 const MOST_FILLED_CELLS: usize = 1 << 18;
 
 /// Bytes a stretch of words never holds: each can start or end something
-/// that spans farther than the stretch.
+/// (raw HTML, autolinks, escapes, strikethrough, table cells) that would have
+/// to be checked across the stretch's ends.
 fn unsafe_in_words(b: u8) -> bool {
-    matches!(
-        b,
-        b'`' | b'[' | b']' | b'<' | b'>' | b'\\' | b'~' | b'|' | b'"' | b'\'' | b'(' | b')' | b'\r'
-    )
+    matches!(b, b'<' | b'>' | b'\\' | b'~' | b'|' | b'\r')
 }
 
-/// Whether `bytes[at..]` starts like paragraph text that starts nothing
-/// else, even at the start of a line: a letter, or `*`/`_` right before a
-/// letter or digit.
+/// Whether `bytes[at..]` starts like paragraph text that starts no other
+/// block, even at the start of a line: a letter, `*` or `_` right before a
+/// letter or digit, `[` (not a footnote), `![`, or fewer than three
+/// backticks.
 fn starts_plain(bytes: &[u8], at: usize) -> bool {
+    let next = bytes.get(at + 1).copied();
     match bytes.get(at) {
         Some(b) if b.is_ascii_alphabetic() => true,
-        Some(b'*' | b'_') => bytes.get(at + 1).is_some_and(u8::is_ascii_alphanumeric),
+        Some(b'*' | b'_') => next.is_some_and(|n| n.is_ascii_alphanumeric()),
+        Some(b'[') => next.is_some_and(|n| n != b'^'),
+        Some(b'!') => next == Some(b'['),
+        Some(b'`') => !bytes[at..].starts_with(b"```"),
         _ => false,
     }
 }
@@ -303,7 +306,12 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let mut line_content = false;
     let close = |start: usize, end: Option<usize>, cuts: &mut Vec<Cut>| {
         let Some(end) = end else { return };
+        // A footnote reference needs the definitions a piece does not see;
+        // `]:` could make a stretch, alone, a link reference definition.
+        let text = &markdown[start..end];
         if end - start < settings.min_words
+            || text.contains("[^")
+            || text.contains("]:")
             || next_line_looks_like_delimiter(markdown, end)
             || !emphasis_runs_are_one_sided(bytes, start..end)
         {
@@ -513,6 +521,10 @@ fn open_kind(tag: &Tag<'_>) -> Open {
     }
 }
 
+/// Characters that, left as text (unmatched), could start a code span, a
+/// link or raw HTML that ends farther on.
+const OPENERS: [char; 4] = ['`', '[', ']', '<'];
+
 /// Splicing in hand, done one piece at a time so that only one piece's
 /// events wait at once.
 enum Work<'p> {
@@ -531,6 +543,8 @@ pub(super) struct Splicer<'p> {
     pending: VecDeque<Event<'p>>,
     work: Option<Work<'p>>,
     stack: Vec<Open>,
+    /// The open paragraph has, so far, an [`OPENERS`] character as text.
+    loose_opener: bool,
     /// Header and delimiter lines (in `plan.main`) of the open top-level table.
     table: Option<(Range<usize>, Range<usize>)>,
     /// The open top-level table's columns, its cuts, and at most how many
@@ -556,6 +570,7 @@ impl<'p> Splicer<'p> {
             pending: VecDeque::new(),
             work: None,
             stack: Vec::new(),
+            loose_opener: false,
             table: None,
             columns: 0,
             table_cuts: Vec::new(),
@@ -683,6 +698,9 @@ impl<'p> Splicer<'p> {
                     let used = dest_url.len() + title.len();
                     self.budget.set(self.budget.get().saturating_sub(used));
                 }
+                if matches!(tag, Tag::Paragraph) {
+                    self.loose_opener = false;
+                }
                 if let (Tag::Table(alignments), true) = (&tag, self.stack.is_empty()) {
                     self.table = table_lines(&self.plan.main, range.start);
                     self.columns = alignments.len();
@@ -710,6 +728,9 @@ impl<'p> Splicer<'p> {
             | Event::DisplayMath(ref text)
             | Event::FootnoteReference(ref text) => {
                 self.fail_tokens_in(text);
+                if matches!(event, Event::Text(_)) && text.contains(OPENERS) {
+                    self.loose_opener = true;
+                }
                 self.pending.push_back(event);
             }
             other => self.pending.push_back(other),
@@ -862,6 +883,9 @@ impl<'p> Splicer<'p> {
             }
         };
         let Some(found) = text[at..].find(plan.prefix.as_str()) else {
+            if text[at..].contains(OPENERS) {
+                self.loose_opener = true;
+            }
             if at < text.len() {
                 self.pending.push_back(Event::Text(piece(at..text.len())));
             }
@@ -879,9 +903,15 @@ impl<'p> Splicer<'p> {
         };
         let token_end = after + digits + 1;
         if token_start > at {
+            if text[at..token_start].contains(OPENERS) {
+                self.loose_opener = true;
+            }
             self.pending.push_back(Event::Text(piece(at..token_start)));
         }
+        // A code span, link or raw HTML opened before the stretch and left
+        // unmatched could be closed inside it.
         let fits = matches!(plan.cuts[index].kind, Kind::Words)
+            && !self.loose_opener
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
         if fits {
@@ -907,13 +937,18 @@ impl<'p> Splicer<'p> {
         let complete = matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
             && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
             && events[1..events.len() - 1].iter().all(|e| match e {
-                Event::Start(tag) => open_kind(tag) == Open::Inline,
+                Event::Start(tag) => matches!(open_kind(tag), Open::Inline | Open::Link),
                 Event::End(end) => matches!(
                     end,
-                    TagEnd::Emphasis | TagEnd::Strong | TagEnd::Strikethrough
+                    TagEnd::Emphasis
+                        | TagEnd::Strong
+                        | TagEnd::Strikethrough
+                        | TagEnd::Link
+                        | TagEnd::Image
                 ),
-                Event::Text(t) => !t.contains(['*', '_']),
-                _ => true,
+                Event::Text(t) => !t.contains(OPENERS) && !t.contains(['*', '_']),
+                Event::Code(_) | Event::SoftBreak | Event::HardBreak => true,
+                _ => false,
             });
         if !complete {
             self.failed.push(index);
