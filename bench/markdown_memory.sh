@@ -70,6 +70,24 @@ elif shape == "code_spans":
 elif shape == "links":
     while total < target:
         add("[a](b) ")
+elif shape == "inline_html":
+    while total < target:
+        add("<b>a</b> ")
+elif shape == "escapes":
+    while total < target:
+        add("\\*a\\_ ")
+elif shape == "strike":
+    while total < target:
+        add("~~a~~ ")
+elif shape == "short_lines":
+    while total < target:
+        add("a\n")
+elif shape == "quotes":
+    while total < target:
+        add("> a\n")
+elif shape == "entities":
+    while total < target:
+        add("&amp; ")
 elif shape == "prose":
     while total < target:
         add(f"Word {i} and more words, some_snake_case, (parens) and \"quotes\"; ")
@@ -94,7 +112,8 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-for shape in table dense_table paragraphs prose emphasis emphasis_lines code_spans links headings lists urls; do
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes headings lists urls}"
+for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"
   mkdir -p "$bundle"
@@ -102,7 +121,7 @@ for shape in table dense_table paragraphs prose emphasis emphasis_lines code_spa
   "$bin" bundle seal "$bundle" --id "bench-$shape" >/dev/null
   input=$(stat -c %s "$bundle/page.md")
   /usr/bin/time -f '%M %e' -o "$work/time.txt" \
-    "$bin" --config "$work/config.yaml" run --pipeline p "$bundle" >/dev/null
+    "$bin" --config "$work/config.yaml" run --pipeline p "$bundle" >/dev/null 2>&1
   read -r peak_kib seconds <"$work/time.txt"
   python3 -c "import sys; i=$input; p=$peak_kib*1024; s=max($seconds, 0.01); print(f'{sys.argv[1]:<15} {i/2**20:9.1f} {p/2**20:9.1f} {p/i:6.1f} {i/1e6/s:7.1f}')" "$shape"
 done

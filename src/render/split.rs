@@ -7,23 +7,23 @@
 //! node per byte, so the tree alone is ~50 x the input. Two kinds of pieces
 //! are taken out of the document and parsed on their own:
 //!
-//! - **Rows**: the body rows of a table, from a run of lines that start with
-//!   `|`. The main document keeps the header, the delimiter row and one row
-//!   holding a token; the cut rows are parsed in batches, each batch as its
-//!   own little table with the same header and delimiter row, and their row
+//! - **Rows**: body rows of a top-level table, from a run of lines that
+//!   start with `|` (rows holding a footnote reference stay, a piece cannot
+//!   know which footnotes are defined). The main document keeps one row
+//!   holding a token in their place; the cut rows are parsed in batches, each
+//!   as a little table with the same header and delimiter row, and their row
 //!   events take the token row's place.
-//! - **Words**: a stretch of a paragraph between two spaces, without any
-//!   character that can open something spanning farther (code spans, links,
-//!   raw HTML, autolinks, escapes, strikethrough, quotes, parentheses, pipes),
-//!   whose lines after the first start like paragraph text, and whose
-//!   emphasis is complete on its own (parsed alone, no `*` or `_` is left
-//!   as text). The main document holds a token in its place; the stretch is
-//!   parsed alone as a paragraph and its inline events take the token's
-//!   place.
+//! - **Words**: a stretch of a paragraph between spaces or line ends, without
+//!   `<`, `>`, `\`, `|`, `[^` or `]:`, whose lines start like paragraph text,
+//!   whose runs of `*`, `_` and `~` can each only open or only close, and
+//!   that alone is one paragraph with nothing left unmatched (no `*`, `_`,
+//!   `~`, `` ` ``, `[`, `]` as text). The main document holds a token in its
+//!   place; the stretch's inline events take the token's place, provided
+//!   nothing before it in the paragraph was left unmatched either.
 //!
 //! Nothing here is trusted blindly: the main document is parsed as usual and
 //! every token must come out where its piece is known to mean the same
-//! thing (a rows token as the first body row of a top-level table whose
+//! thing (a rows token as a body row of a top-level table whose
 //! header and delimiter rows are the recorded ones; a words token in the
 //! text of a paragraph, outside links). A token anywhere else, or not at all,
 //! fails its piece, and the caller renders again without the failed pieces;
@@ -273,10 +273,10 @@ fn fewest_cells(line: &str) -> usize {
 const MOST_FILLED_CELLS: usize = 1 << 18;
 
 /// Bytes a stretch of words never holds: each can start or end something
-/// (raw HTML, autolinks, escapes, strikethrough, table cells) that would have
+/// (raw HTML, autolinks, escapes, table cells) that would have
 /// to be checked across the stretch's ends.
 fn unsafe_in_words(b: u8) -> bool {
-    matches!(b, b'<' | b'>' | b'\\' | b'~' | b'|' | b'\r')
+    matches!(b, b'<' | b'>' | b'\\' | b'|' | b'\r')
 }
 
 /// Whether `bytes[at..]` starts like paragraph text that starts no other
@@ -367,15 +367,15 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     cuts
 }
 
-/// Whether every run of `*` or `_` in `bytes[range]` can only open or only
-/// close emphasis (CommonMark's left- and right-flanking), judged by ASCII
+/// Whether every run of `*`, `_` or `~` in `bytes[range]` can only open or
+/// only close emphasis or strikethrough (CommonMark's left- and right-flanking), judged by ASCII
 /// neighbours. A run that could do both might, in the whole paragraph, close
 /// an opener from before the stretch while alone it opens one inside it.
 fn emphasis_runs_are_one_sided(bytes: &[u8], range: Range<usize>) -> bool {
     let mut at = range.start;
     while at < range.end {
         let b = bytes[at];
-        if b != b'*' && b != b'_' {
+        if !matches!(b, b'*' | b'_' | b'~') {
             at += 1;
             continue;
         }
@@ -946,7 +946,7 @@ impl<'p> Splicer<'p> {
                         | TagEnd::Link
                         | TagEnd::Image
                 ),
-                Event::Text(t) => !t.contains(OPENERS) && !t.contains(['*', '_']),
+                Event::Text(t) => !t.contains(OPENERS) && !t.contains(['*', '_', '~']),
                 Event::Code(_) | Event::SoftBreak | Event::HardBreak => true,
                 _ => false,
             });
