@@ -15,9 +15,10 @@
 //!   events take the token row's place.
 //! - **Words**: a stretch of a paragraph between spaces or line ends, without
 //!   `<`, `>`, `\`, `|`, `[^` or `]:`, whose lines start like paragraph text,
-//!   whose runs of `*`, `_` and `~` can each only open or only close, and
-//!   that alone is one paragraph with nothing left unmatched (no `*`, `_`,
-//!   `~`, `` ` ``, `[`, `]` as text). The main document holds a token in its
+//!   whose runs of `*`, `_` and `~` can each only open, only close or
+//!   neither, and that alone is one paragraph with nothing left unmatched
+//!   (no `` ` ``, `[`, `]` as text, and as text only those `*`, `_` and `~`
+//!   that can neither open nor close). The main document holds a token in its
 //!   place; the stretch's inline events take the token's place, provided
 //!   nothing before it in the paragraph was left unmatched either.
 //!
@@ -87,8 +88,9 @@ enum Kind {
         /// them up to `columns`.
         filled: usize,
     },
-    /// A stretch of paragraph text.
-    Words,
+    /// A stretch of paragraph text, with `inert` characters of `*`, `_`
+    /// and `~` that neither open nor close.
+    Words { inert: usize },
 }
 
 /// Finds the pieces worth cutting, in document order.
@@ -100,9 +102,9 @@ pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Vec<Cut> {
     // Rows and the lines of their table's header stay as they are.
     let taken: Vec<Range<usize>> = cuts
         .iter()
-        .flat_map(|cut| match &cut.kind {
-            Kind::Rows { header, .. } => vec![header.start..cut.source.end],
-            Kind::Words => Vec::new(),
+        .filter_map(|cut| match &cut.kind {
+            Kind::Rows { header, .. } => Some(header.start..cut.source.end),
+            Kind::Words { .. } => None,
         })
         .collect();
     let words = find_words(markdown, settings).into_iter().filter(|cut| {
@@ -282,7 +284,7 @@ fn unsafe_in_words(b: u8) -> bool {
 /// Whether `bytes[at..]` starts like paragraph text that starts no other
 /// block, even at the start of a line: a letter, `*` or `_` right before a
 /// letter or digit, `[` (not a footnote), `![`, or fewer than three
-/// backticks.
+/// backticks or tildes.
 fn starts_plain(bytes: &[u8], at: usize) -> bool {
     let next = bytes.get(at + 1).copied();
     match bytes.get(at) {
@@ -291,6 +293,7 @@ fn starts_plain(bytes: &[u8], at: usize) -> bool {
         Some(b'[') => next.is_some_and(|n| n != b'^'),
         Some(b'!') => next == Some(b'['),
         Some(b'`') => !bytes[at..].starts_with(b"```"),
+        Some(b'~') => !bytes[at..].starts_with(b"~~~"),
         _ => false,
     }
 }
@@ -313,13 +316,15 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
             || text.contains("[^")
             || text.contains("]:")
             || next_line_looks_like_delimiter(markdown, end)
-            || !emphasis_runs_are_one_sided(bytes, start..end)
         {
             return;
         }
+        let Some(inert) = one_sided_runs(bytes, start..end) else {
+            return;
+        };
         cuts.push(Cut {
             source: start..end,
-            kind: Kind::Words,
+            kind: Kind::Words { inert },
         });
     };
     for (at, &b) in bytes.iter().enumerate() {
@@ -330,19 +335,18 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
             if boundary {
                 end = Some(at);
             }
-            let stop = if unsafe_in_words(b) {
-                true
-            } else if b == b'\n' {
-                // The next line must go on as paragraph text.
+            // The next line must go on as paragraph text.
+            let next_line_plain = || {
                 let rest = &bytes[at + 1..];
                 let indent = rest
                     .iter()
                     .take_while(|c| matches!(c, b' ' | b'\t'))
                     .count();
-                !starts_plain(rest, indent)
-            } else {
-                boundary && at - s >= settings.max_words
+                starts_plain(rest, indent)
             };
+            let stop = unsafe_in_words(b)
+                || (b == b'\n' && !next_line_plain())
+                || (boundary && at - s >= settings.max_words);
             if stop {
                 close(s, end, &mut cuts);
                 start = None;
@@ -367,11 +371,14 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     cuts
 }
 
-/// Whether every run of `*`, `_` or `~` in `bytes[range]` can only open or
-/// only close emphasis or strikethrough (CommonMark's left- and right-flanking), judged by ASCII
-/// neighbours. A run that could do both might, in the whole paragraph, close
-/// an opener from before the stretch while alone it opens one inside it.
-fn emphasis_runs_are_one_sided(bytes: &[u8], range: Range<usize>) -> bool {
+/// Whether every run of `*`, `_` or `~` in `bytes[range]` can only open,
+/// only close, or neither (CommonMark's flanking rules), judged by ASCII
+/// neighbours; `Some` with the number of characters in runs that can do
+/// neither (they stay text). A run that could both open and close might, in
+/// the whole paragraph, close an opener from before the stretch while alone
+/// it opens one inside it.
+fn one_sided_runs(bytes: &[u8], range: Range<usize>) -> Option<usize> {
+    let mut inert = 0;
     let mut at = range.start;
     while at < range.end {
         let b = bytes[at];
@@ -380,21 +387,32 @@ fn emphasis_runs_are_one_sided(bytes: &[u8], range: Range<usize>) -> bool {
             continue;
         }
         let run_end = at + bytes[at..].iter().take_while(|&&c| c == b).count();
-        // The stretch lies between spaces, so both neighbours exist.
+        // The stretch lies between spaces or line ends, so both neighbours
+        // exist.
         let (before, after) = (bytes[at - 1], bytes[run_end]);
         if !before.is_ascii() || !after.is_ascii() {
-            return false;
+            return None;
         }
         let space = |c: u8| c.is_ascii_whitespace();
         let punct = |c: u8| c.is_ascii_punctuation();
         let left = !space(after) && (!punct(after) || space(before) || punct(before));
         let right = !space(before) && (!punct(before) || space(after) || punct(after));
-        if left == right {
-            return false;
+        let (open, close) = if b == b'_' {
+            (
+                left && (!right || punct(before)),
+                right && (!left || punct(after)),
+            )
+        } else {
+            (left, right)
+        };
+        match (open, close) {
+            (true, true) => return None,
+            (false, false) => inert += run_end - at,
+            _ => {}
         }
         at = run_end;
     }
-    true
+    Some(inert)
 }
 
 /// Whether the line after the one holding byte `at` could be a delimiter
@@ -437,7 +455,7 @@ impl<'m> Plan<'m> {
             main.push_str(&markdown[at..cut.source.start]);
             at = cut.source.end;
             match &cut.kind {
-                Kind::Words => {
+                Kind::Words { .. } => {
                     main.push_str(&token(&prefix, index));
                     batches.push(Vec::new());
                 }
@@ -910,7 +928,7 @@ impl<'p> Splicer<'p> {
         }
         // A code span, link or raw HTML opened before the stretch and left
         // unmatched could be closed inside it.
-        let fits = matches!(plan.cuts[index].kind, Kind::Words)
+        let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
             && !self.loose_opener
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
@@ -929,12 +947,27 @@ impl<'p> Splicer<'p> {
     fn splice_words(&mut self, index: usize) {
         let plan = self.plan;
         let source = &plan.markdown[plan.cuts[index].source.clone()];
+        let Kind::Words { inert } = plan.cuts[index].kind else {
+            self.failed.push(index);
+            return;
+        };
         let defs = self.main.reference_definitions();
         let events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
         // Alone, the stretch must be one paragraph with its emphasis
-        // complete: a `*` or `_` left as text could pair with one outside
-        // it.
-        let complete = matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
+        // complete: a `*`, `_` or `~` left as text, other than those that
+        // can neither open nor close, could pair with one outside it.
+        let left_as_text: usize = events
+            .iter()
+            .map(|e| match e {
+                Event::Text(t) => t
+                    .bytes()
+                    .filter(|b| matches!(b, b'*' | b'_' | b'~'))
+                    .count(),
+                _ => 0,
+            })
+            .sum();
+        let complete = left_as_text == inert
+            && matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
             && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
             && events[1..events.len() - 1].iter().all(|e| match e {
                 Event::Start(tag) => matches!(open_kind(tag), Open::Inline | Open::Link),
@@ -946,7 +979,7 @@ impl<'p> Splicer<'p> {
                         | TagEnd::Link
                         | TagEnd::Image
                 ),
-                Event::Text(t) => !t.contains(OPENERS) && !t.contains(['*', '_', '~']),
+                Event::Text(t) => !t.contains(OPENERS),
                 Event::Code(_) | Event::SoftBreak | Event::HardBreak => true,
                 _ => false,
             });

@@ -1081,6 +1081,17 @@ mod pieces {
         "\n*",
         "\nword",
         "\t",
+        "~a~",
+        "~~b~~",
+        "~~~",
+        "\n~~~\n",
+        "snake_case",
+        "__init__",
+        "a_",
+        "_",
+        "&ast;",
+        "\n```\n",
+        "]:",
     ];
 
     #[test]
@@ -1120,7 +1131,19 @@ mod pieces {
             "{}\n\n[r]: other.md\n",
             "[a](b) [c][r] ![i](x.png) ".repeat(5_000)
         );
-        for markdown in [emphasis, table, lines, code, links] {
+        let short_lines = "a\n".repeat(40_000);
+        let strike = "~~a~~ ~b~ ".repeat(10_000);
+        let snake = "snake_case and__more ".repeat(5_000);
+        for markdown in [
+            emphasis,
+            table,
+            lines,
+            code,
+            links,
+            short_lines,
+            strike,
+            snake,
+        ] {
             let generated = set(&[]);
             let options = RenderOptions {
                 allow_raw_html: false,
