@@ -88,6 +88,23 @@ elif shape == "quotes":
 elif shape == "entities":
     while total < target:
         add("&amp; ")
+elif shape == "dense_list":
+    while total < target:
+        add("- *a* _b_\n")
+elif shape == "dense_quote":
+    while total < target:
+        add("> *a* _b_\n")
+elif shape == "dense_headings":
+    while total < target:
+        add("# *a* _b_\n")
+elif shape == "wide_row":
+    add("|a|b|\n|-|-|\n")
+    while total < target - 2:
+        add("|1")
+    add("|\n")
+elif shape == "long_word":
+    while total < target:
+        add("a_b*c")
 elif shape == "prose":
     while total < target:
         add(f"Word {i} and more words, some_snake_case, (parens) and \"quotes\"; ")
@@ -112,7 +129,7 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes headings lists urls}"
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word headings lists urls}"
 for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"

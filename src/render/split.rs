@@ -88,6 +88,10 @@ enum Kind {
         /// them up to `columns`.
         filled: usize,
     },
+    /// Whole top-level blocks, from an ATX heading line to another.
+    Section,
+    /// One-line items of a top-level tight bullet list, all with `marker`.
+    Items,
     /// A stretch of paragraph text, with `inert` characters of `*`, `_`
     /// and `~` that neither open nor close.
     Words { inert: usize },
@@ -98,20 +102,40 @@ pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Vec<Cut> {
     if markdown.len() < settings.min_document {
         return Vec::new();
     }
-    let mut cuts = find_rows(markdown, settings);
-    // Rows and the lines of their table's header stay as they are.
-    let taken: Vec<Range<usize>> = cuts
-        .iter()
-        .filter_map(|cut| match &cut.kind {
-            Kind::Rows { header, .. } => Some(header.start..cut.source.end),
-            Kind::Words { .. } => None,
-        })
-        .collect();
-    let words = find_words(markdown, settings).into_iter().filter(|cut| {
-        !taken
+    let mut cuts = find_sections(markdown, settings);
+    let overlaps = |taken: &[Range<usize>], cut: &Cut| {
+        taken
             .iter()
             .any(|t| cut.source.start < t.end && t.start < cut.source.end)
+    };
+    let sections: Vec<Range<usize>> = cuts.iter().map(|cut| cut.source.clone()).collect();
+    let rows = find_rows(markdown, settings).into_iter().filter(|cut| {
+        // The header line stays as it is too.
+        let Kind::Rows { header, .. } = &cut.kind else {
+            return false;
+        };
+        let all = Cut {
+            source: header.start..cut.source.end,
+            kind: Kind::Words { inert: 0 },
+        };
+        !overlaps(&sections, &all)
     });
+    cuts.extend(rows);
+    let taken: Vec<Range<usize>> = cuts.iter().map(|cut| cut.source.clone()).collect();
+    let items = find_items(markdown, settings)
+        .into_iter()
+        .filter(|cut| !overlaps(&taken, cut));
+    cuts.extend(items);
+    let taken: Vec<Range<usize>> = cuts
+        .iter()
+        .map(|cut| match &cut.kind {
+            Kind::Rows { header, .. } => header.start..cut.source.end,
+            _ => cut.source.clone(),
+        })
+        .collect();
+    let words = find_words(markdown, settings)
+        .into_iter()
+        .filter(|cut| !overlaps(&taken, cut));
     cuts.extend(words);
     cuts.sort_by_key(|cut| cut.source.start);
     cuts
@@ -152,6 +176,98 @@ fn looks_like_delimiter(line: &str) -> bool {
         && line
             .bytes()
             .all(|b| matches!(b, b'|' | b'-' | b':' | b' ' | b'\t'))
+}
+
+/// Whether a line is an ATX heading line at the first column (`# x`).
+fn is_atx_heading(line: &str) -> bool {
+    let hashes = line.bytes().take_while(|&b| b == b'#').count();
+    (1..=6).contains(&hashes) && matches!(line.as_bytes().get(hashes), None | Some(b' ' | b'\t'))
+}
+
+/// Sections of whole top-level blocks: from an ATX heading line at the
+/// first column to another, at most `batch` bytes. Such a line always starts
+/// a top-level heading, closing whatever came before (unless it is inside a
+/// fenced code or HTML block: the main document's parse tells), and ends
+/// it. Sections hold no footnote (`[^`) and no link reference definition
+/// (`]:`), which the rest of the document needs to see.
+fn find_sections(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let mut cuts = Vec::new();
+    // Start of the open section, end (with line ending) of its last heading.
+    let mut open: Option<(usize, usize)> = None;
+    let close = |open: Option<(usize, usize)>, cuts: &mut Vec<Cut>| {
+        if let Some((start, end)) = open
+            && end - start >= settings.min_rows
+        {
+            cuts.push(Cut {
+                source: start..end,
+                kind: Kind::Section,
+            });
+        }
+    };
+    for (start, content_end, end) in lines(markdown) {
+        let line = &markdown[start..content_end];
+        if line.contains("[^") || line.contains("]:") {
+            close(open.take(), &mut cuts);
+            continue;
+        }
+        if !is_atx_heading(line) {
+            continue;
+        }
+        match open {
+            Some((first, _)) if end - first <= settings.batch => open = Some((first, end)),
+            _ => {
+                close(open.take(), &mut cuts);
+                open = Some((start, end));
+            }
+        }
+    }
+    close(open, &mut cuts);
+    cuts
+}
+
+/// Items of a bullet list: runs of lines that start with the same marker
+/// (`- `, `* ` or `+ `) and hold more than a thematic break; the first item
+/// of a run stays.
+fn find_items(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let mut cuts = Vec::new();
+    let mut run: Option<(u8, usize, usize)> = None; // marker, start, end
+    let close = |run: Option<(u8, usize, usize)>, cuts: &mut Vec<Cut>| {
+        if let Some((_, start, end)) = run
+            && end - start >= settings.min_rows
+        {
+            cuts.push(Cut {
+                source: start..end,
+                kind: Kind::Items,
+            });
+        }
+    };
+    for (start, content_end, end) in lines(markdown) {
+        let line = &markdown.as_bytes()[start..content_end];
+        let marker = match line {
+            [b'-' | b'*' | b'+', b' ', ..]
+                if line
+                    .iter()
+                    .any(|&b| !matches!(b, b' ' | b'\t') && b != line[0]) =>
+            {
+                Some(line[0])
+            }
+            _ => None,
+        };
+        match (marker, run) {
+            (Some(m), Some((r, first, _))) if m == r => run = Some((r, first, end)),
+            (Some(m), None) => {
+                // The first item stays; the run starts after it.
+                run = Some((m, end, end));
+            }
+            (Some(m), Some(_)) => {
+                close(run.take(), &mut cuts);
+                run = Some((m, end, end));
+            }
+            (None, _) => close(run.take(), &mut cuts),
+        }
+    }
+    close(run, &mut cuts);
+    cuts
 }
 
 /// Runs of lines starting with `|` that hold the body rows of a table.
@@ -459,6 +575,35 @@ impl<'m> Plan<'m> {
                     main.push_str(&token(&prefix, index));
                     batches.push(Vec::new());
                 }
+                Kind::Items => {
+                    let marker = &markdown[cut.source.start..cut.source.start + 1];
+                    main.push_str(marker);
+                    main.push(' ');
+                    main.push_str(&token(&prefix, index));
+                    main.push('\n');
+                    let mut ranges = Vec::new();
+                    let items = &markdown[cut.source.clone()];
+                    let mut from = 0;
+                    while from < items.len() {
+                        let mut to = (from + settings.batch).min(items.len());
+                        while to < items.len() && items.as_bytes()[to - 1] != b'\n' {
+                            to += 1;
+                        }
+                        let begin = extra.len();
+                        extra.push_str(&items[from..to]);
+                        ranges.push(begin..extra.len());
+                        from = to;
+                    }
+                    batches.push(ranges);
+                }
+                Kind::Section => {
+                    main.push_str("# ");
+                    main.push_str(&token(&prefix, index));
+                    if markdown[..cut.source.end].ends_with('\n') {
+                        main.push('\n');
+                    }
+                    batches.push(Vec::new());
+                }
                 Kind::Rows {
                     header, delimiter, ..
                 } => {
@@ -523,6 +668,7 @@ fn token(prefix: &str, index: usize) -> String {
 enum Open {
     Paragraph,
     Table,
+    List,
     /// Emphasis, strong, strikethrough: text inside is still paragraph text.
     Inline,
     Link,
@@ -533,6 +679,7 @@ fn open_kind(tag: &Tag<'_>) -> Open {
     match tag {
         Tag::Paragraph => Open::Paragraph,
         Tag::Table(_) => Open::Table,
+        Tag::List(_) => Open::List,
         Tag::Emphasis | Tag::Strong | Tag::Strikethrough => Open::Inline,
         Tag::Link { .. } | Tag::Image { .. } => Open::Link,
         _ => Open::Other,
@@ -550,6 +697,8 @@ enum Work<'p> {
     Rows { index: usize, next: usize },
     /// A main text event holding words tokens, from byte `at` on.
     Words { text: CowStr<'p>, at: usize },
+    /// Section cut `index`.
+    Section { index: usize },
 }
 
 /// The event stream of a [`Plan`]: the main document's events with each
@@ -698,6 +847,10 @@ impl<'p> Splicer<'p> {
     fn handle(&mut self, event: Event<'p>, range: Range<usize>) {
         match event {
             Event::Start(Tag::TableRow) if self.stack == [Open::Table] => self.handle_row(),
+            Event::Start(Tag::Item) if self.stack == [Open::List] => self.handle_item(),
+            Event::Start(Tag::Heading { .. }) if self.stack.is_empty() => {
+                self.handle_heading(event)
+            }
             Event::Start(tag) => {
                 self.check_tag(&tag);
                 if let Tag::Link {
@@ -817,6 +970,102 @@ impl<'p> Splicer<'p> {
         }
     }
 
+    /// A top-level heading: a section's blocks when it is the section's
+    /// token heading, else passed on (through [`Splicer::handle`]).
+    fn handle_heading(&mut self, start: Event<'p>) {
+        let mut heading = vec![start];
+        for (event, _) in self.main.by_ref() {
+            let end = matches!(event, Event::End(TagEnd::Heading(_)));
+            heading.push(event);
+            if end {
+                break;
+            }
+        }
+        if let [_, Event::Text(text), Event::End(_)] = heading.as_slice()
+            && let Some(index) = self.token_index(text)
+        {
+            let fits = matches!(self.plan.cuts[index].kind, Kind::Section)
+                && !std::mem::replace(&mut self.seen[index], true);
+            if fits {
+                self.work = Some(Work::Section { index });
+            } else {
+                self.failed.push(index);
+            }
+            return;
+        }
+        let mut events = heading.into_iter();
+        if let Some(Event::Start(tag)) = events.next() {
+            self.check_tag(&tag);
+            self.stack.push(open_kind(&tag));
+            self.pending.push_back(Event::Start(tag));
+        }
+        for event in events {
+            // Heading text is never paragraph text: any token in it fails.
+            self.handle(event, 0..0);
+        }
+    }
+
+    /// An item of a top-level list: an items cut's items when it is the
+    /// cut's token item (which also shows the list is tight), else passed on.
+    fn handle_item(&mut self) {
+        let mut item = Vec::new();
+        let mut depth = 0usize;
+        for (event, _) in self.main.by_ref() {
+            match &event {
+                Event::Start(_) => depth += 1,
+                Event::End(_) if depth == 0 => {
+                    item.push(event);
+                    break;
+                }
+                Event::End(_) => depth -= 1,
+                _ => {}
+            }
+            item.push(event);
+        }
+        if let [Event::Text(text), Event::End(TagEnd::Item)] = item.as_slice()
+            && let Some(index) = self.token_index(text)
+        {
+            let fits = matches!(self.plan.cuts[index].kind, Kind::Items)
+                && !std::mem::replace(&mut self.seen[index], true);
+            if fits {
+                self.work = Some(Work::Rows { index, next: 0 });
+            } else {
+                self.failed.push(index);
+            }
+            return;
+        }
+        self.stack.push(Open::Other);
+        self.pending.push_back(Event::Start(Tag::Item));
+        for event in item {
+            self.handle(event, 0..0);
+        }
+    }
+
+    /// The blocks of section cut `index`, parsed alone: they must end with
+    /// the heading of its last line, closing everything.
+    fn splice_section(&mut self, index: usize) {
+        let plan = self.plan;
+        let source = &plan.markdown[plan.cuts[index].source.clone()];
+        let defs = self.main.reference_definitions();
+        let events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        let mut depth = 0usize;
+        let mut closed = true;
+        for event in &events {
+            match event {
+                Event::Start(_) => depth += 1,
+                Event::End(_) => depth = depth.saturating_sub(1),
+                Event::FootnoteReference(_) => closed = false,
+                _ => {}
+            }
+        }
+        let ends_with_heading = matches!(events.last(), Some(Event::End(TagEnd::Heading(_))));
+        if !closed || depth != 0 || !ends_with_heading {
+            self.failed.push(index);
+            return;
+        }
+        self.pending.extend(events);
+    }
+
     /// The body rows of rows cut `index`, in place of its token row.
     fn splice_rows(&mut self, index: usize) {
         let plan = self.plan;
@@ -849,10 +1098,34 @@ impl<'p> Splicer<'p> {
         self.work = Some(Work::Rows { index, next: 0 });
     }
 
-    /// The rows of one batch of a rows cut.
+    /// The rows of one batch of a rows cut, or the items of one of an
+    /// items cut.
     fn splice_batch(&mut self, index: usize, batch: usize) {
         let plan = self.plan;
         let defs = self.main.reference_definitions();
+        if matches!(plan.cuts[index].kind, Kind::Items) {
+            let text = &plan.extra[plan.batches[index][batch].clone()];
+            let events: Vec<Event<'p>> = parse_piece(text, defs, &self.budget).collect();
+            // Alone, the batch must be one bullet list.
+            let mut depth = 0usize;
+            let one_list = matches!(events.first(), Some(Event::Start(Tag::List(None))))
+                && matches!(events.last(), Some(Event::End(TagEnd::List(false))))
+                && events.iter().enumerate().all(|(i, event)| {
+                    match event {
+                        Event::Start(_) => depth += 1,
+                        Event::End(_) => depth -= 1,
+                        _ => {}
+                    }
+                    depth > 0 || i == events.len() - 1
+                });
+            if !one_list {
+                self.failed.push(index);
+                return;
+            }
+            let inner = events.len() - 1;
+            self.pending.extend(events.into_iter().take(inner).skip(1));
+            return;
+        }
         let mut in_body = false;
         for event in parse_piece(
             &plan.extra[plan.batches[index][batch].clone()],
@@ -885,6 +1158,10 @@ impl<'p> Splicer<'p> {
             }
             Some(Work::Words { text, at }) => {
                 self.words_step(text, at);
+                true
+            }
+            Some(Work::Section { index }) => {
+                self.splice_section(index);
                 true
             }
         }

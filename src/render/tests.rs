@@ -997,6 +997,78 @@ mod pieces {
         }
     }
 
+    #[test]
+    fn sections_between_headings_render_the_same() {
+        let headings = rows(12, |i| format!("# *H{i}* _x_\n"));
+        let cases: Vec<(String, bool)> = vec![
+            (headings.clone(), true),
+            (
+                format!("# Title\n\npara\n{headings}## A\ntext\n- item\n# B\n> quote\n# C\n"),
+                true,
+            ),
+            (format!("para\n{headings}\nafter\n"), true),
+            (format!("- item\n{headings}  indented\n"), true),
+            (format!("> quote\n{headings}"), true),
+            (format!("| a |\n|---|\n| 1 |\n{headings}"), true),
+            (
+                format!("{headings}[r]: other.md\n# [x][r]\n# [y]\n\n[y]: javascript:x\n"),
+                true,
+            ),
+            (format!("# a\n# a\n# a-1\n{headings}# a\n# H1 x\n"), true),
+            // Headings that are not: in code, in HTML, after footnotes.
+            (format!("```\n{headings}```\n"), false),
+            (format!("~~~\n{headings}"), false),
+            (format!("<pre>\n{headings}</pre>\n"), false),
+            (format!("<!--\n{headings}-->\n"), false),
+            (format!("    code\n{headings}"), true),
+            (format!("{headings}\n```\n# in code\n# also\n```\n"), true),
+            (
+                format!("# x [^1]\n{headings}\n[^1]: note\n# y [^1]\n"),
+                true,
+            ),
+            (format!("# Setext?\n===\n{headings}---\n"), true),
+        ];
+        for (markdown, cut) in cases {
+            let pieces = same_output(&markdown);
+            if cut {
+                assert!(pieces > 0, "not cut:\n{markdown}");
+            }
+        }
+    }
+
+    #[test]
+    fn list_items_render_the_same() {
+        let items = rows(12, |i| format!("- *i{i}* _x_ [l](other.md)\n"));
+        let cases: Vec<(String, bool)> = vec![
+            (items.clone(), true),
+            (format!("para\n{items}\nafter\n"), true),
+            (format!("# T\n\n{items}lazy line\n"), false),
+            (format!("{items}  indented more\n"), false),
+            (format!("{items}\n- loose\n"), false),
+            (format!("{}- z\n", items.replace("- ", "* ")), true),
+            (format!("{items}* other marker\n{items}"), true),
+            (
+                rows(12, |i| {
+                    format!(
+                        "- [ ] task {i}\n- - nested\n- > quote\n- ```\n- <div>\n- # h {i}\n- | a |\n- ===\n- * * *\n- 1. one\n"
+                    )
+                }),
+                true,
+            ),
+            (format!("{items}- - -\n{items}"), true),
+            (format!("> {items}"), false),
+            (format!("```\n{items}```\n"), false),
+            (format!("1. one\n{items}"), true),
+            (format!("{items}- [r]\n\n[r]: other.md\n"), true),
+        ];
+        for (markdown, cut) in cases {
+            let pieces = same_output(&markdown);
+            if cut {
+                assert!(pieces > 0, "not cut:\n{markdown}");
+            }
+        }
+    }
+
     /// A tiny deterministic generator (xorshift), so the inputs are the same
     /// on every run.
     struct Rng(u64);
