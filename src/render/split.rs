@@ -93,8 +93,9 @@ enum Kind {
     /// One-line items of a top-level tight bullet list, all with `marker`.
     Items,
     /// A stretch of paragraph text, with `inert` characters of `*`, `_`
-    /// and `~` that neither open nor close.
-    Words { inert: usize },
+    /// and `~` that neither open nor close; `quoted` when its lines start
+    /// with `> ` (but the first, which starts inside a line that does).
+    Words { inert: usize, quoted: bool },
 }
 
 /// Finds the pieces worth cutting, in document order.
@@ -116,7 +117,7 @@ pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Vec<Cut> {
         };
         let all = Cut {
             source: header.start..cut.source.end,
-            kind: Kind::Words { inert: 0 },
+            kind: Kind::Section,
         };
         !overlaps(&sections, &all)
     });
@@ -423,7 +424,13 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let mut end: Option<usize> = None;
     // A non-blank byte came before, on the current line.
     let mut line_content = false;
-    let close = |start: usize, end: Option<usize>, cuts: &mut Vec<Cut>| {
+    // The current line starts with `> `, and so did the open stretch's
+    // first line: its other lines must too (a blockquote's paragraph).
+    let mut line_quoted = markdown.starts_with("> ");
+    let mut quoted = false;
+    // The `> ` starting a line inside the open stretch, up to here.
+    let mut prefix_end = 0;
+    let close = |start: usize, end: Option<usize>, quoted: bool, cuts: &mut Vec<Cut>| {
         let Some(end) = end else { return };
         // A footnote reference needs the definitions a piece does not see;
         // `]:` could make a stretch, alone, a link reference definition.
@@ -440,32 +447,39 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         };
         cuts.push(Cut {
             source: start..end,
-            kind: Kind::Words { inert },
+            kind: Kind::Words { inert, quoted },
         });
     };
     for (at, &b) in bytes.iter().enumerate() {
         if let Some(s) = start {
-            // A stretch ends before a space or a line end.
-            let boundary =
-                matches!(b, b' ' | b'\n') && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n');
+            // A stretch ends before a space or a line end (not in a line's
+            // `> `).
+            let boundary = at >= prefix_end
+                && matches!(b, b' ' | b'\n')
+                && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n');
             if boundary {
                 end = Some(at);
             }
             // The next line must go on as paragraph text.
+            let rest = &bytes[at + 1..];
             let next_line_plain = || {
-                let rest = &bytes[at + 1..];
+                if quoted {
+                    return rest.starts_with(b"> ") && starts_plain(rest, 2);
+                }
                 let indent = rest
                     .iter()
                     .take_while(|c| matches!(c, b' ' | b'\t'))
                     .count();
                 starts_plain(rest, indent)
             };
-            let stop = unsafe_in_words(b)
+            let stop = (unsafe_in_words(b) && at >= prefix_end)
                 || (b == b'\n' && !next_line_plain())
                 || (boundary && at - s >= settings.max_words);
             if stop {
-                close(s, end, &mut cuts);
+                close(s, end, quoted, &mut cuts);
                 start = None;
+            } else if b == b'\n' && quoted {
+                prefix_end = at + 3;
             }
         }
         // A stretch starts after a space that follows text on its line, or
@@ -474,15 +488,17 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         if start.is_none() && after && starts_plain(bytes, at + 1) {
             start = Some(at + 1);
             end = None;
+            quoted = line_quoted && b == b' ';
         }
         if b == b'\n' {
             line_content = false;
+            line_quoted = bytes[at + 1..].starts_with(b"> ");
         } else if !matches!(b, b' ' | b'\t') {
             line_content = true;
         }
     }
     if let Some(s) = start {
-        close(s, end, &mut cuts);
+        close(s, end, quoted, &mut cuts);
     }
     cuts
 }
@@ -571,9 +587,18 @@ impl<'m> Plan<'m> {
             main.push_str(&markdown[at..cut.source.start]);
             at = cut.source.end;
             match &cut.kind {
-                Kind::Words { .. } => {
+                Kind::Words { quoted, .. } => {
                     main.push_str(&token(&prefix, index));
-                    batches.push(Vec::new());
+                    // Alone, a blockquote's stretch is parsed with the `> `
+                    // its first line lacks.
+                    let mut ranges = Vec::new();
+                    if *quoted {
+                        let begin = extra.len();
+                        extra.push_str("> ");
+                        extra.push_str(&markdown[cut.source.clone()]);
+                        ranges.push(begin..extra.len());
+                    }
+                    batches.push(ranges);
                 }
                 Kind::Items => {
                     let marker = &markdown[cut.source.start..cut.source.start + 1];
@@ -1223,13 +1248,26 @@ impl<'p> Splicer<'p> {
     /// The inline events of words cut `index`.
     fn splice_words(&mut self, index: usize) {
         let plan = self.plan;
-        let source = &plan.markdown[plan.cuts[index].source.clone()];
-        let Kind::Words { inert } = plan.cuts[index].kind else {
+        let Kind::Words { inert, quoted } = plan.cuts[index].kind else {
             self.failed.push(index);
             return;
         };
+        let source = match plan.batches[index].first() {
+            Some(range) if quoted => &plan.extra[range.clone()],
+            _ => &plan.markdown[plan.cuts[index].source.clone()],
+        };
         let defs = self.main.reference_definitions();
-        let events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        let mut events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        if quoted {
+            let in_quote = matches!(events.first(), Some(Event::Start(Tag::BlockQuote(None))))
+                && matches!(events.last(), Some(Event::End(TagEnd::BlockQuote(None))));
+            if !in_quote {
+                self.failed.push(index);
+                return;
+            }
+            events.pop();
+            events.remove(0);
+        }
         // Alone, the stretch must be one paragraph with its emphasis
         // complete: a `*`, `_` or `~` left as text, other than those that
         // can neither open nor close, could pair with one outside it.

@@ -1188,6 +1188,18 @@ mod pieces {
             if rng.below(4) == 0 {
                 markdown.push_str("\n\n[r]: other.md\n[^1]: n\n");
             }
+            if rng.below(4) == 0 {
+                // A blockquote, some lines lazy.
+                let quoted: Vec<String> = markdown
+                    .split('\n')
+                    .map(|line| match rng.below(5) {
+                        0 => line.to_owned(),
+                        1 => format!(">{line}"),
+                        _ => format!("> {line}"),
+                    })
+                    .collect();
+                markdown = quoted.join("\n");
+            }
             used += same_output(&markdown);
         }
         assert!(used > 200, "only {used} pieces were cut");
