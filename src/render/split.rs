@@ -321,6 +321,11 @@ fn rows_of_run(
         d => run[d - 1],
     };
     let delimiter_line = run[delimiter];
+    // Every batch repeats the header and delimiter rows: a table with
+    // enormous ones is parsed whole.
+    if text(header).len() + text(delimiter_line).len() > MOST_HEAD_BYTES {
+        return;
+    }
     let columns = cells(text(delimiter_line));
     // Rows with a footnote reference stay: a piece does not know which
     // footnotes are defined.
@@ -377,6 +382,37 @@ fn cells(line: &str) -> usize {
     }
 }
 
+/// Where the cells past the first `columns` start in a row line with more
+/// cells (the parser drops them), for a line simple enough to split
+/// exactly; `None` to keep the whole line.
+fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
+    if line.contains(['`', '\\', '<', '[', '$']) {
+        return None;
+    }
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    let mut cells = 0;
+    loop {
+        if bytes.get(at) == Some(&b'|') {
+            at += 1;
+        }
+        while matches!(bytes.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if at >= bytes.len() {
+            return None;
+        }
+        if cells == columns {
+            // The pipe before this cell ends the row as the parser keeps it.
+            return Some(at);
+        }
+        cells += 1;
+        while at < bytes.len() && bytes[at] != b'|' {
+            at += 1;
+        }
+    }
+}
+
 /// At least this many cells are in a row line starting with `|` that has
 /// more than the `|`.
 fn fewest_cells(line: &str) -> usize {
@@ -386,6 +422,10 @@ fn fewest_cells(line: &str) -> usize {
         cells(line).max(1)
     }
 }
+
+/// A table whose header and delimiter rows are longer than this together
+/// is not cut into batches (each batch repeats them).
+const MOST_HEAD_BYTES: usize = 16 << 10;
 
 /// The parser stops a table once it has filled this many missing cells
 /// (pulldown-cmark's `MAX_AUTOCOMPLETED_CELLS`).
@@ -630,7 +670,10 @@ impl<'m> Plan<'m> {
                     batches.push(Vec::new());
                 }
                 Kind::Rows {
-                    header, delimiter, ..
+                    header,
+                    delimiter,
+                    columns,
+                    ..
                 } => {
                     main.push('|');
                     main.push_str(&token(&prefix, index));
@@ -639,7 +682,10 @@ impl<'m> Plan<'m> {
                     let rows = &markdown[cut.source.clone()];
                     let mut from = 0;
                     while from < rows.len() {
-                        let mut to = (from + settings.batch).min(rows.len());
+                        // At least as many bytes of rows as of header and
+                        // delimiter: the copies take at most the rows' size.
+                        let size = settings.batch.max(header.len() + delimiter.len());
+                        let mut to = (from + size).min(rows.len());
                         while to < rows.len() && rows.as_bytes()[to - 1] != b'\n' {
                             to += 1;
                         }
@@ -648,7 +694,16 @@ impl<'m> Plan<'m> {
                         extra.push('\n');
                         extra.push_str(&markdown[delimiter.clone()]);
                         extra.push('\n');
-                        extra.push_str(&rows[from..to]);
+                        for (start, content_end, end) in lines(&rows[from..to]) {
+                            let line = &rows[from + start..from + end];
+                            match kept_cells_end(&line[..content_end - start], *columns) {
+                                Some(kept) => {
+                                    extra.push_str(&line[..kept]);
+                                    extra.push('\n');
+                                }
+                                None => extra.push_str(line),
+                            }
+                        }
                         ranges.push(begin..extra.len());
                         from = to;
                     }

@@ -962,6 +962,18 @@ mod pieces {
                 ),
                 true,
             ),
+            // Rows with many more cells than columns, some not simple.
+            (
+                format!(
+                    "| a | b |\n|:-|-:|\n{}",
+                    rows(10, |i| format!(
+                        "|{i}|{}\n|`x|y`|{}\n",
+                        "x|".repeat(40),
+                        "z|".repeat(i)
+                    ))
+                ),
+                true,
+            ),
             // Rows going on without a leading pipe, then a paragraph.
             (
                 format!("| a | b |\n|---|---|\n{body}go on | x\nmore\n\npara\n"),
