@@ -105,6 +105,13 @@ elif shape == "wide_row":
 elif shape == "long_word":
     while total < target:
         add("a_b*c")
+elif shape == "empty_headings":
+    while total < target:
+        add("#\n")
+elif shape == "footnote_refs":
+    while total < target - 20:
+        add("[^1] ")
+    add("\n\n[^1]: note\n")
 elif shape == "prose":
     while total < target:
         add(f"Word {i} and more words, some_snake_case, (parens) and \"quotes\"; ")
@@ -129,7 +136,7 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word headings lists urls}"
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls}"
 for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"

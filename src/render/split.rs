@@ -227,8 +227,8 @@ fn find_sections(markdown: &str, settings: &Settings) -> Vec<Cut> {
 }
 
 /// Items of a bullet list: runs of lines that start with the same marker
-/// (`- `, `* ` or `+ `) and hold more than a thematic break; the first item
-/// of a run stays.
+/// (`- `, `* ` or `+ `) and hold more than a thematic break, but no `[^` or
+/// `]:`; the first item of a run stays.
 fn find_items(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let mut cuts = Vec::new();
     let mut run: Option<(u8, usize, usize)> = None; // marker, start, end
@@ -244,11 +244,15 @@ fn find_items(markdown: &str, settings: &Settings) -> Vec<Cut> {
     };
     for (start, content_end, end) in lines(markdown) {
         let line = &markdown.as_bytes()[start..content_end];
+        // Footnotes and link reference definitions must stay in the main
+        // document, where the rest of it sees them.
+        let global = line.windows(2).any(|w| w == b"[^" || w == b"]:");
         let marker = match line {
             [b'-' | b'*' | b'+', b' ', ..]
-                if line
-                    .iter()
-                    .any(|&b| !matches!(b, b' ' | b'\t') && b != line[0]) =>
+                if !global
+                    && line
+                        .iter()
+                        .any(|&b| !matches!(b, b' ' | b'\t') && b != line[0]) =>
             {
                 Some(line[0])
             }
@@ -472,11 +476,12 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let mut prefix_end = 0;
     let close = |start: usize, end: Option<usize>, quoted: bool, cuts: &mut Vec<Cut>| {
         let Some(end) = end else { return };
-        // A footnote reference needs the definitions a piece does not see;
-        // `]:` could make a stretch, alone, a link reference definition.
+        // A footnote reference needs its definition, which the piece is
+        // given when its label is plain; `]:` could make a stretch, alone, a
+        // link reference definition.
         let text = &markdown[start..end];
         if end - start < settings.min_words
-            || text.contains("[^")
+            || footnote_labels(text).is_none()
             || text.contains("]:")
             || next_line_looks_like_delimiter(markdown, end)
         {
@@ -541,6 +546,26 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         close(s, end, quoted, &mut cuts);
     }
     cuts
+}
+
+/// The labels of the footnote references (`[^label]`) in `text`, lowercase;
+/// `None` when one is not plain ASCII letters, digits, `-` and `_`.
+fn footnote_labels(text: &str) -> Option<Vec<String>> {
+    let mut labels = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("[^") {
+        rest = &rest[at + 2..];
+        let len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+            .count();
+        if len == 0 || rest.as_bytes().get(len) != Some(&b']') {
+            return None;
+        }
+        labels.push(rest[..len].to_ascii_lowercase());
+        rest = &rest[len + 1..];
+    }
+    Some(labels)
 }
 
 /// Whether every run of `*`, `_` or `~` in `bytes[range]` can only open,
@@ -712,6 +737,43 @@ impl<'m> Plan<'m> {
             }
         }
         main.push_str(&markdown[at..]);
+        // Stretches with footnote references are parsed with a definition
+        // for each label the document defines (the definition's events are
+        // left out).
+        let noted: Vec<(usize, Vec<String>)> = cuts
+            .iter()
+            .enumerate()
+            .filter(|(_, cut)| matches!(cut.kind, Kind::Words { .. }))
+            .filter_map(|(index, cut)| {
+                let labels = footnote_labels(&markdown[cut.source.clone()])?;
+                (!labels.is_empty()).then_some((index, labels))
+            })
+            .collect();
+        if !noted.is_empty() {
+            let defined = defined_footnotes(&main);
+            for (index, labels) in noted {
+                let cut = &cuts[index];
+                let Kind::Words { quoted, .. } = cut.kind else {
+                    continue;
+                };
+                let begin = extra.len();
+                if quoted {
+                    extra.push_str("> ");
+                }
+                extra.push_str(&markdown[cut.source.clone()]);
+                extra.push_str("\n\n");
+                let mut written: Vec<&String> = Vec::new();
+                for label in &labels {
+                    if defined.contains(label) && !written.contains(&label) {
+                        extra.push_str("[^");
+                        extra.push_str(label);
+                        extra.push_str("]: n\n");
+                        written.push(label);
+                    }
+                }
+                batches[index] = vec![begin..extra.len()];
+            }
+        }
         Plan {
             markdown,
             cuts,
@@ -737,6 +799,16 @@ impl<'m> Plan<'m> {
             .map(|(_, cut)| cut)
             .collect()
     }
+}
+
+/// The labels, lowercase, of the footnotes `main` defines.
+fn defined_footnotes(main: &str) -> std::collections::BTreeSet<String> {
+    Parser::new_ext(main, super::parser_options())
+        .filter_map(|event| match event {
+            Event::Start(Tag::FootnoteDefinition(label)) => Some(label.to_lowercase()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn token(prefix: &str, index: usize) -> String {
@@ -1308,11 +1380,24 @@ impl<'p> Splicer<'p> {
             return;
         };
         let source = match plan.batches[index].first() {
-            Some(range) if quoted => &plan.extra[range.clone()],
-            _ => &plan.markdown[plan.cuts[index].source.clone()],
+            Some(range) => &plan.extra[range.clone()],
+            None => &plan.markdown[plan.cuts[index].source.clone()],
         };
         let defs = self.main.reference_definitions();
         let mut events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        // Only the first block is the stretch; footnote definitions given
+        // to it follow.
+        let mut depth = 0usize;
+        if let Some(first_end) = events.iter().position(|event| {
+            match event {
+                Event::Start(_) => depth += 1,
+                Event::End(_) => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            depth == 0
+        }) {
+            events.truncate(first_end + 1);
+        }
         if quoted {
             let in_quote = matches!(events.first(), Some(Event::Start(Tag::BlockQuote(None))))
                 && matches!(events.last(), Some(Event::End(TagEnd::BlockQuote(None))));
@@ -1350,7 +1435,10 @@ impl<'p> Splicer<'p> {
                         | TagEnd::Image
                 ),
                 Event::Text(t) => !t.contains(OPENERS),
-                Event::Code(_) | Event::SoftBreak | Event::HardBreak => true,
+                Event::Code(_)
+                | Event::SoftBreak
+                | Event::HardBreak
+                | Event::FootnoteReference(_) => true,
                 _ => false,
             });
         if !complete {

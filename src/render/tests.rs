@@ -1174,6 +1174,10 @@ mod pieces {
         "a_",
         "_",
         "&ast;",
+        "[^A]",
+        "[^b]",
+        "[^x y]",
+        "[^1]",
         "\n```\n",
         "]:",
     ];
@@ -1198,7 +1202,7 @@ mod pieces {
                 markdown.push_str(WORDS[pick]);
             }
             if rng.below(4) == 0 {
-                markdown.push_str("\n\n[r]: other.md\n[^1]: n\n");
+                markdown.push_str("\n\n[r]: other.md\n[^1]: n\n> [^a]: quoted\n");
             }
             if rng.below(4) == 0 {
                 // A blockquote, some lines lazy.
