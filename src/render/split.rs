@@ -771,7 +771,7 @@ impl<'m> Plan<'m> {
                         written.push(label);
                     }
                 }
-                batches[index] = vec![begin..extra.len()];
+                batches[index] = std::iter::once(begin..extra.len()).collect();
             }
         }
         Plan {
