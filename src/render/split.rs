@@ -444,14 +444,14 @@ fn unsafe_in_words(b: u8) -> bool {
 
 /// Whether `bytes[at..]` starts like paragraph text that starts no other
 /// block, even at the start of a line: a letter, `*` or `_` right before a
-/// letter or digit, `[` (not a footnote), `![`, or fewer than three
-/// backticks or tildes.
+/// letter or digit, `[` (stretches never hold `]:`, so it is no
+/// definition), `![`, or fewer than three backticks or tildes.
 fn starts_plain(bytes: &[u8], at: usize) -> bool {
     let next = bytes.get(at + 1).copied();
     match bytes.get(at) {
         Some(b) if b.is_ascii_alphabetic() => true,
         Some(b'*' | b'_') => next.is_some_and(|n| n.is_ascii_alphanumeric()),
-        Some(b'[') => next.is_some_and(|n| n != b'^'),
+        Some(b'[') => next.is_some(),
         Some(b'!') => next == Some(b'['),
         Some(b'`') => !bytes[at..].starts_with(b"```"),
         Some(b'~') => !bytes[at..].starts_with(b"~~~"),
