@@ -108,8 +108,12 @@ fn entity_start(url: &str) -> Option<usize> {
     let name_start = body
         .rfind(|c: char| !c.is_ascii_alphanumeric())
         .map_or(0, |i| i + 1);
-    (name_start > 0 && name_start < body.len() && body.as_bytes()[name_start - 1] == b'&')
-        .then_some(name_start - 1)
+    // `then_some` would compute `name_start - 1` even when it is 0.
+    if name_start > 0 && name_start < body.len() && body.as_bytes()[name_start - 1] == b'&' {
+        Some(name_start - 1)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -872,6 +872,8 @@ pub(super) struct Splicer<'p> {
     columns: usize,
     table_cuts: Vec<usize>,
     filled: usize,
+    /// The last event was the start of a table cell.
+    cell_start: bool,
     seen: Vec<bool>,
     failed: Vec<usize>,
     /// Bytes that reference links may still expand to: the parser stops
@@ -894,6 +896,7 @@ impl<'p> Splicer<'p> {
             columns: 0,
             table_cuts: Vec::new(),
             filled: 0,
+            cell_start: false,
             seen: vec![false; plan.cuts.len()],
             budget: Cell::new(plan.markdown.len().max(100_000)),
             failed: Vec::new(),
@@ -997,6 +1000,18 @@ impl<'p> Splicer<'p> {
 
     /// Passes one main event on, checking where tokens come out.
     fn handle(&mut self, event: Event<'p>, range: Range<usize>) {
+        // Cells without content may be filled ones.
+        let after_cell_start = std::mem::replace(&mut self.cell_start, false);
+        if matches!(event, Event::End(TagEnd::TableCell))
+            && after_cell_start
+            && self.stack.first() == Some(&Open::Table)
+        {
+            self.filled += 1;
+            if self.filled >= MOST_FILLED_CELLS {
+                self.failed.extend(&self.table_cuts);
+            }
+        }
+        self.cell_start = matches!(event, Event::Start(Tag::TableCell));
         match event {
             Event::Start(Tag::TableRow) if self.stack == [Open::Table] => self.handle_row(),
             Event::Start(Tag::Item) if self.stack == [Open::List] => self.handle_item(),
@@ -1063,77 +1078,56 @@ impl<'p> Splicer<'p> {
     /// A body row of a top-level table: the rows of a cut when it is the
     /// cut's token row, else passed on as it is.
     fn handle_row(&mut self) {
-        let mut row = Vec::new();
-        for (event, _) in self.main.by_ref() {
-            let end = matches!(event, Event::End(TagEnd::TableRow));
-            row.push(event);
-            if end {
-                break;
-            }
-        }
-        let token_row = match (row.first(), row.get(1), row.get(2)) {
-            (
-                Some(Event::Start(Tag::TableCell)),
-                Some(Event::Text(text)),
-                Some(Event::End(TagEnd::TableCell)),
-            ) => self.token_index(text),
+        let head = self.read_ahead(3, |e| matches!(e, Event::End(TagEnd::TableRow)));
+        let token = match head.as_slice() {
+            [
+                Event::Start(Tag::TableCell),
+                Event::Text(text),
+                Event::End(TagEnd::TableCell),
+            ] => self.token_index(text),
             _ => None,
         };
-        let rest_empty = row[3.min(row.len())..].iter().all(|e| {
-            matches!(
-                e,
-                Event::Start(Tag::TableCell)
-                    | Event::End(TagEnd::TableCell)
-                    | Event::End(TagEnd::TableRow)
-            )
-        });
-        if let Some(index) = token_row.filter(|_| rest_empty) {
+        if let Some(index) = token {
+            // The rest of the token row is cells the parser filled.
+            for (event, _) in self.main.by_ref() {
+                match event {
+                    Event::End(TagEnd::TableRow) => break,
+                    Event::Start(Tag::TableCell) | Event::End(TagEnd::TableCell) => {}
+                    _ => self.failed.push(index),
+                }
+            }
             self.splice_rows(index);
             return;
         }
-        // Cells without content may be filled ones.
-        self.filled += row
-            .windows(2)
-            .filter(|pair| {
-                matches!(
-                    pair,
-                    [Event::Start(Tag::TableCell), Event::End(TagEnd::TableCell)]
-                )
-            })
-            .count();
-        if self.filled >= MOST_FILLED_CELLS {
-            self.failed.extend(&self.table_cuts);
-        }
+        self.stack.push(Open::Other);
         self.pending.push_back(Event::Start(Tag::TableRow));
-        for event in row {
-            match &event {
-                Event::Start(tag) => self.check_tag(tag),
-                Event::Text(t) | Event::Code(t) | Event::InlineHtml(t) => {
-                    let t = t.clone();
-                    self.fail_tokens_in(&t);
-                }
-                Event::FootnoteReference(t) => {
-                    let t = t.clone();
-                    self.fail_tokens_in(&t);
-                }
-                _ => {}
-            }
-            self.pending.push_back(event);
+        for event in head {
+            self.handle(event, 0..0);
         }
+    }
+
+    /// The next events of the main document, at most `most` and up to the
+    /// first for which `last` holds.
+    fn read_ahead(&mut self, most: usize, last: impl Fn(&Event<'p>) -> bool) -> Vec<Event<'p>> {
+        let mut head = Vec::with_capacity(most);
+        while head.len() < most {
+            let Some((event, _)) = self.main.next() else {
+                break;
+            };
+            let stop = last(&event);
+            head.push(event);
+            if stop {
+                break;
+            }
+        }
+        head
     }
 
     /// A top-level heading: a section's blocks when it is the section's
     /// token heading, else passed on (through [`Splicer::handle`]).
     fn handle_heading(&mut self, start: Event<'p>) {
-        let mut heading = vec![start];
-        for (event, _) in self.main.by_ref() {
-            let end = matches!(event, Event::End(TagEnd::Heading(_)));
-            heading.push(event);
-            if end {
-                break;
-            }
-        }
-        if let [_, Event::Text(text), Event::End(_)] = heading.as_slice()
+        let head = self.read_ahead(2, |e| matches!(e, Event::End(TagEnd::Heading(_))));
+        if let [Event::Text(text), Event::End(_)] = head.as_slice()
             && let Some(index) = self.token_index(text)
         {
             let fits = matches!(self.plan.cuts[index].kind, Kind::Section)
@@ -1145,13 +1139,12 @@ impl<'p> Splicer<'p> {
             }
             return;
         }
-        let mut events = heading.into_iter();
-        if let Some(Event::Start(tag)) = events.next() {
+        if let Event::Start(tag) = start {
             self.check_tag(&tag);
             self.stack.push(open_kind(&tag));
             self.pending.push_back(Event::Start(tag));
         }
-        for event in events {
+        for event in head {
             // Heading text is never paragraph text: any token in it fails.
             self.handle(event, 0..0);
         }
@@ -1160,20 +1153,7 @@ impl<'p> Splicer<'p> {
     /// An item of a top-level list: an items cut's items when it is the
     /// cut's token item (which also shows the list is tight), else passed on.
     fn handle_item(&mut self) {
-        let mut item = Vec::new();
-        let mut depth = 0usize;
-        for (event, _) in self.main.by_ref() {
-            match &event {
-                Event::Start(_) => depth += 1,
-                Event::End(_) if depth == 0 => {
-                    item.push(event);
-                    break;
-                }
-                Event::End(_) => depth -= 1,
-                _ => {}
-            }
-            item.push(event);
-        }
+        let item = self.read_ahead(2, |e| matches!(e, Event::End(TagEnd::Item)));
         if let [Event::Text(text), Event::End(TagEnd::Item)] = item.as_slice()
             && let Some(index) = self.token_index(text)
         {

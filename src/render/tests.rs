@@ -1258,3 +1258,10 @@ mod pieces {
         }
     }
 }
+
+#[test]
+fn a_url_ending_in_a_semicolon_after_punctuation_does_not_panic() {
+    // Found by the property test: the entity check computed `0 - 1`.
+    let html = render("# # # *https://;<");
+    assert!(body(&html).contains("https://;"), "{html}");
+}
