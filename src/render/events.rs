@@ -35,8 +35,10 @@ pub(super) struct Rewriter<'a, 'o, I> {
     escape: bool,
     /// Events ready for the writer.
     ready: VecDeque<Event<'a>>,
-    /// Consecutive plain text not yet searched for URLs.
+    /// Consecutive plain text not yet searched for URLs: one piece in
+    /// `text`, or several joined in `joined`.
     text: Option<CowStr<'a>>,
+    joined: String,
     /// Source of the HTML block being collected, in escape mode.
     raw_block: Option<String>,
     heading: Option<Heading<'a>>,
@@ -60,6 +62,7 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
             escape: !options.allow_raw_html,
             ready: VecDeque::new(),
             text: None,
+            joined: String::new(),
             raw_block: None,
             heading: None,
             in_link: 0,
@@ -107,8 +110,13 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
 
     /// Emits the pending text run, with its bare URLs as links.
     fn flush_text(&mut self) {
-        let Some(text) = self.text.take() else {
-            return;
+        let text = if self.joined.is_empty() {
+            match self.text.take() {
+                Some(text) => text,
+                None => return,
+            }
+        } else {
+            CowStr::from(std::mem::take(&mut self.joined))
         };
         let urls = autolink::find_urls(&text);
         if urls.is_empty() {
@@ -145,21 +153,23 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         }
     }
 
-    /// Adds plain text to the pending run.
+    /// Adds plain text to the pending run. A run of several pieces is
+    /// joined in `joined`, which grows by doubling (joining into the `CowStr`
+    /// itself would copy the run for every piece).
     fn push_text(&mut self, more: CowStr<'a>) {
-        self.text = Some(match self.text.take() {
-            None => more,
+        match self.text.take() {
+            None if self.joined.is_empty() => self.text = Some(more),
+            None => self.joined.push_str(&more),
             Some(run) => {
-                let mut joined = run.into_string();
-                joined.push_str(&more);
-                joined.into()
+                self.joined.push_str(&run);
+                self.joined.push_str(&more);
             }
-        });
+        }
     }
 
     /// Turns one parser event into writer events.
     fn process(&mut self, event: Event<'a>) {
-        if self.text.is_some() && !matches!(event, Event::Text(_)) {
+        if (self.text.is_some() || !self.joined.is_empty()) && !matches!(event, Event::Text(_)) {
             self.flush_text();
         }
         match event {

@@ -49,6 +49,9 @@ fn looks_like_footnote(slug: &str) -> bool {
 #[derive(Default)]
 pub(super) struct Ids {
     used: HashSet<String>,
+    /// The number of the last id given to a heading, by slug (0: the slug
+    /// itself).
+    numbered: HashMap<String, usize>,
     /// Footnote number by lowercased label.
     footnotes: HashMap<String, usize>,
     /// References written so far, by footnote number.
@@ -67,12 +70,20 @@ impl Ids {
         if looks_like_footnote(&base) {
             base.insert_str(0, "h-");
         }
-        let mut candidate = base.clone();
-        let mut n = 0usize;
+        // Numbers below the last one taken for this slug are all in use
+        // (ids are never freed), so the search goes on from there: many
+        // headings with the same text cost linear, not quadratic, time.
+        let mut n = self.numbered.get(&base).copied().unwrap_or(0);
+        let mut candidate = if n == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
         while self.used.contains(&candidate) {
             n += 1;
             candidate = format!("{base}-{n}");
         }
+        self.numbered.insert(base, n);
         self.used.insert(candidate.clone());
         candidate
     }

@@ -50,6 +50,7 @@ mod autolink;
 mod events;
 mod ids;
 mod links;
+mod split;
 
 #[cfg(test)]
 mod tests;
@@ -74,14 +75,58 @@ const STYLESHEET: &str = include_str!("style.css");
 
 /// Renders CommonMark to a complete UTF-8 HTML5 document. Pure and deterministic.
 pub fn markdown_to_html(markdown: &str, options: &RenderOptions<'_>) -> String {
-    let mut rewriter = events::Rewriter::new(Parser::new_ext(markdown, parser_options()), options);
+    render(markdown, options, &split::Settings::DEFAULT).0
+}
+
+/// [`markdown_to_html`] with the sizes that decide how a big document is
+/// parsed in pieces (see [`split`]); the bytes come out the same whatever
+/// they are. Also says how many pieces were parsed on their own.
+fn render(
+    markdown: &str,
+    options: &RenderOptions<'_>,
+    settings: &split::Settings,
+) -> (String, usize) {
+    let mut cuts = split::find_cuts(markdown, settings);
+    // Each round drops the pieces whose token came out somewhere it does not
+    // mean the same thing; rarely more than one is needed.
+    for _ in 0..4 {
+        if cuts.is_empty() {
+            break;
+        }
+        let plan = split::Plan::new(markdown, cuts, settings);
+        let mut splicer = split::Splicer::new(&plan, parser_options());
+        let (body, title) = render_body(&mut splicer, markdown.len(), options);
+        let failed = splicer.failed();
+        if failed.is_empty() {
+            return (page(body, title, options), plan.pieces());
+        }
+        drop(body);
+        cuts = plan.into_cuts_without(&failed);
+    }
+    let parser = Parser::new_ext(markdown, parser_options());
+    let (body, title) = render_body(parser, markdown.len(), options);
+    (page(body, title, options), 0)
+}
+
+/// The HTML of a parser's events, and the title.
+fn render_body<'a>(
+    events: impl Iterator<Item = pulldown_cmark::Event<'a>>,
+    markdown_len: usize,
+    options: &RenderOptions<'_>,
+) -> (String, String) {
+    let mut rewriter = events::Rewriter::new(events, options);
     // Sized for typical output so the buffer rarely grows (each growth
     // briefly holds the old and the new buffer).
-    let mut body = String::with_capacity(markdown.len().saturating_mul(2) + 4096);
+    let mut body = String::with_capacity(markdown_len.saturating_mul(2) + 4096);
     html::push_html(&mut body, &mut rewriter);
     let title = rewriter
         .into_title()
         .unwrap_or_else(|| file_stem(options.source_path));
+    (body, title)
+}
+
+/// The complete page around a rendered body.
+fn page(body: String, title: String, options: &RenderOptions<'_>) -> String {
     match options.template {
         Some(template) => apply_template(template, &title, body),
         None => document(&title, body),

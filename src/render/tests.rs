@@ -863,3 +863,405 @@ mod properties {
         }
     }
 }
+
+/// Big documents are parsed in pieces (see `split`); these compare the
+/// pieces' rendering with the whole document's, with sizes small enough
+/// that every test input is cut.
+mod pieces {
+    use super::*;
+    use crate::render::{render, split::Settings};
+
+    const WHOLE: Settings = Settings {
+        min_document: usize::MAX,
+        ..Settings::DEFAULT
+    };
+    const TINY: Settings = Settings {
+        min_document: 0,
+        min_rows: 1,
+        batch: 24,
+        min_words: 1,
+        max_words: 24,
+    };
+
+    fn render_both(markdown: &str, allow: bool) -> (String, String, usize) {
+        let generated = set(&["other.md"]);
+        let options = RenderOptions {
+            allow_raw_html: allow,
+            source_path: "docs/page.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let (whole, none) = render(markdown, &options, &WHOLE);
+        assert_eq!(none, 0);
+        let (cut, pieces) = render(markdown, &options, &TINY);
+        (whole, cut, pieces)
+    }
+
+    /// Renders in both ways and modes; returns the pieces used (escape mode).
+    fn same_output(markdown: &str) -> usize {
+        let mut used = 0;
+        for allow in [false, true] {
+            let (whole, cut, pieces) = render_both(markdown, allow);
+            assert_eq!(
+                cut, whole,
+                "cut into {pieces} pieces, allow {allow}:\n{markdown}"
+            );
+            if !allow {
+                used = pieces;
+            }
+        }
+        used
+    }
+
+    fn rows(n: usize, row: impl Fn(usize) -> String) -> String {
+        (0..n).map(row).collect()
+    }
+
+    #[test]
+    fn tables_cut_into_rows_render_the_same() {
+        let body = rows(12, |i| format!("| {i} | x{i} | *y* |\n"));
+        let cases: Vec<(String, bool)> = vec![
+            (format!("| a | b | c |\n|---|---|---|\n{body}"), true),
+            (
+                format!("# T\n\n|a|b|c|\n|:-|:-:|-:|\n{body}\nafter\n"),
+                true,
+            ),
+            (format!("a | b | c\n|---|---|---|\n{body}"), true),
+            (format!("  | a | b | c |\n|---|---|---|\n{body}"), true),
+            (format!("| a | b | c |\n|---|---|---|\n{body}|1|2|"), true),
+            (
+                format!(
+                    "| a | b |\n|---|---|\n{}",
+                    rows(10, |i| format!("| `x|{i}` | a \\| b |\n"))
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "| a | b |\n|---|---|\n{}",
+                    rows(10, |i| format!("| {i} |\n| 1 | 2 | 3 | 4 |\n|\n"))
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "| a | b | c | d | e | f |\n|---|---|---|---|---|---|\n{}\n[r]: other.md \"T\"\n[S]: javascript:alert(1)\n[^n]: note\n",
+                    rows(16, |i| format!(
+                        "| [x][r] {i} | [s] | ![i][R] | {} | <b>{i}</b> <script>x</script> | https://example.com/{i} |\n",
+                        if i % 5 == 2 { "[^n]" } else { "n" }
+                    ))
+                ),
+                true,
+            ),
+            (
+                format!(
+                    "| a | b |\n|---|---|\n{}",
+                    rows(10, |i| format!(
+                        "| **{i}** _x_ | ~~y~~ [a](other.md#s) <a href=\"u\">https://x.org</a> |\n"
+                    ))
+                ),
+                true,
+            ),
+            // Rows with many more cells than columns, some not simple.
+            (
+                format!(
+                    "| a | b |\n|:-|-:|\n{}",
+                    rows(10, |i| format!(
+                        "|{i}|{}\n|`x|y`|{}\n",
+                        "x|".repeat(40),
+                        "z|".repeat(i)
+                    ))
+                ),
+                true,
+            ),
+            // Rows going on without a leading pipe, then a paragraph.
+            (
+                format!("| a | b |\n|---|---|\n{body}go on | x\nmore\n\npara\n"),
+                true,
+            ),
+            // A table right after a paragraph line.
+            (format!("para\n| a | b |\n|---|---|\n{body}"), true),
+            (
+                format!(
+                    "| a | b |\r\n|---|---|\r\n{}",
+                    rows(10, |i| format!("| {i} | y |\r\n"))
+                ),
+                true,
+            ),
+            // Not tables: a paragraph, a code block, an HTML block, a
+            // blockquote, a list item, a header with too few cells.
+            (format!("|a|\n|b|\n{body}"), false),
+            (format!("```\n| a | b |\n|---|---|\n{body}```\n"), false),
+            (
+                format!("<div>\n| a | b |\n|---|---|\n{body}</div>\n"),
+                false,
+            ),
+            (format!("> | a | b |\n> |---|---|\n{body}"), false),
+            (format!("- | a | b |\n  |---|---|\n{body}"), false),
+            (format!("| a |\n|---|---|\n{body}"), false),
+            (format!("[^1]: | a | b |\n|---|---|\n{body}"), false),
+        ];
+        for (markdown, cut) in cases {
+            let pieces = same_output(&markdown);
+            if cut {
+                assert!(pieces > 0, "not cut:\n{markdown}");
+            }
+        }
+    }
+
+    #[test]
+    fn sections_between_headings_render_the_same() {
+        let headings = rows(12, |i| format!("# *H{i}* _x_\n"));
+        let cases: Vec<(String, bool)> = vec![
+            (headings.clone(), true),
+            (
+                format!("# Title\n\npara\n{headings}## A\ntext\n- item\n# B\n> quote\n# C\n"),
+                true,
+            ),
+            (format!("para\n{headings}\nafter\n"), true),
+            (format!("- item\n{headings}  indented\n"), true),
+            (format!("> quote\n{headings}"), true),
+            (format!("| a |\n|---|\n| 1 |\n{headings}"), true),
+            (
+                format!("{headings}[r]: other.md\n# [x][r]\n# [y]\n\n[y]: javascript:x\n"),
+                true,
+            ),
+            (format!("# a\n# a\n# a-1\n{headings}# a\n# H1 x\n"), true),
+            // Headings that are not: in code, in HTML, after footnotes.
+            (format!("```\n{headings}```\n"), false),
+            (format!("~~~\n{headings}"), false),
+            (format!("<pre>\n{headings}</pre>\n"), false),
+            (format!("<!--\n{headings}-->\n"), false),
+            (format!("    code\n{headings}"), true),
+            (format!("{headings}\n```\n# in code\n# also\n```\n"), true),
+            (
+                format!("# x [^1]\n{headings}\n[^1]: note\n# y [^1]\n"),
+                true,
+            ),
+            (format!("# Setext?\n===\n{headings}---\n"), true),
+        ];
+        for (markdown, cut) in cases {
+            let pieces = same_output(&markdown);
+            if cut {
+                assert!(pieces > 0, "not cut:\n{markdown}");
+            }
+        }
+    }
+
+    #[test]
+    fn list_items_render_the_same() {
+        let items = rows(12, |i| format!("- *i{i}* _x_ [l](other.md)\n"));
+        let cases: Vec<(String, bool)> = vec![
+            (items.clone(), true),
+            (format!("para\n{items}\nafter\n"), true),
+            (format!("# T\n\n{items}lazy line\n"), false),
+            (format!("{items}  indented more\n"), false),
+            (format!("{items}\n- loose\n"), false),
+            (format!("{}- z\n", items.replace("- ", "* ")), true),
+            (format!("{items}* other marker\n{items}"), true),
+            (
+                rows(12, |i| {
+                    format!(
+                        "- [ ] task {i}\n- - nested\n- > quote\n- ```\n- <div>\n- # h {i}\n- | a |\n- ===\n- * * *\n- 1. one\n"
+                    )
+                }),
+                true,
+            ),
+            (format!("{items}- - -\n{items}"), true),
+            (format!("> {items}"), false),
+            (format!("```\n{items}```\n"), false),
+            (format!("1. one\n{items}"), true),
+            (format!("{items}- [r]\n\n[r]: other.md\n"), true),
+        ];
+        for (markdown, cut) in cases {
+            let pieces = same_output(&markdown);
+            if cut {
+                assert!(pieces > 0, "not cut:\n{markdown}");
+            }
+        }
+    }
+
+    /// A tiny deterministic generator (xorshift), so the inputs are the same
+    /// on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    const WORDS: &[&str] = &[
+        "a",
+        "b",
+        "word",
+        "*a*",
+        "**b**",
+        "_c_",
+        "__d__",
+        "***e***",
+        "*f",
+        "g*",
+        "_h",
+        "i_",
+        "*",
+        "_",
+        "**",
+        "__",
+        "foo_bar",
+        "x*y*z",
+        "*a _b* c_",
+        "**a*",
+        "*a**",
+        "`c`",
+        "``",
+        "[l](other.md)",
+        "[r]",
+        "[r][]",
+        "![i](x.png)",
+        "<b>",
+        "</b>",
+        "<x@y.org>",
+        "\\*",
+        "~~s~~",
+        "~",
+        "https://example.com/a_b",
+        "www.x.org",
+        "&amp;",
+        "&",
+        "\"q\"",
+        "'q'",
+        "(p)",
+        "é",
+        "\u{1F600}",
+        "#",
+        "1.",
+        "-",
+        "+",
+        ">",
+        "=",
+        "|",
+        "[^1]",
+        "!",
+        ":",
+        "\n",
+        "\n",
+        "\n",
+        "\n\n",
+        "  \n",
+        "\n# h\n",
+        "\n- ",
+        "\n1. ",
+        "\n> ",
+        "\n===\n",
+        "\n---\n",
+        "\n|-|-|\n",
+        "\n    ",
+        "\n*a",
+        "\n_b",
+        "\n*",
+        "\nword",
+        "\t",
+        "~a~",
+        "~~b~~",
+        "~~~",
+        "\n~~~\n",
+        "snake_case",
+        "__init__",
+        "a_",
+        "_",
+        "&ast;",
+        "[^A]",
+        "[^b]",
+        "[^x y]",
+        "[^1]",
+        "\n```\n",
+        "]:",
+    ];
+
+    #[test]
+    fn paragraphs_cut_into_words_render_the_same() {
+        let mut rng = Rng(0x5eed_cafe_f00d_1234);
+        let mut used = 0;
+        for _ in 0..2000 {
+            let n = 1 + rng.below(80);
+            let mut markdown = String::new();
+            for i in 0..n {
+                if i > 0 && rng.below(5) > 0 {
+                    markdown.push(' ');
+                }
+                // Mostly the plain words and emphasis at the start of the list.
+                let pick = if rng.below(3) > 0 {
+                    rng.below(12)
+                } else {
+                    rng.below(WORDS.len())
+                };
+                markdown.push_str(WORDS[pick]);
+            }
+            if rng.below(4) == 0 {
+                markdown.push_str("\n\n[r]: other.md\n[^1]: n\n> [^a]: quoted\n");
+            }
+            if rng.below(4) == 0 {
+                // A blockquote, some lines lazy.
+                let quoted: Vec<String> = markdown
+                    .split('\n')
+                    .map(|line| match rng.below(5) {
+                        0 => line.to_owned(),
+                        1 => format!(">{line}"),
+                        _ => format!("> {line}"),
+                    })
+                    .collect();
+                markdown = quoted.join("\n");
+            }
+            used += same_output(&markdown);
+        }
+        assert!(used > 200, "only {used} pieces were cut");
+    }
+
+    #[test]
+    fn dense_emphasis_and_tables_are_cut_with_the_default_sizes() {
+        let emphasis = "*a* **b** _c_ ".repeat(10_000);
+        let table = format!("|a|b|c|d|\n|-|-|-|-|\n{}", "|1|2|3|4|\n".repeat(10_000));
+        let lines = "*a* **b** _c_\n".repeat(10_000);
+        let code = "`a` `b` ".repeat(10_000);
+        let links = format!(
+            "{}\n\n[r]: other.md\n",
+            "[a](b) [c][r] ![i](x.png) ".repeat(5_000)
+        );
+        let short_lines = "a\n".repeat(40_000);
+        let strike = "~~a~~ ~b~ ".repeat(10_000);
+        let snake = "snake_case and__more ".repeat(5_000);
+        for markdown in [
+            emphasis,
+            table,
+            lines,
+            code,
+            links,
+            short_lines,
+            strike,
+            snake,
+        ] {
+            let generated = set(&[]);
+            let options = RenderOptions {
+                allow_raw_html: false,
+                source_path: "page.md",
+                generated_markdown: &generated,
+                template: None,
+            };
+            let (cut, pieces) = render(&markdown, &options, &Settings::DEFAULT);
+            let (whole, _) = render(&markdown, &options, &WHOLE);
+            assert!(pieces >= 4, "{pieces} pieces for {} bytes", markdown.len());
+            assert!(cut == whole, "the renderings differ");
+        }
+    }
+}
+
+#[test]
+fn a_url_ending_in_a_semicolon_after_punctuation_does_not_panic() {
+    // Found by the property test: the entity check computed `0 - 1`.
+    let html = render("# # # *https://;<");
+    assert!(body(&html).contains("https://;"), "{html}");
+}

@@ -686,7 +686,9 @@ impl Read for Die {
         if self.given >= distributor::s3::upload::PART_SIZE {
             std::process::abort()
         }
-        let n = buf.len().min(distributor::s3::upload::PART_SIZE - self.given);
+        let n = buf
+            .len()
+            .min(distributor::s3::upload::PART_SIZE - self.given);
         buf[..n].fill(b'z');
         self.given += n;
         Ok(n)

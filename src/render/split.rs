@@ -1,0 +1,1519 @@
+//! Rendering a big document in pieces, so that memory follows the largest
+//! piece and not the document (SPEC §12.3).
+//!
+//! pulldown-cmark builds the tree of the whole document, inline nodes
+//! included (about 50 bytes each), before the first event comes out. Text
+//! made of tiny cells (`|1|2|3|`) or tiny emphasis (`*a* _b_`) has about one
+//! node per byte, so the tree alone is ~50 x the input. Two kinds of pieces
+//! are taken out of the document and parsed on their own:
+//!
+//! - **Rows**: body rows of a top-level table, from a run of lines that
+//!   start with `|` (rows holding a footnote reference stay, a piece cannot
+//!   know which footnotes are defined). The main document keeps one row
+//!   holding a token in their place; the cut rows are parsed in batches, each
+//!   as a little table with the same header and delimiter row, and their row
+//!   events take the token row's place.
+//! - **Words**: a stretch of a paragraph between spaces or line ends, without
+//!   `<`, `>`, `\`, `|`, `[^` or `]:`, whose lines start like paragraph text,
+//!   whose runs of `*`, `_` and `~` can each only open, only close or
+//!   neither, and that alone is one paragraph with nothing left unmatched
+//!   (no `` ` ``, `[`, `]` as text, and as text only those `*`, `_` and `~`
+//!   that can neither open nor close). The main document holds a token in its
+//!   place; the stretch's inline events take the token's place, provided
+//!   nothing before it in the paragraph was left unmatched either.
+//!
+//! Nothing here is trusted blindly: the main document is parsed as usual and
+//! every token must come out where its piece is known to mean the same
+//! thing (a rows token as a body row of a top-level table whose
+//! header and delimiter rows are the recorded ones; a words token in the
+//! text of a paragraph, outside links). A token anywhere else, or not at all,
+//! fails its piece, and the caller renders again without the failed pieces;
+//! without pieces the document is parsed whole, as before. Reference links in
+//! pieces are resolved against the main document's definitions (pieces never
+//! hold definitions).
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use pulldown_cmark::{
+    BrokenLink, CowStr, Event, LinkType, OffsetIter, Options, Parser, RefDefs, Tag, TagEnd,
+};
+
+/// Sizes that decide when and how a document is cut.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    /// Documents smaller than this are parsed whole.
+    pub min_document: usize,
+    /// Table rows are cut only when there are at least this many bytes of them.
+    pub min_rows: usize,
+    /// Bytes of rows parsed together.
+    pub batch: usize,
+    /// A stretch of words is cut only when it is at least this long.
+    pub min_words: usize,
+    /// A stretch of words is at most this long.
+    pub max_words: usize,
+}
+
+impl Settings {
+    /// Cuts only for documents of 64 KiB or more, into pieces of at most
+    /// 16 KiB: the tree of one piece stays under 1 MiB.
+    pub(super) const DEFAULT: Settings = Settings {
+        min_document: 64 << 10,
+        min_rows: 4 << 10,
+        batch: 16 << 10,
+        min_words: 1 << 10,
+        max_words: 16 << 10,
+    };
+}
+
+/// One piece cut out of the document.
+#[derive(Debug, Clone)]
+pub(super) struct Cut {
+    /// Bytes of the document the piece replaces.
+    source: Range<usize>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// Table body rows; `header` and `delimiter` are the table's lines
+    /// (without line ending) in the document.
+    Rows {
+        header: Range<usize>,
+        delimiter: Range<usize>,
+        /// Cells of the delimiter row.
+        columns: usize,
+        /// At most this many cells the parser adds to the cut rows to fill
+        /// them up to `columns`.
+        filled: usize,
+    },
+    /// Whole top-level blocks, from an ATX heading line to another.
+    Section,
+    /// One-line items of a top-level tight bullet list, all with `marker`.
+    Items,
+    /// A stretch of paragraph text, with `inert` characters of `*`, `_`
+    /// and `~` that neither open nor close; `quoted` when its lines start
+    /// with `> ` (but the first, which starts inside a line that does).
+    Words { inert: usize, quoted: bool },
+}
+
+/// Finds the pieces worth cutting, in document order.
+pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    if markdown.len() < settings.min_document {
+        return Vec::new();
+    }
+    let mut cuts = find_sections(markdown, settings);
+    let overlaps = |taken: &[Range<usize>], cut: &Cut| {
+        taken
+            .iter()
+            .any(|t| cut.source.start < t.end && t.start < cut.source.end)
+    };
+    let sections: Vec<Range<usize>> = cuts.iter().map(|cut| cut.source.clone()).collect();
+    let rows = find_rows(markdown, settings).into_iter().filter(|cut| {
+        // The header line stays as it is too.
+        let Kind::Rows { header, .. } = &cut.kind else {
+            return false;
+        };
+        let all = Cut {
+            source: header.start..cut.source.end,
+            kind: Kind::Section,
+        };
+        !overlaps(&sections, &all)
+    });
+    cuts.extend(rows);
+    let taken: Vec<Range<usize>> = cuts.iter().map(|cut| cut.source.clone()).collect();
+    let items = find_items(markdown, settings)
+        .into_iter()
+        .filter(|cut| !overlaps(&taken, cut));
+    cuts.extend(items);
+    let taken: Vec<Range<usize>> = cuts
+        .iter()
+        .map(|cut| match &cut.kind {
+            Kind::Rows { header, .. } => header.start..cut.source.end,
+            _ => cut.source.clone(),
+        })
+        .collect();
+    let words = find_words(markdown, settings)
+        .into_iter()
+        .filter(|cut| !overlaps(&taken, cut));
+    cuts.extend(words);
+    cuts.sort_by_key(|cut| cut.source.start);
+    cuts
+}
+
+/// The lines of `text` as (start, end without line ending, end with it).
+fn lines(text: &str) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= bytes.len() {
+            return None;
+        }
+        let start = at;
+        let newline = memchr(b'\n', &bytes[start..]).map(|i| start + i);
+        let (content_end, next) = match newline {
+            Some(n) => (n, n + 1),
+            None => (bytes.len(), bytes.len()),
+        };
+        let content_end = if content_end > start && bytes[content_end - 1] == b'\r' {
+            content_end - 1
+        } else {
+            content_end
+        };
+        at = next;
+        Some((start, content_end, next))
+    })
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}
+
+/// Whether a line could be a table's delimiter row (`|---|:-:|`); loose on
+/// purpose, the parse of the main document decides.
+fn looks_like_delimiter(line: &str) -> bool {
+    line.contains('-')
+        && line
+            .bytes()
+            .all(|b| matches!(b, b'|' | b'-' | b':' | b' ' | b'\t'))
+}
+
+/// Whether a line is an ATX heading line at the first column (`# x`).
+fn is_atx_heading(line: &str) -> bool {
+    let hashes = line.bytes().take_while(|&b| b == b'#').count();
+    (1..=6).contains(&hashes) && matches!(line.as_bytes().get(hashes), None | Some(b' ' | b'\t'))
+}
+
+/// Sections of whole top-level blocks: from an ATX heading line at the
+/// first column to another, at most `batch` bytes. Such a line always starts
+/// a top-level heading, closing whatever came before (unless it is inside a
+/// fenced code or HTML block: the main document's parse tells), and ends
+/// it. Sections hold no footnote (`[^`) and no link reference definition
+/// (`]:`), which the rest of the document needs to see.
+fn find_sections(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let mut cuts = Vec::new();
+    // Start of the open section, end (with line ending) of its last heading.
+    let mut open: Option<(usize, usize)> = None;
+    let close = |open: Option<(usize, usize)>, cuts: &mut Vec<Cut>| {
+        if let Some((start, end)) = open
+            && end - start >= settings.min_rows
+        {
+            cuts.push(Cut {
+                source: start..end,
+                kind: Kind::Section,
+            });
+        }
+    };
+    for (start, content_end, end) in lines(markdown) {
+        let line = &markdown[start..content_end];
+        if line.contains("[^") || line.contains("]:") {
+            close(open.take(), &mut cuts);
+            continue;
+        }
+        if !is_atx_heading(line) {
+            continue;
+        }
+        match open {
+            Some((first, _)) if end - first <= settings.batch => open = Some((first, end)),
+            _ => {
+                close(open.take(), &mut cuts);
+                open = Some((start, end));
+            }
+        }
+    }
+    close(open, &mut cuts);
+    cuts
+}
+
+/// Items of a bullet list: runs of lines that start with the same marker
+/// (`- `, `* ` or `+ `) and hold more than a thematic break, but no `[^` or
+/// `]:`; the first item of a run stays.
+fn find_items(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let mut cuts = Vec::new();
+    let mut run: Option<(u8, usize, usize)> = None; // marker, start, end
+    let close = |run: Option<(u8, usize, usize)>, cuts: &mut Vec<Cut>| {
+        if let Some((_, start, end)) = run
+            && end - start >= settings.min_rows
+        {
+            cuts.push(Cut {
+                source: start..end,
+                kind: Kind::Items,
+            });
+        }
+    };
+    for (start, content_end, end) in lines(markdown) {
+        let line = &markdown.as_bytes()[start..content_end];
+        // Footnotes and link reference definitions must stay in the main
+        // document, where the rest of it sees them.
+        let global = line.windows(2).any(|w| w == b"[^" || w == b"]:");
+        let marker = match line {
+            [b'-' | b'*' | b'+', b' ', ..]
+                if !global
+                    && line
+                        .iter()
+                        .any(|&b| !matches!(b, b' ' | b'\t') && b != line[0]) =>
+            {
+                Some(line[0])
+            }
+            _ => None,
+        };
+        match (marker, run) {
+            (Some(m), Some((r, first, _))) if m == r => run = Some((r, first, end)),
+            (Some(m), None) => {
+                // The first item stays; the run starts after it.
+                run = Some((m, end, end));
+            }
+            (Some(m), Some(_)) => {
+                close(run.take(), &mut cuts);
+                run = Some((m, end, end));
+            }
+            (None, _) => close(run.take(), &mut cuts),
+        }
+    }
+    close(run, &mut cuts);
+    cuts
+}
+
+/// Runs of lines starting with `|` that hold the body rows of a table.
+fn find_rows(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let mut cuts = Vec::new();
+    // The lines of the current run, and the line before it.
+    let mut run: Vec<(usize, usize, usize)> = Vec::new();
+    let mut before_run = None;
+    let mut previous = None;
+    let end = markdown.len();
+    for line in lines(markdown).chain(std::iter::once((end, end, end))) {
+        // A line of a lone `|` has no cell: it ends a table.
+        let row = line.0 < end
+            && markdown[line.0..].starts_with('|')
+            && !markdown[line.0 + 1..line.1].trim().is_empty();
+        if row {
+            if run.is_empty() {
+                before_run = previous;
+            }
+            run.push(line);
+        } else if !run.is_empty() {
+            rows_of_run(markdown, before_run, &run, settings, &mut cuts);
+            run.clear();
+        }
+        previous = Some(line);
+    }
+    cuts
+}
+
+/// The cuts of one run of lines starting with `|`.
+fn rows_of_run(
+    markdown: &str,
+    before_run: Option<(usize, usize, usize)>,
+    run: &[(usize, usize, usize)],
+    settings: &Settings,
+    cuts: &mut Vec<Cut>,
+) {
+    let text = |(start, end, _): (usize, usize, usize)| &markdown[start..end];
+    // The delimiter row among the first lines of the run; the header is the
+    // line before it.
+    let Some(delimiter) = (0..run.len().min(3)).find(|&l| looks_like_delimiter(text(run[l])))
+    else {
+        return;
+    };
+    let header = match delimiter {
+        0 => match before_run {
+            Some(line) if !text(line).trim().is_empty() => line,
+            _ => return,
+        },
+        d => run[d - 1],
+    };
+    let delimiter_line = run[delimiter];
+    // Every batch repeats the header and delimiter rows: a table with
+    // enormous ones is parsed whole.
+    if text(header).len() + text(delimiter_line).len() > MOST_HEAD_BYTES {
+        return;
+    }
+    let columns = cells(text(delimiter_line));
+    // Rows with a footnote reference stay: a piece does not know which
+    // footnotes are defined.
+    let mut l = delimiter + 1;
+    while l < run.len() {
+        if text(run[l]).contains("[^") {
+            l += 1;
+            continue;
+        }
+        let from = l;
+        while l < run.len() && !text(run[l]).contains("[^") {
+            l += 1;
+        }
+        let source = run[from].0..run[l - 1].2;
+        if source.len() < settings.min_rows {
+            continue;
+        }
+        let filled = run[from..l]
+            .iter()
+            .map(|&line| columns.saturating_sub(fewest_cells(text(line))))
+            .sum();
+        cuts.push(Cut {
+            source,
+            kind: Kind::Rows {
+                header: header.0..header.1,
+                delimiter: delimiter_line.0..delimiter_line.1,
+                columns,
+                filled,
+            },
+        });
+    }
+}
+
+/// The cells of a table line without code spans, escapes, links or raw
+/// HTML, counted the way the parser splits them.
+fn cells(line: &str) -> usize {
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    let mut cells = 0;
+    loop {
+        if bytes.get(at) == Some(&b'|') {
+            at += 1;
+        }
+        while matches!(bytes.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if at >= bytes.len() {
+            return cells;
+        }
+        cells += 1;
+        while at < bytes.len() && bytes[at] != b'|' {
+            at += 1;
+        }
+    }
+}
+
+/// Where the cells past the first `columns` start in a row line with more
+/// cells (the parser drops them), for a line simple enough to split
+/// exactly; `None` to keep the whole line.
+fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
+    if line.contains(['`', '\\', '<', '[', '$']) {
+        return None;
+    }
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    let mut cells = 0;
+    loop {
+        if bytes.get(at) == Some(&b'|') {
+            at += 1;
+        }
+        while matches!(bytes.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if at >= bytes.len() {
+            return None;
+        }
+        if cells == columns {
+            // The pipe before this cell ends the row as the parser keeps it.
+            return Some(at);
+        }
+        cells += 1;
+        while at < bytes.len() && bytes[at] != b'|' {
+            at += 1;
+        }
+    }
+}
+
+/// At least this many cells are in a row line starting with `|` that has
+/// more than the `|`.
+fn fewest_cells(line: &str) -> usize {
+    if line.contains(['`', '\\', '<', '[', '$']) {
+        1
+    } else {
+        cells(line).max(1)
+    }
+}
+
+/// A table whose header and delimiter rows are longer than this together
+/// is not cut into batches (each batch repeats them).
+const MOST_HEAD_BYTES: usize = 16 << 10;
+
+/// The parser stops a table once it has filled this many missing cells
+/// (pulldown-cmark's `MAX_AUTOCOMPLETED_CELLS`).
+const MOST_FILLED_CELLS: usize = 1 << 18;
+
+/// Bytes a stretch of words never holds: each can start or end something
+/// (raw HTML, autolinks, escapes, table cells) that would have
+/// to be checked across the stretch's ends.
+fn unsafe_in_words(b: u8) -> bool {
+    matches!(b, b'<' | b'>' | b'\\' | b'|' | b'\r')
+}
+
+/// Whether `bytes[at..]` starts like paragraph text that starts no other
+/// block, even at the start of a line: a letter, `*` or `_` right before a
+/// letter or digit, `[` (stretches never hold `]:`, so it is no
+/// definition), `![`, or fewer than three backticks or tildes.
+fn starts_plain(bytes: &[u8], at: usize) -> bool {
+    let next = bytes.get(at + 1).copied();
+    match bytes.get(at) {
+        Some(b) if b.is_ascii_alphabetic() => true,
+        Some(b'*' | b'_') => next.is_some_and(|n| n.is_ascii_alphanumeric()),
+        Some(b'[') => next.is_some(),
+        Some(b'!') => next == Some(b'['),
+        Some(b'`') => !bytes[at..].starts_with(b"```"),
+        Some(b'~') => !bytes[at..].starts_with(b"~~~"),
+        _ => false,
+    }
+}
+
+/// Stretches of paragraph text, cut at spaces and line ends (see the module
+/// comment).
+fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
+    let bytes = markdown.as_bytes();
+    let mut cuts = Vec::new();
+    let mut start: Option<usize> = None;
+    let mut end: Option<usize> = None;
+    // A non-blank byte came before, on the current line.
+    let mut line_content = false;
+    // The current line starts with `> `, and so did the open stretch's
+    // first line: its other lines must too (a blockquote's paragraph).
+    let mut line_quoted = markdown.starts_with("> ");
+    let mut quoted = false;
+    // The `> ` starting a line inside the open stretch, up to here.
+    let mut prefix_end = 0;
+    let close = |start: usize, end: Option<usize>, quoted: bool, cuts: &mut Vec<Cut>| {
+        let Some(end) = end else { return };
+        // A footnote reference needs its definition, which the piece is
+        // given when its label is plain; `]:` could make a stretch, alone, a
+        // link reference definition.
+        let text = &markdown[start..end];
+        if end - start < settings.min_words
+            || footnote_labels(text).is_none()
+            || text.contains("]:")
+            || next_line_looks_like_delimiter(markdown, end)
+        {
+            return;
+        }
+        let Some(inert) = one_sided_runs(bytes, start..end) else {
+            return;
+        };
+        cuts.push(Cut {
+            source: start..end,
+            kind: Kind::Words { inert, quoted },
+        });
+    };
+    for (at, &b) in bytes.iter().enumerate() {
+        if let Some(s) = start {
+            // A stretch ends before a space or a line end (not in a line's
+            // `> `).
+            let boundary = at >= prefix_end
+                && matches!(b, b' ' | b'\n')
+                && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n');
+            if boundary {
+                end = Some(at);
+            }
+            // The next line must go on as paragraph text.
+            let rest = &bytes[at + 1..];
+            let next_line_plain = || {
+                if quoted {
+                    return rest.starts_with(b"> ") && starts_plain(rest, 2);
+                }
+                let indent = rest
+                    .iter()
+                    .take_while(|c| matches!(c, b' ' | b'\t'))
+                    .count();
+                starts_plain(rest, indent)
+            };
+            let stop = (unsafe_in_words(b) && at >= prefix_end)
+                || (b == b'\n' && !next_line_plain())
+                || (boundary && at - s >= settings.max_words);
+            if stop {
+                close(s, end, quoted, &mut cuts);
+                start = None;
+            } else if b == b'\n' && quoted {
+                prefix_end = at + 3;
+            }
+        }
+        // A stretch starts after a space that follows text on its line, or
+        // at the start of a line.
+        let after = (b == b' ' && line_content) || b == b'\n';
+        if start.is_none() && after && starts_plain(bytes, at + 1) {
+            start = Some(at + 1);
+            end = None;
+            quoted = line_quoted && b == b' ';
+        }
+        if b == b'\n' {
+            line_content = false;
+            line_quoted = bytes[at + 1..].starts_with(b"> ");
+        } else if !matches!(b, b' ' | b'\t') {
+            line_content = true;
+        }
+    }
+    if let Some(s) = start {
+        close(s, end, quoted, &mut cuts);
+    }
+    cuts
+}
+
+/// The labels of the footnote references (`[^label]`) in `text`, lowercase;
+/// `None` when one is not plain ASCII letters, digits, `-` and `_`.
+fn footnote_labels(text: &str) -> Option<Vec<String>> {
+    let mut labels = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("[^") {
+        rest = &rest[at + 2..];
+        let len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+            .count();
+        if len == 0 || rest.as_bytes().get(len) != Some(&b']') {
+            return None;
+        }
+        labels.push(rest[..len].to_ascii_lowercase());
+        rest = &rest[len + 1..];
+    }
+    Some(labels)
+}
+
+/// Whether every run of `*`, `_` or `~` in `bytes[range]` can only open,
+/// only close, or neither (CommonMark's flanking rules), judged by ASCII
+/// neighbours; `Some` with the number of characters in runs that can do
+/// neither (they stay text). A run that could both open and close might, in
+/// the whole paragraph, close an opener from before the stretch while alone
+/// it opens one inside it.
+fn one_sided_runs(bytes: &[u8], range: Range<usize>) -> Option<usize> {
+    let mut inert = 0;
+    let mut at = range.start;
+    while at < range.end {
+        let b = bytes[at];
+        if !matches!(b, b'*' | b'_' | b'~') {
+            at += 1;
+            continue;
+        }
+        let run_end = at + bytes[at..].iter().take_while(|&&c| c == b).count();
+        // The stretch lies between spaces or line ends, so both neighbours
+        // exist.
+        let (before, after) = (bytes[at - 1], bytes[run_end]);
+        if !before.is_ascii() || !after.is_ascii() {
+            return None;
+        }
+        let space = |c: u8| c.is_ascii_whitespace();
+        let punct = |c: u8| c.is_ascii_punctuation();
+        let left = !space(after) && (!punct(after) || space(before) || punct(before));
+        let right = !space(before) && (!punct(before) || space(after) || punct(after));
+        let (open, close) = if b == b'_' {
+            (
+                left && (!right || punct(before)),
+                right && (!left || punct(after)),
+            )
+        } else {
+            (left, right)
+        };
+        match (open, close) {
+            (true, true) => return None,
+            (false, false) => inert += run_end - at,
+            _ => {}
+        }
+        at = run_end;
+    }
+    Some(inert)
+}
+
+/// Whether the line after the one holding byte `at` could be a delimiter
+/// row (it could turn the paragraph's line into a table header).
+fn next_line_looks_like_delimiter(markdown: &str, at: usize) -> bool {
+    let Some(newline) = markdown[at..].find('\n') else {
+        return false;
+    };
+    let rest = &markdown[at + newline + 1..];
+    let line = rest.split('\n').next().unwrap_or("");
+    looks_like_delimiter(line.trim_end_matches('\r'))
+}
+
+/// The documents to parse: the main one with tokens in place of the cuts,
+/// and the batches of rows.
+pub(super) struct Plan<'m> {
+    markdown: &'m str,
+    cuts: Vec<Cut>,
+    /// Tokens are this prefix, the cut's index, and `z`.
+    prefix: String,
+    main: String,
+    /// The row batches of every rows cut, one after another.
+    extra: String,
+    /// For each cut, its batches in `extra` (empty for words).
+    batches: Vec<Vec<Range<usize>>>,
+}
+
+impl<'m> Plan<'m> {
+    pub(super) fn new(markdown: &'m str, cuts: Vec<Cut>, settings: &Settings) -> Self {
+        let mut prefix = String::from("distributorcut");
+        while markdown.contains(&prefix) {
+            prefix.push('x');
+        }
+        let cut_bytes: usize = cuts.iter().map(|c| c.source.len()).sum();
+        let mut main = String::with_capacity(markdown.len() - cut_bytes + cuts.len() * 32);
+        let mut extra = String::new();
+        let mut batches = Vec::with_capacity(cuts.len());
+        let mut at = 0;
+        for (index, cut) in cuts.iter().enumerate() {
+            main.push_str(&markdown[at..cut.source.start]);
+            at = cut.source.end;
+            match &cut.kind {
+                Kind::Words { quoted, .. } => {
+                    main.push_str(&token(&prefix, index));
+                    // Alone, a blockquote's stretch is parsed with the `> `
+                    // its first line lacks.
+                    let mut ranges = Vec::new();
+                    if *quoted {
+                        let begin = extra.len();
+                        extra.push_str("> ");
+                        extra.push_str(&markdown[cut.source.clone()]);
+                        ranges.push(begin..extra.len());
+                    }
+                    batches.push(ranges);
+                }
+                Kind::Items => {
+                    let marker = &markdown[cut.source.start..cut.source.start + 1];
+                    main.push_str(marker);
+                    main.push(' ');
+                    main.push_str(&token(&prefix, index));
+                    main.push('\n');
+                    let mut ranges = Vec::new();
+                    let items = &markdown[cut.source.clone()];
+                    let mut from = 0;
+                    while from < items.len() {
+                        let mut to = (from + settings.batch).min(items.len());
+                        while to < items.len() && items.as_bytes()[to - 1] != b'\n' {
+                            to += 1;
+                        }
+                        let begin = extra.len();
+                        extra.push_str(&items[from..to]);
+                        ranges.push(begin..extra.len());
+                        from = to;
+                    }
+                    batches.push(ranges);
+                }
+                Kind::Section => {
+                    main.push_str("# ");
+                    main.push_str(&token(&prefix, index));
+                    if markdown[..cut.source.end].ends_with('\n') {
+                        main.push('\n');
+                    }
+                    batches.push(Vec::new());
+                }
+                Kind::Rows {
+                    header,
+                    delimiter,
+                    columns,
+                    ..
+                } => {
+                    main.push('|');
+                    main.push_str(&token(&prefix, index));
+                    main.push_str("|\n");
+                    let mut ranges = Vec::new();
+                    let rows = &markdown[cut.source.clone()];
+                    let mut from = 0;
+                    while from < rows.len() {
+                        // At least as many bytes of rows as of header and
+                        // delimiter: the copies take at most the rows' size.
+                        let size = settings.batch.max(header.len() + delimiter.len());
+                        let mut to = (from + size).min(rows.len());
+                        while to < rows.len() && rows.as_bytes()[to - 1] != b'\n' {
+                            to += 1;
+                        }
+                        let begin = extra.len();
+                        extra.push_str(&markdown[header.clone()]);
+                        extra.push('\n');
+                        extra.push_str(&markdown[delimiter.clone()]);
+                        extra.push('\n');
+                        for (start, content_end, end) in lines(&rows[from..to]) {
+                            let line = &rows[from + start..from + end];
+                            match kept_cells_end(&line[..content_end - start], *columns) {
+                                Some(kept) => {
+                                    extra.push_str(&line[..kept]);
+                                    extra.push('\n');
+                                }
+                                None => extra.push_str(line),
+                            }
+                        }
+                        ranges.push(begin..extra.len());
+                        from = to;
+                    }
+                    batches.push(ranges);
+                }
+            }
+        }
+        main.push_str(&markdown[at..]);
+        // Stretches with footnote references are parsed with a definition
+        // for each label the document defines (the definition's events are
+        // left out).
+        let noted: Vec<(usize, Vec<String>)> = cuts
+            .iter()
+            .enumerate()
+            .filter(|(_, cut)| matches!(cut.kind, Kind::Words { .. }))
+            .filter_map(|(index, cut)| {
+                let labels = footnote_labels(&markdown[cut.source.clone()])?;
+                (!labels.is_empty()).then_some((index, labels))
+            })
+            .collect();
+        if !noted.is_empty() {
+            let defined = defined_footnotes(&main);
+            for (index, labels) in noted {
+                let cut = &cuts[index];
+                let Kind::Words { quoted, .. } = cut.kind else {
+                    continue;
+                };
+                let begin = extra.len();
+                if quoted {
+                    extra.push_str("> ");
+                }
+                extra.push_str(&markdown[cut.source.clone()]);
+                extra.push_str("\n\n");
+                let mut written: Vec<&String> = Vec::new();
+                for label in &labels {
+                    if defined.contains(label) && !written.contains(&label) {
+                        extra.push_str("[^");
+                        extra.push_str(label);
+                        extra.push_str("]: n\n");
+                        written.push(label);
+                    }
+                }
+                batches[index] = std::iter::once(begin..extra.len()).collect();
+            }
+        }
+        Plan {
+            markdown,
+            cuts,
+            prefix,
+            main,
+            extra,
+            batches,
+        }
+    }
+
+    /// How many pieces are parsed on their own (stretches of words and
+    /// batches of rows).
+    pub(super) fn pieces(&self) -> usize {
+        self.batches.iter().map(|b| b.len().max(1)).sum()
+    }
+
+    /// The cuts, without those at the given indexes.
+    pub(super) fn into_cuts_without(self, failed: &[usize]) -> Vec<Cut> {
+        self.cuts
+            .into_iter()
+            .enumerate()
+            .filter(|(index, _)| !failed.contains(index))
+            .map(|(_, cut)| cut)
+            .collect()
+    }
+}
+
+/// The labels, lowercase, of the footnotes `main` defines.
+fn defined_footnotes(main: &str) -> std::collections::BTreeSet<String> {
+    Parser::new_ext(main, super::parser_options())
+        .filter_map(|event| match event {
+            Event::Start(Tag::FootnoteDefinition(label)) => Some(label.to_lowercase()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn token(prefix: &str, index: usize) -> String {
+    format!("{prefix}{index}z")
+}
+
+/// What an open tag is, as far as token placement goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Paragraph,
+    Table,
+    List,
+    /// Emphasis, strong, strikethrough: text inside is still paragraph text.
+    Inline,
+    Link,
+    Other,
+}
+
+fn open_kind(tag: &Tag<'_>) -> Open {
+    match tag {
+        Tag::Paragraph => Open::Paragraph,
+        Tag::Table(_) => Open::Table,
+        Tag::List(_) => Open::List,
+        Tag::Emphasis | Tag::Strong | Tag::Strikethrough => Open::Inline,
+        Tag::Link { .. } | Tag::Image { .. } => Open::Link,
+        _ => Open::Other,
+    }
+}
+
+/// Characters that, left as text (unmatched), could start a code span, a
+/// link or raw HTML that ends farther on.
+const OPENERS: [char; 4] = ['`', '[', ']', '<'];
+
+/// Splicing in hand, done one piece at a time so that only one piece's
+/// events wait at once.
+enum Work<'p> {
+    /// Rows cut `index`, from batch `next` on.
+    Rows { index: usize, next: usize },
+    /// A main text event holding words tokens, from byte `at` on.
+    Words { text: CowStr<'p>, at: usize },
+    /// Section cut `index`.
+    Section { index: usize },
+}
+
+/// The event stream of a [`Plan`]: the main document's events with each
+/// token replaced by its piece's events. Check [`Splicer::failed`] once it
+/// is exhausted.
+pub(super) struct Splicer<'p> {
+    plan: &'p Plan<'p>,
+    main: OffsetIter<'p>,
+    pending: VecDeque<Event<'p>>,
+    work: Option<Work<'p>>,
+    stack: Vec<Open>,
+    /// The open paragraph has, so far, an [`OPENERS`] character as text.
+    loose_opener: bool,
+    /// Header and delimiter lines (in `plan.main`) of the open top-level table.
+    table: Option<(Range<usize>, Range<usize>)>,
+    /// The open top-level table's columns, its cuts, and at most how many
+    /// cells the parser fills in it, whole or cut. Below
+    /// [`MOST_FILLED_CELLS`] both parse it the same.
+    columns: usize,
+    table_cuts: Vec<usize>,
+    filled: usize,
+    /// The last event was the start of a table cell.
+    cell_start: bool,
+    seen: Vec<bool>,
+    failed: Vec<usize>,
+    /// Bytes that reference links may still expand to: the parser stops
+    /// resolving them past the document's size (at least 100 KB). Shared by
+    /// the pieces and charged with the main document's own, so that the
+    /// pieces together cannot expand more than the whole document could.
+    budget: Cell<usize>,
+}
+
+impl<'p> Splicer<'p> {
+    pub(super) fn new(plan: &'p Plan<'p>, options: Options) -> Self {
+        Splicer {
+            plan,
+            main: Parser::new_ext(&plan.main, options).into_offset_iter(),
+            pending: VecDeque::new(),
+            work: None,
+            stack: Vec::new(),
+            loose_opener: false,
+            table: None,
+            columns: 0,
+            table_cuts: Vec::new(),
+            filled: 0,
+            cell_start: false,
+            seen: vec![false; plan.cuts.len()],
+            budget: Cell::new(plan.markdown.len().max(100_000)),
+            failed: Vec::new(),
+        }
+    }
+
+    /// Indexes of the cuts whose token did not come out where it should
+    /// (or not at all): the rendering is wrong and must be done again
+    /// without them. Empty when the rendering is right.
+    pub(super) fn failed(&self) -> Vec<usize> {
+        let mut failed = self.failed.clone();
+        failed.extend(
+            self.seen
+                .iter()
+                .enumerate()
+                .filter(|(_, seen)| !**seen)
+                .map(|(index, _)| index),
+        );
+        failed.sort_unstable();
+        failed.dedup();
+        failed
+    }
+
+    /// Fails every cut whose token occurs in `text`.
+    fn fail_tokens_in(&mut self, text: &str) {
+        let mut rest = text;
+        while let Some(at) = rest.find(&self.plan.prefix) {
+            rest = &rest[at + self.plan.prefix.len()..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            match rest[..digits].parse::<usize>() {
+                Ok(index) if index < self.plan.cuts.len() => self.failed.push(index),
+                _ => self.failed.extend(0..self.plan.cuts.len()),
+            }
+        }
+    }
+
+    /// Fails the tokens in the text a tag carries.
+    fn check_tag(&mut self, tag: &Tag<'_>) {
+        match tag {
+            Tag::Link {
+                dest_url,
+                title,
+                id,
+                ..
+            }
+            | Tag::Image {
+                dest_url,
+                title,
+                id,
+                ..
+            } => {
+                self.fail_tokens_in(dest_url);
+                self.fail_tokens_in(title);
+                self.fail_tokens_in(id);
+            }
+            Tag::CodeBlock(pulldown_cmark::CodeBlockKind::Fenced(info)) => {
+                self.fail_tokens_in(info)
+            }
+            Tag::FootnoteDefinition(label) => self.fail_tokens_in(label),
+            Tag::Heading {
+                id, classes, attrs, ..
+            } => {
+                if let Some(id) = id {
+                    self.fail_tokens_in(id);
+                }
+                for class in classes {
+                    self.fail_tokens_in(class);
+                }
+                for (name, value) in attrs {
+                    self.fail_tokens_in(name);
+                    if let Some(value) = value {
+                        self.fail_tokens_in(value);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Index of the cut whose token `text` is exactly.
+    fn token_index(&self, text: &str) -> Option<usize> {
+        let rest = text.strip_prefix(self.plan.prefix.as_str())?;
+        let digits = rest.strip_suffix('z')?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok().filter(|&i| i < self.plan.cuts.len())
+    }
+
+    /// Whether text here is paragraph text outside links.
+    fn in_paragraph_text(&self) -> bool {
+        for open in self.stack.iter().rev() {
+            match open {
+                Open::Inline => continue,
+                Open::Paragraph => return true,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// Passes one main event on, checking where tokens come out.
+    fn handle(&mut self, event: Event<'p>, range: Range<usize>) {
+        // Cells without content may be filled ones.
+        let after_cell_start = std::mem::replace(&mut self.cell_start, false);
+        if matches!(event, Event::End(TagEnd::TableCell))
+            && after_cell_start
+            && self.stack.first() == Some(&Open::Table)
+        {
+            self.filled += 1;
+            if self.filled >= MOST_FILLED_CELLS {
+                self.failed.extend(&self.table_cuts);
+            }
+        }
+        self.cell_start = matches!(event, Event::Start(Tag::TableCell));
+        match event {
+            Event::Start(Tag::TableRow) if self.stack == [Open::Table] => self.handle_row(),
+            Event::Start(Tag::Item) if self.stack == [Open::List] => self.handle_item(),
+            Event::Start(Tag::Heading { .. }) if self.stack.is_empty() => {
+                self.handle_heading(event)
+            }
+            Event::Start(tag) => {
+                self.check_tag(&tag);
+                if let Tag::Link {
+                    link_type: LinkType::Reference | LinkType::Collapsed | LinkType::Shortcut,
+                    dest_url,
+                    title,
+                    ..
+                }
+                | Tag::Image {
+                    link_type: LinkType::Reference | LinkType::Collapsed | LinkType::Shortcut,
+                    dest_url,
+                    title,
+                    ..
+                } = &tag
+                {
+                    let used = dest_url.len() + title.len();
+                    self.budget.set(self.budget.get().saturating_sub(used));
+                }
+                if matches!(tag, Tag::Paragraph) {
+                    self.loose_opener = false;
+                }
+                if let (Tag::Table(alignments), true) = (&tag, self.stack.is_empty()) {
+                    self.table = table_lines(&self.plan.main, range.start);
+                    self.columns = alignments.len();
+                    self.table_cuts.clear();
+                    self.filled = 0;
+                }
+                self.stack.push(open_kind(&tag));
+                self.pending.push_back(Event::Start(tag));
+            }
+            Event::End(end) => {
+                self.stack.pop();
+                if end == TagEnd::Table && self.stack.is_empty() {
+                    self.table = None;
+                }
+                self.pending.push_back(Event::End(end));
+            }
+            Event::Text(text) if text.contains(self.plan.prefix.as_str()) => {
+                self.work = Some(Work::Words { text, at: 0 });
+            }
+            Event::Text(ref text)
+            | Event::Code(ref text)
+            | Event::InlineHtml(ref text)
+            | Event::Html(ref text)
+            | Event::InlineMath(ref text)
+            | Event::DisplayMath(ref text)
+            | Event::FootnoteReference(ref text) => {
+                self.fail_tokens_in(text);
+                if matches!(event, Event::Text(_)) && text.contains(OPENERS) {
+                    self.loose_opener = true;
+                }
+                self.pending.push_back(event);
+            }
+            other => self.pending.push_back(other),
+        }
+    }
+
+    /// A body row of a top-level table: the rows of a cut when it is the
+    /// cut's token row, else passed on as it is.
+    fn handle_row(&mut self) {
+        let head = self.read_ahead(3, |e| matches!(e, Event::End(TagEnd::TableRow)));
+        let token = match head.as_slice() {
+            [
+                Event::Start(Tag::TableCell),
+                Event::Text(text),
+                Event::End(TagEnd::TableCell),
+            ] => self.token_index(text),
+            _ => None,
+        };
+        if let Some(index) = token {
+            // The rest of the token row is cells the parser filled.
+            for (event, _) in self.main.by_ref() {
+                match event {
+                    Event::End(TagEnd::TableRow) => break,
+                    Event::Start(Tag::TableCell) | Event::End(TagEnd::TableCell) => {}
+                    _ => self.failed.push(index),
+                }
+            }
+            self.splice_rows(index);
+            return;
+        }
+        self.stack.push(Open::Other);
+        self.pending.push_back(Event::Start(Tag::TableRow));
+        for event in head {
+            self.handle(event, 0..0);
+        }
+    }
+
+    /// The next events of the main document, at most `most` and up to the
+    /// first for which `last` holds.
+    fn read_ahead(&mut self, most: usize, last: impl Fn(&Event<'p>) -> bool) -> Vec<Event<'p>> {
+        let mut head = Vec::with_capacity(most);
+        while head.len() < most {
+            let Some((event, _)) = self.main.next() else {
+                break;
+            };
+            let stop = last(&event);
+            head.push(event);
+            if stop {
+                break;
+            }
+        }
+        head
+    }
+
+    /// A top-level heading: a section's blocks when it is the section's
+    /// token heading, else passed on (through [`Splicer::handle`]).
+    fn handle_heading(&mut self, start: Event<'p>) {
+        let head = self.read_ahead(2, |e| matches!(e, Event::End(TagEnd::Heading(_))));
+        if let [Event::Text(text), Event::End(_)] = head.as_slice()
+            && let Some(index) = self.token_index(text)
+        {
+            let fits = matches!(self.plan.cuts[index].kind, Kind::Section)
+                && !std::mem::replace(&mut self.seen[index], true);
+            if fits {
+                self.work = Some(Work::Section { index });
+            } else {
+                self.failed.push(index);
+            }
+            return;
+        }
+        if let Event::Start(tag) = start {
+            self.check_tag(&tag);
+            self.stack.push(open_kind(&tag));
+            self.pending.push_back(Event::Start(tag));
+        }
+        for event in head {
+            // Heading text is never paragraph text: any token in it fails.
+            self.handle(event, 0..0);
+        }
+    }
+
+    /// An item of a top-level list: an items cut's items when it is the
+    /// cut's token item (which also shows the list is tight), else passed on.
+    fn handle_item(&mut self) {
+        let item = self.read_ahead(2, |e| matches!(e, Event::End(TagEnd::Item)));
+        if let [Event::Text(text), Event::End(TagEnd::Item)] = item.as_slice()
+            && let Some(index) = self.token_index(text)
+        {
+            let fits = matches!(self.plan.cuts[index].kind, Kind::Items)
+                && !std::mem::replace(&mut self.seen[index], true);
+            if fits {
+                self.work = Some(Work::Rows { index, next: 0 });
+            } else {
+                self.failed.push(index);
+            }
+            return;
+        }
+        self.stack.push(Open::Other);
+        self.pending.push_back(Event::Start(Tag::Item));
+        for event in item {
+            self.handle(event, 0..0);
+        }
+    }
+
+    /// The blocks of section cut `index`, parsed alone: they must end with
+    /// the heading of its last line, closing everything.
+    fn splice_section(&mut self, index: usize) {
+        let plan = self.plan;
+        let source = &plan.markdown[plan.cuts[index].source.clone()];
+        let defs = self.main.reference_definitions();
+        let events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        let mut depth = 0usize;
+        let mut closed = true;
+        for event in &events {
+            match event {
+                Event::Start(_) => depth += 1,
+                Event::End(_) => depth = depth.saturating_sub(1),
+                Event::FootnoteReference(_) => closed = false,
+                _ => {}
+            }
+        }
+        let ends_with_heading = matches!(events.last(), Some(Event::End(TagEnd::Heading(_))));
+        if !closed || depth != 0 || !ends_with_heading {
+            self.failed.push(index);
+            return;
+        }
+        self.pending.extend(events);
+    }
+
+    /// The body rows of rows cut `index`, in place of its token row.
+    fn splice_rows(&mut self, index: usize) {
+        let plan = self.plan;
+        let Kind::Rows {
+            header,
+            delimiter,
+            columns,
+            filled,
+        } = &plan.cuts[index].kind
+        else {
+            self.failed.push(index);
+            return;
+        };
+        // Whole, the parser fills at most `filled` cells in the cut rows;
+        // with the cut, `columns` in the token row.
+        self.table_cuts.push(index);
+        self.filled += filled + columns;
+        if *columns != self.columns || self.filled >= MOST_FILLED_CELLS {
+            self.failed.extend(&self.table_cuts);
+            return;
+        }
+        let same_table = self.table.as_ref().is_some_and(|(h, d)| {
+            plan.main[h.clone()] == plan.markdown[header.clone()]
+                && plan.main[d.clone()] == plan.markdown[delimiter.clone()]
+        });
+        if !same_table || std::mem::replace(&mut self.seen[index], true) {
+            self.failed.push(index);
+            return;
+        }
+        self.work = Some(Work::Rows { index, next: 0 });
+    }
+
+    /// The rows of one batch of a rows cut, or the items of one of an
+    /// items cut.
+    fn splice_batch(&mut self, index: usize, batch: usize) {
+        let plan = self.plan;
+        let defs = self.main.reference_definitions();
+        if matches!(plan.cuts[index].kind, Kind::Items) {
+            let text = &plan.extra[plan.batches[index][batch].clone()];
+            let events: Vec<Event<'p>> = parse_piece(text, defs, &self.budget).collect();
+            // Alone, the batch must be one bullet list.
+            let mut depth = 0usize;
+            let one_list = matches!(events.first(), Some(Event::Start(Tag::List(None))))
+                && matches!(events.last(), Some(Event::End(TagEnd::List(false))))
+                && events.iter().enumerate().all(|(i, event)| {
+                    match event {
+                        Event::Start(_) => depth += 1,
+                        Event::End(_) => depth -= 1,
+                        _ => {}
+                    }
+                    depth > 0 || i == events.len() - 1
+                });
+            if !one_list {
+                self.failed.push(index);
+                return;
+            }
+            let inner = events.len() - 1;
+            self.pending.extend(events.into_iter().take(inner).skip(1));
+            return;
+        }
+        let mut in_body = false;
+        for event in parse_piece(
+            &plan.extra[plan.batches[index][batch].clone()],
+            defs,
+            &self.budget,
+        ) {
+            match event {
+                Event::End(TagEnd::TableHead) => in_body = true,
+                Event::End(TagEnd::Table) => break,
+                event if in_body => self.pending.push_back(event),
+                _ => {}
+            }
+        }
+    }
+
+    /// Goes on with the work in hand, one piece at a time; false when there
+    /// is none.
+    fn step(&mut self) -> bool {
+        match self.work.take() {
+            None => false,
+            Some(Work::Rows { index, next }) => {
+                if next < self.plan.batches[index].len() {
+                    self.splice_batch(index, next);
+                    self.work = Some(Work::Rows {
+                        index,
+                        next: next + 1,
+                    });
+                }
+                true
+            }
+            Some(Work::Words { text, at }) => {
+                self.words_step(text, at);
+                true
+            }
+            Some(Work::Section { index }) => {
+                self.splice_section(index);
+                true
+            }
+        }
+    }
+
+    /// Text holding words tokens, from byte `at` on: the text up to the
+    /// next token and that token's stretch; the rest is left as work.
+    fn words_step(&mut self, text: CowStr<'p>, at: usize) {
+        let plan = self.plan;
+        let piece = |range: Range<usize>| -> CowStr<'p> {
+            match &text {
+                CowStr::Borrowed(s) => CowStr::Borrowed(&s[range]),
+                other => other[range].to_owned().into(),
+            }
+        };
+        let Some(found) = text[at..].find(plan.prefix.as_str()) else {
+            if text[at..].contains(OPENERS) {
+                self.loose_opener = true;
+            }
+            if at < text.len() {
+                self.pending.push_back(Event::Text(piece(at..text.len())));
+            }
+            return;
+        };
+        let token_start = at + found;
+        let after = token_start + plan.prefix.len();
+        let digits = text[after..].bytes().take_while(u8::is_ascii_digit).count();
+        let index = text[after..after + digits].parse::<usize>().ok();
+        let Some(index) =
+            index.filter(|&i| i < plan.cuts.len() && text[after + digits..].starts_with('z'))
+        else {
+            self.failed.extend(0..plan.cuts.len());
+            return;
+        };
+        let token_end = after + digits + 1;
+        if token_start > at {
+            if text[at..token_start].contains(OPENERS) {
+                self.loose_opener = true;
+            }
+            self.pending.push_back(Event::Text(piece(at..token_start)));
+        }
+        // A code span, link or raw HTML opened before the stretch and left
+        // unmatched could be closed inside it.
+        let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
+            && !self.loose_opener
+            && self.in_paragraph_text()
+            && !std::mem::replace(&mut self.seen[index], true);
+        if fits {
+            self.splice_words(index);
+        } else {
+            self.failed.push(index);
+        }
+        self.work = Some(Work::Words {
+            text,
+            at: token_end,
+        });
+    }
+
+    /// The inline events of words cut `index`.
+    fn splice_words(&mut self, index: usize) {
+        let plan = self.plan;
+        let Kind::Words { inert, quoted } = plan.cuts[index].kind else {
+            self.failed.push(index);
+            return;
+        };
+        let source = match plan.batches[index].first() {
+            Some(range) => &plan.extra[range.clone()],
+            None => &plan.markdown[plan.cuts[index].source.clone()],
+        };
+        let defs = self.main.reference_definitions();
+        let mut events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        // Only the first block is the stretch; footnote definitions given
+        // to it follow.
+        let mut depth = 0usize;
+        if let Some(first_end) = events.iter().position(|event| {
+            match event {
+                Event::Start(_) => depth += 1,
+                Event::End(_) => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            depth == 0
+        }) {
+            events.truncate(first_end + 1);
+        }
+        if quoted {
+            let in_quote = matches!(events.first(), Some(Event::Start(Tag::BlockQuote(None))))
+                && matches!(events.last(), Some(Event::End(TagEnd::BlockQuote(None))));
+            if !in_quote {
+                self.failed.push(index);
+                return;
+            }
+            events.pop();
+            events.remove(0);
+        }
+        // Alone, the stretch must be one paragraph with its emphasis
+        // complete: a `*`, `_` or `~` left as text, other than those that
+        // can neither open nor close, could pair with one outside it.
+        let left_as_text: usize = events
+            .iter()
+            .map(|e| match e {
+                Event::Text(t) => t
+                    .bytes()
+                    .filter(|b| matches!(b, b'*' | b'_' | b'~'))
+                    .count(),
+                _ => 0,
+            })
+            .sum();
+        let complete = left_as_text == inert
+            && matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
+            && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
+            && events[1..events.len() - 1].iter().all(|e| match e {
+                Event::Start(tag) => matches!(open_kind(tag), Open::Inline | Open::Link),
+                Event::End(end) => matches!(
+                    end,
+                    TagEnd::Emphasis
+                        | TagEnd::Strong
+                        | TagEnd::Strikethrough
+                        | TagEnd::Link
+                        | TagEnd::Image
+                ),
+                Event::Text(t) => !t.contains(OPENERS),
+                Event::Code(_)
+                | Event::SoftBreak
+                | Event::HardBreak
+                | Event::FootnoteReference(_) => true,
+                _ => false,
+            });
+        if !complete {
+            self.failed.push(index);
+            return;
+        }
+        let inner = events.len() - 1;
+        self.pending.extend(events.into_iter().take(inner).skip(1));
+    }
+}
+
+/// The header and delimiter lines of the table starting at `offset` of
+/// `main`.
+fn table_lines(main: &str, offset: usize) -> Option<(Range<usize>, Range<usize>)> {
+    let start = main[..offset].rfind('\n').map_or(0, |n| n + 1);
+    let mut it = lines(&main[start..]);
+    let (hs, he, _) = it.next()?;
+    let (ds, de, _) = it.next()?;
+    Some((start + hs..start + he, start + ds..start + de))
+}
+
+/// Events of a piece parsed alone, reference links resolved against the
+/// main document's definitions while `budget` lasts (see
+/// [`Splicer::budget`]).
+fn parse_piece<'t>(
+    text: &'t str,
+    defs: &RefDefs<'_>,
+    budget: &Cell<usize>,
+) -> impl Iterator<Item = Event<'t>> {
+    let resolve = move |link: BrokenLink<'t>| {
+        if budget.get() == 0 {
+            return None;
+        }
+        defs.get(&link.reference).map(|def| {
+            let title = def.title.as_deref().unwrap_or("");
+            budget.set(budget.get().saturating_sub(def.dest.len() + title.len()));
+            (
+                CowStr::from(def.dest.to_string()),
+                CowStr::from(title.to_owned()),
+            )
+        })
+    };
+    Parser::new_with_broken_link_callback(text, super::parser_options(), Some(resolve)).map(
+        |event| match event {
+            // Resolved by the callback, so marked "unknown"; in the whole
+            // document it was an ordinary reference.
+            Event::Start(Tag::Link {
+                link_type,
+                dest_url,
+                title,
+                id,
+            }) => Event::Start(Tag::Link {
+                link_type: known(link_type),
+                dest_url,
+                title,
+                id,
+            }),
+            Event::Start(Tag::Image {
+                link_type,
+                dest_url,
+                title,
+                id,
+            }) => Event::Start(Tag::Image {
+                link_type: known(link_type),
+                dest_url,
+                title,
+                id,
+            }),
+            other => other,
+        },
+    )
+}
+
+fn known(link_type: LinkType) -> LinkType {
+    match link_type {
+        LinkType::ReferenceUnknown => LinkType::Reference,
+        LinkType::CollapsedUnknown => LinkType::Collapsed,
+        LinkType::ShortcutUnknown => LinkType::Shortcut,
+        other => other,
+    }
+}
+
+impl<'p> Iterator for Splicer<'p> {
+    type Item = Event<'p>;
+
+    fn next(&mut self) -> Option<Event<'p>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            if self.step() {
+                continue;
+            }
+            let (event, range) = self.main.next()?;
+            self.handle(event, range);
+        }
+    }
+}
