@@ -399,7 +399,10 @@ fn stage_root(
         let job = Job {
             d,
             old: state.records.base().get(d.path.as_str()),
-            in_memory: a.ready.prepared[j].in_memory.get(&d.path),
+            in_memory: a.ready.prepared[j]
+                .in_memory
+                .get(&d.path)
+                .map(|b| b.as_slice()),
             bundle: &a.ready.bundle,
         };
         stage_one(root, &job, false).map_err(|f| match f {

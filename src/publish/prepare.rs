@@ -15,11 +15,14 @@ use crate::storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A markdown file read (and verified) for rendering, and its HTML.
+/// Both are shared with every destination that publishes them (one copy
+/// of a big page, however many destinations).
 struct Page {
-    markdown: Vec<u8>,
-    html: Vec<u8>,
+    markdown: Arc<Vec<u8>>,
+    html: Arc<Vec<u8>>,
 }
 
 /// Rendered pages, keyed by the markdown file's bundle path.
@@ -32,7 +35,7 @@ pub(super) struct Prepared<'a> {
     /// Outputs whose bytes are already in memory, by output path: rendered
     /// HTML, and markdown sources read and verified for rendering (staged
     /// from here rather than read from the bundle a second time).
-    pub(super) in_memory: BTreeMap<RelPath, Vec<u8>>,
+    pub(super) in_memory: BTreeMap<RelPath, Arc<Vec<u8>>>,
 }
 
 fn destination_report(d: &Destination) -> DestinationReport {
@@ -214,8 +217,13 @@ fn render_all(
                 template,
             },
         );
-        let html = html.into_bytes();
-        out.insert(f.path.clone(), Page { markdown, html });
+        out.insert(
+            f.path.clone(),
+            Page {
+                markdown: Arc::new(markdown),
+                html: Arc::new(html.into_bytes()),
+            },
+        );
     }
     Ok(out)
 }
@@ -260,7 +268,7 @@ fn prepare<'a>(
         if d.publish_source {
             let path = place(f.path.as_str())?;
             if let Some(page) = page {
-                in_memory.insert(path.clone(), page.markdown.clone());
+                in_memory.insert(path.clone(), Arc::clone(&page.markdown));
             }
             desired.push(Desired {
                 url: url(&path),
@@ -287,7 +295,7 @@ fn prepare<'a>(
                 sha256,
                 size,
             });
-            in_memory.insert(path, bytes.clone());
+            in_memory.insert(path, Arc::clone(bytes));
         }
     }
     plan::check_unique(&desired)?;

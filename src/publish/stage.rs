@@ -82,7 +82,7 @@ pub(super) struct Job<'a> {
     pub(super) old: Option<&'a OutputRecord>,
     /// The bytes, when already in memory (rendered HTML, markdown read
     /// for rendering); else the bundle file is copied.
-    pub(super) in_memory: Option<&'a Vec<u8>>,
+    pub(super) in_memory: Option<&'a [u8]>,
     pub(super) bundle: &'a VerifiedBundle,
 }
 
@@ -189,7 +189,7 @@ pub(super) fn stage(
         .map(|d| Job {
             d,
             old: p.replaced.get(d.path.as_str()),
-            in_memory: prepared.in_memory.get(&d.path),
+            in_memory: prepared.in_memory.get(&d.path).map(|b| b.as_slice()),
             bundle,
         })
         .collect();
@@ -219,7 +219,7 @@ pub(super) fn stage(
 fn stage_output(
     root: &Root,
     d: &Desired,
-    in_memory: Option<&Vec<u8>>,
+    in_memory: Option<&[u8]>,
     bundle_dir: &Path,
 ) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
     let dir = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
