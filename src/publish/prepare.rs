@@ -338,7 +338,7 @@ pipelines:
         };
         let in_memory = &ready.prepared[0].in_memory;
         let at = |p: &str| in_memory.get(&RelPath::parse(p).unwrap());
-        assert_eq!(at("a.md").map(Vec::as_slice), Some(&b"# A\n"[..]));
+        assert_eq!(at("a.md").map(|b| b.as_slice()), Some(&b"# A\n"[..]));
         assert!(at("a.html").is_some_and(|html| !html.is_empty()));
         assert_eq!(at("b.txt"), None, "other files are copied from the bundle");
         assert!(ready.verified.contains(&RelPath::parse("a.md").unwrap()));
