@@ -29,8 +29,7 @@ use super::prepare::Prepared;
 use super::{Options, PublishError};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{Catalog, OutputRecord, SourceIdentity, State};
-use crate::config::Workflow;
-use crate::config::{Destination, S3Location};
+use crate::config::{Destination, S3Location, Workflow};
 use crate::plan::{self, Action, CatalogUpdate, Entry, Listing, Plan, PlanInput};
 use crate::report::Stage;
 use crate::s3::protocol::{self, Base, Delete, Settings, Write};
@@ -47,7 +46,7 @@ pub(super) struct Planned {
     /// Planned outputs whose object already holds exactly the planned
     /// bytes (its record and its metadata agree): not uploaded again.
     pub(super) unchanged: BTreeSet<String>,
-    /// The intent lease this process uses ([`LEASE_ENV`]).
+    /// The intent lease this process uses ([`Settings::for_process`]).
     settings: Settings,
     /// [`Options::serving`].
     serving: Option<String>,
@@ -265,35 +264,47 @@ fn list(
 /// Where the bytes of one planned write come from.
 fn source<'a>(
     prepared: &'a Prepared<'_>,
-    bundle: &VerifiedBundle,
+    bundle: &'a VerifiedBundle,
     d: &plan::Desired,
-) -> Result<Box<dyn Read + 'a>, PublishError> {
+) -> Box<dyn Read + 'a> {
     if let Some(bytes) = prepared.in_memory.get(&d.path) {
-        return Ok(Box::new(bytes.as_slice()));
+        return Box::new(bytes.as_slice());
     }
-    let file = bundle::open_listed(&bundle.dir, &d.bundle_path).map_err(|p| {
-        PublishError::permanent(
-            Stage::Verify,
-            bundle::BundleError::Invalid { problems: vec![p] }.to_string(),
-        )
-    })?;
-    Ok(Box::new(Stoppable { file, ended: false }))
+    Box::new(Upload {
+        dir: &bundle.dir,
+        path: d.bundle_path.clone(),
+        file: None,
+        ended: false,
+    })
 }
 
-/// A bundle file on its way up: gives up at its next read once the agent
-/// is told to stop (SPEC §12.4), so a large upload does not hold the
-/// agent, and counts into the bundle's progress like a local copy.
-struct Stoppable<R> {
-    file: R,
+/// A bundle file on its way up. Opened at its first read, so that a commit
+/// of many files holds one descriptor at a time rather than one per file.
+/// Gives up at its next read once the agent is told to stop (SPEC §12.4),
+/// so a large upload does not hold the agent, and counts into the bundle's
+/// progress like a local copy.
+struct Upload<'a> {
+    dir: &'a std::path::Path,
+    path: crate::paths::RelPath,
+    file: Option<std::fs::File>,
     ended: bool,
 }
 
-impl<R: Read> Read for Stoppable<R> {
+impl Read for Upload<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if crate::interrupt::requested() {
             return Err(io::Error::other(crate::interrupt::Stopped));
         }
-        let n = self.file.read(buf)?;
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => {
+                let opened = bundle::open_listed(self.dir, &self.path).map_err(|p| {
+                    io::Error::other(bundle::BundleError::Invalid { problems: vec![p] }.to_string())
+                })?;
+                self.file.insert(opened)
+            }
+        };
+        let n = file.read(buf)?;
         if n == 0 && !buf.is_empty() && !self.ended {
             self.ended = true;
             crate::progress::file_done();
@@ -331,7 +342,7 @@ pub(super) fn commit(
         writes.push(Write {
             path: d.path.as_str().to_owned(),
             sha256: d.sha256.clone(),
-            source: source(prepared, bundle, d)?,
+            source: source(prepared, bundle, d),
             replaces: record(&base.state, d.path.as_str()).map(|r| r.sha256.clone()),
         });
     }
@@ -381,8 +392,26 @@ pub(super) fn commit(
             }
             Ok(())
         }
-        Err(s3::Error::HashMismatch { key, .. }) => Err(mismatch(bundle, plan, root, &key)),
-        Err(e) => Err(s3_error(e)),
+        Err(s3::Error::HashMismatch { key, .. }) => Err(reverify(bundle, plan, &key)
+            .unwrap_or_else(|| PublishError {
+                stage: Stage::Verify,
+                message: format!(
+                    "{}: the bytes uploaded to {key} did not match the manifest; nothing of the bundle is recorded there; publish the bundle again",
+                    root.label()
+                ),
+                transient: true,
+            })),
+        Err(e) => {
+            // A bundle file that could not be read (not while stopping):
+            // say what is wrong with it, as verification would.
+            let bad_file = match &e {
+                s3::Error::Read { key, source, .. } if !crate::interrupt::is_stopped(source) => {
+                    reverify(bundle, plan, key)
+                }
+                _ => None,
+            };
+            Err(bad_file.unwrap_or_else(|| s3_error(e)))
+        }
     }
 }
 
@@ -453,33 +482,18 @@ fn apply(update: &CatalogUpdate, state: &State) -> Catalog {
     }
 }
 
-/// The error of an upload whose bytes did not match the manifest: the
-/// bundle's own verification message for the file, re-checked.
-fn mismatch(bundle: &VerifiedBundle, plan: &Plan, root: &S3Root, key: &str) -> PublishError {
-    let listed = plan
-        .writes
+/// The bundle's own verification error for the file uploaded to `key`,
+/// checked again, when that file is what is wrong (it does not match the
+/// manifest, or cannot be opened as a listed file any more).
+fn reverify(bundle: &VerifiedBundle, plan: &Plan, key: &str) -> Option<PublishError> {
+    let d = plan.writes.iter().find(|d| d.path.as_str() == key)?;
+    let listed = bundle
+        .manifest
+        .files
         .iter()
-        .find(|d| key.ends_with(d.path.as_str()))
-        .and_then(|d| {
-            bundle
-                .manifest
-                .files
-                .iter()
-                .find(|f| f.path == d.bundle_path)
-        });
-    if let Some(listed) = listed
-        && let Err(e) = bundle::verify_files(&bundle.dir, &[listed])
-    {
-        return PublishError::permanent(Stage::Verify, e.to_string());
-    }
-    PublishError {
-        stage: Stage::Verify,
-        message: format!(
-            "{}: the bytes uploaded to {key} did not match the manifest; nothing of the bundle is recorded there; publish the bundle again",
-            root.label()
-        ),
-        transient: true,
-    }
+        .find(|f| f.path == d.bundle_path)?;
+    let e = bundle::verify_files(&bundle.dir, &[listed]).err()?;
+    Some(PublishError::permanent(Stage::Verify, e.to_string()))
 }
 
 #[cfg(test)]

@@ -350,3 +350,46 @@ fn the_agent_publishes_to_local_and_s3_destinations_in_one_go() {
         format!("s3://{}/site/archive", s.bucket.location.bucket)
     );
 }
+
+#[test]
+fn a_bundle_of_many_files_goes_up_with_few_descriptors() {
+    // 300 files under a limit of 64 open descriptors: each file is opened
+    // only while it is read, not all at once for the whole commit.
+    let s = S3Test::new("additive", false);
+    let files: Vec<(String, String)> = (0..300)
+        .map(|i| (format!("d{}/f{i:03}.txt", i % 7), format!("{i}\n")))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let b = s.t.bundle("many", &refs);
+    let creds = server().credentials();
+    let out = std::process::Command::new("sh")
+        .current_dir(s.t.path())
+        .env("AWS_ACCESS_KEY_ID", &creds.key_id)
+        .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+        .env("RUST_LOG", "warn")
+        .args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\""])
+        .arg(crate::util::BIN)
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "reports",
+        ])
+        .arg(&b)
+        .output()
+        .expect("run under a descriptor limit");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s.records().len(), 300);
+    s.assert_records_match_objects();
+}
