@@ -244,6 +244,33 @@ pub fn replace(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Result
     atomic::replace_bytes(dir, name, Temp::Unique, durability, bytes)
 }
 
+/// Opens the lock file `name` in `dir` for locking, creating it when
+/// missing: relative to the folder's descriptor, never through a link
+/// (`O_NOFOLLOW`), never blocking on a FIFO (`O_NONBLOCK`), never
+/// truncating, and refused unless it is a regular file with one name. A
+/// lock lives on its inode, so the file is never replaced.
+pub fn open_lock(dir: &Dir, name: &str) -> io::Result<std::fs::File> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = dir.open_with(name, &options)?;
+    let meta = file.metadata()?;
+    let refused = if !meta.is_file() {
+        Some(EntryError::Kind(kind_label(meta.file_type())))
+    } else if meta.nlink() > 1 {
+        Some(EntryError::HardLink(meta.nlink()))
+    } else {
+        None
+    };
+    match refused {
+        Some(e) => Err(io::Error::other(format!("{name} {e}"))),
+        None => Ok(file.into_std()),
+    }
+}
+
 /// Removes the entry `name` from `dir` if it is not a folder (a link is
 /// removed itself, never its target). `Ok(false)` when there was none.
 pub fn remove(dir: &Dir, name: &str) -> io::Result<bool> {
@@ -325,6 +352,31 @@ mod tests {
             .filter(|n| crate::storage::is_temp_name(n))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn a_lock_is_created_kept_and_never_opened_through_a_planted_entry() {
+        use std::os::unix::fs::MetadataExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let victim = t.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::fs::create_dir(t.join("b")).unwrap();
+        symlink(&victim, t.join("b/link")).unwrap();
+        std::fs::hard_link(&victim, t.join("b/hard")).unwrap();
+        mkfifo(&t.join("b/fifo"));
+        let d = open_folder(&t.join("b")).unwrap();
+        for name in ["link", "hard", "fifo"] {
+            let e = open_lock(&d, name).expect_err(name);
+            assert!(e.to_string().contains(name), "{e}");
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let first = open_lock(&d, "lock").unwrap();
+        let again = open_lock(&d, "lock").unwrap();
+        assert_eq!(
+            first.metadata().unwrap().ino(),
+            again.metadata().unwrap().ino()
+        );
     }
 
     #[test]

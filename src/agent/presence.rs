@@ -8,9 +8,8 @@
 //! files live in the agent's own folder, not in a producer's inbox; the
 //! file is still read without following links and with a size cap.
 
-use std::fs::{OpenOptions, TryLockError};
+use std::fs::TryLockError;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The lock file a serving agent holds, in the pipeline's spool folder.
@@ -44,14 +43,21 @@ pub fn read(pipeline_spool: &Path) -> io::Result<Presence> {
         pid: None,
         since: None,
     };
-    let lock = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(lock_path(pipeline_spool))
-    {
-        Ok(f) => f,
+    let dir = match crate::spoolfs::open_folder_io(pipeline_spool) {
+        Ok(dir) => dir,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(absent),
         Err(e) => return Err(e),
+    };
+    let lock = match crate::spoolfs::open_file(&dir, std::ffi::OsStr::new(LOCK_FILE)) {
+        Ok(f) => f,
+        Err(crate::spoolfs::EntryError::Missing) => return Ok(absent),
+        Err(crate::spoolfs::EntryError::Io(e)) => return Err(e),
+        Err(e) => {
+            return Err(io::Error::other(format!(
+                "{}: {e}",
+                lock_path(pipeline_spool).display()
+            )));
+        }
     };
     match lock.try_lock_shared() {
         // Nobody holds it; dropping `lock` releases our shared lock at once.
@@ -107,12 +113,8 @@ mod tests {
         let none = read(tmp.path()).unwrap();
         assert!(!none.running && none.pid.is_none() && none.since.is_none());
 
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(lock_path(tmp.path()))
-            .unwrap();
+        let dir = crate::spoolfs::open_folder_io(tmp.path()).unwrap();
+        let lock = crate::spoolfs::open_lock(&dir, LOCK_FILE).unwrap();
         lock.lock().unwrap();
         announce(tmp.path()).unwrap();
         let held = read(tmp.path()).unwrap();

@@ -7,7 +7,6 @@ use crate::config::{Config, Pipeline};
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::collections::HashMap;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -339,13 +338,9 @@ impl Worker {
         let path = super::presence::lock_path(folder);
         // Never through a link planted at the name; the lock file itself is
         // never replaced (the lock lives on its inode).
-        let file = match std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-        {
+        let opened = crate::spoolfs::open_folder_io(folder)
+            .and_then(|dir| crate::spoolfs::open_lock(&dir, super::presence::LOCK_FILE));
+        let file = match opened {
             Ok(f) => f,
             Err(e) => {
                 log::error!(
