@@ -188,23 +188,17 @@ pub fn publish(
     }
     // s3 destinations commit first: their uploads are the last reads of
     // the bundle, and a failure there can still roll the local roots back.
-    for (i, p) in &remote {
-        if let Err(e) = remote::commit(p, &prepared[*i], &bundle) {
+    for (i, p) in remote {
+        let (unchanged, bytes) = p.outcome();
+        if let Err(e) = remote::commit(p, &prepared[i], &bundle) {
             for (_, p) in &planned {
                 roll_back(p);
             }
-            report.destinations[*i].error = Some(e.message.clone());
+            report.destinations[i].error = Some(e.message.clone());
             return e.fail(report);
         }
-        for d in &p.plan.writes {
-            if p.unchanged.contains(d.path.as_str()) {
-                report.destinations[*i]
-                    .unchanged
-                    .push(d.path.as_str().to_owned());
-            } else {
-                report.bytes_published += d.size;
-            }
-        }
+        report.destinations[i].unchanged.extend(unchanged);
+        report.bytes_published += bytes;
     }
     for (i, temps) in &staged {
         let p = &planned

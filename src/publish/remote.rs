@@ -53,6 +53,22 @@ pub(super) struct Planned {
 }
 
 impl Planned {
+    /// What the report says once the commit succeeded: the outputs kept
+    /// as they were, and the bytes uploaded.
+    pub(super) fn outcome(&self) -> (Vec<String>, u64) {
+        let (kept, sent): (Vec<_>, Vec<_>) = self
+            .plan
+            .writes
+            .iter()
+            .partition(|d| self.unchanged.contains(d.path.as_str()));
+        (
+            kept.into_iter()
+                .map(|d| d.path.as_str().to_owned())
+                .collect(),
+            sent.iter().map(|d| d.size).sum(),
+        )
+    }
+
     /// Bundle files this destination uploads from the bundle (not from
     /// memory): their bytes are hashed while they go up.
     pub(super) fn uploads_from_bundle<'a>(
@@ -317,7 +333,7 @@ impl Read for Upload<'_> {
 /// Makes the plan true in the bucket (see the module doc), or says why
 /// nothing of it is recorded.
 pub(super) fn commit(
-    p: &Planned,
+    p: Planned,
     prepared: &Prepared<'_>,
     bundle: &VerifiedBundle,
 ) -> Result<(), PublishError> {
@@ -331,7 +347,7 @@ pub(super) fn commit(
         settings,
         serving,
     } = p;
-    let Some(update) = update else {
+    let Some(update) = &update else {
         return Ok(());
     };
     let mut writes = Vec::new();
@@ -357,24 +373,24 @@ pub(super) fn commit(
         })
         .collect();
     let next = apply(update, &base.state);
+    // The rebase consults only these records of the base; the base itself
+    // goes to the protocol (no second copy of a large catalog).
+    let seen = view(&base.state, &unchanged, &pipeline_id, prepared.destination);
     let mut rebase = |latest: &State| {
         rebase_onto(
             update,
-            &base.state,
+            &seen,
             latest,
-            unchanged,
-            pipeline_id,
+            &unchanged,
+            &pipeline_id,
             prepared.destination,
         )
     };
     let committed = protocol::commit_for(
-        root,
-        *settings,
+        &root,
+        settings,
         serving.as_deref(),
-        Base {
-            state: base.state.clone(),
-            etag: base.etag.clone(),
-        },
+        base,
         next,
         writes,
         deletes,
@@ -392,7 +408,7 @@ pub(super) fn commit(
             }
             Ok(())
         }
-        Err(s3::Error::HashMismatch { key, .. }) => Err(reverify(bundle, plan, &key)
+        Err(s3::Error::HashMismatch { key, .. }) => Err(reverify(bundle, &plan, &key)
             .unwrap_or_else(|| PublishError {
                 stage: Stage::Verify,
                 message: format!(
@@ -406,7 +422,7 @@ pub(super) fn commit(
             // say what is wrong with it, as verification would.
             let bad_file = match &e {
                 s3::Error::Read { key, source, .. } if !crate::interrupt::is_stopped(source) => {
-                    reverify(bundle, plan, key)
+                    reverify(bundle, &plan, key)
                 }
                 _ => None,
             };
@@ -466,6 +482,35 @@ fn rebase_onto(
     let same_destination =
         destination.workflow == Workflow::Additive || owned(base) == owned(latest);
     (kept_same && same_destination).then(|| apply(update, latest))
+}
+
+/// The records of `base` that [`rebase_onto`] looks at: those of the
+/// outputs kept unchanged and, for a replacement, every record of the
+/// destination. Deciding on this view decides as on the whole catalog.
+fn view(
+    base: &State,
+    unchanged: &BTreeSet<String>,
+    pipeline_id: &str,
+    destination: &Destination,
+) -> State {
+    let State::Catalog(c) = base else {
+        return base.clone();
+    };
+    let replacement = destination.workflow == Workflow::Replacement;
+    State::Catalog(Catalog {
+        distributor_version: c.distributor_version.clone(),
+        created_at: c.created_at,
+        updated_at: c.updated_at,
+        outputs: c
+            .outputs
+            .iter()
+            .filter(|r| {
+                unchanged.contains(r.path.as_str())
+                    || (replacement && r.owned_by(pipeline_id, &destination.id))
+            })
+            .cloned()
+            .collect(),
+    })
 }
 
 /// `update` applied to `state`'s catalog (kept as it is when the plan

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{apply, rebase_onto, unrecorded_deletes};
+use super::{apply, rebase_onto, unrecorded_deletes, view};
 use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
 use crate::config::{Backend, Destination, S3Location, Workflow};
 use crate::paths::RelPath;
@@ -155,6 +155,11 @@ fn a_lost_swap_is_reapplied_only_when_this_plan_still_holds() {
             "{}",
             case.name
         );
+        // The commit decides on the few records it keeps of the base.
+        let d = destination(case.workflow);
+        let seen = view(&case.base, &unchanged, "p", &d);
+        let on_view = rebase_onto(&case.update, &seen, &case.latest, &unchanged, "p", &d);
+        assert_eq!(on_view, got, "{} (on the view)", case.name);
     }
 }
 
