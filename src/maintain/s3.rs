@@ -72,8 +72,11 @@ fn s3_error<'a>(
     }
 }
 
-fn open(target: &Target, location: &S3Location) -> Result<S3Root, MaintainError> {
-    S3Root::open(location).map_err(s3_error(target, "cannot open the bucket"))
+/// The process's client for the bucket (shared with publication, so the
+/// agent's scheduled pruning reuses its connections and its conformance
+/// check).
+fn open(target: &Target, location: &S3Location) -> Result<std::sync::Arc<S3Root>, MaintainError> {
+    S3Root::shared(location).map_err(s3_error(target, "cannot open the bucket"))
 }
 
 /// The catalog (`None`: no catalog object) and its version; refuses
