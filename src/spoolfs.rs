@@ -266,7 +266,9 @@ pub fn open_lock(dir: &Dir, name: &str) -> io::Result<std::fs::File> {
         None
     };
     match refused {
-        Some(e) => Err(io::Error::other(format!("{name} {e}"))),
+        Some(e) => Err(io::Error::other(format!(
+            "{name} {e}; remove it, the agent creates a new one"
+        ))),
         None => Ok(file.into_std()),
     }
 }

@@ -72,23 +72,20 @@ pub const LEASE_ENV: &str = "DISTRIBUTOR_S3_LEASE_SECS";
 impl Settings {
     /// The settings a process uses: the lease from [`LEASE_ENV`] when it is
     /// set (else 5 minutes). Debug builds (the ones `cargo test` runs) also
-    /// take any lease, 0 included, from `DISTRIBUTOR_TEST_S3_LEASE_SECS`, so
-    /// that a test need not wait for a killed publisher's intent to go
-    /// stale; release builds ignore that variable. The error names the
+    /// take a lease below 2 s, 0 included, so that a test need not wait
+    /// for a killed publisher's intent to go stale. The error names the
     /// variable and says what to do.
     pub fn for_process() -> Result<Settings> {
+        let value = std::env::var(LEASE_ENV).ok();
         #[cfg(debug_assertions)]
-        if let Some(secs) = std::env::var("DISTRIBUTOR_TEST_S3_LEASE_SECS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
+        if let Some(secs @ 0..2) = value.as_deref().and_then(|v| v.trim().parse::<u64>().ok()) {
             let lease = Duration::from_secs(secs);
             return Ok(Settings {
                 lease,
                 renew_every: lease / 10,
             });
         }
-        lease_settings(std::env::var(LEASE_ENV).ok().as_deref()).map_err(Error::Setting)
+        lease_settings(value.as_deref()).map_err(Error::Setting)
     }
 }
 

@@ -590,7 +590,7 @@ fn s3_invalid_catalog_is_refused_untouched_with_exit_3() {
             command,
             "reports",
             extra,
-            &[("DISTRIBUTOR_TEST_S3_LEASE_SECS", "0")],
+            &[("DISTRIBUTOR_S3_LEASE_SECS", "0")],
         );
         assert_eq!(r.code, 3, "{command}: {}", r.both());
         let want = format!(
@@ -645,7 +645,7 @@ fn s3_read_only_commands_need_no_write_permission() {
     let env = [
         ("AWS_ACCESS_KEY_ID", reader.key_id.as_str()),
         ("AWS_SECRET_ACCESS_KEY", reader.secret.as_str()),
-        ("DISTRIBUTOR_TEST_S3_LEASE_SECS", "0"),
+        ("DISTRIBUTOR_S3_LEASE_SECS", "0"),
     ];
     for (command, extra) in [
         ("catalog", &["--json"][..]),
@@ -815,10 +815,7 @@ fn killed_publisher_then(recover_with: &[&str]) {
         recover_with[0],
         "reports",
         &recover_with[1..],
-        &[
-            ("DISTRIBUTOR_TEST_S3_LEASE_SECS", "0"),
-            ("RUST_LOG", "info"),
-        ],
+        &[("DISTRIBUTOR_S3_LEASE_SECS", "0"), ("RUST_LOG", "info")],
     );
     assert_eq!(r.code, 0, "{}", r.both());
     assert!(
