@@ -363,40 +363,13 @@ fn rows_of_run(
     }
 }
 
-/// The cells of a table line without code spans, escapes, links or raw
-/// HTML, counted the way the parser splits them.
-fn cells(line: &str) -> usize {
+/// Where each cell of a table line without code spans, escapes, links or
+/// raw HTML starts (after its leading pipe and blanks), split the way the
+/// parser splits them.
+fn cell_starts(line: &str) -> impl Iterator<Item = usize> + '_ {
     let bytes = line.as_bytes();
     let mut at = 0;
-    let mut cells = 0;
-    loop {
-        if bytes.get(at) == Some(&b'|') {
-            at += 1;
-        }
-        while matches!(bytes.get(at), Some(b' ' | b'\t')) {
-            at += 1;
-        }
-        if at >= bytes.len() {
-            return cells;
-        }
-        cells += 1;
-        while at < bytes.len() && bytes[at] != b'|' {
-            at += 1;
-        }
-    }
-}
-
-/// Where the cells past the first `columns` start in a row line with more
-/// cells (the parser drops them), for a line simple enough to split
-/// exactly; `None` to keep the whole line.
-fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
-    if line.contains(['`', '\\', '<', '[', '$']) {
-        return None;
-    }
-    let bytes = line.as_bytes();
-    let mut at = 0;
-    let mut cells = 0;
-    loop {
+    std::iter::from_fn(move || {
         if bytes.get(at) == Some(&b'|') {
             at += 1;
         }
@@ -406,15 +379,28 @@ fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
         if at >= bytes.len() {
             return None;
         }
-        if cells == columns {
-            // The pipe before this cell ends the row as the parser keeps it.
-            return Some(at);
-        }
-        cells += 1;
+        let start = at;
         while at < bytes.len() && bytes[at] != b'|' {
             at += 1;
         }
+        Some(start)
+    })
+}
+
+/// The cells of a table line, counted the way the parser splits them.
+fn cells(line: &str) -> usize {
+    cell_starts(line).count()
+}
+
+/// Where the cells past the first `columns` start in a row line with more
+/// cells (the parser drops them), for a line simple enough to split
+/// exactly; `None` to keep the whole line. The pipe before that cell ends
+/// the row as the parser keeps it.
+fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
+    if line.contains(['`', '\\', '<', '[', '$']) {
+        return None;
     }
+    cell_starts(line).nth(columns)
 }
 
 /// At least this many cells are in a row line starting with `|` that has
