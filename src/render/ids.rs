@@ -45,13 +45,26 @@ fn looks_like_footnote(slug: &str) -> bool {
     })
 }
 
+/// What a slug has handed out so far.
+#[derive(Default, Clone, Copy)]
+struct Taken {
+    /// The number of the last numbered id given for it (`slug-N`; 0: none).
+    /// Every number up to it is in use: they were tried in order.
+    last: usize,
+    /// Whether the slug itself was given as an id.
+    itself: bool,
+}
+
 /// The ids handed out so far in one page, and the footnote numbering.
+///
+/// Heading ids are remembered per distinct slug, not per id: an id is in
+/// use when it is a slug given as it is, or `slug-N` with N up to the last
+/// number that slug reached (see [`Taken`]). So a page of many headings
+/// with the same text (or none) keeps one entry, however many ids it hands
+/// out (SPEC §12.3 bounds rendering memory by the input).
 #[derive(Default)]
 pub(super) struct Ids {
-    used: HashSet<String>,
-    /// The number of the last id given to a heading, by slug (0: the slug
-    /// itself).
-    numbered: HashMap<String, usize>,
+    slugs: HashMap<Box<str>, Taken>,
     /// Footnote number by lowercased label.
     footnotes: HashMap<String, usize>,
     /// References written so far, by footnote number.
@@ -60,7 +73,26 @@ pub(super) struct Ids {
     defined: HashSet<usize>,
 }
 
+/// `id` split into a slug and the number a repeat of it got (`intro-2`:
+/// `intro`, 2), when it has that form: a `-` and a number from 1 without
+/// leading zeros, as numbering writes them.
+fn numbered_form(id: &str) -> Option<(&str, usize)> {
+    let (slug, digits) = id.rsplit_once('-')?;
+    if digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((slug, digits.parse().ok()?))
+}
+
 impl Ids {
+    /// Whether a heading already has `id`.
+    fn is_used(&self, id: &str) -> bool {
+        if self.slugs.get(id).is_some_and(|t| t.itself) {
+            return true;
+        }
+        numbered_form(id).is_some_and(|(slug, n)| self.slugs.get(slug).is_some_and(|t| t.last >= n))
+    }
+
     /// A unique id for a heading with this text.
     pub(super) fn heading(&mut self, text: &str) -> String {
         let mut base = slug(text);
@@ -70,21 +102,23 @@ impl Ids {
         if looks_like_footnote(&base) {
             base.insert_str(0, "h-");
         }
-        // Numbers below the last one taken for this slug are all in use
-        // (ids are never freed), so the search goes on from there: many
-        // headings with the same text cost linear, not quadratic, time.
-        let mut n = self.numbered.get(&base).copied().unwrap_or(0);
-        let mut candidate = if n == 0 {
-            base.clone()
-        } else {
-            format!("{base}-{n}")
-        };
-        while self.used.contains(&candidate) {
+        // Numbers up to the last one taken for this slug are all in use, so
+        // the search goes on from there: many headings with the same text
+        // cost linear, not quadratic, time.
+        let mut n = self.slugs.get(base.as_str()).map_or(0, |t| t.last);
+        if n == 0 && !self.is_used(&base) {
+            self.slugs.entry(base.as_str().into()).or_default().itself = true;
+            return base;
+        }
+        let mut candidate;
+        loop {
             n += 1;
             candidate = format!("{base}-{n}");
+            if !self.is_used(&candidate) {
+                break;
+            }
         }
-        self.numbered.insert(base, n);
-        self.used.insert(candidate.clone());
+        self.slugs.entry(base.into_boxed_str()).or_default().last = n;
         candidate
     }
 
@@ -169,6 +203,80 @@ mod tests {
                 "a-2"
             ]
         );
+    }
+
+    /// The rule as written: every id handed out is kept, and a repeat
+    /// takes the first free `slug-N`.
+    fn naive_ids(texts: &[&str]) -> Vec<String> {
+        let mut used = HashSet::new();
+        texts
+            .iter()
+            .map(|text| {
+                let mut base = slug(text);
+                if base.is_empty() {
+                    base.push_str("section");
+                }
+                if looks_like_footnote(&base) {
+                    base.insert_str(0, "h-");
+                }
+                let mut candidate = base.clone();
+                let mut n = 0;
+                while used.contains(&candidate) {
+                    n += 1;
+                    candidate = format!("{base}-{n}");
+                }
+                used.insert(candidate.clone());
+                candidate
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ids_kept_per_slug_match_keeping_every_id() {
+        // Texts whose slugs collide with each other's numbered forms.
+        let alphabet = [
+            "a",
+            "A",
+            "a 1",
+            "a-1",
+            "a 1 1",
+            "a-2",
+            "a 0",
+            "a-01",
+            "a-",
+            "",
+            "section 1",
+            "fn 1",
+            "h fn 1",
+            "1",
+            "-1",
+            "a--1",
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for round in 0..400 {
+            let len = 1 + round % 40;
+            let texts: Vec<&str> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    alphabet[(seed % alphabet.len() as u64) as usize]
+                })
+                .collect();
+            let mut ids = Ids::default();
+            let got: Vec<String> = texts.iter().map(|t| ids.heading(t)).collect();
+            assert_eq!(got, naive_ids(&texts), "texts {texts:?}");
+        }
+    }
+
+    #[test]
+    fn many_equal_headings_keep_one_entry() {
+        let mut ids = Ids::default();
+        for _ in 0..1000 {
+            ids.heading("");
+        }
+        assert_eq!(ids.heading(""), "section-1000");
+        assert_eq!(ids.slugs.len(), 1);
     }
 
     #[test]
