@@ -65,6 +65,7 @@ impl Worker {
             force: false,
             lock_timeout: self.config.agent.lock_timeout,
             serving: Some(self.spool.work.display().to_string()),
+            scratch: self.spool.work.clone(),
         }
     }
 

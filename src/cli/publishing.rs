@@ -3,10 +3,10 @@
 
 use super::output::print_report;
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RunArgs, load_config};
-use crate::config;
+use crate::config::{self, Config, Pipeline};
 use crate::publish::{self, Options};
 use crate::report::{RunReport, Stage};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
     let fail_config = |message: String| {
@@ -75,6 +75,7 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         force: args.force,
         lock_timeout: config.agent.lock_timeout,
         serving: None,
+        scratch: scratch_folder(&config, pipeline),
     };
     let started = std::time::Instant::now();
     let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);
@@ -107,5 +108,17 @@ pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
             log::error!(target: target, "{e}");
             e.exit_code()
         }
+    }
+}
+
+/// Where `run` puts rendered pages too big to hold: the pipeline's spool
+/// work folder when it exists (on disk, and the agent's own), else the
+/// system's temporary folder.
+fn scratch_folder(config: &Config, pipeline: &Pipeline) -> PathBuf {
+    let work = pipeline.spool_dir(config).join("work");
+    if work.is_dir() {
+        work
+    } else {
+        std::env::temp_dir()
     }
 }

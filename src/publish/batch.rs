@@ -166,7 +166,7 @@ pub fn publish_batch(
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
     let mut ready = Vec::new();
     let prepared = map_on(workers, bundles, |dir| {
-        prepare_bundle(pipeline, destinations, dir, false)
+        prepare_bundle(pipeline, destinations, dir, false, &options.scratch)
     });
     for (index, result) in prepared.into_iter().enumerate() {
         match result {
@@ -399,10 +399,7 @@ fn stage_root(
         let job = Job {
             d,
             old: state.records.base().get(d.path.as_str()),
-            in_memory: a.ready.prepared[j]
-                .in_memory
-                .get(&d.path)
-                .map(|b| b.as_slice()),
+            in_memory: a.ready.prepared[j].in_memory.get(&d.path).map(|c| &**c),
             bundle: &a.ready.bundle,
         };
         stage_one(root, &job, false).map_err(|f| match f {

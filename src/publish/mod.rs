@@ -20,11 +20,12 @@ use crate::report::{RunReport, Stage};
 use crate::storage::{self, Root};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use time::OffsetDateTime;
 
 mod batch;
+mod content;
 mod prepare;
 mod remote;
 mod stage;
@@ -47,6 +48,10 @@ pub struct Options {
     /// the folder recovers them at once after a crash
     /// ([`recover_abandoned`]).
     pub serving: Option<String>,
+    /// Folder for rendered pages too big to hold in memory, written to
+    /// unnamed files (never visible, gone when closed): the agent's work
+    /// folder, which it alone uses.
+    pub scratch: PathBuf,
 }
 
 /// One destination once its root is locked and planned.
@@ -82,7 +87,13 @@ pub fn publish(
         source,
         prepared,
         mut verified,
-    } = match prepare_bundle(pipeline, destinations, bundle_dir, options.dry_run) {
+    } = match prepare_bundle(
+        pipeline,
+        destinations,
+        bundle_dir,
+        options.dry_run,
+        &options.scratch,
+    ) {
         Ok(ready) => ready,
         Err(report) => return *report,
     };

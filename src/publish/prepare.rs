@@ -2,6 +2,7 @@
 //! file types and sizes), rendering its markdown where a destination wants
 //! HTML, and computing each destination's outputs. It never writes.
 
+use super::content::{Content, Spill};
 use super::{Failure, PublishError};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, SourceIdentity};
@@ -9,7 +10,7 @@ use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
-use crate::render::{RenderOptions, markdown_to_html};
+use crate::render::{RenderOptions, render_page};
 use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
 use crate::storage;
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,8 +22,10 @@ use std::sync::Arc;
 /// Both are shared with every destination that publishes them (one copy
 /// of a big page, however many destinations).
 struct Page {
-    markdown: Arc<Vec<u8>>,
-    html: Arc<Vec<u8>>,
+    markdown: Arc<Content>,
+    html: Arc<Content>,
+    /// The page's size and sha256, hashed once.
+    hashed: Hashed,
 }
 
 /// Rendered pages, keyed by the markdown file's bundle path.
@@ -32,10 +35,10 @@ type Rendered = BTreeMap<RelPath, Page>;
 pub(super) struct Prepared<'a> {
     pub(super) destination: &'a Destination,
     pub(super) desired: Vec<Desired>,
-    /// Outputs whose bytes are already in memory, by output path: rendered
+    /// Outputs whose bytes the publication holds, by output path: rendered
     /// HTML, and markdown sources read and verified for rendering (staged
     /// from here rather than read from the bundle a second time).
-    pub(super) in_memory: BTreeMap<RelPath, Arc<Vec<u8>>>,
+    pub(super) in_memory: BTreeMap<RelPath, Arc<Content>>,
 }
 
 fn destination_report(d: &Destination) -> DestinationReport {
@@ -65,11 +68,13 @@ pub(super) struct Ready<'a> {
 /// Inspects the bundle (manifest, file types and sizes), renders its
 /// markdown where a destination wants HTML, and computes every
 /// destination's outputs. Takes no lock. The error is the finished report.
+/// Pages too big to hold go to unnamed files in `scratch`.
 pub(super) fn prepare_bundle<'a>(
     pipeline: &Pipeline,
     destinations: &[&'a Destination],
     bundle_dir: &Path,
     dry_run: bool,
+    scratch: &Path,
 ) -> Result<Ready<'a>, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
     let bundle = match bundle::inspect(bundle_dir, &pipeline.limits) {
@@ -121,6 +126,8 @@ pub(super) fn prepare_bundle<'a>(
                     template,
                     &pipeline.limits,
                     &mut verified,
+                    scratch,
+                    &mut report.warnings,
                 ) {
                     Ok(r) => rendered.push((key, r)),
                     Err(Failure::Bundle(e)) => {
@@ -170,13 +177,16 @@ pub(super) fn prepare_bundle<'a>(
 }
 
 /// Reads every markdown file of the bundle (checking its bytes against the
-/// manifest) and renders it.
+/// manifest) and renders it. A page too big to hold goes to an unnamed file
+/// in `scratch`; when it cannot, it stays in memory and `warnings` say why.
 fn render_all(
     bundle: &VerifiedBundle,
     allow_raw_html: bool,
     template: Option<&str>,
     limits: &bundle::Limits,
     verified: &mut BTreeSet<RelPath>,
+    scratch: &Path,
+    warnings: &mut Vec<String>,
 ) -> Result<Rendered, Failure> {
     let md: Vec<&bundle::ManifestFile> = bundle
         .manifest
@@ -208,20 +218,31 @@ fn render_all(
                 ),
             ))
         })?;
-        let html = markdown_to_html(
-            text,
-            &RenderOptions {
-                allow_raw_html,
-                source_path: f.path.as_str(),
-                generated_markdown: &generated,
-                template,
-            },
-        );
+        let options = RenderOptions {
+            allow_raw_html,
+            source_path: f.path.as_str(),
+            generated_markdown: &generated,
+            template,
+        };
+        let mut body = Spill::new(scratch, text.len().saturating_mul(2) + 4096);
+        let parts = render_page(text, &options, &mut body).map_err(Failure::Io)?;
+        let (body, refused) = body.finish().map_err(Failure::Io)?;
+        if let Some(why) = refused {
+            let warning = format!(
+                "{}: its HTML page was held in memory ({why}); give the agent's user a writable spool work folder",
+                f.path
+            );
+            log::warn!("{warning}");
+            warnings.push(warning);
+        }
+        let html = Content::page(parts, body);
+        let hashed = hashing::copy_hashed(&mut html.reader(), None, None).map_err(Failure::Io)?;
         out.insert(
             f.path.clone(),
             Page {
-                markdown: Arc::new(markdown),
-                html: Arc::new(html.into_bytes()),
+                markdown: Arc::new(Content::from_bytes(markdown)),
+                html: Arc::new(html),
+                hashed,
             },
         );
     }
@@ -279,23 +300,22 @@ fn prepare<'a>(
                 size: f.size,
             });
         }
-        if let Some(Page { html: bytes, .. }) = page {
+        if let Some(Page { html, hashed, .. }) = page {
             let stem = f
                 .path
                 .as_str()
                 .strip_suffix(".md")
                 .unwrap_or(f.path.as_str());
             let path = place(&format!("{stem}.html"))?;
-            let Hashed { sha256, size } = hashing::hash_bytes(bytes);
             desired.push(Desired {
                 url: url(&path),
                 path: path.clone(),
                 kind: OutputKind::Generated,
                 bundle_path: f.path.clone(),
-                sha256,
-                size,
+                sha256: hashed.sha256.clone(),
+                size: hashed.size,
             });
-            in_memory.insert(path, Arc::clone(bytes));
+            in_memory.insert(path, Arc::clone(html));
         }
     }
     plan::check_unique(&desired)?;
@@ -333,14 +353,17 @@ pipelines:
         .unwrap();
         let pipeline = &config.pipelines[0];
         let destination = &pipeline.destinations[0];
-        let Ok(ready) = prepare_bundle(pipeline, &[destination], &dir, false) else {
+        let Ok(ready) = prepare_bundle(pipeline, &[destination], &dir, false, tmp.path()) else {
             panic!("the bundle is valid");
         };
         let in_memory = &ready.prepared[0].in_memory;
         let at = |p: &str| in_memory.get(&RelPath::parse(p).unwrap());
-        assert_eq!(at("a.md").map(|b| b.as_slice()), Some(&b"# A\n"[..]));
-        assert!(at("a.html").is_some_and(|html| !html.is_empty()));
-        assert_eq!(at("b.txt"), None, "other files are copied from the bundle");
+        assert_eq!(at("a.md").and_then(|b| b.as_slice()), Some(&b"# A\n"[..]));
+        assert!(at("a.html").is_some_and(|html| !html.is_spilled()));
+        assert!(
+            at("b.txt").is_none(),
+            "other files are copied from the bundle"
+        );
         assert!(ready.verified.contains(&RelPath::parse("a.md").unwrap()));
     }
 }

@@ -283,8 +283,8 @@ fn source<'a>(
     bundle: &'a VerifiedBundle,
     d: &plan::Desired,
 ) -> Box<dyn Read + 'a> {
-    if let Some(bytes) = prepared.in_memory.get(&d.path) {
-        return Box::new(bytes.as_slice());
+    if let Some(content) = prepared.in_memory.get(&d.path) {
+        return Box::new(content.reader());
     }
     Box::new(Upload {
         dir: &bundle.dir,

@@ -3,6 +3,7 @@
 //! into place, the catalog written last, and settling after a failure.
 
 use super::batch::{PerCore, Workers, map_on};
+use super::content::Content;
 use super::prepare::Prepared;
 use super::{Failure, Planned};
 use crate::bundle::{self, VerifiedBundle};
@@ -80,9 +81,9 @@ pub(super) struct Job<'a> {
     pub(super) d: &'a Desired,
     /// The catalog record this write replaces, if any.
     pub(super) old: Option<&'a OutputRecord>,
-    /// The bytes, when already in memory (rendered HTML, markdown read
-    /// for rendering); else the bundle file is copied.
-    pub(super) in_memory: Option<&'a [u8]>,
+    /// The bytes, when the publication holds them (rendered HTML,
+    /// markdown read for rendering); else the bundle file is copied.
+    pub(super) in_memory: Option<&'a Content>,
     pub(super) bundle: &'a VerifiedBundle,
 }
 
@@ -118,6 +119,12 @@ pub(super) fn stage_one(root: &Root, job: &Job<'_>, fsync: bool) -> Result<Stage
     if let Some(got) = copied
         && (got.sha256 != d.sha256 || got.size != d.size)
     {
+        if job.in_memory.is_some() {
+            return Err(Failure::Io(io::Error::other(format!(
+                "{}: the bytes staged ({} bytes, sha256 {}) are not those planned ({} bytes, sha256 {}): the temporary file holding the rendered page changed; check the disk of the spool's work folder",
+                d.path, got.size, got.sha256, d.size, d.sha256
+            ))));
+        }
         let listed = job
             .bundle
             .manifest
@@ -189,7 +196,7 @@ pub(super) fn stage(
         .map(|d| Job {
             d,
             old: p.replaced.get(d.path.as_str()),
-            in_memory: prepared.in_memory.get(&d.path).map(|b| b.as_slice()),
+            in_memory: prepared.in_memory.get(&d.path).map(|c| &**c),
             bundle,
         })
         .collect();
@@ -213,22 +220,33 @@ pub(super) fn stage(
 }
 
 /// Writes one output to a new temporary file in its target folder (created
-/// as needed): bytes already in memory, or the bundle file copied as it is
-/// hashed. Returns the temporary name, the open file (not fsynced) and,
-/// for a copy, the hash of the bytes copied, for the caller to check.
+/// as needed): bytes the publication holds, or the bundle file. Returns the
+/// temporary name, the open file (not fsynced) and, for bytes read from a
+/// file (the bundle's, or a rendered page's temporary file), their hash as
+/// they were copied, for the caller to check.
 fn stage_output(
     root: &Root,
     d: &Desired,
-    in_memory: Option<&[u8]>,
+    in_memory: Option<&Content>,
     bundle_dir: &Path,
 ) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
     let dir = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
     let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
     let copied = match in_memory {
-        Some(bytes) => {
-            io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?;
-            None
-        }
+        Some(content) => match content.as_slice() {
+            Some(bytes) => {
+                io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?;
+                None
+            }
+            None => Some(
+                hashing::copy_hashed(
+                    &mut content.reader(),
+                    Some(&mut storage::WriteBehind::new(&mut file)),
+                    None,
+                )
+                .map_err(Failure::Io)?,
+            ),
+        },
         None => {
             let source = bundle::open_listed(bundle_dir, &d.bundle_path)
                 .map_err(|p| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] }))?;

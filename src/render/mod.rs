@@ -10,7 +10,9 @@
 //! It must never do I/O, read the clock or depend on anything but its
 //! arguments: the same markdown and options always give the same bytes.
 //! Memory stays proportional to the input: events are streamed from the
-//! parser to the writer, never collected (SPEC §12.3).
+//! parser to the writer, never collected, and the body goes to a sink the
+//! caller chooses ([`render_page`]), so a page many times the markdown's
+//! size need not be held (SPEC §12.3).
 //!
 //! Decisions where the contract is silent:
 //!
@@ -43,6 +45,7 @@
 //!   inserted is never searched again.
 
 use std::collections::BTreeSet;
+use std::io;
 
 use pulldown_cmark::{Options, Parser, html};
 
@@ -73,9 +76,44 @@ pub struct RenderOptions<'a> {
 /// template.
 const STYLESHEET: &str = include_str!("style.css");
 
+/// A piece of a page: text of the skeleton (or template), or the body.
+/// A template may place the body several times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Text(String),
+    Body,
+}
+
+/// Where the body of a page goes while it is rendered: memory, or a file
+/// for a page too big to hold (the caller decides).
+pub trait BodySink: io::Write {
+    /// Throws away what was written so far: the body is written again
+    /// from its start (a big document's pieces did not hold, see [`split`]).
+    fn restart(&mut self) -> io::Result<()>;
+}
+
+impl BodySink for Vec<u8> {
+    fn restart(&mut self) -> io::Result<()> {
+        self.clear();
+        Ok(())
+    }
+}
+
 /// Renders CommonMark to a complete UTF-8 HTML5 document. Pure and deterministic.
 pub fn markdown_to_html(markdown: &str, options: &RenderOptions<'_>) -> String {
     render(markdown, options, &split::Settings::DEFAULT).0
+}
+
+/// Renders the body of `markdown`'s page into `sink` and returns the whole
+/// page as parts, in order; [`Part::Body`] stands for what `sink` holds.
+/// The same bytes as [`markdown_to_html`], without holding the page: the
+/// only errors are the sink's.
+pub fn render_page(
+    markdown: &str,
+    options: &RenderOptions<'_>,
+    sink: &mut dyn BodySink,
+) -> io::Result<Vec<Part>> {
+    render_into(markdown, options, &split::Settings::DEFAULT, sink).map(|(parts, _)| parts)
 }
 
 /// [`markdown_to_html`] with the sizes that decide how a big document is
@@ -86,6 +124,37 @@ fn render(
     options: &RenderOptions<'_>,
     settings: &split::Settings,
 ) -> (String, usize) {
+    // Sized for typical output so the buffer rarely grows (each growth
+    // briefly holds the old and the new buffer).
+    let mut body = Vec::with_capacity(markdown.len().saturating_mul(2) + 4096);
+    let (parts, pieces) = render_into(markdown, options, settings, &mut body)
+        .expect("writing into memory cannot fail");
+    let body = String::from_utf8(body).expect("the HTML writer writes text");
+    let len = parts
+        .iter()
+        .map(|p| match p {
+            Part::Text(text) => text.len(),
+            Part::Body => body.len(),
+        })
+        .sum();
+    let mut page = String::with_capacity(len);
+    for part in &parts {
+        match part {
+            Part::Text(text) => page.push_str(text),
+            Part::Body => page.push_str(&body),
+        }
+    }
+    (page, pieces)
+}
+
+/// [`render_page`] with the split settings; also says how many pieces were
+/// parsed on their own.
+fn render_into(
+    markdown: &str,
+    options: &RenderOptions<'_>,
+    settings: &split::Settings,
+    sink: &mut dyn BodySink,
+) -> io::Result<(Vec<Part>, usize)> {
     let mut cuts = split::find_cuts(markdown, settings);
     // Each round drops the pieces whose token came out somewhere it does not
     // mean the same thing; rarely more than one is needed.
@@ -95,41 +164,60 @@ fn render(
         }
         let plan = split::Plan::new(markdown, cuts, settings);
         let mut splicer = split::Splicer::new(&plan, parser_options());
-        let (body, title) = render_body(&mut splicer, markdown.len(), options);
+        let (last, title) = render_body(&mut splicer, sink, options)?;
         let failed = splicer.failed();
         if failed.is_empty() {
-            return (page(body, title, options), plan.pieces());
+            return Ok((layout(&title, last, options), plan.pieces()));
         }
-        drop(body);
+        sink.restart()?;
         cuts = plan.into_cuts_without(&failed);
     }
     let parser = Parser::new_ext(markdown, parser_options());
-    let (body, title) = render_body(parser, markdown.len(), options);
-    (page(body, title, options), 0)
+    let (last, title) = render_body(parser, sink, options)?;
+    Ok((layout(&title, last, options), 0))
 }
 
-/// The HTML of a parser's events, and the title.
+/// Writes the HTML of a parser's events to `sink`; returns the last byte
+/// written (`None`: nothing) and the title.
 fn render_body<'a>(
     events: impl Iterator<Item = pulldown_cmark::Event<'a>>,
-    markdown_len: usize,
+    sink: &mut dyn BodySink,
     options: &RenderOptions<'_>,
-) -> (String, String) {
+) -> io::Result<(Option<u8>, String)> {
     let mut rewriter = events::Rewriter::new(events, options);
-    // Sized for typical output so the buffer rarely grows (each growth
-    // briefly holds the old and the new buffer).
-    let mut body = String::with_capacity(markdown_len.saturating_mul(2) + 4096);
-    html::push_html(&mut body, &mut rewriter);
+    let mut out = LastByte { sink, last: None };
+    html::write_html_io(&mut out, &mut rewriter)?;
     let title = rewriter
         .into_title()
         .unwrap_or_else(|| file_stem(options.source_path));
-    (body, title)
+    Ok((out.last, title))
 }
 
-/// The complete page around a rendered body.
-fn page(body: String, title: String, options: &RenderOptions<'_>) -> String {
+/// A writer that remembers the last byte written through it.
+struct LastByte<'s> {
+    sink: &'s mut dyn BodySink,
+    last: Option<u8>,
+}
+
+impl io::Write for LastByte<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.sink.write(buf)?;
+        if n > 0 {
+            self.last = Some(buf[n - 1]);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sink.flush()
+    }
+}
+
+/// The parts of the page around a body whose last byte is `last`.
+fn layout(title: &str, last: Option<u8>, options: &RenderOptions<'_>) -> Vec<Part> {
     match options.template {
-        Some(template) => apply_template(template, &title, body),
-        None => document(&title, body),
+        Some(template) => template_parts(template, title),
+        None => document(title, last),
     }
 }
 
@@ -141,9 +229,8 @@ fn parser_options() -> Options {
         | Options::ENABLE_TASKLISTS
 }
 
-/// Wraps the rendered body in the fixed HTML5 skeleton, reusing the body's
-/// buffer.
-fn document(title: &str, mut body: String) -> String {
+/// The fixed HTML5 skeleton around a body whose last byte is `last`.
+fn document(title: &str, last: Option<u8>) -> Vec<Part> {
     let mut head = String::with_capacity(STYLESHEET.len() + title.len() + 300);
     head.push_str("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n");
     head.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
@@ -152,57 +239,40 @@ fn document(title: &str, mut body: String) -> String {
     head.push_str("</title>\n<style>\n");
     head.push_str(STYLESHEET);
     head.push_str("</style>\n</head>\n<body>\n");
-    if !body.is_empty() && !body.ends_with('\n') {
-        body.push('\n');
+    let mut tail = String::new();
+    if last.is_some_and(|b| b != b'\n') {
+        tail.push('\n');
     }
-    body.reserve(head.len() + 20);
-    body.insert_str(0, &head);
-    body.push_str("</body>\n</html>\n");
-    body
+    tail.push_str("</body>\n</html>\n");
+    vec![Part::Text(head), Part::Body, Part::Text(tail)]
 }
 
-/// Fills a page template: every `{{title}}` becomes the escaped title and
+/// A page template's parts: every `{{title}}` becomes the escaped title and
 /// every `{{content}}` the body, in one pass over the template.
-fn apply_template(template: &str, title: &str, body: String) -> String {
+fn template_parts(template: &str, title: &str) -> Vec<Part> {
     const TITLE: &str = "{{title}}";
     const CONTENT: &str = "{{content}}";
-    let mut escaped_title = String::with_capacity(title.len());
-    push_escaped(&mut escaped_title, title);
-    // The template text with its placeholders filled, except the first
-    // `{{content}}`, which is where `body`'s own buffer goes.
-    let fill = |text: &str, out: &mut String| {
-        let mut rest = text;
-        while let Some(at) = rest.find("{{") {
-            out.push_str(&rest[..at]);
-            let tail = &rest[at..];
-            if let Some(after) = tail.strip_prefix(TITLE) {
-                out.push_str(&escaped_title);
-                rest = after;
-            } else if let Some(after) = tail.strip_prefix(CONTENT) {
-                out.push_str(&body);
-                rest = after;
-            } else {
-                out.push_str("{{");
-                rest = &tail[2..];
-            }
+    let mut parts = Vec::new();
+    let mut text = String::with_capacity(template.len() + title.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{{") {
+        text.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix(TITLE) {
+            push_escaped(&mut text, title);
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix(CONTENT) {
+            parts.push(Part::Text(std::mem::take(&mut text)));
+            parts.push(Part::Body);
+            rest = after;
+        } else {
+            text.push_str("{{");
+            rest = &tail[2..];
         }
-        out.push_str(rest);
-    };
-    let Some(at) = template.find(CONTENT) else {
-        // Config loading refuses such templates; render the template alone.
-        let mut out = String::new();
-        fill(template, &mut out);
-        return out;
-    };
-    let mut before = String::with_capacity(at + title.len());
-    fill(&template[..at], &mut before);
-    let mut after = String::new();
-    fill(&template[at + CONTENT.len()..], &mut after);
-    let mut page = body;
-    page.reserve(before.len() + after.len());
-    page.insert_str(0, &before);
-    page.push_str(&after);
-    page
+    }
+    text.push_str(rest);
+    parts.push(Part::Text(text));
+    parts
 }
 
 /// Appends `text` with the HTML special characters escaped.

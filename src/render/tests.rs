@@ -1265,3 +1265,110 @@ fn a_url_ending_in_a_semicolon_after_punctuation_does_not_panic() {
     let html = render("# # # *https://;<");
     assert!(body(&html).contains("https://;"), "{html}");
 }
+
+mod parts {
+    use super::*;
+    use crate::render::{render_into, split::Settings};
+
+    /// A body sink in memory that counts its restarts.
+    #[derive(Default)]
+    struct Counting {
+        bytes: Vec<u8>,
+        restarts: usize,
+    }
+
+    impl io::Write for Counting {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.bytes.write(buf)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl BodySink for Counting {
+        fn restart(&mut self) -> io::Result<()> {
+            self.restarts += 1;
+            self.bytes.clear();
+            Ok(())
+        }
+    }
+
+    fn join(parts: &[Part], body: &[u8]) -> String {
+        let body = std::str::from_utf8(body).unwrap();
+        parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.as_str(),
+                Part::Body => body,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_page_in_parts_is_the_page() {
+        let generated = set(&[]);
+        let templates = [
+            None,
+            Some("<main>{{content}}</main><p>{{title}}</p><aside>{{content}}</aside>"),
+            Some("{{content}}"),
+            Some("no body here: {{title}}"),
+        ];
+        for template in templates {
+            let options = RenderOptions {
+                allow_raw_html: false,
+                source_path: "a.md",
+                generated_markdown: &generated,
+                template,
+            };
+            for markdown in ["", "# T\n\ntext", "x\n\n<b>y</b>", "a\n"] {
+                let mut body = Vec::new();
+                let parts = render_page(markdown, &options, &mut body).unwrap();
+                assert_eq!(
+                    join(&parts, &body),
+                    markdown_to_html(markdown, &options),
+                    "template {template:?}, markdown {markdown:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_round_that_does_not_hold_is_written_again_from_the_start() {
+        let tiny = Settings {
+            min_document: 1,
+            min_rows: 1,
+            batch: 2,
+            min_words: 1,
+            max_words: 4,
+        };
+        let generated = set(&[]);
+        let options = RenderOptions {
+            allow_raw_html: false,
+            source_path: "a.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let mut restarted = 0;
+        for markdown in CANDIDATES {
+            let mut sink = Counting::default();
+            let (parts, _) = render_into(markdown, &options, &tiny, &mut sink).unwrap();
+            assert_eq!(
+                join(&parts, &sink.bytes),
+                markdown_to_html(markdown, &options),
+                "markdown {markdown:?}"
+            );
+            restarted += sink.restarts;
+        }
+        assert!(restarted > 0, "no candidate made a round fail");
+    }
+
+    const CANDIDATES: &[&str] = &[
+        "```\n# a\n\n# b\n\nc d e f g h\n```\n",
+        "<div>\n\n# a\n\n# b\n</div>\n",
+        "- a\n- b\n- c\n\n      - d\n- e\n",
+        "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 |\n| 5 | 6 |\n    | 7 | 8 |\n",
+        "aaa bbb ccc ddd eee fff ggg hhh `iii jjj kkk lll` mmm [nnn ooo ppp qqq](x) rrr\n",
+        "> a b c d e f g h\ni j k l m n o p\n",
+    ];
+}

@@ -256,3 +256,92 @@ fn rendering_a_dense_markdown_table_stays_within_32_times_its_size() {
 fn rendering_an_emphasis_dense_paragraph_stays_within_32_times_its_size() {
     assert_renders_within_32_times(|_| "*a* **b** ".to_owned(), "# Emphasis\n\n");
 }
+
+#[test]
+fn rendering_empty_headings_stays_within_32_times_its_size() {
+    // Each 2-byte `#` line becomes about 110 bytes of page (a numbered id
+    // and its self-link): the page itself is 55 times the markdown, so it
+    // must not be held in memory, nor every id it hands out.
+    assert_renders_within_32_times(|_| "#\n".to_owned(), "");
+}
+
+#[test]
+fn rendering_footnote_references_stays_within_32_times_its_size() {
+    // Each 5-byte reference becomes about 75 bytes (`<sup>` with a numbered
+    // id and a link).
+    assert_renders_within_32_times(|_| "[^1] ".to_owned(), "[^1]: the note\n\n");
+}
+
+/// A page too big to hold in memory (its body goes to an unnamed temporary
+/// file in the spool's `work/` folder while it is published) reaches every
+/// destination whole: the same bytes as rendering in memory, with the
+/// built-in skeleton and with a template that places the body twice, and
+/// the catalog records those bytes' sha256. Nothing is left in `work/`.
+#[test]
+fn the_agent_publishes_a_page_too_big_to_hold_whole_to_every_destination() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: site
+        path: ./site
+        publish: {source: false, html: true}
+      - id: themed
+        path: ./themed
+        publish: {source: true, html: true}
+        html:
+          template: page.html
+",
+    );
+    let template = "<main>{{content}}</main><nav>{{title}}</nav><aside>{{content}}</aside>\n";
+    t.write("page.html", template);
+    // About 1.5 MiB of markdown: a page of several MiB, past the 1 MiB a
+    // body may take in memory.
+    let mut markdown = String::from("# Big\n\n");
+    let mut n = 0;
+    while markdown.len() < 1_500_000 {
+        markdown.push_str(&format!(
+            "## Part {}\n\n| a | b |\n|---|---|\n| {n} | *x* |\n\n",
+            n % 7
+        ));
+        n += 1;
+    }
+    let bundle = t.bundle("big", &[("doc/page.md", &markdown)]);
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    fs::rename(&bundle, inbox.join("big")).unwrap();
+
+    t.once().expect_code(0);
+
+    let generated = BTreeSet::from(["doc/page.md".to_owned()]);
+    for (root, template) in [("site", None), ("themed", Some(template))] {
+        let expected = distributor::render::markdown_to_html(
+            &markdown,
+            &distributor::render::RenderOptions {
+                allow_raw_html: false,
+                source_path: "doc/page.md",
+                generated_markdown: &generated,
+                template,
+            },
+        );
+        assert!(expected.len() > 2 << 20, "the page is past 1 MiB");
+        let page = fs::read(t.join(&format!("{root}/doc/page.html"))).unwrap();
+        assert!(
+            page == expected.as_bytes(),
+            "{root}: published {} bytes, rendering gives {} bytes",
+            page.len(),
+            expected.len()
+        );
+        let record = &t.records(root)["doc/page.html"];
+        assert_eq!(record["sha256"], crate::util::sha256(&page), "{root}");
+        assert_eq!(record["size"], page.len() as u64, "{root}");
+    }
+    assert_eq!(
+        fs::read(t.join("themed/doc/page.md")).unwrap(),
+        markdown.as_bytes()
+    );
+    assert!(crate::util::names(&t.spool("p", "work")).is_empty());
+    assert!(crate::util::names(&t.spool("p", "done")).contains("big"));
+}
