@@ -129,6 +129,65 @@ elif shape == "lists":
 elif shape == "urls":
     while total < target:
         add(f"see https://example.com/page/{i}, and http://x.example/{i}.\n"); i += 1
+elif shape == "refdefs":
+    while total < target - 40:
+        add(f"[r{i}]: /x{i}\n"); i += 1
+    add("\n[r1] [r2]\n")
+elif shape == "footnote_defs":
+    while total < target:
+        add(f"[^n{i}] [^n{i}]: note\n\n"); i += 1
+elif shape == "nested_quotes":
+    while total < target:
+        add(">" * (1 + i % 30) + " a\n"); i += 1
+elif shape == "tasks":
+    while total < target:
+        add("- [ ] a\n- [x] b\n")
+elif shape == "autolinks":
+    while total < target:
+        add("<http://a> ")
+elif shape == "hard_breaks":
+    while total < target:
+        add("a  \n")
+elif shape == "setext":
+    while total < target:
+        add("a\n-\n")
+elif shape == "thematic":
+    while total < target:
+        add("***\n")
+elif shape == "empty_items":
+    while total < target:
+        add("-\n")
+elif shape == "ordered_items":
+    while total < target:
+        add("1.\n")
+elif shape == "html_blocks":
+    while total < target:
+        add("<div>\n\n")
+elif shape == "table_inline":
+    add("|a|b|c|\n|-|-|-|\n")
+    while total < target:
+        add("|*a*|`b`|[c](d)|\n")
+elif shape == "setext_empty":
+    while total < target:
+        add("a\n=\n\n")
+elif shape == "digit_lines":
+    while total < target:
+        add("1a\n")
+elif shape == "pipe_lines":
+    while total < target:
+        add("|a|\n")
+elif shape == "punct_lines":
+    while total < target:
+        add(".\n")
+elif shape == "short_rows":
+    add("|a|b|c|\n|-|-|-|\n")
+    while total < target:
+        add("|a|\n")
+elif shape.startswith("tv_"):
+    cell = {"tv_em": "*a*", "tv_code": "`b`", "tv_link": "[c](d)"}[shape]
+    add("|a|b|c|\n|-|-|-|\n")
+    while total < target:
+        add(f"|{cell}|x|y|\n")
 else:
     sys.exit(f"unknown shape {shape}")
 open(out, "w").write("".join(parts))
@@ -136,7 +195,7 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls}"
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline}"
 for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"

@@ -404,13 +404,13 @@ fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
 }
 
 /// At least this many cells are in a row line starting with `|` that has
-/// more than the `|`.
+/// more than the `|`. The parser splits a row at every `|`, also inside
+/// code spans, links and raw HTML, except an escaped one (`\|`), so each
+/// `\|` may join two of the cells counted without it.
 fn fewest_cells(line: &str) -> usize {
-    if line.contains(['`', '\\', '<', '[', '$']) {
-        1
-    } else {
-        cells(line).max(1)
-    }
+    cells(line)
+        .saturating_sub(line.matches("\\|").count())
+        .max(1)
 }
 
 /// A table whose header and delimiter rows are longer than this together
@@ -429,16 +429,28 @@ fn unsafe_in_words(b: u8) -> bool {
 }
 
 /// Whether `bytes[at..]` starts like paragraph text that starts no other
-/// block, even at the start of a line: a letter, `*` or `_` right before a
-/// letter or digit, `[` (stretches never hold `]:`, so it is no
-/// definition), `![`, or fewer than three backticks or tildes.
+/// block, even at the start of a line: a letter (any non-ASCII character
+/// too), digits not followed by `.` or `)` (no list item), punctuation
+/// that starts no block (`.`, `,`, `;`, `?`, `!`, quotes, parentheses,
+/// `%`, `&`, `@`, `/`, `$`, `^`, braces), `*` or `_` right before a letter
+/// or digit, `[` (stretches never hold `]:`, so it is no definition), or
+/// fewer than three backticks or tildes. Whatever a stretch holds must
+/// still parse, alone, as one paragraph of inline text (checked when it is
+/// spliced), so this only has to rule out lines that could start a block.
 fn starts_plain(bytes: &[u8], at: usize) -> bool {
     let next = bytes.get(at + 1).copied();
     match bytes.get(at) {
-        Some(b) if b.is_ascii_alphabetic() => true,
+        Some(b) if b.is_ascii_alphabetic() || *b >= 0x80 => true,
+        Some(b) if b.is_ascii_digit() => {
+            let after = bytes[at..].iter().find(|c| !c.is_ascii_digit());
+            !matches!(after, Some(b'.' | b')'))
+        }
+        Some(
+            b'.' | b',' | b';' | b'?' | b'!' | b'\'' | b'"' | b'(' | b')' | b'%' | b'&' | b'@'
+            | b'/' | b'$' | b'^' | b'{' | b'}',
+        ) => true,
         Some(b'*' | b'_') => next.is_some_and(|n| n.is_ascii_alphanumeric()),
         Some(b'[') => next.is_some(),
-        Some(b'!') => next == Some(b'['),
         Some(b'`') => !bytes[at..].starts_with(b"```"),
         Some(b'~') => !bytes[at..].starts_with(b"~~~"),
         _ => false,
