@@ -183,11 +183,6 @@ elif shape == "short_rows":
     add("|a|b|c|\n|-|-|-|\n")
     while total < target:
         add("|a|\n")
-elif shape.startswith("tv_"):
-    cell = {"tv_em": "*a*", "tv_code": "`b`", "tv_link": "[c](d)"}[shape]
-    add("|a|b|c|\n|-|-|-|\n")
-    while total < target:
-        add(f"|{cell}|x|y|\n")
 else:
     sys.exit(f"unknown shape {shape}")
 open(out, "w").write("".join(parts))
@@ -195,7 +190,7 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline}"
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline digit_lines punct_lines pipe_lines short_rows setext_empty}"
 for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"

@@ -98,48 +98,114 @@ enum Kind {
     Words { inert: usize, quoted: bool },
 }
 
+/// The pieces to cut in one round of rendering, and stretches of words
+/// set aside for a later round.
+#[derive(Debug, Default)]
+pub(super) struct Cuts {
+    /// In document order; none overlap.
+    active: Vec<Cut>,
+    /// Stretches that overlap an active cut and may be used once the
+    /// pieces they overlap have failed: those past a table's end (see
+    /// [`rows_of_run`]).
+    shelved: Vec<Cut>,
+}
+
+impl Cuts {
+    pub(super) fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+}
+
+/// The bytes a cut keeps from other cuts: a table's rows cut also keeps
+/// its header line.
+fn taken_by(cut: &Cut) -> Range<usize> {
+    match &cut.kind {
+        Kind::Rows { header, .. } => header.start..cut.source.end,
+        _ => cut.source.clone(),
+    }
+}
+
+fn overlaps(taken: &[Range<usize>], range: &Range<usize>) -> bool {
+    taken
+        .iter()
+        .any(|t| range.start < t.end && t.start < range.end)
+}
+
 /// Finds the pieces worth cutting, in document order.
-pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Vec<Cut> {
+pub(super) fn find_cuts(markdown: &str, settings: &Settings) -> Cuts {
     if markdown.len() < settings.min_document {
-        return Vec::new();
+        return Cuts::default();
     }
     let mut cuts = find_sections(markdown, settings);
-    let overlaps = |taken: &[Range<usize>], cut: &Cut| {
-        taken
-            .iter()
-            .any(|t| cut.source.start < t.end && t.start < cut.source.end)
-    };
     let sections: Vec<Range<usize>> = cuts.iter().map(|cut| cut.source.clone()).collect();
-    let rows = find_rows(markdown, settings).into_iter().filter(|cut| {
+    let (rows, past_tables) = find_rows(markdown, settings);
+    let rows = rows.into_iter().filter(|cut| {
         // The header line stays as it is too.
         let Kind::Rows { header, .. } = &cut.kind else {
             return false;
         };
-        let all = Cut {
-            source: header.start..cut.source.end,
-            kind: Kind::Section,
-        };
-        !overlaps(&sections, &all)
+        !overlaps(&sections, &(header.start..cut.source.end))
     });
     cuts.extend(rows);
     let taken: Vec<Range<usize>> = cuts.iter().map(|cut| cut.source.clone()).collect();
     let items = find_items(markdown, settings)
         .into_iter()
-        .filter(|cut| !overlaps(&taken, cut));
+        .filter(|cut| !overlaps(&taken, &cut.source));
     cuts.extend(items);
-    let taken: Vec<Range<usize>> = cuts
-        .iter()
-        .map(|cut| match &cut.kind {
-            Kind::Rows { header, .. } => header.start..cut.source.end,
-            _ => cut.source.clone(),
-        })
-        .collect();
-    let words = find_words(markdown, settings)
-        .into_iter()
-        .filter(|cut| !overlaps(&taken, cut));
-    cuts.extend(words);
+    let taken: Vec<Range<usize>> = cuts.iter().map(taken_by).collect();
+    let tables = table_chunks(markdown);
+    let mut shelved = Vec::new();
+    for cut in find_words(markdown, settings) {
+        let text = &markdown[cut.source.clone()];
+        // Where a table may be, a `|` may be a cell's edge.
+        let plain = !text.contains('|') || !overlaps(&tables, &cut.source);
+        if !overlaps(&taken, &cut.source) {
+            if plain {
+                cuts.push(cut);
+            }
+        } else if matches!(cut.kind, Kind::Words { quoted: false, .. })
+            && past_tables
+                .iter()
+                .any(|r| r.start <= cut.source.start && cut.source.end <= r.end)
+        {
+            shelved.push(cut);
+        }
+    }
     cuts.sort_by_key(|cut| cut.source.start);
-    cuts
+    Cuts {
+        active: cuts,
+        shelved,
+    }
+}
+
+/// The chunks of lines (between blank lines) holding a line that could be
+/// a table's delimiter row, also inside block quotes and list items: only
+/// there can a table be (a blank line ends any table).
+fn table_chunks(markdown: &str) -> Vec<Range<usize>> {
+    let mut chunks = Vec::new();
+    let mut chunk: Option<usize> = None;
+    let mut has_delimiter = false;
+    for (start, end, next) in lines(markdown) {
+        let line = &markdown[start..end];
+        if line.trim().is_empty() {
+            if let Some(from) = chunk.take()
+                && has_delimiter
+            {
+                chunks.push(from..start);
+            }
+            has_delimiter = false;
+            continue;
+        }
+        chunk.get_or_insert(start);
+        has_delimiter |= looks_like_delimiter(line.trim_start_matches([' ', '\t', '>']));
+        if next == markdown.len()
+            && let Some(from) = chunk.take()
+            && has_delimiter
+        {
+            chunks.push(from..next);
+        }
+    }
+    chunks
 }
 
 /// The lines of `text` as (start, end without line ending, end with it).
@@ -275,9 +341,12 @@ fn find_items(markdown: &str, settings: &Settings) -> Vec<Cut> {
     cuts
 }
 
-/// Runs of lines starting with `|` that hold the body rows of a table.
-fn find_rows(markdown: &str, settings: &Settings) -> Vec<Cut> {
+/// Runs of lines starting with `|` that hold the body rows of a table; and
+/// the lines of such runs past the row where the parser surely ended the
+/// table (see [`rows_of_run`]).
+fn find_rows(markdown: &str, settings: &Settings) -> (Vec<Cut>, Vec<Range<usize>>) {
     let mut cuts = Vec::new();
+    let mut past = Vec::new();
     // The lines of the current run, and the line before it.
     let mut run: Vec<(usize, usize, usize)> = Vec::new();
     let mut before_run = None;
@@ -294,21 +363,30 @@ fn find_rows(markdown: &str, settings: &Settings) -> Vec<Cut> {
             }
             run.push(line);
         } else if !run.is_empty() {
-            rows_of_run(markdown, before_run, &run, settings, &mut cuts);
+            rows_of_run(markdown, before_run, &run, settings, &mut cuts, &mut past);
             run.clear();
         }
         previous = Some(line);
     }
-    cuts
+    (cuts, past)
 }
 
 /// The cuts of one run of lines starting with `|`.
+///
+/// Also, into `past`, the lines of the run from the first row that the
+/// parser surely does not take: it stops a table at the row that would
+/// take its filled cells past [`MOST_FILLED_CELLS`], and counting at most
+/// as many cells per row as it finds (escapes only join cells) fills at
+/// least as many. From that row on, the lines are a paragraph, whose
+/// stretches can be cut once the table is parsed whole: in the main
+/// document the table then ends where it does in the whole one.
 fn rows_of_run(
     markdown: &str,
     before_run: Option<(usize, usize, usize)>,
     run: &[(usize, usize, usize)],
     settings: &Settings,
     cuts: &mut Vec<Cut>,
+    past: &mut Vec<Range<usize>>,
 ) {
     let text = |(start, end, _): (usize, usize, usize)| &markdown[start..end];
     // The delimiter row among the first lines of the run; the header is the
@@ -331,6 +409,14 @@ fn rows_of_run(
         return;
     }
     let columns = cells(text(delimiter_line));
+    let mut fewest_filled = 0usize;
+    for &line in &run[delimiter + 1..] {
+        fewest_filled += columns.saturating_sub(cells(text(line)));
+        if fewest_filled > MOST_FILLED_CELLS {
+            past.push(line.0..run[run.len() - 1].2);
+            break;
+        }
+    }
     // Rows with a footnote reference stay: a piece does not know which
     // footnotes are defined.
     let mut l = delimiter + 1;
@@ -422,10 +508,11 @@ const MOST_HEAD_BYTES: usize = 16 << 10;
 const MOST_FILLED_CELLS: usize = 1 << 18;
 
 /// Bytes a stretch of words never holds: each can start or end something
-/// (raw HTML, autolinks, escapes, table cells) that would have
-/// to be checked across the stretch's ends.
+/// (raw HTML, autolinks, escapes) that would have to be checked across the
+/// stretch's ends. (A `|` is kept out where a table may be by
+/// [`find_cuts`].)
 fn unsafe_in_words(b: u8) -> bool {
-    matches!(b, b'<' | b'>' | b'\\' | b'|' | b'\r')
+    matches!(b, b'<' | b'>' | b'\\' | b'\r')
 }
 
 /// Whether `bytes[at..]` starts like paragraph text that starts no other
@@ -451,6 +538,13 @@ fn starts_plain(bytes: &[u8], at: usize) -> bool {
         ) => true,
         Some(b'*' | b'_') => next.is_some_and(|n| n.is_ascii_alphanumeric()),
         Some(b'[') => next.is_some(),
+        // A table's edge: plain where no table may be (see [`find_cuts`]),
+        // but never its delimiter row.
+        Some(b'|') => {
+            let line = bytes[at..].split(|&c| c == b'\n').next().unwrap_or(&[]);
+            let line = std::str::from_utf8(line).unwrap_or("-");
+            !looks_like_delimiter(line.trim_end_matches('\r'))
+        }
         Some(b'`') => !bytes[at..].starts_with(b"```"),
         Some(b'~') => !bytes[at..].starts_with(b"~~~"),
         _ => false,
@@ -626,6 +720,7 @@ fn next_line_looks_like_delimiter(markdown: &str, at: usize) -> bool {
 pub(super) struct Plan<'m> {
     markdown: &'m str,
     cuts: Vec<Cut>,
+    shelved: Vec<Cut>,
     /// Tokens are this prefix, the cut's index, and `z`.
     prefix: String,
     main: String,
@@ -636,7 +731,11 @@ pub(super) struct Plan<'m> {
 }
 
 impl<'m> Plan<'m> {
-    pub(super) fn new(markdown: &'m str, cuts: Vec<Cut>, settings: &Settings) -> Self {
+    pub(super) fn new(markdown: &'m str, cuts: Cuts, settings: &Settings) -> Self {
+        let Cuts {
+            active: cuts,
+            shelved,
+        } = cuts;
         let mut prefix = String::from("distributorcut");
         while markdown.contains(&prefix) {
             prefix.push('x');
@@ -775,6 +874,7 @@ impl<'m> Plan<'m> {
         Plan {
             markdown,
             cuts,
+            shelved,
             prefix,
             main,
             extra,
@@ -789,13 +889,24 @@ impl<'m> Plan<'m> {
     }
 
     /// The cuts, without those at the given indexes.
-    pub(super) fn into_cuts_without(self, failed: &[usize]) -> Vec<Cut> {
-        self.cuts
+    /// The cuts for the next round: these without the `failed` ones, and
+    /// the shelved stretches that overlap none of those left.
+    pub(super) fn into_cuts_without(self, failed: &[usize]) -> Cuts {
+        let mut active: Vec<Cut> = self
+            .cuts
             .into_iter()
             .enumerate()
             .filter(|(index, _)| !failed.contains(index))
             .map(|(_, cut)| cut)
-            .collect()
+            .collect();
+        let taken: Vec<Range<usize>> = active.iter().map(taken_by).collect();
+        let (free, shelved): (Vec<Cut>, Vec<Cut>) = self
+            .shelved
+            .into_iter()
+            .partition(|cut| !overlaps(&taken, &cut.source));
+        active.extend(free);
+        active.sort_by_key(|cut| cut.source.start);
+        Cuts { active, shelved }
     }
 }
 

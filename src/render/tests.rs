@@ -1280,6 +1280,14 @@ mod pieces {
             "|a|b|c|\n|-|-|-|\n{}",
             "|`a\\|b`|[c|d](e)|\n".repeat(100_000)
         );
+        // Rows of one and two cells, one with an escaped pipe, past the
+        // parser's limit on filled cells; then a row without a leading pipe.
+        let mixed_rows = format!(
+            "|a|b|c|\n|-|-|-|\n{}{}x y\n",
+            "|a|\n|a|b|\n|a\\|b|\n".repeat(30_000),
+            "|a|\n|a|b|\n| a b c |\n|`a|b`|\n".repeat(40_000),
+        );
+        let pipe_lines = "|a|\n".repeat(40_000);
         let digit_lines = "1a\n".repeat(40_000);
         let punctuation_lines = ".\n(x)\n".repeat(20_000);
         for (markdown, must_cut) in [
@@ -1292,9 +1300,11 @@ mod pieces {
             (strike, true),
             (snake, true),
             (inline_table, true),
-            // Past the parser's limit on filled cells: not cut (yet), but
-            // the same.
-            (short_rows, false),
+            // Past the parser's limit on filled cells the table is parsed
+            // whole, and the paragraph after it is cut.
+            (short_rows, true),
+            (mixed_rows, true),
+            (pipe_lines, true),
             (escaped_rows, true),
             (digit_lines, true),
             (punctuation_lines, true),
