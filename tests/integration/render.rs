@@ -345,3 +345,64 @@ pipelines:
     assert!(crate::util::names(&t.spool("p", "work")).is_empty());
     assert!(crate::util::names(&t.spool("p", "done")).contains("big"));
 }
+
+/// A page too big to hold goes up to an s3 destination whole too (past
+/// one 8 MiB part, so as a multipart upload), read from its temporary file
+/// like the local copy made in the same run.
+#[test]
+fn a_page_too_big_to_hold_goes_up_to_a_bucket_whole() {
+    let bucket = crate::seaweed::Bucket::new("pages");
+    let t = Test::new();
+    t.config(&format!(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: web
+        backend: s3
+        bucket: {bucket}
+        path: pages
+        endpoint: {endpoint}
+        publish: {{source: false, html: true}}
+      - id: site
+        path: ./site
+        publish: {{source: false, html: true}}
+",
+        bucket = bucket.location.bucket,
+        endpoint = crate::seaweed::server().endpoint,
+    ));
+    let mut markdown = String::from("# Big\n\n");
+    let mut n = 0;
+    while markdown.len() < 3_500_000 {
+        markdown.push_str(&format!(
+            "## Part {}\n\n| a | b |\n|---|---|\n| {n} | x |\n\n",
+            n % 7
+        ));
+        n += 1;
+    }
+    let bundle = t.bundle("big", &[("page.md", &markdown)]);
+    let creds = crate::seaweed::server().credentials();
+    let mut cmd = t.cmd();
+    cmd.env("AWS_ACCESS_KEY_ID", &creds.key_id)
+        .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&bundle);
+    cmd.output().expect_code(0);
+
+    let generated = BTreeSet::from(["page.md".to_owned()]);
+    let expected = distributor::render::markdown_to_html(
+        &markdown,
+        &distributor::render::RenderOptions {
+            allow_raw_html: false,
+            source_path: "page.md",
+            generated_markdown: &generated,
+            template: None,
+        },
+    );
+    assert!(expected.len() > 8 << 20, "the page is past one part");
+    let local = fs::read(t.join("site/page.html")).unwrap();
+    let uploaded = bucket.get("page.html").expect("the page is in the bucket");
+    assert!(local == expected.as_bytes(), "the local page differs");
+    assert!(uploaded == expected.as_bytes(), "the uploaded page differs");
+    bucket.assert_records_match_objects();
+}
