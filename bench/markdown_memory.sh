@@ -50,64 +50,53 @@ def add(s):
     global total
     parts.append(s)
     total += len(s)
-if shape == "table":
+# Shapes made of a head and one piece repeated: name -> (head, piece).
+REPEATED = {
+    "dense_table": ("|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n", "|1|2|3|4|5|6|7|8|\n"),
+    "emphasis": ("", "*a* _b_ "),
+    "emphasis_lines": ("", "*a* **b** _c_\n"),
+    "code_spans": ("", "`a` `b` "),
+    "links": ("", "[a](b) "),
+    "inline_html": ("", "<b>a</b> "),
+    "escapes": ("", "\\*a\\_ "),
+    "strike": ("", "~~a~~ "),
+    "short_lines": ("", "a\n"),
+    "quotes": ("", "> a\n"),
+    "entities": ("", "&amp; "),
+    "dense_list": ("", "- *a* _b_\n"),
+    "dense_quote": ("", "> *a* _b_\n"),
+    "dense_headings": ("", "# *a* _b_\n"),
+    "long_word": ("", "a_b*c"),
+    "empty_headings": ("", "#\n"),
+    "tasks": ("", "- [ ] a\n- [x] b\n"),
+    "autolinks": ("", "<http://a> "),
+    "hard_breaks": ("", "a  \n"),
+    "setext": ("", "a\n-\n"),
+    "thematic": ("", "***\n"),
+    "empty_items": ("", "-\n"),
+    "ordered_items": ("", "1.\n"),
+    "html_blocks": ("", "<div>\n\n"),
+    "table_inline": ("|a|b|c|\n|-|-|-|\n", "|*a*|`b`|[c](d)|\n"),
+    "setext_empty": ("", "a\n=\n\n"),
+    "digit_lines": ("", "1a\n"),
+    "pipe_lines": ("", "|a|\n"),
+    "punct_lines": ("", ".\n"),
+    "short_rows": ("|a|b|c|\n|-|-|-|\n", "|a|\n"),
+}
+if shape in REPEATED:
+    head, piece = REPEATED[shape]
+    add(head)
+    while total < target:
+        add(piece)
+elif shape == "table":
     add("| a | b | c | d |\n|---|---|---|---|\n")
     while total < target:
         add(f"| {i} | x | y | z |\n"); i += 1
-elif shape == "dense_table":
-    add("|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n")
-    while total < target:
-        add("|1|2|3|4|5|6|7|8|\n")
-elif shape == "emphasis":
-    while total < target:
-        add("*a* _b_ ")
-elif shape == "emphasis_lines":
-    while total < target:
-        add("*a* **b** _c_\n")
-elif shape == "code_spans":
-    while total < target:
-        add("`a` `b` ")
-elif shape == "links":
-    while total < target:
-        add("[a](b) ")
-elif shape == "inline_html":
-    while total < target:
-        add("<b>a</b> ")
-elif shape == "escapes":
-    while total < target:
-        add("\\*a\\_ ")
-elif shape == "strike":
-    while total < target:
-        add("~~a~~ ")
-elif shape == "short_lines":
-    while total < target:
-        add("a\n")
-elif shape == "quotes":
-    while total < target:
-        add("> a\n")
-elif shape == "entities":
-    while total < target:
-        add("&amp; ")
-elif shape == "dense_list":
-    while total < target:
-        add("- *a* _b_\n")
-elif shape == "dense_quote":
-    while total < target:
-        add("> *a* _b_\n")
-elif shape == "dense_headings":
-    while total < target:
-        add("# *a* _b_\n")
 elif shape == "wide_row":
     add("|a|b|\n|-|-|\n")
     while total < target - 2:
         add("|1")
     add("|\n")
-elif shape == "long_word":
-    while total < target:
-        add("a_b*c")
-elif shape == "empty_headings":
-    while total < target:
-        add("#\n")
 elif shape == "footnote_refs":
     while total < target - 20:
         add("[^1] ")
@@ -139,50 +128,6 @@ elif shape == "footnote_defs":
 elif shape == "nested_quotes":
     while total < target:
         add(">" * (1 + i % 30) + " a\n"); i += 1
-elif shape == "tasks":
-    while total < target:
-        add("- [ ] a\n- [x] b\n")
-elif shape == "autolinks":
-    while total < target:
-        add("<http://a> ")
-elif shape == "hard_breaks":
-    while total < target:
-        add("a  \n")
-elif shape == "setext":
-    while total < target:
-        add("a\n-\n")
-elif shape == "thematic":
-    while total < target:
-        add("***\n")
-elif shape == "empty_items":
-    while total < target:
-        add("-\n")
-elif shape == "ordered_items":
-    while total < target:
-        add("1.\n")
-elif shape == "html_blocks":
-    while total < target:
-        add("<div>\n\n")
-elif shape == "table_inline":
-    add("|a|b|c|\n|-|-|-|\n")
-    while total < target:
-        add("|*a*|`b`|[c](d)|\n")
-elif shape == "setext_empty":
-    while total < target:
-        add("a\n=\n\n")
-elif shape == "digit_lines":
-    while total < target:
-        add("1a\n")
-elif shape == "pipe_lines":
-    while total < target:
-        add("|a|\n")
-elif shape == "punct_lines":
-    while total < target:
-        add(".\n")
-elif shape == "short_rows":
-    add("|a|b|c|\n|-|-|-|\n")
-    while total < target:
-        add("|a|\n")
 else:
     sys.exit(f"unknown shape {shape}")
 open(out, "w").write("".join(parts))

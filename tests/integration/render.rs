@@ -272,6 +272,36 @@ fn rendering_footnote_references_stays_within_32_times_its_size() {
     assert_renders_within_32_times(|_| "[^1] ".to_owned(), "[^1]: the note\n\n");
 }
 
+/// At least `len` bytes of markdown: sections with a small table each,
+/// which render to about three times their size.
+fn big_markdown(len: usize) -> String {
+    let mut markdown = String::from("# Big\n\n");
+    let mut n = 0;
+    while markdown.len() < len {
+        markdown.push_str(&format!(
+            "## Part {}\n\n| a | b |\n|---|---|\n| {n} | *x* |\n\n",
+            n % 7
+        ));
+        n += 1;
+    }
+    markdown
+}
+
+/// The page the renderer makes of `markdown` at `source_path` (its only
+/// generated markdown file), in escape mode.
+fn rendered(markdown: &str, source_path: &str, template: Option<&str>) -> String {
+    let generated = BTreeSet::from([source_path.to_owned()]);
+    distributor::render::markdown_to_html(
+        markdown,
+        &distributor::render::RenderOptions {
+            allow_raw_html: false,
+            source_path,
+            generated_markdown: &generated,
+            template,
+        },
+    )
+}
+
 /// A page too big to hold in memory (its body goes to an unnamed temporary
 /// file in the spool's `work/` folder while it is published) reaches every
 /// destination whole: the same bytes as rendering in memory, with the
@@ -297,17 +327,8 @@ pipelines:
     );
     let template = "<main>{{content}}</main><nav>{{title}}</nav><aside>{{content}}</aside>\n";
     t.write("page.html", template);
-    // About 1.5 MiB of markdown: a page of several MiB, past the 1 MiB a
-    // body may take in memory.
-    let mut markdown = String::from("# Big\n\n");
-    let mut n = 0;
-    while markdown.len() < 1_500_000 {
-        markdown.push_str(&format!(
-            "## Part {}\n\n| a | b |\n|---|---|\n| {n} | *x* |\n\n",
-            n % 7
-        ));
-        n += 1;
-    }
+    // A page of several MiB, past the 1 MiB a body may take in memory.
+    let markdown = big_markdown(1_500_000);
     let bundle = t.bundle("big", &[("doc/page.md", &markdown)]);
     let inbox = t.spool("p", "inbox");
     fs::create_dir_all(&inbox).unwrap();
@@ -315,17 +336,8 @@ pipelines:
 
     t.once().expect_code(0);
 
-    let generated = BTreeSet::from(["doc/page.md".to_owned()]);
     for (root, template) in [("site", None), ("themed", Some(template))] {
-        let expected = distributor::render::markdown_to_html(
-            &markdown,
-            &distributor::render::RenderOptions {
-                allow_raw_html: false,
-                source_path: "doc/page.md",
-                generated_markdown: &generated,
-                template,
-            },
-        );
+        let expected = rendered(&markdown, "doc/page.md", template);
         assert!(expected.len() > 2 << 20, "the page is past 1 MiB");
         let page = fs::read(t.join(&format!("{root}/doc/page.html"))).unwrap();
         assert!(
@@ -371,15 +383,7 @@ pipelines:
         bucket = bucket.location.bucket,
         endpoint = crate::seaweed::server().endpoint,
     ));
-    let mut markdown = String::from("# Big\n\n");
-    let mut n = 0;
-    while markdown.len() < 3_500_000 {
-        markdown.push_str(&format!(
-            "## Part {}\n\n| a | b |\n|---|---|\n| {n} | x |\n\n",
-            n % 7
-        ));
-        n += 1;
-    }
+    let markdown = big_markdown(3_500_000);
     let bundle = t.bundle("big", &[("page.md", &markdown)]);
     let creds = crate::seaweed::server().credentials();
     let mut cmd = t.cmd();
@@ -389,16 +393,7 @@ pipelines:
         .arg(&bundle);
     cmd.output().expect_code(0);
 
-    let generated = BTreeSet::from(["page.md".to_owned()]);
-    let expected = distributor::render::markdown_to_html(
-        &markdown,
-        &distributor::render::RenderOptions {
-            allow_raw_html: false,
-            source_path: "page.md",
-            generated_markdown: &generated,
-            template: None,
-        },
-    );
+    let expected = rendered(&markdown, "page.md", None);
     assert!(expected.len() > 8 << 20, "the page is past one part");
     let local = fs::read(t.join("site/page.html")).unwrap();
     let uploaded = bucket.get("page.html").expect("the page is in the bucket");
