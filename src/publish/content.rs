@@ -3,12 +3,15 @@
 //! rendering. One [`Content`] is shared by every destination that publishes
 //! it, and each reads it with its own [`Reader`].
 //!
-//! A page's body stays in memory up to [`SPILL_FROM`] bytes; a bigger one
-//! goes to an unnamed temporary file (`O_TMPFILE`: it has no name, so
-//! nobody else can open it, and it is gone when closed, crash included).
-//! A page can be many times its markdown (an empty heading `#` becomes
-//! about 110 bytes), so holding it would break the bound SPEC §12.3 puts on
-//! rendering memory.
+//! What a bundle holds in memory is bounded ([`Scratch`]): a page's body
+//! stays in memory up to [`SPILL_FROM`] bytes while the bundle's budget
+//! lasts; past that it goes to the bundle's scratch file, one unnamed
+//! temporary file (`O_TMPFILE`: it has no name, so nobody else can open
+//! it, and it is gone when closed, crash included) holding such bodies one
+//! after another. A page can be many times its markdown (an empty heading
+//! `#` becomes about 110 bytes), so holding it would break the bound SPEC
+//! §12.3 puts on rendering memory, and a bundle of many pages would hold
+//! them all.
 
 use crate::render::{BodySink, Part};
 use rustix::fs::{Mode, OFlags};
@@ -16,9 +19,67 @@ use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// Bodies up to this size stay in memory.
+/// A body up to this size stays in memory (while the bundle's budget lasts).
 pub(super) const SPILL_FROM: usize = 1 << 20;
+
+/// Bytes of pages and markdown one bundle holds in memory at most; the
+/// rest of its pages go to its scratch file and its markdown files are
+/// read again from the bundle when they are copied.
+pub(super) const HOLD_AT_MOST: usize = 4 << 20;
+
+/// One bundle's room for rendered pages: what it holds in memory, and its
+/// scratch file for the rest.
+pub(super) struct Scratch {
+    dir: PathBuf,
+    file: Option<Arc<File>>,
+    /// Where the next body starts in the file.
+    end: u64,
+    /// Bytes held in memory so far.
+    held: usize,
+    /// Why the file could not be made (then bodies stay in memory).
+    refused: Option<String>,
+}
+
+impl Scratch {
+    /// Room whose file, when one is needed, is made in `dir`.
+    pub(super) fn new(dir: &Path) -> Scratch {
+        Scratch {
+            dir: dir.to_owned(),
+            file: None,
+            end: 0,
+            held: 0,
+            refused: None,
+        }
+    }
+
+    /// Takes `bytes` of the budget for something to hold in memory; false
+    /// (and nothing taken) when they do not fit.
+    pub(super) fn hold(&mut self, bytes: usize) -> bool {
+        let fits = self.held + bytes <= HOLD_AT_MOST;
+        if fits {
+            self.held += bytes;
+        }
+        fits
+    }
+
+    /// The scratch file, made at the first need.
+    fn file(&mut self) -> Option<Arc<File>> {
+        if self.file.is_none() && self.refused.is_none() {
+            match anonymous_file(&self.dir) {
+                Ok(file) => self.file = Some(Arc::new(file)),
+                Err(e) => {
+                    self.refused = Some(format!(
+                        "cannot create a temporary file in {}: {e}",
+                        self.dir.display()
+                    ));
+                }
+            }
+        }
+        self.file.clone()
+    }
+}
 
 /// The bytes of one output: text parts around a body (the page's skeleton
 /// or template), or just a body.
@@ -29,7 +90,12 @@ pub(super) struct Content {
 
 enum Body {
     Memory(Vec<u8>),
-    File { file: File, len: u64 },
+    /// `len` bytes of a scratch file from `start`.
+    File {
+        file: Arc<File>,
+        start: u64,
+        len: u64,
+    },
 }
 
 impl Body {
@@ -37,13 +103,13 @@ impl Body {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         match self {
             Body::Memory(bytes) => Ok(read_slice(bytes, buf, offset)),
-            Body::File { file, len } => {
+            Body::File { file, start, len } => {
                 let left = len.saturating_sub(offset);
                 let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
                 if want == 0 {
                     return Ok(0);
                 }
-                let n = file.read_at(&mut buf[..want], offset)?;
+                let n = file.read_at(&mut buf[..want], start + offset)?;
                 if n == 0 {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -92,7 +158,7 @@ impl Content {
         }
     }
 
-    /// Whether the body is in a temporary file.
+    /// Whether the body is in a scratch file.
     #[cfg(test)]
     pub(super) fn is_spilled(&self) -> bool {
         matches!(self.body, Body::File { .. })
@@ -138,75 +204,116 @@ impl Read for Reader<'_> {
     }
 }
 
-/// A rendered body once written: in memory or in its temporary file.
+/// A rendered body once written: in memory or in the scratch file.
 pub(super) struct Spilled(Body);
 
-/// Where a body is written while it is rendered: memory up to
-/// [`SPILL_FROM`] bytes, then an unnamed file in `dir`. When that file
-/// cannot be created, the body stays in memory and [`Spill::finish`] says
-/// why, for the bundle's warnings.
-pub(super) struct Spill {
-    dir: PathBuf,
-    memory: Vec<u8>,
-    file: Option<BufWriter<File>>,
-    len: u64,
-    /// Why the body stayed in memory past [`SPILL_FROM`].
-    refused: Option<String>,
+/// Writes at a position of a file (the scratch file is shared by the
+/// bodies of a bundle, one after another).
+struct WriteAt {
+    file: Arc<File>,
+    at: u64,
 }
 
-impl Spill {
+impl Write for WriteAt {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where one body is written while it is rendered: memory up to
+/// [`SPILL_FROM`] bytes (and what is left of the bundle's budget), then
+/// the bundle's scratch file. When that file cannot be made, the body
+/// stays in memory and [`Spill::finish`] says why, for the bundle's
+/// warnings.
+pub(super) struct Spill<'s> {
+    scratch: &'s mut Scratch,
+    memory: Vec<u8>,
+    file: Option<BufWriter<WriteAt>>,
+    /// Where this body starts in the scratch file.
+    start: u64,
+    len: u64,
+    /// It outgrew memory but the scratch file could not be made.
+    stayed: bool,
+}
+
+impl<'s> Spill<'s> {
     /// A sink for a body expected to be about `estimate` bytes.
-    pub(super) fn new(dir: &Path, estimate: usize) -> Spill {
+    pub(super) fn new(scratch: &'s mut Scratch, estimate: usize) -> Spill<'s> {
+        let start = scratch.end;
         Spill {
-            dir: dir.to_owned(),
-            memory: Vec::with_capacity(estimate.min(SPILL_FROM)),
+            memory: Vec::with_capacity(estimate.min(SPILL_FROM).min(HOLD_AT_MOST - scratch.held)),
+            scratch,
             file: None,
+            start,
             len: 0,
-            refused: None,
+            stayed: false,
         }
     }
 
     /// The body written, and why it stayed in memory although big, if so.
     pub(super) fn finish(self) -> io::Result<(Spilled, Option<String>)> {
-        let body = match self.file {
-            Some(writer) => Body::File {
-                file: writer
+        let Spill {
+            scratch,
+            memory,
+            file,
+            start,
+            len,
+            stayed,
+        } = self;
+        let body = match file {
+            Some(writer) => {
+                let writer = writer
                     .into_inner()
-                    .map_err(io::IntoInnerError::into_error)?,
-                len: self.len,
-            },
-            None => Body::Memory(self.memory),
+                    .map_err(io::IntoInnerError::into_error)?;
+                scratch.end = start + len;
+                Body::File {
+                    file: writer.file,
+                    start,
+                    len,
+                }
+            }
+            None => {
+                scratch.held += memory.len();
+                let refused = if stayed {
+                    scratch.refused.clone()
+                } else {
+                    None
+                };
+                return Ok((Spilled(Body::Memory(memory)), refused));
+            }
         };
-        Ok((Spilled(body), self.refused))
+        Ok((Spilled(body), None))
     }
 
-    /// Moves what memory holds into a new temporary file, or notes why not.
-    fn spill(&mut self) -> io::Result<()> {
-        match anonymous_file(&self.dir) {
-            Ok(file) => {
-                let mut writer = BufWriter::with_capacity(64 << 10, file);
-                writer.write_all(&self.memory)?;
-                self.memory = Vec::new();
-                self.file = Some(writer);
-            }
-            Err(e) => {
-                self.refused = Some(format!(
-                    "cannot create a temporary file in {}: {e}",
-                    self.dir.display()
-                ));
-            }
-        }
-        Ok(())
+    /// How much more this body may hold in memory.
+    fn room(&self) -> usize {
+        SPILL_FROM.min(HOLD_AT_MOST.saturating_sub(self.scratch.held))
     }
 }
 
-impl Write for Spill {
+impl Write for Spill<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.file.is_none()
-            && self.refused.is_none()
-            && self.memory.len() + buf.len() > SPILL_FROM
-        {
-            self.spill()?;
+        if self.file.is_none() && self.memory.len() + buf.len() > self.room() {
+            if let Some(file) = self.scratch.file() {
+                let mut writer = BufWriter::with_capacity(
+                    64 << 10,
+                    WriteAt {
+                        file,
+                        at: self.start,
+                    },
+                );
+                writer.write_all(&self.memory)?;
+                self.memory = Vec::new();
+                self.file = Some(writer);
+            } else {
+                self.stayed = true;
+            }
         }
         match &mut self.file {
             Some(file) => file.write_all(buf)?,
@@ -224,13 +331,12 @@ impl Write for Spill {
     }
 }
 
-impl BodySink for Spill {
+impl BodySink for Spill<'_> {
     fn restart(&mut self) -> io::Result<()> {
-        // The next round is about as long: keep the file, from its start.
+        // The next round overwrites the file from this body's start.
         if let Some(writer) = &mut self.file {
             writer.flush()?;
-            writer.get_ref().set_len(0)?;
-            io::Seek::rewind(writer.get_mut())?;
+            writer.get_mut().at = self.start;
         }
         self.memory.clear();
         self.len = 0;
@@ -277,10 +383,24 @@ mod tests {
         ]
     }
 
+    /// Writes `len` bytes (a repeating pattern) as one body; returns the
+    /// content made of `parts` around it and the bytes written.
+    fn body(scratch: &mut Scratch, parts: Vec<Part>, len: usize) -> (Content, Vec<u8>) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut spill = Spill::new(scratch, 10);
+        for chunk in bytes.chunks(1000) {
+            spill.write_all(chunk).unwrap();
+        }
+        let (body, refused) = spill.finish().unwrap();
+        assert_eq!(refused, None);
+        (Content::page(parts, body), bytes)
+    }
+
     #[test]
     fn a_small_body_stays_in_memory_and_reads_back_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = Spill::new(dir.path(), 10);
+        let mut scratch = Scratch::new(dir.path());
+        let mut spill = Spill::new(&mut scratch, 10);
         spill.write_all(b"body").unwrap();
         let (body, refused) = spill.finish().unwrap();
         assert_eq!(refused, None);
@@ -292,55 +412,75 @@ mod tests {
     }
 
     #[test]
-    fn a_big_body_goes_to_an_unnamed_file_and_reads_back_whole() {
+    fn big_bodies_share_one_unnamed_file_and_read_back_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = Spill::new(dir.path(), 10);
-        let line: Vec<u8> = (0..=255u8).collect();
-        let mut expected_body = Vec::new();
-        while expected_body.len() <= SPILL_FROM {
-            spill.write_all(&line).unwrap();
-            expected_body.extend_from_slice(&line);
-        }
-        let (body, refused) = spill.finish().unwrap();
-        assert_eq!(refused, None);
-        let content = Content::page(parts(), body);
-        assert!(content.is_spilled());
+        let mut scratch = Scratch::new(dir.path());
+        let (first, first_bytes) = body(&mut scratch, parts(), SPILL_FROM + 7);
+        let (second, second_bytes) = body(&mut scratch, vec![Part::Body], SPILL_FROM * 2);
+        assert!(first.is_spilled() && second.is_spilled());
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
             0,
             "the file has no name"
         );
         let mut expected = b"<head>".to_vec();
-        expected.extend_from_slice(&expected_body);
+        expected.extend_from_slice(&first_bytes);
         expected.extend_from_slice(b"<mid>");
-        expected.extend_from_slice(&expected_body);
+        expected.extend_from_slice(&first_bytes);
         expected.extend_from_slice(b"</end>");
         // Two readers at once do not disturb each other.
-        let mut first = content.reader();
+        let mut reader = first.reader();
         let mut some = [0; 1000];
-        first.read_exact(&mut some).unwrap();
-        assert_eq!(read_all(&content, 65536), expected);
+        reader.read_exact(&mut some).unwrap();
+        assert_eq!(read_all(&first, 65536), expected);
         let mut rest = some.to_vec();
-        first.read_to_end(&mut rest).unwrap();
+        reader.read_to_end(&mut rest).unwrap();
         assert_eq!(rest, expected);
+        assert_eq!(read_all(&second, 4096), second_bytes);
+    }
+
+    #[test]
+    fn a_bundle_holds_at_most_its_budget_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut scratch = Scratch::new(dir.path());
+        assert!(scratch.hold(HOLD_AT_MOST - SPILL_FROM / 2));
+        assert!(!scratch.hold(SPILL_FROM), "past the budget");
+        // Half a body's room is left: a body of that size stays, the next
+        // one, however small, goes to the file.
+        let (held, _) = body(&mut scratch, vec![Part::Body], SPILL_FROM / 2);
+        assert!(!held.is_spilled());
+        let (spilled, bytes) = body(&mut scratch, vec![Part::Body], 10);
+        assert!(spilled.is_spilled());
+        assert_eq!(read_all(&spilled, 3), bytes);
     }
 
     #[test]
     fn a_restart_forgets_what_was_written() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = Spill::new(dir.path(), 10);
+        let mut scratch = Scratch::new(dir.path());
+        let (before, before_bytes) = body(&mut scratch, vec![Part::Body], SPILL_FROM + 1);
+        let mut spill = Spill::new(&mut scratch, 10);
         spill.write_all(&vec![b'x'; SPILL_FROM + 1]).unwrap();
         spill.restart().unwrap();
         spill.write_all(b"again").unwrap();
-        let (body, _) = spill.finish().unwrap();
-        let content = Content::page(vec![Part::Body], body);
-        assert_eq!(read_all(&content, 7), b"again");
+        spill.write_all(&vec![b'y'; SPILL_FROM]).unwrap();
+        let (again, _) = spill.finish().unwrap();
+        let again = Content::page(vec![Part::Body], again);
+        let mut expected = b"again".to_vec();
+        expected.extend_from_slice(&vec![b'y'; SPILL_FROM]);
+        assert_eq!(read_all(&again, 7), expected);
+        assert_eq!(
+            read_all(&before, 4096),
+            before_bytes,
+            "the body before is intact"
+        );
     }
 
     #[test]
     fn a_body_that_cannot_spill_stays_in_memory_and_says_why() {
         let missing = Path::new("/nonexistent-distributor-scratch");
-        let mut spill = Spill::new(missing, 10);
+        let mut scratch = Scratch::new(missing);
+        let mut spill = Spill::new(&mut scratch, 10);
         spill.write_all(&vec![b'y'; SPILL_FROM + 5]).unwrap();
         let (body, refused) = spill.finish().unwrap();
         let refused = refused.expect("the reason is kept");

@@ -2,7 +2,7 @@
 //! file types and sizes), rendering its markdown where a destination wants
 //! HTML, and computing each destination's outputs. It never writes.
 
-use super::content::{Content, Spill};
+use super::content::{Content, Scratch, Spill};
 use super::{Failure, PublishError};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, SourceIdentity};
@@ -22,7 +22,9 @@ use std::sync::Arc;
 /// Both are shared with every destination that publishes them (one copy
 /// of a big page, however many destinations).
 struct Page {
-    markdown: Arc<Content>,
+    /// The markdown, when the bundle's memory budget kept it (else a copy
+    /// is read from the bundle again).
+    markdown: Option<Arc<Content>>,
     html: Arc<Content>,
     /// The page's size and sha256, hashed once.
     hashed: Hashed,
@@ -114,6 +116,7 @@ pub(super) fn prepare_bundle<'a>(
     // Prepare every destination's outputs (rendering included) before locking.
     // Pages rendered so far, by what shapes them (raw_html, template).
     let mut rendered: Vec<((bool, Option<&config::HtmlTemplate>), Rendered)> = Vec::new();
+    let mut room = Scratch::new(scratch);
     let mut prepared = Vec::new();
     for (i, d) in destinations.iter().enumerate() {
         let html = if d.publish_html {
@@ -126,7 +129,7 @@ pub(super) fn prepare_bundle<'a>(
                     template,
                     &pipeline.limits,
                     &mut verified,
-                    scratch,
+                    &mut room,
                     &mut report.warnings,
                 ) {
                     Ok(r) => rendered.push((key, r)),
@@ -177,15 +180,16 @@ pub(super) fn prepare_bundle<'a>(
 }
 
 /// Reads every markdown file of the bundle (checking its bytes against the
-/// manifest) and renders it. A page too big to hold goes to an unnamed file
-/// in `scratch`; when it cannot, it stays in memory and `warnings` say why.
+/// manifest) and renders it. What the bundle holds in memory is bounded by
+/// `room` (see [`Scratch`]); a page that outgrows it and cannot go to the
+/// scratch file stays in memory, and `warnings` say why.
 fn render_all(
     bundle: &VerifiedBundle,
     allow_raw_html: bool,
     template: Option<&str>,
     limits: &bundle::Limits,
     verified: &mut BTreeSet<RelPath>,
-    scratch: &Path,
+    room: &mut Scratch,
     warnings: &mut Vec<String>,
 ) -> Result<Rendered, Failure> {
     let md: Vec<&bundle::ManifestFile> = bundle
@@ -224,7 +228,7 @@ fn render_all(
             generated_markdown: &generated,
             template,
         };
-        let mut body = Spill::new(scratch, text.len().saturating_mul(2) + 4096);
+        let mut body = Spill::new(room, text.len().saturating_mul(2) + 4096);
         let parts = render_page(text, &options, &mut body).map_err(Failure::Io)?;
         let (body, refused) = body.finish().map_err(Failure::Io)?;
         if let Some(why) = refused {
@@ -237,10 +241,13 @@ fn render_all(
         }
         let html = Content::page(parts, body);
         let hashed = hashing::copy_hashed(&mut html.reader(), None, None).map_err(Failure::Io)?;
+        let markdown = room
+            .hold(markdown.len())
+            .then(|| Arc::new(Content::from_bytes(markdown)));
         out.insert(
             f.path.clone(),
             Page {
-                markdown: Arc::new(Content::from_bytes(markdown)),
+                markdown,
                 html: Arc::new(html),
                 hashed,
             },
@@ -288,8 +295,8 @@ fn prepare<'a>(
         let page = html.and_then(|h| h.get(&f.path));
         if d.publish_source {
             let path = place(f.path.as_str())?;
-            if let Some(page) = page {
-                in_memory.insert(path.clone(), Arc::clone(&page.markdown));
+            if let Some(markdown) = page.and_then(|p| p.markdown.as_ref()) {
+                in_memory.insert(path.clone(), Arc::clone(markdown));
             }
             desired.push(Desired {
                 url: url(&path),
