@@ -541,6 +541,10 @@ fn reverify(bundle: &VerifiedBundle, plan: &Plan, key: &str) -> Option<PublishEr
     Some(PublishError::permanent(Stage::Verify, e.to_string()))
 }
 
+#[path = "remote_batch.rs"]
+mod batch;
+pub(super) use batch::publish_batch;
+
 #[cfg(test)]
 #[path = "remote_tests.rs"]
 mod tests;
