@@ -73,6 +73,9 @@ pub(in crate::publish) fn publish_batch(
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Batch {
     let now = now_millis();
+    let started = std::time::Instant::now();
+    let mut phases: Vec<(&str, u128)> = Vec::new();
+    let mut phase = |name: &'static str| phases.push((name, started.elapsed().as_millis()));
     // Check each server, recover stale intents, read each catalog once.
     let mut dests = Vec::new();
     for d in destinations {
@@ -129,13 +132,19 @@ pub(in crate::publish) fn publish_batch(
     if !keep_going() {
         return Batch::Stopped;
     }
+    phase("prepared");
 
-    // One HEAD of every key the batch plans, many at once.
+    // One HEAD of every key the batch plans that the catalog records, many
+    // at once. A key it does not record is planned as free: its create is
+    // conditional, so an object there (unmanaged, or another publication's)
+    // refuses it, the batch steps aside, and the bundle published alone
+    // gets the report it gets today (see the module doc).
     for (j, dest) in dests.iter_mut().enumerate() {
         let keys: BTreeSet<&str> = ready
             .iter()
             .flat_map(|(_, r): &(usize, Ready)| r.prepared[j].desired.iter())
             .map(|d| d.path.as_str())
+            .filter(|k| dest.records.base().get(k).is_some())
             .collect();
         let keys: Vec<&str> = keys.into_iter().collect();
         match dest.root.head_many(&keys) {
@@ -158,6 +167,7 @@ pub(in crate::publish) fn publish_batch(
         }
     }
 
+    phase("heads");
     // Plan each bundle against what the bundles before it leave.
     let mut accepted: Vec<Accepted> = Vec::new();
     for (index, mut r) in ready {
@@ -204,6 +214,7 @@ pub(in crate::publish) fn publish_batch(
         return Batch::Stopped;
     }
 
+    phase("planned");
     // Per destination: the batch's writes (the last bundle writing a key
     // wins) and deletes.
     let merged: Vec<Merged> = (0..dests.len())
@@ -234,6 +245,7 @@ pub(in crate::publish) fn publish_batch(
         }
     }
 
+    phase("verified");
     for (m, dest) in merged.iter().zip(dests) {
         let j = m.destination;
         let d = destinations[j];
@@ -322,6 +334,11 @@ pub(in crate::publish) fn publish_batch(
         }
     }
 
+    phase("committed");
+    log::debug!(
+        "s3 batch of {} bundles, ms since start: {phases:?}",
+        bundles.len()
+    );
     for a in accepted {
         let mut report = a.ready.report;
         for (j, plan) in a.plans.iter().enumerate() {
