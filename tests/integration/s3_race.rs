@@ -660,7 +660,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     let logged =
         |needle: &str| -> usize { hosts.iter().map(|h| h.log().matches(needle).count()).sum() };
     eprintln!(
-        "s3 race: {} batches, {} batches stepped aside; {round} rounds, {kills} kill -9s ({mid_publication} with the victim's intent pending, {left_in_work} leaving a bundle in work/), {bundles} bundles on 2 hosts, {} records; logged: {} rebased commits, {} lost races for {SHARED} or the catalog (undone, retried), {} transient retries in all, {} recovered intents; {:.1}s racing, {:.1}s in all",
+        "s3 race: {} batch(es) published, {} stepped aside; {round} rounds, {kills} kill -9s ({mid_publication} with the victim's intent pending, {left_in_work} leaving a bundle in work/), {bundles} bundles on 2 hosts, {} records; logged: {} rebased commits, {} lost races for {SHARED} or the catalog (undone, retried), {} transient retries in all, {} recovered intents; {:.1}s racing, {:.1}s in all",
         logged("published a batch of"),
         logged("stepped aside"),
         records.len(),
