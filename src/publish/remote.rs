@@ -15,6 +15,9 @@
 //!   touched none of this plan's paths, else everything written is undone
 //!   and the publication fails as transient (the agent retries it).
 //!
+//! A backlog waiting for a pipeline of s3 destinations only is published
+//! as one commit per destination by [`batch`] (`remote_batch.rs`).
+//!
 //! Two things the local backend does are refused here, because they would
 //! delete objects the catalog does not record (§15.4): `--force`, and
 //! replacing a catalog of an older schema (whose records are not trusted).

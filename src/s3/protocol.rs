@@ -488,6 +488,10 @@ fn run(
     let landed = window.land_all(root, session.settings, &mut written);
     sent?;
     landed?;
+    // In the order of the writes (small objects land in any order).
+    let order: std::collections::HashMap<&str, usize> =
+        touched.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    written.sort_by_key(|(path, _)| order.get(path.as_str()).copied());
     log::debug!(
         "{}: intent {id}: {} objects stored in {} ms",
         root.label,
