@@ -3,21 +3,24 @@
 //!
 //! The bundles are planned in arrival order against the catalog plus the
 //! changes of the bundles before them (the view the local batch plans on),
-//! with one HEAD of every planned key of the whole batch. Then, per
+//! with one HEAD of every planned key the catalog records, for the whole
+//! batch; a key it does not record is planned as free. Then, per
 //! destination, one intent lists every write and delete of the batch, the
 //! outputs of all bundles go up (each PUT conditional, as for one bundle),
 //! and one compare-and-swap of the catalog commits them all. A lost swap is
 //! rebased when the winner changed none of the records the batch changes
 //! or relies on; else the batch is undone.
 //!
-//! A bundle refused at planning (an unmanaged object at its key, a deleted
-//! unrecorded object) is reported alone, as when published alone, and does
-//! not stop the others. Anything that goes wrong once writing started (an
-//! object appearing at a key after the HEADs, a changed recorded object, a
-//! bundle file that no longer matches its manifest, a lost swap that
-//! cannot be rebased, a failing server) undoes the batch's writes through
-//! its intent and makes the batch step aside: the caller publishes the
-//! bundles one by one, and the culprit gets its own report.
+//! A bundle refused at planning (for example a replacement that would
+//! delete an unrecorded object) is reported alone, as when published
+//! alone, and does not stop the others. Anything that goes wrong once
+//! writing started (an object at a key the catalog does not record, a
+//! changed recorded object, a bundle file that no longer matches its
+//! manifest, a lost swap that cannot be rebased, a failing server) undoes
+//! the batch's writes through its intent and makes the batch step aside:
+//! the caller publishes the bundles one by one, and the culprit gets the
+//! report it gets when published alone (an unmanaged object: its HEAD there
+//! makes it `fail_unmanaged`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
