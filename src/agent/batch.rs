@@ -19,13 +19,13 @@ impl Worker {
         // Whether a bundle of these was already published alone: once one
         // was, a stop sends every other one back instead of starting it.
         let mut finished_one = false;
-        // A batch is one transaction per local root; s3 destinations
-        // commit bundle by bundle (see `publish::publish`).
-        let batches = !self
-            .pipeline
-            .destinations
-            .iter()
-            .any(|d| matches!(d.backend, crate::config::Backend::S3(_)));
+        // A batch is one transaction per root: a pipeline whose
+        // destinations are all local roots or all s3 destinations batches;
+        // one mixing both kinds commits bundle by bundle.
+        let s3 =
+            |d: &crate::config::Destination| matches!(d.backend, crate::config::Backend::S3(_));
+        let destinations = &self.pipeline.destinations;
+        let batches = destinations.iter().all(s3) || !destinations.iter().any(s3);
         while batches && rest.len() > 1 && !self.stopping() {
             match self.try_batch(rest, rx) {
                 publish::Batch::Done(_) => return,

@@ -113,15 +113,24 @@ pub fn publish_batch(
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Batch {
-    // s3 destinations commit bundle by bundle (the agent never batches
-    // them; this keeps any other caller right).
-    if let Some(d) = destinations
-        .iter()
-        .find(|d| matches!(d.backend, crate::config::Backend::S3(_)))
-    {
+    // A pipeline of s3 destinations only has its own batch (one intent and
+    // one compare-and-swap per destination); one that mixes both kinds
+    // publishes bundle by bundle (the agent never batches it).
+    let is_s3 = |d: &&&Destination| matches!(d.backend, crate::config::Backend::S3(_));
+    if !destinations.is_empty() && destinations.iter().all(|d| is_s3(&d)) {
+        return super::remote::publish_batch(
+            pipeline,
+            destinations,
+            bundles,
+            options,
+            workers,
+            keep_going,
+        );
+    }
+    if let Some(d) = destinations.iter().find(is_s3) {
         return Batch::OneByOne {
             cause: format!(
-                "destination {} is an s3 destination, which commits bundle by bundle",
+                "destination {} is an s3 destination and the pipeline also has local roots; such a pipeline commits bundle by bundle",
                 d.id
             ),
         };

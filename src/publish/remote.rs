@@ -15,6 +15,9 @@
 //!   touched none of this plan's paths, else everything written is undone
 //!   and the publication fails as transient (the agent retries it).
 //!
+//! A backlog waiting for a pipeline of s3 destinations only is published
+//! as one commit per destination by [`batch`] (`remote_batch.rs`).
+//!
 //! Two things the local backend does are refused here, because they would
 //! delete objects the catalog does not record (§15.4): `--force`, and
 //! replacing a catalog of an older schema (whose records are not trusted).
@@ -540,6 +543,10 @@ fn reverify(bundle: &VerifiedBundle, plan: &Plan, key: &str) -> Option<PublishEr
     let e = bundle::verify_files(&bundle.dir, &[listed]).err()?;
     Some(PublishError::permanent(Stage::Verify, e.to_string()))
 }
+
+#[path = "remote_batch.rs"]
+mod batch;
+pub(super) use batch::publish_batch;
 
 #[cfg(test)]
 #[path = "remote_tests.rs"]

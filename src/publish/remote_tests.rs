@@ -12,7 +12,7 @@ use crate::plan::{Action, CatalogUpdate, Plan};
 
 const WHEN: &str = "2026-01-01T00:00:00Z";
 
-fn destination(workflow: Workflow) -> Destination {
+pub(super) fn destination(workflow: Workflow) -> Destination {
     Destination {
         backend: Backend::S3(S3Location {
             bucket: "b".into(),
@@ -34,7 +34,7 @@ fn destination(workflow: Workflow) -> Destination {
 }
 
 /// A record of `owner` (`pipeline/destination`) at `path` holding `body`.
-fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
+pub(super) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
     let (pipeline, destination) = owner.split_once('/').unwrap();
     let when = parse_time(WHEN).unwrap();
     OutputRecord {
@@ -57,7 +57,7 @@ fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
     }
 }
 
-fn catalog(records: &[OutputRecord]) -> State {
+pub(super) fn catalog(records: &[OutputRecord]) -> State {
     let mut c = Catalog::new(parse_time(WHEN).unwrap());
     c.outputs = records.to_vec();
     c.outputs
@@ -65,7 +65,7 @@ fn catalog(records: &[OutputRecord]) -> State {
     State::Catalog(c)
 }
 
-fn paths(c: &Catalog) -> Vec<&str> {
+pub(super) fn paths(c: &Catalog) -> Vec<&str> {
     c.outputs.iter().map(|r| r.path.as_str()).collect()
 }
 

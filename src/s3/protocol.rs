@@ -472,6 +472,7 @@ fn run(
 ) -> Result<Committed> {
     let root = session.root;
     let id = session.intent.id.clone();
+    let started = Instant::now();
     let touched: Vec<String> = writes
         .iter()
         .map(|w| w.path.clone())
@@ -479,59 +480,24 @@ fn run(
         .collect();
     let touched: Vec<&str> = touched.iter().map(String::as_str).collect();
     let mut written = Vec::with_capacity(writes.len());
-    // Objects shorter than a part wait here, read and checked, and go up
-    // together (up to SMALL_IN_FLIGHT conditional PUTs at once); larger
-    // ones go up alone as multipart uploads, after the queue is sent.
-    let mut queue = SmallQueue::default();
-    for mut w in writes {
-        session.keep_alive()?;
-        let replace = match &w.replaces {
-            None => None,
-            Some(recorded_sha) => Some(current_version(
-                root,
-                session.settings,
-                &w.path,
-                recorded_sha,
-            )?),
-        };
-        let first = super::upload::read_first_part(root, &w.path, &mut w.source)?;
-        if first.len() < super::upload::PART_SIZE {
-            let sha256 = crate::hashing::hash_bytes(&first).sha256;
-            if sha256 != w.sha256 {
-                return Err(Error::HashMismatch {
-                    root: root.label.clone(),
-                    key: w.path,
-                    expected: w.sha256,
-                    actual: sha256,
-                });
-            }
-            queue.bytes += first.len();
-            queue.items.push((w.path, first, sha256, replace));
-            if queue.items.len() >= SMALL_IN_FLIGHT || queue.bytes >= SMALL_QUEUE_BYTES {
-                send_small(session, &mut queue, &mut written)?;
-            }
-            continue;
-        }
-        send_small(session, &mut queue, &mut written)?;
-        let mut source = super::upload::FirstThen::new(first, &mut w.source);
-        let stored = super::upload::put(
-            root,
-            &w.path,
-            &mut source,
-            replace.as_ref(),
-            Some(&w.sha256),
-            &id,
-            &mut || session.keep_alive(),
-        );
-        let stored = match stored {
-            Err(Error::Exists { key, .. }) => {
-                return Err(explain_existing(root, session.settings, &key)?);
-            }
-            other => other?,
-        };
-        written.push((w.path, stored));
-    }
-    send_small(session, &mut queue, &mut written)?;
+    // Every PUT this publication started has finished (stored or refused)
+    // before an error is returned, so the caller's clean-up sees every
+    // object it stored.
+    let mut window = Window::default();
+    let sent = upload(session, writes, &id, &mut window, &mut written);
+    let landed = window.land_all(root, session.settings, &mut written);
+    sent?;
+    landed?;
+    // In the order of the writes (small objects land in any order).
+    let order: std::collections::HashMap<&str, usize> =
+        touched.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    written.sort_by_key(|(path, _)| order.get(path.as_str()).copied());
+    log::debug!(
+        "{}: intent {id}: {} objects stored in {} ms",
+        root.label,
+        written.len(),
+        started.elapsed().as_millis()
+    );
     let mut base = base;
     let mut next = next;
     let mut rebases = 0;
@@ -566,57 +532,141 @@ fn run(
     }
 }
 
-/// Small objects a commit sends at once, and the bytes they may hold in
-/// memory together (besides the one being read): memory stays within a
-/// few parts, as for a multipart upload.
-const SMALL_IN_FLIGHT: usize = 8;
+/// Small objects a commit has in flight at once, and the bytes they may
+/// hold in memory together (besides the one being read): memory stays
+/// within a few parts, as for a multipart upload.
+const SMALL_IN_FLIGHT: usize = 16;
 const SMALL_QUEUE_BYTES: usize = 3 * super::upload::PART_SIZE;
 
-/// Objects shorter than a part, read and checked, waiting to be sent:
-/// path, bytes, sha256, and the version a replacement must still be at.
-#[derive(Default)]
-struct SmallQueue {
-    items: Vec<(String, Vec<u8>, String, Option<ETag>)>,
-    bytes: usize,
-}
-
-/// Sends the queued objects, each with its own conditional PUT, all at
-/// once; records what was stored in `written` (in the order of the
-/// writes). Every PUT finishes before an error is returned, so the
-/// caller's clean-up sees every object this publication stored.
-fn send_small(
-    session: &mut Session<'_>,
-    queue: &mut SmallQueue,
+/// Uploads `writes` in order: objects shorter than a part are read,
+/// checked and put into `window` (sent while the next ones are read);
+/// larger ones go up alone as multipart uploads once the window landed.
+/// Stops at the first error; the caller lands the window either way.
+fn upload<'r: 'f, 'f>(
+    session: &mut Session<'r>,
+    writes: Vec<Write<'_>>,
+    id: &'f str,
+    window: &mut Window<'f>,
     written: &mut Vec<(String, Written)>,
 ) -> Result<()> {
-    if queue.items.is_empty() {
-        return Ok(());
+    let root: &'f S3Root = session.root;
+    for mut w in writes {
+        session.keep_alive()?;
+        let replace = match &w.replaces {
+            None => None,
+            Some(recorded_sha) => Some(current_version(
+                root,
+                session.settings,
+                &w.path,
+                recorded_sha,
+            )?),
+        };
+        let first = super::upload::read_first_part(root, &w.path, &mut w.source)?;
+        if first.len() < super::upload::PART_SIZE {
+            let sha256 = crate::hashing::hash_bytes(&first).sha256;
+            if sha256 != w.sha256 {
+                return Err(Error::HashMismatch {
+                    root: root.label.clone(),
+                    key: w.path,
+                    expected: w.sha256,
+                    actual: sha256,
+                });
+            }
+            while !window.is_empty()
+                && (window.flying.len() >= SMALL_IN_FLIGHT
+                    || window.bytes + first.len() > SMALL_QUEUE_BYTES)
+            {
+                window.land_one(root, written);
+            }
+            if window.failed.is_some() {
+                return Ok(());
+            }
+            let len = first.len();
+            let path = w.path;
+            window.bytes += len;
+            window.flying.push(Box::pin(async move {
+                let stored =
+                    super::upload::put_one(root, &path, first, sha256, replace.as_ref(), id).await;
+                (path, len, stored)
+            }));
+            continue;
+        }
+        window.land_all(root, session.settings, written)?;
+        let mut source = super::upload::FirstThen::new(first, &mut w.source);
+        let stored = super::upload::put(
+            root,
+            &w.path,
+            &mut source,
+            replace.as_ref(),
+            Some(&w.sha256),
+            id,
+            &mut || session.keep_alive(),
+        );
+        let stored = match stored {
+            Err(Error::Exists { key, .. }) => {
+                return Err(explain_existing(root, session.settings, &key)?);
+            }
+            other => other?,
+        };
+        written.push((w.path, stored));
     }
-    session.keep_alive()?;
-    let root = session.root;
-    let id = session.intent.id.as_str();
-    let items = std::mem::take(&mut queue.items);
-    queue.bytes = 0;
-    let results = root.block_on(futures_util::future::join_all(items.into_iter().map(
-        |(path, bytes, sha256, replace)| async move {
-            let stored =
-                super::upload::put_one(root, &path, bytes, sha256, replace.as_ref(), id).await;
-            (path, stored)
-        },
-    )));
-    let mut failed = None;
-    for (path, stored) in results {
+    Ok(())
+}
+
+/// One small object's conditional PUT: its path, its length and what was
+/// stored.
+type Landing = (String, usize, Result<Written>);
+
+/// Conditional PUTs of small objects in flight, each sent as soon as its
+/// bytes were read and checked.
+#[derive(Default)]
+struct Window<'f> {
+    flying: futures_util::stream::FuturesUnordered<
+        std::pin::Pin<Box<dyn std::future::Future<Output = Landing> + 'f>>,
+    >,
+    /// Bytes the PUTs in flight hold.
+    bytes: usize,
+    /// The first refusal or failure; nothing more is sent after it.
+    failed: Option<Error>,
+}
+
+impl Window<'_> {
+    fn is_empty(&self) -> bool {
+        self.flying.is_empty()
+    }
+
+    /// Waits for one PUT to finish and records it in `written` (in the
+    /// order they finish).
+    fn land_one(&mut self, root: &S3Root, written: &mut Vec<(String, Written)>) {
+        use futures_util::StreamExt as _;
+        let Some((path, len, stored)) = root.block_on(self.flying.next()) else {
+            return;
+        };
+        self.bytes -= len;
         match stored {
             Ok(stored) => written.push((path, stored)),
             Err(e) => {
-                failed.get_or_insert(e);
+                self.failed.get_or_insert(e);
             }
         }
     }
-    match failed {
-        None => Ok(()),
-        Some(Error::Exists { key, .. }) => Err(explain_existing(root, session.settings, &key)?),
-        Some(e) => Err(e),
+
+    /// Waits for every PUT in flight; the first refusal or failure, a
+    /// refused create explained ([`explain_existing`]).
+    fn land_all(
+        &mut self,
+        root: &S3Root,
+        settings: Settings,
+        written: &mut Vec<(String, Written)>,
+    ) -> Result<()> {
+        while !self.is_empty() {
+            self.land_one(root, written);
+        }
+        match self.failed.take() {
+            None => Ok(()),
+            Some(Error::Exists { key, .. }) => Err(explain_existing(root, settings, &key)?),
+            Some(e) => Err(e),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod reliability;
 mod render;
 mod run;
 mod s3;
+mod s3_batch;
 mod s3_maintain;
 mod s3_publish;
 mod s3_race;

@@ -428,8 +428,10 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     let dir = tmp.path();
     let stage = dir.join("stage");
     let hosts = [
-        Host::new(dir, "A", &bucket.location, 8),
-        Host::new(dir, "B", &bucket.location, 8),
+        // A kill in the middle of a batch costs each of its bundles an
+        // attempt: more attempts than one-by-one publication would need.
+        Host::new(dir, "A", &bucket.location, 16),
+        Host::new(dir, "B", &bucket.location, 16),
     ];
 
     // The root is managed (a catalog exists) before anything else lands in
@@ -464,18 +466,20 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
 
     let mut fed = Fed::default();
     let mut rng = Rng::seeded();
-    let mut agents: Vec<Option<Agent>> = hosts.iter().map(|h| Some(h.agent())).collect();
     let mut next = 0u32;
     // Contention first: both hosts publish bundles that all write SHARED
     // at once; when two overlap, the later compare-and-swap finds that the
-    // other changed its path, is undone and retried (never lost).
-    for _ in 0..3 {
+    // other changed its path, is undone and retried (never lost). They
+    // wait in the inboxes before the agents start, so each agent claims
+    // them together and publishes them as a batch (one intent, one swap).
+    for _ in 0..4 {
         for host in &hosts {
             let b = fed.bundle(&stage, &host.name, next, 20, true);
             next += 1;
             host.feed(&b);
         }
     }
+    let mut agents: Vec<Option<Agent>> = hosts.iter().map(|h| Some(h.agent())).collect();
     let settled = wait_for(EVENT_WAIT, || hosts.iter().all(Host::idle));
     assert!(
         settled,
@@ -656,7 +660,9 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     let logged =
         |needle: &str| -> usize { hosts.iter().map(|h| h.log().matches(needle).count()).sum() };
     eprintln!(
-        "s3 race: {round} rounds, {kills} kill -9s ({mid_publication} with the victim's intent pending, {left_in_work} leaving a bundle in work/), {bundles} bundles on 2 hosts, {} records; logged: {} rebased commits, {} lost races for {SHARED} or the catalog (undone, retried), {} transient retries in all, {} recovered intents; {:.1}s racing, {:.1}s in all",
+        "s3 race: {} batch(es) published, {} stepped aside; {round} rounds, {kills} kill -9s ({mid_publication} with the victim's intent pending, {left_in_work} leaving a bundle in work/), {bundles} bundles on 2 hosts, {} records; logged: {} rebased commits, {} lost races for {SHARED} or the catalog (undone, retried), {} transient retries in all, {} recovered intents; {:.1}s racing, {:.1}s in all",
+        logged("published a batch of"),
+        logged("stepped aside"),
         records.len(),
         logged("applied on top of its catalog"),
         logged(&format!("{SHARED} changed since")) + logged("changed the catalog"),
@@ -668,6 +674,14 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     assert!(
         mid_publication >= 1,
         "no kill landed while the victim's intent was pending: the race did not test a killed publication"
+    );
+    // Bundles piled up (before the agents started, and while a victim was
+    // down): the agents published batches, not only single bundles.
+    assert!(
+        logged("published a batch of") >= 2,
+        "the agents never published a batch:\n{}\n{}",
+        hosts[0].log(),
+        hosts[1].log()
     );
 }
 

@@ -1,0 +1,339 @@
+//! The agent publishing a backlog into an s3 destination as one batch
+//! (docs/object-storage.md, "Batches"), against the real SeaweedFS of
+//! `seaweed::server`: one intent and one catalog swap for the whole
+//! backlog, a bundle refused at planning reported alone, a batch that
+//! steps aside undone and published one by one, and a batch killed while
+//! it uploads converging at the agent's next start.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::seaweed::{Bucket, server};
+use crate::util::{Output, Test, names, wait_for};
+
+const RESULT: &str = ".distributor-result.json";
+/// Longest the test waits for any one observable event before failing.
+const EVENT_WAIT: Duration = Duration::from_secs(60);
+
+/// A test folder whose config has pipeline `p` with one s3 destination
+/// `web` (additive) in a bucket of its own.
+struct BatchTest {
+    t: Test,
+    bucket: Bucket,
+}
+
+impl BatchTest {
+    fn new() -> BatchTest {
+        let bucket = Bucket::new("site");
+        let t = Test::new();
+        t.config(&format!(
+            "spool: ./spool
+agent: {{settle: 0s, metrics_file: ./metrics.prom}}
+pipelines:
+  - id: p
+    destinations:
+      - id: web
+        backend: s3
+        bucket: {bucket}
+        path: site
+        endpoint: {endpoint}
+        workflow: additive
+",
+            bucket = bucket.location.bucket,
+            endpoint = server().endpoint,
+        ));
+        fs::create_dir_all(t.join("spool/p/inbox")).unwrap();
+        BatchTest { t, bucket }
+    }
+
+    /// `agent --once`, logging at info, with the server's credentials.
+    fn once(&self) -> Output {
+        let creds = server().credentials();
+        let mut cmd = self.t.cmd();
+        cmd.env("RUST_LOG", "info")
+            .env("AWS_ACCESS_KEY_ID", &creds.key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+            .args(["--config", "config.yaml", "agent", "--once"]);
+        cmd.output()
+    }
+
+    /// Seals bundle `name` with `files` and drops it into the inbox.
+    fn drop_bundle(&self, name: &str, files: &[(&str, &str)]) {
+        let b = self.t.bundle(name, files);
+        fs::rename(&b, self.t.join(&format!("spool/p/inbox/{name}"))).unwrap();
+    }
+
+    /// A nested bundle `b<i>`: three files in a folder of its own.
+    fn drop_nested(&self, i: usize) -> [String; 3] {
+        let paths = [
+            format!("r{i:03}/report.md"),
+            format!("r{i:03}/page.html"),
+            format!("r{i:03}/data/x.csv"),
+        ];
+        let contents = [
+            format!("# report {i}\n"),
+            format!("<p>{i}</p>\n"),
+            "x,y\n".repeat(i + 1),
+        ];
+        let files: Vec<(&str, &str)> = paths
+            .iter()
+            .zip(&contents)
+            .map(|(p, c)| (p.as_str(), c.as_str()))
+            .collect();
+        self.drop_bundle(&format!("b{i:03}"), &files);
+        paths
+    }
+
+    fn result(&self, folder: &str, name: &str) -> Value {
+        let path = self.t.join(&format!("spool/p/{folder}/{name}/{RESULT}"));
+        serde_json::from_slice(&fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")))
+            .unwrap()
+    }
+
+    fn metric(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.t.join("metrics.prom")).unwrap();
+        let prefix = format!("distributor_{name}{{pipeline=\"p\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .to_owned()
+    }
+
+    /// The root holds exactly the recorded objects (each with its recorded
+    /// bytes), the catalog, and `also`; no intent is pending.
+    #[track_caller]
+    fn assert_converged(&self, also: &[&str]) -> BTreeSet<String> {
+        let records = self.bucket.assert_records_match_objects();
+        assert!(
+            self.bucket.reserved().is_empty(),
+            "left under .distributor-pending/: {:?}",
+            self.bucket.reserved()
+        );
+        let expected: BTreeSet<String> = records
+            .keys()
+            .cloned()
+            .chain([".distributor.json".to_owned()])
+            .chain(also.iter().map(|k| (*k).to_owned()))
+            .collect();
+        assert_eq!(self.bucket.keys(), expected);
+        records.into_keys().collect()
+    }
+}
+
+/// Lines of `log` that say a batch was published, with its size.
+fn batches(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter_map(|l| l.split("published a batch of ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_backlog_goes_up_as_one_batch_with_one_intent_and_one_catalog_swap() {
+    let s = BatchTest::new();
+    // The first bundle makes the catalog (alone), then the backlog waits.
+    let mut expected = BTreeSet::new();
+    expected.extend(s.drop_nested(0));
+    s.once().expect_code(0);
+    let first_catalog = s.bucket.etag(".distributor.json").expect("a catalog");
+    let n = 30;
+    for i in 1..=n {
+        expected.extend(s.drop_nested(i));
+    }
+    let out = s.once();
+    out.expect_code(0);
+    assert_eq!(batches(&out.stderr), [n], "not one batch:\n{}", out.stderr);
+    assert!(
+        !out.stderr.contains("stepped aside"),
+        "the batch fell back:\n{}",
+        out.stderr
+    );
+    assert_eq!(s.metric("batch_fallbacks_total"), "0");
+    let done = names(&s.t.join("spool/p/done"));
+    assert_eq!(done.len(), n + 1, "{done:?}\n{}", out.stderr);
+    for i in 1..=n {
+        let r = s.result("done", &format!("b{i:03}"));
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["destinations"][0]["action"], "upsert_additive", "{r}");
+        assert_eq!(r["destinations"][0]["writes"].as_array().unwrap().len(), 3);
+    }
+    let records = s.assert_converged(&[]);
+    assert_eq!(records, expected);
+    assert_eq!(
+        s.bucket.get("r007/report.md").unwrap(),
+        b"# report 7\n".to_vec()
+    );
+    // One compare-and-swap for the whole backlog: every record of the
+    // batch carries the same update time, later than the first bundle's.
+    let doc: Value = serde_json::from_slice(&s.bucket.get(".distributor.json").unwrap()).unwrap();
+    let times: BTreeSet<&str> = doc["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["path"].as_str().unwrap().starts_with("r000/"))
+        .map(|r| r["updated_at"].as_str().unwrap())
+        .collect();
+    assert_eq!(times.len(), 1, "{times:?}");
+    assert_ne!(s.bucket.etag(".distributor.json").unwrap(), first_catalog);
+}
+
+#[test]
+fn a_bundle_meeting_an_unmanaged_object_fails_alone_and_the_rest_of_the_batch_is_published() {
+    let s = BatchTest::new();
+    s.drop_nested(0);
+    s.once().expect_code(0);
+    for i in 1..=6 {
+        s.drop_nested(i);
+    }
+    // Someone else's object at a key of bundle 3, which the catalog does
+    // not record: the batch does not HEAD it, its conditional create is
+    // refused, the batch is undone and the bundles go one by one, where
+    // bundle 3 is refused exactly as when it is published alone.
+    let planted = s.bucket.plant("r003/page.html", b"<p>theirs</p>");
+    let out = s.once();
+    out.expect_code(1);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("stepped aside"))
+        .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
+    assert!(
+        line.contains("r003/page.html"),
+        "the cause is named: {line}"
+    );
+    assert_eq!(s.metric("batch_fallbacks_total"), "1");
+    assert_eq!(
+        names(&s.t.join("spool/p/failed")),
+        BTreeSet::from(["b003".to_owned()])
+    );
+    let r = s.result("failed", "b003");
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["stage"], "plan", "{r}");
+    assert_eq!(r["destinations"][0]["action"], "fail_unmanaged", "{r}");
+    assert_eq!(
+        r["destinations"][0]["unmanaged"],
+        serde_json::json!(["r003/page.html"]),
+        "{r}"
+    );
+    assert_eq!(names(&s.t.join("spool/p/done")).len(), 6);
+    // Nothing of bundle 3 went up, the planted object is untouched.
+    let records = s.assert_converged(&["r003/page.html"]);
+    assert!(
+        records.iter().all(|k| !k.starts_with("r003/")),
+        "{records:?}"
+    );
+    assert_eq!(records.len(), 6 * 3);
+    assert_eq!(s.bucket.etag("r003/page.html").unwrap(), planted);
+    assert_eq!(
+        s.bucket.get("r003/page.html").unwrap(),
+        b"<p>theirs</p>".to_vec()
+    );
+}
+
+#[test]
+fn a_batch_that_meets_a_bad_file_while_uploading_is_undone_and_published_one_by_one() {
+    let s = BatchTest::new();
+    s.drop_nested(0);
+    s.once().expect_code(0);
+    for i in 1..=5 {
+        s.drop_nested(i);
+    }
+    // Changed after sealing: only its upload, which hashes as it sends,
+    // sees it, once other objects of the batch went up.
+    s.drop_bundle("tampered", &[("zz/t.txt", "tttt\n")]);
+    fs::write(s.t.join("spool/p/inbox/tampered/zz/t.txt"), "TTTT\n").unwrap();
+    let out = s.once();
+    out.expect_code(1);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("stepped aside"))
+        .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
+    assert!(
+        line.contains("WARN") && line.contains("pipeline=p"),
+        "{line}"
+    );
+    assert!(line.contains("zz/t.txt"), "the cause is named: {line}");
+    assert!(line.contains("undone"), "{line}");
+    assert!(batches(&out.stderr).is_empty(), "{}", out.stderr);
+    assert_eq!(s.metric("batch_fallbacks_total"), "1");
+    assert_eq!(
+        names(&s.t.join("spool/p/failed")),
+        BTreeSet::from(["tampered".to_owned()])
+    );
+    let r = s.result("failed", "tampered");
+    assert_eq!(r["stage"], "verify", "{r}");
+    assert_eq!(names(&s.t.join("spool/p/done")).len(), 6);
+    let records = s.assert_converged(&[]);
+    assert_eq!(records.len(), 6 * 3);
+}
+
+#[test]
+fn a_batch_killed_while_it_uploads_converges_at_the_next_start() {
+    const BIG: &str = "zz/big.bin";
+    let s = BatchTest::new();
+    s.drop_nested(0);
+    s.once().expect_code(0);
+    for i in 1..=8 {
+        s.drop_nested(i);
+    }
+    // The last key of the batch goes up in parts: the agent is killed once
+    // its empty placeholder is there, after every small object went up.
+    let big: Vec<u8> = (0..20 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let b = s.t.sealed("big", &[(BIG, &big)]);
+    fs::rename(&b, s.t.join("spool/p/inbox/big")).unwrap();
+    let creds = server().credentials();
+    let mut child =
+        s.t.cmd()
+            .env("AWS_ACCESS_KEY_ID", &creds.key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+            .args(["--config", "config.yaml", "agent"])
+            .spawn_quiet();
+    let in_flight = wait_for(EVENT_WAIT, || {
+        s.bucket
+            .root
+            .head(BIG)
+            .expect("HEAD")
+            .is_some_and(|h| h.size == 0 && h.intent.is_some())
+            || child.try_wait().expect("wait").is_some()
+    });
+    assert!(in_flight, "the upload of {BIG} never started");
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "it finished first"
+    );
+    child.kill().expect("kill -9");
+    child.wait().expect("reap");
+    // Killed mid-batch: one intent listing every bundle's writes, objects
+    // of many bundles up, none recorded.
+    let pending = s.bucket.pending();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let (intent, ..) = s.bucket.root.read_intent(&pending[0]).unwrap().unwrap();
+    assert_eq!(intent.writes.len(), 8 * 3 + 1);
+    assert!(s.bucket.get("r004/report.md").is_some());
+    assert!(!s.bucket.records().contains_key("r004/report.md"));
+
+    // The next start recovers the killed agent's batch at once (it serves
+    // the same spool) and publishes the bundles it resumes from work/.
+    let out = s.once();
+    out.expect_code(0);
+    assert!(
+        names(&s.t.join("spool/p/failed")).is_empty(),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(names(&s.t.join("spool/p/done")).len(), 10, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("that another publisher left behind"),
+        "{}",
+        out.stderr
+    );
+    let records = s.assert_converged(&[]);
+    assert_eq!(records.len(), 9 * 3 + 1);
+    assert_eq!(s.bucket.get(BIG).unwrap().len(), big.len());
+}
