@@ -124,7 +124,7 @@ pub(in crate::publish) fn publish_batch(
     let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
     let mut ready = Vec::new();
     let prepared = map_on(workers, bundles, |dir| {
-        prepare_bundle(pipeline, destinations, dir, false)
+        prepare_bundle(pipeline, destinations, dir, false, &options.scratch)
     });
     for (index, result) in prepared.into_iter().enumerate() {
         match result {
