@@ -247,7 +247,11 @@ impl<'s> Spill<'s> {
     pub(super) fn new(scratch: &'s mut Scratch, estimate: usize) -> Spill<'s> {
         let start = scratch.end;
         Spill {
-            memory: Vec::with_capacity(estimate.min(SPILL_FROM).min(HOLD_AT_MOST - scratch.held)),
+            memory: Vec::with_capacity(
+                estimate
+                    .min(SPILL_FROM)
+                    .min(HOLD_AT_MOST.saturating_sub(scratch.held)),
+            ),
             scratch,
             file: None,
             start,
@@ -491,5 +495,14 @@ mod tests {
         let content = Content::page(vec![Part::Body], body);
         assert!(!content.is_spilled());
         assert_eq!(read_all(&content, 1 << 16).len(), SPILL_FROM + 5);
+        // Bodies that cannot spill take the bundle past its budget; the
+        // next ones still work (in memory).
+        for _ in 0..5 {
+            let mut spill = Spill::new(&mut scratch, 10);
+            spill.write_all(&vec![b'z'; SPILL_FROM]).unwrap();
+            let (body, _) = spill.finish().unwrap();
+            let content = Content::page(vec![Part::Body], body);
+            assert_eq!(read_all(&content, 4096).len(), SPILL_FROM);
+        }
     }
 }

@@ -187,7 +187,7 @@ fn table_chunks(markdown: &str) -> Vec<Range<usize>> {
     let mut has_delimiter = false;
     for (start, end, next) in lines(markdown) {
         let line = &markdown[start..end];
-        if line.trim().is_empty() {
+        if line.bytes().all(is_blank_byte) {
             if let Some(from) = chunk.take()
                 && has_delimiter
             {
@@ -197,7 +197,10 @@ fn table_chunks(markdown: &str) -> Vec<Range<usize>> {
             continue;
         }
         chunk.get_or_insert(start);
-        has_delimiter |= looks_like_delimiter(line.trim_start_matches([' ', '\t', '>']));
+        // A lone `\r` ends a line for the parser too.
+        has_delimiter |= line
+            .split('\r')
+            .any(|part| looks_like_delimiter(part.trim_start_matches([' ', '\t', '>'])));
         if next == markdown.len()
             && let Some(from) = chunk.take()
             && has_delimiter
@@ -208,7 +211,15 @@ fn table_chunks(markdown: &str) -> Vec<Range<usize>> {
     chunks
 }
 
+/// Whitespace within a line, as the parser counts it (a line of only such
+/// bytes is blank).
+fn is_blank_byte(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | 0x0b | 0x0c)
+}
+
 /// The lines of `text` as (start, end without line ending, end with it).
+/// Only `\n` (or `\r\n`) ends a line here; a lone `\r`, which ends one for
+/// the parser, is left inside: the finders treat it where it matters.
 fn lines(text: &str) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     let bytes = text.as_bytes();
     let mut at = 0;
@@ -242,7 +253,7 @@ fn looks_like_delimiter(line: &str) -> bool {
     line.contains('-')
         && line
             .bytes()
-            .all(|b| matches!(b, b'|' | b'-' | b':' | b' ' | b'\t'))
+            .all(|b| matches!(b, b'|' | b'-' | b':') || is_blank_byte(b))
 }
 
 /// Whether a line is an ATX heading line at the first column (`# x`).
@@ -353,10 +364,12 @@ fn find_rows(markdown: &str, settings: &Settings) -> (Vec<Cut>, Vec<Range<usize>
     let mut previous = None;
     let end = markdown.len();
     for line in lines(markdown).chain(std::iter::once((end, end, end))) {
-        // A line of a lone `|` has no cell: it ends a table.
+        // A line of a lone `|` has no cell: it ends a table. A lone `\r`
+        // ends a line for the parser: each part must be a row.
         let row = line.0 < end
-            && markdown[line.0..].starts_with('|')
-            && !markdown[line.0 + 1..line.1].trim().is_empty();
+            && markdown[line.0..line.1]
+                .split('\r')
+                .all(|part| part.starts_with('|') && !part[1..].bytes().all(is_blank_byte));
         if row {
             if run.is_empty() {
                 before_run = previous;
@@ -411,7 +424,11 @@ fn rows_of_run(
     let columns = cells(text(delimiter_line));
     let mut fewest_filled = 0usize;
     for &line in &run[delimiter + 1..] {
-        fewest_filled += columns.saturating_sub(cells(text(line)));
+        // Each part between lone `\r`s is a row of its own.
+        fewest_filled += text(line)
+            .split('\r')
+            .map(|row| columns.saturating_sub(cells(row)))
+            .sum::<usize>();
         if fewest_filled > MOST_FILLED_CELLS {
             past.push(line.0..run[run.len() - 1].2);
             break;
@@ -435,7 +452,12 @@ fn rows_of_run(
         }
         let filled = run[from..l]
             .iter()
-            .map(|&line| columns.saturating_sub(fewest_cells(text(line))))
+            .map(|&line| {
+                text(line)
+                    .split('\r')
+                    .map(|row| columns.saturating_sub(fewest_cells(row)))
+                    .sum::<usize>()
+            })
             .sum();
         cuts.push(Cut {
             source,
@@ -459,7 +481,7 @@ fn cell_starts(line: &str) -> impl Iterator<Item = usize> + '_ {
         if bytes.get(at) == Some(&b'|') {
             at += 1;
         }
-        while matches!(bytes.get(at), Some(b' ' | b'\t')) {
+        while bytes.get(at).copied().is_some_and(is_blank_byte) {
             at += 1;
         }
         if at >= bytes.len() {
@@ -483,7 +505,7 @@ fn cells(line: &str) -> usize {
 /// exactly; `None` to keep the whole line. The pipe before that cell ends
 /// the row as the parser keeps it.
 fn kept_cells_end(line: &str, columns: usize) -> Option<usize> {
-    if line.contains(['`', '\\', '<', '[', '$']) {
+    if line.contains(['`', '\\', '<', '[', '$', '\r']) {
         return None;
     }
     cell_starts(line).nth(columns)
@@ -541,9 +563,11 @@ fn starts_plain(bytes: &[u8], at: usize) -> bool {
         // A table's edge: plain where no table may be (see [`find_cuts`]),
         // but never its delimiter row.
         Some(b'|') => {
-            let line = bytes[at..].split(|&c| c == b'\n').next().unwrap_or(&[]);
-            let line = std::str::from_utf8(line).unwrap_or("-");
-            !looks_like_delimiter(line.trim_end_matches('\r'))
+            let line = bytes[at..]
+                .split(|&c| c == b'\n' || c == b'\r')
+                .next()
+                .unwrap_or(&[]);
+            !looks_like_delimiter(std::str::from_utf8(line).unwrap_or("-"))
         }
         Some(b'`') => !bytes[at..].starts_with(b"```"),
         Some(b'~') => !bytes[at..].starts_with(b"~~~"),
@@ -705,14 +729,19 @@ fn one_sided_runs(bytes: &[u8], range: Range<usize>) -> Option<usize> {
 }
 
 /// Whether the line after the one holding byte `at` could be a delimiter
-/// row (it could turn the paragraph's line into a table header).
+/// row (it could turn the paragraph's line into a table header). A lone
+/// `\r` ends a line as `\n` does.
 fn next_line_looks_like_delimiter(markdown: &str, at: usize) -> bool {
-    let Some(newline) = markdown[at..].find('\n') else {
+    let Some(end) = markdown[at..].find(['\n', '\r']).map(|i| at + i) else {
         return false;
     };
-    let rest = &markdown[at + newline + 1..];
-    let line = rest.split('\n').next().unwrap_or("");
-    looks_like_delimiter(line.trim_end_matches('\r'))
+    let next = if markdown[end..].starts_with("\r\n") {
+        end + 2
+    } else {
+        end + 1
+    };
+    let line = markdown[next..].split(['\n', '\r']).next().unwrap_or("");
+    looks_like_delimiter(line)
 }
 
 /// The documents to parse: the main one with tokens in place of the cuts,

@@ -1259,6 +1259,67 @@ mod pieces {
         assert!(used > 200, "only {used} pieces were cut");
     }
 
+    /// Renders `markdown` with the default sizes and whole; they must be
+    /// the same. Returns the pieces cut.
+    fn same_with_default_sizes(markdown: &str) -> usize {
+        let generated = set(&[]);
+        let options = RenderOptions {
+            allow_raw_html: false,
+            source_path: "page.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let (cut, pieces) = render(markdown, &options, &Settings::DEFAULT);
+        let (whole, _) = render(markdown, &options, &WHOLE);
+        if cut != whole {
+            let at = cut
+                .bytes()
+                .zip(whole.bytes())
+                .position(|(a, b)| a != b)
+                .unwrap_or(cut.len().min(whole.len()));
+            let around = |s: &str| s[at.saturating_sub(60)..(at + 120).min(s.len())].to_owned();
+            panic!(
+                "the renderings differ at byte {at}:\ncut   {:?}\nwhole {:?}",
+                around(&cut),
+                around(&whole)
+            );
+        }
+        pieces
+    }
+
+    // Found by review: a lone `\r` ends a line for the parser, and
+    // vertical tab and form feed are blanks in a table row.
+    #[test]
+    fn a_lone_carriage_return_ends_a_line_for_the_cutter_too() {
+        for middle in ["|x|y|z|\r# h", "|x|y|z|\r|", "|x|\r- item", "|x|\r|y|z|"] {
+            let markdown = format!(
+                "|a|b|c|\n|-|-|-|\n{}{middle}\n{}\nafter\n",
+                "|a|b|c|\n".repeat(5000),
+                "|a|b|c|\n".repeat(5000)
+            );
+            same_with_default_sizes(&markdown);
+        }
+        for delimiter in ["|-|-|\rmore\n", "|-|-|\r\n", "|-|-|\r"] {
+            let markdown = format!(
+                "{}{}a | b\n{delimiter}\nafter\n",
+                "Filler paragraph text here with words.\n\n".repeat(2000),
+                "words ".repeat(300)
+            );
+            same_with_default_sizes(&markdown);
+        }
+    }
+
+    #[test]
+    fn vertical_tabs_and_form_feeds_are_blanks_in_rows() {
+        for blank in ["\x0b", "\x0c"] {
+            let markdown = format!(
+                "|a|b|c|\n|-|-|-|\n{}\nafter\n",
+                format!("|a|{blank}\n").repeat(200_000)
+            );
+            same_with_default_sizes(&markdown);
+        }
+    }
+
     #[test]
     fn dense_emphasis_and_tables_are_cut_with_the_default_sizes() {
         let emphasis = "*a* **b** _c_ ".repeat(10_000);
