@@ -251,18 +251,18 @@ mod tests {
         let at = time::macros::datetime!(2026-06-01 00:00 UTC);
         OutputRecord {
             path: RelPath::parse(path).unwrap(),
-            pipeline_id: "p".to_owned(),
-            destination_id: "d".to_owned(),
-            source: SourceIdentity {
+            pipeline_id: "p".into(),
+            destination_id: "d".into(),
+            source: std::sync::Arc::new(SourceIdentity {
                 id: "s".to_owned(),
                 digest: format!("sha256:{}", "a".repeat(64)),
                 created: at,
-            },
+            }),
             kind: OutputKind::Source,
             source_path: None,
             transform: None,
             url: None,
-            sha256: format!("sha256:{}", "b".repeat(64)),
+            sha256: crate::catalog::Sha256::parse(&format!("sha256:{}", "b".repeat(64))).unwrap(),
             size,
             created_at: at,
             updated_at: at,

@@ -4,7 +4,7 @@
 
 use super::{Failure, PublishError};
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{OutputKind, SourceIdentity};
+use crate::catalog::{OutputKind, Sha256, SourceIdentity};
 use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
@@ -275,7 +275,7 @@ fn prepare<'a>(
                 path,
                 kind: OutputKind::Source,
                 bundle_path: f.path.clone(),
-                sha256: f.sha256.clone(),
+                sha256: Sha256::parse(&f.sha256).expect("a verified manifest lists sha256 digests"),
                 size: f.size,
             });
         }
@@ -292,7 +292,7 @@ fn prepare<'a>(
                 path: path.clone(),
                 kind: OutputKind::Generated,
                 bundle_path: f.path.clone(),
-                sha256,
+                sha256: Sha256::parse(&sha256).expect("hashing gives sha256 digests"),
                 size,
             });
             in_memory.insert(path, Arc::clone(bytes));

@@ -41,16 +41,17 @@ fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
         path: RelPath::parse(path).unwrap(),
         pipeline_id: pipeline.into(),
         destination_id: destination.into(),
-        source: SourceIdentity {
+        source: std::sync::Arc::new(SourceIdentity {
             id: "src".into(),
             digest: format!("sha256:{:0>64}", 0),
             created: when,
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: crate::hashing::hash_bytes(body.as_bytes()).sha256,
+        sha256: crate::catalog::Sha256::parse(&crate::hashing::hash_bytes(body.as_bytes()).sha256)
+            .unwrap(),
         size: body.len() as u64,
         created_at: when,
         updated_at: when,
