@@ -791,8 +791,9 @@ mod tests {
             unreachable!()
         };
         base.distributor_version = Some("0.0.1".to_owned());
+        type Paths = &'static [&'static str];
         // (keep_existing, upserts, removes, replaced)
-        let cases: [(bool, &[&str], &[&str], &[&str]); 6] = [
+        let cases: [(bool, Paths, Paths, Paths); 6] = [
             (true, &[], &[], &[]),
             (true, &["0", "b/x", "e"], &["d", "a"], &["b/x"]),
             (
