@@ -401,10 +401,15 @@ impl Catalog {
         self.outputs.partition_point(|r| r.path.as_str() < key)
     }
 
-    /// Sorts outputs by path (byte order of the UTF-8 text).
+    /// Sorts outputs by path (byte order of the UTF-8 text). In place:
+    /// paths are unique, so an unstable sort gives the one order there is
+    /// without the scratch buffer (half the records) a stable sort takes,
+    /// and a catalog read from its file is already sorted.
     pub fn sort(&mut self) {
-        self.outputs
-            .sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+        let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
+        if !self.outputs.is_sorted_by(|a, b| by_path(a, b).is_le()) {
+            self.outputs.sort_unstable_by(by_path);
+        }
     }
 
     /// Serialises as pretty JSON with a final newline.
@@ -620,6 +625,33 @@ pub enum State {
 }
 
 impl State {
+    /// Reads and classifies a state file. A catalog as this tool writes it
+    /// is read in one pass from the stream, its text never held whole (a
+    /// large tree's catalog is tens of MiB); anything else (legacy, future
+    /// or invalid state, or a catalog edited into another key order) is
+    /// read whole and classified by [`State::parse`], with the same result.
+    pub fn read<F: std::io::Read + std::io::Seek>(file: &mut F) -> std::io::Result<State> {
+        let streamed = {
+            let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
+            let mut de = serde_json::Deserializer::from_reader(reader);
+            match Streamed::deserialize(&mut de).and_then(|s| de.end().map(|()| s)) {
+                Ok(Streamed(raw)) => Some(raw),
+                Err(e) if e.is_io() => return Err(e.into()),
+                Err(_) => None,
+            }
+        };
+        if let Some(raw) = streamed {
+            return Ok(match finish_v4(raw) {
+                Ok(c) => State::Catalog(c),
+                Err(reason) => State::Invalid { reason },
+            });
+        }
+        std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(file, &mut bytes)?;
+        Ok(State::parse(&bytes))
+    }
+
     /// Classifies the bytes of a state file.
     pub fn parse(bytes: &[u8]) -> State {
         /// Only `schema_version` is looked at; every other field is skipped
@@ -692,6 +724,77 @@ struct RawCatalog {
     outputs: Outputs,
 }
 
+/// A schema-4 catalog read in one pass from a stream, as this tool writes
+/// it: `schema_version` 4 first, then the other fields of [`RawCatalog`]
+/// in any order. Any other document fails here and is read whole instead
+/// (see [`State::read`]), so nothing is classified differently.
+struct Streamed(RawCatalog);
+
+impl<'de> Deserialize<'de> for Streamed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Streamed, D::Error> {
+        #[derive(Deserialize, PartialEq)]
+        #[serde(field_identifier, rename_all = "snake_case")]
+        enum Key {
+            SchemaVersion,
+            DistributorVersion,
+            CreatedAt,
+            UpdatedAt,
+            State,
+            Outputs,
+        }
+        #[derive(Deserialize)]
+        struct Time(#[serde(with = "rfc3339")] OffsetDateTime);
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Streamed;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a schema 4 catalog")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Streamed, A::Error> {
+                use serde::de::Error;
+                if map.next_key::<Key>()? != Some(Key::SchemaVersion)
+                    || map.next_value::<u64>()? != SCHEMA_VERSION
+                {
+                    return Err(A::Error::custom(
+                        "not a schema 4 catalog led by its version",
+                    ));
+                }
+                let mut distributor_version = None;
+                let (mut created_at, mut updated_at, mut state, mut outputs) =
+                    (None, None, None, None);
+                while let Some(key) = map.next_key::<Key>()? {
+                    let duplicate = match key {
+                        Key::SchemaVersion => true,
+                        Key::DistributorVersion => distributor_version
+                            .replace(map.next_value::<Option<String>>()?)
+                            .is_some(),
+                        Key::CreatedAt => created_at.replace(map.next_value::<Time>()?.0).is_some(),
+                        Key::UpdatedAt => updated_at.replace(map.next_value::<Time>()?.0).is_some(),
+                        Key::State => state.replace(map.next_value::<RawMode>()?).is_some(),
+                        Key::Outputs => outputs.replace(map.next_value::<Outputs>()?).is_some(),
+                    };
+                    if duplicate {
+                        return Err(A::Error::custom("a field is given twice"));
+                    }
+                }
+                let missing = |field| A::Error::missing_field(field);
+                Ok(Streamed(RawCatalog {
+                    _schema_version: SCHEMA_VERSION,
+                    distributor_version: distributor_version.flatten(),
+                    created_at: created_at.ok_or_else(|| missing("created_at"))?,
+                    updated_at: updated_at.ok_or_else(|| missing("updated_at"))?,
+                    state: state.ok_or_else(|| missing("state"))?,
+                    outputs: outputs.ok_or_else(|| missing("outputs"))?,
+                }))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
 /// The `outputs` array, each record checked and made compact as it is
 /// read (the text form of every record is never held at once). The first
 /// record that fails its checks is kept as `problem`; the rest of the
@@ -737,6 +840,11 @@ impl<'de> Deserialize<'de> for Outputs {
 fn parse_v4(bytes: &[u8]) -> Result<Catalog, String> {
     let raw: RawCatalog =
         serde_json::from_slice(bytes).map_err(|e| format!("invalid schema 4 state: {e}"))?;
+    finish_v4(raw)
+}
+
+/// The checks of a schema-4 catalog once its JSON has been read.
+fn finish_v4(raw: RawCatalog) -> Result<Catalog, String> {
     if raw.state.mode != "catalog" {
         return Err(format!(
             "state.mode is {:?}; schema 4 requires \"catalog\"",
@@ -816,7 +924,64 @@ pub(crate) mod tests {
     }
 
     fn parse_value(v: &serde_json::Value) -> State {
-        State::parse(&serde_json::to_vec(v).unwrap())
+        both(&serde_json::to_vec(v).unwrap())
+    }
+
+    /// Classifies `bytes` both ways, from a stream and whole, and checks
+    /// that the two agree (the streamed read falls back to the whole one
+    /// for anything but a catalog led by its version).
+    fn both(bytes: &[u8]) -> State {
+        let whole = State::parse(bytes);
+        let streamed = State::read(&mut std::io::Cursor::new(bytes)).unwrap();
+        assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
+        whole
+    }
+
+    #[test]
+    fn a_catalog_reads_the_same_streamed_in_any_key_order() {
+        let State::Catalog(c) = both(SEED_V4.as_bytes()) else {
+            panic!("seed must be a valid catalog");
+        };
+        // serde_json's map orders keys by name: schema_version is not first.
+        let reordered = serde_json::to_vec(&seed_value()).unwrap();
+        assert!(!reordered.starts_with(b"{\"schema_version\""));
+        assert_eq!(both(&reordered), State::Catalog(c.clone()));
+        let text = SEED_V4.replace(
+            "\"distributor_version\": \"dev\",",
+            "\"distributor_version\": null,",
+        );
+        let State::Catalog(none) = both(text.as_bytes()) else {
+            panic!("a null distributor_version is no version");
+        };
+        assert_eq!(none.distributor_version, None);
+        for tail in ["x", "{}", "]"] {
+            assert!(matches!(
+                both(format!("{SEED_V4}{tail}").as_bytes()),
+                State::Invalid { .. }
+            ));
+        }
+        for (from, to) in [
+            (
+                "\"state\": {",
+                "\"state\": {\"mode\": \"catalog\"}, \"state\": {",
+            ),
+            (
+                "\"created_at\": \"2026-06-04T12:00:00Z\",\n  \"updated",
+                "\"updated",
+            ),
+            (
+                "\"schema_version\": 4,",
+                "\"schema_version\": 4, \"schema_version\": 4,",
+            ),
+            ("\"schema_version\": 4,", "\"schema_version\": 4.0,"),
+        ] {
+            let text = SEED_V4.replacen(from, to, 1);
+            assert_ne!(text, SEED_V4);
+            assert!(
+                matches!(both(text.as_bytes()), State::Invalid { .. }),
+                "{text}"
+            );
+        }
     }
 
     #[test]
@@ -914,7 +1079,7 @@ pub(crate) mod tests {
         let records: Vec<String> = [0, 3, 1, 4, 2, 5].into_iter().map(record).collect();
         let head = SEED_V4.split("\"outputs\"").next().unwrap();
         let text = format!("{head}\"outputs\": [\n{}\n  ]\n}}\n", records.join(",\n"));
-        let State::Catalog(c) = State::parse(text.as_bytes()) else {
+        let State::Catalog(c) = both(text.as_bytes()) else {
             panic!("a valid catalog: {:?}", State::parse(text.as_bytes()));
         };
         assert_eq!(String::from_utf8(c.to_json()).unwrap(), text);
@@ -936,7 +1101,7 @@ pub(crate) mod tests {
     #[test]
     fn legacy_and_future_versions_are_recognised() {
         assert_eq!(
-            State::parse(SEED_V1.as_bytes()),
+            both(SEED_V1.as_bytes()),
             State::Legacy { schema_version: 1 }
         );
         for v in [2, 3] {
@@ -947,7 +1112,7 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(
-            State::parse(br#"{"schema_version": 5}"#),
+            both(br#"{"schema_version": 5}"#),
             State::Future { schema_version: 5 }
         );
     }
@@ -1051,7 +1216,7 @@ pub(crate) mod tests {
             b"",
             b"{\"schema_version\": 4",
         ] {
-            assert!(matches!(State::parse(junk), State::Invalid { .. }));
+            assert!(matches!(both(junk), State::Invalid { .. }));
         }
     }
 
@@ -1071,7 +1236,7 @@ pub(crate) mod tests {
         assert!(a < b, "outputs sorted by path");
         assert!(text.contains("\"created_at\": \"2026-06-04T12:00:00.25Z\""));
         assert!(text.ends_with("}\n"));
-        assert_eq!(State::parse(text.as_bytes()), State::Catalog(c));
+        assert_eq!(both(text.as_bytes()), State::Catalog(c));
     }
 
     #[test]
@@ -1089,7 +1254,7 @@ pub(crate) mod tests {
     proptest::proptest! {
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
-            let _ = State::parse(&bytes);
+            let _ = both(&bytes);
         }
     }
 

@@ -77,8 +77,8 @@ impl Journal {
 /// Reads the state file of a root into a [`State`]. A state file that is a
 /// symlink or cannot be read is invalid state, not a crash.
 pub fn read_state(root: &Root) -> io::Result<State> {
-    match root.read_reserved(STATE_FILE) {
-        Ok(Some(bytes)) => Ok(State::parse(&bytes)),
+    match root.open_reserved(STATE_FILE) {
+        Ok(Some(mut file)) => State::read(&mut file),
         Ok(None) => Ok(State::Absent),
         Err(e) if e.kind() == io::ErrorKind::Other => Ok(State::Invalid {
             reason: e.to_string(),
