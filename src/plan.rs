@@ -180,8 +180,9 @@ pub struct PlanInput<'a> {
     pub workflow: Workflow,
     pub force: bool,
     pub source: &'a SourceIdentity,
-    /// Sorted by path, unique, no path a folder of another.
-    pub desired: &'a [Desired],
+    /// Sorted by path, unique, no path a folder of another. Shared, so
+    /// that a plan's writes are this list, not a copy of it.
+    pub desired: &'a Arc<[Desired]>,
     pub state: &'a State,
     pub listing: &'a Listing,
     pub now: OffsetDateTime,
@@ -191,8 +192,10 @@ pub struct PlanInput<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub action: Action,
-    /// Outputs to write (empty for skips and refusals).
-    pub writes: Vec<Desired>,
+    /// Outputs to write (empty for skips and refusals): the desired
+    /// outputs themselves, shared rather than copied (a large tree's list
+    /// is several MiB).
+    pub writes: Arc<[Desired]>,
     /// Entries removed before anything is written: everything for
     /// `force_replace`, entries that block planned paths for a replacement
     /// over legacy state. Removed whole (folders with their content).
@@ -322,7 +325,7 @@ impl Plan {
     pub fn refused(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
         Plan {
             action,
-            writes: Vec::new(),
+            writes: Arc::default(),
             clear_first: Vec::new(),
             delete_after: Vec::new(),
             deletes: Vec::new(),
@@ -399,7 +402,7 @@ fn write_plan(
     upserts.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
     Plan {
         action,
-        writes: input.desired.to_vec(),
+        writes: Arc::clone(input.desired),
         clear_first,
         deletes: delete_after.clone(),
         update: Some(CatalogUpdate {
@@ -445,7 +448,7 @@ fn legacy_plan(input: &PlanInput<'_>, force_hint: &str) -> Plan {
     match input.workflow {
         Workflow::Additive => {
             let mut unmanaged = Vec::new();
-            for d in input.desired {
+            for d in input.desired.iter() {
                 let blocked_at = d
                     .path
                     .ancestors()
@@ -525,7 +528,7 @@ fn unmanaged_refusal(mut unmanaged: Vec<String>, force_hint: &str) -> Plan {
 fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> Plan {
     let mut conflicts = Vec::new();
     let mut unmanaged = Vec::new();
-    for d in input.desired {
+    for d in input.desired.iter() {
         let path = d.path.as_str();
         for a in d.path.ancestors() {
             if let Some(r) = catalog.get(a) {
@@ -592,7 +595,7 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
     if all_same && delete_after.is_empty() {
         return Plan {
             action: Action::SkipSame,
-            writes: Vec::new(),
+            writes: Arc::default(),
             clear_first: Vec::new(),
             delete_after: Vec::new(),
             deletes: Vec::new(),
@@ -879,7 +882,7 @@ mod tests {
             workflow: case.workflow,
             force: case.force,
             source: &src,
-            desired: &case.desired,
+            desired: &case.desired.clone().into(),
             state: &case.state,
             listing: &case.listing,
             now: now(),
@@ -1283,7 +1286,7 @@ mod tests {
             workflow: Workflow::Additive,
             force: false,
             source: &src,
-            desired: &desired,
+            desired: &desired.clone().into(),
             state: &state,
             listing: &listing,
             now: now(),
@@ -1315,7 +1318,7 @@ mod tests {
             workflow: Workflow::Replacement,
             force: false,
             source: &src,
-            desired: &desired,
+            desired: &desired.clone().into(),
             state: &state,
             listing: &listing,
             now: now(),
@@ -1337,7 +1340,7 @@ mod tests {
             workflow: Workflow::Additive,
             force: false,
             source: &src,
-            desired: std::slice::from_ref(&d),
+            desired: &vec![d.clone()].into(),
             state: &State::Absent,
             listing: &Listing::default(),
             now: now(),

@@ -31,7 +31,7 @@ type Rendered = BTreeMap<RelPath, Page>;
 /// One destination, prepared before any lock is taken.
 pub(super) struct Prepared<'a> {
     pub(super) destination: &'a Destination,
-    pub(super) desired: Vec<Desired>,
+    pub(super) desired: Arc<[Desired]>,
     /// Outputs whose bytes are already in memory, by output path: rendered
     /// HTML, and markdown sources read and verified for rendering (staged
     /// from here rather than read from the bundle a second time).
@@ -302,7 +302,7 @@ fn prepare<'a>(
     desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
     Ok(Prepared {
         destination: d,
-        desired,
+        desired: desired.into(),
         in_memory,
     })
 }

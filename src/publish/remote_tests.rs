@@ -181,7 +181,7 @@ fn applying_an_update_keeps_everything_else_of_the_catalog() {
 fn a_bucket_refuses_deleting_what_the_catalog_does_not_record() {
     let plan = |delete_after: &[&str], clear_first: &[&str]| Plan {
         action: Action::ReplaceCatalog,
-        writes: Vec::new(),
+        writes: Vec::new().into(),
         clear_first: clear_first.iter().map(|p| (*p).into()).collect(),
         delete_after: delete_after.iter().map(|p| (*p).into()).collect(),
         deletes: Vec::new(),
