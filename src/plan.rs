@@ -399,7 +399,12 @@ fn write_plan(
             d.record(&shared, created_at, input.now)
         })
         .collect();
-    upserts.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    // Desired outputs come sorted; sorting in place otherwise (paths are
+    // unique) spares the scratch buffer a stable sort takes.
+    let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
+    if !upserts.is_sorted_by(|a, b| by_path(a, b).is_le()) {
+        upserts.sort_unstable_by(by_path);
+    }
     Plan {
         action,
         writes: Arc::clone(input.desired),
