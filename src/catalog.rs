@@ -165,7 +165,7 @@ impl OutputKind {
 /// and the source identity are shared between the records of one
 /// publication (and between the records read from one catalog), the
 /// digest is its 32 bytes, and the transform is the one known name. It is
-/// read and written exactly as [`RecordText`], the form in the file.
+/// read and written exactly as the text form in the file (`RecordText`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputRecord {
     pub path: RelPath,
@@ -539,30 +539,12 @@ impl Overlay {
         }
     }
 
-    /// [`Overlay::record`], moving the records in instead of copying them.
-    pub fn record_owned(&mut self, upserts: Vec<OutputRecord>, removes: Vec<String>) {
-        for path in removes {
-            self.changes.insert(path, None);
-        }
-        for r in upserts {
-            self.changes.insert(r.path.as_str().to_owned(), Some(r));
-        }
-    }
-
     /// Merges the changes in one pass; `now` becomes `updated_at`.
     pub fn into_catalog(self, now: OffsetDateTime) -> Catalog {
-        self.merge(now, None)
+        self.merge(now)
     }
 
-    /// [`Overlay::into_catalog`], also handing back the base records that
-    /// an upsert replaced (moved out of the base, not copied).
-    pub fn into_catalog_and_replaced(self, now: OffsetDateTime) -> (Catalog, Vec<OutputRecord>) {
-        let mut replaced = Vec::new();
-        let catalog = self.merge(now, Some(&mut replaced));
-        (catalog, replaced)
-    }
-
-    fn merge(self, now: OffsetDateTime, mut replaced: Option<&mut Vec<OutputRecord>>) -> Catalog {
+    fn merge(self, now: OffsetDateTime) -> Catalog {
         let Overlay { mut base, changes } = self;
         let old = std::mem::take(&mut base.outputs);
         // Exactly the records the result holds: a large tree's catalog is
@@ -592,12 +574,7 @@ impl Overlay {
                 merged.extend(change);
             }
             match changes.next_if(|(p, _)| p.as_str() == r.path.as_str()) {
-                Some((_, change)) => {
-                    if let (Some(replaced), Some(_)) = (replaced.as_deref_mut(), &change) {
-                        replaced.push(r);
-                    }
-                    merged.extend(change);
-                }
+                Some((_, change)) => merged.extend(change),
                 None => merged.push(r),
             }
         }
@@ -1328,35 +1305,5 @@ pub(crate) mod tests {
         assert_eq!(merged.outputs, expected);
         assert_eq!(merged.updated_at, now);
         assert_eq!(merged.created_at, base.created_at);
-    }
-
-    #[test]
-    fn merging_hands_back_exactly_the_base_records_an_upsert_replaced() {
-        let now = parse_time("2026-07-01T00:00:00Z").unwrap();
-        let mut base = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
-        base.outputs = ["a", "b", "c", "d"]
-            .iter()
-            .map(|p| record_at(p, 1))
-            .collect();
-        // (upserts, removes, replaced)
-        let cases: [(&[&str], &[&str], &[&str]); 4] = [
-            (&[], &[], &[]),
-            (&["b", "e"], &["c"], &["b"]),
-            (&["a", "d", "0"], &[], &["a", "d"]),
-            (&[], &["a", "b", "c", "d"], &[]),
-        ];
-        for (upserts, removes, want) in cases {
-            let mut overlay = Overlay::new(base.clone());
-            let upserts: Vec<OutputRecord> = upserts.iter().map(|p| record_at(p, 2)).collect();
-            let removes: Vec<String> = removes.iter().map(|p| p.to_string()).collect();
-            overlay.record_owned(upserts.clone(), removes.clone());
-            let (merged, replaced) = overlay.into_catalog_and_replaced(now);
-            let mut reference = Overlay::new(base.clone());
-            reference.record(&upserts, &removes);
-            assert_eq!(merged, reference.into_catalog(now), "{want:?}");
-            let got: Vec<&str> = replaced.iter().map(|r| r.path.as_str()).collect();
-            assert_eq!(got, want);
-            assert!(replaced.iter().all(|r| r.size == 1), "the base's records");
-        }
     }
 }
