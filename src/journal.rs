@@ -100,10 +100,16 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
         remove_temps_in(root, "")?;
     }
     let current = read_state(root)?;
-    let Some(bytes) = root.read_reserved(JOURNAL_FILE)? else {
+    let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
         return Ok(current);
     };
-    let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| {
+    // Read as a stream: a large publication's journal is tens of MiB, and
+    // its records are all that need to be held.
+    let reader = io::BufReader::with_capacity(64 * 1024, file);
+    let journal: Journal = serde_json::from_reader(reader).map_err(|e| {
+        if e.is_io() {
+            return io::Error::from(e);
+        }
         io::Error::other(format!(
             "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
             root.path().display()
