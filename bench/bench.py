@@ -331,6 +331,8 @@ def bench_tree(work, files, runs):
         rsync.append(time.perf_counter() - start)
     catalog_kib = os.path.getsize(os.path.join(base, "run0", "root", ".distributor.json")) // 1024
     runs_line("tree", fresh=fresh, cp=cp, update=update, rsync=rsync)
+    print("tree peak RSS per run (MiB): fresh " + " ".join(f"{m / 1024:.1f}" for m in rss[0::2])
+          + "; update " + " ".join(f"{m / 1024:.1f}" for m in rss[1::2]), flush=True)
     return {"fresh": median(fresh), "cp": median(cp), "update": median(update),
             "rsync": median(rsync), "files": files, "rss_kib": max(rss), "catalog_kib": catalog_kib}
 

@@ -7,7 +7,8 @@
 
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -49,13 +50,95 @@ pub mod rfc3339 {
 }
 
 /// The compact identity of the bundle that produced an output.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceIdentity {
     pub id: String,
     pub digest: String,
     #[serde(with = "rfc3339")]
     pub created: OffsetDateTime,
+}
+
+/// A `sha256:<64 lowercase hex>` digest, held as its 32 bytes (a record
+/// of a large tree keeps one per file; the text form is three times the
+/// size and a separate allocation). Written and compared as its text.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sha256(pub [u8; 32]);
+
+impl Sha256 {
+    /// Reads `sha256:<64 lowercase hex>`; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Sha256> {
+        if !is_sha256_digest(text) {
+            return None;
+        }
+        let hex = text.strip_prefix("sha256:")?.as_bytes();
+        let mut bytes = [0u8; 32];
+        for (b, pair) in bytes.iter_mut().zip(hex.chunks_exact(2)) {
+            let digit = |c: u8| match c {
+                b'0'..=b'9' => c - b'0',
+                _ => c - b'a' + 10,
+            };
+            *b = digit(pair[0]) << 4 | digit(pair[1]);
+        }
+        Some(Sha256(bytes))
+    }
+
+    /// Writes the text form into `out` (71 bytes), without allocating.
+    fn write_text<'b>(&self, out: &'b mut [u8; 71]) -> &'b str {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out[..7].copy_from_slice(b"sha256:");
+        for (i, b) in self.0.iter().enumerate() {
+            out[7 + 2 * i] = HEX[usize::from(b >> 4)];
+            out[8 + 2 * i] = HEX[usize::from(b & 15)];
+        }
+        // Only ASCII was written.
+        std::str::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Sha256 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.write_text(&mut [0; 71]))
+    }
+}
+
+impl std::fmt::Debug for Sha256 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.write_text(&mut [0; 71]))
+    }
+}
+
+impl PartialEq<str> for Sha256 {
+    fn eq(&self, other: &str) -> bool {
+        self.write_text(&mut [0; 71]) == other
+    }
+}
+
+impl PartialEq<String> for Sha256 {
+    fn eq(&self, other: &String) -> bool {
+        *self == *other.as_str()
+    }
+}
+
+impl PartialEq<Sha256> for String {
+    fn eq(&self, other: &Sha256) -> bool {
+        *other == *self.as_str()
+    }
+}
+
+impl Serialize for Sha256 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.write_text(&mut [0; 71]))
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Sha256, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Sha256::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not sha256:<64 lowercase hex>"))
+        })
+    }
 }
 
 /// Whether an output is a copy of a bundle file or rendered from one.
@@ -76,65 +159,167 @@ impl OutputKind {
 }
 
 /// One managed file in a destination root.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+///
+/// Held compactly, since a large tree's catalog holds one per file and a
+/// publication holds the old and the new catalog at once: the owner ids
+/// and the source identity are shared between the records of one
+/// publication (and between the records read from one catalog), the
+/// digest is its 32 bytes, and the transform is the one known name. It is
+/// read and written exactly as the text form in the file (`RecordText`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputRecord {
     pub path: RelPath,
-    pub pipeline_id: String,
-    pub destination_id: String,
-    pub source: SourceIdentity,
+    pub pipeline_id: Arc<str>,
+    pub destination_id: Arc<str>,
+    pub source: Arc<SourceIdentity>,
     pub kind: OutputKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_path: Option<RelPath>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transform: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always [`MARKDOWN_TO_HTML`] when present.
+    pub transform: Option<&'static str>,
     pub url: Option<String>,
-    pub sha256: String,
+    pub sha256: Sha256,
     pub size: u64,
-    #[serde(with = "rfc3339")]
     pub created_at: OffsetDateTime,
-    #[serde(with = "rfc3339")]
     pub updated_at: OffsetDateTime,
 }
 
-impl OutputRecord {
-    /// True when this record belongs to the given owner.
-    pub fn owned_by(&self, pipeline_id: &str, destination_id: &str) -> bool {
-        self.pipeline_id == pipeline_id && self.destination_id == destination_id
+/// An output record as the file holds it: every field its own text.
+/// Records are read through this form (strictly, every check with its
+/// message) and turned into the compact [`OutputRecord`] one at a time.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordText {
+    path: RelPath,
+    pipeline_id: String,
+    destination_id: String,
+    source: SourceIdentity,
+    kind: OutputKind,
+    #[serde(default)]
+    source_path: Option<RelPath>,
+    #[serde(default)]
+    transform: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+    sha256: String,
+    size: u64,
+    #[serde(with = "rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "rfc3339")]
+    updated_at: OffsetDateTime,
+}
+
+/// The text form of a record, borrowed, for writing: the same fields in
+/// the same order as [`RecordText`].
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    path: &'a RelPath,
+    pipeline_id: &'a str,
+    destination_id: &'a str,
+    source: &'a SourceIdentity,
+    kind: OutputKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source_path: Option<&'a RelPath>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transform: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<&'a str>,
+    sha256: Sha256,
+    size: u64,
+    #[serde(with = "rfc3339")]
+    created_at: OffsetDateTime,
+    #[serde(with = "rfc3339")]
+    updated_at: OffsetDateTime,
+}
+
+impl Serialize for OutputRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        RecordOut {
+            path: &self.path,
+            pipeline_id: &self.pipeline_id,
+            destination_id: &self.destination_id,
+            source: &self.source,
+            kind: self.kind,
+            source_path: self.source_path.as_ref(),
+            transform: self.transform,
+            url: self.url.as_deref(),
+            sha256: self.sha256,
+            size: self.size,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for OutputRecord {
+    /// Reads and checks one record on its own (no sharing with others).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OutputRecord, D::Error> {
+        let text = RecordText::deserialize(d)?;
+        Shared::default()
+            .record(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The owner ids and source identities already met while reading a
+/// catalog, so that its records share them instead of each holding a copy.
+#[derive(Default)]
+struct Shared {
+    ids: std::collections::HashSet<Arc<str>>,
+    sources: std::collections::HashSet<Arc<SourceIdentity>>,
+}
+
+impl Shared {
+    fn id(&mut self, id: String) -> Arc<str> {
+        if let Some(known) = self.ids.get(id.as_str()) {
+            return known.clone();
+        }
+        let id: Arc<str> = id.into();
+        self.ids.insert(id.clone());
+        id
     }
 
-    fn check(&self) -> Result<(), String> {
-        let path = &self.path;
+    fn source(&mut self, source: SourceIdentity) -> Arc<SourceIdentity> {
+        if let Some(known) = self.sources.get(&source) {
+            return known.clone();
+        }
+        let source = Arc::new(source);
+        self.sources.insert(source.clone());
+        source
+    }
+
+    /// Checks a record read from the file and makes it compact.
+    fn record(&mut self, r: RecordText) -> Result<OutputRecord, String> {
+        let path = &r.path;
         if path.is_reserved() {
             return Err(format!(
                 "output {path}: path uses a reserved .distributor name"
             ));
         }
-        check_id(IdKind::Pipeline, &self.pipeline_id).map_err(|e| format!("output {path}: {e}"))?;
-        check_id(IdKind::Destination, &self.destination_id)
+        check_id(IdKind::Pipeline, &r.pipeline_id).map_err(|e| format!("output {path}: {e}"))?;
+        check_id(IdKind::Destination, &r.destination_id)
             .map_err(|e| format!("output {path}: {e}"))?;
-        check_id(IdKind::Source, &self.source.id).map_err(|e| format!("output {path}: {e}"))?;
-        if !is_sha256_digest(&self.source.digest) {
+        check_id(IdKind::Source, &r.source.id).map_err(|e| format!("output {path}: {e}"))?;
+        if !is_sha256_digest(&r.source.digest) {
             return Err(format!(
                 "output {path}: source.digest {:?} is not sha256:<64 lowercase hex>",
-                self.source.digest
+                r.source.digest
             ));
         }
-        if !is_sha256_digest(&self.sha256) {
+        let Some(sha256) = Sha256::parse(&r.sha256) else {
             return Err(format!(
                 "output {path}: sha256 {:?} is not sha256:<64 lowercase hex>",
-                self.sha256
+                r.sha256
             ));
-        }
-        match (self.kind, &self.source_path, &self.transform) {
-            (OutputKind::Source, None, None) => {}
+        };
+        let transform = match (r.kind, &r.source_path, r.transform.as_deref()) {
+            (OutputKind::Source, None, None) => None,
             (OutputKind::Source, _, _) => {
                 return Err(format!(
                     "output {path}: a source output may not have source_path or transform"
                 ));
             }
-            (OutputKind::Generated, Some(_), Some(t)) if t == MARKDOWN_TO_HTML => {}
+            (OutputKind::Generated, Some(_), Some(MARKDOWN_TO_HTML)) => Some(MARKDOWN_TO_HTML),
             (OutputKind::Generated, Some(_), Some(t)) => {
                 return Err(format!("output {path}: unknown transform {t:?}"));
             }
@@ -143,15 +328,35 @@ impl OutputRecord {
                     "output {path}: a generated output needs both source_path and transform"
                 ));
             }
-        }
-        if let Some(url) = &self.url
+        };
+        if let Some(url) = &r.url
             && !is_http_url(url)
         {
             return Err(format!(
                 "output {path}: url {url:?} is not an absolute http(s) URL"
             ));
         }
-        Ok(())
+        Ok(OutputRecord {
+            pipeline_id: self.id(r.pipeline_id),
+            destination_id: self.id(r.destination_id),
+            source: self.source(r.source),
+            path: r.path,
+            kind: r.kind,
+            source_path: r.source_path,
+            transform,
+            url: r.url,
+            sha256,
+            size: r.size,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+impl OutputRecord {
+    /// True when this record belongs to the given owner.
+    pub fn owned_by(&self, pipeline_id: &str, destination_id: &str) -> bool {
+        *self.pipeline_id == *pipeline_id && *self.destination_id == *destination_id
     }
 }
 
@@ -196,10 +401,15 @@ impl Catalog {
         self.outputs.partition_point(|r| r.path.as_str() < key)
     }
 
-    /// Sorts outputs by path (byte order of the UTF-8 text).
+    /// Sorts outputs by path (byte order of the UTF-8 text). In place:
+    /// paths are unique, so an unstable sort gives the one order there is
+    /// without the scratch buffer (half the records) a stable sort takes,
+    /// and a catalog read from its file is already sorted.
     pub fn sort(&mut self) {
-        self.outputs
-            .sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+        let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
+        if !self.outputs.is_sorted_by(|a, b| by_path(a, b).is_le()) {
+            self.outputs.sort_unstable_by(by_path);
+        }
     }
 
     /// Serialises as pretty JSON with a final newline.
@@ -329,30 +539,12 @@ impl Overlay {
         }
     }
 
-    /// [`Overlay::record`], moving the records in instead of copying them.
-    pub fn record_owned(&mut self, upserts: Vec<OutputRecord>, removes: Vec<String>) {
-        for path in removes {
-            self.changes.insert(path, None);
-        }
-        for r in upserts {
-            self.changes.insert(r.path.as_str().to_owned(), Some(r));
-        }
-    }
-
     /// Merges the changes in one pass; `now` becomes `updated_at`.
     pub fn into_catalog(self, now: OffsetDateTime) -> Catalog {
-        self.merge(now, None)
+        self.merge(now)
     }
 
-    /// [`Overlay::into_catalog`], also handing back the base records that
-    /// an upsert replaced (moved out of the base, not copied).
-    pub fn into_catalog_and_replaced(self, now: OffsetDateTime) -> (Catalog, Vec<OutputRecord>) {
-        let mut replaced = Vec::new();
-        let catalog = self.merge(now, Some(&mut replaced));
-        (catalog, replaced)
-    }
-
-    fn merge(self, now: OffsetDateTime, mut replaced: Option<&mut Vec<OutputRecord>>) -> Catalog {
+    fn merge(self, now: OffsetDateTime) -> Catalog {
         let Overlay { mut base, changes } = self;
         let old = std::mem::take(&mut base.outputs);
         // Exactly the records the result holds: a large tree's catalog is
@@ -382,12 +574,7 @@ impl Overlay {
                 merged.extend(change);
             }
             match changes.next_if(|(p, _)| p.as_str() == r.path.as_str()) {
-                Some((_, change)) => {
-                    if let (Some(replaced), Some(_)) = (replaced.as_deref_mut(), &change) {
-                        replaced.push(r);
-                    }
-                    merged.extend(change);
-                }
+                Some((_, change)) => merged.extend(change),
                 None => merged.push(r),
             }
         }
@@ -415,6 +602,33 @@ pub enum State {
 }
 
 impl State {
+    /// Reads and classifies a state file. A catalog as this tool writes it
+    /// is read in one pass from the stream, its text never held whole (a
+    /// large tree's catalog is tens of MiB); anything else (legacy, future
+    /// or invalid state, or a catalog edited into another key order) is
+    /// read whole and classified by [`State::parse`], with the same result.
+    pub fn read<F: std::io::Read + std::io::Seek>(file: &mut F) -> std::io::Result<State> {
+        let streamed = {
+            let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
+            let mut de = serde_json::Deserializer::from_reader(reader);
+            match Streamed::deserialize(&mut de).and_then(|s| de.end().map(|()| s)) {
+                Ok(Streamed(raw)) => Some(raw),
+                Err(e) if e.is_io() => return Err(e.into()),
+                Err(_) => None,
+            }
+        };
+        if let Some(raw) = streamed {
+            return Ok(match finish_v4(raw) {
+                Ok(c) => State::Catalog(c),
+                Err(reason) => State::Invalid { reason },
+            });
+        }
+        std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(file, &mut bytes)?;
+        Ok(State::parse(&bytes))
+    }
+
     /// Classifies the bytes of a state file.
     pub fn parse(bytes: &[u8]) -> State {
         /// Only `schema_version` is looked at; every other field is skipped
@@ -484,32 +698,149 @@ struct RawCatalog {
     #[serde(with = "rfc3339")]
     updated_at: OffsetDateTime,
     state: RawMode,
-    outputs: Vec<OutputRecord>,
+    outputs: Outputs,
+}
+
+/// A schema-4 catalog read in one pass from a stream, as this tool writes
+/// it: `schema_version` 4 first, then the other fields of [`RawCatalog`]
+/// in any order. Any other document fails here and is read whole instead
+/// (see [`State::read`]), so nothing is classified differently.
+struct Streamed(RawCatalog);
+
+impl<'de> Deserialize<'de> for Streamed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Streamed, D::Error> {
+        #[derive(Deserialize, PartialEq)]
+        #[serde(field_identifier, rename_all = "snake_case")]
+        enum Key {
+            SchemaVersion,
+            DistributorVersion,
+            CreatedAt,
+            UpdatedAt,
+            State,
+            Outputs,
+        }
+        #[derive(Deserialize)]
+        struct Time(#[serde(with = "rfc3339")] OffsetDateTime);
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Streamed;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a schema 4 catalog")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Streamed, A::Error> {
+                use serde::de::Error;
+                if map.next_key::<Key>()? != Some(Key::SchemaVersion)
+                    || map.next_value::<u64>()? != SCHEMA_VERSION
+                {
+                    return Err(A::Error::custom(
+                        "not a schema 4 catalog led by its version",
+                    ));
+                }
+                let mut distributor_version = None;
+                let (mut created_at, mut updated_at, mut state, mut outputs) =
+                    (None, None, None, None);
+                while let Some(key) = map.next_key::<Key>()? {
+                    let duplicate = match key {
+                        Key::SchemaVersion => true,
+                        Key::DistributorVersion => distributor_version
+                            .replace(map.next_value::<Option<String>>()?)
+                            .is_some(),
+                        Key::CreatedAt => created_at.replace(map.next_value::<Time>()?.0).is_some(),
+                        Key::UpdatedAt => updated_at.replace(map.next_value::<Time>()?.0).is_some(),
+                        Key::State => state.replace(map.next_value::<RawMode>()?).is_some(),
+                        Key::Outputs => outputs.replace(map.next_value::<Outputs>()?).is_some(),
+                    };
+                    if duplicate {
+                        return Err(A::Error::custom("a field is given twice"));
+                    }
+                }
+                let missing = |field| A::Error::missing_field(field);
+                Ok(Streamed(RawCatalog {
+                    _schema_version: SCHEMA_VERSION,
+                    distributor_version: distributor_version.flatten(),
+                    created_at: created_at.ok_or_else(|| missing("created_at"))?,
+                    updated_at: updated_at.ok_or_else(|| missing("updated_at"))?,
+                    state: state.ok_or_else(|| missing("state"))?,
+                    outputs: outputs.ok_or_else(|| missing("outputs"))?,
+                }))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The `outputs` array, each record checked and made compact as it is
+/// read (the text form of every record is never held at once). The first
+/// record that fails its checks is kept as `problem`; the rest of the
+/// array is then only parsed, so that a malformed document still reports
+/// its syntax error first.
+#[derive(Default)]
+struct Outputs {
+    records: Vec<OutputRecord>,
+    problem: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Outputs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Outputs, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Outputs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of output records")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Outputs, A::Error> {
+                let mut out = Outputs::default();
+                let mut shared = Shared::default();
+                while out.problem.is_none() {
+                    let Some(text) = seq.next_element::<RecordText>()? else {
+                        return Ok(out);
+                    };
+                    match shared.record(text) {
+                        Ok(r) => out.records.push(r),
+                        Err(problem) => out.problem = Some(problem),
+                    }
+                }
+                while seq.next_element::<RecordText>()?.is_some() {}
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
 }
 
 fn parse_v4(bytes: &[u8]) -> Result<Catalog, String> {
     let raw: RawCatalog =
         serde_json::from_slice(bytes).map_err(|e| format!("invalid schema 4 state: {e}"))?;
+    finish_v4(raw)
+}
+
+/// The checks of a schema-4 catalog once its JSON has been read.
+fn finish_v4(raw: RawCatalog) -> Result<Catalog, String> {
     if raw.state.mode != "catalog" {
         return Err(format!(
             "state.mode is {:?}; schema 4 requires \"catalog\"",
             raw.state.mode
         ));
     }
-    let mut seen = BTreeSet::new();
-    for record in &raw.outputs {
-        record.check()?;
-        if !seen.insert(record.path.as_str()) {
-            return Err(format!("output {} is recorded twice", record.path));
-        }
+    if let Some(problem) = raw.outputs.problem {
+        return Err(problem);
     }
     let mut catalog = Catalog {
         distributor_version: raw.distributor_version,
         created_at: raw.created_at,
         updated_at: raw.updated_at,
-        outputs: raw.outputs,
+        outputs: raw.outputs.records,
     };
     catalog.sort();
+    if let Some(pair) = catalog.outputs.windows(2).find(|p| p[0].path == p[1].path) {
+        return Err(format!("output {} is recorded twice", pair[0].path));
+    }
     Ok(catalog)
 }
 
@@ -570,7 +901,64 @@ pub(crate) mod tests {
     }
 
     fn parse_value(v: &serde_json::Value) -> State {
-        State::parse(&serde_json::to_vec(v).unwrap())
+        both(&serde_json::to_vec(v).unwrap())
+    }
+
+    /// Classifies `bytes` both ways, from a stream and whole, and checks
+    /// that the two agree (the streamed read falls back to the whole one
+    /// for anything but a catalog led by its version).
+    fn both(bytes: &[u8]) -> State {
+        let whole = State::parse(bytes);
+        let streamed = State::read(&mut std::io::Cursor::new(bytes)).unwrap();
+        assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
+        whole
+    }
+
+    #[test]
+    fn a_catalog_reads_the_same_streamed_in_any_key_order() {
+        let State::Catalog(c) = both(SEED_V4.as_bytes()) else {
+            panic!("seed must be a valid catalog");
+        };
+        // serde_json's map orders keys by name: schema_version is not first.
+        let reordered = serde_json::to_vec(&seed_value()).unwrap();
+        assert!(!reordered.starts_with(b"{\"schema_version\""));
+        assert_eq!(both(&reordered), State::Catalog(c.clone()));
+        let text = SEED_V4.replace(
+            "\"distributor_version\": \"dev\",",
+            "\"distributor_version\": null,",
+        );
+        let State::Catalog(none) = both(text.as_bytes()) else {
+            panic!("a null distributor_version is no version");
+        };
+        assert_eq!(none.distributor_version, None);
+        for tail in ["x", "{}", "]"] {
+            assert!(matches!(
+                both(format!("{SEED_V4}{tail}").as_bytes()),
+                State::Invalid { .. }
+            ));
+        }
+        for (from, to) in [
+            (
+                "\"state\": {",
+                "\"state\": {\"mode\": \"catalog\"}, \"state\": {",
+            ),
+            (
+                "\"created_at\": \"2026-06-04T12:00:00Z\",\n  \"updated",
+                "\"updated",
+            ),
+            (
+                "\"schema_version\": 4,",
+                "\"schema_version\": 4, \"schema_version\": 4,",
+            ),
+            ("\"schema_version\": 4,", "\"schema_version\": 4.0,"),
+        ] {
+            let text = SEED_V4.replacen(from, to, 1);
+            assert_ne!(text, SEED_V4);
+            assert!(
+                matches!(both(text.as_bytes()), State::Invalid { .. }),
+                "{text}"
+            );
+        }
     }
 
     #[test]
@@ -587,9 +975,110 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn digests_read_and_write_back_as_the_same_text() {
+        let hex = "0123456789abcdef".repeat(4);
+        for text in [
+            format!("sha256:{hex}"),
+            format!("sha256:{}", "0".repeat(64)),
+            format!("sha256:{}", "f".repeat(64)),
+        ] {
+            let d = Sha256::parse(&text).unwrap();
+            assert_eq!(d.to_string(), text);
+            assert!(d == text && text.clone() == d);
+            assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{text}\""));
+            assert_eq!(
+                serde_json::from_str::<Sha256>(&format!("\"{text}\"")).unwrap(),
+                d
+            );
+        }
+        assert_eq!(
+            Sha256::parse(&format!("sha256:{hex}")).unwrap().0[..2],
+            [0x01, 0x23]
+        );
+        for bad in [
+            format!("sha256:{}", hex.to_uppercase()),
+            format!("sha256:{}", &hex[1..]),
+            format!("sha256:{hex}0"),
+            format!("md5:{hex}"),
+            hex.clone(),
+            format!("sha256:{}", "g".repeat(64)),
+        ] {
+            assert_eq!(Sha256::parse(&bad), None, "{bad}");
+            assert!(serde_json::from_str::<Sha256>(&format!("\"{bad}\"")).is_err());
+        }
+    }
+
+    /// Compact records write back exactly the bytes they were read from,
+    /// for every shape of record (source and generated, with and without
+    /// url, several owners and sources), in the catalog and one by one.
+    #[test]
+    fn compact_records_write_back_byte_for_byte() {
+        let record = |i: usize| {
+            let generated = if i.is_multiple_of(2) {
+                concat!(
+                    "      \"kind\": \"generated\",\n",
+                    "      \"source_path\": \"report.md\",\n",
+                    "      \"transform\": \"markdown_to_html\",\n",
+                    "      \"url\": \"https://reports.example.com/a%20b/r.html\",\n",
+                )
+            } else {
+                "      \"kind\": \"source\",\n"
+            };
+            format!(
+                concat!(
+                    "    {{\n",
+                    "      \"path\": \"d{}/p{}.html\",\n",
+                    "      \"pipeline_id\": \"pipe{}\",\n",
+                    "      \"destination_id\": \"static-site\",\n",
+                    "      \"source\": {{\n",
+                    "        \"id\": \"src.{}\",\n",
+                    "        \"digest\": \"sha256:{:064x}\",\n",
+                    "        \"created\": \"2026-06-04T11:55:00.5Z\"\n",
+                    "      }},\n",
+                    "{}",
+                    "      \"sha256\": \"sha256:{:064x}\",\n",
+                    "      \"size\": {},\n",
+                    "      \"created_at\": \"2026-06-04T12:00:00Z\",\n",
+                    "      \"updated_at\": \"2026-06-04T12:10:00.125Z\"\n",
+                    "    }}"
+                ),
+                i % 3,
+                i,
+                i % 2,
+                i % 3,
+                i % 3 + 1,
+                generated,
+                i * 7919,
+                i * 1000
+            )
+        };
+        // Sorted by path: d0/p0, d0/p3, d1/p1, d1/p4, d2/p2, d2/p5.
+        let records: Vec<String> = [0, 3, 1, 4, 2, 5].into_iter().map(record).collect();
+        let head = SEED_V4.split("\"outputs\"").next().unwrap();
+        let text = format!("{head}\"outputs\": [\n{}\n  ]\n}}\n", records.join(",\n"));
+        let State::Catalog(c) = both(text.as_bytes()) else {
+            panic!("a valid catalog: {:?}", State::parse(text.as_bytes()));
+        };
+        assert_eq!(String::from_utf8(c.to_json()).unwrap(), text);
+        // Records of one owner and one source share them.
+        let (a, b) = (&c.outputs[0], &c.outputs[4]);
+        assert_eq!((&*a.pipeline_id, &*b.pipeline_id), ("pipe0", "pipe0"));
+        assert!(Arc::ptr_eq(&a.pipeline_id, &b.pipeline_id));
+        assert!(Arc::ptr_eq(&a.destination_id, &c.outputs[1].destination_id));
+        assert!(Arc::ptr_eq(&c.outputs[0].source, &c.outputs[1].source));
+        // One by one (as the journal writes them), compactly.
+        for r in &c.outputs {
+            let one = serde_json::to_string(r).unwrap();
+            let again: OutputRecord = serde_json::from_str(&one).unwrap();
+            assert_eq!(&again, r);
+            assert_eq!(serde_json::to_string(&again).unwrap(), one);
+        }
+    }
+
+    #[test]
     fn legacy_and_future_versions_are_recognised() {
         assert_eq!(
-            State::parse(SEED_V1.as_bytes()),
+            both(SEED_V1.as_bytes()),
             State::Legacy { schema_version: 1 }
         );
         for v in [2, 3] {
@@ -600,7 +1089,7 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(
-            State::parse(br#"{"schema_version": 5}"#),
+            both(br#"{"schema_version": 5}"#),
             State::Future { schema_version: 5 }
         );
     }
@@ -704,7 +1193,7 @@ pub(crate) mod tests {
             b"",
             b"{\"schema_version\": 4",
         ] {
-            assert!(matches!(State::parse(junk), State::Invalid { .. }));
+            assert!(matches!(both(junk), State::Invalid { .. }));
         }
     }
 
@@ -724,7 +1213,7 @@ pub(crate) mod tests {
         assert!(a < b, "outputs sorted by path");
         assert!(text.contains("\"created_at\": \"2026-06-04T12:00:00.25Z\""));
         assert!(text.ends_with("}\n"));
-        assert_eq!(State::parse(text.as_bytes()), State::Catalog(c));
+        assert_eq!(both(text.as_bytes()), State::Catalog(c));
     }
 
     #[test]
@@ -742,7 +1231,7 @@ pub(crate) mod tests {
     proptest::proptest! {
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
-            let _ = State::parse(&bytes);
+            let _ = both(&bytes);
         }
     }
 
@@ -816,35 +1305,5 @@ pub(crate) mod tests {
         assert_eq!(merged.outputs, expected);
         assert_eq!(merged.updated_at, now);
         assert_eq!(merged.created_at, base.created_at);
-    }
-
-    #[test]
-    fn merging_hands_back_exactly_the_base_records_an_upsert_replaced() {
-        let now = parse_time("2026-07-01T00:00:00Z").unwrap();
-        let mut base = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
-        base.outputs = ["a", "b", "c", "d"]
-            .iter()
-            .map(|p| record_at(p, 1))
-            .collect();
-        // (upserts, removes, replaced)
-        let cases: [(&[&str], &[&str], &[&str]); 4] = [
-            (&[], &[], &[]),
-            (&["b", "e"], &["c"], &["b"]),
-            (&["a", "d", "0"], &[], &["a", "d"]),
-            (&[], &["a", "b", "c", "d"], &[]),
-        ];
-        for (upserts, removes, want) in cases {
-            let mut overlay = Overlay::new(base.clone());
-            let upserts: Vec<OutputRecord> = upserts.iter().map(|p| record_at(p, 2)).collect();
-            let removes: Vec<String> = removes.iter().map(|p| p.to_string()).collect();
-            overlay.record_owned(upserts.clone(), removes.clone());
-            let (merged, replaced) = overlay.into_catalog_and_replaced(now);
-            let mut reference = Overlay::new(base.clone());
-            reference.record(&upserts, &removes);
-            assert_eq!(merged, reference.into_catalog(now), "{want:?}");
-            let got: Vec<&str> = replaced.iter().map(|r| r.path.as_str()).collect();
-            assert_eq!(got, want);
-            assert!(replaced.iter().all(|r| r.size == 1), "the base's records");
-        }
     }
 }

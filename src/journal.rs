@@ -77,8 +77,8 @@ impl Journal {
 /// Reads the state file of a root into a [`State`]. A state file that is a
 /// symlink or cannot be read is invalid state, not a crash.
 pub fn read_state(root: &Root) -> io::Result<State> {
-    match root.read_reserved(STATE_FILE) {
-        Ok(Some(bytes)) => Ok(State::parse(&bytes)),
+    match root.open_reserved(STATE_FILE) {
+        Ok(Some(mut file)) => State::read(&mut file),
         Ok(None) => Ok(State::Absent),
         Err(e) if e.kind() == io::ErrorKind::Other => Ok(State::Invalid {
             reason: e.to_string(),
@@ -100,10 +100,16 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
         remove_temps_in(root, "")?;
     }
     let current = read_state(root)?;
-    let Some(bytes) = root.read_reserved(JOURNAL_FILE)? else {
+    let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
         return Ok(current);
     };
-    let journal: Journal = serde_json::from_slice(&bytes).map_err(|e| {
+    // Read as a stream: a large publication's journal is tens of MiB, and
+    // its records are all that need to be held.
+    let reader = io::BufReader::with_capacity(64 * 1024, file);
+    let journal: Journal = serde_json::from_reader(reader).map_err(|e| {
+        if e.is_io() {
+            return io::Error::from(e);
+        }
         io::Error::other(format!(
             "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
             root.path().display()
@@ -251,18 +257,18 @@ mod tests {
         let at = time::macros::datetime!(2026-06-01 00:00 UTC);
         OutputRecord {
             path: RelPath::parse(path).unwrap(),
-            pipeline_id: "p".to_owned(),
-            destination_id: "d".to_owned(),
-            source: SourceIdentity {
+            pipeline_id: "p".into(),
+            destination_id: "d".into(),
+            source: std::sync::Arc::new(SourceIdentity {
                 id: "s".to_owned(),
                 digest: format!("sha256:{}", "a".repeat(64)),
                 created: at,
-            },
+            }),
             kind: OutputKind::Source,
             source_path: None,
             transform: None,
             url: None,
-            sha256: format!("sha256:{}", "b".repeat(64)),
+            sha256: crate::catalog::Sha256::parse(&format!("sha256:{}", "b".repeat(64))).unwrap(),
             size,
             created_at: at,
             updated_at: at,

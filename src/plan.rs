@@ -6,11 +6,13 @@
 //! and no clock here: `now` is an input, so every rule is a small unit test.
 
 use crate::catalog::{
-    Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, Overlay, STATE_FILE, SourceIdentity, State,
+    Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, Overlay, STATE_FILE, Sha256,
+    SourceIdentity, State,
 };
 use crate::config::Workflow;
 use crate::paths::RelPath;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use time::OffsetDateTime;
 
 /// What sits at a path in storage, as a plan sees it (the storage layer
@@ -66,36 +68,65 @@ pub struct Desired {
     /// The bundle file the bytes come from (copied or rendered).
     pub bundle_path: RelPath,
     pub url: Option<String>,
-    pub sha256: String,
+    pub sha256: Sha256,
     pub size: u64,
 }
 
+/// What every record a plan writes shares: its owner and its source,
+/// allocated once per plan rather than copied into each record.
+struct Shared {
+    pipeline_id: Arc<str>,
+    destination_id: Arc<str>,
+    source: Arc<SourceIdentity>,
+}
+
+impl Shared {
+    fn new(input: &PlanInput<'_>) -> Shared {
+        Shared {
+            pipeline_id: input.pipeline_id.into(),
+            destination_id: input.destination_id.into(),
+            source: Arc::new(input.source.clone()),
+        }
+    }
+}
+
 impl Desired {
-    fn record(&self, input: &PlanInput<'_>, created_at: OffsetDateTime) -> OutputRecord {
+    fn record(
+        &self,
+        shared: &Shared,
+        created_at: OffsetDateTime,
+        now: OffsetDateTime,
+    ) -> OutputRecord {
         let generated = self.kind == OutputKind::Generated;
         OutputRecord {
             path: self.path.clone(),
-            pipeline_id: input.pipeline_id.to_owned(),
-            destination_id: input.destination_id.to_owned(),
-            source: input.source.clone(),
+            pipeline_id: shared.pipeline_id.clone(),
+            destination_id: shared.destination_id.clone(),
+            source: shared.source.clone(),
             kind: self.kind,
             source_path: generated.then(|| self.bundle_path.clone()),
-            transform: generated.then(|| MARKDOWN_TO_HTML.to_owned()),
+            transform: generated.then_some(MARKDOWN_TO_HTML),
             url: self.url.clone(),
-            sha256: self.sha256.clone(),
+            sha256: self.sha256,
             size: self.size,
             created_at,
-            updated_at: input.now,
+            updated_at: now,
         }
     }
 
-    /// True when `record` already describes exactly this output for `input`'s owner and source.
+    /// True when `record` already describes exactly this output for
+    /// `input`'s owner and source (timestamps aside).
     fn matches(&self, record: &OutputRecord, input: &PlanInput<'_>) -> bool {
-        let want = self.record(input, record.created_at);
-        OutputRecord {
-            updated_at: record.updated_at,
-            ..want
-        } == *record
+        let generated = self.kind == OutputKind::Generated;
+        record.path == self.path
+            && record.owned_by(input.pipeline_id, input.destination_id)
+            && *record.source == *input.source
+            && record.kind == self.kind
+            && record.source_path.as_ref() == generated.then_some(&self.bundle_path)
+            && record.transform == generated.then_some(MARKDOWN_TO_HTML)
+            && record.url == self.url
+            && record.sha256 == self.sha256
+            && record.size == self.size
     }
 }
 
@@ -149,8 +180,9 @@ pub struct PlanInput<'a> {
     pub workflow: Workflow,
     pub force: bool,
     pub source: &'a SourceIdentity,
-    /// Sorted by path, unique, no path a folder of another.
-    pub desired: &'a [Desired],
+    /// Sorted by path, unique, no path a folder of another. Shared, so
+    /// that a plan's writes are this list, not a copy of it.
+    pub desired: &'a Arc<[Desired]>,
     pub state: &'a State,
     pub listing: &'a Listing,
     pub now: OffsetDateTime,
@@ -160,8 +192,10 @@ pub struct PlanInput<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub action: Action,
-    /// Outputs to write (empty for skips and refusals).
-    pub writes: Vec<Desired>,
+    /// Outputs to write (empty for skips and refusals): the desired
+    /// outputs themselves, shared rather than copied (a large tree's list
+    /// is several MiB).
+    pub writes: Arc<[Desired]>,
     /// Entries removed before anything is written: everything for
     /// `force_replace`, entries that block planned paths for a replacement
     /// over legacy state. Removed whole (folders with their content).
@@ -218,28 +252,72 @@ impl CatalogUpdate {
     /// of `current` at the planned paths (what each write replaces, for
     /// the journal), moved out rather than copied.
     pub fn into_catalog(self, current: Option<Catalog>) -> (Catalog, Vec<OutputRecord>) {
-        let (base, replaced) = match current {
-            Some(c) if self.keep_existing => (c, Vec::new()),
-            Some(c) => {
-                let planned: BTreeSet<&str> =
-                    self.upserts.iter().map(|r| r.path.as_str()).collect();
-                let replaced = c
-                    .outputs
-                    .into_iter()
-                    .filter(|r| planned.contains(r.path.as_str()))
-                    .collect();
-                (Catalog::new(self.now), replaced)
-            }
-            None => (Catalog::new(self.now), Vec::new()),
+        let CatalogUpdate {
+            keep_existing,
+            mut upserts,
+            removes,
+            now,
+        } = self;
+        let mut catalog = match &current {
+            Some(c) if keep_existing => Catalog {
+                distributor_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+                created_at: c.created_at,
+                updated_at: now,
+                outputs: Vec::new(),
+            },
+            _ => Catalog::new(now),
         };
-        let mut catalog = Overlay::new(base);
-        catalog.record_owned(self.upserts, self.removes);
-        if self.keep_existing {
-            catalog.into_catalog_and_replaced(self.now)
-        } else {
-            (catalog.into_catalog(self.now), replaced)
-        }
+        let old = current.map(|c| c.outputs).unwrap_or_default();
+        // What becomes of each old record: replaced by an upsert (handed
+        // back), removed, or kept (moved over to the new records).
+        let mut removed: Vec<&str> = removes.iter().map(String::as_str).collect();
+        removed.sort_unstable();
+        let fate: Vec<Fate> = old
+            .iter()
+            .map(|r| {
+                let path = r.path.as_str();
+                if upserts
+                    .binary_search_by(|u| u.path.as_str().cmp(path))
+                    .is_ok()
+                {
+                    Fate::Replaced
+                } else if keep_existing && removed.binary_search(&path).is_err() {
+                    Fate::Kept
+                } else {
+                    Fate::Dropped
+                }
+            })
+            .collect();
+        upserts.reserve_exact(fate.iter().filter(|f| **f == Fate::Kept).count());
+        // Collected in place: the replaced records stay in the old
+        // records' buffer, so a large tree's records are never held in a
+        // third array.
+        let mut fates = fate.into_iter();
+        let replaced: Vec<OutputRecord> = old
+            .into_iter()
+            .filter_map(|r| match fates.next() {
+                Some(Fate::Replaced) => Some(r),
+                Some(Fate::Kept) => {
+                    upserts.push(r);
+                    None
+                }
+                _ => None,
+            })
+            .collect();
+        // Paths are unique, so an unstable sort (in place, no scratch
+        // buffer) gives the one order there is.
+        upserts.sort_unstable_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+        catalog.outputs = upserts;
+        (catalog, replaced)
     }
+}
+
+/// What a catalog update does with a record of the current catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Replaced,
+    Kept,
+    Dropped,
 }
 
 impl Plan {
@@ -247,7 +325,7 @@ impl Plan {
     pub fn refused(action: Action, unmanaged: Vec<String>, error: String) -> Plan {
         Plan {
             action,
-            writes: Vec::new(),
+            writes: Arc::default(),
             clear_first: Vec::new(),
             delete_after: Vec::new(),
             deletes: Vec::new(),
@@ -310,6 +388,7 @@ fn write_plan(
     clear_first: Vec<String>,
     delete_after: Vec<String>,
 ) -> Plan {
+    let shared = Shared::new(input);
     let mut upserts: Vec<OutputRecord> = input
         .desired
         .iter()
@@ -317,13 +396,18 @@ fn write_plan(
             let created_at = base
                 .and_then(|b| b.get(d.path.as_str()))
                 .map_or(input.now, |r| r.created_at);
-            d.record(input, created_at)
+            d.record(&shared, created_at, input.now)
         })
         .collect();
-    upserts.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    // Desired outputs come sorted; sorting in place otherwise (paths are
+    // unique) spares the scratch buffer a stable sort takes.
+    let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
+    if !upserts.is_sorted_by(|a, b| by_path(a, b).is_le()) {
+        upserts.sort_unstable_by(by_path);
+    }
     Plan {
         action,
-        writes: input.desired.to_vec(),
+        writes: Arc::clone(input.desired),
         clear_first,
         deletes: delete_after.clone(),
         update: Some(CatalogUpdate {
@@ -369,7 +453,7 @@ fn legacy_plan(input: &PlanInput<'_>, force_hint: &str) -> Plan {
     match input.workflow {
         Workflow::Additive => {
             let mut unmanaged = Vec::new();
-            for d in input.desired {
+            for d in input.desired.iter() {
                 let blocked_at = d
                     .path
                     .ancestors()
@@ -449,7 +533,7 @@ fn unmanaged_refusal(mut unmanaged: Vec<String>, force_hint: &str) -> Plan {
 fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> Plan {
     let mut conflicts = Vec::new();
     let mut unmanaged = Vec::new();
-    for d in input.desired {
+    for d in input.desired.iter() {
         let path = d.path.as_str();
         for a in d.path.ancestors() {
             if let Some(r) = catalog.get(a) {
@@ -516,7 +600,7 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
     if all_same && delete_after.is_empty() {
         return Plan {
             action: Action::SkipSame,
-            writes: Vec::new(),
+            writes: Arc::default(),
             clear_first: Vec::new(),
             delete_after: Vec::new(),
             deletes: Vec::new(),
@@ -658,7 +742,7 @@ mod tests {
             kind: OutputKind::Source,
             bundle_path: p,
             url: None,
-            sha256: hex(sha),
+            sha256: crate::catalog::Sha256::parse(&hex(sha)).unwrap(),
             size,
         }
     }
@@ -672,14 +756,14 @@ mod tests {
     ) -> OutputRecord {
         OutputRecord {
             path: RelPath::parse(path).unwrap(),
-            pipeline_id: owner.0.to_owned(),
-            destination_id: owner.1.to_owned(),
-            source: src.clone(),
+            pipeline_id: owner.0.into(),
+            destination_id: owner.1.into(),
+            source: Arc::new(src.clone()),
             kind: OutputKind::Source,
             source_path: None,
             transform: None,
             url: None,
-            sha256: hex(sha),
+            sha256: crate::catalog::Sha256::parse(&hex(sha)).unwrap(),
             size,
             created_at: t("2026-01-01T00:00:00Z"),
             updated_at: t("2026-02-01T00:00:00Z"),
@@ -699,6 +783,62 @@ mod tests {
         c.outputs = records;
         c.sort();
         State::Catalog(c)
+    }
+
+    /// Moving an update into the catalog gives the catalog that applying
+    /// it to a copy gives, and hands back exactly the current records at
+    /// the planned paths.
+    #[test]
+    fn an_update_moved_into_the_catalog_equals_one_applied_to_a_copy() {
+        let src = source("s1");
+        let old: Vec<OutputRecord> = ["a", "b/x", "b/y", "c", "d"]
+            .iter()
+            .map(|p| rec(p, (P, D), &src, 'a', 1))
+            .collect();
+        let State::Catalog(mut base) = catalog(old) else {
+            unreachable!()
+        };
+        base.distributor_version = Some("0.0.1".to_owned());
+        type Paths = &'static [&'static str];
+        // (keep_existing, upserts, removes, replaced)
+        let cases: [(bool, Paths, Paths, Paths); 6] = [
+            (true, &[], &[], &[]),
+            (true, &["0", "b/x", "e"], &["d", "a"], &["b/x"]),
+            (
+                true,
+                &["a", "b/x", "b/y", "c", "d"],
+                &[],
+                &["a", "b/x", "b/y", "c", "d"],
+            ),
+            (true, &["z"], &["a", "b/x", "b/y", "c", "d"], &[]),
+            (false, &["b/y", "f"], &[], &["b/y"]),
+            (false, &[], &[], &[]),
+        ];
+        for (keep_existing, upserts, removes, want) in cases {
+            let update = CatalogUpdate {
+                keep_existing,
+                upserts: upserts
+                    .iter()
+                    .map(|p| rec(p, (P, D), &src, 'b', 2))
+                    .collect(),
+                removes: removes.iter().map(|p| p.to_string()).collect(),
+                now: now(),
+            };
+            let applied = update.apply(Some(base.clone()));
+            let (moved, replaced) = update.into_catalog(Some(base.clone()));
+            assert_eq!(moved, applied, "{upserts:?} {removes:?}");
+            let got: Vec<&str> = replaced.iter().map(|r| r.path.as_str()).collect();
+            assert_eq!(got, want, "{upserts:?} {removes:?}");
+            assert!(replaced.iter().all(|r| r.size == 1), "the current records");
+        }
+        let fresh = CatalogUpdate {
+            keep_existing: false,
+            upserts: vec![rec("a", (P, D), &src, 'b', 2)],
+            removes: Vec::new(),
+            now: now(),
+        };
+        let applied = fresh.apply(None);
+        assert_eq!(fresh.into_catalog(None), (applied, Vec::new()));
     }
 
     /// A root holding these entries (folders above them added).
@@ -747,7 +887,7 @@ mod tests {
             workflow: case.workflow,
             force: case.force,
             source: &src,
-            desired: &case.desired,
+            desired: &case.desired.clone().into(),
             state: &case.state,
             listing: &case.listing,
             now: now(),
@@ -1151,15 +1291,15 @@ mod tests {
             workflow: Workflow::Additive,
             force: false,
             source: &src,
-            desired: &desired,
+            desired: &desired.clone().into(),
             state: &state,
             listing: &listing,
             now: now(),
         });
         let c = plan.update.unwrap().apply(current(&state));
         let r = &c.outputs[0];
-        assert_eq!((r.pipeline_id.as_str(), r.destination_id.as_str()), (P, D));
-        assert_eq!(r.source, src);
+        assert_eq!((&*r.pipeline_id, &*r.destination_id), (P, D));
+        assert_eq!(*r.source, src);
         assert_eq!(r.created_at, t("2026-01-01T00:00:00Z"));
         assert_eq!(r.updated_at, now());
         assert_eq!(r.sha256, hex('a'));
@@ -1183,7 +1323,7 @@ mod tests {
             workflow: Workflow::Replacement,
             force: false,
             source: &src,
-            desired: &desired,
+            desired: &desired.clone().into(),
             state: &state,
             listing: &listing,
             now: now(),
@@ -1205,7 +1345,7 @@ mod tests {
             workflow: Workflow::Additive,
             force: false,
             source: &src,
-            desired: std::slice::from_ref(&d),
+            desired: &vec![d.clone()].into(),
             state: &State::Absent,
             listing: &Listing::default(),
             now: now(),
@@ -1213,7 +1353,7 @@ mod tests {
         let c = plan.update.unwrap().apply(None);
         let r = &c.outputs[0];
         assert_eq!(r.source_path.as_ref().map(RelPath::as_str), Some("r.md"));
-        assert_eq!(r.transform.as_deref(), Some(MARKDOWN_TO_HTML));
+        assert_eq!(r.transform, Some(MARKDOWN_TO_HTML));
         assert_eq!(r.url.as_deref(), Some("https://x.example/r.html"));
     }
 

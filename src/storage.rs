@@ -260,6 +260,17 @@ impl Root {
     /// Reads a reserved file at the top of the root; `Ok(None)` when absent.
     /// A symlink or special file there is an error.
     pub fn read_reserved(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        let Some(mut file) = self.open_reserved(name)? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut file, &mut bytes)?;
+        Ok(Some(bytes))
+    }
+
+    /// Opens a reserved file at the top of the root for reading, with the
+    /// checks of [`Root::read_reserved`], for a caller that streams it.
+    pub fn open_reserved(&self, name: &str) -> io::Result<Option<std::fs::File>> {
         let mut o = OpenOptions::new();
         o.read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
@@ -273,13 +284,11 @@ impl Root {
             }
             Err(e) => return Err(e),
         };
-        let mut file = file.into_std();
+        let file = file.into_std();
         if !file.metadata()?.is_file() {
             return Err(io::Error::other(format!("{name} is not a regular file")));
         }
-        let mut bytes = Vec::new();
-        io::Read::read_to_end(&mut file, &mut bytes)?;
-        Ok(Some(bytes))
+        Ok(Some(file))
     }
 
     /// Hashes the regular file at `path`, streaming. `Ok(None)` when there

@@ -277,7 +277,7 @@ fn prune_once(
         .filter(|r| drop.contains(r.path.as_str()))
         .map(|r| Delete {
             path: r.path.as_str().to_owned(),
-            sha256: r.sha256.clone(),
+            sha256: r.sha256.to_string(),
         })
         .collect();
     let next = without(catalog, &drop, now);

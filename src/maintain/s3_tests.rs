@@ -31,16 +31,16 @@ fn record(path: &str, body: &str) -> OutputRecord {
         path: RelPath::parse(path).unwrap(),
         pipeline_id: "p".into(),
         destination_id: "d".into(),
-        source: SourceIdentity {
+        source: std::sync::Arc::new(SourceIdentity {
             id: "s".into(),
             digest: h.sha256.clone(),
             created: when,
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: h.sha256,
+        sha256: crate::catalog::Sha256::parse(&h.sha256).unwrap(),
         size: h.size,
         created_at: when,
         updated_at: when,
@@ -63,12 +63,12 @@ fn publish(root: &S3Root, path: &str, body: &'static str) {
     let base = root.read_state().unwrap();
     let r = record(path, body);
     let replaces = match &base.state {
-        State::Catalog(c) => c.get(path).map(|r| r.sha256.clone()),
+        State::Catalog(c) => c.get(path).map(|r| r.sha256.to_string()),
         _ => None,
     };
     let write = Write {
         path: path.to_owned(),
-        sha256: r.sha256.clone(),
+        sha256: r.sha256.to_string(),
         source: Box::new(body.as_bytes()),
         replaces,
     };

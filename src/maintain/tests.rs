@@ -30,18 +30,18 @@ fn digest(c: char) -> String {
 fn record(path: &str, owner: (&str, &str), id: &str, created: &str, updated: &str) -> OutputRecord {
     OutputRecord {
         path: RelPath::parse(path).unwrap(),
-        pipeline_id: owner.0.to_owned(),
-        destination_id: owner.1.to_owned(),
-        source: SourceIdentity {
+        pipeline_id: owner.0.into(),
+        destination_id: owner.1.into(),
+        source: std::sync::Arc::new(SourceIdentity {
             id: id.to_owned(),
             digest: digest('a'),
             created: t(created),
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: digest('b'),
+        sha256: crate::catalog::Sha256::parse(&digest('b')).unwrap(),
         size: 0,
         created_at: t(updated),
         updated_at: t(updated),
@@ -191,7 +191,7 @@ fn keep_latest_compares_instants_and_distinct_identities() {
             "2026-05-01T00:00:00Z",
         ),
     ];
-    records[2].source.digest = digest('c');
+    std::sync::Arc::make_mut(&mut records[2].source).digest = digest('c');
     assert_eq!(
         select_prunable(&records, ME.0, ME.1, &policy(1, 1), t(NOW)),
         ["b", "c"]
@@ -308,7 +308,7 @@ fn seed(root: &Path, files: &[&str]) {
         let when = format!("2026-05-{:02}T00:00:00Z", i + 1);
         let mut r = record(path, ME, &format!("s{i}"), &when, &when);
         let h = crate::hashing::hash_bytes(bytes);
-        r.sha256 = h.sha256;
+        r.sha256 = crate::catalog::Sha256::parse(&h.sha256).unwrap();
         r.size = h.size;
         catalog.outputs.push(r);
     }

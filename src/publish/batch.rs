@@ -66,7 +66,7 @@ impl RootState {
 
     /// Records what an accepted plan will leave on disk and in the catalog.
     fn apply(&mut self, plan: &Plan) {
-        for d in &plan.writes {
+        for d in plan.writes.iter() {
             for a in d.path.ancestors() {
                 self.overlay.insert(a.to_owned(), Entry::Dir);
             }
@@ -257,7 +257,7 @@ pub fn publish_batch(
         let mut writes: BTreeMap<String, (usize, Desired)> = BTreeMap::new();
         let mut deletes: BTreeSet<String> = BTreeSet::new();
         for (k, a) in accepted.iter().enumerate() {
-            for d in &a.plans[j].writes {
+            for d in a.plans[j].writes.iter() {
                 writes.insert(d.path.as_str().to_owned(), (k, d.clone()));
                 deletes.remove(d.path.as_str());
             }
@@ -336,7 +336,7 @@ pub fn publish_batch(
     for (k, a) in accepted.into_iter().enumerate() {
         let mut report = a.ready.report;
         for (j, plan) in a.plans.iter().enumerate() {
-            for d in &plan.writes {
+            for d in plan.writes.iter() {
                 if unchanged[j].get(d.path.as_str()) == Some(&k) {
                     report.destinations[j]
                         .unchanged

@@ -59,11 +59,22 @@ struct Planned {
     root: Option<Root>,
     _lock: Option<RootLock>,
     state_was_absent: bool,
-    /// The record each planned write replaces (for the journal), by path.
-    replaced: BTreeMap<String, OutputRecord>,
+    /// The record each planned write replaces (for the journal), sorted
+    /// by path: see [`Planned::replaced`].
+    replaced: Vec<OutputRecord>,
     /// The catalog to write last (`None`: nothing to write, or a dry run).
     catalog: Option<Catalog>,
     plan: Plan,
+}
+
+impl Planned {
+    /// The record the planned write at `path` replaces, if any.
+    fn replaced(&self, path: &str) -> Option<&OutputRecord> {
+        self.replaced
+            .binary_search_by(|r| r.path.as_str().cmp(path))
+            .ok()
+            .map(|i| &self.replaced[i])
+    }
 }
 
 /// Publishes the bundle in `bundle_dir` to `destinations` of `pipeline`.
@@ -430,6 +441,8 @@ fn lock_and_plan(
         now,
     });
     let state_was_absent = matches!(state, State::Absent);
+    // The listing has served its purpose; a large tree's is several MiB.
+    drop(listing);
     // Turn the old catalog into the new one in place, keeping aside the
     // records the planned writes replace, for the journal (dry runs never
     // write, so never build it). Records are moved, never copied.
@@ -440,13 +453,9 @@ fn lock_and_plan(
     let (catalog, replaced) = match plan.update.take() {
         Some(update) if !options.dry_run => {
             let (catalog, replaced) = update.into_catalog(current);
-            let replaced = replaced
-                .into_iter()
-                .map(|r| (r.path.as_str().to_owned(), r))
-                .collect();
             (Some(catalog), replaced)
         }
-        _ => (None, BTreeMap::new()),
+        _ => (None, Vec::new()),
     };
     Ok(Planned {
         root,

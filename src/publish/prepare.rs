@@ -5,7 +5,7 @@
 use super::content::{Content, Scratch, Spill};
 use super::{Failure, PublishError};
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{OutputKind, SourceIdentity};
+use crate::catalog::{OutputKind, Sha256, SourceIdentity};
 use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
@@ -36,7 +36,7 @@ type Rendered = BTreeMap<RelPath, Page>;
 /// One destination, prepared before any lock is taken.
 pub(super) struct Prepared<'a> {
     pub(super) destination: &'a Destination,
-    pub(super) desired: Vec<Desired>,
+    pub(super) desired: Arc<[Desired]>,
     /// Outputs whose bytes the publication holds, by output path: rendered
     /// HTML, and markdown sources read and verified for rendering (staged
     /// from here rather than read from the bundle a second time).
@@ -303,7 +303,7 @@ fn prepare<'a>(
                 path,
                 kind: OutputKind::Source,
                 bundle_path: f.path.clone(),
-                sha256: f.sha256.clone(),
+                sha256: Sha256::parse(&f.sha256).expect("a verified manifest lists sha256 digests"),
                 size: f.size,
             });
         }
@@ -319,7 +319,7 @@ fn prepare<'a>(
                 path: path.clone(),
                 kind: OutputKind::Generated,
                 bundle_path: f.path.clone(),
-                sha256: hashed.sha256.clone(),
+                sha256: Sha256::parse(&hashed.sha256).expect("hashing gives sha256 digests"),
                 size: hashed.size,
             });
             in_memory.insert(path, Arc::clone(html));
@@ -329,7 +329,7 @@ fn prepare<'a>(
     desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
     Ok(Prepared {
         destination: d,
-        desired,
+        desired: desired.into(),
         in_memory,
     })
 }

@@ -160,7 +160,7 @@ pub(super) fn plan_destination(
             let recorded = record(&base.state, w.path.as_str());
             recorded.is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
                 && heads.get(w.path.as_str()).is_some_and(|h| {
-                    h.size == w.size && h.sha256.as_deref() == Some(w.sha256.as_str())
+                    h.size == w.size && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s)
                 })
         })
         .map(|w| w.path.as_str().to_owned())
@@ -360,9 +360,9 @@ pub(super) fn commit(
         }
         writes.push(Write {
             path: d.path.as_str().to_owned(),
-            sha256: d.sha256.clone(),
+            sha256: d.sha256.to_string(),
             source: source(prepared, bundle, d),
-            replaces: record(&base.state, d.path.as_str()).map(|r| r.sha256.clone()),
+            replaces: record(&base.state, d.path.as_str()).map(|r| r.sha256.to_string()),
         });
     }
     let deletes: Vec<Delete> = plan
@@ -371,7 +371,7 @@ pub(super) fn commit(
         .filter_map(|path| {
             record(&base.state, path).map(|r| Delete {
                 path: path.clone(),
-                sha256: r.sha256.clone(),
+                sha256: r.sha256.to_string(),
             })
         })
         .collect();

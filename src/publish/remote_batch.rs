@@ -274,9 +274,9 @@ pub(in crate::publish) fn publish_batch(
                 let a = &accepted[*k];
                 Write {
                     path: path.clone(),
-                    sha256: desired.sha256.clone(),
+                    sha256: desired.sha256.to_string(),
                     source: source(&a.ready.prepared[j], &a.ready.bundle, desired),
-                    replaces: base_catalog.get(path).map(|r| r.sha256.clone()),
+                    replaces: base_catalog.get(path).map(|r| r.sha256.to_string()),
                 }
             })
             .collect();
@@ -286,7 +286,7 @@ pub(in crate::publish) fn publish_batch(
             .filter_map(|path| {
                 base_catalog.get(path).map(|r| Delete {
                     path: path.clone(),
-                    sha256: r.sha256.clone(),
+                    sha256: r.sha256.to_string(),
                 })
             })
             .collect();
@@ -345,7 +345,7 @@ pub(in crate::publish) fn publish_batch(
     for a in accepted {
         let mut report = a.ready.report;
         for (j, plan) in a.plans.iter().enumerate() {
-            for d in &plan.writes {
+            for d in plan.writes.iter() {
                 if a.unchanged[j].contains(d.path.as_str()) {
                     report.destinations[j]
                         .unchanged
@@ -368,7 +368,7 @@ pub(in crate::publish) fn publish_batch(
 impl Dest {
     /// Records what an accepted plan leaves in the bucket and the catalog.
     fn apply(&mut self, plan: &Plan, update: Option<&CatalogUpdate>) {
-        for d in &plan.writes {
+        for d in plan.writes.iter() {
             self.touched
                 .insert(d.path.as_str().to_owned(), Some(d.size));
         }
@@ -386,7 +386,7 @@ impl Dest {
 /// and its outputs whose object already holds the planned bytes.
 fn plan_one(
     dest: &Dest,
-    desired: &[plan::Desired],
+    desired: &std::sync::Arc<[plan::Desired]>,
     d: &Destination,
     pipeline_id: &str,
     source: &crate::catalog::SourceIdentity,
@@ -419,7 +419,7 @@ fn plan_one(
             !dest.touched.contains_key(path)
                 && record(&state, path).is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
                 && dest.heads.get(path).is_some_and(|h| {
-                    h.size == w.size && h.sha256.as_deref() == Some(w.sha256.as_str())
+                    h.size == w.size && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s)
                 })
         })
         .map(|w| w.path.as_str().to_owned())
@@ -475,7 +475,7 @@ impl Merged {
         let mut writes = BTreeMap::new();
         let mut deletes = BTreeSet::new();
         for (k, (plan, _)) in plans.iter().enumerate() {
-            for d in &plan.writes {
+            for d in plan.writes.iter() {
                 writes.insert(d.path.as_str().to_owned(), (k, d.clone()));
                 deletes.remove(d.path.as_str());
             }

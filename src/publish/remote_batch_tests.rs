@@ -35,7 +35,8 @@ fn desired(path: &str) -> Desired {
         kind: OutputKind::Source,
         bundle_path: RelPath::parse(path).unwrap(),
         url: None,
-        sha256: format!("sha256:{path}"),
+        sha256: crate::catalog::Sha256::parse(&crate::hashing::hash_bytes(path.as_bytes()).sha256)
+            .unwrap(),
         size: path.len() as u64,
     }
 }

@@ -41,16 +41,17 @@ pub(super) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
         path: RelPath::parse(path).unwrap(),
         pipeline_id: pipeline.into(),
         destination_id: destination.into(),
-        source: SourceIdentity {
+        source: std::sync::Arc::new(SourceIdentity {
             id: "src".into(),
             digest: format!("sha256:{:0>64}", 0),
             created: when,
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: crate::hashing::hash_bytes(body.as_bytes()).sha256,
+        sha256: crate::catalog::Sha256::parse(&crate::hashing::hash_bytes(body.as_bytes()).sha256)
+            .unwrap(),
         size: body.len() as u64,
         created_at: when,
         updated_at: when,
@@ -180,7 +181,7 @@ fn applying_an_update_keeps_everything_else_of_the_catalog() {
 fn a_bucket_refuses_deleting_what_the_catalog_does_not_record() {
     let plan = |delete_after: &[&str], clear_first: &[&str]| Plan {
         action: Action::ReplaceCatalog,
-        writes: Vec::new(),
+        writes: Vec::new().into(),
         clear_first: clear_first.iter().map(|p| (*p).into()).collect(),
         delete_after: delete_after.iter().map(|p| (*p).into()).collect(),
         deletes: Vec::new(),

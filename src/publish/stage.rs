@@ -110,7 +110,7 @@ pub(super) fn stage_one(root: &Root, job: &Job<'_>, fsync: bool) -> Result<Stage
         .is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size);
     if recorded_same
         && root
-            .holds(d.path.as_str(), &d.sha256, d.size)
+            .holds(d.path.as_str(), &d.sha256.to_string(), d.size)
             .map_err(Failure::Io)?
     {
         return Ok(Staged::Unchanged);
@@ -166,7 +166,7 @@ pub(super) fn stage(
             .filter_map(|d| {
                 catalog.get(d.path.as_str()).map(|new| JournalWriteRef {
                     new,
-                    old: p.replaced.get(d.path.as_str()),
+                    old: p.replaced(d.path.as_str()),
                 })
             })
             .collect(),
@@ -195,7 +195,7 @@ pub(super) fn stage(
         .iter()
         .map(|d| Job {
             d,
-            old: p.replaced.get(d.path.as_str()),
+            old: p.replaced(d.path.as_str()),
             in_memory: prepared.in_memory.get(&d.path).map(|c| &**c),
             bundle,
         })

@@ -209,9 +209,9 @@ pub fn monotonic(mut next: Catalog, prev: &State) -> Catalog {
 }
 
 /// The sha256 recorded for `path` in `state`, if any.
-pub(super) fn recorded<'s>(state: &'s State, path: &str) -> Option<&'s str> {
+pub(super) fn recorded(state: &State, path: &str) -> Option<String> {
     match state {
-        State::Catalog(c) => c.get(path).map(|r| r.sha256.as_str()),
+        State::Catalog(c) => c.get(path).map(|r| r.sha256.to_string()),
         _ => None,
     }
 }

@@ -24,16 +24,16 @@ fn record(path: &str, bytes: &[u8]) -> OutputRecord {
         path: RelPath::parse(path).unwrap(),
         pipeline_id: "p".into(),
         destination_id: "d".into(),
-        source: SourceIdentity {
+        source: std::sync::Arc::new(SourceIdentity {
             id: "s".into(),
             digest: format!("sha256:{}", "0".repeat(64)),
             created: now(),
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: h.sha256,
+        sha256: crate::catalog::Sha256::parse(&h.sha256).unwrap(),
         size: h.size,
         created_at: now(),
         updated_at: now(),
@@ -109,7 +109,7 @@ fn a_publication_writes_its_objects_then_the_catalog_and_leaves_no_intent() {
         let (hashed, _) = root.get_hashed(r.path.as_str()).unwrap().unwrap();
         assert_eq!(
             (hashed.sha256.as_str(), hashed.size),
-            (r.sha256.as_str(), r.size)
+            (r.sha256.to_string().as_str(), r.size)
         );
     }
     assert_eq!(pending_intents(&root).unwrap(), Vec::<String>::new());
@@ -384,7 +384,7 @@ fn a_stale_intent_is_recovered_by_anyone() {
         let (h, _) = root.get_hashed(r.path.as_str()).unwrap().unwrap();
         assert_eq!(
             (h.sha256.as_str(), h.size),
-            (r.sha256.as_str(), r.size),
+            (r.sha256.to_string().as_str(), r.size),
             "{}",
             r.path
         );

@@ -222,7 +222,7 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
                 let mut c = c.clone();
                 for (path, (sha, size)) in &adopt {
                     if let Some(r) = c.outputs.iter_mut().find(|r| r.path.as_str() == path) {
-                        r.sha256 = sha.clone();
+                        r.sha256 = crate::catalog::Sha256::parse(sha).unwrap_or(r.sha256);
                         r.size = *size;
                         r.updated_at = now;
                     }

@@ -272,16 +272,16 @@ fn record(path: &str, bytes: &[u8]) -> OutputRecord {
         path: RelPath::parse(path).unwrap(),
         pipeline_id: "p".into(),
         destination_id: "d".into(),
-        source: SourceIdentity {
+        source: std::sync::Arc::new(SourceIdentity {
             id: "s".into(),
             digest: format!("sha256:{}", "0".repeat(64)),
             created: now,
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: sha256_of(bytes),
+        sha256: distributor::catalog::Sha256::parse(&sha256_of(bytes)).unwrap(),
         size: bytes.len() as u64,
         created_at: now,
         updated_at: now,
@@ -313,7 +313,7 @@ fn concurrent_commits_on_the_server_both_land() {
         let mut rebase = |latest: &State| Some(with(latest, std::slice::from_ref(&mine)));
         let w = Write {
             path: path.to_owned(),
-            sha256: mine.sha256.clone(),
+            sha256: mine.sha256.to_string(),
             source: Box::new(body),
             replaces: None,
         };

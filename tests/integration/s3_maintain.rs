@@ -48,16 +48,16 @@ fn record(s: &Seed) -> OutputRecord {
         path: RelPath::parse(s.path).unwrap(),
         pipeline_id: s.pipeline.into(),
         destination_id: "site".into(),
-        source: SourceIdentity {
+        source: std::sync::Arc::new(SourceIdentity {
             id: s.source.into(),
             digest: sha256(s.source.as_bytes()),
             created: t(s.created),
-        },
+        }),
         kind: OutputKind::Source,
         source_path: None,
         transform: None,
         url: None,
-        sha256: sha256(s.body.as_bytes()),
+        sha256: distributor::catalog::Sha256::parse(&sha256(s.body.as_bytes())).unwrap(),
         size: s.body.len() as u64,
         created_at: t(s.updated),
         updated_at: t(s.updated),
@@ -828,7 +828,7 @@ fn killed_publisher_then(recover_with: &[&str]) {
     assert_eq!(f.recorded(), ["kept.html"]);
     let kept = f.catalog().outputs[0].clone();
     assert_eq!(
-        (kept.sha256, kept.size),
+        (kept.sha256.to_string(), kept.size),
         (sha256(b"replaced"), 8),
         "the record follows the object it overwrote"
     );
