@@ -601,6 +601,10 @@ pub enum State {
     Invalid { reason: String },
 }
 
+/// Catalogs up to this size are read into memory whole and parsed there;
+/// bigger ones are parsed from the file as a stream.
+const READ_WHOLE_UP_TO: u64 = 1 << 20;
+
 impl State {
     /// Reads and classifies a state file. A catalog as this tool writes it
     /// is read in one pass from the stream, its text never held whole (a
@@ -608,6 +612,33 @@ impl State {
     /// or invalid state, or a catalog edited into another key order) is
     /// read whole and classified by [`State::parse`], with the same result.
     pub fn read<F: std::io::Read + std::io::Seek>(file: &mut F) -> std::io::Result<State> {
+        State::read_whole_up_to(file, READ_WHOLE_UP_TO)
+    }
+
+    /// [`State::read`], reading files up to `whole_up_to` bytes whole.
+    fn read_whole_up_to<F: std::io::Read + std::io::Seek>(
+        file: &mut F,
+        whole_up_to: u64,
+    ) -> std::io::Result<State> {
+        // A small catalog is read whole: parsing from memory is several
+        // times faster than from a reader (a small publication's latency),
+        // and its text costs little memory. A big one is streamed.
+        let len = std::io::Seek::seek(file, std::io::SeekFrom::End(0))?;
+        std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
+        if len <= whole_up_to {
+            let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+            std::io::Read::read_to_end(file, &mut bytes)?;
+            let mut de = serde_json::Deserializer::from_slice(&bytes);
+            return Ok(
+                match Streamed::deserialize(&mut de).and_then(|s| de.end().map(|()| s)) {
+                    Ok(Streamed(raw)) => match finish_v4(raw) {
+                        Ok(c) => State::Catalog(c),
+                        Err(reason) => State::Invalid { reason },
+                    },
+                    Err(_) => State::parse(&bytes),
+                },
+            );
+        }
         let streamed = {
             let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
             let mut de = serde_json::Deserializer::from_reader(reader);
@@ -909,7 +940,9 @@ pub(crate) mod tests {
     /// for anything but a catalog led by its version).
     fn both(bytes: &[u8]) -> State {
         let whole = State::parse(bytes);
-        let streamed = State::read(&mut std::io::Cursor::new(bytes)).unwrap();
+        let read = State::read(&mut std::io::Cursor::new(bytes)).unwrap();
+        assert_eq!(read, whole, "{}", String::from_utf8_lossy(bytes));
+        let streamed = State::read_whole_up_to(&mut std::io::Cursor::new(bytes), 0).unwrap();
         assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
         whole
     }
