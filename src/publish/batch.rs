@@ -334,20 +334,38 @@ pub fn publish_batch(
     }
 
     for (k, a) in accepted.into_iter().enumerate() {
-        let mut report = a.ready.report;
-        for (j, plan) in a.plans.iter().enumerate() {
-            for d in plan.writes.iter() {
-                if unchanged[j].get(d.path.as_str()) == Some(&k) {
-                    report.destinations[j]
-                        .unchanged
-                        .push(d.path.as_str().to_owned());
-                } else {
-                    report.bytes_published += d.size;
-                }
-            }
-        }
+        let report = finish_report(a.ready.report, &a.plans, |j, path| {
+            unchanged[j].get(path) == Some(&k)
+        });
         reports[a.index] = Some(report);
     }
+    all_reported(reports)
+}
+
+/// A committed bundle's report: each planned write of destination `j`
+/// listed as unchanged when `unchanged(j, path)`, else counted as bytes
+/// published.
+pub(super) fn finish_report(
+    mut report: RunReport,
+    plans: &[Plan],
+    unchanged: impl Fn(usize, &str) -> bool,
+) -> RunReport {
+    for (j, plan) in plans.iter().enumerate() {
+        for d in plan.writes.iter() {
+            if unchanged(j, d.path.as_str()) {
+                report.destinations[j]
+                    .unchanged
+                    .push(d.path.as_str().to_owned());
+            } else {
+                report.bytes_published += d.size;
+            }
+        }
+    }
+    report
+}
+
+/// The batch's outcome once every bundle should have its report.
+pub(super) fn all_reported(reports: Vec<Option<RunReport>>) -> Batch {
     match reports.into_iter().collect() {
         Some(reports) => Batch::Done(reports),
         None => Batch::OneByOne {

@@ -401,14 +401,7 @@ pub(super) fn commit(
     );
     match committed {
         Ok(c) => {
-            if c.rebases > 0 {
-                log::info!(
-                    "{}: another publisher committed first; this publication touched none of its paths and was applied on top of its catalog ({} rebase{})",
-                    root.label(),
-                    c.rebases,
-                    if c.rebases == 1 { "" } else { "s" }
-                );
-            }
+            log_rebases(&root, c.rebases, "publication");
             Ok(())
         }
         Err(s3::Error::HashMismatch { key, .. }) => Err(reverify(bundle, &plan, &key)
@@ -551,3 +544,15 @@ pub(super) use batch::publish_batch;
 #[cfg(test)]
 #[path = "remote_tests.rs"]
 mod tests;
+
+/// Says, when a commit had to be applied on top of another publisher's
+/// catalog, how many times (`what`: "publication" or "batch").
+pub(super) fn log_rebases(root: &S3Root, rebases: u32, what: &str) {
+    if rebases > 0 {
+        log::info!(
+            "{}: another publisher committed first; this {what} touched none of its paths and was applied on top of its catalog ({rebases} rebase{})",
+            root.label(),
+            if rebases == 1 { "" } else { "s" }
+        );
+    }
+}

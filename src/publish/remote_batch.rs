@@ -26,10 +26,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::super::batch::{Batch, Workers, map_on};
+use super::super::batch::{Batch, Workers, all_reported, finish_report, map_on};
 use super::super::prepare::{Ready, prepare_bundle};
 use super::super::{Options, record_plans, verify_rest};
-use super::{record, s3_error, source, unrecorded_deletes};
+use super::{log_rebases, record, s3_error, source, unrecorded_deletes};
 use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::clock::now_millis;
 use crate::config::{Backend, Destination, Pipeline, Workflow};
@@ -310,14 +310,7 @@ pub(in crate::publish) fn publish_batch(
         );
         match committed {
             Ok(c) => {
-                if c.rebases > 0 {
-                    log::info!(
-                        "{}: another publisher committed first; this batch touched none of its paths and was applied on top of its catalog ({} rebase{})",
-                        root.label(),
-                        c.rebases,
-                        if c.rebases == 1 { "" } else { "s" }
-                    );
-                }
+                log_rebases(&root, c.rebases, "batch");
             }
             Err(e) => {
                 // The commit undid what it wrote (or left its intent for
@@ -343,26 +336,13 @@ pub(in crate::publish) fn publish_batch(
         bundles.len()
     );
     for a in accepted {
-        let mut report = a.ready.report;
-        for (j, plan) in a.plans.iter().enumerate() {
-            for d in plan.writes.iter() {
-                if a.unchanged[j].contains(d.path.as_str()) {
-                    report.destinations[j]
-                        .unchanged
-                        .push(d.path.as_str().to_owned());
-                } else {
-                    report.bytes_published += d.size;
-                }
-            }
-        }
+        let unchanged = &a.unchanged;
+        let report = finish_report(a.ready.report, &a.plans, |j, path| {
+            unchanged[j].contains(path)
+        });
         reports[a.index] = Some(report);
     }
-    match reports.into_iter().collect() {
-        Some(reports) => Batch::Done(reports),
-        None => Batch::OneByOne {
-            cause: "a bundle of the batch got no report".to_owned(),
-        },
-    }
+    all_reported(reports)
 }
 
 impl Dest {
