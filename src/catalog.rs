@@ -401,15 +401,10 @@ impl Catalog {
         self.outputs.partition_point(|r| r.path.as_str() < key)
     }
 
-    /// Sorts outputs by path (byte order of the UTF-8 text). In place:
-    /// paths are unique, so an unstable sort gives the one order there is
-    /// without the scratch buffer (half the records) a stable sort takes,
-    /// and a catalog read from its file is already sorted.
+    /// Sorts outputs by path ([`sort_by_path`]); a catalog read from its
+    /// file is already sorted.
     pub fn sort(&mut self) {
-        let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
-        if !self.outputs.is_sorted_by(|a, b| by_path(a, b).is_le()) {
-            self.outputs.sort_unstable_by(by_path);
-        }
+        sort_by_path(&mut self.outputs);
     }
 
     /// Serialises as pretty JSON with a final newline.
@@ -601,6 +596,31 @@ pub enum State {
     Invalid { reason: String },
 }
 
+/// Sorts records by path (byte order of the UTF-8 text), in place and
+/// only when they are not sorted already: paths are unique, so an
+/// unstable sort gives the one order there is without the scratch buffer
+/// (half the records) a stable sort takes.
+pub fn sort_by_path(records: &mut [OutputRecord]) {
+    let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
+    if !records.is_sorted_by(|a, b| by_path(a, b).is_le()) {
+        records.sort_unstable_by(by_path);
+    }
+}
+
+/// A v4 catalog led by `schema_version` (as written), parsed in one pass
+/// and checked; an error when the text is not that (the caller then
+/// classifies it whole with [`State::parse`]).
+fn read_v4<'de, R: serde_json::de::Read<'de>>(
+    de: &mut serde_json::Deserializer<R>,
+) -> serde_json::Result<State> {
+    let Streamed(raw) = Streamed::deserialize(&mut *de)?;
+    de.end()?;
+    Ok(match finish_v4(raw) {
+        Ok(c) => State::Catalog(c),
+        Err(reason) => State::Invalid { reason },
+    })
+}
+
 /// Catalogs up to this size are read into memory whole and parsed there;
 /// bigger ones are parsed from the file as a stream.
 const READ_WHOLE_UP_TO: u64 = 1 << 20;
@@ -629,30 +649,16 @@ impl State {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
             std::io::Read::read_to_end(file, &mut bytes)?;
             let mut de = serde_json::Deserializer::from_slice(&bytes);
-            return Ok(
-                match Streamed::deserialize(&mut de).and_then(|s| de.end().map(|()| s)) {
-                    Ok(Streamed(raw)) => match finish_v4(raw) {
-                        Ok(c) => State::Catalog(c),
-                        Err(reason) => State::Invalid { reason },
-                    },
-                    Err(_) => State::parse(&bytes),
-                },
-            );
-        }
-        let streamed = {
-            let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
-            let mut de = serde_json::Deserializer::from_reader(reader);
-            match Streamed::deserialize(&mut de).and_then(|s| de.end().map(|()| s)) {
-                Ok(Streamed(raw)) => Some(raw),
-                Err(e) if e.is_io() => return Err(e.into()),
-                Err(_) => None,
-            }
-        };
-        if let Some(raw) = streamed {
-            return Ok(match finish_v4(raw) {
-                Ok(c) => State::Catalog(c),
-                Err(reason) => State::Invalid { reason },
+            return Ok(match read_v4(&mut de) {
+                Ok(state) => state,
+                Err(_) => State::parse(&bytes),
             });
+        }
+        let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
+        match read_v4(&mut serde_json::Deserializer::from_reader(reader)) {
+            Ok(state) => return Ok(state),
+            Err(e) if e.is_io() => return Err(e.into()),
+            Err(_) => {}
         }
         std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
         let mut bytes = Vec::new();

@@ -260,10 +260,8 @@ impl CatalogUpdate {
         } = self;
         let mut catalog = match &current {
             Some(c) if keep_existing => Catalog {
-                distributor_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
                 created_at: c.created_at,
-                updated_at: now,
-                outputs: Vec::new(),
+                ..Catalog::new(now)
             },
             _ => Catalog::new(now),
         };
@@ -304,9 +302,7 @@ impl CatalogUpdate {
                 _ => None,
             })
             .collect();
-        // Paths are unique, so an unstable sort (in place, no scratch
-        // buffer) gives the one order there is.
-        upserts.sort_unstable_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+        crate::catalog::sort_by_path(&mut upserts);
         catalog.outputs = upserts;
         (catalog, replaced)
     }
@@ -399,12 +395,8 @@ fn write_plan(
             d.record(&shared, created_at, input.now)
         })
         .collect();
-    // Desired outputs come sorted; sorting in place otherwise (paths are
-    // unique) spares the scratch buffer a stable sort takes.
-    let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
-    if !upserts.is_sorted_by(|a, b| by_path(a, b).is_le()) {
-        upserts.sort_unstable_by(by_path);
-    }
+    // Desired outputs come sorted: usually nothing to do.
+    crate::catalog::sort_by_path(&mut upserts);
     Plan {
         action,
         writes: Arc::clone(input.desired),

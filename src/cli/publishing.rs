@@ -115,7 +115,7 @@ pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
 /// work folder when it exists (on disk, and the agent's own), else the
 /// system's temporary folder.
 fn scratch_folder(config: &Config, pipeline: &Pipeline) -> PathBuf {
-    let work = pipeline.spool_dir(config).join("work");
+    let work = crate::spool::Spool::of(config, pipeline).work;
     if work.is_dir() {
         work
     } else {

@@ -116,8 +116,8 @@ pub fn publish_batch(
     // A pipeline of s3 destinations only has its own batch (one intent and
     // one compare-and-swap per destination); one that mixes both kinds
     // publishes bundle by bundle (the agent never batches it).
-    let is_s3 = |d: &&&Destination| matches!(d.backend, crate::config::Backend::S3(_));
-    if !destinations.is_empty() && destinations.iter().all(|d| is_s3(&d)) {
+    let is_s3 = |d: &Destination| matches!(d.backend, crate::config::Backend::S3(_));
+    if !destinations.is_empty() && destinations.iter().all(|d| is_s3(d)) {
         return super::remote::publish_batch(
             pipeline,
             destinations,
@@ -127,7 +127,7 @@ pub fn publish_batch(
             keep_going,
         );
     }
-    if let Some(d) = destinations.iter().find(is_s3) {
+    if let Some(d) = destinations.iter().find(|d| is_s3(d)) {
         return Batch::OneByOne {
             cause: format!(
                 "destination {} is an s3 destination and the pipeline also has local roots; such a pipeline commits bundle by bundle",
@@ -172,17 +172,7 @@ pub fn publish_batch(
         };
     };
 
-    let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
-    let mut ready = Vec::new();
-    let prepared = map_on(workers, bundles, |dir| {
-        prepare_bundle(pipeline, destinations, dir, false, &options.scratch)
-    });
-    for (index, result) in prepared.into_iter().enumerate() {
-        match result {
-            Ok(r) => ready.push((index, r)),
-            Err(report) => reports[index] = Some(*report),
-        }
-    }
+    let (mut reports, ready) = prepare_all(pipeline, destinations, bundles, options, workers);
 
     if !keep_going() {
         return Batch::Stopped;
@@ -342,6 +332,30 @@ pub fn publish_batch(
     all_reported(reports)
 }
 
+/// Prepares `bundles` on `workers`: the bundles ready to plan (with their
+/// index in `bundles`), and the finished report of each that is not, at its
+/// index (`None` for the ready ones, to be filled as they are committed).
+pub(super) fn prepare_all<'a>(
+    pipeline: &Pipeline,
+    destinations: &[&'a Destination],
+    bundles: &[&Path],
+    options: &Options,
+    workers: &dyn Workers,
+) -> (Vec<Option<RunReport>>, Vec<(usize, Ready<'a>)>) {
+    let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
+    let mut ready = Vec::new();
+    let prepared = map_on(workers, bundles, |dir| {
+        prepare_bundle(pipeline, destinations, dir, false, &options.scratch)
+    });
+    for (index, result) in prepared.into_iter().enumerate() {
+        match result {
+            Ok(r) => ready.push((index, r)),
+            Err(report) => reports[index] = Some(*report),
+        }
+    }
+    (reports, ready)
+}
+
 /// A committed bundle's report: each planned write of destination `j`
 /// listed as unchanged when `unchanged(j, path)`, else counted as bytes
 /// published.
@@ -351,17 +365,26 @@ pub(super) fn finish_report(
     unchanged: impl Fn(usize, &str) -> bool,
 ) -> RunReport {
     for (j, plan) in plans.iter().enumerate() {
-        for d in plan.writes.iter() {
-            if unchanged(j, d.path.as_str()) {
-                report.destinations[j]
-                    .unchanged
-                    .push(d.path.as_str().to_owned());
-            } else {
-                report.bytes_published += d.size;
-            }
-        }
+        let (kept, sent) = split_writes(plan, |path| unchanged(j, path));
+        report.destinations[j].unchanged.extend(kept);
+        report.bytes_published += sent;
     }
     report
+}
+
+/// A committed plan's writes as its report gives them: the paths kept as
+/// they were (`unchanged`), and the bytes of the others.
+pub(super) fn split_writes(plan: &Plan, unchanged: impl Fn(&str) -> bool) -> (Vec<String>, u64) {
+    let mut kept = Vec::new();
+    let mut sent = 0;
+    for d in plan.writes.iter() {
+        if unchanged(d.path.as_str()) {
+            kept.push(d.path.as_str().to_owned());
+        } else {
+            sent += d.size;
+        }
+    }
+    (kept, sent)
 }
 
 /// The batch's outcome once every bundle should have its report.

@@ -40,6 +40,8 @@ pub(super) struct Scratch {
     held: usize,
     /// Why the file could not be made (then bodies stay in memory).
     refused: Option<String>,
+    /// Whether a body has already reported `refused` (once per bundle).
+    reported: bool,
 }
 
 impl Scratch {
@@ -51,6 +53,7 @@ impl Scratch {
             end: 0,
             held: 0,
             refused: None,
+            reported: false,
         }
     }
 
@@ -151,6 +154,7 @@ impl Content {
 
     /// The bytes when they are all in memory in one piece (a markdown file
     /// read for rendering).
+    #[cfg(test)]
     pub(super) fn as_slice(&self) -> Option<&[u8]> {
         match (&self.parts[..], &self.body) {
             ([Part::Body], Body::Memory(bytes)) => Some(bytes),
@@ -159,7 +163,6 @@ impl Content {
     }
 
     /// Whether the body is in a scratch file.
-    #[cfg(test)]
     pub(super) fn is_spilled(&self) -> bool {
         matches!(self.body, Body::File { .. })
     }
@@ -260,7 +263,8 @@ impl<'s> Spill<'s> {
         }
     }
 
-    /// The body written, and why it stayed in memory although big, if so.
+    /// The body written, and why it stayed in memory although big, if so
+    /// (said for the first such body of the bundle only).
     pub(super) fn finish(self) -> io::Result<(Spilled, Option<String>)> {
         let Spill {
             scratch,
@@ -284,7 +288,8 @@ impl<'s> Spill<'s> {
             }
             None => {
                 scratch.held += memory.len();
-                let refused = if stayed {
+                let refused = if stayed && !scratch.reported {
+                    scratch.reported = true;
                     scratch.refused.clone()
                 } else {
                     None

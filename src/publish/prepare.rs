@@ -233,7 +233,7 @@ fn render_all(
         let (body, refused) = body.finish().map_err(Failure::Io)?;
         if let Some(why) = refused {
             let warning = format!(
-                "{}: its HTML page was held in memory ({why}); give the agent's user a writable spool work folder",
+                "{}: its HTML page, and any later page of this bundle too big to hold, was kept in memory ({why}); the folder must be writable by the agent's user and on a file system with O_TMPFILE (ext4, xfs, btrfs, tmpfs)",
                 f.path
             );
             log::warn!("{warning}");
@@ -366,7 +366,12 @@ pipelines:
         let in_memory = &ready.prepared[0].in_memory;
         let at = |p: &str| in_memory.get(&RelPath::parse(p).unwrap());
         assert_eq!(at("a.md").and_then(|b| b.as_slice()), Some(&b"# A\n"[..]));
-        assert!(at("a.html").is_some_and(|html| !html.is_spilled()));
+        let html = at("a.html").expect("the page is held");
+        assert!(!html.is_spilled());
+        let mut page = String::new();
+        html.reader().read_to_string(&mut page).unwrap();
+        assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
+        assert!(page.contains("<h1"), "{page}");
         assert!(
             at("b.txt").is_none(),
             "other files are copied from the bundle"

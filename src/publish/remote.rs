@@ -59,17 +59,7 @@ impl Planned {
     /// What the report says once the commit succeeded: the outputs kept
     /// as they were, and the bytes uploaded.
     pub(super) fn outcome(&self) -> (Vec<String>, u64) {
-        let (kept, sent): (Vec<_>, Vec<_>) = self
-            .plan
-            .writes
-            .iter()
-            .partition(|d| self.unchanged.contains(d.path.as_str()));
-        (
-            kept.into_iter()
-                .map(|d| d.path.as_str().to_owned())
-                .collect(),
-            sent.iter().map(|d| d.size).sum(),
-        )
+        super::batch::split_writes(&self.plan, |path| self.unchanged.contains(path))
     }
 
     /// Bundle files this destination uploads from the bundle (not from
@@ -156,13 +146,7 @@ pub(super) fn plan_destination(
     let unchanged = plan
         .writes
         .iter()
-        .filter(|w| {
-            let recorded = record(&base.state, w.path.as_str());
-            recorded.is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
-                && heads.get(w.path.as_str()).is_some_and(|h| {
-                    h.size == w.size && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s)
-                })
-        })
+        .filter(|w| already_there(&base.state, heads.get(w.path.as_str()), w))
         .map(|w| w.path.as_str().to_owned())
         .collect();
     Ok(Planned {
@@ -268,8 +252,7 @@ fn list(
             // not an unmanaged one: planned as absent, so that the commit's
             // conditional create meets it and makes the attempt transient
             // (or recovers it) instead of a `fail_unmanaged` refusal.
-            let claimed = h.intent.is_some() && record(state, path).is_none();
-            if !claimed {
+            if !is_claimed(state, path, &h) {
                 listing
                     .entries
                     .insert((*path).to_owned(), Entry::File { size: h.size });
@@ -555,4 +538,20 @@ pub(super) fn log_rebases(root: &S3Root, rebases: u32, what: &str) {
             if rebases == 1 { "" } else { "s" }
         );
     }
+}
+
+/// Whether the object at a planned output's key already holds what the
+/// plan would write: the catalog records those bytes there, and the
+/// object's HEAD (size, sha256 metadata) says so too.
+pub(super) fn already_there(state: &State, head: Option<&Head>, w: &plan::Desired) -> bool {
+    record(state, w.path.as_str()).is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
+        && head
+            .is_some_and(|h| h.size == w.size && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s))
+}
+
+/// Whether an object the catalog does not record at `path` belongs to a
+/// publication in progress (or killed and not yet recovered): it names an
+/// intent. Such an object is planned as absent, not as unmanaged.
+pub(super) fn is_claimed(state: &State, path: &str, head: &Head) -> bool {
+    head.intent.is_some() && record(state, path).is_none()
 }

@@ -26,15 +26,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::super::batch::{Batch, Workers, all_reported, finish_report, map_on};
-use super::super::prepare::{Ready, prepare_bundle};
+use super::super::batch::{Batch, Workers, all_reported, finish_report, prepare_all};
+use super::super::prepare::Ready;
 use super::super::{Options, record_plans, verify_rest};
-use super::{log_rebases, record, s3_error, source, unrecorded_deletes};
+use super::{already_there, is_claimed, log_rebases, s3_error, source, unrecorded_deletes};
 use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::clock::now_millis;
 use crate::config::{Backend, Destination, Pipeline, Workflow};
 use crate::plan::{self, CatalogUpdate, Entry, Listing, Plan, PlanInput};
-use crate::report::{RunReport, Stage};
+use crate::report::Stage;
 use crate::s3::protocol::{self, Base, Delete, Settings, Write};
 use crate::s3::{Head, S3Root};
 
@@ -121,17 +121,7 @@ pub(in crate::publish) fn publish_batch(
         });
     }
 
-    let mut reports: Vec<Option<RunReport>> = vec![None; bundles.len()];
-    let mut ready = Vec::new();
-    let prepared = map_on(workers, bundles, |dir| {
-        prepare_bundle(pipeline, destinations, dir, false, &options.scratch)
-    });
-    for (index, result) in prepared.into_iter().enumerate() {
-        match result {
-            Ok(r) => ready.push((index, r)),
-            Err(report) => reports[index] = Some(*report),
-        }
-    }
+    let (mut reports, ready) = prepare_all(pipeline, destinations, bundles, options, workers);
     if !keep_going() {
         return Batch::Stopped;
     }
@@ -396,11 +386,7 @@ fn plan_one(
         .iter()
         .filter(|w| {
             let path = w.path.as_str();
-            !dest.touched.contains_key(path)
-                && record(&state, path).is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
-                && dest.heads.get(path).is_some_and(|h| {
-                    h.size == w.size && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s)
-                })
+            !dest.touched.contains_key(path) && already_there(&state, dest.heads.get(path), w)
         })
         .map(|w| w.path.as_str().to_owned())
         .collect();
@@ -428,7 +414,7 @@ fn listing(
             Some(None) => None,
             None => heads
                 .get(path)
-                .filter(|h| !(h.intent.is_some() && record(state, path).is_none()))
+                .filter(|h| !is_claimed(state, path, h))
                 .map(|h| h.size),
         };
         if let Some(size) = entry {

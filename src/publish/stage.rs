@@ -222,7 +222,7 @@ pub(super) fn stage(
 /// Writes one output to a new temporary file in its target folder (created
 /// as needed): bytes the publication holds, or the bundle file. Returns the
 /// temporary name, the open file (not fsynced) and, for bytes read from a
-/// file (the bundle's, or a rendered page's temporary file), their hash as
+/// file (the bundle's, or a rendered page's scratch file), their hash as
 /// they were copied, for the caller to check.
 fn stage_output(
     root: &Root,
@@ -233,20 +233,20 @@ fn stage_output(
     let dir = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
     let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
     let copied = match in_memory {
-        Some(content) => match content.as_slice() {
-            Some(bytes) => {
-                io::Write::write_all(&mut file, bytes).map_err(Failure::Io)?;
-                None
-            }
-            None => Some(
-                hashing::copy_hashed(
-                    &mut content.reader(),
-                    Some(&mut storage::WriteBehind::new(&mut file)),
-                    None,
-                )
-                .map_err(Failure::Io)?,
-            ),
-        },
+        // Bytes in memory were hashed when they were made; a page read back
+        // from its temporary file is hashed again on the way.
+        Some(content) if !content.is_spilled() => {
+            io::copy(&mut content.reader(), &mut file).map_err(Failure::Io)?;
+            None
+        }
+        Some(content) => Some(
+            hashing::copy_hashed(
+                &mut content.reader(),
+                Some(&mut storage::WriteBehind::new(&mut file)),
+                None,
+            )
+            .map_err(Failure::Io)?,
+        ),
         None => {
             let source = bundle::open_listed(bundle_dir, &d.bundle_path)
                 .map_err(|p| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] }))?;

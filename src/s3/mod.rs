@@ -403,17 +403,23 @@ impl S3Root {
     pub fn read_catalog(&self) -> Result<Option<(Vec<u8>, ETag)>> {
         let key = self.key(CATALOG_KEY);
         let seen = self.catalog_seen().as_ref().map(|(etag, _)| etag.clone());
-        let got = self.block_on(async {
-            let options = GetOptions {
-                if_none_match: seen.as_ref().map(|etag| etag.0.clone()),
-                ..GetOptions::default()
-            };
+        // The catalog's bytes and ETag; `None` when there is none.
+        let get = |options: GetOptions| async {
             match self.store.get_opts(&key, options).await {
                 Ok(r) => {
                     let etag = r.meta.e_tag.clone();
                     r.bytes().await.map(|b| Some((b.to_vec(), etag)))
                 }
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let got = self.block_on(async {
+            let options = GetOptions {
+                if_none_match: seen.as_ref().map(|etag| etag.0.clone()),
+                ..GetOptions::default()
+            };
+            match get(options).await {
                 Err(object_store::Error::NotModified { .. }) if seen.is_some() => {
                     let kept = self.catalog_seen().clone();
                     match kept {
@@ -421,17 +427,10 @@ impl S3Root {
                             Ok(Some((bytes, Some(etag.0))))
                         }
                         // Replaced meanwhile by this process: read it again.
-                        _ => match self.store.get_opts(&key, GetOptions::default()).await {
-                            Ok(r) => {
-                                let etag = r.meta.e_tag.clone();
-                                r.bytes().await.map(|b| Some((b.to_vec(), etag)))
-                            }
-                            Err(object_store::Error::NotFound { .. }) => Ok(None),
-                            Err(e) => Err(e),
-                        },
+                        _ => get(GetOptions::default()).await,
                     }
                 }
-                Err(e) => Err(e),
+                other => other,
             }
         });
         match got.map_err(|e| self.store_err("GET", CATALOG_KEY, e))? {

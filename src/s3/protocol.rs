@@ -187,7 +187,7 @@ fn host() -> String {
         .unwrap_or_else(|_| "unknown-host".to_owned())
 }
 
-fn owner() -> String {
+pub(super) fn owner() -> String {
     format!("{} pid {}", host(), std::process::id())
 }
 
@@ -383,7 +383,7 @@ pub fn commit_for(
         owner: owner(),
         renewals: 0,
         revoked: false,
-        spool: spool.map(|s| format!("{}:{s}", host())),
+        spool: spool.map(spool_tag),
         writes: writes
             .iter()
             .map(|w| IntentWrite {

@@ -80,11 +80,13 @@ fn never(_: &State) -> Option<Catalog> {
 }
 
 /// Publishes `files` as new keys onto whatever the root holds.
-fn publish(root: &S3Root, files: &[(&str, &[u8])]) -> Committed {
-    let base = root.read_state().unwrap();
-    let records: Vec<_> = files.iter().map(|(p, b)| record(p, b)).collect();
-    let next = catalog_with(&base.state, &records, &[]);
-    let writes = files.iter().map(|(p, b)| write(p, b, None)).collect();
+/// Commits `writes` (no deletes) with the default settings, never rebasing.
+fn commit_writes(
+    root: &S3Root,
+    base: Base,
+    next: Catalog,
+    writes: Vec<Write<'_>>,
+) -> Result<Committed, Error> {
     commit(
         root,
         Settings::default(),
@@ -94,7 +96,14 @@ fn publish(root: &S3Root, files: &[(&str, &[u8])]) -> Committed {
         vec![],
         &mut never,
     )
-    .unwrap()
+}
+
+fn publish(root: &S3Root, files: &[(&str, &[u8])]) -> Committed {
+    let base = root.read_state().unwrap();
+    let records: Vec<_> = files.iter().map(|(p, b)| record(p, b)).collect();
+    let next = catalog_with(&base.state, &records, &[]);
+    let writes = files.iter().map(|(p, b)| write(p, b, None)).collect();
+    commit_writes(root, base, next, writes).unwrap()
 }
 
 #[test]
@@ -151,16 +160,7 @@ fn every_catalog_version_has_new_bytes() {
     let first = root.read_catalog().unwrap().unwrap();
     let base = root.read_state().unwrap();
     let same = catalog_with(&base.state, &[], &[]);
-    commit(
-        &root,
-        Settings::default(),
-        base,
-        same,
-        vec![],
-        vec![],
-        &mut never,
-    )
-    .unwrap();
+    commit_writes(&root, base, same, vec![]).unwrap();
     let second = root.read_catalog().unwrap().unwrap();
     assert_ne!(first.0, second.0);
     assert!(catalog(&root).updated_at > now());
@@ -198,15 +198,7 @@ fn a_publication_that_no_longer_fits_is_undone() {
     let base = root.read_state().unwrap();
     publish(&root, &[("c", b"C")]);
     let next = catalog_with(&base.state, &[record("b", b"B")], &[]);
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        vec![write("b", b"B", None)],
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, vec![write("b", b"B", None)]);
     assert!(matches!(r, Err(Error::Conflict { .. })), "{r:?}");
     assert_eq!(
         paths(&root),
@@ -230,15 +222,7 @@ fn an_unmanaged_object_is_never_overwritten() {
         &[],
     );
     let writes = vec![write("a", b"A", None), write("taken", b"mine", None)];
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        writes,
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, writes);
     assert!(
         matches!(r, Err(Error::Exists { ref key, .. }) if key == "taken"),
         "{r:?}"
@@ -263,15 +247,7 @@ fn a_recorded_object_that_changed_is_not_overwritten() {
         .unwrap();
     let base = root.read_state().unwrap();
     let next = catalog_with(&base.state, &[record("a", b"A2")], &[]);
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        vec![write("a", b"A2", Some(b"A"))],
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, vec![write("a", b"A2", Some(b"A"))]);
     assert!(matches!(r, Err(Error::Changed { .. })), "{r:?}");
     let (a, _) = root.get_hashed("a").unwrap().unwrap();
     assert_eq!(a, hash_bytes(b"changed"));
@@ -327,15 +303,7 @@ fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
     // the bundle as unmanaged.
     let base = root.read_state().unwrap();
     let next = catalog_with(&base.state, &[record("orphan", b"mine")], &[]);
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        vec![write("orphan", b"mine", None)],
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, vec![write("orphan", b"mine", None)]);
     assert!(
         matches!(r, Err(Error::Claimed { ref id, ref owner, .. }) if *id == live && owner == "test"),
         "{r:?}"
@@ -346,14 +314,11 @@ fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
     // The same for a recorded object it overwrote.
     let base = root.read_state().unwrap();
     let next = catalog_with(&base.state, &[record("over", b"mine")], &[]);
-    let r = commit(
+    let r = commit_writes(
         &root,
-        Settings::default(),
         base,
         next,
         vec![write("over", b"mine", Some(b"old"))],
-        vec![],
-        &mut never,
     );
     assert!(
         matches!(r, Err(Error::Claimed { ref key, .. }) if key == "over"),
@@ -558,15 +523,7 @@ fn the_leftover_of_a_revoked_publication_is_removed_not_reported_as_unmanaged() 
         .unwrap();
     let base = root.read_state().unwrap();
     let next = catalog_with(&base.state, &[record("late", b"mine")], &[]);
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        vec![write("late", b"mine", None)],
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, vec![write("late", b"mine", None)]);
     assert!(matches!(r, Err(Error::Changed { .. })), "transient: {r:?}");
     assert_eq!(
         paths(&root),
@@ -587,15 +544,7 @@ fn a_new_key_another_publication_created_and_committed_first_is_a_transient_conf
     let base = root.read_state().unwrap();
     publish(&root, &[("both", b"theirs")]);
     let next = catalog_with(&base.state, &[record("both", b"mine")], &[]);
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        vec![write("both", b"mine", None)],
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, vec![write("both", b"mine", None)]);
     assert!(
         matches!(r, Err(Error::Changed { ref key, .. }) if key == "both"),
         "not an unmanaged object: a retry plans on the new catalog: {r:?}"
@@ -749,16 +698,7 @@ fn small_objects_go_up_together_around_a_large_one_and_stay_in_order() {
     let records: Vec<_> = files.iter().map(|(p, b)| record(p, b)).collect();
     let next = catalog_with(&base.state, &records, &[]);
     let writes = files.iter().map(|(p, b)| write(p, b, None)).collect();
-    let done = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        writes,
-        vec![],
-        &mut never,
-    )
-    .unwrap();
+    let done = commit_writes(&root, base, next, writes).unwrap();
     let order: Vec<&str> = done.written.iter().map(|(p, _)| p.as_str()).collect();
     let expected: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(order, expected);
@@ -781,15 +721,7 @@ fn a_small_object_whose_bytes_do_not_match_stores_nothing() {
     let mut bad = write("c", b"not C", None);
     bad.sha256 = hash_bytes(b"C").sha256;
     let writes = vec![write("a", b"A", None), write("b", b"B", None), bad];
-    let r = commit(
-        &root,
-        Settings::default(),
-        base,
-        next,
-        writes,
-        vec![],
-        &mut never,
-    );
+    let r = commit_writes(&root, base, next, writes);
     assert!(
         matches!(r, Err(Error::HashMismatch { ref key, .. }) if key == "c"),
         "{r:?}"

@@ -81,11 +81,11 @@ pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Rec
 /// lost update: recovery revokes and fences like any other.
 pub fn recover_abandoned(root: &S3Root, spool: &str) -> Result<Vec<(String, Recovered)>> {
     let tag = super::protocol::spool_tag(spool);
-    let ours = format!(" pid {}", std::process::id());
+    let ours = super::protocol::owner();
     let mut out = Vec::new();
     for id in pending_intents(root)? {
         let done = recover_if(root, &id, &mut |intent, _| {
-            Ok(intent.spool.as_deref() == Some(tag.as_str()) && !intent.owner.ends_with(&ours))
+            Ok(intent.spool.as_deref() == Some(tag.as_str()) && intent.owner != ours)
         })?;
         if let Some(done) = done {
             out.push((id, done));

@@ -177,7 +177,19 @@ pub(super) async fn put_one(
             },
         )
         .await;
-    let r = put.map_err(|e| match e {
+    let r = put.map_err(|e| refused(root, rel, e))?;
+    Ok(Written {
+        sha256,
+        size,
+        etag: root.etag_of(rel, r.e_tag)?,
+    })
+}
+
+/// A conditional PUT's error: [`Error::Exists`] when `If-None-Match: *`
+/// found an object, [`Error::Changed`] when `If-Match` found another
+/// version, else the store's error.
+fn refused(root: &S3Root, rel: &str, e: object_store::Error) -> Error {
+    match e {
         object_store::Error::AlreadyExists { .. } => Error::Exists {
             root: root.label.clone(),
             key: rel.to_owned(),
@@ -187,12 +199,7 @@ pub(super) async fn put_one(
             key: rel.to_owned(),
         },
         e => root.store_err("PUT", rel, e),
-    })?;
-    Ok(Written {
-        sha256,
-        size,
-        etag: root.etag_of(rel, r.e_tag)?,
-    })
+    }
 }
 
 /// The conditional upload behind `put_new` (`replace` = None) and
@@ -213,17 +220,7 @@ pub(super) fn put(
         key: rel.to_owned(),
         source,
     };
-    let refused = |e: object_store::Error| match e {
-        object_store::Error::AlreadyExists { .. } => Error::Exists {
-            root: root.label.clone(),
-            key: rel.to_owned(),
-        },
-        object_store::Error::Precondition { .. } => Error::Changed {
-            root: root.label.clone(),
-            key: rel.to_owned(),
-        },
-        e => root.store_err("PUT", rel, e),
-    };
+    let refused = |e: object_store::Error| refused(root, rel, e);
     let check = |actual: &str| match expected {
         Some(exp) if exp != actual => Err(Error::HashMismatch {
             root: root.label.clone(),

@@ -413,6 +413,17 @@ enum Trigger {
     Done,
 }
 
+/// A bucket root of its own (below `name`) and a temporary folder for the
+/// hosts' spools and bundles.
+fn scene(name: &str) -> (Bucket, tempfile::TempDir) {
+    let bucket = Bucket::new(name);
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("distributor-s3{name}-"))
+        .tempdir()
+        .expect("temp dir");
+    (bucket, tmp)
+}
+
 #[test]
 fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     const MIN_ROUNDS: u32 = 10;
@@ -420,11 +431,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     const MIN_MID_PUBLICATION: u32 = 3;
     const PER_ROUND: u32 = 2;
     let started = Instant::now();
-    let bucket = Bucket::new("race");
-    let tmp = tempfile::Builder::new()
-        .prefix("distributor-s3race-")
-        .tempdir()
-        .expect("temp dir");
+    let (bucket, tmp) = scene("race");
     let dir = tmp.path();
     let stage = dir.join("stage");
     let hosts = [
@@ -692,11 +699,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
 #[test]
 fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_host() {
     const BIG: &str = "zz-big.bin";
-    let bucket = Bucket::new("killed");
-    let tmp = tempfile::Builder::new()
-        .prefix("distributor-s3kill-")
-        .tempdir()
-        .expect("temp dir");
+    let (bucket, tmp) = scene("killed");
     let dir = tmp.path();
     let stage = dir.join("stage");
     let (a, b) = (
@@ -821,11 +824,7 @@ fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_ho
 #[test]
 fn an_agent_killed_mid_upload_finishes_its_own_bundle_at_restart_without_waiting_for_the_lease() {
     const BIG: &str = "zz-big.bin";
-    let bucket = Bucket::new("own");
-    let tmp = tempfile::Builder::new()
-        .prefix("distributor-s3own-")
-        .tempdir()
-        .expect("temp dir");
+    let (bucket, tmp) = scene("own");
     let dir = tmp.path();
     let host = Host::new(dir, "A", &bucket.location, 3);
     let default_lease = |args: &[&str]| {
@@ -872,11 +871,7 @@ fn an_agent_killed_mid_upload_finishes_its_own_bundle_at_restart_without_waiting
 #[test]
 fn a_killed_first_publication_does_not_make_the_root_look_unmanaged() {
     const BIG: &str = "zz-big.bin";
-    let bucket = Bucket::new("first");
-    let tmp = tempfile::Builder::new()
-        .prefix("distributor-s3first-")
-        .tempdir()
-        .expect("temp dir");
+    let (bucket, tmp) = scene("first");
     let dir = tmp.path();
     let (a, b) = (
         Host::new(dir, "A", &bucket.location, 3),
