@@ -25,6 +25,7 @@ pub mod publish;
 pub mod render;
 pub mod report;
 pub mod s3;
+pub mod seen;
 pub mod spool;
 pub mod spoolfs;
 pub mod storage;

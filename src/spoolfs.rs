@@ -134,6 +134,20 @@ pub fn open_file(parent: &Dir, name: &OsStr) -> Result<std::fs::File, EntryError
     open_entry(parent, name, false)
 }
 
+/// The size of the regular file `name` inside `parent`, with the checks of
+/// [`open_file`] made on its metadata alone (not following a link): for a
+/// look at many files that are read later, each through [`open_file`].
+pub fn stat_file(parent: &Dir, name: &OsStr) -> Result<u64, EntryError> {
+    let meta = parent.symlink_metadata(name).map_err(EntryError::from_io)?;
+    if !meta.is_file() {
+        return Err(EntryError::Kind(kind_label(meta.file_type())));
+    }
+    if meta.nlink() > 1 {
+        return Err(EntryError::HardLink(meta.nlink()));
+    }
+    Ok(meta.len())
+}
+
 /// The entry is inspected without following it and refused unless it is of
 /// the wanted kind, so a special file is never even opened; the open uses
 /// `O_NOFOLLOW` (and `O_NONBLOCK` for files, so a FIFO swapped in cannot

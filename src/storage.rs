@@ -7,11 +7,15 @@
 //! folder to descend into. This module decides nothing about plans.
 
 use crate::atomic::{self, Durability, Temp};
+use crate::catalog::Sha256;
 use crate::hashing::{self, Hashed};
 use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
+use crate::seen::Look;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// How deep below a root a folder may be nested before walking or removing
 /// it is refused: no output path can be deeper (each of its at most
@@ -39,9 +43,19 @@ fn entry_of(m: &cap_std::fs::Metadata) -> Entry {
 /// An open destination root.
 #[derive(Debug)]
 pub struct Root {
-    dir: Dir,
+    dir: Arc<Dir>,
     path: PathBuf,
+    /// Folders below the root opened by earlier calls, by path, so that
+    /// the outputs of one folder are reached without walking down from the
+    /// root for each (a publication of many files in few folders). Each
+    /// was opened without following a link; removing any folder empties
+    /// the cache.
+    folders: Mutex<HashMap<String, Arc<Dir>>>,
 }
+
+/// At most this many folders stay open per root (the cache starts over
+/// when full), well below the usual limit of 1024 descriptors.
+const MAX_OPEN_FOLDERS: usize = 128;
 
 fn nofollow_dir_options() -> OpenOptions {
     let mut o = OpenOptions::new();
@@ -96,8 +110,9 @@ impl Root {
             .open(path);
         match file {
             Ok(file) => Ok(Some(Root {
-                dir: Dir::from_std_file(file),
+                dir: Arc::new(Dir::from_std_file(file)),
                 path: path.to_owned(),
+                folders: Mutex::default(),
             })),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -124,18 +139,65 @@ impl Root {
 
     /// Walks to the folder holding `path`'s last segment. `Ok(None)` when a
     /// folder on the way is missing or is not a real folder.
-    fn parent_of(&self, path: &str) -> io::Result<Option<(Dir, String)>> {
-        let mut segments: Vec<&str> = path.split('/').collect();
-        let name = segments.pop().unwrap_or_default().to_owned();
-        let mut dir = self.dir.try_clone()?;
-        for segment in segments {
-            dir = match open_subdir(&dir, segment) {
+    fn parent_of(&self, path: &str) -> io::Result<Option<(Arc<Dir>, String)>> {
+        let (folder, name) = path.rsplit_once('/').unwrap_or(("", path));
+        match self.folder(folder, false) {
+            Ok(dir) => Ok(Some((dir, name.to_owned()))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The folder at `path` ("" for the root), every folder on the way
+    /// opened without following a link, and created when missing if
+    /// `create` is set. From the cache when an earlier call opened it (or
+    /// one of its ancestors, walking on from there).
+    fn folder(&self, path: &str, create: bool) -> io::Result<Arc<Dir>> {
+        if path.is_empty() {
+            return Ok(self.dir.clone());
+        }
+        let cached = |p: &str| {
+            let folders = self.folders.lock().unwrap_or_else(|e| e.into_inner());
+            folders.get(p).cloned()
+        };
+        if let Some(dir) = cached(path) {
+            return Ok(dir);
+        }
+        let (mut dir, mut at) = path
+            .rmatch_indices('/')
+            .find_map(|(i, _)| cached(&path[..i]).map(|d| (d, i + 1)))
+            .unwrap_or_else(|| (self.dir.clone(), 0));
+        loop {
+            let end = path[at..].find('/').map_or(path.len(), |j| at + j);
+            let segment = &path[at..end];
+            let next = match open_subdir(&dir, segment) {
                 Ok(d) => d,
-                Err(e) if is_not_found(&e) => return Ok(None),
+                Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
+                    create_subdir(&dir, segment)?
+                }
                 Err(e) => return Err(e),
             };
+            dir = Arc::new(next);
+            let mut folders = self.folders.lock().unwrap_or_else(|e| e.into_inner());
+            if folders.len() >= MAX_OPEN_FOLDERS {
+                folders.clear();
+            }
+            folders.insert(path[..end].to_owned(), dir.clone());
+            drop(folders);
+            if end == path.len() {
+                return Ok(dir);
+            }
+            at = end + 1;
         }
-        Ok(Some((dir, name)))
+    }
+
+    /// Forgets every folder opened so far: one may be about to be removed
+    /// (and a new one made at its name).
+    fn forget_folders(&self) {
+        self.folders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// What sits at `path` (never following a symlink on the way).
@@ -312,29 +374,58 @@ impl Root {
         hashing::copy_hashed(&mut &file, None, None).map(Some)
     }
 
-    /// True when `path` is a regular file (reached without following a
-    /// link) of exactly `size` bytes whose SHA-256 is `sha256`. The size is
-    /// checked on the open handle first, so a file of another size is never
-    /// read; otherwise the file is read and hashed in full.
-    pub fn holds(&self, path: &str, sha256: &str, size: u64) -> io::Result<bool> {
+    /// When `path` is a regular file (reached without following a link) of
+    /// exactly `size` bytes whose SHA-256 is `sha256`: its look as it was
+    /// opened. The size is checked on the open handle first, so a file of
+    /// another size is never read; otherwise the file is read and hashed in
+    /// full.
+    pub fn holds(&self, path: &str, sha256: &Sha256, size: u64) -> io::Result<Option<Look>> {
         let Some((dir, name)) = self.parent_of(path)? else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut o = OpenOptions::new();
         o.read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
         let file = match dir.open_with(&name, &o) {
             Ok(f) => f.into_std(),
-            Err(e) if is_not_found(&e) => return Ok(false),
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(false),
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(None),
             Err(e) => return Err(e),
         };
         let meta = file.metadata()?;
         if !meta.is_file() || meta.len() != size {
-            return Ok(false);
+            return Ok(None);
         }
         let got = hashing::copy_hashed(&mut io::Read::take(&file, size + 1), None, Some(size))?;
-        Ok(got.size == size && got.sha256 == sha256)
+        let holds = got.size == size && Sha256::parse(&got.sha256).as_ref() == Some(sha256);
+        Ok(holds.then(|| Look::of(&meta)))
+    }
+
+    /// The look of the regular file at `path` (not following a link
+    /// anywhere); `Ok(None)` when there is no regular file there.
+    pub fn look(&self, path: &str) -> io::Result<Option<Look>> {
+        let Some((dir, name)) = self.parent_of(path)? else {
+            return Ok(None);
+        };
+        match rustix::fs::statat(&*dir, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st)
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::RegularFile =>
+            {
+                Ok(Some(Look {
+                    dev: st.st_dev,
+                    ino: st.st_ino,
+                    size: st.st_size as u64,
+                    ctime: st.st_ctime,
+                    ctime_nsec: st.st_ctime_nsec as i64,
+                }))
+            }
+            Ok(_) => Ok(None),
+            Err(e) => {
+                let e = io::Error::from(e);
+                if is_not_found(&e) { Ok(None) } else { Err(e) }
+            }
+        }
     }
 
     /// Opens every folder above `path` and returns the innermost one,
@@ -346,19 +437,8 @@ impl Root {
     /// and must be a real folder; a symlink, file or anything else there
     /// is still an error. Folders a publication may create are recorded
     /// once, in its journal, before staging starts (not here).
-    pub fn parent_dir(&self, path: &RelPath, create: bool) -> io::Result<Dir> {
-        let mut dir = self.dir.try_clone()?;
-        let depth = path.segments().count();
-        for segment in path.segments().take(depth.saturating_sub(1)) {
-            dir = match open_subdir(&dir, segment) {
-                Ok(d) => d,
-                Err(e) if create && e.kind() == io::ErrorKind::NotFound => {
-                    create_subdir(&dir, segment)?
-                }
-                Err(e) => return Err(e),
-            };
-        }
-        Ok(dir)
+    pub fn parent_dir(&self, path: &RelPath, create: bool) -> io::Result<Arc<Dir>> {
+        self.folder(path.parent().unwrap_or(""), create)
     }
 
     /// Writes `bytes` to a reserved file at the top of the root atomically
@@ -459,6 +539,14 @@ impl Root {
     /// (files met before the refusal are gone already; a publication's
     /// journal settles that).
     fn remove_tree(&self, path: &str) -> io::Result<()> {
+        self.forget_folders();
+        let removed = self.remove_tree_in(path);
+        // Walking the tree opened folders that are gone now.
+        self.forget_folders();
+        removed
+    }
+
+    fn remove_tree_in(&self, path: &str) -> io::Result<()> {
         // (folder, emptied): a folder is removed once what it held is gone.
         let mut pending = vec![(path.to_owned(), false)];
         let mut last = None;
@@ -509,6 +597,7 @@ impl Root {
         let Some((dir, name)) = self.parent_of(path)? else {
             return Ok(false);
         };
+        self.forget_folders();
         match dir.remove_dir(&name) {
             Ok(()) => Ok(true),
             Err(e)
@@ -614,7 +703,8 @@ mod tests {
         assert_eq!(root.entry("d/f/x").unwrap(), Entry::Missing);
         assert_eq!(root.hash_file("in/f").unwrap(), None);
         assert_eq!(root.hash_file("d/f").unwrap().unwrap().size, 3);
-        let abc = hashing::hash_bytes(b"abc").sha256;
+        let sha = |bytes: &[u8]| Sha256::parse(&hashing::hash_bytes(bytes).sha256).unwrap();
+        let abc = sha(b"abc");
         let cases = [
             ("d/f", 3, true),
             ("d/f", 4, false),
@@ -624,16 +714,23 @@ mod tests {
         ];
         for (path, size, holds) in cases {
             assert_eq!(
-                root.holds(path, &abc, size).unwrap(),
+                root.holds(path, &abc, size).unwrap().is_some(),
                 holds,
                 "{path} {size}"
             );
         }
-        assert!(
-            !root
-                .holds("d/f", &hashing::hash_bytes(b"abd").sha256, 3)
-                .unwrap()
-        );
+        assert_eq!(root.holds("d/f", &sha(b"abd"), 3).unwrap(), None);
+        // The look of a file that holds the bytes is the one a stat gives,
+        // and only a regular file has one.
+        let look = root.holds("d/f", &abc, 3).unwrap().unwrap();
+        assert_eq!(root.look("d/f").unwrap(), Some(look));
+        assert_eq!(look.size, 3);
+        for other in ["d", "in/f", "out", "x", "d/f/x"] {
+            assert_eq!(root.look(other).unwrap(), None, "{other}");
+        }
+        // Writing the file gives it another look.
+        std::fs::write(tmp.path().join("d/f"), b"abcd").unwrap();
+        assert_ne!(root.look("d/f").unwrap(), Some(look));
     }
 
     #[test]

@@ -39,59 +39,132 @@ pub(super) struct Refusal {
     pub(super) io: Option<io::Error>,
 }
 
+/// The folder the last open walked to, kept so that the files of one
+/// folder, listed one after the other, are opened without walking from the
+/// bundle's top again. The handle was opened without following a link, so
+/// it stays the folder that was checked whatever happens to its name.
+#[derive(Default)]
+pub(super) struct LastFolder(Option<(String, Dir)>);
+
 pub(super) fn open_checked(root: &Dir, path: &RelPath) -> Result<std::fs::File, Refusal> {
-    let refuse = |message: String, io: Option<io::Error>| Refusal {
+    open_checked_in(root, path, &mut LastFolder::default())
+}
+
+/// [`open_checked`], reusing the folder in `last` when `path` is in it and
+/// keeping the folder walked to there.
+pub(super) fn open_checked_in(
+    root: &Dir,
+    path: &RelPath,
+    last: &mut LastFolder,
+) -> Result<std::fs::File, Refusal> {
+    let parent = folder_of(root, path, last)?;
+    open_file_nofollow(parent, OsStr::new(path.file_name())).map_err(|e| refuse_file(path, e))
+}
+
+/// The size of a listed file, with every check of [`open_checked_in`]
+/// made on its metadata, without opening it (for a look at sizes only;
+/// reading it later opens it with the checks again).
+pub(super) fn size_checked_in(
+    root: &Dir,
+    path: &RelPath,
+    last: &mut LastFolder,
+) -> Result<u64, Refusal> {
+    let parent = folder_of(root, path, last)?;
+    crate::spoolfs::stat_file(parent, OsStr::new(path.file_name()))
+        .map_err(|e| refuse_file(path, e))
+}
+
+/// The folder holding the listed `path`, from `last` or walked to (and
+/// kept in `last`).
+fn folder_of<'a>(
+    root: &'a Dir,
+    path: &RelPath,
+    last: &'a mut LastFolder,
+) -> Result<&'a Dir, Refusal> {
+    let Some(folder) = path.parent() else {
+        return Ok(root);
+    };
+    if last.0.as_ref().is_none_or(|(walked, _)| walked != folder) {
+        last.0 = None;
+        let dir = walk_to(root, folder).map_err(|(walked, e)| refuse_folder(path, &walked, e))?;
+        last.0 = Some((folder.to_owned(), dir));
+    }
+    Ok(&last.0.as_ref().expect("walked above").1)
+}
+
+fn refuse(path: &RelPath, message: String, io: Option<io::Error>) -> Refusal {
+    Refusal {
         problem: Problem::at(path.as_str(), message),
         io,
-    };
-    let mut segments: Vec<&str> = path.segments().collect();
-    let name = segments.pop().unwrap_or(path.as_str());
-    let mut folder: Option<Dir> = None;
-    let mut walked = String::new();
-    for segment in segments {
-        if !walked.is_empty() {
-            walked.push('/');
-        }
-        walked.push_str(segment);
-        let parent = folder.as_ref().unwrap_or(root);
-        let next = open_dir_nofollow(parent, OsStr::new(segment)).map_err(|e| match e {
-            EntryError::Missing => refuse(
-                format!("listed in {MANIFEST} but not found (there is no folder \"{walked}\")"),
-                None,
-            ),
-            EntryError::Kind("a symbolic link") => refuse(
-                format!(
-                    "folder \"{walked}\" is a symbolic link; listed files must sit in real folders of the bundle, never behind a link"
-                ),
-                None,
-            ),
-            EntryError::Kind(kind) => refuse(format!("\"{walked}\" is {kind}, not a folder"), None),
-            EntryError::Raced | EntryError::HardLink(_) => refuse(raced_message(), None),
-            EntryError::Io(e) => refuse(format!("cannot open folder \"{walked}\": {e}"), Some(e)),
-        })?;
-        folder = Some(next);
     }
-    let parent = folder.as_ref().unwrap_or(root);
-    open_file_nofollow(parent, OsStr::new(name)).map_err(|e| match e {
-        EntryError::Missing => refuse(format!("listed in {MANIFEST} but not found"), None),
+}
+
+/// The refusal of the listed file `path` itself.
+fn refuse_file(path: &RelPath, e: EntryError) -> Refusal {
+    match e {
+        EntryError::Missing => refuse(path, format!("listed in {MANIFEST} but not found"), None),
         EntryError::Kind("a symbolic link") => refuse(
+            path,
             "is a symbolic link; links are never followed, so put the file itself in the bundle"
                 .to_owned(),
             None,
         ),
         EntryError::Kind(kind) => refuse(
+            path,
             format!("is {kind}, not a regular file; only regular files can be listed"),
             None,
         ),
         EntryError::HardLink(n) => refuse(
+            path,
             format!(
                 "is a hard link ({n} names for one file); the agent never reads a file that has other names, so copy the file into the bundle instead of linking it"
             ),
             None,
         ),
-        EntryError::Raced => refuse(raced_message(), None),
-        EntryError::Io(e) => refuse(format!("cannot open: {e}"), Some(e)),
-    })
+        EntryError::Raced => refuse(path, raced_message(), None),
+        EntryError::Io(e) => refuse(path, format!("cannot open: {e}"), Some(e)),
+    }
+}
+
+/// Opens the folder `folder` (a clean relative path) below `root` one
+/// segment at a time, never following a link; on failure, the part walked
+/// so far and why.
+fn walk_to(root: &Dir, folder: &str) -> Result<Dir, (String, EntryError)> {
+    let mut dir: Option<Dir> = None;
+    for (i, segment) in folder.split('/').enumerate() {
+        let next = open_dir_nofollow(dir.as_ref().unwrap_or(root), OsStr::new(segment));
+        let walked = || folder.split('/').take(i + 1).collect::<Vec<_>>().join("/");
+        dir = Some(next.map_err(|e| (walked(), e))?);
+    }
+    Ok(dir.expect("a folder path has a segment"))
+}
+
+/// The refusal of the listed file `path` whose folder `walked` could not
+/// be opened.
+fn refuse_folder(path: &RelPath, walked: &str, e: EntryError) -> Refusal {
+    match e {
+        EntryError::Missing => refuse(
+            path,
+            format!("listed in {MANIFEST} but not found (there is no folder \"{walked}\")"),
+            None,
+        ),
+        EntryError::Kind("a symbolic link") => refuse(
+            path,
+            format!(
+                "folder \"{walked}\" is a symbolic link; listed files must sit in real folders of the bundle, never behind a link"
+            ),
+            None,
+        ),
+        EntryError::Kind(kind) => {
+            refuse(path, format!("\"{walked}\" is {kind}, not a folder"), None)
+        }
+        EntryError::Raced | EntryError::HardLink(_) => refuse(path, raced_message(), None),
+        EntryError::Io(e) => refuse(
+            path,
+            format!("cannot open folder \"{walked}\": {e}"),
+            Some(e),
+        ),
+    }
 }
 
 pub(super) fn raced_message() -> String {

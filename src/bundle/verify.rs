@@ -6,8 +6,8 @@ use super::error::{BundleError, Problem};
 use super::limits::{Limits, check_limits};
 use super::manifest::{Manifest, ManifestFile};
 use super::open::{
-    EntryError, Refusal, display_segments, is_transient_io, kind_label, open_bundle_dir,
-    open_checked, open_file_nofollow, raced_message, walk,
+    EntryError, LastFolder, Refusal, display_segments, is_transient_io, kind_label,
+    open_bundle_dir, open_checked_in, open_file_nofollow, raced_message, size_checked_in, walk,
 };
 use super::parse::{parse_manifest, too_big};
 use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};
@@ -17,6 +17,8 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A bundle whose every listed file matched its size and hash when checked.
 #[derive(Debug)]
@@ -99,12 +101,7 @@ pub fn inspect(dir: &Path, limits: &Limits) -> Result<VerifiedBundle, BundleErro
 /// every problem is reported.
 pub fn verify_files(dir: &Path, files: &[&ManifestFile]) -> Result<(), BundleError> {
     let root = open_bundle_dir(dir)?;
-    let mut problems = Vec::new();
-    for file in files {
-        if let Some(problem) = check_listed(&root, dir, file, true)? {
-            problems.push(problem);
-        }
-    }
+    let problems = check_all(&root, dir, files, true)?;
     if problems.is_empty() {
         Ok(())
     } else {
@@ -132,12 +129,8 @@ fn check(dir: &Path, limits: &Limits, hash: bool) -> Result<VerifiedBundle, Bund
     let root = open_bundle_dir(dir)?;
     let manifest = read_manifest_at(&root, dir, limits.max_manifest_bytes())?;
     check_limits(&manifest, limits)?;
-    let mut problems = Vec::new();
-    for file in &manifest.files {
-        if let Some(problem) = check_listed(&root, dir, file, hash)? {
-            problems.push(problem);
-        }
-    }
+    let listed: Vec<&ManifestFile> = manifest.files.iter().collect();
+    let problems = check_all(&root, dir, &listed, hash)?;
     if !problems.is_empty() {
         return Err(BundleError::Invalid { problems });
     }
@@ -149,35 +142,94 @@ fn check(dir: &Path, limits: &Limits, hash: bool) -> Result<VerifiedBundle, Bund
     })
 }
 
+/// From this many listed files on, they are checked on several threads.
+const PARALLEL_FROM: usize = 64;
+
+/// How many neighbouring files a thread checks at a time: neighbours in a
+/// manifest usually share a folder, which is then walked to once.
+const RUN: usize = 32;
+
+/// Checks every file of `files` ([`check_listed`]), on up to four threads
+/// for a long list. Returns the problems in the order of `files`; an
+/// `Err` (a passing I/O failure) is the first one in that order.
+fn check_all(
+    root: &Dir,
+    dir: &Path,
+    files: &[&ManifestFile],
+    hash: bool,
+) -> Result<Vec<Problem>, BundleError> {
+    let check_run = |run: &[&ManifestFile]| {
+        let mut last = LastFolder::default();
+        run.iter()
+            .map(|f| check_listed(root, dir, f, hash, &mut last))
+            .collect::<Vec<_>>()
+    };
+    let threads = if files.len() < PARALLEL_FROM {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4))
+    };
+    let results = if threads == 1 {
+        check_run(files)
+    } else {
+        let runs: Vec<&[&ManifestFile]> = files.chunks(RUN).collect();
+        let slots: Vec<Mutex<Vec<_>>> = runs.iter().map(|_| Mutex::new(Vec::new())).collect();
+        let next = AtomicUsize::new(0);
+        // What the threads read counts towards the caller's progress.
+        let progress = crate::progress::current();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                let progress = progress.clone();
+                scope.spawn(|| {
+                    let _counted = crate::progress::enter(progress);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(run) = runs.get(i) else { break };
+                        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = check_run(run);
+                    }
+                });
+            }
+        });
+        slots
+            .into_iter()
+            .flat_map(|slot| slot.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .collect()
+    };
+    let mut problems = Vec::new();
+    for result in results {
+        problems.extend(result?);
+    }
+    Ok(problems)
+}
+
 /// Checks one listed file. `Ok(Some(..))` is a problem with the bundle;
 /// `Err` is a passing I/O failure that makes the whole check unreliable.
+/// `last` keeps the folder walked to for the next file.
 fn check_listed(
     root: &Dir,
     dir: &Path,
     listed: &ManifestFile,
     hash: bool,
+    last: &mut LastFolder,
 ) -> Result<Option<Problem>, BundleError> {
     let transient = |problem: Problem, e: io::Error| BundleError::Unreadable {
         path: dir.join(listed.path.as_str()),
         message: format!("{}; try again later", problem.message),
         io: Some(e),
     };
-    let mut file = match open_checked(root, &listed.path) {
-        Ok(file) => file,
-        Err(Refusal {
+    let refused = |refusal: Refusal| match refusal {
+        Refusal {
             problem,
             io: Some(e),
-        }) if is_transient_io(&e) => return Err(transient(problem, e)),
-        Err(refusal) => return Ok(Some(refusal.problem)),
+        } if is_transient_io(&e) => Err(transient(problem, e)),
+        refusal => Ok(Some(refusal.problem)),
     };
     let declared = listed.size;
     if !hash {
-        let size = file.metadata().map(|m| m.len()).map_err(|e| {
-            transient(
-                Problem::at(listed.path.as_str(), format!("cannot inspect: {e}")),
-                e,
-            )
-        })?;
+        let size = match size_checked_in(root, &listed.path, last) {
+            Ok(size) => size,
+            Err(refusal) => return refused(refusal),
+        };
         return Ok((size != declared).then(|| {
             Problem::at(
                 listed.path.as_str(),
@@ -187,6 +239,10 @@ fn check_listed(
             )
         }));
     }
+    let mut file = match open_checked_in(root, &listed.path, last) {
+        Ok(file) => file,
+        Err(refusal) => return refused(refusal),
+    };
     let hashed = match hashing::copy_hashed(&mut file, None, Some(declared)) {
         Ok(hashed) => hashed,
         Err(e) => {

@@ -264,7 +264,7 @@ pub fn publish_batch(
                 for ((k, d), s) in writes.values().zip(&staged) {
                     match s {
                         Staged::Temp(_) => copied.push((*k, d.bundle_path.clone())),
-                        Staged::Unchanged => {
+                        Staged::Unchanged(_) => {
                             unchanged[j].insert(d.path.as_str().to_owned(), *k);
                         }
                     }
@@ -451,6 +451,7 @@ fn stage_root(
             old: state.records.base().get(d.path.as_str()),
             in_memory: a.ready.prepared[j].in_memory.get(&d.path).map(|c| &**c),
             bundle: &a.ready.bundle,
+            seen: None,
         };
         stage_one(root, &job, false).map_err(|f| match f {
             Failure::Io(e) => e,
@@ -573,6 +574,34 @@ pub(super) fn map_on<T: Sync, R: Send>(
         .collect()
 }
 
+/// [`map_on`] for items in path order: neighbours for which `together`
+/// holds (outputs of one folder) run one after the other on one worker, in
+/// runs of at most [`RUN`] items, so that workers do not take turns at one
+/// folder's lock (creating or renaming a file in a folder holds it).
+pub(super) fn map_on_runs<T: Sync, R: Send>(
+    workers: &dyn Workers,
+    items: &[T],
+    together: impl Fn(&T, &T) -> bool,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let mut runs: Vec<&[T]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=items.len() {
+        if i == items.len() || i - start == RUN || !together(&items[i - 1], &items[i]) {
+            runs.push(&items[start..i]);
+            start = i;
+        }
+    }
+    map_on(workers, &runs, |run| run.iter().map(&f).collect::<Vec<R>>())
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The longest run of [`map_on_runs`]: long enough that one folder's
+/// outputs mostly go to one worker, short enough to share a big folder.
+const RUN: usize = 64;
+
 /// Renames, deletes and writes the catalog of one root (made durable by a
 /// second barrier), then drops its journal.
 fn commit_root(
@@ -624,5 +653,36 @@ mod tests {
         assert_eq!(map_on(&InOrder, &items, |i| i * 3), expected);
         assert_eq!(map_on(&Backwards, &items, |i| i * 3), expected);
         assert!(map_on(&Backwards, &[] as &[u32], |i| *i).is_empty());
+    }
+
+    #[test]
+    fn map_on_runs_keeps_the_order_and_groups_neighbours() {
+        // (folder, index): 20 folders of 10 items, then one of 100.
+        let items: Vec<(u32, u32)> = (0..300)
+            .map(|i| (if i < 200 { i / 10 } else { 100 }, i))
+            .collect();
+        let together = |a: &(u32, u32), b: &(u32, u32)| a.0 == b.0;
+        let expected: Vec<u32> = (0..300).map(|i| i * 3).collect();
+        // The runs: each folder of 10, then the big one in 64 + 36.
+        let mut runs: Vec<Vec<u32>> = (0..20).map(|f| (f * 10..f * 10 + 10).collect()).collect();
+        runs.push((200..264).collect());
+        runs.push((264..300).collect());
+        let in_order: Vec<u32> = runs.concat();
+        let backwards: Vec<u32> = runs.iter().rev().flatten().copied().collect();
+        for (workers, order) in [
+            (&InOrder as &dyn Workers, in_order),
+            (&Backwards, backwards),
+        ] {
+            let seen = Mutex::new(Vec::new());
+            let got = map_on_runs(workers, &items, together, |(_, i)| {
+                seen.lock().unwrap().push(*i);
+                i * 3
+            });
+            assert_eq!(got, expected);
+            // Whatever order the jobs run in, a run's items go one after
+            // the other on one job.
+            assert_eq!(seen.into_inner().unwrap(), order);
+        }
+        assert!(map_on_runs(&InOrder, &[] as &[u32], |_, _| true, |i| *i).is_empty());
     }
 }

@@ -235,7 +235,7 @@ pub fn publish(
         for (d, s) in p.plan.writes.iter().zip(temps) {
             match s {
                 Staged::Temp(_) => report.bytes_published += d.size,
-                Staged::Unchanged => report.destinations[*i]
+                Staged::Unchanged(_) => report.destinations[*i]
                     .unchanged
                     .push(d.path.as_str().to_owned()),
             }

@@ -2,7 +2,7 @@
 //! planned paths, the journal, outputs staged as temporary files, renamed
 //! into place, the catalog written last, and settling after a failure.
 
-use super::batch::{PerCore, Workers, map_on};
+use super::batch::{PerCore, Workers, map_on_runs};
 use super::content::Content;
 use super::prepare::Prepared;
 use super::{Failure, Planned};
@@ -14,10 +14,12 @@ use crate::hashing::{self, Hashed};
 use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
+use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
+use std::time::SystemTime;
 
 /// What storage holds at each planned path and the folders above it (the
 /// planner's view); `overlay` answers for paths a batch has already planned.
@@ -62,16 +64,19 @@ pub(super) enum Staged {
     Temp(String),
     /// The target already holds exactly these bytes: the record it
     /// replaces has the same SHA-256 and size, and the regular file there
-    /// has that size and hashes to it. Nothing is written or renamed, so
-    /// the file keeps its inode and modification time.
-    Unchanged,
+    /// has that size and hashes to it (or the root's `.distributor-seen`
+    /// vouches for it). Nothing is written or renamed, so the file keeps its
+    /// inode and modification time. With the file's look, for
+    /// `.distributor-seen`, unless it was taken too soon after the file's
+    /// last change to be recorded ([`Look::settled`]).
+    Unchanged(Option<Look>),
 }
 
 impl Staged {
     pub(super) fn temp(&self) -> Option<&String> {
         match self {
             Staged::Temp(name) => Some(name),
-            Staged::Unchanged => None,
+            Staged::Unchanged(_) => None,
         }
     }
 }
@@ -85,6 +90,9 @@ pub(super) struct Job<'a> {
     /// markdown read for rendering); else the bundle file is copied.
     pub(super) in_memory: Option<&'a Content>,
     pub(super) bundle: &'a VerifiedBundle,
+    /// What the root's files looked like when their bytes were last known
+    /// (read for a large publication only).
+    pub(super) seen: Option<&'a Seen>,
 }
 
 /// From this many writes and deletes on, a publication makes its staged
@@ -108,12 +116,19 @@ pub(super) fn stage_one(root: &Root, job: &Job<'_>, fsync: bool) -> Result<Stage
     let recorded_same = job
         .old
         .is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size);
-    if recorded_same
-        && root
-            .holds(d.path.as_str(), &d.sha256.to_string(), d.size)
-            .map_err(Failure::Io)?
-    {
-        return Ok(Staged::Unchanged);
+    if recorded_same {
+        let path = d.path.as_str();
+        let before = SystemTime::now();
+        if let Some(seen) = job.seen
+            && let Some(look) = root.look(path).map_err(Failure::Io)?
+            && look.size == d.size
+            && seen.vouches(path, &d.sha256, &look)
+        {
+            return Ok(Staged::Unchanged(look.settled(before)));
+        }
+        if let Some(look) = root.holds(path, &d.sha256, d.size).map_err(Failure::Io)? {
+            return Ok(Staged::Unchanged(look.settled(before)));
+        }
     }
     let (temp, file, copied) = stage_output(root, d, job.in_memory, &job.bundle.dir)?;
     if let Some(got) = copied
@@ -190,6 +205,17 @@ pub(super) fn stage(
     if !plan.clear_first.is_empty() {
         storage::sync_dir(root.dir()).map_err(Failure::Io)?;
     }
+    // Outputs the catalog records with the bytes wanted are checked on
+    // disk; for many, the root's record of their looks spares reading them.
+    let recorded_same = plan
+        .writes
+        .iter()
+        .filter(|d| {
+            p.replaced(d.path.as_str())
+                .is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size)
+        })
+        .count();
+    let seen = (recorded_same >= BARRIER_FROM).then(|| Seen::read(root));
     let jobs: Vec<Job> = plan
         .writes
         .iter()
@@ -198,12 +224,16 @@ pub(super) fn stage(
             old: p.replaced(d.path.as_str()),
             in_memory: prepared.in_memory.get(&d.path).map(|c| &**c),
             bundle,
+            seen: seen.as_ref(),
         })
         .collect();
     let staged: Vec<Staged> = if uses_barrier(plan) {
-        let staged = map_on(workers, &jobs, |job| stage_one(root, job, false))
-            .into_iter()
-            .collect::<Result<Vec<Staged>, Failure>>()?;
+        let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
+        let staged = map_on_runs(workers, &jobs, same_folder, |job| {
+            stage_one(root, job, false)
+        })
+        .into_iter()
+        .collect::<Result<Vec<Staged>, Failure>>()?;
         root.sync().map_err(Failure::Io)?;
         staged
     } else {
@@ -211,6 +241,13 @@ pub(super) fn stage(
             .map(|job| stage_one(root, job, true))
             .collect::<Result<Vec<Staged>, Failure>>()?
     };
+    if let Some(seen) = &seen {
+        log::debug!(
+            "{}: {} of {recorded_same} outputs recorded with the bytes wanted were known unchanged by their look in {SEEN_FILE}; the others were read and hashed",
+            root.path().display(),
+            seen.vouched()
+        );
+    }
     for (job, s) in jobs.iter().zip(&staged) {
         if job.in_memory.is_none() && matches!(s, Staged::Temp(_)) {
             verified.insert(job.d.bundle_path.clone());
@@ -281,6 +318,7 @@ pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
     )?;
     failpoint::hit("publish.before_catalog");
     if uses_barrier(plan) {
+        record_looks(root, &plan.writes, staged)?;
         // One barrier makes the renames, the deletions and the catalog
         // durable together, however many folders they touched.
         root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
@@ -303,6 +341,28 @@ pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
     Ok(())
+}
+
+/// Replaces the root's `.distributor-seen` with the look of every output
+/// of a large publication, now that the written ones are in place (a
+/// rename gives a file a new change time), so that its next publication
+/// knows the unchanged ones without reading them.
+fn record_looks(root: &Root, writes: &[Desired], staged: &[Staged]) -> io::Result<()> {
+    let looks = writes.iter().zip(staged).filter_map(|(d, s)| {
+        let look = match s {
+            Staged::Unchanged(look) => Ok(*look),
+            Staged::Temp(_) => {
+                let before = SystemTime::now();
+                root.look(d.path.as_str())
+                    .map(|l| l.and_then(|l| l.settled(before)))
+            }
+        };
+        // A written file of another size was changed since: leave it out.
+        look.map(|l| l.filter(|l| l.size == d.size))
+            .transpose()
+            .map(|l| l.map(|l| (d.path.as_str(), l, &d.sha256)))
+    });
+    seen::write(root, looks)
 }
 
 /// Renames staged temporary files over their targets, then deletes (and
@@ -329,16 +389,20 @@ pub(super) fn move_into_place<'p>(
     }
     let rename = |(path, temp): &(&RelPath, &String)| -> io::Result<()> {
         let dir = root.parent_dir(path, false)?;
-        dir.rename(temp, &dir, path.file_name())?;
+        // Both names are single segments in that folder (a temporary name
+        // and a checked path's last segment): nothing to resolve.
+        rustix::fs::renameat(&*dir, temp.as_str(), &*dir, path.file_name())?;
         failpoint::hit("publish.after_rename");
         Ok(())
     };
+    let same_folder =
+        |a: &(&RelPath, &String), b: &(&RelPath, &String)| a.0.parent() == b.0.parent();
     match parallel {
         // Renaming over an existing file waits for the old one's blocks to
         // be freed (and, with `discard`, trimmed): a few of those waits at
         // once go faster than one after the other. Order does not matter,
         // the journal covers every path, and the catalog comes after all.
-        Some(workers) => map_on(workers, &staged, rename)
+        Some(workers) => map_on_runs(workers, &staged, same_folder, rename)
             .into_iter()
             .collect::<io::Result<Vec<()>>>()
             .map(drop)?,

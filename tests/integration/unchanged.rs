@@ -156,3 +156,107 @@ pipelines:
     );
     assert_catalog_matches_disk(&t.join("root"));
 }
+
+/// The outputs of `files(n, 1)` as a bundle published at `created`.
+fn publish_v1(t: &Test, name: &str, created: &str) -> crate::util::Output {
+    let v1 = files(40, 1);
+    let borrowed: Vec<(&str, &str)> = v1.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
+    let bundle = t.bundle_at(name, "site", created, &borrowed);
+    t.cmd()
+        .env("RUST_LOG", "distributor=debug")
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&bundle)
+        .output()
+}
+
+#[test]
+fn a_large_publication_knows_unchanged_files_by_their_look_and_rereads_any_touched_since() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        workflow: replacement
+",
+    );
+    let root = t.join("root");
+    publish_v1(&t, "v1", "2026-06-01T00:00:00Z").expect_code(0);
+    // Looks are recorded only once the files' change times are older than
+    // a clock tick; let them settle, as they do between real publications.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The same bytes again: every file is kept (read and hashed, or known
+    // by its look), and now every look is recorded.
+    publish_v1(&t, "v2", "2026-06-02T00:00:00Z").expect_code(0);
+    let seen = fs::read_to_string(root.join(".distributor-seen")).unwrap();
+    assert_eq!(seen.lines().count(), 1 + 40, "{seen}");
+
+    // Rewrite one file with other bytes of the same size, then put its
+    // modification time back: size and mtime look unchanged, the change
+    // time does not.
+    let touched = root.join(&files(40, 1)[5].0);
+    let mtime = fs::metadata(&touched).unwrap().modified().unwrap();
+    let original = fs::read(&touched).unwrap();
+    let mut other = original.clone();
+    other[0] ^= 0x20;
+    fs::write(&touched, &other).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&touched)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    assert_eq!(fs::metadata(&touched).unwrap().modified().unwrap(), mtime);
+    let paths: Vec<String> = files(40, 1).into_iter().map(|(p, _)| p).collect();
+    let before = stamps(&root, &paths);
+
+    let out = publish_v1(&t, "v3", "2026-06-03T00:00:00Z");
+    out.expect_code(0);
+    assert!(
+        out.stderr.contains(
+            "39 of 40 outputs recorded with the bytes wanted were known unchanged by their look"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("39 writes already held the same bytes and kept"),
+        "{}",
+        out.stdout
+    );
+    // The touched file got its bytes back, in a new file; the rest stayed.
+    assert_eq!(fs::read(&touched).unwrap(), original);
+    let after = stamps(&root, &paths);
+    for (path, stamp) in &before {
+        if root.join(path) == touched {
+            assert_ne!(after[path].0, stamp.0, "{path} rewritten");
+        } else {
+            assert_eq!(&after[path], stamp, "{path} kept");
+        }
+    }
+    assert_catalog_matches_disk(&root);
+
+    // A damaged .distributor-seen only costs a re-read.
+    fs::write(
+        root.join(".distributor-seen"),
+        "distributor-seen 1\ngarbage\n",
+    )
+    .unwrap();
+    let out = publish_v1(&t, "v4", "2026-06-04T00:00:00Z");
+    out.expect_code(0);
+    assert!(
+        out.stderr.contains("0 of 40 outputs recorded"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("40 writes already held the same bytes and kept"),
+        "{}",
+        out.stdout
+    );
+    assert_catalog_matches_disk(&root);
+}
