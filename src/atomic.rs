@@ -9,7 +9,9 @@
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Prefix of every temporary file the tool creates.
@@ -63,10 +65,12 @@ pub fn replace(
         Durability::Data | Durability::Full => file.sync_all(),
     });
     drop(file);
+    let old = hold(dir, name.as_ref());
     if let Err(e) = written.and_then(|()| dir.rename(&temp, dir, name.as_ref())) {
         let _ = dir.remove_file(&temp);
         return Err(e);
     }
+    release_later(old);
     match durability {
         Durability::Full => sync_dir(dir),
         Durability::Unsynced | Durability::Data => Ok(()),
@@ -83,6 +87,47 @@ pub fn replace_bytes(
 ) -> io::Result<()> {
     replace(dir, name, temp, durability, &mut |w| w.write_all(bytes))
 }
+
+/// A reference to whatever sits at `name` in `dir` (an `O_PATH` handle:
+/// nothing is opened for reading, no device or FIFO is touched, a link is
+/// not followed), taken before the entry is replaced or removed so that
+/// the old file is freed when the handle is dropped, by
+/// [`release_later`], instead of inside the rename or unlink.
+pub fn hold(dir: &Dir, name: impl AsRef<Path>) -> Option<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::openat(dir, name.as_ref(), flags, Mode::empty()).ok()
+}
+
+/// Drops `held` (from [`hold`]) on a background thread. Freeing a file's
+/// blocks, which the last reference to a replaced or removed file does,
+/// waits for the disk on a file system mounted with `discard` (about as
+/// long as a fsync): a publication need not wait for it. At most
+/// [`RELEASE_QUEUE`] handles wait at a time; beyond, the caller waits.
+pub fn release_later(held: Option<OwnedFd>) {
+    let Some(held) = held else { return };
+    static QUEUE: OnceLock<Option<crossbeam_channel::Sender<OwnedFd>>> = OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (tx, rx) = crossbeam_channel::bounded::<OwnedFd>(RELEASE_QUEUE);
+        for i in 0..RELEASE_THREADS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("release-{i}"))
+                .spawn(move || rx.iter().for_each(drop));
+            if spawned.is_err() {
+                return None;
+            }
+        }
+        Some(tx)
+    });
+    if let Some(Err(e)) = queue.as_ref().map(|tx| tx.send(held)) {
+        drop(e.into_inner());
+    }
+}
+
+/// Handles [`release_later`] lets wait, and the threads that drop them.
+const RELEASE_QUEUE: usize = 64;
+const RELEASE_THREADS: usize = 4;
 
 /// Fsyncs a folder so renames and deletions inside it are durable. The
 /// folder is opened again for reading through the handle, since a handle

@@ -22,7 +22,7 @@ use crate::catalog::Sha256;
 use crate::storage::Root;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -191,6 +191,7 @@ pub fn write<'a>(
 ) -> io::Result<()> {
     let mut lines = lines.peekable();
     root.write_reserved_unsynced(SEEN_FILE, &mut |w| {
+        let mut w = io::BufWriter::with_capacity(1 << 16, w);
         writeln!(w, "{HEADER}")?;
         for line in lines.by_ref() {
             let (path, look, sha) = line?;
@@ -200,7 +201,7 @@ pub fn write<'a>(
                 look.dev, look.ino, look.size, look.ctime, look.ctime_nsec
             )?;
         }
-        Ok(())
+        w.flush()
     })
 }
 

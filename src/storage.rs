@@ -505,8 +505,12 @@ impl Root {
         let Some((dir, name)) = self.parent_of(path)? else {
             return Ok(false);
         };
+        let held = atomic::hold(&dir, &name);
         match dir.remove_file(&name) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                atomic::release_later(held);
+                Ok(true)
+            }
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }

@@ -453,7 +453,7 @@ fn stage_root(
             bundle: &a.ready.bundle,
             seen: None,
         };
-        stage_one(root, &job, false).map_err(|f| match f {
+        stage_one(root, &job, None).map_err(|f| match f {
             Failure::Io(e) => e,
             Failure::Bundle(e) => io::Error::new(
                 io::ErrorKind::InvalidData,

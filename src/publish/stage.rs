@@ -6,6 +6,7 @@ use super::batch::{PerCore, Workers, map_on_runs};
 use super::content::Content;
 use super::prepare::Prepared;
 use super::{Failure, Planned};
+use crate::atomic;
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, STATE_FILE, format_time};
 use crate::clock::now_millis;
@@ -109,9 +110,14 @@ pub(super) fn uses_barrier(plan: &plan::Plan) -> bool {
 
 /// Stages one planned write: nothing when the target already holds the
 /// bytes ([`Staged::Unchanged`]), else a temporary file in the target
-/// folder (created as needed), fsynced when `fsync` is set. A copied file
-/// is hashed as it streams and must match the manifest.
-pub(super) fn stage_one(root: &Root, job: &Job<'_>, fsync: bool) -> Result<Staged, Failure> {
+/// folder (created as needed), not fsynced: the file goes to `to_sync`
+/// when given, else the caller's barrier covers it. A copied file is
+/// hashed as it streams and must match the manifest.
+pub(super) fn stage_one(
+    root: &Root,
+    job: &Job<'_>,
+    to_sync: Option<&mut Vec<std::fs::File>>,
+) -> Result<Staged, Failure> {
     let d = job.d;
     let recorded_same = job
         .old
@@ -151,8 +157,8 @@ pub(super) fn stage_one(root: &Root, job: &Job<'_>, fsync: bool) -> Result<Stage
             problems: vec![bundle::mismatch_problem(listed, &got)],
         }));
     }
-    if fsync {
-        file.sync_all().map_err(Failure::Io)?;
+    if let Some(to_sync) = to_sync {
+        to_sync.push(file);
     }
     failpoint::hit("publish.after_stage");
     Ok(Staged::Temp(temp))
@@ -230,16 +236,20 @@ pub(super) fn stage(
     let staged: Vec<Staged> = if uses_barrier(plan) {
         let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
         let staged = map_on_runs(workers, &jobs, same_folder, |job| {
-            stage_one(root, job, false)
+            stage_one(root, job, None)
         })
         .into_iter()
         .collect::<Result<Vec<Staged>, Failure>>()?;
         root.sync().map_err(Failure::Io)?;
         staged
     } else {
-        jobs.iter()
-            .map(|job| stage_one(root, job, true))
-            .collect::<Result<Vec<Staged>, Failure>>()?
+        let mut files = Vec::new();
+        let staged = jobs
+            .iter()
+            .map(|job| stage_one(root, job, Some(&mut files)))
+            .collect::<Result<Vec<Staged>, Failure>>()?;
+        sync_together(files).map_err(Failure::Io)?;
+        staged
     };
     if let Some(seen) = &seen {
         log::debug!(
@@ -254,6 +264,27 @@ pub(super) fn stage(
         }
     }
     Ok(staged)
+}
+
+/// Fsyncs `files` at the same time, one thread each (a handful: a plan
+/// this small is made durable file by file): the disk serves the flushes
+/// together instead of one after the other.
+fn sync_together(files: Vec<std::fs::File>) -> io::Result<()> {
+    let mut files = files.into_iter();
+    let Some(first) = files.next() else {
+        return Ok(());
+    };
+    std::thread::scope(|scope| {
+        let others: Vec<_> = files.map(|f| scope.spawn(move || f.sync_all())).collect();
+        let mut result = first.sync_all();
+        for other in others {
+            let synced = other
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a fsync thread panicked")));
+            result = result.and(synced);
+        }
+        result
+    })
 }
 
 /// Writes one output to a new temporary file in its target folder (created
@@ -329,9 +360,16 @@ pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
         // catalog's own rename durable together; until then the journal
         // (already durable) lets the next process settle whatever a crash
         // leaves.
-        for folder in &touched {
-            root.sync_folder(folder)?;
-        }
+        std::thread::scope(|scope| {
+            let syncs: Vec<_> = touched
+                .iter()
+                .map(|folder| scope.spawn(move || root.sync_folder(folder)))
+                .collect();
+            syncs.into_iter().try_for_each(|s| {
+                s.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a fsync thread panicked")))
+            })
+        })?;
     }
     log::debug!(
         "{}: catalog written at {}",
@@ -391,7 +429,10 @@ pub(super) fn move_into_place<'p>(
         let dir = root.parent_dir(path, false)?;
         // Both names are single segments in that folder (a temporary name
         // and a checked path's last segment): nothing to resolve.
+        // The file replaced, if any, is freed off this path.
+        let held = atomic::hold(&dir, path.file_name());
         rustix::fs::renameat(&*dir, temp.as_str(), &*dir, path.file_name())?;
+        atomic::release_later(held);
         failpoint::hit("publish.after_rename");
         Ok(())
     };
