@@ -8,6 +8,16 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
+/// One pipeline, one destination `./root` with `workflow: replacement`.
+const REPLACEMENT: &str = "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        workflow: replacement
+";
+
 /// Inode and modification time (ns) of every file below `root`, by path.
 fn stamps(root: &std::path::Path, paths: &[String]) -> BTreeMap<String, (u64, i64, i64)> {
     paths
@@ -39,16 +49,7 @@ fn replacement_keeps_unchanged_files_and_rewrites_only_the_changed_third() {
     // Few files are fsynced one by one, many go through one barrier.
     for n in [6, 48] {
         let t = Test::new();
-        t.config(
-            "spool: ./spool
-pipelines:
-  - id: p
-    destinations:
-      - id: d
-        path: ./root
-        workflow: replacement
-",
-        );
+        t.config(REPLACEMENT);
         let v1 = files(n, 1);
         let borrowed: Vec<(&str, &str)> =
             v1.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
@@ -172,16 +173,7 @@ fn publish_v1(t: &Test, name: &str, created: &str) -> crate::util::Output {
 #[test]
 fn a_large_publication_knows_unchanged_files_by_their_look_and_rereads_any_touched_since() {
     let t = Test::new();
-    t.config(
-        "spool: ./spool
-pipelines:
-  - id: p
-    destinations:
-      - id: d
-        path: ./root
-        workflow: replacement
-",
-    );
+    t.config(REPLACEMENT);
     let root = t.join("root");
     publish_v1(&t, "v1", "2026-06-01T00:00:00Z").expect_code(0);
     // Looks are recorded only once the files' change times are older than
