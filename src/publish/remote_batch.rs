@@ -130,7 +130,7 @@ pub(in crate::publish) fn publish_batch(
         bundles,
         options,
         workers,
-        HELD_AT_MOST,
+        held_at_most(),
     );
     if !keep_going() {
         return Batch::Stopped;
@@ -354,6 +354,20 @@ const PREPARE_AT_ONCE: usize = 256;
 /// 1024 bundles, and each may hold up to 4 MiB (`content::HOLD_AT_MOST`).
 const HELD_AT_MOST: u64 = 256 << 20;
 
+/// [`HELD_AT_MOST`]; debug builds (the ones the tests run) take another
+/// bound from `DISTRIBUTOR_TEST_S3_BATCH_HELD`, so that a test can make a
+/// backlog of small pages go in several batches.
+fn held_at_most() -> u64 {
+    #[cfg(debug_assertions)]
+    if let Some(bytes) = std::env::var("DISTRIBUTOR_TEST_S3_BATCH_HELD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return bytes;
+    }
+    HELD_AT_MOST
+}
+
 /// [`prepare_all`] of the first bundles of `bundles` whose pages and
 /// markdown held in memory stay within `held_at_most` bytes
 /// ([`HELD_AT_MOST`]; at least the first bundle is taken): one report or
@@ -393,8 +407,9 @@ fn prepare_within<'a>(
     (reports, taken)
 }
 
-/// Bytes of the outputs a prepared bundle holds in memory (each held
-/// content counted once, however many destinations share it).
+/// Bytes of the outputs a prepared bundle holds (each held content counted
+/// once, however many destinations share it). Pages it spilled to its
+/// scratch file count too: an overestimate, on the safe side.
 fn held_bytes(ready: &Ready) -> u64 {
     let mut seen = std::collections::HashSet::new();
     ready
