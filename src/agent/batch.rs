@@ -28,6 +28,15 @@ impl Worker {
         let batches = destinations.iter().all(s3) || !destinations.iter().any(s3);
         while batches && rest.len() > 1 && !self.stopping() {
             match self.try_batch(rest, rx) {
+                // An s3 batch may take only the first bundles (their pages
+                // would hold too much memory together): the rest are
+                // batched next.
+                publish::Batch::Done(reports)
+                    if reports.len() < rest.len() && !reports.is_empty() =>
+                {
+                    rest = &rest[reports.len()..];
+                    finished_one = true;
+                }
                 publish::Batch::Done(_) => return,
                 publish::Batch::OneFirst => {
                     let (path, name) = &rest[0];

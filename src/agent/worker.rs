@@ -2,7 +2,7 @@
 //! letting inbox entries settle and claiming them into `work/` in arrival
 //! order. It publishes nothing itself: bundles go to `process` and `process_claimed`.
 
-use super::{MAX_BATCH, Serving, Tally, Wake};
+use super::{MAX_BATCH, S3_MAX_BATCH, Serving, Tally, Wake};
 use crate::config::{Config, Pipeline};
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -66,6 +66,19 @@ impl Worker {
             lock_timeout: self.config.agent.lock_timeout,
             serving: Some(self.spool.work.display().to_string()),
             scratch: self.spool.work.clone(),
+        }
+    }
+
+    /// Most bundles claimed (and published) together: more for a pipeline
+    /// whose destinations are all s3 destinations ([`S3_MAX_BATCH`]).
+    fn max_batch(&self) -> usize {
+        let destinations = &self.pipeline.destinations;
+        let s3 =
+            |d: &crate::config::Destination| matches!(d.backend, crate::config::Backend::S3(_));
+        if !destinations.is_empty() && destinations.iter().all(s3) {
+            S3_MAX_BATCH
+        } else {
+            MAX_BATCH
         }
     }
 
@@ -201,7 +214,7 @@ impl Worker {
                 }
             }
             let mut claimed_any = false;
-            for chunk in ready.chunks(MAX_BATCH) {
+            for chunk in ready.chunks(self.max_batch()) {
                 if self.stopping() {
                     return;
                 }

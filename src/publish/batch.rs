@@ -86,7 +86,9 @@ impl RootState {
 
 /// How a batch ended.
 pub enum Batch {
-    /// One report per bundle, in order.
+    /// One report per bundle, in order; an s3 batch may have taken only
+    /// the first bundles (fewer reports: the others were not attempted
+    /// and are batched next).
     Done(Vec<RunReport>),
     /// Nothing was published: publish the first bundle alone (it sets up a
     /// root or converts its state), then batch the rest.

@@ -11,6 +11,9 @@
 //! rebased when the winner changed none of the records the batch changes
 //! or relies on; else the batch is undone.
 //!
+//! A batch takes the bundles it is given, up to a bound on the pages and
+//! markdown they hold in memory together; the agent batches the rest next.
+//!
 //! A bundle refused at planning (for example a replacement that would
 //! delete an unrecorded object) is reported alone, as when published
 //! alone, and does not stop the others. Anything that goes wrong once
@@ -121,7 +124,14 @@ pub(in crate::publish) fn publish_batch(
         });
     }
 
-    let (mut reports, ready) = prepare_all(pipeline, destinations, bundles, options, workers);
+    let (mut reports, ready) = prepare_within(
+        pipeline,
+        destinations,
+        bundles,
+        options,
+        workers,
+        held_at_most(),
+    );
     if !keep_going() {
         return Batch::Stopped;
     }
@@ -323,7 +333,7 @@ pub(in crate::publish) fn publish_batch(
     phase("committed");
     log::debug!(
         "s3 batch of {} bundles, ms since start: {phases:?}",
-        bundles.len()
+        reports.len()
     );
     for a in accepted {
         let unchanged = &a.unchanged;
@@ -333,6 +343,86 @@ pub(in crate::publish) fn publish_batch(
         reports[a.index] = Some(report);
     }
     all_reported(reports)
+}
+
+/// Bundles prepared at once (on every core).
+const PREPARE_AT_ONCE: usize = 256;
+
+/// Bytes of pages and markdown the bundles of one batch may hold in memory
+/// together. Past it the batch takes the bundles prepared so far (at least
+/// one) and the agent batches the others next: an s3 batch takes up to
+/// 1024 bundles, and each may hold up to 4 MiB (`content::HOLD_AT_MOST`).
+const HELD_AT_MOST: u64 = 256 << 20;
+
+/// [`HELD_AT_MOST`]; debug builds (the ones the tests run) take another
+/// bound from `DISTRIBUTOR_TEST_S3_BATCH_HELD`, so that a test can make a
+/// backlog of small pages go in several batches.
+fn held_at_most() -> u64 {
+    #[cfg(debug_assertions)]
+    if let Some(bytes) = std::env::var("DISTRIBUTOR_TEST_S3_BATCH_HELD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return bytes;
+    }
+    HELD_AT_MOST
+}
+
+/// [`prepare_all`] of the first bundles of `bundles` whose pages and
+/// markdown held in memory stay within `held_at_most` bytes
+/// ([`HELD_AT_MOST`]; at least the first bundle is taken): one report or
+/// ready bundle for each bundle taken.
+fn prepare_within<'a>(
+    pipeline: &Pipeline,
+    destinations: &[&'a Destination],
+    bundles: &[&Path],
+    options: &Options,
+    workers: &dyn Workers,
+    held_at_most: u64,
+) -> (
+    Vec<Option<crate::report::RunReport>>,
+    Vec<(usize, Ready<'a>)>,
+) {
+    let mut reports = Vec::new();
+    let mut taken = Vec::new();
+    let mut held = 0;
+    for slice in bundles.chunks(PREPARE_AT_ONCE) {
+        let (slice_reports, ready) = prepare_all(pipeline, destinations, slice, options, workers);
+        let mut ready = ready.into_iter().peekable();
+        for (k, report) in slice_reports.into_iter().enumerate() {
+            let index = reports.len();
+            match ready.next_if(|(i, _)| *i == k) {
+                Some((_, r)) => {
+                    held += held_bytes(&r);
+                    if index > 0 && held > held_at_most {
+                        return (reports, taken);
+                    }
+                    reports.push(None);
+                    taken.push((index, r));
+                }
+                None => reports.push(report),
+            }
+        }
+    }
+    (reports, taken)
+}
+
+/// Bytes of the outputs a prepared bundle holds (each held content counted
+/// once, however many destinations share it). Pages it spilled to its
+/// scratch file count too: an overestimate, on the safe side.
+fn held_bytes(ready: &Ready) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    ready
+        .prepared
+        .iter()
+        .flat_map(|p| {
+            p.desired
+                .iter()
+                .filter_map(|d| p.in_memory.get(&d.path).map(|c| (Arc::as_ptr(c), d.size)))
+        })
+        .filter(|(content, _)| seen.insert(*content))
+        .map(|(_, size)| size)
+        .sum()
 }
 
 impl Dest {

@@ -249,3 +249,86 @@ fn the_batch_relies_on_every_record_its_bundles_change_and_nothing_else() {
     );
     assert_eq!(additive.updated_at, base.updated_at);
 }
+
+/// Bundles `b0`..`b3` in a temporary folder, each one markdown file
+/// rendered to a page; `b1` does not match its manifest. With the pipeline
+/// that publishes source and HTML.
+fn four_bundles() -> (
+    tempfile::TempDir,
+    crate::config::Config,
+    Vec<std::path::PathBuf>,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dirs = Vec::new();
+    for i in 0..4 {
+        let dir = tmp.path().join(format!("b{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("a.md"),
+            format!("# Page {i}\n\n{}\n", "text ".repeat(200)),
+        )
+        .unwrap();
+        crate::bundle::seal(&dir, &format!("b-{i}"), None).unwrap();
+        dirs.push(dir);
+    }
+    std::fs::write(dirs[1].join("a.md"), "changed after sealing\n").unwrap();
+    let config = crate::config::parse(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+        publish: {source: true, html: true}
+",
+        &tmp.path().join("config.yaml"),
+    )
+    .unwrap();
+    (tmp, config, dirs)
+}
+
+#[test]
+fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_one() {
+    let (tmp, config, dirs) = four_bundles();
+    let pipeline = &config.pipelines[0];
+    let destinations = [&pipeline.destinations[0]];
+    let bundles: Vec<&std::path::Path> = dirs.iter().map(|d| d.as_path()).collect();
+    let options = super::super::Options {
+        dry_run: false,
+        force: false,
+        lock_timeout: std::time::Duration::from_secs(1),
+        serving: None,
+        scratch: tmp.path().to_path_buf(),
+    };
+    let workers = crate::publish::InOrder;
+    let prepare = |budget| {
+        super::prepare_within(
+            pipeline,
+            &destinations,
+            &bundles,
+            &options,
+            &workers,
+            budget,
+        )
+    };
+    // Unbounded: every bundle, the one that does not match its manifest
+    // with its report (it holds nothing).
+    let (reports, ready) = prepare(u64::MAX);
+    assert_eq!(reports.len(), 4);
+    assert!(reports[1].as_ref().is_some_and(|r| !r.ok));
+    let taken: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
+    assert_eq!(taken, [0, 2, 3]);
+    let held: Vec<u64> = ready.iter().map(|(_, r)| super::held_bytes(r)).collect();
+    // The markdown and its page, each counted once.
+    assert!(held.iter().all(|h| *h > 1000), "{held:?}");
+    // Room for two ready bundles: the third waits for the next batch; the
+    // invalid one between them is reported.
+    let (reports, ready) = prepare(held[0] + held[1]);
+    assert_eq!(reports.len(), 3);
+    assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 2]);
+    // No room at all: still the first bundle, so that a backlog moves
+    // (and the invalid one after it, which holds nothing).
+    let (reports, ready) = prepare(1);
+    assert_eq!(reports.len(), 2);
+    assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
+}

@@ -669,6 +669,31 @@ impl S3Root {
         }
     }
 
+    /// [`S3Root::delete`] of every path in `rels`, with up to
+    /// [`HEADS_IN_FLIGHT`] requests at once (undoing a batch of thousands
+    /// of objects, one after another, would hold a stopping agent for
+    /// seconds). Every delete is attempted; the first error is returned.
+    pub fn delete_many(&self, rels: &[&str]) -> Result<()> {
+        use futures_util::StreamExt as _;
+        self.check_conformance()?;
+        let one = |rel: &str| {
+            let key = self.key(rel);
+            let rel = rel.to_owned();
+            async move {
+                match self.store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(self.store_err("DELETE", &rel, e)),
+                }
+            }
+        };
+        let results: Vec<Result<()>> = self.block_on(
+            futures_util::stream::iter(rels.iter().map(|rel| one(rel)))
+                .buffer_unordered(HEADS_IN_FLIGHT)
+                .collect(),
+        );
+        results.into_iter().collect()
+    }
+
     /// Every object under `rel_prefix` ("" = the whole root), keys relative
     /// to the root, sorted. For reports and clean-up only: a listing may be
     /// stale, so no commit decision rests on it.

@@ -163,6 +163,14 @@ pub(super) fn recover_owned(session: &mut Session<'_>) -> Result<Recovered> {
 /// intent. Idempotent: a recoverer that dies half-way is followed by
 /// another that does the rest. The owner cleaning up after itself needs
 /// no fence (`fence` false): it is the one that will not commit.
+/// Deletes `orphans` (many at once) and records them in `out`.
+fn delete_orphans(root: &S3Root, orphans: Vec<String>, out: &mut Recovered) -> Result<()> {
+    let paths: Vec<&str> = orphans.iter().map(String::as_str).collect();
+    root.delete_many(&paths)?;
+    out.deleted.extend(orphans);
+    Ok(())
+}
+
 fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
     let mut out = Recovered::default();
     // 1. What the intent left: for each written key, the object as it is.
@@ -172,8 +180,11 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
         let base = root.read_state()?;
         let mut adopt = Vec::new();
         let mut orphans = Vec::new();
-        for w in &intent.writes {
-            let Some(head) = root.head(&w.path)? else {
+        // Many at once: a batch's intent names thousands of keys.
+        let paths: Vec<&str> = intent.writes.iter().map(|w| w.path.as_str()).collect();
+        let heads = root.head_many(&paths)?;
+        for (w, head) in intent.writes.iter().zip(heads) {
+            let Some(head) = head else {
                 continue;
             };
             if head.intent.as_deref() != Some(intent.id.as_str()) {
@@ -204,10 +215,7 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
             break base.state;
         }
         if adopt.is_empty() && !fence {
-            for path in orphans {
-                root.delete(&path)?;
-                out.deleted.push(path);
-            }
+            delete_orphans(root, orphans, &mut out)?;
             for d in deletes {
                 delete_if_unrecorded_and_unchanged(root, &base.state, d)?;
                 out.finished_deletes.push(d.path.clone());
@@ -248,10 +256,7 @@ fn clean_up(root: &S3Root, intent: &Intent, fence: bool) -> Result<Recovered> {
             Ok(_) => {
                 out.adopted = adopt.into_iter().map(|(p, _)| p).collect();
                 // 3. Now nobody can record the orphans any more.
-                for path in orphans {
-                    root.delete(&path)?;
-                    out.deleted.push(path);
-                }
+                delete_orphans(root, orphans, &mut out)?;
                 let state = root.read_state()?.state;
                 for d in deletes {
                     delete_if_unrecorded_and_unchanged(root, &state, d)?;

@@ -1,9 +1,10 @@
 //! The agent publishing a backlog into an s3 destination as one batch
 //! (docs/object-storage.md, "Batches"), against the real SeaweedFS of
 //! `seaweed::server`: one intent and one catalog swap for the whole
-//! backlog, a bundle refused at planning reported alone, a batch that
-//! steps aside undone and published one by one, and a batch killed while
-//! it uploads converging at the agent's next start.
+//! backlog (longer than a local batch), a bundle refused at planning
+//! reported alone, a batch that steps aside undone and published one by
+//! one, and a batch killed while it uploads converging at the agent's next
+//! start.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -27,6 +28,11 @@ struct BatchTest {
 
 impl BatchTest {
     fn new() -> BatchTest {
+        BatchTest::publishing("{source: true}")
+    }
+
+    /// [`BatchTest::new`] with `publish` set to `publish` (e.g. pages too).
+    fn publishing(publish: &str) -> BatchTest {
         let bucket = Bucket::new("site");
         let t = Test::new();
         t.config(&format!(
@@ -41,6 +47,7 @@ pipelines:
         path: site
         endpoint: {endpoint}
         workflow: additive
+        publish: {publish}
 ",
             bucket = bucket.location.bucket,
             endpoint = server().endpoint,
@@ -178,6 +185,63 @@ fn a_backlog_goes_up_as_one_batch_with_one_intent_and_one_catalog_swap() {
         .collect();
     assert_eq!(times.len(), 1, "{times:?}");
     assert_ne!(s.bucket.etag(".distributor.json").unwrap(), first_catalog);
+}
+
+#[test]
+fn a_backlog_longer_than_a_local_batch_goes_up_in_one_s3_batch() {
+    // A local root batches 256 bundles at most; an s3 destination takes
+    // more at once (each batch costs an intent, a swap of the whole
+    // catalog and a pause of the uploads).
+    let s = BatchTest::new();
+    s.drop_nested(0);
+    s.once().expect_code(0);
+    let n = 300;
+    for i in 1..=n {
+        s.drop_nested(i);
+    }
+    let out = s.once();
+    out.expect_code(0);
+    assert_eq!(batches(&out.stderr), [n], "not one batch:\n{}", out.stderr);
+    assert_eq!(s.metric("batch_fallbacks_total"), "0");
+    assert_eq!(names(&s.t.join("spool/p/done")).len(), n + 1);
+    let records = s.assert_converged(&[]);
+    assert_eq!(records.len(), (n + 1) * 3);
+}
+
+#[test]
+fn a_batch_whose_pages_reach_its_memory_bound_leaves_the_rest_to_the_next_batch() {
+    let s = BatchTest::publishing("{source: true, html: true}");
+    s.drop_nested(0);
+    s.once().expect_code(0);
+    let n = 5;
+    for i in 1..=n {
+        s.drop_nested(i);
+    }
+    // A bound below one page: each batch takes one bundle (at least one),
+    // the agent batches the rest next, the last one goes alone.
+    let creds = server().credentials();
+    let out =
+        s.t.cmd()
+            .env("RUST_LOG", "info")
+            .env("DISTRIBUTOR_TEST_S3_BATCH_HELD", "1")
+            .env("AWS_ACCESS_KEY_ID", &creds.key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+            .args(["--config", "config.yaml", "agent", "--once"])
+            .output();
+    out.expect_code(0);
+    assert_eq!(batches(&out.stderr), [1; 4], "{}", out.stderr);
+    assert!(!out.stderr.contains("stepped aside"), "{}", out.stderr);
+    assert_eq!(
+        names(&s.t.join("spool/p/done")).len(),
+        n + 1,
+        "{}",
+        out.stderr
+    );
+    assert!(names(&s.t.join("spool/p/work")).is_empty());
+    let records = s.assert_converged(&[]);
+    // Each bundle's three files and the page of its markdown.
+    assert_eq!(records.len(), (n + 1) * 4);
+    assert!(records.contains("r005/report.html"), "{records:?}");
 }
 
 #[test]
