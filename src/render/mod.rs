@@ -157,8 +157,11 @@ fn render_into(
 ) -> io::Result<(Vec<Part>, usize)> {
     let mut cuts = split::find_cuts(markdown, settings);
     // Each round drops the pieces whose token came out somewhere it does not
-    // mean the same thing; rarely more than one is needed.
-    for _ in 0..4 {
+    // mean the same thing; rarely more than one is needed. A piece put back
+    // can make another fail in the next round (it may end a block that
+    // swallowed the other's place): a chain of such pieces takes a round
+    // each, up to split::MOST_ROUNDS, before the document is parsed whole.
+    for _ in 0..split::MOST_ROUNDS {
         if cuts.is_empty() {
             break;
         }
