@@ -687,9 +687,11 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
             }
         }
         // A stretch starts after a space that follows text on its line, or
-        // at the start of a line.
+        // at the start of a line; in a line also at a tag or an autolink
+        // (at the start of a line, `<` may start an HTML block).
         let after = (b == b' ' && line_content) || b == b'\n';
-        if start.is_none() && after && starts_plain(bytes, at + 1) {
+        let tag = b == b' ' && bytes.get(at + 1) == Some(&b'<');
+        if start.is_none() && after && (starts_plain(bytes, at + 1) || tag) {
             start = Some(at + 1);
             end = None;
             quoted = line_quoted && b == b' ';

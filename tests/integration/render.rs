@@ -278,6 +278,79 @@ fn rendering_footnote_references_stays_within_32_times_its_size() {
     assert_renders_within_32_times(|_| "[^1] ".to_owned(), "[^1]: the note\n\n");
 }
 
+#[test]
+fn rendering_unmatched_brackets_stays_within_32_times_its_size() {
+    // `[a]` is no link without a definition: the brackets stay text, and a
+    // stretch holding them was not cut (52 times).
+    assert_renders_within_32_times(|_| "[a] ".to_owned(), "");
+}
+
+#[test]
+fn rendering_lines_of_unmatched_brackets_stays_within_32_times_its_size() {
+    assert_renders_within_32_times(|_| "[a]\n".to_owned(), "");
+}
+
+#[test]
+fn rendering_emphasis_runs_that_only_close_stays_within_32_times_its_size() {
+    // `a*` can only close, and nothing opens before it (36 times).
+    assert_renders_within_32_times(|_| "a* ".to_owned(), "");
+}
+
+#[test]
+fn rendering_lines_of_emphasis_runs_that_only_close_stays_within_32_times_its_size() {
+    assert_renders_within_32_times(|_| "a*\n".to_owned(), "");
+}
+
+#[test]
+fn rendering_tags_without_spaces_stays_within_32_times_its_size() {
+    // One paragraph of raw HTML with no space to cut at (35 times).
+    assert_renders_within_32_times(|_| "<a>".to_owned(), "");
+}
+
+#[test]
+fn rendering_emphasis_after_an_unmatched_backtick_stays_within_32_times_its_size() {
+    // The backtick left as text made every stretch after it fail: the
+    // paragraph was parsed whole (51 times).
+    assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), "`");
+}
+
+/// Sections of headings that, each put back into the main document after
+/// the one before it failed, end the HTML block the one before opened and
+/// open the next, which swallows the next section's place: one more round
+/// for each (seven kinds of HTML blocks).
+fn chain_of_sections() -> String {
+    let blocks = [
+        ("<!--", "-->"),
+        ("<?", "?>"),
+        ("<![CDATA[", "]]>"),
+        ("<pre>", "</pre>"),
+        ("<script>", "</script>"),
+        ("<style>", "</style>"),
+        ("<textarea>", "</textarea>"),
+    ];
+    let half = "# a *b* _c_\n".repeat(660);
+    let mut markdown = format!("{}\n", blocks[0].0);
+    for (k, (_, close)) in blocks.iter().enumerate() {
+        match blocks.get(k + 1) {
+            Some((open, _)) => {
+                markdown.push_str(&format!("{half}```\n{close}\n{open}\n```\n{half}"));
+            }
+            None => markdown.push_str(&format!("{half}{half}")),
+        }
+        markdown.push_str(close);
+        markdown.push('\n');
+    }
+    markdown.push('\n');
+    markdown
+}
+
+#[test]
+fn rendering_a_chain_of_failing_sections_stays_within_32_times_its_size() {
+    // Before, four rounds failed one section each and the whole document
+    // was then parsed at once (50 times).
+    assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), &chain_of_sections());
+}
+
 /// At least `len` bytes of markdown: sections with a small table each,
 /// which render to about three times their size.
 fn big_markdown(len: usize) -> String {
