@@ -2,9 +2,12 @@
 //! (ids, links, stylesheet or template), template config errors, and the
 //! memory a big markdown file costs (SPEC §10, §12.3, §16).
 
-use crate::util::{Test, write_file};
+use crate::util::{BIN, Test, write_file};
 use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
 use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 /// One pipeline `p` publishing HTML (and no sources) to `./site`, with
 /// `extra` added under the destination's `html:` key.
@@ -189,12 +192,74 @@ fn peak_rss_of_run(t: &Test, name: &str, markdown: &str) -> u64 {
 /// of `files`.
 fn peak_rss_of_bundle(t: &Test, name: &str, files: &[(&str, &str)]) -> u64 {
     let b = t.bundle(name, files);
+    let args = [
+        "--config".as_ref(),
+        "config.yaml".as_ref(),
+        "run".as_ref(),
+        "--pipeline".as_ref(),
+        "p".as_ref(),
+        b.as_os_str(),
+    ];
+    let (peak, status) = peak_rss_of(Path::new(BIN), &args, t.path());
+    assert_eq!(status, 0, "run of {name} failed");
+    peak
+}
+
+/// Set to the command a probe runs: program and arguments, each followed
+/// by a unit separator (0x1f; an environment value cannot hold NUL).
+const PROBE: &str = "DISTRIBUTOR_TEST_PEAK_RSS_OF";
+
+/// The test a probe runs as (see [`peak_rss_of`]).
+const PROBE_TEST: &str = "render::peak_rss_is_the_command_s_own_not_the_test_process_s";
+
+/// Peak resident memory, in bytes, of `program` with `args` in `dir`, and
+/// its exit code. A child's peak as wait4(2) reports it starts at the
+/// peak of the process that spawned it (the kernel carries it over exec),
+/// and this test process may hold much more than a small command: the
+/// command is spawned by a probe, a fresh run of this test binary that
+/// runs [`PROBE_TEST`] alone, spawns it, and prints what wait4(2) says.
+fn peak_rss_of(program: &Path, args: &[&OsStr], dir: &Path) -> (u64, i32) {
+    let mut spec = OsString::new();
+    for part in std::iter::once(program.as_os_str()).chain(args.iter().copied()) {
+        spec.push(part);
+        spec.push("\u{1f}");
+    }
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", PROBE_TEST, "--nocapture", "--test-threads=1"])
+        .env(PROBE, spec)
+        .env_remove("DISTRIBUTOR_CONFIG")
+        .env("RUST_LOG", "warn")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the probe");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|line| line.split_once("probe: ").map(|(_, said)| said))
+        .unwrap_or_else(|| panic!("the probe said nothing: {stdout}"));
+    let (peak, status) = line.split_once(' ').expect("peak and status");
+    (peak.parse().expect("peak"), status.parse().expect("status"))
+}
+
+/// Spawns the command of [`PROBE`], waits for it and prints its peak
+/// resident memory in bytes and its exit code (-1: killed).
+fn probe(spec: &OsStr) {
+    use std::os::unix::ffi::OsStrExt;
+    let mut parts = spec
+        .as_bytes()
+        .split(|&b| b == 0x1f)
+        .filter(|part| !part.is_empty())
+        .map(OsStr::from_bytes);
+    let program = parts.next().expect("a program");
     #[allow(clippy::zombie_processes)] // reaped by wait4 below
-    let child = t
-        .cmd()
-        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
-        .arg(&b)
-        .spawn_quiet();
+    let child = Command::new(program)
+        .args(parts)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the command");
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
@@ -202,13 +267,38 @@ fn peak_rss_of_bundle(t: &Test, name: &str, files: &[(&str, &str)]) -> u64 {
     // SAFETY: waits for our own child; status and usage are valid for writes.
     let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(got, pid, "wait4: {}", std::io::Error::last_os_error());
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "run of {name} failed: status {status}"
-    );
     // Reaped by wait4 above; this only drops the handle.
     drop(child);
-    u64::try_from(usage.ru_maxrss).expect("maxrss") * 1024
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    let peak = u64::try_from(usage.ru_maxrss).expect("maxrss") * 1024;
+    println!("probe: {peak} {code}");
+}
+
+#[test]
+fn peak_rss_is_the_command_s_own_not_the_test_process_s() {
+    if let Some(spec) = std::env::var_os(PROBE) {
+        probe(&spec);
+        return;
+    }
+    // This process holds 256 MiB; a small command measured from here
+    // directly would show at least as much.
+    let held = vec![1u8; 256 << 20];
+    let t = Test::new();
+    let (peak, status) = peak_rss_of(Path::new(BIN), &["--version".as_ref()], t.path());
+    assert_eq!(status, 0);
+    assert!(
+        peak < 64 << 20,
+        "`distributor --version` measured {} MiB",
+        peak >> 20
+    );
+    assert_eq!(
+        held.iter().map(|&b| usize::from(b)).sum::<usize>(),
+        256 << 20
+    );
 }
 
 /// Publishes `markdown` (built up to the default limits.max_markdown_bytes,
