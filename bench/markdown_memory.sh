@@ -88,6 +88,13 @@ REPEATED = {
     "star_lines": ("", "a*\n"),
     "tags": ("", "<a>"),
     "loose_backtick": ("`", "*a* _b_ "),
+    # Crafted: something left open at the paragraph's start may reach every
+    # stretch after it (still over the bound, see docs/performance.md).
+    "open_bracket": ("[x]: /u\n\n[", "*a* _b_ "),
+    "open_title": ("[a](x \"", "*a* _b_ "),
+    "open_tag": ("<a x=\"", "*a* _b_ "),
+    "open_star": ("*a ", "a* "),
+    "star_word": ("", "a*"),
 }
 if shape in REPEATED:
     head, piece = REPEATED[shape]
