@@ -1090,10 +1090,14 @@ struct Before {
     ticks: Vec<usize>,
     /// Stretches spliced since the first of `ticks`.
     since_ticks: Vec<usize>,
+    /// A stretch of the paragraph failed.
+    failed_here: bool,
     /// The document's bytes up to here were looked at for runs of `*`, `_`
     /// and `~`.
     scanned: usize,
-    /// Per character of [`DELIMITERS`]: a run that can open came before.
+    /// Per character of [`DELIMITERS`]: a run that can open came before and
+    /// was left (partly) as text, or came in a stretch: it may still be open
+    /// where the stretch is.
     openers: [bool; 3],
     /// Per character: stretches left with a run that only opens unmatched;
     /// a run of the same character that can close must not follow in the
@@ -1141,6 +1145,9 @@ pub(super) struct Splicer<'p> {
     cell_start: bool,
     seen: Vec<bool>,
     failed: Vec<usize>,
+    /// Cuts that did not fit only because of an earlier cut that failed:
+    /// worth trying again without that one (see [`Splicer::retried`]).
+    retry: Vec<usize>,
     /// Bytes that reference links may still expand to: the parser stops
     /// resolving them past the document's size (at least 100 KB). Shared by
     /// the pieces and charged with the main document's own, so that the
@@ -1165,12 +1172,21 @@ impl<'p> Splicer<'p> {
             seen: vec![false; plan.cuts.len()],
             budget: Cell::new(plan.markdown.len().max(100_000)),
             failed: Vec::new(),
+            retry: Vec::new(),
         }
+    }
+
+    /// Indexes of the cuts that did not fit only because an earlier cut of
+    /// their paragraph failed: the rendering is wrong, but they may fit in
+    /// the next round, without that cut.
+    pub(super) fn retried(&self) -> &[usize] {
+        &self.retry
     }
 
     /// Indexes of the cuts whose token did not come out where it should
     /// (or not at all): the rendering is wrong and must be done again
-    /// without them. Empty when the rendering is right.
+    /// without them. Empty (and [`Splicer::retried`] too) when the
+    /// rendering is right.
     pub(super) fn failed(&self) -> Vec<usize> {
         let mut failed = self.failed.clone();
         failed.extend(
@@ -1645,6 +1661,9 @@ impl<'p> Splicer<'p> {
             if text.contains(['`', '[', ']', '<']) {
                 self.before.loose = true;
             }
+            for (d, &c) in DELIMITERS.iter().enumerate() {
+                self.before.openers[d] |= text.contains(char::from(c));
+            }
             return;
         };
         let bytes = self.plan.main.as_bytes();
@@ -1660,6 +1679,15 @@ impl<'p> Splicer<'p> {
                     before.brackets = before.brackets.saturating_sub(1);
                     if bytes.get(at + 1) == Some(&b'(') {
                         before.link_tail = true;
+                    }
+                }
+                c @ (b'*' | b'_' | b'~') => {
+                    let from = at - bytes[..at].iter().rev().take_while(|&&b| b == c).count();
+                    let to = at + bytes[at..].iter().take_while(|&&b| b == c).count();
+                    let before_run = from.checked_sub(1).map(|i| bytes[i]);
+                    let (open, _) = flanking(c, to - from, before_run, bytes.get(to).copied());
+                    if let Some(d) = delimiter_index(c) {
+                        before.openers[d] |= open;
                     }
                 }
                 b'`' => {
@@ -1681,8 +1709,8 @@ impl<'p> Splicer<'p> {
     }
 
     /// Looks at the main document's runs of `*`, `_` and `~` in the open
-    /// paragraph up to `to`: runs that can open are noted, runs that can
-    /// close fail the stretches left open before them.
+    /// paragraph up to `to` (also those in code spans, link destinations,
+    /// ...): runs that can close fail the stretches left open before them.
     fn scan_runs(&mut self, to: usize) {
         let bytes = self.plan.main.as_bytes();
         let from = self.before.scanned.min(to);
@@ -1696,12 +1724,9 @@ impl<'p> Splicer<'p> {
             let end = at + bytes[at..to].iter().take_while(|&&c| c == b).count();
             // A run at the edge of what is looked at may go on: it may do
             // anything.
-            let (open, close) = if at == from || end == to {
-                (true, true)
-            } else {
-                flanking(b, end - at, Some(bytes[at - 1]), Some(bytes[end]))
-            };
-            self.before.openers[d] |= open;
+            let close = at == from
+                || end == to
+                || flanking(b, end - at, Some(bytes[at - 1]), Some(bytes[end])).1;
             if close {
                 self.failed.append(&mut self.before.unclosed[d]);
             }
@@ -1805,15 +1830,36 @@ impl<'p> Splicer<'p> {
         }
         // A run left as text that only closes could close an opener before
         // the stretch; one that only opens, a closer after it.
-        let closes_before =
-            (0..3).any(|d| left_open[d] && runs.closes[d] && self.before.openers[d]);
+        // An emphasis open in the main document where the token is may be
+        // closed after it by a run whose opener is still open there.
+        let in_emphasis = self
+            .stack
+            .iter()
+            .rev()
+            .take_while(|open| **open != Open::Paragraph)
+            .any(|open| *open == Open::Inline);
+        let closes_before = (0..3)
+            .any(|d| left_open[d] && runs.closes[d] && (self.before.openers[d] || in_emphasis));
         // A code span opened before the stretch, left as text in the main
         // document, would close at a run of the same length.
         let piece_text = &plan.markdown[plan.cuts[index].source.clone()];
         let ticks = tick_runs(piece_text);
         let closes_ticks = ticks.iter().any(|n| self.before.ticks.contains(n));
-        if !complete || brackets != 0 || link_tail || closes_before || closes_ticks {
+        if complete && !(brackets != 0 || link_tail || closes_ticks) && closes_before {
+            // The opener may be one that an earlier stretch of the paragraph,
+            // which failed, closes: once that one is back in the main
+            // document this one may fit.
+            if self.before.failed_here {
+                self.retry.push(index);
+            } else {
+                self.failed.push(index);
+                self.before.failed_here = true;
+            }
+            return;
+        }
+        if !complete || brackets != 0 || link_tail || closes_ticks {
             self.failed.push(index);
+            self.before.failed_here = true;
             if closes_ticks {
                 self.failed.append(&mut self.before.since_ticks);
             }

@@ -1365,6 +1365,9 @@ mod pieces {
             "_a b c d e_ f g\n",
             "~~a b c d e~~ f g\n",
             "a b *c d e f g h i j k l m n o p q* r\n",
+            // An opener closed by the first stretch, not by the later ones.
+            "*a b* c* d* e* f* g* h* i* j* k* l* m* n* o* p*\n",
+            "*a b\nc* d*\ne* f*\ng* h*\n",
             // Raw HTML going on into a stretch.
             "<a title=\"x y z w\"> b c\n",
             "<!-- a b c d --> e f\n",

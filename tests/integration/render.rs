@@ -392,6 +392,13 @@ fn rendering_lines_of_emphasis_runs_that_only_close_stays_within_32_times_its_si
 }
 
 #[test]
+fn rendering_closing_runs_after_an_opener_stays_within_32_times_its_size() {
+    // The first `a*` closes `*a`; the stretches after it are tried again
+    // once the first is back in the main document (36 times).
+    assert_renders_within_32_times(|_| "a* ".to_owned(), "*a ");
+}
+
+#[test]
 fn rendering_tags_without_spaces_stays_within_32_times_its_size() {
     // One paragraph of raw HTML with no space to cut at (35 times).
     assert_renders_within_32_times(|_| "<a>".to_owned(), "");
