@@ -82,6 +82,19 @@ REPEATED = {
     "pipe_lines": ("", "|a|\n"),
     "punct_lines": ("", ".\n"),
     "short_rows": ("|a|b|c|\n|-|-|-|\n", "|a|\n"),
+    "brackets": ("", "[a] "),
+    "bracket_lines": ("", "[a]\n"),
+    "stars": ("", "a* "),
+    "star_lines": ("", "a*\n"),
+    "tags": ("", "<a>"),
+    "loose_backtick": ("`", "*a* _b_ "),
+    # Crafted: something left open at the paragraph's start may reach every
+    # stretch after it (still over the bound, see docs/performance.md).
+    "open_bracket": ("[x]: /u\n\n[", "*a* _b_ "),
+    "open_title": ("[a](x \"", "*a* _b_ "),
+    "open_tag": ("<a x=\"", "*a* _b_ "),
+    "open_star": ("*a ", "a* "),
+    "star_word": ("", "a*"),
 }
 if shape in REPEATED:
     head, piece = REPEATED[shape]
@@ -125,6 +138,23 @@ elif shape == "refdefs":
 elif shape == "footnote_defs":
     while total < target:
         add(f"[^n{i}] [^n{i}]: note\n\n"); i += 1
+elif shape == "chain":
+    # Sections that, put back into the main document one round after
+    # another, each close the HTML block the one before opened and open the
+    # next, which swallows the next section's place; then dense emphasis.
+    blocks = [("<!--", "-->"), ("<?", "?>"), ("<![CDATA[", "]]>"), ("<pre>", "</pre>"),
+              ("<script>", "</script>"), ("<style>", "</style>"), ("<textarea>", "</textarea>")]
+    half = "# a *b* _c_\n" * 660
+    add(blocks[0][0] + "\n")
+    for k, (_, close) in enumerate(blocks):
+        if k + 1 < len(blocks):
+            add(half + "```\n" + close + "\n" + blocks[k + 1][0] + "\n```\n" + half)
+        else:
+            add(half + half)
+        add(close + "\n")
+    add("\n")
+    while total < target:
+        add("*a* _b_ ")
 elif shape == "nested_quotes":
     while total < target:
         add(">" * (1 + i % 30) + " a\n"); i += 1
@@ -135,7 +165,7 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline digit_lines punct_lines pipe_lines short_rows setext_empty}"
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline digit_lines punct_lines pipe_lines short_rows setext_empty brackets bracket_lines stars star_lines tags loose_backtick chain}"
 for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"

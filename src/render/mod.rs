@@ -157,17 +157,27 @@ fn render_into(
 ) -> io::Result<(Vec<Part>, usize)> {
     let mut cuts = split::find_cuts(markdown, settings);
     // Each round drops the pieces whose token came out somewhere it does not
-    // mean the same thing; rarely more than one is needed.
-    for _ in 0..4 {
+    // mean the same thing; rarely more than one is needed. A piece put back
+    // can make another fail in the next round (it may end a block that
+    // swallowed the other's place): a chain of such pieces takes a round
+    // each, up to split::MOST_ROUNDS, before the document is parsed whole.
+    for round in 0..split::MOST_ROUNDS {
         if cuts.is_empty() {
             break;
         }
         let plan = split::Plan::new(markdown, cuts, settings);
         let mut splicer = split::Splicer::new(&plan, parser_options());
         let (last, title) = render_body(&mut splicer, sink, options)?;
-        let failed = splicer.failed();
-        if failed.is_empty() {
+        let mut failed = splicer.failed();
+        let retried = splicer.retried();
+        if failed.is_empty() && retried.is_empty() {
             return Ok((layout(&title, last, options), plan.pieces()));
+        }
+        // Cuts that may fit once an earlier one is dropped are kept for the
+        // next round, in the first two rounds only: each round then drops
+        // at least one cut, and such chains cannot use up the rounds.
+        if round >= 2 || failed.is_empty() {
+            failed.extend(retried);
         }
         sink.restart()?;
         cuts = plan.into_cuts_without(&failed);

@@ -67,6 +67,12 @@ impl Settings {
     };
 }
 
+/// Rounds of rendering in pieces before a document is parsed whole. Each
+/// round parses the whole document (in pieces), so this bounds the time a
+/// document can take; pieces only ever fail for a chain of as many kinds of
+/// blocks as a piece put back can end (see [`find_sections`]).
+pub(super) const MOST_ROUNDS: usize = 16;
+
 /// One piece cut out of the document.
 #[derive(Debug, Clone)]
 pub(super) struct Cut {
@@ -92,10 +98,10 @@ enum Kind {
     Section,
     /// One-line items of a top-level tight bullet list, all with `marker`.
     Items,
-    /// A stretch of paragraph text, with `inert` characters of `*`, `_`
-    /// and `~` that neither open nor close; `quoted` when its lines start
-    /// with `> ` (but the first, which starts inside a line that does).
-    Words { inert: usize, quoted: bool },
+    /// A stretch of paragraph text, with its runs of `*`, `_` and `~`;
+    /// `quoted` when its lines start with `> ` (but the first, which starts
+    /// inside a line that does).
+    Words { runs: Runs, quoted: bool },
 }
 
 /// The pieces to cut in one round of rendering, and stretches of words
@@ -267,7 +273,8 @@ fn is_atx_heading(line: &str) -> bool {
 /// a top-level heading, closing whatever came before (unless it is inside a
 /// fenced code or HTML block: the main document's parse tells), and ends
 /// it. Sections hold no footnote (`[^`) and no link reference definition
-/// (`]:`), which the rest of the document needs to see.
+/// (`]:`), which the rest of the document needs to see, and no line that
+/// could open a fenced code or HTML block ([`opens_raw_block`]).
 fn find_sections(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let mut cuts = Vec::new();
     // Start of the open section, end (with line ending) of its last heading.
@@ -284,7 +291,7 @@ fn find_sections(markdown: &str, settings: &Settings) -> Vec<Cut> {
     };
     for (start, content_end, end) in lines(markdown) {
         let line = &markdown[start..content_end];
-        if line.contains("[^") || line.contains("]:") {
+        if line.contains("[^") || line.contains("]:") || opens_raw_block(line) {
             close(open.take(), &mut cuts);
             continue;
         }
@@ -301,6 +308,18 @@ fn find_sections(markdown: &str, settings: &Settings) -> Vec<Cut> {
     }
     close(open, &mut cuts);
     cuts
+}
+
+/// Whether a line could start a fenced code block or an HTML block at the
+/// top level: such a block may go on past the section's last heading when the
+/// section is put back into a main document whose block state differs from
+/// the section's alone (after an earlier block it ends), and swallow the
+/// place of the next piece. Sections hold none, so a section put back never
+/// opens a block that swallows anything after it.
+fn opens_raw_block(line: &str) -> bool {
+    let text = line.trim_start_matches(' ');
+    line.len() - text.len() <= 3
+        && (text.starts_with('<') || text.starts_with("```") || text.starts_with("~~~"))
 }
 
 /// Items of a bullet list: runs of lines that start with the same marker
@@ -324,9 +343,15 @@ fn find_items(markdown: &str, settings: &Settings) -> Vec<Cut> {
         // Footnotes and link reference definitions must stay in the main
         // document, where the rest of it sees them.
         let global = line.windows(2).any(|w| w == b"[^" || w == b"]:");
+        // Raw HTML and fenced code blocks go on through a blank line after
+        // the item, which a batch does not have.
+        let content = line.get(1..).unwrap_or_default().trim_ascii_start();
+        let raw =
+            content.starts_with(b"<") || content.starts_with(b"```") || content.starts_with(b"~~~");
         let marker = match line {
             [b'-' | b'*' | b'+', b' ', ..]
                 if !global
+                    && !raw
                     && line
                         .iter()
                         .any(|&b| !matches!(b, b' ' | b'\t') && b != line[0]) =>
@@ -529,12 +554,13 @@ const MOST_HEAD_BYTES: usize = 16 << 10;
 /// (pulldown-cmark's `MAX_AUTOCOMPLETED_CELLS`).
 const MOST_FILLED_CELLS: usize = 1 << 18;
 
-/// Bytes a stretch of words never holds: each can start or end something
-/// (raw HTML, autolinks, escapes) that would have to be checked across the
-/// stretch's ends. (A `|` is kept out where a table may be by
-/// [`find_cuts`].)
+/// Bytes a stretch of words never holds: a backslash escapes what follows
+/// it (the stretch's first byte too), and a lone carriage return ends a line
+/// for the parser. (A `|` is kept out where a table may be by
+/// [`find_cuts`]; raw HTML and autolinks must be complete in the stretch,
+/// see [`Splicer::splice_words`].)
 fn unsafe_in_words(b: u8) -> bool {
-    matches!(b, b'<' | b'>' | b'\\' | b'\r')
+    matches!(b, b'\\' | b'\r')
 }
 
 /// Whether `bytes[at..]` starts like paragraph text that starts no other
@@ -590,6 +616,21 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     let mut quoted = false;
     // The `> ` starting a line inside the open stretch, up to here.
     let mut prefix_end = 0;
+    // The last line looked at by `next_line_looks_like_delimiter`: from
+    // where, its end, and the answer (a long line holds many stretches).
+    let looked_at: Cell<(usize, usize, bool)> = Cell::new((0, 0, false));
+    let next_line_delimiter = |at: usize| {
+        let (from, line_end, answer) = looked_at.get();
+        if from <= at && at < line_end {
+            return answer;
+        }
+        let line_end = markdown[at..]
+            .find(['\n', '\r'])
+            .map_or(markdown.len(), |i| at + i);
+        let answer = next_line_looks_like_delimiter(markdown, at);
+        looked_at.set((at, line_end, answer));
+        answer
+    };
     let close = |start: usize, end: Option<usize>, quoted: bool, cuts: &mut Vec<Cut>| {
         let Some(end) = end else { return };
         // A footnote reference needs its definition, which the piece is
@@ -599,25 +640,27 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         if end - start < settings.min_words
             || footnote_labels(text).is_none()
             || text.contains("]:")
-            || next_line_looks_like_delimiter(markdown, end)
+            || next_line_delimiter(end)
         {
             return;
         }
-        let Some(inert) = one_sided_runs(bytes, start..end) else {
+        let Some(runs) = one_sided_runs(bytes, start..end) else {
             return;
         };
         cuts.push(Cut {
             source: start..end,
-            kind: Kind::Words { inert, quoted },
+            kind: Kind::Words { runs, quoted },
         });
     };
     for (at, &b) in bytes.iter().enumerate() {
+        // Between two tags (`<a><b>`): a stretch may end or start there.
+        let junction = b == b'<' && at > 0 && bytes[at - 1] == b'>' && line_content;
         if let Some(s) = start {
             // A stretch ends before a space or a line end (not in a line's
-            // `> `).
+            // `> `), or between two tags.
             let boundary = at >= prefix_end
-                && matches!(b, b' ' | b'\n')
-                && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n');
+                && ((matches!(b, b' ' | b'\n') && !matches!(bytes[at - 1], b' ' | b'\t' | b'\n'))
+                    || (junction && at > s));
             if boundary {
                 end = Some(at);
             }
@@ -644,12 +687,18 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
             }
         }
         // A stretch starts after a space that follows text on its line, or
-        // at the start of a line.
+        // at the start of a line; in a line also at a tag or an autolink
+        // (at the start of a line, `<` may start an HTML block).
         let after = (b == b' ' && line_content) || b == b'\n';
-        if start.is_none() && after && starts_plain(bytes, at + 1) {
+        let tag = b == b' ' && bytes.get(at + 1) == Some(&b'<');
+        if start.is_none() && after && (starts_plain(bytes, at + 1) || tag) {
             start = Some(at + 1);
             end = None;
             quoted = line_quoted && b == b' ';
+        } else if start.is_none() && junction {
+            start = Some(at);
+            end = None;
+            quoted = line_quoted;
         }
         if b == b'\n' {
             line_content = false;
@@ -684,48 +733,88 @@ fn footnote_labels(text: &str) -> Option<Vec<String>> {
     Some(labels)
 }
 
-/// Whether every run of `*`, `_` or `~` in `bytes[range]` can only open,
-/// only close, or neither (CommonMark's flanking rules), judged by ASCII
-/// neighbours; `Some` with the number of characters in runs that can do
-/// neither (they stay text). A run that could both open and close might, in
-/// the whole paragraph, close an opener from before the stretch while alone
-/// it opens one inside it.
-fn one_sided_runs(bytes: &[u8], range: Range<usize>) -> Option<usize> {
-    let mut inert = 0;
+/// The characters of emphasis and strikethrough delimiter runs.
+const DELIMITERS: [u8; 3] = [b'*', b'_', b'~'];
+
+fn delimiter_index(b: u8) -> Option<usize> {
+    DELIMITERS.iter().position(|&d| d == b)
+}
+
+/// Whitespace as the parser's flanking rules see it (ASCII).
+fn is_space_byte(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// Whether a run of `run` characters `c` between `before` and `after`
+/// (`None`: the start or end of the text) can open and can close emphasis
+/// or strikethrough, as the parser decides for ASCII neighbours
+/// (pulldown-cmark's `delim_run_can_open` and `delim_run_can_close`).
+/// A neighbour that is not ASCII may be a letter, a space or punctuation:
+/// `(true, true)`, the run may do both.
+fn flanking(c: u8, run: usize, before: Option<u8>, after: Option<u8>) -> (bool, bool) {
+    if before.is_some_and(|b| !b.is_ascii()) || after.is_some_and(|b| !b.is_ascii()) {
+        return (true, true);
+    }
+    let punct = |b: u8| b.is_ascii_punctuation();
+    let open = match (before, after) {
+        (_, None) => false,
+        (_, Some(a)) if is_space_byte(a) => false,
+        (None, _) => true,
+        (Some(b), Some(a)) => {
+            (c == b'*' && !punct(a)) || (c == b'~' && run > 1) || is_space_byte(b) || punct(b)
+        }
+    };
+    let close = match (before, after) {
+        (None, _) => false,
+        (Some(b), _) if is_space_byte(b) => false,
+        (_, None) => true,
+        (Some(b), Some(a)) => {
+            ((c == b'*' || (c == b'~' && run > 1)) && !punct(b)) || is_space_byte(a) || punct(a)
+        }
+    };
+    (open, close)
+}
+
+/// The runs of `*`, `_` and `~` of a stretch, per character (in
+/// [`DELIMITERS`] order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Runs {
+    /// Some run can only open.
+    opens: [bool; 3],
+    /// Some run can only close.
+    closes: [bool; 3],
+}
+
+/// The runs of `*`, `_` or `~` in `bytes[range]` when each can only open,
+/// only close, or neither (judged by ASCII neighbours, see [`flanking`]).
+/// A run that could both open and close might, in the whole paragraph,
+/// close an opener from before the stretch while alone it opens one inside
+/// it: `None`.
+fn one_sided_runs(bytes: &[u8], range: Range<usize>) -> Option<Runs> {
+    let mut runs = Runs::default();
     let mut at = range.start;
     while at < range.end {
         let b = bytes[at];
-        if !matches!(b, b'*' | b'_' | b'~') {
+        let Some(d) = delimiter_index(b) else {
             at += 1;
             continue;
-        }
+        };
         let run_end = at + bytes[at..].iter().take_while(|&&c| c == b).count();
-        // The stretch lies between spaces or line ends, so both neighbours
-        // exist.
+        // The stretch lies between spaces, line ends or `>` and `<`, so both
+        // neighbours exist.
         let (before, after) = (bytes[at - 1], bytes[run_end]);
         if !before.is_ascii() || !after.is_ascii() {
             return None;
         }
-        let space = |c: u8| c.is_ascii_whitespace();
-        let punct = |c: u8| c.is_ascii_punctuation();
-        let left = !space(after) && (!punct(after) || space(before) || punct(before));
-        let right = !space(before) && (!punct(before) || space(after) || punct(after));
-        let (open, close) = if b == b'_' {
-            (
-                left && (!right || punct(before)),
-                right && (!left || punct(after)),
-            )
-        } else {
-            (left, right)
-        };
-        match (open, close) {
+        match flanking(b, run_end - at, Some(before), Some(after)) {
             (true, true) => return None,
-            (false, false) => inert += run_end - at,
-            _ => {}
+            (false, false) => {}
+            (true, false) => runs.opens[d] = true,
+            (false, true) => runs.closes[d] = true,
         }
         at = run_end;
     }
-    Some(inert)
+    Some(runs)
 }
 
 /// Whether the line after the one holding byte `at` could be a delimiter
@@ -757,6 +846,9 @@ pub(super) struct Plan<'m> {
     extra: String,
     /// For each cut, its batches in `extra` (empty for words).
     batches: Vec<Vec<Range<usize>>>,
+    /// The document defines no link reference and no footnote (it has no
+    /// `]:`): no link label can match anything.
+    no_definitions: bool,
 }
 
 impl<'m> Plan<'m> {
@@ -908,6 +1000,7 @@ impl<'m> Plan<'m> {
             main,
             extra,
             batches,
+            no_definitions: !markdown.contains("]:"),
         }
     }
 
@@ -976,17 +1069,55 @@ fn open_kind(tag: &Tag<'_>) -> Open {
     }
 }
 
-/// Characters that, left as text (unmatched), could start a code span, a
-/// link or raw HTML that ends farther on.
-const OPENERS: [char; 4] = ['`', '[', ']', '<'];
+/// What the open paragraph of the main document holds before the current
+/// point, as far as a stretch spliced there goes (see
+/// [`Splicer::splice_words`]). Counted on the document's bytes where text
+/// events are verbatim slices of it.
+#[derive(Debug, Default)]
+struct Before {
+    /// A `<` left as text (raw HTML or an autolink could go on into the
+    /// stretch), or text that is not a slice of the document: no stretch
+    /// fits from here on.
+    loose: bool,
+    /// `[` left as text and not closed by a `]` left as text after them: a
+    /// link label could go on through the stretch.
+    brackets: usize,
+    /// A `]` left as text right before `(`: an inline link's destination or
+    /// title could go on into the stretch.
+    link_tail: bool,
+    /// Lengths of backtick runs left as text: a run of the same length in a
+    /// stretch would close a code span opened before it.
+    ticks: Vec<usize>,
+    /// Stretches spliced since the first of `ticks`.
+    since_ticks: Vec<usize>,
+    /// A stretch of the paragraph failed.
+    failed_here: bool,
+    /// The document's bytes up to here were looked at for runs of `*`, `_`
+    /// and `~`.
+    scanned: usize,
+    /// Per character of [`DELIMITERS`]: a run that can open came before and
+    /// was left (partly) as text, or came in a stretch: it may still be open
+    /// where the stretch is.
+    openers: [bool; 3],
+    /// Per character: stretches left with a run that only opens unmatched;
+    /// a run of the same character that can close must not follow in the
+    /// paragraph.
+    unclosed: [Vec<usize>; 3],
+}
 
 /// Splicing in hand, done one piece at a time so that only one piece's
 /// events wait at once.
 enum Work<'p> {
     /// Rows cut `index`, from batch `next` on.
     Rows { index: usize, next: usize },
-    /// A main text event holding words tokens, from byte `at` on.
-    Words { text: CowStr<'p>, at: usize },
+    /// A main text event holding words tokens, from byte `at` on; `base`
+    /// is where the text starts in the main document when it is a verbatim
+    /// slice of it.
+    Words {
+        text: CowStr<'p>,
+        at: usize,
+        base: Option<usize>,
+    },
     /// Section cut `index`.
     Section { index: usize },
 }
@@ -1000,8 +1131,8 @@ pub(super) struct Splicer<'p> {
     pending: VecDeque<Event<'p>>,
     work: Option<Work<'p>>,
     stack: Vec<Open>,
-    /// The open paragraph has, so far, an [`OPENERS`] character as text.
-    loose_opener: bool,
+    /// What the open paragraph holds so far.
+    before: Before,
     /// Header and delimiter lines (in `plan.main`) of the open top-level table.
     table: Option<(Range<usize>, Range<usize>)>,
     /// The open top-level table's columns, its cuts, and at most how many
@@ -1014,6 +1145,9 @@ pub(super) struct Splicer<'p> {
     cell_start: bool,
     seen: Vec<bool>,
     failed: Vec<usize>,
+    /// Cuts that did not fit only because of an earlier cut that failed:
+    /// worth trying again without that one (see [`Splicer::retried`]).
+    retry: Vec<usize>,
     /// Bytes that reference links may still expand to: the parser stops
     /// resolving them past the document's size (at least 100 KB). Shared by
     /// the pieces and charged with the main document's own, so that the
@@ -1029,7 +1163,7 @@ impl<'p> Splicer<'p> {
             pending: VecDeque::new(),
             work: None,
             stack: Vec::new(),
-            loose_opener: false,
+            before: Before::default(),
             table: None,
             columns: 0,
             table_cuts: Vec::new(),
@@ -1038,12 +1172,21 @@ impl<'p> Splicer<'p> {
             seen: vec![false; plan.cuts.len()],
             budget: Cell::new(plan.markdown.len().max(100_000)),
             failed: Vec::new(),
+            retry: Vec::new(),
         }
+    }
+
+    /// Indexes of the cuts that did not fit only because an earlier cut of
+    /// their paragraph failed: the rendering is wrong, but they may fit in
+    /// the next round, without that cut.
+    pub(super) fn retried(&self) -> &[usize] {
+        &self.retry
     }
 
     /// Indexes of the cuts whose token did not come out where it should
     /// (or not at all): the rendering is wrong and must be done again
-    /// without them. Empty when the rendering is right.
+    /// without them. Empty (and [`Splicer::retried`] too) when the
+    /// rendering is right.
     pub(super) fn failed(&self) -> Vec<usize> {
         let mut failed = self.failed.clone();
         failed.extend(
@@ -1175,7 +1318,10 @@ impl<'p> Splicer<'p> {
                     self.budget.set(self.budget.get().saturating_sub(used));
                 }
                 if matches!(tag, Tag::Paragraph) {
-                    self.loose_opener = false;
+                    self.before = Before {
+                        scanned: range.start,
+                        ..Before::default()
+                    };
                 }
                 if let (Tag::Table(alignments), true) = (&tag, self.stack.is_empty()) {
                     self.table = table_lines(&self.plan.main, range.start);
@@ -1187,6 +1333,11 @@ impl<'p> Splicer<'p> {
                 self.pending.push_back(Event::Start(tag));
             }
             Event::End(end) => {
+                if end == TagEnd::Paragraph {
+                    // Runs that can close, after stretches left open.
+                    self.scan_runs(range.end);
+                    self.before.unclosed = Default::default();
+                }
                 self.stack.pop();
                 if end == TagEnd::Table && self.stack.is_empty() {
                     self.table = None;
@@ -1194,7 +1345,9 @@ impl<'p> Splicer<'p> {
                 self.pending.push_back(Event::End(end));
             }
             Event::Text(text) if text.contains(self.plan.prefix.as_str()) => {
-                self.work = Some(Work::Words { text, at: 0 });
+                let base =
+                    (self.plan.main.get(range.clone()) == Some(&*text)).then_some(range.start);
+                self.work = Some(Work::Words { text, at: 0, base });
             }
             Event::Text(ref text)
             | Event::Code(ref text)
@@ -1204,8 +1357,9 @@ impl<'p> Splicer<'p> {
             | Event::DisplayMath(ref text)
             | Event::FootnoteReference(ref text) => {
                 self.fail_tokens_in(text);
-                if matches!(event, Event::Text(_)) && text.contains(OPENERS) {
-                    self.loose_opener = true;
+                if let Event::Text(text) = &event {
+                    let verbatim = self.plan.main.get(range.clone()) == Some(&**text);
+                    self.text_before(text, verbatim.then_some(range));
                 }
                 self.pending.push_back(event);
             }
@@ -1426,8 +1580,8 @@ impl<'p> Splicer<'p> {
                 }
                 true
             }
-            Some(Work::Words { text, at }) => {
-                self.words_step(text, at);
+            Some(Work::Words { text, at, base }) => {
+                self.words_step(text, at, base);
                 true
             }
             Some(Work::Section { index }) => {
@@ -1439,7 +1593,7 @@ impl<'p> Splicer<'p> {
 
     /// Text holding words tokens, from byte `at` on: the text up to the
     /// next token and that token's stretch; the rest is left as work.
-    fn words_step(&mut self, text: CowStr<'p>, at: usize) {
+    fn words_step(&mut self, text: CowStr<'p>, at: usize, base: Option<usize>) {
         let plan = self.plan;
         let piece = |range: Range<usize>| -> CowStr<'p> {
             match &text {
@@ -1447,10 +1601,9 @@ impl<'p> Splicer<'p> {
                 other => other[range].to_owned().into(),
             }
         };
+        let source = |range: Range<usize>| base.map(|b| b + range.start..b + range.end);
         let Some(found) = text[at..].find(plan.prefix.as_str()) else {
-            if text[at..].contains(OPENERS) {
-                self.loose_opener = true;
-            }
+            self.text_before(&text[at..], source(at..text.len()));
             if at < text.len() {
                 self.pending.push_back(Event::Text(piece(at..text.len())));
             }
@@ -1468,15 +1621,21 @@ impl<'p> Splicer<'p> {
         };
         let token_end = after + digits + 1;
         if token_start > at {
-            if text[at..token_start].contains(OPENERS) {
-                self.loose_opener = true;
-            }
+            self.text_before(&text[at..token_start], source(at..token_start));
             self.pending.push_back(Event::Text(piece(at..token_start)));
         }
+        match base {
+            Some(base) => self.scan_runs(base + token_start),
+            // Where the token is in the document is unknown.
+            None => self.before.loose = true,
+        }
         // A code span, link or raw HTML opened before the stretch and left
-        // unmatched could be closed inside it.
+        // unmatched could be closed inside it (see [`Before`]).
+        let before = &self.before;
         let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
-            && !self.loose_opener
+            && !before.loose
+            && !before.link_tail
+            && (before.brackets == 0 || plan.no_definitions)
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
         if fits {
@@ -1484,16 +1643,102 @@ impl<'p> Splicer<'p> {
         } else {
             self.failed.push(index);
         }
+        if let Some(base) = base {
+            self.before.scanned = base + token_end;
+        }
         self.work = Some(Work::Words {
             text,
             at: token_end,
+            base,
         });
+    }
+
+    /// Takes in text of the main document left as text in the open
+    /// paragraph; `source` is where it is in the main document when it is a
+    /// verbatim slice of it.
+    fn text_before(&mut self, text: &str, source: Option<Range<usize>>) {
+        let Some(source) = source else {
+            if text.contains(['`', '[', ']', '<']) {
+                self.before.loose = true;
+            }
+            for (d, &c) in DELIMITERS.iter().enumerate() {
+                self.before.openers[d] |= text.contains(char::from(c));
+            }
+            return;
+        };
+        let bytes = self.plan.main.as_bytes();
+        let before = &mut self.before;
+        let mut at = source.start;
+        while at < source.end {
+            match bytes[at] {
+                b'<' => before.loose = true,
+                b'[' => before.brackets += 1,
+                // An escaped `]` closes nothing.
+                b']' if at > 0 && bytes[at - 1] == b'\\' => {}
+                b']' => {
+                    before.brackets = before.brackets.saturating_sub(1);
+                    if bytes.get(at + 1) == Some(&b'(') {
+                        before.link_tail = true;
+                    }
+                }
+                c @ (b'*' | b'_' | b'~') => {
+                    let from = at - bytes[..at].iter().rev().take_while(|&&b| b == c).count();
+                    let to = at + bytes[at..].iter().take_while(|&&b| b == c).count();
+                    let before_run = from.checked_sub(1).map(|i| bytes[i]);
+                    let (open, _) = flanking(c, to - from, before_run, bytes.get(to).copied());
+                    if let Some(d) = delimiter_index(c) {
+                        before.openers[d] |= open;
+                    }
+                }
+                b'`' => {
+                    // The whole run (one text node), which a backslash
+                    // before it would shorten.
+                    let from = at - bytes[..at].iter().rev().take_while(|&&b| b == b'`').count();
+                    let to = at + bytes[at..].iter().take_while(|&&b| b == b'`').count();
+                    if from > 0 && bytes[from - 1] == b'\\' {
+                        before.loose = true;
+                    }
+                    before.ticks.push(to - from);
+                    at = to;
+                    continue;
+                }
+                _ => {}
+            }
+            at += 1;
+        }
+    }
+
+    /// Looks at the main document's runs of `*`, `_` and `~` in the open
+    /// paragraph up to `to` (also those in code spans, link destinations,
+    /// ...): runs that can close fail the stretches left open before them.
+    fn scan_runs(&mut self, to: usize) {
+        let bytes = self.plan.main.as_bytes();
+        let from = self.before.scanned.min(to);
+        let mut at = from;
+        while at < to {
+            let b = bytes[at];
+            let Some(d) = delimiter_index(b) else {
+                at += 1;
+                continue;
+            };
+            let end = at + bytes[at..to].iter().take_while(|&&c| c == b).count();
+            // A run at the edge of what is looked at may go on: it may do
+            // anything.
+            let close = at == from
+                || end == to
+                || flanking(b, end - at, Some(bytes[at - 1]), Some(bytes[end])).1;
+            if close {
+                self.failed.append(&mut self.before.unclosed[d]);
+            }
+            at = end;
+        }
+        self.before.scanned = self.before.scanned.max(to);
     }
 
     /// The inline events of words cut `index`.
     fn splice_words(&mut self, index: usize) {
         let plan = self.plan;
-        let Kind::Words { inert, quoted } = plan.cuts[index].kind else {
+        let Kind::Words { runs, quoted } = plan.cuts[index].kind else {
             self.failed.push(index);
             return;
         };
@@ -1502,11 +1747,12 @@ impl<'p> Splicer<'p> {
             None => &plan.markdown[plan.cuts[index].source.clone()],
         };
         let defs = self.main.reference_definitions();
-        let mut events: Vec<Event<'p>> = parse_piece(source, defs, &self.budget).collect();
+        let mut events: Vec<(Event<'p>, Range<usize>)> =
+            parse_piece_with_offsets(source, defs, &self.budget).collect();
         // Only the first block is the stretch; footnote definitions given
         // to it follow.
         let mut depth = 0usize;
-        if let Some(first_end) = events.iter().position(|event| {
+        if let Some(first_end) = events.iter().position(|(event, _)| {
             match event {
                 Event::Start(_) => depth += 1,
                 Event::End(_) => depth = depth.saturating_sub(1),
@@ -1517,8 +1763,13 @@ impl<'p> Splicer<'p> {
             events.truncate(first_end + 1);
         }
         if quoted {
-            let in_quote = matches!(events.first(), Some(Event::Start(Tag::BlockQuote(None))))
-                && matches!(events.last(), Some(Event::End(TagEnd::BlockQuote(None))));
+            let in_quote = matches!(
+                events.first(),
+                Some((Event::Start(Tag::BlockQuote(None)), _))
+            ) && matches!(
+                events.last(),
+                Some((Event::End(TagEnd::BlockQuote(None)), _))
+            );
             if !in_quote {
                 self.failed.push(index);
                 return;
@@ -1526,23 +1777,12 @@ impl<'p> Splicer<'p> {
             events.pop();
             events.remove(0);
         }
-        // Alone, the stretch must be one paragraph with its emphasis
-        // complete: a `*`, `_` or `~` left as text, other than those that
-        // can neither open nor close, could pair with one outside it.
-        let left_as_text: usize = events
-            .iter()
-            .map(|e| match e {
-                Event::Text(t) => t
-                    .bytes()
-                    .filter(|b| matches!(b, b'*' | b'_' | b'~'))
-                    .count(),
-                _ => 0,
-            })
-            .sum();
-        let complete = left_as_text == inert
-            && matches!(events.first(), Some(Event::Start(Tag::Paragraph)))
-            && matches!(events.last(), Some(Event::End(TagEnd::Paragraph)))
-            && events[1..events.len() - 1].iter().all(|e| match e {
+        let bytes = source.as_bytes();
+        // Alone, the stretch must be one paragraph of inline events, with
+        // its code spans, raw HTML and autolinks complete.
+        let complete = matches!(events.first(), Some((Event::Start(Tag::Paragraph), _)))
+            && matches!(events.last(), Some((Event::End(TagEnd::Paragraph), _)))
+            && events[1..events.len() - 1].iter().all(|(e, _)| match e {
                 Event::Start(tag) => matches!(open_kind(tag), Open::Inline | Open::Link),
                 Event::End(end) => matches!(
                     end,
@@ -1552,20 +1792,112 @@ impl<'p> Splicer<'p> {
                         | TagEnd::Link
                         | TagEnd::Image
                 ),
-                Event::Text(t) => !t.contains(OPENERS),
+                Event::Text(t) => !t.contains(['`', '<']),
                 Event::Code(_)
+                | Event::InlineHtml(_)
                 | Event::SoftBreak
                 | Event::HardBreak
                 | Event::FootnoteReference(_) => true,
                 _ => false,
             });
-        if !complete {
-            self.failed.push(index);
+        // Brackets left as text must close each other, and none be an
+        // inline link's `](` (see [`Before`]): then the link labels and
+        // destinations of the stretch end in it.
+        let mut brackets = 0usize;
+        let mut link_tail = false;
+        // Per character, a run that can open or close left (partly) as text.
+        let mut left_open = [false; 3];
+        for (event, range) in &events {
+            let Event::Text(_) = event else { continue };
+            for at in range.clone() {
+                if let Some(d) = delimiter_index(bytes[at]) {
+                    let c = bytes[at];
+                    let from = at - bytes[..at].iter().rev().take_while(|&&b| b == c).count();
+                    let to = at + bytes[at..].iter().take_while(|&&b| b == c).count();
+                    let before = from.checked_sub(1).map(|i| bytes[i]);
+                    let (open, close) = flanking(c, to - from, before, bytes.get(to).copied());
+                    left_open[d] |= open || close;
+                }
+                match bytes[at] {
+                    b'[' => brackets += 1,
+                    b']' => {
+                        brackets = brackets.saturating_sub(1);
+                        link_tail |= bytes.get(at + 1) == Some(&b'(');
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // A run left as text that only closes could close an opener before
+        // the stretch; one that only opens, a closer after it.
+        // An emphasis open in the main document where the token is may be
+        // closed after it by a run whose opener is still open there.
+        let in_emphasis = self
+            .stack
+            .iter()
+            .rev()
+            .take_while(|open| **open != Open::Paragraph)
+            .any(|open| *open == Open::Inline);
+        let closes_before = (0..3)
+            .any(|d| left_open[d] && runs.closes[d] && (self.before.openers[d] || in_emphasis));
+        // A code span opened before the stretch, left as text in the main
+        // document, would close at a run of the same length.
+        let piece_text = &plan.markdown[plan.cuts[index].source.clone()];
+        let ticks = tick_runs(piece_text);
+        let closes_ticks = ticks.iter().any(|n| self.before.ticks.contains(n));
+        if complete && !(brackets != 0 || link_tail || closes_ticks) && closes_before {
+            // The opener may be one that an earlier stretch of the paragraph,
+            // which failed, closes: once that one is back in the main
+            // document this one may fit.
+            if self.before.failed_here {
+                self.retry.push(index);
+            } else {
+                self.failed.push(index);
+                self.before.failed_here = true;
+            }
             return;
         }
+        if !complete || brackets != 0 || link_tail || closes_ticks {
+            self.failed.push(index);
+            self.before.failed_here = true;
+            if closes_ticks {
+                self.failed.append(&mut self.before.since_ticks);
+            }
+            return;
+        }
+        for (d, &left_open) in left_open.iter().enumerate() {
+            if runs.closes[d] {
+                self.failed.append(&mut self.before.unclosed[d]);
+            }
+            self.before.openers[d] |= runs.opens[d];
+            if left_open && runs.opens[d] {
+                self.before.unclosed[d].push(index);
+            }
+        }
+        if !self.before.ticks.is_empty() {
+            self.before.since_ticks.push(index);
+        }
         let inner = events.len() - 1;
-        self.pending.extend(events.into_iter().take(inner).skip(1));
+        self.pending
+            .extend(events.into_iter().take(inner).skip(1).map(|(e, _)| e));
     }
+}
+
+/// Lengths of the runs of backticks in `text`.
+fn tick_runs(text: &str) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let mut runs = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'`' {
+            let n = bytes[at..].iter().take_while(|&&b| b == b'`').count();
+            runs.push(n);
+            at += n;
+        } else {
+            at += 1;
+        }
+    }
+    runs
 }
 
 /// The header and delimiter lines of the table starting at `offset` of
@@ -1586,6 +1918,15 @@ fn parse_piece<'t>(
     defs: &RefDefs<'_>,
     budget: &Cell<usize>,
 ) -> impl Iterator<Item = Event<'t>> {
+    parse_piece_with_offsets(text, defs, budget).map(|(event, _)| event)
+}
+
+/// [`parse_piece`] with each event's range in `text`.
+fn parse_piece_with_offsets<'t>(
+    text: &'t str,
+    defs: &RefDefs<'_>,
+    budget: &Cell<usize>,
+) -> impl Iterator<Item = (Event<'t>, Range<usize>)> {
     let resolve = move |link: BrokenLink<'t>| {
         if budget.get() == 0 {
             return None;
@@ -1599,35 +1940,38 @@ fn parse_piece<'t>(
             )
         })
     };
-    Parser::new_with_broken_link_callback(text, super::parser_options(), Some(resolve)).map(
-        |event| match event {
-            // Resolved by the callback, so marked "unknown"; in the whole
-            // document it was an ordinary reference.
-            Event::Start(Tag::Link {
-                link_type,
-                dest_url,
-                title,
-                id,
-            }) => Event::Start(Tag::Link {
-                link_type: known(link_type),
-                dest_url,
-                title,
-                id,
-            }),
-            Event::Start(Tag::Image {
-                link_type,
-                dest_url,
-                title,
-                id,
-            }) => Event::Start(Tag::Image {
-                link_type: known(link_type),
-                dest_url,
-                title,
-                id,
-            }),
-            other => other,
-        },
-    )
+    Parser::new_with_broken_link_callback(text, super::parser_options(), Some(resolve))
+        .into_offset_iter()
+        .map(|(event, range)| {
+            let event = match event {
+                // Resolved by the callback, so marked "unknown"; in the whole
+                // document it was an ordinary reference.
+                Event::Start(Tag::Link {
+                    link_type,
+                    dest_url,
+                    title,
+                    id,
+                }) => Event::Start(Tag::Link {
+                    link_type: known(link_type),
+                    dest_url,
+                    title,
+                    id,
+                }),
+                Event::Start(Tag::Image {
+                    link_type,
+                    dest_url,
+                    title,
+                    id,
+                }) => Event::Start(Tag::Image {
+                    link_type: known(link_type),
+                    dest_url,
+                    title,
+                    id,
+                }),
+                other => other,
+            };
+            (event, range)
+        })
 }
 
 fn known(link_type: LinkType) -> LinkType {

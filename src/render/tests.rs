@@ -1259,6 +1259,159 @@ mod pieces {
         assert!(used > 200, "only {used} pieces were cut");
     }
 
+    /// Pieces of paragraphs with brackets, emphasis runs, backticks and
+    /// tags that may be left as text, joined with or without spaces.
+    const LOOSE: &[&str] = &[
+        "a",
+        "b",
+        "c",
+        "[a]",
+        "[b]",
+        "[a b]",
+        "[",
+        "]",
+        "[a",
+        "a]",
+        "](x)",
+        "](x",
+        "[a](x)",
+        "(x)",
+        "(",
+        ")",
+        "[a][b]",
+        "[a][]",
+        "[b][a]",
+        "![a]",
+        "![a](x)",
+        "]:",
+        "a*",
+        "*a",
+        "**a",
+        "a**",
+        "_a",
+        "a_",
+        "__a",
+        "a__",
+        "~a",
+        "a~",
+        "~~a",
+        "a~~",
+        "*a*",
+        "_a_",
+        "~~a~~",
+        "*",
+        "_",
+        "~",
+        "a*b",
+        "`",
+        "``",
+        "`a`",
+        "``a``",
+        "<a>",
+        "</a>",
+        "<a",
+        "a>",
+        "<b><i>",
+        "</i></b>",
+        "<a title=\"x",
+        "\">",
+        "<!--",
+        "-->",
+        "<http://x.org>",
+        "<x@y.org>",
+        "&#91;",
+        "&#93;",
+        "&lt;",
+        "\"t\"",
+        "'t'",
+        "[^1]",
+        "[^a b]",
+        "[^z]",
+        "&",
+        ".",
+        "é",
+        "\n",
+        "\n",
+        "\n> ",
+        "\n- ",
+        "\\[",
+        "\\]",
+        "\\`",
+        "\n>",
+        "](x \"",
+        "\"",
+        "\")",
+        "](<x",
+        "x>)",
+    ];
+
+    #[test]
+    fn stretches_after_something_left_open_render_the_same() {
+        let cases = [
+            // An inline link's title going on into the next stretch.
+            "[a](x \"t u v\") w x y z\n",
+            "[a](x \"t u v w x y z\n\nafter \"quote\")\n",
+            "[a](<x u v w>) x y z\n",
+            // A label going on through a stretch, matching a definition.
+            "[a b c d e] f g\n\n[a b c d e]: /u\n",
+            "[^a b c d] f g\n\n[^a b c d]: note\n",
+            "[a [b] c d e](x) f g\n",
+            // A code span opened before a stretch, closed in it or after it.
+            "`a b c d e` f g\n",
+            "`a b c d e f g h ``i`` j ` k\n",
+            // Emphasis opened before a stretch and closed in it, opened in
+            // it and closed after it.
+            "*a b c d e* f g\n",
+            "_a b c d e_ f g\n",
+            "~~a b c d e~~ f g\n",
+            "a b *c d e f g h i j k l m n o p q* r\n",
+            // An opener closed by the first stretch, not by the later ones.
+            "*a b* c* d* e* f* g* h* i* j* k* l* m* n* o* p*\n",
+            "*a b\nc* d*\ne* f*\ng* h*\n",
+            // Raw HTML going on into a stretch.
+            "<a title=\"x y z w\"> b c\n",
+            "<!-- a b c d --> e f\n",
+        ];
+        for markdown in cases {
+            same_output(markdown);
+        }
+    }
+
+    #[test]
+    fn stretches_with_brackets_runs_and_tags_left_as_text_render_the_same() {
+        let mut rng = Rng(0x0dd_ba11_5eed_0001);
+        let mut used = 0;
+        for round in 0..3000 {
+            let n = 1 + rng.below(60);
+            let mut markdown = String::new();
+            // Mostly one of a few pieces, so that long stretches of them
+            // are cut.
+            let common: Vec<&str> = (0..3).map(|_| LOOSE[rng.below(LOOSE.len())]).collect();
+            for i in 0..n {
+                if i > 0 {
+                    match rng.below(4) {
+                        0 => {}
+                        1 => markdown.push('\n'),
+                        _ => markdown.push(' '),
+                    }
+                }
+                let word = if rng.below(4) > 0 {
+                    common[rng.below(common.len())]
+                } else {
+                    LOOSE[rng.below(LOOSE.len())]
+                };
+                markdown.push_str(word);
+            }
+            match round % 5 {
+                0 => markdown.push_str("\n\n[a]: /u\n[a b]: /v 't'\n"),
+                1 => markdown.push_str("\n\n[^1]: n\n[^a b]: m\n"),
+                _ => {}
+            }
+            used += same_output(&markdown);
+        }
+        assert!(used > 2000, "only {used} pieces were cut");
+    }
+
     /// Renders `markdown` with the default sizes and whole; they must be
     /// the same. Returns the pieces cut.
     fn same_with_default_sizes(markdown: &str) -> usize {
