@@ -29,3 +29,4 @@ pub mod seen;
 pub mod spool;
 pub mod spoolfs;
 pub mod storage;
+pub mod workers;

@@ -12,13 +12,12 @@ use super::open::{
 use super::parse::{parse_manifest, too_big};
 use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};
 use crate::hashing;
+use crate::workers::{PerCore, map_on};
 use cap_std::fs::Dir;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A bundle whose every listed file matched its size and hash when checked.
 #[derive(Debug)]
@@ -164,35 +163,13 @@ fn check_all(
             .map(|f| check_listed(root, dir, f, hash, &mut last))
             .collect::<Vec<_>>()
     };
-    let threads = if files.len() < PARALLEL_FROM {
-        1
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4))
-    };
-    let results = if threads == 1 {
+    let results = if files.len() < PARALLEL_FROM {
         check_run(files)
     } else {
         let runs: Vec<&[&ManifestFile]> = files.chunks(RUN).collect();
-        let slots: Vec<Mutex<Vec<_>>> = runs.iter().map(|_| Mutex::new(Vec::new())).collect();
-        let next = AtomicUsize::new(0);
-        // What the threads read counts towards the caller's progress.
-        let progress = crate::progress::current();
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                let progress = progress.clone();
-                scope.spawn(|| {
-                    let _counted = crate::progress::enter(progress);
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(run) = runs.get(i) else { break };
-                        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = check_run(run);
-                    }
-                });
-            }
-        });
-        slots
+        map_on(&PerCore::new(), &runs, |run| check_run(run))
             .into_iter()
-            .flat_map(|slot| slot.into_inner().unwrap_or_else(|e| e.into_inner()))
+            .flatten()
             .collect()
     };
     let mut problems = Vec::new();

@@ -30,7 +30,8 @@ mod prepare;
 mod remote;
 mod stage;
 
-pub use batch::{Batch, InOrder, PerCore, Workers, publish_batch};
+pub use crate::workers::{InOrder, PerCore, Workers};
+pub use batch::{Batch, publish_batch};
 
 use prepare::{Prepared, Ready, prepare_bundle};
 pub use remote::recover_abandoned;

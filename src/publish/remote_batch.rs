@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::super::batch::{Batch, Workers, all_reported, finish_report, prepare_all};
+use super::super::batch::{Batch, all_reported, finish_report, prepare_all};
 use super::super::prepare::Ready;
 use super::super::{Options, record_plans, verify_rest};
 use super::{already_there, is_claimed, log_rebases, s3_error, source, unrecorded_deletes};
@@ -40,6 +40,7 @@ use crate::plan::{self, CatalogUpdate, Entry, Listing, Plan, PlanInput};
 use crate::report::Stage;
 use crate::s3::protocol::{self, Base, Delete, Settings, Write};
 use crate::s3::{Head, S3Root};
+use crate::workers::Workers;
 
 /// One s3 destination while the batch is planned.
 struct Dest {

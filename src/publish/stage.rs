@@ -2,7 +2,6 @@
 //! planned paths, the journal, outputs staged as temporary files, renamed
 //! into place, the catalog written last, and settling after a failure.
 
-use super::batch::{PerCore, Workers, map_on_runs};
 use super::content::Content;
 use super::prepare::Prepared;
 use super::{Failure, Planned};
@@ -17,6 +16,7 @@ use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root};
+use crate::workers::{PerCore, Workers, map_on, map_on_runs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
@@ -108,6 +108,12 @@ pub(super) fn uses_barrier(plan: &plan::Plan) -> bool {
     plan.writes.len() + plan.delete_after.len() + plan.clear_first.len() >= BARRIER_FROM
 }
 
+/// Whether the catalog record `old` (the one a write replaces) already
+/// names the bytes `d` wants.
+fn records_same(old: Option<&OutputRecord>, d: &Desired) -> bool {
+    old.is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size)
+}
+
 /// Stages one planned write: nothing when the target already holds the
 /// bytes ([`Staged::Unchanged`]), else a temporary file in the target
 /// folder (created as needed), not fsynced: the file goes to `to_sync`
@@ -119,10 +125,7 @@ pub(super) fn stage_one(
     to_sync: Option<&mut Vec<std::fs::File>>,
 ) -> Result<Staged, Failure> {
     let d = job.d;
-    let recorded_same = job
-        .old
-        .is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size);
-    if recorded_same {
+    if records_same(job.old, d) {
         let path = d.path.as_str();
         let before = SystemTime::now();
         if let Some(seen) = job.seen
@@ -216,10 +219,7 @@ pub(super) fn stage(
     let recorded_same = plan
         .writes
         .iter()
-        .filter(|d| {
-            p.replaced(d.path.as_str())
-                .is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size)
-        })
+        .filter(|d| records_same(p.replaced(d.path.as_str()), d))
         .count();
     let seen = (recorded_same >= BARRIER_FROM).then(|| Seen::read(root));
     let jobs: Vec<Job> = plan
@@ -270,21 +270,9 @@ pub(super) fn stage(
 /// this small is made durable file by file): the disk serves the flushes
 /// together instead of one after the other.
 fn sync_together(files: Vec<std::fs::File>) -> io::Result<()> {
-    let mut files = files.into_iter();
-    let Some(first) = files.next() else {
-        return Ok(());
-    };
-    std::thread::scope(|scope| {
-        let others: Vec<_> = files.map(|f| scope.spawn(move || f.sync_all())).collect();
-        let mut result = first.sync_all();
-        for other in others {
-            let synced = other
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("a fsync thread panicked")));
-            result = result.and(synced);
-        }
-        result
-    })
+    map_on(&PerCore(files.len()), &files, |f| f.sync_all())
+        .into_iter()
+        .collect()
 }
 
 /// Writes one output to a new temporary file in its target folder (created
@@ -360,16 +348,11 @@ pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
         // catalog's own rename durable together; until then the journal
         // (already durable) lets the next process settle whatever a crash
         // leaves.
-        std::thread::scope(|scope| {
-            let syncs: Vec<_> = touched
-                .iter()
-                .map(|folder| scope.spawn(move || root.sync_folder(folder)))
-                .collect();
-            syncs.into_iter().try_for_each(|s| {
-                s.join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a fsync thread panicked")))
-            })
-        })?;
+        // At the same time, as the staged files were.
+        let touched: Vec<String> = touched.into_iter().collect();
+        map_on(&PerCore(touched.len()), &touched, |f| root.sync_folder(f))
+            .into_iter()
+            .collect::<io::Result<()>>()?;
     }
     log::debug!(
         "{}: catalog written at {}",

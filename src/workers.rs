@@ -1,0 +1,197 @@
+//! Running independent jobs on a few threads, keeping the order of their
+//! results: the hashing, copying and renaming of a large bundle or a batch,
+//! and the check of a long list of bundle files.
+
+use std::sync::Mutex;
+
+/// Runs independent jobs, possibly several at once. The agent lends its
+/// threads through this for a batch's reading, hashing and writing. The
+/// only threads publishing starts itself are scoped ones ([`PerCore`]):
+/// for staging a large single bundle, and for renames, which mostly wait
+/// on the disk; none outlives the call that started it.
+pub trait Workers: Sync {
+    /// Runs every job once and returns when all have finished.
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>);
+}
+
+/// Runs the jobs one after the other on the calling thread.
+pub struct InOrder;
+
+impl Workers for InOrder {
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+        for job in jobs {
+            job();
+        }
+    }
+}
+
+/// Runs the jobs on one thread per core (at most four), taking them from
+/// a shared queue; the agent's batches and `distributor run` use it alike.
+/// Threads live only as long as one [`Workers::run_all`].
+pub struct PerCore(pub usize);
+
+impl PerCore {
+    pub fn new() -> PerCore {
+        PerCore(
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, 4),
+        )
+    }
+}
+
+impl PerCore {
+    /// Threads for work that mostly waits on the disk (renames over
+    /// existing files), where more threads than cores still help.
+    pub fn for_io() -> PerCore {
+        PerCore(8)
+    }
+}
+
+impl Default for PerCore {
+    fn default() -> PerCore {
+        PerCore::new()
+    }
+}
+
+impl Workers for PerCore {
+    fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+        if self.0 < 2 || jobs.len() < 2 {
+            return InOrder.run_all(jobs);
+        }
+        let queue = Mutex::new(jobs.into_iter());
+        // What the jobs read counts towards the caller's progress.
+        let progress = crate::progress::current();
+        std::thread::scope(|scope| {
+            for _ in 0..self.0 {
+                let progress = progress.clone();
+                scope.spawn(|| {
+                    let _counted = crate::progress::enter(progress);
+                    loop {
+                        let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                        match job {
+                            Some(job) => job(),
+                            None => break,
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// Maps `f` over `items` as one job per item on `workers`, keeping the
+/// order of the results. Used for the reading, hashing and writing of a
+/// batch or a large bundle, which would otherwise leave the other cores
+/// idle.
+pub fn map_on<T: Sync, R: Send>(
+    workers: &dyn Workers,
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let slots: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let f = &f;
+    let jobs = items
+        .iter()
+        .zip(&slots)
+        .map(|(item, slot)| {
+            Box::new(move || {
+                let result = f(item);
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+            }) as Box<dyn FnOnce() + Send + '_>
+        })
+        .collect();
+    workers.run_all(jobs);
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("Workers::run_all ran every job")
+        })
+        .collect()
+}
+
+/// [`map_on`] for items in path order: neighbours for which `together`
+/// holds (outputs of one folder) run one after the other on one worker, in
+/// runs of at most [`RUN`] items, so that workers do not take turns at one
+/// folder's lock (creating or renaming a file in a folder holds it).
+pub fn map_on_runs<T: Sync, R: Send>(
+    workers: &dyn Workers,
+    items: &[T],
+    together: impl Fn(&T, &T) -> bool,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let mut runs: Vec<&[T]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=items.len() {
+        if i == items.len() || i - start == RUN || !together(&items[i - 1], &items[i]) {
+            runs.push(&items[start..i]);
+            start = i;
+        }
+    }
+    map_on(workers, &runs, |run| run.iter().map(&f).collect::<Vec<R>>())
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The longest run of [`map_on_runs`]: long enough that one folder's
+/// outputs mostly go to one worker, short enough to share a big folder.
+const RUN: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the jobs last first, as a pool might finish them.
+    struct Backwards;
+
+    impl Workers for Backwards {
+        fn run_all<'a>(&self, jobs: Vec<Box<dyn FnOnce() + Send + 'a>>) {
+            for job in jobs.into_iter().rev() {
+                job();
+            }
+        }
+    }
+
+    #[test]
+    fn map_on_keeps_the_order_of_the_items_whatever_order_jobs_run_in() {
+        let items: Vec<u32> = (0..50).collect();
+        let expected: Vec<u32> = items.iter().map(|i| i * 3).collect();
+        assert_eq!(map_on(&InOrder, &items, |i| i * 3), expected);
+        assert_eq!(map_on(&Backwards, &items, |i| i * 3), expected);
+        assert!(map_on(&Backwards, &[] as &[u32], |i| *i).is_empty());
+    }
+
+    #[test]
+    fn map_on_runs_keeps_the_order_and_groups_neighbours() {
+        // (folder, index): 20 folders of 10 items, then one of 100.
+        let items: Vec<(u32, u32)> = (0..300)
+            .map(|i| (if i < 200 { i / 10 } else { 100 }, i))
+            .collect();
+        let together = |a: &(u32, u32), b: &(u32, u32)| a.0 == b.0;
+        let expected: Vec<u32> = (0..300).map(|i| i * 3).collect();
+        // The runs: each folder of 10, then the big one in 64 + 36.
+        let mut runs: Vec<Vec<u32>> = (0..20).map(|f| (f * 10..f * 10 + 10).collect()).collect();
+        runs.push((200..264).collect());
+        runs.push((264..300).collect());
+        let in_order: Vec<u32> = runs.concat();
+        let backwards: Vec<u32> = runs.iter().rev().flatten().copied().collect();
+        for (workers, order) in [
+            (&InOrder as &dyn Workers, in_order),
+            (&Backwards, backwards),
+        ] {
+            let seen = Mutex::new(Vec::new());
+            let got = map_on_runs(workers, &items, together, |(_, i)| {
+                seen.lock().unwrap().push(*i);
+                i * 3
+            });
+            assert_eq!(got, expected);
+            // Whatever order the jobs run in, a run's items go one after
+            // the other on one job.
+            assert_eq!(seen.into_inner().unwrap(), order);
+        }
+        assert!(map_on_runs(&InOrder, &[] as &[u32], |_, _| true, |i| *i).is_empty());
+    }
+}
