@@ -217,15 +217,8 @@ pub fn publish_batch(
                 now,
             }));
         }
-        if let Some(refused) = record_plans(&mut r.report, plans.iter().enumerate()) {
-            // An invalid bundle is reported as such, not as a refusal.
-            reports[index] = Some(match verify_rest(&r.bundle, &mut r.verified) {
-                Ok(()) => refused,
-                Err(e) => {
-                    let transient = e.is_transient();
-                    r.report.fail(Stage::Verify, e.to_string(), transient)
-                }
-            });
+        if let Some(refused) = refusal(&mut r, &plans) {
+            reports[index] = Some(refused);
             continue;
         }
         for (j, plan) in plans.iter().enumerate() {
@@ -466,6 +459,22 @@ fn stage_root(
     })
     .into_iter()
     .collect()
+}
+
+/// The finished report of a batched bundle when one of its `plans` is a
+/// refusal (nothing of it may be written anywhere): an invalid bundle is
+/// reported as such, not as a refusal. `None` when every plan is accepted.
+pub(super) fn refusal(r: &mut Ready<'_>, plans: &[Plan]) -> Option<RunReport> {
+    let refused = record_plans(&mut r.report, plans.iter().enumerate())?;
+    Some(match verify_rest(&r.bundle, &mut r.verified) {
+        Ok(()) => refused,
+        Err(e) => {
+            let transient = e.is_transient();
+            r.report
+                .clone()
+                .fail(Stage::Verify, e.to_string(), transient)
+        }
+    })
 }
 
 /// Renames, deletes and writes the catalog of one root (made durable by a

@@ -29,15 +29,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::super::batch::{Batch, all_reported, finish_report, prepare_all};
+use super::super::batch::{Batch, all_reported, finish_report, prepare_all, refusal};
 use super::super::prepare::Ready;
-use super::super::{Options, record_plans, verify_rest};
+use super::super::{Options, verify_rest};
 use super::{already_there, is_claimed, log_rebases, s3_error, source, unrecorded_deletes};
 use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::clock::now_millis;
 use crate::config::{Backend, Destination, Pipeline, Workflow};
 use crate::plan::{self, CatalogUpdate, Entry, Listing, Plan, PlanInput};
-use crate::report::Stage;
 use crate::s3::protocol::{self, Base, Delete, Settings, Write};
 use crate::s3::{Head, S3Root};
 use crate::workers::Workers;
@@ -192,15 +191,8 @@ pub(in crate::publish) fn publish_batch(
             updates.push(update);
             unchanged.push(kept);
         }
-        if let Some(refused) = record_plans(&mut r.report, plans.iter().enumerate()) {
-            // An invalid bundle is reported as such, not as a refusal.
-            reports[index] = Some(match verify_rest(&r.bundle, &mut r.verified) {
-                Ok(()) => refused,
-                Err(e) => {
-                    let transient = e.is_transient();
-                    r.report.fail(Stage::Verify, e.to_string(), transient)
-                }
-            });
+        if let Some(refused) = refusal(&mut r, &plans) {
+            reports[index] = Some(refused);
             continue;
         }
         for (j, dest) in dests.iter_mut().enumerate() {
