@@ -46,13 +46,17 @@ pub enum Temp<'a> {
 /// rename over `name` relative to `dir`. Whatever sat at `name` (a file, a
 /// link, a FIFO) is replaced, never written through. On any error the
 /// temporary is removed and `name` keeps its old content.
+///
+/// Returns the new file's metadata as of its rename (which sets its change
+/// time): what identifies the file written for as long as nobody else
+/// writes it.
 pub fn replace(
     dir: &Dir,
     name: impl AsRef<Path>,
     temp: Temp<'_>,
     durability: Durability,
     fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
-) -> io::Result<()> {
+) -> io::Result<std::fs::Metadata> {
     let (temp, mut file) = match temp {
         Temp::Unique => {
             let (temp, file) = create_temp(dir)?;
@@ -64,17 +68,19 @@ pub fn replace(
         Durability::Unsynced => Ok(()),
         Durability::Data | Durability::Full => file.sync_all(),
     });
-    drop(file);
     let old = hold(dir, name.as_ref());
     if let Err(e) = written.and_then(|()| dir.rename(&temp, dir, name.as_ref())) {
         let _ = dir.remove_file(&temp);
         return Err(e);
     }
     release_later(old);
+    let written = file.metadata()?;
+    drop(file);
     match durability {
-        Durability::Full => sync_dir(dir),
-        Durability::Unsynced | Durability::Data => Ok(()),
+        Durability::Full => sync_dir(dir)?,
+        Durability::Unsynced | Durability::Data => {}
     }
+    Ok(written)
 }
 
 /// [`replace`] with the content given as bytes.
@@ -85,7 +91,7 @@ pub fn replace_bytes(
     durability: Durability,
     bytes: &[u8],
 ) -> io::Result<()> {
-    replace(dir, name, temp, durability, &mut |w| w.write_all(bytes))
+    replace(dir, name, temp, durability, &mut |w| w.write_all(bytes)).map(drop)
 }
 
 /// A reference to whatever sits at `name` in `dir` (an `O_PATH` handle:

@@ -10,6 +10,8 @@
 //! holds either the old or the new bytes, never a mix.
 
 use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
+use crate::remembered;
+use crate::seen::Look;
 use crate::storage::{Entry, Root, is_temp_name};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,7 +80,13 @@ impl Journal {
 /// symlink or cannot be read is invalid state, not a crash.
 pub fn read_state(root: &Root) -> io::Result<State> {
     match root.open_reserved(STATE_FILE) {
-        Ok(Some(mut file)) => State::read(&mut file),
+        Ok(Some(mut file)) => {
+            let look = Look::of(&file.metadata()?);
+            match remembered::recall(root, look) {
+                Some(catalog) => Ok(State::Catalog(catalog)),
+                None => State::read(&mut file),
+            }
+        }
         Ok(None) => Ok(State::Absent),
         Err(e) if e.kind() == io::ErrorKind::Other => Ok(State::Invalid {
             reason: e.to_string(),

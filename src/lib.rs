@@ -22,6 +22,7 @@ pub mod paths;
 pub mod plan;
 pub mod progress;
 pub mod publish;
+pub mod remembered;
 pub mod render;
 pub mod report;
 pub mod s3;

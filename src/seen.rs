@@ -200,6 +200,7 @@ pub fn write<'a>(
         }
         w.flush()
     })
+    .map(drop)
 }
 
 #[cfg(test)]

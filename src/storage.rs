@@ -53,6 +53,13 @@ pub struct Root {
     folders: Mutex<HashMap<String, Arc<Dir>>>,
 }
 
+/// A file written at the top of a root under a temporary name, not yet
+/// synced or renamed ([`Root::stage_reserved`]).
+pub struct StagedFile {
+    pub temp: String,
+    pub file: Arc<std::fs::File>,
+}
+
 /// At most this many folders stay open per root (the cache starts over
 /// when full), well below the usual limit of 1024 descriptors.
 const MAX_OPEN_FOLDERS: usize = 128;
@@ -453,28 +460,73 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        atomic::replace(&self.dir, name, Temp::Unique, Durability::Full, fill)
+        atomic::replace(&self.dir, name, Temp::Unique, Durability::Full, fill).map(drop)
     }
 
     /// Writes a reserved file atomically with its bytes fsynced, but leaves
     /// the fsync of the root folder (which makes the rename durable) to the
     /// caller, who may have other entries of the root to sync at once.
+    /// Returns the look of the file written.
     pub fn write_reserved_data(
         &self,
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
-    ) -> io::Result<()> {
+    ) -> io::Result<Look> {
         atomic::replace(&self.dir, name, Temp::Unique, Durability::Data, fill)
+            .map(|meta| Look::of(&meta))
     }
 
     /// [`Root::write_reserved_with`] without any fsync: the caller's next
-    /// [`Root::sync`] makes it durable.
+    /// [`Root::sync`] makes it durable. Returns the look of the file
+    /// written.
     pub fn write_reserved_unsynced(
         &self,
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
-    ) -> io::Result<()> {
+    ) -> io::Result<Look> {
         atomic::replace(&self.dir, name, Temp::Unique, Durability::Unsynced, fill)
+            .map(|meta| Look::of(&meta))
+    }
+
+    /// Writes what `fill` writes to a new temporary file at the top of the
+    /// root, neither synced nor renamed: the first half of a reserved
+    /// file's replacement, for a caller that fsyncs it together with other
+    /// files, then calls [`Root::place_reserved`]. A crash in between
+    /// leaves a temporary file at the top, which the next holder of the
+    /// lock removes.
+    pub fn stage_reserved(
+        &self,
+        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<StagedFile> {
+        let (temp, mut file) = atomic::create_temp(&self.dir)?;
+        if let Err(e) = fill(&mut file) {
+            let _ = self.dir.remove_file(&temp);
+            return Err(e);
+        }
+        Ok(StagedFile {
+            temp,
+            file: Arc::new(file),
+        })
+    }
+
+    /// Renames `staged` (from [`Root::stage_reserved`], synced by the
+    /// caller) over the reserved file `name`; the rename is durable once
+    /// the root folder is synced. Returns the look of the file placed.
+    pub fn place_reserved(&self, staged: &StagedFile, name: &str) -> io::Result<Look> {
+        let old = atomic::hold(&self.dir, name);
+        self.dir.rename(&staged.temp, &self.dir, name)?;
+        atomic::release_later(old);
+        Ok(Look::of(&staged.file.metadata()?))
+    }
+
+    /// The folder at `path` ("" for the root), open, or `None` when there
+    /// is none: for fsyncing it.
+    pub fn folder_if_any(&self, path: &str) -> io::Result<Option<Arc<Dir>>> {
+        match self.folder(path, false) {
+            Ok(dir) => Ok(Some(dir)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Fsyncs the folder `path` ("" for the root) if it still exists.

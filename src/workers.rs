@@ -2,7 +2,9 @@
 //! results: the hashing, copying and renaming of a large bundle or a batch,
 //! and the check of a long list of bundle files.
 
-use std::sync::Mutex;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::{Mutex, OnceLock};
 
 /// Runs independent jobs, possibly several at once. The agent lends its
 /// threads through this for a batch's reading, hashing and writing. The
@@ -32,11 +34,13 @@ pub struct PerCore(pub usize);
 
 impl PerCore {
     pub fn new() -> PerCore {
-        PerCore(
+        // Asked once: the answer reads several cgroup files.
+        static CORES: OnceLock<usize> = OnceLock::new();
+        PerCore(*CORES.get_or_init(|| {
             std::thread::available_parallelism()
                 .map_or(1, |n| n.get())
-                .clamp(1, 4),
-        )
+                .clamp(1, 4)
+        }))
     }
 }
 
@@ -112,6 +116,81 @@ pub fn map_on<T: Sync, R: Send>(
         .collect()
 }
 
+/// Something to fsync: an open file or folder.
+pub type Syncable = Box<dyn AsFd + Send>;
+
+/// Threads that fsync for [`sync_at_once`]. They live as long as the
+/// process: a small publication fsyncs a few files and folders at a time,
+/// many times a second, and starting threads for each would cost more
+/// than the waits they overlap.
+const SYNC_THREADS: usize = 4;
+
+type SyncJob = (Syncable, crossbeam_channel::Sender<io::Result<()>>);
+
+/// Fsyncs every handle at the same time (the calling thread takes one,
+/// [`SYNC_THREADS`] long-lived threads the others), so that the disk
+/// serves the flushes together instead of one after the other. Returns
+/// once all are done: the first error, if any.
+pub fn sync_at_once(mut handles: Vec<Syncable>) -> io::Result<()> {
+    static POOL: OnceLock<Option<crossbeam_channel::Sender<SyncJob>>> = OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        let (tx, rx) = crossbeam_channel::unbounded::<SyncJob>();
+        for i in 0..SYNC_THREADS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("fsync-{i}"))
+                .spawn(move || {
+                    for (handle, done) in rx {
+                        let _ = done.send(rustix::fs::fsync(&handle).map_err(io::Error::from));
+                    }
+                });
+            if spawned.is_err() {
+                return None;
+            }
+        }
+        Some(tx)
+    });
+    let Some(own) = handles.pop() else {
+        return Ok(());
+    };
+    let (done, results) = crossbeam_channel::bounded(handles.len());
+    let mut waiting = 0;
+    let mut first_error = None;
+    for handle in handles {
+        match pool {
+            Some(pool) => match pool.send((handle, done.clone())) {
+                Ok(()) => waiting += 1,
+                Err(returned) => {
+                    let (handle, _) = returned.into_inner();
+                    if let Err(e) = rustix::fs::fsync(&handle) {
+                        first_error.get_or_insert(io::Error::from(e));
+                    }
+                }
+            },
+            None => {
+                if let Err(e) = rustix::fs::fsync(&handle) {
+                    first_error.get_or_insert(io::Error::from(e));
+                }
+            }
+        }
+    }
+    if let Err(e) = rustix::fs::fsync(&own) {
+        first_error.get_or_insert(io::Error::from(e));
+    }
+    for _ in 0..waiting {
+        match results.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(io::Error::other("an fsync thread stopped"));
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
 /// [`map_on`] for items in path order: neighbours for which `together`
 /// holds (outputs of one folder) run one after the other on one worker, in
 /// runs of at most [`RUN`] items, so that workers do not take turns at one
@@ -152,6 +231,31 @@ mod tests {
             for job in jobs.into_iter().rev() {
                 job();
             }
+        }
+    }
+
+    #[test]
+    fn sync_at_once_syncs_every_handle_and_reports_a_failure() {
+        let tmp = tempfile::tempdir().unwrap();
+        let handles = |n: usize| -> Vec<Syncable> {
+            (0..n)
+                .map(|i| {
+                    let file = std::fs::File::create(tmp.path().join(format!("f{i}"))).unwrap();
+                    Box::new(file) as Syncable
+                })
+                .collect()
+        };
+        for n in [0, 1, 3, 9] {
+            sync_at_once(handles(n)).unwrap();
+        }
+        // A pipe cannot be fsynced (EINVAL): its error comes back, from the
+        // calling thread or from the pool, and the others are still synced.
+        for at in [0, 2] {
+            let (reader, _writer) = std::io::pipe().unwrap();
+            let mut mixed = handles(3);
+            mixed.insert(at, Box::new(reader));
+            let e = sync_at_once(mixed).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
         }
     }
 

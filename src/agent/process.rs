@@ -7,7 +7,8 @@ use crate::publish;
 use crate::report::RunReport;
 use crate::spool;
 use crossbeam_channel::{Receiver, select};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -105,37 +106,18 @@ impl Worker {
         work: impl FnOnce() -> T,
     ) -> T {
         let progress = std::sync::Arc::new(crate::progress::Progress::default());
-        let (finished, wait) = crossbeam_channel::bounded::<()>(0);
-        std::thread::scope(|scope| {
-            let progress_seen = progress.clone();
-            scope.spawn(move || {
-                let started = Instant::now();
-                let mut totals: Option<(u64, u64)> = None;
-                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                    wait.recv_timeout(PROGRESS_EVERY)
-                {
-                    let (files_total, bytes_total) =
-                        *totals.get_or_insert_with(|| listed_totals(bundles));
-                    let (files, bytes) = progress_seen.done();
-                    let names: Vec<_> = bundles.iter().map(|(_, n)| crate::inert::inert(n)).collect();
-                    let which = match names.as_slice() {
-                        [one] => format!("bundle={one}"),
-                        many => format!("batch of {} bundles ({}, ...)", many.len(), names[0]),
-                    };
-                    log::info!(
-                        "pipeline={} {which} still working after {}s: {files} of {files_total} files and {} of {} read",
-                        self.pipeline.id,
-                        started.elapsed().as_secs(),
-                        human_bytes(bytes),
-                        human_bytes(bytes_total)
-                    );
-                }
-            });
-            let _counted = crate::progress::enter(Some(progress));
-            let out = work();
-            drop(finished);
-            out
-        })
+        let ticker = self
+            .ticker
+            .get_or_init(|| Ticker::start(self.pipeline.id.clone()));
+        let _ticking = ticker.begin(Ticking {
+            bundles: bundles
+                .iter()
+                .map(|(path, name)| (path.to_path_buf(), (*name).to_owned()))
+                .collect(),
+            progress: progress.clone(),
+        });
+        let _counted = crate::progress::enter(Some(progress));
+        work()
     }
 
     /// A claimed entry that is not a real folder (a link swapped in after
@@ -217,6 +199,97 @@ impl Worker {
 
 /// Files and bytes listed in the bundles' manifests (what "done" counts
 /// towards); a manifest that cannot be read counts nothing.
+/// The bundles a worker is busy with, for its [`Ticker`].
+struct Ticking {
+    bundles: Vec<(PathBuf, String)>,
+    progress: Arc<crate::progress::Progress>,
+}
+
+/// A worker's thread that logs, every [`PROGRESS_EVERY`], how far the
+/// bundles in hand have got. It lives as long as the worker: starting a
+/// thread for each bundle cost more than a small bundle's publication
+/// spends on anything but the disk.
+pub(super) struct Ticker {
+    tx: crossbeam_channel::Sender<Option<Ticking>>,
+}
+
+impl Ticker {
+    fn start(pipeline: String) -> Ticker {
+        let (tx, rx) = crossbeam_channel::unbounded::<Option<Ticking>>();
+        let id = pipeline.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("progress-{pipeline}"))
+            .spawn(move || {
+                let pipeline = id;
+                // `Some` begins a bundle's ticking, `None` ends it.
+                let mut next = rx.recv().map_err(drop);
+                while let Ok(message) = next {
+                    let Some(ticking) = message else {
+                        next = rx.recv().map_err(drop);
+                        continue;
+                    };
+                    let started = Instant::now();
+                    let mut totals: Option<(u64, u64)> = None;
+                    next = loop {
+                        match rx.recv_timeout(PROGRESS_EVERY) {
+                            Ok(message) => break Ok(message),
+                            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                                tick(&pipeline, &ticking, started, &mut totals);
+                            }
+                            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break Err(()),
+                        }
+                    };
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!(
+                "pipeline={pipeline}: cannot start the progress thread ({e}); long bundles will not log their progress"
+            );
+        }
+        Ticker { tx }
+    }
+
+    /// Ticks for `ticking` until the returned guard is dropped.
+    fn begin(&self, ticking: Ticking) -> impl Drop + '_ {
+        struct Ends<'t>(&'t Ticker);
+        impl Drop for Ends<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.tx.send(None);
+            }
+        }
+        let _ = self.tx.send(Some(ticking));
+        Ends(self)
+    }
+}
+
+/// Logs how far `ticking` has got.
+fn tick(pipeline: &str, ticking: &Ticking, started: Instant, totals: &mut Option<(u64, u64)>) {
+    let (files_total, bytes_total) = *totals.get_or_insert_with(|| {
+        let bundles: Vec<(&Path, &str)> = ticking
+            .bundles
+            .iter()
+            .map(|(p, n)| (p.as_path(), n.as_str()))
+            .collect();
+        listed_totals(&bundles)
+    });
+    let (files, bytes) = ticking.progress.done();
+    let names: Vec<_> = ticking
+        .bundles
+        .iter()
+        .map(|(_, n)| crate::inert::inert(n))
+        .collect();
+    let which = match names.as_slice() {
+        [one] => format!("bundle={one}"),
+        many => format!("batch of {} bundles ({}, ...)", many.len(), names[0]),
+    };
+    log::info!(
+        "pipeline={pipeline} {which} still working after {}s: {files} of {files_total} files and {} of {} read",
+        started.elapsed().as_secs(),
+        human_bytes(bytes),
+        human_bytes(bytes_total)
+    );
+}
+
 fn listed_totals(bundles: &[(&Path, &str)]) -> (u64, u64) {
     bundles
         .iter()

@@ -19,6 +19,8 @@ pub(super) struct Worker {
     pub(super) tally: Arc<Tally>,
     pub(super) stop: Arc<AtomicBool>,
     once: bool,
+    /// Started with the first bundle.
+    pub(super) ticker: std::sync::OnceLock<super::process::Ticker>,
 }
 
 /// What was last logged about an inbox entry: its state, and apart from
@@ -55,6 +57,7 @@ impl Worker {
             tally,
             stop,
             once,
+            ticker: std::sync::OnceLock::new(),
         }
     }
 

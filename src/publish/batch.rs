@@ -26,7 +26,9 @@ use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::lock::{self, RootLock};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired, Listing, Plan, PlanInput};
+use crate::remembered;
 use crate::report::{RunReport, Stage};
+use crate::seen::Look;
 use crate::storage::{Entry, Root};
 use crate::workers::{PerCore, Workers, map_on};
 use std::collections::{BTreeMap, BTreeSet};
@@ -301,21 +303,25 @@ pub fn publish_batch(
     for (j, writes, deletes, temps) in &staged_roots {
         let records = std::mem::replace(&mut roots[*j].records, Overlay::new(Catalog::new(now)));
         let catalog = records.into_catalog(now);
-        if let Err(e) = commit_root(&roots[*j].root, &catalog, writes, deletes, temps) {
-            log::error!(
-                "{}: batch publication failed while committing ({e}); settling the root from its journal",
-                roots[*j].root.path().display()
-            );
-            roll_back_all(&roots);
-            // Bundles whose roots were committed before are published;
-            // publishing them again one by one is a skip.
-            return Batch::OneByOne {
-                cause: format!(
-                    "committing into {} failed: {e}",
+        let written = match commit_root(&roots[*j].root, &catalog, writes, deletes, temps) {
+            Ok(written) => written,
+            Err(e) => {
+                log::error!(
+                    "{}: batch publication failed while committing ({e}); settling the root from its journal",
                     roots[*j].root.path().display()
-                ),
-            };
-        }
+                );
+                roll_back_all(&roots);
+                // Bundles whose roots were committed before are published;
+                // publishing them again one by one is a skip.
+                return Batch::OneByOne {
+                    cause: format!(
+                        "committing into {} failed: {e}",
+                        roots[*j].root.path().display()
+                    ),
+                };
+            }
+        };
+        remembered::remember(&roots[*j].root, written, catalog);
     }
 
     for (k, a) in accepted.into_iter().enumerate() {
@@ -485,7 +491,7 @@ fn commit_root(
     writes: &BTreeMap<String, (usize, Desired)>,
     deletes: &BTreeSet<String>,
     staged: &[Staged],
-) -> io::Result<()> {
+) -> io::Result<Look> {
     // The barrier below covers every folder; no per-folder fsync needed.
     move_into_place(
         root,
@@ -498,10 +504,10 @@ fn commit_root(
         Some(&PerCore::for_io()),
     )?;
     failpoint::hit("publish.before_catalog");
-    root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
+    let written = root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
     // Renames, deletions and the catalog are durable before the journal goes.
     root.sync()?;
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
-    Ok(())
+    Ok(written)
 }

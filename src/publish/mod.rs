@@ -16,6 +16,7 @@ use crate::journal;
 use crate::lock::{self, RootLock};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired, Listing, Plan, PlanInput};
+use crate::remembered;
 use crate::report::{RunReport, Stage};
 use crate::storage::{self, Root};
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,7 +36,7 @@ pub use batch::{Batch, publish_batch};
 
 use prepare::{Prepared, Ready, prepare_bundle};
 pub use remote::recover_abandoned;
-use stage::{Staged, commit, probe, roll_back, stage};
+use stage::{Staged, StagedRoot, commit, probe, roll_back, stage};
 
 /// How to run a publication.
 #[derive(Debug, Clone)]
@@ -177,7 +178,7 @@ pub fn publish(
 
     // Stage every destination (journal, temporary files hashed as they are
     // copied); then check what no destination copied; only then commit.
-    let mut staged: Vec<(usize, Vec<Staged>)> = Vec::new();
+    let mut staged: Vec<(usize, StagedRoot)> = Vec::new();
     let mut failure = None;
     for (i, p) in &planned {
         match stage(p, &prepared[*i], &bundle, &mut verified, &PerCore::new()) {
@@ -224,16 +225,25 @@ pub fn publish(
         report.bytes_published += bytes;
     }
     for (i, temps) in &staged {
-        let p = &planned
-            .iter()
+        let p = &mut planned
+            .iter_mut()
             .find(|(j, _)| j == i)
             .expect("staged destinations are planned")
             .1;
-        if let Err(e) = commit(p, temps) {
-            roll_back(p);
-            return write_failed(report, *i, prepared[*i].destination, &e);
+        match commit(p, temps) {
+            Ok(written) => {
+                if let (Some(look), Some(root), Some(catalog)) =
+                    (written, &p.root, p.catalog.take())
+                {
+                    remembered::remember(root, look, catalog);
+                }
+            }
+            Err(e) => {
+                roll_back(p);
+                return write_failed(report, *i, prepared[*i].destination, &e);
+            }
         }
-        for (d, s) in p.plan.writes.iter().zip(temps) {
+        for (d, s) in p.plan.writes.iter().zip(&temps.outputs) {
             match s {
                 Staged::Temp(_) => report.bytes_published += d.size,
                 Staged::Unchanged(_) => report.destinations[*i]

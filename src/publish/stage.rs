@@ -15,8 +15,8 @@ use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::seen::{self, Look, SEEN_FILE, Seen};
-use crate::storage::{self, Entry, Root};
-use crate::workers::{PerCore, Workers, map_on, map_on_runs};
+use crate::storage::{self, Entry, Root, StagedFile};
+use crate::workers::{PerCore, Syncable, Workers, map_on_runs, sync_at_once};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
@@ -71,6 +71,16 @@ pub(super) enum Staged {
     /// `.distributor-seen`, unless it was taken too soon after the file's
     /// last change to be recorded ([`Look::settled`]).
     Unchanged(Option<Look>),
+}
+
+/// What [`stage`] leaves for [`commit`] in one root.
+pub(super) struct StagedRoot {
+    /// One for each planned write, in order.
+    pub outputs: Vec<Staged>,
+    /// The new catalog, already written and synced (with the outputs, one
+    /// wait instead of two) when the publication is small enough to be
+    /// made durable file by file.
+    catalog: Option<StagedFile>,
 }
 
 impl Staged {
@@ -178,10 +188,14 @@ pub(super) fn stage(
     bundle: &VerifiedBundle,
     verified: &mut BTreeSet<RelPath>,
     workers: &dyn Workers,
-) -> Result<Vec<Staged>, Failure> {
+) -> Result<StagedRoot, Failure> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
-        return Ok(Vec::new()); // skip_same: nothing to do
+        // skip_same: nothing to do
+        return Ok(StagedRoot {
+            outputs: Vec::new(),
+            catalog: None,
+        });
     };
     let journal = JournalRef {
         writes: plan
@@ -233,7 +247,7 @@ pub(super) fn stage(
             seen: seen.as_ref(),
         })
         .collect();
-    let staged: Vec<Staged> = if uses_barrier(plan) {
+    let (staged, state) = if uses_barrier(plan) {
         let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
         let staged = map_on_runs(workers, &jobs, same_folder, |job| {
             stage_one(root, job, None)
@@ -241,15 +255,23 @@ pub(super) fn stage(
         .into_iter()
         .collect::<Result<Vec<Staged>, Failure>>()?;
         root.sync().map_err(Failure::Io)?;
-        staged
+        (staged, None)
     } else {
         let mut files = Vec::new();
         let staged = jobs
             .iter()
             .map(|job| stage_one(root, job, Some(&mut files)))
             .collect::<Result<Vec<Staged>, Failure>>()?;
-        sync_together(files).map_err(Failure::Io)?;
-        staged
+        // The new catalog is known: written now, it is synced with the
+        // outputs, and only renamed into place after them.
+        let state = root
+            .stage_reserved(&mut |w| catalog.write_json(w))
+            .map_err(Failure::Io)?;
+        let mut handles: Vec<Syncable> =
+            files.into_iter().map(|f| Box::new(f) as Syncable).collect();
+        handles.push(Box::new(state.file.clone()));
+        sync_at_once(handles).map_err(Failure::Io)?;
+        (staged, Some(state))
     };
     if let Some(seen) = &seen {
         log::debug!(
@@ -263,16 +285,10 @@ pub(super) fn stage(
             verified.insert(job.d.bundle_path.clone());
         }
     }
-    Ok(staged)
-}
-
-/// Fsyncs `files` at the same time, one thread each (a handful: a plan
-/// this small is made durable file by file): the disk serves the flushes
-/// together instead of one after the other.
-fn sync_together(files: Vec<std::fs::File>) -> io::Result<()> {
-    map_on(&PerCore(files.len()), &files, |f| f.sync_all())
-        .into_iter()
-        .collect()
+    Ok(StagedRoot {
+        outputs: staged,
+        catalog: state,
+    })
 }
 
 /// Writes one output to a new temporary file in its target folder (created
@@ -319,12 +335,14 @@ fn stage_output(
 }
 
 /// Renames the staged outputs of `p` into place, deletes, writes the
-/// catalog and drops the journal.
-pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
+/// catalog and drops the journal. Returns the look of the catalog file
+/// written, if any.
+pub(super) fn commit(p: &Planned, staged_root: &StagedRoot) -> io::Result<Option<Look>> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
-        return Ok(());
+        return Ok(None);
     };
+    let staged = &staged_root.outputs;
     let touched = move_into_place(
         root,
         plan.writes
@@ -336,24 +354,31 @@ pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
         uses_barrier(plan).then_some(&PerCore::for_io() as &dyn Workers),
     )?;
     failpoint::hit("publish.before_catalog");
-    if uses_barrier(plan) {
+    let written = if uses_barrier(plan) {
         record_looks(root, &plan.writes, staged)?;
         // One barrier makes the renames, the deletions and the catalog
         // durable together, however many folders they touched.
-        root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
+        let written = root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
         root.sync()?;
+        written
     } else {
-        root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?;
-        // One fsync per folder makes the renames, the deletions and the
-        // catalog's own rename durable together; until then the journal
-        // (already durable) lets the next process settle whatever a crash
-        // leaves.
-        // At the same time, as the staged files were.
-        let touched: Vec<String> = touched.into_iter().collect();
-        map_on(&PerCore(touched.len()), &touched, |f| root.sync_folder(f))
-            .into_iter()
-            .collect::<io::Result<()>>()?;
-    }
+        let written = match &staged_root.catalog {
+            Some(state) => root.place_reserved(state, STATE_FILE)?,
+            None => root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?,
+        };
+        // One fsync per folder, all at once, makes the renames, the
+        // deletions and the catalog's own rename durable together; until
+        // then the journal (already durable) lets the next process settle
+        // whatever a crash leaves.
+        let mut folders: Vec<Syncable> = Vec::new();
+        for folder in &touched {
+            if let Some(dir) = root.folder_if_any(folder)? {
+                folders.push(Box::new(dir));
+            }
+        }
+        sync_at_once(folders)?;
+        written
+    };
     log::debug!(
         "{}: catalog written at {}",
         root.path().display(),
@@ -361,7 +386,7 @@ pub(super) fn commit(p: &Planned, staged: &[Staged]) -> io::Result<()> {
     );
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
-    Ok(())
+    Ok(Some(written))
 }
 
 /// Replaces the root's `.distributor-seen` with the look of every output

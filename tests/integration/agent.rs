@@ -829,6 +829,76 @@ fn a_backlog_over_a_big_catalog_is_still_published_in_batches() {
     );
 }
 
+/// Drops a sealed bundle `name` holding `report.md` into the live agent's
+/// inbox and waits for it in done/.
+fn publish_live(dir: &Test, agent: &Proc, name: &str, body: &str) {
+    let staging = dir.join(&format!("staging-{name}"));
+    write_file(&staging.join("report.md"), body.as_bytes());
+    dir.seal(&staging, name, Some(CREATED)).expect_code(0);
+    drop_into(&staging, &dir.spool("p", "inbox").join(name));
+    wait_done(dir, agent, "p", name);
+}
+
+#[test]
+fn live_agent_rereads_a_catalog_changed_by_anyone_else_between_its_bundles() {
+    // The agent keeps the catalog it last wrote in memory; it must notice
+    // every other writer: another process's publication (a new file) and
+    // an edit in place that keeps the file's size and inode.
+    let dir = Test::new();
+    dir.config(&config_p(
+        "  settle: 50ms
+  rescan_interval: 60s
+",
+    ));
+    let agent = dir.agent();
+    let www = dir.join("www");
+    publish_live(&dir, &agent, "first", "# first\n");
+
+    let other = dir.sealed("other", &[("report.md", b"# other\n")]);
+    dir.publish("p", &other, &[]).expect_code(0);
+    publish_live(&dir, &agent, "second", "# second\n");
+    assert_eq!(
+        records(&www).keys().cloned().collect::<Vec<_>>(),
+        ["first/report.md", "other/report.md", "second/report.md"],
+        "the record of the run between two agent publications was lost"
+    );
+
+    // An operator edits a record's time stamp in place, under the lock:
+    // same size, same inode.
+    let catalog = www.join(".distributor.json");
+    let text = fs::read_to_string(&catalog).unwrap();
+    let stamp = records(&www)["first/report.md"]["created_at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let edited_stamp = stamp.replacen("20", "19", 1);
+    // The record's created_at is the first time stamp after its path.
+    let record = text.find("\"path\": \"first/report.md\"").unwrap();
+    let at = record + text[record..].find(&stamp).unwrap();
+    let edited = format!("{}{edited_stamp}{}", &text[..at], &text[at + stamp.len()..]);
+    assert_eq!(edited.len(), text.len());
+    {
+        use std::io::{Seek, Write};
+        let _lock = hold_root_lock(&www);
+        let inode = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&catalog).unwrap());
+        let mut f = fs::OpenOptions::new().write(true).open(&catalog).unwrap();
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        f.write_all(edited.as_bytes()).unwrap();
+        drop(f);
+        let after = std::os::unix::fs::MetadataExt::ino(&fs::metadata(&catalog).unwrap());
+        assert_eq!(inode, after);
+    }
+    publish_live(&dir, &agent, "third", "# third\n");
+    let records = records(&www);
+    assert_eq!(
+        records["first/report.md"]["created_at"], edited_stamp,
+        "the agent wrote back the catalog it remembered over the edited one"
+    );
+    assert_eq!(records.len(), 4);
+    assert_catalog_matches_disk(&www);
+    stop(agent);
+}
+
 // ---------------------------------------------------------------------------
 // 4. SIGTERM while busy
 // ---------------------------------------------------------------------------

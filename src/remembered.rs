@@ -1,0 +1,130 @@
+//! The catalog this process last wrote to each local root, kept in memory
+//! so that the root's next publication does not read and parse it again.
+//!
+//! Reading and parsing the catalog was most of a small publication's own
+//! work once a root held a few hundred outputs (a tenth of a millisecond
+//! per hundred records, every bundle). A remembered catalog is used only
+//! when the root's `.distributor.json` is still the very file this process
+//! wrote: the same device, inode, size and change time ([`Look`]). Every
+//! writer of a catalog replaces it by a rename (a new inode), and any
+//! write, truncation or rename gives a file a newer change time, so another
+//! process's catalog, an operator's edit or a restored backup is read from
+//! disk as before.
+//!
+//! Recalling takes the catalog out (the publication turns it into the next
+//! one, so memory holds one copy, as when it is parsed); a successful
+//! commit puts the new one back. Catalogs of more than [`LARGEST`] bytes
+//! are not kept: a large tree's publication spends its time elsewhere, and
+//! an agent serving many large roots should not hold them all between
+//! bundles.
+
+use crate::catalog::Catalog;
+use crate::seen::Look;
+use crate::storage::Root;
+use std::sync::Mutex;
+
+/// Catalog files up to this size are remembered (about 40,000 records).
+pub const LARGEST: u64 = 16 << 20;
+
+struct Entry {
+    /// Device and inode of the root folder.
+    root: (u64, u64),
+    /// The catalog file as written.
+    file: Look,
+    catalog: Catalog,
+}
+
+static REMEMBERED: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+fn root_key(root: &Root) -> Option<(u64, u64)> {
+    let st = rustix::fs::fstat(root.dir()).ok()?;
+    Some((st.st_dev, st.st_ino))
+}
+
+fn entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
+    // An entry is only ever replaced whole: a panic elsewhere while the
+    // lock was held leaves nothing half-done.
+    REMEMBERED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The catalog remembered for `root`, taken out, if `file` (the root's
+/// `.distributor.json`, as just opened) is the file it was written as.
+pub fn recall(root: &Root, file: Look) -> Option<Catalog> {
+    let key = root_key(root)?;
+    let mut entries = entries();
+    let at = entries.iter().position(|e| e.root == key)?;
+    let entry = entries.swap_remove(at);
+    (entry.file == file).then_some(entry.catalog)
+}
+
+/// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
+/// is the file `file` (as it was once renamed into place).
+pub fn remember(root: &Root, file: Look, catalog: Catalog) {
+    let Some(key) = root_key(root) else { return };
+    let mut entries = entries();
+    entries.retain(|e| e.root != key);
+    if file.size <= LARGEST {
+        entries.push(Entry {
+            root: key,
+            file,
+            catalog,
+        });
+    }
+}
+
+/// Forgets whatever is remembered for `root` (its catalog was written by
+/// a path that does not remember it).
+pub fn forget(root: &Root) {
+    let Some(key) = root_key(root) else { return };
+    entries().retain(|e| e.root != key);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::now_millis;
+
+    fn look(ino: u64, ctime_nsec: i64) -> Look {
+        Look {
+            dev: 1,
+            ino,
+            size: 10,
+            ctime: 1_700_000_000,
+            ctime_nsec,
+        }
+    }
+
+    #[test]
+    fn a_catalog_is_recalled_once_and_only_for_the_file_it_was_written_as() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::create(tmp.path()).unwrap();
+        let catalog = Catalog::new(now_millis());
+        remember(&root, look(7, 1), catalog.clone());
+        assert_eq!(recall(&root, look(7, 1)), Some(catalog.clone()));
+        assert_eq!(recall(&root, look(7, 1)), None, "taken out when recalled");
+
+        for other in [
+            look(8, 1),
+            look(7, 2),
+            Look {
+                size: 11,
+                ..look(7, 1)
+            },
+        ] {
+            remember(&root, look(7, 1), catalog.clone());
+            assert_eq!(recall(&root, other), None, "{other:?}");
+            assert_eq!(recall(&root, look(7, 1)), None, "a miss forgets it");
+        }
+
+        remember(&root, look(7, 1), catalog.clone());
+        forget(&root);
+        assert_eq!(recall(&root, look(7, 1)), None);
+
+        let huge = Look {
+            size: LARGEST + 1,
+            ..look(7, 1)
+        };
+        remember(&root, huge, catalog);
+        assert_eq!(recall(&root, huge), None, "too large to keep");
+    }
+}
