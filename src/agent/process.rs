@@ -24,15 +24,20 @@ impl Worker {
     /// failures with backoff, then files it into done/ or failed/.
     pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
         let max = self.config.agent.max_attempts.max(1);
+        // Counted here too: a spool that cannot record counts must not
+        // make the retries endless.
+        let mut made = 0;
         loop {
-            let attempt = spool::attempts(path) + 1;
-            if let Err(e) = spool::set_attempts(path, attempt) {
+            let counted = spool::count_attempt(path).unwrap_or_else(|e| {
                 log::error!(
                     "pipeline={} bundle={name}: cannot record the attempt count in {}: {e}",
                     self.pipeline.id,
                     path.display()
                 );
-            }
+                spool::attempts(path) + 1
+            });
+            let attempt = counted.max(made + 1);
+            made = attempt;
             let started = Instant::now();
             let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
             let report = self.with_progress(&[(path, name)], || {
@@ -45,6 +50,17 @@ impl Worker {
             // A stop interrupting the work is not a transient failure: the
             // attempt is given back in file_away and the bundle left in work/.
             if !report.ok && report.transient && attempt < max && !crate::interrupt::requested() {
+                // A first attempt records no count (see spool::count_attempt):
+                // it does now that there is another.
+                if attempt == 1
+                    && let Err(e) = spool::set_attempts(path, attempt)
+                {
+                    log::error!(
+                        "pipeline={} bundle={name}: cannot record the attempt count in {}: {e}",
+                        self.pipeline.id,
+                        path.display()
+                    );
+                }
                 let backoff = backoff(attempt);
                 log::warn!(
                     "pipeline={} bundle={name} attempt {attempt}/{max} failed at {}: {}; retrying in {backoff:?}",
@@ -145,10 +161,7 @@ impl Worker {
         if !report.ok && crate::interrupt::requested() {
             // Interrupted by the stop (or failing while stopping): resumed
             // at the next start rather than filed as a failure.
-            let attempts = spool::attempts(path);
-            if attempts > 0 {
-                let _ = spool::set_attempts(path, attempts - 1);
-            }
+            let _ = spool::uncount_attempt(path);
             log::info!(
                 "pipeline={} bundle={}: stopped before it finished; left in work/ for the next start",
                 self.pipeline.id,

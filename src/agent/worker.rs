@@ -133,6 +133,14 @@ impl Worker {
                     if self.stopping() {
                         return;
                     }
+                    if let Err(e) = spool::count_interrupted(&f.path) {
+                        log::error!(
+                            "pipeline={} bundle={}: cannot record its interrupted attempt in {}: {e}; it is retried without counting it. Check permissions in work/",
+                            self.pipeline.id,
+                            inert(&f.name),
+                            f.path.display()
+                        );
+                    }
                     if let Err(e) = spool::remove_stale_temps(&f.path) {
                         log::warn!(
                             "pipeline={}: cannot remove leftover temporary files from {}: {e}; the bundle is processed anyway. Check permissions, then delete its .distributor-tmp-* files by hand",

@@ -343,14 +343,57 @@ pub fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
 /// Attempts already made on a bundle (0 when never tried, or when what is
 /// there is not a small regular file).
 pub fn attempts(bundle: &Path) -> u32 {
+    recorded_attempts(bundle).unwrap_or(0)
+}
+
+/// The attempt count recorded in a bundle: `None` when nothing is there
+/// (a bundle on its first attempt records none, see [`count_attempt`]),
+/// 0 when what is there is not a small regular file holding a number.
+pub fn recorded_attempts(bundle: &Path) -> Option<u32> {
     let Ok(dir) = open_bundle(bundle) else {
-        return 0;
+        return Some(0);
     };
-    spoolfs::read_capped(&dir, ATTEMPTS_FILE, MAX_ATTEMPTS_BYTES)
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    match spoolfs::read_capped(&dir, ATTEMPTS_FILE, MAX_ATTEMPTS_BYTES) {
+        Err(e) if e.is_missing() => None,
+        read => Some(
+            read.ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0),
+        ),
+    }
+}
+
+/// Counts the attempt about to start on a bundle in work/ and returns its
+/// number. A bundle's first attempt records nothing (a small bundle's
+/// publication is a few milliseconds; the file cost a tenth of that): a
+/// bundle found in work/ without a count when an agent starts was in its
+/// first attempt when the last one stopped ([`count_interrupted`]). Later
+/// attempts, or anything already at the name (a producer's file or link
+/// is replaced, never written through), are recorded before they start.
+pub fn count_attempt(bundle: &Path) -> io::Result<u32> {
+    let recorded = recorded_attempts(bundle);
+    let attempt = recorded.unwrap_or(0) + 1;
+    if recorded.is_some() || attempt > 1 {
+        set_attempts(bundle, attempt)?;
+    }
+    Ok(attempt)
+}
+
+/// For a bundle found in work/ when the agent starts: one that records no
+/// attempt was in its first one (see [`count_attempt`]), which counts.
+pub fn count_interrupted(bundle: &Path) -> io::Result<()> {
+    if recorded_attempts(bundle).is_none() {
+        set_attempts(bundle, 1)?;
+    }
+    Ok(())
+}
+
+/// Gives back the attempt a stop interrupted: it is made again at the next
+/// start.
+pub fn uncount_attempt(bundle: &Path) -> io::Result<()> {
+    let recorded = recorded_attempts(bundle).unwrap_or(1);
+    set_attempts(bundle, recorded.saturating_sub(1))
 }
 
 /// Records the number of attempts made (kept across restarts).

@@ -413,6 +413,38 @@ pipelines:
     assert_catalog_matches_disk(&www);
 }
 
+#[test]
+fn a_first_attempt_cut_short_by_a_crash_is_counted_at_the_next_start() {
+    // A first attempt writes no attempt count (it costs a file per bundle);
+    // the next start counts the attempt the crash interrupted.
+    let dir = Test::new();
+    dir.config(&config_p(""));
+    let b = dir.sealed("crashed", &[("a.txt", b"a\n")]);
+    drop_into(&b, &dir.spool("p", "inbox").join("crashed"));
+    let out = dir
+        .agent_cmd()
+        .args(["agent", "--once"])
+        .env("DISTRIBUTOR_FAILPOINT", "publish.after_stage")
+        .output();
+    assert_ne!(out.code, 0, "the failpoint aborts:\n{}", out.stderr);
+    let work = dir.spool("p", "work").join("crashed");
+    assert!(work.is_dir(), "the crashed bundle stays in work/");
+    assert_eq!(attempts(&work), None, "a first attempt records no count");
+
+    dir.once().expect_code(0);
+    let done = dir.spool("p", "done").join("crashed");
+    assert_eq!(result(&done)["ok"], true);
+    assert_eq!(
+        attempts(&done),
+        Some(2),
+        "the crashed attempt counts, the one that published is the second"
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join("www/crashed/a.txt")).unwrap(),
+        "a\n"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // 3. live agent
 // ---------------------------------------------------------------------------
