@@ -16,7 +16,7 @@
 //! and the caller publishes the bundles one by one.
 
 use super::prepare::{Ready, prepare_bundle};
-use super::stage::{Job, Staged, missing_dirs, move_into_place, probe, stage_one};
+use super::stage::{Job, Staged, StagedAt, missing_dirs, move_into_place, probe, stage_one};
 use super::{Failure, Options, record_plans, verify_rest};
 use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
 use crate::clock::now_millis;
@@ -500,6 +500,7 @@ fn commit_root(
             .map(|(_, d)| &d.path)
             .zip(staged)
             .filter_map(|(path, s)| Some((path, s.temp()?))),
+        StagedAt::Beside,
         deletes,
         Some(&PerCore::for_io()),
     )?;

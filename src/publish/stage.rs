@@ -125,10 +125,11 @@ fn records_same(old: Option<&OutputRecord>, d: &Desired) -> bool {
 }
 
 /// Stages one planned write: nothing when the target already holds the
-/// bytes ([`Staged::Unchanged`]), else a temporary file in the target
-/// folder (created as needed), not fsynced: the file goes to `to_sync`
-/// when given, else the caller's barrier covers it. A copied file is
-/// hashed as it streams and must match the manifest.
+/// bytes ([`Staged::Unchanged`]), else a temporary file, not fsynced: at
+/// the top of the root with the file going to `to_sync` when that is
+/// given, else in the target folder (created as needed) and covered by
+/// the caller's barrier. A copied file is hashed as it streams and must
+/// match the manifest.
 pub(super) fn stage_one(
     root: &Root,
     job: &Job<'_>,
@@ -149,7 +150,10 @@ pub(super) fn stage_one(
             return Ok(Staged::Unchanged(look.settled(before)));
         }
     }
-    let (temp, file, copied) = stage_output(root, d, job.in_memory, &job.bundle.dir)?;
+    // A small publication stages at the top of the root, before its
+    // journal exists (see `stage`); a large one beside each target.
+    let at_top = to_sync.is_some();
+    let (temp, file, copied) = stage_output(root, d, job.in_memory, &job.bundle.dir, at_top)?;
     if let Some(got) = copied
         && (got.sha256 != d.sha256 || got.size != d.size)
     {
@@ -217,16 +221,22 @@ pub(super) fn stage(
         created_dirs: missing_dirs(root, &plan.writes).map_err(Failure::Io)?,
         state_was_absent: p.state_was_absent,
     };
-    root.write_reserved_with(JOURNAL_FILE, &mut |w| journal.write_json(w))
+    // A small publication stages at the top of the root first, and writes
+    // its journal (and catalog) while it does: one wait for all their
+    // fsyncs. Nothing outside the top is touched until the journal is
+    // durable, and whatever temporary files a crash leaves at the top, the
+    // next holder of the lock removes. A large one, or one that must clear
+    // paths first, journals first.
+    let journal_first = uses_barrier(plan) || !plan.clear_first.is_empty();
+    let mut journal = Some(journal);
+    if journal_first {
+        root.write_reserved_with(JOURNAL_FILE, &mut |w| {
+            journal.as_ref().map_or(Ok(()), |j| j.write_json(w))
+        })
         .map_err(Failure::Io)?;
-    drop(journal);
-    failpoint::hit("publish.after_journal");
-    for entry in &plan.clear_first {
-        root.remove_any(entry).map_err(Failure::Io)?;
-        failpoint::hit("publish.after_clear");
-    }
-    if !plan.clear_first.is_empty() {
-        storage::sync_dir(root.dir()).map_err(Failure::Io)?;
+        journal = None;
+        failpoint::hit("publish.after_journal");
+        clear_first(root, plan)?;
     }
     // Outputs the catalog records with the bytes wanted are checked on
     // disk; for many, the root's record of their looks spares reading them.
@@ -267,10 +277,25 @@ pub(super) fn stage(
         let state = root
             .stage_reserved(&mut |w| catalog.write_json(w))
             .map_err(Failure::Io)?;
+        let journal = match &journal {
+            Some(j) => Some(
+                root.stage_reserved(&mut |w| j.write_json(w))
+                    .map_err(Failure::Io)?,
+            ),
+            None => None,
+        };
         let mut handles: Vec<Syncable> =
             files.into_iter().map(|f| Box::new(f) as Syncable).collect();
         handles.push(Box::new(state.file.clone()));
+        if let Some(j) = &journal {
+            handles.push(Box::new(j.file.clone()));
+        }
         sync_at_once(handles).map_err(Failure::Io)?;
+        if let Some(j) = &journal {
+            root.place_reserved(j, JOURNAL_FILE).map_err(Failure::Io)?;
+            storage::sync_dir(root.dir()).map_err(Failure::Io)?;
+            failpoint::hit("publish.after_journal");
+        }
         (staged, Some(state))
     };
     if let Some(seen) = &seen {
@@ -291,8 +316,22 @@ pub(super) fn stage(
     })
 }
 
-/// Writes one output to a new temporary file in its target folder (created
-/// as needed): bytes the publication holds, or the bundle file. Returns the
+/// Removes what `plan` clears before its writes, durably. The journal must
+/// be durable first.
+fn clear_first(root: &Root, plan: &plan::Plan) -> Result<(), Failure> {
+    for entry in &plan.clear_first {
+        root.remove_any(entry).map_err(Failure::Io)?;
+        failpoint::hit("publish.after_clear");
+    }
+    if !plan.clear_first.is_empty() {
+        storage::sync_dir(root.dir()).map_err(Failure::Io)?;
+    }
+    Ok(())
+}
+
+/// Writes one output to a new temporary file at the top of the root when
+/// `at_top`, else in its target folder (created as needed): bytes the
+/// publication holds, or the bundle file. Returns the
 /// temporary name, the open file (not fsynced) and, for bytes read from a
 /// file (the bundle's, or a rendered page's scratch file), their hash as
 /// they were copied, for the caller to check.
@@ -301,9 +340,16 @@ fn stage_output(
     d: &Desired,
     in_memory: Option<&Content>,
     bundle_dir: &Path,
+    at_top: bool,
 ) -> Result<(String, std::fs::File, Option<Hashed>), Failure> {
-    let dir = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
-    let (temp, mut file) = storage::create_temp(&dir).map_err(Failure::Io)?;
+    let beside;
+    let dir: &cap_std::fs::Dir = if at_top {
+        root.dir()
+    } else {
+        beside = root.parent_dir(&d.path, true).map_err(Failure::Io)?;
+        &beside
+    };
+    let (temp, mut file) = storage::create_temp(dir).map_err(Failure::Io)?;
     let copied = match in_memory {
         // Bytes in memory were hashed when they were made; a page read back
         // from its temporary file is hashed again on the way.
@@ -350,6 +396,11 @@ pub(super) fn commit(p: &Planned, staged_root: &StagedRoot) -> io::Result<Option
             .map(|d| &d.path)
             .zip(staged)
             .filter_map(|(path, s)| Some((path, s.temp()?))),
+        if uses_barrier(plan) {
+            StagedAt::Beside
+        } else {
+            StagedAt::Top
+        },
         &plan.delete_after,
         uses_barrier(plan).then_some(&PerCore::for_io() as &dyn Workers),
     )?;
@@ -411,6 +462,15 @@ fn record_looks(root: &Root, writes: &[Desired], staged: &[Staged]) -> io::Resul
     seen::write(root, looks)
 }
 
+/// Where [`move_into_place`] finds the staged files.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum StagedAt {
+    /// Beside their targets.
+    Beside,
+    /// At the top of the root; the targets' folders are created as needed.
+    Top,
+}
+
 /// Renames staged temporary files over their targets, then deletes (and
 /// prunes emptied folders). Renames run on `parallel` when given. Returns
 /// every folder touched, the root always included (the catalog is renamed
@@ -418,6 +478,7 @@ fn record_looks(root: &Root, writes: &[Desired], staged: &[Staged]) -> io::Resul
 pub(super) fn move_into_place<'p>(
     root: &Root,
     staged: impl Iterator<Item = (&'p RelPath, &'p String)>,
+    at: StagedAt,
     deletes: impl IntoIterator<Item = &'p String>,
     parallel: Option<&dyn Workers>,
 ) -> io::Result<BTreeSet<String>> {
@@ -434,12 +495,27 @@ pub(super) fn move_into_place<'p>(
         touch(path.as_str());
     }
     let rename = |(path, temp): &(&RelPath, &String)| -> io::Result<()> {
-        let dir = root.parent_dir(path, false)?;
-        // Both names are single segments in that folder (a temporary name
-        // and a checked path's last segment): nothing to resolve.
+        let dir = root.parent_dir(path, at == StagedAt::Top)?;
+        let from: &cap_std::fs::Dir = match at {
+            StagedAt::Top => root.dir(),
+            StagedAt::Beside => &dir,
+        };
+        // Both names are single segments in their folders (a temporary
+        // name and a checked path's last segment): nothing to resolve.
         // The file replaced, if any, is freed off this path.
         let held = atomic::hold(&dir, path.file_name());
-        rustix::fs::renameat(&*dir, temp.as_str(), &*dir, path.file_name())?;
+        match rustix::fs::renameat(from, temp.as_str(), &*dir, path.file_name()) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::XDEV) => {
+                let beside = copy_across(root, temp, &dir)?;
+                log::warn!(
+                    "{}: the folder of {path} is on another file system than the root; its output was copied across (a root is best one file system: outputs are staged at its top)",
+                    root.path().display()
+                );
+                rustix::fs::renameat(&*dir, beside.as_str(), &*dir, path.file_name())?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         atomic::release_later(held);
         failpoint::hit("publish.after_rename");
         Ok(())
@@ -464,6 +540,18 @@ pub(super) fn move_into_place<'p>(
         touch(path);
     }
     Ok(touched)
+}
+
+/// Copies the staged file `temp` at the top of `root` to a new temporary
+/// file in `dir` (a folder on another file system), fsynced, and removes
+/// `temp`. Returns the new temporary name.
+fn copy_across(root: &Root, temp: &str, dir: &cap_std::fs::Dir) -> io::Result<String> {
+    let mut from = root.dir().open(temp)?;
+    let (beside, mut to) = storage::create_temp(dir)?;
+    io::copy(&mut from, &mut to)?;
+    to.sync_all()?;
+    root.dir().remove_file(temp)?;
+    Ok(beside)
 }
 
 /// After a failure, settles the root from its journal (if one was written):

@@ -118,3 +118,50 @@ fn a_full_disk_fails_the_bundle_and_keeps_the_previous_catalog() {
     assert_catalog_matches_disk(&root);
     no_temp_files(&root);
 }
+
+#[test]
+fn a_folder_of_the_root_on_another_file_system_still_gets_its_outputs() {
+    // A small publication stages at the top of the root and renames into
+    // place; a folder that is a mount point takes a copy instead, and says so.
+    let t = Test::new();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+",
+    );
+    let first = t.sealed("first", &[("top.txt", b"top\n")]);
+    t.publish("p", &first, &[]).expect_code(0);
+    let Some(_mounted) = SmallFs::mount(&t.join("www/small")) else {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let b = t.sealed(
+        "b",
+        &[("small/a.txt", b"on the tmpfs\n"), ("top2.txt", b"top\n")],
+    );
+    let out = t.publish("p", &b, &[]);
+    out.expect_code(0);
+    assert!(
+        out.stderr
+            .contains("is on another file system than the root"),
+        "{}",
+        out.stderr
+    );
+    let www = t.join("www");
+    assert_eq!(
+        fs::read_to_string(www.join("small/a.txt")).unwrap(),
+        "on the tmpfs\n"
+    );
+    assert_eq!(fs::read_to_string(www.join("top2.txt")).unwrap(), "top\n");
+    no_temp_files(&www);
+    assert_catalog_matches_disk(&www);
+}
