@@ -142,7 +142,7 @@ impl<'de> Deserialize<'de> for Sha256 {
 }
 
 /// Whether an output is a copy of a bundle file or rendered from one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputKind {
     Source,
@@ -166,7 +166,7 @@ impl OutputKind {
 /// publication (and between the records read from one catalog), the
 /// digest is its 32 bytes, and the transform is the one known name. It is
 /// read and written exactly as the text form in the file (`RecordText`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OutputRecord {
     pub path: RelPath,
     pub pipeline_id: Arc<str>,
@@ -415,6 +415,76 @@ impl Catalog {
         out
     }
 
+    /// [`Catalog::write_json`], taking the text of each record that
+    /// `before` holds (a record written before, unchanged since) instead of
+    /// formatting it again, which is most of the work of writing a large
+    /// catalog after a small change. Returns the text of every record, for
+    /// the next write. The bytes are exactly those of `write_json`.
+    pub fn write_json_reusing(
+        &self,
+        w: &mut dyn std::io::Write,
+        before: Option<&RecordTexts>,
+    ) -> std::io::Result<RecordTexts> {
+        use std::io::Write;
+        // The document up to the records: everything `write_json` writes
+        // for a catalog without records, but its closing `[]\n}`.
+        let mut head = Vec::new();
+        Catalog {
+            outputs: Vec::new(),
+            ..self.header()
+        }
+        .write_json(&mut head)?;
+        let cut = head
+            .len()
+            .checked_sub(b"[]\n}\n".len())
+            .filter(|&at| &head[at..] == b"[]\n}\n")
+            .ok_or_else(|| std::io::Error::other("unexpected catalog layout"))?;
+        let mut texts = RecordTexts::default();
+        let mut w = std::io::BufWriter::with_capacity(64 * 1024, w);
+        w.write_all(&head[..cut])?;
+        if self.outputs.is_empty() {
+            w.write_all(b"[]\n}\n")?;
+            return w.flush().map(|()| texts);
+        }
+        w.write_all(b"[")?;
+        let mut fresh = Vec::new();
+        for r in &self.outputs {
+            let key = RecordTexts::key(r);
+            let start = texts.text.len();
+            match before.and_then(|b| b.get(key)) {
+                Some(text) => texts.text.extend_from_slice(text),
+                None => {
+                    // Formatted alone, then indented as the third level of
+                    // the document (strings hold no raw line breaks).
+                    fresh.clear();
+                    serde_json::to_writer_pretty(&mut fresh, r).map_err(std::io::Error::other)?;
+                    for line in fresh.split_inclusive(|&b| b == b'\n') {
+                        texts.text.extend_from_slice(line);
+                        if line.ends_with(b"\n") {
+                            texts.text.extend_from_slice(b"    ");
+                        }
+                    }
+                }
+            }
+            let end = texts.text.len();
+            w.write_all(if start == 0 { b"\n    " } else { b",\n    " })?;
+            w.write_all(&texts.text[start..end])?;
+            texts.spans.insert(key, (start, end));
+        }
+        w.write_all(b"\n  ]\n}\n")?;
+        w.flush().map(|()| texts)
+    }
+
+    /// This catalog without its records.
+    fn header(&self) -> Catalog {
+        Catalog {
+            distributor_version: self.distributor_version.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            outputs: Vec::new(),
+        }
+    }
+
     /// Streams the pretty JSON (final newline included) into `w`, without
     /// building the document in memory first.
     pub fn write_json(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
@@ -444,6 +514,31 @@ impl Catalog {
         serde_json::to_writer_pretty(&mut buffered, &out).map_err(std::io::Error::other)?;
         std::io::Write::write_all(&mut buffered, b"\n")?;
         std::io::Write::flush(&mut buffered)
+    }
+}
+
+/// The text of each record of a catalog as [`Catalog::write_json_reusing`]
+/// wrote it, by a fingerprint of the record: a record equal to one written
+/// before gets the same text. Fingerprints are keyed anew in each process,
+/// so nothing a producer controls can make two records collide on
+/// purpose; by chance, once in 2^64.
+#[derive(Default)]
+pub struct RecordTexts {
+    text: Vec<u8>,
+    spans: std::collections::HashMap<u64, (usize, usize)>,
+}
+
+impl RecordTexts {
+    fn key(r: &OutputRecord) -> u64 {
+        use std::hash::BuildHasher;
+        static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+        KEYS.get_or_init(std::hash::RandomState::new).hash_one(r)
+    }
+
+    fn get(&self, key: u64) -> Option<&[u8]> {
+        self.spans
+            .get(&key)
+            .map(|&(start, end)| &self.text[start..end])
     }
 }
 
@@ -1282,6 +1377,66 @@ pub(crate) mod tests {
         r.path = RelPath::parse(path).unwrap();
         r.size = size;
         r
+    }
+
+    #[test]
+    fn writing_with_the_texts_of_an_earlier_catalog_gives_the_same_bytes() {
+        let written = |c: &Catalog, before: Option<&RecordTexts>| {
+            let mut out = Vec::new();
+            let texts = c.write_json_reusing(&mut out, before).unwrap();
+            (out, texts)
+        };
+        let mut c = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
+        // Empty, then growing, changing and shrinking; with and without
+        // the texts of the catalog before, and of an unrelated one.
+        let (out, mut texts) = written(&c, None);
+        assert_eq!(out, c.to_json());
+        let unrelated = {
+            let mut u = c.clone();
+            u.outputs = vec![record_at("zz", 9)];
+            written(&u, None).1
+        };
+        let mut quoted = record_at("q/\"quoted\" path é", 3);
+        quoted.url = Some("https://example.org/a?b=\"c\"".to_owned());
+        let steps: [(&[&str], &[&str]); 5] = [
+            (&["a/x", "a/y", "b"], &[]),
+            (&["c/z"], &[]),
+            (&["a/y"], &["b"]),
+            (&[], &["a/x", "a/y", "c/z"]),
+            (&["d"], &[]),
+        ];
+        for (n, (upserts, removes)) in steps.iter().enumerate() {
+            c.outputs.retain(|r| !removes.contains(&r.path.as_str()));
+            for p in upserts.iter() {
+                c.outputs.retain(|r| r.path.as_str() != *p);
+                c.outputs.push(record_at(p, n as u64 + 1));
+            }
+            if n == 1 {
+                c.outputs.push(quoted.clone());
+            }
+            c.sort();
+            c.updated_at += time::Duration::seconds(1);
+            let expected = c.to_json();
+            for before in [None, Some(&texts), Some(&unrelated)] {
+                assert_eq!(
+                    String::from_utf8(written(&c, before).0).unwrap(),
+                    String::from_utf8(expected.clone()).unwrap(),
+                    "step {n}"
+                );
+            }
+            let reused = written(&c, Some(&texts));
+            texts = reused.1;
+        }
+        // A record's text is taken only for an equal record.
+        let one = record_at("a", 1);
+        let mut other = one.clone();
+        other.updated_at += time::Duration::milliseconds(1);
+        let mut c1 = c.clone();
+        c1.outputs = vec![one];
+        let (_, t1) = written(&c1, None);
+        let mut c2 = c.clone();
+        c2.outputs = vec![other];
+        assert_eq!(written(&c2, Some(&t1)).0, c2.to_json());
     }
 
     #[test]

@@ -17,11 +17,16 @@
 //! are not kept: a large tree's publication spends its time elsewhere, and
 //! an agent serving many large roots should not hold them all between
 //! bundles.
+//!
+//! With the catalog goes the text of its records as written
+//! ([`RecordTexts`]), so that the next catalog is written without
+//! formatting again the records that did not change. That text is right for
+//! any equal record, whatever the file on disk holds now.
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, RecordTexts};
 use crate::seen::Look;
 use crate::storage::Root;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Catalog files up to this size are remembered (about 40,000 records).
 pub const LARGEST: u64 = 16 << 20;
@@ -29,9 +34,9 @@ pub const LARGEST: u64 = 16 << 20;
 struct Entry {
     /// Device and inode of the root folder.
     root: (u64, u64),
-    /// The catalog file as written.
-    file: Look,
-    catalog: Catalog,
+    /// The catalog file as written, and the catalog (until recalled).
+    catalog: Option<(Look, Catalog)>,
+    texts: Option<Arc<RecordTexts>>,
 }
 
 static REMEMBERED: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -52,22 +57,33 @@ fn entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
 pub fn recall(root: &Root, file: Look) -> Option<Catalog> {
     let key = root_key(root)?;
     let mut entries = entries();
-    let at = entries.iter().position(|e| e.root == key)?;
-    let entry = entries.swap_remove(at);
-    (entry.file == file).then_some(entry.catalog)
+    let entry = entries.iter_mut().find(|e| e.root == key)?;
+    let (written, catalog) = entry.catalog.take()?;
+    (written == file).then_some(catalog)
+}
+
+/// The text of the records of the catalog last written to `root`, if
+/// remembered.
+pub fn texts(root: &Root) -> Option<Arc<RecordTexts>> {
+    let key = root_key(root)?;
+    entries()
+        .iter()
+        .find(|e| e.root == key)
+        .and_then(|e| e.texts.clone())
 }
 
 /// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
-/// is the file `file` (as it was once renamed into place).
-pub fn remember(root: &Root, file: Look, catalog: Catalog) {
+/// is the file `file` (as it was once renamed into place), with the text
+/// of its records when known.
+pub fn remember(root: &Root, file: Look, catalog: Catalog, texts: Option<RecordTexts>) {
     let Some(key) = root_key(root) else { return };
     let mut entries = entries();
     entries.retain(|e| e.root != key);
     if file.size <= LARGEST {
         entries.push(Entry {
             root: key,
-            file,
-            catalog,
+            catalog: Some((file, catalog)),
+            texts: texts.map(Arc::new),
         });
     }
 }
@@ -99,7 +115,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::create(tmp.path()).unwrap();
         let catalog = Catalog::new(now_millis());
-        remember(&root, look(7, 1), catalog.clone());
+        remember(&root, look(7, 1), catalog.clone(), None);
         assert_eq!(recall(&root, look(7, 1)), Some(catalog.clone()));
         assert_eq!(recall(&root, look(7, 1)), None, "taken out when recalled");
 
@@ -111,12 +127,12 @@ mod tests {
                 ..look(7, 1)
             },
         ] {
-            remember(&root, look(7, 1), catalog.clone());
+            remember(&root, look(7, 1), catalog.clone(), None);
             assert_eq!(recall(&root, other), None, "{other:?}");
             assert_eq!(recall(&root, look(7, 1)), None, "a miss forgets it");
         }
 
-        remember(&root, look(7, 1), catalog.clone());
+        remember(&root, look(7, 1), catalog.clone(), None);
         forget(&root);
         assert_eq!(recall(&root, look(7, 1)), None);
 
@@ -124,7 +140,8 @@ mod tests {
             size: LARGEST + 1,
             ..look(7, 1)
         };
-        remember(&root, huge, catalog);
+        remember(&root, huge, catalog, Some(RecordTexts::default()));
         assert_eq!(recall(&root, huge), None, "too large to keep");
+        assert!(texts(&root).is_none());
     }
 }

@@ -321,7 +321,7 @@ pub fn publish_batch(
                 };
             }
         };
-        remembered::remember(&roots[*j].root, written, catalog);
+        remembered::remember(&roots[*j].root, written, catalog, None);
     }
 
     for (k, a) in accepted.into_iter().enumerate() {

@@ -224,7 +224,7 @@ pub fn publish(
         report.destinations[i].unchanged.extend(unchanged);
         report.bytes_published += bytes;
     }
-    for (i, temps) in &staged {
+    for (i, temps) in &mut staged {
         let p = &mut planned
             .iter_mut()
             .find(|(j, _)| j == i)
@@ -235,7 +235,7 @@ pub fn publish(
                 if let (Some(look), Some(root), Some(catalog)) =
                     (written, &p.root, p.catalog.take())
                 {
-                    remembered::remember(root, look, catalog);
+                    remembered::remember(root, look, catalog, temps.texts.take());
                 }
             }
             Err(e) => {

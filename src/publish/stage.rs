@@ -7,13 +7,14 @@ use super::prepare::Prepared;
 use super::{Failure, Planned};
 use crate::atomic;
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{OutputRecord, STATE_FILE, format_time};
+use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
 use crate::clock::now_millis;
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
 use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
+use crate::remembered;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root, StagedFile};
 use crate::workers::{PerCore, Syncable, Workers, map_on_runs, sync_at_once};
@@ -81,6 +82,8 @@ pub(super) struct StagedRoot {
     /// wait instead of two) when the publication is small enough to be
     /// made durable file by file.
     catalog: Option<StagedFile>,
+    /// The text of that catalog's records, to remember with it.
+    pub texts: Option<RecordTexts>,
 }
 
 impl Staged {
@@ -199,6 +202,7 @@ pub(super) fn stage(
         return Ok(StagedRoot {
             outputs: Vec::new(),
             catalog: None,
+            texts: None,
         });
     };
     let journal = JournalRef {
@@ -257,7 +261,7 @@ pub(super) fn stage(
             seen: seen.as_ref(),
         })
         .collect();
-    let (staged, state) = if uses_barrier(plan) {
+    let (staged, state, texts) = if uses_barrier(plan) {
         let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
         let staged = map_on_runs(workers, &jobs, same_folder, |job| {
             stage_one(root, job, None)
@@ -265,7 +269,7 @@ pub(super) fn stage(
         .into_iter()
         .collect::<Result<Vec<Staged>, Failure>>()?;
         root.sync().map_err(Failure::Io)?;
-        (staged, None)
+        (staged, None, None)
     } else {
         let mut files = Vec::new();
         let staged = jobs
@@ -274,8 +278,13 @@ pub(super) fn stage(
             .collect::<Result<Vec<Staged>, Failure>>()?;
         // The new catalog is known: written now, it is synced with the
         // outputs, and only renamed into place after them.
+        let before = remembered::texts(root);
+        let mut texts = None;
         let state = root
-            .stage_reserved(&mut |w| catalog.write_json(w))
+            .stage_reserved(&mut |w| {
+                texts = Some(catalog.write_json_reusing(w, before.as_deref())?);
+                Ok(())
+            })
             .map_err(Failure::Io)?;
         let journal = match &journal {
             Some(j) => Some(
@@ -296,7 +305,7 @@ pub(super) fn stage(
             storage::sync_dir(root.dir()).map_err(Failure::Io)?;
             failpoint::hit("publish.after_journal");
         }
-        (staged, Some(state))
+        (staged, Some(state), texts)
     };
     if let Some(seen) = &seen {
         log::debug!(
@@ -313,6 +322,7 @@ pub(super) fn stage(
     Ok(StagedRoot {
         outputs: staged,
         catalog: state,
+        texts,
     })
 }
 
