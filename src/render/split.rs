@@ -36,6 +36,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use super::budget;
 use pulldown_cmark::{
     BrokenLink, CowStr, Event, LinkType, OffsetIter, Options, Parser, RefDefs, Tag, TagEnd,
 };
@@ -849,10 +850,25 @@ pub(super) struct Plan<'m> {
     /// The document defines no link reference and no footnote (it has no
     /// `]:`): no link label can match anything.
     no_definitions: bool,
+    /// The parses of this plan stay within the limit it was made with.
+    fits: bool,
 }
 
+/// A piece's events are collected before they are passed on: its parse
+/// may take this many times its tree (events of about twice a node's size,
+/// and up to two per node).
+const PIECE_TIMES: u64 = 4;
+
 impl<'m> Plan<'m> {
-    pub(super) fn new(markdown: &'m str, cuts: Cuts, settings: &Settings) -> Self {
+    /// `limit`: bytes the parse trees of a round may take (see
+    /// [`super::budget`]); when the plan's would take more, it does not fit
+    /// ([`Plan::fits`]) and nothing of it is parsed.
+    pub(super) fn new(
+        markdown: &'m str,
+        cuts: Cuts,
+        settings: &Settings,
+        limit: Option<u64>,
+    ) -> Self {
         let Cuts {
             active: cuts,
             shelved,
@@ -955,6 +971,14 @@ impl<'m> Plan<'m> {
             }
         }
         main.push_str(&markdown[at..]);
+        // The main document's tree lives through the round, with the copies
+        // made for it.
+        let main_bytes = limit
+            .map(|_| budget::weigh(&main).bytes() + (main.capacity() + extra.capacity()) as u64);
+        let mut fits = match (limit, main_bytes) {
+            (Some(limit), Some(bytes)) => bytes <= limit,
+            _ => true,
+        };
         // Stretches with footnote references are parsed with a definition
         // for each label the document defines (the definition's events are
         // left out).
@@ -967,7 +991,7 @@ impl<'m> Plan<'m> {
                 (!labels.is_empty()).then_some((index, labels))
             })
             .collect();
-        if !noted.is_empty() {
+        if !noted.is_empty() && fits {
             let defined = defined_footnotes(&main);
             for (index, labels) in noted {
                 let cut = &cuts[index];
@@ -992,6 +1016,30 @@ impl<'m> Plan<'m> {
                 batches[index] = std::iter::once(begin..extra.len()).collect();
             }
         }
+        if let (Some(limit), Some(main_bytes)) = (limit, main_bytes)
+            && fits
+        {
+            // One piece is parsed at a time, while the main document's tree
+            // is alive.
+            let heaviest = cuts
+                .iter()
+                .enumerate()
+                .flat_map(|(index, cut)| {
+                    let texts: Vec<&str> = match (&cut.kind, batches[index].is_empty()) {
+                        (Kind::Words { .. } | Kind::Section, true) => {
+                            vec![&markdown[cut.source.clone()]]
+                        }
+                        _ => batches[index]
+                            .iter()
+                            .map(|range| &extra[range.clone()])
+                            .collect(),
+                    };
+                    texts.into_iter().map(|text| budget::weigh(text).bytes())
+                })
+                .max()
+                .unwrap_or(0);
+            fits = main_bytes + (extra.capacity() as u64) + PIECE_TIMES * heaviest <= limit;
+        }
         Plan {
             markdown,
             cuts,
@@ -1001,7 +1049,13 @@ impl<'m> Plan<'m> {
             extra,
             batches,
             no_definitions: !markdown.contains("]:"),
+            fits,
         }
+    }
+
+    /// Whether the plan's parses stay within the limit it was made with.
+    pub(super) fn fits(&self) -> bool {
+        self.fits
     }
 
     /// How many pieces are parsed on their own (stretches of words and

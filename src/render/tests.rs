@@ -1635,7 +1635,7 @@ mod parts {
         let mut restarted = 0;
         for markdown in CANDIDATES {
             let mut sink = Counting::default();
-            let (parts, _) = render_into(markdown, &options, &tiny, &mut sink).unwrap();
+            let (parts, _) = render_into(markdown, &options, &tiny, None, &mut sink).unwrap();
             assert_eq!(
                 join(&parts, &sink.bytes),
                 markdown_to_html(markdown, &options),
@@ -1654,4 +1654,300 @@ mod parts {
         "aaa bbb ccc ddd eee fff ggg hhh `iii jjj kkk lll` mmm [nnn ooo ppp qqq](x) rrr\n",
         "> a b c d e f g h\ni j k l m n o p\n",
     ];
+}
+
+/// The memory budget of a parse (SPEC §12.3, see [`super::budget`]).
+mod density {
+    use super::*;
+    use crate::render::{budget, render_into, split::Settings};
+    use proptest::prelude::*;
+    use pulldown_cmark::{Event, Parser};
+
+    /// Nodes the parser's tree holds at least, read off its events: one per
+    /// start tag and one per event that is not a tag (end tags close the
+    /// start's node).
+    fn nodes(markdown: &str) -> u64 {
+        Parser::new_ext(markdown, parser_options())
+            .filter(|event| !matches!(event, Event::End(_)))
+            .count() as u64
+    }
+
+    /// The shapes of `bench/markdown_memory.sh`, about `size` bytes each:
+    /// (name, markdown, refused at 4 MiB).
+    pub(super) fn bench_shapes(size: usize) -> Vec<(&'static str, String, bool)> {
+        let repeated: &[(&str, &str, &str, bool)] = &[
+            (
+                "dense_table",
+                "|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n",
+                "|1|2|3|4|5|6|7|8|\n",
+                false,
+            ),
+            ("emphasis", "", "*a* _b_ ", false),
+            ("emphasis_lines", "", "*a* **b** _c_\n", false),
+            ("code_spans", "", "`a` `b` ", false),
+            ("links", "", "[a](b) ", false),
+            ("inline_html", "", "<b>a</b> ", false),
+            ("escapes", "", "\\*a\\_ ", false),
+            ("strike", "", "~~a~~ ", false),
+            ("short_lines", "", "a\n", false),
+            ("quotes", "", "> a\n", false),
+            ("entities", "", "&amp; ", false),
+            ("dense_list", "", "- *a* _b_\n", false),
+            ("dense_quote", "", "> *a* _b_\n", false),
+            ("dense_headings", "", "# *a* _b_\n", false),
+            ("long_word", "", "a_b*c", false),
+            ("empty_headings", "", "#\n", false),
+            ("tasks", "", "- [ ] a\n- [x] b\n", false),
+            ("autolinks", "", "<http://a> ", false),
+            ("hard_breaks", "", "a  \n", false),
+            ("setext", "", "a\n-\n", false),
+            ("thematic", "", "***\n", false),
+            ("empty_items", "", "-\n", false),
+            ("ordered_items", "", "1.\n", false),
+            ("html_blocks", "", "<div>\n\n", false),
+            (
+                "table_inline",
+                "|a|b|c|\n|-|-|-|\n",
+                "|*a*|`b`|[c](d)|\n",
+                false,
+            ),
+            ("setext_empty", "", "a\n=\n\n", false),
+            ("digit_lines", "", "1a\n", false),
+            ("pipe_lines", "", "|a|\n", false),
+            ("punct_lines", "", ".\n", false),
+            ("short_rows", "|a|b|c|\n|-|-|-|\n", "|a|\n", false),
+            ("brackets", "", "[a] ", false),
+            ("bracket_lines", "", "[a]\n", false),
+            ("stars", "", "a* ", false),
+            ("star_lines", "", "a*\n", false),
+            ("tags", "", "<a>", false),
+            ("loose_backtick", "`", "*a* _b_ ", false),
+            ("open_bracket", "[x]: /u\n\n[", "*a* _b_ ", true),
+            ("open_title", "[a](x \"", "*a* _b_ ", true),
+            ("open_tag", "<a x=\"", "*a* _b_ ", true),
+            ("open_star", "*a ", "a* ", false),
+            ("star_word", "", "a*", true),
+        ];
+        let mut shapes = Vec::new();
+        for &(name, head, piece, refused) in repeated {
+            let mut text = String::from(head);
+            while text.len() < size {
+                text.push_str(piece);
+            }
+            shapes.push((name, text, refused));
+        }
+        let mut grow =
+            |name: &'static str, head: &str, piece: &dyn Fn(usize) -> String, tail: &str| {
+                let mut text = String::from(head);
+                let mut i = 0;
+                while text.len() < size {
+                    text.push_str(&piece(i));
+                    i += 1;
+                }
+                text.push_str(tail);
+                shapes.push((name, text, false));
+            };
+        grow(
+            "table",
+            "| a | b | c | d |\n|---|---|---|---|\n",
+            &|i| format!("| {i} | x | y | z |\n"),
+            "",
+        );
+        grow("wide_row", "|a|b|\n|-|-|\n", &|_| "|1".into(), "|\n");
+        grow("footnote_refs", "", &|_| "[^1] ".into(), "\n\n[^1]: note\n");
+        grow(
+            "prose",
+            "",
+            &|i| format!("Word {i} and more words, some_snake_case, (parens) and \"quotes\"; "),
+            "",
+        );
+        grow(
+            "paragraphs",
+            "",
+            &|i| {
+                format!(
+                    "Paragraph {i} with *some* emphasis, `code`, a [link](https://example.com/{i}) and plain words that go on for a while.\n\n"
+                )
+            },
+            "",
+        );
+        grow(
+            "headings",
+            "",
+            &|i| format!("## Heading {}\n\ntext\n\n", i % 1000),
+            "",
+        );
+        grow(
+            "lists",
+            "",
+            &|i| format!("{}- item {i}\n", "  ".repeat(i % 8)),
+            "",
+        );
+        grow(
+            "urls",
+            "",
+            &|i| format!("see https://example.com/page/{i}, and http://x.example/{i}.\n"),
+            "",
+        );
+        grow(
+            "refdefs",
+            "",
+            &|i| format!("[r{i}]: /x{i}\n"),
+            "\n[r1] [r2]\n",
+        );
+        grow(
+            "footnote_defs",
+            "",
+            &|i| format!("[^n{i}] [^n{i}]: note\n\n"),
+            "",
+        );
+        grow(
+            "nested_quotes",
+            "",
+            &|i| format!("{} a\n", ">".repeat(1 + i % 30)),
+            "",
+        );
+        shapes
+    }
+
+    /// The tokens of nasty documents: the bytes the parser treats as
+    /// special, block markers, blanks and line ends, letters.
+    const NASTY: &[&str] = &[
+        "*",
+        "_",
+        "~",
+        "`",
+        "[",
+        "]",
+        "(",
+        ")",
+        "<",
+        ">",
+        "\"",
+        "\\",
+        "&",
+        "|",
+        "!",
+        "#",
+        "-",
+        "=",
+        "+",
+        ".",
+        "1",
+        "2.",
+        "3)",
+        " ",
+        "  ",
+        "    ",
+        "\n",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r\n",
+        "\r",
+        "a",
+        "b",
+        "é",
+        ":",
+        "^",
+        "&amp;",
+        "&#1;",
+        "x:y",
+        "a@b",
+        "```",
+        "~~~",
+        "<div>",
+        "-->",
+        "<!--",
+        "[^1]",
+        "]:",
+        "- ",
+        "> ",
+        "* ",
+        "1. ",
+        "- [ ] ",
+        "|-|",
+        "---",
+        "===",
+        "http://a.b",
+        "<a x=\"",
+    ];
+
+    fn nasty() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(NASTY), 0..400).prop_map(|t| t.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// The estimate is never below the nodes the parser's events show.
+        #[test]
+        fn the_estimate_covers_every_node_of_dense_documents(markdown in nasty()) {
+            let weight = budget::weigh(&markdown);
+            let nodes = nodes(&markdown) + 1;
+            prop_assert!(weight.units - budget::BASE_UNITS + 1 >= nodes, "{} units < {} nodes", weight.units, nodes);
+        }
+    }
+
+    #[test]
+    fn the_estimate_covers_hand_picked_block_structures() {
+        for markdown in [
+            "- a\n-\n",
+            "> x\na\n-\n",
+            "a\\\n-\n",
+            "<!--\n- -->\n- a\n",
+            "<!X\n>>>>>>>>\n>>>> a\n",
+            "- - a\n- - b\n",
+            "|a|b|c|\n|-|-|-|\n|a|\n|\n|b\\|c|\n",
+            "a\n-\n-\n-\n",
+            "```\r\na\r\n-\r\n```\r\n",
+            "\t```\n\ta\n\t-\n",
+            "[x]: /u\n-\n",
+            "# h\n-\n",
+        ] {
+            let weight = budget::weigh(markdown);
+            let nodes = nodes(markdown);
+            assert!(
+                weight.units - budget::BASE_UNITS >= nodes,
+                "{markdown:?}: {} units < {nodes} nodes",
+                weight.units - budget::BASE_UNITS
+            );
+        }
+    }
+
+    /// Prints, per shape, the estimate and the nodes the events show
+    /// (per byte), and whether it is refused. Slow in a debug build.
+    #[test]
+    #[ignore]
+    fn print_the_weight_of_each_bench_shape() {
+        for (name, markdown, _) in bench_shapes(1 << 20) {
+            let weight = budget::weigh(&markdown);
+            let nodes = nodes(&markdown);
+            let len = markdown.len() as f64;
+            let refused = try_render(&markdown).is_err();
+            println!(
+                "{name:<15} estimate {:5.2} nodes {:5.2} per byte{}",
+                weight.units as f64 / len,
+                nodes as f64 / len,
+                if refused { " refused" } else { "" }
+            );
+        }
+    }
+
+    fn try_render(markdown: &str) -> Result<String, TooDense> {
+        let generated = set(&[]);
+        let options = RenderOptions {
+            allow_raw_html: false,
+            source_path: "page.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let mut body = Vec::new();
+        let limit = Some(tree_allowance(markdown.len()));
+        match render_into(markdown, &options, &Settings::DEFAULT, limit, &mut body) {
+            Ok(_) => Ok(String::from_utf8(body).unwrap()),
+            Err(RenderError::TooDense(dense)) => Err(dense),
+            Err(RenderError::Io(e)) => panic!("{e}"),
+        }
+    }
 }
