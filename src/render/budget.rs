@@ -266,7 +266,9 @@ impl LineState {
                 } else {
                     rest
                 };
-                units += inline_units(text, table);
+                let mut openers = 0;
+                units += inline_units(text, table, &mut openers);
+                units += (openers * 2).div_ceil(3);
                 if table {
                     // The row's first cell; each `|` charged one for the
                     // cell after it, none after a trailing one.
@@ -345,7 +347,7 @@ fn list_marker(rest: &[u8]) -> Option<(u8, usize)> {
 }
 
 /// Units of the inline nodes of a line's text (see the module comment).
-fn inline_units(text: &[u8], table: bool) -> u64 {
+fn inline_units(text: &[u8], table: bool, openers: &mut u64) -> u64 {
     let mut units = 0u64;
     let mut pending = false;
     let flush = |units: &mut u64, pending: &mut bool| {
@@ -381,8 +383,10 @@ fn inline_units(text: &[u8], table: bool) -> u64 {
                 };
                 if (open || close) && (b != b'~' || run <= 2) {
                     flush(&mut units, &mut pending);
-                    // A node per character, and the run's stack entry.
-                    units += run as u64 + 1;
+                    // A node per character; a run that can open may wait
+                    // on the parser's stack (32 bytes, two thirds of a unit).
+                    units += run as u64;
+                    *openers += u64::from(open);
                 } else {
                     pending = true;
                 }

@@ -78,18 +78,20 @@ impl From<io::Error> for RenderError {
 }
 
 /// Memory the parse trees of rendering `len` bytes of markdown may take
-/// (SPEC §12.3: 32 times the input in all). Two times the input are left
-/// for the input itself and the text the renderer copies out of it (the
-/// main document and batches of a round, a paragraph's joined text); the
-/// rest is for the trees of the parses alive at once. A small document
-/// may always use [`LEAST_TREES`]: its trees are then below the process's
-/// own fixed memory.
+/// (SPEC §12.3: 32 times the input in all). Four times the input are left
+/// for the input itself, the text the renderer copies out of it (the main
+/// document and batches of a round, a paragraph's joined text) and what
+/// the parser and the writer keep besides the tree (measured: up to about
+/// six times the input for a file of two million one-line blocks); the
+/// rest is for the trees of the parses alive at once. A small document may
+/// always use [`LEAST_TREES`]: its trees are then below the process's own
+/// fixed memory.
 fn tree_allowance(len: usize) -> u64 {
-    (len as u64).saturating_mul(30).max(LEAST_TREES)
+    (len as u64).saturating_mul(28).max(LEAST_TREES)
 }
 
 /// The trees of any document may take this much (a document under
-/// 136 KiB gets more than 30 times its size).
+/// 147 KiB gets more than 28 times its size).
 const LEAST_TREES: u64 = 4 << 20;
 
 /// What to render and how.

@@ -1915,6 +1915,83 @@ mod density {
         }
     }
 
+    /// Markdown files found under `dir` (its README.md and CHANGELOG.md
+    /// files, or every `.md`), in a stable order.
+    fn markdown_files(dir: &std::path::Path, all: bool, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                markdown_files(&path, all, out);
+            } else if let Some(name) = path.file_name().and_then(|n| n.to_str())
+                && (name == "README.md" || name == "CHANGELOG.md" || (all && name.ends_with(".md")))
+            {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Real markdown is never refused: the markdown files (READMEs,
+    /// changelogs, docs) of the crates in the local cargo registry (when there is one), joined into
+    /// documents of about 4 MiB, and this repository's docs. Prints the
+    /// estimate's ratio to each document's size. Slow in a debug build.
+    #[test]
+    #[ignore]
+    fn real_documents_are_not_refused() {
+        let cargo = std::env::var_os("CARGO_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+        let mut files = Vec::new();
+        if let Some(cargo) = cargo {
+            markdown_files(&cargo.join("registry").join("src"), true, &mut files);
+        }
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+        let mut own = Vec::new();
+        markdown_files(&docs, true, &mut own);
+        let mut documents = Vec::new();
+        let mut document = String::new();
+        for path in &files {
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            document.push_str(&text);
+            document.push_str("\n\n");
+            if document.len() >= 4 << 20 {
+                documents.push(std::mem::take(&mut document));
+            }
+        }
+        if !document.is_empty() {
+            documents.push(document);
+        }
+        let mine: String = own
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        documents.push(mine);
+        println!(
+            "{} registry files, {} documents",
+            files.len(),
+            documents.len()
+        );
+        let mut refused = 0;
+        for markdown in &documents {
+            let weight = budget::weigh(markdown);
+            let ratio = weight.bytes() as f64 / markdown.len() as f64;
+            let outcome = try_render(markdown);
+            println!(
+                "{:8} bytes: estimate {ratio:5.1} times the size{}",
+                markdown.len(),
+                if outcome.is_err() { ", refused" } else { "" }
+            );
+            refused += usize::from(outcome.is_err());
+        }
+        assert_eq!(refused, 0, "real documents were refused");
+    }
+
     /// Prints, per shape, the estimate and the nodes the events show
     /// (per byte), and whether it is refused. Slow in a debug build.
     #[test]
