@@ -9,8 +9,8 @@
 //! read off the text in one pass without parsing it. A unit is one tree
 //! node ([`UNIT_BYTES`]); what else the parser keeps per piece of syntax
 //! (a link's destination and title, a code span's or entity's text, an
-//! entry on its stack of open brackets or emphasis runs) is charged as
-//! extra units to the byte that causes it.
+//! entry on its stack of open brackets or of emphasis runs that can open)
+//! is charged as extra units to the byte that causes it.
 //!
 //! How the bound is reached (pulldown-cmark 0.13's first pass): each node
 //! starts at a byte of the text that can start one, and only some bytes
