@@ -74,6 +74,8 @@ impl Weight {
 pub(super) fn weigh(text: &str) -> Weight {
     let bytes = text.as_bytes();
     let tables = table_chunks(bytes);
+    // The cells the parser fills into short rows, per table.
+    let filled: u64 = tables.iter().map(|t| t.filled).sum();
     let mut tables = tables.iter().peekable();
     let mut units: u64 = BASE_UNITS;
     // The block (chunk between blank lines) being weighed, and the heaviest.
@@ -109,10 +111,7 @@ pub(super) fn weigh(text: &str) -> Weight {
     if block.1 > heaviest.1 {
         heaviest = block;
     }
-    // The cells the parser fills into short rows, per table.
-    for chunk in table_chunks(bytes) {
-        units += chunk.filled;
-    }
+    units += filled;
     Weight {
         units,
         heaviest_line: heaviest.0,
@@ -229,7 +228,9 @@ impl LineState {
         } else {
             quotes as u64
         };
-        units += others;
+        // A `>` after an irregular indent may be an indented code block's
+        // text (the block and its text) rather than a quote.
+        units += others + u64::from(others > 0);
         // Two per list marker (item and list), but the first marker of a
         // line only one when the line before had the same single marker.
         units += 2 * markers as u64;
@@ -540,78 +541,54 @@ struct TableChunk {
 const MOST_FILLED_CELLS: u64 = 1 << 18;
 
 fn table_chunks(bytes: &[u8]) -> Vec<TableChunk> {
-    let mut chunks = Vec::new();
-    let mut chunk: Option<Chunk> = None;
-    let mut close = |chunk: Option<Chunk>, end: usize| {
-        if let Some(c) = chunk
-            && c.delimiters > 0
-            && c.pipes
+    // Chunks first, without keeping anything per line (a file of short
+    // lines would need as much again as its tree): start, delimiter-like
+    // lines, most columns, whether some line holds a `|`.
+    let mut found: Vec<(usize, usize, u64, usize)> = Vec::new();
+    let mut chunk: Option<(usize, u64, usize, bool)> = None;
+    let mut close = |chunk: Option<(usize, u64, usize, bool)>, end: usize| {
+        if let Some((start, delimiters, columns, pipes)) = chunk
+            && delimiters > 0
+            && pipes
         {
-            chunks.push(TableChunk {
-                start: c.start,
-                end,
-                filled: c.filled.min(MOST_FILLED_CELLS.saturating_mul(c.delimiters)),
-            });
+            found.push((start, end, delimiters, columns));
         }
     };
     for (start, content_end, _) in lines(bytes) {
         let line = &bytes[start..content_end];
         if line.iter().all(|&b| is_blank_byte(b)) {
-            if let Some(c) = chunk.as_mut() {
-                c.finish();
-            }
             close(chunk.take(), start);
             continue;
         }
-        let c = chunk.get_or_insert(Chunk {
-            start,
-            delimiters: 0,
-            columns: 0,
-            pipes: false,
-            lines: Vec::new(),
-            filled: 0,
-        });
-        c.pipes |= line.contains(&b'|');
+        let (first, mut delimiters, mut columns, mut pipes) = chunk.unwrap_or((start, 0, 0, false));
+        pipes |= line.contains(&b'|');
         if looks_like_delimiter(line) {
-            c.delimiters += 1;
+            delimiters += 1;
             let segments = line
                 .split(|&b| b == b'|')
                 .filter(|s| !s.iter().all(|&b| is_blank_byte(b)))
                 .count();
-            c.columns = c.columns.max(segments);
+            columns = columns.max(segments);
         }
-        c.lines.push(fewest_cells(line));
-    }
-    if let Some(c) = chunk.as_mut() {
-        c.finish();
+        chunk = Some((first, delimiters, columns, pipes));
     }
     close(chunk, bytes.len());
-    chunks
-}
-
-/// A chunk of lines being read by [`table_chunks`].
-struct Chunk {
-    start: usize,
-    /// Delimiter-like lines (each may start a table).
-    delimiters: u64,
-    /// Most columns any table in it can have.
-    columns: usize,
-    /// Some line holds a `|` (a table's header row does).
-    pipes: bool,
-    /// The fewest cells of each line.
-    lines: Vec<usize>,
-    filled: u64,
-}
-
-impl Chunk {
-    fn finish(&mut self) {
-        let columns = self.columns;
-        self.filled = self
-            .lines
-            .drain(..)
-            .map(|cells| columns.saturating_sub(cells) as u64)
-            .sum();
-    }
+    // Then the cells filled into the rows of each.
+    found
+        .into_iter()
+        .map(|(start, end, delimiters, columns)| {
+            let filled: u64 = lines(&bytes[start..end])
+                .map(|(s, e, _)| {
+                    columns.saturating_sub(fewest_cells(&bytes[start + s..start + e])) as u64
+                })
+                .sum();
+            TableChunk {
+                start,
+                end,
+                filled: filled.min(MOST_FILLED_CELLS.saturating_mul(delimiters)),
+            }
+        })
+        .collect()
 }
 
 /// At least this many cells are in a row line: the parser splits it at

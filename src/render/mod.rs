@@ -79,13 +79,14 @@ impl From<io::Error> for RenderError {
 
 /// Memory the parse trees of rendering `len` bytes of markdown may take
 /// (SPEC §12.3: 32 times the input in all). Four times the input are left
-/// for the input itself, the text the renderer copies out of it (the main
-/// document and batches of a round, a paragraph's joined text) and what
-/// the parser and the writer keep besides the tree (measured: up to about
-/// six times the input for a file of two million one-line blocks); the
-/// rest is for the trees of the parses alive at once. A small document may
-/// always use [`LEAST_TREES`]: its trees are then below the process's own
-/// fixed memory.
+/// for the input itself, the text the renderer copies out of it (a round's
+/// main document and batches, counted when a round is weighed; a
+/// paragraph's joined text) and what the parser and the writer keep
+/// besides the tree (measured: files of one-line blocks, whose estimate
+/// is their node count, peak at their tree plus the input and the
+/// process's base). The rest is for the trees of the parses alive at once.
+/// A small document may always use [`LEAST_TREES`]: its trees are then
+/// below the process's own fixed memory.
 fn tree_allowance(len: usize) -> u64 {
     (len as u64).saturating_mul(28).max(LEAST_TREES)
 }
