@@ -852,6 +852,9 @@ pub(super) struct Plan<'m> {
     no_definitions: bool,
     /// The parses of this plan stay within the limit it was made with.
     fits: bool,
+    /// Per cut: no `]` follows its start in the document before the next
+    /// blank line (so in its paragraph).
+    no_close_after: Vec<bool>,
 }
 
 /// A piece's events are collected before they are passed on: its parse
@@ -1040,6 +1043,7 @@ impl<'m> Plan<'m> {
                 .unwrap_or(0);
             fits = main_bytes + (extra.capacity() as u64) + PIECE_TIMES * heaviest <= limit;
         }
+        let no_close_after = no_close_after(markdown, &cuts);
         Plan {
             markdown,
             cuts,
@@ -1050,6 +1054,7 @@ impl<'m> Plan<'m> {
             batches,
             no_definitions: !markdown.contains("]:"),
             fits,
+            no_close_after,
         }
     }
 
@@ -1084,6 +1089,45 @@ impl<'m> Plan<'m> {
         active.sort_by_key(|cut| cut.source.start);
         Cuts { active, shelved }
     }
+}
+
+/// Per cut (in document order): whether no `]` follows its start before
+/// the next blank line. A paragraph never goes on past a blank line, so
+/// then a `[` left unclosed before the cut cannot be closed after it, and
+/// no link label can reach through it.
+fn no_close_after(markdown: &str, cuts: &[Cut]) -> Vec<bool> {
+    // Each chunk between blank lines, and where its last `]` is.
+    let bytes = markdown.as_bytes();
+    let mut chunks: Vec<(usize, Option<usize>)> = Vec::new();
+    let mut open = false;
+    for (start, content_end, _) in lines(markdown) {
+        let line = &bytes[start..content_end];
+        if line.iter().all(|&b| is_blank_byte(b)) {
+            open = false;
+            continue;
+        }
+        if !open {
+            chunks.push((start, None));
+            open = true;
+        }
+        if let Some(at) = line.iter().rposition(|&b| b == b']')
+            && let Some(chunk) = chunks.last_mut()
+        {
+            chunk.1 = Some(start + at);
+        }
+    }
+    let mut chunk = 0;
+    cuts.iter()
+        .map(|cut| {
+            let start = cut.source.start;
+            while chunk + 1 < chunks.len() && chunks[chunk + 1].0 <= start {
+                chunk += 1;
+            }
+            chunks
+                .get(chunk)
+                .is_none_or(|&(_, last)| last.is_none_or(|last| last < start))
+        })
+        .collect()
 }
 
 /// The labels, lowercase, of the footnotes `main` defines.
@@ -1689,7 +1733,7 @@ impl<'p> Splicer<'p> {
         let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
             && !before.loose
             && !before.link_tail
-            && (before.brackets == 0 || plan.no_definitions)
+            && (before.brackets == 0 || plan.no_definitions || plan.no_close_after[index])
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
         if fits {

@@ -1356,6 +1356,15 @@ mod pieces {
             "[a b c d e] f g\n\n[a b c d e]: /u\n",
             "[^a b c d] f g\n\n[^a b c d]: note\n",
             "[a [b] c d e](x) f g\n",
+            // A `[` left open before stretches, with definitions: harmless
+            // only while no `]` follows in the paragraph.
+            "[ a b c d e f g\n\n[a]: /u\n",
+            "[ a b c d e] f g\n\n[ a b c d e]: /u\n",
+            "[ a b c d\ne f] g\n\n[ a b c d e f]: /u\n",
+            "[ a b [c] d e f g\n\n[c]: /u\n",
+            "[ a b [c] d e f] g\n\n[c]: /u\n[ a b [c] d e f]: /v\n",
+            "[^1 a b c d e f g\n\n[^1]: n\n",
+            "> [ a b c d\n> e f] g\n\n[ a b c d e f]: /u\n",
             // A code span opened before a stretch, closed in it or after it.
             "`a b c d e` f g\n",
             "`a b c d e f g h ``i`` j ` k\n",
@@ -1375,6 +1384,21 @@ mod pieces {
         for markdown in cases {
             same_output(markdown);
         }
+    }
+
+    /// A `[` left open at a paragraph's start, after a definition, and no
+    /// `]` after it: every stretch after it is cut (before, none was, and
+    /// the file, too dense to parse whole, was refused).
+    #[test]
+    fn stretches_after_an_unclosed_bracket_are_cut_when_nothing_closes_it() {
+        let mut markdown = String::from("[x]: /u\n\n[");
+        while markdown.len() < 200 << 10 {
+            markdown.push_str("*a* _b_ ");
+        }
+        assert!(same_with_default_sizes(&markdown) >= 10);
+        // With a `]` at the end, the label could reach through them.
+        markdown.push_str("]\n");
+        assert_eq!(same_with_default_sizes(&markdown), 0);
     }
 
     #[test]

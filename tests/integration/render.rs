@@ -518,20 +518,22 @@ fn a_word_too_dense_to_parse_within_32_times_its_size_is_refused() {
 }
 
 /// Crafted paragraphs that leave something open at their start (a `[`
-/// after a definition, a link title, a tag's attribute value), so that no
-/// stretch after it may be cut: parsed whole they took 51 times their size.
-/// Each is refused naming the line where that paragraph starts.
+/// after a definition that a `]` at the paragraph's end closes, a link
+/// title, a tag's attribute value), so that no stretch after it may be
+/// cut: parsed whole they took 51 times their size. Each is refused naming
+/// the line where that paragraph starts.
 #[test]
 fn paragraphs_left_open_at_their_start_are_refused_naming_their_line() {
-    for (head, line) in [
-        ("[x]: /u\n\n[", 3),
-        ("# Title\n\n[a](x \"", 3),
-        ("<a x=\"", 1),
+    for (head, tail, line) in [
+        ("[x]: /u\n\n[", "]\n", 3),
+        ("# Title\n\n[a](x \"", "", 3),
+        ("<a x=\"", "", 1),
     ] {
         let mut markdown = String::from(head);
         while markdown.len() < 2 << 20 {
             markdown.push_str("*a* _b_ ");
         }
+        markdown.push_str(tail);
         let (out, peak, _) = refused_run(&markdown, "");
         out.expect_code(1);
         let error = out.json()["error"].as_str().expect("an error").to_owned();
@@ -545,6 +547,14 @@ fn paragraphs_left_open_at_their_start_are_refused_naming_their_line() {
             peak >> 20
         );
     }
+}
+
+/// A `[` left open after a definition that nothing closes cannot make a
+/// link: the stretches after it are cut, and the file is rendered (before,
+/// it was parsed whole at 51 times its size).
+#[test]
+fn a_paragraph_after_an_unclosed_bracket_is_rendered_within_32_times_its_size() {
+    assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), "[x]: /u\n\n[");
 }
 
 /// Shapes the parser must take whole, near the bound but within it, are
