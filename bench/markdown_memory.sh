@@ -90,8 +90,8 @@ REPEATED = {
     "star_lines": ("", "a*\n"),
     "tags": ("", "<a>"),
     "loose_backtick": ("`", "*a* _b_ "),
-    # Crafted: something left open at the paragraph's start may reach every
-    # stretch after it, or no place to cut at all: refused (see
+    # Crafted: something left open at the paragraph's start that nothing
+    # after it can end (cut), or no place to cut at all (refused, see
     # docs/performance.md).
     "open_bracket": ("[x]: /u\n\n[", "*a* _b_ "),
     "open_title": ("[a](x \"", "*a* _b_ "),
@@ -99,7 +99,20 @@ REPEATED = {
     "open_star": ("*a ", "a* "),
     "star_word": ("", "a*"),
 }
-if shape in REPEATED:
+# Crafted: left open at the paragraph's start, closed at its end, so that
+# no stretch between may be cut: refused.
+CLOSED = {
+    "closed_bracket": ("[x]: /u\n\n[", "]\n"),
+    "closed_title": ("[a](x \"", "\")\n"),
+    "closed_tag": ("<a x=\"", "\">\n"),
+}
+if shape in CLOSED:
+    head, tail = CLOSED[shape]
+    add(head)
+    while total < target - len(tail):
+        add("*a* _b_ ")
+    add(tail)
+elif shape in REPEATED:
     head, piece = REPEATED[shape]
     add(head)
     while total < target:
@@ -168,7 +181,7 @@ PY
 }
 
 printf '%-15s %9s %9s %6s %7s\n' shape input_MiB peak_MiB ratio MB/s
-shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline digit_lines punct_lines pipe_lines short_rows setext_empty brackets bracket_lines stars star_lines tags loose_backtick open_star chain open_bracket open_title open_tag star_word}"
+shapes="${SHAPES:-table dense_table paragraphs prose emphasis emphasis_lines code_spans links inline_html escapes strike entities short_lines quotes dense_list dense_quote dense_headings wide_row long_word empty_headings footnote_refs headings lists urls refdefs footnote_defs nested_quotes tasks autolinks hard_breaks setext thematic empty_items ordered_items html_blocks table_inline digit_lines punct_lines pipe_lines short_rows setext_empty brackets bracket_lines stars star_lines tags loose_backtick open_star chain open_bracket open_title open_tag closed_bracket closed_title closed_tag star_word}"
 for shape in $shapes; do
   bundle="$work/b-$shape"
   rm -rf "$bundle" "$work/www"

@@ -614,6 +614,10 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     // The current line starts with `> `, and so did the open stretch's
     // first line: its other lines must too (a blockquote's paragraph).
     let mut line_quoted = markdown.starts_with("> ");
+    // The current line may open a fenced code block: no stretch starts on
+    // it. Cut there, the tail of a later line would join it in the main
+    // document, and a backtick in that tail makes it no fence.
+    let mut line_fence = may_open_fence(bytes);
     let mut quoted = false;
     // The `> ` starting a line inside the open stretch, up to here.
     let mut prefix_end = 0;
@@ -692,7 +696,9 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         // (at the start of a line, `<` may start an HTML block).
         let after = (b == b' ' && line_content) || b == b'\n';
         let tag = b == b' ' && bytes.get(at + 1) == Some(&b'<');
-        if start.is_none() && after && (starts_plain(bytes, at + 1) || tag) {
+        if line_fence && b != b'\n' {
+            // No stretch starts on this line.
+        } else if start.is_none() && after && (starts_plain(bytes, at + 1) || tag) {
             start = Some(at + 1);
             end = None;
             quoted = line_quoted && b == b' ';
@@ -704,6 +710,7 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         if b == b'\n' {
             line_content = false;
             line_quoted = bytes[at + 1..].starts_with(b"> ");
+            line_fence = may_open_fence(&bytes[at + 1..]);
         } else if !matches!(b, b' ' | b'\t') {
             line_content = true;
         }
@@ -712,6 +719,22 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         close(s, end, quoted, &mut cuts);
     }
     cuts
+}
+
+/// Whether the line at the start of `rest` could open a fenced code block,
+/// inside any containers: three backticks or tildes after blanks, `>` and
+/// list markers.
+fn may_open_fence(rest: &[u8]) -> bool {
+    let text = rest
+        .iter()
+        .position(|b| {
+            !matches!(
+                b,
+                b' ' | b'\t' | b'>' | b'-' | b'+' | b'*' | b'.' | b')' | b'0'..=b'9'
+            )
+        })
+        .map_or(&[][..], |at| &rest[at..]);
+    text.starts_with(b"```") || text.starts_with(b"~~~")
 }
 
 /// The labels of the footnote references (`[^label]`) in `text`, lowercase;
@@ -853,8 +876,16 @@ pub(super) struct Plan<'m> {
     /// The parses of this plan stay within the limit it was made with.
     fits: bool,
     /// Per cut: no `]` follows its start in the document before the next
-    /// blank line (so in its paragraph).
+    /// blank line (so in its paragraph): a `[` left open before it cannot
+    /// be closed.
     no_close_after: Vec<bool>,
+    /// Per cut: no `"`, `'`, `(` or `)` follows its start in its
+    /// paragraph: an inline link's destination or title left open before
+    /// it cannot end.
+    no_title_end_after: Vec<bool>,
+    /// Per cut: no `>` follows its start in its paragraph: raw HTML or an
+    /// autolink left open before it cannot end.
+    no_angle_end_after: Vec<bool>,
 }
 
 /// A piece's events are collected before they are passed on: its parse
@@ -1043,7 +1074,9 @@ impl<'m> Plan<'m> {
                 .unwrap_or(0);
             fits = main_bytes + (extra.capacity() as u64) + PIECE_TIMES * heaviest <= limit;
         }
-        let no_close_after = no_close_after(markdown, &cuts);
+        let no_close_after = none_after(markdown, &cuts, b"]");
+        let no_title_end_after = none_after(markdown, &cuts, b"\"'()");
+        let no_angle_end_after = none_after(markdown, &cuts, b">");
         Plan {
             markdown,
             cuts,
@@ -1055,6 +1088,8 @@ impl<'m> Plan<'m> {
             no_definitions: !markdown.contains("]:"),
             fits,
             no_close_after,
+            no_title_end_after,
+            no_angle_end_after,
         }
     }
 
@@ -1091,12 +1126,12 @@ impl<'m> Plan<'m> {
     }
 }
 
-/// Per cut (in document order): whether no `]` follows its start before
-/// the next blank line. A paragraph never goes on past a blank line, so
-/// then a `[` left unclosed before the cut cannot be closed after it, and
-/// no link label can reach through it.
-fn no_close_after(markdown: &str, cuts: &[Cut]) -> Vec<bool> {
-    // Each chunk between blank lines, and where its last `]` is.
+/// Per cut (in document order): whether none of `bytes` follows its start
+/// before the next blank line. A paragraph never goes on past a blank
+/// line, so then a `[` left unclosed before the cut cannot be closed after
+/// it (`]`), nor a link title (`"'()`) or a tag (`>`).
+fn none_after(markdown: &str, cuts: &[Cut], set: &[u8]) -> Vec<bool> {
+    // Each chunk between blank lines, and where its last byte of `set` is.
     let bytes = markdown.as_bytes();
     let mut chunks: Vec<(usize, Option<usize>)> = Vec::new();
     let mut open = false;
@@ -1110,7 +1145,7 @@ fn no_close_after(markdown: &str, cuts: &[Cut]) -> Vec<bool> {
             chunks.push((start, None));
             open = true;
         }
-        if let Some(at) = line.iter().rposition(|&b| b == b']')
+        if let Some(at) = line.iter().rposition(|b| set.contains(b))
             && let Some(chunk) = chunks.last_mut()
         {
             chunk.1 = Some(start + at);
@@ -1173,10 +1208,12 @@ fn open_kind(tag: &Tag<'_>) -> Open {
 /// events are verbatim slices of it.
 #[derive(Debug, Default)]
 struct Before {
-    /// A `<` left as text (raw HTML or an autolink could go on into the
-    /// stretch), or text that is not a slice of the document: no stretch
-    /// fits from here on.
+    /// Text that is not a slice of the document, or a backtick run after a
+    /// backslash: no stretch fits from here on.
     loose: bool,
+    /// A `<` left as text: raw HTML or an autolink could go on into the
+    /// stretch, unless no `>` follows in the paragraph.
+    angle: bool,
     /// `[` left as text and not closed by a `]` left as text after them: a
     /// link label could go on through the stretch.
     brackets: usize,
@@ -1732,7 +1769,8 @@ impl<'p> Splicer<'p> {
         let before = &self.before;
         let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
             && !before.loose
-            && !before.link_tail
+            && (!before.angle || plan.no_angle_end_after[index])
+            && (!before.link_tail || plan.no_title_end_after[index])
             && (before.brackets == 0 || plan.no_definitions || plan.no_close_after[index])
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
@@ -1769,7 +1807,7 @@ impl<'p> Splicer<'p> {
         let mut at = source.start;
         while at < source.end {
             match bytes[at] {
-                b'<' => before.loose = true,
+                b'<' => before.angle = true,
                 b'[' => before.brackets += 1,
                 // An escaped `]` closes nothing.
                 b']' if at > 0 && bytes[at - 1] == b'\\' => {}

@@ -1365,6 +1365,28 @@ mod pieces {
             "[ a b [c] d e f] g\n\n[c]: /u\n[ a b [c] d e f]: /v\n",
             "[^1 a b c d e f g\n\n[^1]: n\n",
             "> [ a b c d\n> e f] g\n\n[ a b c d e f]: /u\n",
+            // A link title or destination left open: harmless only while
+            // nothing that could end it follows.
+            "[a](x \"t u v w x y z\n",
+            "[a](x \"t u v w x y\" z)\n",
+            "[a](x 't u v w x y' z)\n",
+            "[a](x (t u v w x y) z)\n",
+            "[a](x u v w x y z)\n",
+            "[a](x\nu v w x y (z)\n",
+            // A tag or autolink left open: harmless only while no `>`
+            // follows.
+            "<a x=\"t u v w x y z\n",
+            "<a x=\"t u v w x y\" z>\n",
+            "<a u v w x y z>\n",
+            "<!-- u v w x y -- z -->\n",
+            "<http://a u v w x y z>\n",
+            "a < b c d e f g\n",
+            // A fence whose info string a stretch started in: cut, the
+            // next line's tail (with backticks) joined the fence's line in
+            // the main document, which made it a paragraph (found with
+            // another seed of the generated test).
+            "```` [b][a] [b][a] [^z] &#91; [b][a] \")x>)[b][a]\n[b][a] `` x>) ``[b][a] x>)\n*x>)**a x>)x>)[b][a]\nc [b][a] x>) [b][a][b][a]`` ``[b][a] ``é",
+            "> ~~~ a b c d e f\n> g h `` i\n",
             // A code span opened before a stretch, closed in it or after it.
             "`a b c d e` f g\n",
             "`a b c d e f g h ``i`` j ` k\n",
@@ -1399,6 +1421,20 @@ mod pieces {
         // With a `]` at the end, the label could reach through them.
         markdown.push_str("]\n");
         assert_eq!(same_with_default_sizes(&markdown), 0);
+    }
+
+    /// The same for a link title and a tag's attribute value left open.
+    #[test]
+    fn stretches_after_an_open_title_or_tag_are_cut_when_nothing_ends_it() {
+        for (head, end) in [("[a](x \"", "\")\n"), ("<a x=\"", "\">\n")] {
+            let mut markdown = String::from(head);
+            while markdown.len() < 200 << 10 {
+                markdown.push_str("*a* _b_ ");
+            }
+            assert!(same_with_default_sizes(&markdown) >= 10, "{head}");
+            markdown.push_str(end);
+            assert_eq!(same_with_default_sizes(&markdown), 0, "{head}");
+        }
     }
 
     #[test]
