@@ -875,17 +875,9 @@ pub(super) struct Plan<'m> {
     no_definitions: bool,
     /// The parses of this plan stay within the limit it was made with.
     fits: bool,
-    /// Per cut: no `]` follows its start in the document before the next
-    /// blank line (so in its paragraph): a `[` left open before it cannot
-    /// be closed.
-    no_close_after: Vec<bool>,
-    /// Per cut: no `"`, `'`, `(` or `)` follows its start in its
-    /// paragraph: an inline link's destination or title left open before
-    /// it cannot end.
-    no_title_end_after: Vec<bool>,
-    /// Per cut: no `>` follows its start in its paragraph: raw HTML or an
-    /// autolink left open before it cannot end.
-    no_angle_end_after: Vec<bool>,
+    /// Per cut, for each of [`ENDERS`]: none of its bytes follows the cut's
+    /// start in its paragraph (see [`none_after`]).
+    none_after: Vec<[bool; 3]>,
 }
 
 /// A piece's events are collected before they are passed on: its parse
@@ -1074,9 +1066,7 @@ impl<'m> Plan<'m> {
                 .unwrap_or(0);
             fits = main_bytes + (extra.capacity() as u64) + PIECE_TIMES * heaviest <= limit;
         }
-        let no_close_after = none_after(markdown, &cuts, b"]");
-        let no_title_end_after = none_after(markdown, &cuts, b"\"'()");
-        let no_angle_end_after = none_after(markdown, &cuts, b">");
+        let none_after = none_after(markdown, &cuts);
         Plan {
             markdown,
             cuts,
@@ -1087,9 +1077,7 @@ impl<'m> Plan<'m> {
             batches,
             no_definitions: !markdown.contains("]:"),
             fits,
-            no_close_after,
-            no_title_end_after,
-            no_angle_end_after,
+            none_after,
         }
     }
 
@@ -1126,44 +1114,58 @@ impl<'m> Plan<'m> {
     }
 }
 
-/// Per cut (in document order): whether none of `bytes` follows its start
-/// before the next blank line. A paragraph never goes on past a blank
-/// line, so then a `[` left unclosed before the cut cannot be closed after
-/// it (`]`), nor a link title (`"'()`) or a tag (`>`).
-fn none_after(markdown: &str, cuts: &[Cut], set: &[u8]) -> Vec<bool> {
-    // Each chunk between blank lines, and where its last byte of `set` is.
+/// Per cut (in document order), for each of [`ENDERS`]: whether none of
+/// its bytes follows the cut's start before the next blank line. A
+/// paragraph never goes on past a blank line, so then a `[` left unclosed
+/// before the cut cannot be closed after it (`]`), nor a link title
+/// (`"'()`) or a tag (`>`). One pass, keeping nothing per line.
+fn none_after(markdown: &str, cuts: &[Cut]) -> Vec<[bool; 3]> {
     let bytes = markdown.as_bytes();
-    let mut chunks: Vec<(usize, Option<usize>)> = Vec::new();
-    let mut open = false;
-    for (start, content_end, _) in lines(markdown) {
+    let mut result = vec![[true; 3]; cuts.len()];
+    // Per set, the cuts of the open chunk that no byte of it followed yet.
+    let mut pending: [Vec<usize>; 3] = Default::default();
+    let mut next = 0;
+    for (start, content_end, end) in lines(markdown) {
         let line = &bytes[start..content_end];
         if line.iter().all(|&b| is_blank_byte(b)) {
-            open = false;
+            for waiting in &mut pending {
+                waiting.clear();
+            }
+            // No cut starts in a blank line; if one did, say no.
+            while next < cuts.len() && cuts[next].source.start < end {
+                result[next] = [false; 3];
+                next += 1;
+            }
             continue;
         }
-        if !open {
-            chunks.push((start, None));
-            open = true;
+        for at in start..content_end {
+            while next < cuts.len() && cuts[next].source.start <= at {
+                for waiting in &mut pending {
+                    waiting.push(next);
+                }
+                next += 1;
+            }
+            for (k, set) in ENDERS.iter().enumerate() {
+                if set.contains(&bytes[at]) {
+                    for index in pending[k].drain(..) {
+                        result[index][k] = false;
+                    }
+                }
+            }
         }
-        if let Some(at) = line.iter().rposition(|b| set.contains(b))
-            && let Some(chunk) = chunks.last_mut()
-        {
-            chunk.1 = Some(start + at);
+        while next < cuts.len() && cuts[next].source.start < end {
+            for waiting in &mut pending {
+                waiting.push(next);
+            }
+            next += 1;
         }
     }
-    let mut chunk = 0;
-    cuts.iter()
-        .map(|cut| {
-            let start = cut.source.start;
-            while chunk + 1 < chunks.len() && chunks[chunk + 1].0 <= start {
-                chunk += 1;
-            }
-            chunks
-                .get(chunk)
-                .is_none_or(|&(_, last)| last.is_none_or(|last| last < start))
-        })
-        .collect()
+    result
 }
+
+/// What ends something left open before a stretch: a `[` (`]`), an inline
+/// link's destination or title (`"'()`), raw HTML or an autolink (`>`).
+const ENDERS: [&[u8]; 3] = [b"]", b"\"'()", b">"];
 
 /// The labels, lowercase, of the footnotes `main` defines.
 fn defined_footnotes(main: &str) -> std::collections::BTreeSet<String> {
@@ -1769,9 +1771,9 @@ impl<'p> Splicer<'p> {
         let before = &self.before;
         let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
             && !before.loose
-            && (!before.angle || plan.no_angle_end_after[index])
-            && (!before.link_tail || plan.no_title_end_after[index])
-            && (before.brackets == 0 || plan.no_definitions || plan.no_close_after[index])
+            && (!before.angle || plan.none_after[index][2])
+            && (!before.link_tail || plan.none_after[index][1])
+            && (before.brackets == 0 || plan.no_definitions || plan.none_after[index][0])
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
         if fits {
