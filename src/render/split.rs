@@ -1138,7 +1138,7 @@ fn none_after(markdown: &str, cuts: &[Cut]) -> Vec<[bool; 3]> {
             }
             continue;
         }
-        for at in start..content_end {
+        for (at, byte) in (start..content_end).zip(line) {
             while next < cuts.len() && cuts[next].source.start <= at {
                 for waiting in &mut pending {
                     waiting.push(next);
@@ -1146,7 +1146,7 @@ fn none_after(markdown: &str, cuts: &[Cut]) -> Vec<[bool; 3]> {
                 next += 1;
             }
             for (k, set) in ENDERS.iter().enumerate() {
-                if set.contains(&bytes[at]) {
+                if set.contains(byte) {
                     for index in pending[k].drain(..) {
                         result[index][k] = false;
                     }
