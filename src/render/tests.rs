@@ -1782,9 +1782,9 @@ mod density {
             ("star_lines", "", "a*\n", false),
             ("tags", "", "<a>", false),
             ("loose_backtick", "`", "*a* _b_ ", false),
-            ("open_bracket", "[x]: /u\n\n[", "*a* _b_ ", true),
-            ("open_title", "[a](x \"", "*a* _b_ ", true),
-            ("open_tag", "<a x=\"", "*a* _b_ ", true),
+            ("open_bracket", "[x]: /u\n\n[", "*a* _b_ ", false),
+            ("open_title", "[a](x \"", "*a* _b_ ", false),
+            ("open_tag", "<a x=\"", "*a* _b_ ", false),
             ("open_star", "*a ", "a* ", false),
             ("star_word", "", "a*", true),
         ];
@@ -1795,6 +1795,19 @@ mod density {
                 text.push_str(piece);
             }
             shapes.push((name, text, refused));
+        }
+        // Crafted: the same, closed at the paragraph's end.
+        for (name, head, tail) in [
+            ("closed_bracket", "[x]: /u\n\n[", "]\n"),
+            ("closed_title", "[a](x \"", "\")\n"),
+            ("closed_tag", "<a x=\"", "\">\n"),
+        ] {
+            let mut text = String::from(head);
+            while text.len() < size - tail.len() {
+                text.push_str("*a* _b_ ");
+            }
+            text.push_str(tail);
+            shapes.push((name, text, true));
         }
         let mut grow =
             |name: &'static str, head: &str, piece: &dyn Fn(usize) -> String, tail: &str| {
