@@ -10,7 +10,7 @@ use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
-use crate::render::{RenderOptions, render_page};
+use crate::render::{RenderError, RenderOptions, render_page};
 use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
 use crate::storage;
 use std::collections::{BTreeMap, BTreeSet};
@@ -229,7 +229,16 @@ fn render_all(
             template,
         };
         let mut body = Spill::new(room, text.len().saturating_mul(2) + 4096);
-        let parts = render_page(text, &options, &mut body).map_err(Failure::Io)?;
+        let parts = render_page(text, &options, &mut body).map_err(|e| match e {
+            RenderError::Io(e) => Failure::Io(e),
+            // Refused like a file over limits.max_markdown_bytes.
+            RenderError::TooDense(dense) => Failure::Bundle(bundle::BundleError::Invalid {
+                problems: vec![bundle::Problem {
+                    path: Some(f.path.as_str().to_owned()),
+                    message: dense.to_string(),
+                }],
+            }),
+        })?;
         let (body, refused) = body.finish().map_err(Failure::Io)?;
         if let Some(why) = refused {
             let warning = format!(

@@ -50,6 +50,7 @@ use std::io;
 use pulldown_cmark::{Options, Parser, html};
 
 mod autolink;
+mod budget;
 mod events;
 mod ids;
 mod links;
@@ -57,6 +58,42 @@ mod split;
 
 #[cfg(test)]
 mod tests;
+
+pub use budget::TooDense;
+
+/// Why a page could not be rendered.
+#[derive(Debug)]
+pub enum RenderError {
+    /// The sink failed.
+    Io(io::Error),
+    /// The document is too dense to parse within its memory budget
+    /// (SPEC §12.3): nothing was parsed that would break it.
+    TooDense(TooDense),
+}
+
+impl From<io::Error> for RenderError {
+    fn from(e: io::Error) -> Self {
+        RenderError::Io(e)
+    }
+}
+
+/// Memory the parse trees of rendering `len` bytes of markdown may take
+/// (SPEC §12.3: 32 times the input in all). Four times the input are left
+/// for the input itself, the text the renderer copies out of it (a round's
+/// main document and batches, counted when a round is weighed; a
+/// paragraph's joined text) and what the parser and the writer keep
+/// besides the tree (measured: files of one-line blocks, whose estimate
+/// is their node count, peak at their tree plus the input and the
+/// process's base). The rest is for the trees of the parses alive at once.
+/// A small document may always use [`LEAST_TREES`]: its trees are then
+/// below the process's own fixed memory.
+fn tree_allowance(len: usize) -> u64 {
+    (len as u64).saturating_mul(28).max(LEAST_TREES)
+}
+
+/// The trees of any document may take this much (a document under
+/// 147 KiB gets more than 28 times its size).
+const LEAST_TREES: u64 = 4 << 20;
 
 /// What to render and how.
 #[derive(Debug, Clone, Copy)]
@@ -100,20 +137,23 @@ impl BodySink for Vec<u8> {
 }
 
 /// Renders CommonMark to a complete UTF-8 HTML5 document. Pure and deterministic.
+/// Unlike [`render_page`], it renders whatever the document's density.
 pub fn markdown_to_html(markdown: &str, options: &RenderOptions<'_>) -> String {
     render(markdown, options, &split::Settings::DEFAULT).0
 }
 
 /// Renders the body of `markdown`'s page into `sink` and returns the whole
 /// page as parts, in order; [`Part::Body`] stands for what `sink` holds.
-/// The same bytes as [`markdown_to_html`], without holding the page: the
-/// only errors are the sink's.
+/// The same bytes as [`markdown_to_html`], without holding the page; or
+/// [`RenderError::TooDense`] before any parse that could take more than
+/// the document's memory budget (SPEC §12.3, see [`budget`]).
 pub fn render_page(
     markdown: &str,
     options: &RenderOptions<'_>,
     sink: &mut dyn BodySink,
-) -> io::Result<Vec<Part>> {
-    render_into(markdown, options, &split::Settings::DEFAULT, sink).map(|(parts, _)| parts)
+) -> Result<Vec<Part>, RenderError> {
+    let limit = Some(tree_allowance(markdown.len()));
+    render_into(markdown, options, &split::Settings::DEFAULT, limit, sink).map(|(parts, _)| parts)
 }
 
 /// [`markdown_to_html`] with the sizes that decide how a big document is
@@ -127,8 +167,11 @@ fn render(
     // Sized for typical output so the buffer rarely grows (each growth
     // briefly holds the old and the new buffer).
     let mut body = Vec::with_capacity(markdown.len().saturating_mul(2) + 4096);
-    let (parts, pieces) = render_into(markdown, options, settings, &mut body)
-        .expect("writing into memory cannot fail");
+    let (parts, pieces) = match render_into(markdown, options, settings, None, &mut body) {
+        Ok(done) => done,
+        Err(RenderError::Io(e)) => panic!("writing into memory cannot fail: {e}"),
+        Err(RenderError::TooDense(_)) => unreachable!("no limit"),
+    };
     let body = String::from_utf8(body).expect("the HTML writer writes text");
     let len = parts
         .iter()
@@ -147,14 +190,16 @@ fn render(
     (page, pieces)
 }
 
-/// [`render_page`] with the split settings; also says how many pieces were
-/// parsed on their own.
+/// [`render_page`] with the split settings and the bytes the parse trees
+/// may take (`None`: no limit); also says how many pieces were parsed on
+/// their own.
 fn render_into(
     markdown: &str,
     options: &RenderOptions<'_>,
     settings: &split::Settings,
+    limit: Option<u64>,
     sink: &mut dyn BodySink,
-) -> io::Result<(Vec<Part>, usize)> {
+) -> Result<(Vec<Part>, usize), RenderError> {
     let mut cuts = split::find_cuts(markdown, settings);
     // Each round drops the pieces whose token came out somewhere it does not
     // mean the same thing; rarely more than one is needed. A piece put back
@@ -165,7 +210,12 @@ fn render_into(
         if cuts.is_empty() {
             break;
         }
-        let plan = split::Plan::new(markdown, cuts, settings);
+        let plan = split::Plan::new(markdown, cuts, settings, limit);
+        if !plan.fits() {
+            // Other rounds would only put pieces back: the whole document
+            // decides.
+            break;
+        }
         let mut splicer = split::Splicer::new(&plan, parser_options());
         let (last, title) = render_body(&mut splicer, sink, options)?;
         let mut failed = splicer.failed();
@@ -181,6 +231,16 @@ fn render_into(
         }
         sink.restart()?;
         cuts = plan.into_cuts_without(&failed);
+    }
+    if let Some(limit) = limit {
+        let weight = budget::weigh(markdown);
+        if weight.bytes() > limit {
+            return Err(RenderError::TooDense(TooDense {
+                line: weight.heaviest_line,
+                needed: weight.bytes(),
+                allowed: limit,
+            }));
+        }
     }
     let parser = Parser::new_ext(markdown, parser_options());
     let (last, title) = render_body(parser, sink, options)?;

@@ -36,6 +36,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use super::budget;
 use pulldown_cmark::{
     BrokenLink, CowStr, Event, LinkType, OffsetIter, Options, Parser, RefDefs, Tag, TagEnd,
 };
@@ -613,6 +614,10 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
     // The current line starts with `> `, and so did the open stretch's
     // first line: its other lines must too (a blockquote's paragraph).
     let mut line_quoted = markdown.starts_with("> ");
+    // The current line may open a fenced code block: no stretch starts on
+    // it. Cut there, the tail of a later line would join it in the main
+    // document, and a backtick in that tail makes it no fence.
+    let mut line_fence = may_open_fence(bytes);
     let mut quoted = false;
     // The `> ` starting a line inside the open stretch, up to here.
     let mut prefix_end = 0;
@@ -691,7 +696,9 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         // (at the start of a line, `<` may start an HTML block).
         let after = (b == b' ' && line_content) || b == b'\n';
         let tag = b == b' ' && bytes.get(at + 1) == Some(&b'<');
-        if start.is_none() && after && (starts_plain(bytes, at + 1) || tag) {
+        if line_fence && b != b'\n' {
+            // No stretch starts on this line.
+        } else if start.is_none() && after && (starts_plain(bytes, at + 1) || tag) {
             start = Some(at + 1);
             end = None;
             quoted = line_quoted && b == b' ';
@@ -703,6 +710,7 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         if b == b'\n' {
             line_content = false;
             line_quoted = bytes[at + 1..].starts_with(b"> ");
+            line_fence = may_open_fence(&bytes[at + 1..]);
         } else if !matches!(b, b' ' | b'\t') {
             line_content = true;
         }
@@ -711,6 +719,22 @@ fn find_words(markdown: &str, settings: &Settings) -> Vec<Cut> {
         close(s, end, quoted, &mut cuts);
     }
     cuts
+}
+
+/// Whether the line at the start of `rest` could open a fenced code block,
+/// inside any containers: three backticks or tildes after blanks, `>` and
+/// list markers.
+fn may_open_fence(rest: &[u8]) -> bool {
+    let text = rest
+        .iter()
+        .position(|b| {
+            !matches!(
+                b,
+                b' ' | b'\t' | b'>' | b'-' | b'+' | b'*' | b'.' | b')' | b'0'..=b'9'
+            )
+        })
+        .map_or(&[][..], |at| &rest[at..]);
+    text.starts_with(b"```") || text.starts_with(b"~~~")
 }
 
 /// The labels of the footnote references (`[^label]`) in `text`, lowercase;
@@ -849,10 +873,28 @@ pub(super) struct Plan<'m> {
     /// The document defines no link reference and no footnote (it has no
     /// `]:`): no link label can match anything.
     no_definitions: bool,
+    /// The parses of this plan stay within the limit it was made with.
+    fits: bool,
+    /// Per cut, for each of [`ENDERS`]: none of its bytes follows the cut's
+    /// start in its paragraph (see [`none_after`]).
+    none_after: Vec<[bool; 3]>,
 }
 
+/// A piece's events are collected before they are passed on: its parse
+/// may take this many times its tree (events of about twice a node's size,
+/// and up to two per node).
+const PIECE_TIMES: u64 = 4;
+
 impl<'m> Plan<'m> {
-    pub(super) fn new(markdown: &'m str, cuts: Cuts, settings: &Settings) -> Self {
+    /// `limit`: bytes the parse trees of a round may take (see
+    /// [`super::budget`]); when the plan's would take more, it does not fit
+    /// ([`Plan::fits`]) and nothing of it is parsed.
+    pub(super) fn new(
+        markdown: &'m str,
+        cuts: Cuts,
+        settings: &Settings,
+        limit: Option<u64>,
+    ) -> Self {
         let Cuts {
             active: cuts,
             shelved,
@@ -955,6 +997,14 @@ impl<'m> Plan<'m> {
             }
         }
         main.push_str(&markdown[at..]);
+        // The main document's tree lives through the round, with the copies
+        // made for it.
+        let main_bytes = limit
+            .map(|_| budget::weigh(&main).bytes() + (main.capacity() + extra.capacity()) as u64);
+        let mut fits = match (limit, main_bytes) {
+            (Some(limit), Some(bytes)) => bytes <= limit,
+            _ => true,
+        };
         // Stretches with footnote references are parsed with a definition
         // for each label the document defines (the definition's events are
         // left out).
@@ -967,7 +1017,7 @@ impl<'m> Plan<'m> {
                 (!labels.is_empty()).then_some((index, labels))
             })
             .collect();
-        if !noted.is_empty() {
+        if !noted.is_empty() && fits {
             let defined = defined_footnotes(&main);
             for (index, labels) in noted {
                 let cut = &cuts[index];
@@ -992,6 +1042,31 @@ impl<'m> Plan<'m> {
                 batches[index] = std::iter::once(begin..extra.len()).collect();
             }
         }
+        if let (Some(limit), Some(main_bytes)) = (limit, main_bytes)
+            && fits
+        {
+            // One piece is parsed at a time, while the main document's tree
+            // is alive.
+            let heaviest = cuts
+                .iter()
+                .enumerate()
+                .flat_map(|(index, cut)| {
+                    let texts: Vec<&str> = match (&cut.kind, batches[index].is_empty()) {
+                        (Kind::Words { .. } | Kind::Section, true) => {
+                            vec![&markdown[cut.source.clone()]]
+                        }
+                        _ => batches[index]
+                            .iter()
+                            .map(|range| &extra[range.clone()])
+                            .collect(),
+                    };
+                    texts.into_iter().map(|text| budget::weigh(text).bytes())
+                })
+                .max()
+                .unwrap_or(0);
+            fits = main_bytes + (extra.capacity() as u64) + PIECE_TIMES * heaviest <= limit;
+        }
+        let none_after = none_after(markdown, &cuts);
         Plan {
             markdown,
             cuts,
@@ -1001,7 +1076,14 @@ impl<'m> Plan<'m> {
             extra,
             batches,
             no_definitions: !markdown.contains("]:"),
+            fits,
+            none_after,
         }
+    }
+
+    /// Whether the plan's parses stay within the limit it was made with.
+    pub(super) fn fits(&self) -> bool {
+        self.fits
     }
 
     /// How many pieces are parsed on their own (stretches of words and
@@ -1031,6 +1113,59 @@ impl<'m> Plan<'m> {
         Cuts { active, shelved }
     }
 }
+
+/// Per cut (in document order), for each of [`ENDERS`]: whether none of
+/// its bytes follows the cut's start before the next blank line. A
+/// paragraph never goes on past a blank line, so then a `[` left unclosed
+/// before the cut cannot be closed after it (`]`), nor a link title
+/// (`"'()`) or a tag (`>`). One pass, keeping nothing per line.
+fn none_after(markdown: &str, cuts: &[Cut]) -> Vec<[bool; 3]> {
+    let bytes = markdown.as_bytes();
+    let mut result = vec![[true; 3]; cuts.len()];
+    // Per set, the cuts of the open chunk that no byte of it followed yet.
+    let mut pending: [Vec<usize>; 3] = Default::default();
+    let mut next = 0;
+    for (start, content_end, end) in lines(markdown) {
+        let line = &bytes[start..content_end];
+        if line.iter().all(|&b| is_blank_byte(b)) {
+            for waiting in &mut pending {
+                waiting.clear();
+            }
+            // No cut starts in a blank line; if one did, say no.
+            while next < cuts.len() && cuts[next].source.start < end {
+                result[next] = [false; 3];
+                next += 1;
+            }
+            continue;
+        }
+        for (at, byte) in (start..content_end).zip(line) {
+            while next < cuts.len() && cuts[next].source.start <= at {
+                for waiting in &mut pending {
+                    waiting.push(next);
+                }
+                next += 1;
+            }
+            for (k, set) in ENDERS.iter().enumerate() {
+                if set.contains(byte) {
+                    for index in pending[k].drain(..) {
+                        result[index][k] = false;
+                    }
+                }
+            }
+        }
+        while next < cuts.len() && cuts[next].source.start < end {
+            for waiting in &mut pending {
+                waiting.push(next);
+            }
+            next += 1;
+        }
+    }
+    result
+}
+
+/// What ends something left open before a stretch: a `[` (`]`), an inline
+/// link's destination or title (`"'()`), raw HTML or an autolink (`>`).
+const ENDERS: [&[u8]; 3] = [b"]", b"\"'()", b">"];
 
 /// The labels, lowercase, of the footnotes `main` defines.
 fn defined_footnotes(main: &str) -> std::collections::BTreeSet<String> {
@@ -1075,10 +1210,12 @@ fn open_kind(tag: &Tag<'_>) -> Open {
 /// events are verbatim slices of it.
 #[derive(Debug, Default)]
 struct Before {
-    /// A `<` left as text (raw HTML or an autolink could go on into the
-    /// stretch), or text that is not a slice of the document: no stretch
-    /// fits from here on.
+    /// Text that is not a slice of the document, or a backtick run after a
+    /// backslash: no stretch fits from here on.
     loose: bool,
+    /// A `<` left as text: raw HTML or an autolink could go on into the
+    /// stretch, unless no `>` follows in the paragraph.
+    angle: bool,
     /// `[` left as text and not closed by a `]` left as text after them: a
     /// link label could go on through the stretch.
     brackets: usize,
@@ -1634,8 +1771,9 @@ impl<'p> Splicer<'p> {
         let before = &self.before;
         let fits = matches!(plan.cuts[index].kind, Kind::Words { .. })
             && !before.loose
-            && !before.link_tail
-            && (before.brackets == 0 || plan.no_definitions)
+            && (!before.angle || plan.none_after[index][2])
+            && (!before.link_tail || plan.none_after[index][1])
+            && (before.brackets == 0 || plan.no_definitions || plan.none_after[index][0])
             && self.in_paragraph_text()
             && !std::mem::replace(&mut self.seen[index], true);
         if fits {
@@ -1671,7 +1809,7 @@ impl<'p> Splicer<'p> {
         let mut at = source.start;
         while at < source.end {
             match bytes[at] {
-                b'<' => before.loose = true,
+                b'<' => before.angle = true,
                 b'[' => before.brackets += 1,
                 // An escaped `]` closes nothing.
                 b']' if at > 0 && bytes[at - 1] == b'\\' => {}

@@ -1356,6 +1356,37 @@ mod pieces {
             "[a b c d e] f g\n\n[a b c d e]: /u\n",
             "[^a b c d] f g\n\n[^a b c d]: note\n",
             "[a [b] c d e](x) f g\n",
+            // A `[` left open before stretches, with definitions: harmless
+            // only while no `]` follows in the paragraph.
+            "[ a b c d e f g\n\n[a]: /u\n",
+            "[ a b c d e] f g\n\n[ a b c d e]: /u\n",
+            "[ a b c d\ne f] g\n\n[ a b c d e f]: /u\n",
+            "[ a b [c] d e f g\n\n[c]: /u\n",
+            "[ a b [c] d e f] g\n\n[c]: /u\n[ a b [c] d e f]: /v\n",
+            "[^1 a b c d e f g\n\n[^1]: n\n",
+            "> [ a b c d\n> e f] g\n\n[ a b c d e f]: /u\n",
+            // A link title or destination left open: harmless only while
+            // nothing that could end it follows.
+            "[a](x \"t u v w x y z\n",
+            "[a](x \"t u v w x y\" z)\n",
+            "[a](x 't u v w x y' z)\n",
+            "[a](x (t u v w x y) z)\n",
+            "[a](x u v w x y z)\n",
+            "[a](x\nu v w x y (z)\n",
+            // A tag or autolink left open: harmless only while no `>`
+            // follows.
+            "<a x=\"t u v w x y z\n",
+            "<a x=\"t u v w x y\" z>\n",
+            "<a u v w x y z>\n",
+            "<!-- u v w x y -- z -->\n",
+            "<http://a u v w x y z>\n",
+            "a < b c d e f g\n",
+            // A fence whose info string a stretch started in: cut, the
+            // next line's tail (with backticks) joined the fence's line in
+            // the main document, which made it a paragraph (found with
+            // another seed of the generated test).
+            "```` [b][a] [b][a] [^z] &#91; [b][a] \")x>)[b][a]\n[b][a] `` x>) ``[b][a] x>)\n*x>)**a x>)x>)[b][a]\nc [b][a] x>) [b][a][b][a]`` ``[b][a] ``é",
+            "> ~~~ a b c d e f\n> g h `` i\n",
             // A code span opened before a stretch, closed in it or after it.
             "`a b c d e` f g\n",
             "`a b c d e f g h ``i`` j ` k\n",
@@ -1374,6 +1405,35 @@ mod pieces {
         ];
         for markdown in cases {
             same_output(markdown);
+        }
+    }
+
+    /// A `[` left open at a paragraph's start, after a definition, and no
+    /// `]` after it: every stretch after it is cut (before, none was, and
+    /// the file, too dense to parse whole, was refused).
+    #[test]
+    fn stretches_after_an_unclosed_bracket_are_cut_when_nothing_closes_it() {
+        let mut markdown = String::from("[x]: /u\n\n[");
+        while markdown.len() < 200 << 10 {
+            markdown.push_str("*a* _b_ ");
+        }
+        assert!(same_with_default_sizes(&markdown) >= 10);
+        // With a `]` at the end, the label could reach through them.
+        markdown.push_str("]\n");
+        assert_eq!(same_with_default_sizes(&markdown), 0);
+    }
+
+    /// The same for a link title and a tag's attribute value left open.
+    #[test]
+    fn stretches_after_an_open_title_or_tag_are_cut_when_nothing_ends_it() {
+        for (head, end) in [("[a](x \"", "\")\n"), ("<a x=\"", "\">\n")] {
+            let mut markdown = String::from(head);
+            while markdown.len() < 200 << 10 {
+                markdown.push_str("*a* _b_ ");
+            }
+            assert!(same_with_default_sizes(&markdown) >= 10, "{head}");
+            markdown.push_str(end);
+            assert_eq!(same_with_default_sizes(&markdown), 0, "{head}");
         }
     }
 
@@ -1635,7 +1695,7 @@ mod parts {
         let mut restarted = 0;
         for markdown in CANDIDATES {
             let mut sink = Counting::default();
-            let (parts, _) = render_into(markdown, &options, &tiny, &mut sink).unwrap();
+            let (parts, _) = render_into(markdown, &options, &tiny, None, &mut sink).unwrap();
             assert_eq!(
                 join(&parts, &sink.bytes),
                 markdown_to_html(markdown, &options),
@@ -1654,4 +1714,400 @@ mod parts {
         "aaa bbb ccc ddd eee fff ggg hhh `iii jjj kkk lll` mmm [nnn ooo ppp qqq](x) rrr\n",
         "> a b c d e f g h\ni j k l m n o p\n",
     ];
+}
+
+/// The memory budget of a parse (SPEC §12.3, see [`super::budget`]).
+mod density {
+    use super::*;
+    use crate::render::{budget, render_into, split::Settings};
+    use proptest::prelude::*;
+    use pulldown_cmark::{Event, Parser};
+
+    /// Nodes the parser's tree holds at least, read off its events: one per
+    /// start tag and one per event that is not a tag (end tags close the
+    /// start's node).
+    fn nodes(markdown: &str) -> u64 {
+        Parser::new_ext(markdown, parser_options())
+            .filter(|event| !matches!(event, Event::End(_)))
+            .count() as u64
+    }
+
+    /// The shapes of `bench/markdown_memory.sh`, about `size` bytes each:
+    /// (name, markdown, refused at 4 MiB).
+    pub(super) fn bench_shapes(size: usize) -> Vec<(&'static str, String, bool)> {
+        let repeated: &[(&str, &str, &str, bool)] = &[
+            (
+                "dense_table",
+                "|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n",
+                "|1|2|3|4|5|6|7|8|\n",
+                false,
+            ),
+            ("emphasis", "", "*a* _b_ ", false),
+            ("emphasis_lines", "", "*a* **b** _c_\n", false),
+            ("code_spans", "", "`a` `b` ", false),
+            ("links", "", "[a](b) ", false),
+            ("inline_html", "", "<b>a</b> ", false),
+            ("escapes", "", "\\*a\\_ ", false),
+            ("strike", "", "~~a~~ ", false),
+            ("short_lines", "", "a\n", false),
+            ("quotes", "", "> a\n", false),
+            ("entities", "", "&amp; ", false),
+            ("dense_list", "", "- *a* _b_\n", false),
+            ("dense_quote", "", "> *a* _b_\n", false),
+            ("dense_headings", "", "# *a* _b_\n", false),
+            ("long_word", "", "a_b*c", false),
+            ("empty_headings", "", "#\n", false),
+            ("tasks", "", "- [ ] a\n- [x] b\n", false),
+            ("autolinks", "", "<http://a> ", false),
+            ("hard_breaks", "", "a  \n", false),
+            ("setext", "", "a\n-\n", false),
+            ("thematic", "", "***\n", false),
+            ("empty_items", "", "-\n", false),
+            ("ordered_items", "", "1.\n", false),
+            ("html_blocks", "", "<div>\n\n", false),
+            (
+                "table_inline",
+                "|a|b|c|\n|-|-|-|\n",
+                "|*a*|`b`|[c](d)|\n",
+                false,
+            ),
+            ("setext_empty", "", "a\n=\n\n", false),
+            ("digit_lines", "", "1a\n", false),
+            ("pipe_lines", "", "|a|\n", false),
+            ("punct_lines", "", ".\n", false),
+            ("short_rows", "|a|b|c|\n|-|-|-|\n", "|a|\n", false),
+            ("brackets", "", "[a] ", false),
+            ("bracket_lines", "", "[a]\n", false),
+            ("stars", "", "a* ", false),
+            ("star_lines", "", "a*\n", false),
+            ("tags", "", "<a>", false),
+            ("loose_backtick", "`", "*a* _b_ ", false),
+            ("open_bracket", "[x]: /u\n\n[", "*a* _b_ ", false),
+            ("open_title", "[a](x \"", "*a* _b_ ", false),
+            ("open_tag", "<a x=\"", "*a* _b_ ", false),
+            ("open_star", "*a ", "a* ", false),
+            ("star_word", "", "a*", true),
+        ];
+        let mut shapes = Vec::new();
+        for &(name, head, piece, refused) in repeated {
+            let mut text = String::from(head);
+            while text.len() < size {
+                text.push_str(piece);
+            }
+            shapes.push((name, text, refused));
+        }
+        // Crafted: the same, closed at the paragraph's end.
+        for (name, head, tail) in [
+            ("closed_bracket", "[x]: /u\n\n[", "]\n"),
+            ("closed_title", "[a](x \"", "\")\n"),
+            ("closed_tag", "<a x=\"", "\">\n"),
+        ] {
+            let mut text = String::from(head);
+            while text.len() < size - tail.len() {
+                text.push_str("*a* _b_ ");
+            }
+            text.push_str(tail);
+            shapes.push((name, text, true));
+        }
+        let mut grow =
+            |name: &'static str, head: &str, piece: &dyn Fn(usize) -> String, tail: &str| {
+                let mut text = String::from(head);
+                let mut i = 0;
+                while text.len() < size {
+                    text.push_str(&piece(i));
+                    i += 1;
+                }
+                text.push_str(tail);
+                shapes.push((name, text, false));
+            };
+        grow(
+            "table",
+            "| a | b | c | d |\n|---|---|---|---|\n",
+            &|i| format!("| {i} | x | y | z |\n"),
+            "",
+        );
+        grow("wide_row", "|a|b|\n|-|-|\n", &|_| "|1".into(), "|\n");
+        grow("footnote_refs", "", &|_| "[^1] ".into(), "\n\n[^1]: note\n");
+        grow(
+            "prose",
+            "",
+            &|i| format!("Word {i} and more words, some_snake_case, (parens) and \"quotes\"; "),
+            "",
+        );
+        grow(
+            "paragraphs",
+            "",
+            &|i| {
+                format!(
+                    "Paragraph {i} with *some* emphasis, `code`, a [link](https://example.com/{i}) and plain words that go on for a while.\n\n"
+                )
+            },
+            "",
+        );
+        grow(
+            "headings",
+            "",
+            &|i| format!("## Heading {}\n\ntext\n\n", i % 1000),
+            "",
+        );
+        grow(
+            "lists",
+            "",
+            &|i| format!("{}- item {i}\n", "  ".repeat(i % 8)),
+            "",
+        );
+        grow(
+            "urls",
+            "",
+            &|i| format!("see https://example.com/page/{i}, and http://x.example/{i}.\n"),
+            "",
+        );
+        grow(
+            "refdefs",
+            "",
+            &|i| format!("[r{i}]: /x{i}\n"),
+            "\n[r1] [r2]\n",
+        );
+        grow(
+            "footnote_defs",
+            "",
+            &|i| format!("[^n{i}] [^n{i}]: note\n\n"),
+            "",
+        );
+        grow(
+            "nested_quotes",
+            "",
+            &|i| format!("{} a\n", ">".repeat(1 + i % 30)),
+            "",
+        );
+        shapes
+    }
+
+    /// The tokens of nasty documents: the bytes the parser treats as
+    /// special, block markers, blanks and line ends, letters.
+    const NASTY: &[&str] = &[
+        "*",
+        "_",
+        "~",
+        "`",
+        "[",
+        "]",
+        "(",
+        ")",
+        "<",
+        ">",
+        "\"",
+        "\\",
+        "&",
+        "|",
+        "!",
+        "#",
+        "-",
+        "=",
+        "+",
+        ".",
+        "1",
+        "2.",
+        "3)",
+        " ",
+        "  ",
+        "    ",
+        "\n",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r\n",
+        "\r",
+        "a",
+        "b",
+        "é",
+        ":",
+        "^",
+        "&amp;",
+        "&#1;",
+        "x:y",
+        "a@b",
+        "```",
+        "~~~",
+        "<div>",
+        "-->",
+        "<!--",
+        "[^1]",
+        "]:",
+        "- ",
+        "> ",
+        "* ",
+        "1. ",
+        "- [ ] ",
+        "|-|",
+        "---",
+        "===",
+        "http://a.b",
+        "<a x=\"",
+    ];
+
+    fn nasty() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(NASTY), 0..400).prop_map(|t| t.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// The estimate is never below the nodes the parser's events show.
+        #[test]
+        fn the_estimate_covers_every_node_of_dense_documents(markdown in nasty()) {
+            let weight = budget::weigh(&markdown);
+            let nodes = nodes(&markdown) + 1;
+            prop_assert!(weight.units - budget::BASE_UNITS + 1 >= nodes, "{} units < {} nodes", weight.units, nodes);
+        }
+    }
+
+    #[test]
+    fn the_estimate_covers_hand_picked_block_structures() {
+        for markdown in [
+            "- a\n-\n",
+            "> x\na\n-\n",
+            "a\\\n-\n",
+            "<!--\n- -->\n- a\n",
+            "<!X\n>>>>>>>>\n>>>> a\n",
+            "- - a\n- - b\n",
+            "|a|b|c|\n|-|-|-|\n|a|\n|\n|b\\|c|\n",
+            "a\n-\n-\n-\n",
+            "```\r\na\r\n-\r\n```\r\n",
+            "\t```\n\ta\n\t-\n",
+            "[x]: /u\n-\n",
+            "# h\n-\n",
+            // Found by the generated test: code, not a quote.
+            "    >",
+            "\t>",
+        ] {
+            let weight = budget::weigh(markdown);
+            let nodes = nodes(markdown);
+            assert!(
+                weight.units - budget::BASE_UNITS >= nodes,
+                "{markdown:?}: {} units < {nodes} nodes",
+                weight.units - budget::BASE_UNITS
+            );
+        }
+    }
+
+    /// Markdown files found under `dir` (its README.md and CHANGELOG.md
+    /// files, or every `.md`), in a stable order.
+    fn markdown_files(dir: &std::path::Path, all: bool, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                markdown_files(&path, all, out);
+            } else if let Some(name) = path.file_name().and_then(|n| n.to_str())
+                && (name == "README.md" || name == "CHANGELOG.md" || (all && name.ends_with(".md")))
+            {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Real markdown is never refused: the markdown files (READMEs,
+    /// changelogs, docs) of the crates in the local cargo registry (when there is one), joined into
+    /// documents of about 4 MiB, and this repository's docs. Prints the
+    /// estimate's ratio to each document's size. Slow in a debug build.
+    #[test]
+    #[ignore]
+    fn real_documents_are_not_refused() {
+        let cargo = std::env::var_os("CARGO_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+        let mut files = Vec::new();
+        if let Some(cargo) = cargo {
+            markdown_files(&cargo.join("registry").join("src"), true, &mut files);
+        }
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+        let mut own = Vec::new();
+        markdown_files(&docs, true, &mut own);
+        let mut documents = Vec::new();
+        let mut document = String::new();
+        for path in &files {
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            document.push_str(&text);
+            document.push_str("\n\n");
+            if document.len() >= 4 << 20 {
+                documents.push(std::mem::take(&mut document));
+            }
+        }
+        if !document.is_empty() {
+            documents.push(document);
+        }
+        let mine: String = own
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        documents.push(mine);
+        println!(
+            "{} registry files, {} documents",
+            files.len(),
+            documents.len()
+        );
+        let mut refused = 0;
+        for markdown in &documents {
+            let weight = budget::weigh(markdown);
+            let ratio = weight.bytes() as f64 / markdown.len() as f64;
+            let outcome = try_render(markdown);
+            println!(
+                "{:8} bytes: estimate {ratio:5.1} times the size{}",
+                markdown.len(),
+                if outcome.is_err() { ", refused" } else { "" }
+            );
+            refused += usize::from(outcome.is_err());
+        }
+        assert_eq!(refused, 0, "real documents were refused");
+    }
+
+    /// Every shape of the bench script at 4 MiB: refused exactly when it is
+    /// one of the crafted ones (parsed whole, they took 51 times their
+    /// size). Prints the estimate and the nodes the events show, per byte.
+    /// Slow in a debug build: run with `--release -- --ignored`.
+    #[test]
+    #[ignore]
+    fn only_the_crafted_bench_shapes_are_refused() {
+        let mut wrong = Vec::new();
+        for (name, markdown, crafted) in bench_shapes(4 << 20) {
+            let weight = budget::weigh(&markdown);
+            let nodes = nodes(&markdown);
+            let len = markdown.len() as f64;
+            let refused = try_render(&markdown).is_err();
+            println!(
+                "{name:<15} estimate {:5.2} nodes {:5.2} per byte{}",
+                weight.units as f64 / len,
+                nodes as f64 / len,
+                if refused { " refused" } else { "" }
+            );
+            if refused != crafted {
+                wrong.push(name);
+            }
+        }
+        assert!(wrong.is_empty(), "refused or not, wrongly: {wrong:?}");
+    }
+
+    fn try_render(markdown: &str) -> Result<String, TooDense> {
+        let generated = set(&[]);
+        let options = RenderOptions {
+            allow_raw_html: false,
+            source_path: "page.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let mut body = Vec::new();
+        let limit = Some(tree_allowance(markdown.len()));
+        match render_into(markdown, &options, &Settings::DEFAULT, limit, &mut body) {
+            Ok(_) => Ok(String::from_utf8(body).unwrap()),
+            Err(RenderError::TooDense(dense)) => Err(dense),
+            Err(RenderError::Io(e)) => panic!("{e}"),
+        }
+    }
 }

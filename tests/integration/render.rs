@@ -448,6 +448,126 @@ fn rendering_a_chain_of_failing_sections_stays_within_32_times_its_size() {
     assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), &chain_of_sections());
 }
 
+/// `distributor run --json` of a bundle of one `page.md` (publishing HTML,
+/// `limits` under the pipeline when given): its output and its peak
+/// resident memory over that of a small page's run.
+fn refused_run(markdown: &str, limits: &str) -> (crate::util::Output, u64, Test) {
+    let t = Test::new();
+    t.config(&format!(
+        "spool: ./spool
+pipelines:
+  - id: p
+{limits}    destinations:
+      - id: site
+        path: ./site
+        publish: {{source: false, html: true}}
+"
+    ));
+    let base = peak_rss_of_bundle(&t, "small", &[("small.md", "# Small\n")]);
+    let b = t.bundle("dense", &[("page.md", markdown)]);
+    let args = [
+        "--config".as_ref(),
+        "config.yaml".as_ref(),
+        "run".as_ref(),
+        "--pipeline".as_ref(),
+        "p".as_ref(),
+        b.as_os_str(),
+    ];
+    let (peak, status) = peak_rss_of(Path::new(BIN), &args, t.path());
+    assert_eq!(status, 1, "the run of a refused page exits 1");
+    let out = t.run(&["run", "--json", "--pipeline", "p", b.to_str().unwrap()]);
+    (out, peak.saturating_sub(base), t)
+}
+
+/// A 4 MiB word `a*a*a*...` has no place to cut at, and each `*` may open
+/// and close emphasis: parsed whole it took 51 times its size. It is refused
+/// before the parse, like a file over `limits.max_markdown_bytes`: exit 1,
+/// stage `verify`, nothing published, an error naming the file, the line
+/// and the fix (SPEC §12.3).
+#[test]
+fn a_word_too_dense_to_parse_within_32_times_its_size_is_refused() {
+    let markdown = "a*".repeat(2 << 20);
+    let (out, peak, t) = refused_run(&markdown, "");
+    out.expect_code(1);
+    let r = out.json();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    for part in [
+        "page.md",
+        "too dense with inline markup",
+        "32 times its size",
+        "line 1 ",
+        "break it into smaller paragraphs",
+        "publish.html off",
+    ] {
+        assert!(error.contains(part), "{part:?} not in {error}");
+    }
+    assert!(!t.join("site/page.html").exists(), "nothing is published");
+    assert!(
+        peak <= 32 * markdown.len() as u64,
+        "refusing took {} MiB",
+        peak >> 20
+    );
+    // The same stage and exit code as a file over the size limit.
+    let (over, _, _) = refused_run(
+        "# Small\n\ntext\n",
+        "    limits: {max_markdown_bytes: 10B}\n",
+    );
+    over.expect_code(1);
+    assert_eq!(over.json()["stage"], r["stage"]);
+}
+
+/// Crafted paragraphs that leave something open at their start and close
+/// it at their end (a `[` after a definition, a link title, a tag's
+/// attribute value), so that no stretch between may be cut: parsed whole
+/// they took 51 times their size. Each is refused naming the line where
+/// that paragraph starts.
+#[test]
+fn paragraphs_left_open_at_their_start_are_refused_naming_their_line() {
+    for (head, tail, line) in [
+        ("[x]: /u\n\n[", "]\n", 3),
+        ("# Title\n\n[a](x \"", "\")\n", 3),
+        ("<a x=\"", "\">\n", 1),
+    ] {
+        let mut markdown = String::from(head);
+        while markdown.len() < 2 << 20 {
+            markdown.push_str("*a* _b_ ");
+        }
+        markdown.push_str(tail);
+        let (out, peak, _) = refused_run(&markdown, "");
+        out.expect_code(1);
+        let error = out.json()["error"].as_str().expect("an error").to_owned();
+        assert!(
+            error.contains("too dense") && error.contains(&format!("line {line} ")),
+            "{head:?}: {error}"
+        );
+        assert!(
+            peak <= 32 * markdown.len() as u64,
+            "{head:?}: {} MiB",
+            peak >> 20
+        );
+    }
+}
+
+/// A `[` left open after a definition, a link title or a tag's attribute
+/// value that nothing ends cannot make a link or a tag: the stretches after
+/// it are cut, and the file is rendered (before, each was parsed whole at
+/// 51 times its size).
+#[test]
+fn paragraphs_after_something_left_open_for_good_are_rendered_within_32_times_their_size() {
+    for start in ["[x]: /u\n\n[", "[a](x \"", "<a x=\""] {
+        assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), start);
+    }
+}
+
+/// Shapes the parser must take whole, near the bound but within it, are
+/// rendered: setext headings (about 27 times), empty list items, escapes.
+#[test]
+fn dense_shapes_within_the_bound_are_not_refused() {
+    assert_renders_within_32_times(|_| "a\n-\n".to_owned(), "");
+    assert_renders_within_32_times(|_| "-\n".to_owned(), "");
+}
+
 /// At least `len` bytes of markdown: sections with a small table each,
 /// which render to about three times their size.
 fn big_markdown(len: usize) -> String {
