@@ -45,6 +45,7 @@
 //! compare it with the events the parser gives on generated documents of
 //! the parser's special characters.
 
+use super::split::flanking;
 use std::fmt;
 
 /// Bytes one unit stands for: a tree node of pulldown-cmark 0.13
@@ -465,37 +466,6 @@ fn may_be_autolink(after: &[u8]) -> bool {
         .take(320)
         .take_while(|&&b| !matches!(b, b'>' | b'<' | b' ' | b'\t' | b'\n' | b'\r'))
         .any(|&b| b == b':' || b == b'@')
-}
-
-/// Whitespace as the parser's flanking rules see it (ASCII).
-fn is_space_byte(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// Whether a run can open and close (see `split::flanking`, the same rule;
-/// a neighbour that is not ASCII may be anything).
-fn flanking(c: u8, run: usize, before: Option<u8>, after: Option<u8>) -> (bool, bool) {
-    if before.is_some_and(|b| !b.is_ascii()) || after.is_some_and(|b| !b.is_ascii()) {
-        return (true, true);
-    }
-    let punct = |b: u8| b.is_ascii_punctuation();
-    let open = match (before, after) {
-        (_, None) => false,
-        (_, Some(a)) if is_space_byte(a) => false,
-        (None, _) => true,
-        (Some(b), Some(a)) => {
-            (c == b'*' && !punct(a)) || (c == b'~' && run > 1) || is_space_byte(b) || punct(b)
-        }
-    };
-    let close = match (before, after) {
-        (None, _) => false,
-        (Some(b), _) if is_space_byte(b) => false,
-        (_, None) => true,
-        (Some(b), Some(a)) => {
-            ((c == b'*' || (c == b'~' && run > 1)) && !punct(b)) || is_space_byte(a) || punct(a)
-        }
-    };
-    (open, close)
 }
 
 fn is_blank_byte(b: u8) -> bool {

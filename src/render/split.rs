@@ -775,7 +775,7 @@ fn is_space_byte(b: u8) -> bool {
 /// (pulldown-cmark's `delim_run_can_open` and `delim_run_can_close`).
 /// A neighbour that is not ASCII may be a letter, a space or punctuation:
 /// `(true, true)`, the run may do both.
-fn flanking(c: u8, run: usize, before: Option<u8>, after: Option<u8>) -> (bool, bool) {
+pub(super) fn flanking(c: u8, run: usize, before: Option<u8>, after: Option<u8>) -> (bool, bool) {
     if before.is_some_and(|b| !b.is_ascii()) || after.is_some_and(|b| !b.is_ascii()) {
         return (true, true);
     }

@@ -34,12 +34,18 @@ impl Drop for SmallFs {
 }
 
 fn small_fs(t: &Test) -> Option<SmallFs> {
+    small_fs_at(&t.join("small"))
+}
+
+/// A 1 MiB tmpfs mounted at `at`, or `None` (with the reason printed) when
+/// this test cannot mount one.
+fn small_fs_at(at: &Path) -> Option<SmallFs> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: mounting a size-limited tmpfs needs root");
         return None;
     }
-    let fs = SmallFs::mount(&t.join("small"));
+    let fs = SmallFs::mount(at);
     if fs.is_none() {
         eprintln!("skipped: cannot mount a tmpfs here");
     }
@@ -124,11 +130,6 @@ fn a_folder_of_the_root_on_another_file_system_still_gets_its_outputs() {
     // A small publication stages at the top of the root and renames into
     // place; a folder that is a mount point takes a copy instead, and says so.
     let t = Test::new();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
     t.config(
         "spool: ./spool
 pipelines:
@@ -140,8 +141,7 @@ pipelines:
     );
     let first = t.sealed("first", &[("top.txt", b"top\n")]);
     t.publish("p", &first, &[]).expect_code(0);
-    let Some(_mounted) = SmallFs::mount(&t.join("www/small")) else {
-        eprintln!("skipped: cannot mount a tmpfs here");
+    let Some(_mounted) = small_fs_at(&t.join("www/small")) else {
         return;
     };
     let b = t.sealed(
