@@ -16,7 +16,9 @@
 //! and the caller publishes the bundles one by one.
 
 use super::prepare::{Ready, prepare_bundle};
-use super::stage::{Job, Staged, StagedAt, missing_dirs, move_into_place, probe, stage_one};
+use super::stage::{
+    Job, Staged, StagedAt, make_folders, missing_dirs, move_into_place, probe, stage_one,
+};
 use super::{Failure, Options, record_plans, verify_rest};
 use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
 use crate::clock::now_millis;
@@ -441,6 +443,7 @@ fn stage_root(
     root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| journal.write_json(w))?;
     drop(journal);
     failpoint::hit("publish.after_journal");
+    make_folders(root, writes.values().map(|(_, d)| d))?;
     let work: Vec<&(usize, Desired)> = writes.values().collect();
     map_on(workers, &work, |(k, d)| {
         if !keep_going() {

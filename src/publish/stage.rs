@@ -262,6 +262,7 @@ pub(super) fn stage(
         })
         .collect();
     let (staged, state, texts) = if uses_barrier(plan) {
+        make_folders(root, plan.writes.iter()).map_err(Failure::Io)?;
         let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
         let staged = map_on_runs(workers, &jobs, same_folder, |job| {
             stage_one(root, job, None)
@@ -324,6 +325,26 @@ pub(super) fn stage(
         catalog: state,
         texts,
     })
+}
+
+/// Creates the folders `writes` go into, one after the other, before they
+/// are staged on several threads: creating a folder holds its parent's
+/// lock while the file system looks for a free inode, and workers creating
+/// sibling folders at once spent a fifth of a nested backlog's CPU
+/// waiting for each other.
+pub(super) fn make_folders<'d>(
+    root: &Root,
+    writes: impl Iterator<Item = &'d Desired>,
+) -> io::Result<()> {
+    let mut last: Option<&str> = None;
+    for d in writes {
+        let parent = d.path.parent();
+        if parent.is_some() && parent != last {
+            root.parent_dir(&d.path, true)?;
+        }
+        last = parent;
+    }
+    Ok(())
 }
 
 /// Removes what `plan` clears before its writes, durably. The journal must
