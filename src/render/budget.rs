@@ -45,7 +45,7 @@
 //! compare it with the events the parser gives on generated documents of
 //! the parser's special characters.
 
-use super::split::flanking;
+use super::split::{byte_lines as lines, flanking, is_blank_byte};
 use std::fmt;
 
 /// Bytes one unit stands for: a tree node of pulldown-cmark 0.13
@@ -466,33 +466,6 @@ fn may_be_autolink(after: &[u8]) -> bool {
         .take(320)
         .take_while(|&&b| !matches!(b, b'>' | b'<' | b' ' | b'\t' | b'\n' | b'\r'))
         .any(|&b| b == b':' || b == b'@')
-}
-
-fn is_blank_byte(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | 0x0b | 0x0c)
-}
-
-/// Lines as (start, end without line ending, end with it); `\n` or `\r\n`
-/// ends one (a lone `\r` is weighed as a break inside the line).
-fn lines(bytes: &[u8]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        if at >= bytes.len() {
-            return None;
-        }
-        let start = at;
-        let (content_end, next) = match bytes[start..].iter().position(|&b| b == b'\n') {
-            Some(n) => (start + n, start + n + 1),
-            None => (bytes.len(), bytes.len()),
-        };
-        let content_end = if content_end > start && bytes[content_end - 1] == b'\r' {
-            content_end - 1
-        } else {
-            content_end
-        };
-        at = next;
-        Some((start, content_end, next))
-    })
 }
 
 /// A run of lines between blank lines holding a line that could be a

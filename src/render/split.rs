@@ -220,7 +220,7 @@ fn table_chunks(markdown: &str) -> Vec<Range<usize>> {
 
 /// Whitespace within a line, as the parser counts it (a line of only such
 /// bytes is blank).
-fn is_blank_byte(b: u8) -> bool {
+pub(super) fn is_blank_byte(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | 0x0b | 0x0c)
 }
 
@@ -228,7 +228,11 @@ fn is_blank_byte(b: u8) -> bool {
 /// Only `\n` (or `\r\n`) ends a line here; a lone `\r`, which ends one for
 /// the parser, is left inside: the finders treat it where it matters.
 fn lines(text: &str) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-    let bytes = text.as_bytes();
+    byte_lines(text.as_bytes())
+}
+
+/// [`lines`] of bytes.
+pub(super) fn byte_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     let mut at = 0;
     std::iter::from_fn(move || {
         if at >= bytes.len() {
