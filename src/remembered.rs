@@ -88,9 +88,10 @@ pub fn remember(root: &Root, file: Look, catalog: Catalog, texts: Option<RecordT
     }
 }
 
-/// Forgets whatever is remembered for `root` (its catalog was written by
-/// a path that does not remember it).
-pub fn forget(root: &Root) {
+/// Forgets whatever is remembered for `root`. Not needed outside tests: a
+/// catalog written by anyone else is a new file, which nothing matches.
+#[cfg(test)]
+fn forget(root: &Root) {
     let Some(key) = root_key(root) else { return };
     entries().retain(|e| e.root != key);
 }

@@ -529,20 +529,6 @@ impl Root {
         }
     }
 
-    /// Fsyncs the folder `path` ("" for the root) if it still exists.
-    pub fn sync_folder(&self, path: &str) -> io::Result<()> {
-        if path.is_empty() {
-            return sync_dir(&self.dir);
-        }
-        let Some((parent, name)) = self.parent_of(path)? else {
-            return Ok(());
-        };
-        match open_subdir(&parent, &name) {
-            Ok(dir) => sync_dir(&dir),
-            Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
 
     /// A durability barrier: every change made so far to the file system
     /// holding the root (data, renames, deletions) reaches the disk.
