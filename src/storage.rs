@@ -529,7 +529,6 @@ impl Root {
         }
     }
 
-
     /// A durability barrier: every change made so far to the file system
     /// holding the root (data, renames, deletions) reaches the disk.
     /// Mutations in this module do not sync one by one; callers order them
