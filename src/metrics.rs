@@ -51,6 +51,7 @@ struct PipelineSeries {
     bundles_failed: u64,
     published_bytes: u64,
     batch_fallbacks: u64,
+    cross_device_copies: u64,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -115,6 +116,14 @@ impl Metrics {
     /// one by one.
     pub fn batch_fallback(&self, pipeline: &str) {
         self.lock().pipeline(pipeline).batch_fallbacks += 1;
+    }
+
+    /// `copies` outputs of `pipeline` were copied into a folder on another
+    /// file system than their root, instead of renamed into place.
+    pub fn add_cross_device_copies(&self, pipeline: &str, copies: u64) {
+        let mut state = self.lock();
+        let series = state.pipeline(pipeline);
+        series.cross_device_copies = series.cross_device_copies.saturating_add(copies);
     }
 
     /// `bytes` were written into destination roots for `pipeline`.
@@ -191,6 +200,15 @@ impl Metrics {
             pipelines
                 .iter()
                 .map(|(p, s)| (vec![("pipeline", p.as_str())], s.batch_fallbacks)),
+        );
+        family(
+            &mut out,
+            "cross_device_copies_total",
+            "counter",
+            "Outputs copied into a folder of their root that is on another file system (a mount point), instead of renamed into place, since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.cross_device_copies)),
         );
         family(
             &mut out,
@@ -343,6 +361,7 @@ mod tests {
         m.bundle_failed("reports");
         m.add_published_bytes("reports", 1234);
         m.add_published_bytes("reports", 66);
+        m.add_cross_device_copies("reports", 2);
         m.set_queue_depth("reports", "inbox", 3);
         m.set_queue_depth("reports", "failed", 1);
         m.destination_succeeded(
@@ -366,6 +385,9 @@ distributor_published_bytes_total{pipeline=\"reports\"} 1300
 # HELP distributor_batch_fallbacks_total Batches that stepped aside (their bundles were then published one by one) since the agent started.
 # TYPE distributor_batch_fallbacks_total counter
 distributor_batch_fallbacks_total{pipeline=\"reports\"} 0
+# HELP distributor_cross_device_copies_total Outputs copied into a folder of their root that is on another file system (a mount point), instead of renamed into place, since the agent started.
+# TYPE distributor_cross_device_copies_total counter
+distributor_cross_device_copies_total{pipeline=\"reports\"} 2
 # HELP distributor_spool_bundles Bundles in each spool folder (inbox, work, done, failed) when last counted.
 # TYPE distributor_spool_bundles gauge
 distributor_spool_bundles{pipeline=\"reports\",spool=\"failed\"} 1
@@ -387,7 +409,7 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 14, "{text}");
+        assert_eq!(lines.len(), 16, "{text}");
         assert!(
             lines
                 .iter()

@@ -74,6 +74,10 @@ pub struct RunReport {
     /// Bytes written into destination roots; not serialised.
     #[serde(skip)]
     pub bytes_published: u64,
+    /// Outputs copied into a folder of a root on another file system,
+    /// instead of renamed (slower; logged); not serialised.
+    #[serde(skip)]
+    pub copied_across: u64,
     /// Planning refused the publication (exit 3); not serialised.
     #[serde(skip)]
     pub refused: bool,
@@ -95,6 +99,7 @@ impl RunReport {
             transient: false,
             refused: false,
             bytes_published: 0,
+            copied_across: 0,
             warnings: Vec::new(),
         }
     }

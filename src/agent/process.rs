@@ -173,6 +173,7 @@ impl Worker {
         match spool::finish(&self.spool, path, name, report) {
             Ok(to) => {
                 let metrics = &self.tally.metrics;
+                metrics.add_cross_device_copies(&self.pipeline.id, report.copied_across);
                 if report.ok {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     metrics.bundle_done(&self.pipeline.id);

@@ -231,9 +231,10 @@ pub fn publish(
             .expect("staged destinations are planned")
             .1;
         match commit(p, temps) {
-            Ok(written) => {
+            Ok(committed) => {
+                report.copied_across += committed.copied_across;
                 if let (Some(look), Some(root), Some(catalog)) =
-                    (written, &p.root, p.catalog.take())
+                    (committed.catalog, &p.root, p.catalog.take())
                 {
                     remembered::remember(root, look, catalog, temps.texts.take());
                 }

@@ -21,6 +21,7 @@ use crate::workers::{PerCore, Syncable, Workers, map_on_runs, sync_at_once};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 /// What storage holds at each planned path and the folders above it (the
@@ -411,16 +412,29 @@ fn stage_output(
     Ok((temp, file, copied))
 }
 
+/// What [`commit`] did.
+pub(super) struct Committed {
+    /// The look of the catalog file written, if any.
+    pub catalog: Option<Look>,
+    /// See [`Moved::copied_across`].
+    pub copied_across: u64,
+}
+
 /// Renames the staged outputs of `p` into place, deletes, writes the
-/// catalog and drops the journal. Returns the look of the catalog file
-/// written, if any.
-pub(super) fn commit(p: &Planned, staged_root: &StagedRoot) -> io::Result<Option<Look>> {
+/// catalog and drops the journal.
+pub(super) fn commit(p: &Planned, staged_root: &StagedRoot) -> io::Result<Committed> {
     let plan = &p.plan;
     let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
-        return Ok(None);
+        return Ok(Committed {
+            catalog: None,
+            copied_across: 0,
+        });
     };
     let staged = &staged_root.outputs;
-    let touched = move_into_place(
+    let Moved {
+        touched,
+        copied_across,
+    } = move_into_place(
         root,
         plan.writes
             .iter()
@@ -468,7 +482,10 @@ pub(super) fn commit(p: &Planned, staged_root: &StagedRoot) -> io::Result<Option
     );
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
-    Ok(Some(written))
+    Ok(Committed {
+        catalog: Some(written),
+        copied_across,
+    })
 }
 
 /// Replaces the root's `.distributor-seen` with the look of every output
@@ -502,17 +519,26 @@ pub(super) enum StagedAt {
     Top,
 }
 
+/// What [`move_into_place`] did.
+pub(super) struct Moved {
+    /// Every folder touched, the root always included (the catalog is
+    /// renamed there), for the caller's fsyncs.
+    pub touched: BTreeSet<String>,
+    /// Outputs copied into a folder on another file system than the root
+    /// (the slow path of outputs staged at the top; logged each time).
+    pub copied_across: u64,
+}
+
 /// Renames staged temporary files over their targets, then deletes (and
-/// prunes emptied folders). Renames run on `parallel` when given. Returns
-/// every folder touched, the root always included (the catalog is renamed
-/// there), for the caller's fsyncs.
+/// prunes emptied folders). Renames run on `parallel` when given.
 pub(super) fn move_into_place<'p>(
     root: &Root,
     staged: impl Iterator<Item = (&'p RelPath, &'p String)>,
     at: StagedAt,
     deletes: impl IntoIterator<Item = &'p String>,
     parallel: Option<&dyn Workers>,
-) -> io::Result<BTreeSet<String>> {
+) -> io::Result<Moved> {
+    let copied_across = AtomicU64::new(0);
     let mut touched = BTreeSet::from([String::new()]);
     let mut touch = |path: &str| {
         let mut above = path;
@@ -539,6 +565,7 @@ pub(super) fn move_into_place<'p>(
             Ok(()) => {}
             Err(rustix::io::Errno::XDEV) => {
                 let beside = copy_across(root, temp, &dir)?;
+                copied_across.fetch_add(1, Ordering::Relaxed);
                 log::warn!(
                     "{}: the folder of {path} is on another file system than the root; its output was copied across (a root is best one file system: outputs are staged at its top)",
                     root.path().display()
@@ -570,7 +597,10 @@ pub(super) fn move_into_place<'p>(
         failpoint::hit("publish.after_delete");
         touch(path);
     }
-    Ok(touched)
+    Ok(Moved {
+        touched,
+        copied_across: copied_across.into_inner(),
+    })
 }
 
 /// Copies the staged file `temp` at the top of `root` to a new temporary

@@ -132,6 +132,7 @@ fn a_folder_of_the_root_on_another_file_system_still_gets_its_outputs() {
     let t = Test::new();
     t.config(
         "spool: ./spool
+agent: {settle: 0s, metrics_file: ./metrics.prom}
 pipelines:
   - id: p
     destinations:
@@ -162,6 +163,26 @@ pipelines:
         "on the tmpfs\n"
     );
     assert_eq!(fs::read_to_string(www.join("top2.txt")).unwrap(), "top\n");
+    no_temp_files(&www);
+    assert_catalog_matches_disk(&www);
+
+    // The agent counts each such copy, so that a slow path that is taken
+    // shows on a dashboard and not only in the log.
+    let c = t.sealed("c", &[("small/c.txt", b"agent\n")]);
+    fs::create_dir_all(t.join("spool/p/inbox")).unwrap();
+    fs::rename(&c, t.join("spool/p/inbox/c")).unwrap();
+    t.run(&["agent", "--once"]).expect_code(0);
+    assert_eq!(
+        fs::read_to_string(www.join("small/c.txt")).unwrap(),
+        "agent\n"
+    );
+    let metrics = fs::read_to_string(t.join("metrics.prom")).unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "distributor_cross_device_copies_total{pipeline=\"p\"} 1"),
+        "{metrics}"
+    );
     no_temp_files(&www);
     assert_catalog_matches_disk(&www);
 }

@@ -53,3 +53,58 @@ pipelines:
         .collect();
     assert_eq!(names, ["metrics.prom"], "no temporary file left next to it");
 }
+
+/// The copy across file systems is the slow path of a small publication
+/// (outputs are staged at the top of the root and renamed into their
+/// folders): an ordinary root never takes it, for new or existing folders.
+#[test]
+fn nested_bundles_in_an_ordinary_root_are_renamed_into_place_never_copied() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+agent: {settle: 0s, metrics_file: ./metrics.prom}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        prefix: \"{source_id}/\"
+",
+    );
+    t.mkdir("spool/p/inbox");
+    for (i, name) in ["first", "second", "third"].iter().enumerate() {
+        // One bundle per run: each is a single publication, not a batch.
+        let report = format!("# report {i}\n");
+        let b = t.bundle(
+            name,
+            &[
+                ("r/2026/report.md", report.as_str()),
+                ("r/2026/page.html", "<p>page</p>\n"),
+                ("r/data.bin", "data"),
+            ],
+        );
+        fs::rename(&b, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
+        let out = t
+            .cmd()
+            .env("RUST_LOG", "info")
+            .args(["--config", "config.yaml", "agent", "--once"])
+            .output();
+        out.expect_code(0);
+        assert!(
+            !out.stderr.contains("another file system"),
+            "{}",
+            out.stderr
+        );
+        let text = fs::read_to_string(t.join("metrics.prom")).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == "distributor_cross_device_copies_total{pipeline=\"p\"} 0"),
+            "{text}"
+        );
+        assert_eq!(
+            fs::read_to_string(t.join(&format!("root/{name}/r/2026/report.md"))).unwrap(),
+            report
+        );
+    }
+    crate::util::assert_catalog_matches_disk(&t.join("root"));
+}
