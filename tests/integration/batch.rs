@@ -2,7 +2,7 @@
 //! order still decides, each bundle gets its own result, a bad bundle
 //! fails alone, and a crash mid-batch converges.
 
-use crate::util::{Test, assert_catalog_matches_disk};
+use crate::util::{Test, assert_catalog_matches_disk, metric};
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
@@ -256,15 +256,6 @@ fn a_crash_in_the_middle_of_a_batch_converges() {
             );
         }
     }
-}
-
-fn metric(t: &Test, name: &str) -> String {
-    let text = fs::read_to_string(t.join("metrics.prom")).unwrap();
-    let prefix = format!("distributor_{name}{{pipeline=\"p\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-        .to_owned()
 }
 
 /// Regression: staging threads raced to create the same new folder

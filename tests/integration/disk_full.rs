@@ -3,7 +3,7 @@
 //! matching, and no temporary file is left behind. Needs root (to mount a
 //! size-limited tmpfs); skipped with a printed reason otherwise.
 
-use crate::util::{Test, assert_catalog_matches_disk};
+use crate::util::{Test, assert_catalog_matches_disk, metric};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -176,13 +176,7 @@ pipelines:
         fs::read_to_string(www.join("small/c.txt")).unwrap(),
         "agent\n"
     );
-    let metrics = fs::read_to_string(t.join("metrics.prom")).unwrap();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "distributor_cross_device_copies_total{pipeline=\"p\"} 1"),
-        "{metrics}"
-    );
+    assert_eq!(metric(&t, "cross_device_copies_total"), "1");
     no_temp_files(&www);
     assert_catalog_matches_disk(&www);
 }

@@ -1,7 +1,7 @@
 //! `agent.metrics_file`: the agent writes Prometheus text that node_exporter's
 //! textfile collector can read, with the counts an operator alerts on.
 
-use crate::util::Test;
+use crate::util::{Test, assert_catalog_matches_disk, metric};
 use std::fs;
 
 #[test]
@@ -95,16 +95,11 @@ pipelines:
             "{}",
             out.stderr
         );
-        let text = fs::read_to_string(t.join("metrics.prom")).unwrap();
-        assert!(
-            text.lines()
-                .any(|l| l == "distributor_cross_device_copies_total{pipeline=\"p\"} 0"),
-            "{text}"
-        );
+        assert_eq!(metric(&t, "cross_device_copies_total"), "0");
         assert_eq!(
             fs::read_to_string(t.join(&format!("root/{name}/r/2026/report.md"))).unwrap(),
             report
         );
     }
-    crate::util::assert_catalog_matches_disk(&t.join("root"));
+    assert_catalog_matches_disk(&t.join("root"));
 }

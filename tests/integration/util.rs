@@ -821,6 +821,17 @@ fn walk(path: &Path, rel: &str, hash: bool, out: &mut BTreeMap<String, Node>) {
 /// Asserts that every record of a catalog matches the bytes on disk and
 /// that every regular file of the root (reserved names aside) is recorded.
 #[track_caller]
+/// The value of the metric `distributor_<name>` of pipeline `p` in the
+/// test's `metrics.prom`.
+pub fn metric(t: &Test, name: &str) -> String {
+    let text = fs::read_to_string(t.join("metrics.prom")).unwrap();
+    let prefix = format!("distributor_{name}{{pipeline=\"p\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .to_owned()
+}
+
 pub fn assert_catalog_matches_disk(root: &Path) {
     let recs = records(&read_state(root));
     for (path, r) in &recs {
