@@ -114,15 +114,35 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
     // Read as a stream: a large publication's journal is tens of MiB, and
     // its records are all that need to be held.
     let reader = io::BufReader::with_capacity(64 * 1024, file);
-    let journal: Journal = serde_json::from_reader(reader).map_err(|e| {
-        if e.is_io() {
-            return io::Error::from(e);
+    let journal: Journal = match serde_json::from_reader(reader) {
+        Ok(journal) => journal,
+        Err(e) if e.is_io() => return Err(io::Error::from(e)),
+        Err(e) if cut_short(root, &e)? => {
+            // Every publication makes its journal durable before it moves
+            // anything into place (publish::stage), so one cut short by a
+            // crash had changed nothing outside the top of the root: there
+            // is nothing to settle but its temporary files, removed above.
+            log::warn!(
+                "{}/{JOURNAL_FILE} was cut short ({e}): the publication that wrote it stopped before it was durable, so it had moved nothing into place; {}",
+                root.path().display(),
+                if apply {
+                    "removed it, the catalog stands as it was"
+                } else {
+                    "it is removed by the next run"
+                }
+            );
+            if apply {
+                root.remove_file(JOURNAL_FILE)?;
+            }
+            return Ok(current);
         }
-        io::Error::other(format!(
-            "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
-            root.path().display()
-        ))
-    })?;
+        Err(e) => {
+            return Err(io::Error::other(format!(
+                "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
+                root.path().display()
+            )));
+        }
+    };
     log::warn!(
         "{}: settling an unfinished publication from its journal ({} writes, {} deletes journaled)",
         root.path().display(),
@@ -205,6 +225,32 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
     } else {
         current
     })
+}
+
+/// Whether the journal failed to parse because it was cut short: it ends
+/// before its JSON does (a crash while it was being written), or holds NUL
+/// bytes (its size reached the disk before its data, after a power loss).
+/// Anything else (text that is not a journal) is not taken for a crash.
+fn cut_short(root: &Root, e: &serde_json::Error) -> io::Result<bool> {
+    match e.classify() {
+        serde_json::error::Category::Eof => Ok(true),
+        serde_json::error::Category::Syntax => {
+            let Some(mut file) = root.open_reserved(JOURNAL_FILE)? else {
+                return Ok(false);
+            };
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = io::Read::read(&mut file, &mut buf)?;
+                if n == 0 {
+                    return Ok(false);
+                }
+                if buf[..n].contains(&0) {
+                    return Ok(true);
+                }
+            }
+        }
+        _ => Ok(false),
+    }
 }
 
 /// The first folder above `path` that exists but is not a real folder.
@@ -323,6 +369,74 @@ mod tests {
             assert_eq!(bytes, owned.to_json());
             assert_eq!(read.writes.len(), owned.writes.len());
             assert_eq!(read.deletes, owned.deletes);
+        }
+    }
+
+    /// A crash while the journal was being written, before it was durable,
+    /// leaves it cut short: nothing of its publication was moved into place
+    /// (the journal is durable before anything is), so it is dropped with
+    /// the temporary files and the catalog stands. A journal that is whole
+    /// but not one this version reads still stops the root, as before.
+    #[test]
+    fn a_journal_cut_short_is_dropped_and_anything_else_unreadable_is_kept() {
+        let now = time::macros::datetime!(2026-06-02 00:00 UTC);
+        let whole = Journal {
+            writes: vec![JournalWrite {
+                new: record("a/x", 1),
+                old: None,
+            }],
+            deletes: vec!["gone".to_owned()],
+            created_dirs: vec!["a".to_owned()],
+            state_was_absent: false,
+        }
+        .to_json();
+        let mut zero_tail = whole[..whole.len() / 2].to_vec();
+        zero_tail.resize(whole.len(), 0);
+        let cases: [(&str, Vec<u8>, bool); 6] = [
+            ("empty", Vec::new(), true),
+            ("half", whole[..whole.len() / 2].to_vec(), true),
+            (
+                "all but the last byte",
+                whole[..whole.len() - 1].to_vec(),
+                true,
+            ),
+            ("its size on disk before its data", zero_tail, true),
+            ("not JSON", b"{\"writes\": nonsense}".to_vec(), false),
+            ("JSON, not a journal", b"{\"steps\": []}".to_vec(), false),
+        ];
+        for (what, bytes, dropped) in cases {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = Root::open(tmp.path()).unwrap().unwrap();
+            let mut catalog = Catalog::new(now);
+            catalog.outputs.push(record("kept", 1));
+            root.write_reserved(STATE_FILE, &catalog.to_json()).unwrap();
+            let state_before = std::fs::read(tmp.path().join(STATE_FILE)).unwrap();
+            std::fs::write(tmp.path().join(JOURNAL_FILE), &bytes).unwrap();
+            std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"staged").unwrap();
+
+            // A dry run changes nothing either way.
+            let dry = recover(&root, false, now);
+            assert_eq!(dry.is_ok(), dropped, "{what}: dry run");
+            assert!(tmp.path().join(JOURNAL_FILE).exists(), "{what}");
+
+            let got = recover(&root, true, now);
+            let journal_left = tmp.path().join(JOURNAL_FILE).exists();
+            if dropped {
+                let Ok(State::Catalog(c)) = got else {
+                    panic!("{what}: {got:?}");
+                };
+                assert_eq!(c.outputs, catalog.outputs, "{what}");
+                assert!(!journal_left, "{what}: the journal stayed");
+            } else {
+                let e = got.unwrap_err();
+                assert!(e.to_string().contains("is unreadable"), "{what}: {e}");
+                assert!(journal_left, "{what}: an unreadable journal was removed");
+            }
+            assert_eq!(
+                std::fs::read(tmp.path().join(STATE_FILE)).unwrap(),
+                state_before,
+                "{what}: the catalog changed"
+            );
         }
     }
 }

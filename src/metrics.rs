@@ -52,6 +52,7 @@ struct PipelineSeries {
     published_bytes: u64,
     batch_fallbacks: u64,
     cross_device_copies: u64,
+    file_by_file_syncs: u64,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -124,6 +125,15 @@ impl Metrics {
         let mut state = self.lock();
         let series = state.pipeline(pipeline);
         series.cross_device_copies = series.cross_device_copies.saturating_add(copies);
+    }
+
+    /// `roots` publications of `pipeline` into a root were made durable by
+    /// a fsync of each file and folder instead of one barrier, because much
+    /// else waited to be written back on the machine.
+    pub fn add_file_by_file_syncs(&self, pipeline: &str, roots: u64) {
+        let mut state = self.lock();
+        let series = state.pipeline(pipeline);
+        series.file_by_file_syncs = series.file_by_file_syncs.saturating_add(roots);
     }
 
     /// `bytes` were written into destination roots for `pipeline`.
@@ -209,6 +219,15 @@ impl Metrics {
             pipelines
                 .iter()
                 .map(|(p, s)| (vec![("pipeline", p.as_str())], s.cross_device_copies)),
+        );
+        family(
+            &mut out,
+            "file_by_file_syncs_total",
+            "counter",
+            "Publications into a root made durable by a fsync of each file and folder rather than one barrier of the file system (the machine had much else waiting to be written back), since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.file_by_file_syncs)),
         );
         family(
             &mut out,
@@ -362,6 +381,7 @@ mod tests {
         m.add_published_bytes("reports", 1234);
         m.add_published_bytes("reports", 66);
         m.add_cross_device_copies("reports", 2);
+        m.add_file_by_file_syncs("reports", 1);
         m.set_queue_depth("reports", "inbox", 3);
         m.set_queue_depth("reports", "failed", 1);
         m.destination_succeeded(
@@ -388,6 +408,9 @@ distributor_batch_fallbacks_total{pipeline=\"reports\"} 0
 # HELP distributor_cross_device_copies_total Outputs copied into a folder of their root that is on another file system (a mount point), instead of renamed into place, since the agent started.
 # TYPE distributor_cross_device_copies_total counter
 distributor_cross_device_copies_total{pipeline=\"reports\"} 2
+# HELP distributor_file_by_file_syncs_total Publications into a root made durable by a fsync of each file and folder rather than one barrier of the file system (the machine had much else waiting to be written back), since the agent started.
+# TYPE distributor_file_by_file_syncs_total counter
+distributor_file_by_file_syncs_total{pipeline=\"reports\"} 1
 # HELP distributor_spool_bundles Bundles in each spool folder (inbox, work, done, failed) when last counted.
 # TYPE distributor_spool_bundles gauge
 distributor_spool_bundles{pipeline=\"reports\",spool=\"failed\"} 1
@@ -409,7 +432,7 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 16, "{text}");
+        assert_eq!(lines.len(), 18, "{text}");
         assert!(
             lines
                 .iter()

@@ -78,6 +78,10 @@ pub struct RunReport {
     /// instead of renamed (slower; logged); not serialised.
     #[serde(skip)]
     pub copied_across: u64,
+    /// Roots made durable file by file rather than by one barrier, because
+    /// much else waited to be written back on the machine; not serialised.
+    #[serde(skip)]
+    pub synced_file_by_file: u64,
     /// Planning refused the publication (exit 3); not serialised.
     #[serde(skip)]
     pub refused: bool,
@@ -100,6 +104,7 @@ impl RunReport {
             refused: false,
             bytes_published: 0,
             copied_across: 0,
+            synced_file_by_file: 0,
             warnings: Vec::new(),
         }
     }

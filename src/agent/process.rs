@@ -174,6 +174,7 @@ impl Worker {
             Ok(to) => {
                 let metrics = &self.tally.metrics;
                 metrics.add_cross_device_copies(&self.pipeline.id, report.copied_across);
+                metrics.add_file_by_file_syncs(&self.pipeline.id, report.synced_file_by_file);
                 if report.ok {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     metrics.bundle_done(&self.pipeline.id);

@@ -16,23 +16,19 @@
 //! and the caller publishes the bundles one by one.
 
 use super::prepare::{Ready, prepare_bundle};
-use super::stage::{
-    Job, Staged, StagedAt, make_folders, missing_dirs, move_into_place, probe, stage_one,
-};
+use super::stage::{self, Change, Staged, Write, probe};
 use super::{Failure, Options, record_plans, verify_rest};
-use crate::catalog::{Catalog, Overlay, STATE_FILE, State};
+use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
-use crate::failpoint;
-use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
+use crate::journal;
 use crate::lock::{self, RootLock};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired, Listing, Plan, PlanInput};
 use crate::remembered;
 use crate::report::{RunReport, Stage};
-use crate::seen::Look;
 use crate::storage::{Entry, Root};
-use crate::workers::{PerCore, Workers, map_on};
+use crate::workers::{Workers, map_on};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
@@ -235,14 +231,12 @@ pub fn publish_batch(
         });
     }
 
-    // Write each root once: merged writes and deletes, one journal. Copies
-    // are hashed as they stream (a mismatch makes the batch step aside, and
-    // the bundles, published one by one, find the culprit).
-    let mut staged_roots = Vec::new();
-    let mut copied: Vec<(usize, RelPath)> = Vec::new();
-    // Per root: the paths left unchanged, and the bundle whose write it was.
-    let mut unchanged: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); roots.len()];
-    for (j, state) in roots.iter().enumerate() {
+    // Write each root once, merged writes and deletes, through the engine
+    // a single publication uses. Copies are hashed as they stream (a
+    // mismatch makes the batch step aside, and the bundles, published one
+    // by one, find the culprit).
+    let mut merged: Vec<Merged> = Vec::new();
+    for (j, state) in roots.iter_mut().enumerate() {
         let mut writes: BTreeMap<String, (usize, Desired)> = BTreeMap::new();
         let mut deletes: BTreeSet<String> = BTreeSet::new();
         for (k, a) in accepted.iter().enumerate() {
@@ -258,59 +252,118 @@ pub fn publish_batch(
         if writes.is_empty() && deletes.is_empty() {
             continue;
         }
-        match stage_root(state, &writes, &deletes, &accepted, j, workers, keep_going) {
+        // Sorted by path, as the writes are.
+        let replaced = writes
+            .keys()
+            .filter_map(|path| state.records.base().get(path).cloned())
+            .collect();
+        let records = std::mem::replace(&mut state.records, Overlay::new(Catalog::new(now)));
+        merged.push(Merged {
+            j,
+            writes,
+            deletes,
+            catalog: records.into_catalog(now),
+            replaced,
+        });
+    }
+    // Which bundle files were hashed, apart from the bundles (which the
+    // changes below borrow).
+    let mut verified: Vec<BTreeSet<RelPath>> = accepted
+        .iter_mut()
+        .map(|a| std::mem::take(&mut a.ready.verified))
+        .collect();
+    let changes: Vec<Change> = merged
+        .iter()
+        .map(|m| Change {
+            root: &roots[m.j].root,
+            writes: m
+                .writes
+                .values()
+                .map(|(k, d)| Write {
+                    d,
+                    in_memory: accepted[*k].ready.prepared[m.j]
+                        .in_memory
+                        .get(&d.path)
+                        .map(|c| &**c),
+                    bundle: &accepted[*k].ready.bundle,
+                })
+                .collect(),
+            clear_first: &[],
+            deletes: m.deletes.iter().map(String::as_str).collect(),
+            catalog: &m.catalog,
+            replaced: &m.replaced,
+            state_was_absent: false,
+            // `.distributor-seen` is for large trees, published alone.
+            record_looks: false,
+        })
+        .collect();
+    let mut staged_roots = Vec::new();
+    // Per root: the paths left unchanged, and the bundle whose write it was.
+    let mut unchanged: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); roots.len()];
+    for (m, change) in merged.iter().zip(&changes) {
+        let root = &roots[m.j].root;
+        match stage::stage(change, workers, keep_going) {
             Ok(staged) => {
-                for ((k, d), s) in writes.values().zip(&staged) {
+                let writes = m.writes.values().zip(&change.writes);
+                for (((k, d), w), s) in writes.zip(&staged.outputs) {
                     match s {
-                        Staged::Temp(_) => copied.push((*k, d.bundle_path.clone())),
+                        Staged::Temp(_) if w.in_memory.is_none() => {
+                            verified[*k].insert(d.bundle_path.clone());
+                        }
+                        Staged::Temp(_) => {}
                         Staged::Unchanged(_) => {
-                            unchanged[j].insert(d.path.as_str().to_owned(), *k);
+                            unchanged[m.j].insert(d.path.as_str().to_owned(), *k);
                         }
                     }
                 }
-                staged_roots.push((j, writes, deletes, staged));
+                staged_roots.push(staged);
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+            Err(Failure::Io(e)) if e.kind() == io::ErrorKind::Interrupted => {
                 roll_back_all(&roots);
                 return Batch::Stopped;
             }
-            Err(e) => {
+            Err(f) => {
                 roll_back_all(&roots);
                 return Batch::OneByOne {
-                    cause: format!("staging into {} failed: {e}", state.root.path().display()),
+                    cause: format!(
+                        "staging into {} failed: {}",
+                        root.path().display(),
+                        failure_text(f)
+                    ),
                 };
             }
         }
     }
-    for (k, path) in copied {
-        accepted[k].ready.verified.insert(path);
-    }
-    for a in &mut accepted {
-        if let Err(e) = verify_rest(&a.ready.bundle, &mut a.ready.verified) {
+    for (a, verified) in accepted.iter().zip(&mut verified) {
+        if let Err(e) = verify_rest(&a.ready.bundle, verified) {
             roll_back_all(&roots);
             return Batch::OneByOne {
                 cause: format!("a bundle does not match its manifest: {e}"),
             };
         }
     }
-    // One barrier for every staged byte and journal, per file system.
-    for (j, ..) in &staged_roots {
-        if let Err(e) = roots[*j].root.sync() {
+    for (change, staged) in changes.iter().zip(&mut staged_roots) {
+        if let Err(e) = stage::make_durable(change.root, staged) {
             roll_back_all(&roots);
             return Batch::OneByOne {
-                cause: format!("syncing {} failed: {e}", roots[*j].root.path().display()),
+                cause: format!("syncing {} failed: {e}", change.root.path().display()),
             };
         }
     }
-    for (j, writes, deletes, temps) in &staged_roots {
-        let records = std::mem::replace(&mut roots[*j].records, Overlay::new(Catalog::new(now)));
-        let catalog = records.into_catalog(now);
-        let written = match commit_root(&roots[*j].root, &catalog, writes, deletes, temps) {
-            Ok(written) => written,
+    let mut copied_across = 0;
+    let mut file_by_file = 0;
+    let mut committed = Vec::new();
+    for (change, staged) in changes.iter().zip(staged_roots) {
+        file_by_file += u64::from(staged.file_by_file());
+        match stage::commit(change, staged) {
+            Ok(c) => {
+                copied_across += c.copied_across;
+                committed.push((c.catalog, c.texts));
+            }
             Err(e) => {
                 log::error!(
                     "{}: batch publication failed while committing ({e}); settling the root from its journal",
-                    roots[*j].root.path().display()
+                    change.root.path().display()
                 );
                 roll_back_all(&roots);
                 // Bundles whose roots were committed before are published;
@@ -318,21 +371,51 @@ pub fn publish_batch(
                 return Batch::OneByOne {
                     cause: format!(
                         "committing into {} failed: {e}",
-                        roots[*j].root.path().display()
+                        change.root.path().display()
                     ),
                 };
             }
-        };
-        remembered::remember(&roots[*j].root, written, catalog, None);
+        }
+    }
+    drop(changes);
+    for (m, (look, texts)) in merged.into_iter().zip(committed) {
+        remembered::remember(&roots[m.j].root, look, m.catalog, texts);
     }
 
     for (k, a) in accepted.into_iter().enumerate() {
-        let report = finish_report(a.ready.report, &a.plans, |j, path| {
+        let mut report = finish_report(a.ready.report, &a.plans, |j, path| {
             unchanged[j].get(path) == Some(&k)
         });
+        // What the roots did as a whole is told once, by the first bundle.
+        if k == 0 {
+            report.copied_across = copied_across;
+            report.synced_file_by_file = file_by_file;
+        }
         reports[a.index] = Some(report);
     }
     all_reported(reports)
+}
+
+/// One root's writes and deletes, merged over the batch's bundles, and
+/// the catalog and replaced records the engine needs for them.
+struct Merged {
+    /// The root's index among the destinations.
+    j: usize,
+    /// By output path: the bundle (index among the accepted ones) and the
+    /// output it writes there.
+    writes: BTreeMap<String, (usize, Desired)>,
+    deletes: BTreeSet<String>,
+    catalog: Catalog,
+    replaced: Vec<OutputRecord>,
+}
+
+/// A staging failure as the cause of stepping aside.
+fn failure_text(f: Failure) -> String {
+    match f {
+        Failure::Io(e) => e.to_string(),
+        Failure::Bundle(e) => format!("a bundle file changed after it was verified: {e}"),
+        Failure::Stopped(e) => e.message,
+    }
 }
 
 /// Prepares `bundles` on `workers`: the bundles ready to plan (with their
@@ -411,65 +494,6 @@ fn roll_back_all(roots: &[RootState]) {
     }
 }
 
-/// Writes the journal and stages every merged write of one root as a
-/// temporary file (not fsynced: the caller's barrier covers them all), or
-/// leaves it alone when the file there already holds those bytes.
-fn stage_root(
-    state: &RootState,
-    writes: &BTreeMap<String, (usize, Desired)>,
-    deletes: &BTreeSet<String>,
-    accepted: &[Accepted],
-    j: usize,
-    workers: &dyn Workers,
-    keep_going: &(dyn Fn() -> bool + Sync),
-) -> io::Result<Vec<Staged>> {
-    let root = &state.root;
-    let desired: Vec<Desired> = writes.values().map(|(_, d)| d.clone()).collect();
-    let journal = JournalRef {
-        writes: writes
-            .keys()
-            .filter_map(|path| {
-                state.records.get(path).map(|new| JournalWriteRef {
-                    new,
-                    old: state.records.base().get(path),
-                })
-            })
-            .collect(),
-        deletes: deletes.iter().map(String::as_str).collect(),
-        created_dirs: missing_dirs(root, &desired)?,
-        state_was_absent: false,
-    };
-    // Durable with the staged files, at the caller's barrier.
-    root.write_reserved_unsynced(JOURNAL_FILE, &mut |w| journal.write_json(w))?;
-    drop(journal);
-    failpoint::hit("publish.after_journal");
-    make_folders(root, writes.values().map(|(_, d)| d))?;
-    let work: Vec<&(usize, Desired)> = writes.values().collect();
-    map_on(workers, &work, |(k, d)| {
-        if !keep_going() {
-            return Err(io::Error::new(io::ErrorKind::Interrupted, "stopping"));
-        }
-        let a = &accepted[*k];
-        let job = Job {
-            d,
-            old: state.records.base().get(d.path.as_str()),
-            in_memory: a.ready.prepared[j].in_memory.get(&d.path).map(|c| &**c),
-            bundle: &a.ready.bundle,
-            seen: None,
-        };
-        stage_one(root, &job, None).map_err(|f| match f {
-            Failure::Io(e) => e,
-            Failure::Bundle(e) => io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("a bundle file changed after it was verified: {e}"),
-            ),
-            Failure::Stopped(e) => io::Error::other(e.message),
-        })
-    })
-    .into_iter()
-    .collect()
-}
-
 /// The finished report of a batched bundle when one of its `plans` is a
 /// refusal (nothing of it may be written anywhere): an invalid bundle is
 /// reported as such, not as a refusal. `None` when every plan is accepted.
@@ -484,34 +508,4 @@ pub(super) fn refusal(r: &mut Ready<'_>, plans: &[Plan]) -> Option<RunReport> {
                 .fail(Stage::Verify, e.to_string(), transient)
         }
     })
-}
-
-/// Renames, deletes and writes the catalog of one root (made durable by a
-/// second barrier), then drops its journal.
-fn commit_root(
-    root: &Root,
-    catalog: &Catalog,
-    writes: &BTreeMap<String, (usize, Desired)>,
-    deletes: &BTreeSet<String>,
-    staged: &[Staged],
-) -> io::Result<Look> {
-    // The barrier below covers every folder; no per-folder fsync needed.
-    move_into_place(
-        root,
-        writes
-            .values()
-            .map(|(_, d)| &d.path)
-            .zip(staged)
-            .filter_map(|(path, s)| Some((path, s.temp()?))),
-        StagedAt::Beside,
-        deletes,
-        Some(&PerCore::for_io()),
-    )?;
-    failpoint::hit("publish.before_catalog");
-    let written = root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
-    // Renames, deletions and the catalog are durable before the journal goes.
-    root.sync()?;
-    failpoint::hit("publish.after_catalog");
-    root.remove_file(JOURNAL_FILE)?;
-    Ok(written)
 }

@@ -36,7 +36,7 @@ pub use batch::{Batch, publish_batch};
 
 use prepare::{Prepared, Ready, prepare_bundle};
 pub use remote::recover_abandoned;
-use stage::{Staged, StagedRoot, commit, probe, roll_back, stage};
+use stage::{Staged, StagedRoot, probe, roll_back};
 
 /// How to run a publication.
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ struct Planned {
     _lock: Option<RootLock>,
     state_was_absent: bool,
     /// The record each planned write replaces (for the journal), sorted
-    /// by path: see [`Planned::replaced`].
+    /// by path.
     replaced: Vec<OutputRecord>,
     /// The catalog to write last (`None`: nothing to write, or a dry run).
     catalog: Option<Catalog>,
@@ -70,12 +70,35 @@ struct Planned {
 }
 
 impl Planned {
-    /// The record the planned write at `path` replaces, if any.
-    fn replaced(&self, path: &str) -> Option<&OutputRecord> {
-        self.replaced
-            .binary_search_by(|r| r.path.as_str().cmp(path))
-            .ok()
-            .map(|i| &self.replaced[i])
+    /// What the engine is to do in this root; `None` when there is
+    /// nothing to write (`skip_same`, a dry run).
+    fn change<'a>(
+        &'a self,
+        prepared: &'a Prepared<'_>,
+        bundle: &'a VerifiedBundle,
+    ) -> Option<stage::Change<'a>> {
+        let (Some(root), Some(catalog)) = (&self.root, &self.catalog) else {
+            return None;
+        };
+        let plan = &self.plan;
+        Some(stage::Change {
+            root,
+            writes: plan
+                .writes
+                .iter()
+                .map(|d| stage::Write {
+                    d,
+                    in_memory: prepared.in_memory.get(&d.path).map(|c| &**c),
+                    bundle,
+                })
+                .collect(),
+            clear_first: &plan.clear_first,
+            deletes: plan.delete_after.iter().map(String::as_str).collect(),
+            catalog,
+            replaced: &self.replaced,
+            state_was_absent: self.state_was_absent,
+            record_looks: true,
+        })
     }
 }
 
@@ -177,12 +200,24 @@ pub fn publish(
     remote.sort_by_key(|(i, _)| *i);
 
     // Stage every destination (journal, temporary files hashed as they are
-    // copied); then check what no destination copied; only then commit.
-    let mut staged: Vec<(usize, StagedRoot)> = Vec::new();
+    // copied); check what no destination copied; make the staged files
+    // durable; only then commit.
+    let changes: Vec<(usize, stage::Change)> = planned
+        .iter()
+        .filter_map(|(i, p)| Some((*i, p.change(&prepared[*i], &bundle)?)))
+        .collect();
+    let mut staged: Vec<StagedRoot> = Vec::new();
     let mut failure = None;
-    for (i, p) in &planned {
-        match stage(p, &prepared[*i], &bundle, &mut verified, &PerCore::new()) {
-            Ok(temps) => staged.push((*i, temps)),
+    for (i, change) in &changes {
+        match stage::stage(change, &PerCore::new(), &|| true) {
+            Ok(s) => {
+                for (w, out) in change.writes.iter().zip(&s.outputs) {
+                    if w.in_memory.is_none() && matches!(out, Staged::Temp(_)) {
+                        verified.insert(w.d.bundle_path.clone());
+                    }
+                }
+                staged.push(s);
+            }
             Err(f) => {
                 failure = Some((*i, f));
                 break;
@@ -200,10 +235,23 @@ pub fn publish(
     {
         failure = Some((usize::MAX, Failure::Bundle(e)));
     }
-    if let Some((i, f)) = failure {
-        for (_, p) in &planned {
-            roll_back(p);
+    if failure.is_none() {
+        for ((i, change), s) in changes.iter().zip(&mut staged) {
+            if let Err(e) = stage::make_durable(change.root, s) {
+                failure = Some((*i, Failure::Io(e)));
+                break;
+            }
         }
+    }
+    let roll_back_local = || {
+        for (_, p) in &planned {
+            if let Some(root) = &p.root {
+                roll_back(root);
+            }
+        }
+    };
+    if let Some((i, f)) = failure {
+        roll_back_local();
         return match f {
             Failure::Bundle(e) => report.fail(Stage::Verify, e.to_string(), e.is_transient()),
             Failure::Io(e) => write_failed(report, i, prepared[i].destination, &e),
@@ -215,42 +263,44 @@ pub fn publish(
     for (i, p) in remote {
         let (unchanged, bytes) = p.outcome();
         if let Err(e) = remote::commit(p, &prepared[i], &bundle) {
-            for (_, p) in &planned {
-                roll_back(p);
-            }
+            roll_back_local();
             report.destinations[i].error = Some(e.message.clone());
             return e.fail(report);
         }
         report.destinations[i].unchanged.extend(unchanged);
         report.bytes_published += bytes;
     }
-    for (i, temps) in &mut staged {
-        let p = &mut planned
-            .iter_mut()
-            .find(|(j, _)| j == i)
-            .expect("staged destinations are planned")
-            .1;
-        match commit(p, temps) {
-            Ok(committed) => {
-                report.copied_across += committed.copied_across;
-                if let (Some(look), Some(root), Some(catalog)) =
-                    (committed.catalog, &p.root, p.catalog.take())
-                {
-                    remembered::remember(root, look, catalog, temps.texts.take());
-                }
+    let mut committed = Vec::new();
+    for ((i, change), s) in changes.iter().zip(staged) {
+        for (w, out) in change.writes.iter().zip(&s.outputs) {
+            match out {
+                Staged::Temp(_) => report.bytes_published += w.d.size,
+                Staged::Unchanged(_) => report.destinations[*i]
+                    .unchanged
+                    .push(w.d.path.as_str().to_owned()),
+            }
+        }
+        report.synced_file_by_file += u64::from(s.file_by_file());
+        match stage::commit(change, s) {
+            Ok(c) => {
+                report.copied_across += c.copied_across;
+                committed.push((*i, c));
             }
             Err(e) => {
-                roll_back(p);
+                roll_back_local();
                 return write_failed(report, *i, prepared[*i].destination, &e);
             }
         }
-        for (d, s) in p.plan.writes.iter().zip(&temps.outputs) {
-            match s {
-                Staged::Temp(_) => report.bytes_published += d.size,
-                Staged::Unchanged(_) => report.destinations[*i]
-                    .unchanged
-                    .push(d.path.as_str().to_owned()),
-            }
+    }
+    drop(changes);
+    for (i, c) in committed {
+        let p = &mut planned
+            .iter_mut()
+            .find(|(j, _)| *j == i)
+            .expect("committed destinations are planned")
+            .1;
+        if let (Some(root), Some(catalog)) = (&p.root, p.catalog.take()) {
+            remembered::remember(root, c.catalog, catalog, c.texts);
         }
     }
     report

@@ -1,17 +1,34 @@
-//! Staging and committing one destination root: what storage holds at the
-//! planned paths, the journal, outputs staged as temporary files, renamed
-//! into place, the catalog written last, and settling after a failure.
+//! The one engine that writes a destination root, for a single
+//! publication and for a batch of bundles alike (a single publication is a
+//! batch of one): the journal, outputs staged as temporary files, a
+//! durability barrier, the renames into place, the catalog written last, a
+//! second barrier, and settling from the journal after a failure.
+//!
+//! The shape of the change picks the layout, never a second copy of the
+//! steps ([`Layout`]): a few writes are staged at the top of the root with
+//! the journal and the catalog beside them, so that one wait makes all of
+//! them durable; many writes (or a root to clear first) journal first,
+//! then stage beside their targets on several threads. The barriers are
+//! one `syncfs` of the root's file system, or, for a few writes while the
+//! machine has much else waiting to be written, a fsync of each file and
+//! folder touched ([`SyncMode`]), so that a busy neighbour on the same file
+//! system does not hold a small publication up.
+//!
+//! The order is the crash-safety argument (docs/reliability.md): nothing
+//! is renamed into place, deleted or created outside the top of the root
+//! before the journal is durable, and the journal goes only after the
+//! catalog that records the result is durable. A journal found cut short
+//! therefore belongs to a publication that had moved nothing yet
+//! ([`crate::journal::recover`]).
 
+use super::Failure;
 use super::content::Content;
-use super::prepare::Prepared;
-use super::{Failure, Planned};
 use crate::atomic;
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
-use crate::clock::now_millis;
+use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, format_time};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
-use crate::journal::{self, JOURNAL_FILE, JournalRef, JournalWriteRef};
+use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::remembered;
@@ -45,7 +62,10 @@ pub(super) fn probe(
 }
 
 /// Folders above the planned outputs that do not exist yet, shallowest first.
-pub(super) fn missing_dirs(root: &Root, writes: &[Desired]) -> io::Result<Vec<String>> {
+fn missing_dirs<'d>(
+    root: &Root,
+    writes: impl Iterator<Item = &'d Desired>,
+) -> io::Result<Vec<String>> {
     let mut dirs = BTreeSet::new();
     for d in writes {
         dirs.extend(d.path.ancestors().map(str::to_owned));
@@ -75,18 +95,6 @@ pub(super) enum Staged {
     Unchanged(Option<Look>),
 }
 
-/// What [`stage`] leaves for [`commit`] in one root.
-pub(super) struct StagedRoot {
-    /// One for each planned write, in order.
-    pub outputs: Vec<Staged>,
-    /// The new catalog, already written and synced (with the outputs, one
-    /// wait instead of two) when the publication is small enough to be
-    /// made durable file by file.
-    catalog: Option<StagedFile>,
-    /// The text of that catalog's records, to remember with it.
-    pub texts: Option<RecordTexts>,
-}
-
 impl Staged {
     pub(super) fn temp(&self) -> Option<&String> {
         match self {
@@ -96,30 +104,407 @@ impl Staged {
     }
 }
 
-/// One planned write, as [`stage_one`] takes it.
-pub(super) struct Job<'a> {
+/// One planned write, as the engine takes it.
+pub(super) struct Write<'a> {
     pub(super) d: &'a Desired,
-    /// The catalog record this write replaces, if any.
-    pub(super) old: Option<&'a OutputRecord>,
     /// The bytes, when the publication holds them (rendered HTML,
     /// markdown read for rendering); else the bundle file is copied.
     pub(super) in_memory: Option<&'a Content>,
+    /// The bundle the output comes from.
     pub(super) bundle: &'a VerifiedBundle,
-    /// What the root's files looked like when their bytes were last known
-    /// (read for a large publication only).
-    pub(super) seen: Option<&'a Seen>,
 }
 
-/// From this many writes and deletes on, a publication makes its staged
-/// files and renames durable with one barrier per file system (`syncfs`)
-/// instead of a fsync per file and folder, and stages on several threads.
-/// Below it, per-file fsyncs are cheaper (a few small files) and a busy
-/// neighbour on the same file system cannot slow the publication down.
+/// Everything one root is to undergo: the planned writes (of one bundle or
+/// of a batch, merged), what is removed before and after them, and the
+/// catalog that records the result.
+pub(super) struct Change<'a> {
+    pub(super) root: &'a Root,
+    pub(super) writes: Vec<Write<'a>>,
+    /// Removed before the writes (`force_replace`, legacy replacement).
+    pub(super) clear_first: &'a [String],
+    /// Removed after the writes.
+    pub(super) deletes: Vec<&'a str>,
+    /// The catalog once the change is made.
+    pub(super) catalog: &'a Catalog,
+    /// The records the writes replace, sorted by path (for the journal,
+    /// and to know the outputs that already hold the bytes wanted).
+    pub(super) replaced: &'a [OutputRecord],
+    /// The root had no catalog before (for the journal).
+    pub(super) state_was_absent: bool,
+    /// Replace the root's `.distributor-seen` with the look of these
+    /// outputs once they are in place (a large tree's publication), so that
+    /// its next version knows the unchanged files without reading them.
+    pub(super) record_looks: bool,
+}
+
+impl Change<'_> {
+    /// The record the write at `path` replaces, if any.
+    fn replaced(&self, path: &str) -> Option<&OutputRecord> {
+        self.replaced
+            .binary_search_by(|r| r.path.as_str().cmp(path))
+            .ok()
+            .map(|i| &self.replaced[i])
+    }
+
+    /// A change of many files (see [`BARRIER_FROM`]).
+    fn is_large(&self) -> bool {
+        self.writes.len() + self.deletes.len() + self.clear_first.len() >= BARRIER_FROM
+    }
+
+    fn layout(&self) -> Layout {
+        if self.is_large() || !self.clear_first.is_empty() {
+            Layout::Beside
+        } else {
+            Layout::Top
+        }
+    }
+
+    fn journal(&self) -> io::Result<JournalRef<'_>> {
+        Ok(JournalRef {
+            writes: self
+                .writes
+                .iter()
+                .filter_map(|w| {
+                    let path = w.d.path.as_str();
+                    self.catalog.get(path).map(|new| JournalWriteRef {
+                        new,
+                        old: self.replaced(path),
+                    })
+                })
+                .collect(),
+            deletes: self
+                .clear_first
+                .iter()
+                .map(String::as_str)
+                .chain(self.deletes.iter().copied())
+                .collect(),
+            created_dirs: missing_dirs(self.root, self.writes.iter().map(|w| w.d))?,
+            state_was_absent: self.state_was_absent,
+        })
+    }
+}
+
+/// From this many writes and deletes on, a change is staged beside its
+/// targets on several threads, after a journal of its own, and always
+/// made durable by barriers; below it, everything is staged at the top of
+/// the root and one wait makes the outputs, the journal and the catalog
+/// durable together.
 pub(super) const BARRIER_FROM: usize = 16;
 
-/// Whether `plan` is made durable by barriers (see [`BARRIER_FROM`]).
-pub(super) fn uses_barrier(plan: &plan::Plan) -> bool {
-    plan.writes.len() + plan.delete_after.len() + plan.clear_first.len() >= BARRIER_FROM
+/// Where a change stages its outputs (see [`BARRIER_FROM`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// At the top of the root, with the journal and the catalog: a crash
+    /// before the journal is durable leaves temporary files at the top
+    /// only, which the next holder of the lock removes.
+    Top,
+    /// Beside each target, in folders created after the journal is durable.
+    Beside,
+}
+
+/// How a change is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SyncMode {
+    /// One `syncfs` of the root's file system per barrier: one flush of
+    /// the disk for every file and folder.
+    Barrier,
+    /// A fsync of each staged file and touched folder, all at once: for a
+    /// few writes while much else waits to be written on the machine,
+    /// which a barrier would wait for too.
+    FileByFile,
+}
+
+/// Data waiting to be written back (machine-wide), beyond a small change's
+/// own bytes, up to which one barrier is still cheaper than a fsync per
+/// file: writing this much more takes about what a few fsyncs' separate
+/// flushes cost (a millisecond), and it is about the error of the kernel's
+/// own count. A producer's fresh bundle of a few files stays well below.
+pub(super) const BARRIER_SLACK: u64 = 512 << 10;
+
+/// How a change staged at the top of the root with `own` bytes is made
+/// durable, given how much the kernel has waiting to be written back
+/// (`None`: unknown). A change staged beside its targets always uses
+/// barriers: a fsync per file costs more than any neighbour's data.
+pub(super) fn sync_mode(own: u64, unwritten: Option<u64>) -> SyncMode {
+    match unwritten {
+        Some(unwritten) if unwritten <= own.saturating_add(BARRIER_SLACK) => SyncMode::Barrier,
+        _ => SyncMode::FileByFile,
+    }
+}
+
+/// What the kernel has waiting to be written back, for [`sync_mode`]. In
+/// debug builds `DISTRIBUTOR_TEST_UNWRITTEN` (bytes) stands in for it, so
+/// that the tests exercise both modes whatever else the machine is doing.
+fn unwritten() -> Option<u64> {
+    #[cfg(debug_assertions)]
+    if let Ok(bytes) = std::env::var("DISTRIBUTOR_TEST_UNWRITTEN") {
+        return bytes.parse().ok();
+    }
+    storage::unwritten_bytes()
+}
+
+/// What [`stage`] leaves for [`make_durable`] and [`commit`] in one root.
+pub(super) struct StagedRoot {
+    /// One for each planned write, in order.
+    pub(super) outputs: Vec<Staged>,
+    layout: Layout,
+    /// Files written at the top of the root ([`Layout::Top`]).
+    top: Option<TopFiles>,
+    /// Decided by [`make_durable`].
+    sync: SyncMode,
+}
+
+/// What a change staged at the top of the root writes besides its outputs.
+struct TopFiles {
+    /// The staged outputs, to fsync file by file if need be.
+    outputs: Vec<std::fs::File>,
+    catalog: StagedFile,
+    /// The text of the catalog's records, to remember with it.
+    texts: Option<RecordTexts>,
+    /// The journal, at its own name (not renamed into place: a crash
+    /// before it is durable leaves it cut short, see the module comment);
+    /// taken by a fsync file by file.
+    journal: Option<std::fs::File>,
+    /// Bytes of the outputs, the catalog and the journal.
+    bytes: u64,
+}
+
+impl StagedRoot {
+    /// Whether the change was made durable file by file.
+    pub(super) fn file_by_file(&self) -> bool {
+        self.sync == SyncMode::FileByFile
+    }
+}
+
+/// Stages `change`: journals it and writes every output that does not
+/// already hold its bytes to a temporary file (a copy hashed as it
+/// streams, checked against the manifest). Renames nothing into place, and
+/// syncs nothing but the journal of a [`Layout::Beside`] change:
+/// [`make_durable`] follows. `keep_going` is asked before each output;
+/// when it says stop, staging ends with an `Interrupted` error.
+pub(super) fn stage(
+    change: &Change<'_>,
+    workers: &dyn Workers,
+    keep_going: &(dyn Fn() -> bool + Sync),
+) -> Result<StagedRoot, Failure> {
+    let root = change.root;
+    let layout = change.layout();
+    if layout == Layout::Beside {
+        // Durable before any folder is made or any file staged below the
+        // top: a crash from here on is settled from it.
+        let journal = change.journal().map_err(Failure::Io)?;
+        let file = root
+            .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
+            .map_err(Failure::Io)?;
+        sync_at_once(vec![Box::new(file), Box::new(root.shared_dir())]).map_err(Failure::Io)?;
+        failpoint::hit("publish.after_journal");
+        clear_first(root, change.clear_first)?;
+        make_folders(root, change.writes.iter().map(|w| w.d)).map_err(Failure::Io)?;
+    }
+    // Outputs the catalog records with the bytes wanted are checked on
+    // disk; for many, the root's record of their looks spares reading them.
+    let recorded_same = change
+        .writes
+        .iter()
+        .filter(|w| records_same(change.replaced(w.d.path.as_str()), w.d))
+        .count();
+    let seen = (recorded_same >= BARRIER_FROM).then(|| Seen::read(root));
+    let jobs: Vec<Job> = change
+        .writes
+        .iter()
+        .map(|w| Job {
+            d: w.d,
+            old: change.replaced(w.d.path.as_str()),
+            in_memory: w.in_memory,
+            bundle: w.bundle,
+            seen: seen.as_ref(),
+        })
+        .collect();
+    let stop = || io::Error::new(io::ErrorKind::Interrupted, "stopping");
+    let (outputs, top) = match layout {
+        Layout::Beside => {
+            let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
+            let outputs = map_on_runs(workers, &jobs, same_folder, |job| {
+                if !keep_going() {
+                    return Err(Failure::Io(stop()));
+                }
+                stage_one(root, job, None)
+            })
+            .into_iter()
+            .collect::<Result<Vec<Staged>, Failure>>()?;
+            (outputs, None)
+        }
+        Layout::Top => {
+            let mut files = Vec::new();
+            let mut outputs = Vec::with_capacity(jobs.len());
+            let mut bytes = 0;
+            for job in &jobs {
+                if !keep_going() {
+                    return Err(Failure::Io(stop()));
+                }
+                let staged = stage_one(root, job, Some(&mut files))?;
+                if matches!(staged, Staged::Temp(_)) {
+                    bytes += job.d.size;
+                }
+                outputs.push(staged);
+            }
+            // The new catalog is known: written now, it is made durable
+            // with the outputs, and renamed into place after them.
+            let before = remembered::texts(root);
+            let mut texts = None;
+            let catalog = root
+                .stage_reserved(&mut |w| {
+                    texts = Some(change.catalog.write_json_reusing(w, before.as_deref())?);
+                    Ok(())
+                })
+                .map_err(Failure::Io)?;
+            let journal = change.journal().map_err(Failure::Io)?;
+            let journal = root
+                .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
+                .map_err(Failure::Io)?;
+            bytes += catalog.file.metadata().map_err(Failure::Io)?.len();
+            bytes += journal.metadata().map_err(Failure::Io)?.len();
+            (
+                outputs,
+                Some(TopFiles {
+                    outputs: files,
+                    catalog,
+                    texts,
+                    journal: Some(journal),
+                    bytes,
+                }),
+            )
+        }
+    };
+    if let Some(seen) = &seen {
+        log::debug!(
+            "{}: {} of {recorded_same} outputs recorded with the bytes wanted were known unchanged by their look in {SEEN_FILE}; the others were read and hashed",
+            root.path().display(),
+            seen.vouched()
+        );
+    }
+    Ok(StagedRoot {
+        outputs,
+        layout,
+        top,
+        sync: SyncMode::Barrier,
+    })
+}
+
+/// The first barrier: every staged byte, the journal and the catalog
+/// reach the disk. Nothing outside the top of the root changes before.
+pub(super) fn make_durable(root: &Root, staged: &mut StagedRoot) -> io::Result<()> {
+    let Some(top) = staged.top.as_mut() else {
+        return root.sync();
+    };
+    staged.sync = sync_mode(top.bytes, unwritten());
+    match staged.sync {
+        SyncMode::Barrier => root.sync()?,
+        SyncMode::FileByFile => {
+            log::debug!(
+                "{}: much else waits to be written back on this machine; fsyncing the publication's files one by one rather than waiting for all of it",
+                root.path().display()
+            );
+            let mut handles: Vec<Syncable> = std::mem::take(&mut top.outputs)
+                .into_iter()
+                .map(|f| Box::new(f) as Syncable)
+                .collect();
+            handles.push(Box::new(top.catalog.file.clone()));
+            handles.extend(top.journal.take().map(|j| Box::new(j) as Syncable));
+            // The root's entries: the journal's, and the staged files'.
+            handles.push(Box::new(root.shared_dir()));
+            sync_at_once(handles)?;
+        }
+    }
+    failpoint::hit("publish.after_journal");
+    Ok(())
+}
+
+/// What [`commit`] did.
+pub(super) struct Committed {
+    /// The look of the catalog file written.
+    pub(super) catalog: Look,
+    /// The text of its records, when known (to remember with it).
+    pub(super) texts: Option<RecordTexts>,
+    /// See [`Moved::copied_across`].
+    pub(super) copied_across: u64,
+}
+
+/// Renames the staged outputs of `change` into place, deletes, writes the
+/// catalog, makes all of it durable (the second barrier) and drops the
+/// journal. Called once [`make_durable`] has returned.
+pub(super) fn commit(change: &Change<'_>, staged: StagedRoot) -> io::Result<Committed> {
+    let root = change.root;
+    let Moved {
+        touched,
+        copied_across,
+    } = move_into_place(
+        root,
+        change
+            .writes
+            .iter()
+            .map(|w| &w.d.path)
+            .zip(&staged.outputs)
+            .filter_map(|(path, s)| Some((path, s.temp()?))),
+        match staged.layout {
+            Layout::Top => StagedAt::Top,
+            Layout::Beside => StagedAt::Beside,
+        },
+        change.deletes.iter().copied(),
+        (staged.layout == Layout::Beside).then_some(&PerCore::for_io() as &dyn Workers),
+    )?;
+    failpoint::hit("publish.before_catalog");
+    if change.record_looks && change.is_large() {
+        record_looks(root, &change.writes, &staged.outputs)?;
+    }
+    let (written, texts) = match staged.top {
+        Some(top) => (root.place_reserved(&top.catalog, STATE_FILE)?, top.texts),
+        None => (
+            root.write_reserved_unsynced(STATE_FILE, &mut |w| change.catalog.write_json(w))?,
+            None,
+        ),
+    };
+    // The renames, the deletions and the catalog's own rename become
+    // durable together; until then the journal (durable) lets the next
+    // process settle whatever a crash leaves.
+    match staged.sync {
+        SyncMode::Barrier => root.sync()?,
+        SyncMode::FileByFile => {
+            let mut folders: Vec<Syncable> = Vec::new();
+            for folder in &touched {
+                if let Some(dir) = root.folder_if_any(folder)? {
+                    folders.push(Box::new(dir));
+                }
+            }
+            sync_at_once(folders)?;
+        }
+    }
+    log::debug!(
+        "{}: catalog written at {}",
+        root.path().display(),
+        format_time(change.catalog.updated_at)
+    );
+    failpoint::hit("publish.after_catalog");
+    root.remove_file(JOURNAL_FILE)?;
+    Ok(Committed {
+        catalog: written,
+        texts,
+        copied_across,
+    })
+}
+
+/// One planned write, as [`stage_one`] takes it.
+struct Job<'a> {
+    d: &'a Desired,
+    /// The catalog record this write replaces, if any.
+    old: Option<&'a OutputRecord>,
+    /// The bytes, when the publication holds them (rendered HTML,
+    /// markdown read for rendering); else the bundle file is copied.
+    in_memory: Option<&'a Content>,
+    bundle: &'a VerifiedBundle,
+    /// What the root's files looked like when their bytes were last known
+    /// (read for a large publication only).
+    seen: Option<&'a Seen>,
 }
 
 /// Whether the catalog record `old` (the one a write replaces) already
@@ -134,7 +519,7 @@ fn records_same(old: Option<&OutputRecord>, d: &Desired) -> bool {
 /// given, else in the target folder (created as needed) and covered by
 /// the caller's barrier. A copied file is hashed as it streams and must
 /// match the manifest.
-pub(super) fn stage_one(
+fn stage_one(
     root: &Root,
     job: &Job<'_>,
     to_sync: Option<&mut Vec<std::fs::File>>,
@@ -185,158 +570,12 @@ pub(super) fn stage_one(
     Ok(Staged::Temp(temp))
 }
 
-/// Writes the journal and stages every output of `p` (see [`stage_one`]),
-/// hashing copies as they stream. Returns what was staged, in the order of
-/// `p.plan.writes`. Renames nothing. Every staged byte is on disk before
-/// this returns: fsynced one by one, or, for a large plan, staged on
-/// `workers` and covered by one barrier.
-pub(super) fn stage(
-    p: &Planned,
-    prepared: &Prepared<'_>,
-    bundle: &VerifiedBundle,
-    verified: &mut BTreeSet<RelPath>,
-    workers: &dyn Workers,
-) -> Result<StagedRoot, Failure> {
-    let plan = &p.plan;
-    let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
-        // skip_same: nothing to do
-        return Ok(StagedRoot {
-            outputs: Vec::new(),
-            catalog: None,
-            texts: None,
-        });
-    };
-    let journal = JournalRef {
-        writes: plan
-            .writes
-            .iter()
-            .filter_map(|d| {
-                catalog.get(d.path.as_str()).map(|new| JournalWriteRef {
-                    new,
-                    old: p.replaced(d.path.as_str()),
-                })
-            })
-            .collect(),
-        deletes: plan
-            .clear_first
-            .iter()
-            .chain(&plan.delete_after)
-            .map(String::as_str)
-            .collect(),
-        created_dirs: missing_dirs(root, &plan.writes).map_err(Failure::Io)?,
-        state_was_absent: p.state_was_absent,
-    };
-    // A small publication stages at the top of the root first, and writes
-    // its journal (and catalog) while it does: one wait for all their
-    // fsyncs. Nothing outside the top is touched until the journal is
-    // durable, and whatever temporary files a crash leaves at the top, the
-    // next holder of the lock removes. A large one, or one that must clear
-    // paths first, journals first.
-    let journal_first = uses_barrier(plan) || !plan.clear_first.is_empty();
-    let mut journal = Some(journal);
-    if journal_first {
-        root.write_reserved_with(JOURNAL_FILE, &mut |w| {
-            journal.as_ref().map_or(Ok(()), |j| j.write_json(w))
-        })
-        .map_err(Failure::Io)?;
-        journal = None;
-        failpoint::hit("publish.after_journal");
-        clear_first(root, plan)?;
-    }
-    // Outputs the catalog records with the bytes wanted are checked on
-    // disk; for many, the root's record of their looks spares reading them.
-    let recorded_same = plan
-        .writes
-        .iter()
-        .filter(|d| records_same(p.replaced(d.path.as_str()), d))
-        .count();
-    let seen = (recorded_same >= BARRIER_FROM).then(|| Seen::read(root));
-    let jobs: Vec<Job> = plan
-        .writes
-        .iter()
-        .map(|d| Job {
-            d,
-            old: p.replaced(d.path.as_str()),
-            in_memory: prepared.in_memory.get(&d.path).map(|c| &**c),
-            bundle,
-            seen: seen.as_ref(),
-        })
-        .collect();
-    let (staged, state, texts) = if uses_barrier(plan) {
-        make_folders(root, plan.writes.iter()).map_err(Failure::Io)?;
-        let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
-        let staged = map_on_runs(workers, &jobs, same_folder, |job| {
-            stage_one(root, job, None)
-        })
-        .into_iter()
-        .collect::<Result<Vec<Staged>, Failure>>()?;
-        root.sync().map_err(Failure::Io)?;
-        (staged, None, None)
-    } else {
-        let mut files = Vec::new();
-        let staged = jobs
-            .iter()
-            .map(|job| stage_one(root, job, Some(&mut files)))
-            .collect::<Result<Vec<Staged>, Failure>>()?;
-        // The new catalog is known: written now, it is synced with the
-        // outputs, and only renamed into place after them.
-        let before = remembered::texts(root);
-        let mut texts = None;
-        let state = root
-            .stage_reserved(&mut |w| {
-                texts = Some(catalog.write_json_reusing(w, before.as_deref())?);
-                Ok(())
-            })
-            .map_err(Failure::Io)?;
-        let journal = match &journal {
-            Some(j) => Some(
-                root.stage_reserved(&mut |w| j.write_json(w))
-                    .map_err(Failure::Io)?,
-            ),
-            None => None,
-        };
-        let mut handles: Vec<Syncable> =
-            files.into_iter().map(|f| Box::new(f) as Syncable).collect();
-        handles.push(Box::new(state.file.clone()));
-        if let Some(j) = &journal {
-            handles.push(Box::new(j.file.clone()));
-        }
-        sync_at_once(handles).map_err(Failure::Io)?;
-        if let Some(j) = &journal {
-            root.place_reserved(j, JOURNAL_FILE).map_err(Failure::Io)?;
-            storage::sync_dir(root.dir()).map_err(Failure::Io)?;
-            failpoint::hit("publish.after_journal");
-        }
-        (staged, Some(state), texts)
-    };
-    if let Some(seen) = &seen {
-        log::debug!(
-            "{}: {} of {recorded_same} outputs recorded with the bytes wanted were known unchanged by their look in {SEEN_FILE}; the others were read and hashed",
-            root.path().display(),
-            seen.vouched()
-        );
-    }
-    for (job, s) in jobs.iter().zip(&staged) {
-        if job.in_memory.is_none() && matches!(s, Staged::Temp(_)) {
-            verified.insert(job.d.bundle_path.clone());
-        }
-    }
-    Ok(StagedRoot {
-        outputs: staged,
-        catalog: state,
-        texts,
-    })
-}
-
 /// Creates the folders `writes` go into, one after the other, before they
 /// are staged on several threads: creating a folder holds its parent's
 /// lock while the file system looks for a free inode, and workers creating
 /// sibling folders at once spent a fifth of a nested backlog's CPU
 /// waiting for each other.
-pub(super) fn make_folders<'d>(
-    root: &Root,
-    writes: impl Iterator<Item = &'d Desired>,
-) -> io::Result<()> {
+fn make_folders<'d>(root: &Root, writes: impl Iterator<Item = &'d Desired>) -> io::Result<()> {
     let mut last: Option<&str> = None;
     for d in writes {
         let parent = d.path.parent();
@@ -348,14 +587,14 @@ pub(super) fn make_folders<'d>(
     Ok(())
 }
 
-/// Removes what `plan` clears before its writes, durably. The journal must
-/// be durable first.
-fn clear_first(root: &Root, plan: &plan::Plan) -> Result<(), Failure> {
-    for entry in &plan.clear_first {
+/// Removes what a change clears before its writes, durably. The journal
+/// must be durable first.
+fn clear_first(root: &Root, clear: &[String]) -> Result<(), Failure> {
+    for entry in clear {
         root.remove_any(entry).map_err(Failure::Io)?;
         failpoint::hit("publish.after_clear");
     }
-    if !plan.clear_first.is_empty() {
+    if !clear.is_empty() {
         storage::sync_dir(root.dir()).map_err(Failure::Io)?;
     }
     Ok(())
@@ -412,88 +651,13 @@ fn stage_output(
     Ok((temp, file, copied))
 }
 
-/// What [`commit`] did.
-pub(super) struct Committed {
-    /// The look of the catalog file written, if any.
-    pub catalog: Option<Look>,
-    /// See [`Moved::copied_across`].
-    pub copied_across: u64,
-}
-
-/// Renames the staged outputs of `p` into place, deletes, writes the
-/// catalog and drops the journal.
-pub(super) fn commit(p: &Planned, staged_root: &StagedRoot) -> io::Result<Committed> {
-    let plan = &p.plan;
-    let (Some(root), Some(catalog)) = (&p.root, &p.catalog) else {
-        return Ok(Committed {
-            catalog: None,
-            copied_across: 0,
-        });
-    };
-    let staged = &staged_root.outputs;
-    let Moved {
-        touched,
-        copied_across,
-    } = move_into_place(
-        root,
-        plan.writes
-            .iter()
-            .map(|d| &d.path)
-            .zip(staged)
-            .filter_map(|(path, s)| Some((path, s.temp()?))),
-        if uses_barrier(plan) {
-            StagedAt::Beside
-        } else {
-            StagedAt::Top
-        },
-        &plan.delete_after,
-        uses_barrier(plan).then_some(&PerCore::for_io() as &dyn Workers),
-    )?;
-    failpoint::hit("publish.before_catalog");
-    let written = if uses_barrier(plan) {
-        record_looks(root, &plan.writes, staged)?;
-        // One barrier makes the renames, the deletions and the catalog
-        // durable together, however many folders they touched.
-        let written = root.write_reserved_unsynced(STATE_FILE, &mut |w| catalog.write_json(w))?;
-        root.sync()?;
-        written
-    } else {
-        let written = match &staged_root.catalog {
-            Some(state) => root.place_reserved(state, STATE_FILE)?,
-            None => root.write_reserved_data(STATE_FILE, &mut |w| catalog.write_json(w))?,
-        };
-        // One fsync per folder, all at once, makes the renames, the
-        // deletions and the catalog's own rename durable together; until
-        // then the journal (already durable) lets the next process settle
-        // whatever a crash leaves.
-        let mut folders: Vec<Syncable> = Vec::new();
-        for folder in &touched {
-            if let Some(dir) = root.folder_if_any(folder)? {
-                folders.push(Box::new(dir));
-            }
-        }
-        sync_at_once(folders)?;
-        written
-    };
-    log::debug!(
-        "{}: catalog written at {}",
-        root.path().display(),
-        format_time(catalog.updated_at)
-    );
-    failpoint::hit("publish.after_catalog");
-    root.remove_file(JOURNAL_FILE)?;
-    Ok(Committed {
-        catalog: Some(written),
-        copied_across,
-    })
-}
-
 /// Replaces the root's `.distributor-seen` with the look of every output
 /// of a large publication, now that the written ones are in place (a
 /// rename gives a file a new change time), so that its next publication
 /// knows the unchanged ones without reading them.
-fn record_looks(root: &Root, writes: &[Desired], staged: &[Staged]) -> io::Result<()> {
-    let looks = writes.iter().zip(staged).filter_map(|(d, s)| {
+fn record_looks(root: &Root, writes: &[Write<'_>], staged: &[Staged]) -> io::Result<()> {
+    let looks = writes.iter().zip(staged).filter_map(|(w, s)| {
+        let d = w.d;
         let look = match s {
             Staged::Unchanged(look) => Ok(*look),
             Staged::Temp(_) => {
@@ -512,7 +676,7 @@ fn record_looks(root: &Root, writes: &[Desired], staged: &[Staged]) -> io::Resul
 
 /// Where [`move_into_place`] finds the staged files.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum StagedAt {
+enum StagedAt {
     /// Beside their targets.
     Beside,
     /// At the top of the root; the targets' folders are created as needed.
@@ -520,22 +684,22 @@ pub(super) enum StagedAt {
 }
 
 /// What [`move_into_place`] did.
-pub(super) struct Moved {
+struct Moved {
     /// Every folder touched, the root always included (the catalog is
     /// renamed there), for the caller's fsyncs.
-    pub touched: BTreeSet<String>,
+    touched: BTreeSet<String>,
     /// Outputs copied into a folder on another file system than the root
     /// (the slow path of outputs staged at the top; logged each time).
-    pub copied_across: u64,
+    copied_across: u64,
 }
 
 /// Renames staged temporary files over their targets, then deletes (and
 /// prunes emptied folders). Renames run on `parallel` when given.
-pub(super) fn move_into_place<'p>(
+fn move_into_place<'p>(
     root: &Root,
     staged: impl Iterator<Item = (&'p RelPath, &'p String)>,
     at: StagedAt,
-    deletes: impl IntoIterator<Item = &'p String>,
+    deletes: impl IntoIterator<Item = &'p str>,
     parallel: Option<&dyn Workers>,
 ) -> io::Result<Moved> {
     let copied_across = AtomicU64::new(0);
@@ -618,12 +782,42 @@ fn copy_across(root: &Root, temp: &str, dir: &cap_std::fs::Dir) -> io::Result<St
 /// After a failure, settles the root from its journal (if one was written):
 /// temporary files and new folders go, and the catalog records exactly what
 /// is on disk. The original error is what gets reported.
-pub(super) fn roll_back(p: &Planned) {
-    let Some(root) = &p.root else { return };
-    if let Err(again) = journal::recover(root, true, now_millis()) {
+pub(super) fn roll_back(root: &Root) {
+    if let Err(again) = crate::journal::recover(root, true, crate::clock::now_millis()) {
         log::error!(
             "{}: could not settle after a failed publication ({again}); the journal stays and the next run will finish it",
             root.path().display()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_change_waits_on_one_barrier_unless_much_else_waits_to_be_written() {
+        const MIB: u64 = 1 << 20;
+        // (own bytes, what the kernel has waiting, mode)
+        let cases = [
+            (0, Some(0), SyncMode::Barrier),
+            (4096, Some(4096), SyncMode::Barrier),
+            // Some of the machine's other data, up to the slack.
+            (4096, Some(4096 + BARRIER_SLACK), SyncMode::Barrier),
+            (4096, Some(4096 + BARRIER_SLACK + 1), SyncMode::FileByFile),
+            // A big output of its own is no reason to fsync file by file.
+            (
+                512 * MIB,
+                Some(512 * MIB + BARRIER_SLACK / 2),
+                SyncMode::Barrier,
+            ),
+            (MIB, Some(200 * MIB), SyncMode::FileByFile),
+            // Not knowing is taken for a busy machine.
+            (0, None, SyncMode::FileByFile),
+            (u64::MAX, Some(u64::MAX), SyncMode::Barrier),
+        ];
+        for (own, unwritten, want) in cases {
+            assert_eq!(sync_mode(own, unwritten), want, "{own} {unwritten:?}");
+        }
     }
 }

@@ -83,9 +83,16 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// What the kernel has waiting to be written back, as the debug build is
+/// told (`DISTRIBUTOR_TEST_UNWRITTEN`): nothing, so that a small
+/// publication is made durable by barriers (`syncfs`), or a lot, so that it
+/// fsyncs file by file. Each crash point is tried in both.
+const SYNC_MODES: [(&str, &str); 2] = [("barrier", "0"), ("file by file", "18446744073709551615")];
+
 /// Crashes the second publication at `point` (its `nth` hit), reruns it
-/// and checks convergence.
-fn crash_and_rerun(workflow: &str, point: &str, nth: u32) -> bool {
+/// and checks convergence; `unwritten` picks the way it is made durable
+/// ([`SYNC_MODES`]).
+fn crash_and_rerun(workflow: &str, point: &str, nth: u32, unwritten: &str) -> bool {
     let t = Test::new();
     t.config(&config(workflow));
     t.write("outside.txt", "not ours\n");
@@ -97,6 +104,7 @@ fn crash_and_rerun(workflow: &str, point: &str, nth: u32) -> bool {
     let crashed = t
         .cmd()
         .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
+        .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
         .args([
             "--config",
             "config.yaml",
@@ -109,7 +117,19 @@ fn crash_and_rerun(workflow: &str, point: &str, nth: u32) -> bool {
         .output();
     let hit = crashed.code != 0;
 
-    let rerun = t.publish("p", &b, &[]);
+    let rerun = t
+        .cmd()
+        .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "p",
+        ])
+        .arg(&b)
+        .output();
     rerun.expect_code(0);
     let action = rerun.dest()["action"]
         .as_str()
@@ -156,16 +176,18 @@ fn reached(workflow: &str, point: &str, nth: u32) -> bool {
 #[test]
 fn every_publication_step_crash_converges_for_both_workflows() {
     let mut hits = 0;
-    for workflow in ["additive", "replacement"] {
-        for point in publish_points() {
-            for nth in [1, 2, 5] {
-                let hit = crash_and_rerun(workflow, point, nth);
-                assert_eq!(
-                    hit,
-                    reached(workflow, point, nth),
-                    "{workflow} {point}:{nth}"
-                );
-                hits += usize::from(hit);
+    for (mode, unwritten) in SYNC_MODES {
+        for workflow in ["additive", "replacement"] {
+            for point in publish_points() {
+                for nth in [1, 2, 5] {
+                    let hit = crash_and_rerun(workflow, point, nth, unwritten);
+                    assert_eq!(
+                        hit,
+                        reached(workflow, point, nth),
+                        "{mode}: {workflow} {point}:{nth}"
+                    );
+                    hits += usize::from(hit);
+                }
             }
         }
     }

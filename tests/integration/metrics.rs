@@ -103,3 +103,63 @@ pipelines:
     }
     assert_catalog_matches_disk(&t.join("root"));
 }
+
+/// A small publication is made durable by one barrier of the file system
+/// (`syncfs`) unless the machine has much else waiting to be written back,
+/// which a barrier would wait for too; then it fsyncs its files and folders
+/// one by one, says so at debug level and counts it. A large one (here a
+/// batch of 18 outputs) always uses barriers. The debug build takes what
+/// waits to be written from `DISTRIBUTOR_TEST_UNWRITTEN`.
+#[test]
+fn small_publications_fsync_file_by_file_only_while_much_else_waits_to_be_written() {
+    let config = "spool: ./spool
+agent: {settle: 0s, metrics_file: ./metrics.prom}
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+        prefix: \"{source_id}/\"
+";
+    let busy = "18446744073709551615";
+    // (what waits to be written, bundles dropped at once, file-by-file count)
+    for (unwritten, bundles, counted) in [("0", 1, "0"), (busy, 1, "1"), (busy, 6, "0")] {
+        let t = Test::new();
+        t.config(config);
+        // The root has a catalog already, so that the agent's bundles are
+        // published (alone or in a batch) into it as they are.
+        let first = t.bundle("first", &[("x.txt", "x")]);
+        t.publish("p", &first, &[]).expect_code(0);
+        t.mkdir("spool/p/inbox");
+        for i in 0..bundles {
+            let name = format!("b{i}");
+            let b = t.bundle(
+                &name,
+                &[
+                    ("r/report.md", "# r\n"),
+                    ("r/page.html", "<p>p</p>\n"),
+                    ("data.bin", "d"),
+                ],
+            );
+            fs::rename(&b, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
+        }
+        let out = t
+            .cmd()
+            .env("RUST_LOG", "distributor=debug")
+            .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
+            .args(["--config", "config.yaml", "agent", "--once"])
+            .output();
+        out.expect_code(0);
+        let what = format!("{unwritten} waiting, {bundles} bundles");
+        assert_eq!(metric(&t, "file_by_file_syncs_total"), counted, "{what}");
+        assert_eq!(
+            out.stderr
+                .contains("fsyncing the publication's files one by one"),
+            counted != "0",
+            "{what}: {}",
+            out.stderr
+        );
+        assert_eq!(t.records("root").len(), 1 + 3 * bundles, "{what}");
+        assert_catalog_matches_disk(&t.join("root"));
+    }
+}
