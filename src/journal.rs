@@ -100,12 +100,14 @@ pub fn read_state(root: &Root) -> io::Result<State> {
 /// Returns the state to plan against. With `apply` false (dry runs) nothing
 /// is changed on disk and the returned state is what applying would leave.
 pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<State> {
-    if apply {
-        // A process killed while writing the journal itself (or the catalog)
-        // leaves a temporary file at the top of the root and no journal.
-        // Every temporary file is created under the lock, which the caller
-        // holds, so any found now is stale.
+    if apply && !remembered::top_still_clean(root) {
+        // A process killed while staging a small publication, or writing a
+        // catalog, leaves temporary files at the top of the root and
+        // perhaps no journal. Every temporary file is created under the
+        // lock, which the caller holds, so any found now is stale. Not
+        // listed again while the top is as this process left it clean.
         remove_temps_in(root, "")?;
+        remembered::top_swept(root);
     }
     let current = read_state(root)?;
     let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
@@ -133,6 +135,7 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
             );
             if apply {
                 root.remove_file(JOURNAL_FILE)?;
+                remembered::top_left_clean(root);
             }
             return Ok(current);
         }
@@ -219,6 +222,7 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
             root.write_reserved(STATE_FILE, &base.to_json())?;
         }
         root.remove_file(JOURNAL_FILE)?;
+        remembered::top_left_clean(root);
     }
     Ok(if changed {
         State::Catalog(base)

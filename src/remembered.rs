@@ -88,6 +88,72 @@ pub fn remember(root: &Root, file: Look, catalog: Catalog, texts: Option<RecordT
     }
 }
 
+/// How long after its last sweep a root's top is taken as this process
+/// left it: the backstop for a change the folder's change time missed (a
+/// coarse clock tick on older kernels; see [`Look::settled`]).
+const TOP_TRUSTED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A root (device and inode of its folder), the folder's look as this
+/// process last left it with no temporary file at its top, and when its
+/// top was last swept.
+type Top = ((u64, u64), Look, std::time::Instant);
+
+static TOPS: Mutex<Vec<Top>> = Mutex::new(Vec::new());
+
+fn folder_look(root: &Root) -> Option<((u64, u64), Look)> {
+    let st = rustix::fs::fstat(root.dir()).ok()?;
+    let look = Look {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        size: u64::try_from(st.st_size).ok()?,
+        ctime: st.st_ctime,
+        ctime_nsec: i64::try_from(st.st_ctime_nsec).ok()?,
+    };
+    Some(((st.st_dev, st.st_ino), look))
+}
+
+fn tops() -> std::sync::MutexGuard<'static, Vec<Top>> {
+    TOPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records that this process, holding `root`'s lock, has just removed
+/// every stale temporary file from its top.
+pub fn top_swept(root: &Root) {
+    let Some((key, look)) = folder_look(root) else {
+        return;
+    };
+    let mut tops = tops();
+    tops.retain(|(k, ..)| *k != key);
+    tops.push((key, look, std::time::Instant::now()));
+}
+
+/// Records that this process, holding `root`'s lock, leaves no temporary
+/// file at its top (a publication committed, a journal settled). Counts
+/// only once the top has been swept ([`top_swept`]).
+pub fn top_left_clean(root: &Root) {
+    let Some((key, look)) = folder_look(root) else {
+        return;
+    };
+    if let Some(entry) = tops().iter_mut().find(|(k, ..)| *k == key) {
+        entry.1 = look;
+    }
+}
+
+/// Whether `root`'s top is still as this process left it clean, within
+/// [`TOP_TRUSTED_FOR`] of its last sweep: nobody has created or removed an
+/// entry there since (that changes the folder's change time), so no stale
+/// temporary file can be there and the sweep can be skipped. A root
+/// holding thousands of top-level folders (a `{source_id}/` prefix) is then
+/// not listed by every publication.
+pub fn top_still_clean(root: &Root) -> bool {
+    let Some((key, look)) = folder_look(root) else {
+        return false;
+    };
+    tops()
+        .iter()
+        .any(|(k, left, swept)| *k == key && *left == look && swept.elapsed() < TOP_TRUSTED_FOR)
+}
+
 /// Forgets whatever is remembered for `root`. Not needed outside tests: a
 /// catalog written by anyone else is a new file, which nothing matches.
 #[cfg(test)]
@@ -144,5 +210,38 @@ mod tests {
         remember(&root, huge, catalog, Some(RecordTexts::default()));
         assert_eq!(recall(&root, huge), None, "too large to keep");
         assert!(texts(&root).is_none());
+    }
+
+    #[test]
+    fn a_root_top_is_trusted_clean_only_while_nobody_changed_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::create(tmp.path()).unwrap();
+        // Another test's root, gone since, may have had this inode.
+        let key = folder_look(&root).unwrap().0;
+        tops().retain(|(k, ..)| *k != key);
+        assert!(!top_still_clean(&root), "never swept");
+        top_left_clean(&root);
+        assert!(
+            !top_still_clean(&root),
+            "left clean counts only after a sweep"
+        );
+        top_swept(&root);
+        assert!(top_still_clean(&root));
+        // Another process's temporary file (or any entry) at the top.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"x").unwrap();
+        assert!(!top_still_clean(&root));
+        top_left_clean(&root);
+        assert!(top_still_clean(&root));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::remove_file(tmp.path().join(".distributor-tmp-1-0")).unwrap();
+        assert!(!top_still_clean(&root), "a removal changes it too");
+        // A folder made anew at the same path is another folder.
+        top_swept(&root);
+        drop(root);
+        std::fs::remove_dir(tmp.path()).unwrap();
+        std::fs::create_dir(tmp.path()).unwrap();
+        let again = Root::open(tmp.path()).unwrap().unwrap();
+        assert!(!top_still_clean(&again));
     }
 }

@@ -486,6 +486,8 @@ pub(super) fn commit(change: &Change<'_>, staged: StagedRoot) -> io::Result<Comm
     );
     failpoint::hit("publish.after_catalog");
     root.remove_file(JOURNAL_FILE)?;
+    // Every temporary file at the top was renamed into place or removed.
+    remembered::top_left_clean(root);
     Ok(Committed {
         catalog: written,
         texts,

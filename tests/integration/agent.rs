@@ -1502,3 +1502,38 @@ fn a_temporary_file_left_at_the_top_of_work_by_a_kill_is_removed_at_start() {
     );
     assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
 }
+
+/// A live agent does not list the top of a root it left clean at every
+/// publication (a root with thousands of `{source_id}/` folders), but a
+/// temporary file anyone else leaves there (a killed `distributor run`)
+/// changes the folder, and the agent's next publication removes it.
+#[test]
+fn live_agent_sweeps_a_temporary_file_left_at_the_top_of_its_root_by_another_process() {
+    let dir = Test::new();
+    dir.config(&config_p(
+        "  settle: 50ms
+  rescan_interval: 60s
+",
+    ));
+    let agent = dir.agent();
+    let www = dir.join("www");
+    publish_live(&dir, &agent, "first", "# first\n");
+    publish_live(&dir, &agent, "second", "# second\n");
+    // What a run killed while staging leaves: a temporary file at the top.
+    {
+        let _lock = hold_root_lock(&www);
+        fs::write(
+            www.join(".distributor-tmp-4242-0"),
+            "staged by a killed run",
+        )
+        .unwrap();
+    }
+    publish_live(&dir, &agent, "third", "# third\n");
+    assert!(
+        !www.join(".distributor-tmp-4242-0").exists(),
+        "the agent's publication kept another process's stale temporary file"
+    );
+    assert_eq!(records(&www).len(), 3);
+    assert_catalog_matches_disk(&www);
+    stop(agent);
+}
