@@ -27,12 +27,13 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, shell=isinstance(cmd, str), check=True, **kw)
 
 
-def timed(cmd, env=None):
-    """Wall time of a command, and its peak RSS in KiB (via /usr/bin/time)."""
+def timed(cmd, env=None, stdout=None):
+    """Wall time of a command, and its peak RSS in KiB (via /usr/bin/time).
+    With `stdout` a list, the command's output is appended to it."""
     start = time.perf_counter()
     proc = subprocess.run(
         ["/usr/bin/time", "-f", "%M"] + cmd,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if stdout is None else subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
     )
@@ -40,6 +41,8 @@ def timed(cmd, env=None):
     lines = proc.stderr.decode().strip().splitlines()
     if proc.returncode not in (0,):
         sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n" + "\n".join(lines[-20:]))
+    if stdout is not None:
+        stdout.append(proc.stdout.decode())
     return elapsed, int(lines[-1])
 
 
@@ -298,7 +301,9 @@ def change_third(dir, files):
 def bench_tree(work, files, runs):
     """One bundle holding a whole nested tree: into an empty root (against
     cp -a && sync), then its next version with a third of the files changed
-    under workflow: replacement (against rsync --checksum --delete --fsync)."""
+    under workflow: replacement (against rsync --checksum --delete --fsync),
+    then that version again, which changes nothing (skip_same, against the
+    same rsync over the copy it just made)."""
     base = os.path.join(work, "tree")
     v1 = os.path.join(base, "v1")
     v2 = os.path.join(base, "v2")
@@ -308,6 +313,7 @@ def bench_tree(work, files, runs):
     seal(v1, "tree")
     seal(v2, "tree")
     fresh, update, cp, rsync, rss = [], [], [], [], []
+    same, rsync_same, rss_same = [], [], []
     for run in range(runs):
         rbase = os.path.join(base, f"run{run}")
         config = os.path.join(rbase, "config.yaml")
@@ -329,12 +335,28 @@ def bench_tree(work, files, runs):
         start = time.perf_counter()
         sh(["rsync", "-a", "--checksum", "--delete", "--fsync", v2 + "/", dest + "/"])
         rsync.append(time.perf_counter() - start)
+        sh("sync")
+        out = []
+        t, m = timed([BIN, "--config", config, "run", "--json", "--pipeline", "bench", v2],
+                     stdout=out)
+        action = json.loads(out[0])["destinations"][0]["action"]
+        if action != "skip_same":
+            sys.exit(f"tree: publishing the same version again was {action}, not skip_same")
+        same.append(t)
+        rss_same.append(m)
+        sh("sync")
+        start = time.perf_counter()
+        sh(["rsync", "-a", "--checksum", "--delete", "--fsync", v2 + "/", dest + "/"])
+        rsync_same.append(time.perf_counter() - start)
     catalog_kib = os.path.getsize(os.path.join(base, "run0", "root", ".distributor.json")) // 1024
-    runs_line("tree", fresh=fresh, cp=cp, update=update, rsync=rsync)
+    runs_line("tree", fresh=fresh, cp=cp, update=update, rsync=rsync, same=same,
+              rsync_same=rsync_same)
     print("tree peak RSS per run (MiB): fresh " + " ".join(f"{m / 1024:.1f}" for m in rss[0::2])
-          + "; update " + " ".join(f"{m / 1024:.1f}" for m in rss[1::2]), flush=True)
+          + "; update " + " ".join(f"{m / 1024:.1f}" for m in rss[1::2])
+          + "; same " + " ".join(f"{m / 1024:.1f}" for m in rss_same), flush=True)
     return {"fresh": median(fresh), "cp": median(cp), "update": median(update),
-            "rsync": median(rsync), "files": files, "rss_kib": max(rss), "catalog_kib": catalog_kib}
+            "rsync": median(rsync), "same": median(same), "rsync_same": median(rsync_same),
+            "files": files, "rss_kib": max(rss + rss_same), "catalog_kib": catalog_kib}
 
 
 class CatalogWatch:
@@ -623,6 +645,7 @@ def main():
             r = bench_tree(work, tree, tree_runs)
             rows.append((f"tree {r['files']} files into an empty root", r["fresh"], "cp -a && sync", r["cp"]))
             rows.append(("  next version, a third changed", r["update"], "rsync -a --checksum --delete --fsync", r["rsync"]))
+            rows.append(("  that version again (skip_same)", r["same"], "rsync -a --checksum --delete --fsync", r["rsync_same"]))
             rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB "
                          f"({r['rss_kib'] / max(r['catalog_kib'], 1):.1f}x the catalog)", None, None, None))
         if args.only in (None, "latency"):

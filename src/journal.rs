@@ -1,13 +1,15 @@
 //! The intent journal that makes a publication crash-safe.
 //!
-//! Before a publication changes anything in a root it writes
-//! `.distributor-journal.json` (atomically, fsynced) listing what it will
-//! write and delete. Whoever next takes the root lock and finds a journal
-//! finishes the story from the bytes on disk: every journaled path is
-//! recorded as what it really holds now (the new output, the old one, or
-//! nothing), stray temporary files and folders the publication created are
-//! removed, and the catalog is rewritten. Renames are atomic, so each path
-//! holds either the old or the new bytes, never a mix.
+//! Before a publication changes anything in a root outside its top, it
+//! makes `.distributor-journal.json` durable, listing what it will write
+//! and delete (`publish::stage`). Whoever next takes the root lock and
+//! finds a journal finishes the story from the bytes on disk: every
+//! journaled path is recorded as what it really holds now (the new output,
+//! the old one, or nothing), stray temporary files and folders the
+//! publication created are removed, and the catalog is rewritten. Renames
+//! are atomic, so each path holds either the old or the new bytes, never a
+//! mix. A journal cut short was being written when its publication stopped,
+//! before it was durable, so before anything moved: it is dropped.
 
 use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
 use crate::remembered;
