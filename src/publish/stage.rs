@@ -49,16 +49,28 @@ pub(super) fn probe(
     overlay: &BTreeMap<String, Entry>,
 ) -> io::Result<BTreeMap<String, Entry>> {
     let mut entries = BTreeMap::new();
+    // Paths found missing: their descendants are missing too, and are not
+    // looked up (a new folder holds every output of a nested bundle).
+    let mut missing = BTreeSet::new();
+    // Sorted: every path comes after its ancestors.
     for path in plan::probe_paths(desired) {
         let entry = match overlay.get(&path) {
             Some(e) => *e,
+            None if parent_of(&path).is_some_and(|p| missing.contains(p)) => Entry::Missing,
             None => root.entry(&path)?,
         };
-        if entry != Entry::Missing {
+        if entry == Entry::Missing {
+            missing.insert(path);
+        } else {
             entries.insert(path, entry);
         }
     }
     Ok(entries)
+}
+
+/// The folder holding `path`, if it is not at the top.
+fn parent_of(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(parent, _)| parent)
 }
 
 /// Folders above the planned outputs that do not exist yet, shallowest first.
@@ -70,9 +82,19 @@ fn missing_dirs<'d>(
     for d in writes {
         dirs.extend(d.path.ancestors().map(str::to_owned));
     }
-    let mut missing = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    let mut absent: BTreeSet<String> = BTreeSet::new();
+    // Sorted: a folder below one that is absent is absent too.
     for dir in dirs {
-        if root.entry(&dir)? != Entry::Dir {
+        let entry = if parent_of(&dir).is_some_and(|p| absent.contains(p)) {
+            Entry::Missing
+        } else {
+            root.entry(&dir)?
+        };
+        if entry == Entry::Missing {
+            absent.insert(dir.clone());
+        }
+        if entry != Entry::Dir {
             missing.push(dir);
         }
     }
