@@ -105,7 +105,8 @@ fn missing_dirs<'d>(
 /// What staging did for one planned write.
 #[derive(Debug)]
 pub(super) enum Staged {
-    /// Written to this temporary file beside its target, to be renamed.
+    /// Written to this temporary file (beside its target, or at the top
+    /// of the root for a small change), to be renamed into place.
     Temp(String),
     /// The target already holds exactly these bytes: the record it
     /// replaces has the same SHA-256 and size, and the regular file there
