@@ -367,6 +367,7 @@ class CatalogWatch:
 
     IN_MOVED_TO = 0x80
     IN_CLOSE_WRITE = 0x08
+    IN_DELETE = 0x200
 
     def __init__(self, root):
         import ctypes
@@ -378,7 +379,8 @@ class CatalogWatch:
         libc = ctypes.CDLL(None, use_errno=True)
         self.fd = libc.inotify_init1(os.O_CLOEXEC)
         if self.fd < 0 or libc.inotify_add_watch(
-                self.fd, root.encode(), self.IN_MOVED_TO | self.IN_CLOSE_WRITE) < 0:
+                self.fd, root.encode(),
+                self.IN_MOVED_TO | self.IN_CLOSE_WRITE | self.IN_DELETE) < 0:
             sys.exit(f"inotify on {root}: {os.strerror(ctypes.get_errno())}")
 
     def wait(self, timeout):
@@ -424,6 +426,10 @@ def bench_latency(work, count):
     agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
                              env=dict(os.environ, RUST_LOG="warn"))
     catalog = os.path.join(root, ".distributor.json")
+    # The journal is removed once the second barrier has made the renames
+    # and the catalog durable: the end of the publication.
+    journal = os.path.join(root, ".distributor-journal.json")
+    durable = []
     try:
         deadline = time.time() + 10
         while not os.path.isdir(inbox):
@@ -455,14 +461,21 @@ def bench_latency(work, count):
                     sys.exit(f"bundle {i} was not published within 10 s")
                 watch.wait(0.05)
             samples.append(time.perf_counter() - start)
+            while os.path.exists(journal):
+                if time.perf_counter() - start > 10:
+                    sys.exit(f"bundle {i}: the journal was not removed within 10 s")
+                watch.wait(0.05)
+            durable.append(time.perf_counter() - start)
             time.sleep(0.01)
     finally:
         agent.terminate()
         agent.wait()
         watch.close()
-    samples.sort()
-    p99 = samples[min(len(samples) - 1, int(round(0.99 * (len(samples) - 1))))]
-    return {"p50": median(samples), "p99": p99, "count": count}
+    def p99(xs):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+    return {"p50": median(samples), "p99": p99(samples), "durable_p50": median(durable),
+            "durable_p99": p99(durable), "count": count}
 
 
 def catalog_with(records):
@@ -652,6 +665,8 @@ def main():
             r = bench_latency(work, latency)
             rows.append((f"latency p50 over {r['count']} renames", r["p50"], None, None))
             rows.append((f"latency p99 over {r['count']} renames", r["p99"], None, None))
+            rows.append(("  p50 until durable (journal gone)", r["durable_p50"], None, None))
+            rows.append(("  p99 until durable (journal gone)", r["durable_p99"], None, None))
         if args.only in (None, "catalog"):
             for r in bench_catalog(work, sizes, runs):
                 rows.append((f"run into {r['records']} records ({r['file_kib']} KiB)", r["ours"],
