@@ -81,9 +81,54 @@ impl Journal {
 /// Reads the state file of a root into a [`State`]. A state file that is a
 /// symlink or cannot be read is invalid state, not a crash.
 pub fn read_state(root: &Root) -> io::Result<State> {
+    read_state_or(root, None)
+}
+
+/// A catalog read before the root's lock was taken ([`read_ahead`]), with
+/// the look of the file it was read from.
+pub struct ReadAhead {
+    look: Look,
+    catalog: Catalog,
+}
+
+/// Catalog files from this size on are read ahead of the lock: parsing one
+/// takes long enough (about 5 ms a MiB) to be worth doing while the bundle
+/// is inspected. Smaller ones are read under the lock (a live agent
+/// remembers them anyway, see [`remembered`]).
+pub const READ_AHEAD_FROM: u64 = 1 << 20;
+
+/// `root`'s catalog file, open, if it is worth reading ahead of the lock
+/// ([`read_ahead`]): at least [`READ_AHEAD_FROM`] bytes, and not the
+/// catalog this process remembers writing.
+pub fn worth_reading_ahead(root: &Root) -> Option<std::fs::File> {
+    let file = root.open_reserved(STATE_FILE).ok()??;
+    let meta = file.metadata().ok()?;
+    (meta.len() >= READ_AHEAD_FROM && !remembered::knows(root, Look::of(&meta))).then_some(file)
+}
+
+/// Reads a root's catalog (`file`, from [`worth_reading_ahead`]) without
+/// its lock, so that a publication can parse a large one while it inspects
+/// the bundle. Whoever takes the lock uses it only if the root's file is
+/// still the one read (same device, inode, size and change time: every
+/// writer replaces the file, and an edit in place changes its change time),
+/// else reads the file again. `None` for anything but a v4 catalog.
+pub fn read_ahead(mut file: std::fs::File) -> Option<ReadAhead> {
+    let look = Look::of(&file.metadata().ok()?);
+    match State::read(&mut file).ok()? {
+        State::Catalog(catalog) => Some(ReadAhead { look, catalog }),
+        _ => None,
+    }
+}
+
+/// [`read_state`], taking the catalog read ahead when the file is still the
+/// one it was read from.
+fn read_state_or(root: &Root, ahead: Option<ReadAhead>) -> io::Result<State> {
     match root.open_reserved(STATE_FILE) {
         Ok(Some(mut file)) => {
             let look = Look::of(&file.metadata()?);
+            if let Some(ahead) = ahead.filter(|a| a.look == look) {
+                return Ok(State::Catalog(ahead.catalog));
+            }
             match remembered::recall(root, look) {
                 Some(catalog) => Ok(State::Catalog(catalog)),
                 None => State::read(&mut file),
@@ -102,6 +147,17 @@ pub fn read_state(root: &Root) -> io::Result<State> {
 /// Returns the state to plan against. With `apply` false (dry runs) nothing
 /// is changed on disk and the returned state is what applying would leave.
 pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<State> {
+    recover_with(root, apply, now, None)
+}
+
+/// [`recover`], starting from a catalog read ahead of the lock when the
+/// root's file is still that one ([`read_ahead`]).
+pub fn recover_with(
+    root: &Root,
+    apply: bool,
+    now: OffsetDateTime,
+    ahead: Option<ReadAhead>,
+) -> io::Result<State> {
     if apply && !remembered::top_still_clean(root) {
         // A process killed while staging a small publication, or writing a
         // catalog, leaves temporary files at the top of the root and
@@ -111,7 +167,7 @@ pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<Stat
         remove_temps_in(root, "")?;
         remembered::top_swept(root);
     }
-    let current = read_state(root)?;
+    let current = read_state_or(root, ahead)?;
     let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
         return Ok(current);
     };
@@ -444,5 +500,71 @@ mod tests {
                 "{what}: the catalog changed"
             );
         }
+    }
+
+    /// A catalog read ahead of the lock is used only while the root's file
+    /// is still the one read: another writer's catalog (a new file) or an
+    /// edit in place of the same size (a newer change time) is read again.
+    #[test]
+    fn a_catalog_read_ahead_is_used_only_while_the_file_is_the_one_read() {
+        let now = time::macros::datetime!(2026-06-02 00:00 UTC);
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::open(tmp.path()).unwrap().unwrap();
+        let catalog_of = |n: usize, size: u64| {
+            let mut c = Catalog::new(now);
+            c.outputs = (0..n).map(|i| record(&format!("f/{i:05}"), size)).collect();
+            c
+        };
+        let small = catalog_of(10, 1);
+        root.write_reserved(STATE_FILE, &small.to_json()).unwrap();
+        assert!(
+            worth_reading_ahead(&root).is_none(),
+            "a small catalog is read under the lock"
+        );
+
+        let big = catalog_of(3000, 1);
+        root.write_reserved(STATE_FILE, &big.to_json()).unwrap();
+        let read = |root: &Root| {
+            let ahead = worth_reading_ahead(root).and_then(read_ahead);
+            assert!(ahead.is_some(), "a large catalog is worth reading ahead");
+            ahead
+        };
+        // Unchanged: the catalog read ahead is the state.
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, read(&root)) else {
+            panic!("not a catalog");
+        };
+        assert_eq!(c.outputs, big.outputs);
+
+        // Replaced by another writer after it was read.
+        let ahead = read(&root);
+        let other = catalog_of(3000, 2);
+        root.write_reserved(STATE_FILE, &other.to_json()).unwrap();
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead) else {
+            panic!("not a catalog");
+        };
+        assert_eq!(
+            c.outputs, other.outputs,
+            "the catalog read ahead was used over a newer one"
+        );
+
+        // Edited in place, same size and inode, after it was read.
+        let ahead = read(&root);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let path = tmp.path().join(STATE_FILE);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let edited = text.replacen("\"size\": 2", "\"size\": 3", 1);
+        assert_eq!(edited.len(), text.len());
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all(edited.as_bytes()).unwrap();
+        }
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead) else {
+            panic!("not a catalog");
+        };
+        assert_eq!(
+            c.outputs[0].size, 3,
+            "an edit in place after the read was missed"
+        );
     }
 }

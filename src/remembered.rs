@@ -62,6 +62,20 @@ pub fn recall(root: &Root, file: Look) -> Option<Catalog> {
     (written == file).then_some(catalog)
 }
 
+/// Whether the catalog remembered for `root` is the file `file` (without
+/// taking it out).
+pub fn knows(root: &Root, file: Look) -> bool {
+    let Some(key) = root_key(root) else {
+        return false;
+    };
+    entries().iter().any(|e| {
+        e.root == key
+            && e.catalog
+                .as_ref()
+                .is_some_and(|(written, _)| *written == file)
+    })
+}
+
 /// The text of the records of the catalog last written to `root`, if
 /// remembered.
 pub fn texts(root: &Root) -> Option<Arc<RecordTexts>> {

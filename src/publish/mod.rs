@@ -117,19 +117,43 @@ pub fn publish(
     bundle_dir: &Path,
     options: &Options,
 ) -> RunReport {
+    // A large catalog is parsed while the bundle is inspected (before the
+    // lock; used under it only if the file is still the one read).
+    let worth: Vec<(usize, std::fs::File)> = destinations
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| matches!(d.backend, Backend::Local))
+        .filter_map(|(i, d)| {
+            let root = Root::open(&d.root).ok()??;
+            Some((i, journal::worth_reading_ahead(&root)?))
+        })
+        .collect();
+    let (ready, mut ahead) = std::thread::scope(|s| {
+        let reading = (!worth.is_empty()).then(|| {
+            s.spawn(|| {
+                worth
+                    .into_iter()
+                    .filter_map(|(i, file)| Some((i, journal::read_ahead(file)?)))
+                    .collect::<Vec<_>>()
+            })
+        });
+        let ready = prepare_bundle(
+            pipeline,
+            destinations,
+            bundle_dir,
+            options.dry_run,
+            &options.scratch,
+        );
+        let ahead = reading.and_then(|r| r.join().ok()).unwrap_or_default();
+        (ready, ahead)
+    });
     let Ready {
         mut report,
         bundle,
         source,
         prepared,
         mut verified,
-    } = match prepare_bundle(
-        pipeline,
-        destinations,
-        bundle_dir,
-        options.dry_run,
-        &options.scratch,
-    ) {
+    } = match ready {
         Ok(ready) => ready,
         Err(report) => return *report,
     };
@@ -149,8 +173,20 @@ pub fn publish(
     for i in order {
         let outcome = match &prepared[i].destination.backend {
             Backend::Local => {
-                lock_and_plan(&prepared[i], &pipeline.id, &source, options, now, false)
-                    .map(|done| planned.push((i, done)))
+                let read = ahead
+                    .iter()
+                    .position(|(j, _)| *j == i)
+                    .map(|at| ahead.swap_remove(at).1);
+                lock_and_plan(
+                    &prepared[i],
+                    &pipeline.id,
+                    &source,
+                    options,
+                    now,
+                    false,
+                    read,
+                )
+                .map(|done| planned.push((i, done)))
             }
             Backend::S3(location) => remote::plan_destination(
                 &prepared[i],
@@ -185,7 +221,15 @@ pub fn publish(
     // Roots that do not exist yet are created (and locked) only now that
     // every plan is accepted, then planned again under their lock.
     for (i, p) in planned.iter_mut().filter(|(_, p)| p.root.is_none()) {
-        match lock_and_plan(&prepared[*i], &pipeline.id, &source, options, now, true) {
+        match lock_and_plan(
+            &prepared[*i],
+            &pipeline.id,
+            &source,
+            options,
+            now,
+            true,
+            None,
+        ) {
             Ok(again) => *p = again,
             Err(e) => {
                 report.destinations[*i].error = Some(e.message.clone());
@@ -448,6 +492,7 @@ fn lock_and_plan(
     options: &Options,
     now: OffsetDateTime,
     create: bool,
+    ahead: Option<journal::ReadAhead>,
 ) -> Result<Planned, PublishError> {
     let d = prepared.destination;
     let shown = d.root.display();
@@ -485,7 +530,8 @@ fn lock_and_plan(
     let (state, listing) = match &root {
         None => (State::Absent, Listing::default()),
         Some(root) => {
-            let state = journal::recover(root, !options.dry_run, now).map_err(plan_err)?;
+            let state =
+                journal::recover_with(root, !options.dry_run, now, ahead).map_err(plan_err)?;
             let listing =
                 list(root, &prepared.desired, &state, d, options.force).map_err(plan_err)?;
             (state, listing)

@@ -168,3 +168,74 @@ pipelines:
     out.expect_code(0);
     assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "a");
 }
+
+/// A run parses a large catalog (1 MiB and more) while it inspects the
+/// bundle, before it has the root's lock. If someone changes the catalog
+/// before the run gets the lock (here a maintenance-like writer that drops
+/// a record and its file while the run waits), the run must plan against
+/// the new catalog, not the one it read ahead: otherwise the dropped record
+/// would come back, for a file that is gone.
+#[test]
+fn a_catalog_changed_while_a_run_waits_for_the_lock_is_read_again() {
+    let t = Test::new();
+    t.config(
+        "pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./root
+",
+    );
+    // 3,000 records: a catalog of more than 1 MiB.
+    let owned: Vec<(String, String)> = (0..3000)
+        .map(|i| (format!("many/f{i:04}.txt"), format!("{i}\n")))
+        .collect();
+    let refs: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let first = t.bundle("first", &refs);
+    t.publish("p", &first, &[]).expect_code(0);
+    let root = t.join("root");
+    let catalog = root.join(".distributor.json");
+    assert!(fs::metadata(&catalog).unwrap().len() > 1 << 20);
+
+    let second = bundle(&t, "second", "second");
+    let lock = hold_root_lock(&root);
+    let mut run = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "p",
+        ])
+        .arg(&second)
+        .start();
+    run.wait_log("waiting for the lock", Duration::from_secs(30));
+    // What prune or reconcile-state would do under the lock: drop a file
+    // and its record, writing the catalog anew (a new file).
+    fs::remove_file(root.join("many/f0007.txt")).unwrap();
+    let mut state: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&catalog).unwrap()).unwrap();
+    let outputs = state["outputs"].as_array_mut().unwrap();
+    outputs.retain(|r| r["path"] != "many/f0007.txt");
+    let text = serde_json::to_string_pretty(&state).unwrap() + "\n";
+    fs::write(root.join(".distributor-edit"), text).unwrap();
+    fs::rename(root.join(".distributor-edit"), &catalog).unwrap();
+    drop(lock);
+
+    let out = run.finish(Duration::from_secs(60));
+    out.expect_code(0);
+    let records = t.records("root");
+    assert!(
+        !records.contains_key("many/f0007.txt"),
+        "the record dropped while the run waited came back"
+    );
+    assert!(records.contains_key("second/f00.txt"));
+    assert_eq!(records.len(), 3000 - 1 + 25);
+    assert_catalog_matches_disk(&root);
+}
