@@ -30,7 +30,7 @@ use crate::failpoint;
 use crate::hashing::{self, Hashed};
 use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
-use crate::plan::{self, Desired};
+use crate::plan::Desired;
 use crate::remembered;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root, StagedFile};
@@ -49,20 +49,27 @@ pub(super) fn probe(
     overlay: &BTreeMap<String, Entry>,
 ) -> io::Result<BTreeMap<String, Entry>> {
     let mut entries = BTreeMap::new();
-    // Paths found missing: their descendants are missing too, and are not
-    // looked up (a new folder holds every output of a nested bundle).
-    let mut missing = BTreeSet::new();
-    // Sorted: every path comes after its ancestors.
-    for path in plan::probe_paths(desired) {
-        let entry = match overlay.get(&path) {
+    // Folders first, sorted (each after the folders above it); a folder or
+    // output below a folder found missing is missing too and is not looked
+    // up (a new folder holds every output of a nested bundle).
+    let folders: BTreeSet<&str> = desired.iter().flat_map(|d| d.path.ancestors()).collect();
+    let mut missing: BTreeSet<&str> = BTreeSet::new();
+    let paths = folders
+        .iter()
+        .copied()
+        .chain(desired.iter().map(|d| d.path.as_str()));
+    for path in paths {
+        let entry = match overlay.get(path) {
             Some(e) => *e,
-            None if parent_of(&path).is_some_and(|p| missing.contains(p)) => Entry::Missing,
-            None => root.entry(&path)?,
+            None if parent_of(path).is_some_and(|p| missing.contains(p)) => Entry::Missing,
+            None => root.entry(path)?,
         };
         if entry == Entry::Missing {
-            missing.insert(path);
+            if folders.contains(path) {
+                missing.insert(path);
+            }
         } else {
-            entries.insert(path, entry);
+            entries.insert(path.to_owned(), entry);
         }
     }
     Ok(entries)
@@ -305,8 +312,8 @@ impl StagedRoot {
 /// syncs nothing but the journal of a [`Layout::Beside`] change:
 /// [`make_durable`] follows. `keep_going` is asked before each output;
 /// when it says stop, staging ends with an `Interrupted` error.
-pub(super) fn stage(
-    change: &Change<'_>,
+pub(super) fn stage<'a>(
+    change: &Change<'a>,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Result<StagedRoot, Failure> {
@@ -332,26 +339,23 @@ pub(super) fn stage(
         .filter(|w| records_same(change.replaced(w.d.path.as_str()), w.d))
         .count();
     let seen = (recorded_same >= BARRIER_FROM).then(|| Seen::read(root));
-    let jobs: Vec<Job> = change
-        .writes
-        .iter()
-        .map(|w| Job {
-            d: w.d,
-            old: change.replaced(w.d.path.as_str()),
-            in_memory: w.in_memory,
-            bundle: w.bundle,
-            seen: seen.as_ref(),
-        })
-        .collect();
+    // Made as each write is staged: a large tree's jobs are not held.
+    let job = |w: &Write<'a>| Job {
+        d: w.d,
+        old: change.replaced(w.d.path.as_str()),
+        in_memory: w.in_memory,
+        bundle: w.bundle,
+        seen: seen.as_ref(),
+    };
     let stop = || io::Error::new(io::ErrorKind::Interrupted, "stopping");
     let (outputs, top) = match layout {
         Layout::Beside => {
-            let same_folder = |a: &Job, b: &Job| a.d.path.parent() == b.d.path.parent();
-            let outputs = map_on_runs(workers, &jobs, same_folder, |job| {
+            let same_folder = |a: &Write, b: &Write| a.d.path.parent() == b.d.path.parent();
+            let outputs = map_on_runs(workers, &change.writes, same_folder, |w| {
                 if !keep_going() {
                     return Err(Failure::Io(stop()));
                 }
-                stage_one(root, job, None)
+                stage_one(root, &job(w), None)
             })
             .into_iter()
             .collect::<Result<Vec<Staged>, Failure>>()?;
@@ -359,15 +363,15 @@ pub(super) fn stage(
         }
         Layout::Top => {
             let mut files = Vec::new();
-            let mut outputs = Vec::with_capacity(jobs.len());
+            let mut outputs = Vec::with_capacity(change.writes.len());
             let mut bytes = 0;
-            for job in &jobs {
+            for w in &change.writes {
                 if !keep_going() {
                     return Err(Failure::Io(stop()));
                 }
-                let staged = stage_one(root, job, Some(&mut files))?;
+                let staged = stage_one(root, &job(w), Some(&mut files))?;
                 if matches!(staged, Staged::Temp(_)) {
-                    bytes += job.d.size;
+                    bytes += w.d.size;
                 }
                 outputs.push(staged);
             }
