@@ -101,35 +101,27 @@ fn crash_and_rerun(workflow: &str, point: &str, nth: u32, unwritten: &str) -> bo
     let b = second(&t, "b");
     t.publish("p", &a, &[]).expect_code(0);
 
-    let crashed = t
-        .cmd()
-        .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
-        .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
-        .args([
-            "--config",
-            "config.yaml",
-            "run",
-            "--json",
-            "--pipeline",
-            "p",
-        ])
-        .arg(&b)
-        .output();
-    let hit = crashed.code != 0;
+    // The second bundle published, crashing at `failpoint` when given.
+    let publish_b = |failpoint: Option<String>| {
+        let mut cmd = t.cmd();
+        if let Some(failpoint) = failpoint {
+            cmd.env("DISTRIBUTOR_FAILPOINT", failpoint);
+        }
+        cmd.env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
+            .args([
+                "--config",
+                "config.yaml",
+                "run",
+                "--json",
+                "--pipeline",
+                "p",
+            ])
+            .arg(&b)
+            .output()
+    };
+    let hit = publish_b(Some(format!("{point}:{nth}"))).code != 0;
 
-    let rerun = t
-        .cmd()
-        .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
-        .args([
-            "--config",
-            "config.yaml",
-            "run",
-            "--json",
-            "--pipeline",
-            "p",
-        ])
-        .arg(&b)
-        .output();
+    let rerun = publish_b(None);
     rerun.expect_code(0);
     let action = rerun.dest()["action"]
         .as_str()
