@@ -3,9 +3,10 @@
 //! When the agent finds several bundles waiting, it publishes them together:
 //! every bundle is verified in full, the roots are locked once, each bundle
 //! is planned in arrival order against the catalog and storage as the
-//! bundles before it leave them, and the accepted bundles are written with
-//! one journal, one durability barrier for all staged files, one catalog
-//! write and a second barrier per root. Each bundle still gets its own
+//! bundles before it leave them, and the accepted bundles' changes are
+//! merged into one change per root, which the engine a single publication
+//! uses writes (`stage`: one journal, one wait for every staged file, one
+//! catalog write, a second wait). Each bundle still gets its own
 //! report with its own actions; a refused or invalid bundle is reported
 //! alone and does not stop the others.
 //!
