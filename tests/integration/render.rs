@@ -218,7 +218,7 @@ const PROBE_TEST: &str = "render::peak_rss_is_the_command_s_own_not_the_test_pro
 /// and this test process may hold much more than a small command: the
 /// command is spawned by a probe, a fresh run of this test binary that
 /// runs [`PROBE_TEST`] alone, spawns it, and prints what wait4(2) says.
-fn peak_rss_of(program: &Path, args: &[&OsStr], dir: &Path) -> (u64, i32) {
+pub fn peak_rss_of(program: &Path, args: &[&OsStr], dir: &Path) -> (u64, i32) {
     let mut spec = OsString::new();
     for part in std::iter::once(program.as_os_str()).chain(args.iter().copied()) {
         spec.push(part);
