@@ -106,14 +106,18 @@ impl Worker {
         for d in &self.pipeline.destinations {
             crate::publish::recover_abandoned(d, &self.spool.work.display().to_string());
         }
-        // A temporary file of the agent's own bookkeeping (the batch file)
-        // left at the top of work/ by a kill.
-        if let Err(e) = spool::remove_stale_temps(&self.spool.work) {
-            log::warn!(
-                "pipeline={}: cannot remove leftover temporary files from {}: {e}; check permissions, then delete its .distributor-tmp-* files by hand",
-                self.pipeline.id,
-                self.spool.work.display()
-            );
+        // Temporary files of the agent's own bookkeeping left by a kill: the
+        // batch file's at the top of work/, the presence file's in the
+        // pipeline's folder, a kept result's in its results folder. Only the
+        // holder of the agent lock writes there.
+        for folder in self.spool.bookkeeping_folders() {
+            if let Err(e) = spool::remove_stale_temps(&folder) {
+                log::warn!(
+                    "pipeline={}: cannot remove leftover temporary files from {}: {e}; check permissions, then delete its .distributor-tmp-* files by hand",
+                    self.pipeline.id,
+                    folder.display()
+                );
+            }
         }
         match spool::scan(&self.spool.work) {
             Ok(spool::Scan {

@@ -325,7 +325,8 @@ fn write_bookkeeping(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Removes temporary files that a killed agent left at the top of a bundle
-/// in work/. Only this pipeline's worker touches a bundle in work/, so any
+/// in work/, or of one of the folders of [`Spool::bookkeeping_folders`].
+/// Only the worker holding the pipeline's agent lock writes there, so any
 /// found there is stale.
 pub fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
     let dir = open_bundle(bundle)?;
@@ -477,8 +478,28 @@ pub const RESULTS_DIR: &str = ".distributor-results";
 impl Spool {
     /// Where the agent keeps its copy of the result of `failed/<name>`.
     pub(crate) fn kept_result(&self, name: &str) -> (PathBuf, String) {
-        let base = self.failed.parent().unwrap_or(&self.failed);
-        (base.join(RESULTS_DIR), format!("{name}.json"))
+        (
+            self.pipeline_folder().join(RESULTS_DIR),
+            format!("{name}.json"),
+        )
+    }
+
+    /// The pipeline's own folder, which holds `inbox/`, `work/`, `done/`,
+    /// `failed/` and the agent's lock and presence files.
+    fn pipeline_folder(&self) -> &Path {
+        self.failed.parent().unwrap_or(&self.failed)
+    }
+
+    /// The folders the agent writes its bookkeeping into by replacing a
+    /// file, which a kill can leave a temporary file in (see
+    /// [`remove_stale_temps`]): `work/`, the pipeline's folder and its
+    /// results folder, when they exist.
+    pub fn bookkeeping_folders(&self) -> Vec<PathBuf> {
+        let base = self.pipeline_folder();
+        [self.work.clone(), base.to_owned(), base.join(RESULTS_DIR)]
+            .into_iter()
+            .filter(|f| f.is_dir())
+            .collect()
     }
 }
 

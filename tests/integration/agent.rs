@@ -1486,21 +1486,43 @@ fn a_live_agent_deletes_done_entries_older_than_done_retention() {
     stop_with(agent, libc::SIGINT);
 }
 
+/// A kill while the agent replaces one of its own bookkeeping files leaves
+/// its temporary file: the batch file's in work/, the presence file's in
+/// the pipeline's folder, a kept result's in `.distributor-results/`. The
+/// next agent to take the pipeline removes them, and nothing else there.
 #[test]
-fn a_temporary_file_left_at_the_top_of_work_by_a_kill_is_removed_at_start() {
+fn temporary_files_left_in_the_agents_own_folders_by_a_kill_are_removed_at_start() {
     let dir = Test::new();
     dir.config(&config_p(""));
     let work = dir.spool("p", "work");
+    let pipeline = work.parent().unwrap().to_owned();
+    let results = pipeline.join(".distributor-results");
     fs::create_dir_all(&work).unwrap();
-    // What a kill during the batch file's replacement leaves behind.
-    let temp = work.join(".distributor-tmp-4242-7");
-    fs::write(&temp, "{\"partial\":").unwrap();
+    fs::create_dir_all(&results).unwrap();
+    let temps = [
+        work.join(".distributor-tmp-4242-7"),
+        pipeline.join(".distributor-tmp-4242-0"),
+        results.join(".distributor-tmp-4242-1"),
+    ];
+    for temp in &temps {
+        fs::write(temp, "{\"partial\":").unwrap();
+    }
+    let kept = results.join("old.json");
+    fs::write(&kept, "{}").unwrap();
     dir.once().expect_code(0);
+    for temp in &temps {
+        assert!(!temp.exists(), "{} is still there", temp.display());
+    }
     assert!(
-        !temp.exists(),
-        "the leftover temporary file is still in work/"
+        leftovers(&pipeline).is_empty(),
+        "{:?}",
+        leftovers(&pipeline)
     );
-    assert!(leftovers(&work).is_empty(), "{:?}", leftovers(&work));
+    assert!(kept.is_file(), "a kept result was removed");
+    assert!(
+        pipeline.join(".distributor-agent.json").is_file(),
+        "the presence file is missing"
+    );
 }
 
 /// A live agent does not list the top of a root it left clean at every
