@@ -307,9 +307,12 @@ mod tests {
     }
 
     fn mkfifo(path: &Path) {
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo only reads it.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::Mode::from_raw_mode(0o644),
+        )
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
     }
 
     #[test]

@@ -564,9 +564,12 @@ fn limits_are_checked_against_the_manifest_and_name_the_key() {
 // ----- sealing and verifying ------------------------------------------
 
 fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
 }
 
 /// Runs `f` on another thread and fails the test instead of hanging.

@@ -290,15 +290,7 @@ fn run_tool(t: &Test, program: &str, args: &[&str]) {
 
 /// Sends `sig` to every process of the group led by `child`.
 fn signal_group(child: &Child, sig: libc::c_int) {
-    let pgid = libc::pid_t::try_from(child.id()).unwrap();
-    // SAFETY: kill(2) takes plain integers; the group leader is not reaped.
-    let rc = unsafe { libc::kill(-pgid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill(-{pgid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
+    crate::util::signal_group(child.id(), sig);
 }
 
 /// Waits for a spawned tool (failing the test after `DELIVERY_WAIT`).

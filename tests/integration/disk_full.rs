@@ -40,8 +40,7 @@ fn small_fs(t: &Test) -> Option<SmallFs> {
 /// A 1 MiB tmpfs mounted at `at`, or `None` (with the reason printed) when
 /// this test cannot mount one.
 fn small_fs_at(at: &Path) -> Option<SmallFs> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         eprintln!("skipped: mounting a size-limited tmpfs needs root");
         return None;
     }

@@ -40,8 +40,7 @@ const ATTEMPTS: &str = ".distributor-attempts";
 
 /// True when the test can switch users; otherwise prints why it skips.
 fn can_switch_users(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         return true;
     }
     eprintln!(

@@ -23,7 +23,6 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsStr};
 use std::fs::{self, File};
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, symlink};
 use std::os::unix::process::ExitStatusExt;
@@ -136,22 +135,6 @@ fn stop_agent(mut agent: Child, what: &str) {
         "{what} did not stop after SIGTERM"
     );
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{what}: {status:?}");
-}
-
-/// Holds an exclusive flock on `<root>/.distributor.lock` until dropped,
-/// as an operator's `flock` command would.
-fn operator_flock(root: &Path) -> File {
-    fs::create_dir_all(root).expect("create root");
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join(".distributor.lock"))
-        .expect("open lock file");
-    // SAFETY: flock on a descriptor we own.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    assert_eq!(rc, 0, "take the lock: {}", std::io::Error::last_os_error());
-    file
 }
 
 // ---------------------------------------------------------------------------
@@ -590,7 +573,7 @@ fn runs_prune_and_reconcile_queued_on_a_held_root_lock_lose_no_record() {
     sleep(Duration::from_millis(5)); // older than max_age
 
     let site = t.join("site");
-    let lock = operator_flock(&site);
+    let lock = crate::util::hold_root_lock(&site);
     let before = tree(&site);
     let mut children = start_four(&t, &a2, &b1);
     sleep(Duration::from_millis(500));

