@@ -227,6 +227,12 @@ pub fn recover_with(
             )));
         }
     }
+    // The interrupted run stopped before its last barrier: what it renamed
+    // or deleted may not be durable yet. Made durable first, the catalog
+    // written below never records bytes that a power cut could still undo.
+    if apply {
+        root.sync()?;
+    }
     let mut base = match &current {
         State::Catalog(c) => c.clone(),
         _ => Catalog::new(now),
@@ -252,8 +258,25 @@ pub fn recover_with(
         }
     }
     for path in &journal.deletes {
-        if root.entry(path)? == Entry::Missing {
+        let entry = root.entry(path)?;
+        if entry == Entry::Dir {
+            // Someone's folder where a recorded file was: the file is gone
+            // (the deletion leaves such a folder alone).
             records.remove(path);
+        }
+        if entry == Entry::Missing {
+            records.remove(path);
+            // A folder cleared (`force_replace`) takes every record below.
+            let below = format!("{path}/");
+            let inside: Vec<String> = records
+                .range(below.clone()..)
+                .map(|(p, _)| p)
+                .take_while(|p| p.starts_with(&below))
+                .cloned()
+                .collect();
+            for p in inside {
+                records.remove(&p);
+            }
         }
     }
     if apply {
@@ -269,6 +292,11 @@ pub fn recover_with(
     // the catalog's timestamp (or convert legacy or invalid state).
     let changed = match &current {
         State::Catalog(c) => c.outputs != recovered,
+        // A publication converting legacy state stopped part way: a new
+        // catalog of what it wrote would leave the files of the root it
+        // had not reached yet unrecorded, and its rerun would refuse them
+        // (`fail_unmanaged`). Left legacy, the rerun converts it whole.
+        State::Legacy { .. } => false,
         _ => !recovered.is_empty(),
     };
     if changed {

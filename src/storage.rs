@@ -51,6 +51,11 @@ pub struct Root {
     /// was opened without following a link; removing any folder empties
     /// the cache.
     folders: Mutex<HashMap<String, Arc<Dir>>>,
+    /// The device of the root folder.
+    device: u64,
+    /// A folder on each other file system met below the root (a mount
+    /// point inside it), so that [`Root::sync`] covers those too.
+    mounts: Mutex<Vec<(u64, Arc<Dir>)>>,
 }
 
 /// A file written at the top of a root under a temporary name, not yet
@@ -117,9 +122,11 @@ impl Root {
             .open(path);
         match file {
             Ok(file) => Ok(Some(Root {
+                device: rustix::fs::fstat(&file)?.st_dev,
                 dir: Arc::new(Dir::from_std_file(file)),
                 path: path.to_owned(),
                 folders: Mutex::default(),
+                mounts: Mutex::default(),
             })),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -191,6 +198,7 @@ impl Root {
                 Err(e) => return Err(e),
             };
             dir = Arc::new(next);
+            self.note_device(&path[..end], &dir)?;
             let mut folders = self.folders.lock().unwrap_or_else(|e| e.into_inner());
             if folders.len() >= MAX_OPEN_FOLDERS {
                 folders.clear();
@@ -202,6 +210,24 @@ impl Root {
             }
             at = end + 1;
         }
+    }
+
+    /// Remembers `dir` (at `path`) when it is on another file system than
+    /// the root: the first folder met on each.
+    fn note_device(&self, path: &str, dir: &Arc<Dir>) -> io::Result<()> {
+        let device = rustix::fs::fstat(&**dir)?.st_dev;
+        if device == self.device {
+            return Ok(());
+        }
+        let mut mounts = self.mounts.lock().unwrap_or_else(|e| e.into_inner());
+        if !mounts.iter().any(|(d, _)| *d == device) {
+            log::debug!(
+                "{}/{path} is on another file system than the root; each durability barrier syncs it too",
+                self.path.display()
+            );
+            mounts.push((device, dir.clone()));
+        }
+        Ok(())
     }
 
     /// Forgets every folder opened so far: one may be about to be removed
@@ -559,11 +585,23 @@ impl Root {
     }
 
     /// A durability barrier: every change made so far to the file system
-    /// holding the root (data, renames, deletions) reaches the disk.
-    /// Mutations in this module do not sync one by one; callers order them
-    /// around barriers.
+    /// holding the root (data, renames, deletions) reaches the disk, and
+    /// to each other file system mounted inside it that this root has
+    /// reached. Mutations in this module do not sync one by one; callers
+    /// order them around barriers.
     pub fn sync(&self) -> io::Result<()> {
-        rustix::fs::syncfs(&self.dir).map_err(io::Error::from)
+        rustix::fs::syncfs(&*self.dir)?;
+        let mounts: Vec<Arc<Dir>> = self
+            .mounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, dir)| dir.clone())
+            .collect();
+        for dir in mounts {
+            rustix::fs::syncfs(&*dir)?;
+        }
+        Ok(())
     }
 
     /// Removes a file or symlink at `path`; `Ok(false)` when already gone.

@@ -108,9 +108,10 @@ impl Planned {
 /// file types and sizes) up front, and each copied file is hashed while it
 /// is staged. Nothing is renamed into any root until every staged copy, and
 /// every file no destination copies, has matched the manifest. When the run
-/// will not write (a dry run, a refusal, a skip) or creates a root, the whole
-/// bundle is hashed before anything else, so an invalid bundle is always
-/// reported as such and never leaves a trace.
+/// will not write (a dry run, a refusal, a skip), creates a root or clears
+/// one (`force_replace`, replacement over legacy state), the whole bundle is
+/// hashed before anything else, so an invalid bundle is always reported as
+/// such and never leaves a trace.
 pub fn publish(
     pipeline: &Pipeline,
     destinations: &[&Destination],
@@ -208,7 +209,11 @@ pub fn publish(
         .iter()
         .any(|(_, p)| !p.writes.is_empty());
     let creates_root = planned.iter().any(|(_, p)| p.root.is_none());
-    let hash_first = refused.is_some() || options.dry_run || !writes_anything || creates_root;
+    // Clearing a root deletes before anything is staged, and nothing may
+    // be deleted for a bundle that turns out not to match its manifest.
+    let clears = planned.iter().any(|(_, p)| !p.plan.clear_first.is_empty());
+    let hash_first =
+        refused.is_some() || options.dry_run || !writes_anything || creates_root || clears;
     if hash_first && let Err(e) = verify_rest(&bundle, &mut verified) {
         return report.fail(Stage::Verify, e.to_string(), e.is_transient());
     }

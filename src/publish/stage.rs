@@ -80,20 +80,26 @@ fn parent_of(path: &str) -> Option<&str> {
     path.rsplit_once('/').map(|(parent, _)| parent)
 }
 
-/// Folders above the planned outputs that do not exist yet, shallowest first.
+/// Folders above the planned outputs that do not exist yet, or will not
+/// once `cleared` (entries removed before the writes) is removed; the
+/// publication creates them, shallowest first.
 fn missing_dirs<'d>(
     root: &Root,
     writes: impl Iterator<Item = &'d Desired>,
+    cleared: &[String],
 ) -> io::Result<Vec<String>> {
     let mut dirs = BTreeSet::new();
     for d in writes {
         dirs.extend(d.path.ancestors().map(str::to_owned));
     }
+    let cleared: BTreeSet<&str> = cleared.iter().map(String::as_str).collect();
     let mut missing: Vec<String> = Vec::new();
     let mut absent: BTreeSet<String> = BTreeSet::new();
     // Sorted: a folder below one that is absent is absent too.
     for dir in dirs {
-        let entry = if parent_of(&dir).is_some_and(|p| absent.contains(p)) {
+        let entry = if parent_of(&dir).is_some_and(|p| absent.contains(p))
+            || cleared.contains(dir.as_str())
+        {
             Entry::Missing
         } else {
             root.entry(&dir)?
@@ -208,7 +214,11 @@ impl Change<'_> {
                 .map(String::as_str)
                 .chain(self.deletes.iter().copied())
                 .collect(),
-            created_dirs: missing_dirs(self.root, self.writes.iter().map(|w| w.d))?,
+            created_dirs: missing_dirs(
+                self.root,
+                self.writes.iter().map(|w| w.d),
+                self.clear_first,
+            )?,
             state_was_absent: self.state_was_absent,
         })
     }
@@ -486,8 +496,12 @@ pub(super) fn commit(change: &Change<'_>, staged: StagedRoot) -> io::Result<Comm
     }
     let (written, texts) = match staged.top {
         Some(top) => (root.place_reserved(&top.catalog, STATE_FILE)?, top.texts),
+        // Its bytes are fsynced before its rename: a file system that may
+        // write the rename first (XFS, btrfs) could otherwise leave, after
+        // a power cut during the barrier below, a torn catalog beside a
+        // durable journal, and recovery would have no records to keep.
         None => (
-            root.write_reserved_unsynced(STATE_FILE, &mut |w| change.catalog.write_json(w))?,
+            root.write_reserved_data(STATE_FILE, &mut |w| change.catalog.write_json(w))?,
             None,
         ),
     };
@@ -612,6 +626,24 @@ fn make_folders<'d>(root: &Root, writes: impl Iterator<Item = &'d Desired>) -> i
             root.parent_dir(&d.path, true)?;
         }
         last = parent;
+    }
+    Ok(())
+}
+
+/// Removes what a change deletes after its writes: a file, a link (never
+/// its target) or an empty folder. A folder with something in it, where
+/// the catalog recorded a file, is someone else's (only clearing, for
+/// `force_replace` or a path a planned file needs, removes a whole tree):
+/// it stays, with a warning, and the new catalog no longer records it.
+fn remove_deleted(root: &Root, path: &str) -> io::Result<()> {
+    if root.entry(path)? != Entry::Dir {
+        return root.remove_any(path);
+    }
+    if !root.remove_dir_if_empty(path)? && root.entry(path)? == Entry::Dir {
+        log::warn!(
+            "{}/{path}: a folder with content now sits where this destination's output was; distributor left it as it is and dropped its record. Move or delete that folder by hand if it should not be published",
+            root.path().display()
+        );
     }
     Ok(())
 }
@@ -785,7 +817,7 @@ fn move_into_place<'p>(
         None => staged.iter().try_for_each(rename)?,
     }
     for path in deletes {
-        root.remove_any(path)?;
+        remove_deleted(root, path)?;
         root.prune_empty_parents(path)?;
         failpoint::hit("publish.after_delete");
         touch(path);

@@ -165,6 +165,39 @@ pipelines:
     no_temp_files(&www);
     assert_catalog_matches_disk(&www);
 
+    // A large change stages beside its targets, here on the tmpfs; its
+    // barriers (`syncfs`) cover that file system as well as the root's.
+    let files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            (
+                format!("small/big/f{i:02}.txt"),
+                format!("file {i}\n").into_bytes(),
+            )
+        })
+        .collect();
+    let files: Vec<(&str, &[u8])> = files.iter().map(|(p, b)| (p.as_str(), &b[..])).collect();
+    let l = t.sealed("l", &files);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "distributor=debug")
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&l)
+        .output();
+    out.expect_code(0);
+    assert!(
+        out.stderr.contains(
+            "www/small is on another file system than the root; each durability barrier syncs it too"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        fs::read_to_string(www.join("small/big/f07.txt")).unwrap(),
+        "file 7\n"
+    );
+    no_temp_files(&www.join("small/big"));
+    assert_catalog_matches_disk(&www);
+
     // The agent counts each such copy, so that a slow path that is taken
     // shows on a dashboard and not only in the log.
     let c = t.sealed("c", &[("small/c.txt", b"agent\n")]);

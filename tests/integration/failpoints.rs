@@ -215,6 +215,99 @@ fn force_replace_crash_converges() {
     }
 }
 
+/// A `--force` publication killed after it cleared a folder of recorded
+/// outputs: whatever runs next settles the root, and the catalog it leaves
+/// names no file below the cleared folder.
+#[test]
+fn force_replace_crash_after_clearing_a_folder_leaves_no_record_inside_it() {
+    let t = Test::new();
+    t.config(&config("additive"));
+    let a = first(&t, "a");
+    t.publish("p", &a, &[]).expect_code(0);
+    assert!(t.records("root").contains_key("sub/gone.html"));
+    let b = second(&t, "b");
+    // `keep.txt`, `old.txt`, `report.html`, `report.md`, `sub`: crash once
+    // all five are cleared.
+    let crashed = t
+        .cmd()
+        .env("DISTRIBUTOR_FAILPOINT", "publish.after_clear:5")
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .args(["--destination", "d", "--force"])
+        .arg(&b)
+        .output();
+    assert_ne!(crashed.code, 0, "the crash point was not reached");
+    assert!(!t.join("root/sub").exists(), "sub/ was not cleared");
+    let c = t.bundle_at(
+        "c",
+        "third",
+        "2026-06-03T00:00:00Z",
+        &[("other.txt", "x\n")],
+    );
+    t.publish("p", &c, &[]).expect_code(0);
+    assert_catalog_matches_disk(&t.join("root"));
+    assert_clean(&t.join("root"));
+}
+
+/// A root of an older version: legacy state (schema 1) and the files it
+/// describes, two of them at paths the second bundle publishes.
+const LEGACY: &str =
+    r#"{"schema_version": 1, "outputs": [{"path": "report.md"}, {"path": "keep.txt"}]}"#;
+
+/// A crash while a publication converts a legacy root: the rerun must not
+/// find the files the crashed run had not reached yet unrecorded in a new
+/// catalog (`fail_unmanaged`), which §7 forbids.
+#[test]
+fn legacy_conversion_crash_at_every_step_converges() {
+    let mut hits = 0;
+    for workflow in ["additive", "replacement"] {
+        for point in publish_points() {
+            for nth in [1, 2, 5] {
+                let t = Test::new();
+                t.config(&config(workflow));
+                t.write("root/.distributor.json", LEGACY);
+                t.write("root/report.md", "# Old\n");
+                t.write("root/keep.txt", "old keep\n");
+                t.write("root/new/deep/file.txt", "old new\n");
+                t.write("root/left/behind.txt", "old page\n");
+                let b = second(&t, "b");
+                let crashed = t
+                    .cmd()
+                    .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
+                    .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+                    .arg(&b)
+                    .output();
+                hits += usize::from(crashed.code != 0);
+                let context = format!("{workflow} {point}:{nth}");
+                let rerun = t.publish("p", &b, &[]);
+                assert_eq!(rerun.code, 0, "{context}: {}", rerun.stdout);
+                assert_eq!(
+                    t.join("root/left/behind.txt").exists(),
+                    workflow == "additive",
+                    "{context}: legacy replacement clears the root, additive keeps the rest"
+                );
+                // Unmanaged from now on (§6), the one file allowed unrecorded.
+                let _ = fs::remove_dir_all(t.join("root/left"));
+                let root = t.join("root");
+                assert_catalog_matches_disk(&root);
+                assert_clean(&root);
+                let records = t.records("root");
+                let mut paths: Vec<&str> = records.keys().map(String::as_str).collect();
+                paths.sort();
+                assert_eq!(
+                    paths,
+                    ["keep.txt", "new/deep/file.txt", "report.html", "report.md"],
+                    "{context}"
+                );
+                assert!(
+                    records.values().all(|r| r["source"]["id"] == "second"),
+                    "{context}"
+                );
+            }
+        }
+    }
+    assert!(hits > 10, "only {hits} crash points were reached");
+}
+
 fn agent_config() -> &'static str {
     "spool: ./spool
 agent: {settle: 0s}

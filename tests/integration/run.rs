@@ -428,6 +428,64 @@ fn legacy_state_replacement_clears_the_root() {
     assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["report.md"]);
 }
 
+/// Clearing a root is a deletion, and §7 allows none before the bundle is
+/// known good: a tampered file, found only while copying, must not leave a
+/// cleared root behind (force over any root, replacement over legacy state).
+#[test]
+fn a_tampered_bundle_clears_nothing_before_it_is_refused() {
+    for (workflow, legacy, args) in [
+        ("additive", false, &["--force", "--destination", "site"][..]),
+        ("replacement", true, &[][..]),
+    ] {
+        let t = single(workflow);
+        if legacy {
+            t.write("site/.distributor.json", LEGACY);
+            // Planning takes the lock; only its file is created.
+            t.write("site/.distributor.lock", "");
+            // A folder where a planned file goes is cleared first.
+            t.write("site/b.txt/inner.txt", "in the way");
+        } else {
+            let b0 = t.bundle("rep.0", &[("kept.txt", "kept")]);
+            t.publish("reports", &b0, &[]).expect_code(0);
+        }
+        t.write("site/report.md", "old");
+        t.write("site/old/page.html", "old page");
+        let before = t.tree("site");
+        let b = t.bundle("rep.1", &[("report.md", "new report"), ("b.txt", "bbbb")]);
+        // The same size: found only by hashing.
+        fs::write(b.join("b.txt"), "xxxx").unwrap();
+        let out = t.publish("reports", &b, args);
+        out.expect_code(1);
+        assert_eq!(out.json()["stage"], "verify", "{workflow}");
+        assert_eq!(t.tree("site"), before, "{workflow}: the root changed");
+    }
+}
+
+/// Replacement deletes the files its owner no longer publishes; a folder
+/// someone put where one of them was is theirs, and stays whole.
+#[test]
+fn replacement_leaves_a_folder_put_where_a_recorded_file_was() {
+    let t = single("replacement");
+    let b1 = t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
+    t.publish("reports", &b1, &[]).expect_code(0);
+    fs::remove_file(t.join("site/b.txt")).unwrap();
+    t.write("site/b.txt/mine.txt", "someone else's");
+    let b2 = t.bundle("rep.2", &[("a.txt", "a2")]);
+    let out = t.publish("reports", &b2, &[]);
+    out.expect_code(0);
+    assert_eq!(strings(&out.dest()["deletes"]), ["b.txt"]);
+    assert!(
+        out.stderr.contains("b.txt: a folder with content"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        fs::read_to_string(t.join("site/b.txt/mine.txt")).unwrap(),
+        "someone else's"
+    );
+    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+}
+
 #[test]
 fn dry_run_exits_like_the_real_run_and_changes_nothing() {
     let t = single("replacement");

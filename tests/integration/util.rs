@@ -822,9 +822,6 @@ fn walk(path: &Path, rel: &str, hash: bool, out: &mut BTreeMap<String, Node>) {
     }
 }
 
-/// Asserts that every record of a catalog matches the bytes on disk and
-/// that every regular file of the root (reserved names aside) is recorded.
-#[track_caller]
 /// The value of the metric `distributor_<name>` of pipeline `p` in the
 /// test's `metrics.prom`.
 pub fn metric(t: &Test, name: &str) -> String {
@@ -836,6 +833,9 @@ pub fn metric(t: &Test, name: &str) -> String {
         .to_owned()
 }
 
+/// Asserts that every record of a catalog matches the bytes on disk and
+/// that every regular file of the root (reserved names aside) is recorded.
+#[track_caller]
 pub fn assert_catalog_matches_disk(root: &Path) {
     let recs = records(&read_state(root));
     for (path, r) in &recs {
