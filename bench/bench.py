@@ -327,6 +327,12 @@ def bench_tree(work, files, runs):
         fresh.append(t)
         rss.append(m)
         dest = os.path.join(rbase, "peer")
+
+        def rsync_v2():
+            start = time.perf_counter()
+            sh(["rsync", "-a", "--checksum", "--delete", "--fsync", v2 + "/", dest + "/"])
+            return time.perf_counter() - start
+
         sh("sync")
         cp.append(timed_shell(f"cp -a '{v1}' '{dest}' && sync"))
         sh("sync")
@@ -334,9 +340,7 @@ def bench_tree(work, files, runs):
         update.append(t)
         rss.append(m)
         sh("sync")
-        start = time.perf_counter()
-        sh(["rsync", "-a", "--checksum", "--delete", "--fsync", v2 + "/", dest + "/"])
-        rsync.append(time.perf_counter() - start)
+        rsync.append(rsync_v2())
         sh("sync")
         out = []
         t, m = timed([BIN, "--config", config, "run", "--json", "--pipeline", "bench", v2],
@@ -347,9 +351,7 @@ def bench_tree(work, files, runs):
         same.append(t)
         rss_same.append(m)
         sh("sync")
-        start = time.perf_counter()
-        sh(["rsync", "-a", "--checksum", "--delete", "--fsync", v2 + "/", dest + "/"])
-        rsync_same.append(time.perf_counter() - start)
+        rsync_same.append(rsync_v2())
     catalog_kib = os.path.getsize(os.path.join(base, "run0", "root", ".distributor.json")) // 1024
     runs_line("tree", fresh=fresh, cp=cp, update=update, rsync=rsync, same=same,
               rsync_same=rsync_same)

@@ -18,6 +18,7 @@ use crate::storage::{Entry, Root, is_temp_name};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::ops::Bound;
 use time::OffsetDateTime;
 
 /// Name of the journal at the top of a root.
@@ -258,25 +259,27 @@ pub fn recover_with(
         }
     }
     for path in &journal.deletes {
-        let entry = root.entry(path)?;
-        if entry == Entry::Dir {
-            // Someone's folder where a recorded file was: the file is gone
-            // (the deletion leaves such a folder alone).
-            records.remove(path);
-        }
-        if entry == Entry::Missing {
-            records.remove(path);
-            // A folder cleared (`force_replace`) takes every record below.
-            let below = format!("{path}/");
-            let inside: Vec<String> = records
-                .range(below.clone()..)
-                .map(|(p, _)| p)
-                .take_while(|p| p.starts_with(&below))
-                .cloned()
-                .collect();
-            for p in inside {
-                records.remove(&p);
+        match root.entry(path)? {
+            // Someone's folder where a recorded file was (a deletion leaves
+            // a folder with content alone): the file is gone.
+            Entry::Dir => {
+                records.remove(path);
             }
+            Entry::Missing => {
+                records.remove(path);
+                // A folder cleared (`force_replace`) takes every record below.
+                let below = format!("{path}/");
+                let inside: Vec<String> = records
+                    .range::<str, _>((Bound::Included(below.as_str()), Bound::Unbounded))
+                    .map(|(p, _)| p)
+                    .take_while(|p| p.starts_with(&below))
+                    .cloned()
+                    .collect();
+                for p in inside {
+                    records.remove(&p);
+                }
+            }
+            _ => {}
         }
     }
     if apply {

@@ -623,20 +623,43 @@ impl Root {
     /// Removes `path` whatever it is: a file, a symlink (not its target),
     /// or a folder with everything in it (never following symlinks).
     pub fn remove_any(&self, path: &str) -> io::Result<()> {
+        self.remove_entry(path, true).map(drop)
+    }
+
+    /// Removes what a publication deletes at `path`: a file, a symlink (not
+    /// its target) or an empty folder. `Ok(false)` when a folder with
+    /// something in it is there: it is left whole.
+    pub fn remove_output(&self, path: &str) -> io::Result<bool> {
+        self.remove_entry(path, false)
+    }
+
+    /// Removes the entry at `path` with one look at it; a folder with
+    /// everything in it when `whole_folders`, else only an empty one
+    /// (`Ok(false)` when it is not). Gone already counts as removed.
+    fn remove_entry(&self, path: &str, whole_folders: bool) -> io::Result<bool> {
         let Some((dir, name)) = self.parent_of(path)? else {
-            return Ok(());
+            return Ok(true);
         };
         let result = match dir.symlink_metadata(&name) {
-            Ok(m) if m.file_type().is_dir() => {
+            Ok(m) if m.file_type().is_dir() && whole_folders => {
                 drop(dir);
                 self.remove_tree(path)
+            }
+            Ok(m) if m.file_type().is_dir() => {
+                self.forget_folders();
+                match dir.remove_dir(&name) {
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {
+                        return Ok(false);
+                    }
+                    other => other,
+                }
             }
             Ok(_) => dir.remove_file(&name),
             Err(e) => Err(e),
         };
         match result {
-            Ok(()) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(true),
             Err(e) => Err(e),
         }
     }

@@ -636,10 +636,7 @@ fn make_folders<'d>(root: &Root, writes: impl Iterator<Item = &'d Desired>) -> i
 /// `force_replace` or a path a planned file needs, removes a whole tree):
 /// it stays, with a warning, and the new catalog no longer records it.
 fn remove_deleted(root: &Root, path: &str) -> io::Result<()> {
-    if root.entry(path)? != Entry::Dir {
-        return root.remove_any(path);
-    }
-    if !root.remove_dir_if_empty(path)? && root.entry(path)? == Entry::Dir {
+    if !root.remove_output(path)? {
         log::warn!(
             "{}/{path}: a folder with content now sits where this destination's output was; distributor left it as it is and dropped its record. Move or delete that folder by hand if it should not be published",
             root.path().display()

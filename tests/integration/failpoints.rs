@@ -83,6 +83,20 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// Publishes `bundle` to pipeline `p` with `args`, crashing at `failpoint`
+/// (`point` or `point:nth`); true when the run did not exit 0 (it reached
+/// the crash point).
+fn crash_run(t: &Test, failpoint: &str, bundle: &Path, args: &[&str]) -> bool {
+    t.cmd()
+        .env("DISTRIBUTOR_FAILPOINT", failpoint)
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .args(args)
+        .arg(bundle)
+        .output()
+        .code
+        != 0
+}
+
 /// What the kernel has waiting to be written back, as the debug build is
 /// told (`DISTRIBUTOR_TEST_UNWRITTEN`): nothing, so that a small
 /// publication is made durable by barriers (`syncfs`), or a lot, so that it
@@ -198,14 +212,8 @@ fn force_replace_crash_converges() {
         t.write("root/stray/file.txt", "unmanaged\n");
         t.write("root/.distributor.json", "not json");
         let b = second(&t, "b");
-        let crashed = t
-            .cmd()
-            .env("DISTRIBUTOR_FAILPOINT", point)
-            .args(["--config", "config.yaml", "run", "--pipeline", "p"])
-            .args(["--destination", "d", "--force"])
-            .arg(&b)
-            .output();
-        assert_ne!(crashed.code, 0, "{point} was not reached");
+        let crashed = crash_run(&t, point, &b, &["--destination", "d", "--force"]);
+        assert!(crashed, "{point} was not reached");
         t.publish("p", &b, &["--destination", "d", "--force"])
             .expect_code(0);
         assert_catalog_matches_disk(&t.join("root"));
@@ -228,14 +236,13 @@ fn force_replace_crash_after_clearing_a_folder_leaves_no_record_inside_it() {
     let b = second(&t, "b");
     // `keep.txt`, `old.txt`, `report.html`, `report.md`, `sub`: crash once
     // all five are cleared.
-    let crashed = t
-        .cmd()
-        .env("DISTRIBUTOR_FAILPOINT", "publish.after_clear:5")
-        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
-        .args(["--destination", "d", "--force"])
-        .arg(&b)
-        .output();
-    assert_ne!(crashed.code, 0, "the crash point was not reached");
+    let crashed = crash_run(
+        &t,
+        "publish.after_clear:5",
+        &b,
+        &["--destination", "d", "--force"],
+    );
+    assert!(crashed, "the crash point was not reached");
     assert!(!t.join("root/sub").exists(), "sub/ was not cleared");
     let c = t.bundle_at(
         "c",
@@ -270,13 +277,7 @@ fn legacy_conversion_crash_at_every_step_converges() {
                 t.write("root/new/deep/file.txt", "old new\n");
                 t.write("root/left/behind.txt", "old page\n");
                 let b = second(&t, "b");
-                let crashed = t
-                    .cmd()
-                    .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
-                    .args(["--config", "config.yaml", "run", "--pipeline", "p"])
-                    .arg(&b)
-                    .output();
-                hits += usize::from(crashed.code != 0);
+                hits += usize::from(crash_run(&t, &format!("{point}:{nth}"), &b, &[]));
                 let context = format!("{workflow} {point}:{nth}");
                 let rerun = t.publish("p", &b, &[]);
                 assert_eq!(rerun.code, 0, "{context}: {}", rerun.stdout);
@@ -381,10 +382,6 @@ fn large(t: &Test, name: &str, version: u32) -> std::path::PathBuf {
             (format!("d{}/f{i:02}.txt", i % 3), body)
         })
         .collect();
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, b)| (p.as_str(), b.as_str()))
-        .collect();
     let created = format!("2026-06-0{version}T00:00:00Z");
     t.bundle_at(name, &format!("v{version}"), &created, &files)
 }
@@ -400,13 +397,8 @@ fn large_publication_crash_at_every_step_converges() {
                 let a = large(&t, "a", 1);
                 let b = large(&t, "b", 2);
                 t.publish("p", &a, &[]).expect_code(0);
-                let crashed = t
-                    .cmd()
-                    .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{nth}"))
-                    .args(["--config", "config.yaml", "run", "--pipeline", "p"])
-                    .arg(&b)
-                    .output();
-                hits += usize::from(crashed.code != 0);
+                let crashed = crash_run(&t, &format!("{point}:{nth}"), &b, &[]);
+                hits += usize::from(crashed);
                 let rerun = t.publish("p", &b, &[]);
                 rerun.expect_code(0);
                 let context = format!("{workflow} {point}:{nth}");
@@ -426,7 +418,7 @@ fn large_publication_crash_at_every_step_converges() {
                     "publish.after_stage" | "publish.after_rename" => true,
                     _ => nth == 1,
                 };
-                assert_eq!(crashed.code != 0, expected, "{context}");
+                assert_eq!(crashed, expected, "{context}");
             }
         }
     }

@@ -57,11 +57,9 @@ pipelines:
 /// The copy across file systems is the slow path of a small publication
 /// (outputs are staged at the top of the root and renamed into their
 /// folders): an ordinary root never takes it, for new or existing folders.
-#[test]
-fn nested_bundles_in_an_ordinary_root_are_renamed_into_place_never_copied() {
-    let t = Test::new();
-    t.config(
-        "spool: ./spool
+/// One pipeline `p` publishing to `./root` under `{source_id}/`, with its
+/// metrics in `./metrics.prom`.
+const PREFIXED: &str = "spool: ./spool
 agent: {settle: 0s, metrics_file: ./metrics.prom}
 pipelines:
   - id: p
@@ -69,13 +67,24 @@ pipelines:
       - id: d
         path: ./root
         prefix: \"{source_id}/\"
-",
-    );
+";
+
+/// Makes the bundle `name` of `files` and drops it into `p`'s inbox.
+fn drop_bundle(t: &Test, name: &str, files: &[(&str, &str)]) {
+    let b = t.bundle(name, files);
+    fs::rename(&b, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
+}
+
+#[test]
+fn nested_bundles_in_an_ordinary_root_are_renamed_into_place_never_copied() {
+    let t = Test::new();
+    t.config(PREFIXED);
     t.mkdir("spool/p/inbox");
     for (i, name) in ["first", "second", "third"].iter().enumerate() {
         // One bundle per run: each is a single publication, not a batch.
         let report = format!("# report {i}\n");
-        let b = t.bundle(
+        drop_bundle(
+            &t,
             name,
             &[
                 ("r/2026/report.md", report.as_str()),
@@ -83,12 +92,7 @@ pipelines:
                 ("r/data.bin", "data"),
             ],
         );
-        fs::rename(&b, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
-        let out = t
-            .cmd()
-            .env("RUST_LOG", "info")
-            .args(["--config", "config.yaml", "agent", "--once"])
-            .output();
+        let out = t.once();
         out.expect_code(0);
         assert!(
             !out.stderr.contains("another file system"),
@@ -112,42 +116,32 @@ pipelines:
 /// waits to be written from `DISTRIBUTOR_TEST_UNWRITTEN`.
 #[test]
 fn small_publications_fsync_file_by_file_only_while_much_else_waits_to_be_written() {
-    let config = "spool: ./spool
-agent: {settle: 0s, metrics_file: ./metrics.prom}
-pipelines:
-  - id: p
-    destinations:
-      - id: d
-        path: ./root
-        prefix: \"{source_id}/\"
-";
     let busy = "18446744073709551615";
     // (what waits to be written, bundles dropped at once, file-by-file count)
     for (unwritten, bundles, counted) in [("0", 1, "0"), (busy, 1, "1"), (busy, 6, "0")] {
         let t = Test::new();
-        t.config(config);
+        t.config(PREFIXED);
         // The root has a catalog already, so that the agent's bundles are
         // published (alone or in a batch) into it as they are.
         let first = t.bundle("first", &[("x.txt", "x")]);
         t.publish("p", &first, &[]).expect_code(0);
         t.mkdir("spool/p/inbox");
         for i in 0..bundles {
-            let name = format!("b{i}");
-            let b = t.bundle(
-                &name,
+            drop_bundle(
+                &t,
+                &format!("b{i}"),
                 &[
                     ("r/report.md", "# r\n"),
                     ("r/page.html", "<p>p</p>\n"),
                     ("data.bin", "d"),
                 ],
             );
-            fs::rename(&b, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
         }
         let out = t
-            .cmd()
+            .agent_cmd()
             .env("RUST_LOG", "distributor=debug")
             .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
-            .args(["--config", "config.yaml", "agent", "--once"])
+            .args(["agent", "--once"])
             .output();
         out.expect_code(0);
         let what = format!("{unwritten} waiting, {bundles} bundles");

@@ -12,12 +12,7 @@ fn files(tag: &str, n: usize) -> Vec<(String, String)> {
 }
 
 fn bundle(t: &Test, name: &str, tag: &str) -> std::path::PathBuf {
-    let owned = files(tag, 25);
-    let refs: Vec<(&str, &str)> = owned
-        .iter()
-        .map(|(p, c)| (p.as_str(), c.as_str()))
-        .collect();
-    t.bundle(name, &refs)
+    t.bundle(name, &files(tag, 25))
 }
 
 #[test]
@@ -190,11 +185,7 @@ fn a_catalog_changed_while_a_run_waits_for_the_lock_is_read_again() {
     let owned: Vec<(String, String)> = (0..3000)
         .map(|i| (format!("many/f{i:04}.txt"), format!("{i}\n")))
         .collect();
-    let refs: Vec<(&str, &str)> = owned
-        .iter()
-        .map(|(p, c)| (p.as_str(), c.as_str()))
-        .collect();
-    let first = t.bundle("first", &refs);
+    let first = t.bundle("first", &owned);
     t.publish("p", &first, &[]).expect_code(0);
     let root = t.join("root");
     let catalog = root.join(".distributor.json");

@@ -1325,11 +1325,7 @@ pipelines:
             })
             .chain([(format!("top-{tag}.txt"), tag.to_owned())])
             .collect();
-        let refs: Vec<(&str, &str)> = owned
-            .iter()
-            .map(|(p, c)| (p.as_str(), c.as_str()))
-            .collect();
-        t.bundle(tag, &refs)
+        t.bundle(tag, &owned)
     };
     let bundles = [bundle("a"), bundle("b")];
     t.publish("p", &bundles[0], &[]).expect_code(0);

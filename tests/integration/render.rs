@@ -191,17 +191,22 @@ fn peak_rss_of_run(t: &Test, name: &str, markdown: &str) -> u64 {
 /// Peak resident memory, in bytes, of `distributor run` publishing a bundle
 /// of `files`.
 fn peak_rss_of_bundle(t: &Test, name: &str, files: &[(&str, &str)]) -> u64 {
-    let b = t.bundle(name, files);
+    peak_rss_of_publishing(t, &t.bundle(name, files))
+}
+
+/// Peak resident memory, in bytes, of `distributor run --pipeline p
+/// BUNDLE`, which must succeed.
+pub fn peak_rss_of_publishing(t: &Test, bundle: &Path) -> u64 {
     let args = [
         "--config".as_ref(),
         "config.yaml".as_ref(),
         "run".as_ref(),
         "--pipeline".as_ref(),
         "p".as_ref(),
-        b.as_os_str(),
+        bundle.as_os_str(),
     ];
     let (peak, status) = peak_rss_of(Path::new(BIN), &args, t.path());
-    assert_eq!(status, 0, "run of {name} failed");
+    assert_eq!(status, 0, "run of {} failed", bundle.display());
     peak
 }
 

@@ -359,11 +359,7 @@ fn a_bundle_of_many_files_goes_up_with_few_descriptors() {
     let files: Vec<(String, String)> = (0..300)
         .map(|i| (format!("d{}/f{i:03}.txt", i % 7), format!("{i}\n")))
         .collect();
-    let refs: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, c)| (p.as_str(), c.as_str()))
-        .collect();
-    let b = s.t.bundle("many", &refs);
+    let b = s.t.bundle("many", &files);
     let creds = server().credentials();
     let out = std::process::Command::new("sh")
         .current_dir(s.t.path())

@@ -51,9 +51,7 @@ fn replacement_keeps_unchanged_files_and_rewrites_only_the_changed_third() {
         let t = Test::new();
         t.config(REPLACEMENT);
         let v1 = files(n, 1);
-        let borrowed: Vec<(&str, &str)> =
-            v1.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
-        let b1 = t.bundle_at("v1", "site", "2026-06-01T00:00:00Z", &borrowed);
+        let b1 = t.bundle_at("v1", "site", "2026-06-01T00:00:00Z", &v1);
         t.publish("p", &b1, &[]).expect_code(0);
         let root = t.join("root");
         let paths: Vec<String> = v1.iter().map(|(p, _)| p.clone()).collect();
@@ -62,9 +60,7 @@ fn replacement_keeps_unchanged_files_and_rewrites_only_the_changed_third() {
         let mut v2 = files(n, 2);
         v2.pop(); // one output dropped
         v2.push(("new/added.txt".to_owned(), "added\n".to_owned()));
-        let borrowed: Vec<(&str, &str)> =
-            v2.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
-        let b2 = t.bundle_at("v2", "site", "2026-06-02T00:00:00Z", &borrowed);
+        let b2 = t.bundle_at("v2", "site", "2026-06-02T00:00:00Z", &v2);
         let out = t.publish("p", &b2, &[]);
         out.expect_code(0);
         let dest = out.dest();
@@ -161,8 +157,7 @@ pipelines:
 /// The outputs of `files(n, 1)` as a bundle published at `created`.
 fn publish_v1(t: &Test, name: &str, created: &str) -> crate::util::Output {
     let v1 = files(40, 1);
-    let borrowed: Vec<(&str, &str)> = v1.iter().map(|(p, b)| (p.as_str(), b.as_str())).collect();
-    let bundle = t.bundle_at(name, "site", created, &borrowed);
+    let bundle = t.bundle_at(name, "site", created, &v1);
     t.cmd()
         .env("RUST_LOG", "distributor=debug")
         .args(["--config", "config.yaml", "run", "--pipeline", "p"])
@@ -263,20 +258,7 @@ fn a_large_publication_knows_unchanged_files_by_their_look_and_rereads_any_touch
 fn a_large_tree_is_published_within_three_times_its_catalog_in_memory() {
     let t = Test::new();
     t.config(REPLACEMENT);
-    let peak = |dir: &std::path::Path| {
-        let args = [
-            "--config".as_ref(),
-            "config.yaml".as_ref(),
-            "run".as_ref(),
-            "--pipeline".as_ref(),
-            "p".as_ref(),
-            dir.as_os_str(),
-        ];
-        let (peak, status) =
-            crate::render::peak_rss_of(std::path::Path::new(crate::util::BIN), &args, t.path());
-        assert_eq!(status, 0, "run of {} failed", dir.display());
-        peak
-    };
+    let peak = |dir: &std::path::Path| crate::render::peak_rss_of_publishing(&t, dir);
     let tree = |name: &str, v: u32| {
         let dir = t.mkdir(&format!("bundles/{name}"));
         for i in 0..20_000usize {

@@ -90,21 +90,24 @@ impl Test {
         self
     }
 
-    /// Writes `bundles/<name>` with `files` and seals it with id `name` and
-    /// the fixed [`CREATED`] time.
-    pub fn bundle(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
+    /// Writes `bundles/<name>` with `files` (path, text; borrowed or owned)
+    /// and seals it with id `name` and the fixed [`CREATED`] time.
+    pub fn bundle<P: AsRef<str>, C: AsRef<str>>(&self, name: &str, files: &[(P, C)]) -> PathBuf {
         self.bundle_at(name, name, CREATED, files)
     }
 
     /// Like [`Test::bundle`] with an explicit id and creation time.
-    pub fn bundle_at(
+    pub fn bundle_at<P: AsRef<str>, C: AsRef<str>>(
         &self,
         name: &str,
         id: &str,
         created: &str,
-        files: &[(&str, &str)],
+        files: &[(P, C)],
     ) -> PathBuf {
-        let files: Vec<(&str, &[u8])> = files.iter().map(|(p, c)| (*p, c.as_bytes())).collect();
+        let files: Vec<(&str, &[u8])> = files
+            .iter()
+            .map(|(p, c)| (p.as_ref(), c.as_ref().as_bytes()))
+            .collect();
         self.sealed_at(name, id, created, &files)
     }
 
@@ -113,12 +116,18 @@ impl Test {
         self.sealed_at(name, name, CREATED, files)
     }
 
-    fn sealed_at(&self, name: &str, id: &str, created: &str, files: &[(&str, &[u8])]) -> PathBuf {
+    fn sealed_at<P: AsRef<str>, C: AsRef<[u8]>>(
+        &self,
+        name: &str,
+        id: &str,
+        created: &str,
+        files: &[(P, C)],
+    ) -> PathBuf {
         let dir = self.join(&format!("bundles/{name}"));
         assert!(!dir.exists(), "bundle {name} already exists");
         fs::create_dir_all(&dir).expect("create bundle dir");
         for (path, contents) in files {
-            write_file(&dir.join(path), contents);
+            write_file(&dir.join(path.as_ref()), contents.as_ref());
         }
         self.seal(&dir, id, Some(created)).expect_code(0);
         dir
