@@ -12,6 +12,7 @@ mod disk_full;
 mod failed_spool;
 mod failpoints;
 mod hostile;
+mod lab;
 mod maintain;
 mod metrics;
 mod operate;
