@@ -19,10 +19,10 @@
 
 use crate::atomic::{self, Durability, Temp};
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, FileType, FileTypeExt, MetadataExt, OpenOptions, OpenOptionsExt};
-use std::ffi::OsStr;
+use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Why an entry could not be opened as the kind of thing wanted.
 #[derive(Debug)]
@@ -179,6 +179,122 @@ fn open_entry(parent: &Dir, name: &OsStr, dir: bool) -> Result<std::fs::File, En
         return Err(EntryError::HardLink(after.nlink()));
     }
     Ok(file.into_std())
+}
+
+/// Opens the folder at `segments` below `root` without following a link
+/// anywhere on the way (`openat2` with `RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS`, one call; segment by segment where the kernel has
+/// no `openat2`). Only the folder reached stays open, so a walk that reopens
+/// each folder from the top holds two descriptors however deep it goes.
+pub fn open_dir_beneath(root: &Dir, segments: &[OsString]) -> Result<Dir, EntryError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+    if segments.is_empty() {
+        return root.try_clone().map_err(EntryError::Io);
+    }
+    let path: PathBuf = segments.iter().collect();
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    // No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link at the end too (ELOOP).
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match openat2(root, &path, flags, Mode::empty(), resolve) {
+        Ok(fd) => Ok(Dir::from_std_file(std::fs::File::from(fd))),
+        Err(rustix::io::Errno::NOSYS) => {
+            let mut dir = open_dir(root, &segments[0])?;
+            for segment in &segments[1..] {
+                dir = open_dir(&dir, segment)?;
+            }
+            Ok(dir)
+        }
+        Err(e) => Err(EntryError::from_io(e.into())),
+    }
+}
+
+/// What [`walk`] does after visiting an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// Go on; into the entry too, when it is a folder.
+    Descend,
+    /// Go on, but not into this entry.
+    Skip,
+    /// Stop the walk.
+    Stop,
+}
+
+/// Deepest folder level [`walk`] descends to. A clean relative path is at
+/// most 4096 bytes (docs/producers.md), so no listed file sits deeper.
+pub const MAX_WALK_DEPTH: usize = 2048;
+
+/// Walks everything below `root` depth first, each folder's entries in
+/// name order, never following a link. `visit` gets each entry's path
+/// (segments below `root`) and metadata (links not followed) and says
+/// whether to descend. A folder's entries are read in full and its handle
+/// closed before the walk goes on, and folders are reopened from `root`
+/// ([`open_dir_beneath`]), so the walk holds two descriptors at most however
+/// wide or deep the tree (docs/security.md). A folder that vanished or was
+/// replaced by something else since it was listed is passed over; what
+/// cannot be read fails the walk with the folder's path (`.` for `root`).
+pub fn walk(
+    root: &Dir,
+    visit: &mut dyn FnMut(&[OsString], &Metadata) -> Visit,
+) -> Result<(), (String, io::Error)> {
+    let top = list_sorted(root, &[])?.unwrap_or_default();
+    // Each frame: a folder's path and its entries not yet visited, reversed
+    // so that popping yields them in name order.
+    let mut frames: Vec<(Vec<OsString>, Vec<Listed>)> = vec![(Vec::new(), top)];
+    while let Some((prefix, entries)) = frames.last_mut() {
+        let Some((name, meta)) = entries.pop() else {
+            frames.pop();
+            continue;
+        };
+        let mut path = prefix.clone();
+        path.push(name);
+        match visit(&path, &meta) {
+            Visit::Stop => return Ok(()),
+            Visit::Descend if meta.is_dir() && path.len() < MAX_WALK_DEPTH => {
+                if let Some(entries) = list_sorted(root, &path)? {
+                    frames.push((path, entries));
+                }
+            }
+            Visit::Descend | Visit::Skip => {}
+        }
+    }
+    Ok(())
+}
+
+/// One entry of a folder and its metadata, links not followed.
+type Listed = (OsString, Metadata);
+
+/// The entries of the folder at `segments` below `root` with their
+/// metadata, sorted by name and reversed; `None` when that folder is gone
+/// or no longer a folder.
+fn list_sorted(
+    root: &Dir,
+    segments: &[OsString],
+) -> Result<Option<Vec<Listed>>, (String, io::Error)> {
+    let shown = || {
+        if segments.is_empty() {
+            ".".to_owned()
+        } else {
+            let parts: Vec<_> = segments.iter().map(|s| s.to_string_lossy()).collect();
+            parts.join("/")
+        }
+    };
+    let dir = match open_dir_beneath(root, segments) {
+        Ok(dir) => dir,
+        Err(EntryError::Io(e)) => return Err((shown(), e)),
+        Err(_) if !segments.is_empty() => return Ok(None),
+        Err(e) => return Err((shown(), io::Error::other(e.to_string()))),
+    };
+    let mut entries = Vec::new();
+    for entry in dir.entries().map_err(|e| (shown(), e))? {
+        let entry = entry.map_err(|e| (shown(), e))?;
+        match entry.metadata() {
+            Ok(meta) => entries.push((entry.file_name(), meta)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err((shown(), e)),
+        }
+    }
+    entries.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(Some(entries))
 }
 
 /// Why a capped read failed.
@@ -407,5 +523,67 @@ mod tests {
         assert!(open_folder(&t.join("real")).is_ok());
         let err = open_folder(&t.join("alias")).unwrap_err();
         assert_eq!(err.to_string(), "is a symbolic link");
+    }
+
+    #[test]
+    fn walk_lists_every_entry_in_name_order_and_never_enters_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let outside = t.join("outside");
+        std::fs::create_dir_all(outside.join("secret")).unwrap();
+        let b = t.join("bundle");
+        std::fs::create_dir_all(b.join("a/deep/er")).unwrap();
+        std::fs::write(b.join("a/deep/er/f"), "x").unwrap();
+        std::fs::write(b.join("b.txt"), "y").unwrap();
+        symlink(&outside, b.join("a/link")).unwrap();
+        let mut seen = Vec::new();
+        walk(&dir(&b), &mut |path, meta| {
+            let shown: Vec<_> = path.iter().map(|s| s.to_string_lossy()).collect();
+            seen.push((shown.join("/"), kind_label(meta.file_type())));
+            Visit::Descend
+        })
+        .unwrap();
+        let expected = [
+            ("a", "a folder"),
+            ("a/deep", "a folder"),
+            ("a/deep/er", "a folder"),
+            ("a/deep/er/f", "a regular file"),
+            ("a/link", "a symbolic link"),
+            ("b.txt", "a regular file"),
+        ];
+        let seen: Vec<(&str, &str)> = seen.iter().map(|(p, k)| (p.as_str(), *k)).collect();
+        assert_eq!(seen, expected);
+
+        // Skip and Stop.
+        let mut visited = 0;
+        walk(&dir(&b), &mut |path, _| {
+            visited += 1;
+            match path.len() {
+                1 if path[0] == "a" => Visit::Skip,
+                _ => Visit::Stop,
+            }
+        })
+        .unwrap();
+        assert_eq!(visited, 2, "a (skipped), then b.txt stops the walk");
+    }
+
+    #[test]
+    fn open_dir_beneath_refuses_a_link_on_the_way_and_at_the_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        std::fs::create_dir_all(t.join("b/real/inner")).unwrap();
+        std::fs::create_dir_all(t.join("elsewhere/inner")).unwrap();
+        symlink(t.join("elsewhere"), t.join("b/alias")).unwrap();
+        let root = dir(&t.join("b"));
+        let path = |p: &str| p.split('/').map(OsString::from).collect::<Vec<_>>();
+        assert!(open_dir_beneath(&root, &path("real/inner")).is_ok());
+        for through_link in ["alias", "alias/inner"] {
+            let e = open_dir_beneath(&root, &path(through_link)).unwrap_err();
+            assert_eq!(e.to_string(), "is a symbolic link", "{through_link}");
+        }
+        assert!(matches!(
+            open_dir_beneath(&root, &path("real/missing")),
+            Err(EntryError::Missing)
+        ));
     }
 }

@@ -67,7 +67,7 @@ pub struct StagedFile {
 
 /// At most this many folders stay open per root (the cache starts over
 /// when full), well below the usual limit of 1024 descriptors.
-const MAX_OPEN_FOLDERS: usize = 128;
+const MAX_OPEN_FOLDERS: usize = 32;
 
 fn nofollow_dir_options() -> OpenOptions {
     let mut o = OpenOptions::new();

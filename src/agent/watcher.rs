@@ -1,9 +1,19 @@
 //! The file watcher: inbox events become wake-ups of the pipeline that owns
 //! the inbox. Events are hints only; it must never claim or publish anything.
+//!
+//! It watches each inbox folder itself and nothing below it: one inotify
+//! watch per pipeline, whatever producers drop (docs/security.md, "What a
+//! producer can make the agent spend"). A recursive watch would follow the
+//! producers' folders, and their links, with a watch per folder, spending
+//! the agent user's inotify budget (shared by every process of that user)
+//! on trees a producer chose. What happens inside an inbox entry is read by
+//! the probe instead: an entry that waits (no manifest yet, incomplete,
+//! settling) is probed again within [`crate::spool::INCOMPLETE_POLL`], and
+//! its quiet time comes from the change times of everything in it.
 
 use super::Wake;
 use crossbeam_channel::Sender;
-use notify::{RecursiveMode, Watcher};
+use notify::{Config, RecursiveMode, Watcher};
 use std::path::PathBuf;
 
 /// Watches every inbox; events are hints that wake the owning pipeline.
@@ -36,7 +46,11 @@ pub(super) fn start_watcher(
             }
         }
     };
-    let mut watcher = match notify::recommended_watcher(handler) {
+    // Never following a link is notify's setting for recursive walks; with
+    // a non-recursive watch on the operator's own inbox folder nothing is
+    // walked at all, and it is set anyway.
+    let config = Config::default().with_follow_symlinks(false);
+    let mut watcher = match notify::RecommendedWatcher::new(handler, config) {
         Ok(w) => w,
         Err(e) => {
             log::warn!("cannot start the file watcher ({e}); relying on periodic rescans");
@@ -44,20 +58,11 @@ pub(super) fn start_watcher(
         }
     };
     for (inbox, _) in &routes {
-        let Err(e) = watcher.watch(inbox, RecursiveMode::Recursive) else {
-            continue;
-        };
-        // Typically a producer's folder the agent cannot read: watch the
-        // inbox itself, so that new entries are still seen at once.
-        match watcher.watch(inbox, RecursiveMode::NonRecursive) {
-            Ok(()) => log::warn!(
-                "cannot watch everything below {} ({e}); new entries are still noticed at once, changes inside existing ones at the next rescan",
-                inbox.display()
-            ),
-            Err(e) => log::warn!(
+        if let Err(e) = watcher.watch(inbox, RecursiveMode::NonRecursive) {
+            log::warn!(
                 "cannot watch {} ({e}); relying on periodic rescans",
                 inbox.display()
-            ),
+            );
         }
     }
     Some(watcher)

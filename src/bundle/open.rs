@@ -24,14 +24,6 @@ pub(super) fn open_file_nofollow(parent: &Dir, name: &OsStr) -> Result<std::fs::
     crate::spoolfs::open_file(parent, name)
 }
 
-fn open_dir_path(root: &Dir, segments: &[OsString]) -> Result<Dir, EntryError> {
-    let mut current = root.try_clone().map_err(EntryError::Io)?;
-    for segment in segments {
-        current = open_dir_nofollow(&current, segment)?;
-    }
-    Ok(current)
-}
-
 /// A listed file could not be opened; `io` is set for plain I/O failures so
 /// the caller can tell a passing condition from a bad bundle.
 pub(super) struct Refusal {
@@ -199,18 +191,38 @@ pub(super) fn open_bundle_dir(dir: &Path) -> Result<Dir, BundleError> {
 
 /// Opens a listed file for reading, refusing anything but a regular file
 /// reached without following a symlink (no intermediate symlinked folder
-/// either). Never blocks on a FIFO.
-pub fn open_listed(dir: &Path, path: &RelPath) -> Result<std::fs::File, Problem> {
-    let root = open_bundle_dir(dir).map_err(|e| Problem {
-        path: None,
-        message: e.to_string(),
-    })?;
-    open_listed_at(&root, path)
+/// either). Never blocks on a FIFO. A passing I/O failure (out of
+/// descriptors, a flaky disk) is [`BundleError::Unreadable`], which is
+/// transient; anything wrong with the bundle itself is
+/// [`BundleError::Invalid`].
+pub fn open_listed(dir: &Path, path: &RelPath) -> Result<std::fs::File, BundleError> {
+    let root = open_bundle_dir(dir)?;
+    open_listed_at(&root, dir, path)
 }
 
-/// [`open_listed`] for a bundle folder that is already open.
-pub fn open_listed_at(root: &Dir, path: &RelPath) -> Result<std::fs::File, Problem> {
-    open_checked(root, path).map_err(|r| r.problem)
+/// [`open_listed`] for a bundle folder `dir` that is already open.
+pub fn open_listed_at(
+    root: &Dir,
+    dir: &Path,
+    path: &RelPath,
+) -> Result<std::fs::File, BundleError> {
+    open_checked(root, path).map_err(|r| r.into_error(dir, path))
+}
+
+impl Refusal {
+    /// The error of the listed file `path` of the bundle at `dir`.
+    pub(super) fn into_error(self, dir: &Path, path: &RelPath) -> BundleError {
+        match self.io {
+            Some(e) if is_transient_io(&e) => BundleError::Unreadable {
+                path: dir.join(path.as_str()),
+                message: format!("{}; try again later", self.problem.message),
+                io: Some(e),
+            },
+            _ => BundleError::Invalid {
+                problems: vec![self.problem],
+            },
+        }
+    }
 }
 
 pub(super) fn display_segments(segments: &[OsString]) -> String {
@@ -222,69 +234,26 @@ pub(super) fn display_segments(segments: &[OsString]) -> String {
 }
 
 /// Walks everything below `root` depth first, each folder's entries in name
-/// order, without following links. Skips the top-level manifest and every
-/// reserved `.distributor*` name (without descending into it). `visit` gets
-/// each entry's path segments and type; for a folder it returns whether to
-/// descend. A folder's entries are read in full and its handle closed before
-/// descending, and folders are reopened from `root` segment by segment, so
-/// the number of open descriptors stays small however deep the tree is.
+/// order, without following links ([`crate::spoolfs::walk`]: a few
+/// descriptors at a time, however wide or deep the tree). Skips the
+/// top-level manifest and every reserved `.distributor*` name (without
+/// descending into it). `visit` gets each entry's path segments and type;
+/// for a folder it returns whether to descend.
 pub(super) fn walk(
     root: &Dir,
     visit: &mut dyn FnMut(&[OsString], FileType) -> bool,
 ) -> Result<(), (String, io::Error)> {
-    // Each frame: a folder's path and its entries not yet visited, reversed
-    // so that popping yields them in name order.
-    let mut frames: Vec<(Vec<OsString>, Vec<Listed>)> = vec![(Vec::new(), list_folder(root, &[])?)];
-    while let Some((prefix, entries)) = frames.last_mut() {
-        let Some((name, file_type)) = entries.pop() else {
-            frames.pop();
-            continue;
-        };
-        if prefix.is_empty() && name == MANIFEST {
-            continue;
+    use crate::spoolfs::Visit;
+    crate::spoolfs::walk(root, &mut |path, meta| {
+        let name = path.last().map(OsString::as_os_str).unwrap_or_default();
+        let manifest = path.len() == 1 && name == MANIFEST;
+        if manifest || is_reserved_name(&name.to_string_lossy()) {
+            return Visit::Skip;
         }
-        if is_reserved_name(&name.to_string_lossy()) {
-            continue;
-        }
-        let mut path = prefix.clone();
-        path.push(name);
-        if visit(&path, file_type) && file_type.is_dir() {
-            let entries = list_folder(root, &path)?;
-            frames.push((path, entries));
-        }
-    }
-    Ok(())
-}
-
-/// One folder entry: its name and type (links not followed).
-type Listed = (OsString, FileType);
-
-/// The entries of the folder at `segments`, sorted by name, reversed.
-fn list_folder(root: &Dir, segments: &[OsString]) -> Result<Vec<Listed>, (String, io::Error)> {
-    let shown = || {
-        if segments.is_empty() {
-            ".".to_owned()
+        if visit(path, meta.file_type()) {
+            Visit::Descend
         } else {
-            display_segments(segments)
+            Visit::Skip
         }
-    };
-    let dir = open_dir_path(root, segments).map_err(|e| {
-        let e = match e {
-            EntryError::Io(e) => e,
-            EntryError::Missing => io::Error::from(io::ErrorKind::NotFound),
-            EntryError::Kind(kind) => io::Error::other(format!("it is now {kind}")),
-            EntryError::Raced | EntryError::HardLink(_) => {
-                io::Error::other("it changed while being listed")
-            }
-        };
-        (shown(), e)
-    })?;
-    let mut entries = Vec::new();
-    for entry in dir.entries().map_err(|e| (shown(), e))? {
-        let entry = entry.map_err(|e| (shown(), e))?;
-        let file_type = entry.file_type().map_err(|e| (shown(), e))?;
-        entries.push((entry.file_name(), file_type));
-    }
-    entries.sort_by(|a, b| b.0.cmp(&a.0));
-    Ok(entries)
+    })
 }

@@ -194,12 +194,9 @@ fn check_listed(
         message: format!("{}; try again later", problem.message),
         io: Some(e),
     };
-    let refused = |refusal: Refusal| match refusal {
-        Refusal {
-            problem,
-            io: Some(e),
-        } if is_transient_io(&e) => Err(transient(problem, e)),
-        refusal => Ok(Some(refusal.problem)),
+    let refused = |refusal: Refusal| match refusal.into_error(dir, &listed.path) {
+        BundleError::Invalid { mut problems } => Ok(problems.pop()),
+        transient => Err(transient),
     };
     let declared = listed.size;
     if !hash {

@@ -269,7 +269,7 @@ fn render_all(
 fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, Failure> {
     let invalid =
         |p: bundle::Problem| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] });
-    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(invalid)?;
+    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(Failure::Bundle)?;
     let mut bytes = Vec::new();
     let got = hashing::copy_hashed(&mut (&file).take(f.size + 1), Some(&mut bytes), None)
         .map_err(Failure::Io)?;

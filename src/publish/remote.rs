@@ -300,8 +300,9 @@ impl Read for Upload<'_> {
         let file = match &mut self.file {
             Some(file) => file,
             None => {
-                let opened = bundle::open_listed(self.dir, &self.path).map_err(|p| {
-                    io::Error::other(bundle::BundleError::Invalid { problems: vec![p] }.to_string())
+                let opened = bundle::open_listed(self.dir, &self.path).map_err(|e| match e {
+                    bundle::BundleError::Unreadable { io: Some(io), .. } => io,
+                    e => io::Error::other(e.to_string()),
                 })?;
                 self.file.insert(opened)
             }

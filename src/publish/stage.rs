@@ -695,8 +695,8 @@ fn stage_output(
             .map_err(Failure::Io)?,
         ),
         None => {
-            let source = bundle::open_listed(bundle_dir, &d.bundle_path)
-                .map_err(|p| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] }))?;
+            let source =
+                bundle::open_listed(bundle_dir, &d.bundle_path).map_err(Failure::Bundle)?;
             let got = hashing::copy_hashed(
                 &mut (&source),
                 Some(&mut storage::WriteBehind::new(&mut file)),

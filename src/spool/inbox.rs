@@ -13,7 +13,7 @@
 
 use super::{MANIFEST, is_ignored_name};
 use crate::bundle::{self, Limits};
-use crate::spoolfs::{self, EntryError};
+use crate::spoolfs::{self, EntryError, Visit};
 use cap_std::fs::{Dir, MetadataExt};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -25,8 +25,6 @@ use std::time::{Duration, SystemTime};
 /// is incomplete, in case changes inside it send no event (the watcher sees
 /// the inbox itself, not every folder below it).
 pub const INCOMPLETE_POLL: Duration = Duration::from_millis(250);
-/// Deepest folder nesting inspected in a bundle.
-const MAX_DEPTH: usize = 128;
 /// Entries inspected beyond `max_files` before the folder counts as too big.
 const SPARE_ENTRIES: u64 = 10_000;
 
@@ -186,7 +184,7 @@ impl Probe {
         let quiet = short(self.quiet(now));
         match (&self.kind, state) {
             (ProbeKind::NoManifest, _) => format!(
-                "no {MANIFEST} yet (nothing changed for {quiet}); a folder becomes a bundle once its {MANIFEST} is written, last"
+                "no {MANIFEST} yet (its top level last changed {quiet} ago); a folder becomes a bundle once its {MANIFEST} is written, last"
             ),
             (ProbeKind::Unreadable(why), _) => why.clone(),
             (ProbeKind::Incomplete(what), _) => format!(
@@ -301,6 +299,16 @@ fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> O
             return Some(probe);
         }
     };
+    // A folder without a manifest is not a bundle yet: nothing below its
+    // top is read until one appears (producers may leave thousands).
+    match folder.symlink_metadata(MANIFEST) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(probe),
+        Err(e) => {
+            probe.kind = ProbeKind::Unreadable(unreadable_folder(".", &EntryError::Io(e)));
+            return Some(probe);
+        }
+        Ok(_) => {}
+    }
     let tree = match Tree::read(&folder, limits.max_files.saturating_add(SPARE_ENTRIES)) {
         Ok(tree) => tree,
         Err(TreeError::Unreadable(why)) => {
@@ -329,7 +337,8 @@ fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> O
 /// `inbox` (as root: always).
 fn writable(inbox: &Dir, name: &str) -> bool {
     use rustix::fs::{Access, AtFlags, accessat};
-    accessat(inbox, name, Access::WRITE_OK, AtFlags::EACCESS).is_ok()
+    let flags = AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW;
+    accessat(inbox, name, Access::WRITE_OK, flags).is_ok()
 }
 
 fn unreadable_folder(shown: &str, e: &EntryError) -> String {
@@ -369,88 +378,61 @@ enum TreeError {
 
 impl Tree {
     /// Lists everything below `root` (links are listed, never followed),
-    /// reading at most `max_entries` entries and `MAX_DEPTH` levels.
+    /// reading at most `max_entries` entries, with the few descriptors
+    /// [`spoolfs::walk`] holds however wide or deep the folder is.
     fn read(root: &Dir, max_entries: u64) -> Result<Tree, TreeError> {
         let mut tree = Tree {
             files: HashMap::new(),
             last_change: SystemTime::UNIX_EPOCH,
         };
         let mut count: u64 = 0;
-        let mut stack: Vec<(Dir, String, usize)> = vec![(
-            root.try_clone()
-                .map_err(|e| TreeError::Unreadable(e.to_string()))?,
-            String::new(),
-            0,
-        )];
-        while let Some((dir, prefix, depth)) = stack.pop() {
-            let shown = if prefix.is_empty() {
-                "."
-            } else {
-                prefix.as_str()
-            };
-            let entries = dir
-                .entries()
-                .map_err(|e| TreeError::Unreadable(unreadable_folder(shown, &EntryError::Io(e))))?;
-            for entry in entries {
-                let entry = entry.map_err(|e| {
-                    TreeError::Unreadable(unreadable_folder(shown, &EntryError::Io(e)))
-                })?;
-                count += 1;
-                if count > max_entries {
-                    return Err(TreeError::TooBig(format!(
-                        "the folder holds more than {max_entries} entries, far more than limits.max_files allows"
-                    )));
-                }
-                let meta = match entry.metadata() {
-                    Ok(m) => m,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => {
-                        return Err(TreeError::Unreadable(unreadable_folder(
-                            shown,
-                            &EntryError::Io(e),
-                        )));
-                    }
-                };
-                tree.last_change = tree.last_change.max(change_time(Some(&meta)));
-                let file_name = entry.file_name();
-                let Some(name) = file_name.to_str() else {
-                    continue;
-                };
-                let path = if prefix.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{prefix}/{name}")
-                };
-                if meta.is_dir() {
-                    if depth + 1 >= MAX_DEPTH {
-                        return Err(TreeError::TooBig(format!(
-                            "folders nest more than {MAX_DEPTH} levels deep (at \"{path}\")"
-                        )));
-                    }
-                    match spoolfs::open_dir(&dir, &file_name) {
-                        Ok(sub) => stack.push((sub, path.clone(), depth + 1)),
-                        Err(EntryError::Missing) => continue,
-                        Err(e) => return Err(TreeError::Unreadable(unreadable_folder(&path, &e))),
-                    }
-                }
-                let modified = meta
-                    .modified()
-                    .map(|t| t.into_std())
-                    .unwrap_or(SystemTime::UNIX_EPOCH);
-                tree.files.insert(
-                    path,
-                    Node {
-                        kind: if meta.is_file() {
-                            "a regular file"
-                        } else {
-                            spoolfs::kind_label(meta.file_type())
-                        },
-                        size: meta.len(),
-                        links: meta.nlink(),
-                        modified,
-                    },
-                );
+        let mut too_big = false;
+        let walked = spoolfs::walk(root, &mut |segments, meta| {
+            count += 1;
+            if count > max_entries {
+                too_big = true;
+                return Visit::Stop;
             }
+            tree.last_change = tree.last_change.max(change_time(Some(meta)));
+            let mut path = String::new();
+            for segment in segments {
+                let Some(name) = segment.to_str() else {
+                    return Visit::Skip;
+                };
+                if !path.is_empty() {
+                    path.push('/');
+                }
+                path.push_str(name);
+            }
+            let modified = meta
+                .modified()
+                .map(|t| t.into_std())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            tree.files.insert(
+                path,
+                Node {
+                    kind: if meta.is_file() {
+                        "a regular file"
+                    } else {
+                        spoolfs::kind_label(meta.file_type())
+                    },
+                    size: meta.len(),
+                    links: meta.nlink(),
+                    modified,
+                },
+            );
+            Visit::Descend
+        });
+        if let Err((shown, e)) = walked {
+            return Err(TreeError::Unreadable(unreadable_folder(
+                &shown,
+                &EntryError::Io(e),
+            )));
+        }
+        if too_big {
+            return Err(TreeError::TooBig(format!(
+                "the folder holds more than {max_entries} entries, far more than limits.max_files allows"
+            )));
         }
         Ok(tree)
     }

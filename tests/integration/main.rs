@@ -17,6 +17,7 @@ mod maintain;
 mod metrics;
 mod operate;
 mod producer;
+mod producer_limits;
 mod race;
 mod reliability;
 mod render;

@@ -279,6 +279,23 @@ impl TestCommand {
         self
     }
 
+    /// Runs the child with at most `limit` open file descriptors
+    /// (`RLIMIT_NOFILE`, soft and hard).
+    pub fn nofile(&mut self, limit: u64) -> &mut TestCommand {
+        // SAFETY: setrlimit(2) is async-signal-safe and allocates nothing.
+        unsafe {
+            self.cmd.pre_exec(move || {
+                let l = rustix::process::Rlimit {
+                    current: Some(limit),
+                    maximum: Some(limit),
+                };
+                rustix::process::setrlimit(rustix::process::Resource::Nofile, l)?;
+                Ok(())
+            });
+        }
+        self
+    }
+
     /// Starts the child with its output discarded (for kill tests).
     pub fn spawn_quiet(&mut self) -> Child {
         self.cmd
