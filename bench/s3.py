@@ -1,4 +1,4 @@
-"""The s3 measures of bench.py (issue 14): publishing into a bucket of a
+"""The s3 measures of bench.py: publishing into a bucket of a
 real S3-compatible server (SeaweedFS, as the tests use), side by side with
 `rclone copy --checksum` to the same server.
 
@@ -20,7 +20,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SEAWEEDFS_VERSION = "4.48"  # keep equal to tests/integration/seaweed.rs
+with open(os.path.join(HERE, "..", "scripts", "seaweedfs-version")) as _f:
+    SEAWEEDFS_VERSION = _f.read().strip()
 ACCESS_KEY = "distributor-bench"
 SECRET_KEY = "distributor-bench-secret"
 

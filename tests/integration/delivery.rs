@@ -261,7 +261,7 @@ fn require_rsync() {
     assert!(
         found,
         "rsync is not installed, and the delivery tests run the real tool: install it \
-         (apt-get install rsync; .ci/run does this when run as root)"
+         (scripts/install-test-deps installs it)"
     );
 }
 
@@ -644,7 +644,7 @@ fn require_scp() {
     assert!(
         found,
         "scp is not installed, and the delivery tests run the real tool: install it \
-         (apt-get install openssh-client; .ci/run does this when run as root)"
+         (scripts/install-test-deps installs it)"
     );
 }
 

