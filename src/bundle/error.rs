@@ -2,7 +2,6 @@
 //! [`Problem`]s it carries, each naming the file and what to do.
 
 use super::MANIFEST;
-use super::open::is_transient_io;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
@@ -92,6 +91,16 @@ impl BundleError {
             message: message.into(),
         }
     }
+}
+
+/// Whether an I/O error met while reading a bundle may pass by itself
+/// ([`crate::io_class::is_transient`], plus interruptions and timeouts).
+pub(super) fn is_transient_io(e: &io::Error) -> bool {
+    crate::io_class::is_transient(e)
+        || matches!(
+            e.kind(),
+            io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
+        )
 }
 
 fn manifest_location(line: &Option<usize>, column: &Option<usize>, message: &str) -> String {

@@ -3,7 +3,7 @@
 //! the tree. Nothing but a regular file is ever opened for reading.
 
 use super::MANIFEST;
-use super::error::{BundleError, Problem};
+use super::error::{BundleError, Problem, is_transient_io};
 use crate::paths::{RelPath, is_reserved_name};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType};
@@ -163,14 +163,6 @@ pub(super) fn raced_message() -> String {
     format!(
         "changed while it was being checked; leave a bundle untouched once its {MANIFEST} is written"
     )
-}
-
-pub(super) fn is_transient_io(e: &io::Error) -> bool {
-    crate::io_class::is_transient(e)
-        || matches!(
-            e.kind(),
-            io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
-        )
 }
 
 pub(super) fn open_bundle_dir(dir: &Path) -> Result<Dir, BundleError> {

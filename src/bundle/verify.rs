@@ -2,12 +2,12 @@
 //! against it: [`verify`] (hashes included), [`inspect`] (sizes only) and
 //! [`verify_files`]. Reads only; it never writes or moves anything.
 
-use super::error::{BundleError, Problem};
+use super::error::{BundleError, Problem, is_transient_io};
 use super::limits::{Limits, check_limits};
 use super::manifest::{Manifest, ManifestFile};
 use super::open::{
-    EntryError, LastFolder, Refusal, display_segments, is_transient_io, kind_label,
-    open_bundle_dir, open_checked_in, open_file_nofollow, raced_message, size_checked_in, walk,
+    EntryError, LastFolder, Refusal, display_segments, kind_label, open_bundle_dir,
+    open_checked_in, open_file_nofollow, raced_message, size_checked_in, walk,
 };
 use super::parse::{parse_manifest, too_big};
 use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};

@@ -45,7 +45,7 @@
 //! compare it with the events the parser gives on generated documents of
 //! the parser's special characters.
 
-use super::split::{byte_lines as lines, flanking, is_blank_byte};
+use super::bytes::{byte_lines as lines, flanking, is_blank_byte};
 use std::fmt;
 
 /// Bytes one unit stands for: a tree node of pulldown-cmark 0.13

@@ -51,6 +51,7 @@ use pulldown_cmark::{Options, Parser, html};
 
 mod autolink;
 mod budget;
+mod bytes;
 mod events;
 mod ids;
 mod links;
