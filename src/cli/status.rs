@@ -215,8 +215,10 @@ fn destination_json(d: &crate::config::Destination) -> Value {
             })
             .map(|bytes| bytes.map(|b| State::parse(&b)))
             .map_err(|e| e.to_string()),
-        // The catalog object, read (a GET; nothing is written).
-        crate::config::Backend::S3(location) => crate::s3::S3Root::shared(location)
+        // The catalog object, read (a GET; nothing is written), tried once:
+        // a dead endpoint holds status for one connection attempt or one
+        // request without progress at most (docs/object-storage.md).
+        crate::config::Backend::S3(location) => crate::s3::S3Root::open_single_try(location)
             .and_then(|root| root.read_state())
             .map(|base| Some(base.state))
             .map_err(|e| e.to_string()),

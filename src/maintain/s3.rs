@@ -53,10 +53,14 @@ fn s3_error<'a>(
             .strip_prefix(&format!("{root}: "))
             .unwrap_or(&text)
             .to_owned();
+        // The failure's own text already says what to correct for refused
+        // credentials, denied access and a missing bucket.
         let hint = match &source {
-            s3::Error::Store { .. } if text.contains("NoSuchBucket") => {
-                "; the bucket does not exist on that server: correct `bucket` (and `endpoint`) in the config, or create the bucket"
-            }
+            s3::Error::Store {
+                failure:
+                    s3::Failure::CredentialsRefused | s3::Failure::Denied | s3::Failure::BucketMissing,
+                ..
+            } => "",
             s3::Error::Store { .. } => {
                 "; check the endpoint, the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the publisher's bucket permissions, then run the command again"
             }

@@ -48,9 +48,23 @@ impl S3Root {
     pub fn probe(&self) -> Result<()> {
         let rel = format!("{}/probe-{}", super::protocol::PENDING_DIR, random_id());
         let outcome = self.probe_at(&rel);
-        // Always try to remove the probe object, whatever happened.
-        let key = self.key(&rel);
-        let _ = self.block_on(self.store.delete(&key));
+        // Try to remove the probe object whatever happened, unless the
+        // server did not answer: another request would only wait as long
+        // again (a probe object left behind is an empty object below
+        // `.distributor-pending/` that no catalog records).
+        let unanswered = matches!(
+            &outcome,
+            Err(Error::Store {
+                failure: super::Failure::Connect
+                    | super::Failure::TimedOut
+                    | super::Failure::NotSent,
+                ..
+            })
+        );
+        if !unanswered {
+            let key = self.key(&rel);
+            let _ = self.block_on(self.store.delete(&key));
+        }
         outcome
     }
 

@@ -24,6 +24,7 @@
 //!   object it has just stored.
 
 pub mod conformance;
+pub mod failure;
 pub mod protocol;
 mod recovery;
 #[cfg(test)]
@@ -33,19 +34,19 @@ pub mod upload;
 use std::fmt;
 use std::io::Read;
 use std::sync::Arc;
-use std::time::Duration;
 
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    Attribute, Attributes, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig, UpdateVersion,
 };
 use time::OffsetDateTime;
 
 use crate::config::S3Location;
 use crate::hashing::Hashed;
 
+pub use failure::Failure;
 pub use upload::Written;
 
 /// The name of the catalog object below the root's prefix.
@@ -142,13 +143,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("{root}: {op} {key}: {source}")]
+    /// A request failed; [`Failure`] says how, without anything the
+    /// server sent (no body, no header value).
+    #[error("{root}: {op} {key}: {failure}")]
     Store {
         root: String,
         op: &'static str,
         key: String,
-        #[source]
-        source: Box<object_store::Error>,
+        failure: Failure,
     },
     #[error(
         "{root}: {key} holds an object of publication {id} ({owner}), which is still running or stopped less than the lease ({lease_secs}s) ago; nothing of this publication is recorded; retry: once that publication ends or its lease runs out, its leftovers are cleaned up"
@@ -200,13 +202,7 @@ impl Error {
             | Error::Changed { .. }
             | Error::Claimed { .. }
             | Error::Revoked { .. } => true,
-            Error::Store { source, .. } => !matches!(
-                **source,
-                object_store::Error::NotImplemented { .. }
-                    | object_store::Error::NotSupported { .. }
-                    | object_store::Error::PermissionDenied { .. }
-                    | object_store::Error::Unauthenticated { .. }
-            ),
+            Error::Store { failure, .. } => failure.is_transient(),
             _ => false,
         }
     }
@@ -296,8 +292,23 @@ impl S3Root {
         Ok(root)
     }
 
+    /// A client for `location` that tries every request once (no retry):
+    /// for `status`, which reports and must not wait on a dead endpoint
+    /// longer than one connection attempt or one request without progress.
+    pub fn open_single_try(location: &S3Location) -> Result<S3Root> {
+        S3Root::open_retrying(location, Credentials::from_env()?, Retries::None)
+    }
+
     /// [`S3Root::open`] with the credentials given.
     pub fn open_with(location: &S3Location, credentials: Credentials) -> Result<S3Root> {
+        S3Root::open_retrying(location, credentials, Retries::Some)
+    }
+
+    fn open_retrying(
+        location: &S3Location,
+        credentials: Credentials,
+        retries: Retries,
+    ) -> Result<S3Root> {
         let Credentials {
             key_id: key,
             secret,
@@ -311,15 +322,12 @@ impl S3Root {
             .with_secret_access_key(secret)
             .with_virtual_hosted_style_request(false)
             .with_retry(RetryConfig {
-                max_retries: 4,
-                retry_timeout: Duration::from_secs(60),
+                max_retries: retries.max_retries(),
+                retry_timeout: failure::RETRY_WINDOW,
                 ..RetryConfig::default()
             })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_connect_timeout(Duration::from_secs(10))
-                    .with_timeout(Duration::from_secs(300)),
-            );
+            .with_client_options(failure::client_options())
+            .with_http_connector(failure::GuardedConnector);
         if let Some(token) = token {
             builder = builder.with_token(token);
         }
@@ -383,15 +391,30 @@ impl S3Root {
     }
 
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.runtime.block_on(f)
+        failure::block_on(&self.runtime, f)
     }
 
+    /// The error of a failed request, described by [`Failure`] (never by
+    /// the store's error text, which carries the server's answer).
     fn store_err(&self, op: &'static str, rel: &str, source: object_store::Error) -> Error {
+        self.store_failed(op, rel, &source, failure::last_answer())
+    }
+
+    /// [`S3Root::store_err`] with the status of the request's last error
+    /// answer (from [`failure::answered`]), for requests running side by
+    /// side.
+    fn store_failed(
+        &self,
+        op: &'static str,
+        rel: &str,
+        source: &object_store::Error,
+        answer: Option<u16>,
+    ) -> Error {
         Error::Store {
             root: self.label.clone(),
             op,
             key: rel.to_owned(),
-            source: Box::new(source),
+            failure: Failure::of(source, answer),
         }
     }
 
@@ -561,11 +584,11 @@ impl S3Root {
             head: true,
             ..GetOptions::default()
         };
-        let got = self.store.get_opts(&key, options).await;
+        let (got, answer) = failure::answered(self.store.get_opts(&key, options)).await;
         let r = match got {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(self.store_err("HEAD", rel, e)),
+            Err(e) => return Err(self.store_failed("HEAD", rel, &e, answer)),
         };
         let meta = |name: &'static str| {
             r.attributes
@@ -627,17 +650,19 @@ impl S3Root {
             async move {
                 use sha2::Digest as _;
                 let key = self.key(&rel);
-                let r = match self.store.get_opts(&key, GetOptions::default()).await {
+                let (got, answer) =
+                    failure::answered(self.store.get_opts(&key, GetOptions::default())).await;
+                let r = match got {
                     Ok(r) => r,
                     Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                    Err(e) => return Err(self.store_err("GET", &rel, e)),
+                    Err(e) => return Err(self.store_failed("GET", &rel, &e, answer)),
                 };
                 let etag = r.meta.e_tag.clone();
                 let mut hasher = sha2::Sha256::new();
                 let mut size = 0u64;
                 let mut stream = r.into_stream();
                 while let Some(chunk) = stream.next().await {
-                    let chunk = chunk.map_err(|e| self.store_err("GET", &rel, e))?;
+                    let chunk = chunk.map_err(|e| self.store_failed("GET", &rel, &e, None))?;
                     size += chunk.len() as u64;
                     hasher.update(&chunk);
                 }
@@ -680,9 +705,9 @@ impl S3Root {
             let key = self.key(rel);
             let rel = rel.to_owned();
             async move {
-                match self.store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                    Err(e) => Err(self.store_err("DELETE", &rel, e)),
+                match failure::answered(self.store.delete(&key)).await {
+                    (Ok(()) | Err(object_store::Error::NotFound { .. }), _) => Ok(()),
+                    (Err(e), answer) => Err(self.store_failed("DELETE", &rel, &e, answer)),
                 }
             }
         };
@@ -755,6 +780,24 @@ impl S3Root {
         })?;
         deleted?;
         Ok(head.last_modified)
+    }
+}
+
+/// How a client retries a failed request.
+#[derive(Debug, Clone, Copy)]
+enum Retries {
+    /// Up to [`failure::MAX_RETRIES`] times, within [`failure::RETRY_WINDOW`].
+    Some,
+    /// Never.
+    None,
+}
+
+impl Retries {
+    fn max_retries(self) -> usize {
+        match self {
+            Retries::Some => failure::MAX_RETRIES,
+            Retries::None => 0,
+        }
     }
 }
 
