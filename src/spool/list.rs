@@ -66,9 +66,14 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
                     .ok_or_else(|| "its name is not UTF-8".to_owned())
                     .and_then(|raw| read_result(spool, folder, raw))
                 {
-                    Ok(doc) => {
-                        let text =
-                            |key: &str| doc.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+                    Ok(read) if read.unverified => (None, Some(UNVERIFIED.to_owned())),
+                    Ok(read) => {
+                        let text = |key: &str| {
+                            read.doc
+                                .get(key)
+                                .and_then(|v| v.as_str())
+                                .map(str::to_owned)
+                        };
                         (text("stage"), text("error"))
                     }
                     Err(e) => (None, Some(e)),
@@ -130,17 +135,35 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
     Ok(rows.into_iter().map(|(_, e)| e).collect())
 }
 
+/// A finished bundle's result document.
+#[derive(Debug, Clone)]
+pub struct ResultDoc {
+    pub doc: serde_json::Value,
+    /// A failed bundle of which the agent kept no copy (one filed by an
+    /// older version, or the copy could not be written): `doc` is then the
+    /// `.distributor-result.json` inside the bundle, which its producer can
+    /// change, and must not be shown as the agent's result.
+    pub unverified: bool,
+}
+
+/// What `spool list` and `status` say instead of an unverified result's
+/// stage and error.
+pub const UNVERIFIED: &str = "result unverified: the agent kept no copy of it, and the bundle's own .distributor-result.json can be changed by its producer; `distributor spool show` prints that copy, marked unverified";
+
 /// Reads the result of the finished bundle `folder/name`: for a failed
-/// bundle the agent's own copy, else (or when there is none) the
-/// `.distributor-result.json` inside it, refusing (with the reason as text)
-/// anything but a small regular file of JSON.
-pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<serde_json::Value, String> {
+/// bundle the agent's own copy, else (or when there is none, then marked
+/// unverified) the `.distributor-result.json` inside it, refusing (with
+/// the reason as text) anything but a small regular file of JSON.
+pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<ResultDoc, String> {
     if folder == Folder::Failed {
         let (kept, file) = spool.kept_result(name);
         if let Ok(bytes) = spoolfs::read_capped_at(&kept.join(file), MAX_RESULT_BYTES)
             && let Ok(doc) = serde_json::from_slice(&bytes)
         {
-            return Ok(doc);
+            return Ok(ResultDoc {
+                doc,
+                unverified: false,
+            });
         }
     }
     let path = spool.folder(folder).join(name).join(RESULT_FILE);
@@ -151,7 +174,12 @@ pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<serde_js
             format!("{RESULT_FILE} {e}; not read")
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|_| format!("{RESULT_FILE} is not valid JSON"))
+    let doc =
+        serde_json::from_slice(&bytes).map_err(|_| format!("{RESULT_FILE} is not valid JSON"))?;
+    Ok(ResultDoc {
+        doc,
+        unverified: folder == Folder::Failed,
+    })
 }
 
 /// Checks that `name` is a plain entry name, with the hint to list them.
@@ -195,7 +223,7 @@ pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
     for file in [RESULT_FILE, ATTEMPTS_FILE] {
         spoolfs::remove(&dir, file)?;
     }
-    let to = super::move_unique(&from, &spool.inbox, name)?;
+    let to = super::move_unique(&from, &spool.inbox, name, super::names::NAME_MAX)?;
     super::forget_result(spool, name)?;
     Ok(to)
 }
