@@ -9,7 +9,7 @@ use super::{ATTEMPTS_FILE, Folder, MAX_RESULT_BYTES, RESULT_FILE, Spool, is_igno
 use crate::spoolfs;
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 /// One line of `spool list`.
@@ -237,71 +237,38 @@ pub struct Removed {
 }
 
 /// Deletes `failed/<name>` with everything in it (links are removed, never
-/// followed). Returns what was removed.
+/// followed; a few descriptors held however deep the tree). Returns what
+/// was removed; when something cannot be removed, the rest is and the
+/// error names what stays and whose it is.
 pub fn delete(spool: &Spool, name: &str) -> io::Result<Removed> {
+    use rustix::fd::AsFd;
     let path = existing(spool, Folder::Failed, name)?;
-    let (files, bytes) = count_tree(&path);
-    fs::remove_dir_all(&path)?;
+    let failed = spoolfs::open_folder_io(&spool.failed)?;
+    let removal = super::expire::remove_entry(failed.as_fd(), std::ffi::OsStr::new(name));
+    if let Some(b) = &removal.blocked {
+        return Err(io::Error::new(
+            b.error.kind(),
+            format!(
+                "cannot remove {}: {}{}; the rest was removed ({} files). Its producer or root must remove it",
+                spool.failed.join(b.shown_path()).display(),
+                b.error,
+                b.owner_text(),
+                removal.files
+            ),
+        ));
+    }
     super::forget_result(spool, name)?;
-    Ok(Removed { path, files, bytes })
-}
-
-/// Files and bytes below `path`, links not followed; what cannot be read
-/// is not counted.
-fn count_tree(path: &Path) -> (u64, u64) {
-    let (mut files, mut bytes) = (0, 0);
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => stack.push(entry.path()),
-                Ok(m) => {
-                    files += 1;
-                    bytes += m.len();
-                }
-                Err(_) => {}
-            }
-        }
-    }
-    (files, bytes)
-}
-
-/// Deletes `done/` entries modified longer than `retention` ago. Returns
-/// how many were removed.
-pub fn expire_done(spool: &Spool, retention: std::time::Duration) -> io::Result<usize> {
-    if retention.is_zero() {
-        return Ok(0);
-    }
-    let now = SystemTime::now();
-    let mut removed = 0;
-    let entries = match fs::read_dir(&spool.done) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        let age = now.duration_since(meta.modified()?).unwrap_or_default();
-        if age > retention {
-            let path = entry.path();
-            if meta.is_dir() {
-                fs::remove_dir_all(&path)?;
-            } else {
-                fs::remove_file(&path)?;
-            }
-            removed += 1;
-        }
-    }
-    Ok(removed)
+    Ok(Removed {
+        path,
+        files: removal.files,
+        bytes: removal.bytes,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn result_files_that_are_fifos_links_or_huge_are_refused_not_read() {

@@ -16,14 +16,17 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+mod expire;
 mod inbox;
 mod list;
 pub mod names;
 
-pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
-pub use list::{
-    Entry, Removed, ResultDoc, UNVERIFIED, delete, expire_done, list, read_result, retry,
+pub use expire::{
+    Expiry, RETENTION_FILE, RetentionRecord, Undeletable, expire_done, newly_blocked,
+    record_retention, retention_record,
 };
+pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
+pub use list::{Entry, Removed, ResultDoc, UNVERIFIED, delete, list, read_result, retry};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";
