@@ -17,6 +17,7 @@ mod maintain;
 mod metrics;
 mod operate;
 mod producer;
+mod producer_spool;
 mod race;
 mod reliability;
 mod render;
