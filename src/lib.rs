@@ -30,4 +30,5 @@ pub mod seen;
 pub mod spool;
 pub mod spoolfs;
 pub mod storage;
+pub mod users;
 pub mod workers;

@@ -82,7 +82,9 @@ impl Worker {
     /// Stopping: claimed bundles not started yet go back to the inbox.
     fn unclaim(&self, claimed: &[(PathBuf, String)]) {
         for (path, name) in claimed {
-            if let Err(e) = spool::move_unique(path, &self.spool.inbox, name) {
+            if let Err(e) =
+                spool::move_unique(path, &self.spool.inbox, name, spool::names::NAME_MAX)
+            {
                 log::warn!(
                     "pipeline={} bundle={name}: cannot move it back to the inbox ({e}); it stays in work/ and is processed first at the next start",
                     self.pipeline.id

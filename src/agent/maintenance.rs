@@ -72,15 +72,61 @@ fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
     }
 }
 
+/// Most `done/` entries retention could not remove that one pass logs by
+/// name; the others are counted in one line (all are in `status`).
+const MAX_LOGGED_BLOCKED: usize = 20;
+
+/// One retention pass over `p`'s `done/`. An entry it cannot remove is
+/// logged when first found (or when what stands in the way changes), not
+/// at every pass, whether the agent restarted or not: what was found is
+/// kept in the pipeline's folder, where `distributor status` reads it.
 pub(super) fn expire_done(config: &Config, p: &Pipeline) {
     let spool = Spool::of(config, p);
-    match spool::expire_done(&spool, config.agent.done_retention) {
-        Ok(0) => {}
-        Ok(n) => log::info!(
-            "pipeline={} removed {n} done/ entries past done_retention",
-            p.id
-        ),
-        Err(e) => log::warn!("pipeline={}: cannot expire done/ entries: {e}", p.id),
+    let previous = spool::retention_record(&spool);
+    let expiry = match spool::expire_done(&spool, config.agent.done_retention, &previous) {
+        Ok(e) => e,
+        Err(e) => {
+            log::warn!("pipeline={}: cannot expire done/ entries: {e}", p.id);
+            return;
+        }
+    };
+    if expiry.removed > 0 {
+        log::info!(
+            "pipeline={} removed {} done/ entries past done_retention",
+            p.id,
+            expiry.removed
+        );
+    }
+    let news = spool::newly_blocked(&previous, &expiry.blocked);
+    for u in news.iter().take(MAX_LOGGED_BLOCKED) {
+        let owner = u
+            .owner_uid
+            .map(|uid| format!(" (its folder belongs to uid {uid}, {})", u.owner))
+            .unwrap_or_default();
+        log::warn!(
+            "pipeline={}: done_retention cannot remove done/{}: done/{}: {}{owner}; every other entry still expires. It stays until its owner or root removes it, or the agent's group gets write access to it (see docs/troubleshooting.md); `distributor status` lists it",
+            p.id,
+            crate::inert::inert(&u.name),
+            crate::inert::inert(&u.path),
+            crate::inert::inert(&u.error),
+        );
+    }
+    if news.len() > MAX_LOGGED_BLOCKED {
+        log::warn!(
+            "pipeline={}: done_retention cannot remove {} more done/ entries; `distributor status` lists them",
+            p.id,
+            news.len() - MAX_LOGGED_BLOCKED
+        );
+    }
+    let record = spool::RetentionRecord::of(expiry.blocked);
+    if record != previous
+        && let Err(e) = spool::record_retention(&spool, &record)
+    {
+        log::warn!(
+            "pipeline={}: cannot record which done/ entries retention could not remove in {}: {e}; `distributor status` cannot show them",
+            p.id,
+            spool::RETENTION_FILE
+        );
     }
 }
 

@@ -115,6 +115,8 @@ struct Tally {
     incomplete: AtomicUsize,
     /// Pipelines `--once` left alone because another agent serves them.
     skipped: AtomicUsize,
+    /// Bundles that could not be filed and stay in `work/`.
+    left: AtomicUsize,
     metrics: Arc<Metrics>,
 }
 
@@ -192,23 +194,35 @@ fn run_once(config: &Config) -> bool {
     let failed = tally.failed.load(Ordering::Relaxed);
     let incomplete = tally.incomplete.load(Ordering::Relaxed);
     let skipped = tally.skipped.load(Ordering::Relaxed);
+    let left = tally.left.load(Ordering::Relaxed);
     let summary = once_summary(
         tally.done.load(Ordering::Relaxed),
         failed,
         incomplete,
         skipped,
+        left,
     );
-    if failed == 0 && skipped == 0 && incomplete == 0 {
+    let ok = failed == 0 && skipped == 0 && incomplete == 0 && left == 0;
+    if ok {
         log::info!("{summary}");
     } else {
         log::warn!("{summary}");
     }
-    failed == 0 && skipped == 0 && incomplete == 0
+    ok
 }
 
 /// The last line of `agent --once`.
-fn once_summary(done: usize, failed: usize, incomplete: usize, skipped: usize) -> String {
+fn once_summary(
+    done: usize,
+    failed: usize,
+    incomplete: usize,
+    skipped: usize,
+    left: usize,
+) -> String {
     let mut s = format!("agent --once finished: {done} done, {failed} failed");
+    if left > 0 {
+        s.push_str(&format!(", {left} could not be filed and stay in work/"));
+    }
     if incomplete > 0 {
         s.push_str(&format!(", {incomplete} incomplete left in the inbox"));
     }

@@ -151,6 +151,22 @@ impl Worker {
         self.file_away(path, name, &report, 0);
     }
 
+    /// A bundle holding a folder at a name the agent writes inside it
+    /// (see `spool::bookkeeping_blocked`) fails at stage verify before
+    /// anything is counted or published. Returns whether it did.
+    pub(super) fn fail_if_bookkeeping_blocked(&self, path: &Path, name: &str) -> bool {
+        let Some(why) = spool::bookkeeping_blocked(path) else {
+            return false;
+        };
+        let report = RunReport::new(&self.pipeline.id, false).fail(
+            crate::report::Stage::Verify,
+            format!("{}: {why}", path.display()),
+            false,
+        );
+        self.file_away(path, name, &report, 0);
+        true
+    }
+
     pub(super) fn file_away(
         &self,
         path: &Path,
@@ -201,10 +217,13 @@ impl Worker {
                 Outcome::Finished
             }
             Err(e) => {
+                self.tally.left.fetch_add(1, Ordering::Relaxed);
                 log::error!(
-                    "pipeline={} bundle={name}: cannot move it out of work/: {e}; it stays in {} and is retried on the next start",
+                    "pipeline={} bundle={name}: cannot move it out of work/: {e}; it stays in {} and is processed again at the next start. Check that the agent may write to work/, {} and {} and to the bundle folder itself",
                     self.pipeline.id,
-                    path.display()
+                    path.display(),
+                    self.spool.done.display(),
+                    self.spool.failed.display()
                 );
                 Outcome::Left
             }

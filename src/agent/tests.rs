@@ -77,9 +77,17 @@ fn the_once_summary_names_skipped_pipelines_only_when_there_are_any() {
         ),
     ] {
         assert_eq!(
-            once_summary(done, failed, 2, skipped),
+            once_summary(done, failed, 2, skipped, 0),
             want.replacen(" failed", " failed, 2 incomplete left in the inbox", 1)
         );
-        assert_eq!(once_summary(done, failed, 0, skipped), want);
+        assert_eq!(once_summary(done, failed, 0, skipped, 0), want);
+        assert_eq!(
+            once_summary(done, failed, 0, skipped, 1),
+            want.replacen(
+                " failed",
+                " failed, 1 could not be filed and stay in work/",
+                1
+            )
+        );
     }
 }

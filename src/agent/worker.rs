@@ -137,6 +137,9 @@ impl Worker {
                     if self.stopping() {
                         return;
                     }
+                    if self.fail_if_bookkeeping_blocked(&f.path, &f.name) {
+                        continue;
+                    }
                     if let Err(e) = spool::count_interrupted(&f.path) {
                         log::error!(
                             "pipeline={} bundle={}: cannot record its interrupted attempt in {}: {e}; it is retried without counting it. Check permissions in work/",
@@ -236,7 +239,12 @@ impl Worker {
                 let mut claimed = Vec::new();
                 for p in chunk {
                     complete_since.remove(&p.name);
-                    match spool::move_unique(&p.path, &self.spool.work, &p.name) {
+                    match spool::move_unique(
+                        &p.path,
+                        &self.spool.work,
+                        &p.name,
+                        spool::names::NAME_MAX,
+                    ) {
                         Ok(work_path) => {
                             told.remove(&p.name);
                             let name = work_path
@@ -247,6 +255,9 @@ impl Worker {
                                 // Swapped for a link after the probe: never
                                 // followed, filed away as it is.
                                 self.fail_not_a_folder(&work_path, &name);
+                                continue;
+                            }
+                            if self.fail_if_bookkeeping_blocked(&work_path, &name) {
                                 continue;
                             }
                             claimed.push((work_path, name));

@@ -97,17 +97,31 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
     };
     let path = spool.folder(folder).join(name);
     let result = spool::read_result(&spool, folder, name);
+    // A failed bundle's result is the agent's own copy; the bundle's copy,
+    // which its producer can change, is only ever shown marked unverified.
+    let unverified = result.as_ref().is_ok_and(|r| r.unverified);
     if json {
-        let doc = serde_json::json!({
-            "pipeline_id": pipeline,
-            "spool": folder.as_str(),
-            "name": name,
-            "path": path.display().to_string(),
-            "result": result.as_ref().ok(),
-            "error": result.as_ref().err(),
-        });
+        let doc = match &result {
+            Ok(r) if r.unverified => serde_json::json!({
+                "pipeline_id": pipeline,
+                "spool": folder.as_str(),
+                "name": name,
+                "path": path.display().to_string(),
+                "result": null,
+                "unverified_result": r.doc,
+                "error": spool::UNVERIFIED,
+            }),
+            _ => serde_json::json!({
+                "pipeline_id": pipeline,
+                "spool": folder.as_str(),
+                "name": name,
+                "path": path.display().to_string(),
+                "result": result.as_ref().ok().map(|r| &r.doc),
+                "error": result.as_ref().err(),
+            }),
+        };
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return if result.is_ok() {
+        return if result.is_ok() && !unverified {
             EXIT_OK
         } else {
             EXIT_FAILURE
@@ -119,21 +133,28 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
         inert(&path.display().to_string())
     );
     let doc = match result {
-        Ok(doc) => doc,
+        Ok(r) => r.doc,
         Err(why) => {
             println!("  result: {}", inert(&why));
             return EXIT_FAILURE;
         }
     };
+    if unverified {
+        println!(
+            "  UNVERIFIED: the agent kept no copy of this bundle's result; what follows is the bundle's own {}, which its producer can change",
+            spool::RESULT_FILE
+        );
+    }
+    let marked = if unverified { " (unverified)" } else { "" };
     let text = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => inert(s).into_owned(),
         serde_json::Value::Null => "-".to_owned(),
         other => inert(&other.to_string()).into_owned(),
     };
-    println!("  ok: {}", text(&doc["ok"]));
+    println!("  ok{marked}: {}", text(&doc["ok"]));
     if !doc["stage"].is_null() {
-        println!("  failed at: {}", text(&doc["stage"]));
-        println!("  error: {}", text(&doc["error"]));
+        println!("  failed at{marked}: {}", text(&doc["stage"]));
+        println!("  error{marked}: {}", text(&doc["error"]));
     }
     if let Some(source) = doc["source"].as_object() {
         println!(
@@ -157,7 +178,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
             }
         );
     }
-    EXIT_OK
+    if unverified { EXIT_FAILURE } else { EXIT_OK }
 }
 
 /// `spool delete P NAME`: removes a failed bundle.

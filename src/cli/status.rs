@@ -126,6 +126,15 @@ fn pipeline_status(
             );
         }
     }
+    // What done/ retention could not remove, as the agent recorded it, of
+    // what is still there.
+    let record = spool::retention_record(&spool);
+    let stuck: Vec<&spool::Undeletable> = record
+        .entries
+        .iter()
+        .filter(|u| in_folder(Folder::Done).any(|r| r.name == u.name))
+        .collect();
+    let stuck_count = record.count - (record.entries.len() - stuck.len());
     let last_failure = in_folder(Folder::Failed).next_back();
     let last_success = in_folder(Folder::Done).next_back();
 
@@ -143,6 +152,14 @@ fn pipeline_status(
             spool.failed.display(),
             inert(last_failure.map_or("", |r| r.name.as_str())),
             p.id
+        ));
+    }
+    if stuck_count > 0 {
+        problems.push(format!(
+            "pipeline {}: {stuck_count} done/ entr{} past done_retention cannot be removed (first: {}); {RETENTION_FIX}",
+            p.id,
+            if stuck_count == 1 { "y" } else { "ies" },
+            inert(stuck.first().map_or("", |u| u.name.as_str()))
         ));
     }
     let limit = config.agent.incomplete_timeout;
@@ -175,9 +192,17 @@ fn pipeline_status(
             .collect::<Vec<_>>(),
         "last_success": last_success.map(|r| json!({"name": r.name, "modified": r.modified})),
         "last_failure": last_failure.map(failure_json),
+        "retention_blocked": {
+            "count": stuck_count,
+            "entries": stuck,
+            "fix": (stuck_count > 0).then_some(RETENTION_FIX),
+        },
         "destinations": p.destinations.iter().map(destination_json).collect::<Vec<_>>(),
     }))
 }
+
+/// What to do about `done/` entries retention cannot remove.
+const RETENTION_FIX: &str = "the agent may not write into folders their producer owns: the producer or root must remove them (docs/troubleshooting.md), and producers should hand over group-writable bundles as docs/install.md sets up";
 
 fn failure_json(r: &Entry) -> Value {
     json!({"name": r.name, "modified": r.modified, "stage": r.stage, "error": r.error})
@@ -307,6 +332,44 @@ fn print_text(p: &Value, now: OffsetDateTime) {
                 inert(oldest["reason"].as_str().unwrap_or_default())
             );
         }
+    }
+    let blocked = &p["retention_blocked"];
+    if blocked["count"].as_u64().unwrap_or(0) > 0 {
+        let names: Vec<String> = blocked["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|u| {
+                let owner = u["owner_uid"]
+                    .as_u64()
+                    .map(|uid| {
+                        format!(
+                            ", its folder belongs to uid {uid} ({})",
+                            u["owner"].as_str().unwrap_or_default()
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "{}: done/{}: {}{owner}",
+                    inert(u["name"].as_str().unwrap_or_default()),
+                    inert(u["path"].as_str().unwrap_or_default()),
+                    inert(u["error"].as_str().unwrap_or_default())
+                )
+            })
+            .collect();
+        let more = blocked["count"].as_u64().unwrap_or(0) as usize;
+        let shown = names.len().min(10);
+        let rest = if more > shown {
+            format!("; and {} more", more - shown)
+        } else {
+            String::new()
+        };
+        println!(
+            "  done/ entries retention cannot remove: {} ({}{rest}); {}",
+            blocked["count"],
+            names[..shown].join("; "),
+            blocked["fix"].as_str().unwrap_or_default()
+        );
     }
     if let Some(f) = p["last_failure"].as_object() {
         println!(

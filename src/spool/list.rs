@@ -9,7 +9,7 @@ use super::{ATTEMPTS_FILE, Folder, MAX_RESULT_BYTES, RESULT_FILE, Spool, is_igno
 use crate::spoolfs;
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 /// One line of `spool list`.
@@ -66,9 +66,14 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
                     .ok_or_else(|| "its name is not UTF-8".to_owned())
                     .and_then(|raw| read_result(spool, folder, raw))
                 {
-                    Ok(doc) => {
-                        let text =
-                            |key: &str| doc.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+                    Ok(read) if read.unverified => (None, Some(UNVERIFIED.to_owned())),
+                    Ok(read) => {
+                        let text = |key: &str| {
+                            read.doc
+                                .get(key)
+                                .and_then(|v| v.as_str())
+                                .map(str::to_owned)
+                        };
                         (text("stage"), text("error"))
                     }
                     Err(e) => (None, Some(e)),
@@ -130,17 +135,35 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
     Ok(rows.into_iter().map(|(_, e)| e).collect())
 }
 
+/// A finished bundle's result document.
+#[derive(Debug, Clone)]
+pub struct ResultDoc {
+    pub doc: serde_json::Value,
+    /// A failed bundle of which the agent kept no copy (one filed by an
+    /// older version, or the copy could not be written): `doc` is then the
+    /// `.distributor-result.json` inside the bundle, which its producer can
+    /// change, and must not be shown as the agent's result.
+    pub unverified: bool,
+}
+
+/// What `spool list` and `status` say instead of an unverified result's
+/// stage and error.
+pub const UNVERIFIED: &str = "result unverified: the agent kept no copy of it, and the bundle's own .distributor-result.json can be changed by its producer; `distributor spool show` prints that copy, marked unverified";
+
 /// Reads the result of the finished bundle `folder/name`: for a failed
-/// bundle the agent's own copy, else (or when there is none) the
-/// `.distributor-result.json` inside it, refusing (with the reason as text)
-/// anything but a small regular file of JSON.
-pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<serde_json::Value, String> {
+/// bundle the agent's own copy, else (or when there is none, then marked
+/// unverified) the `.distributor-result.json` inside it, refusing (with
+/// the reason as text) anything but a small regular file of JSON.
+pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<ResultDoc, String> {
     if folder == Folder::Failed {
         let (kept, file) = spool.kept_result(name);
         if let Ok(bytes) = spoolfs::read_capped_at(&kept.join(file), MAX_RESULT_BYTES)
             && let Ok(doc) = serde_json::from_slice(&bytes)
         {
-            return Ok(doc);
+            return Ok(ResultDoc {
+                doc,
+                unverified: false,
+            });
         }
     }
     let path = spool.folder(folder).join(name).join(RESULT_FILE);
@@ -151,7 +174,12 @@ pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<serde_js
             format!("{RESULT_FILE} {e}; not read")
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|_| format!("{RESULT_FILE} is not valid JSON"))
+    let doc =
+        serde_json::from_slice(&bytes).map_err(|_| format!("{RESULT_FILE} is not valid JSON"))?;
+    Ok(ResultDoc {
+        doc,
+        unverified: folder == Folder::Failed,
+    })
 }
 
 /// Checks that `name` is a plain entry name, with the hint to list them.
@@ -195,7 +223,7 @@ pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
     for file in [RESULT_FILE, ATTEMPTS_FILE] {
         spoolfs::remove(&dir, file)?;
     }
-    let to = super::move_unique(&from, &spool.inbox, name)?;
+    let to = super::move_unique(&from, &spool.inbox, name, super::names::NAME_MAX)?;
     super::forget_result(spool, name)?;
     Ok(to)
 }
@@ -209,71 +237,38 @@ pub struct Removed {
 }
 
 /// Deletes `failed/<name>` with everything in it (links are removed, never
-/// followed). Returns what was removed.
+/// followed; a few descriptors held however deep the tree). Returns what
+/// was removed; when something cannot be removed, the rest is and the
+/// error names what stays and whose it is.
 pub fn delete(spool: &Spool, name: &str) -> io::Result<Removed> {
+    use rustix::fd::AsFd;
     let path = existing(spool, Folder::Failed, name)?;
-    let (files, bytes) = count_tree(&path);
-    fs::remove_dir_all(&path)?;
+    let failed = spoolfs::open_folder_io(&spool.failed)?;
+    let removal = super::expire::remove_entry(failed.as_fd(), std::ffi::OsStr::new(name));
+    if let Some(b) = &removal.blocked {
+        return Err(io::Error::new(
+            b.error.kind(),
+            format!(
+                "cannot remove {}: {}{}; the rest was removed ({} files). Its producer or root must remove it",
+                spool.failed.join(b.shown_path()).display(),
+                b.error,
+                b.owner_text(),
+                removal.files
+            ),
+        ));
+    }
     super::forget_result(spool, name)?;
-    Ok(Removed { path, files, bytes })
-}
-
-/// Files and bytes below `path`, links not followed; what cannot be read
-/// is not counted.
-fn count_tree(path: &Path) -> (u64, u64) {
-    let (mut files, mut bytes) = (0, 0);
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => stack.push(entry.path()),
-                Ok(m) => {
-                    files += 1;
-                    bytes += m.len();
-                }
-                Err(_) => {}
-            }
-        }
-    }
-    (files, bytes)
-}
-
-/// Deletes `done/` entries modified longer than `retention` ago. Returns
-/// how many were removed.
-pub fn expire_done(spool: &Spool, retention: std::time::Duration) -> io::Result<usize> {
-    if retention.is_zero() {
-        return Ok(0);
-    }
-    let now = SystemTime::now();
-    let mut removed = 0;
-    let entries = match fs::read_dir(&spool.done) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        let age = now.duration_since(meta.modified()?).unwrap_or_default();
-        if age > retention {
-            let path = entry.path();
-            if meta.is_dir() {
-                fs::remove_dir_all(&path)?;
-            } else {
-                fs::remove_file(&path)?;
-            }
-            removed += 1;
-        }
-    }
-    Ok(removed)
+    Ok(Removed {
+        path,
+        files: removal.files,
+        bytes: removal.bytes,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn result_files_that_are_fifos_links_or_huge_are_refused_not_read() {

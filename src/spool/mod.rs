@@ -16,11 +16,17 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+mod expire;
 mod inbox;
 mod list;
+pub mod names;
 
+pub use expire::{
+    Expiry, RETENTION_FILE, RetentionRecord, Undeletable, expire_done, newly_blocked,
+    record_retention, retention_record,
+};
 pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
-pub use list::{Entry, Removed, delete, expire_done, list, read_result, retry};
+pub use list::{Entry, Removed, ResultDoc, UNVERIFIED, delete, list, read_result, retry};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";
@@ -279,14 +285,12 @@ pub fn is_real_folder(path: &Path) -> bool {
 }
 
 /// Moves `from` into folder `to` under its name, adding `.1`, `.2`, … when
-/// the name is taken. Returns the new path.
-pub fn move_unique(from: &Path, to: &Path, name: &str) -> io::Result<PathBuf> {
+/// the name is taken, each name cut to at most `max` bytes (see
+/// [`names::fit`]): a producer's name may already be as long as a name can
+/// be. Returns the new path.
+pub fn move_unique(from: &Path, to: &Path, name: &str, max: usize) -> io::Result<PathBuf> {
     for n in 0u32.. {
-        let candidate = if n == 0 {
-            to.join(name)
-        } else {
-            to.join(format!("{name}.{n}"))
-        };
+        let candidate = to.join(names::candidate(name, n, max));
         if fs::symlink_metadata(&candidate).is_ok() {
             continue;
         }
@@ -443,28 +447,87 @@ pub fn settle_batch(spool: &Spool) -> io::Result<()> {
     end_batch(spool)
 }
 
+/// Why the agent cannot keep its bookkeeping inside `bundle`: a folder
+/// stands at a name it writes there ([`RESULT_FILE`], [`ATTEMPTS_FILE`]).
+/// A file, link or FIFO at such a name is replaced by the agent's own
+/// file; a folder is not, because a folder its producer owns (holding
+/// files, or read-only) may not be removable by an unprivileged agent. The
+/// bundle then fails at stage `verify` with this reason, whatever the
+/// agent's privileges (docs/producers.md: names starting with
+/// `.distributor` are the tool's).
+pub fn bookkeeping_blocked(bundle: &Path) -> Option<String> {
+    let dir = open_bundle(bundle).ok()?;
+    [RESULT_FILE, ATTEMPTS_FILE].into_iter().find_map(|name| {
+        dir.symlink_metadata(name)
+            .is_ok_and(|m| m.is_dir())
+            .then(|| {
+                format!(
+                    "{name} in the bundle is a folder; names starting with .distributor are reserved for the agent, which writes its own {name} there. Remove that folder from the bundle and deliver it again"
+                )
+            })
+    })
+}
+
 /// Writes the result document into the bundle, then files it into `done/`
 /// or `failed/`. Returns where it went. A "bundle" that is not a real folder
 /// (a link swapped in before the claim) is filed away without writing
 /// anything into it.
+///
+/// The bundle is its producer's, who may put a folder at the result's name
+/// or take the agent's write access away after the claim: the result then
+/// cannot be written inside, and the bundle is filed all the same (a
+/// failed one with the agent's own copy of its result), so that what a
+/// bundle holds never keeps it in `work/`. Only a full disk keeps it
+/// there, to be filed at the next start.
 pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
-    if is_real_folder(bundle) {
-        write_bookkeeping(bundle, RESULT_FILE, report.to_json().as_bytes())?;
+    let mut unwritten = None;
+    if is_real_folder(bundle)
+        && let Err(e) = write_bookkeeping(bundle, RESULT_FILE, report.to_json().as_bytes())
+    {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+        ) {
+            return Err(e);
+        }
+        unwritten = Some(e);
     }
     crate::failpoint::hit("spool.after_result");
-    let to = if report.ok {
-        &spool.done
+    let (to, max) = if report.ok {
+        (&spool.done, names::NAME_MAX)
     } else {
-        &spool.failed
+        (&spool.failed, names::FAILED_NAME_MAX)
     };
-    let moved = move_unique(bundle, to, name)?;
+    let moved = move_unique(bundle, to, name, max)?;
     crate::failpoint::hit("spool.after_move");
+    if let Some(e) = unwritten {
+        log::warn!(
+            "pipeline={} bundle={}: cannot write {RESULT_FILE} inside it ({e}); filed as {} without it{}",
+            spool.pipeline_id,
+            crate::inert::inert(name),
+            moved.display(),
+            if report.ok {
+                ""
+            } else {
+                "; the agent's own copy of the result is what `spool show` prints"
+            }
+        );
+    }
     if !report.ok
         && let Err(e) = keep_result(spool, &moved, report)
     {
+        // A copy left by an earlier bundle of that name must not stand in.
+        let stale = moved
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(|n| forget_result(spool, n));
         log::warn!(
-            "cannot keep the agent's copy of the result of {}: {e}; `spool list` and `spool show` fall back to the copy inside the bundle, which its producer can change",
-            moved.display()
+            "cannot keep the agent's copy of the result of {}: {e}{}; `spool list`, `spool show` and `status` mark the copy inside the bundle, which its producer can change, as unverified",
+            moved.display(),
+            match stale {
+                Some(Err(e)) => format!(" (and cannot remove an older copy: {e})"),
+                _ => String::new(),
+            }
         );
     }
     Ok(moved)
@@ -477,10 +540,12 @@ pub const RESULTS_DIR: &str = ".distributor-results";
 
 impl Spool {
     /// Where the agent keeps its copy of the result of `failed/<name>`.
+    /// Bundles are filed into `failed/` under names short enough for this
+    /// one to fit (see [`names::FAILED_NAME_MAX`]).
     pub(crate) fn kept_result(&self, name: &str) -> (PathBuf, String) {
         (
             self.pipeline_folder().join(RESULTS_DIR),
-            format!("{name}.json"),
+            format!("{name}{}", names::KEPT_SUFFIX),
         )
     }
 
@@ -585,7 +650,7 @@ mod tests {
         for _ in 0..3 {
             fs::create_dir(s.work.join("x")).unwrap();
             fs::write(s.work.join("x/f"), b"1").unwrap();
-            move_unique(&s.work.join("x"), &s.done, "x").unwrap();
+            move_unique(&s.work.join("x"), &s.done, "x", names::NAME_MAX).unwrap();
         }
         let mut names: Vec<_> = fs::read_dir(&s.done)
             .unwrap()
@@ -653,13 +718,137 @@ mod tests {
         fs::create_dir(&b).unwrap();
         fs::write(b.join(RESULT_FILE), br#"{"stage":"verify","error":"x"}"#).unwrap();
         set_attempts(&b, 3).unwrap();
+        // Without the agent's own copy, the bundle's is not taken for it.
+        let rows = list(&s, &[Folder::Failed]).unwrap();
+        assert_eq!(rows[0].stage, None);
+        assert_eq!(rows[0].error.as_deref(), Some(UNVERIFIED));
+        let (kept, file) = s.kept_result("bad");
+        fs::create_dir(&kept).unwrap();
+        fs::write(kept.join(&file), br#"{"stage":"verify","error":"x"}"#).unwrap();
         let rows = list(&s, &[Folder::Failed]).unwrap();
         assert_eq!(rows[0].stage.as_deref(), Some("verify"));
         let back = retry(&s, "bad").unwrap();
         assert_eq!(back, s.inbox.join("bad"));
         assert!(!back.join(RESULT_FILE).exists());
+        assert!(!kept.join(&file).exists());
         assert_eq!(attempts(&back), 0);
         assert!(retry(&s, "../etc").is_err());
         assert!(retry(&s, "missing").is_err());
+    }
+
+    fn mkfifo(path: &Path) {
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn only_a_folder_at_a_bookkeeping_name_blocks_a_bundle() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        type Plant<'a> = &'a dyn Fn(&Path);
+        let cases: &[(&str, &str, Plant, bool)] = &[
+            ("nothing", RESULT_FILE, &|_| {}, false),
+            (
+                "file",
+                RESULT_FILE,
+                &|p| fs::write(p, b"{}").unwrap(),
+                false,
+            ),
+            (
+                "link",
+                ATTEMPTS_FILE,
+                &|p| std::os::unix::fs::symlink("/etc", p).unwrap(),
+                false,
+            ),
+            ("fifo", ATTEMPTS_FILE, &|p| mkfifo(p), false),
+            (
+                "result-folder",
+                RESULT_FILE,
+                &|p| fs::create_dir(p).unwrap(),
+                true,
+            ),
+            (
+                "attempts-folder",
+                ATTEMPTS_FILE,
+                &|p| fs::create_dir(p).unwrap(),
+                true,
+            ),
+            (
+                "other-reserved-folder",
+                ".distributor-x",
+                &|p| fs::create_dir(p).unwrap(),
+                false,
+            ),
+        ];
+        for (bundle, name, plant, blocked) in cases {
+            let b = s.work.join(bundle);
+            fs::create_dir(&b).unwrap();
+            plant(&b.join(name));
+            let why = bookkeeping_blocked(&b);
+            assert_eq!(why.is_some(), *blocked, "{bundle}: {why:?}");
+            if let Some(why) = why {
+                assert!(why.contains(name) && why.contains("folder"), "{why}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bundle_whose_result_cannot_be_written_inside_is_filed_all_the_same() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        for (name, ok) in [("good", true), ("bad", false)] {
+            let b = s.work.join(name);
+            fs::create_dir_all(b.join(RESULT_FILE).join("inside")).unwrap();
+            let report = if ok {
+                RunReport::new("p", false)
+            } else {
+                RunReport::new("p", false).fail(crate::report::Stage::Verify, "bad bytes", false)
+            };
+            let to = finish(&s, &b, name, &report).unwrap();
+            let folder = if ok { &s.done } else { &s.failed };
+            assert_eq!(to, folder.join(name));
+            assert!(to.join(RESULT_FILE).join("inside").is_dir());
+        }
+        assert_eq!(fs::read_dir(&s.work).unwrap().count(), 0);
+        let read = read_result(&s, Folder::Failed, "bad").unwrap();
+        assert!(!read.unverified);
+        assert_eq!(read.doc["error"], "bad bytes");
+    }
+
+    #[test]
+    fn a_longest_name_is_filed_again_and_again_with_its_kept_result() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = spool(tmp.path());
+        let name = format!("r{}", "é".repeat(127));
+        assert_eq!(name.len(), names::NAME_MAX);
+        let mut filed = Vec::new();
+        for round in 0..3 {
+            let b = s.work.join(&name);
+            fs::create_dir(&b).unwrap();
+            let report = RunReport::new("p", false).fail(
+                crate::report::Stage::Verify,
+                format!("round {round}"),
+                false,
+            );
+            let to = finish(&s, &b, &name, &report).unwrap();
+            let filed_as = to.file_name().unwrap().to_str().unwrap().to_owned();
+            assert!(filed_as.len() <= names::FAILED_NAME_MAX, "{filed_as}");
+            let read = read_result(&s, Folder::Failed, &filed_as).unwrap();
+            assert!(!read.unverified, "round {round}");
+            assert_eq!(read.doc["error"], format!("round {round}"));
+            filed.push(filed_as);
+        }
+        filed.sort();
+        filed.dedup();
+        assert_eq!(filed.len(), 3);
+        // The same name is claimed into a work/ that still holds it.
+        fs::create_dir(s.inbox.join(&name)).unwrap();
+        fs::create_dir(s.work.join(&name)).unwrap();
+        let claimed = move_unique(&s.inbox.join(&name), &s.work, &name, names::NAME_MAX).unwrap();
+        assert_ne!(claimed, s.work.join(&name));
     }
 }

@@ -322,7 +322,13 @@ impl Lab {
     /// the agent creates the spool folders and the group may write into
     /// the sticky inbox.
     pub(crate) fn unprivileged() -> Lab {
-        let lab = Lab::bare(UNPRIVILEGED);
+        Lab::unprivileged_with(UNPRIVILEGED)
+    }
+
+    /// [`Lab::unprivileged`] with another config (one pipeline `reports`
+    /// spooled under `./spool`, roots under `./site`).
+    pub(crate) fn unprivileged_with(config: &str) -> Lab {
+        let lab = Lab::bare(config);
         for folder in ["spool", "site"] {
             let path = lab.t.mkdir(folder);
             chown(&path, Some(NOBODY), Some(PRODUCERS)).unwrap();

@@ -18,6 +18,7 @@ mod metrics;
 mod operate;
 mod producer;
 mod producer_limits;
+mod producer_spool;
 mod race;
 mod reliability;
 mod render;
