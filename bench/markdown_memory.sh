@@ -5,7 +5,7 @@
 # MiB, seals it, and runs `distributor run` (publish.html on, source copy
 # off) under /usr/bin/time -v. It prints the peak resident set size and its
 # ratio to the markdown size, and the rendering speed (input over the
-# wall-clock time of the whole run, so a lower bound). SPEC §12.3 promises at
+# wall-clock time of the whole run, so a lower bound). docs/contract.md §12.3 promises at
 # most 32 x the input; the ratio includes the process's fixed base (a few
 # MiB), so it reads a little high for small inputs. A file too dense to
 # render within the bound is refused (the bundle fails): `refused` and the

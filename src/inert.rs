@@ -1,5 +1,5 @@
 //! Making producer-controlled text inert before it reaches a terminal or a
-//! log line (SPEC §12.7): control characters in names and messages are
+//! log line (docs/contract.md §12.7): control characters in names and messages are
 //! printed escaped (`\n`, `\x1b`, ...), so a bundle named with a carriage
 //! return or an escape sequence cannot rewrite what an operator sees.
 //! `--json` output does not use this: JSON escapes control characters itself.

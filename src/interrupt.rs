@@ -1,4 +1,4 @@
-//! A process-wide request to stop long work (SPEC §12.4): set once when the
+//! A process-wide request to stop long work (docs/contract.md §12.4): set once when the
 //! agent is told to stop, and checked between chunks by every loop that
 //! hashes or copies a file, so a terabyte-sized file cannot keep the agent
 //! from stopping. The work it interrupts fails with [`Stopped`]; the agent

@@ -13,7 +13,7 @@ pub fn init() {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     // Messages carry names and error texts that producers choose: every
-    // control character is escaped (SPEC §12.7), so a line stays one line
+    // control character is escaped (docs/contract.md §12.7), so a line stays one line
     // and cannot rewrite an operator's terminal.
     if std::env::var_os("JOURNAL_STREAM").is_some() {
         builder.format(|buf, record| {

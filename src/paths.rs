@@ -1,7 +1,7 @@
 //! Path and identifier rules shared by manifests, catalogs, plans and config.
 //!
 //! A [`RelPath`] can only be built through [`RelPath::parse`], so holding one
-//! proves the text is a clean relative path (SPEC §2). Nothing here touches
+//! proves the text is a clean relative path (docs/contract.md §2). Nothing here touches
 //! the file system.
 
 use std::fmt;

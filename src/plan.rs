@@ -29,7 +29,7 @@ pub enum Entry {
     Other,
 }
 
-/// The contract's action labels (SPEC §6).
+/// The contract's action labels (docs/contract.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     PublishNew,
@@ -649,7 +649,7 @@ pub fn catalog_view(
 }
 
 /// Percent-encodes one path segment: every byte but `A-Z a-z 0-9 - . _ ~`,
-/// uppercase hex (SPEC §11.15).
+/// uppercase hex (docs/contract.md §11.15).
 pub fn encode_segment(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for b in segment.bytes() {

@@ -1,4 +1,4 @@
-//! How far the bundle in hand has got: files and bytes read so far (SPEC
+//! How far the bundle in hand has got: files and bytes read so far (docs/contract.md
 //! §14.4). Hashing and copying count into the [`Progress`] entered on their
 //! thread; the agent enters one around each publication (and hands it to the
 //! threads it lends to publishing) and logs it while the work takes long.

@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-/// Where a failure happened (SPEC §11.20).
+/// Where a failure happened (docs/contract.md §11.20).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
@@ -118,7 +118,7 @@ impl RunReport {
         self
     }
 
-    /// The process exit code for this result (SPEC §9).
+    /// The process exit code for this result (docs/contract.md §9).
     pub fn exit_code(&self) -> u8 {
         match self.stage {
             None => 0,
@@ -164,7 +164,7 @@ impl RunReport {
     /// its action and counts, then the totals (files, bytes, `elapsed`).
     /// `verbose` adds every written, deleted and blocking path; without it
     /// at most [`BLOCKING_SHOWN`] blocking paths are listed. Names come from
-    /// the producer, so they are printed inert (SPEC §12.7).
+    /// the producer, so they are printed inert (docs/contract.md §12.7).
     pub fn to_text(&self, verbose: bool, elapsed: Duration) -> String {
         let mut out = String::new();
         let verb = if self.dry_run { "dry run" } else { "run" };

@@ -1,5 +1,5 @@
 //! The one way the agent and the spool commands touch anything inside a
-//! spool folder or a bundle (SPEC §12.1). Producers own the bundles they
+//! spool folder or a bundle (docs/contract.md §12.1). Producers own the bundles they
 //! drop and may keep descriptors open on them after the claim, so every
 //! name in there is the producer's: it may be a symbolic link, a FIFO, a
 //! device, a hard link to a file the producer cannot read, or a file that

@@ -34,10 +34,10 @@ use watcher::start_watcher;
 use worker::Worker;
 
 /// After a stop signal, how long the bundle in hand may take to finish
-/// before its hashing and copying are interrupted (SPEC §8: finish the
+/// before its hashing and copying are interrupted (docs/contract.md §8: finish the
 /// bundle in hand; §12.4: stop within 2 s however big it is).
 const STOP_GRACE: Duration = Duration::from_millis(1000);
-/// How often long work logs how far it got (SPEC §14.4).
+/// How often long work logs how far it got (docs/contract.md §14.4).
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// Longest pause between two attempts of a transiently failing bundle.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);

@@ -323,7 +323,7 @@ impl Worker {
         }
     }
 
-    /// Logs what an inbox entry is waiting for, once per state (SPEC §12.5):
+    /// Logs what an inbox entry is waiting for, once per state (docs/contract.md §12.5):
     /// a folder without a manifest and an incomplete bundle at info, an
     /// unreadable entry at warning with the fix, and a folder that has had no
     /// manifest for `incomplete_timeout` once more at warning.

@@ -67,7 +67,7 @@ impl BundleError {
         }
     }
 
-    /// Exit code of a command that fails with this error (SPEC §9).
+    /// Exit code of a command that fails with this error (docs/contract.md §9).
     pub fn exit_code(&self) -> i32 {
         1
     }

@@ -1,4 +1,4 @@
-//! What one bundle may ask of the agent (SPEC §12.3): how many files, how
+//! What one bundle may ask of the agent (docs/contract.md §12.3): how many files, how
 //! many bytes, how much markdown to render. Checked against the manifest
 //! before any listed byte is read, so a producer cannot make the agent hash
 //! a terabyte of sparse file or render a gigabyte of tables.
@@ -6,7 +6,7 @@
 use super::error::{BundleError, Problem};
 use super::manifest::Manifest;
 
-/// What one bundle may ask of the agent (SPEC §12.3), checked against the
+/// What one bundle may ask of the agent (docs/contract.md §12.3), checked against the
 /// manifest before any listed byte is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

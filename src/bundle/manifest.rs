@@ -80,7 +80,7 @@ struct FileOut<'a> {
 // ---------------------------------------------------------------------------
 // Digest and timestamps
 
-/// The bundle digest (SPEC §3): `sha256:` + SHA-256 of one line per file,
+/// The bundle digest (docs/contract.md §3): `sha256:` + SHA-256 of one line per file,
 /// sorted by path bytes, each `<sha256 as written> <size> <path>\n`.
 pub fn compute_digest(files: &[ManifestFile]) -> String {
     let mut sorted: Vec<&ManifestFile> = files.iter().collect();

@@ -1,4 +1,4 @@
-//! Bundles (SPEC §3): the `manifest.json` model and its strict parser, the
+//! Bundles (docs/contract.md §3): the `manifest.json` model and its strict parser, the
 //! digest rule, full verification of a bundle folder against its manifest,
 //! and sealing a folder into a bundle for producers.
 //!

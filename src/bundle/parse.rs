@@ -1,4 +1,4 @@
-//! The strict `manifest.json` parser (SPEC §3): every field checked while it
+//! The strict `manifest.json` parser (docs/contract.md §3): every field checked while it
 //! is read, the file list and the digest checked after. Parses bytes only; it
 //! never opens a file.
 
@@ -12,7 +12,7 @@ use std::fmt;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-/// Parses `manifest.json` strictly (SPEC §3): every field is checked, the
+/// Parses `manifest.json` strictly (docs/contract.md §3): every field is checked, the
 /// file list must be non-empty, unique and free of folder/file clashes, and
 /// the digest must match the list. Unknown top-level keys are ignored;
 /// unknown keys inside a file entry are errors.
@@ -71,7 +71,7 @@ pub(super) fn too_big(len: u64, cap: u64) -> BundleError {
     ))
 }
 
-/// Duplicate paths and paths that are both a file and a folder (SPEC §2).
+/// Duplicate paths and paths that are both a file and a folder (docs/contract.md §2).
 fn check_file_list(files: &[ManifestFile]) -> Result<(), BundleError> {
     let mut seen: HashSet<&str> = HashSet::with_capacity(files.len());
     let mut duplicates = BTreeSet::new();

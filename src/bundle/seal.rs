@@ -47,7 +47,7 @@ pub enum SealError {
 }
 
 impl SealError {
-    /// Exit code of `bundle seal` (SPEC §9, §11.14): usage errors 2, the rest 1.
+    /// Exit code of `bundle seal` (docs/contract.md §9, §11.14): usage errors 2, the rest 1.
     pub fn exit_code(&self) -> i32 {
         match self {
             SealError::BadId { .. } | SealError::BadCreated { .. } => 2,

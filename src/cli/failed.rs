@@ -1,4 +1,4 @@
-//! Working the failed spool (SPEC §14.2), like Postfix's `postsuper`:
+//! Working the failed spool (docs/contract.md §14.2), like Postfix's `postsuper`:
 //! `spool retry P --all`, `spool show P NAME`, `spool delete P NAME`.
 //! Names and messages come from producers, so text output is made inert.
 

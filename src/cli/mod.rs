@@ -1,5 +1,5 @@
 //! The command line: parses arguments, calls the library, prints results
-//! and maps them to exit codes (SPEC §9). The only module that prints.
+//! and maps them to exit codes (docs/contract.md §9). The only module that prints.
 
 use crate::clock::now_millis;
 use crate::config::{self, Config};

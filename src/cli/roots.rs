@@ -14,7 +14,7 @@ pub(super) fn with_target(
     op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
     json: bool,
 ) -> u8 {
-    // These commands work on s3 destinations too (SPEC §15.5), so the
+    // These commands work on s3 destinations too (docs/contract.md §15.5), so the
     // config is not checked for backends that others cannot use yet.
     let config = match load_config(flag) {
         Ok(c) => c,

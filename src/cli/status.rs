@@ -1,6 +1,6 @@
 //! `distributor status [--json] [--check]`: one screen per pipeline (is an
 //! agent serving it, last success and failure, spool counts, catalogs), and
-//! with `--check` a monitoring verdict (SPEC §14.1).
+//! with `--check` a monitoring verdict (docs/contract.md §14.1).
 //!
 //! Last success and last failure are the newest entries of `done/` and
 //! `failed/` (their time is when the agent filed them there): nothing else
@@ -112,7 +112,7 @@ fn pipeline_status(
     let in_folder = |f: Folder| rows.iter().filter(move |r| r.spool == f.as_str());
     let count = |f: Folder| in_folder(f).count();
     let oldest_waiting = in_folder(Folder::Inbox).next().map(|r| r.modified.clone());
-    // Per inbox state (SPEC §13.4): how many, and the oldest with its reason.
+    // Per inbox state (docs/contract.md §13.4): how many, and the oldest with its reason.
     let mut inbox_states = serde_json::Map::new();
     for state in spool::Waiting::ALL {
         let mut rows = in_folder(Folder::Inbox).filter(|r| r.state == Some(state.as_str()));

@@ -1,7 +1,7 @@
 //! Configuration: reading the YAML file, checking it, and resolving it into
 //! the typed [`Config`] every other module works from.
 //!
-//! This module owns the config file format (SPEC §4): key names, defaults,
+//! This module owns the config file format (docs/contract.md §4): key names, defaults,
 //! duration syntax, the `prefix` template language, path resolution against
 //! the config file's folder, and every load-time check (unknown and retired
 //! keys, ids, duplicates, overlapping folders). Errors name the file and,

@@ -29,7 +29,7 @@ pub struct AgentConfig {
     /// Quiet time after a manifest appears before the bundle is claimed.
     pub settle: Duration,
     /// How long a bundle may stay incomplete in the inbox with no change
-    /// before it is claimed and failed (SPEC §13); also the age at which
+    /// before it is claimed and failed (docs/contract.md §13); also the age at which
     /// `status --check` reports an inbox entry as stuck.
     pub incomplete_timeout: Duration,
     /// Full inbox rescan period; never zero.
@@ -92,7 +92,7 @@ impl Config {
     }
 }
 
-/// How a publication treats the owner's earlier outputs (SPEC §6).
+/// How a publication treats the owner's earlier outputs (docs/contract.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workflow {
     /// Write the planned outputs and keep every other record.
@@ -122,7 +122,7 @@ impl fmt::Display for Workflow {
 pub enum Backend {
     /// A folder on this machine: [`Destination::root`].
     Local,
-    /// A key prefix in an S3-compatible bucket (SPEC §15).
+    /// A key prefix in an S3-compatible bucket (docs/contract.md §15).
     S3(S3Location),
 }
 

@@ -1,4 +1,4 @@
-//! Page templates (`html.template`, SPEC §16.2): read once while the config
+//! Page templates (`html.template`, docs/contract.md §16.2): read once while the config
 //! is loaded, so a missing file or one without `{{content}}` is a config
 //! error, and every page of a run uses the same text.
 

@@ -8,7 +8,7 @@ use crate::paths::{self, RelPath};
 /// Parses `<integer><unit>` with unit `ms`, `s`, `m`, `h` or `d`
 /// (`250ms`, `0s`, `7d`). No sign, spaces, fractions or compound forms.
 /// Parses a size: a whole number followed by `B`, `KiB`, `MiB`, `GiB` or
-/// `TiB` (SPEC §12.3).
+/// `TiB` (docs/contract.md §12.3).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     const HINT: &str =
         "write a whole number followed by B, KiB, MiB, GiB or TiB, such as 4MiB or 16GiB";
@@ -133,7 +133,7 @@ pub fn format_duration(duration: Duration) -> String {
 /// The placeholders a `prefix` template may use.
 pub const PREFIX_PLACEHOLDERS: [&str; 6] = ["source_id", "pipeline_id", "date", "yyyy", "mm", "dd"];
 
-/// Expands a `prefix` template (SPEC §4, §11.5, §11.17).
+/// Expands a `prefix` template (docs/contract.md §4, §11.5, §11.17).
 ///
 /// An empty template gives "". Otherwise placeholders are replaced (dates
 /// use the UTC date of `created_utc`), one trailing `/` is dropped, and the

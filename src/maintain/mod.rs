@@ -138,7 +138,7 @@ pub enum MaintainError {
 }
 
 impl MaintainError {
-    /// The process exit code (SPEC §9, §11.9, §11.18).
+    /// The process exit code (docs/contract.md §9, §11.9, §11.18).
     pub fn exit_code(&self) -> u8 {
         match self {
             MaintainError::NoPrunePolicy { .. } => 2,

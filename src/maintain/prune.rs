@@ -107,7 +107,7 @@ pub fn select_prunable(
     out
 }
 
-/// Retention pruning for the target's owner (SPEC §9, §11.7).
+/// Retention pruning for the target's owner (docs/contract.md §9, §11.7).
 ///
 /// A dry run (`apply` false) reports the selection and changes nothing. With
 /// `apply` it deletes the selected files (a symlink now at a selected path

@@ -1,4 +1,4 @@
-//! The maintenance commands on an s3 root (SPEC §15.5): the same reports
+//! The maintenance commands on an s3 root (docs/contract.md §15.5): the same reports
 //! as for a local root, with the bucket's conditional writes standing in
 //! for the lock and the journal (docs/object-storage.md).
 //!

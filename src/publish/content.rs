@@ -9,7 +9,7 @@
 //! temporary file (`O_TMPFILE`: it has no name, so nobody else can open
 //! it, and it is gone when closed, crash included) holding such bodies one
 //! after another. A page can be many times its markdown (an empty heading
-//! `#` becomes about 110 bytes), so holding it would break the bound SPEC
+//! `#` becomes about 110 bytes), so holding it would break the bound docs/contract.md
 //! §12.3 puts on rendering memory, and a bundle of many pages would hold
 //! them all.
 

@@ -1,4 +1,4 @@
-//! Publishing to an s3 destination (SPEC §15): the same plan as for a
+//! Publishing to an s3 destination (docs/contract.md §15): the same plan as for a
 //! local root, made true in the bucket by the commit protocol of
 //! [`crate::s3::protocol`] instead of a lock, staged files and renames.
 //!
@@ -282,7 +282,7 @@ fn source<'a>(
 
 /// A bundle file on its way up. Opened at its first read, so that a commit
 /// of many files holds one descriptor at a time rather than one per file.
-/// Gives up at its next read once the agent is told to stop (SPEC §12.4),
+/// Gives up at its next read once the agent is told to stop (docs/contract.md §12.4),
 /// so a large upload does not hold the agent, and counts into the bundle's
 /// progress like a local copy.
 struct Upload<'a> {

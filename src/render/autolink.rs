@@ -1,5 +1,5 @@
 //! Bare `http://` and `https://` URLs in text (the GFM autolink extension,
-//! SPEC §16.1), found in plain text; the caller never passes text of code,
+//! docs/contract.md §16.1), found in plain text; the caller never passes text of code,
 //! of a link or of raw HTML.
 //!
 //! The rules, after the GFM spec and cmark-gfm:

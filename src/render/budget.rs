@@ -1,4 +1,4 @@
-//! What a parse may cost, known before it starts (SPEC §12.3: rendering a
+//! What a parse may cost, known before it starts (docs/contract.md §12.3: rendering a
 //! markdown file takes at most 32 × its size in memory).
 //!
 //! pulldown-cmark builds the tree of a whole document, every inline node

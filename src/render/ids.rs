@@ -1,5 +1,5 @@
 //! Element ids of a page: GitHub-style heading slugs and footnote ids, all
-//! unique within the page (SPEC §16.1).
+//! unique within the page (docs/contract.md §16.1).
 //!
 //! - A heading's slug is its text, lowercased, with each space turned into
 //!   `-` and every character other than letters, digits, marks, `-` and `_`
@@ -61,7 +61,7 @@ struct Taken {
 /// use when it is a slug given as it is, or `slug-N` with N up to the last
 /// number that slug reached (see [`Taken`]). So a page of many headings
 /// with the same text (or none) keeps one entry, however many ids it hands
-/// out (SPEC §12.3 bounds rendering memory by the input).
+/// out (docs/contract.md §12.3 bounds rendering memory by the input).
 #[derive(Default)]
 pub(super) struct Ids {
     slugs: HashMap<Box<str>, Taken>,

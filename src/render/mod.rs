@@ -1,4 +1,4 @@
-//! Markdown to HTML (SPEC §10, §16): turns one CommonMark file of a bundle
+//! Markdown to HTML (docs/contract.md §10, §16): turns one CommonMark file of a bundle
 //! into a complete, self-contained HTML5 document.
 //!
 //! This module owns the rendering rules: which markdown extensions are on,
@@ -12,7 +12,7 @@
 //! Memory stays proportional to the input: events are streamed from the
 //! parser to the writer, never collected, and the body goes to a sink the
 //! caller chooses ([`render_page`]), so a page many times the markdown's
-//! size need not be held (SPEC §12.3).
+//! size need not be held (docs/contract.md §12.3).
 //!
 //! Decisions where the contract is silent:
 //!
@@ -68,7 +68,7 @@ pub enum RenderError {
     /// The sink failed.
     Io(io::Error),
     /// The document is too dense to parse within its memory budget
-    /// (SPEC §12.3): nothing was parsed that would break it.
+    /// (docs/contract.md §12.3): nothing was parsed that would break it.
     TooDense(TooDense),
 }
 
@@ -79,7 +79,7 @@ impl From<io::Error> for RenderError {
 }
 
 /// Memory the parse trees of rendering `len` bytes of markdown may take
-/// (SPEC §12.3: 32 times the input in all). Four times the input are left
+/// (docs/contract.md §12.3: 32 times the input in all). Four times the input are left
 /// for the input itself, the text the renderer copies out of it (a round's
 /// main document and batches, counted when a round is weighed; a
 /// paragraph's joined text) and what the parser and the writer keep
@@ -147,7 +147,7 @@ pub fn markdown_to_html(markdown: &str, options: &RenderOptions<'_>) -> String {
 /// page as parts, in order; [`Part::Body`] stands for what `sink` holds.
 /// The same bytes as [`markdown_to_html`], without holding the page; or
 /// [`RenderError::TooDense`] before any parse that could take more than
-/// the document's memory budget (SPEC §12.3, see [`budget`]).
+/// the document's memory budget (docs/contract.md §12.3, see [`budget`]).
 pub fn render_page(
     markdown: &str,
     options: &RenderOptions<'_>,
@@ -292,7 +292,7 @@ fn layout(title: &str, last: Option<u8>, options: &RenderOptions<'_>) -> Vec<Par
     }
 }
 
-/// The markdown extensions of SPEC §10, and nothing else.
+/// The markdown extensions of docs/contract.md §10, and nothing else.
 fn parser_options() -> Options {
     Options::ENABLE_TABLES
         | Options::ENABLE_FOOTNOTES

@@ -1,5 +1,5 @@
 //! Rendering a big document in pieces, so that memory follows the largest
-//! piece and not the document (SPEC §12.3).
+//! piece and not the document (docs/contract.md §12.3).
 //!
 //! pulldown-cmark builds the tree of the whole document, inline nodes
 //! included (about 50 bytes each), before the first event comes out. Text

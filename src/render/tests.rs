@@ -1716,7 +1716,7 @@ mod parts {
     ];
 }
 
-/// The memory budget of a parse (SPEC §12.3, see [`super::budget`]).
+/// The memory budget of a parse (docs/contract.md §12.3, see [`super::budget`]).
 mod density {
     use super::*;
     use crate::render::{budget, render_into, split::Settings};

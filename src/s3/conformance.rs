@@ -1,5 +1,5 @@
 //! The check that a server enforces conditional writes, run once per
-//! process and server+bucket before the first write (SPEC §15.3). Several
+//! process and server+bucket before the first write (docs/contract.md §15.3). Several
 //! S3-compatible servers accept `If-None-Match`/`If-Match` and ignore them;
 //! on such a server the commit protocol would silently lose updates, so the
 //! backend refuses it with [`Error::Nonconforming`] (stage `lock`).

@@ -1,4 +1,4 @@
-//! Looking at the inbox: what each entry is (SPEC §13) and whether it may be
+//! Looking at the inbox: what each entry is (docs/contract.md §13) and whether it may be
 //! claimed now. [`probe_inbox`] inspects every entry on its own, through
 //! [`crate::spoolfs`], so one unreadable, hostile or half-copied entry never
 //! hides the others (§12.5). [`decide`] is the pure rule: from what a probe
@@ -123,7 +123,7 @@ impl Timing {
     }
 }
 
-/// The claim rule (SPEC §8, §13). `quiet` is how long nothing in the folder
+/// The claim rule (docs/contract.md §8, §13). `quiet` is how long nothing in the folder
 /// has changed; `complete_for` how long the live agent has seen it complete
 /// (a bundle whose files keep being touched is still claimed after
 /// 10 × `settle`).

@@ -21,7 +21,7 @@ pub struct Entry {
     pub modified: String,
     pub stage: Option<String>,
     pub error: Option<String>,
-    /// Inbox entries: why the entry waits (SPEC §13.4).
+    /// Inbox entries: why the entry waits (docs/contract.md §13.4).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,7 +105,7 @@ fn format_time(t: SystemTime) -> String {
     crate::catalog::format_time(time::OffsetDateTime::from(t))
 }
 
-/// The inbox, each entry with its state (SPEC §13.4), oldest first.
+/// The inbox, each entry with its state (docs/contract.md §13.4), oldest first.
 fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
     let now = SystemTime::now();
     let mut rows: Vec<(SystemTime, Entry)> = probe_inbox(&spool.inbox, &spool.limits)?

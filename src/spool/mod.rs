@@ -3,7 +3,7 @@
 //! file away, list, retry. Every move is a `rename` within one file system,
 //! so a bundle is always in exactly one folder. No threads, no publishing.
 //!
-//! Bundles belong to their producers, who may be hostile (SPEC §12): every
+//! Bundles belong to their producers, who may be hostile (docs/contract.md §12): every
 //! file read or written inside a spool goes through [`crate::spoolfs`], and
 //! one entry that cannot be read or moved never stops the others.
 
@@ -100,7 +100,7 @@ impl Spool {
     }
 
     /// Creates the four folders and checks they share one file system, so
-    /// every move is an atomic rename. New folders get the modes of SPEC
+    /// every move is an atomic rename. New folders get the modes of docs/contract.md
     /// §12.6: `work/`, `done/` and `failed/` 0750 (no access for others),
     /// `inbox/` 01770 (sticky: a producer cannot rename or delete another
     /// producer's entry). Existing folders owned by the agent's user are
@@ -137,7 +137,7 @@ impl Spool {
                     .map_err(|e| folder_error(path, e))?;
                 if !created {
                     log::info!(
-                        "pipeline={}: spool folder {} had mode {mode:04o}; set {wanted:04o} (SPEC: no access for others to work/, done/, failed/; a sticky inbox)",
+                        "pipeline={}: spool folder {} had mode {mode:04o}; set {wanted:04o} (docs/security.md: no access for others to work/, done/, failed/; a sticky inbox)",
                         self.pipeline_id,
                         path.display()
                     );

@@ -32,7 +32,7 @@ const ATTEMPTS: &str = ".distributor-attempts";
 
 /// A bundle written without the binary (for the bursts: one process per
 /// bundle would dominate the time): files first, then a manifest computed
-/// from SPEC §3.
+/// from docs/contract.md §3.
 fn write_bundle(dir: &Path, id: &str, files: &[(&str, &[u8])]) {
     let mut list = Vec::new();
     for (path, contents) in files {
@@ -994,7 +994,7 @@ fn sigterm_mid_run(once: bool) {
     let done = names(&dir.spool("p", "done"));
     let waiting = names(&inbox);
     // The bundle in hand (or the batch in hand) is finished, unless it was
-    // still hashing or copying when the stop grace ran out (SPEC §12.4);
+    // still hashing or copying when the stop grace ran out (docs/contract.md §12.4);
     // then it is left whole in work/ and resumed by the next start.
     let left: BTreeSet<String> = names(&work)
         .into_iter()

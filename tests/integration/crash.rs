@@ -1,4 +1,4 @@
-//! Crash safety (SPEC §7): `run` killed with SIGKILL at any instant, then
+//! Crash safety (docs/contract.md §7): `run` killed with SIGKILL at any instant, then
 //! rerun, leaves a root whose catalog matches its bytes, with nothing the
 //! tool wrote left unrecorded and nothing unrelated touched.
 

@@ -1,4 +1,4 @@
-//! Delivery with ordinary tools (SPEC §13): producers copy bundles into a
+//! Delivery with ordinary tools (docs/contract.md §13): producers copy bundles into a
 //! live agent's inbox with `rsync`, `cp -r`, `tar -x`, `scp -r`, a writer
 //! that puts the manifest first, and `mv`, and every delivery ends in
 //! `done/` with the published bytes equal to the sources, never in

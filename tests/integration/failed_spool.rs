@@ -1,4 +1,4 @@
-//! Working the failed spool from the command line (SPEC §14.2):
+//! Working the failed spool from the command line (docs/contract.md §14.2):
 //! `spool retry P --all`, `spool show P NAME [--json]`, `spool delete P NAME`,
 //! and `spool list --inbox` saying why each entry waits (§13.4).
 

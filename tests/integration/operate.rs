@@ -1,4 +1,4 @@
-//! Operating the agent (SPEC §14) through the real binary: `status` and
+//! Operating the agent (docs/contract.md §14) through the real binary: `status` and
 //! `status --check`, journald priority prefixes, systemd notifications,
 //! `config check` run as an unprivileged user, `agent --once` next to a
 //! serving agent, and the commands the README and `--help` show.

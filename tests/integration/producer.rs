@@ -1,4 +1,4 @@
-//! Playing the hostile producer for real (SPEC §12, issue 11): bundles are
+//! Playing the hostile producer for real (docs/contract.md §12): bundles are
 //! dropped, and bookkeeping files planted, by other users than the agent.
 //! The producer-side steps run as ordinary commands (`mkdir`, `cp`, `ln -s`,
 //! `mkfifo`, `mv`, `rm`, `truncate`) under uid 65534 (and 60001 for "another
@@ -11,7 +11,7 @@
 //! Dropping privileges needs root; as another user these tests print why
 //! they skip and pass. CI runs them as root.
 //!
-//! One test (or a few) per item of issue 11's list, each asserting what an
+//! One test (or a few) per way in, each asserting what an
 //! operator cares about: nothing outside the root changed, the good bundle
 //! behind the hostile one was published, where each bundle was filed and
 //! why, the exit code, the agent stopping, memory, and inert output.
@@ -38,7 +38,7 @@ pipelines:
 // 1. Bookkeeping names planted as links or FIFOs
 // ---------------------------------------------------------------------------
 
-/// Issue 11 item 1: `.distributor-result.json` and `.distributor-attempts`
+/// `.distributor-result.json` and `.distributor-attempts`
 /// planted by the producer as symbolic links to files outside (another
 /// site's page) are replaced, never written through, whether the bundle
 /// fails or succeeds.
@@ -98,7 +98,7 @@ fn planted_result_and_attempt_links_never_write_outside() {
     );
 }
 
-/// Issue 11 item 1: the same names planted as FIFOs make `agent --once`
+/// The same names planted as FIFOs make `agent --once`
 /// neither hang nor fail: it finishes with both bundles filed.
 #[test]
 fn planted_result_and_attempt_fifos_do_not_hang_agent_once() {
@@ -138,7 +138,7 @@ fn planted_result_and_attempt_fifos_do_not_hang_agent_once() {
 // 2. Hard links to files the producer cannot read
 // ---------------------------------------------------------------------------
 
-/// Issue 11 item 2: a listed file that is a hard link to a root-only file
+/// A listed file that is a hard link to a root-only file
 /// fails the bundle at stage verify, naming the file and saying "hard link",
 /// publishes nothing, and tells nothing about the secret (neither its size
 /// nor its hash), whether the manifest guesses or knows them.
@@ -211,7 +211,7 @@ fn a_hard_link_to_a_root_only_file_is_refused_without_leaking_it() {
 // 3. Special manifests in front of a live agent
 // ---------------------------------------------------------------------------
 
-/// Issue 11 item 3: a live agent with a FIFO `manifest.json` and a
+/// A live agent with a FIFO `manifest.json` and a
 /// `manifest.json -> /dev/zero` in its inbox files both into failed/ with
 /// the reason, publishes the good bundle behind them, keeps its memory
 /// bounded, and stops on SIGTERM with exit 0.
@@ -272,7 +272,7 @@ fn fifo_and_dev_zero_manifests_neither_block_nor_bloat_the_live_agent() {
 /// The names of the entries of item 4 that the agent cannot use.
 const UNUSABLE: [&str; 3] = ["no-search-0700", "no-search-0000", "no-write"];
 
-/// Issue 11 item 4: with the agent running as its own (unprivileged) user,
+/// With the agent running as its own (unprivileged) user,
 /// inbox folders it cannot search (0700 and 0000, owned by the producer)
 /// and one it can read but not move block nothing: the good bundles behind
 /// them are published, each bad entry is logged once (by `agent --once` and
@@ -361,7 +361,7 @@ fn entries_the_agent_cannot_search_or_move_block_nothing_and_are_logged_once() {
     }
 }
 
-/// Issue 11 item 4: a bundle that looks ready but whose claim keeps
+/// A bundle that looks ready but whose claim keeps
 /// failing is logged once, not at every scan. Here the inbox belongs to
 /// another user than the agent's (an operator made it by hand), so the
 /// sticky bit lets the agent move only the entries of its own user: the
@@ -419,7 +419,7 @@ fn drop_sparse(lab: &Lab, name: &str, size: u64) {
     .expect_code(0);
 }
 
-/// Issue 11 item 5: a 1 TiB sparse file (4 KiB of the producer's disk)
+/// A 1 TiB sparse file (4 KiB of the producer's disk)
 /// declared with a wrong hash fails at verify on `limits.max_file_bytes`
 /// without being read.
 #[test]
@@ -447,7 +447,7 @@ fn a_sparse_terabyte_fails_on_the_file_limit_without_being_read() {
     assert!(!lab.join("site").exists());
 }
 
-/// Issue 11 item 5: with the limits raised, SIGTERM while the agent hashes
+/// With the limits raised, SIGTERM while the agent hashes
 /// a 50 GiB sparse file stops it promptly with exit 0; the bundle stays in
 /// work/ with its attempt count unchanged and is resumed by the next start.
 #[test]
@@ -515,7 +515,7 @@ pipelines:
 // 6. Huge markdown
 // ---------------------------------------------------------------------------
 
-/// Issue 11 item 6: a markdown file over `limits.max_markdown_bytes` for a
+/// A markdown file over `limits.max_markdown_bytes` for a
 /// destination that renders HTML fails at verify naming the key; a smaller
 /// one behind it is rendered.
 #[test]
@@ -559,7 +559,7 @@ pipelines:
 // 7. Result files replaced after the bundle was filed
 // ---------------------------------------------------------------------------
 
-/// Issue 11 item 7: a producer who kept its bundle folder open (here as
+/// A producer who kept its bundle folder open (here as
 /// its working directory) replaces the `.distributor-result.json` of its
 /// failed bundle by a FIFO or a link to `/dev/zero`, although failed/ is
 /// closed to it. `spool list` and `status` still answer at once, exit 0 and
@@ -684,7 +684,7 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
 // 8. Spool permissions
 // ---------------------------------------------------------------------------
 
-/// Issue 11 item 8: the agent creates work/, done/ and failed/ without
+/// The agent creates work/, done/ and failed/ without
 /// access for others and a sticky inbox; a producer who can enter another
 /// pipeline's spool folder still cannot list or read its bundles, and
 /// cannot rename or delete another producer's inbox entry, only its own.
@@ -790,7 +790,7 @@ fn has_raw_controls(text: &str) -> bool {
     text.chars().any(|c| c.is_control() && c != '\n')
 }
 
-/// Issue 11 item 9: bundles named with ESC, CR and BEL (failed, published
+/// Bundles named with ESC, CR and BEL (failed, published
 /// and waiting) are shown escaped by `spool list` and `status` and in the
 /// agent's log, and exactly as named by `--json`.
 #[test]

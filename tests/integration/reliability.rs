@@ -91,7 +91,7 @@ fn names(dir: &Path) -> BTreeSet<String> {
 }
 
 /// Writes a bundle by hand (files, then a manifest with the digest of
-/// SPEC §3) and gives its manifest the modification time `order` seconds
+/// docs/contract.md §3) and gives its manifest the modification time `order` seconds
 /// after a fixed instant, so arrival order is exactly `order`.
 fn stage_bundle(dir: &Path, id: &str, files: &[(String, Vec<u8>)], order: u64) {
     let mut list: Vec<Listed> = Vec::new();
@@ -1470,7 +1470,7 @@ fn a_root_or_folder_swapped_for_a_symlink_while_publishing_never_leaks_outside()
 /// but concludes the journaled outputs under it are *gone* and drops their
 /// records, removing the journal. Once the folder is back, files the tool
 /// wrote sit in the root unrecorded, and every rerun is refused with
-/// `fail_unmanaged` (SPEC §7: "no file the tool wrote is left unrecorded",
+/// `fail_unmanaged` (docs/contract.md §7: "no file the tool wrote is left unrecorded",
 /// "a partly written publication must never turn into fail_unmanaged").
 /// Nothing leaks outside; the loss is of ownership records.
 #[test]

@@ -1,6 +1,6 @@
 //! `publish.html` as a reader and an operator see it: the page published
 //! (ids, links, stylesheet or template), template config errors, and the
-//! memory a big markdown file costs (SPEC §10, §12.3, §16).
+//! memory a big markdown file costs (docs/contract.md §10, §12.3, §16).
 
 use crate::util::{BIN, Test, write_file};
 use std::collections::BTreeSet;
@@ -308,7 +308,7 @@ fn peak_rss_is_the_command_s_own_not_the_test_process_s() {
 
 /// Publishes `markdown` (built up to the default limits.max_markdown_bytes,
 /// 4 MiB) and asserts that rendering it took at most 32 times its size on top
-/// of the process's base (SPEC §12.3).
+/// of the process's base (docs/contract.md §12.3).
 fn assert_renders_within_32_times(piece: impl Fn(u64) -> String, start: &str) {
     let t = html_site("");
     let base = peak_rss_of_run(&t, "small", "# Small\n\n| a | b |\n|---|---|\n| 1 | 2 |\n");
@@ -488,7 +488,7 @@ pipelines:
 /// and close emphasis: parsed whole it took 51 times its size. It is refused
 /// before the parse, like a file over `limits.max_markdown_bytes`: exit 1,
 /// stage `verify`, nothing published, an error naming the file, the line
-/// and the fix (SPEC §12.3).
+/// and the fix (docs/contract.md §12.3).
 #[test]
 fn a_word_too_dense_to_parse_within_32_times_its_size_is_refused() {
     let markdown = "a*".repeat(2 << 20);

@@ -667,7 +667,8 @@ fn s3_read_only_commands_need_no_write_permission() {
     assert_eq!(r.code, 1, "{}", r.both());
     for want in [
         &format!("s3://{}/site at ", f.location.bucket),
-        "bucket permissions",
+        "access denied (HTTP 403)",
+        "the bucket's permissions",
     ] {
         assert!(r.stderr.contains(want), "{want:?} not in: {}", r.stderr);
     }

@@ -1,4 +1,4 @@
-//! `distributor run` and the agent publishing to s3 destinations (SPEC
+//! `distributor run` and the agent publishing to s3 destinations (docs/contract.md
 //! §15) against the real SeaweedFS of `seaweed::server`: every planning
 //! action as an operator sees it in the bucket (objects, their bytes, the
 //! catalog object) and in the exit code and `--json` report.

@@ -1,4 +1,4 @@
-//! Several hosts publishing into one s3 root (SPEC §15.4, §15.6; issue 14),
+//! Several hosts publishing into one s3 root (docs/contract.md §15.4, §15.6),
 //! against the real SeaweedFS of `seaweed::server`. Each "host" is an agent
 //! with a spool of its own and the same s3 destination; they race bundles
 //! into one root (some writing one shared path, so that overlapping
@@ -273,7 +273,7 @@ fn names(dir: &Path) -> BTreeSet<String> {
 // ---------------------------------------------------------------------------
 
 /// A sealed bundle written without the binary (one process per bundle
-/// would dominate the time): the files, then a manifest (SPEC §3) renamed
+/// would dominate the time): the files, then a manifest (docs/contract.md §3) renamed
 /// into place.
 fn write_bundle(dir: &Path, id: &str, files: &[(String, Vec<u8>)]) {
     let mut listed: Vec<(String, String, usize)> = Vec::new();

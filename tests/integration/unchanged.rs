@@ -251,9 +251,9 @@ fn a_large_publication_knows_unchanged_files_by_their_look_and_rereads_any_touch
 /// A large tree's publication holds what its plan needs, not the tree
 /// several times over: publishing 20,000 files into an empty root, then
 /// the next version (a third changed, `workflow: replacement`), each peaks
-/// at most 3 times the catalog above a one-file publication's footprint.
-/// (The issue measured 7 to 9 times before the journal and catalog were
-/// streamed and records moved rather than copied.)
+/// at most 3 times the catalog above a one-file publication's footprint
+/// (holding the journal or the catalog's text whole, or copying records,
+/// takes it to 7 to 9 times).
 #[test]
 fn a_large_tree_is_published_within_three_times_its_catalog_in_memory() {
     let t = Test::new();

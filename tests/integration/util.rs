@@ -692,7 +692,7 @@ pub fn sha256_file(path: &Path) -> String {
 /// One manifest entry: path, `sha256:` hash, size.
 pub type Listed = (String, String, u64);
 
-/// The digest rule of SPEC §3, written from the contract.
+/// The digest rule of docs/contract.md §3, written from the contract.
 pub fn manifest_digest(files: &[Listed]) -> String {
     let mut sorted: Vec<&Listed> = files.iter().collect();
     sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
