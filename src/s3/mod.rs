@@ -1,4 +1,4 @@
-//! The object-store backend (`backend: s3`, SPEC §15): a synchronous API over
+//! The object-store backend (`backend: s3`, docs/contract.md §15): a synchronous API over
 //! an S3-compatible bucket, built on `object_store` with a private
 //! current-thread tokio runtime. Nothing outside this module sees async.
 //!
@@ -210,7 +210,7 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An access key: from the environment in production (SPEC §15.1).
+/// An access key: from the environment in production (docs/contract.md §15.1).
 #[derive(Clone)]
 pub struct Credentials {
     pub key_id: String,
@@ -381,12 +381,15 @@ impl S3Root {
         &self.label
     }
 
-    /// The full key of `rel` (a path relative to the root).
+    /// The full key of `rel` (a path relative to the root): exactly
+    /// `<prefix>/<rel>`, every character as it is (docs/contract.md §15.2:
+    /// output `p` is the object `<path>/p`, so the bucket can be served as
+    /// it is).
     pub fn key(&self, rel: &str) -> Path {
         if self.prefix.is_empty() {
-            Path::from(rel)
+            object_path(rel)
         } else {
-            Path::from(format!("{}/{rel}", self.prefix))
+            object_path(&format!("{}/{rel}", self.prefix))
         }
     }
 
@@ -726,9 +729,9 @@ impl S3Root {
         use futures_util::StreamExt as _;
         let full = match (self.prefix.is_empty(), rel_prefix.is_empty()) {
             (true, true) => None,
-            (true, false) => Some(Path::from(rel_prefix)),
-            (false, true) => Some(Path::from(self.prefix.as_str())),
-            (false, false) => Some(Path::from(format!("{}/{rel_prefix}", self.prefix))),
+            (true, false) => Some(object_path(rel_prefix)),
+            (false, true) => Some(object_path(&self.prefix)),
+            (false, false) => Some(object_path(&format!("{}/{rel_prefix}", self.prefix))),
         };
         let strip = if self.prefix.is_empty() {
             String::new()
@@ -799,6 +802,20 @@ impl Retries {
             Retries::None => 0,
         }
     }
+}
+
+/// The object key `key` as it is. `Path::from` would percent-encode
+/// characters object_store finds awkward (`é`, `%`, `#`, `?`, `{`, ...) into
+/// the key itself, so `café.txt` would be stored as `caf%C3%A9.txt` and a
+/// browser asking the bucket for `café.txt` would get a 404. Every key here
+/// is a clean relative path (docs/contract.md §2: no empty, `.` or `..`
+/// segment, no control character), which `Path::parse` takes unchanged;
+/// anything else is a bug, logged, and gets object_store's encoding.
+fn object_path(key: &str) -> Path {
+    Path::parse(key).unwrap_or_else(|e| {
+        log::error!("object key {key:?} is not a clean relative path ({e}); it is encoded");
+        Path::from(key)
+    })
 }
 
 fn to_time(t: chrono::DateTime<chrono::Utc>) -> OffsetDateTime {

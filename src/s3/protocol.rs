@@ -554,12 +554,7 @@ fn upload<'r: 'f, 'f>(
         session.keep_alive()?;
         let replace = match &w.replaces {
             None => None,
-            Some(recorded_sha) => Some(current_version(
-                root,
-                session.settings,
-                &w.path,
-                recorded_sha,
-            )?),
+            Some(recorded_sha) => current_version(root, session.settings, &w.path, recorded_sha)?,
         };
         let first = super::upload::read_first_part(root, &w.path, &mut w.source)?;
         if first.len() < super::upload::PART_SIZE {
@@ -670,46 +665,69 @@ impl Window<'_> {
     }
 }
 
-/// The ETag of the object at `path` if it still holds `recorded_sha`;
-/// [`Error::Claimed`] if a live publication overwrote it, else
-/// [`Error::Changed`] if it does not hold it (or is gone).
+/// The version of the recorded object at `path` that a write may replace:
+/// `Some(etag)` for `If-Match`, `None` for a create (`If-None-Match: *`).
+///
+/// The catalog records `path`, so its object is the owner's to overwrite
+/// (docs/maintenance.md, "Changed behind distributor's back"): when it holds
+/// `recorded_sha`, the write replaces that version; when it is gone, or was
+/// changed by something other than a publication (its metadata names no
+/// intent), the write replaces what is there now, as a local root's file
+/// is overwritten, and says so in the log. An object another publication
+/// wrote (its metadata names an intent) is [`Error::Claimed`] while that
+/// publication is live (recovered on the spot when stale), else
+/// [`Error::Changed`]: the retry plans on the catalog that publication
+/// left.
 fn current_version(
     root: &S3Root,
     settings: Settings,
     path: &str,
     recorded_sha: &str,
-) -> Result<ETag> {
+) -> Result<Option<ETag>> {
     let changed = || Error::Changed {
         root: root.label.clone(),
         key: path.to_owned(),
     };
-    let head = root.head(path)?.ok_or_else(changed)?;
-    match head.sha256.as_deref() {
-        Some(sha) if sha == recorded_sha => Ok(head.etag),
-        Some(_) => {
-            // Overwritten by a publication whose intent is still there:
-            // recovered on the spot when stale (the retry then sees the
-            // adopted record), else say whose it is.
-            if let Some(id) = &head.intent
-                && let Some((intent, _, _)) = root.read_intent(id)?
-                && recover(root, settings, id)?.is_none()
-            {
-                return Err(claimed(root, settings, path, intent));
+    let behind_the_back = |what: &str| {
+        log::warn!(
+            "{}: {path} {what} outside distributor since it was published; this publication writes it again",
+            root.label
+        );
+    };
+    let Some(head) = root.head(path)? else {
+        behind_the_back("was deleted");
+        return Ok(None);
+    };
+    let holds_recorded = match head.sha256.as_deref() {
+        Some(sha) => sha == recorded_sha,
+        // Written without the metadata (a multipart upload whose digest
+        // was not known in advance, or another tool): re-hash; the GET's
+        // ETag is the version whose bytes were hashed.
+        None => match root.get_hashed(path)? {
+            Some((hashed, etag)) if hashed.sha256 == recorded_sha => return Ok(Some(etag)),
+            Some(_) => false,
+            None => {
+                behind_the_back("was deleted");
+                return Ok(None);
             }
-            Err(changed())
-        }
-        None => {
-            // Written without the metadata (e.g. a multipart upload whose
-            // digest was not known in advance): re-hash; the GET's ETag is
-            // the version whose bytes were hashed.
-            let (hashed, etag) = root.get_hashed(path)?.ok_or_else(changed)?;
-            if hashed.sha256 == recorded_sha {
-                Ok(etag)
-            } else {
-                Err(changed())
-            }
-        }
+        },
+    };
+    if holds_recorded {
+        return Ok(Some(head.etag));
     }
+    let Some(id) = &head.intent else {
+        behind_the_back("was changed");
+        return Ok(Some(head.etag));
+    };
+    // Overwritten by a publication whose intent is still there: recovered
+    // on the spot when stale (the retry then sees the adopted record), else
+    // say whose it is.
+    if let Some((intent, _, _)) = root.read_intent(id)?
+        && recover(root, settings, id)?.is_none()
+    {
+        return Err(claimed(root, settings, path, intent));
+    }
+    Err(changed())
 }
 
 /// Why a new key could not be created. An object written by a

@@ -14,6 +14,7 @@ mod failpoints;
 mod hostile;
 mod lab;
 mod maintain;
+mod matrix;
 mod metrics;
 mod operate;
 mod producer;

@@ -1,0 +1,401 @@
+//! One scenario, every backend: each test here runs the same steps against
+//! a local root and against an s3 root (the real SeaweedFS of
+//! `seaweed::server`), and asserts what an operator sees in both the same
+//! way: the outputs at their paths (on disk, or as raw keys a second
+//! client lists and a browser GETs), the catalog, `verify`, the exit code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::seaweed::{Bucket, server};
+use crate::util::{Output, Test, is_reserved, read_state, records, strings};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Local,
+    S3,
+}
+
+const BACKENDS: [Backend; 2] = [Backend::Local, Backend::S3];
+
+/// A test folder whose config has pipeline `reports` with one destination
+/// `web` on `backend` (a local root `./site`, or `site/` in a bucket of its
+/// own), rendering markdown too.
+struct Site {
+    backend: Backend,
+    t: Test,
+    bucket: Option<Bucket>,
+}
+
+impl Site {
+    fn new(backend: Backend, workflow: &str) -> Site {
+        let t = Test::new();
+        let (bucket, root) = match backend {
+            Backend::Local => (None, "path: ./site".to_owned()),
+            Backend::S3 => {
+                let bucket = Bucket::new("site");
+                let root = format!(
+                    "backend: s3\n        bucket: {}\n        path: site\n        endpoint: {}",
+                    bucket.location.bucket,
+                    server().endpoint
+                );
+                (Some(bucket), root)
+            }
+        };
+        t.config(&format!(
+            "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: web
+        {root}
+        workflow: {workflow}
+        publish:
+          source: true
+          html: true
+"
+        ));
+        Site { backend, t, bucket }
+    }
+
+    /// The binary with the config (and, for s3, the server's credentials).
+    fn run(&self, args: &[&str]) -> Output {
+        let creds = server().credentials();
+        let mut cmd = self.t.cmd();
+        if self.backend == Backend::S3 {
+            cmd.env("AWS_ACCESS_KEY_ID", &creds.key_id)
+                .env("AWS_SECRET_ACCESS_KEY", &creds.secret);
+        }
+        cmd.args(["--config", "config.yaml"]).args(args);
+        cmd.output()
+    }
+
+    fn publish(&self, bundle: &Path) -> Output {
+        let bundle = bundle.to_str().expect("utf-8 path");
+        self.run(&["run", "--json", "--pipeline", "reports", bundle])
+    }
+
+    fn verify(&self) -> Output {
+        self.run(&[
+            "verify",
+            "--json",
+            "--pipeline",
+            "reports",
+            "--destination",
+            "web",
+        ])
+    }
+
+    /// The catalog's records by path.
+    fn records(&self) -> BTreeMap<String, Value> {
+        match &self.bucket {
+            None => records(&read_state(&self.t.join("site"))),
+            Some(bucket) => bucket.records(),
+        }
+    }
+
+    /// The bytes at output path `rel`, as the root holds them.
+    fn get(&self, rel: &str) -> Option<Vec<u8>> {
+        match &self.bucket {
+            None => fs::read(self.t.join("site").join(rel)).ok(),
+            Some(bucket) => bucket.get(rel),
+        }
+    }
+
+    /// Every output path the root holds (reserved names aside): the files
+    /// below the local root, or the raw keys a plain S3 LIST returns.
+    fn paths(&self) -> BTreeSet<String> {
+        let all: BTreeSet<String> = match &self.bucket {
+            None => self.t.tree("site").files().into_iter().collect(),
+            Some(bucket) => bucket.keys(),
+        };
+        all.into_iter().filter(|p| !is_reserved(p)).collect()
+    }
+
+    /// What a reader gets for output path `rel`: the file a web server
+    /// would serve, or the body of an anonymous `GET` of the object's URL
+    /// (each segment percent-encoded, as a browser sends it).
+    fn served(&self, rel: &str) -> Option<Vec<u8>> {
+        match &self.bucket {
+            None => self.get(rel),
+            Some(bucket) => {
+                let url_path = format!("/{}/site/{}", bucket.location.bucket, url_encode(rel));
+                http_get(&server().endpoint, &url_path)
+            }
+        }
+    }
+
+    /// Replaces output `rel` with `bytes` as another tool would.
+    fn change_behind_the_back(&self, rel: &str, bytes: &[u8]) {
+        match &self.bucket {
+            None => fs::write(self.t.join("site").join(rel), bytes).unwrap(),
+            Some(bucket) => {
+                bucket.plant(rel, bytes);
+            }
+        }
+    }
+
+    /// Deletes output `rel` as another tool would.
+    fn delete_behind_the_back(&self, rel: &str) {
+        match &self.bucket {
+            None => fs::remove_file(self.t.join("site").join(rel)).unwrap(),
+            Some(bucket) => bucket.root.delete(rel).unwrap(),
+        }
+    }
+
+    /// Every record's bytes are at its path, and every output path is
+    /// recorded.
+    #[track_caller]
+    fn assert_consistent(&self) {
+        let records = self.records();
+        for (path, r) in &records {
+            let bytes = self
+                .get(path)
+                .unwrap_or_else(|| panic!("{:?}: {path} is recorded but absent", self.backend));
+            assert_eq!(r["sha256"], crate::util::sha256(&bytes), "{path}: {r}");
+        }
+        let recorded: BTreeSet<String> = records.keys().cloned().collect();
+        assert_eq!(
+            self.paths(),
+            recorded,
+            "{:?}: outputs vs records",
+            self.backend
+        );
+    }
+}
+
+/// Each segment percent-encoded except `A-Z a-z 0-9 - . _ ~`.
+fn url_encode(path: &str) -> String {
+    path.split('/')
+        .map(|segment| {
+            segment
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// An anonymous HTTP/1.1 `GET` of `path` (already encoded) at `endpoint`:
+/// the body on 200, `None` on 404.
+fn http_get(endpoint: &str, path: &str) -> Option<Vec<u8>> {
+    let host = endpoint.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(host).expect("connect to the server");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    match status.as_str() {
+        "200" => {
+            let body = response[split + 4..].to_vec();
+            if head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked")
+            {
+                Some(dechunk(&body))
+            } else {
+                Some(body)
+            }
+        }
+        "404" => None,
+        other => panic!("GET {path}: HTTP {other}\n{head}"),
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&body[..line_end]).unwrap(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&body[line_end + 2..line_end + 2 + size]);
+        body = &body[line_end + 2 + size + 2..];
+    }
+}
+
+/// Runs `scenario` against every backend, naming the backend when it fails.
+fn each_backend(scenario: impl Fn(Backend)) {
+    for backend in BACKENDS {
+        eprintln!("--- backend {backend:?}");
+        scenario(backend);
+    }
+}
+
+/// Names with every kind of character a clean path allows, in any
+/// language: each output lands at exactly its path, is recorded under it,
+/// and is served under it (for s3: the raw key a second client lists, and
+/// what an anonymous GET of the percent-encoded URL returns).
+#[test]
+fn outputs_land_at_exactly_their_paths_whatever_the_characters() {
+    let names = [
+        "café.txt",
+        "😀.txt",
+        "hash#frag.txt",
+        "per%20cent.txt",
+        "q?m*t~.txt",
+        "[b]{c}.txt",
+        "sp ace+&=';(x).txt",
+        "ドキュメント/説明.md",
+        "Ελληνικά/κείμενο.txt",
+        "עברית.txt",
+    ];
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let files: Vec<(String, String)> = names
+            .iter()
+            .map(|n| (n.to_string(), format!("# {n}\n\nbytes of {n}\n")))
+            .collect();
+        let b = site.t.bundle("names", &files);
+        let out = site.publish(&b);
+        out.expect_code(0);
+        let mut expected: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+        expected.insert("ドキュメント/説明.html".to_owned());
+        assert_eq!(site.paths(), expected, "{backend:?}: paths as stored");
+        assert_eq!(
+            site.records().keys().cloned().collect::<BTreeSet<_>>(),
+            expected,
+            "{backend:?}: recorded paths"
+        );
+        for (name, text) in &files {
+            assert_eq!(
+                site.served(name).as_deref(),
+                Some(text.as_bytes()),
+                "{backend:?}: {name} is not served at its path"
+            );
+        }
+        let html = String::from_utf8(site.served("ドキュメント/説明.html").unwrap()).unwrap();
+        assert!(html.contains("ドキュメント/説明.md"), "{backend:?}: {html}");
+        let verified = site.verify();
+        verified.expect_code(0);
+        assert_eq!(verified.json()["checked"], expected.len());
+        site.assert_consistent();
+    });
+}
+
+/// An output changed, and one deleted, by another tool: `verify` reports
+/// them (`mismatched`, `missing`, exit 1); publishing the bundle again
+/// writes both back (the catalog records them, so they are the owner's);
+/// then `verify` is clean. The same on both backends.
+#[test]
+fn outputs_changed_or_deleted_behind_the_tools_back_are_reported_then_repaired() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle(
+            "v1",
+            &[
+                ("kept.txt", "kept\n"),
+                ("changed.txt", "as published\n"),
+                ("deleted.txt", "to be deleted\n"),
+            ],
+        );
+        site.publish(&b).expect_code(0);
+        site.change_behind_the_back("changed.txt", b"edited by hand, longer than before\n");
+        site.delete_behind_the_back("deleted.txt");
+
+        let verified = site.verify();
+        verified.expect_code(1);
+        let report = verified.json();
+        assert_eq!(
+            strings(&report["mismatched"]),
+            ["changed.txt"],
+            "{backend:?}"
+        );
+        assert_eq!(strings(&report["missing"]), ["deleted.txt"], "{backend:?}");
+
+        let again = site.publish(&b);
+        again.expect_code(0);
+        let d = again.dest();
+        assert_eq!(d["action"], "upsert_additive", "{backend:?}: {d}");
+        assert_eq!(
+            site.get("changed.txt").as_deref(),
+            Some(&b"as published\n"[..]),
+            "{backend:?}"
+        );
+        assert_eq!(
+            site.get("deleted.txt").as_deref(),
+            Some(&b"to be deleted\n"[..]),
+            "{backend:?}"
+        );
+        site.verify().expect_code(0);
+        site.assert_consistent();
+    });
+}
+
+/// Replacement deletes the outputs the new version no longer has, additive
+/// keeps them, a rerun is `skip_same`, and an unrecorded file at a planned
+/// path refuses the publication (`fail_unmanaged`, exit 3) and is left as
+/// it is.
+#[test]
+fn publish_replace_skip_and_refuse_alike_on_every_backend() {
+    each_backend(|backend| {
+        for workflow in ["additive", "replacement"] {
+            let site = Site::new(backend, workflow);
+            let v1 = site.t.bundle_at(
+                "v1",
+                "docs",
+                "2026-06-01T00:00:00Z",
+                &[("a.txt", "a1\n"), ("b.txt", "b1\n")],
+            );
+            let v2 = site.t.bundle_at(
+                "v2",
+                "docs",
+                "2026-06-02T00:00:00Z",
+                &[("a.txt", "a2\n"), ("c.txt", "c2\n")],
+            );
+            assert_eq!(site.publish(&v1).dest()["action"], "publish_new");
+            assert_eq!(site.publish(&v1).dest()["action"], "skip_same");
+            let out = site.publish(&v2);
+            out.expect_code(0);
+            let want: &[&str] = if workflow == "additive" {
+                &["a.txt", "b.txt", "c.txt"]
+            } else {
+                &["a.txt", "c.txt"]
+            };
+            let paths: Vec<String> = site.paths().into_iter().collect();
+            assert_eq!(paths, want, "{backend:?} {workflow}");
+            assert_eq!(site.get("a.txt").as_deref(), Some(&b"a2\n"[..]));
+            site.assert_consistent();
+
+            site.change_behind_the_back("d.txt", b"someone else's\n");
+            let v3 = site
+                .t
+                .bundle_at("v3", "docs", "2026-06-03T00:00:00Z", &[("d.txt", "d3\n")]);
+            let refused = site.publish(&v3);
+            refused.expect_code(3);
+            assert_eq!(refused.dest()["action"], "fail_unmanaged", "{backend:?}");
+            assert_eq!(
+                site.get("d.txt").as_deref(),
+                Some(&b"someone else's\n"[..]),
+                "{backend:?} {workflow}: an unrecorded file was touched"
+            );
+        }
+    });
+}
