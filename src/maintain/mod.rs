@@ -28,6 +28,7 @@ mod list;
 mod prune;
 mod reconcile;
 mod s3;
+mod selection;
 mod session;
 mod verify;
 
@@ -35,8 +36,9 @@ mod verify;
 mod tests;
 
 pub use list::{CatalogReport, catalog};
-pub use prune::{PruneReport, prune, select_prunable};
+pub use prune::{PruneReport, prune};
 pub use reconcile::{ReconcileReport, reconcile};
+pub use selection::select_prunable;
 pub use verify::{VerifyReport, verify};
 
 /// The destination root a maintenance command works on, and whose outputs

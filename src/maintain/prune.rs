@@ -1,11 +1,12 @@
-//! Retention pruning of one owner's outputs: the pure selection by policy,
-//! and its application, journaled first. It must never delete what the policy
-//! did not select, a symlink's target, or a folder standing at a selected path.
+//! Retention pruning of one owner's outputs in a local root: the selection
+//! ([`select_prunable`]) applied, journaled first. It must never delete what
+//! the policy did not select, a symlink's target, or a folder standing at a
+//! selected path.
 
+use super::selection::select_prunable;
 use super::session::{Access, open, write_catalog};
 use super::{MaintainError, Target, io_error, json_text};
-use crate::catalog::OutputRecord;
-use crate::config::{Backend, PrunePolicy};
+use crate::config::Backend;
 use crate::journal::{JOURNAL_FILE, Journal};
 use crate::storage::{Entry, Root};
 use serde::Serialize;
@@ -53,58 +54,6 @@ impl PruneReport {
         }
         out
     }
-}
-
-/// The paths of the owner's records that `policy` prunes at `now`, sorted.
-///
-/// A record is prunable when its `updated_at` is strictly older than
-/// `now - max_age` and its source is not among the owner's `keep_latest`
-/// newest distinct sources (`id`, `digest`, `created`), newest by
-/// `source.created` as an instant. Sources tied with the last kept one are
-/// kept too: pruning never deletes a source as new as one it keeps.
-/// Records of other owners are never selected.
-pub fn select_prunable(
-    records: &[OutputRecord],
-    pipeline_id: &str,
-    destination_id: &str,
-    policy: &PrunePolicy,
-    now: OffsetDateTime,
-) -> Vec<String> {
-    let owned: Vec<&OutputRecord> = records
-        .iter()
-        .filter(|r| r.owned_by(pipeline_id, destination_id))
-        .collect();
-    // A max_age too large to subtract means nothing is old enough.
-    let Some(cutoff) = time::Duration::try_from(policy.max_age)
-        .ok()
-        .and_then(|age| now.checked_sub(age))
-    else {
-        return Vec::new();
-    };
-
-    let mut created: Vec<OffsetDateTime> = owned
-        .iter()
-        .map(|r| (&r.source.id, &r.source.digest, r.source.created))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .map(|(_, _, c)| c)
-        .collect();
-    created.sort_by(|a, b| b.cmp(a));
-    let keep_from = match usize::try_from(policy.keep_latest) {
-        Ok(0) => None,
-        Ok(n) => Some(created.get(n - 1).or(created.last()).copied()),
-        Err(_) => Some(created.last().copied()),
-    }
-    .flatten();
-
-    let mut out: Vec<String> = owned
-        .into_iter()
-        .filter(|r| r.updated_at < cutoff)
-        .filter(|r| keep_from.is_none_or(|newest_kept| r.source.created < newest_kept))
-        .map(|r| r.path.as_str().to_owned())
-        .collect();
-    out.sort();
-    out
 }
 
 /// Retention pruning for the target's owner (docs/contract.md §9, §11.7).

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use super::prune::select_prunable;
+use super::selection::select_prunable;
 use super::session::{in_scope, usable};
 use super::{CatalogReport, MaintainError, PruneReport, ReconcileReport, Target, VerifyReport};
 use crate::catalog::{Catalog, State, format_time};
