@@ -580,8 +580,8 @@ mod tests {
 
         // Edited in place, same size and inode, after it was read.
         let ahead = read(&root);
-        std::thread::sleep(std::time::Duration::from_millis(20));
         let path = tmp.path().join(STATE_FILE);
+        crate::seen::wait_for_a_newer_change_time(&path);
         let text = std::fs::read_to_string(&path).unwrap();
         let edited = text.replacen("\"size\": 2", "\"size\": 3", 1);
         assert_eq!(edited.len(), text.len());

@@ -242,12 +242,12 @@ mod tests {
         top_swept(&root);
         assert!(top_still_clean(&root));
         // Another process's temporary file (or any entry) at the top.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        crate::seen::wait_for_a_newer_change_time(tmp.path());
         std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"x").unwrap();
         assert!(!top_still_clean(&root));
         top_left_clean(&root);
         assert!(top_still_clean(&root));
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        crate::seen::wait_for_a_newer_change_time(tmp.path());
         std::fs::remove_file(tmp.path().join(".distributor-tmp-1-0")).unwrap();
         assert!(!top_still_clean(&root), "a removal changes it too");
         // A folder made anew at the same path is another folder.

@@ -203,6 +203,25 @@ pub fn write<'a>(
     .map(drop)
 }
 
+/// Waits until a change made now gives a file a newer change time than
+/// `path` has: change times come from a coarse clock, and two changes
+/// within one of its ticks get the same one. For tests that change a file
+/// and need the change to show.
+#[cfg(test)]
+pub(crate) fn wait_for_a_newer_change_time(path: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let stamp = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec());
+    let old = stamp(&std::fs::symlink_metadata(path).unwrap());
+    let mut probe = tempfile::tempfile().unwrap();
+    loop {
+        probe.write_all(b"x").unwrap();
+        if stamp(&probe.metadata().unwrap()) > old {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -370,7 +370,13 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                     log::error!("config reload refused, keeping the old config: {e}");
                 }
             },
-            Err(RecvTimeoutError::Timeout) => running.wake_all(),
+            Err(RecvTimeoutError::Timeout) => {
+                log::debug!(
+                    "rescan_interval ({}) passed: scanning every inbox",
+                    config::format_duration(rescan(&config))
+                );
+                running.wake_all();
+            }
             Err(RecvTimeoutError::Disconnected) => return Ok(true),
         }
     }

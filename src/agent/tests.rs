@@ -8,10 +8,25 @@ use crate::publish;
 
 #[test]
 fn backoff_doubles_and_caps() {
-    assert_eq!(backoff(1), Duration::from_secs(1));
-    assert_eq!(backoff(2), Duration::from_secs(2));
-    assert_eq!(backoff(4), Duration::from_secs(8));
-    assert_eq!(backoff(40), MAX_BACKOFF);
+    // (attempt that failed, pause before the next one)
+    let s = Duration::from_secs;
+    let cases = [
+        (0, s(1)),
+        (1, s(1)),
+        (2, s(2)),
+        (3, s(4)),
+        (4, s(8)),
+        (8, s(128)),
+        (9, s(256)),
+        (10, MAX_BACKOFF),
+        (17, MAX_BACKOFF),
+        (40, MAX_BACKOFF),
+        (u32::MAX, MAX_BACKOFF),
+    ];
+    for (attempt, pause) in cases {
+        assert_eq!(backoff(attempt), pause, "after attempt {attempt}");
+    }
+    assert_eq!(MAX_BACKOFF, s(300));
 }
 
 #[test]

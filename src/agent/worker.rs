@@ -191,6 +191,11 @@ impl Worker {
                     Vec::new()
                 }
             };
+            log::debug!(
+                "pipeline={} scanned the inbox ({} entries)",
+                self.pipeline.id,
+                probes.len()
+            );
             let now = Instant::now();
             let wall = SystemTime::now();
             told.retain(|name, _| name.is_empty() || probes.iter().any(|p| &p.name == name));

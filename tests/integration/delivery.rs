@@ -296,18 +296,16 @@ fn signal_group(child: &Child, sig: libc::c_int) {
 /// Waits for a spawned tool (failing the test after `DELIVERY_WAIT`).
 #[track_caller]
 fn wait_tool(child: &mut Child, what: &str) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            return s;
-        }
-        if start.elapsed() > DELIVERY_WAIT {
-            signal_group(child, libc::SIGKILL);
-            let _ = child.wait();
-            panic!("{what} did not finish within {DELIVERY_WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut status = None;
+    crate::util::wait_for(DELIVERY_WAIT, || {
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    status.unwrap_or_else(|| {
+        signal_group(child, libc::SIGKILL);
+        let _ = child.wait();
+        panic!("{what} did not finish within {DELIVERY_WAIT:?}");
+    })
 }
 
 /// True once the copy at `dst` holds the whole `manifest.json` of `src` (a

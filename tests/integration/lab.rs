@@ -147,6 +147,21 @@ impl Lab {
     }
 
     pub(crate) fn producer_spawn(&self, uid: u32, script: &str, env: &[(&str, &[u8])]) -> Child {
+        self.spawn_producer(uid, script, env, Stdio::null())
+    }
+
+    /// Like [`Lab::producer_spawn`], with the script's standard input a pipe
+    /// from the test (`read` in the script waits until the test closes it).
+    pub(crate) fn producer_spawn_piped(
+        &self,
+        uid: u32,
+        script: &str,
+        env: &[(&str, &[u8])],
+    ) -> Child {
+        self.spawn_producer(uid, script, env, Stdio::piped())
+    }
+
+    fn spawn_producer(&self, uid: u32, script: &str, env: &[(&str, &[u8])], stdin: Stdio) -> Child {
         use std::os::unix::ffi::OsStrExt;
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
@@ -156,7 +171,7 @@ impl Lab {
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .uid(uid)
             .gid(PRODUCERS)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (key, value) in env {
@@ -250,23 +265,23 @@ impl Live {
     pub(crate) fn terminate(&mut self, deadline: Duration) -> (i32, Duration) {
         signal(self.pid(), libc::SIGTERM);
         let sent = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                let code = status
-                    .code()
-                    .unwrap_or_else(|| -status.signal().unwrap_or(0));
-                return (code, sent.elapsed());
-            }
-            if sent.elapsed() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "the agent did not exit within {deadline:?} of SIGTERM:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut status = None;
+        wait_for(deadline, || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        });
+        let Some(status) = status else {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            panic!(
+                "the agent did not exit within {deadline:?} of SIGTERM:\n{}",
+                self.log()
+            );
+        };
+        let code = status
+            .code()
+            .unwrap_or_else(|| -status.signal().unwrap_or(0));
+        (code, sent.elapsed())
     }
 }
 

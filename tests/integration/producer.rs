@@ -572,7 +572,6 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
         return;
     }
     let lab = Lab::new(ONE_PIPELINE, &["reports"]);
-    let go = lab.join("go");
     let swaps = [
         ("swapped-fifo", "mkfifo"),
         ("swapped-zero", "ln -s /dev/zero"),
@@ -581,14 +580,14 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
     for (name, make) in swaps {
         lab.corrupt(name);
         lab.deliver(NOBODY, "reports", name);
-        let mut child = lab.producer_spawn(
+        // It swaps the file once the test closes its standard input.
+        let mut child = lab.producer_spawn_piped(
             NOBODY,
             &format!(
                 "cd spool/reports/inbox/{name} || exit 1; echo in; \
-                 i=0; while [ ! -e \"$GO\" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; \
-                 rm -f {RESULT} && {make} {RESULT}"
+                 read go; rm -f {RESULT} && {make} {RESULT}"
             ),
-            &[("GO", go.as_os_str().as_encoded_bytes())],
+            &[],
         );
         // Wait for the `cd`: from then on the producer holds the folder.
         let mut line = [0u8; 3];
@@ -603,8 +602,8 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
         producers.push(child);
     }
     lab.agent_once(None).expect_code(1);
-    fs::write(&go, "").unwrap();
-    for child in producers {
+    for mut child in producers {
+        drop(child.stdin.take());
         wait_output(child, "producer").expect_code(0);
     }
     let failed = lab.spool("reports", "failed");

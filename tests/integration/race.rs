@@ -1,7 +1,7 @@
 //! Concurrency: runs on one root are serialised by the root lock, and an
 //! operator's `flock` on the lock file pauses publication.
 
-use crate::util::{Test, assert_catalog_matches_disk, hold_root_lock, wait_output};
+use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, hold_root_lock, wait_output};
 use std::fs;
 use std::time::{Duration, Instant};
 
@@ -141,8 +141,9 @@ pipelines:
     );
     let b = t.bundle("rep.1", &[("a.txt", "a")]);
     let lock = hold_root_lock(&t.join("site"));
-    let child = t
+    let mut run = t
         .cmd()
+        .env("RUST_LOG", "info")
         .args([
             "--config",
             "config.yaml",
@@ -152,14 +153,14 @@ pipelines:
             "reports",
         ])
         .arg(&b)
-        .spawn();
-    std::thread::sleep(Duration::from_millis(300));
+        .start();
+    run.wait_log("waiting for the lock on", DEADLINE);
     assert!(
         !t.join("site/a.txt").exists(),
         "nothing is written while the lock is held"
     );
     drop(lock);
-    let out = wait_output(child, "run waiting for the lock");
+    let out = run.finish(DEADLINE);
     out.expect_code(0);
     assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "a");
 }

@@ -15,9 +15,9 @@
 //! Randomised tests print their seed; set `DISTRIBUTOR_IT_SEED` to replay one.
 
 use crate::util::{
-    Listed, Output, Rng, Test, assert_catalog_matches_disk, catches, listed, manifest_digest,
-    mkfifo, read_json, records, sha256, signal, strings, tree, wait_for, wait_output, write_file,
-    write_manifest,
+    DEADLINE, Listed, Output, Proc, Rng, Test, assert_catalog_matches_disk, catches, instant_of,
+    listed, manifest_digest, mkfifo, read_json, records, sha256, signal, strings, tree, wait_for,
+    wait_past, write_file, write_manifest,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -216,11 +216,18 @@ pipelines:
         let (fed, inbox, staging) = (fed.clone(), inbox.clone(), staging.clone());
         let mut rng = rng.split();
         std::thread::spawn(move || {
-            for i in 0..FED_BUNDLES {
-                sleep(rng.millis(0, 40));
-                let name = format!("b{i:03}");
-                fs::rename(staging.join(&name), inbox.join(&name)).expect("drop a bundle");
-                fed.lock().expect("fed list").push(name);
+            // Bursts of one to three bundles, the next burst once an agent
+            // has claimed the last: bundles arrive while agents live, start
+            // and die.
+            let mut i = 0;
+            while i < FED_BUNDLES {
+                for _ in 0..(1 + rng.below(3)).min((FED_BUNDLES - i) as u64) {
+                    let name = format!("b{i:03}");
+                    fs::rename(staging.join(&name), inbox.join(&name)).expect("drop a bundle");
+                    fed.lock().expect("fed list").push(name);
+                    i += 1;
+                }
+                wait_for(Duration::from_secs(20), || names(&inbox).is_empty());
             }
         })
     };
@@ -402,9 +409,15 @@ pipelines:
             t.join(&format!("spool/{pipeline}/inbox/{name}")),
         )
         .expect("drop a bundle");
-        // Bursts: most drops follow each other at once.
+        // Bursts: most drops follow each other at once; after the others
+        // the agents claim what arrived so far first.
         if rng.below(3) == 0 {
-            sleep(rng.millis(2, 25));
+            assert!(
+                wait_for(Duration::from_secs(20), || ["p1", "p2"]
+                    .iter()
+                    .all(|p| names(&t.join(&format!("spool/{p}/inbox"))).is_empty())),
+                "the agents claimed nothing within 20 s"
+            );
         }
         if k % 16 == 15 {
             // SIGKILL one agent mid-stream (each in turn): the other takes
@@ -513,21 +526,36 @@ pipelines:
         path: ./site
 ";
 
+/// Waits until every record of `site` is older than the `max_age` (1 ms)
+/// of [`SHARED_ROOT_CONFIG`].
+fn older_than_max_age(t: &Test) {
+    let newest = t
+        .records("site")
+        .values()
+        .map(|r| instant_of(&r["updated_at"]))
+        .max()
+        .expect("a record");
+    wait_past(newest, Duration::from_millis(1));
+}
+
 /// `run`, `prune --apply` and `reconcile-state` on one root, all started at
-/// once. Returns their outputs in that order: run a, run b, prune, reconcile.
-fn start_four(t: &Test, a: &Path, b: &Path) -> Vec<Child> {
+/// once, logging at info. Returns them in that order: run a, run b, prune,
+/// reconcile.
+fn start_four(t: &Test, a: &Path, b: &Path) -> Vec<Proc> {
     let base = ["--config", "config.yaml"];
     let run = |pipeline: &str, bundle: &Path| {
         t.cmd()
+            .env("RUST_LOG", "info")
             .args(base)
             .args(["run", "--json", "--pipeline", pipeline])
             .arg(bundle)
-            .spawn()
+            .start()
     };
     vec![
         run("a", a),
         run("b", b),
         t.cmd()
+            .env("RUST_LOG", "info")
             .args(base)
             .args([
                 "prune",
@@ -538,8 +566,9 @@ fn start_four(t: &Test, a: &Path, b: &Path) -> Vec<Child> {
                 "--destination",
                 "site",
             ])
-            .spawn(),
+            .start(),
         t.cmd()
+            .env("RUST_LOG", "info")
             .args(base)
             .args([
                 "reconcile-state",
@@ -549,7 +578,7 @@ fn start_four(t: &Test, a: &Path, b: &Path) -> Vec<Child> {
                 "--destination",
                 "site",
             ])
-            .spawn(),
+            .start(),
     ]
 }
 
@@ -570,24 +599,21 @@ fn runs_prune_and_reconcile_queued_on_a_held_root_lock_lose_no_record() {
         t.publish(p, b, &[]).expect_code(0);
     }
     fs::remove_file(t.join("site/b-gone.txt")).unwrap();
-    sleep(Duration::from_millis(5)); // older than max_age
+    older_than_max_age(&t);
 
     let site = t.join("site");
     let lock = crate::util::hold_root_lock(&site);
     let before = tree(&site);
     let mut children = start_four(&t, &a2, &b1);
-    sleep(Duration::from_millis(500));
     for c in &mut children {
-        assert!(
-            c.try_wait().unwrap().is_none(),
-            "a command did not wait for the held lock"
-        );
+        c.wait_log("waiting for the lock on", DEADLINE);
+        assert!(c.running(), "a command did not wait for the held lock");
     }
     assert_eq!(tree(&site), before, "something changed under a held lock");
     drop(lock);
     let outs: Vec<Output> = children
         .into_iter()
-        .map(|c| wait_output(c, "queued command"))
+        .map(|mut c| c.finish(DEADLINE))
         .collect();
     for o in &outs {
         o.expect_code(0);
@@ -636,10 +662,10 @@ fn runs_prune_and_reconcile_racing_on_one_root_lose_no_record() {
                 (&format!("b/gone-{n}.txt"), "g"),
             ],
         );
-        sleep(Duration::from_millis(3));
+        older_than_max_age(&t);
         let outs: Vec<Output> = start_four(&t, &a, &b)
             .into_iter()
-            .map(|c| wait_output(c, "racing command"))
+            .map(|mut c| c.finish(DEADLINE))
             .collect();
         for o in &outs {
             o.expect_code(0);

@@ -1,7 +1,9 @@
 //! `distributor run`: every planning action as an operator sees it (files
 //! on disk, catalog records, exit code and the `--json` document).
 
-use crate::util::{Kind, Test, assert_catalog_matches_disk, is_reserved, sha256, strings};
+use crate::util::{
+    Kind, Test, assert_catalog_matches_disk, instant_of, is_reserved, sha256, strings, wait_past,
+};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -154,7 +156,11 @@ fn overwriting_a_recorded_path_keeps_created_at_and_moves_updated_at() {
     let b2 = t.bundle("rep.2", &[("a.txt", "two, longer")]);
     t.publish("reports", &b1, &[]).expect_code(0);
     let first = t.records("site")["a.txt"].clone();
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    // The next run's time differs (the catalog keeps milliseconds).
+    wait_past(
+        instant_of(&first["updated_at"]),
+        std::time::Duration::from_millis(1),
+    );
     let out = t.publish("reports", &b2, &[]);
     out.expect_code(0);
     assert_eq!(out.dest()["action"], "upsert_additive");

@@ -20,7 +20,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread::{JoinHandle, sleep};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use distributor::config::S3Location;
@@ -174,21 +174,19 @@ pipelines:
         let out = collect(child.stdout.take().expect("stdout"), Arc::default());
         let err_buf = Arc::new(Mutex::new(Vec::new()));
         let err = collect(child.stderr.take().expect("stderr"), err_buf.clone());
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            if start.elapsed() > EVENT_WAIT {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "{args:?} on host {} did not finish within {EVENT_WAIT:?}:\n{}",
-                    self.name,
-                    String::from_utf8_lossy(&err_buf.lock().unwrap())
-                );
-            }
-            sleep(Duration::from_millis(5));
+        let mut status = None;
+        wait_for(EVENT_WAIT, || {
+            status = child.try_wait().expect("wait");
+            status.is_some()
+        });
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{args:?} on host {} did not finish within {EVENT_WAIT:?}:\n{}",
+                self.name,
+                String::from_utf8_lossy(&err_buf.lock().unwrap())
+            );
         };
         let stdout = out.join().expect("stdout reader");
         err.join().expect("stderr reader");

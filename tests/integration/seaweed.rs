@@ -177,14 +177,9 @@ extern "C" fn stop_at_exit() {
     };
     // The server is this process's child and is not reaped before here.
     let _ = kill_process(pid, Signal::TERM);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut reaped = false;
-    while !reaped && Instant::now() < deadline {
-        match waitpid(Some(pid), WaitOptions::NOHANG) {
-            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            _ => reaped = true,
-        }
-    }
+    let reaped = crate::util::wait_for(Duration::from_secs(2), || {
+        !matches!(waitpid(Some(pid), WaitOptions::NOHANG), Ok(None))
+    });
     if !reaped {
         let _ = kill_process(pid, Signal::KILL);
         let _ = waitpid(Some(pid), WaitOptions::empty());
@@ -289,22 +284,15 @@ fn start() -> Result<Server, String> {
         endpoint: format!("http://127.0.0.1:{s3_port}"),
         started_in: Duration::ZERO,
     };
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if TcpStream::connect(("127.0.0.1", s3_port)).is_ok() {
-            let root = server.root("");
-            if root.probe().is_ok() {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            let log = fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
-            let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-            return Err(format!(
-                "SeaweedFS did not accept a write within 90 s; last log lines (newest first):\n{tail}"
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let ready = crate::util::wait_for(Duration::from_secs(90), || {
+        TcpStream::connect(("127.0.0.1", s3_port)).is_ok() && server.root("").probe().is_ok()
+    });
+    if !ready {
+        let log = fs::read_to_string(dir.join("weed.log")).unwrap_or_default();
+        let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
+        return Err(format!(
+            "SeaweedFS did not accept a write within 90 s; last log lines (newest first):\n{tail}"
+        ));
     }
     let started_in = started.elapsed();
     eprintln!(

@@ -3,7 +3,7 @@
 //! bytes, publication leaves it alone (same inode, same modification time),
 //! and still records the new owner and source.
 
-use crate::util::{Test, assert_catalog_matches_disk, strings};
+use crate::util::{Test, assert_catalog_matches_disk, strings, wait_past};
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -171,9 +171,20 @@ fn a_large_publication_knows_unchanged_files_by_their_look_and_rereads_any_touch
     t.config(REPLACEMENT);
     let root = t.join("root");
     publish_v1(&t, "v1", "2026-06-01T00:00:00Z").expect_code(0);
-    // Looks are recorded only once the files' change times are older than
-    // a clock tick; let them settle, as they do between real publications.
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Looks are recorded only once the files' change times are more than
+    // 50 ms old (a coarse clock tick; see `seen::Look::settled`): wait until
+    // they are, as they are between real publications.
+    let paths: Vec<String> = files(40, 1).into_iter().map(|(p, _)| p).collect();
+    let newest = paths
+        .iter()
+        .map(|p| fs::symlink_metadata(root.join(p)).unwrap())
+        .map(|m| {
+            std::time::UNIX_EPOCH
+                + std::time::Duration::new(m.ctime() as u64, m.ctime_nsec() as u32)
+        })
+        .max()
+        .unwrap();
+    wait_past(newest, std::time::Duration::from_millis(50));
     // The same bytes again: every file is kept (read and hashed, or known
     // by its look), and now every look is recorded.
     publish_v1(&t, "v2", "2026-06-02T00:00:00Z").expect_code(0);
@@ -196,7 +207,6 @@ fn a_large_publication_knows_unchanged_files_by_their_look_and_rereads_any_touch
         .set_modified(mtime)
         .unwrap();
     assert_eq!(fs::metadata(&touched).unwrap().modified().unwrap(), mtime);
-    let paths: Vec<String> = files(40, 1).into_iter().map(|(p, _)| p).collect();
     let before = stamps(&root, &paths);
 
     let out = publish_v1(&t, "v3", "2026-06-03T00:00:00Z");

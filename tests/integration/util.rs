@@ -183,8 +183,14 @@ impl Test {
     /// handles SIGTERM, SIGINT and SIGHUP (a signal sent earlier would kill
     /// it with the default action).
     pub fn agent_with(&self, config: &Path) -> Proc {
+        self.agent_logging(config, "info")
+    }
+
+    /// Like [`Test::agent_with`], logging what `filter` (a `RUST_LOG`
+    /// value) selects.
+    pub fn agent_logging(&self, config: &Path, filter: &str) -> Proc {
         let mut cmd = self.cmd();
-        cmd.env("RUST_LOG", "info")
+        cmd.env("RUST_LOG", filter)
             .arg("--config")
             .arg(config)
             .arg("agent");
@@ -400,24 +406,27 @@ impl Proc {
         );
     }
 
+    /// How many lines of its stderr so far contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.stderr().lines().filter(|l| l.contains(needle)).count()
+    }
+
     /// Waits for the exit (killing the child and failing at `timeout`).
     #[track_caller]
     pub fn finish(&mut self, timeout: Duration) -> Output {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                break status;
-            }
-            if start.elapsed() > timeout {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "{} did not exit within {timeout:?}:\n{}",
-                    self.what,
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        let mut status = None;
+        wait_for(timeout, || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        });
+        let Some(status) = status else {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            panic!(
+                "{} did not exit within {timeout:?}:\n{}",
+                self.what,
+                self.stderr()
+            );
         };
         for r in std::mem::take(&mut self.readers) {
             r.join().expect("output reader");
@@ -650,9 +659,12 @@ pub fn names(dir: &Path) -> BTreeSet<String> {
     }
 }
 
-/// Polls `cond` every 10 ms until it holds; false after `timeout`.
+/// Polls `cond` until it holds (every 2 ms at first, then less often, at
+/// most every 10 ms); false after `timeout`. The one place a test sleeps
+/// while it waits for something to happen.
 pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
+    let mut pause = Duration::from_millis(2);
     loop {
         if cond() {
             return true;
@@ -660,8 +672,33 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if start.elapsed() > timeout {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
     }
+}
+
+/// Waits until the system clock is more than `by` past `since` (a time a
+/// file or a catalog recorded), so that a rule about "older than" holds
+/// for whatever the next step does. Fails the test after [`DEADLINE`].
+#[track_caller]
+pub fn wait_past(since: std::time::SystemTime, by: Duration) {
+    assert!(
+        wait_for(DEADLINE, || std::time::SystemTime::now()
+            .duration_since(since)
+            .is_ok_and(|d| d > by)),
+        "the clock did not pass {since:?} + {by:?}"
+    );
+}
+
+/// The instant an RFC 3339 time stamp (a catalog's `updated_at`) names.
+#[track_caller]
+pub fn instant_of(stamp: &Value) -> std::time::SystemTime {
+    let text = stamp
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {stamp}"));
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("{text}: {e}"));
+    std::time::SystemTime::from(t)
 }
 
 /// A catalog's records by path.
