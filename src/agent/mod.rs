@@ -22,6 +22,7 @@ mod maintenance;
 pub mod presence;
 mod process;
 mod sd_notify;
+mod ticker;
 mod watcher;
 mod worker;
 

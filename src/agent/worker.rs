@@ -20,7 +20,7 @@ pub(super) struct Worker {
     pub(super) stop: Arc<AtomicBool>,
     once: bool,
     /// Started with the first bundle.
-    pub(super) ticker: std::sync::OnceLock<super::process::Ticker>,
+    pub(super) ticker: std::sync::OnceLock<super::ticker::Ticker>,
 }
 
 /// What was last logged about an inbox entry: its state, and apart from
