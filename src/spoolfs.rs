@@ -6,9 +6,13 @@
 //! never ends.
 //!
 //! Like Postfix's `postdrop`/`pickup`, this module therefore
-//! - opens folders and files one segment at a time relative to an open
-//!   folder, never following a symbolic link (`O_NOFOLLOW`), never blocking
-//!   (`O_NONBLOCK`: a FIFO or device is refused, never read);
+//! - opens folders and files relative to an open folder, never following a
+//!   symbolic link (`O_NOFOLLOW` for one segment, `openat2` with
+//!   `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` for a path below a bundle or
+//!   spool folder), never blocking (`O_NONBLOCK`: a FIFO or device is
+//!   refused, never read);
+//! - walks and deletes trees holding a few descriptors at a time, however
+//!   wide or deep a producer made them ([`walk`], [`open_beneath`]);
 //! - checks what it opened by its descriptor (regular file, one link, the
 //!   inode it inspected), and reads at most a cap;
 //! - writes its own files there only by creating a new temporary file and
@@ -20,9 +24,12 @@
 use crate::atomic::{self, Durability, Temp};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
-use std::path::{Path, PathBuf};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 /// Why an entry could not be opened as the kind of thing wanted.
 #[derive(Debug)]
@@ -181,31 +188,68 @@ fn open_entry(parent: &Dir, name: &OsStr, dir: bool) -> Result<std::fs::File, En
     Ok(file.into_std())
 }
 
-/// Opens the folder at `segments` below `root` without following a link
-/// anywhere on the way (`openat2` with `RESOLVE_BENEATH |
-/// RESOLVE_NO_SYMLINKS`, one call; segment by segment where the kernel has
-/// no `openat2`). Only the folder reached stays open, so a walk that reopens
-/// each folder from the top holds two descriptors however deep it goes.
+/// Longest path handed to one `openat2` (`PATH_MAX` is 4096 with the NUL).
+const MAX_PATH_CHUNK: usize = 4000;
+
+/// Opens the folder at `path` below `top`: by `openat2` relative to `top`,
+/// refusing a symbolic link anywhere and anything outside `top` or on
+/// another file system; a path longer than one call takes is opened in
+/// pieces. Where `openat2` is missing, segment by segment with
+/// `O_NOFOLLOW`. At most two descriptors are open at once.
+pub fn open_beneath(top: BorrowedFd<'_>, path: &[&OsStr]) -> io::Result<OwnedFd> {
+    // No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link at the end too
+    // (ELOOP, where O_NOFOLLOW would make it ENOTDIR).
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
+    let mut current: Option<OwnedFd> = None;
+    let mut rest = path;
+    while !rest.is_empty() {
+        let mut joined: Vec<u8> = Vec::new();
+        let mut taken = 0;
+        for name in rest {
+            let need = name.len() + usize::from(taken > 0);
+            if taken > 0 && joined.len() + need > MAX_PATH_CHUNK {
+                break;
+            }
+            if taken > 0 {
+                joined.push(b'/');
+            }
+            joined.extend_from_slice(name.as_bytes());
+            taken += 1;
+        }
+        let base = current.as_ref().map_or(top, |fd| fd.as_fd());
+        let opened =
+            match rustix::fs::openat2(base, joined.as_slice(), flags, Mode::empty(), resolve) {
+                Err(rustix::io::Errno::NOSYS) => {
+                    let flags = flags | OFlags::NOFOLLOW;
+                    let mut fd = rustix::fs::openat(base, rest[0], flags, Mode::empty())?;
+                    for name in &rest[1..taken] {
+                        fd = rustix::fs::openat(&fd, *name, flags, Mode::empty())?;
+                    }
+                    fd
+                }
+                other => other?,
+            };
+        current = Some(opened);
+        rest = &rest[taken..];
+    }
+    current.ok_or_else(|| io::Error::other("an empty path"))
+}
+
+/// [`open_beneath`] as a [`Dir`], `root` itself for an empty path: the
+/// folder at `segments` below `root`, reached without following a link.
+/// Only the folder reached stays open, so a walk that reopens each folder
+/// from the top holds two descriptors however deep it goes.
 pub fn open_dir_beneath(root: &Dir, segments: &[OsString]) -> Result<Dir, EntryError> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
     if segments.is_empty() {
         return root.try_clone().map_err(EntryError::Io);
     }
-    let path: PathBuf = segments.iter().collect();
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-    // No O_NOFOLLOW: RESOLVE_NO_SYMLINKS refuses a link at the end too (ELOOP).
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    match openat2(root, &path, flags, Mode::empty(), resolve) {
-        Ok(fd) => Ok(Dir::from_std_file(std::fs::File::from(fd))),
-        Err(rustix::io::Errno::NOSYS) => {
-            let mut dir = open_dir(root, &segments[0])?;
-            for segment in &segments[1..] {
-                dir = open_dir(&dir, segment)?;
-            }
-            Ok(dir)
-        }
-        Err(e) => Err(EntryError::from_io(e.into())),
-    }
+    let path: Vec<&OsStr> = segments.iter().map(OsString::as_os_str).collect();
+    let fd = open_beneath(root.as_fd(), &path).map_err(EntryError::from_io)?;
+    Ok(Dir::from_std_file(std::fs::File::from(fd)))
 }
 
 /// What [`walk`] does after visiting an entry.

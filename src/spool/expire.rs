@@ -14,8 +14,8 @@
 //! - never stops retention at one entry: every expired entry is tried.
 
 use super::{Folder, Spool, spoolfs};
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fd::{AsFd, BorrowedFd};
+use rustix::fs::{AtFlags, FileType};
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -28,8 +28,6 @@ pub const RETENTION_FILE: &str = ".distributor-retention.json";
 /// Most entries named in the record (the count is of all).
 const MAX_RECORDED: usize = 1000;
 const MAX_RECORD_BYTES: u64 = 4 << 20;
-/// Longest path handed to one `openat2` (`PATH_MAX` is 4096 with the NUL).
-const MAX_PATH_CHUNK: usize = 4000;
 
 /// A `done/` entry retention could not remove, and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -290,7 +288,7 @@ pub(super) fn remove_entry(top: BorrowedFd<'_>, name: &OsStr) -> Removal {
             let opened = if parent.is_empty() {
                 None
             } else {
-                match open_beneath(top, &parent) {
+                match spoolfs::open_beneath(top, &parent) {
                     Ok(fd) => Some(fd),
                     Err(e) => {
                         removal.block(path.clone(), None, e);
@@ -331,7 +329,7 @@ fn empty_folder(
         p.extend(name.map(OsStr::to_owned));
         p
     };
-    let fd = match open_beneath(top, path) {
+    let fd = match spoolfs::open_beneath(top, path) {
         Ok(fd) => fd,
         Err(e) => {
             removal.block(owned_path(None), owner_at(top, path), e);
@@ -399,51 +397,6 @@ fn empty_folder(
     Some((subfolders, failed))
 }
 
-/// Opens the folder at `path` below `top`: by `openat2` relative to `top`,
-/// refusing a symbolic link anywhere and anything outside `top` or on
-/// another file system; a path longer than one call takes is opened in
-/// pieces. Where `openat2` is missing, segment by segment with
-/// `O_NOFOLLOW`. At most two descriptors are open at once.
-fn open_beneath(top: BorrowedFd<'_>, path: &[&OsStr]) -> io::Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let resolve = ResolveFlags::BENEATH
-        | ResolveFlags::NO_SYMLINKS
-        | ResolveFlags::NO_MAGICLINKS
-        | ResolveFlags::NO_XDEV;
-    let mut current: Option<OwnedFd> = None;
-    let mut rest = path;
-    while !rest.is_empty() {
-        let mut joined: Vec<u8> = Vec::new();
-        let mut taken = 0;
-        for name in rest {
-            let need = name.len() + usize::from(taken > 0);
-            if taken > 0 && joined.len() + need > MAX_PATH_CHUNK {
-                break;
-            }
-            if taken > 0 {
-                joined.push(b'/');
-            }
-            joined.extend_from_slice(name.as_bytes());
-            taken += 1;
-        }
-        let base = current.as_ref().map_or(top, |fd| fd.as_fd());
-        let opened =
-            match rustix::fs::openat2(base, joined.as_slice(), flags, Mode::empty(), resolve) {
-                Err(rustix::io::Errno::NOSYS) => {
-                    let mut fd = rustix::fs::openat(base, rest[0], flags, Mode::empty())?;
-                    for name in &rest[1..taken] {
-                        fd = rustix::fs::openat(&fd, *name, flags, Mode::empty())?;
-                    }
-                    fd
-                }
-                other => other?,
-            };
-        current = Some(opened);
-        rest = &rest[taken..];
-    }
-    current.ok_or_else(|| io::Error::other("an empty path"))
-}
-
 fn owner_of(fd: BorrowedFd<'_>) -> Option<u32> {
     rustix::fs::fstat(fd).ok().map(|s| s.st_uid)
 }
@@ -454,7 +407,7 @@ fn owner_at(top: BorrowedFd<'_>, path: &[&OsStr]) -> Option<u32> {
     let stat = if parent.is_empty() {
         rustix::fs::statat(top, *last, AtFlags::SYMLINK_NOFOLLOW)
     } else {
-        let fd = open_beneath(top, parent).ok()?;
+        let fd = spoolfs::open_beneath(top, parent).ok()?;
         rustix::fs::statat(&fd, *last, AtFlags::SYMLINK_NOFOLLOW)
     };
     stat.ok().map(|s| s.st_uid)
@@ -463,6 +416,7 @@ fn owner_at(top: BorrowedFd<'_>, path: &[&OsStr]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::{Mode, OFlags};
     use std::fs;
     use std::path::Path;
 
@@ -514,7 +468,7 @@ mod tests {
         assert_eq!(record.entries[0].name, "b0000");
     }
 
-    fn open(path: &Path) -> OwnedFd {
+    fn open(path: &Path) -> rustix::fd::OwnedFd {
         rustix::fs::open(
             path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
