@@ -4,7 +4,7 @@
 //! log goes to a file. Dropping privileges needs root; as another user the
 //! tests that use it print why they skip and pass. CI runs them as root.
 
-use crate::util::{Output, Test, catches, read_json, signal, wait_for, wait_output};
+use crate::util::{Output, Test, catches, read_json, signal, wait_exit, wait_for, wait_output};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
@@ -265,14 +265,7 @@ impl Live {
     pub(crate) fn terminate(&mut self, deadline: Duration) -> (i32, Duration) {
         signal(self.pid(), libc::SIGTERM);
         let sent = Instant::now();
-        let mut status = None;
-        wait_for(deadline, || {
-            status = self.child.try_wait().expect("try_wait");
-            status.is_some()
-        });
-        let Some(status) = status else {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        let Some(status) = wait_exit(&mut self.child, deadline) else {
             panic!(
                 "the agent did not exit within {deadline:?} of SIGTERM:\n{}",
                 self.log()

@@ -414,14 +414,7 @@ impl Proc {
     /// Waits for the exit (killing the child and failing at `timeout`).
     #[track_caller]
     pub fn finish(&mut self, timeout: Duration) -> Output {
-        let mut status = None;
-        wait_for(timeout, || {
-            status = self.child.try_wait().expect("try_wait");
-            status.is_some()
-        });
-        let Some(status) = status else {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        let Some(status) = wait_exit(&mut self.child, timeout) else {
             panic!(
                 "{} did not exit within {timeout:?}:\n{}",
                 self.what,
@@ -657,6 +650,21 @@ pub fn names(dir: &Path) -> BTreeSet<String> {
             .collect(),
         Err(_) => BTreeSet::new(),
     }
+}
+
+/// Waits up to `timeout` for `child` to exit; `None` (the child killed
+/// and reaped) when it did not.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let mut status = None;
+    wait_for(timeout, || {
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    status
 }
 
 /// Polls `cond` until it holds (every 2 ms at first, then less often, at
