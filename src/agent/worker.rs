@@ -7,6 +7,7 @@ use crate::config::{Config, Pipeline};
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -89,11 +90,25 @@ impl Worker {
         self.stop.load(Ordering::SeqCst)
     }
 
+    /// Serves the pipeline: takes its agent lock, settles what a previous
+    /// agent left in work/, then claims and publishes from the inbox until
+    /// stopped (or, `--once`, until nothing more can be claimed).
     pub(super) fn run(&self, rx: &Receiver<Wake>) {
         let Some(_agent_lock) = self.serve_lock(rx) else {
             return;
         };
+        // Counted as serving (for metrics and systemd's STATUS=) while the
+        // lock is held.
         let _serving = Serving::start();
+        if self.resume_work(rx) {
+            self.serve_inbox(rx);
+        }
+    }
+
+    /// Settles what a previous agent left: its batch file, its s3
+    /// publications, temporary files of its bookkeeping, and the bundles in
+    /// work/, each resumed. False when a stop came meanwhile.
+    fn resume_work(&self, rx: &Receiver<Wake>) -> bool {
         if let Err(e) = spool::settle_batch(&self.spool) {
             log::error!(
                 "pipeline={}: cannot settle {} ({e}); the attempt it recorded is not counted. Check permissions in work/, and delete the file if this repeats (only an attempt count is lost)",
@@ -135,7 +150,7 @@ impl Worker {
                 }
                 for f in found {
                     if self.stopping() {
-                        return;
+                        return false;
                     }
                     if self.fail_if_bookkeeping_blocked(&f.path, &f.name) {
                         continue;
@@ -164,6 +179,13 @@ impl Worker {
                 self.spool.work.display()
             ),
         }
+        true
+    }
+
+    /// Probes the inbox, claims what is ready (in chunks of
+    /// [`Worker::max_batch`]) and publishes it, then waits for a wake-up, a
+    /// settle time or the rescan interval.
+    fn serve_inbox(&self, rx: &Receiver<Wake>) {
         let timing = spool::Timing {
             once: self.once,
             ..self.spool.timing
@@ -241,55 +263,7 @@ impl Worker {
                 if self.stopping() {
                     return;
                 }
-                let mut claimed = Vec::new();
-                for p in chunk {
-                    complete_since.remove(&p.name);
-                    match spool::move_unique(
-                        &p.path,
-                        &self.spool.work,
-                        &p.name,
-                        spool::names::NAME_MAX,
-                    ) {
-                        Ok(work_path) => {
-                            told.remove(&p.name);
-                            let name = work_path
-                                .file_name()
-                                .map(|n| n.to_string_lossy().into_owned())
-                                .unwrap_or_else(|| p.name.clone());
-                            if !spool::is_real_folder(&work_path) {
-                                // Swapped for a link after the probe: never
-                                // followed, filed away as it is.
-                                self.fail_not_a_folder(&work_path, &name);
-                                continue;
-                            }
-                            if self.fail_if_bookkeeping_blocked(&work_path, &name) {
-                                continue;
-                            }
-                            claimed.push((work_path, name));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => {
-                            let key = format!("cannot claim: {e}");
-                            let told = told
-                                .entry(p.name.clone())
-                                .or_insert_with(|| Told::note(String::new()));
-                            if told.claim.as_ref() != Some(&key) {
-                                let fix = if e.raw_os_error() == Some(libc::EPERM) {
-                                    "The inbox is sticky and belongs to another user, so the agent may move only its own user's entries: make the agent's user own the inbox (chown)"
-                                } else {
-                                    "The agent needs write access to the bundle folder to move it"
-                                };
-                                log::error!(
-                                    "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. {fix}: see docs/security.md",
-                                    self.pipeline.id,
-                                    inert(&p.name),
-                                    inert(&p.path.display().to_string())
-                                );
-                                told.claim = Some(key);
-                            }
-                        }
-                    }
-                }
+                let claimed = self.claim(chunk, &mut told, &mut complete_since);
                 claimed_any |= !claimed.is_empty();
                 self.process_claimed(&claimed, rx);
             }
@@ -326,6 +300,64 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
+    }
+
+    /// Moves each entry of `ready` into work/ (under a name that fits, see
+    /// [`spool::names`]); what is no real folder any more, or holds a folder
+    /// at a bookkeeping name, is filed into failed/ at once. Returns the
+    /// claimed bundles (path in work/, name). An entry that cannot be moved
+    /// is logged once per reason and left.
+    fn claim(
+        &self,
+        ready: &[&spool::Probe],
+        told: &mut HashMap<String, Told>,
+        complete_since: &mut HashMap<String, Instant>,
+    ) -> Vec<(PathBuf, String)> {
+        let mut claimed = Vec::new();
+        for p in ready {
+            complete_since.remove(&p.name);
+            match spool::move_unique(&p.path, &self.spool.work, &p.name, spool::names::NAME_MAX) {
+                Ok(work_path) => {
+                    told.remove(&p.name);
+                    let name = work_path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| p.name.clone());
+                    if !spool::is_real_folder(&work_path) {
+                        // Swapped for a link after the probe: never
+                        // followed, filed away as it is.
+                        self.fail_not_a_folder(&work_path, &name);
+                        continue;
+                    }
+                    if self.fail_if_bookkeeping_blocked(&work_path, &name) {
+                        continue;
+                    }
+                    claimed.push((work_path, name));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let key = format!("cannot claim: {e}");
+                    let told = told
+                        .entry(p.name.clone())
+                        .or_insert_with(|| Told::note(String::new()));
+                    if told.claim.as_ref() != Some(&key) {
+                        let fix = if e.raw_os_error() == Some(libc::EPERM) {
+                            "The inbox is sticky and belongs to another user, so the agent may move only its own user's entries: make the agent's user own the inbox (chown)"
+                        } else {
+                            "The agent needs write access to the bundle folder to move it"
+                        };
+                        log::error!(
+                            "pipeline={} bundle={}: cannot claim it (move {} into work/): {e}; the other bundles go on. {fix}: see docs/security.md",
+                            self.pipeline.id,
+                            inert(&p.name),
+                            inert(&p.path.display().to_string())
+                        );
+                        told.claim = Some(key);
+                    }
+                }
+            }
+        }
+        claimed
     }
 
     /// Logs what an inbox entry is waiting for, once per state (docs/contract.md §12.5):
