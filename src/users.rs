@@ -1,4 +1,7 @@
-//! User and group names of ids, for messages (`uid 60001, alice`).
+//! User and group names of ids, for messages (`uid 60001, alice`). The
+//! lookups go through the C library (`getpwuid_r`, `getgrgid_r`), so that
+//! names from NSS (LDAP, systemd's dynamic users) are found too: rustix
+//! makes system calls only and has no such lookup.
 
 /// The name of user `uid`, or the number when it has none.
 pub fn user_name(uid: u32) -> String {

@@ -3,35 +3,28 @@
 //! folder that does not exist yet, owner and group names, and the text of
 //! the fix to print. Looks only; changes nothing.
 
-use std::ffi::CString;
+use rustix::fs::{Access, AtFlags, CWD, accessat};
+use rustix::io::Errno;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// True when the effective user may create entries in `dir` (write and
 /// search permission, `faccessat(.., W_OK | X_OK, AT_EACCESS)`).
 pub(super) fn can_write(dir: &Path) -> io::Result<bool> {
-    check(dir, libc::W_OK | libc::X_OK)
+    check(dir, Access::WRITE_OK | Access::EXEC_OK)
 }
 
 /// True when the effective user may list `dir` and enter it.
 pub(super) fn can_read(dir: &Path) -> io::Result<bool> {
-    check(dir, libc::R_OK | libc::X_OK)
+    check(dir, Access::READ_OK | Access::EXEC_OK)
 }
 
-fn check(path: &Path, mode: libc::c_int) -> io::Result<bool> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), mode, libc::AT_EACCESS) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => Ok(false),
-        _ => Err(e),
+fn check(path: &Path, mode: Access) -> io::Result<bool> {
+    match accessat(CWD, path, mode, AtFlags::EACCESS) {
+        Ok(()) => Ok(true),
+        Err(Errno::ACCESS | Errno::ROFS | Errno::PERM) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -56,16 +49,14 @@ pub(super) fn first_unreadable(path: &Path) -> Option<PathBuf> {
 
 /// The name of the effective user, or its number.
 pub(super) fn current_user() -> String {
-    // SAFETY: geteuid cannot fail.
-    user_name(unsafe { libc::geteuid() })
+    user_name(rustix::process::geteuid().as_raw())
 }
 
 pub(super) use crate::users::{group_name, user_name};
 
 /// The effective user's primary group name.
 pub(super) fn current_group() -> String {
-    // SAFETY: getegid cannot fail.
-    group_name(unsafe { libc::getegid() })
+    group_name(rustix::process::getegid().as_raw())
 }
 
 /// "owned by USER:GROUP, mode 0750" for a message, or "" when it cannot be read.
