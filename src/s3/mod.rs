@@ -25,6 +25,7 @@
 
 pub mod conformance;
 pub mod failure;
+mod intent;
 pub mod protocol;
 mod recovery;
 #[cfg(test)]

@@ -697,36 +697,6 @@ fn a_long_upload_renews_its_lease_and_stops_when_it_was_taken_over() {
 }
 
 #[test]
-fn lease_settings_from_the_environment() {
-    let default = Settings::default();
-    let secs = |lease: u64, renew_ms: u64| Settings {
-        lease: Duration::from_secs(lease),
-        renew_every: Duration::from_millis(renew_ms),
-    };
-    let cases: [(Option<&str>, Option<Settings>); 9] = [
-        (None, Some(default)),
-        (Some(""), Some(default)),
-        (Some("300"), Some(default)),
-        (Some("2"), Some(secs(2, 200))),
-        (Some(" 45 "), Some(secs(45, 4_500))),
-        (Some("1"), None),
-        (Some("0"), None),
-        (Some("5m"), None),
-        (Some("86401"), None),
-    ];
-    for (value, expected) in cases {
-        let got = lease_settings(value);
-        match expected {
-            Some(s) => assert_eq!(got, Ok(s), "{value:?}"),
-            None => {
-                let e = got.expect_err(value.unwrap_or_default());
-                assert!(e.contains(LEASE_ENV) && e.contains("300 s"), "{e}");
-            }
-        }
-    }
-}
-
-#[test]
 fn small_objects_go_up_together_around_a_large_one_and_stay_in_order() {
     // More small objects than go up at once, with a multipart one between
     // them: everything stored, hashes checked, reported in write order.

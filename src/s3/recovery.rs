@@ -7,7 +7,7 @@
 
 use object_store::{PutMode, UpdateVersion};
 
-use super::protocol::{
+use super::intent::{
     Delete, Intent, PENDING_DIR, Session, Settings, delete_if_unrecorded_and_unchanged, intent_key,
     recorded,
 };
@@ -80,8 +80,8 @@ pub fn recover(root: &S3Root, settings: Settings, id: &str) -> Result<Option<Rec
 /// Wrongly taking a live publisher's intent would cost it a retry, never a
 /// lost update: recovery revokes and fences like any other.
 pub fn recover_abandoned(root: &S3Root, spool: &str) -> Result<Vec<(String, Recovered)>> {
-    let tag = super::protocol::spool_tag(spool);
-    let ours = super::protocol::owner();
+    let tag = super::intent::spool_tag(spool);
+    let ours = super::intent::owner();
     let mut out = Vec::new();
     for id in pending_intents(root)? {
         let done = recover_if(root, &id, &mut |intent, _| {
