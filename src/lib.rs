@@ -2,7 +2,6 @@
 //! their manifests and publishes them into catalogued destination roots.
 
 pub mod agent;
-pub mod atomic;
 pub mod bundle;
 pub mod catalog;
 pub mod cli;
@@ -24,6 +23,7 @@ pub mod progress;
 pub mod publish;
 pub mod remembered;
 pub mod render;
+pub mod replace_file;
 pub mod report;
 pub mod s3;
 pub mod seen;

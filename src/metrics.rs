@@ -18,8 +18,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::atomic::{self, Durability, Temp};
 use crate::config::Config;
+use crate::replace_file::{self, Durability, Temp};
 use crate::spool::Folder;
 
 /// Every metric name starts with this.
@@ -292,7 +292,7 @@ impl Metrics {
             _ => Path::new("."),
         };
         let dir = cap_std::fs::Dir::open_ambient_dir(folder, cap_std::ambient_authority())?;
-        atomic::replace_bytes(
+        replace_file::replace_bytes(
             &dir,
             name,
             Temp::Named(&temp),

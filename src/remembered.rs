@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 /// Catalog files up to this size are remembered (about 40,000 records).
 pub const LARGEST: u64 = 16 << 20;
 
-struct Entry {
+struct Remembered {
     /// Device and inode of the root folder.
     root: (u64, u64),
     /// The catalog file as written, and the catalog (until recalled).
@@ -39,14 +39,14 @@ struct Entry {
     texts: Option<Arc<RecordTexts>>,
 }
 
-static REMEMBERED: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static REMEMBERED: Mutex<Vec<Remembered>> = Mutex::new(Vec::new());
 
 fn root_key(root: &Root) -> Option<(u64, u64)> {
     let st = rustix::fs::fstat(root.dir()).ok()?;
     Some((st.st_dev, st.st_ino))
 }
 
-fn entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
+fn entries() -> std::sync::MutexGuard<'static, Vec<Remembered>> {
     // An entry is only ever replaced whole: a panic elsewhere while the
     // lock was held leaves nothing half-done.
     REMEMBERED.lock().unwrap_or_else(|e| e.into_inner())
@@ -94,7 +94,7 @@ pub fn remember(root: &Root, file: Look, catalog: Catalog, texts: Option<RecordT
     let mut entries = entries();
     entries.retain(|e| e.root != key);
     if file.size <= LARGEST {
-        entries.push(Entry {
+        entries.push(Remembered {
             root: key,
             catalog: Some((file, catalog)),
             texts: texts.map(Arc::new),

@@ -21,7 +21,7 @@
 //!
 //! Outside this module, nothing opens a path inside a spool.
 
-use crate::atomic::{self, Durability, Temp};
+use crate::replace_file::{self, Durability, Temp};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -415,7 +415,7 @@ pub fn replace(dir: &Dir, name: &str, bytes: &[u8], durable: bool) -> io::Result
     } else {
         Durability::Unsynced
     };
-    atomic::replace_bytes(dir, name, Temp::Unique, durability, bytes)
+    replace_file::replace_bytes(dir, name, Temp::Unique, durability, bytes)
 }
 
 /// Opens the lock file `name` in `dir` for locking, creating it when

@@ -6,10 +6,10 @@
 //! A symlink inside the root is treated as content (an entry), never as a
 //! folder to descend into. This module decides nothing about plans.
 
-use crate::atomic::{self, Durability, Temp};
 use crate::catalog::Sha256;
 use crate::hashing::{self, Hashed};
 use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
+use crate::replace_file::{self, Durability, Temp};
 use crate::seen::Look;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::collections::HashMap;
@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 /// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
 pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
-pub use crate::atomic::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
 pub use crate::io_class::is_transient;
 pub use crate::plan::Entry;
+pub use crate::replace_file::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
 
 /// What a file system entry is, as a plan sees it.
 fn entry_of(m: &cap_std::fs::Metadata) -> Entry {
@@ -492,7 +492,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        atomic::replace(&self.dir, name, Temp::Unique, Durability::Full, fill).map(drop)
+        replace_file::replace(&self.dir, name, Temp::Unique, Durability::Full, fill).map(drop)
     }
 
     /// Writes a reserved file atomically with its bytes fsynced, but leaves
@@ -504,7 +504,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<Look> {
-        atomic::replace(&self.dir, name, Temp::Unique, Durability::Data, fill)
+        replace_file::replace(&self.dir, name, Temp::Unique, Durability::Data, fill)
             .map(|meta| Look::of(&meta))
     }
 
@@ -516,7 +516,7 @@ impl Root {
         name: &str,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<Look> {
-        atomic::replace(&self.dir, name, Temp::Unique, Durability::Unsynced, fill)
+        replace_file::replace(&self.dir, name, Temp::Unique, Durability::Unsynced, fill)
             .map(|meta| Look::of(&meta))
     }
 
@@ -530,7 +530,7 @@ impl Root {
         &self,
         fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
     ) -> io::Result<StagedFile> {
-        let (temp, mut file) = atomic::create_temp(&self.dir)?;
+        let (temp, mut file) = replace_file::create_temp(&self.dir)?;
         if let Err(e) = fill(&mut file) {
             let _ = self.dir.remove_file(&temp);
             return Err(e);
@@ -568,9 +568,9 @@ impl Root {
     /// caller) over the reserved file `name`; the rename is durable once
     /// the root folder is synced. Returns the look of the file placed.
     pub fn place_reserved(&self, staged: &StagedFile, name: &str) -> io::Result<Look> {
-        let old = atomic::hold(&self.dir, name);
+        let old = replace_file::hold(&self.dir, name);
         self.dir.rename(&staged.temp, &self.dir, name)?;
-        atomic::release_later(old);
+        replace_file::release_later(old);
         Ok(Look::of(&staged.file.metadata()?))
     }
 
@@ -609,10 +609,10 @@ impl Root {
         let Some((dir, name)) = self.parent_of(path)? else {
             return Ok(false);
         };
-        let held = atomic::hold(&dir, &name);
+        let held = replace_file::hold(&dir, &name);
         match dir.remove_file(&name) {
             Ok(()) => {
-                atomic::release_later(held);
+                replace_file::release_later(held);
                 Ok(true)
             }
             Err(e) if is_not_found(&e) => Ok(false),

@@ -6,10 +6,10 @@ use super::MANIFEST;
 use super::error::Problem;
 use super::manifest::{Manifest, ManifestFile, compute_digest, normalise_created};
 use super::open::{kind_label, open_checked, walk};
-use crate::atomic::{self, Durability, Temp};
 use crate::hashing;
 use crate::inert::{inert, inert_os};
 use crate::paths::{IdKind, RelPath, check_id, is_reserved_name};
+use crate::replace_file::{self, Durability, Temp};
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use std::collections::BTreeMap;
@@ -354,7 +354,7 @@ fn name_warnings(files: &[ManifestFile]) -> Vec<String> {
 /// rename over the final name, then sync the folder.
 fn write_manifest(root: &Dir, text: &str) -> io::Result<()> {
     let temp = temp_manifest_name();
-    atomic::replace_bytes(
+    replace_file::replace_bytes(
         root,
         MANIFEST,
         Temp::Named(temp.as_ref()),

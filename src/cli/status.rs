@@ -13,7 +13,7 @@ use super::{EXIT_FAILURE, EXIT_OK, access, config_or_usage};
 use crate::agent::presence;
 use crate::config::{Config, Pipeline};
 use crate::inert::inert;
-use crate::spool::{self, Entry, Folder, Spool};
+use crate::spool::{self, Folder, Spool, SpoolEntry};
 use serde_json::{Value, json};
 use std::path::Path;
 use time::OffsetDateTime;
@@ -204,7 +204,7 @@ fn pipeline_status(
 /// What to do about `done/` entries retention cannot remove.
 const RETENTION_FIX: &str = "the agent may not write into folders their producer owns: the producer or root must remove them (docs/troubleshooting.md), and producers should hand over group-writable bundles as docs/install.md sets up";
 
-fn failure_json(r: &Entry) -> Value {
+fn failure_json(r: &SpoolEntry) -> Value {
     json!({"name": r.name, "modified": r.modified, "stage": r.stage, "error": r.error})
 }
 

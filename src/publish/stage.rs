@@ -23,7 +23,6 @@
 
 use super::Failure;
 use super::content::Content;
-use crate::atomic;
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, format_time};
 use crate::failpoint;
@@ -32,6 +31,7 @@ use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::Desired;
 use crate::remembered;
+use crate::replace_file;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root, StagedFile};
 use crate::workers::{PerCore, Syncable, Workers, map_on_runs, sync_at_once};
@@ -782,7 +782,7 @@ fn move_into_place<'p>(
         // Both names are single segments in their folders (a temporary
         // name and a checked path's last segment): nothing to resolve.
         // The file replaced, if any, is freed off this path.
-        let held = atomic::hold(&dir, path.file_name());
+        let held = replace_file::hold(&dir, path.file_name());
         match rustix::fs::renameat(from, temp.as_str(), &*dir, path.file_name()) {
             Ok(()) => {}
             Err(rustix::io::Errno::XDEV) => {
@@ -796,7 +796,7 @@ fn move_into_place<'p>(
             }
             Err(e) => return Err(e.into()),
         }
-        atomic::release_later(held);
+        replace_file::release_later(held);
         failpoint::hit("publish.after_rename");
         Ok(())
     };

@@ -211,7 +211,7 @@ fn render_into(
         if cuts.is_empty() {
             break;
         }
-        let plan = split::Plan::new(markdown, cuts, settings, limit);
+        let plan = split::Pieces::new(markdown, cuts, settings, limit);
         if !plan.fits() {
             // Other rounds would only put pieces back: the whole document
             // decides.

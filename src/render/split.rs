@@ -796,7 +796,7 @@ fn next_line_looks_like_delimiter(markdown: &str, at: usize) -> bool {
 
 /// The documents to parse: the main one with tokens in place of the cuts,
 /// and the batches of rows.
-pub(super) struct Plan<'m> {
+pub(super) struct Pieces<'m> {
     markdown: &'m str,
     cuts: Vec<Cut>,
     shelved: Vec<Cut>,
@@ -822,10 +822,10 @@ pub(super) struct Plan<'m> {
 /// and up to two per node).
 const PIECE_TIMES: u64 = 4;
 
-impl<'m> Plan<'m> {
+impl<'m> Pieces<'m> {
     /// `limit`: bytes the parse trees of a round may take (see
     /// [`super::budget`]); when the plan's would take more, it does not fit
-    /// ([`Plan::fits`]) and nothing of it is parsed.
+    /// ([`Pieces::fits`]) and nothing of it is parsed.
     pub(super) fn new(
         markdown: &'m str,
         cuts: Cuts,
@@ -1004,7 +1004,7 @@ impl<'m> Plan<'m> {
             fits = main_bytes + (extra.capacity() as u64) + PIECE_TIMES * heaviest <= limit;
         }
         let none_after = none_after(markdown, &cuts);
-        Plan {
+        Pieces {
             markdown,
             cuts,
             shelved,
@@ -1196,11 +1196,11 @@ enum Work<'p> {
     Section { index: usize },
 }
 
-/// The event stream of a [`Plan`]: the main document's events with each
+/// The event stream of a [`Pieces`]: the main document's events with each
 /// token replaced by its piece's events. Check [`Splicer::failed`] once it
 /// is exhausted.
 pub(super) struct Splicer<'p> {
-    plan: &'p Plan<'p>,
+    plan: &'p Pieces<'p>,
     main: OffsetIter<'p>,
     pending: VecDeque<Event<'p>>,
     work: Option<Work<'p>>,
@@ -1230,7 +1230,7 @@ pub(super) struct Splicer<'p> {
 }
 
 impl<'p> Splicer<'p> {
-    pub(super) fn new(plan: &'p Plan<'p>, options: Options) -> Self {
+    pub(super) fn new(plan: &'p Pieces<'p>, options: Options) -> Self {
         Splicer {
             plan,
             main: Parser::new_ext(&plan.main, options).into_offset_iter(),

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 
 /// One line of `spool list`.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Entry {
+pub struct SpoolEntry {
     pub pipeline_id: String,
     pub spool: &'static str,
     pub name: String,
@@ -30,7 +30,7 @@ pub struct Entry {
 
 /// Lists the entries of `folders`, oldest first. Inbox entries carry their
 /// state and the reason they wait.
-pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
+pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<SpoolEntry>> {
     let mut out = Vec::new();
     for &folder in folders {
         if folder == Folder::Inbox {
@@ -83,7 +83,7 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<Entry>> {
             };
             rows.push((
                 modified,
-                Entry {
+                SpoolEntry {
                     pipeline_id: spool.pipeline_id.clone(),
                     spool: folder.as_str(),
                     name,
@@ -106,9 +106,9 @@ fn format_time(t: SystemTime) -> String {
 }
 
 /// The inbox, each entry with its state (docs/contract.md §13.4), oldest first.
-fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
+fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
     let now = SystemTime::now();
-    let mut rows: Vec<(SystemTime, Entry)> = probe_inbox(&spool.inbox, &spool.limits)?
+    let mut rows: Vec<(SystemTime, SpoolEntry)> = probe_inbox(&spool.inbox, &spool.limits)?
         .into_iter()
         .map(|p| {
             let (state, _) = p.decide(now, None, &spool.timing.for_listing());
@@ -118,7 +118,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<Entry>> {
             let since = p.last_change;
             (
                 since,
-                Entry {
+                SpoolEntry {
                     pipeline_id: spool.pipeline_id.clone(),
                     spool: Folder::Inbox.as_str(),
                     name: p.name.clone(),
