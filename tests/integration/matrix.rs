@@ -13,7 +13,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::seaweed::{Bucket, server};
-use crate::util::{Output, Test, is_reserved, read_state, records, strings};
+use crate::util::{Output, Test, instant_of, is_reserved, read_state, records, strings, wait_past};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
@@ -34,6 +34,12 @@ struct Site {
 
 impl Site {
     fn new(backend: Backend, workflow: &str) -> Site {
+        Site::with(backend, workflow, "")
+    }
+
+    /// [`Site::new`] with `extra` (more keys of the destination, indented
+    /// as they are) in the destination.
+    fn with(backend: Backend, workflow: &str, extra: &str) -> Site {
         let t = Test::new();
         let (bucket, root) = match backend {
             Backend::Local => (None, "path: ./site".to_owned()),
@@ -58,7 +64,7 @@ pipelines:
         publish:
           source: true
           html: true
-"
+{extra}"
         ));
         Site { backend, t, bucket }
     }
@@ -397,5 +403,106 @@ fn publish_replace_skip_and_refuse_alike_on_every_backend() {
                 "{backend:?} {workflow}: an unrecorded file was touched"
             );
         }
+    });
+}
+
+/// A backlog of three versions of one source, published by `agent --once`
+/// (one batch): they go in arrival order, so the root ends at the last
+/// version, replacement having deleted what the later versions dropped,
+/// and every bundle is filed in `done/`.
+#[test]
+fn a_backlog_goes_in_arrival_order_and_ends_at_the_last_version() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        let inbox = site.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        let versions: [(&str, &[(&str, &str)]); 3] = [
+            ("v1", &[("a.txt", "a1\n"), ("old.txt", "only in v1\n")]),
+            ("v2", &[("a.txt", "a2\n"), ("b.txt", "b2\n")]),
+            ("v3", &[("a.txt", "a3\n"), ("c.txt", "c3\n")]),
+        ];
+        for (i, (name, files)) in versions.iter().enumerate() {
+            let created = format!("2026-06-0{}T00:00:00Z", i + 1);
+            let b = site.t.bundle_at(name, "docs", &created, files);
+            fs::rename(&b, inbox.join(name)).unwrap();
+        }
+        site.run(&["agent", "--once"]).expect_code(0);
+        let done: BTreeSet<String> = fs::read_dir(site.t.join("spool/reports/done"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(done, BTreeSet::from(["v1", "v2", "v3"].map(String::from)));
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["a.txt", "c.txt"], "{backend:?}");
+        assert_eq!(
+            site.get("a.txt").as_deref(),
+            Some(&b"a3\n"[..]),
+            "{backend:?}"
+        );
+        site.assert_consistent();
+    });
+}
+
+/// Maintenance alike on every backend: `prune --apply` deletes the outputs
+/// of the older source (keep_latest 1) and nothing else; after an output
+/// is deleted behind the tool's back, `reconcile-state` drops its record,
+/// and `verify` is clean again.
+#[test]
+fn prune_and_reconcile_alike_on_every_backend() {
+    let retention = "        retention:\n          prune:\n            max_age: 1ms\n            keep_latest: 1\n";
+    each_backend(|backend| {
+        let site = Site::with(backend, "additive", retention);
+        let old = site.t.bundle_at(
+            "old",
+            "docs.1",
+            "2026-06-01T00:00:00Z",
+            &[("a1.txt", "1\n")],
+        );
+        let new = site.t.bundle_at(
+            "new",
+            "docs.2",
+            "2026-06-02T00:00:00Z",
+            &[("a2.txt", "2\n")],
+        );
+        site.publish(&old).expect_code(0);
+        site.publish(&new).expect_code(0);
+        let records = site.records();
+        wait_past(
+            instant_of(&records["a2.txt"]["updated_at"]),
+            std::time::Duration::from_millis(1),
+        );
+        let maintain = |command: &str, extra: &[&str]| {
+            let mut args = vec![
+                command,
+                "--json",
+                "--pipeline",
+                "reports",
+                "--destination",
+                "web",
+            ];
+            args.extend_from_slice(extra);
+            site.run(&args)
+        };
+        let pruned = maintain("prune", &["--apply"]);
+        pruned.expect_code(0);
+        assert_eq!(
+            strings(&pruned.json()["deletes"]),
+            ["a1.txt"],
+            "{backend:?}"
+        );
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["a2.txt"], "{backend:?}");
+        site.assert_consistent();
+
+        site.delete_behind_the_back("a2.txt");
+        let reconciled = maintain("reconcile-state", &[]);
+        reconciled.expect_code(0);
+        let report = reconciled.json();
+        assert_eq!(strings(&report["missing"]), ["a2.txt"], "{backend:?}");
+        assert_eq!(report["removed_records"], 1, "{backend:?}");
+        assert!(site.records().is_empty(), "{backend:?}");
+        let verified = site.verify();
+        verified.expect_code(0);
+        assert_eq!(verified.json()["checked"], 0);
     });
 }
