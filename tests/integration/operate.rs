@@ -657,3 +657,43 @@ fn a_bundle_that_takes_long_logs_its_progress_every_10s() {
     );
     assert_eq!(agent.stop(), 0);
 }
+
+/// Commands whose reader has gone (`distributor status | true`, `spool
+/// list | head`) end as Unix tools do, killed by SIGPIPE, with no panic or
+/// backtrace. Standard output here is a pipe whose reading end is closed
+/// before the command starts, so every write meets it closed.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let t = Test::new();
+    t.config(CONFIG);
+    t.run(&["agent", "--once"]).expect_code(0);
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["spool", "list"],
+        &["config", "check", "--json"],
+    ] {
+        let (read, write) = std::io::pipe().expect("a pipe");
+        drop(read);
+        let out = Command::new(BIN)
+            .current_dir(t.path())
+            .env_remove("DISTRIBUTOR_CONFIG")
+            .env("RUST_BACKTRACE", "1")
+            .args(["--config", "config.yaml"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write))
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run distributor");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?} did not end by SIGPIPE ({:?}):\n{stderr}",
+            out.status
+        );
+        assert!(stderr.is_empty(), "{args:?} said:\n{stderr}");
+    }
+}
