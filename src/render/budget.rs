@@ -23,7 +23,9 @@
 //! - per line, one node for the block it starts or for the soft or hard
 //!   break that ends the line before it (a paragraph of n lines has one
 //!   paragraph node and n - 1 breaks), one for a `\r\n` ending (a code or
-//!   HTML line keeps it as a separate node), one for a tab in its indent;
+//!   HTML line keeps it as a separate node), one for a tab in its indent
+//!   or in the whitespace after its quote and list markers (a line ends
+//!   where the parser ends it: at `\n`, `\r\n` or a lone `\r`);
 //! - block quote markers (`>`) and list markers, two for a list marker
 //!   (the item, and the list it may start), table rows and the cells the
 //!   parser fills into short rows (at most 2^18 per table).
@@ -71,6 +73,30 @@ impl Weight {
     }
 }
 
+/// The lines of `bytes` as the parser ends them, at `\n`, `\r\n` or a lone
+/// `\r`: (start, end without line ending, end with it).
+fn parser_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    lines(bytes).flat_map(move |(start, content_end, end)| {
+        let mut at = start;
+        std::iter::from_fn(move || {
+            if at > content_end || (at == content_end && at == end) {
+                return None;
+            }
+            let from = at;
+            match bytes[from..content_end].iter().position(|&b| b == b'\r') {
+                Some(i) => {
+                    at = from + i + 1;
+                    Some((from, from + i, from + i + 1))
+                }
+                None => {
+                    at = end;
+                    Some((from, content_end, end))
+                }
+            }
+        })
+    })
+}
+
 /// The bound on what a parse of `text` can build (see the module comment).
 pub(super) fn weigh(text: &str) -> Weight {
     let bytes = text.as_bytes();
@@ -84,7 +110,7 @@ pub(super) fn weigh(text: &str) -> Weight {
     let mut heaviest = (1usize, 0u64);
     let mut state = LineState::default();
     let mut number = 0usize;
-    for (start, content_end, end) in lines(bytes) {
+    for (start, content_end, end) in parser_lines(bytes) {
         number += 1;
         let line = &bytes[start..content_end];
         while tables.peek().is_some_and(|t| t.end <= start) {
@@ -246,6 +272,12 @@ impl LineState {
                 .iter()
                 .take_while(|&&b| b == b' ' || b == b'\t')
                 .count();
+        // A tab in the whitespace after the containers' markers is split
+        // off as a node of its own (an indented code block's leading
+        // spaces), as a tab in the line's indent is.
+        if (markers > 0 || quotes > 0 || others > 0) && line[at..rest_start].contains(&b'\t') {
+            units += 1;
+        }
         let rest = &line[rest_start..];
         let plain = quotes == 0
             && markers == 0

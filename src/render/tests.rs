@@ -1980,6 +1980,16 @@ mod density {
             // Found by the generated test: code, not a quote.
             "    >",
             "\t>",
+            // Found by the generated test: tabs after a list marker.
+            "(*\n*\t\t(",
+            "*\t\t(",
+            "-\t\ta",
+            "1.\t\t\ta",
+            "- \ta\n- \t\tb\n",
+            "> *\t\tx",
+            // ... and a lone carriage return, which ends a line.
+            "*\r-  -",
+            "a\r- b\r  - c",
         ] {
             let weight = budget::weigh(markdown);
             let nodes = nodes(markdown);
