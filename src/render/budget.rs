@@ -25,7 +25,8 @@
 //!   paragraph node and n - 1 breaks), one for a `\r\n` ending (a code or
 //!   HTML line keeps it as a separate node), one for a tab in its indent
 //!   or in the whitespace after its quote and list markers (a line ends
-//!   where the parser ends it: at `\n`, `\r\n` or a lone `\r`);
+//!   where the parser ends it: at `\n`, `\r\n` or a lone `\r`), and one
+//!   per blank line (a node inside an HTML comment or a code block);
 //! - block quote markers (`>`) and list markers, two for a list marker
 //!   (the item, and the list it may start), table rows and the cells the
 //!   parser fills into short rows (at most 2^18 per table).
@@ -121,7 +122,9 @@ pub(super) fn weigh(text: &str) -> Weight {
         let blank = line.iter().all(|&b| is_blank_byte(b));
         let charge = if blank {
             state = LineState::after_blank();
-            0
+            // Inside a block that blank lines do not end (an HTML comment,
+            // `<pre>`, a fenced code block), each is a node of its own.
+            1
         } else {
             state.weigh_line(line, crlf, table)
         };

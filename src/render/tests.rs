@@ -1951,7 +1951,13 @@ mod density {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+        // A fixed seed: the same 3,000 documents every run, so that a gap
+        // the generator may still find fails a change, not a random CI run.
+        #![proptest_config(ProptestConfig {
+            cases: 3000,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_0d0c),
+            ..ProptestConfig::default()
+        })]
 
         /// The estimate is never below the nodes the parser's events show.
         #[test]
@@ -1990,6 +1996,9 @@ mod density {
             // ... and a lone carriage return, which ends a line.
             "*\r-  -",
             "a\r- b\r  - c",
+            // ... and blank lines inside an HTML comment.
+            "<!--\n\n\n",
+            "```\n\n\n\n",
         ] {
             let weight = budget::weigh(markdown);
             let nodes = nodes(markdown);
