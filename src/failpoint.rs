@@ -6,7 +6,8 @@
 //! `name`. Release builds compile every call to nothing. The names are
 //! listed in [`POINTS`]; docs/reliability.md explains each.
 
-/// Every crash point, in the order a publication reaches them.
+/// Every crash point: a local root's in the order a publication reaches
+/// them, then the driver's (every backend), then an s3 destination's.
 pub const POINTS: &[&str] = &[
     "publish.after_journal",
     "publish.after_clear",
@@ -15,6 +16,10 @@ pub const POINTS: &[&str] = &[
     "publish.after_delete",
     "publish.before_catalog",
     "publish.after_catalog",
+    "publish.staged",
+    "publish.committed",
+    "s3.after_upload",
+    "s3.after_swap",
     "spool.after_result",
     "spool.after_move",
 ];

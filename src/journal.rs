@@ -169,41 +169,8 @@ pub fn recover_with(
         remembered::top_swept(root);
     }
     let current = read_state_or(root, ahead)?;
-    let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
+    let Some(journal) = read_journal(root, apply)? else {
         return Ok(current);
-    };
-    // Read as a stream: a large publication's journal is tens of MiB, and
-    // its records are all that need to be held.
-    let reader = io::BufReader::with_capacity(64 * 1024, file);
-    let journal: Journal = match serde_json::from_reader(reader) {
-        Ok(journal) => journal,
-        Err(e) if e.is_io() => return Err(io::Error::from(e)),
-        Err(e) if cut_short(root, &e)? => {
-            // Every publication makes its journal durable before it moves
-            // anything into place (publish::stage), so one cut short by a
-            // crash had changed nothing outside the top of the root: there
-            // is nothing to settle but its temporary files, removed above.
-            log::warn!(
-                "{}/{JOURNAL_FILE} was cut short ({e}): the publication that wrote it stopped before it was durable, so it had moved nothing into place; {}",
-                root.path().display(),
-                if apply {
-                    "removed it, the catalog stands as it was"
-                } else {
-                    "it is removed by the next run"
-                }
-            );
-            if apply {
-                root.remove_file(JOURNAL_FILE)?;
-                remembered::top_left_clean(root);
-            }
-            return Ok(current);
-        }
-        Err(e) => {
-            return Err(io::Error::other(format!(
-                "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
-                root.path().display()
-            )));
-        }
     };
     log::warn!(
         "{}: settling an unfinished publication from its journal ({} writes, {} deletes journaled)",
@@ -242,6 +209,94 @@ pub fn recover_with(
         .into_iter()
         .map(|r| (r.path.as_str().to_owned(), r))
         .collect();
+    settle_records(root, &journal, &mut records)?;
+    if apply {
+        remove_temps(root, &journal)?;
+        for dir in journal.created_dirs.iter().rev() {
+            root.remove_dir_if_empty(dir)?;
+        }
+    }
+
+    let recovered: Vec<OutputRecord> = records.into_values().collect();
+    // Rewrite the catalog only when the bytes on disk say something new:
+    // a failure while staging changed nothing, and must not even touch
+    // the catalog's timestamp (or convert legacy or invalid state).
+    let changed = match &current {
+        State::Catalog(c) => c.outputs != recovered,
+        // A publication converting legacy state stopped part way: a new
+        // catalog of what it wrote would leave the files of the root it
+        // had not reached yet unrecorded, and its rerun would refuse them
+        // (`fail_unmanaged`). Left legacy, the rerun converts it whole.
+        State::Legacy { .. } => false,
+        _ => !recovered.is_empty(),
+    };
+    if changed {
+        base.outputs = recovered;
+        base.updated_at = now;
+    }
+    if apply {
+        if changed {
+            root.write_reserved(STATE_FILE, &base.to_json())?;
+        }
+        root.remove_file(JOURNAL_FILE)?;
+        remembered::top_left_clean(root);
+    }
+    Ok(if changed {
+        State::Catalog(base)
+    } else {
+        current
+    })
+}
+
+/// The root's journal, if there is one to settle. One cut short by a crash
+/// is logged and (with `apply`) removed: it had moved nothing into place.
+fn read_journal(root: &Root, apply: bool) -> io::Result<Option<Journal>> {
+    let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
+        return Ok(None);
+    };
+    // Read as a stream: a large publication's journal is tens of MiB, and
+    // its records are all that need to be held.
+    let reader = io::BufReader::with_capacity(64 * 1024, file);
+    match serde_json::from_reader(reader) {
+        Ok(journal) => Ok(Some(journal)),
+        Err(e) if e.is_io() => Err(io::Error::from(e)),
+        Err(e) if cut_short(root, &e)? => {
+            // Every publication makes its journal durable before it moves
+            // anything into place (publish::stage), so one cut short by a
+            // crash had changed nothing outside the top of the root: there
+            // is nothing to settle but its temporary files, which
+            // `recover_with` removed before reading it.
+            log::warn!(
+                "{}/{JOURNAL_FILE} was cut short ({e}): the publication that wrote it stopped before it was durable, so it had moved nothing into place; {}",
+                root.path().display(),
+                if apply {
+                    "removed it, the catalog stands as it was"
+                } else {
+                    "it is removed by the next run"
+                }
+            );
+            if apply {
+                root.remove_file(JOURNAL_FILE)?;
+                remembered::top_left_clean(root);
+            }
+            Ok(None)
+        }
+        Err(e) => Err(io::Error::other(format!(
+            "{}/{JOURNAL_FILE} is unreadable ({e}); it records an interrupted publication. Inspect the root, then delete the journal and rerun the bundle",
+            root.path().display()
+        ))),
+    }
+}
+
+/// Brings `records` (by path) to what the root holds at every path the
+/// journal names: a written path keeps the record of the bytes found there
+/// (new or old), a deleted one loses its record (and, for a folder
+/// cleared, every record below it).
+fn settle_records(
+    root: &Root,
+    journal: &Journal,
+    records: &mut BTreeMap<String, OutputRecord>,
+) -> io::Result<()> {
     for w in &journal.writes {
         let path = w.new.path.as_str();
         let on_disk = root.hash_file(path)?;
@@ -282,42 +337,7 @@ pub fn recover_with(
             _ => {}
         }
     }
-    if apply {
-        remove_temps(root, &journal)?;
-        for dir in journal.created_dirs.iter().rev() {
-            root.remove_dir_if_empty(dir)?;
-        }
-    }
-
-    let recovered: Vec<OutputRecord> = records.into_values().collect();
-    // Rewrite the catalog only when the bytes on disk say something new:
-    // a failure while staging changed nothing, and must not even touch
-    // the catalog's timestamp (or convert legacy or invalid state).
-    let changed = match &current {
-        State::Catalog(c) => c.outputs != recovered,
-        // A publication converting legacy state stopped part way: a new
-        // catalog of what it wrote would leave the files of the root it
-        // had not reached yet unrecorded, and its rerun would refuse them
-        // (`fail_unmanaged`). Left legacy, the rerun converts it whole.
-        State::Legacy { .. } => false,
-        _ => !recovered.is_empty(),
-    };
-    if changed {
-        base.outputs = recovered;
-        base.updated_at = now;
-    }
-    if apply {
-        if changed {
-            root.write_reserved(STATE_FILE, &base.to_json())?;
-        }
-        root.remove_file(JOURNAL_FILE)?;
-        remembered::top_left_clean(root);
-    }
-    Ok(if changed {
-        State::Catalog(base)
-    } else {
-        current
-    })
+    Ok(())
 }
 
 /// Whether the journal failed to parse because it was cut short: it ends

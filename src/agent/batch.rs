@@ -19,18 +19,10 @@ impl Worker {
         // Whether a bundle of these was already published alone: once one
         // was, a stop sends every other one back instead of starting it.
         let mut finished_one = false;
-        // A batch is one transaction per root: a pipeline whose
-        // destinations are all local roots or all s3 destinations batches;
-        // one mixing both kinds commits bundle by bundle.
-        let s3 =
-            |d: &crate::config::Destination| matches!(d.backend, crate::config::Backend::S3(_));
-        let destinations = &self.pipeline.destinations;
-        let batches = destinations.iter().all(s3) || !destinations.iter().any(s3);
-        while batches && rest.len() > 1 && !self.stopping() {
+        while rest.len() > 1 && !self.stopping() {
             match self.try_batch(rest, rx) {
-                // An s3 batch may take only the first bundles (their pages
-                // would hold too much memory together): the rest are
-                // batched next.
+                // A batch may take only the first bundles (their pages would
+                // hold too much memory together): the rest are batched next.
                 publish::Batch::Done(reports)
                     if reports.len() < rest.len() && !reports.is_empty() =>
                 {

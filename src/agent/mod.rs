@@ -42,14 +42,6 @@ const STOP_GRACE: Duration = Duration::from_millis(1000);
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// Longest pause between two attempts of a transiently failing bundle.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
-/// Most bundles published together as one transaction per root.
-const MAX_BATCH: usize = 256;
-/// Most bundles claimed together for a pipeline whose destinations are all
-/// s3 destinations: each batch there pays an intent, a compare-and-swap of
-/// the whole catalog and a pause of the uploads, so a backlog goes in fewer,
-/// larger batches (the batch itself may take fewer when their pages would
-/// hold too much memory, see `publish::remote::batch`).
-const S3_MAX_BATCH: usize = 1024;
 /// How often the metrics file is rewritten when one is configured.
 const METRICS_EVERY: Duration = Duration::from_secs(10);
 /// How often `STATUS=` is refreshed for systemd when it listens.

@@ -2,7 +2,7 @@
 //! letting inbox entries settle and claiming them into `work/` in arrival
 //! order. It publishes nothing itself: bundles go to `process` and `process_claimed`.
 
-use super::{MAX_BATCH, S3_MAX_BATCH, Serving, Tally, Wake};
+use super::{Serving, Tally, Wake};
 use crate::config::{Config, Pipeline};
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -73,17 +73,10 @@ impl Worker {
         }
     }
 
-    /// Most bundles claimed (and published) together: more for a pipeline
-    /// whose destinations are all s3 destinations ([`S3_MAX_BATCH`]).
+    /// Most bundles claimed (and published) together: as many as the
+    /// pipeline's destinations take in one batch.
     fn max_batch(&self) -> usize {
-        let destinations = &self.pipeline.destinations;
-        let s3 =
-            |d: &crate::config::Destination| matches!(d.backend, crate::config::Backend::S3(_));
-        if !destinations.is_empty() && destinations.iter().all(s3) {
-            S3_MAX_BATCH
-        } else {
-            MAX_BATCH
-        }
+        crate::publish::batch_bound(&self.pipeline.destinations)
     }
 
     pub(super) fn stopping(&self) -> bool {

@@ -178,14 +178,11 @@ pub(super) fn not_writable(config: &crate::config::Config) -> Vec<NotWritable> {
             }
         }
         // An s3 root is not a folder here; its access shows at the first write.
-        for d in p
-            .destinations
-            .iter()
-            .filter(|d| d.backend == crate::config::Backend::Local)
-        {
+        for d in &p.destinations {
+            let Some(root) = d.local_root() else { continue };
             wanted.push((
                 format!("root of destination {} (pipeline {})", d.id, p.id),
-                d.root.clone(),
+                root.to_path_buf(),
                 "0755",
             ));
         }

@@ -176,26 +176,7 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
                 serde_json::json!({
                     "id": p.id,
                     "inbox": p.inbox.display().to_string(),
-                    "destinations": p.destinations.iter().map(|d| {
-                        let mut doc = serde_json::json!({
-                            "id": d.id,
-                            "backend": "local",
-                            "workflow": d.workflow.as_str(),
-                            "root": d.root.display().to_string(),
-                            "prefix": d.prefix,
-                            "publish_source": d.publish_source,
-                            "publish_html": d.publish_html,
-                        });
-                        if let config::Backend::S3(l) = &d.backend {
-                            doc["backend"] = "s3".into();
-                            doc["root"] = l.to_string().into();
-                            doc["bucket"] = l.bucket.clone().into();
-                            doc["path"] = l.path.clone().into();
-                            doc["endpoint"] = l.endpoint.clone().into();
-                            doc["region"] = l.region.clone().into();
-                        }
-                        doc
-                    }).collect::<Vec<_>>(),
+                    "destinations": p.destinations.iter().map(|d| d.to_json()).collect::<Vec<_>>(),
                 })
             })
             .collect();

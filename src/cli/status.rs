@@ -230,24 +230,7 @@ fn unreadable(spool: &Spool, folders: &[Folder], e: &std::io::Error) -> String {
 
 fn destination_json(d: &crate::config::Destination) -> Value {
     use crate::catalog::State;
-    let state = match &d.backend {
-        // Read like every other command reads a root's catalog: no link
-        // followed, no FIFO opened (a tampered root must not hang status).
-        crate::config::Backend::Local => crate::storage::Root::open(&d.root)
-            .and_then(|root| match root {
-                Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
-                None => Ok(None),
-            })
-            .map(|bytes| bytes.map(|b| State::parse(&b)))
-            .map_err(|e| e.to_string()),
-        // The catalog object, read (a GET; nothing is written), tried once:
-        // a dead endpoint holds status for one connection attempt or one
-        // request without progress at most (docs/object-storage.md).
-        crate::config::Backend::S3(location) => crate::s3::S3Root::open_single_try(location)
-            .and_then(|root| root.read_state())
-            .map(|base| Some(base.state))
-            .map_err(|e| e.to_string()),
-    };
+    let state = crate::publish::peek_state(d);
     let (state_text, outputs) = match &state {
         Err(e) => (format!("catalog unreadable: {e}"), None),
         Ok(None) | Ok(Some(State::Absent)) => ("no catalog".to_owned(), None),

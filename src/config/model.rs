@@ -3,7 +3,7 @@
 //! Plain data and accessors; nothing here reads files or checks input.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::format_duration;
@@ -184,6 +184,37 @@ impl Destination {
             Backend::Local => self.root.display().to_string(),
             Backend::S3(l) => format!("s3://{}/{}", l.bucket, l.path),
         }
+    }
+
+    /// The root's folder, for a root on this machine's file system (an s3
+    /// root is not one).
+    pub fn local_root(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Local => Some(&self.root),
+            Backend::S3(_) => None,
+        }
+    }
+
+    /// The destination as `config check --json` shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut doc = serde_json::json!({
+            "id": self.id,
+            "backend": "local",
+            "workflow": self.workflow.as_str(),
+            "root": self.root.display().to_string(),
+            "prefix": self.prefix,
+            "publish_source": self.publish_source,
+            "publish_html": self.publish_html,
+        });
+        if let Backend::S3(l) = &self.backend {
+            doc["backend"] = "s3".into();
+            doc["root"] = l.to_string().into();
+            doc["bucket"] = l.bucket.clone().into();
+            doc["path"] = l.path.clone().into();
+            doc["endpoint"] = l.endpoint.clone().into();
+            doc["region"] = l.region.clone().into();
+        }
+        doc
     }
 }
 

@@ -41,7 +41,16 @@ fn overlaps(a: &Path, b: &Path) -> bool {
 /// be shared or nested.
 pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), ConfigError> {
     let file = file.to_path_buf();
+    check_ids(config, &file)?;
+    check_spool_folders(config, &file)?;
+    check_roots(config, &file)?;
+    check_metrics_file(config, &file)
+}
 
+/// Pipeline ids are unique; each pipeline's destinations have unique ids,
+/// publish something, expand their prefix, and never share a root.
+fn check_ids(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    let file = file.to_path_buf();
     let mut seen = HashSet::new();
     for p in &config.pipelines {
         if !seen.insert(p.id.as_str()) {
@@ -104,14 +113,20 @@ pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), Config
             }
         }
     }
+    Ok(())
+}
 
-    // Folders the agent moves bundles through.
-    let inbox = |p: &Pipeline| {
-        (
-            format!("the inbox of pipeline {:?} ({})", p.id, p.inbox.display()),
-            clash_key(&p.inbox),
-        )
-    };
+/// A pipeline's inbox, for messages, and its key for overlap checks.
+fn inbox(p: &Pipeline) -> (String, PathBuf) {
+    (
+        format!("the inbox of pipeline {:?} ({})", p.id, p.inbox.display()),
+        clash_key(&p.inbox),
+    )
+}
+
+/// The folders the agent moves bundles through never overlap.
+fn check_spool_folders(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    let file = file.to_path_buf();
     for (i, a) in config.pipelines.iter().enumerate() {
         for b in &config.pipelines[i + 1..] {
             if clash_key(&a.inbox) == clash_key(&b.inbox) {
@@ -154,8 +169,13 @@ pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), Config
         }
     }
 
-    // Destination roots must stay clear of the spool and every inbox: a
-    // replacement or forced publication may delete anything in its root.
+    Ok(())
+}
+
+/// Destination roots stay clear of the spool and every inbox: a
+/// replacement or forced publication may delete anything in its root.
+fn check_roots(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    let file = file.to_path_buf();
     let spool_key = clash_key(&config.spool);
     for p in &config.pipelines {
         // An s3 root is not on this machine's file system.
@@ -192,8 +212,13 @@ pub(super) fn check_relations(config: &Config, file: &Path) -> Result<(), Config
         }
     }
 
-    // The metrics file is rewritten all the time: inside a root it would be
-    // unmanaged content, inside a pipeline's folders a stray entry.
+    Ok(())
+}
+
+/// The metrics file is rewritten all the time: inside a root it would be
+/// unmanaged content, inside a pipeline's folders a stray entry.
+fn check_metrics_file(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    let file = file.to_path_buf();
     if let Some(metrics) = &config.agent.metrics_file {
         let metrics_key = clash_key(metrics);
         let first = format!("agent.metrics_file ({})", metrics.display());

@@ -3,7 +3,7 @@
 //! HTML, and computing each destination's outputs. It never writes.
 
 use super::content::{Content, Scratch, Spill};
-use super::{Failure, PublishError};
+use super::error::Error;
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, Sha256, SourceIdentity};
 use crate::config::{self, Destination, Pipeline};
@@ -12,7 +12,6 @@ use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::render::{RenderError, RenderOptions, render_page};
 use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
-use crate::storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
@@ -34,8 +33,7 @@ struct Page {
 type Rendered = BTreeMap<RelPath, Page>;
 
 /// One destination, prepared before any lock is taken.
-pub(super) struct Prepared<'a> {
-    pub(super) destination: &'a Destination,
+pub(super) struct Prepared {
     pub(super) desired: Arc<[Desired]>,
     /// Outputs whose bytes the publication holds, by output path: rendered
     /// HTML, and markdown sources read and verified for rendering (staged
@@ -58,11 +56,11 @@ fn destination_report(d: &Destination) -> DestinationReport {
 }
 
 /// A bundle inspected, rendered and mapped to each destination's outputs.
-pub(super) struct Ready<'a> {
+pub(super) struct Ready {
     pub(super) report: RunReport,
     pub(super) bundle: VerifiedBundle,
     pub(super) source: SourceIdentity,
-    pub(super) prepared: Vec<Prepared<'a>>,
+    pub(super) prepared: Vec<Prepared>,
     /// Bundle files whose bytes have been hashed and matched the manifest.
     pub(super) verified: BTreeSet<RelPath>,
 }
@@ -71,13 +69,13 @@ pub(super) struct Ready<'a> {
 /// markdown where a destination wants HTML, and computes every
 /// destination's outputs. Takes no lock. The error is the finished report.
 /// Pages too big to hold go to unnamed files in `scratch`.
-pub(super) fn prepare_bundle<'a>(
+pub(super) fn prepare_bundle(
     pipeline: &Pipeline,
-    destinations: &[&'a Destination],
+    destinations: &[&Destination],
     bundle_dir: &Path,
     dry_run: bool,
     scratch: &Path,
-) -> Result<Ready<'a>, Box<RunReport>> {
+) -> Result<Ready, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
     let bundle = match bundle::inspect(bundle_dir, &pipeline.limits) {
         Ok(b) => b,
@@ -133,24 +131,7 @@ pub(super) fn prepare_bundle<'a>(
                     &mut report.warnings,
                 ) {
                     Ok(r) => rendered.push((key, r)),
-                    Err(Failure::Bundle(e)) => {
-                        return Err(Box::new(report.fail(
-                            Stage::Verify,
-                            e.to_string(),
-                            e.is_transient(),
-                        )));
-                    }
-                    Err(Failure::Stopped(e)) => {
-                        report.destinations[i].error = Some(e.message.clone());
-                        return Err(Box::new(e.fail(report)));
-                    }
-                    Err(Failure::Io(e)) => {
-                        return Err(Box::new(report.fail(
-                            Stage::Verify,
-                            e.to_string(),
-                            storage::is_transient(&e),
-                        )));
-                    }
+                    Err(e) => return Err(Box::new(e.fail(report))),
                 }
             }
             rendered.iter().find(|(k, _)| *k == key).map(|(_, r)| r)
@@ -191,7 +172,7 @@ fn render_all(
     verified: &mut BTreeSet<RelPath>,
     room: &mut Scratch,
     warnings: &mut Vec<String>,
-) -> Result<Rendered, Failure> {
+) -> Result<Rendered, Error> {
     let md: Vec<&bundle::ManifestFile> = bundle
         .manifest
         .files
@@ -203,7 +184,7 @@ fn render_all(
         .filter_map(|f| bundle::markdown_too_big(f.path.as_str(), f.size, limits))
         .collect();
     if !too_big.is_empty() {
-        return Err(Failure::Bundle(bundle::BundleError::Invalid {
+        return Err(Error::Bundle(bundle::BundleError::Invalid {
             problems: too_big,
         }));
     }
@@ -213,14 +194,15 @@ fn render_all(
         let markdown = read_listed(bundle, f)?;
         verified.insert(f.path.clone());
         let text = std::str::from_utf8(&markdown).map_err(|e| {
-            Failure::Stopped(PublishError::permanent(
-                Stage::Verify,
-                format!(
-                    "{}: not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
-                    f.path,
-                    e.valid_up_to()
-                ),
-            ))
+            Error::Bundle(bundle::BundleError::Invalid {
+                problems: vec![bundle::Problem {
+                    path: Some(f.path.as_str().to_owned()),
+                    message: format!(
+                        "not valid UTF-8 (byte {}), so it cannot be rendered to HTML; save it as UTF-8 or turn publish.html off",
+                        e.valid_up_to()
+                    ),
+                }],
+            })
         })?;
         let options = RenderOptions {
             allow_raw_html,
@@ -230,16 +212,16 @@ fn render_all(
         };
         let mut body = Spill::new(room, text.len().saturating_mul(2) + 4096);
         let parts = render_page(text, &options, &mut body).map_err(|e| match e {
-            RenderError::Io(e) => Failure::Io(e),
+            RenderError::Io(e) => Error::Prepare(e),
             // Refused like a file over limits.max_markdown_bytes.
-            RenderError::TooDense(dense) => Failure::Bundle(bundle::BundleError::Invalid {
+            RenderError::TooDense(dense) => Error::Bundle(bundle::BundleError::Invalid {
                 problems: vec![bundle::Problem {
                     path: Some(f.path.as_str().to_owned()),
                     message: dense.to_string(),
                 }],
             }),
         })?;
-        let (body, refused) = body.finish().map_err(Failure::Io)?;
+        let (body, refused) = body.finish().map_err(Error::Prepare)?;
         if let Some(why) = refused {
             let warning = format!(
                 "{}: its HTML page, and any later page of this bundle too big to hold, was kept in memory ({why}); the folder must be writable by the agent's user and on a file system with O_TMPFILE (ext4, xfs, btrfs, tmpfs)",
@@ -249,7 +231,8 @@ fn render_all(
             warnings.push(warning);
         }
         let html = Content::page(parts, body);
-        let hashed = hashing::copy_hashed(&mut html.reader(), None, None).map_err(Failure::Io)?;
+        let hashed =
+            hashing::copy_hashed(&mut html.reader(), None, None).map_err(Error::Prepare)?;
         let markdown = room
             .hold(markdown.len())
             .then(|| Arc::new(Content::from_bytes(markdown)));
@@ -266,13 +249,13 @@ fn render_all(
 }
 
 /// Reads a listed file into memory, checking size and hash.
-fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, Failure> {
+fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<u8>, Error> {
     let invalid =
-        |p: bundle::Problem| Failure::Bundle(bundle::BundleError::Invalid { problems: vec![p] });
-    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(Failure::Bundle)?;
+        |p: bundle::Problem| Error::Bundle(bundle::BundleError::Invalid { problems: vec![p] });
+    let file = bundle::open_listed(&bundle.dir, &f.path).map_err(Error::Bundle)?;
     let mut bytes = Vec::new();
     let got = hashing::copy_hashed(&mut (&file).take(f.size + 1), Some(&mut bytes), None)
-        .map_err(Failure::Io)?;
+        .map_err(Error::Prepare)?;
     if got.sha256 != f.sha256 || got.size != f.size {
         return Err(invalid(bundle::mismatch_problem(f, &got)));
     }
@@ -280,12 +263,12 @@ fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<
 }
 
 /// Computes one destination's desired outputs.
-fn prepare<'a>(
+fn prepare(
     pipeline: &Pipeline,
-    d: &'a Destination,
+    d: &Destination,
     bundle: &VerifiedBundle,
     html: Option<&Rendered>,
-) -> Result<Prepared<'a>, String> {
+) -> Result<Prepared, String> {
     let m = &bundle.manifest;
     let prefix = config::expand_prefix(&d.prefix, &m.id, &pipeline.id, m.created)
         .map_err(|e| format!("prefix {:?}: {e}", d.prefix))?;
@@ -337,7 +320,6 @@ fn prepare<'a>(
     plan::check_unique(&desired)?;
     desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
     Ok(Prepared {
-        destination: d,
         desired: desired.into(),
         in_memory,
     })

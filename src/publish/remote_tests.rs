@@ -1,18 +1,19 @@
-//! The pure decisions of publishing to an s3 destination: when a lost
-//! compare-and-swap may be re-applied on the winner's catalog, and which
-//! plans a bucket refuses because they would delete unrecorded objects.
+//! The pure decisions of publishing to an s3 destination: what the planner
+//! sees at each key, and which plans a bucket refuses because they would
+//! delete unrecorded objects.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
-use super::{apply, rebase_onto, unrecorded_deletes, view};
+use super::{size_at, unrecorded_deletes};
 use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
 use crate::config::{Backend, Destination, S3Location, Workflow};
 use crate::paths::RelPath;
-use crate::plan::{Action, CatalogUpdate, Plan};
+use crate::plan::{Action, CatalogUpdate, Entry, Plan};
+use crate::s3::{ETag, Head};
 
 const WHEN: &str = "2026-01-01T00:00:00Z";
 
-pub(super) fn destination(workflow: Workflow) -> Destination {
+pub(in crate::publish) fn destination(workflow: Workflow) -> Destination {
     Destination {
         backend: Backend::S3(S3Location {
             bucket: "b".into(),
@@ -34,7 +35,7 @@ pub(super) fn destination(workflow: Workflow) -> Destination {
 }
 
 /// A record of `owner` (`pipeline/destination`) at `path` holding `body`.
-pub(super) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
+pub(in crate::publish) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
     let (pipeline, destination) = owner.split_once('/').unwrap();
     let when = parse_time(WHEN).unwrap();
     OutputRecord {
@@ -58,7 +59,7 @@ pub(super) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
     }
 }
 
-pub(super) fn catalog(records: &[OutputRecord]) -> State {
+pub(in crate::publish) fn catalog(records: &[OutputRecord]) -> State {
     let mut c = Catalog::new(parse_time(WHEN).unwrap());
     c.outputs = records.to_vec();
     c.outputs
@@ -66,115 +67,22 @@ pub(super) fn catalog(records: &[OutputRecord]) -> State {
     State::Catalog(c)
 }
 
-pub(super) fn paths(c: &Catalog) -> Vec<&str> {
+pub(in crate::publish) fn paths(c: &Catalog) -> Vec<&str> {
     c.outputs.iter().map(|r| r.path.as_str()).collect()
 }
 
 /// An update of `p/web` writing `upserts` and dropping `removes`.
-fn update(keep_existing: bool, upserts: &[&str], removes: &[&str]) -> CatalogUpdate {
+pub(in crate::publish) fn update(
+    keep_existing: bool,
+    upserts: &[&str],
+    removes: &[&str],
+) -> CatalogUpdate {
     CatalogUpdate {
         keep_existing,
         upserts: upserts.iter().map(|p| record(p, "p/web", "new")).collect(),
         removes: removes.iter().map(|p| (*p).to_owned()).collect(),
         now: parse_time("2026-01-02T00:00:00Z").unwrap(),
     }
-}
-
-#[test]
-fn a_lost_swap_is_reapplied_only_when_this_plan_still_holds() {
-    struct Case {
-        name: &'static str,
-        workflow: Workflow,
-        base: State,
-        latest: State,
-        unchanged: &'static [&'static str],
-        update: CatalogUpdate,
-        /// The paths of the catalog written instead, or `None`: undo.
-        want: Option<&'static [&'static str]>,
-    }
-    let mine = record("a.txt", "p/web", "old");
-    let cases = [
-        Case {
-            name: "another pipeline added a path of its own",
-            workflow: Workflow::Additive,
-            base: catalog(std::slice::from_ref(&mine)),
-            latest: catalog(&[mine.clone(), record("z.txt", "q/web", "z")]),
-            unchanged: &[],
-            update: update(true, &["b.txt"], &[]),
-            want: Some(&["a.txt", "b.txt", "z.txt"]),
-        },
-        Case {
-            name: "the record of an output kept unchanged moved on",
-            workflow: Workflow::Additive,
-            base: catalog(std::slice::from_ref(&mine)),
-            latest: catalog(&[record("a.txt", "q/web", "theirs")]),
-            unchanged: &["a.txt"],
-            update: update(true, &["a.txt", "b.txt"], &[]),
-            want: None,
-        },
-        Case {
-            name: "replacement: the same destination published in between",
-            workflow: Workflow::Replacement,
-            base: catalog(std::slice::from_ref(&mine)),
-            latest: catalog(&[mine.clone(), record("c.txt", "p/web", "c")]),
-            unchanged: &[],
-            update: update(true, &["b.txt"], &["a.txt"]),
-            want: None,
-        },
-        Case {
-            name: "replacement: only another destination published in between",
-            workflow: Workflow::Replacement,
-            base: catalog(std::slice::from_ref(&mine)),
-            latest: catalog(&[mine.clone(), record("c.txt", "p/disk", "c")]),
-            unchanged: &[],
-            update: update(true, &["b.txt"], &["a.txt"]),
-            want: Some(&["b.txt", "c.txt"]),
-        },
-        Case {
-            name: "no catalog when planned, someone else made one",
-            workflow: Workflow::Additive,
-            base: State::Absent,
-            latest: catalog(&[record("z.txt", "q/web", "z")]),
-            unchanged: &[],
-            update: update(false, &["b.txt"], &[]),
-            want: Some(&["b.txt", "z.txt"]),
-        },
-    ];
-    for case in cases {
-        let unchanged: BTreeSet<String> = case.unchanged.iter().map(|p| (*p).into()).collect();
-        let got = rebase_onto(
-            &case.update,
-            &case.base,
-            &case.latest,
-            &unchanged,
-            "p",
-            &destination(case.workflow),
-        );
-        assert_eq!(
-            got.as_ref().map(paths),
-            case.want.map(<[&str]>::to_vec),
-            "{}",
-            case.name
-        );
-        // The commit decides on the few records it keeps of the base.
-        let d = destination(case.workflow);
-        let seen = view(&case.base, &unchanged, "p", &d);
-        let on_view = rebase_onto(&case.update, &seen, &case.latest, &unchanged, "p", &d);
-        assert_eq!(on_view, got, "{} (on the view)", case.name);
-    }
-}
-
-#[test]
-fn applying_an_update_keeps_everything_else_of_the_catalog() {
-    let state = catalog(&[record("a.txt", "p/web", "a"), record("b.txt", "q/web", "b")]);
-    let c = apply(&update(true, &["a.txt", "n.txt"], &[]), &state);
-    assert_eq!(paths(&c), ["a.txt", "b.txt", "n.txt"]);
-    assert_eq!(
-        c.get("a.txt").unwrap().sha256,
-        record("x", "p/web", "new").sha256
-    );
-    let fresh = apply(&update(false, &["n.txt"], &[]), &State::Absent);
-    assert_eq!(paths(&fresh), ["n.txt"]);
 }
 
 #[test]
@@ -191,9 +99,9 @@ fn a_bucket_refuses_deleting_what_the_catalog_does_not_record() {
     };
     let d = destination(Workflow::Replacement);
     let recorded = catalog(&[record("old.txt", "p/web", "o")]);
-    assert!(unrecorded_deletes(&plan(&["old.txt"], &[]), &recorded, &d).is_none());
+    assert!(unrecorded_deletes(&plan(&["old.txt"], &[]), &recorded, &d.id).is_none());
 
-    let refused = unrecorded_deletes(&plan(&["old.txt", "stray.txt"], &[]), &recorded, &d)
+    let refused = unrecorded_deletes(&plan(&["old.txt", "stray.txt"], &[]), &recorded, &d.id)
         .expect("a refusal");
     assert_eq!(refused.action, Action::FailUnmanaged);
     assert_eq!(refused.unmanaged, ["stray.txt"]);
@@ -206,6 +114,60 @@ fn a_bucket_refuses_deleting_what_the_catalog_does_not_record() {
 
     // A catalog of an older schema: nothing is recorded, nothing may go.
     let legacy = State::Legacy { schema_version: 3 };
-    let refused = unrecorded_deletes(&plan(&["a"], &["b"]), &legacy, &d).expect("a refusal");
+    let refused = unrecorded_deletes(&plan(&["a"], &["b"]), &legacy, &d.id).expect("a refusal");
     assert_eq!(refused.unmanaged, ["a", "b"]);
+}
+
+fn head(size: u64, intent: Option<&str>) -> Head {
+    Head {
+        size,
+        etag: ETag("\"e\"".into()),
+        sha256: None,
+        intent: intent.map(str::to_owned),
+        last_modified: parse_time(WHEN).unwrap(),
+    }
+}
+
+#[test]
+fn a_key_is_seen_as_the_bundles_before_leave_it_else_as_its_head() {
+    let heads: BTreeMap<String, Head> = [
+        ("theirs.txt", head(5, None)),
+        ("written.txt", head(7, None)),
+        ("deleted.txt", head(9, None)),
+        ("in-flight.txt", head(3, Some("other"))),
+        ("recorded.txt", head(4, Some("old"))),
+        ("folder", head(2, None)),
+    ]
+    .into_iter()
+    .map(|(k, h)| (k.to_owned(), h))
+    .collect();
+    let touched: BTreeMap<String, Entry> = [
+        ("written.txt", Entry::File { size: 70 }),
+        ("deleted.txt", Entry::Missing),
+        ("new-by-earlier.txt", Entry::File { size: 1 }),
+        ("folder", Entry::Dir),
+    ]
+    .into_iter()
+    .map(|(k, e)| (k.to_owned(), e))
+    .collect();
+    let state = catalog(&[record("recorded.txt", "p/web", "r")]);
+    let cases = [
+        // An object nobody records: the planner refuses over it.
+        ("theirs.txt", Some(5)),
+        // An earlier bundle writes it: its size, not the HEAD's.
+        ("written.txt", Some(70)),
+        ("new-by-earlier.txt", Some(1)),
+        // Recorded: seen even though a publication wrote it.
+        ("recorded.txt", Some(4)),
+        // A folder of an earlier bundle's output is no object: the HEAD.
+        ("folder", Some(2)),
+        // Deleted by an earlier bundle, absent, or an unrecorded object of
+        // a publication in flight (left to the conditional create).
+        ("deleted.txt", None),
+        ("absent.txt", None),
+        ("in-flight.txt", None),
+    ];
+    for (path, want) in cases {
+        assert_eq!(size_at(path, &touched, &heads, &state), want, "{path}");
+    }
 }

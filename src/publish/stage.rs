@@ -21,10 +21,10 @@
 //! therefore belongs to a publication that had moved nothing yet
 //! ([`crate::journal::recover`]).
 
-use super::Failure;
 use super::content::Content;
+use super::target::{Change, Write};
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, format_time};
+use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
 use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
@@ -140,48 +140,15 @@ impl Staged {
     }
 }
 
-/// One planned write, as the engine takes it.
-pub(super) struct Write<'a> {
-    pub(super) d: &'a Desired,
-    /// The bytes, when the publication holds them (rendered HTML,
-    /// markdown read for rendering); else the bundle file is copied.
-    pub(super) in_memory: Option<&'a Content>,
-    /// The bundle the output comes from.
-    pub(super) bundle: &'a VerifiedBundle,
-}
-
-/// Everything one root is to undergo: the planned writes (of one bundle or
-/// of a batch, merged), what is removed before and after them, and the
-/// catalog that records the result.
-pub(super) struct Change<'a> {
-    pub(super) root: &'a Root,
-    pub(super) writes: Vec<Write<'a>>,
-    /// Removed before the writes (`force_replace`, legacy replacement).
-    pub(super) clear_first: &'a [String],
-    /// Removed after the writes.
-    pub(super) deletes: Vec<&'a str>,
-    /// The catalog once the change is made.
-    pub(super) catalog: &'a Catalog,
-    /// The records the writes replace, sorted by path (for the journal,
-    /// and to know the outputs that already hold the bytes wanted).
-    pub(super) replaced: &'a [OutputRecord],
-    /// The root had no catalog before (for the journal).
-    pub(super) state_was_absent: bool,
-    /// Replace the root's `.distributor-seen` with the look of these
-    /// outputs once they are in place (a large tree's publication), so that
-    /// its next version knows the unchanged files without reading them.
-    pub(super) record_looks: bool,
+/// Why staging stopped.
+pub(super) enum Failure {
+    /// A bundle file does not match its manifest.
+    Bundle(bundle::BundleError),
+    /// Writing to the root failed.
+    Io(io::Error),
 }
 
 impl Change<'_> {
-    /// The record the write at `path` replaces, if any.
-    fn replaced(&self, path: &str) -> Option<&OutputRecord> {
-        self.replaced
-            .binary_search_by(|r| r.path.as_str().cmp(path))
-            .ok()
-            .map(|i| &self.replaced[i])
-    }
-
     /// A change of many files (see [`BARRIER_FROM`]).
     fn is_large(&self) -> bool {
         self.writes.len() + self.deletes.len() + self.clear_first.len() >= BARRIER_FROM
@@ -195,7 +162,7 @@ impl Change<'_> {
         }
     }
 
-    fn journal(&self) -> io::Result<JournalRef<'_>> {
+    fn journal(&self, root: &Root) -> io::Result<JournalRef<'_>> {
         Ok(JournalRef {
             writes: self
                 .writes
@@ -212,13 +179,9 @@ impl Change<'_> {
                 .clear_first
                 .iter()
                 .map(String::as_str)
-                .chain(self.deletes.iter().copied())
+                .chain(self.deletes.iter().map(String::as_str))
                 .collect(),
-            created_dirs: missing_dirs(
-                self.root,
-                self.writes.iter().map(|w| w.d),
-                self.clear_first,
-            )?,
+            created_dirs: missing_dirs(root, self.writes.iter().map(|w| w.d), &self.clear_first)?,
             state_was_absent: self.state_was_absent,
         })
     }
@@ -323,22 +286,22 @@ impl StagedRoot {
 /// [`make_durable`] follows. `keep_going` is asked before each output;
 /// when it says stop, staging ends with an `Interrupted` error.
 pub(super) fn stage<'a>(
+    root: &Root,
     change: &Change<'a>,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
 ) -> Result<StagedRoot, Failure> {
-    let root = change.root;
     let layout = change.layout();
     if layout == Layout::Beside {
         // Durable before any folder is made or any file staged below the
         // top: a crash from here on is settled from it.
-        let journal = change.journal().map_err(Failure::Io)?;
+        let journal = change.journal(root).map_err(Failure::Io)?;
         let file = root
             .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
             .map_err(Failure::Io)?;
         sync_at_once(vec![Box::new(file), Box::new(root.shared_dir())]).map_err(Failure::Io)?;
         failpoint::hit("publish.after_journal");
-        clear_first(root, change.clear_first)?;
+        clear_first(root, &change.clear_first)?;
         make_folders(root, change.writes.iter().map(|w| w.d)).map_err(Failure::Io)?;
     }
     // Outputs the catalog records with the bytes wanted are checked on
@@ -395,7 +358,7 @@ pub(super) fn stage<'a>(
                     Ok(())
                 })
                 .map_err(Failure::Io)?;
-            let journal = change.journal().map_err(Failure::Io)?;
+            let journal = change.journal(root).map_err(Failure::Io)?;
             let journal = root
                 .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
                 .map_err(Failure::Io)?;
@@ -470,8 +433,11 @@ pub(super) struct Committed {
 /// Renames the staged outputs of `change` into place, deletes, writes the
 /// catalog, makes all of it durable (the second barrier) and drops the
 /// journal. Called once [`make_durable`] has returned.
-pub(super) fn commit(change: &Change<'_>, staged: StagedRoot) -> io::Result<Committed> {
-    let root = change.root;
+pub(super) fn commit(
+    root: &Root,
+    change: &Change<'_>,
+    staged: StagedRoot,
+) -> io::Result<Committed> {
     let Moved {
         touched,
         copied_across,
@@ -487,7 +453,7 @@ pub(super) fn commit(change: &Change<'_>, staged: StagedRoot) -> io::Result<Comm
             Layout::Top => StagedAt::Top,
             Layout::Beside => StagedAt::Beside,
         },
-        change.deletes.iter().copied(),
+        change.deletes.iter().map(String::as_str),
         (staged.layout == Layout::Beside).then_some(&PerCore::for_io() as &dyn Workers),
     )?;
     failpoint::hit("publish.before_catalog");

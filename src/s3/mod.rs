@@ -196,6 +196,11 @@ impl Error {
         }
     }
 
+    /// Whether reading a bundle file stopped because the agent is stopping.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self, Error::Read { source, .. } if crate::interrupt::is_stopped(source))
+    }
+
     /// Whether a later attempt may succeed without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -205,6 +205,7 @@ pub fn commit_for(
     let mut session = Session::begin(root, settings, intent)?;
     match run(&mut session, base, next, writes, &deletes, rebase) {
         Ok(committed) => {
+            crate::failpoint::hit("s3.after_swap");
             // The catalog is in force: the publication succeeded. What is
             // left is tidying; if it fails, the intent stays and recovery
             // finishes it.
@@ -296,6 +297,7 @@ fn run(
     let landed = window.land_all(root, session.settings, &mut written);
     sent?;
     landed?;
+    crate::failpoint::hit("s3.after_upload");
     // In the order of the writes (small objects land in any order).
     let order: std::collections::HashMap<&str, usize> =
         touched.iter().enumerate().map(|(i, p)| (*p, i)).collect();

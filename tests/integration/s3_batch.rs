@@ -223,7 +223,7 @@ fn a_batch_whose_pages_reach_its_memory_bound_leaves_the_rest_to_the_next_batch(
     let out =
         s.t.cmd()
             .env("RUST_LOG", "info")
-            .env("DISTRIBUTOR_TEST_S3_BATCH_HELD", "1")
+            .env("DISTRIBUTOR_TEST_BATCH_HELD", "1")
             .env("AWS_ACCESS_KEY_ID", &creds.key_id)
             .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
             .args(["--config", "config.yaml", "agent", "--once"])

@@ -1,0 +1,802 @@
+//! The one publication driver: a batch of bundles (a single publication is
+//! a batch of one) published to every destination of a pipeline as one
+//! transaction per destination root, whatever its backend
+//! (docs/architecture.md, "One transaction over backends").
+//!
+//! 1. Prepare: inspect each bundle, render its pages, compute each
+//!    destination's outputs (a large local catalog is parsed meanwhile).
+//! 2. Open every root in path order ([`target::open`]: a lock, or a
+//!    server check and recovery), then plan each bundle in arrival order
+//!    against the catalog and storage as the bundles before it leave them.
+//!    A refused or invalid bundle is reported alone and does not stop the
+//!    others; a root without a valid catalog makes the first bundle go
+//!    alone (it sets the root up).
+//! 3. Merge the accepted bundles' changes into one change per root, stage
+//!    every root, hash what no root copied, make everything durable, and
+//!    commit: roots whose commit reads the bundle (uploads) first, while
+//!    the others can still be rolled back.
+//!
+//! Anything that goes wrong once writing started rolls every root back to
+//! a state whose catalog matches its bytes. A bundle published alone gets
+//! the error in its report; a batch steps aside ([`Outcome::Aborted`]) and
+//! the caller publishes its bundles one by one, where the culprit gets the
+//! report it gets alone.
+
+use super::error::Error;
+use super::prepare::{Prepared, Ready, prepare_bundle};
+use super::rebase;
+use super::target::{self, Change, Rebase, Staged, Target, Write};
+use super::{Options, record_plans, verify_rest};
+use crate::catalog::{Catalog, OutputRecord, Overlay, State};
+use crate::clock::now_millis;
+use crate::config::{Destination, Pipeline};
+use crate::paths::RelPath;
+use crate::plan::{self, CatalogUpdate, Desired, Entry, Plan, PlanInput};
+use crate::report::RunReport;
+use crate::workers::{Workers, map_on};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use time::OffsetDateTime;
+
+/// How a run of the driver ended.
+pub(super) enum Outcome {
+    /// A report for each of the first bundles (all of them, unless their
+    /// pages would have held too much memory together: the others were
+    /// not attempted).
+    Reports(Vec<RunReport>),
+    /// Nothing was published: a root has no valid catalog yet; the first
+    /// bundle goes alone, then batching resumes.
+    OneFirst,
+    /// Nothing of the batch was published (every root was rolled back):
+    /// why. Never for a single bundle, whose report says it.
+    Aborted(Error),
+}
+
+/// Everything a run publishes with.
+pub(super) struct Driver<'a> {
+    pub(super) pipeline: &'a Pipeline,
+    pub(super) destinations: &'a [&'a Destination],
+    pub(super) options: &'a Options,
+    pub(super) workers: &'a dyn Workers,
+    pub(super) keep_going: &'a (dyn Fn() -> bool + Sync),
+}
+
+/// One destination root during a run.
+struct Root<'d> {
+    destination: &'d Destination,
+    target: Box<dyn Target>,
+    records: Records,
+    /// What the bundles planned so far leave at the paths they write or
+    /// delete (and the folders above): never read from storage again.
+    touched: BTreeMap<String, Entry>,
+}
+
+/// A root's catalog as opened, and the catalog changes of the bundles
+/// planned so far.
+struct Records {
+    opened: State,
+    /// The opened catalog with the changes recorded, built when a second
+    /// bundle plans on top of the first one's changes.
+    overlay: Option<Overlay>,
+    updates: Vec<CatalogUpdate>,
+}
+
+impl Records {
+    fn new(opened: State) -> Records {
+        Records {
+            opened,
+            overlay: None,
+            updates: Vec::new(),
+        }
+    }
+
+    /// The state a bundle plans on: the catalog as opened, or (after other
+    /// bundles) only the records this bundle's plan can consult.
+    fn state_for(
+        &mut self,
+        desired: &[Desired],
+        d: &Destination,
+        pipeline_id: &str,
+    ) -> Cow<'_, State> {
+        if self.updates.is_empty() {
+            return Cow::Borrowed(&self.opened);
+        }
+        let overlay = self.overlay.get_or_insert_with(|| {
+            let State::Catalog(base) = std::mem::replace(&mut self.opened, State::Absent) else {
+                unreachable!("only a root with a catalog takes several bundles")
+            };
+            let mut overlay = Overlay::new(base);
+            for u in &self.updates {
+                overlay.record(&u.upserts, &u.removes);
+            }
+            overlay
+        });
+        Cow::Owned(State::Catalog(plan::catalog_view(
+            overlay,
+            desired,
+            d.workflow,
+            pipeline_id,
+            &d.id,
+        )))
+    }
+
+    /// Whether the root was opened without a catalog file.
+    fn was_absent(&self) -> bool {
+        self.overlay.is_none() && matches!(self.opened, State::Absent)
+    }
+
+    fn record(&mut self, update: CatalogUpdate) {
+        if let Some(overlay) = &mut self.overlay {
+            overlay.record(&update.upserts, &update.removes);
+        }
+        self.updates.push(update);
+    }
+
+    /// The catalog once every recorded change is made, the records the
+    /// `writes` replace and the `deletes` remove, and (for a target that
+    /// may rebase) what a lost race needs.
+    fn finish(
+        self,
+        writes: impl Iterator<Item = String>,
+        deletes: &BTreeSet<&str>,
+        rebase_for: Option<(&str, &Destination)>,
+        now: OffsetDateTime,
+    ) -> (
+        Catalog,
+        Vec<OutputRecord>,
+        Vec<OutputRecord>,
+        Option<Rebase>,
+    ) {
+        let Records {
+            opened,
+            overlay,
+            mut updates,
+        } = self;
+        let base = match (&overlay, &opened) {
+            (Some(o), _) => Some(o.base()),
+            (None, State::Catalog(c)) => Some(c),
+            _ => None,
+        };
+        let at = |paths: &mut dyn Iterator<Item = String>| -> Vec<OutputRecord> {
+            paths.filter_map(|p| base?.get(&p).cloned()).collect()
+        };
+        let removed = at(&mut deletes.iter().map(|p| (*p).to_owned()));
+        // With an overlay the writes' records are looked up; else the
+        // update hands them back as it moves the catalog.
+        let replaced = overlay.as_ref().map(|_| at(&mut writes.into_iter()));
+        let rebase = rebase_for.map(|(pipeline_id, d)| Rebase {
+            seen: base.map(|b| rebase::relied_on(b, &updates, pipeline_id, &d.id, d.workflow)),
+            updates: Vec::new(),
+            pipeline_id: pipeline_id.to_owned(),
+            destination_id: d.id.clone(),
+            workflow: d.workflow,
+            now,
+        });
+        let (catalog, replaced, rebase) = match (overlay, replaced) {
+            (Some(overlay), Some(replaced)) => {
+                let rebase = rebase.map(|r| Rebase { updates, ..r });
+                (overlay.into_catalog(now), replaced, rebase)
+            }
+            _ => {
+                let current = match opened {
+                    State::Catalog(c) => Some(c),
+                    _ => None,
+                };
+                let update = updates.pop().expect("a root with a change has an update");
+                match rebase {
+                    // The update is kept to apply it again after a lost race.
+                    Some(r) => {
+                        let (catalog, replaced) = update.clone().into_catalog(current);
+                        let updates = vec![update];
+                        (catalog, replaced, Some(Rebase { updates, ..r }))
+                    }
+                    // Records moved, never copied: a large tree's are held once.
+                    None => {
+                        let (catalog, replaced) = update.into_catalog(current);
+                        (catalog, replaced, None)
+                    }
+                }
+            }
+        };
+        (catalog, replaced, removed, rebase)
+    }
+}
+
+/// Why writing stopped, and the root it stopped at (if one).
+type Failed = (Option<usize>, Error);
+
+/// A bundle whose every plan was accepted.
+struct Accepted {
+    index: usize,
+    ready: Ready,
+    plans: Vec<Plan>,
+    /// Per root: planned writes known at planning to hold their bytes.
+    kept: Vec<BTreeSet<String>>,
+}
+
+/// One root's writes and deletes, merged over the accepted bundles.
+struct Merged<'p> {
+    /// By output path: the bundle (index among the accepted ones) whose
+    /// output it is, and the output (the plan's own, not a copy: a large
+    /// tree's outputs are several MiB).
+    writes: BTreeMap<&'p str, (usize, &'p Desired)>,
+    deletes: BTreeSet<&'p str>,
+    clear_first: Vec<String>,
+}
+
+impl<'p> Merged<'p> {
+    /// One root's writes and deletes of the accepted bundles' `plans` (each
+    /// with its writes kept as they are), in arrival order: the last writer of a path wins, a later delete drops an
+    /// earlier write, and a path whose last writer found it holding its
+    /// bytes already is not written.
+    fn of(plans: &[(&'p Plan, &BTreeSet<String>)]) -> Merged<'p> {
+        let mut writes = BTreeMap::new();
+        let mut deletes = BTreeSet::new();
+        let mut clear_first = Vec::new();
+        for (k, (plan, _)) in plans.iter().enumerate() {
+            clear_first.extend(plan.clear_first.iter().cloned());
+            for d in plan.writes.iter() {
+                writes.insert(d.path.as_str(), (k, d));
+                deletes.remove(d.path.as_str());
+            }
+            for gone in &plan.delete_after {
+                writes.remove(gone.as_str());
+                deletes.insert(gone.as_str());
+            }
+        }
+        writes.retain(|path, (k, _)| !plans[*k].1.contains(*path));
+        Merged {
+            writes,
+            deletes,
+            clear_first,
+        }
+    }
+}
+
+/// Pages and markdown the bundles of one batch may hold in memory
+/// together, in bytes. Past it the batch takes the bundles prepared so far
+/// (at least one) and the caller batches the others next: each bundle may
+/// hold up to 4 MiB (`content::HOLD_AT_MOST`).
+const HELD_AT_MOST: u64 = 256 << 20;
+
+/// Bundles prepared at once (on every core).
+const PREPARE_AT_ONCE: usize = 256;
+
+/// [`HELD_AT_MOST`]; debug builds (the ones the tests run) take another
+/// bound from `DISTRIBUTOR_TEST_BATCH_HELD`, so that a test can make a
+/// backlog of small pages go in several batches.
+fn held_at_most() -> u64 {
+    #[cfg(debug_assertions)]
+    if let Some(bytes) = std::env::var("DISTRIBUTOR_TEST_BATCH_HELD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return bytes;
+    }
+    HELD_AT_MOST
+}
+
+impl<'a> Driver<'a> {
+    /// Publishes `bundles` (in arrival order).
+    pub(super) fn run(&self, bundles: &[&Path]) -> Outcome {
+        let alone = bundles.len() == 1;
+        let now = now_millis();
+        // A large local catalog is parsed while the bundles are prepared.
+        let (mut ahead, (mut reports, ready)) = std::thread::scope(|s| {
+            let reading = s.spawn(|| {
+                self.destinations
+                    .iter()
+                    .map(|d| target::read_ahead(d))
+                    .collect::<Vec<_>>()
+            });
+            let prepared = self.prepare(bundles, held_at_most());
+            let ahead = reading.join().unwrap_or_default();
+            (ahead, prepared)
+        });
+        ahead.resize_with(self.destinations.len(), || None);
+        if ready.is_empty() {
+            return Outcome::Reports(reports.into_iter().flatten().collect());
+        }
+        let first_report = || ready[0].1.report.clone();
+
+        // Open every root in path order (no deadlock between processes).
+        let mut order: Vec<usize> = (0..self.destinations.len()).collect();
+        order.sort_by(|a, b| self.destinations[*a].root.cmp(&self.destinations[*b].root));
+        let mut opened: Vec<Option<Root>> = (0..self.destinations.len()).map(|_| None).collect();
+        for j in order {
+            let d = self.destinations[j];
+            match target::open(d, self.options, now, ahead[j].take()) {
+                Ok(mut target) => {
+                    let state = target.take_state();
+                    opened[j] = Some(Root {
+                        destination: d,
+                        target,
+                        records: Records::new(state),
+                        touched: BTreeMap::new(),
+                    });
+                }
+                Err(e) => return self.abort(alone, first_report(), Some(j), e, &[]),
+            }
+        }
+        let mut roots: Vec<Root> = opened.into_iter().flatten().collect();
+        if !alone
+            && roots
+                .iter()
+                .any(|r| !matches!(r.records.opened, State::Catalog(_)))
+        {
+            return Outcome::OneFirst;
+        }
+        if !(self.keep_going)() {
+            return self.abort(alone, first_report(), None, Error::Stopped, &roots);
+        }
+        for (j, root) in roots.iter_mut().enumerate() {
+            let desired: Vec<&[Desired]> =
+                ready.iter().map(|(_, r)| &*r.prepared[j].desired).collect();
+            if let Err(e) = root
+                .target
+                .look_ahead(&root.records.opened, &desired, alone)
+            {
+                return self.abort(alone, first_report(), Some(j), e, &roots);
+            }
+        }
+
+        // Plan each bundle against what the bundles before it leave.
+        let last = ready.last().map_or(0, |(i, _)| *i);
+        let mut accepted: Vec<Accepted> = Vec::new();
+        for (index, mut r) in ready {
+            let planned = roots
+                .iter_mut()
+                .zip(&r.prepared)
+                .enumerate()
+                .map(|(j, (root, prepared))| self.plan(j, root, prepared, &r, now))
+                .collect::<Result<Vec<_>, (usize, Error)>>();
+            let (plans, kept): (Vec<Plan>, Vec<BTreeSet<String>>) = match planned {
+                Ok(planned) => planned.into_iter().unzip(),
+                Err((j, e)) => return self.abort(alone, r.report, Some(j), e, &roots),
+            };
+            if let Some(refused) = refusal(&mut r, &plans) {
+                reports[index] = Some(refused);
+                continue;
+            }
+            // A dry run, a root to create or clear, or a bundle that writes
+            // nothing: every byte of the bundle is checked before anything
+            // is created, deleted or written (an invalid bundle is reported
+            // as such and leaves no trace).
+            let creates = roots.iter().any(|root| root.target.missing());
+            let hash_first = self.options.dry_run
+                || creates
+                || plans.iter().all(|p| p.writes.is_empty())
+                || plans.iter().any(|p| !p.clear_first.is_empty());
+            if hash_first && let Err(e) = verify_rest(&r.bundle, &mut r.verified) {
+                reports[index] = Some(Error::Bundle(e).fail(r.report));
+                continue;
+            }
+            if self.options.dry_run {
+                reports[index] = Some(r.report);
+                continue;
+            }
+            let mut a = Accepted {
+                index,
+                ready: r,
+                plans,
+                kept,
+            };
+            // A root that does not exist yet is created (and locked) only
+            // now that every plan is accepted, then planned again.
+            if creates {
+                match self.create_missing(&mut roots, &mut a, now) {
+                    Ok(None) => {}
+                    Ok(Some(refused)) => {
+                        reports[index] = Some(refused);
+                        continue;
+                    }
+                    Err((j, e)) => return self.abort(alone, a.ready.report, Some(j), e, &roots),
+                }
+            }
+            // What it leaves matters only to bundles planned after it.
+            let more = index < last;
+            for (j, root) in roots.iter_mut().enumerate() {
+                root.apply(&mut a.plans[j], more);
+            }
+            accepted.push(a);
+        }
+        if accepted.is_empty() {
+            return all_reported(reports);
+        }
+        self.write(roots, accepted, reports, alone, now)
+    }
+
+    /// Prepares the first `bundles` whose pages and markdown held in
+    /// memory stay within `bound` bytes ([`held_at_most`]; at least the
+    /// first):
+    /// the ready ones (with their index), and the finished report of each
+    /// that is not, at its index.
+    fn prepare(
+        &self,
+        bundles: &[&Path],
+        bound: u64,
+    ) -> (Vec<Option<RunReport>>, Vec<(usize, Ready)>) {
+        let mut reports = Vec::new();
+        let mut taken = Vec::new();
+        let mut held = 0;
+        for slice in bundles.chunks(PREPARE_AT_ONCE) {
+            let prepared = map_on(self.workers, slice, |dir| {
+                prepare_bundle(
+                    self.pipeline,
+                    self.destinations,
+                    dir,
+                    self.options.dry_run,
+                    &self.options.scratch,
+                )
+            });
+            for result in prepared {
+                let index = reports.len();
+                match result {
+                    Ok(r) => {
+                        held += held_bytes(&r);
+                        if index > 0 && held > bound {
+                            return (reports, taken);
+                        }
+                        reports.push(None);
+                        taken.push((index, r));
+                    }
+                    Err(report) => reports.push(Some(*report)),
+                }
+            }
+        }
+        (reports, taken)
+    }
+
+    /// Plans one bundle for one root: the plan (or the backend's refusal)
+    /// and its writes known to hold their bytes already.
+    fn plan(
+        &self,
+        j: usize,
+        root: &mut Root,
+        prepared: &Prepared,
+        r: &Ready,
+        now: OffsetDateTime,
+    ) -> Result<(Plan, BTreeSet<String>), (usize, Error)> {
+        let d = root.destination;
+        let state = root
+            .records
+            .state_for(&prepared.desired, d, &self.pipeline.id);
+        let listing = root
+            .target
+            .listing(&prepared.desired, &state, &root.touched, self.options.force)
+            .map_err(|e| (j, e))?;
+        let plan = plan::plan(&PlanInput {
+            pipeline_id: &self.pipeline.id,
+            destination_id: &d.id,
+            workflow: d.workflow,
+            force: self.options.force,
+            source: &r.source,
+            desired: &prepared.desired,
+            state: &state,
+            listing: &listing,
+            now,
+        });
+        let plan = root
+            .target
+            .refusal(&plan, &state, self.options.force)
+            .unwrap_or(plan);
+        let kept = root.target.kept(&plan, &state, &root.touched);
+        Ok((plan, kept))
+    }
+
+    /// Creates the roots that do not exist yet and plans the bundle again
+    /// under their lock: the report of a refusal then, if any.
+    fn create_missing(
+        &self,
+        roots: &mut [Root],
+        a: &mut Accepted,
+        now: OffsetDateTime,
+    ) -> Result<Option<RunReport>, (usize, Error)> {
+        for (j, root) in roots.iter_mut().enumerate() {
+            if !root.target.missing() {
+                continue;
+            }
+            root.target.create(self.options, now).map_err(|e| (j, e))?;
+            root.records.opened = root.target.take_state();
+            let (plan, kept) = self.plan(j, root, &a.ready.prepared[j], &a.ready, now)?;
+            a.plans[j] = plan;
+            a.kept[j] = kept;
+        }
+        Ok(refusal(&mut a.ready, &a.plans))
+    }
+
+    /// Writes the accepted bundles' merged changes into every root.
+    fn write(
+        &self,
+        mut roots: Vec<Root>,
+        mut accepted: Vec<Accepted>,
+        mut reports: Vec<Option<RunReport>>,
+        alone: bool,
+        now: OffsetDateTime,
+    ) -> Outcome {
+        // Which bundle files were hashed, apart from the bundles (which the
+        // changes borrow).
+        let mut verified: Vec<BTreeSet<RelPath>> = accepted
+            .iter_mut()
+            .map(|a| std::mem::take(&mut a.ready.verified))
+            .collect();
+        let merged: Vec<Merged> = (0..roots.len())
+            .map(|j| {
+                let plans: Vec<_> = accepted.iter().map(|a| (&a.plans[j], &a.kept[j])).collect();
+                Merged::of(&plans)
+            })
+            .collect();
+        let changes = self.changes(&mut roots, &merged, &accepted, alone, now);
+        let written = self
+            .stage_all(&mut roots, &changes, &merged, &accepted, &mut verified)
+            .and_then(|unchanged| {
+                for (a, verified) in accepted.iter().zip(&mut verified) {
+                    verify_rest(&a.ready.bundle, verified).map_err(|e| (None, e.into()))?;
+                }
+                for (j, root) in roots.iter_mut().enumerate() {
+                    if changes[j].is_some() {
+                        root.target.make_durable().map_err(|e| (Some(j), e))?;
+                    }
+                }
+                crate::failpoint::hit("publish.staged");
+                if !alone && !(self.keep_going)() {
+                    return Err((None, Error::Stopped));
+                }
+                let committed = self.commit_all(&mut roots, changes, accepted.len(), alone)?;
+                Ok((unchanged, committed))
+            });
+        let (unchanged, (copied_across, file_by_file)) = match written {
+            Ok(written) => written,
+            Err((j, e)) => {
+                return self.abort(alone, accepted[0].ready.report.clone(), j, e, &roots);
+            }
+        };
+        drop(merged);
+        for (k, a) in accepted.into_iter().enumerate() {
+            let mut report = a.ready.report;
+            for (j, plan) in a.plans.iter().enumerate() {
+                for d in plan.writes.iter() {
+                    let path = d.path.as_str();
+                    if a.kept[j].contains(path) || unchanged[j].get(path) == Some(&k) {
+                        report.destinations[j].unchanged.push(path.to_owned());
+                    } else {
+                        report.bytes_published += d.size;
+                    }
+                }
+            }
+            // What the roots did as a whole is told once, by the first bundle.
+            if k == 0 {
+                report.copied_across = copied_across;
+                report.synced_file_by_file = file_by_file;
+            }
+            reports[a.index] = Some(report);
+        }
+        all_reported(reports)
+    }
+
+    /// Each root's change (`None`: nothing to record there), built from
+    /// its records and its merged writes and deletes.
+    fn changes<'c>(
+        &self,
+        roots: &mut [Root],
+        merged: &'c [Merged],
+        accepted: &'c [Accepted],
+        alone: bool,
+        now: OffsetDateTime,
+    ) -> Vec<Option<Change<'c>>> {
+        let mut changes = Vec::new();
+        for ((root, m), j) in roots.iter_mut().zip(merged).zip(0..) {
+            let records = std::mem::replace(&mut root.records, Records::new(State::Absent));
+            if records.updates.is_empty() {
+                changes.push(None);
+                continue;
+            }
+            let was_absent = records.was_absent();
+            let rebase_for = root
+                .target
+                .may_rebase()
+                .then_some((self.pipeline.id.as_str(), root.destination));
+            let (catalog, replaced, removed, rebase) = records.finish(
+                m.writes.keys().map(|p| (*p).to_owned()),
+                &m.deletes,
+                rebase_for,
+                now,
+            );
+            changes.push(Some(Change {
+                writes: m
+                    .writes
+                    .values()
+                    .map(|(k, d)| Write {
+                        d,
+                        in_memory: accepted[*k].ready.prepared[j]
+                            .in_memory
+                            .get(&d.path)
+                            .map(|c| &**c),
+                        bundle: &accepted[*k].ready.bundle,
+                    })
+                    .collect(),
+                clear_first: m.clear_first.clone(),
+                deletes: m.deletes.iter().map(|p| (*p).to_owned()).collect(),
+                catalog,
+                replaced,
+                removed,
+                state_was_absent: was_absent,
+                record_looks: alone,
+                rebase,
+            }));
+        }
+        changes
+    }
+
+    /// Stages every root's change: per root, the paths found to hold their
+    /// bytes already (and the bundle whose write each was). Bundle files
+    /// whose bytes a root checks while writing them are added to
+    /// `verified`.
+    fn stage_all(
+        &self,
+        roots: &mut [Root],
+        changes: &[Option<Change>],
+        merged: &[Merged],
+        accepted: &[Accepted],
+        verified: &mut [BTreeSet<RelPath>],
+    ) -> Result<Vec<BTreeMap<String, usize>>, Failed> {
+        let mut unchanged: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); roots.len()];
+        for (j, (root, change)) in roots.iter_mut().zip(changes).enumerate() {
+            let Some(change) = change else { continue };
+            let staged = root
+                .target
+                .stage(change, self.workers, self.keep_going)
+                .map_err(|e| (Some(j), e))?;
+            for ((path, (k, d)), s) in merged[j].writes.iter().zip(staged) {
+                let from_bundle = !accepted[*k].ready.prepared[j]
+                    .in_memory
+                    .contains_key(&d.path);
+                match s {
+                    Staged::Written if from_bundle => {
+                        verified[*k].insert(d.bundle_path.clone());
+                    }
+                    Staged::Written => {}
+                    Staged::Unchanged => {
+                        unchanged[j].insert((*path).to_owned(), *k);
+                    }
+                }
+            }
+        }
+        Ok(unchanged)
+    }
+
+    /// Commits every root's change, roots whose commit reads the bundle
+    /// first (a failure there can still roll the others back): the outputs
+    /// copied across file systems, and the roots made durable file by file.
+    fn commit_all(
+        &self,
+        roots: &mut [Root],
+        mut changes: Vec<Option<Change>>,
+        bundles: usize,
+        alone: bool,
+    ) -> Result<(u64, u64), Failed> {
+        let mut order: Vec<usize> = (0..roots.len()).filter(|j| changes[*j].is_some()).collect();
+        order.sort_by_key(|j| !roots[*j].target.reads_bundle_at_commit());
+        let mut copied_across = 0;
+        let mut file_by_file = 0;
+        for j in order {
+            let change = changes[j].take().expect("only roots with a change");
+            match roots[j].target.commit(change) {
+                Ok(c) => {
+                    crate::failpoint::hit("publish.committed");
+                    copied_across += c.copied_across;
+                    file_by_file += u64::from(c.file_by_file);
+                }
+                // Roots committed before keep their change: publishing
+                // those bundles again is a skip there.
+                Err(e) if alone => return Err((Some(j), e)),
+                Err(e) => {
+                    let root = roots[j].target.label();
+                    log::error!(
+                        "{root}: batch publication failed while committing ({e}); what it wrote there was undone"
+                    );
+                    let source = Box::new(e);
+                    return Err((
+                        Some(j),
+                        Error::Commit {
+                            root,
+                            bundles,
+                            source,
+                        },
+                    ));
+                }
+            }
+        }
+        Ok((copied_across, file_by_file))
+    }
+
+    /// Stops the run with `e` (at root `j`, if known): every root is
+    /// rolled back; a bundle published alone gets `report` failed with it.
+    fn abort(
+        &self,
+        alone: bool,
+        mut report: RunReport,
+        j: Option<usize>,
+        e: Error,
+        roots: &[Root],
+    ) -> Outcome {
+        for root in roots {
+            root.target.roll_back();
+        }
+        if !alone {
+            return Outcome::Aborted(e);
+        }
+        if let Some(j) = j {
+            report.destinations[j].error = Some(e.to_string());
+        }
+        Outcome::Reports(vec![e.fail(report)])
+    }
+}
+
+impl Root<'_> {
+    /// Records what an accepted plan leaves in the catalog and, when
+    /// `more` bundles are planned after it, in storage.
+    fn apply(&mut self, plan: &mut Plan, more: bool) {
+        if let Some(update) = plan.update.take() {
+            self.records.record(update);
+        }
+        if !more {
+            return;
+        }
+        for d in plan.writes.iter() {
+            for a in d.path.ancestors() {
+                self.touched.insert(a.to_owned(), Entry::Dir);
+            }
+            self.touched
+                .insert(d.path.as_str().to_owned(), Entry::File { size: d.size });
+        }
+        for gone in &plan.delete_after {
+            self.touched.insert(gone.clone(), Entry::Missing);
+        }
+    }
+}
+
+/// Bytes of the outputs a prepared bundle holds (each held content counted
+/// once, however many destinations share it). Pages it spilled to its
+/// scratch file count too: an overestimate, on the safe side.
+fn held_bytes(ready: &Ready) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    ready
+        .prepared
+        .iter()
+        .flat_map(|p| {
+            p.desired
+                .iter()
+                .filter_map(|d| p.in_memory.get(&d.path).map(|c| (Arc::as_ptr(c), d.size)))
+        })
+        .filter(|(content, _)| seen.insert(*content))
+        .map(|(_, size)| size)
+        .sum()
+}
+
+/// The finished report of a bundle when one of its `plans` is a refusal
+/// (nothing of it may be written anywhere): an invalid bundle is reported
+/// as such, not as a refusal. `None` when every plan is accepted.
+fn refusal(r: &mut Ready, plans: &[Plan]) -> Option<RunReport> {
+    let refused = record_plans(&mut r.report, plans.iter().enumerate())?;
+    Some(match verify_rest(&r.bundle, &mut r.verified) {
+        Ok(()) => refused,
+        Err(e) => Error::Bundle(e).fail(r.report.clone()),
+    })
+}
+
+/// The outcome once every bundle taken should have its report.
+fn all_reported(reports: Vec<Option<RunReport>>) -> Outcome {
+    Outcome::Reports(
+        reports
+            .into_iter()
+            .map(|r| r.expect("every bundle taken is reported"))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

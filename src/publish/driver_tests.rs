@@ -1,0 +1,141 @@
+//! The driver's pure decisions: which writes and deletes a batch sends to
+//! a root, and how many bundles a batch takes.
+
+use std::collections::BTreeSet;
+
+use super::{Driver, Merged, held_bytes};
+use crate::catalog::OutputKind;
+use crate::paths::RelPath;
+use crate::plan::{Action, Desired, Plan};
+
+fn desired(path: &str) -> Desired {
+    Desired {
+        path: RelPath::parse(path).unwrap(),
+        kind: OutputKind::Source,
+        bundle_path: RelPath::parse(path).unwrap(),
+        url: None,
+        sha256: crate::catalog::Sha256::parse(&crate::hashing::hash_bytes(path.as_bytes()).sha256)
+            .unwrap(),
+        size: path.len() as u64,
+    }
+}
+
+fn plan(writes: &[&str], delete_after: &[&str]) -> Plan {
+    Plan {
+        action: Action::PublishNew,
+        writes: writes.iter().map(|p| desired(p)).collect(),
+        clear_first: Vec::new(),
+        delete_after: delete_after.iter().map(|p| (*p).to_owned()).collect(),
+        deletes: Vec::new(),
+        unmanaged: Vec::new(),
+        error: None,
+        update: None,
+    }
+}
+
+#[test]
+fn a_batch_sends_the_last_writer_of_each_path_and_what_is_deleted_last() {
+    let none = BTreeSet::new();
+    let kept: BTreeSet<String> = ["kept.txt".to_owned()].into_iter().collect();
+    let p0 = plan(&["a.txt", "gone-later.txt", "kept.txt"], &["old.txt"]);
+    let p1 = plan(&["a.txt", "old.txt"], &["gone-later.txt"]);
+    let p2 = plan(&["kept.txt", "b.txt"], &["x.txt"]);
+    // Bundle 2 found kept.txt already holding its bytes: not sent.
+    let m = Merged::of(&[(&p0, &none), (&p1, &none), (&p2, &kept)]);
+    let writes: Vec<(&str, usize)> = m
+        .writes
+        .iter()
+        .map(|(k, (i, d))| {
+            assert_eq!(*k, d.path.as_str());
+            (*k, *i)
+        })
+        .collect();
+    assert_eq!(writes, [("a.txt", 1), ("b.txt", 2), ("old.txt", 1)]);
+    let deletes: Vec<&str> = m.deletes.iter().copied().collect();
+    assert_eq!(deletes, ["gone-later.txt", "x.txt"]);
+
+    // The same path kept by its last writer but written by an earlier one
+    // is not kept: the earlier bundle's bytes are written.
+    let p3 = plan(&["kept.txt"], &[]);
+    let m = Merged::of(&[(&p0, &kept), (&p3, &none)]);
+    assert_eq!(m.writes["kept.txt"].0, 1);
+}
+
+/// Bundles `b0`..`b3` in a temporary folder, each one markdown file
+/// rendered to a page; `b1` does not match its manifest. With the pipeline
+/// that publishes source and HTML.
+fn four_bundles() -> (
+    tempfile::TempDir,
+    crate::config::Config,
+    Vec<std::path::PathBuf>,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dirs = Vec::new();
+    for i in 0..4 {
+        let dir = tmp.path().join(format!("b{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("a.md"),
+            format!("# Page {i}\n\n{}\n", "text ".repeat(200)),
+        )
+        .unwrap();
+        crate::bundle::seal(&dir, &format!("b-{i}"), None).unwrap();
+        dirs.push(dir);
+    }
+    std::fs::write(dirs[1].join("a.md"), "changed after sealing\n").unwrap();
+    let config = crate::config::parse(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+        publish: {source: true, html: true}
+",
+        &tmp.path().join("config.yaml"),
+    )
+    .unwrap();
+    (tmp, config, dirs)
+}
+
+#[test]
+fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_one() {
+    let (tmp, config, dirs) = four_bundles();
+    let pipeline = &config.pipelines[0];
+    let destinations = [&pipeline.destinations[0]];
+    let bundles: Vec<&std::path::Path> = dirs.iter().map(|d| d.as_path()).collect();
+    let options = super::super::Options {
+        dry_run: false,
+        force: false,
+        lock_timeout: std::time::Duration::from_secs(1),
+        serving: None,
+        scratch: tmp.path().to_path_buf(),
+    };
+    let driver = Driver {
+        pipeline,
+        destinations: &destinations,
+        options: &options,
+        workers: &crate::publish::InOrder,
+        keep_going: &|| true,
+    };
+    // Unbounded: every bundle, the one that does not match its manifest
+    // with its report (it holds nothing).
+    let (reports, ready) = driver.prepare(&bundles, u64::MAX);
+    assert_eq!(reports.len(), 4);
+    assert!(reports[1].as_ref().is_some_and(|r| !r.ok));
+    let taken: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
+    assert_eq!(taken, [0, 2, 3]);
+    let held: Vec<u64> = ready.iter().map(|(_, r)| held_bytes(r)).collect();
+    // The markdown and its page, each counted once.
+    assert!(held.iter().all(|h| *h > 1000), "{held:?}");
+    // Room for two ready bundles: the third waits for the next batch; the
+    // invalid one between them is reported.
+    let (reports, ready) = driver.prepare(&bundles, held[0] + held[1]);
+    assert_eq!(reports.len(), 3);
+    assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 2]);
+    // No room at all: still the first bundle, so that a backlog moves
+    // (and the invalid one after it, which holds nothing).
+    let (reports, ready) = driver.prepare(&bundles, 1);
+    assert_eq!(reports.len(), 2);
+    assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
+}

@@ -1,0 +1,129 @@
+//! Why a publication stopped: one type for every backend and every step,
+//! with the step it stopped at, whether retrying later may help, and the
+//! report it gives. Transient or permanent is decided here, once, on the
+//! type (I/O errors by [`crate::io_class`], the only errno rule).
+
+use crate::bundle::BundleError;
+use crate::lock::LockError;
+use crate::report::{RunReport, Stage};
+use crate::s3;
+use crate::storage;
+use std::io;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bundle does not match its manifest, or cannot be read.
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    /// Reading the bundle or rendering its pages failed for a reason of
+    /// this machine (a scratch file, memory), not of the bundle.
+    #[error("{0}")]
+    Prepare(#[source] io::Error),
+    /// A local root's lock could not be taken.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// A destination root could not be opened, created or read before
+    /// anything was written (`stage` says which step).
+    #[error("{what} {}: {source}", path.display())]
+    Root {
+        stage: Stage,
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Writing into a local root failed; the root was settled from its
+    /// journal (docs/reliability.md).
+    #[error(
+        "publishing to {} failed: {source}; the root was left consistent (its catalog matches its files), {}",
+        path.display(),
+        if storage::is_transient(source) {
+            "the agent retries it with backoff; if it persists, free space or fix permissions on the root, then `distributor spool retry`"
+        } else {
+            "fix the cause, then publish the bundle again"
+        }
+    )]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// An s3 destination's server or protocol.
+    #[error(transparent)]
+    Store(#[from] s3::Error),
+    /// What went up to an s3 key did not match the manifest, and the file
+    /// in the bundle does now (it changed while being read).
+    #[error(
+        "{root}: the bytes uploaded to {key} did not match the manifest; nothing of the bundle is recorded there; publish the bundle again"
+    )]
+    Uploaded { root: String, key: String },
+    /// A batch's commit into one root failed; what it wrote there was
+    /// undone (roots committed before keep the batch).
+    #[error(
+        "committing {bundles} bundles into {root} failed, what was written there was undone: {source}"
+    )]
+    Commit {
+        root: String,
+        bundles: usize,
+        #[source]
+        source: Box<Error>,
+    },
+    /// The agent is stopping; nothing was renamed into any root.
+    #[error(
+        "the agent is stopping; nothing was written, the bundle is published at the next start"
+    )]
+    Stopped,
+}
+
+impl Error {
+    /// The step of docs/contract.md §9 the publication stopped at.
+    pub fn stage(&self) -> Stage {
+        match self {
+            Error::Bundle(_) | Error::Prepare(_) | Error::Uploaded { .. } => Stage::Verify,
+            Error::Lock(_) => Stage::Lock,
+            Error::Root { stage, .. } => *stage,
+            Error::Write { .. } | Error::Stopped => Stage::Publish,
+            Error::Commit { source, .. } => source.stage(),
+            Error::Store(e) => match e.stage() {
+                "lock" | "config" => Stage::Lock,
+                "plan" => Stage::Plan,
+                _ => Stage::Publish,
+            },
+        }
+    }
+
+    /// Whether publishing the same bundle again later may succeed without
+    /// anyone changing anything.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Bundle(e) => e.is_transient(),
+            Error::Prepare(e) | Error::Root { source: e, .. } | Error::Write { source: e, .. } => {
+                storage::is_transient(e)
+            }
+            Error::Lock(LockError::Timeout { .. }) => true,
+            Error::Lock(LockError::Io { source, .. }) => storage::is_transient(source),
+            Error::Store(e) => e.is_transient() || e.is_stopped(),
+            Error::Uploaded { .. } | Error::Stopped => true,
+            Error::Commit { source, .. } => source.is_transient(),
+        }
+    }
+
+    /// Whether the agent's stop caused it.
+    pub fn is_stopped(&self) -> bool {
+        match self {
+            Error::Stopped => true,
+            Error::Write { source, .. } | Error::Prepare(source) => {
+                source.kind() == io::ErrorKind::Interrupted || crate::interrupt::is_stopped(source)
+            }
+            Error::Store(e) => e.is_stopped(),
+            Error::Commit { source, .. } => source.is_stopped(),
+            _ => false,
+        }
+    }
+
+    /// `report`, failed with this error.
+    pub fn fail(self, report: RunReport) -> RunReport {
+        report.fail(self.stage(), self.to_string(), self.is_transient())
+    }
+}

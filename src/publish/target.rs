@@ -1,0 +1,281 @@
+//! What the one publication driver ([`super::driver`]) asks of a backend:
+//! a destination root opened for a publication (docs/architecture.md,
+//! "One transaction over backends"). A local root is opened by taking its
+//! lock and settling its journal; an s3 destination by checking its server
+//! and recovering stale intents. Then, for every backend alike: read the
+//! catalog, show the planner what storage holds, stage the merged change
+//! of every bundle, make it durable, commit it, or roll it back.
+//!
+//! This module and `config` are the only places that tell the backends
+//! apart: the driver, the agent and the commands see a [`Target`].
+
+use super::content::Content;
+use super::error::Error;
+use super::{Options, local, remote};
+use crate::bundle::VerifiedBundle;
+use crate::catalog::{Catalog, OutputRecord, State};
+use crate::config::{Backend, Destination};
+use crate::journal;
+use crate::plan::{Desired, Entry, Listing, Plan};
+use crate::workers::Workers;
+use std::collections::{BTreeMap, BTreeSet};
+use time::OffsetDateTime;
+
+/// A destination root, opened (locked, or checked and recovered) for one
+/// publication of one bundle or of a batch.
+pub(super) trait Target {
+    /// The root as messages name it (a folder, or `s3://bucket/path`).
+    fn label(&self) -> String;
+
+    /// The root's state as opened (a catalog, none, or one not to trust),
+    /// taken out: the driver keeps the catalog from here on.
+    fn take_state(&mut self) -> State;
+
+    /// Whether the root does not exist yet and is created once every plan
+    /// is accepted ([`Target::create`]); never for a bucket.
+    fn missing(&self) -> bool {
+        false
+    }
+
+    /// Creates the missing root, locks it and reads its state again.
+    fn create(&mut self, _options: &Options, _now: OffsetDateTime) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Reads at once what planning `bundles` (each its desired outputs,
+    /// in order) will ask of storage; `every_key` when a key the catalog
+    /// does not record must be looked at too (a single publication, whose
+    /// plan refuses an unmanaged object rather than meeting it at commit).
+    fn look_ahead(
+        &mut self,
+        _state: &State,
+        _bundles: &[&[Desired]],
+        _every_key: bool,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// What the planner sees of storage at the paths of `desired`, where
+    /// `touched` holds what the bundles planned before leave (a path there
+    /// is never read from storage).
+    fn listing(
+        &self,
+        desired: &[Desired],
+        state: &State,
+        touched: &BTreeMap<String, Entry>,
+        force: bool,
+    ) -> Result<Listing, Error>;
+
+    /// The plan to use instead when this backend cannot carry `plan` out
+    /// (a bucket deletes only what the catalog records, and has no
+    /// `--force`).
+    fn refusal(&self, _plan: &Plan, _state: &State, _force: bool) -> Option<Plan> {
+        None
+    }
+
+    /// The planned writes whose stored bytes are known, at planning, to be
+    /// the planned ones already (never sent; a local root finds its own
+    /// while staging).
+    fn kept(
+        &self,
+        _plan: &Plan,
+        _state: &State,
+        _touched: &BTreeMap<String, Entry>,
+    ) -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
+    /// Whether its commit reads the bundle (an upload hashes what it
+    /// sends): such roots commit first, while the others can still be
+    /// rolled back.
+    fn reads_bundle_at_commit(&self) -> bool {
+        false
+    }
+
+    /// Stages `change`: every write either staged (its bytes checked when
+    /// they come from the bundle, by the time the commit succeeds) or
+    /// found to hold the planned bytes already. Nothing is in place yet.
+    fn stage(
+        &mut self,
+        change: &Change<'_>,
+        workers: &dyn Workers,
+        keep_going: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Vec<Staged>, Error>;
+
+    /// Makes what was staged durable.
+    fn make_durable(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Whether a commit that lost a race to another publisher may be
+    /// re-applied on the winner's catalog (it needs [`Change::rebase`]).
+    fn may_rebase(&self) -> bool {
+        false
+    }
+
+    /// Puts the change in place and records it in the catalog, or leaves
+    /// nothing of it recorded.
+    fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error>;
+
+    /// Settles the root after a failure elsewhere (its journal).
+    fn roll_back(&self) {}
+}
+
+/// How a staged write stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Staged {
+    /// It will be written; from the bundle, its bytes are hashed on the way.
+    Written,
+    /// The stored file already holds the planned bytes: left as it is.
+    Unchanged,
+}
+
+/// What a commit did that the report tells.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Committed {
+    /// Outputs copied across file systems (not renamed).
+    pub(super) copied_across: u64,
+    /// Whether the files were made durable one by one.
+    pub(super) file_by_file: bool,
+}
+
+/// One planned write.
+#[derive(Clone, Copy)]
+pub(super) struct Write<'a> {
+    pub(super) d: &'a Desired,
+    /// The bytes, when the publication holds them (rendered HTML,
+    /// markdown read for rendering); else the bundle file is copied.
+    pub(super) in_memory: Option<&'a Content>,
+    /// The bundle the output comes from.
+    pub(super) bundle: &'a VerifiedBundle,
+}
+
+/// Everything one root is to undergo: the planned writes (of one bundle or
+/// of a batch, merged), what is removed before and after them, and the
+/// catalog that records the result.
+pub(super) struct Change<'a> {
+    /// Sorted by path.
+    pub(super) writes: Vec<Write<'a>>,
+    /// Removed before the writes (`force_replace`, legacy replacement).
+    pub(super) clear_first: Vec<String>,
+    /// Removed after the writes.
+    pub(super) deletes: Vec<String>,
+    /// The catalog once the change is made.
+    pub(super) catalog: Catalog,
+    /// The records the writes replace, sorted by path (for the journal,
+    /// for a conditional write, and to know the outputs that already hold
+    /// the bytes wanted).
+    pub(super) replaced: Vec<OutputRecord>,
+    /// The records the deletes remove, sorted by path.
+    pub(super) removed: Vec<OutputRecord>,
+    /// The root had no catalog before.
+    pub(super) state_was_absent: bool,
+    /// Remember how the written files look (a large tree published alone),
+    /// so that its next version knows the unchanged ones without reading
+    /// them.
+    pub(super) record_looks: bool,
+    /// What a commit that lost a race may check and re-apply on the
+    /// winner's catalog ([`Rebase`]), for a target that may rebase.
+    pub(super) rebase: Option<Rebase>,
+}
+
+/// The catalog changes of a change's bundles, in order, and the records of
+/// the catalog they were planned on that they rely on: if another
+/// publication committed first and left all of those as they were, the
+/// changes are applied again on top of its catalog.
+pub(super) struct Rebase {
+    pub(super) updates: Vec<crate::plan::CatalogUpdate>,
+    /// The records relied on ([`super::rebase::relied_on`]); `None` when
+    /// planned on a root without a catalog.
+    pub(super) seen: Option<Catalog>,
+    pub(super) pipeline_id: String,
+    pub(super) destination_id: String,
+    pub(super) workflow: crate::config::Workflow,
+    pub(super) now: OffsetDateTime,
+}
+
+impl Change<'_> {
+    /// The record the write at `path` replaces, if any.
+    pub(super) fn replaced(&self, path: &str) -> Option<&OutputRecord> {
+        find(&self.replaced, path)
+    }
+
+    /// The record the delete of `path` removes, if any.
+    pub(super) fn removed(&self, path: &str) -> Option<&OutputRecord> {
+        find(&self.removed, path)
+    }
+}
+
+fn find<'r>(records: &'r [OutputRecord], path: &str) -> Option<&'r OutputRecord> {
+    records
+        .binary_search_by(|r| r.path.as_str().cmp(path))
+        .ok()
+        .map(|i| &records[i])
+}
+
+/// Work a destination can do while the bundles are prepared: a local
+/// root's large catalog is parsed before its lock is taken.
+pub(super) fn read_ahead(d: &Destination) -> Option<journal::ReadAhead> {
+    match &d.backend {
+        Backend::Local => local::read_ahead(d),
+        Backend::S3(_) => None,
+    }
+}
+
+/// Opens `d` for a publication: a local root locked (created later, when
+/// missing), an s3 destination checked and recovered.
+pub(super) fn open(
+    d: &Destination,
+    options: &Options,
+    now: OffsetDateTime,
+    ahead: Option<journal::ReadAhead>,
+) -> Result<Box<dyn Target>, Error> {
+    Ok(match &d.backend {
+        Backend::Local => Box::new(local::LocalTarget::open(d, options, now, ahead)?),
+        Backend::S3(location) => Box::new(remote::S3Target::open(d, location, options)?),
+    })
+}
+
+/// Most bundles published together to `destinations` (a bucket takes
+/// larger batches: each costs requests, not renames).
+pub fn batch_bound(destinations: &[Destination]) -> usize {
+    destinations
+        .iter()
+        .map(|d| match d.backend {
+            Backend::Local => local::MAX_BATCH,
+            Backend::S3(_) => remote::MAX_BATCH,
+        })
+        .min()
+        .unwrap_or(local::MAX_BATCH)
+}
+
+/// The state of `d`'s catalog as it stands (`None`: the root does not
+/// exist), read without writing anything and tried once: read like every
+/// other command reads a root's catalog (no link followed, no FIFO opened,
+/// so a tampered root cannot hang `status`), and a dead s3 endpoint holds
+/// the caller for one connection attempt or one request without progress
+/// at most (docs/object-storage.md).
+pub fn peek_state(d: &Destination) -> Result<Option<State>, String> {
+    match &d.backend {
+        Backend::Local => crate::storage::Root::open(&d.root)
+            .and_then(|root| match root {
+                Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
+                None => Ok(None),
+            })
+            .map(|bytes| bytes.map(|b| State::parse(&b)))
+            .map_err(|e| e.to_string()),
+        Backend::S3(location) => crate::s3::S3Root::open_single_try(location)
+            .and_then(|root| root.read_state())
+            .map(|base| Some(base.state))
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Recovers at once what an earlier agent serving the spool folder
+/// `serving` left unfinished in destination `d` (an s3 destination; a
+/// local root is settled from its journal under its lock).
+pub fn recover_abandoned(d: &Destination, serving: &str) {
+    if let Backend::S3(location) = &d.backend {
+        remote::recover_abandoned(d, location, serving);
+    }
+}
