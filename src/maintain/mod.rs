@@ -149,7 +149,7 @@ impl MaintainError {
             | MaintainError::LegacyState { .. } => 3,
             MaintainError::Lock(_) | MaintainError::Io { .. } => 1,
             // Missing credentials or a bad client setup: configuration.
-            MaintainError::S3 { source, .. } if source.stage() == "config" => 2,
+            MaintainError::S3 { source, .. } if source.stage() == crate::report::Stage::Config => 2,
             MaintainError::S3 { .. } => 1,
         }
     }

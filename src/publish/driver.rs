@@ -5,7 +5,7 @@
 //!
 //! 1. Prepare: inspect each bundle, render its pages, compute each
 //!    destination's outputs (a large local catalog is parsed meanwhile).
-//! 2. Open every root in path order ([`target::open`]: a lock, or a
+//! 2. Open every root in path order ([`backends::open`]: a lock, or a
 //!    server check and recovery), then plan each bundle in arrival order
 //!    against the catalog and storage as the bundles before it leave them.
 //!    A refused or invalid bundle is reported alone and does not stop the
@@ -22,10 +22,11 @@
 //! the caller publishes its bundles one by one, where the culprit gets the
 //! report it gets alone.
 
+use super::backends;
 use super::error::Error;
 use super::prepare::{Prepared, Ready, prepare_bundle};
 use super::rebase;
-use super::target::{self, Change, Rebase, Staged, Target, Write};
+use super::target::{Change, Rebase, Staged, Target, Write};
 use super::{Options, record_plans, verify_rest};
 use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::clock::now_millis;
@@ -288,7 +289,7 @@ impl<'a> Driver<'a> {
             let reading = s.spawn(|| {
                 self.destinations
                     .iter()
-                    .map(|d| target::read_ahead(d))
+                    .map(|d| backends::read_ahead(d))
                     .collect::<Vec<_>>()
             });
             let prepared = self.prepare(bundles, held_at_most());
@@ -307,7 +308,7 @@ impl<'a> Driver<'a> {
         let mut opened: Vec<Option<Root>> = (0..self.destinations.len()).map(|_| None).collect();
         for j in order {
             let d = self.destinations[j];
-            match target::open(d, self.options, now, ahead[j].take()) {
+            match backends::open(d, self.options, now, ahead[j].take()) {
                 Ok(mut target) => {
                     let state = target.take_state();
                     opened[j] = Some(Root {

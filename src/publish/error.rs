@@ -85,10 +85,11 @@ impl Error {
             Error::Root { stage, .. } => *stage,
             Error::Write { .. } | Error::Stopped => Stage::Publish,
             Error::Commit { source, .. } => source.stage(),
+            // A publication meets a client that cannot be set up when it
+            // opens the root, and reports it there.
             Error::Store(e) => match e.stage() {
-                "lock" | "config" => Stage::Lock,
-                "plan" => Stage::Plan,
-                _ => Stage::Publish,
+                Stage::Config => Stage::Lock,
+                stage => stage,
             },
         }
     }

@@ -17,6 +17,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod backends;
 mod content;
 mod driver;
 mod error;
@@ -28,8 +29,8 @@ mod stage;
 mod target;
 
 pub use crate::workers::{InOrder, PerCore, Workers};
+pub use backends::{batch_bound, peek_state, recover_abandoned};
 pub use error::Error;
-pub use target::{batch_bound, peek_state, recover_abandoned};
 
 use driver::{Driver, Outcome};
 

@@ -6,16 +6,15 @@
 //! catalog, show the planner what storage holds, stage the merged change
 //! of every bundle, make it durable, commit it, or roll it back.
 //!
-//! This module and `config` are the only places that tell the backends
-//! apart: the driver, the agent and the commands see a [`Target`].
+//! Which backend a destination has is decided in one place, `backends`
+//! (with `config`): the driver, the agent and the commands see a
+//! [`Target`].
 
+use super::Options;
 use super::content::Content;
 use super::error::Error;
-use super::{Options, local, remote};
 use crate::bundle::VerifiedBundle;
 use crate::catalog::{Catalog, OutputRecord, State};
-use crate::config::{Backend, Destination};
-use crate::journal;
 use crate::plan::{Desired, Entry, Listing, Plan};
 use crate::workers::Workers;
 use std::collections::{BTreeMap, BTreeSet};
@@ -211,71 +210,4 @@ fn find<'r>(records: &'r [OutputRecord], path: &str) -> Option<&'r OutputRecord>
         .binary_search_by(|r| r.path.as_str().cmp(path))
         .ok()
         .map(|i| &records[i])
-}
-
-/// Work a destination can do while the bundles are prepared: a local
-/// root's large catalog is parsed before its lock is taken.
-pub(super) fn read_ahead(d: &Destination) -> Option<journal::ReadAhead> {
-    match &d.backend {
-        Backend::Local => local::read_ahead(d),
-        Backend::S3(_) => None,
-    }
-}
-
-/// Opens `d` for a publication: a local root locked (created later, when
-/// missing), an s3 destination checked and recovered.
-pub(super) fn open(
-    d: &Destination,
-    options: &Options,
-    now: OffsetDateTime,
-    ahead: Option<journal::ReadAhead>,
-) -> Result<Box<dyn Target>, Error> {
-    Ok(match &d.backend {
-        Backend::Local => Box::new(local::LocalTarget::open(d, options, now, ahead)?),
-        Backend::S3(location) => Box::new(remote::S3Target::open(d, location, options)?),
-    })
-}
-
-/// Most bundles published together to `destinations` (a bucket takes
-/// larger batches: each costs requests, not renames).
-pub fn batch_bound(destinations: &[Destination]) -> usize {
-    destinations
-        .iter()
-        .map(|d| match d.backend {
-            Backend::Local => local::MAX_BATCH,
-            Backend::S3(_) => remote::MAX_BATCH,
-        })
-        .min()
-        .unwrap_or(local::MAX_BATCH)
-}
-
-/// The state of `d`'s catalog as it stands (`None`: the root does not
-/// exist), read without writing anything and tried once: read like every
-/// other command reads a root's catalog (no link followed, no FIFO opened,
-/// so a tampered root cannot hang `status`), and a dead s3 endpoint holds
-/// the caller for one connection attempt or one request without progress
-/// at most (docs/object-storage.md).
-pub fn peek_state(d: &Destination) -> Result<Option<State>, String> {
-    match &d.backend {
-        Backend::Local => crate::storage::Root::open(&d.root)
-            .and_then(|root| match root {
-                Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
-                None => Ok(None),
-            })
-            .map(|bytes| bytes.map(|b| State::parse(&b)))
-            .map_err(|e| e.to_string()),
-        Backend::S3(location) => crate::s3::S3Root::open_single_try(location)
-            .and_then(|root| root.read_state())
-            .map(|base| Some(base.state))
-            .map_err(|e| e.to_string()),
-    }
-}
-
-/// Recovers at once what an earlier agent serving the spool folder
-/// `serving` left unfinished in destination `d` (an s3 destination; a
-/// local root is settled from its journal under its lock).
-pub fn recover_abandoned(d: &Destination, serving: &str) {
-    if let Backend::S3(location) = &d.backend {
-        remote::recover_abandoned(d, location, serving);
-    }
 }

@@ -32,6 +32,7 @@ mod recovery;
 mod tests;
 pub mod upload;
 
+use crate::report::Stage;
 use std::fmt;
 use std::io::Read;
 use std::sync::Arc;
@@ -176,23 +177,26 @@ pub enum Error {
 }
 
 impl Error {
-    /// The stage of a publication this error belongs to: the conformance
-    /// check and lost compare-and-swaps stand where the local backend's
-    /// lock does.
-    pub fn stage(&self) -> &'static str {
+    /// The step this error belongs to: a client that cannot be set up is
+    /// the configuration's; the conformance check and lost compare-and-swaps
+    /// stand where the local backend's lock does; an object in the way is
+    /// the plan's; the rest happen while publishing.
+    pub fn stage(&self) -> Stage {
         match self {
             Error::Credentials { .. }
             | Error::Client { .. }
             | Error::Runtime(_)
-            | Error::Setting(_) => "config",
+            | Error::Setting(_) => Stage::Config,
             Error::Nonconforming { .. }
             | Error::Conflict { .. }
             | Error::Changed { .. }
             | Error::Claimed { .. }
-            | Error::Revoked { .. } => "lock",
-            Error::Exists { .. } => "plan",
-            Error::HashMismatch { .. } | Error::Read { .. } => "write",
-            Error::Store { .. } | Error::Protocol { .. } => "write",
+            | Error::Revoked { .. } => Stage::Lock,
+            Error::Exists { .. } => Stage::Plan,
+            Error::HashMismatch { .. }
+            | Error::Read { .. }
+            | Error::Store { .. }
+            | Error::Protocol { .. } => Stage::Publish,
         }
     }
 

@@ -353,7 +353,10 @@ fn a_live_intent_is_left_alone_and_blocks_its_keys_transiently() {
         "{r:?}"
     );
     let e = r.unwrap_err();
-    assert!(e.is_transient() && e.stage() == "lock", "{e:?}");
+    assert!(
+        e.is_transient() && e.stage() == crate::report::Stage::Lock,
+        "{e:?}"
+    );
     assert!(e.to_string().contains("still running"), "{e}");
     // The same for a recorded object it overwrote.
     let base = root.read_state().unwrap();
@@ -688,7 +691,7 @@ fn a_long_upload_renews_its_lease_and_stops_when_it_was_taken_over() {
         "{e}"
     );
     assert!(
-        e.is_transient() && e.stage() == "lock",
+        e.is_transient() && e.stage() == crate::report::Stage::Lock,
         "retried, as a lost lock would be: {e:?}"
     );
     // Nothing of it is left: the recoverer removed the claimed key.

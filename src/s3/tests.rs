@@ -11,6 +11,7 @@ use object_store::memory::InMemory;
 use super::upload::PART_SIZE;
 use super::{Error, S3Root};
 use crate::hashing::hash_bytes;
+use crate::report::Stage;
 
 pub(crate) fn memory_root(prefix: &str) -> S3Root {
     S3Root::with_store(
@@ -233,7 +234,7 @@ fn errors_map_to_stages() {
                 root: root(),
                 behaviour: "b".into(),
             },
-            "lock",
+            Stage::Lock,
             false,
         ),
         (
@@ -241,7 +242,7 @@ fn errors_map_to_stages() {
                 root: root(),
                 key: key(),
             },
-            "lock",
+            Stage::Lock,
             true,
         ),
         (
@@ -249,7 +250,7 @@ fn errors_map_to_stages() {
                 root: root(),
                 key: key(),
             },
-            "lock",
+            Stage::Lock,
             true,
         ),
         (
@@ -260,7 +261,7 @@ fn errors_map_to_stages() {
                 owner: "o".into(),
                 lease_secs: 300,
             },
-            "lock",
+            Stage::Lock,
             true,
         ),
         (
@@ -269,7 +270,7 @@ fn errors_map_to_stages() {
                 id: "i".into(),
                 lease_secs: 300,
             },
-            "lock",
+            Stage::Lock,
             true,
         ),
         (
@@ -277,14 +278,14 @@ fn errors_map_to_stages() {
                 root: root(),
                 key: key(),
             },
-            "plan",
+            Stage::Plan,
             false,
         ),
         (
             Error::Credentials {
                 var: "AWS_ACCESS_KEY_ID",
             },
-            "config",
+            Stage::Config,
             false,
         ),
     ] {

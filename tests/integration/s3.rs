@@ -81,7 +81,7 @@ fn a_server_that_ignores_conditional_headers_is_refused() {
     // ... but the backend refuses to write, naming what the server did.
     let text = e.to_string();
     assert!(matches!(e, Error::Nonconforming { .. }), "{e:?}");
-    assert_eq!(e.stage(), "lock");
+    assert_eq!(e.stage(), distributor::report::Stage::Lock);
     assert!(!e.is_transient());
     for want in [
         "accepted a second If-None-Match: * create of the same key",

@@ -1,0 +1,80 @@
+//! The one place that knows which backends there are: a destination's
+//! [`Target`] for a publication, and what else differs by backend before
+//! a root is opened (docs/architecture.md, "One transaction over
+//! backends").
+
+use super::Options;
+use super::error::Error;
+use super::target::Target;
+use super::{local, remote};
+use crate::catalog::State;
+use crate::config::{Backend, Destination};
+use crate::journal;
+use time::OffsetDateTime;
+
+/// Work a destination can do while the bundles are prepared: a local
+/// root's large catalog is parsed before its lock is taken.
+pub(super) fn read_ahead(d: &Destination) -> Option<journal::ReadAhead> {
+    match &d.backend {
+        Backend::Local => local::read_ahead(d),
+        Backend::S3(_) => None,
+    }
+}
+
+/// Opens `d` for a publication: a local root locked (created later, when
+/// missing), an s3 destination checked and recovered.
+pub(super) fn open(
+    d: &Destination,
+    options: &Options,
+    now: OffsetDateTime,
+    ahead: Option<journal::ReadAhead>,
+) -> Result<Box<dyn Target>, Error> {
+    Ok(match &d.backend {
+        Backend::Local => Box::new(local::LocalTarget::open(d, options, now, ahead)?),
+        Backend::S3(location) => Box::new(remote::S3Target::open(d, location, options)?),
+    })
+}
+
+/// Most bundles published together to `destinations` (a bucket takes
+/// larger batches: each costs requests, not renames).
+pub fn batch_bound(destinations: &[Destination]) -> usize {
+    destinations
+        .iter()
+        .map(|d| match d.backend {
+            Backend::Local => local::MAX_BATCH,
+            Backend::S3(_) => remote::MAX_BATCH,
+        })
+        .min()
+        .unwrap_or(local::MAX_BATCH)
+}
+
+/// The state of `d`'s catalog as it stands (`None`: the root does not
+/// exist), read without writing anything and tried once: read like every
+/// other command reads a root's catalog (no link followed, no FIFO opened,
+/// so a tampered root cannot hang `status`), and a dead s3 endpoint holds
+/// the caller for one connection attempt or one request without progress
+/// at most (docs/object-storage.md).
+pub fn peek_state(d: &Destination) -> Result<Option<State>, String> {
+    match &d.backend {
+        Backend::Local => crate::storage::Root::open(&d.root)
+            .and_then(|root| match root {
+                Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
+                None => Ok(None),
+            })
+            .map(|bytes| bytes.map(|b| State::parse(&b)))
+            .map_err(|e| e.to_string()),
+        Backend::S3(location) => crate::s3::S3Root::open_single_try(location)
+            .and_then(|root| root.read_state())
+            .map(|base| Some(base.state))
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Recovers at once what an earlier agent serving the spool folder
+/// `serving` left unfinished in destination `d` (an s3 destination; a
+/// local root is settled from its journal under its lock).
+pub fn recover_abandoned(d: &Destination, serving: &str) {
+    if let Backend::S3(location) = &d.backend {
+        remote::recover_abandoned(d, location, serving);
+    }
+}
