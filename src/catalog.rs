@@ -457,7 +457,7 @@ impl Catalog {
                     // Formatted alone, then indented as the third level of
                     // the document (strings hold no raw line breaks).
                     fresh.clear();
-                    serde_json::to_writer_pretty(&mut fresh, r).map_err(std::io::Error::other)?;
+                    serde_json::to_writer_pretty(&mut fresh, r).map_err(std::io::Error::from)?;
                     for line in fresh.split_inclusive(|&b| b == b'\n') {
                         texts.text.extend_from_slice(line);
                         if line.ends_with(b"\n") {
@@ -511,7 +511,7 @@ impl Catalog {
             outputs: &self.outputs,
         };
         let mut buffered = std::io::BufWriter::with_capacity(64 * 1024, w);
-        serde_json::to_writer_pretty(&mut buffered, &out).map_err(std::io::Error::other)?;
+        serde_json::to_writer_pretty(&mut buffered, &out).map_err(std::io::Error::from)?;
         std::io::Write::write_all(&mut buffered, b"\n")?;
         std::io::Write::flush(&mut buffered)
     }
@@ -979,6 +979,41 @@ fn finish_v4(raw: RawCatalog) -> Result<Catalog, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A writer on a full disk.
+    struct Full;
+
+    impl std::io::Write for Full {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from_raw_os_error(28))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A full disk while the catalog is written keeps its errno, so that
+    /// the agent defers the bundle (`io_class`) instead of failing it.
+    #[test]
+    fn a_full_disk_while_writing_a_catalog_keeps_its_errno() {
+        let mut catalog = Catalog::new(parse_time("2026-06-04T12:00:00Z").unwrap());
+        let State::Catalog(seed) = State::parse(SEED_V4.as_bytes()) else {
+            panic!("the seed parses")
+        };
+        // Large enough not to fit the writer's buffer.
+        for i in 0..2000 {
+            let mut r = seed.outputs[0].clone();
+            r.path = crate::paths::RelPath::parse(&format!("p/{i:05}.html")).unwrap();
+            catalog.outputs.push(r);
+        }
+        let whole = catalog.write_json(&mut Full).unwrap_err();
+        assert_eq!(whole.raw_os_error(), Some(28), "{whole}");
+        let Err(reusing) = catalog.write_json_reusing(&mut Full, None) else {
+            panic!("written on a full disk")
+        };
+        assert_eq!(reusing.raw_os_error(), Some(28), "{reusing}");
+        assert!(crate::io_class::is_transient(&reusing));
+    }
 
     /// The v4 example from the destination state contract, verbatim.
     pub const SEED_V4: &str = r#"{
