@@ -219,10 +219,10 @@ struct Accepted {
 
 /// One root's writes and deletes, merged over the accepted bundles.
 struct Merged<'p> {
-    /// By output path: the bundle (index among the accepted ones) whose
-    /// output it is, and the output (the plan's own, not a copy: a large
-    /// tree's outputs are several MiB).
-    writes: BTreeMap<&'p str, (usize, &'p Desired)>,
+    /// Sorted by output path: the bundle (index among the accepted ones)
+    /// whose output it is, and the output (the plan's own, not a copy: a
+    /// large tree's outputs are several MiB).
+    writes: Vec<(usize, &'p Desired)>,
     deletes: BTreeSet<&'p str>,
     clear_first: Vec<String>,
 }
@@ -233,6 +233,20 @@ impl<'p> Merged<'p> {
     /// earlier write, and a path whose last writer found it holding its
     /// bytes already is not written.
     fn of(plans: &[(&'p Plan, &BTreeSet<String>)]) -> Merged<'p> {
+        let kept = |k: usize, d: &Desired| plans[k].1.contains(d.path.as_str());
+        if let [(plan, _)] = plans {
+            // One bundle: its plan's writes as they are (sorted by path).
+            return Merged {
+                writes: plan
+                    .writes
+                    .iter()
+                    .filter(|d| !kept(0, d))
+                    .map(|d| (0, d))
+                    .collect(),
+                deletes: plan.delete_after.iter().map(String::as_str).collect(),
+                clear_first: plan.clear_first.clone(),
+            };
+        }
         let mut writes = BTreeMap::new();
         let mut deletes = BTreeSet::new();
         let mut clear_first = Vec::new();
@@ -247,12 +261,19 @@ impl<'p> Merged<'p> {
                 deletes.insert(gone.as_str());
             }
         }
-        writes.retain(|path, (k, _)| !plans[*k].1.contains(*path));
         Merged {
-            writes,
+            writes: writes.into_values().filter(|(k, d)| !kept(*k, d)).collect(),
             deletes,
             clear_first,
         }
+    }
+
+    /// Whether the write at `path` is bundle `k`'s and was found holding
+    /// its bytes already (`unchanged`: one flag per write).
+    fn kept_unchanged(&self, unchanged: &[bool], k: usize, path: &str) -> bool {
+        self.writes
+            .binary_search_by(|(_, d)| d.path.as_str().cmp(path))
+            .is_ok_and(|i| self.writes[i].0 == k && unchanged.get(i) == Some(&true))
     }
 }
 
@@ -357,6 +378,16 @@ impl<'a> Driver<'a> {
                 Ok(planned) => planned.into_iter().unzip(),
                 Err((j, e)) => return self.abort(alone, r.report, Some(j), e, &roots),
             };
+            if alone {
+                // Nothing to record in a root: its catalog (a large tree's
+                // is tens of MiB) is not held while the bundle is hashed
+                // and the rest runs.
+                for (root, plan) in roots.iter_mut().zip(&plans) {
+                    if plan.update.is_none() && !root.target.missing() {
+                        root.records = Records::new(State::Absent);
+                    }
+                }
+            }
             if let Some(refused) = refusal(&mut r, &plans) {
                 reports[index] = Some(refused);
                 continue;
@@ -554,19 +585,37 @@ impl<'a> Driver<'a> {
                 return self.abort(alone, accepted[0].ready.report.clone(), j, e, &roots);
             }
         };
+        // Per bundle and root: the writes kept as they were; the bytes the
+        // others published.
+        let outcomes: Vec<(Vec<Vec<String>>, u64)> = accepted
+            .iter()
+            .enumerate()
+            .map(|(k, a)| {
+                let mut sent = 0;
+                let kept = (a.plans.iter().zip(&a.kept).zip(&merged).zip(&unchanged))
+                    .map(|(((plan, kept), m), unchanged)| {
+                        let mut same = Vec::new();
+                        for d in plan.writes.iter() {
+                            let path = d.path.as_str();
+                            if kept.contains(path) || m.kept_unchanged(unchanged, k, path) {
+                                same.push(path.to_owned());
+                            } else {
+                                sent += d.size;
+                            }
+                        }
+                        same
+                    })
+                    .collect();
+                (kept, sent)
+            })
+            .collect();
         drop(merged);
-        for (k, a) in accepted.into_iter().enumerate() {
+        for ((k, a), (kept, sent)) in accepted.into_iter().enumerate().zip(outcomes) {
             let mut report = a.ready.report;
-            for (j, plan) in a.plans.iter().enumerate() {
-                for d in plan.writes.iter() {
-                    let path = d.path.as_str();
-                    if a.kept[j].contains(path) || unchanged[j].get(path) == Some(&k) {
-                        report.destinations[j].unchanged.push(path.to_owned());
-                    } else {
-                        report.bytes_published += d.size;
-                    }
-                }
+            for (r, same) in report.destinations.iter_mut().zip(kept) {
+                r.unchanged.extend(same);
             }
+            report.bytes_published += sent;
             // What the roots did as a whole is told once, by the first bundle.
             if k == 0 {
                 report.copied_across = copied_across;
@@ -600,7 +649,7 @@ impl<'a> Driver<'a> {
                 .may_rebase()
                 .then_some((self.pipeline.id.as_str(), root.destination));
             let (catalog, replaced, removed, rebase) = records.finish(
-                m.writes.keys().map(|p| (*p).to_owned()),
+                m.writes.iter().map(|(_, d)| d.path.as_str().to_owned()),
                 &m.deletes,
                 rebase_for,
                 now,
@@ -608,7 +657,7 @@ impl<'a> Driver<'a> {
             changes.push(Some(Change {
                 writes: m
                     .writes
-                    .values()
+                    .iter()
                     .map(|(k, d)| Write {
                         d,
                         in_memory: accepted[*k].ready.prepared[j]
@@ -631,8 +680,8 @@ impl<'a> Driver<'a> {
         changes
     }
 
-    /// Stages every root's change: per root, the paths found to hold their
-    /// bytes already (and the bundle whose write each was). Bundle files
+    /// Stages every root's change: per root, whether each merged write was
+    /// found to hold its bytes already. Bundle files
     /// whose bytes a root checks while writing them are added to
     /// `verified`.
     fn stage_all(
@@ -642,28 +691,23 @@ impl<'a> Driver<'a> {
         merged: &[Merged],
         accepted: &[Accepted],
         verified: &mut [BTreeSet<RelPath>],
-    ) -> Result<Vec<BTreeMap<String, usize>>, Failed> {
-        let mut unchanged: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); roots.len()];
+    ) -> Result<Vec<Vec<bool>>, Failed> {
+        let mut unchanged = vec![Vec::new(); roots.len()];
         for (j, (root, change)) in roots.iter_mut().zip(changes).enumerate() {
             let Some(change) = change else { continue };
             let staged = root
                 .target
                 .stage(change, self.workers, self.keep_going)
                 .map_err(|e| (Some(j), e))?;
-            for ((path, (k, d)), s) in merged[j].writes.iter().zip(staged) {
+            for ((k, d), s) in merged[j].writes.iter().zip(&staged) {
                 let from_bundle = !accepted[*k].ready.prepared[j]
                     .in_memory
                     .contains_key(&d.path);
-                match s {
-                    Staged::Written if from_bundle => {
-                        verified[*k].insert(d.bundle_path.clone());
-                    }
-                    Staged::Written => {}
-                    Staged::Unchanged => {
-                        unchanged[j].insert((*path).to_owned(), *k);
-                    }
+                if *s == Staged::Written && from_bundle {
+                    verified[*k].insert(d.bundle_path.clone());
                 }
             }
+            unchanged[j] = staged.iter().map(|s| *s == Staged::Unchanged).collect();
         }
         Ok(unchanged)
     }
@@ -723,8 +767,17 @@ impl<'a> Driver<'a> {
         e: Error,
         roots: &[Root],
     ) -> Outcome {
-        for root in roots {
-            root.target.roll_back();
+        let mut e = e;
+        for (i, root) in roots.iter().enumerate() {
+            if let Err(settle) = root.target.roll_back() {
+                log::error!(
+                    "{}: could not settle after a failed publication ({settle}); the journal stays and the next process to lock the root finishes it",
+                    root.target.label()
+                );
+                if j == Some(i) {
+                    e = e.unsettled(settle);
+                }
+            }
         }
         if !alone {
             return Outcome::Aborted(e);

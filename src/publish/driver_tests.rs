@@ -45,10 +45,7 @@ fn a_batch_sends_the_last_writer_of_each_path_and_what_is_deleted_last() {
     let writes: Vec<(&str, usize)> = m
         .writes
         .iter()
-        .map(|(k, (i, d))| {
-            assert_eq!(*k, d.path.as_str());
-            (*k, *i)
-        })
+        .map(|(i, d)| (d.path.as_str(), *i))
         .collect();
     assert_eq!(writes, [("a.txt", 1), ("b.txt", 2), ("old.txt", 1)]);
     let deletes: Vec<&str> = m.deletes.iter().copied().collect();
@@ -58,7 +55,28 @@ fn a_batch_sends_the_last_writer_of_each_path_and_what_is_deleted_last() {
     // is not kept: the earlier bundle's bytes are written.
     let p3 = plan(&["kept.txt"], &[]);
     let m = Merged::of(&[(&p0, &kept), (&p3, &none)]);
-    assert_eq!(m.writes["kept.txt"].0, 1);
+    let at = |m: &Merged, path: &str| {
+        m.writes
+            .iter()
+            .find(|(_, d)| d.path.as_str() == path)
+            .map(|(k, _)| *k)
+    };
+    assert_eq!(at(&m, "kept.txt"), Some(1));
+    // One bundle: its writes as planned, but those it found in place.
+    let m = Merged::of(&[(&p2, &kept)]);
+    assert_eq!(at(&m, "b.txt"), Some(0));
+    assert_eq!(at(&m, "kept.txt"), None);
+    assert_eq!(m.deletes.iter().copied().collect::<Vec<_>>(), ["x.txt"]);
+    // Which bundle's write was found unchanged, by path.
+    let m = Merged::of(&[(&p0, &none), (&p1, &none)]);
+    let flags: Vec<bool> = m
+        .writes
+        .iter()
+        .map(|(_, d)| d.path.as_str() == "a.txt")
+        .collect();
+    assert!(m.kept_unchanged(&flags, 1, "a.txt"));
+    assert!(!m.kept_unchanged(&flags, 0, "a.txt"));
+    assert!(!m.kept_unchanged(&flags, 1, "old.txt"));
 }
 
 /// Bundles `b0`..`b3` in a temporary folder, each one markdown file

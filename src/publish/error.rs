@@ -49,6 +49,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Writing into a local root failed, and settling it from its journal
+    /// failed too: the journal stays, and whoever locks the root next
+    /// finishes it.
+    #[error(
+        "publishing to {} failed: {source}; settling the root from its journal failed too ({settle}), so the journal stays and the next process that locks the root finishes it (until then its catalog may not match its files); free space or fix permissions on the root",
+        path.display()
+    )]
+    Unsettled {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+        settle: io::Error,
+    },
     /// An s3 destination's server or protocol.
     #[error(transparent)]
     Store(#[from] s3::Error),
@@ -83,7 +96,7 @@ impl Error {
             Error::Bundle(_) | Error::Prepare(_) | Error::Uploaded { .. } => Stage::Verify,
             Error::Lock(_) => Stage::Lock,
             Error::Root { stage, .. } => *stage,
-            Error::Write { .. } | Error::Stopped => Stage::Publish,
+            Error::Write { .. } | Error::Unsettled { .. } | Error::Stopped => Stage::Publish,
             Error::Commit { source, .. } => source.stage(),
             // A publication meets a client that cannot be set up when it
             // opens the root, and reports it there.
@@ -99,9 +112,10 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Bundle(e) => e.is_transient(),
-            Error::Prepare(e) | Error::Root { source: e, .. } | Error::Write { source: e, .. } => {
-                storage::is_transient(e)
-            }
+            Error::Prepare(e)
+            | Error::Root { source: e, .. }
+            | Error::Write { source: e, .. }
+            | Error::Unsettled { source: e, .. } => storage::is_transient(e),
             Error::Lock(LockError::Timeout { .. }) => true,
             Error::Lock(LockError::Io { source, .. }) => storage::is_transient(source),
             Error::Store(e) => e.is_transient() || e.is_stopped(),
@@ -120,6 +134,19 @@ impl Error {
             Error::Store(e) => e.is_stopped(),
             Error::Commit { source, .. } => source.is_stopped(),
             _ => false,
+        }
+    }
+
+    /// This error, for a root that could not be settled after it
+    /// (`settle`): a write error then says the journal stays.
+    pub(super) fn unsettled(self, settle: io::Error) -> Error {
+        match self {
+            Error::Write { path, source } => Error::Unsettled {
+                path,
+                source,
+                settle,
+            },
+            e => e,
         }
     }
 

@@ -93,8 +93,19 @@ impl LocalTarget {
         };
         self.state = match &root {
             None => State::Absent,
-            Some(root) => journal::recover_with(root, !options.dry_run, now, ahead)
-                .map_err(at(Stage::Plan, "cannot read destination root"))?,
+            Some(root) => {
+                // A journal is an unfinished publication to settle first:
+                // when that fails (a full disk), say so, not that the root
+                // cannot be read.
+                let what = match root.entry(journal::JOURNAL_FILE) {
+                    Ok(crate::storage::Entry::Missing) => "cannot read destination root",
+                    _ => {
+                        "cannot settle the unfinished publication its journal records in destination root"
+                    }
+                };
+                journal::recover_with(root, !options.dry_run, now, ahead)
+                    .map_err(at(Stage::Plan, what))?
+            }
         };
         self.root = root;
         self._lock = lock;
@@ -207,9 +218,10 @@ impl Target for LocalTarget {
         })
     }
 
-    fn roll_back(&self) {
-        if let Some(root) = &self.root {
-            stage::roll_back(root);
+    fn roll_back(&self) -> Result<(), io::Error> {
+        match &self.root {
+            Some(root) => stage::roll_back(root),
+            None => Ok(()),
         }
     }
 }

@@ -805,14 +805,11 @@ fn copy_across(root: &Root, temp: &str, dir: &cap_std::fs::Dir) -> io::Result<St
 
 /// After a failure, settles the root from its journal (if one was written):
 /// temporary files and new folders go, and the catalog records exactly what
-/// is on disk. The original error is what gets reported.
-pub(super) fn roll_back(root: &Root) {
-    if let Err(again) = crate::journal::recover(root, true, crate::clock::now_millis()) {
-        log::error!(
-            "{}: could not settle after a failed publication ({again}); the journal stays and the next run will finish it",
-            root.path().display()
-        );
-    }
+/// is on disk. The original error is what gets reported; when settling
+/// fails too, why (the journal stays, and the next holder of the lock
+/// finishes it).
+pub(super) fn roll_back(root: &Root) -> io::Result<()> {
+    crate::journal::recover(root, true, crate::clock::now_millis()).map(|_| ())
 }
 
 #[cfg(test)]

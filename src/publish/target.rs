@@ -116,8 +116,11 @@ pub(super) trait Target {
     /// nothing of it recorded.
     fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error>;
 
-    /// Settles the root after a failure elsewhere (its journal).
-    fn roll_back(&self) {}
+    /// Settles the root after a failure (from its journal); says why when
+    /// it cannot (the journal then stays for the next holder of the lock).
+    fn roll_back(&self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
 }
 
 /// How a staged write stands.

@@ -14,10 +14,10 @@ struct SmallFs {
 }
 
 impl SmallFs {
-    fn mount(at: &Path) -> Option<SmallFs> {
+    fn mount(at: &Path, size: &str) -> Option<SmallFs> {
         fs::create_dir_all(at).ok()?;
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(at)
             .status()
             .is_ok_and(|s| s.success());
@@ -40,11 +40,16 @@ fn small_fs(t: &Test) -> Option<SmallFs> {
 /// A 1 MiB tmpfs mounted at `at`, or `None` (with the reason printed) when
 /// this test cannot mount one.
 fn small_fs_at(at: &Path) -> Option<SmallFs> {
+    sized_fs_at(at, "1m")
+}
+
+/// A tmpfs of `size` mounted at `at` ([`small_fs_at`]).
+fn sized_fs_at(at: &Path, size: &str) -> Option<SmallFs> {
     if !rustix::process::geteuid().is_root() {
         eprintln!("skipped: mounting a size-limited tmpfs needs root");
         return None;
     }
-    let fs = SmallFs::mount(at);
+    let fs = SmallFs::mount(at, size);
     if fs.is_none() {
         eprintln!("skipped: cannot mount a tmpfs here");
     }
@@ -211,4 +216,88 @@ pipelines:
     assert_eq!(metric(&t, "cross_device_copies_total"), "1");
     no_temp_files(&www);
     assert_catalog_matches_disk(&www);
+}
+
+/// Bytes free on the file system holding `path`.
+fn free_bytes(path: &Path) -> u64 {
+    let st = rustix::fs::statvfs(path).unwrap();
+    st.f_bavail * st.f_frsize
+}
+
+/// A disk that fills up once a publication's outputs are in place, so
+/// that neither its catalog nor the settling of its journal can be
+/// written: the result says what is true (the journal stays, and the next
+/// process that locks the root finishes it), a run while the disk is still
+/// full names that cause, and once space is freed the next run settles the
+/// root and publishes.
+#[test]
+fn a_full_disk_that_also_stops_settling_says_the_journal_stays() {
+    let t = Test::new();
+    let Some(_fs) = sized_fs_at(&t.join("small"), "8m") else {
+        return;
+    };
+    t.config(&CONFIG.replace("workflow: replacement", "workflow: additive"));
+    // A catalog of some 400 KiB: 800 records with long paths.
+    let long = "n".repeat(180);
+    let many: Vec<(String, String)> = (0..800)
+        .map(|i| {
+            (
+                format!("d{:02}/{long}-{i:03}.txt", i % 40),
+                format!("{i}\n"),
+            )
+        })
+        .collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect();
+    let a = t.bundle_at("a", "a", "2026-06-01T00:00:00Z", &many);
+    t.publish("p", &a, &[]).expect_code(0);
+    let root = t.join("small/root");
+    let catalog = fs::metadata(root.join(".distributor.json")).unwrap().len();
+    assert!(catalog > 350 << 10, "catalog {catalog} bytes");
+
+    // 20 new small files (a change staged beside its targets, journaled
+    // first): they and the journal fit, the new catalog does not, and
+    // neither does the catalog that settling the journal would write.
+    let few: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("new/f{i:02}.txt"), format!("{i}\n")))
+        .collect();
+    let few: Vec<(&str, &str)> = few.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect();
+    let b = t.bundle_at("b", "b", "2026-06-02T00:00:00Z", &few);
+    let room = 20 * 4096 + (64 << 10) + catalog / 2;
+    let filler = t.join("small/filler");
+    let free = free_bytes(&root);
+    assert!(free > room, "{free} bytes free");
+    fs::write(&filler, vec![0u8; (free - room) as usize]).unwrap();
+
+    let out = t.publish("p", &b, &[]);
+    out.expect_code(1);
+    let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("space"), "{error}");
+    assert!(
+        error.contains("settling the root from its journal failed too")
+            && error.contains("the journal stays"),
+        "{error}"
+    );
+    assert!(!error.contains("left consistent"), "{error}");
+    assert!(root.join(".distributor-journal.json").exists());
+
+    // Still full: the next run says it cannot settle the journal, not that
+    // it cannot read the root.
+    let again = t.publish("p", &b, &[]);
+    again.expect_code(1);
+    let error = again.json()["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        error.contains("cannot settle the unfinished publication"),
+        "{error}"
+    );
+
+    // Space freed: settled and published.
+    fs::remove_file(&filler).unwrap();
+    t.publish("p", &b, &[]).expect_code(0);
+    assert!(!root.join(".distributor-journal.json").exists());
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+    assert_eq!(t.records("small/root").len(), 820);
 }
