@@ -10,7 +10,8 @@ use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
-use crate::render::{RenderError, RenderOptions, render_page};
+use crate::render::RenderOptions;
+use crate::render_child::{ChildError, render_in_child};
 use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
 use crate::storage;
 use std::collections::{BTreeMap, BTreeSet};
@@ -229,14 +230,21 @@ fn render_all(
             template,
         };
         let mut body = Spill::new(room, text.len().saturating_mul(2) + 4096);
-        let parts = render_page(text, &options, &mut body).map_err(|e| match e {
-            RenderError::Io(e) => Failure::Io(e),
+        // In a child process under the memory limit of docs/contract.md §12.3.
+        let parts = render_in_child(text, &options, &mut body).map_err(|e| match e {
             // Refused like a file over limits.max_markdown_bytes.
-            RenderError::TooDense(dense) => Failure::Bundle(bundle::BundleError::Invalid {
-                problems: vec![bundle::Problem {
-                    path: Some(f.path.as_str().to_owned()),
-                    message: dense.to_string(),
-                }],
+            ChildError::OverLimit(said) => Failure::Bundle(bundle::BundleError::Invalid {
+                problems: vec![bundle::markdown_too_dense(f.path.as_str(), f.size, &said)],
+            }),
+            ChildError::Crashed(why) => Failure::Stopped(PublishError::permanent(
+                Stage::Verify,
+                format!("{}: could not be rendered to HTML: {why}", f.path),
+            )),
+            ChildError::Sink(e) => Failure::Io(e),
+            ChildError::Failed(why) => Failure::Stopped(PublishError {
+                stage: Stage::Verify,
+                message: format!("{}: could not be rendered to HTML: {why}", f.path),
+                transient: true,
             }),
         })?;
         let (body, refused) = body.finish().map_err(Failure::Io)?;
