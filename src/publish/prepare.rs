@@ -231,7 +231,8 @@ fn render_all(
         };
         let mut body = Spill::new(room, text.len().saturating_mul(2) + 4096);
         // In a child process under the memory limit of docs/contract.md §12.3.
-        let parts = render_in_child(text, &options, &mut body).map_err(|e| match e {
+        let cap = limits.max_markdown_bytes;
+        let parts = render_in_child(text, &options, cap, &mut body).map_err(|e| match e {
             // Refused like a file over limits.max_markdown_bytes.
             ChildError::OverLimit(said) => Failure::Bundle(bundle::BundleError::Invalid {
                 problems: vec![bundle::markdown_too_dense(f.path.as_str(), f.size, &said)],

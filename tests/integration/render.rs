@@ -665,3 +665,226 @@ pipelines:
         assert_eq!(record["sha256"], crate::util::sha256(&page), "{html} ({i})");
     }
 }
+
+/// `size` bytes (about) of a table of tiny cells: about 50 times its size
+/// to parse, so refused at any size over 128 KiB.
+fn dense_table(size: usize) -> String {
+    let mut markdown = String::from("|a|b|c|\n|-|-|-|\n");
+    while markdown.len() < size {
+        markdown.push_str("|1|2|3|\n");
+    }
+    markdown
+}
+
+/// The pids of the renderer processes that `log` (at debug for
+/// `distributor::render_child`) says were started.
+fn renderers_started(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|line| {
+            line.split_once("renderer process ")?
+                .1
+                .split_once(" started")
+        })
+        .map(|(pid, _)| pid.to_owned())
+        .collect()
+}
+
+/// Renderer processes (`distributor __render`) running in `dir` (they
+/// inherit the agent's working folder).
+fn renderers_in(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let is_renderer = cmdline.split(|&b| b == 0).any(|arg| arg == b"__render");
+        if is_renderer && fs::read_link(entry.path().join("cwd")).ok().as_deref() == Some(&*dir) {
+            found.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    found
+}
+
+/// Markdown files are rendered one after another by long-lived renderer
+/// processes, each document under its own limit of 32 times its size
+/// (docs/contract.md §12.3): a renderer that has just rendered a big
+/// document (whose limit was 96 MiB) still refuses a dense document of
+/// 1 MiB, which would fit in 96 MiB but not in its own 32 MiB.
+#[test]
+fn a_renderer_that_rendered_a_big_document_still_refuses_a_small_dense_one() {
+    let t = html_site("");
+    let big = big_markdown(3 << 20);
+    let dense = dense_table(1 << 20);
+    let b = t.bundle("b", &[("a-big.md", big.as_str()), ("b-dense.md", &dense)]);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "warn,distributor::render_child=debug")
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "p",
+        ])
+        .arg(&b)
+        .output();
+    out.expect_code(1);
+    let r = out.json();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    assert!(
+        error.contains("b-dense.md") && error.contains("too dense to render"),
+        "{error}"
+    );
+    assert!(!error.contains("a-big.md"), "{error}");
+    // One renderer rendered both: the big document, then the refused one.
+    let started = renderers_started(&out.stderr);
+    assert_eq!(started.len(), 1, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("renderer process {} ended", started[0])),
+        "{}",
+        out.stderr
+    );
+    assert!(!t.join("site").join("a-big.html").exists());
+
+    // The same two documents, the dense one small enough for the floor of
+    // 4 MiB: both published, by one renderer.
+    let small_dense = dense_table(32 << 10);
+    let b = t.bundle(
+        "c",
+        &[("a-big.md", big.as_str()), ("b-dense.md", &small_dense)],
+    );
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "warn,distributor::render_child=debug")
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&b)
+        .output();
+    out.expect_code(0);
+    assert_eq!(renderers_started(&out.stderr).len(), 1, "{}", out.stderr);
+    assert!(!out.stderr.contains(" ended"), "{}", out.stderr);
+    assert!(t.join("site/a-big.html").is_file());
+    assert!(t.join("site/b-dense.html").is_file());
+    // The run waited for its renderer to end.
+    assert_eq!(renderers_in(t.path()), Vec::<String>::new());
+}
+
+/// A renderer killed by its limit is never used again: in one agent pass,
+/// a bundle whose second document is refused fails with that reason, and
+/// the documents of the bundle after it are published byte for byte as
+/// rendering them in process makes them, by fresh renderers.
+#[test]
+fn a_renderer_killed_by_its_limit_is_replaced_and_the_next_bundle_is_published() {
+    let t = html_site("");
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    let page = |n: usize| {
+        format!(
+            "# Page {n}\n\nSome *text* and a [link](https://example.com/{n}).\n\n| a | b |\n|---|---|\n| {n} | x |\n"
+        )
+    };
+    let dense = dense_table(1 << 20);
+    let mixed = t.bundle(
+        "a-mixed",
+        &[
+            ("a1.md", page(1).as_str()),
+            ("a2-dense.md", &dense),
+            ("a3.md", &page(3)),
+        ],
+    );
+    fs::rename(&mixed, inbox.join("a-mixed")).unwrap();
+    let next: Vec<(String, String)> = (1..=6).map(|n| (format!("b{n}.md"), page(n))).collect();
+    let fine = t.bundle("b-next", &next);
+    fs::rename(&fine, inbox.join("b-next")).unwrap();
+
+    let out = t
+        .agent_cmd()
+        .env("RUST_LOG", "info,distributor::render_child=debug")
+        .args(["agent", "--once"])
+        .output();
+    out.expect_code(1);
+
+    assert!(t.spool("p", "failed").join("a-mixed").is_dir());
+    assert!(
+        t.spool("p", "done").join("b-next").is_dir(),
+        "{}",
+        out.stderr
+    );
+    let result = t
+        .spool("p", "failed")
+        .join("a-mixed/.distributor-result.json");
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    assert!(
+        error.contains("a2-dense.md") && error.contains("too dense to render"),
+        "{error}"
+    );
+    for name in ["a1.html", "a2-dense.html", "a3.html"] {
+        assert!(!t.join("site").join(name).exists(), "{name} is published");
+    }
+    for (name, markdown) in &next {
+        let html = fs::read_to_string(t.join("site").join(name.replace(".md", ".html"))).unwrap();
+        assert_eq!(html, rendered(markdown, name, None), "{name}");
+    }
+    // The killed renderer ended; every document after it went to another.
+    let ended: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|line| line.contains("renderer process") && line.contains(" ended"))
+        .collect();
+    assert_eq!(ended.len(), 1, "{}", out.stderr);
+    assert!(renderers_started(&out.stderr).len() >= 2, "{}", out.stderr);
+    // The agent waited for its idle renderers to end.
+    assert_eq!(renderers_in(t.path()), Vec::<String>::new());
+}
+
+/// A live agent renders the markdown of one bundle after another on the
+/// same renderer process, keeps it idle in between, and ends it when it
+/// stops.
+#[test]
+fn a_live_agent_keeps_its_renderer_between_bundles_and_ends_it_when_stopped() {
+    use std::time::Duration;
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+agent:
+  settle: 0s
+  rescan_interval: 60s
+pipelines:
+  - id: p
+    destinations:
+      - id: site
+        path: ./site
+        publish: {source: false, html: true}
+",
+    );
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    let mut agent = t.agent_logging(
+        Path::new("config.yaml"),
+        "info,distributor::render_child=debug",
+    );
+    for n in 1..=3 {
+        let name = format!("b-{n}");
+        let markdown = format!("# Page {n}\n\ntext\n");
+        let b = t.bundle(&name, &[("page.md", markdown.as_str())]);
+        fs::rename(&b, inbox.join(&name)).unwrap();
+        let done = t.spool("p", "done").join(&name);
+        assert!(
+            crate::util::wait_for(Duration::from_secs(15), || done.is_dir()),
+            "{name} is not done:\n{}",
+            agent.stderr()
+        );
+        let page = fs::read_to_string(t.join("site/page.html")).unwrap();
+        assert_eq!(page, rendered(&markdown, "page.md", None));
+    }
+    let started = renderers_started(&agent.stderr());
+    assert_eq!(started.len(), 1, "{}", agent.stderr());
+    assert_eq!(renderers_in(t.path()), started, "the renderer waits, idle");
+
+    agent.signal(libc::SIGTERM);
+    agent.finish(Duration::from_secs(30)).expect_code(0);
+    assert_eq!(renderers_in(t.path()), Vec::<String>::new());
+}
