@@ -23,6 +23,7 @@ pub mod progress;
 pub mod publish;
 pub mod remembered;
 pub mod render;
+pub mod render_child;
 pub mod replace_file;
 pub mod report;
 pub mod s3;

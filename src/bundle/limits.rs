@@ -97,6 +97,25 @@ pub fn check_limits(manifest: &Manifest, limits: &Limits) -> Result<(), BundleEr
     }
 }
 
+/// The problem of a markdown file whose rendering did not fit in 32 times
+/// its size in memory (docs/contract.md §12.3); `said` is what the renderer
+/// said as it ended (may be empty).
+pub fn markdown_too_dense(path: &str, size: u64, said: &str) -> Problem {
+    use crate::render_child::{FLOOR, TIMES};
+    let said = if said.is_empty() {
+        String::new()
+    } else {
+        format!(" ({said})")
+    };
+    Problem::at(
+        path,
+        format!(
+            "is too dense to render to HTML within {TIMES} times its size in memory ({} KiB for {size} bytes){said}; break it into smaller pages, tables or paragraphs, or publish the file as a copy (publish.html off for this destination)",
+            size.saturating_mul(TIMES).max(FLOOR) >> 10
+        ),
+    )
+}
+
 /// The problem of a markdown file too big to render (`limits.max_markdown_bytes`).
 pub fn markdown_too_big(path: &str, size: u64, limits: &Limits) -> Option<Problem> {
     (size > limits.max_markdown_bytes).then(|| {

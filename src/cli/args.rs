@@ -116,6 +116,10 @@ pub enum Command {
     /// Configuration helpers
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Renders one markdown file from stdin to stdout under a memory limit:
+    /// the agent's own child process (see `render_child`), not for people.
+    #[command(name = "__render", hide = true)]
+    Render,
 }
 
 #[derive(Debug, Args)]

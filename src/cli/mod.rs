@@ -42,6 +42,7 @@ pub fn run(cli: Cli) -> u8 {
     let config = cli.config.as_deref();
     match cli.command {
         Command::Agent { once } => agent(config, once),
+        Command::Render => crate::render_child::serve(),
         Command::Prune {
             target,
             apply,

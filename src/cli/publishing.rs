@@ -79,6 +79,8 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
     };
     let started = std::time::Instant::now();
     let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);
+    // The markdown renderers' processes end with the run.
+    crate::render_child::stop_idle();
     for w in &report.warnings {
         log::warn!("{}: {w}", args.bundle_dir.display());
     }
@@ -95,7 +97,10 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
 
 pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
     let path = config::resolve_config_path(flag);
-    match crate::agent::run(&path, once) {
+    let ran = crate::agent::run(&path, once);
+    // The markdown renderers' processes end with the agent.
+    crate::render_child::stop_idle();
+    match ran {
         Ok(true) => EXIT_OK,
         Ok(false) => EXIT_FAILURE,
         Err(e) => {

@@ -13,7 +13,7 @@
 //! §12.3 puts on rendering memory, and a bundle of many pages would hold
 //! them all.
 
-use crate::render::{BodySink, Part};
+use crate::render::Part;
 use rustix::fs::{Mode, OFlags};
 use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
@@ -340,19 +340,6 @@ impl Write for Spill<'_> {
     }
 }
 
-impl BodySink for Spill<'_> {
-    fn restart(&mut self) -> io::Result<()> {
-        // The next round overwrites the file from this body's start.
-        if let Some(writer) = &mut self.file {
-            writer.flush()?;
-            writer.get_mut().at = self.start;
-        }
-        self.memory.clear();
-        self.len = 0;
-        Ok(())
-    }
-}
-
 /// A new file in `dir` without a name, readable and writable by this
 /// process alone.
 fn anonymous_file(dir: &Path) -> io::Result<File> {
@@ -461,28 +448,6 @@ mod tests {
         let (spilled, bytes) = body(&mut scratch, vec![Part::Body], 10);
         assert!(spilled.is_spilled());
         assert_eq!(read_all(&spilled, 3), bytes);
-    }
-
-    #[test]
-    fn a_restart_forgets_what_was_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut scratch = Scratch::new(dir.path());
-        let (before, before_bytes) = body(&mut scratch, vec![Part::Body], SPILL_FROM + 1);
-        let mut spill = Spill::new(&mut scratch, 10);
-        spill.write_all(&vec![b'x'; SPILL_FROM + 1]).unwrap();
-        spill.restart().unwrap();
-        spill.write_all(b"again").unwrap();
-        spill.write_all(&vec![b'y'; SPILL_FROM]).unwrap();
-        let (again, _) = spill.finish().unwrap();
-        let again = Content::page(vec![Part::Body], again);
-        let mut expected = b"again".to_vec();
-        expected.extend_from_slice(&vec![b'y'; SPILL_FROM]);
-        assert_eq!(read_all(&again, 7), expected);
-        assert_eq!(
-            read_all(&before, 4096),
-            before_bytes,
-            "the body before is intact"
-        );
     }
 
     #[test]

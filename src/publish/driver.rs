@@ -5,6 +5,7 @@
 //!
 //! 1. Prepare: inspect each bundle, render its pages, compute each
 //!    destination's outputs (a large local catalog is parsed meanwhile).
+//!    A batch opens its roots (step 2) first.
 //! 2. Open every root in path order ([`backends::open`]: a lock, or a
 //!    server check and recovery), then plan each bundle in arrival order
 //!    against the catalog and storage as the bundles before it leave them.
@@ -305,51 +306,47 @@ impl<'a> Driver<'a> {
     pub(super) fn run(&self, bundles: &[&Path]) -> Outcome {
         let alone = bundles.len() == 1;
         let now = now_millis();
-        // A large local catalog is parsed while the bundles are prepared.
-        let (mut ahead, (mut reports, ready)) = std::thread::scope(|s| {
-            let reading = s.spawn(|| {
-                self.destinations
-                    .iter()
-                    .map(|d| backends::read_ahead(d))
-                    .collect::<Vec<_>>()
+        let (mut reports, ready, mut roots) = if alone {
+            // A bundle alone is prepared before any root is locked (an
+            // invalid one never waits for a lock), and a large local
+            // catalog is parsed meanwhile.
+            let (ahead, (reports, ready)) = std::thread::scope(|s| {
+                let reading = s.spawn(|| {
+                    self.destinations
+                        .iter()
+                        .map(|d| backends::read_ahead(d))
+                        .collect::<Vec<_>>()
+                });
+                let prepared = self.prepare(bundles, held_at_most());
+                (reading.join().unwrap_or_default(), prepared)
             });
-            let prepared = self.prepare(bundles, held_at_most());
-            let ahead = reading.join().unwrap_or_default();
-            (ahead, prepared)
-        });
-        ahead.resize_with(self.destinations.len(), || None);
-        if ready.is_empty() {
-            return Outcome::Reports(reports.into_iter().flatten().collect());
-        }
-        let first_report = || ready[0].1.report.clone();
-
-        // Open every root in path order (no deadlock between processes).
-        let mut order: Vec<usize> = (0..self.destinations.len()).collect();
-        order.sort_by(|a, b| self.destinations[*a].root.cmp(&self.destinations[*b].root));
-        let mut opened: Vec<Option<Root>> = (0..self.destinations.len()).map(|_| None).collect();
-        for j in order {
-            let d = self.destinations[j];
-            match backends::open(d, self.options, now, ahead[j].take()) {
-                Ok(mut target) => {
-                    let state = target.take_state();
-                    opened[j] = Some(Root {
-                        destination: d,
-                        target,
-                        records: Records::new(state),
-                        touched: BTreeMap::new(),
-                    });
-                }
-                Err(e) => return self.abort(alone, first_report(), Some(j), e, &[]),
+            let Some((_, first)) = ready.first() else {
+                return Outcome::Reports(reports.into_iter().flatten().collect());
+            };
+            match self.open_all(now, ahead) {
+                Ok(roots) => (reports, ready, roots),
+                Err((j, e)) => return self.abort(alone, first.report.clone(), Some(j), e, &[]),
             }
-        }
-        let mut roots: Vec<Root> = opened.into_iter().flatten().collect();
-        if !alone
-            && roots
+        } else {
+            // A batch opens its roots first: one without a valid catalog
+            // sends the first bundle alone before anything is prepared.
+            let roots = match self.open_all(now, Vec::new()) {
+                Ok(roots) => roots,
+                Err((_, e)) => return Outcome::Aborted(e),
+            };
+            if roots
                 .iter()
                 .any(|r| !matches!(r.records.opened, State::Catalog(_)))
-        {
-            return Outcome::OneFirst;
-        }
+            {
+                return Outcome::OneFirst;
+            }
+            let (reports, ready) = self.prepare(bundles, held_at_most());
+            if ready.is_empty() {
+                return Outcome::Reports(reports.into_iter().flatten().collect());
+            }
+            (reports, ready, roots)
+        };
+        let first_report = || ready[0].1.report.clone();
         if !(self.keep_going)() {
             return self.abort(alone, first_report(), None, Error::Stopped, &roots);
         }
@@ -438,6 +435,32 @@ impl<'a> Driver<'a> {
             return all_reported(reports);
         }
         self.write(roots, accepted, reports, alone, now)
+    }
+
+    /// Opens every root in path order (no deadlock between processes),
+    /// with the catalogs read ahead (by destination), if any.
+    fn open_all(
+        &self,
+        now: OffsetDateTime,
+        mut ahead: Vec<Option<crate::journal::ReadAhead>>,
+    ) -> Result<Vec<Root<'a>>, (usize, Error)> {
+        ahead.resize_with(self.destinations.len(), || None);
+        let mut order: Vec<usize> = (0..self.destinations.len()).collect();
+        order.sort_by(|a, b| self.destinations[*a].root.cmp(&self.destinations[*b].root));
+        let mut opened: Vec<Option<Root>> = (0..self.destinations.len()).map(|_| None).collect();
+        for j in order {
+            let d = self.destinations[j];
+            let mut target =
+                backends::open(d, self.options, now, ahead[j].take()).map_err(|e| (j, e))?;
+            let state = target.take_state();
+            opened[j] = Some(Root {
+                destination: d,
+                target,
+                records: Records::new(state),
+                touched: BTreeMap::new(),
+            });
+        }
+        Ok(opened.into_iter().flatten().collect())
     }
 
     /// Prepares the first `bundles` whose pages and markdown held in

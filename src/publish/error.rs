@@ -20,6 +20,10 @@ pub enum Error {
     /// this machine (a scratch file, memory), not of the bundle.
     #[error("{0}")]
     Prepare(#[source] io::Error),
+    /// The process that renders markdown could not be started or talked
+    /// to (this machine's trouble, not the document's).
+    #[error("{path}: could not be rendered to HTML: {why}")]
+    Renderer { path: String, why: String },
     /// A local root's lock could not be taken.
     #[error(transparent)]
     Lock(#[from] LockError),
@@ -93,7 +97,10 @@ impl Error {
     /// The step of docs/contract.md §9 the publication stopped at.
     pub fn stage(&self) -> Stage {
         match self {
-            Error::Bundle(_) | Error::Prepare(_) | Error::Uploaded { .. } => Stage::Verify,
+            Error::Bundle(_)
+            | Error::Prepare(_)
+            | Error::Renderer { .. }
+            | Error::Uploaded { .. } => Stage::Verify,
             Error::Lock(_) => Stage::Lock,
             Error::Root { stage, .. } => *stage,
             Error::Write { .. } | Error::Unsettled { .. } | Error::Stopped => Stage::Publish,
@@ -119,7 +126,7 @@ impl Error {
             Error::Lock(LockError::Timeout { .. }) => true,
             Error::Lock(LockError::Io { source, .. }) => storage::is_transient(source),
             Error::Store(e) => e.is_transient() || e.is_stopped(),
-            Error::Uploaded { .. } | Error::Stopped => true,
+            Error::Uploaded { .. } | Error::Renderer { .. } | Error::Stopped => true,
             Error::Commit { source, .. } => source.is_transient(),
         }
     }

@@ -10,7 +10,8 @@ use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
-use crate::render::{RenderError, RenderOptions, render_page};
+use crate::render::RenderOptions;
+use crate::render_child::{ChildError, render_in_child};
 use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -211,15 +212,25 @@ fn render_all(
             template,
         };
         let mut body = Spill::new(room, text.len().saturating_mul(2) + 4096);
-        let parts = render_page(text, &options, &mut body).map_err(|e| match e {
-            RenderError::Io(e) => Error::Prepare(e),
+        // In a child process under the memory limit of docs/contract.md §12.3.
+        let cap = limits.max_markdown_bytes;
+        let unrenderable = |why: String| bundle::Problem {
+            path: Some(f.path.as_str().to_owned()),
+            message: format!("could not be rendered to HTML: {why}"),
+        };
+        let parts = render_in_child(text, &options, cap, &mut body).map_err(|e| match e {
             // Refused like a file over limits.max_markdown_bytes.
-            RenderError::TooDense(dense) => Error::Bundle(bundle::BundleError::Invalid {
-                problems: vec![bundle::Problem {
-                    path: Some(f.path.as_str().to_owned()),
-                    message: dense.to_string(),
-                }],
+            ChildError::OverLimit(said) => Error::Bundle(bundle::BundleError::Invalid {
+                problems: vec![bundle::markdown_too_dense(f.path.as_str(), f.size, &said)],
             }),
+            ChildError::Crashed(why) => Error::Bundle(bundle::BundleError::Invalid {
+                problems: vec![unrenderable(why)],
+            }),
+            ChildError::Sink(e) => Error::Prepare(e),
+            ChildError::Failed(why) => Error::Renderer {
+                path: f.path.as_str().to_owned(),
+                why,
+            },
         })?;
         let (body, refused) = body.finish().map_err(Error::Prepare)?;
         if let Some(why) = refused {

@@ -9,10 +9,12 @@
 //!
 //! It must never do I/O, read the clock or depend on anything but its
 //! arguments: the same markdown and options always give the same bytes.
-//! Memory stays proportional to the input: events are streamed from the
-//! parser to the writer, never collected, and the body goes to a sink the
-//! caller chooses ([`render_page`]), so a page many times the markdown's
-//! size need not be held (docs/contract.md §12.3).
+//! Events are streamed from the parser to the writer, never collected, and
+//! the body goes to a writer the caller chooses ([`render_page`]), so a
+//! page many times the markdown's size need not be held. The memory bound
+//! of docs/contract.md §12.3 is enforced around these functions, not in
+//! them: the agent runs them in a child process under a memory limit (see
+//! [`crate::render_child`]).
 //!
 //! Decisions where the contract is silent:
 //!
@@ -50,51 +52,12 @@ use std::io;
 use pulldown_cmark::{Options, Parser, html};
 
 mod autolink;
-mod budget;
-mod bytes;
 mod events;
 mod ids;
 mod links;
-mod split;
 
 #[cfg(test)]
 mod tests;
-
-pub use budget::TooDense;
-
-/// Why a page could not be rendered.
-#[derive(Debug)]
-pub enum RenderError {
-    /// The sink failed.
-    Io(io::Error),
-    /// The document is too dense to parse within its memory budget
-    /// (docs/contract.md §12.3): nothing was parsed that would break it.
-    TooDense(TooDense),
-}
-
-impl From<io::Error> for RenderError {
-    fn from(e: io::Error) -> Self {
-        RenderError::Io(e)
-    }
-}
-
-/// Memory the parse trees of rendering `len` bytes of markdown may take
-/// (docs/contract.md §12.3: 32 times the input in all). Four times the input are left
-/// for the input itself, the text the renderer copies out of it (a round's
-/// main document and batches, counted when a round is weighed; a
-/// paragraph's joined text) and what the parser and the writer keep
-/// besides the tree (measured: files of one-line blocks, whose estimate
-/// is their node count, peak at their tree plus the input and the
-/// process's base). The rest is for the trees of the parses alive at once.
-/// A small document may always use [`LEAST_TREES`]: its trees are then
-/// below the process's own fixed memory.
-fn tree_allowance(len: usize) -> u64 {
-    (len as u64).saturating_mul(28).max(LEAST_TREES)
-}
-
-/// The trees of any document may take this much (a document under
-/// 147 KiB gets more than 28 times its size).
-const LEAST_TREES: u64 = 4 << 20;
 
 /// What to render and how.
 #[derive(Debug, Clone, Copy)]
@@ -122,56 +85,14 @@ pub enum Part {
     Body,
 }
 
-/// Where the body of a page goes while it is rendered: memory, or a file
-/// for a page too big to hold (the caller decides).
-pub trait BodySink: io::Write {
-    /// Throws away what was written so far: the body is written again
-    /// from its start (a big document's pieces did not hold, see [`split`]).
-    fn restart(&mut self) -> io::Result<()>;
-}
-
-impl BodySink for Vec<u8> {
-    fn restart(&mut self) -> io::Result<()> {
-        self.clear();
-        Ok(())
-    }
-}
-
 /// Renders CommonMark to a complete UTF-8 HTML5 document. Pure and deterministic.
-/// Unlike [`render_page`], it renders whatever the document's density.
 pub fn markdown_to_html(markdown: &str, options: &RenderOptions<'_>) -> String {
-    render(markdown, options, &split::Settings::DEFAULT).0
-}
-
-/// Renders the body of `markdown`'s page into `sink` and returns the whole
-/// page as parts, in order; [`Part::Body`] stands for what `sink` holds.
-/// The same bytes as [`markdown_to_html`], without holding the page; or
-/// [`RenderError::TooDense`] before any parse that could take more than
-/// the document's memory budget (docs/contract.md §12.3, see [`budget`]).
-pub fn render_page(
-    markdown: &str,
-    options: &RenderOptions<'_>,
-    sink: &mut dyn BodySink,
-) -> Result<Vec<Part>, RenderError> {
-    let limit = Some(tree_allowance(markdown.len()));
-    render_into(markdown, options, &split::Settings::DEFAULT, limit, sink).map(|(parts, _)| parts)
-}
-
-/// [`markdown_to_html`] with the sizes that decide how a big document is
-/// parsed in pieces (see [`split`]); the bytes come out the same whatever
-/// they are. Also says how many pieces were parsed on their own.
-fn render(
-    markdown: &str,
-    options: &RenderOptions<'_>,
-    settings: &split::Settings,
-) -> (String, usize) {
     // Sized for typical output so the buffer rarely grows (each growth
     // briefly holds the old and the new buffer).
     let mut body = Vec::with_capacity(markdown.len().saturating_mul(2) + 4096);
-    let (parts, pieces) = match render_into(markdown, options, settings, None, &mut body) {
-        Ok(done) => done,
-        Err(RenderError::Io(e)) => panic!("writing into memory cannot fail: {e}"),
-        Err(RenderError::TooDense(_)) => unreachable!("no limit"),
+    let parts = match render_page(markdown, options, &mut body) {
+        Ok(parts) => parts,
+        Err(e) => panic!("writing into memory cannot fail: {e}"),
     };
     let body = String::from_utf8(body).expect("the HTML writer writes text");
     let len = parts
@@ -188,71 +109,27 @@ fn render(
             Part::Body => page.push_str(&body),
         }
     }
-    (page, pieces)
+    page
 }
 
-/// [`render_page`] with the split settings and the bytes the parse trees
-/// may take (`None`: no limit); also says how many pieces were parsed on
-/// their own.
-fn render_into(
+/// Renders the body of `markdown`'s page into `sink` and returns the whole
+/// page as parts, in order; [`Part::Body`] stands for what `sink` holds.
+/// The same bytes as [`markdown_to_html`], without holding the page.
+pub fn render_page(
     markdown: &str,
     options: &RenderOptions<'_>,
-    settings: &split::Settings,
-    limit: Option<u64>,
-    sink: &mut dyn BodySink,
-) -> Result<(Vec<Part>, usize), RenderError> {
-    let mut cuts = split::find_cuts(markdown, settings);
-    // Each round drops the pieces whose token came out somewhere it does not
-    // mean the same thing; rarely more than one is needed. A piece put back
-    // can make another fail in the next round (it may end a block that
-    // swallowed the other's place): a chain of such pieces takes a round
-    // each, up to split::MOST_ROUNDS, before the document is parsed whole.
-    for round in 0..split::MOST_ROUNDS {
-        if cuts.is_empty() {
-            break;
-        }
-        let plan = split::Pieces::new(markdown, cuts, settings, limit);
-        if !plan.fits() {
-            // Other rounds would only put pieces back: the whole document
-            // decides.
-            break;
-        }
-        let mut splicer = split::Splicer::new(&plan, parser_options());
-        let (last, title) = render_body(&mut splicer, sink, options)?;
-        let mut failed = splicer.failed();
-        let retried = splicer.retried();
-        if failed.is_empty() && retried.is_empty() {
-            return Ok((layout(&title, last, options), plan.pieces()));
-        }
-        // Cuts that may fit once an earlier one is dropped are kept for the
-        // next round, in the first two rounds only: each round then drops
-        // at least one cut, and such chains cannot use up the rounds.
-        if round >= 2 || failed.is_empty() {
-            failed.extend(retried);
-        }
-        sink.restart()?;
-        cuts = plan.into_cuts_without(&failed);
-    }
-    if let Some(limit) = limit {
-        let weight = budget::weigh(markdown);
-        if weight.bytes() > limit {
-            return Err(RenderError::TooDense(TooDense {
-                line: weight.heaviest_line,
-                needed: weight.bytes(),
-                allowed: limit,
-            }));
-        }
-    }
+    sink: &mut dyn io::Write,
+) -> io::Result<Vec<Part>> {
     let parser = Parser::new_ext(markdown, parser_options());
     let (last, title) = render_body(parser, sink, options)?;
-    Ok((layout(&title, last, options), 0))
+    Ok(layout(&title, last, options))
 }
 
 /// Writes the HTML of a parser's events to `sink`; returns the last byte
 /// written (`None`: nothing) and the title.
 fn render_body<'a>(
     events: impl Iterator<Item = pulldown_cmark::Event<'a>>,
-    sink: &mut dyn BodySink,
+    sink: &mut dyn io::Write,
     options: &RenderOptions<'_>,
 ) -> io::Result<(Option<u8>, String)> {
     let mut rewriter = events::Rewriter::new(events, options);
@@ -266,7 +143,7 @@ fn render_body<'a>(
 
 /// A writer that remembers the last byte written through it.
 struct LastByte<'s> {
-    sink: &'s mut dyn BodySink,
+    sink: &'s mut dyn io::Write,
     last: Option<u8>,
 }
 

@@ -346,111 +346,15 @@ fn rendering_a_big_markdown_table_stays_within_32_times_its_size() {
 }
 
 #[test]
-fn rendering_a_dense_markdown_table_stays_within_32_times_its_size() {
+fn rendering_big_documents_of_headings_lists_and_prose_stays_within_32_times_its_size() {
     assert_renders_within_32_times(
-        |_| "|1|2|3|4|5|6|7|8|\n".to_owned(),
-        "|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n",
+        |n| {
+            format!(
+                "## Part {n}\n\nSome *text* with a [link](https://example.com/{n}) and `code`.\n\n- one\n- two\n  - nested\n\n"
+            )
+        },
+        "# Big\n\n",
     );
-}
-
-#[test]
-fn rendering_an_emphasis_dense_paragraph_stays_within_32_times_its_size() {
-    assert_renders_within_32_times(|_| "*a* **b** ".to_owned(), "# Emphasis\n\n");
-}
-
-#[test]
-fn rendering_empty_headings_stays_within_32_times_its_size() {
-    // Each 2-byte `#` line becomes about 110 bytes of page (a numbered id
-    // and its self-link): the page itself is 55 times the markdown, so it
-    // must not be held in memory, nor every id it hands out.
-    assert_renders_within_32_times(|_| "#\n".to_owned(), "");
-}
-
-#[test]
-fn rendering_footnote_references_stays_within_32_times_its_size() {
-    // Each 5-byte reference becomes about 75 bytes (`<sup>` with a numbered
-    // id and a link).
-    assert_renders_within_32_times(|_| "[^1] ".to_owned(), "[^1]: the note\n\n");
-}
-
-#[test]
-fn rendering_unmatched_brackets_stays_within_32_times_its_size() {
-    // `[a]` is no link without a definition: the brackets stay text, and a
-    // stretch holding them was not cut (52 times).
-    assert_renders_within_32_times(|_| "[a] ".to_owned(), "");
-}
-
-#[test]
-fn rendering_lines_of_unmatched_brackets_stays_within_32_times_its_size() {
-    assert_renders_within_32_times(|_| "[a]\n".to_owned(), "");
-}
-
-#[test]
-fn rendering_emphasis_runs_that_only_close_stays_within_32_times_its_size() {
-    // `a*` can only close, and nothing opens before it (36 times).
-    assert_renders_within_32_times(|_| "a* ".to_owned(), "");
-}
-
-#[test]
-fn rendering_lines_of_emphasis_runs_that_only_close_stays_within_32_times_its_size() {
-    assert_renders_within_32_times(|_| "a*\n".to_owned(), "");
-}
-
-#[test]
-fn rendering_closing_runs_after_an_opener_stays_within_32_times_its_size() {
-    // The first `a*` closes `*a`; the stretches after it are tried again
-    // once the first is back in the main document (36 times).
-    assert_renders_within_32_times(|_| "a* ".to_owned(), "*a ");
-}
-
-#[test]
-fn rendering_tags_without_spaces_stays_within_32_times_its_size() {
-    // One paragraph of raw HTML with no space to cut at (35 times).
-    assert_renders_within_32_times(|_| "<a>".to_owned(), "");
-}
-
-#[test]
-fn rendering_emphasis_after_an_unmatched_backtick_stays_within_32_times_its_size() {
-    // The backtick left as text made every stretch after it fail: the
-    // paragraph was parsed whole (51 times).
-    assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), "`");
-}
-
-/// Sections of headings that, each put back into the main document after
-/// the one before it failed, end the HTML block the one before opened and
-/// open the next, which swallows the next section's place: one more round
-/// for each (seven kinds of HTML blocks).
-fn chain_of_sections() -> String {
-    let blocks = [
-        ("<!--", "-->"),
-        ("<?", "?>"),
-        ("<![CDATA[", "]]>"),
-        ("<pre>", "</pre>"),
-        ("<script>", "</script>"),
-        ("<style>", "</style>"),
-        ("<textarea>", "</textarea>"),
-    ];
-    let half = "# a *b* _c_\n".repeat(660);
-    let mut markdown = format!("{}\n", blocks[0].0);
-    for (k, (_, close)) in blocks.iter().enumerate() {
-        match blocks.get(k + 1) {
-            Some((open, _)) => {
-                markdown.push_str(&format!("{half}```\n{close}\n{open}\n```\n{half}"));
-            }
-            None => markdown.push_str(&format!("{half}{half}")),
-        }
-        markdown.push_str(close);
-        markdown.push('\n');
-    }
-    markdown.push('\n');
-    markdown
-}
-
-#[test]
-fn rendering_a_chain_of_failing_sections_stays_within_32_times_its_size() {
-    // Before, four rounds failed one section each and the whole document
-    // was then parsed at once (50 times).
-    assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), &chain_of_sections());
 }
 
 /// `distributor run --json` of a bundle of one `page.md` (publishing HTML,
@@ -484,93 +388,108 @@ pipelines:
     (out, peak.saturating_sub(base), t)
 }
 
-/// A 4 MiB word `a*a*a*...` has no place to cut at, and each `*` may open
-/// and close emphasis: parsed whole it took 51 times its size. It is refused
-/// before the parse, like a file over `limits.max_markdown_bytes`: exit 1,
-/// stage `verify`, nothing published, an error naming the file, the line
+/// 4 MiB (the default limits.max_markdown_bytes) of `piece` after `start`.
+fn four_mib(piece: &str, start: &str) -> String {
+    let mut markdown = String::from(start);
+    while markdown.len() + piece.len() <= 4 << 20 {
+        markdown.push_str(piece);
+    }
+    markdown
+}
+
+/// Text of tiny pieces of syntax (table cells, emphasis, empty headings,
+/// one-word list items, a word of `a*`) makes pulldown-cmark's tree about
+/// 50 times the file. The renderer runs out of its memory limit (32 times
+/// the file, kernel-enforced on the child process that renders it) and
+/// the file is refused like a file over `limits.max_markdown_bytes`:
+/// exit 1, stage `verify`, nothing published, an error naming the file
 /// and the fix (docs/contract.md §12.3).
 #[test]
-fn a_word_too_dense_to_parse_within_32_times_its_size_is_refused() {
-    let markdown = "a*".repeat(2 << 20);
-    let (out, peak, t) = refused_run(&markdown, "");
-    out.expect_code(1);
-    let r = out.json();
-    assert_eq!(r["stage"], "verify", "{r}");
-    let error = r["error"].as_str().expect("an error");
-    for part in [
-        "page.md",
-        "too dense with inline markup",
-        "32 times its size",
-        "line 1 ",
-        "break it into smaller paragraphs",
-        "publish.html off",
-    ] {
-        assert!(error.contains(part), "{part:?} not in {error}");
+fn a_document_too_dense_to_render_within_32_times_its_size_is_refused() {
+    let shapes = [
+        four_mib(
+            "|1|2|3|4|5|6|7|8|\n",
+            "|a|b|c|d|e|f|g|h|\n|-|-|-|-|-|-|-|-|\n",
+        ),
+        four_mib("*a* **b** ", "# Emphasis\n\n"),
+        four_mib("#\n", ""),
+        four_mib("- [ ] a\n", ""),
+        four_mib("a*", ""),
+    ];
+    let mut stage = None;
+    for markdown in &shapes {
+        let head = &markdown[..20];
+        let (out, peak, t) = refused_run(markdown, "");
+        out.expect_code(1);
+        let r = out.json();
+        assert_eq!(r["stage"], "verify", "{head:?}: {r}");
+        let error = r["error"].as_str().expect("an error");
+        for part in [
+            "page.md",
+            "too dense to render to HTML within 32 times its size",
+            "break it into smaller",
+            "publish.html off",
+        ] {
+            assert!(error.contains(part), "{head:?}: {part:?} not in {error}");
+        }
+        assert!(!t.join("site/page.html").exists(), "nothing is published");
+        assert!(
+            peak <= 32 * markdown.len() as u64,
+            "{head:?}: refusing took {} MiB",
+            peak >> 20
+        );
+        stage = Some(r["stage"].clone());
     }
-    assert!(!t.join("site/page.html").exists(), "nothing is published");
-    assert!(
-        peak <= 32 * markdown.len() as u64,
-        "refusing took {} MiB",
-        peak >> 20
-    );
     // The same stage and exit code as a file over the size limit.
     let (over, _, _) = refused_run(
         "# Small\n\ntext\n",
         "    limits: {max_markdown_bytes: 10B}\n",
     );
     over.expect_code(1);
-    assert_eq!(over.json()["stage"], r["stage"]);
+    assert_eq!(Some(over.json()["stage"].clone()), stage);
 }
 
-/// Crafted paragraphs that leave something open at their start and close
-/// it at their end (a `[` after a definition, a link title, a tag's
-/// attribute value), so that no stretch between may be cut: parsed whole
-/// they took 51 times their size. Each is refused naming the line where
-/// that paragraph starts.
+/// The agent files a bundle whose markdown is too dense in failed/ with
+/// the reason, publishes nothing of it, and goes on with the next bundle.
 #[test]
-fn paragraphs_left_open_at_their_start_are_refused_naming_their_line() {
-    for (head, tail, line) in [
-        ("[x]: /u\n\n[", "]\n", 3),
-        ("# Title\n\n[a](x \"", "\")\n", 3),
-        ("<a x=\"", "\">\n", 1),
-    ] {
-        let mut markdown = String::from(head);
-        while markdown.len() < 2 << 20 {
-            markdown.push_str("*a* _b_ ");
-        }
-        markdown.push_str(tail);
-        let (out, peak, _) = refused_run(&markdown, "");
-        out.expect_code(1);
-        let error = out.json()["error"].as_str().expect("an error").to_owned();
-        assert!(
-            error.contains("too dense") && error.contains(&format!("line {line} ")),
-            "{head:?}: {error}"
-        );
-        assert!(
-            peak <= 32 * markdown.len() as u64,
-            "{head:?}: {} MiB",
-            peak >> 20
-        );
-    }
-}
+fn the_agent_fails_a_bundle_too_dense_to_render_and_publishes_the_next() {
+    let t = html_site("");
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    let dense = t.bundle(
+        "a-dense",
+        &[("page.md", &four_mib("|1|2|3|\n", "|a|b|c|\n|-|-|-|\n"))],
+    );
+    fs::rename(&dense, inbox.join("a-dense")).unwrap();
+    let fine = t.bundle("b-fine", &[("fine.md", "# Fine\n\ntext\n")]);
+    fs::rename(&fine, inbox.join("b-fine")).unwrap();
 
-/// A `[` left open after a definition, a link title or a tag's attribute
-/// value that nothing ends cannot make a link or a tag: the stretches after
-/// it are cut, and the file is rendered (before, each was parsed whole at
-/// 51 times its size).
-#[test]
-fn paragraphs_after_something_left_open_for_good_are_rendered_within_32_times_their_size() {
-    for start in ["[x]: /u\n\n[", "[a](x \"", "<a x=\""] {
-        assert_renders_within_32_times(|_| "*a* _b_ ".to_owned(), start);
-    }
-}
+    t.once().expect_code(1);
 
-/// Shapes the parser must take whole, near the bound but within it, are
-/// rendered: setext headings (about 27 times), empty list items, escapes.
-#[test]
-fn dense_shapes_within_the_bound_are_not_refused() {
-    assert_renders_within_32_times(|_| "a\n-\n".to_owned(), "");
-    assert_renders_within_32_times(|_| "-\n".to_owned(), "");
+    assert!(
+        t.spool("p", "failed").join("a-dense").is_dir(),
+        "a-dense is failed"
+    );
+    assert!(
+        t.spool("p", "done").join("b-fine").is_dir(),
+        "b-fine is done"
+    );
+    assert!(
+        !t.join("site/page.html").exists(),
+        "nothing of a-dense is published"
+    );
+    let page = fs::read_to_string(t.join("site/fine.html")).unwrap();
+    assert_eq!(page, rendered("# Fine\n\ntext\n", "fine.md", None));
+    let result = t
+        .spool("p", "failed")
+        .join("a-dense/.distributor-result.json");
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    assert!(
+        error.contains("page.md") && error.contains("too dense"),
+        "{error}"
+    );
 }
 
 /// At least `len` bytes of markdown: sections with a small table each,
@@ -745,4 +664,227 @@ pipelines:
         let record = &t.records("site")[&html];
         assert_eq!(record["sha256"], crate::util::sha256(&page), "{html} ({i})");
     }
+}
+
+/// `size` bytes (about) of a table of tiny cells: about 50 times its size
+/// to parse, so refused at any size over 128 KiB.
+fn dense_table(size: usize) -> String {
+    let mut markdown = String::from("|a|b|c|\n|-|-|-|\n");
+    while markdown.len() < size {
+        markdown.push_str("|1|2|3|\n");
+    }
+    markdown
+}
+
+/// The pids of the renderer processes that `log` (at debug for
+/// `distributor::render_child`) says were started.
+fn renderers_started(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|line| {
+            line.split_once("renderer process ")?
+                .1
+                .split_once(" started")
+        })
+        .map(|(pid, _)| pid.to_owned())
+        .collect()
+}
+
+/// Renderer processes (`distributor __render`) running in `dir` (they
+/// inherit the agent's working folder).
+fn renderers_in(dir: &Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let is_renderer = cmdline.split(|&b| b == 0).any(|arg| arg == b"__render");
+        if is_renderer && fs::read_link(entry.path().join("cwd")).ok().as_deref() == Some(&*dir) {
+            found.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    found
+}
+
+/// Markdown files are rendered one after another by long-lived renderer
+/// processes, each document under its own limit of 32 times its size
+/// (docs/contract.md §12.3): a renderer that has just rendered a big
+/// document (whose limit was 96 MiB) still refuses a dense document of
+/// 1 MiB, which would fit in 96 MiB but not in its own 32 MiB.
+#[test]
+fn a_renderer_that_rendered_a_big_document_still_refuses_a_small_dense_one() {
+    let t = html_site("");
+    let big = big_markdown(3 << 20);
+    let dense = dense_table(1 << 20);
+    let b = t.bundle("b", &[("a-big.md", big.as_str()), ("b-dense.md", &dense)]);
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "warn,distributor::render_child=debug")
+        .args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "p",
+        ])
+        .arg(&b)
+        .output();
+    out.expect_code(1);
+    let r = out.json();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    assert!(
+        error.contains("b-dense.md") && error.contains("too dense to render"),
+        "{error}"
+    );
+    assert!(!error.contains("a-big.md"), "{error}");
+    // One renderer rendered both: the big document, then the refused one.
+    let started = renderers_started(&out.stderr);
+    assert_eq!(started.len(), 1, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("renderer process {} ended", started[0])),
+        "{}",
+        out.stderr
+    );
+    assert!(!t.join("site").join("a-big.html").exists());
+
+    // The same two documents, the dense one small enough for the floor of
+    // 4 MiB: both published, by one renderer.
+    let small_dense = dense_table(32 << 10);
+    let b = t.bundle(
+        "c",
+        &[("a-big.md", big.as_str()), ("b-dense.md", &small_dense)],
+    );
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "warn,distributor::render_child=debug")
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&b)
+        .output();
+    out.expect_code(0);
+    assert_eq!(renderers_started(&out.stderr).len(), 1, "{}", out.stderr);
+    assert!(!out.stderr.contains(" ended"), "{}", out.stderr);
+    assert!(t.join("site/a-big.html").is_file());
+    assert!(t.join("site/b-dense.html").is_file());
+    // The run waited for its renderer to end.
+    assert_eq!(renderers_in(t.path()), Vec::<String>::new());
+}
+
+/// A renderer killed by its limit is never used again: in one agent pass,
+/// a bundle whose second document is refused fails with that reason, and
+/// the documents of the bundle after it are published byte for byte as
+/// rendering them in process makes them, by fresh renderers.
+#[test]
+fn a_renderer_killed_by_its_limit_is_replaced_and_the_next_bundle_is_published() {
+    let t = html_site("");
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    let page = |n: usize| {
+        format!(
+            "# Page {n}\n\nSome *text* and a [link](https://example.com/{n}).\n\n| a | b |\n|---|---|\n| {n} | x |\n"
+        )
+    };
+    let dense = dense_table(1 << 20);
+    let mixed = t.bundle(
+        "a-mixed",
+        &[
+            ("a1.md", page(1).as_str()),
+            ("a2-dense.md", &dense),
+            ("a3.md", &page(3)),
+        ],
+    );
+    fs::rename(&mixed, inbox.join("a-mixed")).unwrap();
+    let next: Vec<(String, String)> = (1..=6).map(|n| (format!("b{n}.md"), page(n))).collect();
+    let fine = t.bundle("b-next", &next);
+    fs::rename(&fine, inbox.join("b-next")).unwrap();
+
+    let out = t
+        .agent_cmd()
+        .env("RUST_LOG", "info,distributor::render_child=debug")
+        .args(["agent", "--once"])
+        .output();
+    out.expect_code(1);
+
+    assert!(t.spool("p", "failed").join("a-mixed").is_dir());
+    assert!(
+        t.spool("p", "done").join("b-next").is_dir(),
+        "{}",
+        out.stderr
+    );
+    let result = t
+        .spool("p", "failed")
+        .join("a-mixed/.distributor-result.json");
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    assert!(
+        error.contains("a2-dense.md") && error.contains("too dense to render"),
+        "{error}"
+    );
+    for name in ["a1.html", "a2-dense.html", "a3.html"] {
+        assert!(!t.join("site").join(name).exists(), "{name} is published");
+    }
+    for (name, markdown) in &next {
+        let html = fs::read_to_string(t.join("site").join(name.replace(".md", ".html"))).unwrap();
+        assert_eq!(html, rendered(markdown, name, None), "{name}");
+    }
+    // The killed renderer ended; every document after it went to another.
+    let ended: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|line| line.contains("renderer process") && line.contains(" ended"))
+        .collect();
+    assert_eq!(ended.len(), 1, "{}", out.stderr);
+    assert!(renderers_started(&out.stderr).len() >= 2, "{}", out.stderr);
+    // The agent waited for its idle renderers to end.
+    assert_eq!(renderers_in(t.path()), Vec::<String>::new());
+}
+
+/// A live agent renders the markdown of one bundle after another on the
+/// same renderer process, keeps it idle in between, and ends it when it
+/// stops.
+#[test]
+fn a_live_agent_keeps_its_renderer_between_bundles_and_ends_it_when_stopped() {
+    use std::time::Duration;
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+agent:
+  settle: 0s
+  rescan_interval: 60s
+pipelines:
+  - id: p
+    destinations:
+      - id: site
+        path: ./site
+        publish: {source: false, html: true}
+",
+    );
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    let mut agent = t.agent_logging(
+        Path::new("config.yaml"),
+        "info,distributor::render_child=debug",
+    );
+    for n in 1..=3 {
+        let name = format!("b-{n}");
+        let markdown = format!("# Page {n}\n\ntext\n");
+        let b = t.bundle(&name, &[("page.md", markdown.as_str())]);
+        fs::rename(&b, inbox.join(&name)).unwrap();
+        let done = t.spool("p", "done").join(&name);
+        assert!(
+            crate::util::wait_for(Duration::from_secs(15), || done.is_dir()),
+            "{name} is not done:\n{}",
+            agent.stderr()
+        );
+        let page = fs::read_to_string(t.join("site/page.html")).unwrap();
+        assert_eq!(page, rendered(&markdown, "page.md", None));
+    }
+    let started = renderers_started(&agent.stderr());
+    assert_eq!(started.len(), 1, "{}", agent.stderr());
+    assert_eq!(renderers_in(t.path()), started, "the renderer waits, idle");
+
+    agent.signal(libc::SIGTERM);
+    agent.finish(Duration::from_secs(30)).expect_code(0);
+    assert_eq!(renderers_in(t.path()), Vec::<String>::new());
 }
