@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod exit;
 pub mod failpoint;
 pub mod hashing;
 pub mod inert;

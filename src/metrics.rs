@@ -43,6 +43,8 @@ struct State {
     queues: BTreeMap<(String, String), u64>,
     /// Keyed by (pipeline, destination).
     destinations: BTreeMap<(String, String), DestinationSeries>,
+    /// Why the last reload of the config was refused, until one succeeds.
+    reload_refused: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -113,6 +115,17 @@ impl Metrics {
         })
     }
 
+    /// The last reload of the config was refused (`Some`: why; the old
+    /// config is still served) or succeeded (`None`).
+    pub fn set_reload_refused(&self, why: Option<String>) {
+        self.lock().reload_refused = why;
+    }
+
+    /// Why the last reload of the config was refused, if it was.
+    pub fn reload_refused(&self) -> Option<String> {
+        self.lock().reload_refused.clone()
+    }
+
     /// A batch of `pipeline` stepped aside and its bundles were published
     /// one by one.
     pub fn batch_fallback(&self, pipeline: &str) {
@@ -175,6 +188,13 @@ impl Metrics {
         let mut out = String::new();
 
         let pipelines: Vec<_> = state.pipelines.iter().collect();
+        family(
+            &mut out,
+            "config_last_reload_successful",
+            "gauge",
+            "0 when the last reload of the config (SIGHUP) was refused and the agent still serves the config it had, else 1.",
+            std::iter::once((Vec::new(), u64::from(state.reload_refused.is_none()))),
+        );
         family(
             &mut out,
             "bundles_done_total",
@@ -337,7 +357,11 @@ fn family<'a>(
             .map(|(key, value)| format!("{key}=\"{}\"", escape_label_value(value)))
             .collect::<Vec<_>>()
             .join(",");
-        let _ = writeln!(out, "{PREFIX}{name}{{{labels}}} {value}");
+        if labels.is_empty() {
+            let _ = writeln!(out, "{PREFIX}{name} {value}");
+        } else {
+            let _ = writeln!(out, "{PREFIX}{name}{{{labels}}} {value}");
+        }
     }
 }
 
@@ -393,6 +417,9 @@ mod tests {
         m.add_prune_deletions("reports", "mirror", 0);
 
         let want = "\
+# HELP distributor_config_last_reload_successful 0 when the last reload of the config (SIGHUP) was refused and the agent still serves the config it had, else 1.
+# TYPE distributor_config_last_reload_successful gauge
+distributor_config_last_reload_successful 1
 # HELP distributor_bundles_done_total Bundles published and moved to done/ since the agent started.
 # TYPE distributor_bundles_done_total counter
 distributor_bundles_done_total{pipeline=\"reports\"} 2
@@ -426,19 +453,26 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
         assert_eq!(m.render(), want);
         // Rendering does not change anything.
         assert_eq!(m.render(), want);
+        // A refused reload shows until one succeeds.
+        m.set_reload_refused(Some("bad".into()));
+        assert!(
+            m.render()
+                .contains("\ndistributor_config_last_reload_successful 0\n")
+        );
+        assert_eq!(m.reload_refused().as_deref(), Some("bad"));
+        m.set_reload_refused(None);
+        assert_eq!(m.render(), want);
     }
 
     #[test]
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 18, "{text}");
-        assert!(
-            lines
-                .iter()
-                .all(|l| l.starts_with("# HELP distributor_")
-                    || l.starts_with("# TYPE distributor_"))
-        );
+        assert_eq!(lines.len(), 21, "{text}");
+        // Every family described; the only series is the one without labels.
+        assert!(lines.iter().all(|l| l.starts_with("# HELP distributor_")
+            || l.starts_with("# TYPE distributor_")
+            || *l == "distributor_config_last_reload_successful 1"));
         assert!(text.ends_with('\n'));
     }
 
@@ -467,7 +501,8 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
             "{text}"
         );
         // One line per series: the newline inside the label did not break it.
-        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 1);
+        let series = text.lines().filter(|l| !l.starts_with('#'));
+        assert_eq!(series.filter(|l| l.contains("prune")).count(), 1);
         assert_eq!(escape_help("a\\b\nc"), "a\\\\b\\nc");
     }
 

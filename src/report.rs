@@ -120,11 +120,12 @@ impl RunReport {
 
     /// The process exit code for this result (docs/contract.md §9).
     pub fn exit_code(&self) -> u8 {
+        use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
         match self.stage {
-            None => 0,
-            Some(Stage::Config) => 2,
-            Some(Stage::Plan) if self.refused => 3,
-            Some(_) => 1,
+            None => EXIT_OK,
+            Some(Stage::Config) => EXIT_USAGE,
+            Some(Stage::Plan) if self.refused => EXIT_REFUSED,
+            Some(_) => EXIT_FAILURE,
         }
     }
 

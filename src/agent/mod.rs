@@ -64,8 +64,8 @@ pub enum AgentError {
 impl AgentError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            AgentError::Config(_) => 2,
-            AgentError::Start(_) => 1,
+            AgentError::Config(_) => crate::exit::EXIT_USAGE,
+            AgentError::Start(_) => crate::exit::EXIT_FAILURE,
         }
     }
 }
@@ -342,27 +342,38 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                 log::info!("agent stopped");
                 return Ok(true);
             }
-            Ok(Control::Reload) => match config::load(config_path) {
-                Ok(new) => {
-                    log::info!("reloading config {}", config_path.display());
-                    if let Err(e) = create_spools(&new) {
-                        log::error!("config reload refused, keeping the old config: {e}");
-                        continue;
+            Ok(Control::Reload) => {
+                // systemd (Type=notify-reload, or `systemctl status`) sees
+                // the reload start and end, refused or not.
+                notifier.send(&format!(
+                    "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=reloading the config",
+                    sd_notify::monotonic_usec()
+                ));
+                let loaded = config::load(config_path).map_err(|e| e.to_string());
+                let new = loaded.and_then(|new| {
+                    create_spools(&new).map_err(|e| e.to_string())?;
+                    Ok(new)
+                });
+                match new {
+                    Ok(new) => {
+                        log::info!("reloading config {}", config_path.display());
+                        maintenance.stop();
+                        running.stop();
+                        config = new;
+                        running = Running::start(&config, &metrics);
+                        maintenance = Maintenance::start(&config, &metrics);
+                        configured.store(config.pipelines.len(), Ordering::SeqCst);
+                        metrics.set_reload_refused(None);
+                        tell_ready(&notifier, &metrics, &configured);
+                        log::info!("config reloaded: {} pipeline(s)", config.pipelines.len());
                     }
-                    notifier.send("RELOADING=1\nSTATUS=reloading the config");
-                    maintenance.stop();
-                    running.stop();
-                    config = new;
-                    running = Running::start(&config, &metrics);
-                    maintenance = Maintenance::start(&config, &metrics);
-                    configured.store(config.pipelines.len(), Ordering::SeqCst);
-                    tell_ready(&notifier, &metrics, &configured);
-                    log::info!("config reloaded: {} pipeline(s)", config.pipelines.len());
+                    Err(e) => {
+                        log::error!("config reload refused, keeping the old config: {e}");
+                        metrics.set_reload_refused(Some(e));
+                        tell_ready(&notifier, &metrics, &configured);
+                    }
                 }
-                Err(e) => {
-                    log::error!("config reload refused, keeping the old config: {e}");
-                }
-            },
+            }
             Err(RecvTimeoutError::Timeout) => {
                 log::debug!(
                     "rescan_interval ({}) passed: scanning every inbox",
@@ -378,12 +389,18 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
 /// The `STATUS=` text of this moment.
 fn notify_status(metrics: &Metrics, configured: &AtomicUsize) -> String {
     let (done, failed) = metrics.bundle_totals();
-    sd_notify::status_line(
+    let line = sd_notify::status_line(
         SERVING.load(Ordering::SeqCst),
         configured.load(Ordering::SeqCst),
         done,
         failed,
-    )
+    );
+    match metrics.reload_refused() {
+        // Until a reload succeeds, `systemctl status` says the running
+        // config is not the file's.
+        Some(why) => format!("config reload refused, serving the old config ({why}); {line}"),
+        None => line,
+    }
 }
 
 /// Tells systemd the agent serves, after giving the pipeline threads a

@@ -95,6 +95,13 @@ fn watchdog_interval(usec: Option<&str>, for_pid: Option<&str>, pid: u32) -> Opt
 }
 
 /// The `STATUS=` line: what is served and how bundles ended since start.
+/// `CLOCK_MONOTONIC` in microseconds, as `RELOADING=1` wants it in
+/// `MONOTONIC_USEC=` (sd_notify(3)).
+pub(super) fn monotonic_usec() -> u128 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u128 * 1_000_000 + t.tv_nsec as u128 / 1_000
+}
+
 pub(super) fn status_line(serving: usize, configured: usize, done: u64, failed: u64) -> String {
     format!(
         "serving {serving} of {configured} pipeline(s); {done} bundle(s) done, {failed} failed since start"

@@ -68,8 +68,8 @@ impl BundleError {
     }
 
     /// Exit code of a command that fails with this error (docs/contract.md §9).
-    pub fn exit_code(&self) -> i32 {
-        1
+    pub fn exit_code(&self) -> u8 {
+        crate::exit::EXIT_FAILURE
     }
 
     pub(super) fn manifest(message: impl Into<String>) -> BundleError {

@@ -48,10 +48,10 @@ pub enum SealError {
 
 impl SealError {
     /// Exit code of `bundle seal` (docs/contract.md §9, §11.14): usage errors 2, the rest 1.
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit_code(&self) -> u8 {
         match self {
-            SealError::BadId { .. } | SealError::BadCreated { .. } => 2,
-            _ => 1,
+            SealError::BadId { .. } | SealError::BadCreated { .. } => crate::exit::EXIT_USAGE,
+            _ => crate::exit::EXIT_FAILURE,
         }
     }
 }

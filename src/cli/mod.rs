@@ -28,14 +28,7 @@ use roots::with_target;
 use spools::{spool_list, spool_retry};
 use status::status;
 
-/// Exit code for success.
-pub const EXIT_OK: u8 = 0;
-/// Exit code for runtime failures, invalid bundles and problems found.
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit code for usage and configuration errors.
-pub const EXIT_USAGE: u8 = 2;
-/// Exit code for a publication refused by planning.
-pub const EXIT_REFUSED: u8 = 3;
+pub use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> u8 {

@@ -142,15 +142,18 @@ pub enum MaintainError {
 impl MaintainError {
     /// The process exit code (docs/contract.md §9, §11.9, §11.18).
     pub fn exit_code(&self) -> u8 {
+        use crate::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
         match self {
-            MaintainError::NoPrunePolicy { .. } => 2,
+            MaintainError::NoPrunePolicy { .. } => EXIT_USAGE,
             MaintainError::InvalidState { .. }
             | MaintainError::FutureState { .. }
-            | MaintainError::LegacyState { .. } => 3,
-            MaintainError::Lock(_) | MaintainError::Io { .. } => 1,
+            | MaintainError::LegacyState { .. } => EXIT_REFUSED,
+            MaintainError::Lock(_) | MaintainError::Io { .. } => EXIT_FAILURE,
             // Missing credentials or a bad client setup: configuration.
-            MaintainError::S3 { source, .. } if source.stage() == crate::report::Stage::Config => 2,
-            MaintainError::S3 { .. } => 1,
+            MaintainError::S3 { source, .. } if source.stage() == crate::report::Stage::Config => {
+                EXIT_USAGE
+            }
+            MaintainError::S3 { .. } => EXIT_FAILURE,
         }
     }
 

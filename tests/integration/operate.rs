@@ -423,6 +423,80 @@ fn under_systemd_the_agent_says_ready_keeps_the_watchdog_fed_and_says_stopping()
     drop(agent);
 }
 
+/// A reload systemd can follow: `RELOADING=1` (with `MONOTONIC_USEC=`) when
+/// SIGHUP comes, `READY=1` when it is over. A refused one says so in
+/// `STATUS=` (and keeps saying it) until a reload succeeds, and the
+/// metrics file says it too.
+#[test]
+fn under_systemd_a_refused_reload_is_reported_until_one_succeeds() {
+    let t = Test::new();
+    let config = CONFIG.replace(
+        "  lock_timeout: 200ms\n",
+        "  lock_timeout: 200ms\n  metrics_file: ./metrics.prom\n",
+    );
+    t.config(&config);
+    let path = t.join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket.set_read_timeout(Some(WAIT)).unwrap();
+    let agent = Agent::start(&t, &[("NOTIFY_SOCKET", path.to_str().unwrap())]);
+    // The next message with `line` among its lines.
+    let next_with = |line: &str, seen: &mut Vec<String>| -> String {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = socket
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("no {line} ({e}); got {seen:?}\n{}", agent.stderr()));
+            let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.push(message.clone());
+            if message.lines().any(|l| l == line) {
+                return message;
+            }
+        }
+    };
+    let mut seen = Vec::new();
+    next_with("READY=1", &mut seen);
+
+    t.config("pipelines: [{id: p}\n");
+    agent.0.signal(libc::SIGHUP);
+    let reloading = next_with("RELOADING=1", &mut seen);
+    assert!(
+        reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")),
+        "{reloading:?}"
+    );
+    let refused = next_with("READY=1", &mut seen);
+    assert!(
+        refused
+            .lines()
+            .any(|l| l.starts_with("STATUS=config reload refused, serving the old config (")),
+        "{refused:?}"
+    );
+    let metrics = |t: &Test| fs::read_to_string(t.join("metrics.prom")).unwrap_or_default();
+    assert!(
+        crate::util::wait_for(WAIT, || {
+            metrics(&t).contains("\ndistributor_config_last_reload_successful 0\n")
+        }),
+        "{}",
+        metrics(&t)
+    );
+
+    t.config(&config);
+    agent.0.signal(libc::SIGHUP);
+    next_with("RELOADING=1", &mut seen);
+    let ready = next_with("READY=1", &mut seen);
+    assert!(
+        ready.lines().any(|l| l.starts_with("STATUS=serving ")),
+        "{ready:?}"
+    );
+    assert!(
+        crate::util::wait_for(WAIT, || {
+            metrics(&t).contains("\ndistributor_config_last_reload_successful 1\n")
+        }),
+        "{}",
+        metrics(&t)
+    );
+    assert_eq!(agent.stop(), 0);
+}
+
 #[test]
 fn once_next_to_a_serving_agent_says_the_pipeline_was_skipped_and_exits_1() {
     let t = Test::new();
