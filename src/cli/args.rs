@@ -193,6 +193,10 @@ pub enum SpoolCommand {
         /// Every failed bundle of the pipeline
         #[arg(long)]
         all: bool,
+        /// Retry even a bundle that would overwrite or delete outputs of a
+        /// source created after its own (roll the destination back)
+        #[arg(long)]
+        allow_older: bool,
     },
     /// Print a failed or done bundle's result (stage, error, what each destination did)
     #[command(after_help = "Example:\n  distributor spool show reports weekly-2026-06-08")]

@@ -33,10 +33,13 @@ fn code_of(e: &io::Error) -> u8 {
 
 /// `spool retry P --all`: every failed bundle back to the inbox, oldest
 /// first; one that cannot be moved is reported and the rest go on.
-pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str) -> u8 {
-    let (_, spool) = match spool_of(flag, pipeline) {
+pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str, allow_older: bool) -> u8 {
+    let (config, spool) = match spool_of(flag, pipeline) {
         Ok(s) => s,
         Err(code) => return code,
+    };
+    let Some(p) = config.pipeline(pipeline) else {
+        return EXIT_USAGE;
     };
     let rows = match spool::list(&spool, &[Folder::Failed]) {
         Ok(rows) => rows,
@@ -50,6 +53,11 @@ pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str) -> u8 {
     };
     let (mut moved, mut errors) = (0usize, 0usize);
     for row in &rows {
+        if !allow_older && let Some(refusal) = rolls_back(&config, p, &spool, &row.name) {
+            errors += 1;
+            eprintln!("error: {refusal}");
+            continue;
+        }
         match spool::retry(&spool, &row.name) {
             Ok(to) => {
                 moved += 1;
@@ -69,12 +77,52 @@ pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str) -> u8 {
         "{moved} failed bundle{} moved back to the inbox{}",
         if moved == 1 { "" } else { "s" },
         if errors > 0 {
-            format!(", {errors} could not be moved")
+            format!(", {errors} not moved")
         } else {
             String::new()
         }
     );
     if errors > 0 { EXIT_FAILURE } else { EXIT_OK }
+}
+
+/// Why retrying `failed/<name>` is refused: publishing it would overwrite or
+/// delete outputs of a source created after its own (docs/contract.md
+/// §18.7), found by planning it as a dry run. `None` when it would not.
+pub(super) fn rolls_back(
+    config: &Config,
+    p: &crate::config::Pipeline,
+    spool: &Spool,
+    name: &str,
+) -> Option<String> {
+    let destinations: Vec<_> = p.destinations.iter().collect();
+    let options = crate::publish::Options {
+        dry_run: true,
+        force: false,
+        lock_timeout: config.agent.lock_timeout,
+        serving: None,
+        scratch: super::publishing::scratch_folder(config, p),
+    };
+    let bundle = spool.folder(Folder::Failed).join(name);
+    let found = crate::publish::rollbacks(p, &destinations, &bundle, &options);
+    crate::render_child::stop_idle();
+    if found.is_empty() {
+        return None;
+    }
+    let n = found.len();
+    let shown: Vec<String> = found.iter().take(5).map(|r| r.to_string()).collect();
+    Some(format!(
+        "{}: not retried: publishing it would roll back {n} output{} of later sources: {}{}. It stays in failed/; to publish it anyway: distributor spool retry {} {} --allow-older",
+        inert(name),
+        if n == 1 { "" } else { "s" },
+        inert(&shown.join("; ")),
+        if n > 5 {
+            format!("; and {} more", n - 5)
+        } else {
+            String::new()
+        },
+        inert(&p.id),
+        inert(name),
+    ))
 }
 
 /// `spool show P NAME`: the result of a failed or done bundle.

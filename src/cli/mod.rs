@@ -107,9 +107,10 @@ pub fn run(cli: Cli) -> u8 {
             pipeline,
             name,
             all,
+            allow_older,
         }) => match name {
-            Some(name) if !all => spool_retry(config, &pipeline, &name),
-            _ => failed::retry_all(config, &pipeline),
+            Some(name) if !all => spool_retry(config, &pipeline, &name, allow_older),
+            _ => failed::retry_all(config, &pipeline, allow_older),
         },
         Command::Spool(SpoolCommand::Show {
             pipeline,

@@ -119,7 +119,7 @@ pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
 /// Where `run` puts rendered pages too big to hold: the pipeline's spool
 /// work folder when it exists (on disk, and the agent's own), else the
 /// system's temporary folder.
-fn scratch_folder(config: &Config, pipeline: &Pipeline) -> PathBuf {
+pub(super) fn scratch_folder(config: &Config, pipeline: &Pipeline) -> PathBuf {
     let work = crate::spool::Spool::of(config, pipeline).work;
     if work.is_dir() {
         work

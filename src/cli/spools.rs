@@ -71,7 +71,12 @@ pub(super) fn spool_list(
     EXIT_OK
 }
 
-pub(super) fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
+pub(super) fn spool_retry(
+    flag: Option<&Path>,
+    pipeline: &str,
+    name: &str,
+    allow_older: bool,
+) -> u8 {
     let config = match config_or_usage(flag) {
         Ok(c) => c,
         Err(code) => return code,
@@ -83,7 +88,12 @@ pub(super) fn spool_retry(flag: Option<&Path>, pipeline: &str, name: &str) -> u8
         );
         return EXIT_USAGE;
     };
-    match spool::retry(&Spool::of(&config, p), name) {
+    let spool = Spool::of(&config, p);
+    if !allow_older && let Some(refusal) = super::failed::rolls_back(&config, p, &spool, name) {
+        eprintln!("error: {refusal}");
+        return EXIT_FAILURE;
+    }
+    match spool::retry(&spool, name) {
         Ok(to) => {
             println!(
                 "moved {} back to {}",

@@ -63,6 +63,10 @@ pub(super) struct Driver<'a> {
     pub(super) options: &'a Options,
     pub(super) workers: &'a dyn Workers,
     pub(super) keep_going: &'a (dyn Fn() -> bool + Sync),
+    /// When set, every planned write or delete of a record whose source
+    /// was created after the bundle's is noted here
+    /// ([`super::rollbacks`]).
+    pub(super) older: Option<&'a std::sync::Mutex<Vec<super::Rollback>>>,
 }
 
 /// One destination root during a run.
@@ -537,6 +541,24 @@ impl<'a> Driver<'a> {
             .target
             .refusal(&plan, &state, self.options.force)
             .unwrap_or(plan);
+        if let (Some(older), State::Catalog(catalog)) = (self.older, &*state) {
+            let touched = plan.writes.iter().map(|d| d.path.as_str());
+            let newer = touched
+                .chain(plan.delete_after.iter().map(String::as_str))
+                .filter_map(|path| catalog.get(path))
+                .filter(|record| record.source.created > r.source.created)
+                .map(|record| super::Rollback {
+                    destination: d.id.clone(),
+                    path: record.path.as_str().to_owned(),
+                    source: record.source.id.clone(),
+                    created: record.source.created,
+                    own: r.source.created,
+                });
+            older
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(newer);
+        }
         let kept = root.target.kept(&plan, &state, &root.touched);
         Ok((plan, kept))
     }

@@ -135,6 +135,7 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         options: &options,
         workers: &crate::publish::InOrder,
         keep_going: &|| true,
+        older: None,
     };
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).

@@ -74,11 +74,79 @@ pub fn publish(
         options,
         workers: &PerCore::new(),
         keep_going: &|| true,
+        older: None,
     };
     match driver.run(&[bundle_dir]) {
         Outcome::Reports(mut reports) if reports.len() == 1 => reports.remove(0),
         _ => unreachable!("a single bundle always gets its report"),
     }
+}
+
+/// A stored output that publishing a bundle would overwrite or delete
+/// although its source was created after the bundle's own: publishing it
+/// would roll the destination back (docs/contract.md §18.7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollback {
+    pub destination: String,
+    pub path: String,
+    /// The stored output's source and its `created`.
+    pub source: String,
+    pub created: time::OffsetDateTime,
+    /// The bundle's own `created`.
+    pub own: time::OffsetDateTime,
+}
+
+impl std::fmt::Display for Rollback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::catalog::format_time;
+        write!(
+            f,
+            "{} in destination {} is from source {} created {}, later than this bundle's {}",
+            self.path,
+            self.destination,
+            self.source,
+            format_time(self.created),
+            format_time(self.own)
+        )
+    }
+}
+
+/// What publishing the bundle in `bundle_dir` would roll back: every stored
+/// output it would overwrite or delete whose source was created after the
+/// bundle's, found by planning it as a dry run (nothing is written). Empty
+/// when there is none, and when the bundle cannot be planned (an invalid
+/// bundle, a root that cannot be read): publishing it then fails by itself.
+pub fn rollbacks(
+    pipeline: &Pipeline,
+    destinations: &[&Destination],
+    bundle_dir: &Path,
+    options: &Options,
+) -> Vec<Rollback> {
+    let options = Options {
+        dry_run: true,
+        force: false,
+        ..options.clone()
+    };
+    let older = std::sync::Mutex::new(Vec::new());
+    let driver = Driver {
+        pipeline,
+        destinations,
+        options: &options,
+        workers: &PerCore::new(),
+        keep_going: &|| true,
+        older: Some(&older),
+    };
+    if let Outcome::Reports(reports) = driver.run(&[bundle_dir])
+        && let Some(report) = reports.first()
+        && !report.ok
+    {
+        log::debug!(
+            "{}: not planned ({}); nothing it would roll back is known",
+            bundle_dir.display(),
+            report.error.as_deref().unwrap_or_default()
+        );
+    }
+    older.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How a batch ended.
@@ -120,6 +188,7 @@ pub fn publish_batch(
         options,
         workers,
         keep_going,
+        older: None,
     };
     match driver.run(bundles) {
         Outcome::Reports(reports) => Batch::Done(reports),

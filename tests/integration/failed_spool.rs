@@ -260,3 +260,53 @@ fn status_does_not_hang_on_a_catalog_that_is_a_fifo() {
         out.stdout
     );
 }
+
+/// `spool retry` never rolls a destination back by surprise
+/// (docs/contract.md §18.7): a failed bundle whose source is older than what
+/// its paths now hold is planned as a dry run and left in failed/, with the
+/// paths and both times named; `--allow-older` retries it anyway.
+#[test]
+fn retry_refuses_a_bundle_that_would_roll_newer_outputs_back() {
+    let t = Test::new();
+    t.config(&CONFIG.replace("spool: spool\n", "spool: spool\nagent: {max_attempts: 1}\n"));
+    // The root is a file: v1 fails (permanently) at the lock.
+    fs::write(t.join("www"), "not a folder\n").unwrap();
+    let v1 = t.bundle_at("v1", "docs", "2026-06-01T00:00:00Z", &[("a.txt", "one\n")]);
+    fs::create_dir_all(t.join("spool/p/inbox")).unwrap();
+    fs::rename(&v1, t.join("spool/p/inbox/v1")).unwrap();
+    t.run(&["agent", "--once"]).expect_code(1);
+    assert_eq!(names(&t.join("spool/p/failed")), ["v1"]);
+
+    // Fixed, and a newer version of the source published meanwhile.
+    fs::remove_file(t.join("www")).unwrap();
+    let v2 = t.bundle_at("v2", "docs", "2026-06-02T00:00:00Z", &[("a.txt", "two\n")]);
+    t.publish("p", &v2, &[]).expect_code(0);
+
+    let out = t.run(&["spool", "retry", "p", "v1"]);
+    out.expect_code(1);
+    for needle in [
+        "not retried",
+        "a.txt",
+        "2026-06-02T00:00:00Z",
+        "2026-06-01T00:00:00Z",
+        "--allow-older",
+    ] {
+        assert!(out.stderr.contains(needle), "{needle}: {}", out.stderr);
+    }
+    assert_eq!(names(&t.join("spool/p/failed")), ["v1"]);
+    let all = t.run(&["spool", "retry", "p", "--all"]);
+    all.expect_code(1);
+    assert!(
+        all.stdout
+            .contains("0 failed bundles moved back to the inbox, 1 not moved"),
+        "{}",
+        all.stdout
+    );
+    assert_eq!(names(&t.join("spool/p/failed")), ["v1"]);
+    assert_eq!(fs::read_to_string(t.join("www/a.txt")).unwrap(), "two\n");
+
+    t.run(&["spool", "retry", "p", "v1", "--allow-older"])
+        .expect_code(0);
+    assert_eq!(names(&t.join("spool/p/inbox")), ["v1"]);
+    assert!(names(&t.join("spool/p/failed")).is_empty());
+}
