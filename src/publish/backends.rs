@@ -12,11 +12,11 @@ use crate::config::{Backend, Destination};
 use crate::journal;
 use time::OffsetDateTime;
 
-/// Work a destination can do while the bundles are prepared: a local
-/// root's large catalog is parsed before its lock is taken.
-pub(super) fn read_ahead(d: &Destination) -> Option<journal::ReadAhead> {
+/// A catalog file worth parsing while the bundle is prepared, before the
+/// root's lock is taken ([`journal::read_ahead`]): a local root's large one.
+pub(super) fn worth_reading_ahead(d: &Destination) -> Option<std::fs::File> {
     match &d.backend {
-        Backend::Local => local::read_ahead(d),
+        Backend::Local => local::worth_reading_ahead(d),
         Backend::S3(_) => None,
     }
 }

@@ -313,17 +313,29 @@ impl<'a> Driver<'a> {
         let (mut reports, ready, mut roots) = if alone {
             // A bundle alone is prepared before any root is locked (an
             // invalid one never waits for a lock), and a large local
-            // catalog is parsed meanwhile.
-            let (ahead, (reports, ready)) = std::thread::scope(|s| {
-                let reading = s.spawn(|| {
-                    self.destinations
-                        .iter()
-                        .map(|d| backends::read_ahead(d))
-                        .collect::<Vec<_>>()
-                });
-                let prepared = self.prepare(bundles, held_at_most());
-                (reading.join().unwrap_or_default(), prepared)
-            });
+            // catalog is parsed meanwhile, on a thread of its own (started
+            // only when there is one).
+            let worth: Vec<(usize, std::fs::File)> = (self.destinations.iter().enumerate())
+                .filter_map(|(j, d)| Some((j, backends::worth_reading_ahead(d)?)))
+                .collect();
+            let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
+            let (reports, ready) = if worth.is_empty() {
+                self.prepare(bundles, held_at_most())
+            } else {
+                std::thread::scope(|s| {
+                    let reading = s.spawn(|| {
+                        let mut read = Vec::new();
+                        read.resize_with(self.destinations.len(), || None);
+                        for (j, file) in worth {
+                            read[j] = crate::journal::read_ahead(file);
+                        }
+                        read
+                    });
+                    let prepared = self.prepare(bundles, held_at_most());
+                    ahead = reading.join().unwrap_or_default();
+                    prepared
+                })
+            };
             let Some((_, first)) = ready.first() else {
                 return Outcome::Reports(reports.into_iter().flatten().collect());
             };

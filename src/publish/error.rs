@@ -22,7 +22,9 @@ pub enum Error {
     Prepare(#[source] io::Error),
     /// The process that renders markdown could not be started or talked
     /// to (this machine's trouble, not the document's).
-    #[error("{path}: could not be rendered to HTML: {why}")]
+    #[error(
+        "{path}: could not be rendered to HTML: {why}; the bundle is tried again. If this repeats, check that the agent's user can run its own binary and has memory and processes to spare (systemd: TasksMax=, MemoryMax=), and the log for `renderer process` lines"
+    )]
     Renderer { path: String, why: String },
     /// A local root's lock could not be taken.
     #[error(transparent)]

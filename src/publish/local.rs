@@ -24,11 +24,11 @@ use time::OffsetDateTime;
 /// Most bundles published together into local roots.
 pub(super) const MAX_BATCH: usize = 256;
 
-/// `d`'s catalog read ahead of its lock, when it is large enough to be
-/// worth parsing while the bundle is inspected ([`journal::read_ahead`]).
-pub(super) fn read_ahead(d: &Destination) -> Option<journal::ReadAhead> {
+/// `d`'s catalog file, open, when it is large enough to be worth parsing
+/// while the bundle is inspected ([`journal::worth_reading_ahead`]).
+pub(super) fn worth_reading_ahead(d: &Destination) -> Option<std::fs::File> {
     let root = Root::open(&d.root).ok()??;
-    journal::read_ahead(journal::worth_reading_ahead(&root)?)
+    journal::worth_reading_ahead(&root)
 }
 
 pub(super) struct LocalTarget {
@@ -93,7 +93,7 @@ impl LocalTarget {
         };
         self.state = match &root {
             None => State::Absent,
-            Some(root) => {
+            Some(root) => journal::recover_with(root, !options.dry_run, now, ahead).map_err(|e| {
                 // A journal is an unfinished publication to settle first:
                 // when that fails (a full disk), say so, not that the root
                 // cannot be read.
@@ -103,9 +103,8 @@ impl LocalTarget {
                         "cannot settle the unfinished publication its journal records in destination root"
                     }
                 };
-                journal::recover_with(root, !options.dry_run, now, ahead)
-                    .map_err(at(Stage::Plan, what))?
-            }
+                at(Stage::Plan, what)(e)
+            })?,
         };
         self.root = root;
         self._lock = lock;
