@@ -55,6 +55,12 @@ struct PipelineSeries {
     batch_fallbacks: u64,
     cross_device_copies: u64,
     file_by_file_syncs: u64,
+    /// Transient failures after which a bundle was deferred.
+    deferrals: u64,
+    /// Unix seconds of the first failure of the deferred bundle, if any.
+    deferred_since: Option<u64>,
+    /// Whether `spool hold` holds the pipeline.
+    held: bool,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -156,6 +162,31 @@ impl Metrics {
         series.published_bytes = series.published_bytes.saturating_add(bytes);
     }
 
+    /// A bundle of `pipeline` failed transiently and was deferred; its
+    /// first failure was at `since`.
+    pub fn deferred(&self, pipeline: &str, since: SystemTime) {
+        let mut state = self.lock();
+        let series = state.pipeline(pipeline);
+        series.deferrals += 1;
+        series.deferred_since = Some(unix_seconds(since));
+    }
+
+    /// A bundle of `pipeline` deferred before a restart, first failing at
+    /// `since`, is deferred still (no new deferral is counted).
+    pub fn still_deferred(&self, pipeline: &str, since: SystemTime) {
+        self.lock().pipeline(pipeline).deferred_since = Some(unix_seconds(since));
+    }
+
+    /// `pipeline` has no deferred bundle (any more).
+    pub fn not_deferred(&self, pipeline: &str) {
+        self.lock().pipeline(pipeline).deferred_since = None;
+    }
+
+    /// Whether `spool hold` holds `pipeline`, as the agent last saw.
+    pub fn set_held(&self, pipeline: &str, held: bool) {
+        self.lock().pipeline(pipeline).held = held;
+    }
+
     /// The number of bundles currently in one spool folder (`inbox`,
     /// `work`, `done`, `failed`; see [`Folder::as_str`]) of `pipeline`.
     pub fn set_queue_depth(&self, pipeline: &str, spool: &str, depth: u64) {
@@ -167,10 +198,7 @@ impl Metrics {
     /// `destination` of `pipeline` was published to successfully at `at`
     /// (`skip_same` counts: the destination is up to date).
     pub fn destination_succeeded(&self, pipeline: &str, destination: &str, at: SystemTime) {
-        let seconds = at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        self.lock().destination(pipeline, destination).last_success = Some(seconds);
+        self.lock().destination(pipeline, destination).last_success = Some(unix_seconds(at));
     }
 
     /// Pruning deleted `deletions` outputs from `destination` of `pipeline`.
@@ -184,6 +212,12 @@ impl Metrics {
     /// 0.0.4): each family with its `# HELP` and `# TYPE` lines, families in
     /// a fixed order, series sorted by their labels.
     pub fn render(&self) -> String {
+        self.render_at(SystemTime::now())
+    }
+
+    /// [`Metrics::render`] with ages counted up to `now`.
+    fn render_at(&self, now: SystemTime) -> String {
+        let now = unix_seconds(now);
         let state = self.lock().clone();
         let mut out = String::new();
 
@@ -248,6 +282,48 @@ impl Metrics {
             pipelines
                 .iter()
                 .map(|(p, s)| (vec![("pipeline", p.as_str())], s.file_by_file_syncs)),
+        );
+        family(
+            &mut out,
+            "deferrals_total",
+            "counter",
+            "Transient failures after which a bundle stayed in work/ to be tried again later, since the agent started.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.deferrals)),
+        );
+        family(
+            &mut out,
+            "deferred_bundles",
+            "gauge",
+            "Bundles of the pipeline deferred now (kept in work/ after a transient failure, waiting for their next try).",
+            pipelines.iter().map(|(p, s)| {
+                (
+                    vec![("pipeline", p.as_str())],
+                    u64::from(s.deferred_since.is_some()),
+                )
+            }),
+        );
+        family(
+            &mut out,
+            "oldest_deferred_age_seconds",
+            "gauge",
+            "Seconds since the first failure of the pipeline's oldest deferred bundle; 0 when none is deferred.",
+            pipelines.iter().map(|(p, s)| {
+                (
+                    vec![("pipeline", p.as_str())],
+                    s.deferred_since.map_or(0, |t| now.saturating_sub(t)),
+                )
+            }),
+        );
+        family(
+            &mut out,
+            "pipeline_held",
+            "gauge",
+            "1 while `distributor spool hold` holds the pipeline (nothing new is claimed), else 0.",
+            pipelines
+                .iter()
+                .map(|(p, s)| (vec![("pipeline", p.as_str())], u64::from(s.held))),
         );
         family(
             &mut out,
@@ -340,6 +416,10 @@ impl State {
     }
 }
 
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// Appends one metric family: HELP and TYPE lines, then one line per series.
 fn family<'a>(
     out: &mut String,
@@ -415,6 +495,10 @@ mod tests {
         );
         m.add_prune_deletions("reports", "site", 4);
         m.add_prune_deletions("reports", "mirror", 0);
+        m.deferred("reports", UNIX_EPOCH + Duration::from_secs(1_780_000_100));
+        m.deferred("reports", UNIX_EPOCH + Duration::from_secs(1_780_000_005));
+        m.set_held("reports", true);
+        let now = UNIX_EPOCH + Duration::from_secs(1_780_000_100);
 
         let want = "\
 # HELP distributor_config_last_reload_successful 0 when the last reload of the config (SIGHUP) was refused and the agent still serves the config it had, else 1.
@@ -438,6 +522,18 @@ distributor_cross_device_copies_total{pipeline=\"reports\"} 2
 # HELP distributor_file_by_file_syncs_total Publications into a root made durable by a fsync of each file and folder rather than one barrier of the file system (the machine had much else waiting to be written back), since the agent started.
 # TYPE distributor_file_by_file_syncs_total counter
 distributor_file_by_file_syncs_total{pipeline=\"reports\"} 1
+# HELP distributor_deferrals_total Transient failures after which a bundle stayed in work/ to be tried again later, since the agent started.
+# TYPE distributor_deferrals_total counter
+distributor_deferrals_total{pipeline=\"reports\"} 2
+# HELP distributor_deferred_bundles Bundles of the pipeline deferred now (kept in work/ after a transient failure, waiting for their next try).
+# TYPE distributor_deferred_bundles gauge
+distributor_deferred_bundles{pipeline=\"reports\"} 1
+# HELP distributor_oldest_deferred_age_seconds Seconds since the first failure of the pipeline's oldest deferred bundle; 0 when none is deferred.
+# TYPE distributor_oldest_deferred_age_seconds gauge
+distributor_oldest_deferred_age_seconds{pipeline=\"reports\"} 95
+# HELP distributor_pipeline_held 1 while `distributor spool hold` holds the pipeline (nothing new is claimed), else 0.
+# TYPE distributor_pipeline_held gauge
+distributor_pipeline_held{pipeline=\"reports\"} 1
 # HELP distributor_spool_bundles Bundles in each spool folder (inbox, work, done, failed) when last counted.
 # TYPE distributor_spool_bundles gauge
 distributor_spool_bundles{pipeline=\"reports\",spool=\"failed\"} 1
@@ -450,9 +546,9 @@ distributor_destination_last_success_timestamp_seconds{pipeline=\"reports\",dest
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"mirror\"} 0
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
 ";
-        assert_eq!(m.render(), want);
+        assert_eq!(m.render_at(now), want);
         // Rendering does not change anything.
-        assert_eq!(m.render(), want);
+        assert_eq!(m.render_at(now), want);
         // A refused reload shows until one succeeds.
         m.set_reload_refused(Some("bad".into()));
         assert!(
@@ -461,14 +557,26 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
         );
         assert_eq!(m.reload_refused().as_deref(), Some("bad"));
         m.set_reload_refused(None);
-        assert_eq!(m.render(), want);
+        assert_eq!(m.render_at(now), want);
+        // The deferral ends, the hold is lifted; the count stays.
+        m.not_deferred("reports");
+        m.set_held("reports", false);
+        let after = m.render_at(now);
+        for line in [
+            "distributor_deferrals_total{pipeline=\"reports\"} 2\n",
+            "distributor_deferred_bundles{pipeline=\"reports\"} 0\n",
+            "distributor_oldest_deferred_age_seconds{pipeline=\"reports\"} 0\n",
+            "distributor_pipeline_held{pipeline=\"reports\"} 0\n",
+        ] {
+            assert!(after.contains(line), "{line} in {after}");
+        }
     }
 
     #[test]
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 21, "{text}");
+        assert_eq!(lines.len(), 29, "{text}");
         // Every family described; the only series is the one without labels.
         assert!(lines.iter().all(|l| l.starts_with("# HELP distributor_")
             || l.starts_with("# TYPE distributor_")

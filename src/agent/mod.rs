@@ -40,8 +40,9 @@ use worker::Worker;
 const STOP_GRACE: Duration = Duration::from_millis(1000);
 /// How often long work logs how far it got (docs/contract.md §14.4).
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
-/// Longest pause between two attempts of a transiently failing bundle.
-const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// How often a deferred bundle's wait looks for `spool flush`, and a held
+/// pipeline for `spool release` (docs/contract.md §18.4: within 1 s).
+const FLUSH_POLL: Duration = Duration::from_millis(200);
 /// How often the metrics file is rewritten when one is configured.
 const METRICS_EVERY: Duration = Duration::from_secs(10);
 /// How often `STATUS=` is refreshed for systemd when it listens.

@@ -1,16 +1,18 @@
-//! Publishing one claimed bundle, retrying transient failures with backoff,
+//! Publishing one claimed bundle, deferring it after transient failures,
 //! and filing it into `done/` or `failed/`, counted in the tally and metrics.
 
 use super::ticker::Ticker;
 use super::worker::Worker;
-use super::{MAX_BACKOFF, Wake};
+use super::{FLUSH_POLL, Wake};
+use crate::catalog;
 use crate::publish;
 use crate::report::RunReport;
-use crate::spool;
+use crate::spool::{self, queue};
 use crossbeam_channel::{Receiver, select};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use time::OffsetDateTime;
 
 /// How processing one bundle ended.
 pub(super) enum Outcome {
@@ -20,14 +22,42 @@ pub(super) enum Outcome {
 }
 
 impl Worker {
-    /// Publishes the bundle at `path` (in work/), retrying transient
-    /// failures with backoff, then files it into done/ or failed/.
+    /// Publishes the bundle at `path` (in work/), deferring it after a
+    /// transient failure (retried with backoff, docs/contract.md §18.1),
+    /// then files it into done/ or failed/.
     pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
-        let max = self.config.agent.max_attempts.max(1);
+        let folder = self.spool.pipeline_folder();
+        // A deferral recorded before a restart keeps its age and its next try.
+        let mut deferral = self.recorded_deferral(name);
+        if let Some(d) = &deferral {
+            log::info!(
+                "pipeline={} bundle={name} deferred: {}",
+                self.pipeline.id,
+                d.summary()
+            );
+            if let Some(since) = d.since() {
+                self.tally
+                    .metrics
+                    .still_deferred(&self.pipeline.id, since.into());
+            }
+            let wait = d
+                .next_try()
+                .map_or(Duration::ZERO, |t| until(t, OffsetDateTime::now_utc()));
+            if !self.wait_for_retry(wait, rx) {
+                return self.left_deferred(name);
+            }
+        }
         // Counted here too: a spool that cannot record counts must not
         // make the retries endless.
         let mut made = 0;
         loop {
+            if let Err(e) = queue::take_flush(folder) {
+                log::warn!(
+                    "pipeline={}: cannot remove {}: {e}",
+                    self.pipeline.id,
+                    folder.join(queue::FLUSH_FILE).display()
+                );
+            }
             let counted = spool::count_attempt(path).unwrap_or_else(|e| {
                 log::error!(
                     "pipeline={} bundle={name}: cannot record the attempt count in {}: {e}",
@@ -40,7 +70,7 @@ impl Worker {
             made = attempt;
             let started = Instant::now();
             let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
-            let report = self.with_progress(&[(path, name)], || {
+            let mut report = self.with_progress(&[(path, name)], || {
                 publish::publish(&self.pipeline, &destinations, path, &self.options())
             });
             let elapsed = started.elapsed().as_millis();
@@ -49,7 +79,7 @@ impl Worker {
             }
             // A stop interrupting the work is not a transient failure: the
             // attempt is given back in file_away and the bundle left in work/.
-            if !report.ok && report.transient && attempt < max && !crate::interrupt::requested() {
+            if !report.ok && report.transient && !crate::interrupt::requested() {
                 // A first attempt records no count (see spool::count_attempt):
                 // it does now that there is another.
                 if attempt == 1
@@ -61,35 +91,147 @@ impl Worker {
                         path.display()
                     );
                 }
-                let backoff = backoff(attempt);
-                log::warn!(
-                    "pipeline={} bundle={name} attempt {attempt}/{max} failed at {}: {}; retrying in {backoff:?}",
-                    self.pipeline.id,
-                    report.stage_name(),
-                    report.error.as_deref().unwrap_or_default()
-                );
-                let deadline = Instant::now() + backoff;
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
+                let now = OffsetDateTime::now_utc();
+                let since = deferral.as_ref().and_then(|d| d.since()).unwrap_or(now);
+                let deferred_for = until(now, since);
+                let agent = &self.config.agent;
+                if let Some(pause) = queue::next_pause(attempt, deferred_for, agent) {
+                    let d = self.defer(name, attempt, since, now + pause, &report);
+                    log::warn!(
+                        "pipeline={} bundle={name} attempt {attempt}{} failed at {}: {}; deferred since {}, next try in {} (`distributor spool flush {}` tries it now)",
+                        self.pipeline.id,
+                        agent
+                            .max_attempts
+                            .map(|m| format!("/{m}"))
+                            .unwrap_or_default(),
+                        report.stage_name(),
+                        report.error.as_deref().unwrap_or_default(),
+                        d.since,
+                        crate::config::format_duration(pause),
+                        self.pipeline.id
+                    );
+                    deferral = Some(d);
+                    if !self.wait_for_retry(pause, rx) {
+                        return self.left_deferred(name);
                     }
-                    let stop = self.stopping()
-                        || select! {
-                            recv(rx) -> msg => matches!(msg, Ok(Wake::Stop) | Err(_)),
-                            default(left.min(Duration::from_millis(200))) => false,
-                        };
-                    if stop {
-                        log::info!(
-                            "pipeline={} bundle={name}: left in work/ for the next start",
-                            self.pipeline.id
-                        );
-                        return Outcome::Left;
-                    }
+                    continue;
                 }
-                continue;
+                if let Some(error) = &mut report.error {
+                    error.push_str(&format!(
+                        " (tried {attempt} times, deferred since {}; the agent gave up at {}. When the cause is fixed: `distributor spool retry {} {name}`)",
+                        catalog::format_time(since),
+                        if agent.max_attempts.is_some_and(|m| attempt >= m) {
+                            format!("max_attempts {attempt}")
+                        } else {
+                            format!("defer_for {}", crate::config::format_duration(agent.defer_for))
+                        },
+                        self.pipeline.id
+                    ));
+                }
+            }
+            if deferral.is_some() && !crate::interrupt::requested() {
+                self.undefer();
             }
             return self.file_away(path, name, &report, elapsed);
+        }
+    }
+
+    /// The deferral recorded for bundle `name`, if the pipeline's record
+    /// names it (one left by another bundle is stale and goes).
+    fn recorded_deferral(&self, name: &str) -> Option<queue::Deferral> {
+        match queue::deferral(self.spool.pipeline_folder()) {
+            Ok(Some(d)) if d.bundle == name => Some(d),
+            Ok(None) => None,
+            Ok(Some(_)) | Err(_) => {
+                self.undefer();
+                None
+            }
+        }
+    }
+
+    /// Records bundle `name` as deferred: `status`, `spool list` and the
+    /// metrics show it, and a restart keeps its age.
+    fn defer(
+        &self,
+        name: &str,
+        attempts: u32,
+        since: OffsetDateTime,
+        next_try: OffsetDateTime,
+        report: &RunReport,
+    ) -> queue::Deferral {
+        let d = queue::Deferral {
+            bundle: name.to_owned(),
+            attempts,
+            since: catalog::format_time(since),
+            stage: report.stage_name().to_owned(),
+            last_error: report.error.clone().unwrap_or_default(),
+            next_try: catalog::format_time(next_try),
+        };
+        let folder = self.spool.pipeline_folder();
+        if let Err(e) = queue::defer(folder, &d) {
+            log::error!(
+                "pipeline={} bundle={name}: cannot record the deferral in {}: {e}; it is retried all the same, but `status` cannot show it and a restart forgets since when it is deferred. Check free space and permissions in {}",
+                self.pipeline.id,
+                folder.join(queue::DEFERRED_FILE).display(),
+                folder.display()
+            );
+        }
+        self.tally.metrics.deferred(&self.pipeline.id, since.into());
+        d
+    }
+
+    /// The pipeline's deferred bundle is filed (or gone): its record goes.
+    fn undefer(&self) {
+        let folder = self.spool.pipeline_folder();
+        if let Err(e) = queue::undefer(folder) {
+            log::warn!(
+                "pipeline={}: cannot remove {}: {e}; `status` shows a deferral that is over until the next one. Check permissions in {}",
+                self.pipeline.id,
+                folder.join(queue::DEFERRED_FILE).display(),
+                folder.display()
+            );
+        }
+        self.tally.metrics.not_deferred(&self.pipeline.id);
+    }
+
+    /// Stopping while a bundle is deferred: it stays in work/, its record
+    /// too, and the next start resumes the deferral.
+    fn left_deferred(&self, name: &str) -> Outcome {
+        log::info!(
+            "pipeline={} bundle={name}: deferred, left in work/ for the next start",
+            self.pipeline.id
+        );
+        Outcome::Left
+    }
+
+    /// Waits `pause` before the next attempt of a deferred bundle, or less
+    /// when `spool flush` asks for it (seen within [`FLUSH_POLL`]). False
+    /// when a stop came meanwhile.
+    fn wait_for_retry(&self, pause: Duration, rx: &Receiver<Wake>) -> bool {
+        let folder = self.spool.pipeline_folder();
+        let deadline = Instant::now() + pause;
+        loop {
+            if self.stopping() {
+                return false;
+            }
+            if queue::flush_requested(folder) {
+                log::info!(
+                    "pipeline={}: flushed (`distributor spool flush`); trying the deferred bundle now",
+                    self.pipeline.id
+                );
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            let stop = select! {
+                recv(rx) -> msg => matches!(msg, Ok(Wake::Stop) | Err(_)),
+                default(left.min(FLUSH_POLL)) => false,
+            };
+            if stop {
+                return false;
+            }
         }
     }
 
@@ -225,7 +367,7 @@ impl Worker {
     }
 }
 
-/// Exponential backoff: 1 s, 2 s, 4 s, … capped at five minutes.
-pub(super) fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.saturating_sub(1).min(16)).min(MAX_BACKOFF)
+/// How long from `from` to `to`, zero when `to` is not later.
+fn until(to: OffsetDateTime, from: OffsetDateTime) -> Duration {
+    (to - from).try_into().unwrap_or_default()
 }

@@ -1,33 +1,9 @@
-//! Unit tests of the agent: backoff, the thread pool and which watcher
+//! Unit tests of the agent: the thread pool and which watcher
 //! events are hints.
 
-use super::process::backoff;
 use super::watcher::is_hint;
 use super::*;
 use crate::publish;
-
-#[test]
-fn backoff_doubles_and_caps() {
-    // (attempt that failed, pause before the next one)
-    let s = Duration::from_secs;
-    let cases = [
-        (0, s(1)),
-        (1, s(1)),
-        (2, s(2)),
-        (3, s(4)),
-        (4, s(8)),
-        (8, s(128)),
-        (9, s(256)),
-        (10, MAX_BACKOFF),
-        (17, MAX_BACKOFF),
-        (40, MAX_BACKOFF),
-        (u32::MAX, MAX_BACKOFF),
-    ];
-    for (attempt, pause) in cases {
-        assert_eq!(backoff(attempt), pause, "after attempt {attempt}");
-    }
-    assert_eq!(MAX_BACKOFF, s(300));
-}
 
 #[test]
 fn threads_run_every_job_exactly_once() {

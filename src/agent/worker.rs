@@ -187,9 +187,20 @@ impl Worker {
         let mut complete_since: HashMap<String, Instant> = HashMap::new();
         // What was last logged about each entry, so each state is logged once.
         let mut told: HashMap<String, Told> = HashMap::new();
+        let mut held = false;
         loop {
             if self.stopping() {
                 return;
+            }
+            if self.held(&mut held) {
+                if self.once {
+                    return;
+                }
+                // Released within FLUSH_POLL; a stop at once.
+                match rx.recv_timeout(super::FLUSH_POLL) {
+                    Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                    Ok(Wake::Scan) | Err(RecvTimeoutError::Timeout) => continue,
+                }
             }
             let probes = match spool::probe_inbox(&self.spool.inbox, &self.pipeline.limits) {
                 Ok(p) => p,
@@ -293,6 +304,37 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
+    }
+
+    /// Whether `spool hold` holds the pipeline (docs/contract.md §18.5);
+    /// `was` is what the last call saw, so that each change is logged once.
+    /// A hold that cannot be read holds: releasing is the operator's call.
+    fn held(&self, was: &mut bool) -> bool {
+        let folder = self.spool.pipeline_folder();
+        let (now, since) = match spool::queue::hold(folder) {
+            Ok(Some(h)) => (true, h.since),
+            Ok(None) => (false, String::new()),
+            Err(e) => (true, format!("an unknown time ({e})")),
+        };
+        if now != *was {
+            if now {
+                log::warn!(
+                    "pipeline={}: held since {} (`distributor spool hold`); claiming nothing from {} until `distributor spool release {}`",
+                    self.pipeline.id,
+                    since,
+                    self.spool.inbox.display(),
+                    self.pipeline.id
+                );
+            } else {
+                log::info!(
+                    "pipeline={}: released; claiming from the inbox again",
+                    self.pipeline.id
+                );
+            }
+            self.tally.metrics.set_held(&self.pipeline.id, now);
+            *was = now;
+        }
+        now
     }
 
     /// Moves each entry of `ready` into work/ (under a name that fits, see

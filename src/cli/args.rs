@@ -198,6 +198,26 @@ pub enum SpoolCommand {
         #[arg(long)]
         allow_older: bool,
     },
+    /// Make the running agent try its deferred bundles now (of P, or of every pipeline)
+    #[command(
+        after_help = "Example:\n  distributor spool flush reports\n  distributor spool flush"
+    )]
+    Flush {
+        /// Pipeline id (default: every pipeline)
+        pipeline: Option<String>,
+    },
+    /// Stop claiming P's bundles (they wait in the inbox; a bundle in hand finishes), across restarts
+    #[command(after_help = "Example:\n  distributor spool hold reports")]
+    Hold {
+        /// Pipeline id
+        pipeline: String,
+    },
+    /// Lift `spool hold`: the agent claims P's bundles again
+    #[command(after_help = "Example:\n  distributor spool release reports")]
+    Release {
+        /// Pipeline id
+        pipeline: String,
+    },
     /// Print a failed or done bundle's result (stage, error, what each destination did)
     #[command(after_help = "Example:\n  distributor spool show reports weekly-2026-06-08")]
     Show {

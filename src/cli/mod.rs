@@ -13,6 +13,7 @@ mod failed;
 mod output;
 mod producer;
 mod publishing;
+mod queue;
 mod roots;
 mod spools;
 mod status;
@@ -117,6 +118,11 @@ pub fn run(cli: Cli) -> u8 {
             name,
             json,
         }) => failed::show(config, &pipeline, &name, json),
+        Command::Spool(SpoolCommand::Flush { pipeline }) => {
+            queue::flush(config, pipeline.as_deref())
+        }
+        Command::Spool(SpoolCommand::Hold { pipeline }) => queue::hold(config, &pipeline),
+        Command::Spool(SpoolCommand::Release { pipeline }) => queue::release(config, &pipeline),
         Command::Spool(SpoolCommand::Delete { pipeline, name }) => {
             failed::delete(config, &pipeline, &name)
         }

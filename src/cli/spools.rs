@@ -66,6 +66,9 @@ pub(super) fn spool_list(
         } else if let Some(error) = &r.error {
             line.push_str(&format!("  {}", inert(error)));
         }
+        if let Some(d) = &r.deferred {
+            line.push_str(&format!("  deferred: {}", d.summary()));
+        }
         println!("{line}");
     }
     EXIT_OK

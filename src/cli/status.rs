@@ -70,7 +70,7 @@ fn report_check(config: &Config, problems: &[String], json: bool) -> u8 {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else if problems.is_empty() {
         println!(
-            "ok: {} pipeline(s) served, no failed bundle, nothing stuck in an inbox",
+            "ok: {} pipeline(s) served, none held, no deferred or failed bundle, nothing stuck in an inbox",
             config.pipelines.len()
         );
     } else {
@@ -162,6 +162,26 @@ fn pipeline_status(
             inert(stuck.first().map_or("", |u| u.name.as_str()))
         ));
     }
+    let deferred: Vec<&spool::queue::Deferral> = in_folder(Folder::Work)
+        .filter_map(|r| r.deferred.as_ref())
+        .collect();
+    for d in &deferred {
+        problems.push(format!(
+            "pipeline {}: {} is deferred: {}; `distributor spool flush {}` tries it now",
+            p.id,
+            inert(&d.bundle),
+            d.summary(),
+            p.id
+        ));
+    }
+    let hold = spool::queue::hold(spool.pipeline_folder())
+        .map_err(|e| format!("cannot read the hold of pipeline {}: {e}", p.id))?;
+    if let Some(h) = &hold {
+        problems.push(format!(
+            "pipeline {}: held since {} (nothing new is claimed); `distributor spool release {}` resumes it",
+            p.id, h.since, p.id
+        ));
+    }
     let limit = config.agent.incomplete_timeout;
     for r in in_folder(Folder::Inbox) {
         let age = age_seconds(&r.modified, now);
@@ -190,6 +210,16 @@ fn pipeline_status(
         "in_hand": in_folder(Folder::Work)
             .map(|r| json!({"name": r.name, "since": r.modified}))
             .collect::<Vec<_>>(),
+        // docs/contract.md §18.3 and §18.5.
+        "deferred": deferred.iter().map(|d| json!({
+            "name": d.bundle,
+            "attempts": d.attempts,
+            "since": d.since,
+            "stage": d.stage,
+            "last_error": d.last_error,
+            "next_try": d.next_try,
+        })).collect::<Vec<_>>(),
+        "hold": hold,
         "last_success": last_success.map(|r| json!({"name": r.name, "modified": r.modified})),
         "last_failure": last_failure.map(failure_json),
         "retention_blocked": {
@@ -302,6 +332,26 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             "  in hand: {} (claimed {} ago)",
             inert(b["name"].as_str().unwrap_or_default()),
             age(&b["since"])
+        );
+    }
+    if let Some(h) = p["hold"].as_object() {
+        println!(
+            "  held since {} ({} ago): nothing new is claimed; `distributor spool release {}` resumes it",
+            h["since"].as_str().unwrap_or_default(),
+            age(&h["since"]),
+            p["pipeline_id"].as_str().unwrap_or_default()
+        );
+    }
+    for d in p["deferred"].as_array().into_iter().flatten() {
+        println!(
+            "  deferred: {} ({} attempt(s) since {}, {} ago; next try {}) [{}] {}",
+            inert(d["name"].as_str().unwrap_or_default()),
+            d["attempts"],
+            d["since"].as_str().unwrap_or_default(),
+            age(&d["since"]),
+            d["next_try"].as_str().unwrap_or_default(),
+            inert(d["stage"].as_str().unwrap_or("?")),
+            inert(d["last_error"].as_str().unwrap_or_default())
         );
     }
     if let Some(states) = p["inbox_states"].as_object() {

@@ -38,8 +38,15 @@ pub struct AgentConfig {
     pub prune_interval: Duration,
     /// How long to wait for a destination root lock.
     pub lock_timeout: Duration,
-    /// Attempts per bundle for transient failures; at least 1.
-    pub max_attempts: u32,
+    /// Attempts per bundle for transient failures (at least 1); `None`
+    /// bounds a deferral by [`AgentConfig::defer_for`] only
+    /// (docs/contract.md §18.1).
+    pub max_attempts: Option<u32>,
+    /// Longest pause between two attempts of a deferred bundle.
+    pub retry_max_interval: Duration,
+    /// How long a bundle may stay deferred before it fails with its last
+    /// error; zero fails it at its first transient failure.
+    pub defer_for: Duration,
     /// Age after which `done/` entries are deleted; zero keeps them.
     pub done_retention: Duration,
     /// Where the agent writes its metrics in the Prometheus text format
@@ -55,7 +62,9 @@ impl Default for AgentConfig {
             rescan_interval: Duration::from_secs(60),
             prune_interval: Duration::from_secs(60 * 60),
             lock_timeout: Duration::from_secs(30),
-            max_attempts: 5,
+            max_attempts: None,
+            retry_max_interval: Duration::from_secs(10 * 60),
+            defer_for: Duration::from_secs(24 * 60 * 60),
             done_retention: Duration::from_secs(7 * 24 * 60 * 60),
             metrics_file: None,
         }
@@ -315,7 +324,24 @@ impl Config {
             or_off(a.prune_interval, "scheduled pruning off")
         );
         let _ = writeln!(s, "  lock_timeout: {}", format_duration(a.lock_timeout));
-        let _ = writeln!(s, "  max_attempts: {}", a.max_attempts);
+        match a.max_attempts {
+            Some(n) => {
+                let _ = writeln!(s, "  max_attempts: {n}");
+            }
+            None => {
+                let _ = writeln!(s, "  max_attempts: (unset; defer_for bounds retries)");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "  retry_max_interval: {}",
+            format_duration(a.retry_max_interval)
+        );
+        let _ = writeln!(
+            s,
+            "  defer_for: {}",
+            or_off(a.defer_for, "a transient failure fails at once")
+        );
         let _ = writeln!(
             s,
             "  done_retention: {}",

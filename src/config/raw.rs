@@ -40,7 +40,7 @@ pub(super) struct RawConfig {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of agent settings (settle, incomplete_timeout, rescan_interval, prune_interval, lock_timeout, max_attempts, done_retention, metrics_file)"
+    expecting = "a mapping of agent settings (settle, incomplete_timeout, rescan_interval, prune_interval, lock_timeout, max_attempts, retry_max_interval, defer_for, done_retention, metrics_file)"
 )]
 struct RawAgent {
     settle: Option<Checked<DurationRule>>,
@@ -49,6 +49,8 @@ struct RawAgent {
     prune_interval: Option<Checked<DurationRule>>,
     lock_timeout: Option<Checked<DurationRule>>,
     max_attempts: Option<MaxAttempts>,
+    retry_max_interval: Option<Checked<RetryIntervalRule>>,
+    defer_for: Option<Checked<DurationRule>>,
     done_retention: Option<Checked<DurationRule>>,
     metrics_file: Option<Checked<FilePathRule>>,
 }
@@ -285,6 +287,22 @@ impl Rule for IntervalRule {
         if d.is_zero() {
             return Err(format!(
                 "{text:?} would rescan without pause; give a period greater than zero, such as 60s"
+            ));
+        }
+        Ok(d)
+    }
+}
+
+/// `retry_max_interval`: at least a second, the first pause.
+enum RetryIntervalRule {}
+impl Rule for RetryIntervalRule {
+    type Out = Duration;
+    const EXPECTING: &'static str = DurationRule::EXPECTING;
+    fn check(text: &str) -> Result<Duration, String> {
+        let d = parse_duration(text)?;
+        if d < Duration::from_secs(1) {
+            return Err(format!(
+                "{text:?} is shorter than the first pause between attempts (1s); give at least 1s, such as 10m"
             ));
         }
         Ok(d)
@@ -642,7 +660,11 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
             rescan_interval: a.rescan_interval.map_or(defaults.rescan_interval, |c| c.0),
             prune_interval: a.prune_interval.map_or(defaults.prune_interval, |c| c.0),
             lock_timeout: a.lock_timeout.map_or(defaults.lock_timeout, |c| c.0),
-            max_attempts: a.max_attempts.map_or(defaults.max_attempts, |c| c.0),
+            max_attempts: a.max_attempts.map(|c| c.0),
+            retry_max_interval: a
+                .retry_max_interval
+                .map_or(defaults.retry_max_interval, |c| c.0),
+            defer_for: a.defer_for.map_or(defaults.defer_for, |c| c.0),
             done_retention: a.done_retention.map_or(defaults.done_retention, |c| c.0),
         },
     };

@@ -65,7 +65,14 @@ fn spec_example_parses_to_the_expected_values() {
     let c = ok(SPEC_EXAMPLE);
     assert_eq!(c.file, PathBuf::from(FILE));
     assert_eq!(c.spool, PathBuf::from("/var/spool/distributor"));
-    assert_eq!(c.agent, AgentConfig::default());
+    // The example sets max_attempts, which is unset by default.
+    assert_eq!(
+        c.agent,
+        AgentConfig {
+            max_attempts: Some(5),
+            ..AgentConfig::default()
+        }
+    );
     assert_eq!(c.pipelines.len(), 1);
     let p = c.pipeline("reports").unwrap();
     assert_eq!(p.inbox, PathBuf::from("/etc/distributor/inbox/reports"));
@@ -111,7 +118,9 @@ fn defaults_fill_every_optional_key() {
     assert_eq!(a.rescan_interval, Duration::from_secs(60));
     assert_eq!(a.prune_interval, Duration::from_secs(3600));
     assert_eq!(a.lock_timeout, Duration::from_secs(30));
-    assert_eq!(a.max_attempts, 5);
+    assert_eq!(a.max_attempts, None, "unset: defer_for bounds retries");
+    assert_eq!(a.retry_max_interval, Duration::from_secs(600));
+    assert_eq!(a.defer_for, Duration::from_secs(86_400));
     assert_eq!(a.done_retention, Duration::from_secs(7 * 86_400));
     let p = &c.pipelines[0];
     assert_eq!(p.inbox, PathBuf::from("/var/spool/distributor/p/inbox"));
@@ -496,6 +505,16 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
             "max_attempts zero",
             "agent:\n  max_attempts: 0\n".to_owned(),
             vec!["line 2 column 17", "max_attempts must be at least 1, not 0"],
+        ),
+        (
+            "retry_max_interval below the first pause",
+            "agent:\n  retry_max_interval: 500ms\n".to_owned(),
+            vec!["line 2", "shorter than the first pause between attempts (1s)"],
+        ),
+        (
+            "defer_for not a duration",
+            "agent:\n  defer_for: forever\n".to_owned(),
+            vec!["line 2", "defer_for"],
         ),
         (
             "max_attempts not a number",
@@ -925,6 +944,8 @@ fn summary_lists_everything_config_check_should_show() {
         "prune_interval: 1h",
         "lock_timeout: 30s",
         "max_attempts: 5",
+        "retry_max_interval: 10m",
+        "defer_for: 1d",
         "done_retention: 7d",
         "pipeline reports",
         "inbox: /etc/distributor/inbox/reports",

@@ -45,7 +45,7 @@ pub enum Error {
         "publishing to {} failed: {source}; the root was left consistent (its catalog matches its files), {}",
         path.display(),
         if storage::is_transient(source) {
-            "the agent retries it with backoff; if it persists, free space or fix permissions on the root, then `distributor spool retry`"
+            "the agent defers the bundle and tries it again with backoff (`distributor status` shows when); free space or fix permissions on the root, then `distributor spool flush` tries it at once"
         } else {
             "fix the cause, then publish the bundle again"
         }

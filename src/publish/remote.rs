@@ -102,21 +102,30 @@ impl S3Target {
             return Ok(());
         }
         let reserved = |p: &str| p.starts_with(".distributor");
-        // Keys a publication in progress (or killed, not recovered yet)
-        // writes are its, not unmanaged: as for a HEAD, they are left to
-        // the conditional create, which retries or recovers them.
+        let mut keys: Vec<s3::Listed> = self.root.list("")?;
+        keys.retain(|l| !reserved(&l.path));
+        // Keys another publication writes are its, not unmanaged: as for a
+        // HEAD, they are left to the conditional create, which retries or
+        // recovers them, and to the commit, which re-applies this change on
+        // that publication's catalog. Read after the listing, so that every
+        // key listed is either still named by the pending intent written
+        // before it, or recorded by the catalog that intent's commit swapped
+        // in (read last, and only when something is left).
         let mut claimed = BTreeSet::new();
         for id in protocol::pending_intents(&self.root)? {
             if let Some((intent, ..)) = self.root.read_intent(&id)? {
                 claimed.extend(intent.writes.into_iter().map(|w| w.path));
             }
         }
-        let keys: Vec<s3::Listed> = self
-            .root
-            .list("")?
-            .into_iter()
-            .filter(|l| !reserved(&l.path) && !claimed.contains(&l.path))
-            .collect();
+        keys.retain(|l| !claimed.contains(&l.path));
+        if !keys.is_empty() {
+            let latest = self.root.read_state()?;
+            if latest.etag != self.etag
+                && let State::Catalog(c) = &latest.state
+            {
+                keys.retain(|l| c.get(&l.path).is_none());
+            }
+        }
         if top {
             let mut names: Vec<String> = keys
                 .iter()

@@ -26,6 +26,10 @@ pub struct SpoolEntry {
     pub state: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `work/` entries the agent defers (docs/contract.md §18.3): attempts,
+    /// since when, the last error and the next try.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deferred: Option<super::queue::Deferral>,
 }
 
 /// Lists the entries of `folders`, oldest first. Inbox entries carry their
@@ -43,6 +47,15 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<SpoolEntry>> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
+        // The agent's own record, not the bundle's: its producer cannot
+        // change what is shown.
+        let deferral = if folder == Folder::Work {
+            super::queue::deferral(spool.pipeline_folder())
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
         let mut rows = Vec::new();
         for entry in entries {
             let entry = entry?;
@@ -55,6 +68,7 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<SpoolEntry>> {
             if is_ignored_name(&name) {
                 continue;
             }
+            let entry_name = name.clone();
             // lstat: a name is listed, never followed.
             let modified = entry
                 .metadata()
@@ -92,6 +106,7 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<SpoolEntry>> {
                     error,
                     state: None,
                     reason: None,
+                    deferred: deferral.clone().filter(|d| d.bundle == entry_name),
                 },
             ));
         }
@@ -108,11 +123,25 @@ fn format_time(t: SystemTime) -> String {
 /// The inbox, each entry with its state (docs/contract.md §13.4), oldest first.
 fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
     let now = SystemTime::now();
+    // What holds back the whole pipeline (docs/contract.md §18.2, §18.5).
+    let folder = spool.pipeline_folder();
+    let behind = match (super::queue::hold(folder), super::queue::deferral(folder)) {
+        (Ok(Some(h)), _) => format!(
+            "; the pipeline is held since {} (`distributor spool release {}` resumes it)",
+            h.since, spool.pipeline_id
+        ),
+        (_, Ok(Some(d))) => format!(
+            "; waits behind the deferred bundle {} (next try {})",
+            d.bundle, d.next_try
+        ),
+        _ => String::new(),
+    };
     let mut rows: Vec<(SystemTime, SpoolEntry)> = probe_inbox(&spool.inbox, &spool.limits)?
         .into_iter()
         .map(|p| {
             let (state, _) = p.decide(now, None, &spool.timing.for_listing());
-            let reason = p.reason(state, now, &spool.timing);
+            let mut reason = p.reason(state, now, &spool.timing);
+            reason.push_str(&behind);
             // The last change of anything in the entry: a producer cannot
             // set it (modification times can be, and rsync copies them).
             let since = p.last_change;
@@ -127,6 +156,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                     error: None,
                     state: Some(state.as_str()),
                     reason: Some(reason),
+                    deferred: None,
                 },
             )
         })

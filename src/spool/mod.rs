@@ -20,6 +20,7 @@ mod expire;
 mod inbox;
 mod list;
 pub mod names;
+pub mod queue;
 
 pub use expire::{
     Expiry, RETENTION_FILE, RetentionRecord, Undeletable, expire_done, newly_blocked,
@@ -551,7 +552,9 @@ impl Spool {
 
     /// The pipeline's own folder, which holds `inbox/`, `work/`, `done/`,
     /// `failed/` and the agent's lock and presence files.
-    fn pipeline_folder(&self) -> &Path {
+    /// `<spool>/<pipeline>`: the agent's own folder of the pipeline, where
+    /// its lock, its presence and the [`queue`] files live.
+    pub fn pipeline_folder(&self) -> &Path {
         self.failed.parent().unwrap_or(&self.failed)
     }
 
