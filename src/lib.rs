@@ -10,6 +10,7 @@ pub mod config;
 pub mod exit;
 pub mod failpoint;
 pub mod hashing;
+pub mod hooks;
 pub mod inert;
 pub mod interrupt;
 pub mod io_class;

@@ -69,6 +69,8 @@ struct DestinationSeries {
     /// happens after start, and then the series is not rendered.
     last_success: Option<u64>,
     prune_deletions: u64,
+    /// `after_publish` hooks that failed, timed out or could not start.
+    hook_failures: u64,
 }
 
 impl Metrics {
@@ -199,6 +201,11 @@ impl Metrics {
     /// (`skip_same` counts: the destination is up to date).
     pub fn destination_succeeded(&self, pipeline: &str, destination: &str, at: SystemTime) {
         self.lock().destination(pipeline, destination).last_success = Some(unix_seconds(at));
+    }
+
+    /// The `after_publish` hook of `destination` failed once.
+    pub fn hook_failed(&self, pipeline: &str, destination: &str) {
+        self.lock().destination(pipeline, destination).hook_failures += 1;
     }
 
     /// Pruning deleted `deletions` outputs from `destination` of `pipeline`.
@@ -363,6 +370,18 @@ impl Metrics {
                 )
             }),
         );
+        family(
+            &mut out,
+            "hook_failures_total",
+            "counter",
+            "after_publish hooks of the destination that exited non-zero, could not start or were killed at their timeout, since the agent started (the publications stand).",
+            state.destinations.iter().map(|((p, d), s)| {
+                (
+                    vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                    s.hook_failures,
+                )
+            }),
+        );
         out
     }
 
@@ -498,6 +517,7 @@ mod tests {
         m.deferred("reports", UNIX_EPOCH + Duration::from_secs(1_780_000_100));
         m.deferred("reports", UNIX_EPOCH + Duration::from_secs(1_780_000_005));
         m.set_held("reports", true);
+        m.hook_failed("reports", "site");
         let now = UNIX_EPOCH + Duration::from_secs(1_780_000_100);
 
         let want = "\
@@ -545,6 +565,10 @@ distributor_destination_last_success_timestamp_seconds{pipeline=\"reports\",dest
 # TYPE distributor_prune_deletions_total counter
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"mirror\"} 0
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
+# HELP distributor_hook_failures_total after_publish hooks of the destination that exited non-zero, could not start or were killed at their timeout, since the agent started (the publications stand).
+# TYPE distributor_hook_failures_total counter
+distributor_hook_failures_total{pipeline=\"reports\",destination=\"mirror\"} 0
+distributor_hook_failures_total{pipeline=\"reports\",destination=\"site\"} 1
 ";
         assert_eq!(m.render_at(now), want);
         // Rendering does not change anything.
@@ -576,7 +600,7 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 29, "{text}");
+        assert_eq!(lines.len(), 31, "{text}");
         // Every family described; the only series is the one without labels.
         assert!(lines.iter().all(|l| l.starts_with("# HELP distributor_")
             || l.starts_with("# TYPE distributor_")

@@ -68,6 +68,10 @@ pub struct RunReport {
     pub destinations: Vec<DestinationReport>,
     pub stage: Option<Stage>,
     pub error: Option<String>,
+    /// How each `after_publish` hook ended (docs/contract.md §19.2); absent
+    /// when none ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<crate::hooks::HookReport>,
     /// Worth retrying later (lock timeout, I/O error); not serialised.
     #[serde(skip)]
     pub transient: bool,
@@ -100,6 +104,7 @@ impl RunReport {
             destinations: Vec::new(),
             stage: None,
             error: None,
+            hooks: Vec::new(),
             transient: false,
             refused: false,
             bytes_published: 0,
@@ -232,6 +237,26 @@ impl RunReport {
             }
             if let Some(e) = &d.error {
                 let _ = writeln!(out, "    error: {}", inert(e));
+            }
+        }
+        for h in &self.hooks {
+            match &h.error {
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "  {}: hook exited 0 in {} ms",
+                        h.destination_id, h.elapsed_ms
+                    );
+                }
+                Some(e) => {
+                    let _ = writeln!(
+                        out,
+                        "  {}: hook {} after {} ms (the publication stands)",
+                        h.destination_id,
+                        inert(e),
+                        h.elapsed_ms
+                    );
+                }
             }
         }
         for w in &self.warnings {

@@ -327,6 +327,9 @@ impl Worker {
                 let metrics = &self.tally.metrics;
                 metrics.add_cross_device_copies(&self.pipeline.id, report.copied_across);
                 metrics.add_file_by_file_syncs(&self.pipeline.id, report.synced_file_by_file);
+                for h in report.hooks.iter().filter(|h| h.error.is_some()) {
+                    metrics.hook_failed(&self.pipeline.id, &h.destination_id);
+                }
                 if report.ok {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     metrics.bundle_done(&self.pipeline.id);

@@ -28,7 +28,7 @@ mod tests;
 
 pub use error::{ConfigError, Place};
 pub use model::{
-    AgentConfig, Backend, Config, Destination, HtmlTemplate, Limits, Pipeline, PrunePolicy,
+    AgentConfig, Backend, Config, Destination, Hooks, HtmlTemplate, Limits, Pipeline, PrunePolicy,
     S3Location, Workflow,
 };
 pub use values::{

@@ -183,6 +183,23 @@ pub struct Destination {
     pub base_url: Option<String>,
     /// `retention.prune`.
     pub prune: Option<PrunePolicy>,
+    /// `hooks`: what runs after each publication that changed the
+    /// destination (docs/contract.md §19).
+    pub hooks: Option<Hooks>,
+}
+
+/// A destination's `hooks`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hooks {
+    /// `after_publish`: the argv, its first element an absolute path.
+    pub after_publish: Vec<String>,
+    /// `timeout`: how long it may run before it is killed.
+    pub timeout: Duration,
+}
+
+impl Hooks {
+    /// `hooks.timeout` when unset.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 }
 
 impl Destination {
@@ -222,6 +239,12 @@ impl Destination {
             doc["path"] = l.path.clone().into();
             doc["endpoint"] = l.endpoint.clone().into();
             doc["region"] = l.region.clone().into();
+        }
+        if let Some(h) = &self.hooks {
+            doc["hooks"] = serde_json::json!({
+                "after_publish": h.after_publish,
+                "timeout": format_duration(h.timeout),
+            });
         }
         doc
     }
@@ -428,6 +451,19 @@ impl Config {
                     }
                     None => {
                         let _ = writeln!(s, "      prune: (no policy)");
+                    }
+                }
+                match &d.hooks {
+                    Some(h) => {
+                        let _ = writeln!(
+                            s,
+                            "      hooks: after_publish {:?}, timeout {}",
+                            h.after_publish,
+                            format_duration(h.timeout)
+                        );
+                    }
+                    None => {
+                        let _ = writeln!(s, "      hooks: (none)");
                     }
                 }
             }

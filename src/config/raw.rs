@@ -14,7 +14,8 @@ use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
 use super::error::Place;
 use super::model::{
-    AgentConfig, Backend, Config, Destination, Limits, Pipeline, PrunePolicy, S3Location, Workflow,
+    AgentConfig, Backend, Config, Destination, Hooks, Limits, Pipeline, PrunePolicy, S3Location,
+    Workflow,
 };
 use super::relations::{check_relations, normalize};
 use super::template::read_template;
@@ -110,6 +111,83 @@ struct RawDestination {
     html: Option<RawHtml>,
     links: Option<RawLinks>,
     retention: Option<RawRetention>,
+    hooks: Option<RawHooks>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with after_publish (a command as a list of strings) and timeout"
+)]
+struct RawHooks {
+    after_publish: HookCommand,
+    timeout: Option<Checked<HookTimeoutRule>>,
+}
+
+/// `hooks.after_publish`: an argv whose first element is the absolute path
+/// of an existing executable file (docs/contract.md §19.3).
+struct HookCommand(Vec<String>);
+
+impl<'de> Deserialize<'de> for HookCommand {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HookCommand;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a command as a list of strings, such as [\"/usr/local/bin/purge-cdn\", \"--zone\", \"docs\"] (no shell)")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<HookCommand, A::Error> {
+                let mut argv = Vec::new();
+                while let Some(arg) = seq.next_element::<String>()? {
+                    argv.push(arg);
+                }
+                check_hook(&argv).map_err(de::Error::custom)?;
+                Ok(HookCommand(argv))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// Why `argv` cannot be run as a hook, if it cannot.
+fn check_hook(argv: &[String]) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(program) = argv.first() else {
+        return Err("after_publish is empty; give the command to run, such as [\"/usr/local/bin/purge-cdn\"]".to_owned());
+    };
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err("after_publish holds a NUL byte, which no argument can carry".to_owned());
+    }
+    let path = Path::new(program);
+    if !path.is_absolute() {
+        return Err(format!(
+            "after_publish must start with an absolute path (no shell, no PATH search), not {program:?}; find it with `command -v {program}`"
+        ));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        Ok(m) if m.is_file() => Err(format!(
+            "{program} is not executable; make it so (chmod +x {program})"
+        )),
+        Ok(_) => Err(format!("{program} is not a file")),
+        Err(e) => Err(format!("cannot use {program} as a hook: {e}")),
+    }
+}
+
+/// `hooks.timeout`: how long a hook may run; not zero.
+enum HookTimeoutRule {}
+impl Rule for HookTimeoutRule {
+    type Out = Duration;
+    const EXPECTING: &'static str = DurationRule::EXPECTING;
+    fn check(text: &str) -> Result<Duration, String> {
+        let d = parse_duration(text)?;
+        if d.is_zero() {
+            return Err(format!(
+                "{text:?} would kill every hook at once; give a time greater than zero, such as 30s"
+            ));
+        }
+        Ok(d)
+    }
 }
 
 #[derive(Deserialize)]
@@ -709,6 +787,10 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 prune: rd.retention.and_then(|r| r.prune).map(|p| PrunePolicy {
                     max_age: p.max_age.0,
                     keep_latest: p.keep_latest.map_or(1, |k| k.0),
+                }),
+                hooks: rd.hooks.map(|h| Hooks {
+                    after_publish: h.after_publish.0,
+                    timeout: h.timeout.map_or(Hooks::DEFAULT_TIMEOUT, |c| c.0),
                 }),
             });
         }

@@ -1276,3 +1276,82 @@ fn s3_destinations_show_in_the_summary() {
         assert!(summary.contains(want), "summary lacks {want:?}:\n{summary}");
     }
 }
+
+#[test]
+fn hooks_need_an_absolute_path_to_an_existing_executable() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("purge");
+    std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, "").unwrap();
+    let hooks = |value: &str| {
+        with_destination(&format!(
+            "        hooks:\n          after_publish: {value}\n"
+        ))
+    };
+
+    let c = ok(&hooks(&format!(
+        "[\"{}\", \"--zone\", \"docs\"]",
+        exe.display()
+    )));
+    let h = c.pipelines[0].destinations[0].hooks.clone().unwrap();
+    assert_eq!(
+        h.after_publish,
+        [exe.display().to_string(), "--zone".into(), "docs".into()]
+    );
+    assert_eq!(h.timeout, Duration::from_secs(30), "the default timeout");
+    let c = ok(&format!(
+        "{}          timeout: 5m\n",
+        hooks(&format!("[\"{}\"]", exe.display()))
+    ));
+    assert_eq!(
+        c.pipelines[0].destinations[0]
+            .hooks
+            .as_ref()
+            .unwrap()
+            .timeout,
+        Duration::from_secs(300)
+    );
+
+    // (value of after_publish, what the error says)
+    let cases = [
+        ("[]".to_owned(), "after_publish is empty"),
+        ("[\"purge\"]".to_owned(), "must start with an absolute path"),
+        (
+            "\"/bin/sh -c purge\"".to_owned(),
+            "a command as a list of strings",
+        ),
+        (
+            format!("[\"{}\"]", plain.display()),
+            "is not executable; make it so (chmod +x",
+        ),
+        (
+            format!("[\"{}\"]", dir.path().join("missing").display()),
+            "cannot use",
+        ),
+        (format!("[\"{}\"]", dir.path().display()), "is not a file"),
+    ];
+    for (value, want) in cases {
+        let err = parse(&hooks(&value), Path::new(FILE)).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(want), "{value}: {text}");
+        assert!(
+            text.contains("line 7"),
+            "{value}: the error names the line: {text}"
+        );
+    }
+    let err = parse(
+        &format!(
+            "{}          timeout: 0s\n",
+            hooks(&format!("[\"{}\"]", exe.display()))
+        ),
+        Path::new(FILE),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("would kill every hook at once"),
+        "{err}"
+    );
+}

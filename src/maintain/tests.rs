@@ -293,6 +293,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         html_template: None,
         base_url: None,
         prune,
+        hooks: None,
     }
 }
 

@@ -76,10 +76,17 @@ pub fn publish(
         keep_going: &|| true,
         older: None,
     };
-    match driver.run(&[bundle_dir]) {
+    let mut report = match driver.run(&[bundle_dir]) {
         Outcome::Reports(mut reports) if reports.len() == 1 => reports.remove(0),
         _ => unreachable!("a single bundle always gets its report"),
-    }
+    };
+    crate::hooks::after_publish(
+        pipeline,
+        destinations,
+        &folder_name(bundle_dir),
+        &mut report,
+    );
+    report
 }
 
 /// A stored output that publishing a bundle would overwrite or delete
@@ -191,11 +198,25 @@ pub fn publish_batch(
         older: None,
     };
     match driver.run(bundles) {
-        Outcome::Reports(reports) => Batch::Done(reports),
+        Outcome::Reports(mut reports) => {
+            // One call per bundle, in arrival order, once every root is
+            // durable (docs/contract.md §19.1).
+            for (report, dir) in reports.iter_mut().zip(bundles) {
+                crate::hooks::after_publish(pipeline, destinations, &folder_name(dir), report);
+            }
+            Batch::Done(reports)
+        }
         Outcome::OneFirst => Batch::OneFirst,
         Outcome::Aborted(e) if e.is_stopped() || !keep_going() => Batch::Stopped,
         Outcome::Aborted(cause) => Batch::OneByOne { cause },
     }
+}
+
+/// The name of a bundle's folder, as hooks are told it.
+fn folder_name(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Hashes every listed file not checked yet.

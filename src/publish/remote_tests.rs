@@ -31,6 +31,7 @@ pub(in crate::publish) fn destination(workflow: Workflow) -> Destination {
         html_template: None,
         base_url: None,
         prune: None,
+        hooks: None,
     }
 }
 

@@ -718,3 +718,289 @@ fn two_publishers_racing_into_one_root_both_land() {
         site.assert_consistent();
     });
 }
+
+/// A hook script in the test folder that appends what it reads on its
+/// standard input, one JSON document per line, to `hooks.log`, then runs
+/// `then` (shell). Returns the destination keys that install it.
+fn hook(site: &Site, then: &str, timeout: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let script = site.t.join("hook.sh");
+    let log = site.t.join("hooks.log");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n{{ cat; echo; }} >> '{}'\n{then}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "        links:\n          base_url: https://docs.example/\n        hooks:\n          after_publish: [\"{}\", \"--zone\", \"docs\"]\n          timeout: {timeout}\n",
+        script.display()
+    )
+}
+
+/// Every document the hook has read so far.
+fn hook_calls(site: &Site) -> Vec<Value> {
+    fs::read_to_string(site.t.join("hooks.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A site whose destination runs the hook of [`hook`].
+fn hooked_site(backend: Backend, workflow: &str, then: &str, timeout: &str) -> Site {
+    let site = Site::new(backend, workflow);
+    let extra = hook(&site, then, timeout);
+    let config = fs::read_to_string(site.t.join("config.yaml")).unwrap();
+    site.t.config(&format!("{config}{extra}"));
+    site
+}
+
+/// After each publication that changed the root, on every backend, the
+/// hook reads exactly what changed: the paths written (the rendered page
+/// too), the paths deleted under replacement, their URLs, the source, the
+/// action and the bundle; nothing runs for `skip_same` or a dry run; the
+/// result records how the hook ended.
+#[test]
+fn a_hook_hears_what_changed_after_each_publication_and_nothing_else() {
+    each_backend(|backend| {
+        let site = hooked_site(backend, "replacement", "echo purged", "30s");
+        let v1 = site.t.bundle_at(
+            "v1",
+            "docs",
+            "2026-06-01T00:00:00Z",
+            &[("a.md", "# A\n"), ("b.txt", "b1\n")],
+        );
+        let out = site.publish(&v1);
+        out.expect_code(0);
+        let result = out.json();
+        assert_eq!(result["hooks"][0]["destination_id"], "web", "{result}");
+        assert_eq!(result["hooks"][0]["exit"], 0, "{result}");
+        assert_eq!(result["hooks"][0]["output"], "purged\n", "{result}");
+        let calls = hook_calls(&site);
+        assert_eq!(calls.len(), 1, "{backend:?}: {calls:?}");
+        let first = &calls[0];
+        assert_eq!(first["pipeline_id"], "reports");
+        assert_eq!(first["destination_id"], "web");
+        assert_eq!(first["bundle"], "v1");
+        assert_eq!(first["action"], "publish_new");
+        assert_eq!(first["source"]["id"], "docs");
+        assert_eq!(first["source"]["created"], "2026-06-01T00:00:00Z");
+        assert_eq!(first["source"]["digest"], result["source"]["digest"]);
+        assert_eq!(first["root"], result["destinations"][0]["root"]);
+        let mut writes = strings(&first["writes"]);
+        writes.sort();
+        assert_eq!(writes, ["a.html", "a.md", "b.txt"], "{backend:?}");
+        assert_eq!(strings(&first["deletes"]), Vec::<String>::new());
+        let mut urls = strings(&first["urls"]);
+        urls.sort();
+        assert_eq!(
+            urls,
+            [
+                "https://docs.example/a.html",
+                "https://docs.example/a.md",
+                "https://docs.example/b.txt"
+            ]
+        );
+
+        // The same bundle again changes nothing: no call.
+        assert_eq!(site.publish(&v1).dest()["action"], "skip_same");
+        let v2 = site.t.bundle_at(
+            "v2",
+            "docs",
+            "2026-06-02T00:00:00Z",
+            &[("a.md", "# A, again\n")],
+        );
+        // A dry run publishes nothing: no call.
+        let v2s = v2.to_str().unwrap();
+        site.run(&["run", "--dry-run", "--pipeline", "reports", v2s])
+            .expect_code(0);
+        assert_eq!(
+            hook_calls(&site).len(),
+            1,
+            "{backend:?}: skip_same and dry runs call nothing"
+        );
+
+        site.publish(&v2).expect_code(0);
+        let calls = hook_calls(&site);
+        assert_eq!(calls.len(), 2, "{backend:?}");
+        let mut writes = strings(&calls[1]["writes"]);
+        writes.sort();
+        assert_eq!(writes, ["a.html", "a.md"]);
+        assert_eq!(strings(&calls[1]["deletes"]), ["b.txt"], "{backend:?}");
+        assert_eq!(calls[1]["action"], "replace_catalog");
+        site.assert_consistent();
+    });
+}
+
+/// A backlog the agent publishes (the first bundle alone into the empty
+/// root, the rest as one batch) calls the hook once per bundle, in arrival
+/// order, on every backend.
+#[test]
+fn hooks_of_a_batch_run_once_per_bundle_in_arrival_order() {
+    each_backend(|backend| {
+        let site = hooked_site(backend, "additive", "", "30s");
+        let inbox = site.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        for (i, name) in ["b1", "b2", "b3"].iter().enumerate() {
+            let created = format!("2026-06-0{}T00:00:00Z", i + 1);
+            let b = site.t.bundle_at(
+                name,
+                &format!("s{i}"),
+                &created,
+                &[(&format!("{name}.txt"), "x\n")],
+            );
+            fs::rename(&b, inbox.join(name)).unwrap();
+        }
+        let out = site
+            .command(&["agent", "--once"], &[("RUST_LOG", "info")])
+            .output();
+        out.expect_code(0);
+        assert!(
+            out.stderr.contains("published a batch of"),
+            "{}",
+            out.stderr
+        );
+        let bundles: Vec<String> = hook_calls(&site)
+            .iter()
+            .map(|c| c["bundle"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(bundles, ["b1", "b2", "b3"], "{backend:?}");
+        let result: Value = serde_json::from_str(
+            &fs::read_to_string(
+                site.t
+                    .join("spool/reports/done/b2/.distributor-result.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result["hooks"][0]["exit"], 0, "{result}");
+    });
+}
+
+/// A hook that fails, hangs past its timeout, or leaves a child running
+/// behind it never undoes or holds up the publication: the bundle is in
+/// `done/`, the root holds it, the result says how the hook ended, and the
+/// metrics count the failures.
+#[test]
+fn a_failing_hanging_or_forking_hook_leaves_the_publication_standing() {
+    // (what the hook does after reading, its timeout, what the result says)
+    let pidfile = "\"$(dirname \"$0\")/child.pid\"";
+    let cases = [
+        (
+            "echo no such zone >&2; exit 3".to_owned(),
+            "30s",
+            Some("exited with status 3"),
+        ),
+        (
+            "echo hanging; sleep 600".to_owned(),
+            "1s",
+            Some("still running after its timeout of 1s"),
+        ),
+        (
+            format!("sleep 600 > /dev/null 2>&1 & echo $! > {pidfile}; echo forked"),
+            "30s",
+            None,
+        ),
+    ];
+    for (then, timeout, error) in cases {
+        let site = hooked_site(Backend::Local, "additive", &then, timeout);
+        site.t.config(
+            &fs::read_to_string(site.t.join("config.yaml"))
+                .unwrap()
+                .replace(
+                    "spool: ./spool\n",
+                    "spool: ./spool\nagent: {metrics_file: ./metrics.prom}\n",
+                ),
+        );
+        let inbox = site.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        let b = site
+            .t
+            .bundle_at("b", "docs", "2026-06-01T00:00:00Z", &[("a.txt", "a\n")]);
+        fs::rename(&b, inbox.join("b")).unwrap();
+        let mut agent = site.command(&["agent", "--once"], &[]).start();
+        let out = agent.finish(std::time::Duration::from_secs(120));
+        out.expect_code(0);
+        let result: Value = serde_json::from_str(
+            &fs::read_to_string(site.t.join("spool/reports/done/b/.distributor-result.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result["ok"], true, "{then}: {result}");
+        assert_eq!(site.get("a.txt").as_deref(), Some(&b"a\n"[..]), "{then}");
+        site.assert_consistent();
+        let h = &result["hooks"][0];
+        let metrics = fs::read_to_string(site.t.join("metrics.prom")).unwrap();
+        match error {
+            Some(want) => {
+                assert!(
+                    h["error"].as_str().unwrap_or_default().contains(want),
+                    "{then}: {h}"
+                );
+                assert!(
+                    out.stderr.contains("the publication stands"),
+                    "{}",
+                    out.stderr
+                );
+                assert!(
+                    metrics.contains(
+                        "distributor_hook_failures_total{pipeline=\"reports\",destination=\"web\"} 1\n"
+                    ),
+                    "{metrics}"
+                );
+            }
+            None => {
+                assert_eq!(h["exit"], 0, "{then}: {h}");
+                assert_eq!(h["output"], "forked\n", "{h}");
+                // The child it left behind still runs; the agent did not
+                // wait for it. Tidy up.
+                let pid: i32 = fs::read_to_string(site.t.join("child.pid"))
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap();
+                assert!(
+                    Path::new(&format!("/proc/{pid}")).exists(),
+                    "the child was not waited for"
+                );
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if then.contains("exit 3") {
+            assert_eq!(h["exit"], 3, "{h}");
+            assert_eq!(h["output"], "no such zone\n", "{h}");
+        }
+        if timeout == "1s" {
+            assert_eq!(h["exit"], Value::Null, "{h}");
+            assert_eq!(h["output"], "hanging\n", "{h}");
+        }
+    }
+}
+
+/// `hooks.after_publish` that is not an absolute path to an executable is
+/// a config error: exit 2 naming the line and the fix.
+#[test]
+fn a_hook_that_cannot_run_is_a_config_error() {
+    let site = Site::new(Backend::Local, "additive");
+    let config = fs::read_to_string(site.t.join("config.yaml")).unwrap();
+    site.t.config(&format!(
+        "{config}        hooks:\n          after_publish: [\"purge-cdn\"]\n"
+    ));
+    let out = site.run(&["config", "check"]);
+    out.expect_code(2);
+    assert!(
+        out.stderr.contains("must start with an absolute path"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("command -v purge-cdn"),
+        "{}",
+        out.stderr
+    );
+}

@@ -1,0 +1,416 @@
+//! Hooks after publication (docs/contract.md §19; docs/hooks.md): a
+//! destination's `hooks.after_publish` command runs once per bundle whose
+//! publication changed that destination, after its catalog is durable, and
+//! reads on its standard input what changed. The publication stands
+//! whatever the hook does; how it ended goes into the bundle's result.
+//!
+//! The command runs without a shell, in a session of its own (no
+//! controlling terminal; a timeout kills its whole process group), with
+//! `/` as working folder, only stdin, stdout and stderr open (every other
+//! descriptor of the agent is close-on-exec), and an environment of a few
+//! locale and path variables: the agent's own (object-store credentials
+//! among them) are never passed on.
+
+use crate::config::{Destination, Hooks, Pipeline};
+use crate::paths::RelPath;
+use crate::report::{DestinationReport, RunReport};
+use serde::Serialize;
+use std::io::{self, Read as _, Write as _};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Most bytes of a hook's output (stdout and stderr together) kept.
+pub const OUTPUT_KEPT: usize = 4096;
+/// The variables of the agent's environment a hook gets; nothing else.
+const PASSED_ON: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ"];
+/// How long to wait for the rest of the output once the hook has ended (a
+/// child it left behind may hold the pipe open).
+const OUTPUT_GRACE: Duration = Duration::from_millis(500);
+/// How often a running hook is checked for the agent's stop.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// How one hook run ended, as the bundle's result records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HookReport {
+    pub destination_id: String,
+    /// Its exit status; `None` when it did not start or was killed.
+    pub exit: Option<i32>,
+    pub elapsed_ms: u64,
+    /// The first [`OUTPUT_KEPT`] bytes of what it wrote to stdout and
+    /// stderr, invalid UTF-8 replaced.
+    pub output: String,
+    /// Why it counts as failed (did not start, exit status, timeout, killed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What a hook reads on its standard input (docs/contract.md §19.1).
+#[derive(Serialize)]
+struct Input<'a> {
+    pipeline_id: &'a str,
+    destination_id: &'a str,
+    root: &'a str,
+    bundle: &'a str,
+    source: &'a crate::report::SourceReport,
+    action: &'a str,
+    writes: Vec<&'a str>,
+    deletes: &'a [String],
+    urls: Vec<String>,
+}
+
+/// Runs the `after_publish` hook of each destination of `report` whose
+/// publication changed something, in the order of the destinations, and
+/// records each run in `report.hooks`. Nothing for a failed publication or
+/// a dry run. `bundle` is the bundle folder's name.
+pub fn after_publish(
+    pipeline: &Pipeline,
+    destinations: &[&Destination],
+    bundle: &str,
+    report: &mut RunReport,
+) {
+    if !report.ok || report.dry_run {
+        return;
+    }
+    let Some(source) = report.source.clone() else {
+        return;
+    };
+    let mut ran = Vec::new();
+    for d in &report.destinations {
+        let Some(action) = d.action.as_deref().filter(|a| *a != "skip_same") else {
+            continue;
+        };
+        let Some(config) = destinations.iter().find(|c| c.id == d.destination_id) else {
+            continue;
+        };
+        let Some(hooks) = &config.hooks else {
+            continue;
+        };
+        let input = Input {
+            pipeline_id: &pipeline.id,
+            destination_id: &d.destination_id,
+            root: &d.root,
+            bundle,
+            source: &source,
+            action,
+            writes: changed(d),
+            deletes: &d.deletes,
+            urls: urls(config, d),
+        };
+        let doc = serde_json::to_vec(&input).unwrap_or_default();
+        let run = run(hooks, &doc, &d.destination_id);
+        log_run(&pipeline.id, bundle, hooks, &run);
+        ran.push(run);
+    }
+    report.hooks = ran;
+}
+
+/// The paths a publication wrote that did not already hold those bytes.
+fn changed(d: &DestinationReport) -> Vec<&str> {
+    d.writes
+        .iter()
+        .filter(|w| !d.unchanged.contains(w))
+        .map(String::as_str)
+        .collect()
+}
+
+/// The URL of each changed path, when the destination has a `base_url`.
+fn urls(config: &Destination, d: &DestinationReport) -> Vec<String> {
+    let Some(base) = &config.base_url else {
+        return Vec::new();
+    };
+    changed(d)
+        .into_iter()
+        .filter_map(|p| RelPath::parse(p).ok())
+        .map(|p| crate::plan::output_url(base, &p))
+        .collect()
+}
+
+fn log_run(pipeline: &str, bundle: &str, hooks: &Hooks, run: &HookReport) {
+    let program = crate::inert::inert(&hooks.after_publish[0]);
+    let bundle = crate::inert::inert(bundle);
+    match &run.error {
+        None => log::info!(
+            "pipeline={pipeline} bundle={bundle} destination={}: hook {program} exited 0 in {} ms",
+            run.destination_id,
+            run.elapsed_ms
+        ),
+        Some(e) => log::warn!(
+            "pipeline={pipeline} bundle={bundle} destination={}: hook {program} {e} after {} ms (the publication stands){}",
+            run.destination_id,
+            run.elapsed_ms,
+            first_line(&run.output)
+                .map(|l| format!("; its output begins: {}", crate::inert::inert(l)))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+fn first_line(output: &str) -> Option<&str> {
+    output.lines().find(|l| !l.trim().is_empty())
+}
+
+/// Runs one hook with `input` on its standard input.
+fn run(hooks: &Hooks, input: &[u8], destination_id: &str) -> HookReport {
+    let started = Instant::now();
+    let outcome = spawn_and_wait(hooks, input);
+    let (exit, output, error) = match outcome {
+        Ok((exit, output, error)) => (exit, output, error),
+        Err(e) => (None, Vec::new(), Some(format!("could not start: {e}"))),
+    };
+    HookReport {
+        destination_id: destination_id.to_owned(),
+        exit,
+        elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        output: String::from_utf8_lossy(&output).into_owned(),
+        error,
+    }
+}
+
+/// The exit status, the output kept and why the run failed, if it did.
+type Ended = (Option<i32>, Vec<u8>, Option<String>);
+
+fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
+    let argv = &hooks.after_publish;
+    let (mut reader, writer) = io::pipe()?;
+    let mut command = Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .env_clear()
+        .envs(
+            PASSED_ON
+                .iter()
+                .filter_map(|k| Some((k, std::env::var_os(k)?))),
+        )
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(writer.try_clone()?)
+        .stderr(writer);
+    if std::env::var_os("PATH").is_none() {
+        command.env("PATH", "/usr/local/bin:/usr/bin:/bin");
+    }
+    // SAFETY: setsid(2), close_range(2) and fcntl(2) are async-signal-safe
+    // and touch no memory of the parent. setsid makes the hook a session
+    // and process group leader without a controlling terminal, so the
+    // timeout can kill everything it started; marking every descriptor
+    // above stderr close-on-exec also drops those the agent itself
+    // inherited without it (rustix has no close_range).
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::setsid().map_err(io::Error::from)?;
+            // Close-on-exec rather than closed now: std reports a failed
+            // exec through a descriptor of its own until the exec.
+            if libc::close_range(
+                3,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
+            ) != 0
+            {
+                for fd in 3..1024 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn()?;
+    // The parent's copies of the output pipe's write end go with `command`,
+    // so the reader sees the end of the output when the hook's copies close.
+    drop(command);
+    let pid = rustix::process::Pid::from_child(&child);
+
+    // Input and output each on a thread of their own: a hook that reads
+    // nothing, or writes much before reading, cannot block the agent.
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = input.to_vec();
+        std::thread::spawn(move || {
+            // A hook that exits without reading its input closes the pipe.
+            let _ = stdin.write_all(&input);
+        });
+    }
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    {
+        let kept = Arc::clone(&kept);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                        let room = OUTPUT_KEPT.saturating_sub(kept.len());
+                        kept.extend_from_slice(&buf[..n.min(room)]);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = done_tx.send(());
+        });
+    }
+
+    let deadline = Instant::now() + hooks.timeout;
+    let mut error = None;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        let now = Instant::now();
+        let why = if now >= deadline {
+            Some(format!(
+                "was still running after its timeout of {} and was killed",
+                crate::config::format_duration(hooks.timeout)
+            ))
+        } else if crate::interrupt::requested() {
+            Some("was killed because the agent was stopping".to_owned())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            let _ = child.wait();
+            error = Some(why);
+            break None;
+        }
+        // Wakes at once when the hook ends and closes its output, else at
+        // the next check.
+        let _ = done_rx.recv_timeout(deadline.saturating_duration_since(now).min(STOP_POLL));
+    };
+    let _ = done_rx.recv_timeout(OUTPUT_GRACE);
+    let output = kept.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let exit = status.and_then(|s| s.code());
+    if error.is_none() {
+        error = match (exit, status) {
+            (Some(0), _) => None,
+            (Some(code), _) => Some(format!("exited with status {code}")),
+            (None, Some(s)) => Some(format!(
+                "was killed by signal {}",
+                std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)
+            )),
+            (None, None) => Some("ended without a status".to_owned()),
+        };
+    }
+    Ok((exit, output, error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hooks(script: &str, timeout: Duration) -> (tempfile::TempDir, Hooks) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hook");
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let h = Hooks {
+            after_publish: vec![path.display().to_string()],
+            timeout,
+        };
+        (dir, h)
+    }
+
+    #[test]
+    fn a_hook_reads_its_input_and_its_output_is_kept_up_to_4_kib() {
+        let (_dir, h) = hooks(
+            "cat; printf 'on stderr' >&2; head -c 10000 /dev/zero | tr '\\0' x",
+            Duration::from_secs(30),
+        );
+        let r = run(&h, b"{\"writes\":[\"a\"]}", "site");
+        assert_eq!(r.exit, Some(0), "{r:?}");
+        assert_eq!(r.error, None);
+        assert_eq!(r.output.len(), OUTPUT_KEPT);
+        assert!(
+            r.output.starts_with("{\"writes\":[\"a\"]}on stderr"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_failing_or_missing_hook_is_reported_not_raised() {
+        let (_dir, h) = hooks("echo nope; exit 3", Duration::from_secs(30));
+        let r = run(&h, b"{}", "site");
+        assert_eq!(r.exit, Some(3));
+        assert_eq!(r.error.as_deref(), Some("exited with status 3"));
+        assert_eq!(r.output, "nope\n");
+
+        let (dir, mut h) = hooks("", Duration::from_secs(30));
+        std::fs::remove_file(dir.path().join("hook")).unwrap();
+        h.after_publish[0] = dir.path().join("hook").display().to_string();
+        let r = run(&h, b"{}", "site");
+        assert_eq!(r.exit, None);
+        assert!(
+            r.error.as_deref().unwrap().starts_with("could not start"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_hook_past_its_timeout_is_killed_with_what_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("child-pid");
+        // The hook starts a child that would outlive it, then hangs.
+        let (_d, h) = hooks(
+            &format!(
+                "sleep 600 & echo $! > {}; echo started; sleep 600",
+                marker.display()
+            ),
+            Duration::from_millis(300),
+        );
+        let r = run(&h, b"{}", "site");
+        assert_eq!(r.exit, None);
+        assert!(
+            r.error.as_deref().unwrap().contains("timeout of 300ms"),
+            "{r:?}"
+        );
+        assert_eq!(r.output, "started\n");
+        let child: i32 = std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Killed with the group (a zombie until init reaps it at most).
+        let state = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        assert!(
+            state.is_empty() || state.split_whitespace().nth(2) == Some("Z"),
+            "the hook's child {child} survived: {state}"
+        );
+    }
+
+    #[test]
+    fn a_hook_gets_only_the_passed_on_variables_no_terminal_and_no_other_descriptor() {
+        let (_dir, h) = hooks(
+            "env | sort | cut -d= -f1 | tr '\\n' ' '; echo; ls /proc/self/fd | tr '\\n' ' '; echo; ps -o tty= -p $$ 2>/dev/null || cat /proc/self/stat | cut -d' ' -f7",
+            Duration::from_secs(30),
+        );
+        let r = run(&h, b"{}", "site");
+        assert_eq!(r.exit, Some(0), "{r:?}");
+        let names: Vec<&str> = r
+            .output
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| PASSED_ON.contains(n) || *n == "PWD" || *n == "SHLVL" || *n == "_"),
+            "only the passed-on variables (and the shell's own): {names:?}"
+        );
+        let fds: Vec<&str> = r
+            .output
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        // 0, 1, 2 and the descriptor `ls` opens for the folder itself.
+        assert!(fds.len() <= 4, "descriptors: {fds:?}");
+        assert!(fds.starts_with(&["0", "1", "2"]), "descriptors: {fds:?}");
+        let tty = r.output.lines().nth(2).unwrap().trim();
+        assert!(tty == "?" || tty == "0", "controlling terminal: {tty}");
+    }
+}
