@@ -53,6 +53,7 @@
 //! length [`NO_ROOM`] alone: the document does not fit under the child's
 //! hard limit, and the child ends.
 
+use crate::config::RawHtml;
 use crate::render::{Part, RenderOptions, render_page};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -90,7 +91,7 @@ const MAX_PARTS: u64 = 256 << 20;
 /// What the parent sends before each document.
 #[derive(Debug, Serialize, Deserialize)]
 struct Request {
-    allow_raw_html: bool,
+    raw_html: RawHtml,
     source_path: String,
     /// The bundle's markdown files and the template; `None`: the same as
     /// for the previous document (a bundle's documents share them, and the
@@ -367,7 +368,7 @@ impl Child {
         };
         let same = self.context.as_ref().is_some_and(|c| c.is(options));
         let request = Request {
-            allow_raw_html: options.allow_raw_html,
+            raw_html: options.raw_html,
             source_path: options.source_path.to_owned(),
             context: (!same).then(|| Context::of(options)),
             len: markdown.len() as u64,
@@ -598,7 +599,7 @@ fn serve_on(
         input.read_exact(&mut markdown)?;
         let markdown = String::from_utf8(markdown).map_err(io::Error::other)?;
         let options = RenderOptions {
-            allow_raw_html: request.allow_raw_html,
+            raw_html: request.raw_html,
             source_path: &request.source_path,
             generated_markdown: &context.generated_markdown,
             template: context.template.as_deref(),
@@ -777,7 +778,7 @@ mod tests {
         template: Option<&'a str>,
     ) -> RenderOptions<'a> {
         RenderOptions {
-            allow_raw_html: false,
+            raw_html: RawHtml::Escape,
             source_path: "doc/page.md",
             generated_markdown: generated,
             template,
@@ -792,7 +793,7 @@ mod tests {
         for (markdown, options) in documents {
             let same = last.as_ref().is_some_and(|c| c.is(options));
             let request = Request {
-                allow_raw_html: options.allow_raw_html,
+                raw_html: options.raw_html,
                 source_path: options.source_path.to_owned(),
                 context: (!same).then(|| Context::of(options)),
                 len: markdown.len() as u64,
@@ -902,7 +903,7 @@ mod tests {
     fn a_request_without_a_context_is_an_error() {
         let mut input = Vec::new();
         let request = Request {
-            allow_raw_html: false,
+            raw_html: RawHtml::Escape,
             source_path: "page.md".to_owned(),
             context: None,
             len: 3,
@@ -922,7 +923,7 @@ mod tests {
             &[(
                 markdown.as_str(),
                 RenderOptions {
-                    allow_raw_html: false,
+                    raw_html: RawHtml::Escape,
                     source_path: "page.md",
                     generated_markdown: &generated,
                     template: None,

@@ -29,7 +29,7 @@ mod tests;
 pub use error::{ConfigError, Place};
 pub use model::{
     AgentConfig, Backend, Config, Destination, Hooks, HtmlTemplate, Limits, Pipeline, PrunePolicy,
-    S3Location, Workflow,
+    RawHtml, S3Location, Workflow,
 };
 pub use values::{
     PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,

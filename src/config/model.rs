@@ -175,8 +175,8 @@ pub struct Destination {
     pub publish_source: bool,
     /// `publish.html`: render `*.md` files to HTML.
     pub publish_html: bool,
-    /// `html.raw_html: allow` (true) or `escape` (false).
-    pub allow_raw_html: bool,
+    /// `html.raw_html`: what raw HTML inside markdown becomes.
+    pub raw_html: RawHtml,
     /// `html.template`: the page template, read and checked at load.
     pub html_template: Option<HtmlTemplate>,
     /// `links.base_url`, always ending with `/`.
@@ -186,6 +186,32 @@ pub struct Destination {
     /// `hooks`: what runs after each publication that changed the
     /// destination (docs/contract.md §19).
     pub hooks: Option<Hooks>,
+}
+
+/// `html.raw_html` (docs/contract.md §10, §16.4).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RawHtml {
+    /// Kept through an allowlist of what READMEs use, the rest removed.
+    #[default]
+    Sanitize,
+    /// Shown as text.
+    Escape,
+    /// Kept as it is (trusted producers only).
+    Allow,
+}
+
+impl RawHtml {
+    /// The config's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RawHtml::Sanitize => "sanitize",
+            RawHtml::Escape => "escape",
+            RawHtml::Allow => "allow",
+        }
+    }
 }
 
 /// A destination's `hooks`.
@@ -296,7 +322,7 @@ impl Config {
                         }
                     }
                 }
-                if d.allow_raw_html && !d.publish_html {
+                if d.raw_html == RawHtml::Allow && !d.publish_html {
                     warnings.push(format!(
                         "destination {:?} of pipeline {:?} sets html.raw_html: allow but does not publish HTML; the setting has no effect",
                         d.id, pipeline.id
@@ -430,7 +456,7 @@ impl Config {
                     yes_no(d.publish_source),
                     yes_no(d.publish_html)
                 );
-                let raw = if d.allow_raw_html { "allow" } else { "escape" };
+                let raw = d.raw_html.as_str();
                 let _ = writeln!(s, "      raw_html: {raw}");
                 if let Some(template) = &d.html_template {
                     let _ = writeln!(s, "      template: {}", template.path.display());

@@ -14,8 +14,8 @@ use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
 use super::error::Place;
 use super::model::{
-    AgentConfig, Backend, Config, Destination, Hooks, Limits, Pipeline, PrunePolicy, S3Location,
-    Workflow,
+    AgentConfig, Backend, Config, Destination, Hooks, Limits, Pipeline, PrunePolicy, RawHtml,
+    S3Location, Workflow,
 };
 use super::relations::{check_relations, normalize};
 use super::template::read_template;
@@ -108,7 +108,7 @@ struct RawDestination {
     workflow: Option<Checked<WorkflowRule>>,
     prefix: Option<Checked<PrefixRule>>,
     publish: Option<RawPublish>,
-    html: Option<RawHtml>,
+    html: Option<RawHtmlSection>,
     links: Option<RawLinks>,
     retention: Option<RawRetention>,
     hooks: Option<RawHooks>,
@@ -205,7 +205,7 @@ struct RawPublish {
     deny_unknown_fields,
     expecting = "a mapping with raw_html and template"
 )]
-struct RawHtml {
+struct RawHtmlSection {
     raw_html: Option<Checked<RawHtmlRule>>,
     template: Option<Checked<FilePathRule>>,
 }
@@ -404,14 +404,15 @@ impl Rule for WorkflowRule {
 
 enum RawHtmlRule {}
 impl Rule for RawHtmlRule {
-    type Out = bool;
-    const EXPECTING: &'static str = "escape or allow";
-    fn check(text: &str) -> Result<bool, String> {
+    type Out = RawHtml;
+    const EXPECTING: &'static str = "sanitize, escape or allow";
+    fn check(text: &str) -> Result<RawHtml, String> {
         match text {
-            "escape" => Ok(false),
-            "allow" => Ok(true),
+            "sanitize" => Ok(RawHtml::Sanitize),
+            "escape" => Ok(RawHtml::Escape),
+            "allow" => Ok(RawHtml::Allow),
             _ => Err(format!(
-                "raw_html {text:?} is not known; use escape or allow"
+                "raw_html {text:?} is not known; use sanitize (the default), escape or allow"
             )),
         }
     }
@@ -774,11 +775,11 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 prefix: rd.prefix.map(|c| c.0).unwrap_or_default(),
                 publish_source: publish.source.unwrap_or(true),
                 publish_html: publish.html.unwrap_or(false),
-                allow_raw_html: rd
+                raw_html: rd
                     .html
                     .as_ref()
                     .and_then(|h| h.raw_html.as_ref())
-                    .is_some_and(|c| c.0),
+                    .map_or(RawHtml::default(), |c| c.0),
                 html_template: match rd.html.and_then(|h| h.template) {
                     Some(Checked(text)) => Some(read_template(&resolve(&text), file)?),
                     None => None,

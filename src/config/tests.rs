@@ -88,7 +88,7 @@ fn spec_example_parses_to_the_expected_values() {
     assert_eq!(d.prefix, "{source_id}/");
     assert!(d.publish_source);
     assert!(!d.publish_html);
-    assert!(!d.allow_raw_html);
+    assert_eq!(d.raw_html, RawHtml::Sanitize);
     assert_eq!(
         d.base_url.as_deref(),
         Some("https://reports.example.com/archive/")
@@ -128,7 +128,7 @@ fn defaults_fill_every_optional_key() {
     assert_eq!(d.root, PathBuf::from("/srv/cfg/out"));
     assert_eq!(d.workflow, Workflow::Additive);
     assert_eq!(d.prefix, "");
-    assert!(d.publish_source && !d.publish_html && !d.allow_raw_html);
+    assert!(d.publish_source && !d.publish_html && d.raw_html == RawHtml::Sanitize);
     assert_eq!(d.base_url, None);
     assert_eq!(d.prune, None);
 }
@@ -141,7 +141,7 @@ fn explicit_values_and_empty_sections() {
     let d = &c.pipelines[0].destinations[0];
     assert_eq!(d.workflow, Workflow::Replacement);
     assert_eq!(d.workflow.as_str(), "replacement");
-    assert!(!d.publish_source && d.publish_html && d.allow_raw_html);
+    assert!(!d.publish_source && d.publish_html && d.raw_html == RawHtml::Allow);
     assert_eq!(d.base_url.as_deref(), Some("http://h.example/"));
     assert_eq!(
         d.prune,
@@ -157,7 +157,7 @@ fn explicit_values_and_empty_sections() {
     );
     assert_eq!(c.agent, AgentConfig::default());
     let d = &c.pipelines[0].destinations[0];
-    assert!(d.publish_source && !d.publish_html && !d.allow_raw_html);
+    assert!(d.publish_source && !d.publish_html && d.raw_html == RawHtml::Sanitize);
     assert_eq!(d.base_url, None);
     assert_eq!(d.prune, None);
 }

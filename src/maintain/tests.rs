@@ -289,7 +289,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         prefix: String::new(),
         publish_source: true,
         publish_html: false,
-        allow_raw_html: false,
+        raw_html: crate::config::RawHtml::Escape,
         html_template: None,
         base_url: None,
         prune,

@@ -6,6 +6,7 @@ use super::content::{Content, Scratch, Spill};
 use super::error::Error;
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, Sha256, SourceIdentity};
+use crate::config::RawHtml;
 use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
@@ -114,17 +115,18 @@ pub(super) fn prepare_bundle(
 
     // Prepare every destination's outputs (rendering included) before locking.
     // Pages rendered so far, by what shapes them (raw_html, template).
-    let mut rendered: Vec<((bool, Option<&config::HtmlTemplate>), Rendered)> = Vec::new();
+    let mut rendered: Vec<((config::RawHtml, Option<&config::HtmlTemplate>), Rendered)> =
+        Vec::new();
     let mut room = Scratch::new(scratch);
     let mut prepared = Vec::new();
     for (i, d) in destinations.iter().enumerate() {
         let html = if d.publish_html {
-            let key = (d.allow_raw_html, d.html_template.as_ref());
+            let key = (d.raw_html, d.html_template.as_ref());
             if !rendered.iter().any(|(k, _)| *k == key) {
                 let template = d.html_template.as_ref().map(|t| &*t.text);
                 match render_all(
                     &bundle,
-                    d.allow_raw_html,
+                    d.raw_html,
                     template,
                     &pipeline.limits,
                     &mut verified,
@@ -167,7 +169,7 @@ pub(super) fn prepare_bundle(
 /// scratch file stays in memory, and `warnings` say why.
 fn render_all(
     bundle: &VerifiedBundle,
-    allow_raw_html: bool,
+    raw_html: RawHtml,
     template: Option<&str>,
     limits: &bundle::Limits,
     verified: &mut BTreeSet<RelPath>,
@@ -206,7 +208,7 @@ fn render_all(
             })
         })?;
         let options = RenderOptions {
-            allow_raw_html,
+            raw_html,
             source_path: f.path.as_str(),
             generated_markdown: &generated,
             template,

@@ -27,7 +27,7 @@ pub(in crate::publish) fn destination(workflow: Workflow) -> Destination {
         prefix: String::new(),
         publish_source: true,
         publish_html: false,
-        allow_raw_html: false,
+        raw_html: crate::config::RawHtml::Escape,
         html_template: None,
         base_url: None,
         prune: None,

@@ -6,6 +6,7 @@
 //! for URLs, one heading, one HTML block), so memory follows the largest
 //! block, not the document.
 
+use crate::config::RawHtml;
 use std::collections::VecDeque;
 
 use pulldown_cmark::{CowStr, Event, HeadingLevel, LinkType, Tag, TagEnd};
@@ -59,7 +60,7 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         Rewriter {
             inner,
             options,
-            escape: !options.allow_raw_html,
+            escape: options.raw_html == RawHtml::Escape,
             ready: VecDeque::new(),
             text: None,
             joined: String::new(),
@@ -175,9 +176,10 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         match event {
             Event::Start(Tag::HtmlBlock) if self.escape => self.raw_block = Some(String::new()),
             Event::End(TagEnd::HtmlBlock) if self.escape => {
-                let source = self.raw_block.take().unwrap_or_default();
+                // Comments are dropped, never shown (docs/contract.md §16.4).
+                let source = without_comments(&self.raw_block.take().unwrap_or_default());
                 let source = source.trim_end_matches(['\n', '\r']);
-                if !source.is_empty() {
+                if !source.trim().is_empty() {
                     self.emit(Event::Start(Tag::Paragraph));
                     self.emit(Event::Text(source.to_owned().into()));
                     self.emit(Event::End(TagEnd::Paragraph));
@@ -187,6 +189,7 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
                 Some(source) => source.push_str(&text),
                 None => self.emit(Event::Text(text)),
             },
+            Event::InlineHtml(text) if self.escape && text.starts_with("<!--") => {}
             Event::InlineHtml(text) if self.escape => self.emit(Event::Text(text)),
             Event::InlineHtml(text) => {
                 self.track_raw_anchor(&text);
@@ -346,4 +349,20 @@ impl<'a, I: Iterator<Item = Event<'a>>> Iterator for Rewriter<'a, '_, I> {
             }
         }
     }
+}
+
+/// `source` without its HTML comments (`<!--` to the next `-->`, or to the
+/// end when none follows).
+pub(super) fn without_comments(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("<!--") {
+        out.push_str(&rest[..start]);
+        rest = match rest[start + 4..].find("-->") {
+            Some(end) => &rest[start + 4 + end + 3..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
 }

@@ -2,6 +2,7 @@
 //! mode and rewriting relative links between generated `.md` files to
 //! `.html`. Pure text functions.
 
+use crate::config::RawHtml;
 use std::collections::BTreeSet;
 
 use pulldown_cmark::{CowStr, LinkType};
@@ -26,7 +27,7 @@ pub(super) fn rewrite_destination<'a>(
     if link_type == LinkType::Email {
         return dest;
     }
-    if !options.allow_raw_html && has_dangerous_scheme(&dest) {
+    if options.raw_html != RawHtml::Allow && has_dangerous_scheme(&dest) {
         return CowStr::Borrowed(NEUTRALISED_DESTINATION);
     }
     match rewrite_markdown_link(&dest, options.source_path, options.generated_markdown) {

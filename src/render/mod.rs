@@ -18,9 +18,12 @@
 //!
 //! Decisions where the contract is silent:
 //!
+//! - In sanitize mode (the default) each stretch of the page that holds raw
+//!   HTML is sanitized after rendering; see [`sanitize`].
 //! - In escape mode an HTML *block* becomes a paragraph holding its source as
 //!   text (`<p>&lt;div&gt;…</p>`), the way CommonMark renderers with raw HTML
-//!   disabled show it; inline HTML becomes text where it stands.
+//!   disabled show it; inline HTML becomes text where it stands. HTML
+//!   comments are dropped in both modes, never shown.
 //! - A neutralised link or image target (`javascript:`, `vbscript:`,
 //!   `data:`) is replaced by `#`, so the link text stays visible but goes
 //!   nowhere. The scheme is checked after removing every ASCII whitespace and
@@ -51,10 +54,13 @@ use std::io;
 
 use pulldown_cmark::{Options, Parser, html};
 
+pub use crate::config::RawHtml;
+
 mod autolink;
 mod events;
 mod ids;
 mod links;
+mod sanitize;
 
 #[cfg(test)]
 mod tests;
@@ -62,8 +68,8 @@ mod tests;
 /// What to render and how.
 #[derive(Debug, Clone, Copy)]
 pub struct RenderOptions<'a> {
-    /// `raw_html: allow` in config. false = escape (the default).
-    pub allow_raw_html: bool,
+    /// `html.raw_html` in config.
+    pub raw_html: RawHtml,
     /// Manifest path of the markdown file being rendered, e.g. "docs/report.md" (clean relative path, '/'-separated).
     pub source_path: &'a str,
     /// Manifest paths of every `.md` file of the same bundle that is ALSO rendered to HTML in this publication.
@@ -121,7 +127,11 @@ pub fn render_page(
     sink: &mut dyn io::Write,
 ) -> io::Result<Vec<Part>> {
     let parser = Parser::new_ext(markdown, parser_options());
-    let (last, title) = render_body(parser, sink, options)?;
+    let (last, title) = if options.raw_html == RawHtml::Sanitize {
+        sanitize::render_body(parser, sink, options)?
+    } else {
+        render_body(parser, sink, options)?
+    };
     Ok(layout(&title, last, options))
 }
 
@@ -142,7 +152,7 @@ fn render_body<'a>(
 }
 
 /// A writer that remembers the last byte written through it.
-struct LastByte<'s> {
+pub(super) struct LastByte<'s> {
     sink: &'s mut dyn io::Write,
     last: Option<u8>,
 }
@@ -238,7 +248,7 @@ fn push_escaped(out: &mut String, text: &str) {
 }
 
 /// File name of `source_path` without its `.md` extension.
-fn file_stem(source_path: &str) -> String {
+pub(super) fn file_stem(source_path: &str) -> String {
     let name = source_path.rsplit('/').next().unwrap_or(source_path);
     match name.strip_suffix(".md") {
         Some(stem) if !stem.is_empty() => stem.to_owned(),

@@ -12,7 +12,11 @@ fn render_with(markdown: &str, source: &str, generated: &[&str], allow: bool) ->
     markdown_to_html(
         markdown,
         &RenderOptions {
-            allow_raw_html: allow,
+            raw_html: if allow {
+                RawHtml::Allow
+            } else {
+                RawHtml::Escape
+            },
             source_path: source,
             generated_markdown: &generated,
             template: None,
@@ -127,7 +131,7 @@ fn title_leaves_out_raw_html_when_allowed() {
 }
 
 #[test]
-fn raw_html_is_escaped_by_default() {
+fn raw_html_is_escaped_in_escape_mode() {
     let cases: &[(&str, &str)] = &[
         (
             "<script>alert(1)</script>\n",
@@ -137,7 +141,13 @@ fn raw_html_is_escaped_by_default() {
             "<div class=\"x\">\nhi\n</div>\n",
             "<p>&lt;div class=\"x\"&gt;\nhi\n&lt;/div&gt;</p>\n",
         ),
-        ("<!-- note -->\n", "<p>&lt;!-- note --&gt;</p>\n"),
+        // Comments are dropped, never shown.
+        ("<!-- note -->\n", ""),
+        (
+            "<!--introduced_in=v0.10.0-->\n# fs\n",
+            "<h1 id=\"fs\">fs<a class=\"anchor\" href=\"#fs\" aria-label=\"Link to this section\">#</a></h1>\n",
+        ),
+        ("a <!-- inline --> b\n", "<p>a  b</p>\n"),
         (
             "a <b onclick=\"x()\">b</b> c\n",
             "<p>a &lt;b onclick=\"x()\"&gt;b&lt;/b&gt; c</p>\n",
@@ -146,6 +156,140 @@ fn raw_html_is_escaped_by_default() {
     for (markdown, expected) in cases {
         assert_eq!(body(&render(markdown)), *expected, "markdown {markdown:?}");
     }
+}
+
+fn render_sanitized(markdown: &str) -> String {
+    let generated = set(&[]);
+    markdown_to_html(
+        markdown,
+        &RenderOptions {
+            raw_html: RawHtml::Sanitize,
+            source_path: "docs/report.md",
+            generated_markdown: &generated,
+            template: None,
+        },
+    )
+}
+
+/// Markup that must never come out live, tried in both safe modes: each
+/// is (markdown, what must not appear in the body, lowercased).
+const XSS: &[(&str, &str)] = &[
+    ("<script>alert(1)</script>\n", "<script"),
+    ("<img src=x onerror=alert(1)>\n", "onerror"),
+    ("a <b onclick=\"x()\">b</b> c\n", "onclick"),
+    ("<iframe src=\"https://evil\"></iframe>\n", "<iframe"),
+    ("<object data=x></object>\n", "<object"),
+    ("<embed src=x>\n", "<embed"),
+    ("<form action=x><input name=p></form>\n", "<form"),
+    ("<svg><script>alert(1)</script></svg>\n", "<svg"),
+    ("<math><mtext></mtext></math>\n", "<math"),
+    ("<base href=\"https://evil/\">\n", "<base"),
+    (
+        "<meta http-equiv=refresh content=\"0;url=https://evil\">\n",
+        "<meta",
+    ),
+    ("<link rel=stylesheet href=https://evil>\n", "<link"),
+    ("<style>body{display:none}</style>\n", "<style"),
+    ("<p style=\"position:fixed\">x</p>\n", "style="),
+    ("<a href=\"javascript:alert(1)\">x</a>\n", "javascript:"),
+    ("<a href=\"JaVaScRiPt:alert(1)\">x</a>\n", "javascript:"),
+    ("<a href=\"java&#x09;script:alert(1)\">x</a>\n", "script:"),
+    (
+        "<img src=\"data:image/svg+xml,<svg onload=alert(1)>\">\n",
+        "data:",
+    ),
+    ("<a href=\"vbscript:x\">x</a>\n", "vbscript:"),
+    ("[x](javascript:alert(1))\n", "javascript:"),
+    ("![x](data:text/html,x)\n", "data:"),
+    (
+        "<details open ontoggle=alert(1)><summary>s</summary></details>\n",
+        "ontoggle",
+    ),
+    ("<!-- <script>alert(1)</script> -->\n", "<script"),
+    ("<scr<!-- -->ipt>alert(1)</script>\n", "<script"),
+    (
+        "<noscript><p title=\"</noscript><img src=x onerror=alert(1)>\">\n",
+        "onerror",
+    ),
+];
+
+/// The inside of every tag of `html` (between `<` and `>`), lowercased:
+/// the live markup, as opposed to text.
+fn live_tags(html: &str) -> Vec<String> {
+    html.split('<')
+        .skip(1)
+        .filter_map(|t| t.split_once('>').map(|(tag, _)| tag.to_ascii_lowercase()))
+        .collect()
+}
+
+#[test]
+fn no_markup_of_the_xss_list_comes_out_live_when_sanitized_or_escaped() {
+    for (markdown, never) in XSS {
+        for (mode, html) in [
+            ("escape", render(markdown)),
+            ("sanitize", render_sanitized(markdown)),
+        ] {
+            let tags = live_tags(body(&html));
+            let live = match never.strip_prefix('<') {
+                // An element: no tag of that name.
+                Some(name) => tags.iter().any(|t| t.starts_with(name)),
+                // An attribute or a scheme: in no tag.
+                None => tags.iter().any(|t| t.contains(never)),
+            };
+            assert!(!live, "{mode}: {markdown:?} left {never} live: {tags:?}");
+        }
+    }
+}
+
+#[test]
+fn sanitize_keeps_what_readmes_use_and_drops_comments() {
+    let readme = "<!-- badges -->\n<div align=\"center\">\n  <img src=\"logo.png\" alt=\"Logo\" width=\"120\">\n  <h1>Project Name</h1>\n  <p><sub>fast</sub> <sup>1</sup> <kbd>Ctrl</kbd><br>next</p>\n</div>\n\n<details><summary>More</summary>\n\nHidden **text**.\n\n</details>\n\n<picture><source srcset=\"dark.png\" media=\"(prefers-color-scheme: dark)\"><img src=\"light.png\" alt=\"Shot\"></picture>\n\n## Usage\n\n- [x] done\n\n```rust\nfn main() {}\n```\n";
+    let html = render_sanitized(readme);
+    let content = body(&html);
+    for kept in [
+        "<div align=\"center\">",
+        "<img src=\"logo.png\" alt=\"Logo\" width=\"120\">",
+        "<h1>Project Name</h1>",
+        "<sub>fast</sub>",
+        "<sup>1</sup>",
+        "<kbd>Ctrl</kbd><br>",
+        "<details><summary>More</summary>",
+        "<strong>text</strong>",
+        "<source srcset=\"dark.png\" media=\"(prefers-color-scheme: dark)\">",
+        "<h2 id=\"usage\">Usage<a class=\"anchor\" href=\"#usage\" aria-label=\"Link to this section\">#</a></h2>",
+        "type=\"checkbox\" checked=\"\"",
+        "<code class=\"language-rust\">",
+    ] {
+        assert!(content.contains(kept), "{kept} missing from {content}");
+    }
+    assert!(
+        !content.contains("badges"),
+        "a comment was shown: {content}"
+    );
+    // What the renderer writes survives the sanitizer too.
+    let inside = render_sanitized(
+        "<div>\n\n# Head\n\n- [x] done\n\nNote[^1] `x`\n\n[^1]: n\n\n```rust\nfn main() {}\n```\n\n</div>\n",
+    );
+    for kept in [
+        "<h1 id=\"head\">Head<a class=\"anchor\" href=\"#head\" aria-label=\"Link to this section\">#</a></h1>",
+        "type=\"checkbox\"",
+        "class=\"footnote-reference\"",
+        "class=\"footnote-definition\"",
+        "<code class=\"language-rust\">",
+    ] {
+        assert!(body(&inside).contains(kept), "{kept} missing from {inside}");
+    }
+    assert!(inside.contains("<title>Head</title>"), "{inside}");
+    assert!(!content.contains("&lt;"), "markup shown as text: {content}");
+    // The title is the first heading, inside raw HTML.
+    assert!(html.contains("<title>Project Name</title>"), "{html}");
+}
+
+#[test]
+fn a_page_without_raw_html_is_the_same_in_every_mode() {
+    let markdown = "# Title\n\nText with [a link](other.md) and `code`[^1].\n\n[^1]: A note.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n";
+    assert_eq!(render_sanitized(markdown), render(markdown));
+    assert_eq!(render_sanitized(markdown), render_allow(markdown));
 }
 
 #[test]
@@ -381,7 +525,7 @@ fn rendering_is_deterministic() {
     let markdown = "# T\n\nA[^n] and [b](b.md) <i>x</i>\n\n[^n]: note\n\n| a |\n|---|\n| 1 |\n";
     let generated = set(&["b.md"]);
     let options = RenderOptions {
-        allow_raw_html: false,
+        raw_html: RawHtml::Escape,
         source_path: "a.md",
         generated_markdown: &generated,
         template: None,
@@ -692,7 +836,7 @@ fn email_autolinks_are_mailto_links_in_both_modes() {
 fn template_gets_title_and_content() {
     let generated = set(&[]);
     let options = RenderOptions {
-        allow_raw_html: false,
+        raw_html: RawHtml::Escape,
         source_path: "a.md",
         generated_markdown: &generated,
         template: Some(
@@ -814,7 +958,11 @@ mod properties {
         markdown_to_html(
             markdown,
             &RenderOptions {
-                allow_raw_html: allow,
+                raw_html: if allow {
+                    RawHtml::Allow
+                } else {
+                    RawHtml::Escape
+                },
                 source_path: "docs/page.md",
                 generated_markdown: &generated,
                 template: None,
@@ -896,7 +1044,7 @@ mod parts {
         ];
         for template in templates {
             let options = RenderOptions {
-                allow_raw_html: false,
+                raw_html: RawHtml::Escape,
                 source_path: "a.md",
                 generated_markdown: &generated,
                 template,

@@ -514,7 +514,7 @@ fn rendered(markdown: &str, source_path: &str, template: Option<&str>) -> String
     distributor::render::markdown_to_html(
         markdown,
         &distributor::render::RenderOptions {
-            allow_raw_html: false,
+            raw_html: distributor::config::RawHtml::Escape,
             source_path,
             generated_markdown: &generated,
             template,

@@ -600,7 +600,7 @@ fn one_refused_destination_stops_every_destination() {
 }
 
 #[test]
-fn markdown_is_rendered_to_escaped_html_with_rewritten_links() {
+fn markdown_is_rendered_to_sanitized_html_with_rewritten_links() {
     let t = Test::new();
     t.config(
         "pipelines:
@@ -629,11 +629,9 @@ fn markdown_is_rendered_to_escaped_html_with_rewritten_links() {
     let html = fs::read_to_string(t.join("site/report.html")).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
     assert!(html.contains("<title>Quarterly figures</title>"), "{html}");
-    assert!(
-        html.contains("&lt;script&gt;"),
-        "raw HTML is shown as text: {html}"
-    );
+    // Sanitized by default: the script is gone, neither run nor shown.
     assert!(!html.contains("<script>"), "{html}");
+    assert!(!html.contains("&lt;script&gt;"), "{html}");
     assert!(html.contains("href=\"notes.html\""), "{html}");
     assert!(
         html.contains("href=\"https://e.com/y.md\""),
@@ -1070,9 +1068,12 @@ fn source_and_html_together_give_two_outputs_per_markdown_file() {
     let escaped = fs::read_to_string(t.join("site/x.html")).unwrap();
     assert!(
         !escaped.contains("javascript:"),
-        "neutralised in escape mode: {escaped}"
+        "neutralised in sanitize mode: {escaped}"
     );
-    assert!(escaped.contains("&lt;span"), "{escaped}");
+    assert!(
+        escaped.contains("<span>raw</span>"),
+        "sanitized: the element kept, its class dropped: {escaped}"
+    );
     let allowed = fs::read_to_string(t.join("trusting/x.html")).unwrap();
     assert!(
         allowed.contains("<span class=\"k\">raw</span>"),

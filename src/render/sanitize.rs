@@ -1,0 +1,315 @@
+//! `raw_html: sanitize` (docs/contract.md §16.4): the raw HTML of a page is
+//! cleaned by `ammonia`'s allowlist sanitizer, configured after what GitHub
+//! keeps of a README: layout and text elements (`div align`, `img`,
+//! `picture`/`source`, `details`/`summary`, `sub`, `sup`, `kbd`, `br`,
+//! tables, ...), and nothing that runs, styles or frames (`script`, `style`,
+//! `iframe`, `object`, `embed`, `form`, `svg`, `math`, `base`, `meta`, `link`
+//! go, so do event handlers and `style` attributes); link and image targets
+//! only `http`, `https`, `mailto` or relative; comments dropped.
+//!
+//! What is sanitized is rendered HTML, not each raw fragment on its own, so
+//! that the structure a README builds across markdown and HTML (a centred
+//! `<div>` around markdown paragraphs) stays as a browser shows it. To keep
+//! the memory of a big page bounded as elsewhere (docs/contract.md §12.3),
+//! the page goes in stretches: top-level blocks are written as they come,
+//! and a stretch of them is held only from a block with raw HTML to the
+//! next top-level boundary where every element its raw HTML opened is
+//! closed again. A stretch without raw HTML is written as it is: the
+//! allowlist holds everything the renderer itself writes (heading ids and
+//! self-links, footnotes, code languages, task-list boxes), so a page
+//! without raw HTML is the same in every mode.
+
+use super::{LastByte, RenderOptions, events};
+use pulldown_cmark::{Event, html};
+use std::collections::HashSet;
+use std::io;
+
+/// [`super::render_body`] in sanitize mode: returns the last byte written
+/// and the title, the first heading of the page, one in raw HTML too.
+pub(super) fn render_body<'a>(
+    events: impl Iterator<Item = Event<'a>>,
+    sink: &mut dyn io::Write,
+    options: &RenderOptions<'_>,
+) -> io::Result<(Option<u8>, String)> {
+    let mut rewriter = events::Rewriter::new(events, options);
+    let mut out = LastByte { sink, last: None };
+    let builder = builder();
+    let mut stretch: Vec<Event<'a>> = Vec::new();
+    let mut depth = 0usize;
+    let mut open_html = 0i64;
+    let mut raw = false;
+    // The first heading's text when it came out of a sanitized stretch;
+    // `Some(None)` when the first heading was an ordinary one.
+    let mut title: Option<Option<String>> = None;
+    for event in rewriter.by_ref() {
+        match &event {
+            Event::Start(tag) => {
+                if title.is_none() && !raw && matches!(tag, pulldown_cmark::Tag::Heading { .. }) {
+                    title = Some(None);
+                }
+                depth += 1;
+            }
+            Event::End(_) => depth = depth.saturating_sub(1),
+            Event::Html(text) | Event::InlineHtml(text) => {
+                raw = true;
+                open_html += balance(text);
+            }
+            _ => {}
+        }
+        stretch.push(event);
+        if depth == 0 && (!raw || open_html <= 0) {
+            flush(&builder, &mut stretch, raw, &mut out, &mut title)?;
+            raw = false;
+            open_html = 0;
+        }
+    }
+    flush(&builder, &mut stretch, raw, &mut out, &mut title)?;
+    let from_events = rewriter.into_title();
+    let title = match title {
+        Some(Some(t)) => Some(t),
+        _ => from_events,
+    }
+    .unwrap_or_else(|| super::file_stem(options.source_path));
+    Ok((out.last, title))
+}
+
+/// Writes a stretch of events, sanitized when it holds raw HTML.
+fn flush(
+    builder: &ammonia::Builder<'_>,
+    stretch: &mut Vec<Event<'_>>,
+    raw: bool,
+    out: &mut LastByte<'_>,
+    title: &mut Option<Option<String>>,
+) -> io::Result<()> {
+    if stretch.is_empty() {
+        return Ok(());
+    }
+    if !raw {
+        return html::write_html_io(&mut *out, stretch.drain(..));
+    }
+    let mut rendered = String::new();
+    html::push_html(&mut rendered, stretch.drain(..));
+    let clean = builder.clean(&rendered).to_string();
+    drop(rendered);
+    if title.is_none() {
+        *title = first_heading(&clean).map(Some);
+    }
+    io::Write::write_all(out, clean.as_bytes())
+}
+
+/// How many elements the raw HTML `text` leaves open: opening tags count
+/// one up, closing tags one down; void elements, self-closing tags,
+/// comments and declarations count nothing.
+fn balance(text: &str) -> i64 {
+    const VOID: [&str; 14] = [
+        "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
+        "source", "track", "wbr",
+    ];
+    let mut n = 0;
+    let mut rest = text;
+    while let Some(lt) = rest.find('<') {
+        rest = &rest[lt..];
+        if let Some(after) = rest.strip_prefix("<!--") {
+            rest = after.find("-->").map_or("", |e| &after[e + 3..]);
+            continue;
+        }
+        let end = tag_end(rest);
+        let tag = &rest[1..end];
+        rest = &rest[end..];
+        let closing = tag.starts_with('/');
+        let name: String = tag
+            .trim_start_matches('/')
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect::<String>()
+            .to_ascii_lowercase();
+        if name.is_empty() || VOID.contains(&name.as_str()) {
+            continue;
+        }
+        if closing {
+            n -= 1;
+        } else if !tag.trim_end_matches('>').ends_with('/') {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The allowlist: ammonia's defaults (close to GitHub's), plus what READMEs
+/// and the renderer use, minus every scheme but `http`, `https` and `mailto`.
+fn builder() -> ammonia::Builder<'static> {
+    let mut b = ammonia::Builder::default();
+    b.add_tags(["picture", "source", "input"])
+        .add_generic_attributes(["id", "align"])
+        .add_tag_attributes("a", ["aria-label"])
+        .add_tag_attributes("img", ["srcset"])
+        .add_tag_attributes("source", ["srcset", "media", "type", "width", "height"])
+        .add_tag_attributes("input", ["type", "checked", "disabled"])
+        .add_tag_attributes("details", ["open"])
+        .add_tag_attribute_values("input", "type", ["checkbox"])
+        .add_allowed_classes("a", ["anchor", "footnote-backref"])
+        .add_allowed_classes("div", ["footnote-definition"])
+        .add_allowed_classes("sup", ["footnote-reference", "footnote-definition-label"])
+        .url_schemes(HashSet::from(["http", "https", "mailto"]))
+        // Links keep the attributes the page gives them; none opens a new
+        // window (`target` is not allowed), so no `rel` is needed.
+        .link_rel(None)
+        .strip_comments(true);
+    // Code blocks say their language as `language-NAME`.
+    b.attribute_filter(|element, attribute, value| {
+        if element == "code" && attribute == "class" {
+            let ok = value
+                .strip_prefix("language-")
+                .is_some_and(|l| !l.is_empty() && l.chars().all(is_language_char));
+            return ok.then(|| value.into());
+        }
+        Some(value.into())
+    });
+    b.add_tag_attributes("code", ["class"]);
+    b
+}
+
+fn is_language_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '+' | '#' | '.')
+}
+
+/// The plain text of the first heading (`h1` to `h6`) of `html` (what
+/// [`clean`] wrote), as a reader sees it: its text and image alt text,
+/// without the section self-link, whitespace collapsed. `None` when there
+/// is no heading, or it holds no text.
+pub(super) fn first_heading(html: &str) -> Option<String> {
+    let mut text = String::new();
+    let mut in_heading: Option<String> = None;
+    // Depth inside an `<a class="anchor">` (the self-link's `#`).
+    let mut in_anchor = 0usize;
+    let mut rest = html;
+    while !rest.is_empty() {
+        let Some(lt) = rest.find('<') else {
+            if in_heading.is_some() && in_anchor == 0 {
+                text.push_str(rest);
+            }
+            break;
+        };
+        if in_heading.is_some() && in_anchor == 0 {
+            text.push_str(&rest[..lt]);
+        }
+        rest = &rest[lt..];
+        let end = tag_end(rest);
+        let tag = &rest[1..end.saturating_sub(1).max(1)];
+        rest = &rest[end..];
+        let closing = tag.starts_with('/');
+        let name: String = tag
+            .trim_start_matches('/')
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect::<String>()
+            .to_ascii_lowercase();
+        let heading = matches!(name.as_str(), "h1" | "h2" | "h3" | "h4" | "h5" | "h6");
+        match (&in_heading, closing) {
+            (None, false) if heading => in_heading = Some(name),
+            (Some(open), true) if *open == name => {
+                let title = collapse(&decode(&text));
+                if !title.is_empty() {
+                    return Some(title);
+                }
+                text.clear();
+                in_heading = None;
+            }
+            (Some(_), false) if name == "a" && tag.contains("class=\"anchor\"") => in_anchor += 1,
+            (Some(_), true) if name == "a" && in_anchor > 0 => in_anchor -= 1,
+            (Some(_), false) if name == "img" && in_anchor == 0 => {
+                if let Some(alt) = attribute(tag, "alt") {
+                    text.push(' ');
+                    text.push_str(alt);
+                    text.push(' ');
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Where the tag starting at `html[0] == '<'` ends (after its `>`),
+/// skipping quoted attribute values.
+fn tag_end(html: &str) -> usize {
+    let mut quote = None;
+    for (i, c) in html.char_indices().skip(1) {
+        match (quote, c) {
+            (None, '"' | '\'') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, '>') => return i + 1,
+            _ => {}
+        }
+    }
+    html.len()
+}
+
+/// The value of `name="..."` in a serialized tag.
+fn attribute<'t>(tag: &'t str, name: &str) -> Option<&'t str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    let len = tag[at..].find('"')?;
+    Some(&tag[at..at + len])
+}
+
+/// Text with the entities the serializer writes decoded.
+fn decode(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&nbsp;", "\u{a0}")
+        .replace("&amp;", "&")
+}
+
+fn collapse(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balance_counts_the_elements_raw_html_leaves_open() {
+        // (raw HTML, elements left open)
+        let cases = [
+            ("<div align=\"center\">\n", 1),
+            ("</div>\n", -1),
+            ("<div><p>x</p></div>", 0),
+            ("<img src=\"a.png\"><br><hr/>", 0),
+            ("<span/>", 0),
+            ("<!-- <div> -->", 0),
+            ("<!-- unterminated <div>", 0),
+            ("<details><summary>More</summary>\n", 1),
+            ("<a title=\"x > y\" href=\"#\">", 1),
+            ("<DIV>", 1),
+            ("<picture><source srcset=\"d.png\">", 1),
+        ];
+        for (raw, open) in cases {
+            assert_eq!(balance(raw), open, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn the_first_heading_is_its_text_without_the_self_link() {
+        // (sanitized HTML, title)
+        let cases = [
+            (
+                "<p>x</p><h2 id=\"a\">A <em>b</em><a class=\"anchor\" href=\"#a\">#</a></h2>",
+                Some("A b"),
+            ),
+            (
+                "<div align=\"center\"><img alt=\"Logo\" src=\"l.png\"><h1>Name &amp; Co</h1></div>",
+                Some("Name & Co"),
+            ),
+            ("<h1><img alt=\"Logo\" src=\"l.png\"></h1>", Some("Logo")),
+            ("<h3></h3><h4>Second</h4>", Some("Second")),
+            ("<p title=\"<h1>no</h1>\">text</p>", None),
+            ("<p>no heading</p>", None),
+        ];
+        for (html, title) in cases {
+            assert_eq!(first_heading(html).as_deref(), title, "{html}");
+        }
+    }
+}
