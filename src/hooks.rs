@@ -357,12 +357,13 @@ mod tests {
                 "sleep 600 & echo $! > {}; echo started; sleep 600",
                 marker.display()
             ),
-            Duration::from_millis(300),
+            // Long enough for the shell to start its child on a busy machine.
+            Duration::from_secs(3),
         );
         let r = run(&h, b"{}", "site");
         assert_eq!(r.exit, None);
         assert!(
-            r.error.as_deref().unwrap().contains("timeout of 300ms"),
+            r.error.as_deref().unwrap().contains("timeout of 3s"),
             "{r:?}"
         );
         assert_eq!(r.output, "started\n");

@@ -88,7 +88,7 @@ fn spec_example_parses_to_the_expected_values() {
     assert_eq!(d.prefix, "{source_id}/");
     assert!(d.publish_source);
     assert!(!d.publish_html);
-    assert_eq!(d.raw_html, RawHtml::Sanitize);
+    assert_eq!(d.raw_html, RawHtml::Escape, "the example sets escape");
     assert_eq!(
         d.base_url.as_deref(),
         Some("https://reports.example.com/archive/")
