@@ -96,7 +96,10 @@ impl BundleError {
 /// Whether an I/O error met while reading a bundle may pass by itself
 /// ([`crate::io_class::is_transient`], plus interruptions and timeouts).
 pub(super) fn is_transient_io(e: &io::Error) -> bool {
-    crate::io_class::is_transient(e)
+    // A bundle's file the agent may not read stays so: its producer has no
+    // access to work/, so waiting changes nothing. It fails, naming the fix.
+    let forbidden = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+    (crate::io_class::is_transient(e) && !forbidden)
         || matches!(
             e.kind(),
             io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory

@@ -114,6 +114,13 @@ fn refuse_file(path: &RelPath, e: EntryError) -> Refusal {
             None,
         ),
         EntryError::Raced => refuse(path, raced_message(), None),
+        EntryError::Io(e) if e.kind() == io::ErrorKind::PermissionDenied => refuse(
+            path,
+            format!(
+                "cannot open: {e}: the agent's user may not read it. The producer makes its files readable by the agent's group (chmod g+r, and a group-readable umask such as 027 when writing them); see docs/install.md, \"Permissions\""
+            ),
+            Some(e),
+        ),
         EntryError::Io(e) => refuse(path, format!("cannot open: {e}"), Some(e)),
     }
 }

@@ -489,6 +489,13 @@ fn examine(folder: &Dir, tree: &Tree, limits: &Limits) -> ProbeKind {
                     listed.path, node.links
                 ));
             }
+            // Waiting cannot shrink it: the manifest is written last.
+            Some(node) if node.size > listed.size => {
+                return ProbeKind::Broken(format!(
+                    "{}: is {} bytes, more than the {} its manifest declares, so it cannot become complete; seal the bundle again after its files are written (`distributor bundle seal`), then deliver it again",
+                    listed.path, node.size, listed.size
+                ));
+            }
             Some(node) if node.size != listed.size => short.push(format!(
                 "{} ({} of {} bytes)",
                 listed.path, node.size, listed.size
@@ -769,6 +776,15 @@ mod tests {
             ProbeKind::Incomplete(
                 "1 of 2 listed files missing: sub/a.txt; 1 not of the declared size yet: z.bin (4 of 10 bytes)".into()
             )
+        );
+
+        // Longer than declared: waiting cannot help, it is claimed to fail.
+        std::fs::write(b.join("sub/a.txt"), b"hello").unwrap();
+        std::fs::write(b.join("z.bin"), [0u8; 20]).unwrap();
+        let kind = probe_one(&inbox).kind;
+        assert!(
+            matches!(&kind, ProbeKind::Broken(t) if t.starts_with("z.bin: is 20 bytes, more than the 10")),
+            "{kind:?}"
         );
 
         std::fs::write(b.join(MANIFEST), b"{\"schema_version\": 7}").unwrap();

@@ -436,3 +436,59 @@ fn retention_deletes_a_deep_tree_with_few_descriptors_and_follows_no_link() {
     assert_eq!(bundles(&done), Vec::<String>::new(), "{}", out.stderr);
     assert_eq!(fs::read_to_string(&keep).unwrap(), "keep");
 }
+
+// ---------------------------------------------------------------------------
+// Bundles that cannot become valid fail at once, saying why
+// ---------------------------------------------------------------------------
+
+/// A listed file longer than its manifest declares cannot become complete
+/// (the manifest is written last): it is failed at `verify` at once, not
+/// left waiting for `incomplete_timeout`. A listed file the agent's user may
+/// not read fails naming the permission problem and the fix.
+#[test]
+fn hopeless_and_unreadable_bundles_fail_at_once_saying_what_to_do() {
+    if !can_switch_users("hopeless_and_unreadable_bundles_fail_at_once_saying_what_to_do") {
+        return;
+    }
+    let lab = Lab::unprivileged();
+    lab.sealed("longer", &[("a.txt", "declared")]);
+    fs::write(lab.join("bundles/longer/a.txt"), "longer than declared").unwrap();
+    lab.sealed("private", &[("secret.txt", "only mine")]);
+    lab.deliver(OTHER, "reports", "longer");
+    lab.deliver(OTHER, "reports", "private");
+    // The producer's own file, readable by nobody else.
+    let secret = lab.spool("reports", "inbox").join("private/secret.txt");
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+
+    // --once leaves incomplete bundles in the inbox; these two are claimed.
+    let out = lab.agent_once(Some(NOBODY));
+    out.expect_code(1);
+    assert_eq!(
+        bundles(&lab.spool("reports", "inbox")),
+        Vec::<String>::new()
+    );
+    let failed = lab.spool("reports", "failed");
+    assert_eq!(bundles(&failed), ["longer", "private"], "{}", out.stderr);
+    let longer = &show(&lab, "longer")["result"];
+    assert_eq!(longer["stage"], "verify", "{longer}");
+    let error = longer["error"].as_str().unwrap();
+    assert!(
+        error.contains("a.txt: size is 20 bytes but manifest.json says 8"),
+        "{error}"
+    );
+    let private = &show(&lab, "private")["result"];
+    assert_eq!(private["stage"], "verify", "{private}");
+    let error = private["error"].as_str().unwrap();
+    assert!(
+        error.contains("secret.txt: cannot open")
+            && error.contains("may not read it")
+            && error.contains("chmod g+r"),
+        "{error}"
+    );
+    assert_eq!(
+        bundles(&lab.join("site")),
+        Vec::<String>::new(),
+        "nothing published"
+    );
+    assert!(!lab.join("site/.distributor.json").exists());
+}
