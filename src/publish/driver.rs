@@ -415,7 +415,14 @@ impl<'a> Driver<'a> {
                 || plans.iter().all(|p| p.writes.is_empty())
                 || plans.iter().any(|p| !p.clear_first.is_empty());
             if hash_first && let Err(e) = verify_rest(&r.bundle, &mut r.verified) {
-                reports[index] = Some(Error::Bundle(e).fail(r.report));
+                let failed = Error::Bundle(e).fail(r.report);
+                let transient = failed.transient;
+                reports[index] = Some(failed);
+                if transient {
+                    // Tried again later: nothing newer goes before it.
+                    reports.truncate(index + 1);
+                    break;
+                }
                 continue;
             }
             if self.options.dry_run {
@@ -512,6 +519,14 @@ impl<'a> Driver<'a> {
                         }
                         reports.push(None);
                         taken.push((index, r));
+                    }
+                    // A bundle that fails for a passing reason is tried
+                    // again later, alone: the batch ends before it, so
+                    // that nothing newer is published first (a failed one
+                    // is never published, and does not stop the batch).
+                    Err(report) if report.transient => {
+                        reports.push(Some(*report));
+                        return (reports, taken);
                     }
                     Err(report) => reports.push(Some(*report)),
                 }
