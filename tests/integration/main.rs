@@ -17,6 +17,7 @@ mod maintain;
 mod matrix;
 mod metrics;
 mod operate;
+mod outage;
 mod producer;
 mod producer_limits;
 mod producer_spool;

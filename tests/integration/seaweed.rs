@@ -187,12 +187,11 @@ extern "C" fn stop_at_exit() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-fn start() -> Result<Server, String> {
-    let weed = weed()?;
-    let dir = target_dir()
-        .join("tmp")
-        .join(format!("seaweedfs-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
+/// Writes the server's identities (`s3.json`) and `master.toml` into
+/// `dir` (emptied first) and returns the arguments of `weed server` on
+/// fresh ports of 127.0.0.1, the S3 port first.
+fn prepare(dir: &Path) -> Result<(u16, Vec<String>), String> {
+    let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir.join("data")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let config = dir.join("s3.json");
     fs::write(
@@ -235,6 +234,15 @@ fn start() -> Result<Server, String> {
     ] {
         args.push(format!("-{flag}={}", free_port()));
     }
+    Ok((s3_port, args))
+}
+
+fn start() -> Result<Server, String> {
+    let weed = weed()?;
+    let dir = target_dir()
+        .join("tmp")
+        .join(format!("seaweedfs-{}", std::process::id()));
+    let (s3_port, args) = prepare(&dir)?;
     let log = fs::File::create(dir.join("weed.log")).map_err(|e| e.to_string())?;
 
     // Spawned from a thread that lives until the process exits: the
@@ -304,6 +312,125 @@ fn start() -> Result<Server, String> {
         started_in,
         ..server
     })
+}
+
+/// A SeaweedFS server of one test's own, apart from the shared [`server`]
+/// (which other tests of the process use meanwhile): its own ports and
+/// data folder, so that the test can stop it as an outage would and start
+/// it again on the same ports and data (buckets and objects survive).
+/// Spawned by the test's thread with `PR_SET_PDEATHSIG`, so it dies with
+/// the test however the test ends; killed, reaped and its folder removed
+/// on drop.
+pub struct OwnServer {
+    /// `http://127.0.0.1:PORT` of the S3 API (the same across restarts).
+    pub endpoint: String,
+    s3_port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    weed: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OwnServer {
+    /// Starts a server named `name` (its folder is
+    /// `target/tmp/seaweedfs-<pid>-<name>`) and waits until it takes a write.
+    pub fn start(name: &str) -> OwnServer {
+        let weed = weed().unwrap_or_else(|e| panic!("{e}"));
+        let dir = target_dir()
+            .join("tmp")
+            .join(format!("seaweedfs-{}-{name}", std::process::id()));
+        let (s3_port, args) = prepare(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let mut server = OwnServer {
+            endpoint: format!("http://127.0.0.1:{s3_port}"),
+            s3_port,
+            dir,
+            args,
+            weed,
+            child: None,
+        };
+        server.resume();
+        server
+    }
+
+    /// A location in `bucket` of this server.
+    pub fn location(&self, bucket: &str, prefix: &str) -> S3Location {
+        S3Location {
+            bucket: bucket.to_owned(),
+            path: prefix.to_owned(),
+            endpoint: Some(self.endpoint.clone()),
+            region: "us-east-1".to_owned(),
+        }
+    }
+
+    /// Starts the stopped server again on the same ports and data folder,
+    /// and waits (up to 90 s) until it takes a write again.
+    #[track_caller]
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("weed.log"))
+            .expect("open weed.log");
+        let mut cmd = Command::new(&self.weed);
+        cmd.args(&self.args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()))
+            .stderr(Stdio::from(log));
+        // SAFETY: prctl is async-signal-safe; nothing else runs here.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let started = Instant::now();
+        self.child = Some(cmd.spawn().expect("spawn weed"));
+        let probe = S3Root::open_with(&self.location("ready", ""), credentials()).expect("client");
+        let port = self.s3_port;
+        let ready = crate::util::wait_for(Duration::from_secs(90), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok() && probe.probe().is_ok()
+        });
+        assert!(
+            ready,
+            "SeaweedFS at {} did not accept a write within 90 s; last log lines:\n{}",
+            self.endpoint,
+            self.log_tail()
+        );
+        eprintln!(
+            "own SeaweedFS at {} ready after {:.1} s",
+            self.endpoint,
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Sends `sig` (SIGTERM: a clean shutdown; SIGKILL: a crash) to the
+    /// server and reaps it: its S3 port refuses connections from here on.
+    pub fn stop(&mut self, sig: libc::c_int) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        crate::util::signal(child.id(), sig);
+        if crate::util::wait_exit(&mut child, Duration::from_secs(30)).is_none() {
+            eprintln!("SeaweedFS ignored signal {sig} for 30 s; killed");
+        }
+    }
+
+    /// The last lines of the server's log, newest first.
+    pub fn log_tail(&self) -> String {
+        let log = fs::read_to_string(self.dir.join("weed.log")).unwrap_or_default();
+        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.stop(libc::SIGKILL);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A proxy in front of the server that strips `If-None-Match` and
@@ -408,16 +535,21 @@ pub struct Bucket {
 
 impl Bucket {
     pub fn new(prefix: &str) -> Bucket {
-        let s = server();
-        let location = s.location(prefix);
-        let root = S3Root::open_with(&location, s.credentials()).expect("s3 client");
+        Bucket::at(server().location(prefix))
+    }
+
+    /// The root at `location`, on the server its endpoint names (the
+    /// shared one or an [`OwnServer`]); its bucket is made if need be.
+    pub fn at(location: S3Location) -> Bucket {
+        let endpoint = location.endpoint.clone().expect("an endpoint");
+        let root = S3Root::open_with(&location, credentials()).expect("s3 client");
         let store = object_store::aws::AmazonS3Builder::new()
             .with_bucket_name(&location.bucket)
             .with_region("us-east-1")
-            .with_endpoint(s.endpoint.clone())
+            .with_endpoint(endpoint)
             .with_allow_http(true)
-            .with_access_key_id(s.credentials().key_id)
-            .with_secret_access_key(s.credentials().secret)
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
             .build()
             .expect("client");
         let rt = tokio::runtime::Builder::new_current_thread()
