@@ -20,6 +20,10 @@ impl Worker {
         // was, a stop sends every other one back instead of starting it.
         let mut finished_one = false;
         while rest.len() > 1 && !self.stopping() {
+            if finished_one && self.hold_placed() {
+                self.unclaim(rest);
+                return;
+            }
             match self.try_batch(rest, rx) {
                 // A batch may take only the first bundles (their pages would
                 // hold too much memory together): the rest are batched next.
@@ -62,13 +66,20 @@ impl Worker {
         for (i, (path, name)) in rest.iter().enumerate() {
             // Stopping: the first claimed bundle is the one in hand and is
             // finished (unless one was finished alone already); the others
-            // go back to the inbox.
-            if (i > 0 || finished_one) && self.stopping() {
+            // go back to the inbox. So do they when `spool hold` came while
+            // one was in hand (deferred, perhaps for long).
+            if (i > 0 || finished_one) && (self.stopping() || self.hold_placed()) {
                 self.unclaim(&rest[i..]);
                 return;
             }
             self.process(path, name, rx);
         }
+    }
+
+    /// Whether `spool hold` holds the pipeline now (one that cannot be read
+    /// counts as held, as in the worker's scan).
+    fn hold_placed(&self) -> bool {
+        !matches!(spool::queue::hold(self.spool.pipeline_folder()), Ok(None))
     }
 
     /// Stopping: claimed bundles not started yet go back to the inbox.

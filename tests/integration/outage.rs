@@ -833,6 +833,52 @@ fn a_live_agent_holds_and_resumes_without_a_restart() {
     );
 }
 
+/// Bundles claimed together with one that is then deferred wait in work/
+/// behind it; a `spool hold` placed meanwhile sends them back to the inbox
+/// once the bundle in hand is done, and `spool release` publishes them, in
+/// order.
+#[test]
+fn a_hold_sends_bundles_claimed_behind_a_deferred_one_back_to_the_inbox() {
+    let t = Test::new();
+    t.config(&local_config(SHORT_RETRIES));
+    let www = t.join("www");
+    // A first version makes the root's catalog, so the backlog is a batch.
+    stage(&t, "v0", "report", 0, &[("r.txt", "v0\n")]);
+    drop_staged(&t, "p", "v0");
+    let agent = t.agent();
+    wait_all_done(&t, &agent, &set(&["v0"]), EVENT_WAIT);
+    stop_within(agent, Duration::from_secs(30));
+
+    let lock = hold_root_lock(&www);
+    for v in 1..=3 {
+        let name = format!("v{v}");
+        stage(&t, &name, "report", v, &[("r.txt", &format!("{name}\n"))]);
+        drop_staged(&t, "p", &name);
+    }
+    // Started with the three waiting: they are claimed together.
+    let agent = t.agent();
+    let d = wait_deferred(&t, &agent, 2);
+    assert_eq!(d["bundle"], "v1", "{d}");
+    assert_eq!(names(&t.spool("p", "work")), set(&["v1", "v2", "v3"]));
+    t.run(&["spool", "hold", "p"]).expect_code(0);
+    drop(lock);
+    let inbox = t.spool("p", "inbox");
+    assert!(
+        wait_for(EVENT_WAIT, || names(&inbox) == set(&["v2", "v3"])),
+        "{}",
+        agent.stderr()
+    );
+    assert_eq!(names(&t.spool("p", "done")), set(&["v0", "v1"]));
+    assert_eq!(fs::read_to_string(www.join("r.txt")).unwrap(), "v1\n");
+
+    t.run(&["spool", "release", "p"]).expect_code(0);
+    wait_all_done(&t, &agent, &set(&["v0", "v1", "v2", "v3"]), EVENT_WAIT);
+    let log = stop_within(agent, Duration::from_secs(30));
+    assert_eq!(done_order(&log, "p"), ["v1", "v2", "v3"], "{log}");
+    assert_eq!(fs::read_to_string(www.join("r.txt")).unwrap(), "v3\n");
+    assert_catalog_matches_disk(&www);
+}
+
 // ---------------------------------------------------------------------------
 // 6. The object store stopped mid-backlog
 // ---------------------------------------------------------------------------
