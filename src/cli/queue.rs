@@ -33,6 +33,14 @@ fn selected<'c>(config: &'c Config, pipeline: Option<&str>) -> Result<Vec<&'c Pi
     }
 }
 
+/// The pipeline named `id` and its spool, or the exit code of why not.
+fn one(flag: Option<&Path>, id: &str) -> Result<(Pipeline, Spool), u8> {
+    let config = config_or_usage(flag)?;
+    let p = selected(&config, Some(id))?[0].clone();
+    let spool = Spool::of(&config, &p);
+    Ok((p, spool))
+}
+
 /// `spool flush [P]`.
 pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
     let config = match config_or_usage(flag) {
@@ -119,15 +127,10 @@ fn taken(folder: &Path) -> bool {
 
 /// `spool hold P`.
 pub(super) fn hold(flag: Option<&Path>, pipeline: &str) -> u8 {
-    let config = match config_or_usage(flag) {
-        Ok(c) => c,
+    let (p, spool) = match one(flag, pipeline) {
+        Ok(found) => found,
         Err(code) => return code,
     };
-    let p = match selected(&config, Some(pipeline)) {
-        Ok(p) => p[0],
-        Err(code) => return code,
-    };
-    let spool = Spool::of(&config, p);
     let folder = spool.pipeline_folder();
     let before = queue::hold(folder).ok().flatten();
     match queue::put_hold(folder, OffsetDateTime::now_utc()) {
@@ -159,15 +162,11 @@ pub(super) fn hold(flag: Option<&Path>, pipeline: &str) -> u8 {
 
 /// `spool release P`.
 pub(super) fn release(flag: Option<&Path>, pipeline: &str) -> u8 {
-    let config = match config_or_usage(flag) {
-        Ok(c) => c,
+    let (p, spool) = match one(flag, pipeline) {
+        Ok(found) => found,
         Err(code) => return code,
     };
-    let p = match selected(&config, Some(pipeline)) {
-        Ok(p) => p[0],
-        Err(code) => return code,
-    };
-    let folder = Spool::of(&config, p).pipeline_folder().to_owned();
+    let folder = spool.pipeline_folder().to_owned();
     let was = queue::hold(&folder).ok().flatten();
     match queue::release(&folder) {
         Ok(true) => {

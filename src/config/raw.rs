@@ -180,13 +180,7 @@ impl Rule for HookTimeoutRule {
     type Out = Duration;
     const EXPECTING: &'static str = DurationRule::EXPECTING;
     fn check(text: &str) -> Result<Duration, String> {
-        let d = parse_duration(text)?;
-        if d.is_zero() {
-            return Err(format!(
-                "{text:?} would kill every hook at once; give a time greater than zero, such as 30s"
-            ));
-        }
-        Ok(d)
+        nonzero_duration(text, "would kill every hook at once", "30s")
     }
 }
 
@@ -361,14 +355,20 @@ impl Rule for IntervalRule {
     type Out = Duration;
     const EXPECTING: &'static str = DurationRule::EXPECTING;
     fn check(text: &str) -> Result<Duration, String> {
-        let d = parse_duration(text)?;
-        if d.is_zero() {
-            return Err(format!(
-                "{text:?} would rescan without pause; give a period greater than zero, such as 60s"
-            ));
-        }
-        Ok(d)
+        nonzero_duration(text, "would rescan without pause", "60s")
     }
+}
+
+/// A duration greater than zero; zero gets `why` it is refused and an
+/// `example` of a good value.
+fn nonzero_duration(text: &str, why: &str, example: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{text:?} {why}; give a duration greater than zero, such as {example}"
+        ));
+    }
+    Ok(d)
 }
 
 /// `retry_max_interval`: at least a second, the first pause.

@@ -116,13 +116,7 @@ fn balance(text: &str) -> i64 {
         let end = tag_end(rest);
         let tag = &rest[1..end];
         rest = &rest[end..];
-        let closing = tag.starts_with('/');
-        let name: String = tag
-            .trim_start_matches('/')
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric())
-            .collect::<String>()
-            .to_ascii_lowercase();
+        let (closing, name) = tag_name(tag);
         if name.is_empty() || VOID.contains(&name.as_str()) {
             continue;
         }
@@ -197,13 +191,7 @@ pub(super) fn first_heading(html: &str) -> Option<String> {
         let end = tag_end(rest);
         let tag = &rest[1..end.saturating_sub(1).max(1)];
         rest = &rest[end..];
-        let closing = tag.starts_with('/');
-        let name: String = tag
-            .trim_start_matches('/')
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric())
-            .collect::<String>()
-            .to_ascii_lowercase();
+        let (closing, name) = tag_name(tag);
         let heading = matches!(name.as_str(), "h1" | "h2" | "h3" | "h4" | "h5" | "h6");
         match (&in_heading, closing) {
             (None, false) if heading => in_heading = Some(name),
@@ -228,6 +216,18 @@ pub(super) fn first_heading(html: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// Whether `tag` (the text after `<`) closes an element, and the element's
+/// name, lowercased.
+fn tag_name(tag: &str) -> (bool, String) {
+    let name = tag
+        .trim_start_matches('/')
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    (tag.starts_with('/'), name)
 }
 
 /// Where the tag starting at `html[0] == '<'` ends (after its `>`),
