@@ -253,21 +253,7 @@ fn start() -> Result<Server, String> {
     std::thread::Builder::new()
         .name("seaweedfs".into())
         .spawn(move || {
-            let mut cmd = Command::new(&weed);
-            cmd.args(&args)
-                .current_dir(&spawn_dir)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()))
-                .stderr(Stdio::from(log));
-            // SAFETY: prctl is async-signal-safe; nothing else runs here.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            let mut cmd = weed_command(&weed, &args, &spawn_dir, log);
             let child = cmd.spawn().map(|c| c.id());
             let _ = tx.send(child);
             loop {
@@ -372,21 +358,7 @@ impl OwnServer {
             .append(true)
             .open(self.dir.join("weed.log"))
             .expect("open weed.log");
-        let mut cmd = Command::new(&self.weed);
-        cmd.args(&self.args)
-            .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()))
-            .stderr(Stdio::from(log));
-        // SAFETY: prctl is async-signal-safe; nothing else runs here.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let mut cmd = weed_command(&self.weed, &self.args, &self.dir, log);
         let started = Instant::now();
         self.child = Some(cmd.spawn().expect("spawn weed"));
         let probe = S3Root::open_with(&self.location("ready", ""), credentials()).expect("client");
@@ -640,4 +612,25 @@ impl Bucket {
         }
         records
     }
+}
+
+/// `weed ARGS` in `dir`, its output into `log`, killed by the kernel when
+/// the thread that spawns it goes away (`PR_SET_PDEATHSIG`).
+fn weed_command(weed: &Path, args: &[String], dir: &Path, log: fs::File) -> Command {
+    let mut cmd = Command::new(weed);
+    cmd.args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()))
+        .stderr(Stdio::from(log));
+    // SAFETY: prctl is async-signal-safe; nothing else runs here.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
