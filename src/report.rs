@@ -52,6 +52,13 @@ pub struct DestinationReport {
     pub deletes: Vec<String>,
     pub unmanaged: Vec<String>,
     pub error: Option<String>,
+    /// Of a publication that failed: what it had planned to write and
+    /// delete (`writes` and `deletes` then hold what it did: nothing, since
+    /// a failed publication leaves the root as it was).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub planned_writes: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub planned_deletes: Vec<String>,
     /// Planned writes (also listed in `writes`) whose file already held
     /// exactly those bytes and was kept as it is; not serialised.
     #[serde(skip)]
@@ -117,6 +124,14 @@ impl RunReport {
     /// Marks the report failed at `stage`.
     pub fn fail(mut self, stage: Stage, error: impl Into<String>, transient: bool) -> RunReport {
         self.ok = false;
+        // What was planned was not done: a failed publication changes no
+        // root (docs/contract.md §6).
+        for d in &mut self.destinations {
+            d.planned_writes.append(&mut d.writes);
+            d.planned_deletes.append(&mut d.deletes);
+            d.unchanged.clear();
+        }
+        self.bytes_published = 0;
         self.stage = Some(stage);
         self.error = Some(error.into());
         self.transient = transient;
@@ -191,7 +206,13 @@ impl RunReport {
                 inert(&d.root)
             );
             let mut counts = Vec::new();
-            if d.action.is_some() || !d.writes.is_empty() {
+            if !d.planned_writes.is_empty() || !d.planned_deletes.is_empty() {
+                counts.push(format!(
+                    "{} and {} planned, not made",
+                    count(d.planned_writes.len(), "write", "writes"),
+                    count(d.planned_deletes.len(), "delete", "deletes")
+                ));
+            } else if d.action.is_some() || !d.writes.is_empty() {
                 counts.push(count(d.writes.len(), "write", "writes"));
                 counts.push(count(d.deletes.len(), "delete", "deletes"));
             }
@@ -263,6 +284,7 @@ impl RunReport {
             let _ = writeln!(out, "warning: {}", inert(w));
         }
         let writes: usize = self.destinations.iter().map(|d| d.writes.len()).sum();
+        let kept: usize = self.destinations.iter().map(|d| d.unchanged.len()).sum();
         let deletes: usize = self.destinations.iter().map(|d| d.deletes.len()).sum();
         if self.dry_run {
             // Nothing is written, so there are no bytes to count.
@@ -273,11 +295,26 @@ impl RunReport {
                 count(deletes, "file", "files"),
                 elapsed.as_secs_f64()
             );
-        } else {
+        } else if !self.ok {
             let _ = writeln!(
                 out,
-                "wrote {} ({}), deleted {} in {:.1}s",
-                count(writes, "file", "files"),
+                "wrote nothing, deleted nothing in {:.1}s",
+                elapsed.as_secs_f64()
+            );
+        } else {
+            // Outputs that already held their bytes were kept, not written.
+            let kept_text = if kept > 0 {
+                format!(
+                    ", kept {} that already held the same bytes",
+                    count(kept, "file", "files")
+                )
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "wrote {} ({}){kept_text}, deleted {} in {:.1}s",
+                count(writes.saturating_sub(kept), "file", "files"),
                 human_bytes(self.bytes_published),
                 count(deletes, "file", "files"),
                 elapsed.as_secs_f64()
@@ -341,11 +378,51 @@ mod tests {
             writes: (0..writes).map(|i| format!("f{i}.txt")).collect(),
             deletes: vec!["old\x1b[2J.txt".to_owned()],
             unmanaged: (0..unmanaged).map(|i| format!("u{i}")).collect(),
+            planned_writes: Vec::new(),
+            planned_deletes: Vec::new(),
             unchanged: Vec::new(),
             error: None,
         });
         r.bytes_published = 3 * 1024 * 1024 / 2;
         r
+    }
+
+    #[test]
+    fn a_failed_report_calls_its_counts_planned_and_wrote_nothing() {
+        let r = report(3, 0).fail(Stage::Publish, "disk full", true);
+        let d = &r.destinations[0];
+        assert!(d.writes.is_empty() && d.deletes.is_empty());
+        assert_eq!(d.planned_writes.len(), 3);
+        assert_eq!(d.planned_deletes.len(), 1);
+        let text = r.to_text(false, Duration::from_millis(100));
+        assert!(
+            text.contains("publish_new, 3 writes and 1 delete planned, not made\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("wrote nothing, deleted nothing in 0.1s\n"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(json["destinations"][0]["writes"], serde_json::json!([]));
+        assert_eq!(json["destinations"][0]["planned_writes"][2], "f2.txt");
+        // A published one has no planned lists.
+        let ok: serde_json::Value = serde_json::from_str(&report(1, 0).to_json()).unwrap();
+        assert!(
+            ok["destinations"][0].get("planned_writes").is_none(),
+            "{ok}"
+        );
+    }
+
+    #[test]
+    fn writes_that_already_held_their_bytes_are_counted_as_kept() {
+        let mut r = report(5, 0);
+        r.destinations[0].unchanged = vec!["f0.txt".into(), "f1.txt".into()];
+        let text = r.to_text(false, Duration::from_millis(100));
+        assert!(
+            text.contains("wrote 3 files (1.5 MiB), kept 2 files that already held the same bytes, deleted 1 file"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -134,10 +134,16 @@ impl Worker {
         match &outcome {
             publish::Batch::Done(reports) => {
                 let elapsed = started.elapsed().as_millis();
+                let failed = reports.iter().filter(|r| !r.ok).count();
                 log::info!(
-                    "pipeline={} published a batch of {} bundles elapsed_ms={elapsed}",
+                    "pipeline={} published a batch of {} bundles{} elapsed_ms={elapsed}",
                     self.pipeline.id,
-                    reports.len()
+                    reports.len() - failed,
+                    if failed > 0 {
+                        format!(" ({failed} more failed or wait to be tried again)")
+                    } else {
+                        String::new()
+                    }
                 );
                 for (((path, name), report), (_, attempt)) in
                     claimed.iter().zip(reports).zip(&attempts)

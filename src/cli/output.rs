@@ -24,3 +24,19 @@ pub(super) fn human_age(seconds: i64) -> String {
         _ => format!("{}d", s / 86_400),
     }
 }
+
+/// An RFC 3339 time as people read it in text output: to the second, in
+/// UTC (`2026-06-04 11:55:00 UTC`); the text as it is when it does not
+/// parse. JSON keeps the full time.
+pub(super) fn human_time(rfc3339: &str) -> String {
+    crate::catalog::parse_time(rfc3339)
+        .ok()
+        .and_then(|t| {
+            let t = t.to_offset(time::UtcOffset::UTC);
+            let format = time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
+            );
+            t.format(&format).ok()
+        })
+        .unwrap_or_else(|| rfc3339.to_owned())
+}

@@ -8,7 +8,7 @@
 //! `done_retention` no longer shows, and a failed bundle retried or deleted
 //! no longer counts as the last failure.
 
-use super::output::human_age;
+use super::output::{human_age, human_time};
 use super::{EXIT_FAILURE, EXIT_OK, access, config_or_usage};
 use crate::agent::presence;
 use crate::config::{Config, Pipeline};
@@ -310,7 +310,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             .map_or_else(|| "unknown pid".to_owned(), |n| format!("pid {n}"));
         let since = agent["since"]
             .as_str()
-            .map(|s| format!(", since {s} ({} ago)", age(&agent["since"])))
+            .map(|s| format!(", since {} ({} ago)", human_time(s), age(&agent["since"])))
             .unwrap_or_default();
         println!("  agent: serving ({pid}{since})");
     } else {
@@ -337,7 +337,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     if let Some(h) = p["hold"].as_object() {
         println!(
             "  held since {} ({} ago): nothing new is claimed; `distributor spool release {}` resumes it",
-            h["since"].as_str().unwrap_or_default(),
+            human_time(h["since"].as_str().unwrap_or_default()),
             age(&h["since"]),
             p["pipeline_id"].as_str().unwrap_or_default()
         );
@@ -347,9 +347,9 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             "  deferred: {} ({} attempt(s) since {}, {} ago; next try {}) [{}] {}",
             inert(d["name"].as_str().unwrap_or_default()),
             d["attempts"],
-            d["since"].as_str().unwrap_or_default(),
+            human_time(d["since"].as_str().unwrap_or_default()),
             age(&d["since"]),
-            d["next_try"].as_str().unwrap_or_default(),
+            human_time(d["next_try"].as_str().unwrap_or_default()),
             inert(d["stage"].as_str().unwrap_or("?")),
             inert(d["last_error"].as_str().unwrap_or_default())
         );
@@ -416,7 +416,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     for d in p["destinations"].as_array().into_iter().flatten() {
         let outputs = d["outputs"]
             .as_u64()
-            .map(|n| format!(", {n} outputs"))
+            .map(|n| format!(", {n} output{}", if n == 1 { "" } else { "s" }))
             .unwrap_or_default();
         println!(
             "  destination {} ({}) {}: {}{outputs}",

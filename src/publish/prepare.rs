@@ -53,6 +53,8 @@ fn destination_report(d: &Destination) -> DestinationReport {
         deletes: Vec::new(),
         unmanaged: Vec::new(),
         error: None,
+        planned_writes: Vec::new(),
+        planned_deletes: Vec::new(),
         unchanged: Vec::new(),
     }
 }
