@@ -104,7 +104,8 @@ impl Spool {
     /// every move is an atomic rename. New folders get the modes of docs/contract.md
     /// §12.6: `work/`, `done/` and `failed/` 0750 (no access for others),
     /// `inbox/` 01770 (sticky: a producer cannot rename or delete another
-    /// producer's entry). Existing folders owned by the agent's user are
+    /// producer's entry), whatever the umask, which may only make the other
+    /// three stricter. Existing folders owned by the agent's user are
     /// tightened the same way (others' access removed, sticky bit added);
     /// the group and the group's access stay the operator's choice.
     pub fn create(&self) -> io::Result<()> {
@@ -127,9 +128,13 @@ impl Spool {
                 .map_err(|e| folder_error(path, e))?;
             let meta = fs::metadata(path).map_err(|e| folder_error(path, e))?;
             let mode = meta.mode() & 0o7777;
-            let wanted = if created {
-                // The umask may take access away, never add the sticky bit.
-                (new_mode & !current_umask()) | (new_mode & 0o1000)
+            let wanted = if created && folder == Folder::Inbox {
+                // Exactly 01770, whatever the umask: a umask of 022 or 077
+                // would leave an inbox its producers cannot drop into.
+                new_mode
+            } else if created {
+                // The umask may take access away (work/, done/, failed/).
+                new_mode & !current_umask()
             } else {
                 (mode | fix.0) & !fix.1
             };

@@ -202,6 +202,34 @@ fn stop_with(mut agent: Proc, signal: libc::c_int) -> Output {
 // 1. agent --once
 // ---------------------------------------------------------------------------
 
+/// The modes docs/security.md promises, under the umasks services run
+/// with: the inbox 01770 whatever the umask (producers of the group drop
+/// into it), work/, done/ and failed/ 0750 made stricter by the umask only.
+#[test]
+fn spool_folders_get_their_documented_modes_under_umask_022_and_077() {
+    use std::os::unix::fs::PermissionsExt;
+    for (umask, private) in [(0o022, 0o750), (0o077, 0o700)] {
+        let dir = Test::new();
+        dir.config(&config_p(""));
+        dir.agent_cmd()
+            .umask(umask)
+            .args(["agent", "--once"])
+            .output()
+            .expect_code(0);
+        let mode = |folder: &str| {
+            fs::metadata(dir.spool("p", folder))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("inbox"), 0o1770, "inbox under umask {umask:03o}");
+        for folder in ["work", "done", "failed"] {
+            assert_eq!(mode(folder), private, "{folder} under umask {umask:03o}");
+        }
+    }
+}
+
 #[test]
 fn once_with_an_empty_inbox_exits_0_and_creates_every_spool_folder() {
     let dir = Test::new();
