@@ -60,12 +60,16 @@ pub enum AgentError {
     Config(#[from] config::ConfigError),
     #[error("{0}")]
     Start(String),
+    /// A spool folder that cannot be made or used as the config asks: the
+    /// config (or the folders) must change, a restart does not help.
+    #[error("{0}")]
+    Spool(String),
 }
 
 impl AgentError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            AgentError::Config(_) => crate::exit::EXIT_USAGE,
+            AgentError::Config(_) | AgentError::Spool(_) => crate::exit::EXIT_USAGE,
             AgentError::Start(_) => crate::exit::EXIT_FAILURE,
         }
     }
@@ -142,7 +146,7 @@ fn create_spools(config: &Config) -> Result<(), AgentError> {
     for p in &config.pipelines {
         Spool::of(config, p)
             .create()
-            .map_err(|e| AgentError::Start(e.to_string()))?;
+            .map_err(|e| AgentError::Spool(e.to_string()))?;
     }
     Ok(())
 }

@@ -164,7 +164,8 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
         }
     };
     let not_writable = access::not_writable(&config);
-    let code = if strict && !not_writable.is_empty() {
+    let split = split_file_systems(&config);
+    let code = if !split.is_empty() || (strict && !not_writable.is_empty()) {
         EXIT_USAGE
     } else {
         EXIT_OK
@@ -190,6 +191,7 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
             "pipelines": pipelines,
             "warnings": warnings,
             "not_writable": not_writable,
+            "errors": split,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
@@ -197,7 +199,10 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
         for n in &not_writable {
             println!("warning: {}", n.to_text());
         }
-        if code != EXIT_OK {
+        for e in &split {
+            eprintln!("error: {e}");
+        }
+        if strict && !not_writable.is_empty() {
             eprintln!(
                 "error: --strict: {} folder(s) above are not writable by user {}",
                 not_writable.len(),
@@ -206,4 +211,35 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
         }
     }
     code
+}
+
+/// Pipelines whose inbox is on another file system than their spool
+/// folder: the agent refuses to start with them (bundles move by rename),
+/// so `config check` says so first. Folders not created yet are judged by
+/// their nearest existing parent, where they would be created.
+fn split_file_systems(config: &Config) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let device = |path: &Path| {
+        access::nearest_existing(path)
+            .and_then(|p| std::fs::metadata(&p).ok())
+            .map(|m| m.dev())
+    };
+    config
+        .pipelines
+        .iter()
+        .filter_map(|p| {
+            let spool = p.spool_dir(config);
+            let (Some(a), Some(b)) = (device(&p.inbox), device(&spool)) else {
+                return None;
+            };
+            (a != b).then(|| {
+                format!(
+                    "pipeline {}: its inbox {} is on another file system than its spool {}; bundles move from one to the other by rename, so the agent refuses to start. Put the inbox inside the spool (leave out `inbox:`), or the spool on the inbox's file system",
+                    p.id,
+                    p.inbox.display(),
+                    spool.display()
+                )
+            })
+        })
+        .collect()
 }

@@ -108,7 +108,9 @@ pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
             // operator filters the journal by.
             let target = match e {
                 crate::agent::AgentError::Config(_) => "distributor::config",
-                crate::agent::AgentError::Start(_) => "distributor::agent",
+                crate::agent::AgentError::Start(_) | crate::agent::AgentError::Spool(_) => {
+                    "distributor::agent"
+                }
             };
             log::error!(target: target, "{e}");
             e.exit_code()

@@ -230,3 +230,56 @@ pipelines:
 
     assert!(!t.join("spool").exists(), "config check creates nothing");
 }
+
+/// An inbox on another file system than its spool: bundles could not be
+/// moved by rename, so the agent refuses to start. `config check` says so
+/// first (exit 2), and the agent's refusal is exit 2 too, which the
+/// packaged unit does not restart on (`RestartPreventExitStatus=2`).
+#[test]
+fn an_inbox_on_another_file_system_than_its_spool_is_refused_before_start() {
+    use std::os::unix::fs::MetadataExt;
+    let t = Test::new();
+    let shm = std::path::Path::new("/dev/shm");
+    let same = std::fs::metadata(shm)
+        .and_then(|a| Ok(a.dev() == std::fs::metadata(t.path())?.dev()))
+        .unwrap_or(true);
+    if same {
+        eprintln!("skipped: no /dev/shm on another file system than the test folder");
+        return;
+    }
+    let inbox = tempfile::Builder::new()
+        .prefix("distributor-inbox-")
+        .tempdir_in(shm)
+        .unwrap();
+    let yaml = format!(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    inbox: {}
+    destinations:
+      - id: site
+        path: ./site
+",
+        inbox.path().display()
+    );
+    let out = check(&t, &yaml);
+    out.expect_code(2);
+    assert!(
+        out.stderr.contains("pipeline reports: its inbox")
+            && out
+                .stderr
+                .contains("is on another file system than its spool"),
+        "{}",
+        out.stderr
+    );
+    let json = t.run(&["config", "check", "--json"]);
+    json.expect_code(2);
+    assert_eq!(json.json()["ok"], false);
+    let agent = t.run(&["agent", "--once"]);
+    agent.expect_code(2);
+    assert!(
+        agent.stderr.contains("different file systems"),
+        "{}",
+        agent.stderr
+    );
+}
