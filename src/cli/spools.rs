@@ -28,8 +28,22 @@ pub(super) fn spool_list(
         .iter()
         .filter(|p| pipeline.is_none_or(|id| id == p.id))
     {
-        match spool::list(&Spool::of(&config, p), folders) {
+        let spool = Spool::of(&config, p);
+        match spool::list(&spool, folders) {
             Ok(r) => rows.extend(r),
+            // A producer sees its inbox, as `status` shows it to them.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::PermissionDenied
+                    && folders.contains(&Folder::Inbox)
+                    && super::access::can_write(&spool.inbox).unwrap_or(false)
+                    && let Ok(r) = spool::list(&spool, &[Folder::Inbox]) =>
+            {
+                eprintln!(
+                    "note: pipeline {}: only its inbox is listed; work/, done/ and failed/ are the agent's and its operators' (docs/security.md)",
+                    p.id
+                );
+                rows.extend(r);
+            }
             Err(e) => {
                 eprintln!("error: cannot list the spool of pipeline {}: {e}", p.id);
                 return EXIT_FAILURE;

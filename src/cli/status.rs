@@ -95,7 +95,11 @@ fn pipeline_status(
 ) -> Result<Value, String> {
     let spool = Spool::of(config, p);
     let folders = [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed];
-    let rows = spool::list(&spool, &folders).map_err(|e| unreadable(&spool, &folders, &e))?;
+    let rows = match spool::list(&spool, &folders) {
+        Ok(rows) => rows,
+        Err(e) if is_producer(&spool, &e) => return producer_status(p, &spool, now, problems),
+        Err(e) => return Err(unreadable(&spool, &folders, &e)),
+    };
     let pipeline_dir = p.spool_dir(config);
     let agent = presence::read(&pipeline_dir).map_err(|e| {
         let lock = presence::lock_path(&pipeline_dir);
@@ -231,6 +235,51 @@ fn pipeline_status(
     }))
 }
 
+/// Whether the one asking is a producer of the pipeline: the agent's own
+/// folders are closed to them (docs/security.md), its inbox is open.
+fn is_producer(spool: &Spool, e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::PermissionDenied
+        && access::can_write(&spool.inbox).unwrap_or(false)
+        && spool::list(spool, &[Folder::Inbox]).is_ok()
+}
+
+/// What a producer may see of its pipeline: its inbox, each entry with
+/// why it waits, and where to turn for the rest (docs/security.md: the
+/// agent's folders are not theirs to read, nor is group `distributor`).
+fn producer_status(
+    p: &Pipeline,
+    spool: &Spool,
+    now: OffsetDateTime,
+    problems: &mut Vec<String>,
+) -> Result<Value, String> {
+    let rows = spool::list(spool, &[Folder::Inbox]).map_err(|e| e.to_string())?;
+    let note = format!(
+        "you can drop bundles into {} but not read the agent's folders (work/, done/, failed/), as docs/security.md sets producers up: what became of a bundle is for an operator to see (`distributor status`, `distributor spool show {} NAME`)",
+        spool.inbox.display(),
+        p.id
+    );
+    problems.push(format!("pipeline {}: {note}", p.id));
+    let inbox: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "state": r.state,
+                "reason": r.reason,
+                "since": r.modified,
+                "age_seconds": age_seconds(&r.modified, now),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "pipeline_id": p.id,
+        "view": "producer",
+        "inbox": rows.len(),
+        "inbox_entries": inbox,
+        "note": note,
+    }))
+}
+
 /// What to do about `done/` entries retention cannot remove.
 const RETENTION_FIX: &str = "the agent may not write into folders their producer owns: the producer or root must remove them (docs/troubleshooting.md), and producers should hand over group-writable bundles as docs/install.md sets up";
 
@@ -289,6 +338,24 @@ fn age_seconds(time: &str, now: OffsetDateTime) -> Option<i64> {
 }
 
 fn print_text(p: &Value, now: OffsetDateTime) {
+    if p["view"] == "producer" {
+        println!(
+            "pipeline {}: inbox {}",
+            p["pipeline_id"].as_str().unwrap_or_default(),
+            p["inbox"]
+        );
+        for e in p["inbox_entries"].as_array().into_iter().flatten() {
+            println!(
+                "  {} ({} ago): {}: {}",
+                inert(e["name"].as_str().unwrap_or_default()),
+                human_age(e["age_seconds"].as_i64().unwrap_or(0)),
+                e["state"].as_str().unwrap_or_default(),
+                inert(e["reason"].as_str().unwrap_or_default())
+            );
+        }
+        println!("  note: {}", p["note"].as_str().unwrap_or_default());
+        return;
+    }
     let age = |t: &Value| {
         t.as_str()
             .and_then(|t| age_seconds(t, now))

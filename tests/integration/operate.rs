@@ -344,6 +344,60 @@ fn status_as_a_user_outside_the_group_names_the_folder_and_the_fix() {
     assert!(out.stdout.contains("Permission denied"), "{}", out.all());
 }
 
+/// A producer (who may write the inbox, not read the agent's folders, and
+/// must not join group `distributor`, docs/security.md) gets the
+/// producer's view from `status` and `spool list`: its inbox, each entry
+/// with why it waits, and where the rest is, not a fix that makes it an
+/// operator.
+#[test]
+fn status_and_spool_list_as_a_producer_show_the_inbox() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run status as uid {NOBODY}");
+        return;
+    }
+    let t = Test::new();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    t.config(CONFIG);
+    // As the agent sets it up (root here, the agent's user in a real
+    // install): the pipeline folders passable, the inbox the producers'
+    // group's (nogroup here), the rest closed.
+    t.run(&["agent", "--once"]).expect_code(0);
+    for folder in ["spool", "spool/p"] {
+        fs::set_permissions(t.join(folder), fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let inbox = t.join("spool/p/inbox");
+    std::os::unix::fs::chown(&inbox, None, Some(NOBODY)).unwrap();
+    fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+    fs::create_dir(inbox.join("half")).unwrap();
+    std::os::unix::fs::chown(inbox.join("half"), Some(NOBODY), Some(NOBODY)).unwrap();
+
+    let out = as_nobody(&t, &["status"]);
+    out.expect_code(0);
+    for want in [
+        "pipeline p: inbox 1",
+        "half (",
+        "no_manifest",
+        "note: you can drop bundles into",
+    ] {
+        assert!(out.stdout.contains(want), "{want:?} in:\n{}", out.all());
+    }
+    assert!(!out.all().contains("join group"), "{}", out.all());
+    let json = as_nobody(&t, &["status", "--json"]);
+    json.expect_code(0);
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(doc[0]["view"], "producer", "{doc}");
+    assert_eq!(doc[0]["inbox_entries"][0]["name"], "half", "{doc}");
+
+    let list = as_nobody(&t, &["spool", "list"]);
+    list.expect_code(0);
+    assert!(list.stdout.contains("half"), "{}", list.all());
+    assert!(
+        list.stderr.contains("only its inbox is listed"),
+        "{}",
+        list.all()
+    );
+}
+
 #[test]
 fn under_journald_every_line_has_a_priority_and_no_timestamp() {
     let t = Test::new();
