@@ -192,12 +192,16 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
             "warnings": warnings,
             "not_writable": not_writable,
             "errors": split,
+            "hints": [SERVING_HINT],
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         print!("{}", config.summary());
         for n in &not_writable {
             println!("warning: {}", n.to_text());
+        }
+        if !config.pipelines.is_empty() {
+            println!("hint: {SERVING_HINT}");
         }
         for e in &split {
             eprintln!("error: {e}");
@@ -212,6 +216,9 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
     }
     code
 }
+
+/// What `config check` reminds whoever serves a root.
+const SERVING_HINT: &str = "each root holds the tool's own .distributor* files (the catalog, its lock, its journal); a web server or bucket policy serving the root keeps them private: docs/serving.md gives the nginx, Caddy, Apache and S3 bucket-policy lines";
 
 /// Pipelines whose inbox is on another file system than their spool
 /// folder: the agent refuses to start with them (bundles move by rename),

@@ -35,6 +35,9 @@ pipelines:
         "{source_id}/",
         root.to_str().unwrap(),
         inbox.to_str().unwrap(),
+        // Serving a root keeps the tool's files private.
+        "hint: each root holds the tool's own .distributor* files",
+        "docs/serving.md",
     ] {
         assert!(
             out.stdout.contains(needle),
@@ -47,6 +50,12 @@ pipelines:
     out.expect_code(0);
     let doc = out.json();
     assert_eq!(doc["ok"], true);
+    assert!(
+        doc["hints"][0]
+            .as_str()
+            .unwrap()
+            .contains("docs/serving.md")
+    );
     assert_eq!(doc["pipelines"][0]["id"], "reports");
     assert_eq!(
         doc["pipelines"][0]["destinations"][0]["workflow"],
