@@ -182,15 +182,16 @@ pub enum SpoolCommand {
     },
     /// Move failed/NAME (or every failed bundle) back into the inbox (clears its result and attempt count)
     #[command(
-        after_help = "Example:\n  distributor spool retry reports weekly-2026-06-08\n  distributor spool retry reports --all"
+        after_help = "Example:\n  distributor spool retry reports weekly-2026-06-08\n  distributor spool retry reports --all\n  distributor spool retry --all"
     )]
     Retry {
-        /// Pipeline id
-        pipeline: String,
+        /// Pipeline id (with --all and no pipeline: every pipeline)
+        #[arg(required_unless_present = "all")]
+        pipeline: Option<String>,
         /// Bundle name as shown by `spool list --failed`
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         name: Option<String>,
-        /// Every failed bundle of the pipeline
+        /// Every failed bundle of the pipeline (of every pipeline when none is named)
         #[arg(long)]
         all: bool,
         /// Retry even a bundle that would overwrite or delete outputs of a

@@ -85,6 +85,21 @@ pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str, allow_older: bool) 
     if errors > 0 { EXIT_FAILURE } else { EXIT_OK }
 }
 
+/// `spool retry --all` without a pipeline: every failed bundle of every
+/// pipeline, each pipeline as `spool retry P --all` does it.
+pub(super) fn retry_every_pipeline(flag: Option<&Path>, allow_older: bool) -> u8 {
+    let config = match config_or_usage(flag) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut code = EXIT_OK;
+    for p in &config.pipelines {
+        println!("pipeline {}:", p.id);
+        code = code.max(retry_all(flag, &p.id, allow_older));
+    }
+    code
+}
+
 /// Why retrying `failed/<name>` is refused: publishing it would overwrite or
 /// delete outputs of a source created after its own (docs/contract.md
 /// §18.7), found by planning it as a dry run. `None` when it would not.

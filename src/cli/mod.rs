@@ -109,9 +109,12 @@ pub fn run(cli: Cli) -> u8 {
             name,
             all,
             allow_older,
-        }) => match name {
-            Some(name) if !all => spool_retry(config, &pipeline, &name, allow_older),
-            _ => failed::retry_all(config, &pipeline, allow_older),
+        }) => match (pipeline, name) {
+            (Some(pipeline), Some(name)) if !all => {
+                spool_retry(config, &pipeline, &name, allow_older)
+            }
+            (Some(pipeline), _) => failed::retry_all(config, &pipeline, allow_older),
+            (None, _) => failed::retry_every_pipeline(config, allow_older),
         },
         Command::Spool(SpoolCommand::Show {
             pipeline,

@@ -184,7 +184,7 @@ impl Probe {
         let quiet = short(self.quiet(now));
         match (&self.kind, state) {
             (ProbeKind::NoManifest, _) => format!(
-                "no {MANIFEST} yet (its top level last changed {quiet} ago); a folder becomes a bundle once its {MANIFEST} is written, last"
+                "no {MANIFEST} yet (its top level last changed {quiet} ago); a folder becomes a bundle once its {MANIFEST} is there and every file it lists has its declared size (seal it with `distributor bundle seal`, or rename the finished folder in; see docs/producers.md)"
             ),
             (ProbeKind::Unreadable(why), _) => why.clone(),
             (ProbeKind::Incomplete(what), _) => format!(

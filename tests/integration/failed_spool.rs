@@ -310,3 +310,29 @@ fn retry_refuses_a_bundle_that_would_roll_newer_outputs_back() {
     assert_eq!(names(&t.join("spool/p/inbox")), ["v1"]);
     assert!(names(&t.join("spool/p/failed")).is_empty());
 }
+
+/// `spool retry --all` without a pipeline retries the failed bundles of
+/// every pipeline.
+#[test]
+fn retry_all_without_a_pipeline_covers_every_pipeline() {
+    let t = two_failed();
+    t.config(&format!(
+        "{CONFIG}  - id: q\n    destinations:\n      - id: site\n        path: www-q\n"
+    ));
+    let b = t.bundle("qbad", &[("a.txt", "bad\n")]);
+    fs::create_dir_all(t.join("spool/q/inbox")).unwrap();
+    fs::rename(&b, t.join("spool/q/inbox/qbad")).unwrap();
+    fs::write(t.join("spool/q/inbox/qbad/a.txt"), "XXXX").unwrap();
+    t.run(&["agent", "--once"]).expect_code(1);
+    assert_eq!(names(&t.join("spool/q/failed")), ["qbad"]);
+
+    let out = t.run(&["spool", "retry", "--all"]);
+    out.expect_code(0);
+    assert!(out.stdout.contains("pipeline p:") && out.stdout.contains("pipeline q:"));
+    assert_eq!(names(&t.join("spool/p/failed")), Vec::<String>::new());
+    assert_eq!(names(&t.join("spool/q/failed")), Vec::<String>::new());
+    assert_eq!(names(&t.join("spool/p/inbox")), ["bad1", "bad2"]);
+    assert_eq!(names(&t.join("spool/q/inbox")), ["qbad"]);
+    // One pipeline and no name still needs --all.
+    t.run(&["spool", "retry", "p"]).expect_code(2);
+}
