@@ -1,4 +1,6 @@
-//! The logger: `env_logger` on stderr (`RUST_LOG`, default `info`). Under
+//! The logger: `env_logger` on stderr (`RUST_LOG`; by default `info` for
+//! the agent and `run -v`, `warn` for every other command, whose own
+//! output is its report). Under
 //! systemd (`JOURNAL_STREAM` set, stderr connected to the journal) every
 //! line starts with its syslog priority (`<3>` error, `<4>` warning, `<6>`
 //! info, `<7>` debug and trace) so `journalctl -p err` can select by level,
@@ -8,10 +10,11 @@ use crate::inert::inert;
 use log::Level;
 use std::io::Write as _;
 
-/// Starts the logger for this process.
-pub fn init() {
+/// Starts the logger for this process, at `default` unless `RUST_LOG`
+/// says otherwise.
+pub fn init(default: &str) {
     let mut builder =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default));
     // Messages carry names and error texts that producers choose: every
     // control character is escaped (docs/contract.md §12.7), so a line stays one line
     // and cannot rewrite an operator's terminal.

@@ -6,7 +6,14 @@ fn main() -> ExitCode {
     if !matches!(cli.command, distributor::cli::Command::Agent { .. }) {
         die_quietly_on_a_closed_pipe();
     }
-    distributor::logging::init();
+    // The agent logs what it does (info); a command prints its own report
+    // and logs only warnings and errors beside it, unless `run -v` asks.
+    let level = match &cli.command {
+        distributor::cli::Command::Agent { .. } => "info",
+        distributor::cli::Command::Run(args) if args.verbose => "info",
+        _ => "warn",
+    };
+    distributor::logging::init(level);
     ExitCode::from(distributor::cli::run(cli))
 }
 

@@ -1184,3 +1184,28 @@ fn replacement_with_a_source_id_prefix_swaps_whole_folders() {
         .collect();
     assert_eq!(left, ["day.2", "day.2/index.md"]);
 }
+
+/// `run` prints its report and, beside it, only warnings and errors; `-v`
+/// (or `RUST_LOG`) shows what it does on the way.
+#[test]
+fn run_logs_only_warnings_unless_verbose() {
+    let t = single("additive");
+    let quiet = |args: &[&str]| {
+        let out = std::process::Command::new(crate::util::BIN)
+            .current_dir(t.path())
+            .env_remove("RUST_LOG")
+            .env_remove("DISTRIBUTOR_CONFIG")
+            .args(["--config", "config.yaml", "run", "--pipeline", "reports"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let b = t.bundle("rep.1", &[("a.txt", "a\n")]);
+    let stderr = quiet(&[b.to_str().unwrap()]);
+    assert!(!stderr.contains(" INFO "), "{stderr}");
+    let b2 = t.bundle("rep.2", &[("b.txt", "b\n")]);
+    let stderr = quiet(&["-v", b2.to_str().unwrap()]);
+    assert!(stderr.contains(" INFO "), "-v shows info lines: {stderr}");
+}
