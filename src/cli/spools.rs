@@ -59,6 +59,11 @@ pub(super) fn spool_list(
     }
     if rows.is_empty() {
         println!("no bundles");
+    } else {
+        println!(
+            "{:<8} {:<20} {:<40} {:>10}  DETAILS",
+            "SPOOL", "PIPELINE", "NAME", "AGE"
+        );
     }
     let now = time::OffsetDateTime::now_utc();
     for r in &rows {

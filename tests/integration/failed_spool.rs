@@ -178,6 +178,19 @@ fn spool_list_inbox_says_why_each_entry_waits() {
 
     let text = t.run(&["spool", "list", "--inbox"]);
     text.expect_code(0);
+    let header: Vec<&str> = text
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["SPOOL", "PIPELINE", "NAME", "AGE", "DETAILS"],
+        "{}",
+        text.stdout
+    );
     assert!(
         text.stdout
             .contains("incomplete: 1 of 2 listed files missing"),
