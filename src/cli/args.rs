@@ -96,7 +96,10 @@ pub enum Command {
         json: bool,
     },
     /// Inspect spools; move a failed bundle back to the inbox
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  distributor spool list --failed\n  distributor spool show reports weekly-2026-06-08\n  distributor spool retry reports weekly-2026-06-08"
+    )]
     Spool(SpoolCommand),
     /// One screen per pipeline: serving agent, last success and failure, spool counts, catalogs
     #[command(
@@ -111,15 +114,25 @@ pub enum Command {
         check: bool,
     },
     /// Producer helpers: seal and verify bundles (no config needed)
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  distributor bundle seal /srv/inbox/reports/.staging-2026-06-04 --id reports.2026-06-04\n  distributor bundle verify /srv/inbox/reports/.staging-2026-06-04\n  mv /srv/inbox/reports/.staging-2026-06-04 /srv/inbox/reports/2026-06-04"
+    )]
     Bundle(BundleCommand),
     /// Configuration helpers
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Example:\n  distributor --config /etc/distributor/config.yaml config check\n  runuser -u distributor -- distributor config check --strict"
+    )]
     Config(ConfigCommand),
     /// Renders one markdown file from stdin to stdout under a memory limit:
     /// the agent's own child process (see `render_child`), not for people.
     #[command(name = "__render", hide = true)]
     Render,
+    /// Writes the manual pages and shell completions into DIR (see
+    /// `cli::docs`): the Debian package's build runs it, not for people.
+    #[command(name = "__generate-docs", hide = true)]
+    GenerateDocs { dir: PathBuf },
 }
 
 #[derive(Debug, Args)]

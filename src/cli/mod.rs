@@ -9,6 +9,7 @@ use std::path::Path;
 
 mod access;
 mod args;
+mod docs;
 mod failed;
 mod output;
 mod producer;
@@ -37,6 +38,7 @@ pub fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Agent { once } => agent(config, once),
         Command::Render => crate::render_child::serve(),
+        Command::GenerateDocs { dir } => docs::generate(&dir),
         Command::Prune {
             target,
             apply,

@@ -14,6 +14,7 @@ mod failpoints;
 mod hostile;
 mod lab;
 mod maintain;
+mod manpage;
 mod matrix;
 mod metrics;
 mod operate;
