@@ -2,7 +2,9 @@
 # What rendering markdown in child processes costs: COUNT small .md files
 # (default 2000) published by `distributor agent --once` (publish.html on,
 # source copy on), timed. SHAPE=backlog (the default): COUNT bundles of one
-# file each; SHAPE=bundle: one bundle of COUNT files.
+# file each; SHAPE=bundle: one bundle of COUNT files. RAW=1 opens each page
+# with the raw HTML a README has (a centred div with an image and a title, a
+# comment), which `raw_html: sanitize` (the default) sanitizes.
 #
 # Usage: [SHAPE=bundle] [ROUNDS=N] bench/markdown_backlog.sh [COUNT]
 # [BINARY...] (default binary: target/release/distributor). Given several
@@ -32,13 +34,16 @@ esac
 
 # The bundles, sealed once.
 mkdir -p "$work/bundles"
-python3 - "$work/bundles" "$count" "$shape" <<'PY'
+python3 - "$work/bundles" "$count" "$shape" "${RAW:-0}" <<'PY'
 import sys, os
-root, count, shape = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+root, count, shape, raw = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 for i in range(count):
     d = os.path.join(root, f"b-{i:05}" if shape == "backlog" else "b-00000")
     os.makedirs(d, exist_ok=True)
-    text = f"# Report {i}\n\nSome *text* with a [link](https://example.com/{i}).\n\n| a | b |\n|---|---|\n| {i} | x |\n".encode()
+    text = f"# Report {i}\n\nSome *text* with a [link](https://example.com/{i}).\n\n| a | b |\n|---|---|\n| {i} | x |\n"
+    if raw:
+        text = f"<!-- generated -->\n<div align=\"center\">\n  <img src=\"logo.png\" alt=\"Logo\" width=\"120\">\n  <h1>Report {i}</h1>\n</div>\n\n" + text
+    text = text.encode()
     with open(os.path.join(d, f"page-{i}.md"), "wb") as f:
         f.write(text)
 PY
