@@ -372,11 +372,22 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
-        // Killed with the group (a zombie until init reaps it at most).
-        let state = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        // Killed with the group: SIGKILL is delivered as the process next
+        // runs, so wait for it to end (gone, or a zombie until init reaps
+        // it); a child left alive would sleep on for ten minutes.
+        let stat = format!("/proc/{child}/stat");
+        let ended = || {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            state.is_empty() || matches!(state.split_whitespace().nth(2), Some("Z" | "X"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ended() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(
-            state.is_empty() || state.split_whitespace().nth(2) == Some("Z"),
-            "the hook's child {child} survived: {state}"
+            ended(),
+            "the hook's child {child} survived: {}",
+            std::fs::read_to_string(&stat).unwrap_or_default()
         );
     }
 
