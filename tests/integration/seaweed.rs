@@ -164,6 +164,30 @@ fn free_port() -> u16 {
         .expect("a free port on 127.0.0.1")
 }
 
+/// A free port on 127.0.0.1 below the kernel's ephemeral range (which
+/// outgoing connections take their ports from), so that it stays free while
+/// the server that listened on it is stopped.
+fn stable_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    // Spread over [low / 2, low) by process, then walk to a free one.
+    let span = (low / 2).max(1);
+    let start = low / 2 + (std::process::id() * 97) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = low / 2 + (start - low / 2 + n) % span;
+        if let Ok(port) = u16::try_from(port)
+            && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 below {low}")
+}
+
 extern "C" fn stop_at_exit() {
     let Some((pid, dir)) = RUNNING.lock().ok().and_then(|mut r| r.take()) else {
         return;
@@ -190,7 +214,7 @@ extern "C" fn stop_at_exit() {
 /// Writes the server's identities (`s3.json`) and `master.toml` into
 /// `dir` (emptied first) and returns the arguments of `weed server` on
 /// fresh ports of 127.0.0.1, the S3 port first.
-fn prepare(dir: &Path) -> Result<(u16, Vec<String>), String> {
+fn prepare(dir: &Path, port: fn() -> u16) -> Result<(u16, Vec<String>), String> {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir.join("data")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let config = dir.join("s3.json");
@@ -209,7 +233,7 @@ fn prepare(dir: &Path) -> Result<(u16, Vec<String>), String> {
         "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n",
     )
     .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let s3_port = free_port();
+    let s3_port = port();
     let mut args = vec![
         "server".to_owned(),
         "-ip=127.0.0.1".to_owned(),
@@ -232,7 +256,7 @@ fn prepare(dir: &Path) -> Result<(u16, Vec<String>), String> {
         "filer.port.grpc",
         "s3.port.grpc",
     ] {
-        args.push(format!("-{flag}={}", free_port()));
+        args.push(format!("-{flag}={}", port()));
     }
     Ok((s3_port, args))
 }
@@ -242,7 +266,7 @@ fn start() -> Result<Server, String> {
     let dir = target_dir()
         .join("tmp")
         .join(format!("seaweedfs-{}", std::process::id()));
-    let (s3_port, args) = prepare(&dir)?;
+    let (s3_port, args) = prepare(&dir, free_port)?;
     let log = fs::File::create(dir.join("weed.log")).map_err(|e| e.to_string())?;
 
     // Spawned from a thread that lives until the process exits: the
@@ -325,7 +349,10 @@ impl OwnServer {
         let dir = target_dir()
             .join("tmp")
             .join(format!("seaweedfs-{}-{name}", std::process::id()));
-        let (s3_port, args) = prepare(&dir).unwrap_or_else(|e| panic!("{e}"));
+        // Ports no connection is ever given as its own (below the
+        // ephemeral range): while the server is stopped, the agent's
+        // retries must not take the port it comes back on.
+        let (s3_port, args) = prepare(&dir, stable_port).unwrap_or_else(|e| panic!("{e}"));
         let mut server = OwnServer {
             endpoint: format!("http://127.0.0.1:{s3_port}"),
             s3_port,
