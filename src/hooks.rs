@@ -87,6 +87,7 @@ pub fn after_publish(
         let Some(hooks) = &config.hooks else {
             continue;
         };
+        let writes = changed(d);
         let input = Input {
             pipeline_id: &pipeline.id,
             destination_id: &d.destination_id,
@@ -94,9 +95,9 @@ pub fn after_publish(
             bundle,
             source: &source,
             action,
-            writes: changed(d),
+            urls: urls(config, &writes),
+            writes,
             deletes: &d.deletes,
-            urls: urls(config, d),
         };
         let doc = serde_json::to_vec(&input).unwrap_or_default();
         let run = run(hooks, &doc, &d.destination_id);
@@ -106,22 +107,25 @@ pub fn after_publish(
     report.hooks = ran;
 }
 
-/// The paths a publication wrote that did not already hold those bytes.
+/// The paths a publication wrote that did not already hold those bytes
+/// (a set lookup each: a large tree keeps tens of thousands unchanged).
 fn changed(d: &DestinationReport) -> Vec<&str> {
+    let unchanged: std::collections::HashSet<&str> =
+        d.unchanged.iter().map(String::as_str).collect();
     d.writes
         .iter()
-        .filter(|w| !d.unchanged.contains(w))
         .map(String::as_str)
+        .filter(|w| !unchanged.contains(w))
         .collect()
 }
 
-/// The URL of each changed path, when the destination has a `base_url`.
-fn urls(config: &Destination, d: &DestinationReport) -> Vec<String> {
+/// The URL of each of `writes`, when the destination has a `base_url`.
+fn urls(config: &Destination, writes: &[&str]) -> Vec<String> {
     let Some(base) = &config.base_url else {
         return Vec::new();
     };
-    changed(d)
-        .into_iter()
+    writes
+        .iter()
         .filter_map(|p| RelPath::parse(p).ok())
         .map(|p| crate::plan::output_url(base, &p))
         .collect()
@@ -298,6 +302,7 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn hooks(script: &str, timeout: Duration) -> (tempfile::TempDir, Hooks) {
         use std::os::unix::fs::PermissionsExt as _;
@@ -325,6 +330,38 @@ mod tests {
         assert!(
             r.output.starts_with("{\"writes\":[\"a\"]}on stderr"),
             "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_hook_hears_only_the_writes_that_changed_bytes() {
+        let d = DestinationReport {
+            destination_id: "site".into(),
+            root: "/srv/site".into(),
+            workflow: "additive".into(),
+            action: Some("upsert_additive".into()),
+            writes: vec!["a.html".into(), "b.html".into(), "c d.html".into()],
+            deletes: Vec::new(),
+            unmanaged: Vec::new(),
+            error: None,
+            planned_writes: Vec::new(),
+            planned_deletes: Vec::new(),
+            unchanged: vec!["b.html".into()],
+        };
+        let writes = changed(&d);
+        assert_eq!(writes, ["a.html", "c d.html"]);
+        let mut config = crate::config::parse(
+            "pipelines:\n  - id: p\n    destinations:\n      - id: site\n        path: /srv/site\n        links:\n          base_url: https://x.example/docs\n",
+            Path::new("/etc/distributor/config.yaml"),
+        )
+        .unwrap();
+        let dest = config.pipelines.remove(0).destinations.remove(0);
+        assert_eq!(
+            urls(&dest, &writes),
+            [
+                "https://x.example/docs/a.html",
+                "https://x.example/docs/c%20d.html"
+            ]
         );
     }
 

@@ -76,10 +76,9 @@ impl Worker {
         }
     }
 
-    /// Whether `spool hold` holds the pipeline now (one that cannot be read
-    /// counts as held, as in the worker's scan).
+    /// Whether `spool hold` holds the pipeline now.
     fn hold_placed(&self) -> bool {
-        !matches!(spool::queue::hold(self.spool.pipeline_folder()), Ok(None))
+        spool::queue::held(self.spool.pipeline_folder()).is_some()
     }
 
     /// Stopping: claimed bundles not started yet go back to the inbox.

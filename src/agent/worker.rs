@@ -310,18 +310,14 @@ impl Worker {
     /// `was` is what the last call saw, so that each change is logged once.
     /// A hold that cannot be read holds: releasing is the operator's call.
     fn held(&self, was: &mut bool) -> bool {
-        let folder = self.spool.pipeline_folder();
-        let (now, since) = match spool::queue::hold(folder) {
-            Ok(Some(h)) => (true, h.since),
-            Ok(None) => (false, String::new()),
-            Err(e) => (true, format!("an unknown time ({e})")),
-        };
+        let since = spool::queue::held(self.spool.pipeline_folder());
+        let now = since.is_some();
         if now != *was {
             if now {
                 log::warn!(
                     "pipeline={}: held since {} (`distributor spool hold`); claiming nothing from {} until `distributor spool release {}`",
                     self.pipeline.id,
-                    since,
+                    since.as_deref().unwrap_or_default(),
                     self.spool.inbox.display(),
                     self.pipeline.id
                 );

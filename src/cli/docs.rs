@@ -65,6 +65,8 @@ fn create_dir(dir: &Path) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 
+/// Writes a generated page by path: the folder is the packager's build
+/// output (`target/generated`), never a spool or anything a producer holds.
 fn write(path: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
     std::fs::write(path, bytes)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;

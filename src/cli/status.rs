@@ -97,8 +97,10 @@ fn pipeline_status(
     let folders = [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed];
     let rows = match spool::list(&spool, &folders) {
         Ok(rows) => rows,
-        Err(e) if is_producer(&spool, &e) => return producer_status(p, &spool, now, problems),
-        Err(e) => return Err(unreadable(&spool, &folders, &e)),
+        Err(e) => match producers_inbox(&spool, &e) {
+            Some(inbox) => return Ok(producer_status(p, &spool, &inbox, now, problems)),
+            None => return Err(unreadable(&spool, &folders, &e)),
+        },
     };
     let pipeline_dir = p.spool_dir(config);
     let agent = presence::read(&pipeline_dir).map_err(|e| {
@@ -235,12 +237,16 @@ fn pipeline_status(
     }))
 }
 
-/// Whether the one asking is a producer of the pipeline: the agent's own
-/// folders are closed to them (docs/security.md), its inbox is open.
-fn is_producer(spool: &Spool, e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::PermissionDenied
-        && access::can_write(&spool.inbox).unwrap_or(false)
-        && spool::list(spool, &[Folder::Inbox]).is_ok()
+/// The inbox as its producer sees it, when the one asking is a producer
+/// of the pipeline: the agent's own folders are closed to them
+/// (docs/security.md), its inbox is open.
+fn producers_inbox(spool: &Spool, e: &std::io::Error) -> Option<Vec<SpoolEntry>> {
+    if e.kind() != std::io::ErrorKind::PermissionDenied
+        || !access::can_write(&spool.inbox).unwrap_or(false)
+    {
+        return None;
+    }
+    spool::list(spool, &[Folder::Inbox]).ok()
 }
 
 /// What a producer may see of its pipeline: its inbox, each entry with
@@ -249,10 +255,10 @@ fn is_producer(spool: &Spool, e: &std::io::Error) -> bool {
 fn producer_status(
     p: &Pipeline,
     spool: &Spool,
+    rows: &[SpoolEntry],
     now: OffsetDateTime,
     problems: &mut Vec<String>,
-) -> Result<Value, String> {
-    let rows = spool::list(spool, &[Folder::Inbox]).map_err(|e| e.to_string())?;
+) -> Value {
     let note = format!(
         "you can drop bundles into {} but not read the agent's folders (work/, done/, failed/), as docs/security.md sets producers up: what became of a bundle is for an operator to see (`distributor status`, `distributor spool show {} NAME`)",
         spool.inbox.display(),
@@ -271,13 +277,13 @@ fn producer_status(
             })
         })
         .collect();
-    Ok(json!({
+    json!({
         "pipeline_id": p.id,
         "view": "producer",
         "inbox": rows.len(),
         "inbox_entries": inbox,
         "note": note,
-    }))
+    })
 }
 
 /// What to do about `done/` entries retention cannot remove.

@@ -149,6 +149,16 @@ pub fn hold(folder: &Path) -> io::Result<Option<Hold>> {
     read(folder, HOLD_FILE)
 }
 
+/// Whether the pipeline is held, and since when: a hold that cannot be
+/// read holds (releasing is the operator's call), its time then saying why.
+pub fn held(folder: &Path) -> Option<String> {
+    match hold(folder) {
+        Ok(Some(h)) => Some(h.since),
+        Ok(None) => None,
+        Err(e) => Some(format!("an unknown time ({e})")),
+    }
+}
+
 /// Puts a hold on the pipeline (kept if one is there): returns the hold in
 /// force. Durable, since it must survive a power cut as it does a restart.
 pub fn put_hold(folder: &Path, now: OffsetDateTime) -> io::Result<Hold> {
