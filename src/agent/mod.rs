@@ -254,22 +254,33 @@ impl Running {
             metrics: metrics.clone(),
             ..Tally::default()
         });
+        let channels: Vec<_> = config
+            .pipelines
+            .iter()
+            .map(|_| crossbeam_channel::unbounded())
+            .collect();
+        // The watch comes before each pipeline's first scan: a bundle that
+        // arrives before the watch is in place is found by that scan, and
+        // one that arrives after it wakes the pipeline.
+        let routes = config
+            .pipelines
+            .iter()
+            .zip(&channels)
+            .map(|(p, (tx, _))| (p.inbox.clone(), tx.clone()))
+            .collect();
+        let watcher = start_watcher(routes);
         let mut senders = Vec::new();
         let mut threads = Vec::new();
-        let mut routes = Vec::new();
-        for p in &config.pipelines {
-            let (tx, rx) = crossbeam_channel::unbounded();
+        for (p, (tx, rx)) in config.pipelines.iter().zip(channels) {
             let worker = Worker::new(config, p, tally.clone(), stop.clone(), false);
             let name = format!("pipeline-{}", p.id);
             let thread = std::thread::Builder::new()
                 .name(name)
                 .spawn(move || worker.run(&rx))
                 .expect("spawning a pipeline thread");
-            routes.push((p.inbox.clone(), tx.clone()));
             senders.push(tx);
             threads.push(thread);
         }
-        let watcher = start_watcher(routes);
         Running {
             senders,
             threads,
