@@ -30,6 +30,7 @@ pub mod replace_file;
 pub mod report;
 pub mod s3;
 pub mod seen;
+pub mod signature;
 pub mod spool;
 pub mod spoolfs;
 pub mod storage;

@@ -61,6 +61,9 @@ struct PipelineSeries {
     deferred_since: Option<u64>,
     /// Whether `spool hold` holds the pipeline.
     held: bool,
+    /// Bundles refused for their signature, by reason
+    /// ([`crate::signature::Reason::as_str`]).
+    signature_refusals: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -201,6 +204,17 @@ impl Metrics {
     /// (`skip_same` counts: the destination is up to date).
     pub fn destination_succeeded(&self, pipeline: &str, destination: &str, at: SystemTime) {
         self.lock().destination(pipeline, destination).last_success = Some(unix_seconds(at));
+    }
+
+    /// A bundle of `pipeline` was refused for its signature (`reason`, as
+    /// [`crate::signature::Reason::as_str`] spells it).
+    pub fn signature_refused(&self, pipeline: &str, reason: &'static str) {
+        *self
+            .lock()
+            .pipeline(pipeline)
+            .signature_refusals
+            .entry(reason)
+            .or_default() += 1;
     }
 
     /// The `after_publish` hook of `destination` failed once.
@@ -368,6 +382,17 @@ impl Metrics {
                     vec![("pipeline", p.as_str()), ("destination", d.as_str())],
                     s.prune_deletions,
                 )
+            }),
+        );
+        family(
+            &mut out,
+            "signature_refusals_total",
+            "counter",
+            "Bundles refused because of their signature (signatures in the pipeline's config), by reason, since the agent started.",
+            pipelines.iter().flat_map(|(p, s)| {
+                s.signature_refusals
+                    .iter()
+                    .map(|(reason, n)| (vec![("pipeline", p.as_str()), ("reason", *reason)], *n))
             }),
         );
         family(

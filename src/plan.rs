@@ -675,6 +675,23 @@ pub fn output_url(base_url: &str, path: &RelPath) -> String {
 
 /// Checks that planned paths are unique and that none is a folder of
 /// another; returns the first offending pair as an operator message.
+/// The records that `plan` would overwrite or delete although their source
+/// was created after `source`: publishing it would roll those outputs back
+/// (docs/contract.md §17.5, §18.7). A skip writes nothing, so a bundle
+/// dropped again unchanged rolls nothing back.
+pub fn rolled_back<'c>(
+    plan: &Plan,
+    catalog: &'c Catalog,
+    source: &SourceIdentity,
+) -> Vec<&'c OutputRecord> {
+    let written = plan.writes.iter().map(|d| d.path.as_str());
+    written
+        .chain(plan.delete_after.iter().map(String::as_str))
+        .filter_map(|path| catalog.get(path))
+        .filter(|record| record.source.created > source.created)
+        .collect()
+}
+
 pub fn check_unique(desired: &[Desired]) -> Result<(), String> {
     let mut sorted: Vec<&Desired> = desired.iter().collect();
     sorted.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));

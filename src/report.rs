@@ -75,6 +75,12 @@ pub struct RunReport {
     pub destinations: Vec<DestinationReport>,
     pub stage: Option<Stage>,
     pub error: Option<String>,
+    /// Who signed the bundle (docs/contract.md §17.4): `null` when the
+    /// pipeline takes unsigned bundles or this one was not signed.
+    pub signer: Option<crate::signature::Signer>,
+    /// Why the bundle's signature was refused; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature_refused: Option<&'static str>,
     /// How each `after_publish` hook ended (docs/contract.md §19.2); absent
     /// when none ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -111,6 +117,8 @@ impl RunReport {
             destinations: Vec::new(),
             stage: None,
             error: None,
+            signer: None,
+            signature_refused: None,
             hooks: Vec::new(),
             transient: false,
             refused: false,

@@ -330,6 +330,17 @@ impl Worker {
                 for h in report.hooks.iter().filter(|h| h.error.is_some()) {
                     metrics.hook_failed(&self.pipeline.id, &h.destination_id);
                 }
+                if let Some(reason) = report.signature_refused {
+                    metrics.signature_refused(&self.pipeline.id, reason);
+                }
+                // The principal the bundle was published or refused as.
+                let signer = report.signer.as_ref().map_or_else(String::new, |s| {
+                    format!(
+                        " signer={} key={}",
+                        crate::inert::inert(&s.principal),
+                        s.key
+                    )
+                });
                 if report.ok {
                     self.tally.done.fetch_add(1, Ordering::Relaxed);
                     metrics.bundle_done(&self.pipeline.id);
@@ -339,14 +350,14 @@ impl Worker {
                         metrics.destination_succeeded(&self.pipeline.id, &d.destination_id, now);
                     }
                     log::info!(
-                        "pipeline={} bundle={name} done {actions} elapsed_ms={elapsed}",
+                        "pipeline={} bundle={name}{signer} done {actions} elapsed_ms={elapsed}",
                         self.pipeline.id
                     );
                 } else {
                     self.tally.failed.fetch_add(1, Ordering::Relaxed);
                     metrics.bundle_failed(&self.pipeline.id);
                     log::error!(
-                        "pipeline={} bundle={name} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
+                        "pipeline={} bundle={name}{signer} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
                         self.pipeline.id,
                         report.stage_name(),
                         report.error.as_deref().unwrap_or_default(),

@@ -54,6 +54,10 @@ pub enum BundleError {
     /// The manifest is fine but the files are not: every problem found.
     #[error("{}", invalid_summary(.problems))]
     Invalid { problems: Vec<Problem> },
+    /// The pipeline takes signed bundles and this one's signature was
+    /// refused (docs/contract.md §17.4).
+    #[error(transparent)]
+    Signature(crate::signature::Refusal),
 }
 
 impl BundleError {

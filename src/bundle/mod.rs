@@ -26,10 +26,10 @@ pub use limits::{Limits, check_limits, markdown_too_big, markdown_too_dense};
 pub use manifest::{Manifest, ManifestFile, compute_digest};
 pub use open::{open_listed, open_listed_at};
 pub use parse::parse_manifest;
-pub use seal::{SealError, Sealed, seal, seal_report};
+pub use seal::{SealError, Sealed, SignedBy, seal, seal_report, sign};
 pub use verify::{
-    VerifiedBundle, inspect, mismatch_problem, read_manifest, read_manifest_at, verify,
-    verify_files,
+    SignaturePolicy, VerifiedBundle, inspect, mismatch_problem, read_manifest, read_manifest_at,
+    verify, verify_files,
 };
 
 /// Name of the manifest inside a bundle folder.

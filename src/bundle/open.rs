@@ -5,6 +5,7 @@
 use super::MANIFEST;
 use super::error::{BundleError, Problem, is_transient_io};
 use crate::paths::{RelPath, is_reserved_name};
+use crate::signature::SIGNATURE_FILE;
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType};
 use std::ffi::{OsStr, OsString};
@@ -235,7 +236,8 @@ pub(super) fn display_segments(segments: &[OsString]) -> String {
 /// Walks everything below `root` depth first, each folder's entries in name
 /// order, without following links ([`crate::spoolfs::walk`]: a few
 /// descriptors at a time, however wide or deep the tree). Skips the
-/// top-level manifest and every reserved `.distributor*` name (without
+/// top-level manifest and its signature and every reserved `.distributor*`
+/// name (without
 /// descending into it). `visit` gets each entry's path segments and type;
 /// for a folder it returns whether to descend.
 pub(super) fn walk(
@@ -245,7 +247,7 @@ pub(super) fn walk(
     use crate::spoolfs::Visit;
     crate::spoolfs::walk(root, &mut |path, meta| {
         let name = path.last().map(OsString::as_os_str).unwrap_or_default();
-        let manifest = path.len() == 1 && name == MANIFEST;
+        let manifest = path.len() == 1 && (name == MANIFEST || name == SIGNATURE_FILE);
         if manifest || is_reserved_name(&name.to_string_lossy()) {
             return Visit::Skip;
         }

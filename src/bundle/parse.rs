@@ -284,6 +284,11 @@ fn de_path<'de, D: Deserializer<'de>>(d: D) -> Result<RelPath, D::Error> {
             "\"path\" {text:?} lists the manifest itself; remove this entry"
         )));
     }
+    if path.as_str() == crate::signature::SIGNATURE_FILE {
+        return Err(de::Error::custom(format!(
+            "\"path\" {text:?} lists the manifest's signature, which is never listed nor published; remove this entry"
+        )));
+    }
     Ok(path)
 }
 

@@ -1,6 +1,7 @@
-//! Sealing a folder into a bundle for producers: [`seal`] and [`SealError`].
-//! It must never write anything but `manifest.json`, through a reserved
-//! temporary name.
+//! Sealing a folder into a bundle for producers: [`seal`], [`sign`] and
+//! [`SealError`]. It must never write anything but `manifest.json` and its
+//! signature `manifest.json.sig`, each through a reserved temporary name,
+//! and never leave a signature of an earlier manifest behind.
 
 use super::MANIFEST;
 use super::error::Problem;
@@ -10,6 +11,7 @@ use crate::hashing;
 use crate::inert::{inert, inert_os};
 use crate::paths::{IdKind, RelPath, check_id, is_reserved_name};
 use crate::replace_file::{self, Durability, Temp};
+use crate::signature::SIGNATURE_FILE;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use std::collections::BTreeMap;
@@ -44,6 +46,10 @@ pub enum SealError {
     Empty { dir: PathBuf },
     #[error("{}: cannot write {MANIFEST}: {io}", dir.display())]
     Write { dir: PathBuf, io: io::Error },
+    /// The manifest is written but could not be signed; no signature is
+    /// left beside it.
+    #[error("{}: sealed, but not signed: {message}", dir.display())]
+    Sign { dir: PathBuf, message: String },
 }
 
 impl SealError {
@@ -232,10 +238,14 @@ pub fn seal_report(
         digest: compute_digest(&files),
         files,
     };
-    write_manifest(&root, &manifest.to_json()).map_err(|io| SealError::Write {
+    // A signature of the manifest being replaced would not match the new
+    // one: it goes first, so that no moment shows the new manifest with it.
+    let write = |io| SealError::Write {
         dir: dir.to_path_buf(),
         io,
-    })?;
+    };
+    remove_signature(&root).map_err(write)?;
+    write_manifest(&root, &manifest.to_json()).map_err(write)?;
     let warnings = name_warnings(&manifest.files);
     Ok(Sealed {
         manifest,
@@ -361,4 +371,124 @@ fn write_manifest(root: &Dir, text: &str) -> io::Result<()> {
         Durability::Full,
         text.as_bytes(),
     )
+}
+
+/// Removes `manifest.json.sig` from `root` if it is there.
+fn remove_signature(root: &Dir) -> io::Result<()> {
+    match root.remove_file(SIGNATURE_FILE) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// How [`sign`] signed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignedBy {
+    /// In this process, with an unencrypted private key.
+    Key,
+    /// By `ssh-keygen -Y sign` (an encrypted key, or a public key whose
+    /// private half an ssh-agent holds).
+    SshKeygen,
+}
+
+/// Signs the sealed bundle in `dir` with the OpenSSH key file `key`:
+/// writes `manifest.json.sig`, the SSHSIG of the exact bytes of
+/// `manifest.json` in namespace `distributor` (docs/contract.md §17.3).
+/// An unencrypted private key signs here; anything else (an encrypted key,
+/// a public key of an ssh-agent's key) is handed to `ssh-keygen -Y sign`,
+/// which asks for the passphrase or uses the agent. On failure no
+/// signature is left.
+pub fn sign(dir: &Path, key: &Path) -> Result<SignedBy, SealError> {
+    let failed = |message: String| SealError::Sign {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let root =
+        Dir::open_ambient_dir(dir, ambient_authority()).map_err(|io| SealError::Unreadable {
+            path: dir.to_path_buf(),
+            io,
+        })?;
+    let manifest = read_sealed_manifest(&root, dir)?;
+    let key_bytes = std::fs::read(key)
+        .map_err(|e| failed(format!("cannot read the key {}: {e}", key.display())))?;
+    if let Ok(Some(pem)) = crate::signature::sign(&key_bytes, &manifest) {
+        replace_file::replace_bytes(
+            &root,
+            SIGNATURE_FILE,
+            Temp::Named(
+                format!(".distributor-manifest.json.sig.tmp-{}", std::process::id()).as_ref(),
+            ),
+            Durability::Full,
+            pem.as_bytes(),
+        )
+        .map_err(|e| failed(format!("cannot write {SIGNATURE_FILE}: {e}")))?;
+        return Ok(SignedBy::Key);
+    }
+    sign_with_ssh_keygen(dir, key).inspect_err(|_| {
+        let _ = remove_signature(&root);
+    })?;
+    // What ssh-keygen signed must still be the manifest just read.
+    if read_sealed_manifest(&root, dir)? != manifest {
+        let _ = remove_signature(&root);
+        return Err(failed(format!(
+            "{MANIFEST} changed while it was being signed; seal and sign again"
+        )));
+    }
+    Ok(SignedBy::SshKeygen)
+}
+
+/// The bytes of the sealed `manifest.json` in `root`.
+fn read_sealed_manifest(root: &Dir, dir: &Path) -> Result<Vec<u8>, SealError> {
+    let unreadable = |io| SealError::Unreadable {
+        path: dir.join(MANIFEST),
+        io,
+    };
+    use crate::spoolfs::EntryError;
+    let file = crate::spoolfs::open_file(root, MANIFEST.as_ref()).map_err(|e| match e {
+        EntryError::Io(e) => unreadable(e),
+        EntryError::Missing => unreadable(io::Error::other("not found; seal the bundle first")),
+        EntryError::Kind(kind) => unreadable(io::Error::other(format!(
+            "is {kind}; seal the bundle again"
+        ))),
+        EntryError::HardLink(_) | EntryError::Raced => unreadable(io::Error::other(
+            "changed while it was opened; seal the bundle again",
+        )),
+    })?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(
+        &mut io::Read::take(file, super::MAX_MANIFEST_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(unreadable)?;
+    Ok(bytes)
+}
+
+/// `ssh-keygen -Y sign -f KEY -n distributor DIR/manifest.json`, which
+/// writes `DIR/manifest.json.sig`; its terminal stays the caller's, so that
+/// it can ask for a passphrase.
+fn sign_with_ssh_keygen(dir: &Path, key: &Path) -> Result<(), SealError> {
+    let failed = |message: String| SealError::Sign {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-Y", "sign", "-n", crate::signature::NAMESPACE, "-f"])
+        .arg(key)
+        .arg(dir.join(MANIFEST))
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| {
+            failed(format!(
+                "{} is not an unencrypted OpenSSH private key, and ssh-keygen, which would sign with it, cannot be run ({e}); install openssh-client",
+                key.display()
+            ))
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "ssh-keygen -Y sign with {} failed ({status}); see its message above",
+            key.display()
+        )))
+    }
 }

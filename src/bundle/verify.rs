@@ -12,6 +12,10 @@ use super::open::{
 use super::parse::{parse_manifest, too_big};
 use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};
 use crate::hashing;
+use crate::signature::{
+    AllowedSigners, MAX_SIGNATURE_BYTES, Reason, Refusal as SignatureRefusal, SIGNATURE_FILE,
+    Signer,
+};
 use crate::workers::{PerCore, map_on};
 use cap_std::fs::Dir;
 use std::collections::HashSet;
@@ -27,6 +31,8 @@ pub struct VerifiedBundle {
     /// Things worth telling the producer that do not make the bundle
     /// invalid, such as files present but not listed.
     pub warnings: Vec<String>,
+    /// Who signed it, when the pipeline checks signatures and it is signed.
+    pub signer: Option<Signer>,
 }
 
 /// Reads and parses `dir/manifest.json`, which must be a regular file (not a
@@ -39,13 +45,19 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, BundleError> {
 /// [`read_manifest`] for a bundle folder that is already open, reading at
 /// most `cap` bytes; `dir` is only used in messages.
 pub fn read_manifest_at(root: &Dir, dir: &Path, cap: u64) -> Result<Manifest, BundleError> {
+    parse_manifest(&read_manifest_bytes(root, dir, cap)?)
+}
+
+/// The exact bytes of `manifest.json` (what a signature covers), read
+/// without following a link, at most `cap` of them.
+fn read_manifest_bytes(root: &Dir, dir: &Path, cap: u64) -> Result<Vec<u8>, BundleError> {
     let path = dir.join(MANIFEST);
     let unreadable = |message: String, io: Option<io::Error>| BundleError::Unreadable {
         path: path.clone(),
         message,
         io,
     };
-    let mut file = open_file_nofollow(root, OsStr::new(MANIFEST)).map_err(|e| match e {
+    let file = open_file_nofollow(root, OsStr::new(MANIFEST)).map_err(|e| match e {
         EntryError::Missing => unreadable(
             "not found; a bundle is complete only once its manifest.json exists (write it last, or run `distributor bundle seal`)".to_owned(),
             None,
@@ -63,37 +75,108 @@ pub fn read_manifest_at(root: &Dir, dir: &Path, cap: u64) -> Result<Manifest, Bu
         EntryError::Raced => unreadable(raced_message(), None),
         EntryError::Io(e) => unreadable(format!("cannot open: {e}"), Some(e)),
     })?;
-    let len = file
-        .metadata()
-        .map_err(|e| unreadable(format!("cannot inspect: {e}"), Some(e)))?
-        .len();
+    read_capped(file, cap)
+        .map_err(|e| unreadable(format!("cannot read: {e}"), Some(e)))?
+        .map_err(|len| too_big(len, cap))
+}
+
+/// At most `cap` bytes of `file`: `Ok(Err(size))` when it holds more.
+fn read_capped(mut file: std::fs::File, cap: u64) -> io::Result<Result<Vec<u8>, u64>> {
+    let len = file.metadata()?.len();
     if len > cap {
-        return Err(too_big(len, cap));
+        return Ok(Err(len));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    (&mut file)
-        .take(cap + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| unreadable(format!("cannot read: {e}"), Some(e)))?;
+    (&mut file).take(cap + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > cap {
-        return Err(too_big(bytes.len() as u64, cap));
+        return Ok(Err(bytes.len() as u64));
     }
-    parse_manifest(&bytes)
+    Ok(Ok(bytes))
+}
+
+/// What a pipeline asks of its bundles' signatures (docs/contract.md §17.4).
+#[derive(Debug, Clone, Copy)]
+pub struct SignaturePolicy<'a> {
+    pub signers: &'a AllowedSigners,
+    /// Refuse a bundle without `manifest.json.sig`; a signature that is
+    /// there is checked either way.
+    pub required: bool,
+}
+
+/// Checks `manifest.json.sig` over `manifest` (the bytes just read) as
+/// `policy` asks: who signed, `None` for an unsigned bundle that the
+/// policy lets through. The signature file is read like the manifest (no
+/// link, no special file, at most [`MAX_SIGNATURE_BYTES`]).
+fn check_signature(
+    root: &Dir,
+    dir: &Path,
+    manifest: &[u8],
+    policy: SignaturePolicy<'_>,
+) -> Result<Option<Signer>, BundleError> {
+    let refused =
+        |message: String| BundleError::Signature(SignatureRefusal::new(Reason::Malformed, message));
+    let signature = match open_file_nofollow(root, OsStr::new(SIGNATURE_FILE)) {
+        Ok(file) => match read_capped(file, MAX_SIGNATURE_BYTES) {
+            Ok(Ok(bytes)) => Some(bytes),
+            Ok(Err(len)) => {
+                return Err(refused(format!(
+                    "is {len} bytes, more than {MAX_SIGNATURE_BYTES}: not a signature (what `ssh-keygen -Y sign` writes is under 3 KiB); sign manifest.json again"
+                )));
+            }
+            Err(e) => return Err(unreadable_signature(dir, e)),
+        },
+        Err(EntryError::Missing) => None,
+        Err(EntryError::Kind(kind)) => {
+            return Err(refused(format!(
+                "is {kind}; the signature must be a regular file, never a link or special file"
+            )));
+        }
+        Err(EntryError::HardLink(n)) => {
+            return Err(refused(format!(
+                "is a hard link ({n} names for one file); write the signature as a new file"
+            )));
+        }
+        Err(EntryError::Raced) => return Err(refused(raced_message())),
+        Err(EntryError::Io(e)) => return Err(unreadable_signature(dir, e)),
+    };
+    if signature.is_none() && !policy.required {
+        return Ok(None);
+    }
+    let now = time::OffsetDateTime::now_utc();
+    crate::signature::check(manifest, signature.as_deref(), policy.signers, now)
+        .map(Some)
+        .map_err(BundleError::Signature)
+}
+
+fn unreadable_signature(dir: &Path, e: io::Error) -> BundleError {
+    BundleError::Unreadable {
+        path: dir.join(SIGNATURE_FILE),
+        message: format!("cannot read: {e}"),
+        io: Some(e),
+    }
 }
 
 /// Fully checks the bundle in `dir`: parses the manifest (digest included),
 /// then opens and hashes every listed file, streaming. Every problem found is
 /// reported, not only the first. Unlisted files become warnings.
-pub fn verify(dir: &Path, limits: &Limits) -> Result<VerifiedBundle, BundleError> {
-    check(dir, limits, true)
+pub fn verify(
+    dir: &Path,
+    limits: &Limits,
+    signatures: Option<SignaturePolicy<'_>>,
+) -> Result<VerifiedBundle, BundleError> {
+    check(dir, limits, signatures, true)
 }
 
 /// Checks everything [`verify`] does except the file hashes: the manifest,
 /// and that every listed file is a regular file (reached without a symlink)
 /// of the declared size. Publication uses it to read each file only once,
 /// hashing while it copies, and calls [`verify_files`] for the rest.
-pub fn inspect(dir: &Path, limits: &Limits) -> Result<VerifiedBundle, BundleError> {
-    check(dir, limits, false)
+pub fn inspect(
+    dir: &Path,
+    limits: &Limits,
+    signatures: Option<SignaturePolicy<'_>>,
+) -> Result<VerifiedBundle, BundleError> {
+    check(dir, limits, signatures, false)
 }
 
 /// Hashes the given listed files and checks them against the manifest;
@@ -124,9 +207,23 @@ pub fn mismatch_problem(listed: &ManifestFile, actual: &hashing::Hashed) -> Prob
     Problem::at(listed.path.as_str(), message)
 }
 
-fn check(dir: &Path, limits: &Limits, hash: bool) -> Result<VerifiedBundle, BundleError> {
+/// Reads the manifest, checks its signature when `signatures` asks for
+/// one (before anything else in it is looked at), then checks the listed
+/// files, hashing them with `hash`.
+fn check(
+    dir: &Path,
+    limits: &Limits,
+    signatures: Option<SignaturePolicy<'_>>,
+    hash: bool,
+) -> Result<VerifiedBundle, BundleError> {
     let root = open_bundle_dir(dir)?;
-    let manifest = read_manifest_at(&root, dir, limits.max_manifest_bytes())?;
+    let bytes = read_manifest_bytes(&root, dir, limits.max_manifest_bytes())?;
+    let signer = match signatures {
+        Some(policy) => check_signature(&root, dir, &bytes, policy)?,
+        None => None,
+    };
+    let manifest = parse_manifest(&bytes)?;
+    drop(bytes);
     check_limits(&manifest, limits)?;
     let listed: Vec<&ManifestFile> = manifest.files.iter().collect();
     let problems = check_all(&root, dir, &listed, hash)?;
@@ -138,6 +235,7 @@ fn check(dir: &Path, limits: &Limits, hash: bool) -> Result<VerifiedBundle, Bund
         dir: dir.to_path_buf(),
         manifest,
         warnings,
+        signer,
     })
 }
 

@@ -257,7 +257,7 @@ pub enum SpoolCommand {
 pub enum BundleCommand {
     /// Hash every regular file under DIR and write DIR/manifest.json atomically
     #[command(
-        after_help = "Example:\n  distributor bundle seal ./.staging-report --id reports.2026-06-04"
+        after_help = "Examples:\n  distributor bundle seal ./.staging-report --id reports.2026-06-04\n  distributor bundle seal ./.staging-report --id reports.2026-06-04 --sign ~/.ssh/deploy_ed25519"
     )]
     Seal {
         dir: PathBuf,
@@ -267,11 +267,19 @@ pub enum BundleCommand {
         /// RFC 3339 creation time (default: now)
         #[arg(long, value_name = "RFC3339")]
         created: Option<String>,
+        /// Also sign the manifest with this OpenSSH key (writes manifest.json.sig; an encrypted or agent-held key is signed by ssh-keygen)
+        #[arg(long, value_name = "KEY")]
+        sign: Option<PathBuf>,
     },
     /// Check a bundle against its manifest and print every problem
-    #[command(after_help = "Example:\n  distributor bundle verify ./inbox/report-1")]
+    #[command(
+        after_help = "Examples:\n  distributor bundle verify ./inbox/report-1\n  distributor bundle verify ./inbox/report-1 --signers /etc/distributor/docs.signers"
+    )]
     Verify {
         dir: PathBuf,
+        /// Also check manifest.json.sig against this allowed_signers file, as the agent would
+        #[arg(long, value_name = "FILE")]
+        signers: Option<PathBuf>,
         /// Print the result as JSON
         #[arg(long)]
         json: bool,

@@ -132,10 +132,15 @@ pub fn run(cli: Cli) -> u8 {
             failed::delete(config, &pipeline, &name)
         }
         Command::Run(args) => run_bundle(config, &args),
-        Command::Bundle(BundleCommand::Seal { dir, id, created }) => {
-            seal(&dir, &id, created.as_deref())
+        Command::Bundle(BundleCommand::Seal {
+            dir,
+            id,
+            created,
+            sign,
+        }) => seal(&dir, &id, created.as_deref(), sign.as_deref()),
+        Command::Bundle(BundleCommand::Verify { dir, signers, json }) => {
+            verify(&dir, signers.as_deref(), json)
         }
-        Command::Bundle(BundleCommand::Verify { dir, json }) => verify(&dir, json),
         Command::Config(ConfigCommand::Check { json, strict }) => {
             config_check(cli.config.as_deref(), json, strict)
         }

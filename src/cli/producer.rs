@@ -5,6 +5,7 @@ use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::bundle::{self, BundleError, SealError};
 use crate::catalog::parse_time;
 use crate::inert::{inert, inert_os};
+use crate::signature::AllowedSigners;
 
 /// "1 file", "2 files".
 fn count(n: usize, one: &str, many: &str) -> String {
@@ -12,7 +13,7 @@ fn count(n: usize, one: &str, many: &str) -> String {
 }
 use std::path::Path;
 
-pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
+pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Path>) -> u8 {
     let created = match created.map(parse_time).transpose() {
         Ok(c) => c,
         Err(e) => {
@@ -41,7 +42,22 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
             for w in &sealed.warnings {
                 eprintln!("warning: {w}");
             }
-            EXIT_OK
+            let Some(key) = sign else {
+                return EXIT_OK;
+            };
+            match bundle::sign(dir, key) {
+                Ok(_) => {
+                    println!(
+                        "signed {}",
+                        inert_os(dir.join(crate::signature::SIGNATURE_FILE).as_os_str())
+                    );
+                    EXIT_OK
+                }
+                Err(e) => {
+                    eprintln!("error: {}", inert(&e.to_string()));
+                    EXIT_FAILURE
+                }
+            }
         }
         Err(e) => {
             eprintln!("error: {e}");
@@ -53,8 +69,25 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>) -> u8 {
     }
 }
 
-pub(super) fn verify(dir: &Path, json: bool) -> u8 {
-    let result = bundle::verify(dir, &bundle::Limits::default());
+pub(super) fn verify(dir: &Path, signers: Option<&Path>, json: bool) -> u8 {
+    let signers = match signers.map(|path| (path, AllowedSigners::read(path))) {
+        None => None,
+        Some((_, Ok(signers))) => Some(signers),
+        Some((path, Err(e))) => {
+            eprintln!("error: --signers {}: {e}", inert_os(path.as_os_str()));
+            return EXIT_USAGE;
+        }
+    };
+    let policy = signers.as_ref().map(|signers| bundle::SignaturePolicy {
+        signers,
+        required: true,
+    });
+    let result = bundle::verify(dir, &bundle::Limits::default(), policy);
+    let signer = result.as_ref().ok().and_then(|b| b.signer.clone());
+    let refused = match &result {
+        Err(BundleError::Signature(refusal)) => Some(refusal.reason.as_str()),
+        _ => None,
+    };
     let (ok, problems, warnings, source) = match &result {
         Ok(b) => (
             true,
@@ -75,7 +108,7 @@ pub(super) fn verify(dir: &Path, json: bool) -> u8 {
         Err(e) => (false, vec![e.to_string()], Vec::new(), None),
     };
     if json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "ok": ok,
             "bundle": dir.display().to_string(),
             "id": source.as_ref().map(|s| s.0.clone()),
@@ -83,6 +116,10 @@ pub(super) fn verify(dir: &Path, json: bool) -> u8 {
             "problems": problems,
             "warnings": warnings,
         });
+        if policy.is_some() {
+            doc["signer"] = serde_json::json!(signer);
+            doc["signature_refused"] = serde_json::json!(refused);
+        }
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         let shown_dir = inert_os(dir.as_os_str());
@@ -96,6 +133,9 @@ pub(super) fn verify(dir: &Path, json: bool) -> u8 {
                 "invalid bundle {shown_dir} ({}):",
                 count(problems.len(), "problem", "problems")
             ),
+        }
+        if let Some(signer) = &signer {
+            println!("  signed by {}", inert(&signer.to_string()));
         }
         for p in &problems {
             println!("  problem: {}", inert(p));

@@ -15,6 +15,7 @@ use crate::config::{Config, Pipeline};
 use crate::inert::inert;
 use crate::spool::{self, Folder, Spool, SpoolEntry};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::path::Path;
 use time::OffsetDateTime;
 
@@ -188,6 +189,20 @@ fn pipeline_status(
             p.id, h.since, p.id
         ));
     }
+    // Bundles refused for their signature, by reason, among those still in
+    // failed/ (docs/contract.md §17.4), from the agent's own kept results.
+    let mut signature_refusals: BTreeMap<String, u64> = BTreeMap::new();
+    if p.signatures.is_some() {
+        for r in in_folder(Folder::Failed) {
+            if let Ok(result) = spool::read_result(&spool, Folder::Failed, &r.name)
+                && !result.unverified
+                && let Some(reason) = result.doc["signature_refused"].as_str()
+                && crate::signature::Reason::parse(reason).is_some()
+            {
+                *signature_refusals.entry(reason.to_owned()).or_default() += 1;
+            }
+        }
+    }
     let limit = config.agent.incomplete_timeout;
     for r in in_folder(Folder::Inbox) {
         let age = age_seconds(&r.modified, now);
@@ -234,6 +249,7 @@ fn pipeline_status(
             "fix": (stuck_count > 0).then_some(RETENTION_FIX),
         },
         "destinations": p.destinations.iter().map(destination_json).collect::<Vec<_>>(),
+        "signature_refusals": signature_refusals,
     }))
 }
 
@@ -438,6 +454,18 @@ fn print_text(p: &Value, now: OffsetDateTime) {
                 inert(oldest["reason"].as_str().unwrap_or_default())
             );
         }
+    }
+    if let Some(refusals) = p["signature_refusals"].as_object()
+        && !refusals.is_empty()
+    {
+        let counts: Vec<String> = refusals
+            .iter()
+            .map(|(reason, n)| format!("{n} {}", reason.replace('_', " ")))
+            .collect();
+        println!(
+            "  refused for their signature (in failed/): {}",
+            counts.join(", ")
+        );
     }
     let blocked = &p["retention_blocked"];
     if blocked["count"].as_u64().unwrap_or(0) > 0 {

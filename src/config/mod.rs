@@ -8,8 +8,8 @@
 //! where the YAML parser knows it, the line and column.
 //!
 //! It must never touch the file system beyond reading the config file itself
-//! and the page templates it names (`html.template`, read and checked while
-//! building): paths are resolved lexically, nothing is created, canonicalised
+//! and the files it names that are read and checked while building: page
+//! templates (`html.template`) and `signatures.allowed_signers`: paths are resolved lexically, nothing is created, canonicalised
 //! or probed, and nothing here prints or logs.
 
 use std::ffi::OsString;
@@ -29,7 +29,7 @@ mod tests;
 pub use error::{ConfigError, Place};
 pub use model::{
     AgentConfig, Backend, Config, Destination, Hooks, HtmlTemplate, Limits, Pipeline, PrunePolicy,
-    RawHtml, S3Location, Workflow,
+    RawHtml, S3Location, Signatures, Workflow,
 };
 pub use values::{
     PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,

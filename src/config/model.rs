@@ -80,6 +80,26 @@ pub struct Pipeline {
     /// The top-level limits with this pipeline's overrides applied.
     pub limits: Limits,
     pub destinations: Vec<Destination>,
+    /// `signatures`: who may sign this pipeline's bundles
+    /// (docs/contract.md §17.3); `None` takes unsigned bundles.
+    pub signatures: Option<Signatures>,
+}
+
+/// A pipeline's `signatures`.
+#[derive(Debug, Clone)]
+pub struct Signatures {
+    /// The `allowed_signers` file, resolved; read (and re-read on reload)
+    /// while the config is loaded.
+    pub allowed_signers: PathBuf,
+    pub signers: std::sync::Arc<crate::signature::AllowedSigners>,
+    /// Refuse a bundle without a valid signature (default true).
+    pub required: bool,
+    /// Refuse a bundle that would overwrite or delete outputs of a source
+    /// created after it (default true; docs/contract.md §17.5).
+    pub refuse_older: bool,
+    /// Principal -> the output path prefixes it may publish; `None` when
+    /// every principal may publish everywhere the destinations allow.
+    pub scopes: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 impl Pipeline {

@@ -15,7 +15,7 @@ use super::error::ConfigError;
 use super::error::Place;
 use super::model::{
     AgentConfig, Backend, Config, Destination, Hooks, Limits, Pipeline, PrunePolicy, RawHtml,
-    S3Location, Workflow,
+    S3Location, Signatures, Workflow,
 };
 use super::relations::{check_relations, normalize};
 use super::template::read_template;
@@ -84,13 +84,26 @@ impl RawLimits {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a pipeline: a mapping with id, an optional inbox, and destinations"
+    expecting = "a pipeline: a mapping with id, an optional inbox, limits, destinations and signatures"
 )]
 struct RawPipeline {
     id: Checked<PipelineIdRule>,
     inbox: Option<Checked<PathRule>>,
     limits: Option<RawLimits>,
     destinations: Destinations,
+    signatures: Option<RawSignatures>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with allowed_signers (a file), required, refuse_older (true or false) and scopes (principal: [prefixes])"
+)]
+struct RawSignatures {
+    allowed_signers: Checked<FilePathRule>,
+    required: Option<bool>,
+    refuse_older: Option<bool>,
+    scopes: Option<std::collections::BTreeMap<String, Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -717,6 +730,28 @@ fn destination_backend(
     }
 }
 
+/// Reads `signatures.allowed_signers` (docs/contract.md §17.3) of pipeline
+/// `pipeline` while the config is loaded: an unreadable or malformed file
+/// is a config error, and a reload that meets one keeps the old config.
+fn read_allowed_signers(
+    path: &Path,
+    pipeline: &str,
+    file: &Path,
+) -> Result<std::sync::Arc<crate::signature::AllowedSigners>, ConfigError> {
+    crate::signature::AllowedSigners::read(path)
+        .map(std::sync::Arc::new)
+        .map_err(|message| ConfigError::Invalid {
+            at: Place {
+                file: file.to_path_buf(),
+                line_column: None,
+            },
+            message: format!(
+                "pipeline {pipeline:?}: signatures.allowed_signers {}: {message} (relative paths start at the config file's folder)",
+                path.display()
+            ),
+        })
+}
+
 pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     let file_abs = normalize(&std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()));
     let base = file_abs.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -795,11 +830,22 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 }),
             });
         }
+        let signatures = match rp.signatures {
+            Some(rs) => Some(Signatures {
+                signers: read_allowed_signers(&resolve(&rs.allowed_signers.0), &id, file)?,
+                allowed_signers: resolve(&rs.allowed_signers.0),
+                required: rs.required.unwrap_or(true),
+                refuse_older: rs.refuse_older.unwrap_or(true),
+                scopes: rs.scopes,
+            }),
+            None => None,
+        };
         pipelines.push(Pipeline {
             id,
             inbox,
             limits: pipeline_limits,
             destinations,
+            signatures,
         });
     }
 

@@ -564,27 +564,39 @@ impl<'a> Driver<'a> {
             listing: &listing,
             now,
         });
-        let plan = root
+        let mut plan = root
             .target
             .refusal(&plan, &state, self.options.force)
             .unwrap_or(plan);
-        if let (Some(older), State::Catalog(catalog)) = (self.older, &*state) {
-            let touched = plan.writes.iter().map(|d| d.path.as_str());
-            let newer = touched
-                .chain(plan.delete_after.iter().map(String::as_str))
-                .filter_map(|path| catalog.get(path))
-                .filter(|record| record.source.created > r.source.created)
+        if let State::Catalog(catalog) = &*state {
+            let newer: Vec<super::Rollback> = plan::rolled_back(&plan, catalog, &r.source)
+                .into_iter()
                 .map(|record| super::Rollback {
                     destination: d.id.clone(),
                     path: record.path.as_str().to_owned(),
                     source: record.source.id.clone(),
                     created: record.source.created,
                     own: r.source.created,
-                });
-            older
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(newer);
+                })
+                .collect();
+            let refuse_older = self
+                .pipeline
+                .signatures
+                .as_ref()
+                .is_some_and(|s| s.refuse_older);
+            if refuse_older && !newer.is_empty() {
+                plan = Plan::refused(
+                    plan::Action::FailConflict,
+                    Vec::new(),
+                    replay_refusal(&newer),
+                );
+            }
+            if let Some(older) = self.older {
+                older
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(newer);
+            }
         }
         let kept = root.target.kept(&plan, &state, &root.touched);
         Ok((plan, kept))
@@ -926,3 +938,24 @@ fn all_reported(reports: Vec<Option<RunReport>>) -> Outcome {
 #[cfg(test)]
 #[path = "driver_tests.rs"]
 mod tests;
+
+/// Why a bundle is refused under `signatures.refuse_older`
+/// (docs/contract.md §17.5): the outputs of later sources it would roll
+/// back, the first few named with their source and both times.
+fn replay_refusal(newer: &[super::Rollback]) -> String {
+    const SHOWN: usize = 5;
+    let shown: Vec<String> = newer.iter().take(SHOWN).map(ToString::to_string).collect();
+    let more = match newer.len().saturating_sub(SHOWN) {
+        0 => String::new(),
+        n => format!("; and {n} more"),
+    };
+    format!(
+        "publishing it would roll back {} of later sources: {}{more}. This pipeline refuses bundles older than what they replace (signatures.refuse_older), so that a signed bundle dropped again cannot roll the site back; to publish this content again, seal and sign it as a new bundle",
+        if newer.len() == 1 {
+            "1 output".to_owned()
+        } else {
+            format!("{} outputs", newer.len())
+        },
+        shown.join("; ")
+    )
+}

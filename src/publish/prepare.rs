@@ -81,7 +81,14 @@ pub(super) fn prepare_bundle(
     scratch: &Path,
 ) -> Result<Ready, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
-    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits) {
+    let policy = pipeline
+        .signatures
+        .as_ref()
+        .map(|s| bundle::SignaturePolicy {
+            signers: &s.signers,
+            required: s.required,
+        });
+    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy) {
         Ok(b) => b,
         Err(e) => {
             report.source = bundle::read_manifest(bundle_dir)
@@ -92,6 +99,9 @@ pub(super) fn prepare_bundle(
                     created: m.created_text(),
                 });
             let transient = e.is_transient();
+            if let bundle::BundleError::Signature(refusal) = &e {
+                report.signature_refused = Some(refusal.reason.as_str());
+            }
             return Err(Box::new(report.fail(
                 Stage::Verify,
                 e.to_string(),
@@ -106,6 +116,13 @@ pub(super) fn prepare_bundle(
         created: m.created_text(),
     });
     report.warnings = bundle.warnings.clone();
+    report.signer = bundle.signer.clone();
+    if bundle.signer.is_none() && pipeline.signatures.is_some() {
+        report.warnings.push(format!(
+            "the bundle is not signed; pipeline {} takes it because signatures.required is false (set it to true once every producer signs)",
+            pipeline.id
+        ));
+    }
     let source = SourceIdentity {
         id: m.id.clone(),
         digest: m.digest.clone(),

@@ -33,4 +33,5 @@ mod s3_maintain;
 mod s3_publish;
 mod s3_race;
 mod seaweed;
+mod signatures;
 mod unchanged;

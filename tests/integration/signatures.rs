@@ -1,0 +1,525 @@
+//! Signed bundles (docs/contract.md §17.3–17.5) with the real `ssh-keygen`
+//! both ways: it signs and we verify, we sign and it verifies; every
+//! reason a signature is refused; hostile signature files; replays of
+//! older signed bundles; `allowed_signers` re-read on SIGHUP.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::{Output, Test, mkfifo, names, read_json, records, wait_exit};
+
+/// A key pair made by `ssh-keygen` in the test folder.
+struct Key {
+    private: PathBuf,
+    /// The public key line (`type base64 comment`).
+    public: String,
+}
+
+/// `ssh-keygen -t <kind> -N <passphrase>` into `keys/<name>`.
+fn keygen(t: &Test, name: &str, kind: &[&str], passphrase: &str) -> Key {
+    let dir = t.mkdir("keys");
+    let private = dir.join(name);
+    let status = Command::new("ssh-keygen")
+        .args(["-q", "-N", passphrase, "-C", name, "-t"])
+        .args(kind)
+        .arg("-f")
+        .arg(&private)
+        .status()
+        .expect("ssh-keygen runs (scripts/install-test-deps installs it)");
+    assert!(status.success(), "ssh-keygen -t {kind:?}");
+    let public = fs::read_to_string(private.with_extension("pub"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    Key { private, public }
+}
+
+/// `ssh-keygen -Y sign -n <namespace>` of `file` (writes `file.sig`).
+fn ssh_sign(key: &Path, file: &Path, namespace: &str) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-Y", "sign", "-n", namespace, "-f"])
+        .arg(key)
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ssh-keygen -Y sign: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `ssh-keygen -Y verify` of `dir/manifest.json` against `allowed` as
+/// `principal`: whether it accepts the signature.
+fn ssh_verifies(dir: &Path, allowed: &Path, principal: &str) -> bool {
+    let manifest = fs::File::open(dir.join("manifest.json")).unwrap();
+    Command::new("ssh-keygen")
+        .args(["-Y", "verify", "-n", "distributor", "-f"])
+        .arg(allowed)
+        .args(["-I", principal, "-s"])
+        .arg(dir.join("manifest.json.sig"))
+        .stdin(manifest)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// A test folder with pipeline `docs` publishing into `./site`, taking
+/// bundles signed as `docs.signers` allows; `signatures` adds keys to the
+/// pipeline's `signatures` (indented as they are).
+fn site(signers: &str, signatures: &str) -> Test {
+    let t = Test::new();
+    t.write("docs.signers", signers);
+    t.config(&format!(
+        "spool: ./spool
+pipelines:
+  - id: docs
+    signatures:
+      allowed_signers: docs.signers
+{signatures}    destinations:
+      - id: web
+        path: ./site
+"
+    ));
+    t
+}
+
+/// A sealed bundle `bundles/<name>` holding `index.html` with `text`,
+/// created at `created`.
+fn sealed(t: &Test, name: &str, created: &str, text: &str) -> PathBuf {
+    t.bundle_at(name, name, created, &[("index.html", text)])
+}
+
+fn publish(t: &Test, bundle: &Path) -> Output {
+    t.publish("docs", bundle, &[])
+}
+
+/// `run --json` refused the bundle at verify for `reason`, and nothing
+/// reached the root.
+#[track_caller]
+fn refused_for(t: &Test, bundle: &Path, reason: &str) -> Value {
+    let out = publish(t, bundle);
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["stage"], "verify", "{doc}");
+    assert_eq!(doc["signature_refused"], reason, "{doc}");
+    assert!(doc["signer"].is_null(), "{doc}");
+    assert!(
+        doc["error"].as_str().unwrap().contains("manifest.json.sig"),
+        "{doc}"
+    );
+    assert!(
+        !t.join("site").exists(),
+        "{reason}: the root was written: {:?}",
+        names(&t.join("site"))
+    );
+    doc
+}
+
+#[test]
+fn ssh_keygen_signs_and_we_verify_for_every_key_type() {
+    for (kind, bits) in [
+        ("ed25519", None),
+        ("ecdsa", Some("256")),
+        ("ecdsa", Some("384")),
+        ("rsa", Some("3072")),
+    ] {
+        let t = Test::new();
+        let mut args = vec!["-t", kind];
+        if let Some(bits) = bits {
+            args.extend(["-b", bits]);
+        }
+        let key = keygen(&t, "ci", &args[1..], "");
+        let t = {
+            let site = site(&format!("ci@project {}\n", key.public), "");
+            fs::create_dir_all(site.join("keys")).unwrap();
+            fs::copy(&key.private, site.join("keys/ci")).unwrap();
+            site
+        };
+        let bundle = sealed(&t, "b1", "2026-06-04T11:55:00Z", "<h1>one</h1>");
+        ssh_sign(
+            &t.join("keys/ci"),
+            &bundle.join("manifest.json"),
+            "distributor",
+        );
+
+        // `bundle verify --signers` accepts it as the agent would.
+        let mut cmd = t.cmd();
+        cmd.args(["bundle", "verify", "--json", "--signers", "docs.signers"])
+            .arg(&bundle);
+        let out = cmd.output();
+        out.expect_code(0);
+        let doc = out.json();
+        assert_eq!(doc["signer"]["principal"], "ci@project", "{kind}: {doc}");
+
+        let out = publish(&t, &bundle);
+        out.expect_code(0);
+        let doc = out.json();
+        assert_eq!(doc["signer"]["principal"], "ci@project", "{kind}: {doc}");
+        let fingerprint = doc["signer"]["key"].as_str().unwrap().to_owned();
+        let listed = Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(key.private.with_extension("pub"))
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&listed.stdout).contains(&fingerprint),
+            "{kind}: the fingerprint {fingerprint} is not what ssh-keygen -l prints"
+        );
+        assert_eq!(
+            fs::read_to_string(t.join("site/index.html")).unwrap(),
+            "<h1>one</h1>"
+        );
+        // Never published.
+        assert!(!t.join("site/manifest.json.sig").exists());
+        assert!(
+            !records(&read_json(&t.join("site/.distributor.json")))
+                .contains_key("manifest.json.sig")
+        );
+    }
+}
+
+#[test]
+fn we_sign_and_ssh_keygen_verifies_and_a_reseal_drops_the_stale_signature() {
+    let t = Test::new();
+    let ed = keygen(&t, "ed", &["ed25519"], "");
+    let ec = keygen(&t, "ec", &["ecdsa", "-b", "256"], "");
+    t.write(
+        "allowed",
+        format!("ci@ed {}\nci@ec {}\n", ed.public, ec.public),
+    );
+    for (key, principal) in [(&ed, "ci@ed"), (&ec, "ci@ec")] {
+        let dir = t.mkdir(&format!("b-{principal}"));
+        fs::write(dir.join("a.txt"), "a").unwrap();
+        let mut cmd = t.cmd();
+        cmd.args(["bundle", "seal"])
+            .arg(&dir)
+            .args(["--id", "b", "--sign"])
+            .arg(&key.private);
+        let out = cmd.output();
+        out.expect_code(0);
+        assert!(out.stdout.contains("signed"), "{}", out.stdout);
+        assert!(ssh_verifies(&dir, &t.join("allowed"), principal));
+        // The signature is never listed.
+        let manifest = fs::read_to_string(dir.join("manifest.json")).unwrap();
+        assert!(!manifest.contains("manifest.json.sig"), "{manifest}");
+
+        // Sealing again (a new manifest) removes the old signature, and
+        // signing again makes a valid one.
+        fs::write(dir.join("b.txt"), "b").unwrap();
+        t.seal(&dir, "b", Some("2026-06-05T00:00:00Z"))
+            .expect_code(0);
+        assert!(!dir.join("manifest.json.sig").exists());
+        let mut cmd = t.cmd();
+        cmd.args(["bundle", "seal"])
+            .arg(&dir)
+            .args(["--id", "b", "--sign"])
+            .arg(&key.private);
+        cmd.output().expect_code(0);
+        assert!(ssh_verifies(&dir, &t.join("allowed"), principal));
+    }
+}
+
+#[test]
+fn an_encrypted_key_is_signed_by_ssh_keygen_with_its_passphrase() {
+    let t = Test::new();
+    let key = keygen(&t, "locked", &["ed25519"], "correct horse");
+    t.write("allowed", format!("ci@locked {}\n", key.public));
+    let askpass = t.write("askpass.sh", "#!/bin/sh\necho 'correct horse'\n");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&askpass, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let dir = t.mkdir("b");
+    fs::write(dir.join("a.txt"), "a").unwrap();
+    let mut cmd = t.cmd();
+    cmd.env("SSH_ASKPASS", &askpass)
+        .env("SSH_ASKPASS_REQUIRE", "force")
+        .env("DISPLAY", ":0")
+        .args(["bundle", "seal"])
+        .arg(&dir)
+        .args(["--id", "b", "--sign"])
+        .arg(&key.private);
+    cmd.output().expect_code(0);
+    assert!(ssh_verifies(&dir, &t.join("allowed"), "ci@locked"));
+
+    // A wrong passphrase: not signed, no signature left, exit 1.
+    fs::write(&askpass, "#!/bin/sh\necho wrong\n").unwrap();
+    t.seal(&dir, "b", None).expect_code(0);
+    let mut cmd = t.cmd();
+    cmd.env("SSH_ASKPASS", &askpass)
+        .env("SSH_ASKPASS_REQUIRE", "force")
+        .env("DISPLAY", ":0")
+        .args(["bundle", "seal"])
+        .arg(&dir)
+        .args(["--id", "b", "--sign"])
+        .arg(&key.private);
+    let out = cmd.output();
+    out.expect_code(1);
+    assert!(
+        out.stderr.contains("sealed, but not signed"),
+        "{}",
+        out.stderr
+    );
+    assert!(!dir.join("manifest.json.sig").exists());
+}
+
+#[test]
+fn each_reason_a_signature_is_refused_is_named_and_nothing_is_written() {
+    let probe = Test::new();
+    let ci = keygen(&probe, "ci", &["ed25519"], "");
+    let stranger = keygen(&probe, "stranger", &["ed25519"], "");
+    let sign = |bundle: &Path, key: &Key, ns: &str| {
+        ssh_sign(&key.private, &bundle.join("manifest.json"), ns);
+    };
+    let line = |options: &str| format!("ci@project {options}{}\n", ci.public);
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("missing", line(""), "missing"),
+        ("unknown key", line(""), "unknown_key"),
+        ("namespace git", line(""), "wrong_namespace"),
+        (
+            "line for git only",
+            line("namespaces=\"git\" "),
+            "wrong_namespace",
+        ),
+        (
+            "not yet valid",
+            line("valid-after=\"29990101Z\" "),
+            "not_yet_valid",
+        ),
+        (
+            "no longer valid",
+            line("valid-before=\"20200101Z\" "),
+            "no_longer_valid",
+        ),
+        ("manifest changed after signing", line(""), "bad_signature"),
+    ];
+    for (name, signers, reason) in cases {
+        let t = site(&signers, "");
+        let bundle = sealed(&t, "b", "2026-06-04T11:55:00Z", "x");
+        match name {
+            "missing" => {}
+            "unknown key" => sign(&bundle, &stranger, "distributor"),
+            "namespace git" => sign(&bundle, &ci, "git"),
+            "manifest changed after signing" => {
+                sign(&bundle, &ci, "distributor");
+                let manifest = bundle.join("manifest.json");
+                let mut text = fs::read(&manifest).unwrap();
+                text.push(b'\n');
+                fs::write(&manifest, text).unwrap();
+            }
+            _ => sign(&bundle, &ci, "distributor"),
+        }
+        let doc = refused_for(&t, &bundle, reason);
+        let error = doc["error"].as_str().unwrap();
+        assert!(!error.is_empty(), "{name}: {doc}");
+    }
+}
+
+#[test]
+fn hostile_signature_files_are_refused_unread_and_never_block() {
+    let probe = Test::new();
+    let ci = keygen(&probe, "ci", &["ed25519"], "");
+    let real = {
+        let t = site(&format!("ci@p {}\n", ci.public), "");
+        let b = sealed(&t, "b", "2026-06-04T11:55:00Z", "x");
+        ssh_sign(&ci.private, &b.join("manifest.json"), "distributor");
+        fs::read_to_string(b.join("manifest.json.sig")).unwrap()
+    };
+    // (case, what puts it at the signature's name)
+    type Make = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Make)> = vec![
+        ("empty", Box::new(|p: &Path| fs::write(p, b"").unwrap())),
+        (
+            "10 MiB",
+            Box::new(|p: &Path| fs::write(p, vec![b'A'; 10 << 20]).unwrap()),
+        ),
+        ("a FIFO", Box::new(|p: &Path| mkfifo(p))),
+        (
+            "a symlink to a good signature",
+            Box::new({
+                let real = real.clone();
+                move |p: &Path| {
+                    let elsewhere = p.with_file_name("../good.sig");
+                    fs::write(&elsewhere, &real).unwrap();
+                    std::os::unix::fs::symlink(&elsewhere, p).unwrap();
+                }
+            }),
+        ),
+        (
+            "random bytes",
+            Box::new(|p: &Path| {
+                let bytes: Vec<u8> = (0..600u32).map(|i| (i * 7919 % 251) as u8).collect();
+                fs::write(p, bytes).unwrap()
+            }),
+        ),
+        (
+            "truncated base64",
+            Box::new({
+                let real = real.clone();
+                move |p: &Path| fs::write(p, &real[..real.len() * 2 / 3]).unwrap()
+            }),
+        ),
+        ("a folder", Box::new(|p: &Path| fs::create_dir(p).unwrap())),
+    ];
+    for (name, make) in cases {
+        let t = site(&format!("ci@p {}\n", ci.public), "");
+        let bundle = sealed(&t, "b", "2026-06-04T11:55:00Z", "x");
+        make(&bundle.join("manifest.json.sig"));
+        // Run with a deadline: a FIFO opened for reading would block.
+        let mut cmd = t.cmd();
+        cmd.args([
+            "--config",
+            "config.yaml",
+            "run",
+            "--json",
+            "--pipeline",
+            "docs",
+        ])
+        .arg(&bundle);
+        let mut child = cmd.spawn();
+        let status = wait_exit(&mut child, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("{name}: run did not finish"));
+        let mut stdout = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+        assert_eq!(status.code(), Some(1), "{name}: {stdout}");
+        let doc: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(doc["signature_refused"], "malformed", "{name}: {doc}");
+        assert!(!t.join("site").exists(), "{name}");
+    }
+}
+
+#[test]
+fn an_older_signed_bundle_dropped_again_cannot_roll_the_site_back() {
+    let probe = Test::new();
+    let ci = keygen(&probe, "ci", &["ed25519"], "");
+    for refuse_older in [true, false] {
+        let t = site(
+            &format!("ci@p {}\n", ci.public),
+            &format!("      refuse_older: {refuse_older}\n"),
+        );
+        let old = sealed(&t, "v1", "2026-06-01T00:00:00Z", "version 1");
+        let new = sealed(&t, "v2", "2026-06-02T00:00:00Z", "version 2");
+        for b in [&old, &new] {
+            ssh_sign(&ci.private, &b.join("manifest.json"), "distributor");
+        }
+        publish(&t, &old).expect_code(0);
+        publish(&t, &new).expect_code(0);
+        // The same bundle again changes nothing and is accepted.
+        publish(&t, &new).expect_code(0);
+        let out = publish(&t, &old);
+        let page = fs::read_to_string(t.join("site/index.html")).unwrap();
+        if refuse_older {
+            out.expect_code(3);
+            let doc = out.json();
+            assert_eq!(doc["destinations"][0]["action"], "fail_conflict", "{doc}");
+            let error = doc["error"].as_str().unwrap_or_default().to_owned()
+                + doc["destinations"][0]["error"].as_str().unwrap_or_default();
+            for needed in [
+                "index.html",
+                "v2",
+                "2026-06-02T00:00:00Z",
+                "2026-06-01T00:00:00Z",
+            ] {
+                assert!(error.contains(needed), "{needed} not in {error}");
+            }
+            assert_eq!(page, "version 2");
+            let records = records(&read_json(&t.join("site/.distributor.json")));
+            assert_eq!(records["index.html"]["source"]["id"], "v2");
+        } else {
+            out.expect_code(0);
+            assert_eq!(page, "version 1");
+        }
+    }
+}
+
+#[test]
+fn allowed_signers_is_checked_at_load_and_reread_on_sighup() {
+    let probe = Test::new();
+    let a = keygen(&probe, "a", &["ed25519"], "");
+    let b = keygen(&probe, "b", &["ed25519"], "");
+
+    // Bad files are config errors naming the line.
+    for (text, needed) in [
+        (
+            format!("ci@a cert-authority {}\n", a.public),
+            "cert-authority",
+        ),
+        ("ci@a ssh-ed25519 AAAA!!\n".to_owned(), "line 1"),
+        ("# nobody\n".to_owned(), "lists no signer"),
+    ] {
+        let t = site(&text, "");
+        let out = t.run(&["config", "check"]);
+        out.expect_code(2);
+        assert!(out.stderr.contains(needed), "{needed}: {}", out.stderr);
+        assert!(out.stderr.contains("docs.signers"), "{}", out.stderr);
+    }
+
+    let t = site(&format!("ci@a {}\n", a.public), "");
+    let inbox = t.spool("docs", "inbox");
+    let mut agent = t.agent();
+    let drop_signed = |name: &str, key: &Key| {
+        let staged = sealed(&t, name, "2026-06-04T11:55:00Z", name);
+        ssh_sign(&key.private, &staged.join("manifest.json"), "distributor");
+        fs::rename(&staged, inbox.join(name)).unwrap();
+    };
+    let filed = |name: &str| {
+        let done = t.spool("docs", "done").join(name);
+        let failed = t.spool("docs", "failed").join(name);
+        crate::util::wait_for(Duration::from_secs(30), || done.exists() || failed.exists());
+        if done.exists() {
+            "done"
+        } else if failed.exists() {
+            "failed"
+        } else {
+            "neither"
+        }
+    };
+    drop_signed("by-b-1", &b);
+    assert_eq!(filed("by-b-1"), "failed");
+    drop_signed("by-a", &a);
+    assert_eq!(filed("by-a"), "done");
+    agent.wait_log(
+        "bundle=by-a signer=ci@a key=SHA256:",
+        Duration::from_secs(10),
+    );
+
+    // b is added; a reload re-reads the file.
+    t.write(
+        "docs.signers",
+        format!("ci@a {}\nci@b {}\n", a.public, b.public),
+    );
+    agent.signal(libc::SIGHUP);
+    agent.wait_log("config reloaded", Duration::from_secs(30));
+    drop_signed("by-b-2", &b);
+    assert_eq!(filed("by-b-2"), "done");
+
+    // A broken file is refused and the old list stays in force.
+    t.write("docs.signers", "ci@b cert-authority ssh-ed25519 AAAA\n");
+    agent.signal(libc::SIGHUP);
+    agent.wait_log("config reload refused", Duration::from_secs(30));
+    assert!(
+        agent.stderr().contains("cert-authority"),
+        "{}",
+        agent.stderr()
+    );
+    drop_signed("by-b-3", &b);
+    assert_eq!(filed("by-b-3"), "done");
+
+    // status counts the refusal by its reason.
+    t.write("docs.signers", format!("ci@a {}\n", a.public));
+    let out = t.run(&["status", "--json"]);
+    let doc = out.json();
+    let p = &doc[0];
+    assert_eq!(p["signature_refusals"]["unknown_key"], 1, "{p}");
+    let out = t.run(&["status"]);
+    assert!(out.stdout.contains("1 unknown key"), "{}", out.stdout);
+    agent.signal(libc::SIGTERM);
+    let stopped = agent.finish(Duration::from_secs(30));
+    assert_eq!(stopped.code, 0, "{}", stopped.stderr);
+}
