@@ -543,6 +543,8 @@ mod tests {
         m.deferred("reports", UNIX_EPOCH + Duration::from_secs(1_780_000_005));
         m.set_held("reports", true);
         m.hook_failed("reports", "site");
+        m.signature_refused("reports", "unknown_key");
+        m.signature_refused("reports", "unknown_key");
         let now = UNIX_EPOCH + Duration::from_secs(1_780_000_100);
 
         let want = "\
@@ -590,6 +592,9 @@ distributor_destination_last_success_timestamp_seconds{pipeline=\"reports\",dest
 # TYPE distributor_prune_deletions_total counter
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"mirror\"} 0
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
+# HELP distributor_signature_refusals_total Bundles refused because of their signature (signatures in the pipeline's config), by reason, since the agent started.
+# TYPE distributor_signature_refusals_total counter
+distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"} 2
 # HELP distributor_hook_failures_total after_publish hooks of the destination that exited non-zero, could not start or were killed at their timeout, since the agent started (the publications stand).
 # TYPE distributor_hook_failures_total counter
 distributor_hook_failures_total{pipeline=\"reports\",destination=\"mirror\"} 0
@@ -625,7 +630,7 @@ distributor_hook_failures_total{pipeline=\"reports\",destination=\"site\"} 1
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 31, "{text}");
+        assert_eq!(lines.len(), 33, "{text}");
         // Every family described; the only series is the one without labels.
         assert!(lines.iter().all(|l| l.starts_with("# HELP distributor_")
             || l.starts_with("# TYPE distributor_")
