@@ -202,6 +202,66 @@ done"""))
     return {"ours": median(ours), "rsync": median(rsync), "loop": median(loop), "count": count}
 
 
+def bench_signed(work, count, runs):
+    """The cost of checking signatures: `agent --once` over a backlog of
+    small bundles signed with an ed25519 key, into a pipeline with
+    `signatures`, against the same backlog unsigned into one without, in
+    alternating runs; the difference per bundle is what checking costs.
+    The peer is `ssh-keygen -Y verify`, one process per bundle, as a shell
+    loop would check them."""
+    base = os.path.join(work, "signed")
+    plain = os.path.join(base, "plain")
+    signed = os.path.join(base, "signed")
+    os.makedirs(plain)
+    key = os.path.join(base, "key")
+    sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench", "-f", key])
+    with open(key + ".pub") as f:
+        public = f.read().strip()
+    signers = os.path.join(base, "signers")
+    with open(signers, "w") as f:
+        f.write(f"ci@bench {public}\n")
+    for i in range(count):
+        b = os.path.join(plain, f"b{i:05d}")
+        os.makedirs(b)
+        with open(os.path.join(b, f"p{i:05d}.html"), "w") as f:
+            f.write(f"<p>page {i}</p>\n")
+        seal(b, f"bundle-{i:05d}")
+    shutil.copytree(plain, signed)
+    for i in range(count):
+        sh([BIN, "bundle", "seal", os.path.join(signed, f"b{i:05d}"), "--id", f"bundle-{i:05d}",
+            "--created", "2026-06-04T00:00:00Z", "--sign", key], stdout=subprocess.DEVNULL)
+    ours_plain, ours_signed, peer = [], [], []
+    for run in range(runs):
+        for kind, src, out in (("plain", plain, ours_plain), ("signed", signed, ours_signed)):
+            rbase = os.path.join(base, f"run{run}-{kind}")
+            config = os.path.join(rbase, "config.yaml")
+            spool = os.path.join(rbase, "spool")
+            os.makedirs(os.path.join(spool, "bench"))
+            write_config(config, spool, os.path.join(rbase, "root"))
+            if kind == "signed":
+                with open(config) as f:
+                    text = f.read()
+                text = text.replace("  - id: bench\n", f"  - id: bench\n    signatures:\n      allowed_signers: {signers}\n")
+                with open(config, "w") as f:
+                    f.write(text)
+            sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
+            sh("sync")
+            t, _ = timed([BIN, "--config", config, "agent", "--once"], env=dict(os.environ, RUST_LOG="warn"))
+            out.append(t)
+            if kind == "signed":
+                done = os.listdir(os.path.join(spool, "bench", "done"))
+                if len(done) != count:
+                    sys.exit(f"signed backlog: {len(done)} of {count} bundles in done/")
+        peer.append(timed_shell(
+            f"""set -e
+cd '{signed}'
+for b in *; do
+  ssh-keygen -Y verify -f '{signers}' -I ci@bench -n distributor -s "$b/manifest.json.sig" < "$b/manifest.json" >/dev/null
+done"""))
+    runs_line("signed", plain=ours_plain, signed=ours_signed, ssh_keygen=peer)
+    return {"plain": median(ours_plain), "signed": median(ours_signed), "peer": median(peer), "count": count}
+
+
 def make_nested(src, count):
     """Bundles shaped like real ones: 3 files in a new subfolder each."""
     md = ("# Report\n\n" + "lorem ipsum dolor sit amet " * 160)[:4096]
@@ -636,7 +696,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--only", choices=["large", "backlog", "nested", "tree", "latency", "catalog",
+    ap.add_argument("--only", choices=["large", "backlog", "signed", "nested", "tree", "latency", "catalog",
                                        "s3", "s3-backlog", "s3-large"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -663,6 +723,13 @@ def main():
             r = bench_backlog(work, backlog, runs)
             rows.append((f"backlog {r['count']} bundles: agent --once", r["ours"], "rsync -a --checksum --fsync", r["rsync"]))
             rows.append(("", r["ours"], "sha256sum -c + cp + sync + mv loop", r["loop"]))
+        if args.only in (None, "signed"):
+            r = bench_signed(work, backlog, runs)
+            n = r["count"]
+            rows.append((f"signed backlog {n} bundles: agent --once", r["signed"], "same backlog unsigned", r["plain"]))
+            rows.append((f"  checking, per bundle: {(r['signed'] - r['plain']) * 1000 / n:.3f} ms",
+                         None, None, None))
+            rows.append((f"  ssh-keygen -Y verify, per bundle: {r['peer'] * 1000 / n:.3f} ms", None, None, None))
         if args.only in (None, "nested"):
             r = bench_nested(work, nested, runs)
             rows.append((f"nested backlog {r['count']} bundles: agent --once", r["flat"], "rsync -a --checksum --fsync", r["rsync"]))

@@ -244,7 +244,8 @@ fn every_command_and_group_has_an_example_in_its_help() {
         out.expect_code(0);
         let example = path.join(" ");
         assert!(
-            out.stdout.contains("Example:") && out.stdout.contains(&example),
+            (out.stdout.contains("Example:") || out.stdout.contains("Examples:"))
+                && out.stdout.contains(&example),
             "`distributor {}` has an example:\n{}",
             args.join(" "),
             out.stdout

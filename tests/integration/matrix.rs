@@ -416,6 +416,109 @@ fn publish_replace_skip_and_refuse_alike_on_every_backend() {
     });
 }
 
+/// Signed bundles alike on every backend (docs/contract.md §17.3–17.5): a
+/// backlog of a signed version, an older signed version dropped again, an
+/// unsigned bundle and one signed by an unlisted key, published by
+/// `agent --once` as one batch. Only the first is published (its signer in
+/// the result); the replay is refused (`fail_conflict`) and the others at
+/// verify, and the root holds exactly the first one's outputs.
+#[test]
+fn signed_bundles_replays_and_strangers_alike_on_every_backend() {
+    each_backend(|backend| {
+        let site = Site::with(
+            backend,
+            "replacement",
+            "    signatures:\n      allowed_signers: docs.signers\n",
+        );
+        let ci = crate::signatures::keygen(&site.t, "ci", &["ed25519"], "");
+        let stranger = crate::signatures::keygen(&site.t, "stranger", &["ed25519"], "");
+        site.t
+            .write("docs.signers", format!("ci@docs {}\n", ci.public));
+        let sign = |b: &Path, key: &crate::signatures::Key| {
+            crate::signatures::ssh_sign(&key.private, &b.join("manifest.json"), "distributor")
+        };
+        // v1 is published first, alone.
+        let v1 = site
+            .t
+            .bundle_at("v1", "docs", "2026-06-01T00:00:00Z", &[("a.txt", "a1\n")]);
+        sign(&v1, &ci);
+        assert_eq!(site.publish(&v1).json()["signer"]["principal"], "ci@docs");
+        let v0 = site
+            .t
+            .bundle_at("v0", "docs", "2026-05-01T00:00:00Z", &[("a.txt", "a0\n")]);
+        sign(&v0, &ci);
+        let v2 = site.t.bundle_at(
+            "v2",
+            "docs",
+            "2026-06-02T00:00:00Z",
+            &[("a.txt", "a2\n"), ("b.txt", "b2\n")],
+        );
+        sign(&v2, &ci);
+        let unsigned = site.t.bundle_at(
+            "unsigned",
+            "docs",
+            "2026-06-03T00:00:00Z",
+            &[("x.txt", "x\n")],
+        );
+        let foreign = site.t.bundle_at(
+            "foreign",
+            "docs",
+            "2026-06-04T00:00:00Z",
+            &[("y.txt", "y\n")],
+        );
+        sign(&foreign, &stranger);
+        let inbox = site.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        for b in [&v2, &v0, &unsigned, &foreign] {
+            fs::rename(b, inbox.join(b.file_name().unwrap())).unwrap();
+        }
+        site.run(&["agent", "--once"]).expect_code(1);
+        let spool = |folder: &str| -> BTreeSet<String> {
+            fs::read_dir(site.t.join("spool/reports").join(folder))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        };
+        assert_eq!(
+            spool("done"),
+            BTreeSet::from(["v2".to_owned()]),
+            "{backend:?}"
+        );
+        assert_eq!(
+            spool("failed"),
+            BTreeSet::from(["v0", "unsigned", "foreign"].map(String::from)),
+            "{backend:?}"
+        );
+        let result = |name: &str| {
+            crate::util::read_json(
+                &site
+                    .t
+                    .join("spool/reports/failed")
+                    .join(name)
+                    .join(".distributor-result.json"),
+            )
+        };
+        assert_eq!(result("v0")["destinations"][0]["action"], "fail_conflict");
+        assert_eq!(result("unsigned")["signature_refused"], "missing");
+        assert_eq!(result("foreign")["signature_refused"], "unknown_key");
+        let done = crate::util::read_json(
+            &site
+                .t
+                .join("spool/reports/done/v2/.distributor-result.json"),
+        );
+        assert_eq!(done["signer"]["principal"], "ci@docs", "{done}");
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["a.txt", "b.txt"], "{backend:?}");
+        assert_eq!(
+            site.get("a.txt").as_deref(),
+            Some(&b"a2\n"[..]),
+            "{backend:?}"
+        );
+        site.assert_consistent();
+    });
+}
+
 /// A backlog of three versions of one source, published by `agent --once`
 /// (one batch): they go in arrival order, so the root ends at the last
 /// version, replacement having deleted what the later versions dropped,

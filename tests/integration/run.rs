@@ -778,10 +778,13 @@ fn json_document_has_exactly_the_contract_keys() {
             "source",
             "destinations",
             "stage",
-            "error"
+            "error",
+            "signer"
         ])
     );
     assert_eq!(doc["ok"], true);
+    // A pipeline without `signatures` (docs/contract.md §17.4).
+    assert!(doc["signer"].is_null(), "{doc}");
     assert_eq!(doc["dry_run"], false);
     assert_eq!(doc["pipeline_id"], "reports");
     assert_eq!(keys(&doc["source"]), sorted(&["id", "digest", "created"]));

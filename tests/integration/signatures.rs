@@ -13,14 +13,14 @@ use serde_json::Value;
 use crate::util::{Output, Test, mkfifo, names, read_json, records, wait_exit};
 
 /// A key pair made by `ssh-keygen` in the test folder.
-struct Key {
-    private: PathBuf,
+pub struct Key {
+    pub private: PathBuf,
     /// The public key line (`type base64 comment`).
-    public: String,
+    pub public: String,
 }
 
 /// `ssh-keygen -t <kind> -N <passphrase>` into `keys/<name>`.
-fn keygen(t: &Test, name: &str, kind: &[&str], passphrase: &str) -> Key {
+pub fn keygen(t: &Test, name: &str, kind: &[&str], passphrase: &str) -> Key {
     let dir = t.mkdir("keys");
     let private = dir.join(name);
     let status = Command::new("ssh-keygen")
@@ -39,7 +39,7 @@ fn keygen(t: &Test, name: &str, kind: &[&str], passphrase: &str) -> Key {
 }
 
 /// `ssh-keygen -Y sign -n <namespace>` of `file` (writes `file.sig`).
-fn ssh_sign(key: &Path, file: &Path, namespace: &str) {
+pub fn ssh_sign(key: &Path, file: &Path, namespace: &str) {
     let out = Command::new("ssh-keygen")
         .args(["-q", "-Y", "sign", "-n", namespace, "-f"])
         .arg(key)
