@@ -1355,3 +1355,99 @@ fn hooks_need_an_absolute_path_to_an_existing_executable() {
         "{err}"
     );
 }
+
+#[test]
+fn scope_is_a_list_of_folders_and_files() {
+    let c = ok(&with_destination(
+        "        scope: [\"reports/\", \"index.html\"]\n",
+    ));
+    let d = &c.pipelines[0].destinations[0];
+    let scope = d.scope.as_ref().expect("a scope");
+    assert_eq!(scope.entries(), ["reports/", "index.html"]);
+    assert!(scope.contains("reports/a.html"));
+    assert!(!scope.contains("secret/x.html"));
+    assert_eq!(
+        d.to_json()["scope"],
+        serde_json::json!(["reports/", "index.html"])
+    );
+    assert!(
+        c.summary()
+            .contains("      scope: [\"reports/\", \"index.html\"]\n"),
+        "{}",
+        c.summary()
+    );
+
+    // A block list reads the same; no scope is the whole root.
+    let c = ok(&with_destination("        scope:\n          - reports/\n"));
+    let scope = c.pipelines[0].destinations[0].scope.as_ref().unwrap();
+    assert_eq!(scope.entries(), ["reports/"]);
+    let c = ok(&with_destination(""));
+    let d = &c.pipelines[0].destinations[0];
+    assert_eq!(d.scope, None);
+    assert_eq!(d.to_json()["scope"], serde_json::Value::Null);
+    assert!(
+        c.summary()
+            .contains("      scope: (none; the whole root)\n")
+    );
+}
+
+#[test]
+fn a_bad_scope_names_the_entry_the_line_and_a_valid_entry() {
+    // (value of scope, what the error says)
+    let cases = [
+        ("[]", "scope is empty"),
+        ("[\"/srv/www/\"]", "scope entry \"/srv/www/\""),
+        ("[\"reports/\", \"../up/\"]", "scope entry \"../up/\""),
+        ("[\"a//b\"]", "'//'"),
+        ("[\"./a\"]", "'.' segment"),
+        ("[\"a\\\\b\"]", "backslash"),
+        ("[\"\"]", "scope entry \"\" is empty"),
+        ("[\"/\"]", "the whole root"),
+        ("[\".distributor.json\"]", "the tool's own files"),
+        (
+            "\"reports/\"",
+            "a list of folders ending in '/' and file paths",
+        ),
+        (
+            "{reports: yes}",
+            "a list of folders ending in '/' and file paths",
+        ),
+    ];
+    for (value, want) in cases {
+        let e = err(&with_destination(&format!("        scope: {value}\n")));
+        let text = e.to_string();
+        assert!(text.contains(want), "{value}: {text}");
+        assert!(text.contains("line 6"), "{value}: names the line: {text}");
+        if value.starts_with('[') {
+            assert!(
+                text.contains("such as \"reports/\"") && text.contains("\"index.html\""),
+                "{value}: shows a valid entry: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_scope_that_the_prefix_leaves_no_room_in_is_a_warning() {
+    // (prefix, scope, warned)
+    let cases = [
+        ("archive/", "[\"reports/\"]", true),
+        ("archive", "[\"archive\"]", true),
+        ("archive/", "[\"archive/\"]", false),
+        ("archive/", "[\"archive/2026/\"]", false),
+        ("site/{source_id}/", "[\"docs/\"]", true),
+        ("site/{source_id}/", "[\"site/\"]", false),
+        ("{source_id}/", "[\"docs/\"]", false),
+        ("", "[\"docs/\"]", false),
+    ];
+    for (prefix, scope, warned) in cases {
+        let c = ok(&with_destination(&format!(
+            "        prefix: \"{prefix}\"\n        scope: {scope}\n"
+        )));
+        let warnings = c.warnings();
+        let hit = warnings
+            .iter()
+            .any(|w| w.contains("every bundle would fail at stage verify"));
+        assert_eq!(hit, warned, "{prefix} {scope}: {warnings:?}");
+    }
+}

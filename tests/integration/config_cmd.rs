@@ -292,3 +292,62 @@ pipelines:
         agent.stderr
     );
 }
+
+/// Two pipelines `reports` and `docs`, destinations `www` and `site`, with
+/// these keys (root and scope, each line indented by the caller's 8).
+fn sharing(www: &str, site: &str) -> String {
+    format!(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: www
+{www}  - id: docs
+    destinations:
+      - id: site
+{site}"
+    )
+}
+
+/// `scope` shows in the summary; a bad entry is a configuration error
+/// (exit 2) naming the entry, its line and what a valid one looks like.
+#[test]
+fn scope_is_shown_and_a_bad_one_is_a_config_error() {
+    let t = Test::new();
+    let out = check(
+        &t,
+        &sharing(
+            "        path: ./www\n        scope: [\"reports/\", \"index.html\"]\n",
+            "        path: ./site\n",
+        ),
+    );
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .contains("      scope: [\"reports/\", \"index.html\"]\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("      scope: (none; the whole root)\n"),
+        "{}",
+        out.stdout
+    );
+    let doc = t.run(&["config", "check", "--json"]).json();
+    assert_eq!(
+        doc["pipelines"][0]["destinations"][0]["scope"],
+        serde_json::json!(["reports/", "index.html"])
+    );
+
+    let out = check(
+        &t,
+        &sharing(
+            "        path: ./www\n        scope: [\"reports/\", \"../up/\"]\n",
+            "        path: ./site\n",
+        ),
+    );
+    out.expect_code(2);
+    for want in ["line 7", "scope entry \"../up/\"", "such as \"reports/\""] {
+        assert!(out.stderr.contains(want), "{want}: {}", out.stderr);
+    }
+}
