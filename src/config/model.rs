@@ -368,6 +368,7 @@ impl Config {
                 }
             }
         }
+        warnings.extend(super::shared_roots(self).iter().map(|s| s.to_text()));
         warnings
     }
 
