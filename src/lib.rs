@@ -29,6 +29,7 @@ pub mod render_child;
 pub mod replace_file;
 pub mod report;
 pub mod s3;
+pub mod scope;
 pub mod seen;
 pub mod signature;
 pub mod spool;

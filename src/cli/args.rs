@@ -296,7 +296,7 @@ pub enum ConfigCommand {
         /// Print the summary as JSON
         #[arg(long)]
         json: bool,
-        /// Exit 2 when a spool folder or destination root is not writable by the running user
+        /// Fail on two kinds of warning: exit 2 when a spool folder or destination root is not writable by the running user, 1 when destinations of different pipelines share a root with overlapping scopes
         #[arg(long)]
         strict: bool,
     },

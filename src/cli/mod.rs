@@ -175,8 +175,13 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
     };
     let not_writable = access::not_writable(&config);
     let split = split_file_systems(&config);
+    let shared = config::shared_roots(&config);
     let code = if !split.is_empty() || (strict && !not_writable.is_empty()) {
         EXIT_USAGE
+    } else if strict && !shared.is_empty() {
+        // docs/contract.md §17.2: pipelines that can take over each
+        // other's outputs.
+        EXIT_FAILURE
     } else {
         EXIT_OK
     };
@@ -201,6 +206,7 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
             "pipelines": pipelines,
             "warnings": warnings,
             "not_writable": not_writable,
+            "shared_roots": shared,
             "errors": split,
             "hints": [SERVING_HINT],
         });
@@ -221,6 +227,12 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
                 "error: --strict: {} folder(s) above are not writable by user {}",
                 not_writable.len(),
                 access::current_user()
+            );
+        }
+        if strict && !shared.is_empty() {
+            eprintln!(
+                "error: --strict: {} pair(s) of destinations above share a root and may write the same paths; give them disjoint scopes",
+                shared.len()
             );
         }
     }

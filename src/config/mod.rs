@@ -19,6 +19,7 @@ mod error;
 mod model;
 mod raw;
 mod relations;
+mod shared;
 mod template;
 mod values;
 mod yaml;
@@ -31,6 +32,7 @@ pub use model::{
     AgentConfig, Backend, Config, Destination, Hooks, HtmlTemplate, Limits, Pipeline, PrunePolicy,
     RawHtml, S3Location, Signatures, Workflow,
 };
+pub use shared::{SharedRoot, Sharer, shared_roots};
 pub use values::{
     PREFIX_PLACEHOLDERS, expand_prefix, format_duration, format_size, parse_duration, parse_size,
 };

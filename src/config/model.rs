@@ -9,6 +9,8 @@ use std::time::Duration;
 use super::format_duration;
 use super::values::format_size;
 pub use crate::bundle::Limits;
+use crate::paths::RelPath;
+use crate::scope::Scope;
 
 /// A loaded, checked configuration with every path resolved.
 #[derive(Debug, Clone)]
@@ -191,6 +193,9 @@ pub struct Destination {
     pub workflow: Workflow,
     /// The raw `prefix` template text, checked at load; "" for none.
     pub prefix: String,
+    /// `scope`: the output paths (after `prefix`) the destination may
+    /// publish; `None` is the whole root (docs/contract.md §17.1).
+    pub scope: Option<Scope>,
     /// `publish.source`: copy listed files as they are.
     pub publish_source: bool,
     /// `publish.html`: render `*.md` files to HTML.
@@ -275,6 +280,7 @@ impl Destination {
             "workflow": self.workflow.as_str(),
             "root": self.root.display().to_string(),
             "prefix": self.prefix,
+            "scope": self.scope.as_ref().map(Scope::entries),
             "publish_source": self.publish_source,
             "publish_html": self.publish_html,
         });
@@ -294,6 +300,26 @@ impl Destination {
         }
         doc
     }
+}
+
+/// Why a destination's scope can hold none of its outputs, when the fixed
+/// start of its `prefix` puts every output outside it (docs/contract.md
+/// §17.1).
+fn scope_misses_prefix(d: &Destination) -> Option<String> {
+    let scope = d.scope.as_ref()?;
+    let fixed = match d.prefix.find('{') {
+        None => d.prefix.trim_end_matches('/'),
+        Some(i) => d.prefix[..i]
+            .rsplit_once('/')
+            .map_or("", |(folder, _)| folder),
+    };
+    let folder = RelPath::parse(fixed).ok()?;
+    (!Scope::folder(&folder).overlaps(scope)).then(|| {
+        format!(
+            "prefix {:?} puts every output below {folder}/, where scope {scope} allows nothing, so every bundle would fail at stage verify; change the prefix or the scope",
+            d.prefix
+        )
+    })
 }
 
 /// A page template (`html.template`): the file, resolved against the config
@@ -348,6 +374,12 @@ impl Config {
                         d.id, pipeline.id
                     ));
                 }
+                if let Some(warning) = scope_misses_prefix(d) {
+                    warnings.push(format!(
+                        "destination {:?} of pipeline {:?}: {warning}",
+                        d.id, pipeline.id
+                    ));
+                }
                 if d.html_template.is_some() && !d.publish_html {
                     warnings.push(format!(
                         "destination {:?} of pipeline {:?} sets html.template but does not publish HTML; the template is not used",
@@ -356,6 +388,7 @@ impl Config {
                 }
             }
         }
+        warnings.extend(super::shared_roots(self).iter().map(|s| s.to_text()));
         warnings
     }
 
@@ -469,6 +502,14 @@ impl Config {
                     let _ = writeln!(s, "      prefix: (none)");
                 } else {
                     let _ = writeln!(s, "      prefix: {:?}", d.prefix);
+                }
+                match &d.scope {
+                    Some(scope) => {
+                        let _ = writeln!(s, "      scope: {scope}");
+                    }
+                    None => {
+                        let _ = writeln!(s, "      scope: (none; the whole root)");
+                    }
                 }
                 let _ = writeln!(
                     s,

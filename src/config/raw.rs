@@ -21,6 +21,7 @@ use super::relations::{check_relations, normalize};
 use super::template::read_template;
 use super::values::{expand_prefix, parse_duration, parse_size};
 use crate::paths::{self, IdKind};
+use crate::scope::Scope;
 
 // ---------------------------------------------------------------------------
 // The file as written. Every leaf is checked while it is read, so a bad value
@@ -109,7 +110,7 @@ struct RawSignatures {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, workflow, prefix, publish, html, links and retention"
+    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, workflow, prefix, scope, publish, html, links, retention and hooks"
 )]
 struct RawDestination {
     id: Checked<DestinationIdRule>,
@@ -120,6 +121,7 @@ struct RawDestination {
     region: Option<Checked<RegionRule>>,
     workflow: Option<Checked<WorkflowRule>>,
     prefix: Option<Checked<PrefixRule>>,
+    scope: Option<ScopeList>,
     publish: Option<RawPublish>,
     html: Option<RawHtmlSection>,
     links: Option<RawLinks>,
@@ -184,6 +186,32 @@ fn check_hook(argv: &[String]) -> Result<(), String> {
         )),
         Ok(_) => Err(format!("{program} is not a file")),
         Err(e) => Err(format!("cannot use {program} as a hook: {e}")),
+    }
+}
+
+/// `scope`: the output paths the destination may publish
+/// (docs/contract.md §17.1), checked by [`Scope::parse`].
+struct ScopeList(Scope);
+
+impl<'de> Deserialize<'de> for ScopeList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ScopeList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of folders ending in '/' and file paths, such as [\"reports/\", \"index.html\"]")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<ScopeList, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = seq.next_element::<String>()? {
+                    entries.push(entry);
+                }
+                Scope::parse(&entries)
+                    .map(ScopeList)
+                    .map_err(de::Error::custom)
+            }
+        }
+        d.deserialize_seq(V)
     }
 }
 
@@ -808,6 +836,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 backend,
                 workflow: rd.workflow.map_or(Workflow::Additive, |c| c.0),
                 prefix: rd.prefix.map(|c| c.0).unwrap_or_default(),
+                scope: rd.scope.map(|s| s.0),
                 publish_source: publish.source.unwrap_or(true),
                 publish_html: publish.html.unwrap_or(false),
                 raw_html: rd

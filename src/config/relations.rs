@@ -17,7 +17,7 @@ pub(super) fn normalize(path: &Path) -> PathBuf {
 
 /// A comparison key: [`normalize`] plus lexical `..` folding, so that
 /// `/a/b/../c` and `/a/c` count as the same folder when looking for clashes.
-fn clash_key(path: &Path) -> PathBuf {
+pub(super) fn clash_key(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in path.components() {
         match c {

@@ -1355,3 +1355,305 @@ fn hooks_need_an_absolute_path_to_an_existing_executable() {
         "{err}"
     );
 }
+
+#[test]
+fn scope_is_a_list_of_folders_and_files() {
+    let c = ok(&with_destination(
+        "        scope: [\"reports/\", \"index.html\"]\n",
+    ));
+    let d = &c.pipelines[0].destinations[0];
+    let scope = d.scope.as_ref().expect("a scope");
+    assert_eq!(scope.entries(), ["reports/", "index.html"]);
+    assert!(scope.contains("reports/a.html"));
+    assert!(!scope.contains("secret/x.html"));
+    assert_eq!(
+        d.to_json()["scope"],
+        serde_json::json!(["reports/", "index.html"])
+    );
+    assert!(
+        c.summary()
+            .contains("      scope: [\"reports/\", \"index.html\"]\n"),
+        "{}",
+        c.summary()
+    );
+
+    // A block list reads the same; no scope is the whole root.
+    let c = ok(&with_destination("        scope:\n          - reports/\n"));
+    let scope = c.pipelines[0].destinations[0].scope.as_ref().unwrap();
+    assert_eq!(scope.entries(), ["reports/"]);
+    let c = ok(&with_destination(""));
+    let d = &c.pipelines[0].destinations[0];
+    assert_eq!(d.scope, None);
+    assert_eq!(d.to_json()["scope"], serde_json::Value::Null);
+    assert!(
+        c.summary()
+            .contains("      scope: (none; the whole root)\n")
+    );
+}
+
+#[test]
+fn a_bad_scope_names_the_entry_the_line_and_a_valid_entry() {
+    // (value of scope, what the error says)
+    let cases = [
+        ("[]", "scope is empty"),
+        ("[\"/srv/www/\"]", "scope entry \"/srv/www/\""),
+        ("[\"reports/\", \"../up/\"]", "scope entry \"../up/\""),
+        ("[\"a//b\"]", "'//'"),
+        ("[\"./a\"]", "'.' segment"),
+        ("[\"a\\\\b\"]", "backslash"),
+        ("[\"\"]", "scope entry \"\" is empty"),
+        ("[\"/\"]", "the whole root"),
+        ("[\".distributor.json\"]", "the tool's own files"),
+        (
+            "\"reports/\"",
+            "a list of folders ending in '/' and file paths",
+        ),
+        (
+            "{reports: yes}",
+            "a list of folders ending in '/' and file paths",
+        ),
+    ];
+    for (value, want) in cases {
+        let e = err(&with_destination(&format!("        scope: {value}\n")));
+        let text = e.to_string();
+        assert!(text.contains(want), "{value}: {text}");
+        assert!(text.contains("line 6"), "{value}: names the line: {text}");
+        if value.starts_with('[') {
+            assert!(
+                text.contains("such as \"reports/\"") && text.contains("\"index.html\""),
+                "{value}: shows a valid entry: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_scope_that_the_prefix_leaves_no_room_in_is_a_warning() {
+    // (prefix, scope, warned)
+    let cases = [
+        ("archive/", "[\"reports/\"]", true),
+        ("archive", "[\"archive\"]", true),
+        ("archive/", "[\"archive/\"]", false),
+        ("archive/", "[\"archive/2026/\"]", false),
+        ("site/{source_id}/", "[\"docs/\"]", true),
+        ("site/{source_id}/", "[\"site/\"]", false),
+        ("{source_id}/", "[\"docs/\"]", false),
+        ("", "[\"docs/\"]", false),
+    ];
+    for (prefix, scope, warned) in cases {
+        let c = ok(&with_destination(&format!(
+            "        prefix: \"{prefix}\"\n        scope: {scope}\n"
+        )));
+        let warnings = c.warnings();
+        let hit = warnings
+            .iter()
+            .any(|w| w.contains("every bundle would fail at stage verify"));
+        assert_eq!(hit, warned, "{prefix} {scope}: {warnings:?}");
+    }
+}
+
+/// Two pipelines `a` and `b`, each with destination `d`; `a_keys` and
+/// `b_keys` are the destinations' keys (root and scope), one per line.
+fn two_sharers(a_keys: &str, b_keys: &str) -> Config {
+    let indent = |keys: &str| {
+        keys.lines()
+            .map(|l| format!("        {l}\n"))
+            .collect::<String>()
+    };
+    ok(&format!(
+        "pipelines:\n  - id: a\n    destinations:\n      - id: d\n{}  - id: b\n    destinations:\n      - id: d\n{}",
+        indent(a_keys),
+        indent(b_keys)
+    ))
+}
+
+#[test]
+fn shared_roots_are_found_when_scopes_can_meet() {
+    let s3 = |path: &str| {
+        format!("backend: s3\nbucket: site\npath: \"{path}\"\nendpoint: http://127.0.0.1:8333")
+    };
+    // (a's keys, b's keys, warned, where b's root lies in a's)
+    let cases: Vec<(String, String, bool, Option<&str>)> = vec![
+        // One folder, no scope on either side, or on one side.
+        ("path: /srv/www".into(), "path: /srv/www".into(), true, None),
+        (
+            "path: /srv/www".into(),
+            "path: /srv/www/".into(),
+            true,
+            None,
+        ),
+        (
+            "path: /srv/www".into(),
+            "path: /srv/x/../www".into(),
+            true,
+            None,
+        ),
+        (
+            "path: /srv/www\nscope: [\"a/\"]".into(),
+            "path: /srv/www".into(),
+            true,
+            None,
+        ),
+        // Scopes that meet, and scopes that do not.
+        (
+            "path: /srv/www\nscope: [\"a/\", \"index.html\"]".into(),
+            "path: /srv/www\nscope: [\"b/\", \"index.html\"]".into(),
+            true,
+            None,
+        ),
+        (
+            "path: /srv/www\nscope: [\"a/\"]".into(),
+            "path: /srv/www\nscope: [\"a/b/\"]".into(),
+            true,
+            None,
+        ),
+        (
+            "path: /srv/www\nscope: [\"a/\", \"index.html\"]".into(),
+            "path: /srv/www\nscope: [\"b/\"]".into(),
+            false,
+            None,
+        ),
+        (
+            "path: /srv/www\nscope: [\"a/\"]".into(),
+            "path: /srv/www\nscope: [\"ab/\"]".into(),
+            false,
+            None,
+        ),
+        // Nested: the inner root is a folder of the outer one.
+        (
+            "path: /srv/www".into(),
+            "path: /srv/www/docs".into(),
+            true,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www/docs".into(),
+            "path: /srv/www".into(),
+            true,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www\nscope: [\"docs/\"]".into(),
+            "path: /srv/www/docs\nscope: [\"a/\"]".into(),
+            true,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www\nscope: [\"docs/a/x.html\"]".into(),
+            "path: /srv/www/docs\nscope: [\"a/\"]".into(),
+            true,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www\nscope: [\"docs/b/\", \"index.html\"]".into(),
+            "path: /srv/www/docs\nscope: [\"a/\"]".into(),
+            false,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www\nscope: [\"reports/\"]".into(),
+            "path: /srv/www/docs".into(),
+            false,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www\nscope: [\"docs\"]".into(),
+            "path: /srv/www/docs".into(),
+            false,
+            Some("docs"),
+        ),
+        (
+            "path: /srv/www".into(),
+            "path: /srv/www/a/b".into(),
+            true,
+            Some("a/b"),
+        ),
+        // Apart.
+        (
+            "path: /srv/www".into(),
+            "path: /srv/www2".into(),
+            false,
+            None,
+        ),
+        ("path: /srv/a".into(), "path: /srv/b".into(), false, None),
+        // s3: one bucket on one server, paths compared by segment.
+        (s3("site"), s3("site"), true, None),
+        (s3(""), s3("site/docs"), true, Some("site/docs")),
+        (s3("site"), s3("site/docs"), true, Some("docs")),
+        (s3("site"), s3("site2"), false, None),
+        (
+            format!("{}\nscope: [\"a/\"]", s3("site")),
+            format!("{}\nscope: [\"b/\"]", s3("site")),
+            false,
+            None,
+        ),
+        (s3("site"), s3("site").replace("8333", "9333"), false, None),
+        (
+            s3("site"),
+            s3("site").replace("bucket: site", "bucket: other"),
+            false,
+            None,
+        ),
+        // A local folder and a bucket never meet.
+        ("path: /srv/site".into(), s3("site"), false, None),
+    ];
+    for (a, b, warned, inside) in cases {
+        let c = two_sharers(&a, &b);
+        let found = shared_roots(&c);
+        assert_eq!(found.len(), usize::from(warned), "{a:?} / {b:?}: {found:?}");
+        let Some(shared) = found.first() else {
+            continue;
+        };
+        assert_eq!(shared.inside.as_deref(), inside, "{a:?} / {b:?}");
+        let text = shared.to_text();
+        for want in [
+            "destination \"d\" of pipeline \"a\"",
+            "destination \"d\" of pipeline \"b\"",
+            "and their scopes overlap",
+            "give each destination a scope",
+            "docs/security.md",
+        ] {
+            assert!(text.contains(want), "{a:?} / {b:?}: {want:?} not in {text}");
+        }
+        let harm = match inside {
+            None => "each pipeline can overwrite and take over the other's outputs there",
+            Some(_) => "each can block the other's publications (fail_unmanaged)",
+        };
+        assert!(text.contains(harm), "{a:?} / {b:?}: {text}");
+        assert!(
+            c.warnings().contains(&text),
+            "config check shows it: {:?}",
+            c.warnings()
+        );
+    }
+}
+
+#[test]
+fn a_shared_root_warning_names_roots_scopes_and_the_fix() {
+    let c = two_sharers("path: /srv/www", "path: /srv/www\nscope: [\"docs/\"]");
+    let text = shared_roots(&c)[0].to_text();
+    assert_eq!(
+        text,
+        "destination \"d\" of pipeline \"a\" (root /srv/www) and destination \"d\" of pipeline \"b\" (root /srv/www) share one root, and their scopes overlap (no scope, the whole root; scope [\"docs/\"]): each pipeline can overwrite and take over the other's outputs there; give each destination a scope, the two disjoint (such as scope: [\"a/\"] for \"d\" and scope: [\"b/\"] for \"d\"); see docs/security.md"
+    );
+    let c = two_sharers("path: /srv/www/docs", "path: /srv/www");
+    let shared = &shared_roots(&c)[0];
+    assert_eq!(shared.outer.pipeline_id, "b", "the outer root comes first");
+    assert_eq!(shared.outer.root, "/srv/www");
+    assert_eq!(shared.inner.root, "/srv/www/docs");
+    let text = shared.to_text();
+    assert!(
+        text.contains("lie one inside the other (the second at docs/ of the first)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("a scope for \"d\" that leaves out docs/"),
+        "{text}"
+    );
+    // Destinations of one pipeline are not warned about (one pipeline is
+    // one party), nor is a pipeline with itself.
+    let c = ok(
+        "pipelines:\n  - id: a\n    destinations:\n      - id: x\n        path: /srv/www\n      - id: y\n        path: /srv/www/docs\n",
+    );
+    assert!(shared_roots(&c).is_empty());
+}

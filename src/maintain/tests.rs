@@ -287,6 +287,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         root: root.to_owned(),
         workflow: Workflow::Additive,
         prefix: String::new(),
+        scope: None,
         publish_source: true,
         publish_html: false,
         raw_html: crate::config::RawHtml::Escape,

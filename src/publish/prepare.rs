@@ -14,6 +14,7 @@ use crate::plan::{self, Desired};
 use crate::render::RenderOptions;
 use crate::render_child::{ChildError, render_in_child};
 use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
+use crate::scope::Scope;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::Path;
@@ -351,10 +352,65 @@ fn prepare(
     }
     plan::check_unique(&desired)?;
     desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    if let Some(scope) = &d.scope {
+        check_scope(d, scope, &prefix, &desired)?;
+    }
     Ok(Prepared {
         desired: desired.into(),
         in_memory,
     })
+}
+
+/// How many paths outside the scope an error names.
+const OUTSIDE_NAMED: usize = 5;
+
+/// Every output must lie inside the destination's scope (docs/contract.md
+/// §17.1); the error names the first few that do not, the destination and
+/// its scope.
+fn check_scope(
+    d: &Destination,
+    scope: &Scope,
+    prefix: &str,
+    desired: &[Desired],
+) -> Result<(), String> {
+    let outside: Vec<&str> = desired
+        .iter()
+        .map(|o| o.path.as_str())
+        .filter(|p| !scope.contains(p))
+        .collect();
+    let Some(first) = outside.first() else {
+        return Ok(());
+    };
+    let prefixed = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!(" (output paths are the prefix {prefix}/ followed by the bundle's paths)")
+    };
+    let what = if outside.len() == 1 {
+        format!(
+            "output {first:?} is outside destination {}'s scope {scope}{prefixed}",
+            d.id
+        )
+    } else {
+        let named: Vec<String> = outside
+            .iter()
+            .take(OUTSIDE_NAMED)
+            .map(|p| format!("{p:?}"))
+            .collect();
+        let more = match outside.len() - named.len() {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        format!(
+            "{} outputs are outside destination {}'s scope {scope}{prefixed}: {}{more}",
+            outside.len(),
+            d.id,
+            named.join(", ")
+        )
+    };
+    Err(format!(
+        "{what}; nothing was published. The producer must keep its files inside the scope, or the operator widens the destination's scope in the configuration"
+    ))
 }
 
 #[cfg(test)]
@@ -400,5 +456,142 @@ pipelines:
             "other files are copied from the bundle"
         );
         assert!(ready.verified.contains(&RelPath::parse("a.md").unwrap()));
+    }
+
+    /// Prepares a bundle of `files` (sealed with source id `src-1`) for
+    /// the destinations of pipeline `p` in `destinations` (YAML).
+    fn prepare_for(
+        destinations: &str,
+        files: &[&str],
+    ) -> (tempfile::TempDir, Result<Ready, Box<RunReport>>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("bundle");
+        for f in files {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, format!("# {f}\n")).unwrap();
+        }
+        bundle::seal(&dir, "src-1", None).unwrap();
+        let config = config::parse(
+            &format!("spool: ./spool\npipelines:\n  - id: p\n    destinations:\n{destinations}"),
+            &tmp.path().join("config.yaml"),
+        )
+        .unwrap();
+        let pipeline = &config.pipelines[0];
+        let all: Vec<&Destination> = pipeline.destinations.iter().collect();
+        let result = prepare_bundle(pipeline, &all, &dir, false, tmp.path());
+        (tmp, result)
+    }
+
+    #[test]
+    fn outputs_inside_the_scope_are_prepared() {
+        // (destination keys, bundle files)
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "scope: [\"reports/\", \"index.html\"]",
+                &["reports/a.txt", "reports/2026/b.txt", "index.html"],
+            ),
+            // The scope holds the outputs: the rendered page too.
+            (
+                "scope: [\"reports/\"]\n        publish: {source: true, html: true}",
+                &["reports/a.md"],
+            ),
+            // After the prefix, with the source id filled in.
+            (
+                "prefix: \"{source_id}/\"\n        scope: [\"src-1/\"]",
+                &["a.txt", "sub/b.txt"],
+            ),
+        ];
+        for (keys, files) in cases {
+            let d = format!("      - id: www\n        path: ./www\n        {keys}\n");
+            let (_tmp, result) = prepare_for(&d, files);
+            let Ok(ready) = result else {
+                panic!("{keys}: {:?}", result.err().unwrap().error);
+            };
+            assert!(!ready.prepared[0].desired.is_empty());
+        }
+    }
+
+    #[test]
+    fn an_output_outside_the_scope_fails_the_bundle_at_verify() {
+        // (destination keys, bundle files, words the error must hold)
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            (
+                "scope: [\"reports/\", \"index.html\"]",
+                &["reports/a.txt", "secret/x.html"],
+                &[
+                    "output \"secret/x.html\" is outside destination www's scope [\"reports/\", \"index.html\"]",
+                    "widens the destination's scope",
+                ],
+            ),
+            // A folder entry does not hold the folder's own name, nor a
+            // sibling that starts the same.
+            (
+                "scope: [\"reports/\"]",
+                &["reportsx/a.txt"],
+                &["output \"reportsx/a.txt\" is outside"],
+            ),
+            // The page rendered from an in-scope name counts too.
+            (
+                "scope: [\"a.md\"]\n        publish: {source: true, html: true}",
+                &["a.md"],
+                &["output \"a.html\" is outside"],
+            ),
+            // The prefix comes first.
+            (
+                "prefix: \"{source_id}/\"\n        scope: [\"reports/\"]",
+                &["reports/a.txt"],
+                &[
+                    "output \"src-1/reports/a.txt\" is outside",
+                    "the prefix src-1/ followed by the bundle's paths",
+                ],
+            ),
+            // Many: the first few are named, the rest counted.
+            (
+                "scope: [\"ok/\"]",
+                &["ok/x", "b1", "b2", "b3", "b4", "b5", "b6", "b7"],
+                &[
+                    "7 outputs are outside destination www's scope [\"ok/\"]: \"b1\", \"b2\", \"b3\", \"b4\", \"b5\" and 2 more;",
+                ],
+            ),
+        ];
+        for (keys, files, want) in cases {
+            let d = format!("      - id: www\n        path: ./www\n        {keys}\n");
+            let (_tmp, result) = prepare_for(&d, files);
+            let Err(report) = result else {
+                panic!("{keys} {files:?}: should fail");
+            };
+            assert_eq!(report.stage, Some(Stage::Verify), "{keys}");
+            assert!(!report.transient, "{keys}");
+            assert_eq!(report.exit_code(), crate::exit::EXIT_FAILURE);
+            let error = report.error.as_deref().unwrap();
+            for w in *want {
+                assert!(error.contains(w), "{keys}: {w:?} not in\n{error}");
+            }
+            assert!(!error.contains("b6"), "only the first few: {error}");
+            let d = &report.destinations[0];
+            assert!(
+                d.error
+                    .as_deref()
+                    .unwrap()
+                    .contains("outside destination www's scope"),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_destination_out_of_scope_fails_the_bundle_for_all_of_them() {
+        let d = "      - id: open\n        path: ./open\n      - id: www\n        path: ./www\n        scope: [\"reports/\"]\n";
+        let (_tmp, result) = prepare_for(d, &["reports/a.txt", "other.txt"]);
+        let Err(report) = result else {
+            panic!("should fail");
+        };
+        let error = report.error.as_deref().unwrap();
+        assert!(
+            error.starts_with("bundle is invalid for destination www: output \"other.txt\""),
+            "{error}"
+        );
+        assert_eq!(report.destinations[0].error, None, "{report:?}");
     }
 }

@@ -25,6 +25,7 @@ pub(in crate::publish) fn destination(workflow: Workflow) -> Destination {
         root: Default::default(),
         workflow,
         prefix: String::new(),
+        scope: None,
         publish_source: true,
         publish_html: false,
         raw_html: crate::config::RawHtml::Escape,

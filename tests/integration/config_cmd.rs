@@ -292,3 +292,190 @@ pipelines:
         agent.stderr
     );
 }
+
+/// Two pipelines `reports` and `docs`, destinations `www` and `site`, with
+/// these keys (root and scope, each line indented by the caller's 8).
+fn sharing(www: &str, site: &str) -> String {
+    format!(
+        "spool: ./spool
+pipelines:
+  - id: reports
+    destinations:
+      - id: www
+{www}  - id: docs
+    destinations:
+      - id: site
+{site}"
+    )
+}
+
+/// Pipelines that share a destination root (docs/contract.md §17.2):
+/// `config check` names both destinations with their roots and the fix,
+/// exits 0, and 1 with `--strict`; `--json` lists the pair.
+#[test]
+fn pipelines_sharing_a_root_without_disjoint_scopes_are_warned_about() {
+    // (www's keys, site's keys, site's root below the test folder, where
+    // site's root lies in www's)
+    let cases = [
+        (
+            "        path: ./www\n",
+            "        path: ./www\n",
+            "www",
+            None,
+        ),
+        (
+            "        path: ./www\n",
+            "        path: ./www/docs\n",
+            "www/docs",
+            Some("docs"),
+        ),
+        (
+            "        path: ./www\n        scope: [\"docs/\"]\n",
+            "        path: ./www/docs\n        scope: [\"a/\"]\n",
+            "www/docs",
+            Some("docs"),
+        ),
+        (
+            "        path: ./www\n        scope: [\"reports/\", \"index.html\"]\n",
+            "        path: ./www\n        scope: [\"docs/\", \"index.html\"]\n",
+            "www",
+            None,
+        ),
+    ];
+    for (www, site, site_root, inside) in cases {
+        let t = Test::new();
+        let out = check(&t, &sharing(www, site));
+        out.expect_code(0);
+        let www_root = t.join("www");
+        let site_root = t.join(site_root);
+        let warning = out
+            .stdout
+            .lines()
+            .find(|l| l.contains("and their scopes overlap"))
+            .unwrap_or_else(|| panic!("{www}{site}: no warning:\n{}", out.stdout));
+        for want in [
+            "warning: destination \"www\" of pipeline \"reports\"".to_owned(),
+            format!("(root {})", www_root.display()),
+            "destination \"site\" of pipeline \"docs\"".to_owned(),
+            format!("(root {})", site_root.display()),
+            "give each destination a scope".to_owned(),
+        ] {
+            assert!(warning.contains(&want), "{want:?} not in {warning}");
+        }
+        let harm = match inside {
+            None => "each pipeline can overwrite and take over the other's outputs",
+            Some(_) => "lie one inside the other",
+        };
+        assert!(warning.contains(harm), "{warning}");
+
+        let strict = t.run(&["config", "check", "--strict"]);
+        strict.expect_code(1);
+        assert!(
+            strict
+                .stderr
+                .contains("--strict: 1 pair(s) of destinations"),
+            "{}",
+            strict.stderr
+        );
+
+        let json = t.run(&["config", "check", "--json"]);
+        json.expect_code(0);
+        let doc = json.json();
+        assert_eq!(doc["ok"], true);
+        let shared = &doc["shared_roots"][0];
+        assert_eq!(shared["outer"]["pipeline_id"], "reports", "{shared}");
+        assert_eq!(shared["outer"]["destination_id"], "www", "{shared}");
+        assert_eq!(shared["inner"]["pipeline_id"], "docs", "{shared}");
+        assert_eq!(shared["inner"]["root"], site_root.to_str().unwrap());
+        assert_eq!(shared["inside"].as_str(), inside, "{shared}");
+        assert!(
+            doc["warnings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w.as_str() == Some(&warning["warning: ".len()..])),
+            "{doc}"
+        );
+        let json = t.run(&["config", "check", "--json", "--strict"]);
+        json.expect_code(1);
+        assert_eq!(json.json()["ok"], false);
+    }
+}
+
+/// Roots that are apart, or shared with scopes that cannot meet, are not
+/// warned about, and `--strict` passes.
+#[test]
+fn disjoint_scopes_on_a_shared_root_pass_the_check() {
+    let cases = [
+        (
+            "        path: ./www\n        scope: [\"reports/\", \"index.html\"]\n",
+            "        path: ./www\n        scope: [\"docs/\"]\n",
+        ),
+        (
+            "        path: ./www\n        scope: [\"reports/\"]\n",
+            "        path: ./www/docs\n",
+        ),
+        (
+            "        path: ./www\n        scope: [\"docs/b/\"]\n",
+            "        path: ./www/docs\n        scope: [\"a/\"]\n",
+        ),
+        ("        path: ./www\n", "        path: ./www2\n"),
+    ];
+    for (www, site) in cases {
+        let t = Test::new();
+        let out = check(&t, &sharing(www, site));
+        out.expect_code(0);
+        assert!(
+            !out.stdout.contains("warning:"),
+            "{www}{site}\n{}",
+            out.stdout
+        );
+        t.run(&["config", "check", "--strict"]).expect_code(0);
+        let doc = t.run(&["config", "check", "--json"]).json();
+        assert_eq!(doc["shared_roots"], serde_json::json!([]));
+        assert_eq!(doc["warnings"], serde_json::json!([]));
+    }
+}
+
+/// `scope` shows in the summary; a bad entry is a configuration error
+/// (exit 2) naming the entry, its line and what a valid one looks like.
+#[test]
+fn scope_is_shown_and_a_bad_one_is_a_config_error() {
+    let t = Test::new();
+    let out = check(
+        &t,
+        &sharing(
+            "        path: ./www\n        scope: [\"reports/\", \"index.html\"]\n",
+            "        path: ./site\n",
+        ),
+    );
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .contains("      scope: [\"reports/\", \"index.html\"]\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("      scope: (none; the whole root)\n"),
+        "{}",
+        out.stdout
+    );
+    let doc = t.run(&["config", "check", "--json"]).json();
+    assert_eq!(
+        doc["pipelines"][0]["destinations"][0]["scope"],
+        serde_json::json!(["reports/", "index.html"])
+    );
+
+    let out = check(
+        &t,
+        &sharing(
+            "        path: ./www\n        scope: [\"reports/\", \"../up/\"]\n",
+            "        path: ./site\n",
+        ),
+    );
+    out.expect_code(2);
+    for want in ["line 7", "scope entry \"../up/\"", "such as \"reports/\""] {
+        assert!(out.stderr.contains(want), "{want}: {}", out.stderr);
+    }
+}

@@ -42,6 +42,12 @@ impl Site {
     /// [`Site::new`] with `extra` (more keys of the destination, indented
     /// as they are) in the destination.
     fn with(backend: Backend, workflow: &str, extra: &str) -> Site {
+        Site::after(backend, workflow, "", extra)
+    }
+
+    /// [`Site::with`], the pipeline listing the destinations `before` (YAML
+    /// list items, indented as they are) ahead of `web`.
+    fn after(backend: Backend, workflow: &str, before: &str, extra: &str) -> Site {
         let t = Test::new();
         let (bucket, root) = match backend {
             Backend::Local => (None, "path: ./site".to_owned()),
@@ -60,7 +66,7 @@ impl Site {
 pipelines:
   - id: reports
     destinations:
-      - id: web
+{before}      - id: web
         {root}
         workflow: {workflow}
         publish:
@@ -161,6 +167,20 @@ pipelines:
         match &self.bucket {
             None => fs::remove_file(self.t.join("site").join(rel)).unwrap(),
             Some(bucket) => bucket.root.delete(rel).unwrap(),
+        }
+    }
+
+    /// Everything the root holds, reserved names included, as a text to
+    /// compare: every entry below the local root with its bytes' hash,
+    /// mode, time and inode; or every key below the s3 root with its ETag.
+    fn snapshot(&self) -> String {
+        match &self.bucket {
+            None => format!("{:#?}", self.t.tree("site")),
+            Some(bucket) => bucket
+                .keys()
+                .into_iter()
+                .map(|k| format!("{k} {:?}\n", bucket.etag(&k)))
+                .collect(),
         }
     }
 
@@ -1106,4 +1126,128 @@ fn a_hook_that_cannot_run_is_a_config_error() {
         "{}",
         out.stderr
     );
+}
+
+/// A scope (docs/contract.md §17.1) on every backend: a bundle with an
+/// output outside it fails at stage `verify` (exit 1, from `run` and from
+/// the agent, which files it in `failed/` with the message), and no root
+/// of the pipeline changes, not even that of a destination listed before
+/// it whose scope would allow the bundle; a bundle inside the scope
+/// publishes to both.
+#[test]
+fn an_output_outside_the_scope_fails_at_verify_and_no_root_changes() {
+    let mirror = "      - id: mirror\n        path: ./mirror\n";
+    let scope = "        scope: [\"reports/\", \"index.html\"]\n";
+    each_backend(|backend| {
+        let site = Site::after(backend, "replacement", mirror, scope);
+        let roots = || (site.snapshot(), format!("{:#?}", site.t.tree("mirror")));
+        let outside = site.t.bundle_at(
+            "outside",
+            "docs",
+            "2026-06-02T00:00:00Z",
+            &[
+                ("reports/a.md", "# A\n"),
+                ("secret/x.html", "<p>mine now</p>\n"),
+            ],
+        );
+        let message = "output \"secret/x.html\" is outside destination web's scope [\"reports/\", \"index.html\"]";
+
+        // Into empty roots: nothing is made, not even a root or a catalog.
+        let out = site.publish(&outside);
+        out.expect_code(1);
+        let doc = out.json();
+        assert_eq!(doc["ok"], false, "{doc}");
+        assert_eq!(doc["stage"], "verify", "{doc}");
+        let error = doc["error"].as_str().unwrap();
+        assert!(error.contains(message), "{backend:?}: {error}");
+        assert!(
+            doc["destinations"][1]["error"]
+                .as_str()
+                .unwrap()
+                .contains(message),
+            "{doc}"
+        );
+        assert!(site.paths().is_empty(), "{backend:?}: {:?}", site.paths());
+        assert!(!site.t.join("mirror").exists(), "{backend:?}: mirror made");
+        if let Some(bucket) = &site.bucket {
+            assert!(bucket.keys().is_empty(), "{:?}", bucket.keys());
+        }
+
+        // Inside the scope: both roots get it.
+        let inside = site.t.bundle_at(
+            "inside",
+            "docs",
+            "2026-06-01T00:00:00Z",
+            &[("reports/a.md", "# A\n"), ("index.html", "<p>home</p>\n")],
+        );
+        site.publish(&inside).expect_code(0);
+        let want = ["index.html", "reports/a.html", "reports/a.md"];
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, want, "{backend:?}");
+        assert_eq!(
+            site.t.tree("mirror").files(),
+            ["index.html", "reports/a.md"]
+        );
+        site.assert_consistent();
+
+        // Over roots that hold it, through the agent: the bundle is filed
+        // in failed/ with the message, and neither root changed (files,
+        // catalogs, reserved files, times).
+        let before = roots();
+        let inbox = site.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        fs::rename(&outside, inbox.join("outside")).unwrap();
+        site.run(&["agent", "--once"]).expect_code(1);
+        let result: Value = serde_json::from_slice(
+            &fs::read(
+                site.t
+                    .join("spool/reports/failed/outside/.distributor-result.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(result["stage"], "verify", "{result}");
+        assert!(
+            result["error"].as_str().unwrap().contains(message),
+            "{result}"
+        );
+        assert_eq!(roots(), before, "{backend:?}: a root changed");
+        site.verify().expect_code(0);
+    });
+}
+
+/// A scope is matched after the prefix, with the source id filled in: a
+/// `prefix: "{source_id}/"` destination scoped to one source's folder
+/// publishes that source and refuses another, on every backend.
+#[test]
+fn a_scope_applies_to_output_paths_after_the_prefix() {
+    let extra = "        prefix: \"{source_id}/\"\n        scope: [\"docs.1/\"]\n";
+    each_backend(|backend| {
+        let site = Site::with(backend, "additive", extra);
+        let own = site
+            .t
+            .bundle_at("own", "docs.1", "2026-06-01T00:00:00Z", &[("a.txt", "1\n")]);
+        site.publish(&own).expect_code(0);
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["docs.1/a.txt"], "{backend:?}");
+
+        let other = site.t.bundle_at(
+            "other",
+            "docs.2",
+            "2026-06-01T00:00:00Z",
+            &[("a.txt", "2\n")],
+        );
+        let out = site.publish(&other);
+        out.expect_code(1);
+        let error = out.json()["error"].as_str().unwrap().to_owned();
+        assert!(
+            error.contains(
+                "output \"docs.2/a.txt\" is outside destination web's scope [\"docs.1/\"]"
+            ) && error.contains("the prefix docs.2/"),
+            "{backend:?}: {error}"
+        );
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["docs.1/a.txt"], "{backend:?}");
+        site.assert_consistent();
+    });
 }
