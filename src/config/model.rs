@@ -101,7 +101,7 @@ pub struct Signatures {
     pub refuse_older: bool,
     /// Principal -> the output path prefixes it may publish; `None` when
     /// every principal may publish everywhere the destinations allow.
-    pub scopes: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    pub scopes: Option<std::collections::BTreeMap<String, crate::scope::Scope>>,
 }
 
 impl Pipeline {

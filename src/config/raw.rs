@@ -780,6 +780,30 @@ fn read_allowed_signers(
         })
 }
 
+/// `signatures.scopes` of pipeline `pipeline`: each principal's entries
+/// checked as a destination's `scope` is (docs/contract.md §17.4).
+fn principal_scopes(
+    raw: std::collections::BTreeMap<String, Vec<String>>,
+    pipeline: &str,
+    file: &Path,
+) -> Result<std::collections::BTreeMap<String, crate::scope::Scope>, ConfigError> {
+    raw.into_iter()
+        .map(|(principal, entries)| {
+            crate::scope::Scope::parse(&entries)
+                .map(|scope| (principal.clone(), scope))
+                .map_err(|message| ConfigError::Invalid {
+                    at: Place {
+                        file: file.to_path_buf(),
+                        line_column: None,
+                    },
+                    message: format!(
+                        "pipeline {pipeline:?}: signatures.scopes of {principal:?}: {message}"
+                    ),
+                })
+        })
+        .collect()
+}
+
 pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     let file_abs = normalize(&std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()));
     let base = file_abs.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -865,7 +889,10 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 allowed_signers: resolve(&rs.allowed_signers.0),
                 required: rs.required.unwrap_or(true),
                 refuse_older: rs.refuse_older.unwrap_or(true),
-                scopes: rs.scopes,
+                scopes: rs
+                    .scopes
+                    .map(|scopes| principal_scopes(scopes, &id, file))
+                    .transpose()?,
             }),
             None => None,
         };

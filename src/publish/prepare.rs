@@ -174,6 +174,30 @@ pub(super) fn prepare_bundle(
         }
     }
 
+    if let (Some(signer), Some(scopes)) = (
+        &bundle.signer,
+        pipeline.signatures.as_ref().and_then(|s| s.scopes.as_ref()),
+    ) {
+        let paths = prepared
+            .iter()
+            .flat_map(|p| p.desired.iter().map(|d| d.path.as_str()));
+        match crate::signature::check_scopes(signer, scopes, paths) {
+            Ok(principal) => {
+                if let Some(s) = &mut report.signer {
+                    s.principal = principal;
+                }
+            }
+            Err(refusal) => {
+                // The signature was valid: who tried stays in the result.
+                report.signature_refused = Some(refusal.reason.as_str());
+                return Err(Box::new(report.fail(
+                    Stage::Verify,
+                    refusal.to_string(),
+                    false,
+                )));
+            }
+        }
+    }
     Ok(Ready {
         report,
         bundle,

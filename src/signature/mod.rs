@@ -11,8 +11,10 @@ mod allowed;
 
 pub use allowed::{AllowedSigners, MAX_ALLOWED_SIGNERS_BYTES, SignerLine, matches_list};
 
+use crate::scope::Scope;
 use serde::Serialize;
 use ssh_key::{HashAlg, PublicKey, SshSig};
+use std::collections::BTreeMap;
 use std::fmt;
 use time::OffsetDateTime;
 
@@ -178,6 +180,83 @@ pub fn check(
         key: fingerprint,
         principals,
     })
+}
+
+/// How many paths outside the scopes a refusal names.
+const SHOWN_PATHS: usize = 5;
+
+/// Checks `signatures.scopes` (docs/contract.md §17.4): every output path
+/// must lie inside the scope of a principal `signer`'s key is listed for;
+/// a principal without an entry in `scopes` may publish nothing. Returns
+/// the principal to report: the first whose scope holds every path, else
+/// the first with an entry.
+pub fn check_scopes<'p>(
+    signer: &Signer,
+    scopes: &BTreeMap<String, Scope>,
+    paths: impl IntoIterator<Item = &'p str>,
+) -> Result<String, Refusal> {
+    let granted: Vec<(&String, &Scope)> = signer
+        .principals
+        .iter()
+        .filter_map(|p| scopes.get(p).map(|s| (p, s)))
+        .collect();
+    let paths: Vec<&str> = paths.into_iter().collect();
+    let outside: Vec<&str> = paths
+        .iter()
+        .copied()
+        .filter(|path| !granted.iter().any(|(_, scope)| scope.contains(path)))
+        .collect();
+    if let Some(first) = outside.first() {
+        let who = if granted.is_empty() {
+            format!(
+                "{} may publish nothing: signatures.scopes has no entry for {}",
+                principals_text(&signer.principals),
+                if signer.principals.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
+            )
+        } else {
+            let each: Vec<String> = granted.iter().map(|(p, s)| format!("{p} {s}")).collect();
+            format!("the signer's scopes are {}", each.join(", "))
+        };
+        let shown = if outside.len() == 1 {
+            format!("output {first:?} is")
+        } else {
+            let mut list: Vec<String> = outside
+                .iter()
+                .take(SHOWN_PATHS)
+                .map(|p| format!("{p:?}"))
+                .collect();
+            if outside.len() > SHOWN_PATHS {
+                list.push(format!("and {} more", outside.len() - SHOWN_PATHS));
+            }
+            format!("{} outputs are ({})", outside.len(), list.join(", "))
+        };
+        return Err(Refusal::new(
+            Reason::OutsideScope,
+            format!(
+                "{shown} outside what key {} may publish: {who}; publish only inside those scopes, or ask the operator to widen signatures.scopes",
+                signer.key
+            ),
+        ));
+    }
+    let whole = granted
+        .iter()
+        .find(|(_, scope)| paths.iter().all(|path| scope.contains(path)));
+    Ok(whole
+        .or(granted.first())
+        .map_or_else(|| signer.principal.clone(), |(p, _)| (*p).clone()))
+}
+
+/// `ci@a` or `ci@a, ci@b`, made inert.
+fn principals_text(principals: &[String]) -> String {
+    let shown: Vec<String> = principals
+        .iter()
+        .map(|p| crate::inert::inert(p).into_owned())
+        .collect();
+    shown.join(", ")
 }
 
 /// Reads an SSHSIG: ASCII armour, nothing else.

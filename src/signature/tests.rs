@@ -2,6 +2,7 @@
 //! made for these tests by `ssh-keygen` (never used anywhere else).
 
 use super::*;
+use std::collections::BTreeMap;
 use time::macros::datetime;
 
 /// `ssh-keygen -t ed25519 -N '' -C test-one`.
@@ -225,4 +226,66 @@ fn reasons_round_trip_through_their_spelling() {
     for reason in Reason::ALL {
         assert_eq!(Reason::parse(reason.as_str()), Some(reason));
     }
+}
+
+#[test]
+fn principal_scopes_hold_every_output_or_refuse_naming_them() {
+    let scope = |entries: &[&str]| {
+        crate::scope::Scope::parse(&entries.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+            .unwrap()
+    };
+    let scopes: BTreeMap<String, crate::scope::Scope> = [
+        ("ci@a".to_owned(), scope(&["a/"])),
+        ("ci@b".to_owned(), scope(&["b/", "index.html"])),
+    ]
+    .into();
+    let signer = |principals: &[&str]| Signer {
+        principal: principals[0].to_owned(),
+        key: "SHA256:test".to_owned(),
+        principals: principals.iter().map(|p| p.to_string()).collect(),
+    };
+    // (principals of the key, outputs, Ok(reported principal) or Err(words in the refusal))
+    type Case<'a> = (&'a [&'a str], &'a [&'a str], Result<&'a str, &'a [&'a str]>);
+    let cases: Vec<Case> = vec![
+        (&["ci@a"], &["a/x.html", "a/y/z.txt"], Ok("ci@a")),
+        (
+            &["ci@a"],
+            &["a/x.html", "b/x.html"],
+            Err(&["\"b/x.html\"", "ci@a [\"a/\"]"]),
+        ),
+        (&["ci@b"], &["index.html", "b/1"], Ok("ci@b")),
+        // A key listed for both may publish into either; reported as the
+        // one whose scope holds everything.
+        (&["ci@a", "ci@b"], &["b/1", "index.html"], Ok("ci@b")),
+        (&["ci@a", "ci@b"], &["a/1", "b/1"], Ok("ci@a")),
+        // A principal without an entry may publish nothing.
+        (
+            &["ci@c"],
+            &["a/1"],
+            Err(&["ci@c may publish nothing", "no entry"]),
+        ),
+        (&["ci@c", "ci@a"], &["a/1"], Ok("ci@a")),
+        // Paths are compared by whole segments.
+        (&["ci@a"], &["ab/1"], Err(&["\"ab/1\""])),
+        (&["ci@a"], &["a"], Err(&["\"a\""])),
+    ];
+    for (principals, paths, wanted) in cases {
+        let got = check_scopes(&signer(principals), &scopes, paths.iter().copied());
+        match (got, wanted) {
+            (Ok(p), Ok(want)) => assert_eq!(p, want, "{principals:?} {paths:?}"),
+            (Err(refusal), Err(words)) => {
+                assert_eq!(refusal.reason, Reason::OutsideScope);
+                for w in words {
+                    assert!(refusal.message.contains(w), "{w:?} not in {refusal}");
+                }
+            }
+            (got, want) => panic!("{principals:?} {paths:?}: got {got:?}, wanted {want:?}"),
+        }
+    }
+    // Many outside: the first five are named, the rest counted.
+    let many: Vec<String> = (0..8).map(|i| format!("z/{i}")).collect();
+    let refusal =
+        check_scopes(&signer(&["ci@a"]), &scopes, many.iter().map(String::as_str)).unwrap_err();
+    assert!(refusal.message.contains("8 outputs are"), "{refusal}");
+    assert!(refusal.message.contains("and 3 more"), "{refusal}");
 }

@@ -523,3 +523,73 @@ fn allowed_signers_is_checked_at_load_and_reread_on_sighup() {
     let stopped = agent.finish(Duration::from_secs(30));
     assert_eq!(stopped.code, 0, "{}", stopped.stderr);
 }
+
+#[test]
+fn each_principal_publishes_only_inside_its_scopes() {
+    let probe = Test::new();
+    let a = keygen(&probe, "a", &["ed25519"], "");
+    let both = keygen(&probe, "both", &["ed25519"], "");
+    let c = keygen(&probe, "c", &["ed25519"], "");
+    let signers = format!(
+        "ci@a {}\nci@a,ci@b {}\nci@c {}\n",
+        a.public, both.public, c.public
+    );
+    let t = site(
+        &signers,
+        "      scopes:\n        ci@a: [\"project-a/\"]\n        ci@b: [\"project-b/\", \"index.html\"]\n",
+    );
+    let bundle = |name: &str, path: &str, key: &Key| {
+        let b = t.bundle(name, &[(path, name)]);
+        ssh_sign(&key.private, &b.join("manifest.json"), "distributor");
+        b
+    };
+    let out = publish(&t, &bundle("a-in", "project-a/index.html", &a));
+    out.expect_code(0);
+    assert_eq!(out.json()["signer"]["principal"], "ci@a");
+
+    // Outside its scope: refused at verify, the signer named, nothing written.
+    let before = fs::read_to_string(t.join("site/.distributor.json")).unwrap();
+    let out = publish(&t, &bundle("a-out", "project-b/index.html", &a));
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["stage"], "verify", "{doc}");
+    assert_eq!(doc["signature_refused"], "outside_scope", "{doc}");
+    assert_eq!(doc["signer"]["principal"], "ci@a", "{doc}");
+    let error = doc["error"].as_str().unwrap();
+    assert!(error.contains("\"project-b/index.html\""), "{error}");
+    assert!(error.contains("ci@a [\"project-a/\"]"), "{error}");
+    assert!(!t.join("site/project-b").exists());
+    assert_eq!(
+        fs::read_to_string(t.join("site/.distributor.json")).unwrap(),
+        before
+    );
+
+    // A key listed for two principals may publish into either scope, and is
+    // reported as the principal whose scope holds the outputs.
+    let out = publish(&t, &bundle("both", "index.html", &both));
+    out.expect_code(0);
+    assert_eq!(out.json()["signer"]["principal"], "ci@b");
+
+    // A principal without an entry in scopes may publish nothing.
+    let out = publish(&t, &bundle("c", "project-a/c.html", &c));
+    out.expect_code(1);
+    let doc = out.json();
+    assert_eq!(doc["signature_refused"], "outside_scope", "{doc}");
+    assert!(
+        doc["error"]
+            .as_str()
+            .unwrap()
+            .contains("ci@c may publish nothing"),
+        "{doc}"
+    );
+
+    // A bad entry is a config error naming the principal.
+    let t = site(&signers, "      scopes:\n        ci@a: [\"../up/\"]\n");
+    let out = t.run(&["config", "check"]);
+    out.expect_code(2);
+    assert!(
+        out.stderr.contains("signatures.scopes of \"ci@a\""),
+        "{}",
+        out.stderr
+    );
+}
