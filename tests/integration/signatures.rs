@@ -593,3 +593,83 @@ fn each_principal_publishes_only_inside_its_scopes() {
         out.stderr
     );
 }
+
+/// A hostile producer of a signed pipeline, as another user, against a
+/// live agent: a signature that is a FIFO (which would block a reader), a
+/// link to a valid signature of another bundle, and a signature of the
+/// producer's own key that allowed_signers does not list. Each is refused
+/// for its reason, the agent never blocks, and a properly signed bundle
+/// delivered after them is published.
+#[test]
+fn a_hostile_producer_cannot_pass_or_stall_the_signature_check() {
+    use crate::lab::{Lab, NOBODY, WAIT, can_switch_users, result_of};
+    if !can_switch_users("a_hostile_producer_cannot_pass_or_stall_the_signature_check") {
+        return;
+    }
+    let lab = Lab::bare("");
+    let ci = keygen(&lab.t, "ci", &["ed25519"], "");
+    let own = keygen(&lab.t, "own", &["ed25519"], "");
+    lab.t
+        .write("docs.signers", format!("ci@docs {}\n", ci.public));
+    lab.t.config(
+        "spool: ./spool
+pipelines:
+  - id: docs
+    signatures:
+      allowed_signers: docs.signers
+    destinations:
+      - id: web
+        path: ./site
+",
+    );
+    lab.agent_once(None).expect_code(0);
+    lab.open_inbox("docs");
+    for name in ["fifo", "link", "own", "good"] {
+        let b = lab.sealed(name, &[("index.html", name)]);
+        let key = if name == "own" { &own } else { &ci };
+        ssh_sign(&key.private, &b.join("manifest.json"), "distributor");
+    }
+    let mut agent = lab.agent(None);
+    let inbox = "spool/docs/inbox";
+    lab.producer(
+        NOBODY,
+        &format!(
+            "umask 002 && \
+             cp -r bundles/fifo {inbox}/.fifo && rm {inbox}/.fifo/manifest.json.sig && mkfifo {inbox}/.fifo/manifest.json.sig && mv {inbox}/.fifo {inbox}/fifo && \
+             cp -r bundles/link {inbox}/.link && rm {inbox}/.link/manifest.json.sig && ln -s \"$PWD/bundles/good/manifest.json.sig\" {inbox}/.link/manifest.json.sig && mv {inbox}/.link {inbox}/link && \
+             cp -r bundles/own {inbox}/.own && mv {inbox}/.own {inbox}/own"
+        ),
+        &[],
+    )
+    .expect_code(0);
+    let failed = lab.spool("docs", "failed");
+    let filed = |name: &str| failed.join(name).join(crate::lab::RESULT).exists();
+    assert!(
+        crate::util::wait_for(WAIT, || ["fifo", "link", "own"].iter().all(|n| filed(n))),
+        "not all refused:\n{}",
+        lab.t.listing("spool").join("\n")
+    );
+    for (name, reason) in [
+        ("fifo", "malformed"),
+        ("link", "malformed"),
+        ("own", "unknown_key"),
+    ] {
+        let result = result_of(&failed.join(name));
+        assert_eq!(result["signature_refused"], reason, "{name}: {result}");
+    }
+    lab.deliver(NOBODY, "docs", "good");
+    let done = lab.spool("docs", "done").join("good");
+    assert!(
+        crate::util::wait_for(WAIT, || done.join(crate::lab::RESULT).exists()),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(result_of(&done)["signer"]["principal"], "ci@docs");
+    assert_eq!(
+        fs::read_to_string(lab.join("site/index.html")).unwrap(),
+        "good"
+    );
+    assert!(agent.running());
+    let (code, _) = agent.terminate(WAIT);
+    assert_eq!(code, 0, "{}", agent.log());
+}
