@@ -21,6 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 # DISTRIBUTOR_BIN runs another build (an older one, to compare).
 BIN = os.environ.get("DISTRIBUTOR_BIN") or os.path.join(HERE, "..", "target", "release", "distributor")
+COST = os.path.join(HERE, "..", "target", "release", "examples", "signature_cost")
 
 
 def sh(cmd, **kw):
@@ -259,7 +260,12 @@ for b in *; do
   ssh-keygen -Y verify -f '{signers}' -I ci@bench -n distributor -s "$b/manifest.json.sig" < "$b/manifest.json" >/dev/null
 done"""))
     runs_line("signed", plain=ours_plain, signed=ours_signed, ssh_keygen=peer)
-    return {"plain": median(ours_plain), "signed": median(ours_signed), "peer": median(peer), "count": count}
+    # The check alone, in one process (examples/signature_cost.rs).
+    alone = subprocess.run(
+        [COST, signers] + [os.path.join(signed, f"b{i:05d}") for i in range(count)],
+        check=True, stdout=subprocess.PIPE).stdout.decode().strip()
+    return {"plain": median(ours_plain), "signed": median(ours_signed), "peer": median(peer),
+            "count": count, "check_us": float(alone)}
 
 
 def make_nested(src, count):
@@ -730,6 +736,7 @@ def main():
             rows.append((f"  checking, per bundle: {(r['signed'] - r['plain']) * 1000 / n:.3f} ms",
                          None, None, None))
             rows.append((f"  ssh-keygen -Y verify, per bundle: {r['peer'] * 1000 / n:.3f} ms", None, None, None))
+            rows.append((f"  the check alone (ed25519): {r['check_us']:.1f} us", None, None, None))
         if args.only in (None, "nested"):
             r = bench_nested(work, nested, runs)
             rows.append((f"nested backlog {r['count']} bundles: agent --once", r["flat"], "rsync -a --checksum --fsync", r["rsync"]))
