@@ -193,6 +193,7 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
                 serde_json::json!({
                     "id": p.id,
                     "inbox": p.inbox.display().to_string(),
+                    "signatures": p.signatures.as_ref().map(|s| s.to_json()),
                     "destinations": p.destinations.iter().map(|d| d.to_json()).collect::<Vec<_>>(),
                 })
             })

@@ -475,6 +475,9 @@ impl Config {
                 let _ = writeln!(s, "    limits: {}", limits(&p.limits));
             }
             let _ = writeln!(s, "    spool: {}", p.spool_dir(self).display());
+            if let Some(sig) = &p.signatures {
+                let _ = writeln!(s, "    {}", sig.summary());
+            }
             for d in &p.destinations {
                 let yes_no = |b: bool| if b { "yes" } else { "no" };
                 let _ = writeln!(s, "    destination {}", d.id);
@@ -559,5 +562,40 @@ impl Config {
             let _ = writeln!(s, "warning: {warning}");
         }
         s
+    }
+}
+
+impl Signatures {
+    /// One line for `config check`: the file, how many keys it lists, and
+    /// the settings.
+    pub fn summary(&self) -> String {
+        let scopes = match &self.scopes {
+            None => "every principal anywhere".to_owned(),
+            Some(scopes) => {
+                let each: Vec<String> = scopes.iter().map(|(p, s)| format!("{p} {s}")).collect();
+                each.join(", ")
+            }
+        };
+        format!(
+            "signatures: {} ({} key line(s)), required {}, refuse_older {}, scopes: {scopes}",
+            self.allowed_signers.display(),
+            self.signers.lines.len(),
+            self.required,
+            self.refuse_older
+        )
+    }
+
+    /// The same for `config check --json`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "allowed_signers": self.allowed_signers.display().to_string(),
+            "keys": self.signers.lines.len(),
+            "required": self.required,
+            "refuse_older": self.refuse_older,
+            "scopes": self.scopes.as_ref().map(|scopes| scopes
+                .iter()
+                .map(|(p, s)| (p.clone(), serde_json::json!(s.entries())))
+                .collect::<serde_json::Map<_, _>>()),
+        })
     }
 }
