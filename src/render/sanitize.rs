@@ -5,7 +5,9 @@
 //! tables, ...), and nothing that runs, styles or frames (`script`, `style`,
 //! `iframe`, `object`, `embed`, `form`, `svg`, `math`, `base`, `meta`, `link`
 //! go, so do event handlers and `style` attributes); link and image targets
-//! only `http`, `https`, `mailto` or relative; comments dropped.
+//! only `http`, `https`, `mailto` or relative; comments dropped. In-page
+//! targets (`id`, `<a name>`) and a table cell's `valign` stay, as on
+//! GitHub.
 //!
 //! What is sanitized is rendered HTML, not each raw fragment on its own, so
 //! that the structure a README builds across markdown and HTML (a centred
@@ -135,7 +137,12 @@ fn builder() -> ammonia::Builder<'static> {
     let mut b = ammonia::Builder::default();
     b.add_tags(["picture", "source", "input"])
         .add_generic_attributes(["id", "align"])
-        .add_tag_attributes("a", ["aria-label"])
+        // `name` is the target of in-page links (`<a name="usage">`).
+        .add_tag_attributes("a", ["aria-label", "name"])
+        // GitHub keeps a table cell's vertical alignment.
+        .add_tag_attributes("td", ["valign"])
+        .add_tag_attributes("th", ["valign"])
+        .add_tag_attributes("tr", ["valign"])
         .add_tag_attributes("img", ["srcset"])
         .add_tag_attributes("source", ["srcset", "media", "type", "width", "height"])
         .add_tag_attributes("input", ["type", "checked", "disabled"])

@@ -286,6 +286,23 @@ fn sanitize_keeps_what_readmes_use_and_drops_comments() {
 }
 
 #[test]
+fn sanitize_keeps_named_anchors_and_cell_alignment() {
+    // portable-atomic's README links to `<a name>` targets; Node's
+    // CHANGELOG.md tops the cells of its version table with `valign`.
+    let html = render_sanitized(
+        "## <a name=\"optional-features\"></a>Optional features\n\nSee [the features](#optional-features).\n\n<table>\n<tr>\n<td valign=\"top\">\n<a href=\"#v20\">20.20.2</a><br/>\n</td>\n</tr>\n</table>\n",
+    );
+    let content = body(&html);
+    for kept in [
+        "<a name=\"optional-features\"></a>Optional features",
+        "<a href=\"#optional-features\">the features</a>",
+        "<td valign=\"top\">",
+    ] {
+        assert!(content.contains(kept), "{kept} missing from {content}");
+    }
+}
+
+#[test]
 fn a_page_without_raw_html_is_the_same_in_every_mode() {
     let markdown = "# Title\n\nText with [a link](other.md) and `code`[^1].\n\n[^1]: A note.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n";
     assert_eq!(render_sanitized(markdown), render(markdown));
