@@ -52,7 +52,7 @@ pub(super) fn has_dangerous_scheme(dest: &str) -> bool {
 }
 
 /// Whether `dest` starts with a URL scheme (`ALPHA *(ALPHA / DIGIT / + / - / .) :`).
-fn has_scheme(dest: &str) -> bool {
+pub(super) fn has_scheme(dest: &str) -> bool {
     let Some((scheme, _)) = dest.split_once(':') else {
         return false;
     };

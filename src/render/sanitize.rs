@@ -5,9 +5,9 @@
 //! tables, ...), and nothing that runs, styles or frames (`script`, `style`,
 //! `iframe`, `object`, `embed`, `form`, `svg`, `math`, `base`, `meta`, `link`
 //! go, so do event handlers and `style` attributes); link and image targets
-//! only `http`, `https`, `mailto` or relative; comments dropped. In-page
-//! targets (`id`, `<a name>`) and a table cell's `valign` stay, as on
-//! GitHub.
+//! (`srcset` candidates too) only `http`, `https`, `mailto` or relative;
+//! comments dropped. In-page targets (`id`, `<a name>`) and a table cell's
+//! `valign` stay, as on GitHub.
 //!
 //! What is sanitized is rendered HTML, not each raw fragment on its own, so
 //! that the structure a README builds across markdown and HTML (a centred
@@ -21,7 +21,7 @@
 //! self-links, footnotes, code languages, task-list boxes), so a page
 //! without raw HTML is the same in every mode.
 
-use super::{LastByte, RenderOptions, events};
+use super::{LastByte, RenderOptions, events, links};
 use pulldown_cmark::{Event, html};
 use std::collections::HashSet;
 use std::io;
@@ -156,18 +156,40 @@ fn builder() -> ammonia::Builder<'static> {
         // window (`target` is not allowed), so no `rel` is needed.
         .link_rel(None)
         .strip_comments(true);
-    // Code blocks say their language as `language-NAME`.
     b.attribute_filter(|element, attribute, value| {
+        // Code blocks say their language as `language-NAME`.
         if element == "code" && attribute == "class" {
             let ok = value
                 .strip_prefix("language-")
                 .is_some_and(|l| !l.is_empty() && l.chars().all(is_language_char));
             return ok.then(|| value.into());
         }
+        // ammonia checks the schemes of `src` and `href`, not `srcset`.
+        if attribute == "srcset" {
+            return srcset_is_safe(value).then(|| value.into());
+        }
         Some(value.into())
     });
     b.add_tag_attributes("code", ["class"]);
     b
+}
+
+/// Whether every image candidate of a `srcset` is `http`, `https` or
+/// relative. Every piece between commas and white space is judged as if it
+/// were a URL (descriptors such as `2x` have no scheme), so a URL holding a
+/// comma or a tab is judged by its pieces: a stricter reading than the
+/// browser's, never a looser one.
+fn srcset_is_safe(srcset: &str) -> bool {
+    srcset
+        .split(|c: char| c == ',' || c.is_ascii_whitespace())
+        .all(|piece| {
+            let piece: String = piece
+                .chars()
+                .filter(|c| !c.is_ascii_control())
+                .collect::<String>()
+                .to_ascii_lowercase();
+            !links::has_scheme(&piece) || piece.starts_with("http:") || piece.starts_with("https:")
+        })
 }
 
 fn is_language_char(c: char) -> bool {

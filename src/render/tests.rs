@@ -211,6 +211,18 @@ const XSS: &[(&str, &str)] = &[
         "<noscript><p title=\"</noscript><img src=x onerror=alert(1)>\">\n",
         "onerror",
     ),
+    (
+        "<img srcset=\"data:image/svg+xml,<svg onload=alert(1)> 1x\" src=\"a.png\">\n",
+        "data:",
+    ),
+    (
+        "<picture><source srcset=\"javascript:alert(1)\"><img src=\"a.png\"></picture>\n",
+        "javascript:",
+    ),
+    (
+        "<img srcset=\"a.png 1x, JavaScript:alert(1) 2x\">\n",
+        "javascript:",
+    ),
 ];
 
 /// The inside of every tag of `html` (between `<` and `>`), lowercased:
@@ -299,6 +311,26 @@ fn sanitize_keeps_named_anchors_and_cell_alignment() {
         "<td valign=\"top\">",
     ] {
         assert!(content.contains(kept), "{kept} missing from {content}");
+    }
+}
+
+#[test]
+fn srcset_keeps_http_and_relative_candidates_only() {
+    // (srcset, kept)
+    let cases = [
+        ("dark.png", true),
+        ("a.png 1x, https://x.example/b.png 2x", true),
+        ("./w.png 480w,../x/y.png 800w", true),
+        ("http://x.example/a,b.png 1x", true),
+        ("a.png 1x, data:image/png;base64,AAAA 2x", false),
+        ("java\tscript:alert(1)", false),
+        ("  javascript:alert(1) 1x", false),
+        ("ftp://x.example/a.png", false),
+    ];
+    for (srcset, kept) in cases {
+        let markdown = format!("<img srcset=\"{srcset}\" src=\"a.png\">\n");
+        let content = body(&render_sanitized(&markdown)).to_owned();
+        assert_eq!(content.contains("srcset="), kept, "{srcset:?}: {content}");
     }
 }
 
