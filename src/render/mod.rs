@@ -35,7 +35,9 @@
 //!   When the first heading has no text, the file name without `.md` is used.
 //! - A relative `.md` link is rewritten only when its path is literally
 //!   spelled with `.md` at the end; percent-escapes are decoded for the lookup
-//!   only, and a link that climbs above the bundle root is left alone.
+//!   only, and a link that climbs above the bundle root is left alone. In
+//!   sanitize mode the links and images of raw HTML are rewritten the same
+//!   way; allowed raw HTML passes through unchanged.
 //! - Heading ids: see [`ids`]. Each heading ends with a self-link
 //!   `<a class="anchor" href="#id">#</a>`, shown on hover by the default
 //!   stylesheet.

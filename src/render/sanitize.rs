@@ -23,7 +23,8 @@
 
 use super::{LastByte, RenderOptions, events, links};
 use pulldown_cmark::{Event, html};
-use std::collections::HashSet;
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashSet};
 use std::io;
 
 /// [`super::render_body`] in sanitize mode: returns the last byte written
@@ -35,7 +36,7 @@ pub(super) fn render_body<'a>(
 ) -> io::Result<(Option<u8>, String)> {
     let mut rewriter = events::Rewriter::new(events, options);
     let mut out = LastByte { sink, last: None };
-    let builder = builder();
+    let builder = builder(options);
     let mut stretch: Vec<Event<'a>> = Vec::new();
     let mut depth = 0usize;
     let mut open_html = 0i64;
@@ -133,7 +134,9 @@ fn balance(text: &str) -> i64 {
 
 /// The allowlist: ammonia's defaults (close to GitHub's), plus what READMEs
 /// and the renderer use, minus every scheme but `http`, `https` and `mailto`.
-fn builder() -> ammonia::Builder<'static> {
+/// A relative link or image to a generated `.md` page of the bundle is
+/// rewritten to its `.html` page, as in markdown (docs/contract.md §10).
+fn builder<'o>(options: &RenderOptions<'o>) -> ammonia::Builder<'o> {
     let mut b = ammonia::Builder::default();
     b.add_tags(["picture", "source", "input"])
         .add_generic_attributes(["id", "align"])
@@ -156,6 +159,10 @@ fn builder() -> ammonia::Builder<'static> {
         // window (`target` is not allowed), so no `rel` is needed.
         .link_rel(None)
         .strip_comments(true);
+    b.url_relative(ammonia::UrlRelative::Custom(Box::new(MarkdownLinks {
+        source_path: options.source_path,
+        generated: options.generated_markdown,
+    })));
     b.attribute_filter(|element, attribute, value| {
         // Code blocks say their language as `language-NAME`.
         if element == "code" && attribute == "class" {
@@ -172,6 +179,24 @@ fn builder() -> ammonia::Builder<'static> {
     });
     b.add_tag_attributes("code", ["class"]);
     b
+}
+
+/// Rewrites the relative URLs of raw HTML that lead to a generated `.md`
+/// page, and passes the others through.
+struct MarkdownLinks<'o> {
+    source_path: &'o str,
+    generated: &'o BTreeSet<String>,
+}
+
+impl<'o> ammonia::UrlRelativeEvaluate<'o> for MarkdownLinks<'o> {
+    fn evaluate<'url>(&self, url: &'url str) -> Option<Cow<'url, str>> {
+        Some(
+            match links::rewrite_markdown_link(url, self.source_path, self.generated) {
+                Some(rewritten) => Cow::Owned(rewritten),
+                None => Cow::Borrowed(url),
+            },
+        )
+    }
 }
 
 /// Whether every image candidate of a `srcset` is `http`, `https` or

@@ -159,12 +159,16 @@ fn raw_html_is_escaped_in_escape_mode() {
 }
 
 fn render_sanitized(markdown: &str) -> String {
-    let generated = set(&[]);
+    render_sanitized_with(markdown, "docs/report.md", &[])
+}
+
+fn render_sanitized_with(markdown: &str, source: &str, generated: &[&str]) -> String {
+    let generated = set(generated);
     markdown_to_html(
         markdown,
         &RenderOptions {
             raw_html: RawHtml::Sanitize,
-            source_path: "docs/report.md",
+            source_path: source,
             generated_markdown: &generated,
             template: None,
         },
@@ -332,6 +336,33 @@ fn srcset_keeps_http_and_relative_candidates_only() {
         let content = body(&render_sanitized(&markdown)).to_owned();
         assert_eq!(content.contains("srcset="), kept, "{srcset:?}: {content}");
     }
+}
+
+#[test]
+fn raw_html_links_to_generated_pages_are_rewritten_when_sanitized() {
+    // Node's CHANGELOG.md links each version's page from an HTML table and
+    // from a markdown list: both must reach the generated page.
+    let markdown = "<table><tr><td><a href=\"changelogs/V20.md#20.20.2\">20.20.2</a></td></tr></table>\n\n\
+                    * [Node.js 20](changelogs/V20.md)\n\n\
+                    <a href=\"missing.md\">m</a> <a href=\"https://x.example/y.md\">y</a> <a href=\"/abs.md\">a</a>\n";
+    let generated = ["docs/changelogs/V20.md"];
+    let html = render_sanitized_with(markdown, "docs/report.md", &generated);
+    let content = body(&html);
+    for href in [
+        "href=\"changelogs/V20.html#20.20.2\"",
+        "href=\"changelogs/V20.html\"",
+        "href=\"missing.md\"",
+        "href=\"https://x.example/y.md\"",
+        "href=\"/abs.md\"",
+    ] {
+        assert!(content.contains(href), "{href} missing from {content}");
+    }
+    // Allowed raw HTML passes through unchanged (docs/contract.md §10).
+    let allowed = render_with(markdown, "docs/report.md", &generated, true);
+    assert!(
+        allowed.contains("href=\"changelogs/V20.md#20.20.2\""),
+        "{allowed}"
+    );
 }
 
 #[test]
