@@ -16,10 +16,12 @@
 //! the page goes in stretches: top-level blocks are written as they come,
 //! and a stretch of them is held only from a block with raw HTML to the
 //! next top-level boundary where every element its raw HTML opened is
-//! closed again. A stretch without raw HTML is written as it is: the
-//! allowlist holds everything the renderer itself writes (heading ids and
-//! self-links, footnotes, code languages, task-list boxes), so a page
-//! without raw HTML is the same in every mode.
+//! closed again; only elements the sanitizer keeps count, so a stray
+//! `Vec<u8>` in prose (a tag to an HTML parser) holds nothing open. A
+//! stretch without raw HTML is written as it is: the allowlist holds
+//! everything the renderer itself writes (heading ids and self-links,
+//! footnotes, code languages, task-list boxes), so a page without raw HTML
+//! is the same in every mode.
 
 use super::{LastByte, RenderOptions, events, links};
 use pulldown_cmark::{Event, html};
@@ -37,6 +39,7 @@ pub(super) fn render_body<'a>(
     let mut rewriter = events::Rewriter::new(events, options);
     let mut out = LastByte { sink, last: None };
     let builder = builder(options);
+    let kept = builder.clone_tags();
     let mut stretch: Vec<Event<'a>> = Vec::new();
     let mut depth = 0usize;
     let mut open_html = 0i64;
@@ -55,7 +58,7 @@ pub(super) fn render_body<'a>(
             Event::End(_) => depth = depth.saturating_sub(1),
             Event::Html(text) | Event::InlineHtml(text) => {
                 raw = true;
-                open_html += balance(text);
+                open_html += balance(text, &kept);
             }
             _ => {}
         }
@@ -100,10 +103,14 @@ fn flush(
     io::Write::write_all(out, clean.as_bytes())
 }
 
-/// How many elements the raw HTML `text` leaves open: opening tags count
-/// one up, closing tags one down; void elements, self-closing tags,
-/// comments and declarations count nothing.
-fn balance(text: &str) -> i64 {
+/// How many elements the raw HTML `text` leaves open: opening tags of the
+/// elements the sanitizer keeps (`kept`) count one up, their closing tags
+/// one down; void elements, self-closing tags, comments, declarations and
+/// elements the sanitizer removes count nothing. A removed element leaves
+/// nothing behind that could span blocks, and counting it would make a
+/// Rust generic in prose (`Vec<u8>`, `Option<T>`: tags to an HTML parser,
+/// never closed) hold the rest of the page in one stretch.
+fn balance(text: &str, kept: &HashSet<&str>) -> i64 {
     const VOID: [&str; 14] = [
         "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
         "source", "track", "wbr",
@@ -120,7 +127,7 @@ fn balance(text: &str) -> i64 {
         let tag = &rest[1..end];
         rest = &rest[end..];
         let (closing, name) = tag_name(tag);
-        if name.is_empty() || VOID.contains(&name.as_str()) {
+        if name.is_empty() || VOID.contains(&name.as_str()) || !kept.contains(name.as_str()) {
             continue;
         }
         if closing {
@@ -339,9 +346,25 @@ mod tests {
             ("<a title=\"x > y\" href=\"#\">", 1),
             ("<DIV>", 1),
             ("<picture><source srcset=\"d.png\">", 1),
+            // Rust generics in prose are tags the sanitizer drops: they
+            // hold nothing open (a page with `Vec<u8>` in its first
+            // paragraph was sanitized whole, past its memory limit).
+            ("<u8>", 0),
+            ("<T>", 0),
+            ("<String>", 0),
+            ("<dyn Send>", 0),
+            ("<textarea>", 0),
         ];
+        let generated = std::collections::BTreeSet::new();
+        let options = RenderOptions {
+            raw_html: crate::config::RawHtml::Sanitize,
+            source_path: "a.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let kept = builder(&options).clone_tags();
         for (raw, open) in cases {
-            assert_eq!(balance(raw), open, "{raw:?}");
+            assert_eq!(balance(raw, &kept), open, "{raw:?}");
         }
     }
 
