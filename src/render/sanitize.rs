@@ -72,7 +72,8 @@ pub(super) fn render_body<'a>(
     flush(&builder, &mut stretch, raw, &mut out, &mut title)?;
     let from_events = rewriter.into_title();
     let title = match title {
-        Some(Some(t)) => Some(t),
+        // The first heading was raw HTML, or inside a stretch that was.
+        Some(Some(t)) => (!t.is_empty()).then_some(t),
         _ => from_events,
     }
     .unwrap_or_else(|| super::file_stem(options.source_path));
@@ -229,9 +230,9 @@ fn is_language_char(c: char) -> bool {
 }
 
 /// The plain text of the first heading (`h1` to `h6`) of `html` (what
-/// [`clean`] wrote), as a reader sees it: its text and image alt text,
-/// without the section self-link, whitespace collapsed. `None` when there
-/// is no heading, or it holds no text.
+/// the sanitizer wrote), as a reader sees it: its text and image alt text,
+/// without the section self-link, whitespace collapsed; empty when the
+/// heading holds no text. `None` when there is no heading.
 pub(super) fn first_heading(html: &str) -> Option<String> {
     let mut text = String::new();
     let mut in_heading: Option<String> = None;
@@ -256,14 +257,7 @@ pub(super) fn first_heading(html: &str) -> Option<String> {
         let heading = matches!(name.as_str(), "h1" | "h2" | "h3" | "h4" | "h5" | "h6");
         match (&in_heading, closing) {
             (None, false) if heading => in_heading = Some(name),
-            (Some(open), true) if *open == name => {
-                let title = collapse(&decode(&text));
-                if !title.is_empty() {
-                    return Some(title);
-                }
-                text.clear();
-                in_heading = None;
-            }
+            (Some(open), true) if *open == name => return Some(collapse(&decode(&text))),
             (Some(_), false) if name == "a" && tag.contains("class=\"anchor\"") => in_anchor += 1,
             (Some(_), true) if name == "a" && in_anchor > 0 => in_anchor -= 1,
             (Some(_), false) if name == "img" && in_anchor == 0 => {
@@ -381,8 +375,14 @@ mod tests {
                 Some("Name & Co"),
             ),
             ("<h1><img alt=\"Logo\" src=\"l.png\"></h1>", Some("Logo")),
-            ("<h3></h3><h4>Second</h4>", Some("Second")),
+            // The first heading decides, even without text (the caller
+            // then uses the file name).
+            ("<h3></h3><h4>Second</h4>", Some("")),
             ("<p title=\"<h1>no</h1>\">text</p>", None),
+            (
+                "<h1 align=\"center\"><img src=\"l.svg\"></h1><h2>Features</h2>",
+                Some(""),
+            ),
             ("<p>no heading</p>", None),
         ];
         for (html, title) in cases {

@@ -366,6 +366,20 @@ fn raw_html_links_to_generated_pages_are_rewritten_when_sanitized() {
 }
 
 #[test]
+fn a_first_heading_without_text_gives_the_file_name_in_every_mode() {
+    // quinn's README opens with a centred logo as its only `<h1>`.
+    let raw = "<h1 align=\"center\"><img width=\"500\" src=\"logo.svg\"></h1>\n\n## Features\n";
+    assert_eq!(title(&render_sanitized(raw)), "report");
+    let markdown = "# ![](logo.svg)\n\n## Features\n";
+    assert_eq!(title(&render(markdown)), "report");
+    assert_eq!(title(&render_allow(markdown)), "report");
+    assert_eq!(title(&render_sanitized(markdown)), "report");
+    // A raw heading with text is the title, as before.
+    let named = "<h1 align=\"center\"><img src=\"logo.svg\" alt=\"quinn\"></h1>\n\n## Features\n";
+    assert_eq!(title(&render_sanitized(named)), "quinn");
+}
+
+#[test]
 fn a_page_without_raw_html_is_the_same_in_every_mode() {
     let markdown = "# Title\n\nText with [a link](other.md) and `code`[^1].\n\n[^1]: A note.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n";
     assert_eq!(render_sanitized(markdown), render(markdown));
