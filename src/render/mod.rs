@@ -34,7 +34,8 @@
 //!   when it is escaped (they are then visible text).
 //!   When the first heading has no text (a logo without alt text), the file
 //!   name without `.md` is used, whether it is written in markdown or raw
-//!   HTML; a later heading is never the title.
+//!   HTML; a later heading is never the title. Any Unicode white space
+//!   (`&emsp;`, `&nbsp;`) collapses to one space.
 //! - A relative `.md` link is rewritten only when its path is literally
 //!   spelled with `.md` at the end; percent-escapes are decoded for the lookup
 //!   only, and a link that climbs above the bundle root is left alone. In

@@ -378,6 +378,7 @@ mod tests {
             // The first heading decides, even without text (the caller
             // then uses the file name).
             ("<h3></h3><h4>Second</h4>", Some("")),
+            ("<h1>Serde&nbsp;\u{2003}Norway</h1>", Some("Serde Norway")),
             ("<p title=\"<h1>no</h1>\">text</p>", None),
             (
                 "<h1 align=\"center\"><img src=\"l.svg\"></h1><h2>Features</h2>",

@@ -380,6 +380,21 @@ fn a_first_heading_without_text_gives_the_file_name_in_every_mode() {
 }
 
 #[test]
+fn the_title_collapses_every_kind_of_whitespace() {
+    // serde's README: `# Serde &emsp; [![Build Status]][actions] ...`.
+    let markdown = "# Serde &emsp; [![Build Status](b.svg)](https://x.example)\n";
+    for html in [
+        render(markdown),
+        render_allow(markdown),
+        render_sanitized(markdown),
+    ] {
+        assert_eq!(title(&html), "Serde Build Status");
+    }
+    let raw = "<h1>Serde&emsp;&nbsp;Norway</h1>\n";
+    assert_eq!(title(&render_sanitized(raw)), "Serde Norway");
+}
+
+#[test]
 fn a_page_without_raw_html_is_the_same_in_every_mode() {
     let markdown = "# Title\n\nText with [a link](other.md) and `code`[^1].\n\n[^1]: A note.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n";
     assert_eq!(render_sanitized(markdown), render(markdown));
