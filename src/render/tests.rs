@@ -967,6 +967,18 @@ fn template_gets_title_and_content() {
 }
 
 #[test]
+fn the_hidden_self_link_takes_no_room_beside_its_heading() {
+    // The invisible `#` after a heading's text pushed a centred heading
+    // (`<div align="center">` around a markdown heading, as serde_norway's
+    // README has) off centre by half its width.
+    let rule = STYLESHEET
+        .lines()
+        .find(|line| line.starts_with(".anchor {"))
+        .expect("an .anchor rule");
+    assert!(rule.contains("position: absolute"), "{rule}");
+}
+
+#[test]
 fn default_page_has_the_stylesheet() {
     let html = render("text\n");
     assert!(html.contains("<style>\n"));
