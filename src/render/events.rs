@@ -75,12 +75,13 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         }
     }
 
-    /// The title: plain text of the first heading, whitespace collapsed, or
-    /// `None` when there is no heading or it has no text. Meaningful once
-    /// the stream is exhausted.
+    /// The title: plain text of the first heading, white space (any
+    /// Unicode white space, `&emsp;` too) collapsed, or `None` when there is
+    /// no heading or it has no text. Meaningful once the stream is
+    /// exhausted.
     pub(super) fn into_title(self) -> Option<String> {
         let title = self.title?;
-        let collapsed = title.split_ascii_whitespace().collect::<Vec<_>>().join(" ");
+        let collapsed = title.split_whitespace().collect::<Vec<_>>().join(" ");
         (!collapsed.is_empty()).then_some(collapsed)
     }
 

@@ -52,7 +52,7 @@ pub(super) fn has_dangerous_scheme(dest: &str) -> bool {
 }
 
 /// Whether `dest` starts with a URL scheme (`ALPHA *(ALPHA / DIGIT / + / - / .) :`).
-fn has_scheme(dest: &str) -> bool {
+pub(super) fn has_scheme(dest: &str) -> bool {
     let Some((scheme, _)) = dest.split_once(':') else {
         return false;
     };
@@ -63,7 +63,7 @@ fn has_scheme(dest: &str) -> bool {
 
 /// The `.html` form of a relative link to a generated `.md` file of the
 /// bundle, or `None` when the link must stay as written.
-fn rewrite_markdown_link(
+pub(super) fn rewrite_markdown_link(
     dest: &str,
     source_path: &str,
     generated: &BTreeSet<String>,

@@ -32,10 +32,15 @@
 //!   it: text, inline code and image alt text, whitespace collapsed. Raw HTML
 //!   tags are left out when raw HTML is allowed (they are markup) and kept
 //!   when it is escaped (they are then visible text).
-//!   When the first heading has no text, the file name without `.md` is used.
+//!   When the first heading has no text (a logo without alt text), the file
+//!   name without `.md` is used, whether it is written in markdown or raw
+//!   HTML; a later heading is never the title. Any Unicode white space
+//!   (`&emsp;`, `&nbsp;`) collapses to one space.
 //! - A relative `.md` link is rewritten only when its path is literally
 //!   spelled with `.md` at the end; percent-escapes are decoded for the lookup
-//!   only, and a link that climbs above the bundle root is left alone.
+//!   only, and a link that climbs above the bundle root is left alone. In
+//!   sanitize mode the links and images of raw HTML are rewritten the same
+//!   way; allowed raw HTML passes through unchanged.
 //! - Heading ids: see [`ids`]. Each heading ends with a self-link
 //!   `<a class="anchor" href="#id">#</a>`, shown on hover by the default
 //!   stylesheet.

@@ -5,7 +5,9 @@
 //! tables, ...), and nothing that runs, styles or frames (`script`, `style`,
 //! `iframe`, `object`, `embed`, `form`, `svg`, `math`, `base`, `meta`, `link`
 //! go, so do event handlers and `style` attributes); link and image targets
-//! only `http`, `https`, `mailto` or relative; comments dropped.
+//! (`srcset` candidates too) only `http`, `https`, `mailto` or relative;
+//! comments dropped. In-page targets (`id`, `<a name>`) and a table cell's
+//! `valign` stay, as on GitHub.
 //!
 //! What is sanitized is rendered HTML, not each raw fragment on its own, so
 //! that the structure a README builds across markdown and HTML (a centred
@@ -14,14 +16,17 @@
 //! the page goes in stretches: top-level blocks are written as they come,
 //! and a stretch of them is held only from a block with raw HTML to the
 //! next top-level boundary where every element its raw HTML opened is
-//! closed again. A stretch without raw HTML is written as it is: the
-//! allowlist holds everything the renderer itself writes (heading ids and
-//! self-links, footnotes, code languages, task-list boxes), so a page
-//! without raw HTML is the same in every mode.
+//! closed again; only elements the sanitizer keeps count, so a stray
+//! `Vec<u8>` in prose (a tag to an HTML parser) holds nothing open. A
+//! stretch without raw HTML is written as it is: the allowlist holds
+//! everything the renderer itself writes (heading ids and self-links,
+//! footnotes, code languages, task-list boxes), so a page without raw HTML
+//! is the same in every mode.
 
-use super::{LastByte, RenderOptions, events};
+use super::{LastByte, RenderOptions, events, links};
 use pulldown_cmark::{Event, html};
-use std::collections::HashSet;
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashSet};
 use std::io;
 
 /// [`super::render_body`] in sanitize mode: returns the last byte written
@@ -33,7 +38,8 @@ pub(super) fn render_body<'a>(
 ) -> io::Result<(Option<u8>, String)> {
     let mut rewriter = events::Rewriter::new(events, options);
     let mut out = LastByte { sink, last: None };
-    let builder = builder();
+    let builder = builder(options);
+    let kept = builder.clone_tags();
     let mut stretch: Vec<Event<'a>> = Vec::new();
     let mut depth = 0usize;
     let mut open_html = 0i64;
@@ -52,7 +58,7 @@ pub(super) fn render_body<'a>(
             Event::End(_) => depth = depth.saturating_sub(1),
             Event::Html(text) | Event::InlineHtml(text) => {
                 raw = true;
-                open_html += balance(text);
+                open_html += balance(text, &kept);
             }
             _ => {}
         }
@@ -66,7 +72,8 @@ pub(super) fn render_body<'a>(
     flush(&builder, &mut stretch, raw, &mut out, &mut title)?;
     let from_events = rewriter.into_title();
     let title = match title {
-        Some(Some(t)) => Some(t),
+        // The first heading was raw HTML, or inside a stretch that was.
+        Some(Some(t)) => (!t.is_empty()).then_some(t),
         _ => from_events,
     }
     .unwrap_or_else(|| super::file_stem(options.source_path));
@@ -97,10 +104,14 @@ fn flush(
     io::Write::write_all(out, clean.as_bytes())
 }
 
-/// How many elements the raw HTML `text` leaves open: opening tags count
-/// one up, closing tags one down; void elements, self-closing tags,
-/// comments and declarations count nothing.
-fn balance(text: &str) -> i64 {
+/// How many elements the raw HTML `text` leaves open: opening tags of the
+/// elements the sanitizer keeps (`kept`) count one up, their closing tags
+/// one down; void elements, self-closing tags, comments, declarations and
+/// elements the sanitizer removes count nothing. A removed element leaves
+/// nothing behind that could span blocks, and counting it would make a
+/// Rust generic in prose (`Vec<u8>`, `Option<T>`: tags to an HTML parser,
+/// never closed) hold the rest of the page in one stretch.
+fn balance(text: &str, kept: &HashSet<&str>) -> i64 {
     const VOID: [&str; 14] = [
         "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
         "source", "track", "wbr",
@@ -117,7 +128,7 @@ fn balance(text: &str) -> i64 {
         let tag = &rest[1..end];
         rest = &rest[end..];
         let (closing, name) = tag_name(tag);
-        if name.is_empty() || VOID.contains(&name.as_str()) {
+        if name.is_empty() || VOID.contains(&name.as_str()) || !kept.contains(name.as_str()) {
             continue;
         }
         if closing {
@@ -131,11 +142,18 @@ fn balance(text: &str) -> i64 {
 
 /// The allowlist: ammonia's defaults (close to GitHub's), plus what READMEs
 /// and the renderer use, minus every scheme but `http`, `https` and `mailto`.
-fn builder() -> ammonia::Builder<'static> {
+/// A relative link or image to a generated `.md` page of the bundle is
+/// rewritten to its `.html` page, as in markdown (docs/contract.md §10).
+fn builder<'o>(options: &RenderOptions<'o>) -> ammonia::Builder<'o> {
     let mut b = ammonia::Builder::default();
     b.add_tags(["picture", "source", "input"])
         .add_generic_attributes(["id", "align"])
-        .add_tag_attributes("a", ["aria-label"])
+        // `name` is the target of in-page links (`<a name="usage">`).
+        .add_tag_attributes("a", ["aria-label", "name"])
+        // GitHub keeps a table cell's vertical alignment.
+        .add_tag_attributes("td", ["valign"])
+        .add_tag_attributes("th", ["valign"])
+        .add_tag_attributes("tr", ["valign"])
         .add_tag_attributes("img", ["srcset"])
         .add_tag_attributes("source", ["srcset", "media", "type", "width", "height"])
         .add_tag_attributes("input", ["type", "checked", "disabled"])
@@ -149,13 +167,21 @@ fn builder() -> ammonia::Builder<'static> {
         // window (`target` is not allowed), so no `rel` is needed.
         .link_rel(None)
         .strip_comments(true);
-    // Code blocks say their language as `language-NAME`.
+    b.url_relative(ammonia::UrlRelative::Custom(Box::new(MarkdownLinks {
+        source_path: options.source_path,
+        generated: options.generated_markdown,
+    })));
     b.attribute_filter(|element, attribute, value| {
+        // Code blocks say their language as `language-NAME`.
         if element == "code" && attribute == "class" {
             let ok = value
                 .strip_prefix("language-")
                 .is_some_and(|l| !l.is_empty() && l.chars().all(is_language_char));
             return ok.then(|| value.into());
+        }
+        // ammonia checks the schemes of `src` and `href`, not `srcset`.
+        if attribute == "srcset" {
+            return srcset_is_safe(value).then(|| value.into());
         }
         Some(value.into())
     });
@@ -163,14 +189,50 @@ fn builder() -> ammonia::Builder<'static> {
     b
 }
 
+/// Rewrites the relative URLs of raw HTML that lead to a generated `.md`
+/// page, and passes the others through.
+struct MarkdownLinks<'o> {
+    source_path: &'o str,
+    generated: &'o BTreeSet<String>,
+}
+
+impl<'o> ammonia::UrlRelativeEvaluate<'o> for MarkdownLinks<'o> {
+    fn evaluate<'url>(&self, url: &'url str) -> Option<Cow<'url, str>> {
+        Some(
+            match links::rewrite_markdown_link(url, self.source_path, self.generated) {
+                Some(rewritten) => Cow::Owned(rewritten),
+                None => Cow::Borrowed(url),
+            },
+        )
+    }
+}
+
+/// Whether every image candidate of a `srcset` is `http`, `https` or
+/// relative. Every piece between commas and white space is judged as if it
+/// were a URL (descriptors such as `2x` have no scheme), so a URL holding a
+/// comma or a tab is judged by its pieces: a stricter reading than the
+/// browser's, never a looser one.
+fn srcset_is_safe(srcset: &str) -> bool {
+    srcset
+        .split(|c: char| c == ',' || c.is_ascii_whitespace())
+        .all(|piece| {
+            let piece: String = piece
+                .chars()
+                .filter(|c| !c.is_ascii_control())
+                .collect::<String>()
+                .to_ascii_lowercase();
+            !links::has_scheme(&piece) || piece.starts_with("http:") || piece.starts_with("https:")
+        })
+}
+
 fn is_language_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '+' | '#' | '.')
 }
 
 /// The plain text of the first heading (`h1` to `h6`) of `html` (what
-/// [`clean`] wrote), as a reader sees it: its text and image alt text,
-/// without the section self-link, whitespace collapsed. `None` when there
-/// is no heading, or it holds no text.
+/// the sanitizer wrote), as a reader sees it: its text and image alt text,
+/// without the section self-link, whitespace collapsed; empty when the
+/// heading holds no text. `None` when there is no heading.
 pub(super) fn first_heading(html: &str) -> Option<String> {
     let mut text = String::new();
     let mut in_heading: Option<String> = None;
@@ -195,14 +257,7 @@ pub(super) fn first_heading(html: &str) -> Option<String> {
         let heading = matches!(name.as_str(), "h1" | "h2" | "h3" | "h4" | "h5" | "h6");
         match (&in_heading, closing) {
             (None, false) if heading => in_heading = Some(name),
-            (Some(open), true) if *open == name => {
-                let title = collapse(&decode(&text));
-                if !title.is_empty() {
-                    return Some(title);
-                }
-                text.clear();
-                in_heading = None;
-            }
+            (Some(open), true) if *open == name => return Some(collapse(&decode(&text))),
             (Some(_), false) if name == "a" && tag.contains("class=\"anchor\"") => in_anchor += 1,
             (Some(_), true) if name == "a" && in_anchor > 0 => in_anchor -= 1,
             (Some(_), false) if name == "img" && in_anchor == 0 => {
@@ -285,9 +340,25 @@ mod tests {
             ("<a title=\"x > y\" href=\"#\">", 1),
             ("<DIV>", 1),
             ("<picture><source srcset=\"d.png\">", 1),
+            // Rust generics in prose are tags the sanitizer drops: they
+            // hold nothing open (a page with `Vec<u8>` in its first
+            // paragraph was sanitized whole, past its memory limit).
+            ("<u8>", 0),
+            ("<T>", 0),
+            ("<String>", 0),
+            ("<dyn Send>", 0),
+            ("<textarea>", 0),
         ];
+        let generated = std::collections::BTreeSet::new();
+        let options = RenderOptions {
+            raw_html: crate::config::RawHtml::Sanitize,
+            source_path: "a.md",
+            generated_markdown: &generated,
+            template: None,
+        };
+        let kept = builder(&options).clone_tags();
         for (raw, open) in cases {
-            assert_eq!(balance(raw), open, "{raw:?}");
+            assert_eq!(balance(raw, &kept), open, "{raw:?}");
         }
     }
 
@@ -304,8 +375,15 @@ mod tests {
                 Some("Name & Co"),
             ),
             ("<h1><img alt=\"Logo\" src=\"l.png\"></h1>", Some("Logo")),
-            ("<h3></h3><h4>Second</h4>", Some("Second")),
+            // The first heading decides, even without text (the caller
+            // then uses the file name).
+            ("<h3></h3><h4>Second</h4>", Some("")),
+            ("<h1>Serde&nbsp;\u{2003}Norway</h1>", Some("Serde Norway")),
             ("<p title=\"<h1>no</h1>\">text</p>", None),
+            (
+                "<h1 align=\"center\"><img src=\"l.svg\"></h1><h2>Features</h2>",
+                Some(""),
+            ),
             ("<p>no heading</p>", None),
         ];
         for (html, title) in cases {

@@ -159,12 +159,16 @@ fn raw_html_is_escaped_in_escape_mode() {
 }
 
 fn render_sanitized(markdown: &str) -> String {
-    let generated = set(&[]);
+    render_sanitized_with(markdown, "docs/report.md", &[])
+}
+
+fn render_sanitized_with(markdown: &str, source: &str, generated: &[&str]) -> String {
+    let generated = set(generated);
     markdown_to_html(
         markdown,
         &RenderOptions {
             raw_html: RawHtml::Sanitize,
-            source_path: "docs/report.md",
+            source_path: source,
             generated_markdown: &generated,
             template: None,
         },
@@ -210,6 +214,18 @@ const XSS: &[(&str, &str)] = &[
     (
         "<noscript><p title=\"</noscript><img src=x onerror=alert(1)>\">\n",
         "onerror",
+    ),
+    (
+        "<img srcset=\"data:image/svg+xml,<svg onload=alert(1)> 1x\" src=\"a.png\">\n",
+        "data:",
+    ),
+    (
+        "<picture><source srcset=\"javascript:alert(1)\"><img src=\"a.png\"></picture>\n",
+        "javascript:",
+    ),
+    (
+        "<img srcset=\"a.png 1x, JavaScript:alert(1) 2x\">\n",
+        "javascript:",
     ),
 ];
 
@@ -283,6 +299,99 @@ fn sanitize_keeps_what_readmes_use_and_drops_comments() {
     assert!(!content.contains("&lt;"), "markup shown as text: {content}");
     // The title is the first heading, inside raw HTML.
     assert!(html.contains("<title>Project Name</title>"), "{html}");
+}
+
+#[test]
+fn sanitize_keeps_named_anchors_and_cell_alignment() {
+    // portable-atomic's README links to `<a name>` targets; Node's
+    // CHANGELOG.md tops the cells of its version table with `valign`.
+    let html = render_sanitized(
+        "## <a name=\"optional-features\"></a>Optional features\n\nSee [the features](#optional-features).\n\n<table>\n<tr>\n<td valign=\"top\">\n<a href=\"#v20\">20.20.2</a><br/>\n</td>\n</tr>\n</table>\n",
+    );
+    let content = body(&html);
+    for kept in [
+        "<a name=\"optional-features\"></a>Optional features",
+        "<a href=\"#optional-features\">the features</a>",
+        "<td valign=\"top\">",
+    ] {
+        assert!(content.contains(kept), "{kept} missing from {content}");
+    }
+}
+
+#[test]
+fn srcset_keeps_http_and_relative_candidates_only() {
+    // (srcset, kept)
+    let cases = [
+        ("dark.png", true),
+        ("a.png 1x, https://x.example/b.png 2x", true),
+        ("./w.png 480w,../x/y.png 800w", true),
+        ("http://x.example/a,b.png 1x", true),
+        ("a.png 1x, data:image/png;base64,AAAA 2x", false),
+        ("java\tscript:alert(1)", false),
+        ("  javascript:alert(1) 1x", false),
+        ("ftp://x.example/a.png", false),
+    ];
+    for (srcset, kept) in cases {
+        let markdown = format!("<img srcset=\"{srcset}\" src=\"a.png\">\n");
+        let content = body(&render_sanitized(&markdown)).to_owned();
+        assert_eq!(content.contains("srcset="), kept, "{srcset:?}: {content}");
+    }
+}
+
+#[test]
+fn raw_html_links_to_generated_pages_are_rewritten_when_sanitized() {
+    // Node's CHANGELOG.md links each version's page from an HTML table and
+    // from a markdown list: both must reach the generated page.
+    let markdown = "<table><tr><td><a href=\"changelogs/V20.md#20.20.2\">20.20.2</a></td></tr></table>\n\n\
+                    * [Node.js 20](changelogs/V20.md)\n\n\
+                    <a href=\"missing.md\">m</a> <a href=\"https://x.example/y.md\">y</a> <a href=\"/abs.md\">a</a>\n";
+    let generated = ["docs/changelogs/V20.md"];
+    let html = render_sanitized_with(markdown, "docs/report.md", &generated);
+    let content = body(&html);
+    for href in [
+        "href=\"changelogs/V20.html#20.20.2\"",
+        "href=\"changelogs/V20.html\"",
+        "href=\"missing.md\"",
+        "href=\"https://x.example/y.md\"",
+        "href=\"/abs.md\"",
+    ] {
+        assert!(content.contains(href), "{href} missing from {content}");
+    }
+    // Allowed raw HTML passes through unchanged (docs/contract.md §10).
+    let allowed = render_with(markdown, "docs/report.md", &generated, true);
+    assert!(
+        allowed.contains("href=\"changelogs/V20.md#20.20.2\""),
+        "{allowed}"
+    );
+}
+
+#[test]
+fn a_first_heading_without_text_gives_the_file_name_in_every_mode() {
+    // quinn's README opens with a centred logo as its only `<h1>`.
+    let raw = "<h1 align=\"center\"><img width=\"500\" src=\"logo.svg\"></h1>\n\n## Features\n";
+    assert_eq!(title(&render_sanitized(raw)), "report");
+    let markdown = "# ![](logo.svg)\n\n## Features\n";
+    assert_eq!(title(&render(markdown)), "report");
+    assert_eq!(title(&render_allow(markdown)), "report");
+    assert_eq!(title(&render_sanitized(markdown)), "report");
+    // A raw heading with text is the title, as before.
+    let named = "<h1 align=\"center\"><img src=\"logo.svg\" alt=\"quinn\"></h1>\n\n## Features\n";
+    assert_eq!(title(&render_sanitized(named)), "quinn");
+}
+
+#[test]
+fn the_title_collapses_every_kind_of_whitespace() {
+    // serde's README: `# Serde &emsp; [![Build Status]][actions] ...`.
+    let markdown = "# Serde &emsp; [![Build Status](b.svg)](https://x.example)\n";
+    for html in [
+        render(markdown),
+        render_allow(markdown),
+        render_sanitized(markdown),
+    ] {
+        assert_eq!(title(&html), "Serde Build Status");
+    }
+    let raw = "<h1>Serde&emsp;&nbsp;Norway</h1>\n";
+    assert_eq!(title(&render_sanitized(raw)), "Serde Norway");
 }
 
 #[test]
@@ -855,6 +964,18 @@ fn template_gets_title_and_content() {
         !html.contains("<style>"),
         "no built-in stylesheet with a template"
     );
+}
+
+#[test]
+fn the_hidden_self_link_takes_no_room_beside_its_heading() {
+    // The invisible `#` after a heading's text pushed a centred heading
+    // (`<div align="center">` around a markdown heading, as serde_norway's
+    // README has) off centre by half its width.
+    let rule = STYLESHEET
+        .lines()
+        .find(|line| line.starts_with(".anchor {"))
+        .expect("an .anchor rule");
+    assert!(rule.contains("position: absolute"), "{rule}");
 }
 
 #[test]
