@@ -53,7 +53,14 @@ pub(super) struct Rewriter<'a, 'o, I> {
     ids: Ids,
     /// Plain text of the first heading; `Some` once it has been seen.
     title: Option<String>,
+    /// Allowed raw HTML seen before the first heading (raw HTML allowed
+    /// only), looked through for a heading written in raw HTML.
+    raw_before: Option<String>,
 }
+
+/// The most raw HTML before the first heading that is looked through for a
+/// heading: a README's opening banner, not a document.
+const RAW_TITLE_CAP: usize = 64 * 1024;
 
 impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
     pub(super) fn new(inner: I, options: &'o RenderOptions<'o>) -> Self {
@@ -72,6 +79,29 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
             definitions: Vec::new(),
             ids: Ids::default(),
             title: None,
+            raw_before: (options.raw_html == RawHtml::Allow).then(String::new),
+        }
+    }
+
+    /// With raw HTML allowed, a heading written in raw HTML before any
+    /// markdown heading is the title too (docs/contract.md §16.4).
+    fn look_for_raw_title(&mut self, html: &str) {
+        if self.title.is_some() || self.heading.is_some() {
+            return;
+        }
+        let Some(raw) = self.raw_before.as_mut() else {
+            return;
+        };
+        if raw.len() + html.len() > RAW_TITLE_CAP {
+            self.raw_before = None;
+            return;
+        }
+        raw.push_str(html);
+        if html.contains("</")
+            && let Some(title) = super::sanitize::first_heading(raw)
+        {
+            self.title = Some(title);
+            self.raw_before = None;
         }
     }
 
@@ -194,7 +224,12 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
             Event::InlineHtml(text) if self.escape => self.emit(Event::Text(text)),
             Event::InlineHtml(text) => {
                 self.track_raw_anchor(&text);
+                self.look_for_raw_title(&text);
                 self.emit(Event::InlineHtml(text));
+            }
+            Event::Html(text) => {
+                self.look_for_raw_title(&text);
+                self.emit(Event::Html(text));
             }
             Event::Text(text) => {
                 if self.in_link == 0 && self.in_raw_anchor == 0 && !self.in_code_block {

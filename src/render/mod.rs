@@ -31,7 +31,9 @@
 //! - The `<title>` is the plain text of the first heading as a reader sees
 //!   it: text, inline code and image alt text, whitespace collapsed. Raw HTML
 //!   tags are left out when raw HTML is allowed (they are markup) and kept
-//!   when it is escaped (they are then visible text).
+//!   when it is escaped (they are then visible text). When sanitized or
+//!   allowed, a heading written in raw HTML (`<h1 align="center">`) counts
+//!   as a heading: the first one, raw or markdown, is the title.
 //!   When the first heading has no text (a logo without alt text), the file
 //!   name without `.md` is used, whether it is written in markdown or raw
 //!   HTML; a later heading is never the title. Any Unicode white space

@@ -131,6 +131,29 @@ fn title_leaves_out_raw_html_when_allowed() {
 }
 
 #[test]
+fn a_heading_written_in_raw_html_is_the_title_when_raw_html_is_allowed() {
+    let cases: &[(&str, &str)] = &[
+        // (markdown, title)
+        (
+            "<div align=\"center\">\n<h1>Project <img alt=\"logo\" src=\"l.png\"></h1>\n</div>\n\n## Features\n",
+            "Project logo",
+        ),
+        (
+            "<h1 align=\"center\">\n  <code>tool</code>\n</h1>\n\n# Later\n",
+            "tool",
+        ),
+        ("# First\n\n<h1>Raw later</h1>\n", "First"),
+        // A first heading without text gives the file name, never a later one.
+        ("<h1><img src=\"logo.png\"></h1>\n\n# Second\n", "report"),
+        ("<p>no heading</p>\n\n## Markdown one\n", "Markdown one"),
+    ];
+    for (markdown, expected) in cases {
+        let html = render_with(markdown, "docs/report.md", &[], true);
+        assert_eq!(title(&html), *expected, "markdown {markdown:?}");
+    }
+}
+
+#[test]
 fn raw_html_is_escaped_in_escape_mode() {
     let cases: &[(&str, &str)] = &[
         (
