@@ -241,8 +241,6 @@ impl Metrics {
         let now = unix_seconds(now);
         let state = self.lock().clone();
         let mut out = String::new();
-
-        let pipelines: Vec<_> = state.pipelines.iter().collect();
         family(
             &mut out,
             "config_last_reload_successful",
@@ -250,161 +248,17 @@ impl Metrics {
             "0 when the last reload of the config (SIGHUP) was refused and the agent still serves the config it had, else 1.",
             std::iter::once((Vec::new(), u64::from(state.reload_refused.is_none()))),
         );
-        family(
-            &mut out,
-            "bundles_done_total",
-            "counter",
-            "Bundles published and moved to done/ since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.bundles_done)),
-        );
-        family(
-            &mut out,
-            "bundles_failed_total",
-            "counter",
-            "Bundles moved to failed/ since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.bundles_failed)),
-        );
-        family(
-            &mut out,
-            "published_bytes_total",
-            "counter",
-            "Bytes written into destination roots since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.published_bytes)),
-        );
-        family(
-            &mut out,
-            "batch_fallbacks_total",
-            "counter",
-            "Batches that stepped aside (their bundles were then published one by one) since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.batch_fallbacks)),
-        );
-        family(
-            &mut out,
-            "cross_device_copies_total",
-            "counter",
-            "Outputs copied into a folder of their root that is on another file system (a mount point), instead of renamed into place, since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.cross_device_copies)),
-        );
-        family(
-            &mut out,
-            "file_by_file_syncs_total",
-            "counter",
-            "Publications into a root made durable by a fsync of each file and folder rather than one barrier of the file system (the machine had much else waiting to be written back), since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.file_by_file_syncs)),
-        );
-        family(
-            &mut out,
-            "deferrals_total",
-            "counter",
-            "Transient failures after which a bundle stayed in work/ to be tried again later, since the agent started.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], s.deferrals)),
-        );
-        family(
-            &mut out,
-            "deferred_bundles",
-            "gauge",
-            "Bundles of the pipeline deferred now (kept in work/ after a transient failure, waiting for their next try).",
-            pipelines.iter().map(|(p, s)| {
-                (
-                    vec![("pipeline", p.as_str())],
-                    u64::from(s.deferred_since.is_some()),
-                )
-            }),
-        );
-        family(
-            &mut out,
-            "oldest_deferred_age_seconds",
-            "gauge",
-            "Seconds since the first failure of the pipeline's oldest deferred bundle; 0 when none is deferred.",
-            pipelines.iter().map(|(p, s)| {
-                (
-                    vec![("pipeline", p.as_str())],
-                    s.deferred_since.map_or(0, |t| now.saturating_sub(t)),
-                )
-            }),
-        );
-        family(
-            &mut out,
-            "pipeline_held",
-            "gauge",
-            "1 while `distributor spool hold` holds the pipeline (nothing new is claimed), else 0.",
-            pipelines
-                .iter()
-                .map(|(p, s)| (vec![("pipeline", p.as_str())], u64::from(s.held))),
-        );
-        family(
-            &mut out,
-            "spool_bundles",
-            "gauge",
-            "Bundles in each spool folder (inbox, work, done, failed) when last counted.",
-            state.queues.iter().map(|((p, spool), depth)| {
-                (
-                    vec![("pipeline", p.as_str()), ("spool", spool.as_str())],
-                    *depth,
-                )
-            }),
-        );
-        family(
-            &mut out,
-            "destination_last_success_timestamp_seconds",
-            "gauge",
-            "Unix time of the last successful publication to the destination; absent until one happens after start.",
-            state.destinations.iter().filter_map(|((p, d), s)| {
-                s.last_success.map(|at| {
-                    (
-                        vec![("pipeline", p.as_str()), ("destination", d.as_str())],
-                        at,
-                    )
-                })
-            }),
-        );
-        family(
-            &mut out,
-            "prune_deletions_total",
-            "counter",
-            "Outputs deleted from the destination by scheduled pruning since the agent started.",
-            state.destinations.iter().map(|((p, d), s)| {
-                (
-                    vec![("pipeline", p.as_str()), ("destination", d.as_str())],
-                    s.prune_deletions,
-                )
-            }),
-        );
+        render_pipelines(&mut out, &state, now);
+        render_destinations(&mut out, &state);
         family(
             &mut out,
             "signature_refusals_total",
             "counter",
             "Bundles refused because of their signature (signatures in the pipeline's config), by reason, since the agent started.",
-            pipelines.iter().flat_map(|(p, s)| {
+            state.pipelines.iter().flat_map(|(p, s)| {
                 s.signature_refusals
                     .iter()
                     .map(|(reason, n)| (vec![("pipeline", p.as_str()), ("reason", *reason)], *n))
-            }),
-        );
-        family(
-            &mut out,
-            "hook_failures_total",
-            "counter",
-            "after_publish hooks of the destination that exited non-zero, could not start or were killed at their timeout, since the agent started (the publications stand).",
-            state.destinations.iter().map(|((p, d), s)| {
-                (
-                    vec![("pipeline", p.as_str()), ("destination", d.as_str())],
-                    s.hook_failures,
-                )
             }),
         );
         out
@@ -462,6 +316,162 @@ impl State {
 
 fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The families of every pipeline's series, ages counted up to `now`
+/// (Unix seconds).
+fn render_pipelines(out: &mut String, state: &State, now: u64) {
+    let pipelines: Vec<_> = state.pipelines.iter().collect();
+    family(
+        out,
+        "bundles_done_total",
+        "counter",
+        "Bundles published and moved to done/ since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.bundles_done)),
+    );
+    family(
+        out,
+        "bundles_failed_total",
+        "counter",
+        "Bundles moved to failed/ since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.bundles_failed)),
+    );
+    family(
+        out,
+        "published_bytes_total",
+        "counter",
+        "Bytes written into destination roots since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.published_bytes)),
+    );
+    family(
+        out,
+        "batch_fallbacks_total",
+        "counter",
+        "Batches that stepped aside (their bundles were then published one by one) since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.batch_fallbacks)),
+    );
+    family(
+        out,
+        "cross_device_copies_total",
+        "counter",
+        "Outputs copied into a folder of their root that is on another file system (a mount point), instead of renamed into place, since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.cross_device_copies)),
+    );
+    family(
+        out,
+        "file_by_file_syncs_total",
+        "counter",
+        "Publications into a root made durable by a fsync of each file and folder rather than one barrier of the file system (the machine had much else waiting to be written back), since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.file_by_file_syncs)),
+    );
+    family(
+        out,
+        "deferrals_total",
+        "counter",
+        "Transient failures after which a bundle stayed in work/ to be tried again later, since the agent started.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], s.deferrals)),
+    );
+    family(
+        out,
+        "deferred_bundles",
+        "gauge",
+        "Bundles of the pipeline deferred now (kept in work/ after a transient failure, waiting for their next try).",
+        pipelines.iter().map(|(p, s)| {
+            (
+                vec![("pipeline", p.as_str())],
+                u64::from(s.deferred_since.is_some()),
+            )
+        }),
+    );
+    family(
+        out,
+        "oldest_deferred_age_seconds",
+        "gauge",
+        "Seconds since the first failure of the pipeline's oldest deferred bundle; 0 when none is deferred.",
+        pipelines.iter().map(|(p, s)| {
+            (
+                vec![("pipeline", p.as_str())],
+                s.deferred_since.map_or(0, |t| now.saturating_sub(t)),
+            )
+        }),
+    );
+    family(
+        out,
+        "pipeline_held",
+        "gauge",
+        "1 while `distributor spool hold` holds the pipeline (nothing new is claimed), else 0.",
+        pipelines
+            .iter()
+            .map(|(p, s)| (vec![("pipeline", p.as_str())], u64::from(s.held))),
+    );
+    family(
+        out,
+        "spool_bundles",
+        "gauge",
+        "Bundles in each spool folder (inbox, work, done, failed) when last counted.",
+        state.queues.iter().map(|((p, spool), depth)| {
+            (
+                vec![("pipeline", p.as_str()), ("spool", spool.as_str())],
+                *depth,
+            )
+        }),
+    );
+}
+
+/// The families of every destination's series.
+fn render_destinations(out: &mut String, state: &State) {
+    family(
+        out,
+        "destination_last_success_timestamp_seconds",
+        "gauge",
+        "Unix time of the last successful publication to the destination; absent until one happens after start.",
+        state.destinations.iter().filter_map(|((p, d), s)| {
+            s.last_success.map(|at| {
+                (
+                    vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                    at,
+                )
+            })
+        }),
+    );
+    family(
+        out,
+        "prune_deletions_total",
+        "counter",
+        "Outputs deleted from the destination by scheduled pruning since the agent started.",
+        state.destinations.iter().map(|((p, d), s)| {
+            (
+                vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                s.prune_deletions,
+            )
+        }),
+    );
+    family(
+        out,
+        "hook_failures_total",
+        "counter",
+        "after_publish hooks of the destination that exited non-zero, could not start or were killed at their timeout, since the agent started (the publications stand).",
+        state.destinations.iter().map(|((p, d), s)| {
+            (
+                vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                s.hook_failures,
+            )
+        }),
+    );
 }
 
 /// Appends one metric family: HELP and TYPE lines, then one line per series.
@@ -592,13 +602,13 @@ distributor_destination_last_success_timestamp_seconds{pipeline=\"reports\",dest
 # TYPE distributor_prune_deletions_total counter
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"mirror\"} 0
 distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
-# HELP distributor_signature_refusals_total Bundles refused because of their signature (signatures in the pipeline's config), by reason, since the agent started.
-# TYPE distributor_signature_refusals_total counter
-distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"} 2
 # HELP distributor_hook_failures_total after_publish hooks of the destination that exited non-zero, could not start or were killed at their timeout, since the agent started (the publications stand).
 # TYPE distributor_hook_failures_total counter
 distributor_hook_failures_total{pipeline=\"reports\",destination=\"mirror\"} 0
 distributor_hook_failures_total{pipeline=\"reports\",destination=\"site\"} 1
+# HELP distributor_signature_refusals_total Bundles refused because of their signature (signatures in the pipeline's config), by reason, since the agent started.
+# TYPE distributor_signature_refusals_total counter
+distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"} 2
 ";
         assert_eq!(m.render_at(now), want);
         // Rendering does not change anything.

@@ -904,16 +904,10 @@ mod tests {
         plan(&input)
     }
 
-    #[test]
-    fn action_table() {
+    /// Outputs planned into a root without a usable catalog.
+    fn cases_without_a_catalog() -> Vec<Case> {
         use Workflow::{Additive, Replacement};
-        let old = source("bundle-1");
-        let new = source("bundle-2");
-        let same_instant = SourceIdentity {
-            created: t("2026-06-04T13:55:00+02:00"),
-            ..new.clone()
-        };
-        let cases = vec![
+        vec![
             Case {
                 name: "publish_new into a missing root",
                 workflow: Additive,
@@ -994,6 +988,19 @@ mod tests {
                 unmanaged: &[],
                 recorded: None,
             },
+        ]
+    }
+
+    /// Outputs planned over a catalog: additive, replacement, skip_same.
+    fn cases_over_a_catalog() -> Vec<Case> {
+        use Workflow::{Additive, Replacement};
+        let old = source("bundle-1");
+        let new = source("bundle-2");
+        let same_instant = SourceIdentity {
+            created: t("2026-06-04T13:55:00+02:00"),
+            ..new.clone()
+        };
+        vec![
             Case {
                 name: "additive keeps every other record",
                 workflow: Additive,
@@ -1102,6 +1109,14 @@ mod tests {
                 unmanaged: &[],
                 recorded: Some(&["r.html"]),
             },
+        ]
+    }
+
+    /// What storage holds at or above a planned path.
+    fn cases_of_storage() -> Vec<Case> {
+        use Workflow::{Additive, Replacement};
+        let old = source("bundle-1");
+        vec![
             Case {
                 name: "an unrecorded file at a planned path is unmanaged",
                 workflow: Additive,
@@ -1193,6 +1208,13 @@ mod tests {
                 unmanaged: &[],
                 recorded: Some(&["r.html"]),
             },
+        ]
+    }
+
+    /// `--force`, and legacy state.
+    fn cases_forced_or_legacy() -> Vec<Case> {
+        use Workflow::{Additive, Replacement};
+        vec![
             Case {
                 name: "force replaces invalid state and unmanaged content",
                 workflow: Additive,
@@ -1245,45 +1267,62 @@ mod tests {
                 unmanaged: &[],
                 recorded: Some(&["a/r.html", "r.html"]),
             },
+        ]
+    }
+
+    /// Plans `case` and checks the plan, the catalog it leaves, and that
+    /// planning over a batch's catalog view or without the top level
+    /// changes nothing.
+    fn check(case: &Case) {
+        let plan = run(case);
+        let name = case.name;
+        assert_eq!(plan.action, case.action, "{name}: {:?}", plan.error);
+        let writes: Vec<&str> = plan.writes.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(writes, case.writes, "{name}: writes");
+        assert_eq!(plan.deletes, case.deletes, "{name}: deletes");
+        assert_eq!(plan.unmanaged, case.unmanaged, "{name}: unmanaged");
+        assert_eq!(
+            plan.error.is_some(),
+            case.action.is_refusal(),
+            "{name}: error"
+        );
+        let after = plan.update.as_ref().map(|u| u.apply(current(&case.state)));
+        let recorded: Option<Vec<&str>> = after
+            .as_ref()
+            .map(|c| c.outputs.iter().map(|r| r.path.as_str()).collect());
+        assert_eq!(recorded.as_deref(), case.recorded, "{name}: catalog");
+        // A batch plans over the records the plan can consult.
+        if let (State::Catalog(c), false) = (&case.state, case.force) {
+            let records = Overlay::new(c.clone());
+            let view = catalog_view(&records, &case.desired, case.workflow, P, D);
+            let viewed = run(&Case {
+                state: State::Catalog(view),
+                ..case.clone()
+            });
+            assert_eq!(viewed, plan, "{name}: plan over the catalog view");
+        }
+        // The publisher lists the top level only when planning needs it.
+        if !needs_top_level(&case.state, case.force) {
+            let mut listing = case.listing.clone();
+            listing.top_level.clear();
+            let without = run(&Case {
+                listing,
+                ..case.clone()
+            });
+            assert_eq!(without, plan, "{name}: plan depends on the top level");
+        }
+    }
+
+    #[test]
+    fn action_table() {
+        let cases = [
+            cases_without_a_catalog(),
+            cases_over_a_catalog(),
+            cases_of_storage(),
+            cases_forced_or_legacy(),
         ];
-        for case in &cases {
-            let plan = run(case);
-            let name = case.name;
-            assert_eq!(plan.action, case.action, "{name}: {:?}", plan.error);
-            let writes: Vec<&str> = plan.writes.iter().map(|d| d.path.as_str()).collect();
-            assert_eq!(writes, case.writes, "{name}: writes");
-            assert_eq!(plan.deletes, case.deletes, "{name}: deletes");
-            assert_eq!(plan.unmanaged, case.unmanaged, "{name}: unmanaged");
-            assert_eq!(
-                plan.error.is_some(),
-                case.action.is_refusal(),
-                "{name}: error"
-            );
-            let after = plan.update.as_ref().map(|u| u.apply(current(&case.state)));
-            let recorded: Option<Vec<&str>> = after
-                .as_ref()
-                .map(|c| c.outputs.iter().map(|r| r.path.as_str()).collect());
-            assert_eq!(recorded.as_deref(), case.recorded, "{name}: catalog");
-            // A batch plans over the records the plan can consult.
-            if let (State::Catalog(c), false) = (&case.state, case.force) {
-                let records = Overlay::new(c.clone());
-                let view = catalog_view(&records, &case.desired, case.workflow, P, D);
-                let viewed = run(&Case {
-                    state: State::Catalog(view),
-                    ..case.clone()
-                });
-                assert_eq!(viewed, plan, "{name}: plan over the catalog view");
-            }
-            // The publisher lists the top level only when planning needs it.
-            if !needs_top_level(&case.state, case.force) {
-                let mut listing = case.listing.clone();
-                listing.top_level.clear();
-                let without = run(&Case {
-                    listing,
-                    ..case.clone()
-                });
-                assert_eq!(without, plan, "{name}: plan depends on the top level");
-            }
+        for case in cases.iter().flatten() {
+            check(case);
         }
     }
 

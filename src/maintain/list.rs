@@ -1,11 +1,11 @@
 //! Listing a root's catalog (every owner's records) as JSON or as an
 //! aligned table. Read-only: it creates and changes nothing.
 
-use super::session::{Access, Session, open};
+use super::session::{open, read, report_pending};
 use super::{MaintainError, Target, json_text};
 use crate::catalog::{OutputRecord, format_time};
 use crate::clock::now_millis;
-use crate::config::Backend;
+use crate::publish::Access;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -87,18 +87,11 @@ impl CatalogReport {
 
 /// Lists every record of the target's root (all owners).
 pub fn catalog(target: &Target) -> Result<CatalogReport, MaintainError> {
-    if let Backend::S3(location) = &target.destination.backend {
-        return super::s3::catalog(target, location);
-    }
-    let mut report = CatalogReport {
+    let mut root = open(target, Access::Read, now_millis())?;
+    let catalog = read(target, &mut root)?;
+    report_pending(target, &root)?;
+    Ok(CatalogReport {
         root: target.root_text(),
-        outputs: Vec::new(),
-    };
-    if let Some(Session {
-        catalog: Some(c), ..
-    }) = open(target, Access::Read, now_millis())?
-    {
-        report.outputs = c.outputs;
-    }
-    Ok(report)
+        outputs: catalog.map(|c| c.outputs).unwrap_or_default(),
+    })
 }

@@ -1,25 +1,24 @@
 //! Maintenance of one destination root: retention pruning, reconciling the
 //! catalog with storage, verifying managed outputs, and listing the catalog.
 //!
-//! Every operation works on one root, under its lock, through the
-//! root-bounded operations of `storage`. Before reading the catalog it
-//! classifies the state file and refuses (changing nothing) when it is
-//! invalid, written by a newer tool, or legacy; it then finishes an
-//! interrupted publication when it is about to write (`journal::recover`).
-//! Read-only operations (dry runs, `verify`, `catalog`) create nothing: no
-//! root, no lock file, no temporary file.
+//! Written once for every backend: a root is opened through the backend
+//! trait publication uses (`publish::Target`, opened by
+//! `publish::open_to_maintain`), which locks a local root and settles its
+//! journal, or recovers a bucket's stale intents, before a command writes.
+//! Before reading the catalog each command refuses (changing nothing) state
+//! that is invalid, written by a newer tool, or legacy. Read-only
+//! operations (dry runs, `verify`, `catalog`) create nothing: no root, no
+//! lock file, no temporary file, no object. `prune` deletes through the
+//! commit a publication makes; a bucket's commit that lost a race to
+//! another publisher is planned again from the catalog it left.
 //!
 //! It must never delete anything but the catalog-recorded outputs selected
 //! by a prune policy, never touch another owner's outputs when scoped to
 //! one, never adopt unmanaged content, and never print.
-//!
-//! An s3 destination (`backend: s3`) has no lock and no journal: each
-//! command does the same work through `s3` (compare-and-swap of the
-//! catalog, the commit protocol's intents); see `s3.rs` in this module.
 
-use crate::catalog::STATE_FILE;
-use crate::config::{Backend, Destination};
+use crate::config::Destination;
 use crate::lock::LockError;
+use crate::publish::{self, Fault};
 use serde::Serialize;
 use std::io;
 use std::time::Duration;
@@ -27,7 +26,6 @@ use std::time::Duration;
 mod list;
 mod prune;
 mod reconcile;
-mod s3;
 mod selection;
 mod session;
 mod verify;
@@ -41,6 +39,10 @@ pub use reconcile::{ReconcileReport, reconcile};
 pub use selection::select_prunable;
 pub use verify::{VerifyReport, verify};
 
+/// How often a command plans again after another publisher changed the
+/// catalog of an s3 root under it (a compare-and-swap lost).
+const ROUNDS: usize = 8;
+
 /// The destination root a maintenance command works on, and whose outputs
 /// are "its own" (the owner `pipeline_id` / `destination.id`).
 #[derive(Debug, Clone, Copy)]
@@ -53,35 +55,31 @@ pub struct Target<'a> {
 impl Target<'_> {
     /// The root for messages: a folder, or `s3://bucket/path at endpoint`.
     fn root_text(&self) -> String {
-        match &self.destination.backend {
-            Backend::S3(l) => l.to_string(),
-            Backend::Local => self.destination.root.display().to_string(),
-        }
+        publish::root_label(self.destination)
     }
 
     /// The root's catalog for messages: `<root>/.distributor.json`, or
     /// `s3://bucket/path/.distributor.json at endpoint`.
     fn state_file_text(&self) -> String {
-        match &self.destination.backend {
-            Backend::S3(l) => {
-                let mut text = format!("s3://{}/", l.bucket);
-                if !l.path.is_empty() {
-                    text.push_str(&l.path);
-                    text.push('/');
-                }
-                text.push_str(STATE_FILE);
-                if let Some(endpoint) = &l.endpoint {
-                    text.push_str(" at ");
-                    text.push_str(endpoint);
-                }
-                text
-            }
-            Backend::Local => format!("{}/{STATE_FILE}", self.root_text()),
-        }
+        publish::state_file_label(self.destination)
     }
 
     fn owner(&self) -> String {
         format!("{}/{}", self.pipeline_id, self.destination.id)
+    }
+
+    /// Why the command stops, from what the root's backend met.
+    fn error(&self, fault: Fault) -> MaintainError {
+        match fault {
+            Fault::Unusable(state) => session::refusal(self, state),
+            Fault::Lock(e) => MaintainError::Lock(e),
+            Fault::Io { doing, source } => MaintainError::Io {
+                root: self.root_text(),
+                doing,
+                source,
+            },
+            Fault::Store { message, source } => MaintainError::S3 { message, source },
+        }
     }
 }
 
@@ -165,16 +163,6 @@ impl MaintainError {
             MaintainError::S3 { source, .. } => source.is_transient(),
             _ => false,
         }
-    }
-}
-
-fn io_error(target: &Target, doing: impl Into<String>) -> impl FnOnce(io::Error) -> MaintainError {
-    let root = target.root_text();
-    let doing = doing.into();
-    move |source| MaintainError::Io {
-        root,
-        doing,
-        source,
     }
 }
 

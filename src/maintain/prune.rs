@@ -1,18 +1,17 @@
-//! Retention pruning of one owner's outputs in a local root: the selection
-//! ([`select_prunable`]) applied, journaled first. It must never delete what
-//! the policy did not select, a symlink's target, or a folder standing at a
-//! selected path.
+//! Retention pruning of one owner's outputs: the selection
+//! ([`select_prunable`]) applied through the root's commit (journaled
+//! first in a local root; a compare-and-swap in a bucket, planned again
+//! when another publisher changed a selected record meanwhile). It must
+//! never delete what the policy did not select, a symlink's target, or a
+//! folder standing at a selected path.
 
 use super::selection::select_prunable;
-use super::session::{Access, open, write_catalog};
-use super::{MaintainError, Target, io_error, json_text};
-use crate::config::Backend;
-use crate::journal::{JOURNAL_FILE, Journal};
-use crate::storage::{Entry, Root};
+use super::session::{Root, open, read, report_pending};
+use super::{MaintainError, ROUNDS, Target, json_text};
+use crate::catalog::Catalog;
+use crate::publish::{Access, Change, Fault};
 use serde::Serialize;
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::io;
 use time::OffsetDateTime;
 
 /// Result of `prune` (`prune --json`). On a dry run `deletes` is what
@@ -59,12 +58,13 @@ impl PruneReport {
 /// Retention pruning for the target's owner (docs/contract.md §9, §11.7).
 ///
 /// A dry run (`apply` false) reports the selection and changes nothing. With
-/// `apply` it deletes the selected files (a symlink now at a selected path
+/// `apply` it deletes the selected outputs (a symlink now at a selected path
 /// is removed, never its target; a folder now there is left alone, keeps
-/// its record and is logged), drops the records of files deleted or already
-/// gone, removes folders this emptied, and rewrites the catalog with
-/// `updated_at = now`. The deletions are journaled first, so if the process
-/// dies half-way the next holder of the lock drops the right records.
+/// its record and is logged), drops the records of outputs deleted or
+/// already gone, removes folders this emptied, and rewrites the catalog
+/// with `updated_at = now`, all through the commit a publication makes: if
+/// the process dies half-way, whoever opens the root next drops the right
+/// records.
 pub fn prune(
     target: &Target,
     apply: bool,
@@ -85,91 +85,68 @@ pub fn prune(
         destination_id: d.id.clone(),
         deletes: Vec::new(),
     };
-    if let Backend::S3(location) = &d.backend {
-        return super::s3::prune(target, location, policy, apply, now, report);
-    }
-    let access = if apply { Access::Write } else { Access::Read };
-    let Some(session) = open(target, access, now)? else {
-        return Ok(report);
-    };
-    let Some(mut catalog) = session.catalog else {
-        return Ok(report);
-    };
-    let selected = select_prunable(&catalog.outputs, target.pipeline_id, &d.id, policy, now);
-    if !apply || selected.is_empty() {
-        report.deletes = selected;
+    let select = |c: &Catalog| select_prunable(&c.outputs, target.pipeline_id, &d.id, policy, now);
+    if !apply {
+        let mut root = open(target, Access::Read, now)?;
+        let catalog = read(target, &mut root)?;
+        report_pending(target, &root)?;
+        report.deletes = catalog.as_ref().map(select).unwrap_or_default();
         return Ok(report);
     }
-
-    let root = &session.root;
-    let journal = Journal {
-        deletes: selected.clone(),
-        ..Journal::default()
-    };
-    root.write_reserved(JOURNAL_FILE, &journal.to_json())
-        .map_err(io_error(target, format!("cannot write {JOURNAL_FILE}")))?;
-    let mut dropped = BTreeSet::new();
-    let mut failure = None;
-    for path in &selected {
-        match delete_output(root, path) {
-            Ok(true) => {
-                dropped.insert(path.clone());
+    let mut root = open(target, Access::Write, now)?;
+    let mut round = 1;
+    loop {
+        let Some(catalog) = read(target, &mut root)? else {
+            return Ok(report);
+        };
+        let selected = select(&catalog);
+        if selected.is_empty() {
+            return Ok(report);
+        }
+        match delete(target, &mut root, catalog, selected, now) {
+            Ok(deleted) => {
+                report.deletes = deleted;
+                return Ok(report);
             }
-            Ok(false) => log::warn!(
-                "{}: prune of {}: {path} is now a folder, not the recorded file; left it and its record alone (inspect it, then run reconcile-state)",
-                target.root_text(),
-                target.owner()
-            ),
-            Err(e) => {
-                failure = Some(io_error(target, format!("cannot delete {path}"))(e));
-                break;
-            }
+            // A publisher changed one of the selected records since the
+            // catalog was read: select again from its catalog.
+            Err(fault) if fault.lost_race() && round < ROUNDS => round += 1,
+            Err(fault) => return Err(target.error(fault)),
         }
     }
-    catalog
-        .outputs
-        .retain(|r| !dropped.contains(r.path.as_str()));
-    catalog.updated_at = now;
-    if !dropped.is_empty() {
-        // The deletions reach the disk before the catalog that forgets them.
-        root.sync()
-            .map_err(io_error(target, "cannot sync the deletions"))?;
-        // If this fails the journal stays, and whoever takes the lock next
-        // drops the records of the files deleted above.
-        write_catalog(target, root, &catalog)?;
+}
+
+/// Deletes the `selected` outputs of `catalog` and drops their records in
+/// one commit, except where a folder now stands (left alone, with its
+/// record). Returns the paths whose records were dropped.
+fn delete(
+    target: &Target,
+    root: &mut Root,
+    catalog: Catalog,
+    selected: Vec<String>,
+    now: OffsetDateTime,
+) -> Result<Vec<String>, Fault> {
+    let folders = root.folders_at(&selected)?;
+    for path in &folders {
+        log::warn!(
+            "{}: prune of {}: {path} is now a folder, not the recorded file; left it and its record alone (inspect it, then run reconcile-state)",
+            target.root_text(),
+            target.owner()
+        );
     }
-    root.remove_file(JOURNAL_FILE)
-        .map_err(io_error(target, format!("cannot remove {JOURNAL_FILE}")))?;
+    let deletes: Vec<String> = selected
+        .into_iter()
+        .filter(|p| !folders.contains(p))
+        .collect();
+    if !deletes.is_empty() {
+        let owner = (target.pipeline_id, target.destination.id.as_str());
+        root.delete_owned(Change::deleting(catalog, &deletes, owner, now))?;
+    }
     log::info!(
         "{}: pruned {} output(s) of {}",
         target.root_text(),
-        dropped.len(),
+        deletes.len(),
         target.owner()
     );
-    if let Some(e) = failure {
-        if !dropped.is_empty() {
-            log::warn!(
-                "{}: {} output(s) were deleted and their records dropped before the error",
-                target.root_text(),
-                dropped.len()
-            );
-        }
-        return Err(e);
-    }
-    report.deletes = dropped.into_iter().collect();
-    Ok(report)
-}
-
-/// Deletes the recorded output at `path`. `Ok(true)` when it is gone (or
-/// already was), `Ok(false)` when a folder sits there and was left alone.
-fn delete_output(root: &Root, path: &str) -> io::Result<bool> {
-    match root.entry(path)? {
-        Entry::Missing => Ok(true),
-        Entry::Dir => Ok(false),
-        Entry::File { .. } | Entry::Symlink | Entry::Other => {
-            root.remove_file(path)?;
-            root.prune_empty_parents(path)?;
-            Ok(true)
-        }
-    }
+    Ok(deletes)
 }

@@ -1,13 +1,13 @@
-//! Reconciling the catalog with storage: records whose file is gone, and
-//! entries no record covers. It drops records only; it never deletes a file
-//! or adopts unmanaged content.
+//! Reconciling the catalog with storage: records whose file or object is
+//! gone, and entries no record covers. It drops records only; it never
+//! deletes a file or an object, or adopts unmanaged content.
 
-use super::session::{Access, in_scope, listing, open, write_catalog};
-use super::{MaintainError, Target, json_text};
+use super::session::{in_scope, open, read};
+use super::{MaintainError, ROUNDS, Target, json_text};
 use crate::catalog::OutputRecord;
 use crate::clock::now_millis;
-use crate::config::Backend;
-use crate::storage::Entry;
+use crate::plan::Entry;
+use crate::publish::Access;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -66,8 +66,9 @@ impl ReconcileReport {
 }
 
 /// The records in scope whose path holds no regular file, given a listing
-/// of the root (`Root::walk`). Anything that is not a regular file at the
-/// recorded path (a symlink, folder, special file, or nothing) is missing.
+/// of the root (`publish::Target::survey`). Anything that is not a regular
+/// file at the recorded path (a symlink, folder, special file, or nothing)
+/// is missing.
 pub(super) fn find_missing<'r>(
     records: impl Iterator<Item = &'r OutputRecord>,
     listing: &BTreeMap<String, Entry>,
@@ -105,22 +106,21 @@ pub(super) fn find_unmanaged(
         .collect()
 }
 
-/// Compares the catalog with storage (seed "Repair Semantics").
+/// Compares the catalog with storage (docs/maintenance.md,
+/// `reconcile-state`).
 ///
 /// Reports the records in scope (the target's owner, or every record with
-/// `all_owners`) whose path holds no regular file, and every unmanaged
-/// entry of the root. Without `dry_run` it drops the missing records and
-/// rewrites the catalog (only when one was dropped). It deletes no file,
-/// adopts nothing and checks no digest.
+/// `all_owners`) whose path holds no regular file or object, and every
+/// unmanaged entry of the root (outputs a publication in progress writes
+/// are its own, not unmanaged). Without `dry_run` it drops the missing
+/// records and rewrites the catalog (only when one was dropped). It deletes
+/// nothing, adopts nothing and checks no digest.
 pub fn reconcile(
     target: &Target,
     all_owners: bool,
     dry_run: bool,
 ) -> Result<ReconcileReport, MaintainError> {
     let now = now_millis();
-    if let Backend::S3(location) = &target.destination.backend {
-        return super::s3::reconcile(target, location, all_owners, dry_run, now);
-    }
     let mut report = ReconcileReport {
         dry_run,
         missing: Vec::new(),
@@ -128,30 +128,47 @@ pub fn reconcile(
         removed_records: 0,
     };
     let access = if dry_run { Access::Read } else { Access::Write };
-    let Some(session) = open(target, access, now)? else {
-        return Ok(report);
-    };
-    let listing = listing(target, &session.root)?;
-    let records = session.catalog.as_ref().map_or(&[][..], |c| &c.outputs);
-    report.missing = find_missing(in_scope(target, records, all_owners), &listing);
-    report.unmanaged = find_unmanaged(records, &listing);
-    if dry_run || report.missing.is_empty() {
-        return Ok(report);
-    }
-    if let Some(mut catalog) = session.catalog {
+    let mut root = open(target, access, now)?;
+    let error = |f| target.error(f);
+    let in_flight = root.in_flight(dry_run).map_err(error)?;
+    let mut round = 1;
+    loop {
+        let catalog = read(target, &mut root)?;
+        let listing = root.survey().map_err(error)?;
+        let records = catalog.as_ref().map_or(&[][..], |c| &c.outputs);
+        report.unmanaged = find_unmanaged(records, &listing);
+        report.unmanaged.retain(|p| !in_flight.contains(p));
+        // The listing only picks candidates; the root confirms each.
+        let candidates = find_missing(in_scope(target, records, all_owners), &listing);
+        report.missing = root.confirm_absent(candidates).map_err(error)?;
+        let Some(mut catalog) = catalog else {
+            return Ok(report);
+        };
+        if dry_run || report.missing.is_empty() {
+            return Ok(report);
+        }
         let missing: BTreeSet<&str> = report.missing.iter().map(String::as_str).collect();
         let before = catalog.outputs.len();
+        let read_at = catalog.updated_at;
         catalog
             .outputs
             .retain(|r| !missing.contains(r.path.as_str()));
         catalog.updated_at = now;
-        write_catalog(target, &session.root, &catalog)?;
-        report.removed_records = before - catalog.outputs.len();
-        log::info!(
-            "{}: dropped {} record(s) whose file is gone",
-            target.root_text(),
-            report.removed_records
-        );
+        let removed = before - catalog.outputs.len();
+        match root.swap_catalog(catalog, read_at) {
+            Ok(()) => {
+                report.removed_records = removed;
+                log::info!(
+                    "{}: dropped {} record(s) whose {} is gone",
+                    target.root_text(),
+                    report.removed_records,
+                    root.output_noun()
+                );
+                return Ok(report);
+            }
+            // Someone committed since the catalog was read: look again.
+            Err(fault) if fault.lost_race() && round < ROUNDS => round += 1,
+            Err(fault) => return Err(error(fault)),
+        }
     }
-    Ok(report)
 }

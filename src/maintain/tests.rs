@@ -3,14 +3,14 @@
 
 use super::reconcile::{find_missing, find_unmanaged};
 use super::*;
-use crate::catalog::{Catalog, OutputRecord, State};
+use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
 use crate::catalog::{OutputKind, SourceIdentity, parse_time};
 use crate::config::PrunePolicy;
 use crate::config::Workflow;
 use crate::journal::JOURNAL_FILE;
 use crate::lock;
 use crate::paths::RelPath;
-use crate::storage::Entry;
+use crate::plan::Entry;
 use std::collections::BTreeMap;
 use std::path::Path;
 use time::OffsetDateTime;

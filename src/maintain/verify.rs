@@ -1,10 +1,11 @@
 //! Verifying managed outputs: every file in scope re-hashed, streaming,
 //! against its record. Read-only: it changes nothing, not even a journal.
 
-use super::session::{Access, in_scope, open};
-use super::{MaintainError, Target, io_error, json_text};
+use super::session::{in_scope, open, read, report_pending};
+use super::{MaintainError, Target, json_text};
+use crate::catalog::OutputRecord;
 use crate::clock::now_millis;
-use crate::config::Backend;
+use crate::publish::Access;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -47,31 +48,25 @@ impl VerifyReport {
 }
 
 /// Re-hashes every managed output in scope, streaming, and reports the
-/// missing ones (no regular file at the path) and the mismatched ones (size
-/// or SHA-256 differs from the record). Changes nothing, not even an
-/// interrupted publication's journal: it checks what the catalog would say
-/// once that is finished.
+/// missing ones (no regular file or object at the path) and the mismatched
+/// ones (size or SHA-256 differs from the record). Changes nothing, not
+/// even an interrupted publication's journal or intent: it checks what the
+/// catalog would say once that is finished.
 pub fn verify(target: &Target, all_owners: bool) -> Result<VerifyReport, MaintainError> {
-    if let Backend::S3(location) = &target.destination.backend {
-        return super::s3::verify(target, location, all_owners);
-    }
+    let mut root = open(target, Access::Read, now_millis())?;
+    let catalog = read(target, &mut root)?;
+    report_pending(target, &root)?;
+    let records = catalog.as_ref().map_or(&[][..], |c| &c.outputs);
+    let records: Vec<&OutputRecord> = in_scope(target, records, all_owners).collect();
+    let paths: Vec<&str> = records.iter().map(|r| r.path.as_str()).collect();
     let mut report = VerifyReport {
         ok: true,
-        checked: 0,
+        checked: records.len(),
         missing: Vec::new(),
         mismatched: Vec::new(),
     };
-    let Some(session) = open(target, Access::Read, now_millis())? else {
-        return Ok(report);
-    };
-    let records = session.catalog.as_ref().map_or(&[][..], |c| &c.outputs);
-    for r in in_scope(target, records, all_owners) {
-        report.checked += 1;
-        let path = r.path.as_str();
-        let hashed = session
-            .root
-            .hash_file(path)
-            .map_err(io_error(target, format!("cannot read {path}")))?;
+    root.hash_each(&paths, &mut |i, hashed| {
+        let (r, path) = (records[i], paths[i]);
         match hashed {
             None => report.missing.push(path.to_owned()),
             Some(h) if h.size != r.size || h.sha256 != r.sha256 => {
@@ -79,7 +74,8 @@ pub fn verify(target: &Target, all_owners: bool) -> Result<VerifyReport, Maintai
             }
             Some(_) => {}
         }
-    }
+    })
+    .map_err(|f| target.error(f))?;
     report.ok = report.missing.is_empty() && report.mismatched.is_empty();
     Ok(report)
 }

@@ -1,15 +1,16 @@
 //! The one place that knows which backends there are: a destination's
-//! [`Target`] for a publication, and what else differs by backend before
-//! a root is opened (docs/architecture.md, "One transaction over
-//! backends").
+//! [`Target`] for a publication or for maintenance, and what else differs
+//! by backend before a root is opened (docs/architecture.md, "One
+//! transaction over backends").
 
 use super::Options;
 use super::error::Error;
-use super::target::Target;
+use super::target::{Access, Fault, Target};
 use super::{local, remote};
-use crate::catalog::State;
+use crate::catalog::{STATE_FILE, State};
 use crate::config::{Backend, Destination};
 use crate::journal;
+use std::time::Duration;
 use time::OffsetDateTime;
 
 /// A catalog file worth parsing while the bundle is prepared, before the
@@ -33,6 +34,58 @@ pub(super) fn open(
         Backend::Local => Box::new(local::LocalTarget::open(d, options, now, ahead)?),
         Backend::S3(location) => Box::new(remote::S3Target::open(d, location, options)?),
     })
+}
+
+/// Opens `d` for a maintenance command that reads (`Access::Read`) or may
+/// write (`Access::Write`): a local root locked and settled from its
+/// journal (a missing one opened as empty, not created), an s3 destination
+/// through the process's client, its stale intents recovered before a
+/// write (docs/maintenance.md).
+pub(crate) fn open_to_maintain(
+    d: &Destination,
+    access: Access,
+    lock_timeout: Duration,
+    now: OffsetDateTime,
+) -> Result<Box<dyn Target>, Fault> {
+    Ok(match &d.backend {
+        Backend::Local => Box::new(local::LocalTarget::open_to_maintain(
+            d,
+            access,
+            lock_timeout,
+            now,
+        )?),
+        Backend::S3(location) => Box::new(remote::open_to_maintain(d, location, access)?),
+    })
+}
+
+/// `d`'s root as messages name it: a folder, or `s3://bucket/path at
+/// endpoint`.
+pub fn root_label(d: &Destination) -> String {
+    match &d.backend {
+        Backend::S3(location) => location.to_string(),
+        Backend::Local => d.root.display().to_string(),
+    }
+}
+
+/// `d`'s catalog as messages name it: `<root>/.distributor.json`, or
+/// `s3://bucket/path/.distributor.json at endpoint`.
+pub fn state_file_label(d: &Destination) -> String {
+    match &d.backend {
+        Backend::S3(l) => {
+            let mut text = format!("s3://{}/", l.bucket);
+            if !l.path.is_empty() {
+                text.push_str(&l.path);
+                text.push('/');
+            }
+            text.push_str(STATE_FILE);
+            if let Some(endpoint) = &l.endpoint {
+                text.push_str(" at ");
+                text.push_str(endpoint);
+            }
+            text
+        }
+        Backend::Local => format!("{}/{STATE_FILE}", root_label(d)),
+    }
 }
 
 /// Most bundles published together to `destinations` (a bucket takes

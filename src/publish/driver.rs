@@ -213,6 +213,10 @@ impl Records {
 /// Why writing stopped, and the root it stopped at (if one).
 type Failed = (Option<usize>, Error);
 
+/// The bundles prepared (a report for each, filled in for those that will
+/// not be published), the ones ready (by index), and every root opened.
+type Started<'d> = (Vec<Option<RunReport>>, Vec<(usize, Ready)>, Vec<Root<'d>>);
+
 /// A bundle whose every plan was accepted.
 struct Accepted {
     index: usize,
@@ -310,57 +314,9 @@ impl<'a> Driver<'a> {
     pub(super) fn run(&self, bundles: &[&Path]) -> Outcome {
         let alone = bundles.len() == 1;
         let now = now_millis();
-        let (mut reports, ready, mut roots) = if alone {
-            // A bundle alone is prepared before any root is locked (an
-            // invalid one never waits for a lock), and a large local
-            // catalog is parsed meanwhile, on a thread of its own (started
-            // only when there is one).
-            let worth: Vec<(usize, std::fs::File)> = (self.destinations.iter().enumerate())
-                .filter_map(|(j, d)| Some((j, backends::worth_reading_ahead(d)?)))
-                .collect();
-            let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
-            let (reports, ready) = if worth.is_empty() {
-                self.prepare(bundles, held_at_most())
-            } else {
-                std::thread::scope(|s| {
-                    let reading = s.spawn(|| {
-                        let mut read = Vec::new();
-                        read.resize_with(self.destinations.len(), || None);
-                        for (j, file) in worth {
-                            read[j] = crate::journal::read_ahead(file);
-                        }
-                        read
-                    });
-                    let prepared = self.prepare(bundles, held_at_most());
-                    ahead = reading.join().unwrap_or_default();
-                    prepared
-                })
-            };
-            let Some((_, first)) = ready.first() else {
-                return Outcome::Reports(reports.into_iter().flatten().collect());
-            };
-            match self.open_all(now, ahead) {
-                Ok(roots) => (reports, ready, roots),
-                Err((j, e)) => return self.abort(alone, first.report.clone(), Some(j), e, &[]),
-            }
-        } else {
-            // A batch opens its roots first: one without a valid catalog
-            // sends the first bundle alone before anything is prepared.
-            let roots = match self.open_all(now, Vec::new()) {
-                Ok(roots) => roots,
-                Err((_, e)) => return Outcome::Aborted(e),
-            };
-            if roots
-                .iter()
-                .any(|r| !matches!(r.records.opened, State::Catalog(_)))
-            {
-                return Outcome::OneFirst;
-            }
-            let (reports, ready) = self.prepare(bundles, held_at_most());
-            if ready.is_empty() {
-                return Outcome::Reports(reports.into_iter().flatten().collect());
-            }
-            (reports, ready, roots)
+        let (mut reports, ready, mut roots) = match self.open_and_prepare(bundles, alone, now) {
+            Ok(started) => started,
+            Err(outcome) => return outcome,
         };
         let first_report = || ready[0].1.report.clone();
         if !(self.keep_going)() {
@@ -458,6 +414,65 @@ impl<'a> Driver<'a> {
             return all_reported(reports);
         }
         self.write(roots, accepted, reports, alone, now)
+    }
+
+    /// Prepares `bundles` and opens every root, in the order that suits
+    /// them: a bundle alone is prepared before any root is locked (an
+    /// invalid one never waits for a lock), while a large local catalog is
+    /// parsed on a thread of its own (started only when there is one); a
+    /// batch opens its roots first, and one without a valid catalog sends
+    /// the first bundle alone before anything is prepared. The outcome
+    /// instead when there is nothing to publish, or it cannot start.
+    fn open_and_prepare(
+        &self,
+        bundles: &[&Path],
+        alone: bool,
+        now: OffsetDateTime,
+    ) -> Result<Started<'a>, Outcome> {
+        if !alone {
+            let roots = self
+                .open_all(now, Vec::new())
+                .map_err(|(_, e)| Outcome::Aborted(e))?;
+            if roots
+                .iter()
+                .any(|r| !matches!(r.records.opened, State::Catalog(_)))
+            {
+                return Err(Outcome::OneFirst);
+            }
+            let (reports, ready) = self.prepare(bundles, held_at_most());
+            if ready.is_empty() {
+                return Err(Outcome::Reports(reports.into_iter().flatten().collect()));
+            }
+            return Ok((reports, ready, roots));
+        }
+        let worth: Vec<(usize, std::fs::File)> = (self.destinations.iter().enumerate())
+            .filter_map(|(j, d)| Some((j, backends::worth_reading_ahead(d)?)))
+            .collect();
+        let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
+        let (reports, ready) = if worth.is_empty() {
+            self.prepare(bundles, held_at_most())
+        } else {
+            std::thread::scope(|s| {
+                let reading = s.spawn(|| {
+                    let mut read = Vec::new();
+                    read.resize_with(self.destinations.len(), || None);
+                    for (j, file) in worth {
+                        read[j] = crate::journal::read_ahead(file);
+                    }
+                    read
+                });
+                let prepared = self.prepare(bundles, held_at_most());
+                ahead = reading.join().unwrap_or_default();
+                prepared
+            })
+        };
+        let Some((_, first)) = ready.first() else {
+            return Err(Outcome::Reports(reports.into_iter().flatten().collect()));
+        };
+        match self.open_all(now, ahead) {
+            Ok(roots) => Ok((reports, ready, roots)),
+            Err((j, e)) => Err(self.abort(alone, first.report.clone(), Some(j), e, &[])),
+        }
     }
 
     /// Opens every root in path order (no deadlock between processes),

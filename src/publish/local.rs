@@ -1,24 +1,29 @@
 //! A local destination root as a [`Target`]: opened by taking its lock
 //! (docs/contract.md §5) and settling any journal a crash left; written by
 //! the engine in `stage` (journal, temporary files, barriers, renames,
-//! catalog last); rolled back from its journal.
+//! catalog last); rolled back from its journal. Maintenance opens it the
+//! same way, but a read-only command creates nothing (no lock file, no
+//! recovery) and every state file is refused untouched unless it is a
+//! catalog (docs/maintenance.md); `prune` deletes through the same engine.
 
 use super::Options;
 use super::error::Error;
-use super::stage::{self, Failure, StagedRoot, probe};
-use super::target::{Change, Committed, Staged, Target};
-use crate::catalog::State;
+use super::stage::{self, CommitFailure, Failure, StagedRoot, Step, probe};
+use super::target::{Access, Change, Committed, Fault, Staged, Target, usable};
+use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
-use crate::journal;
+use crate::hashing::Hashed;
+use crate::journal::{self, JOURNAL_FILE};
 use crate::lock::{self, RootLock};
 use crate::plan::{self, Desired, Entry, Listing};
 use crate::remembered;
 use crate::report::Stage;
 use crate::storage::Root;
-use crate::workers::Workers;
-use std::collections::BTreeMap;
+use crate::workers::{InOrder, Workers};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
+use std::time::Duration;
 use time::OffsetDateTime;
 
 /// Most bundles published together into local roots.
@@ -37,7 +42,9 @@ pub(super) struct LocalTarget {
     /// `None` while the root does not exist.
     root: Option<Root>,
     _lock: Option<RootLock>,
-    state: State,
+    /// As opened, until taken ([`Target::take_state`],
+    /// [`Target::read_catalog`]).
+    state: Option<State>,
     staged: Option<StagedRoot>,
 }
 
@@ -55,10 +62,65 @@ impl LocalTarget {
             workflow: d.workflow,
             root: None,
             _lock: None,
-            state: State::Absent,
+            state: Some(State::Absent),
             staged: None,
         };
         target.lock(options, now, ahead, false)?;
+        Ok(target)
+    }
+
+    /// Opens `d`'s root for a maintenance command: locked (for
+    /// [`Access::Read`] only if its lock file exists; for
+    /// [`Access::Write`] only if it has a catalog or a journal, so that a
+    /// root without either is given no lock file), its state file refused
+    /// untouched unless it is a catalog, then settled from its journal
+    /// (read-only: only looked at). A root that does not exist is opened
+    /// as an empty one, and not created.
+    pub(super) fn open_to_maintain(
+        d: &Destination,
+        access: Access,
+        lock_timeout: Duration,
+        now: OffsetDateTime,
+    ) -> Result<LocalTarget, Fault> {
+        let mut target = LocalTarget {
+            path: d.root.clone(),
+            workflow: d.workflow,
+            root: None,
+            _lock: None,
+            state: Some(State::Absent),
+            staged: None,
+        };
+        let Some(root) =
+            Root::open(&d.root).map_err(io_fault("cannot open the destination root"))?
+        else {
+            return Ok(target);
+        };
+        let mut lock = lock::acquire_existing(&root, lock_timeout)?;
+        let read_state = |root: &Root| {
+            journal::read_state(root).map_err(io_fault(format!("cannot read {STATE_FILE}")))
+        };
+        if access == Access::Write && lock.is_none() {
+            // No lock file: only take (and so create) the lock when there
+            // is something to change.
+            let state = read_state(&root)?;
+            let journaled = root
+                .entry(JOURNAL_FILE)
+                .map_err(io_fault(format!("cannot read {JOURNAL_FILE}")))?
+                != Entry::Missing;
+            if matches!(state, State::Absent) && !journaled {
+                target.root = Some(root);
+                return Ok(target);
+            }
+            usable(state)?;
+            lock = Some(lock::acquire(&root, lock_timeout)?);
+        }
+        usable(read_state(&root)?)?;
+        let state = journal::recover(&root, access == Access::Write, now).map_err(io_fault(
+            "cannot finish the interrupted publication recorded in its journal",
+        ))?;
+        target.state = Some(usable(state)?.map_or(State::Absent, State::Catalog));
+        target.root = Some(root);
+        target._lock = lock;
         Ok(target)
     }
 
@@ -91,7 +153,7 @@ impl LocalTarget {
             Some(root) => Some(lock::acquire(root, options.lock_timeout)?),
             None => None,
         };
-        self.state = match &root {
+        self.state = Some(match &root {
             None => State::Absent,
             Some(root) => journal::recover_with(root, !options.dry_run, now, ahead).map_err(|e| {
                 // A journal is an unfinished publication to settle first:
@@ -105,7 +167,7 @@ impl LocalTarget {
                 };
                 at(Stage::Plan, what)(e)
             })?,
-        };
+        });
         self.root = root;
         self._lock = lock;
         Ok(())
@@ -131,7 +193,7 @@ impl Target for LocalTarget {
     }
 
     fn take_state(&mut self) -> State {
-        std::mem::replace(&mut self.state, State::Absent)
+        self.state.take().unwrap_or(State::Absent)
     }
 
     fn missing(&self) -> bool {
@@ -209,7 +271,7 @@ impl Target for LocalTarget {
         let staged = self.staged.take().expect("committed after staging");
         let file_by_file = staged.file_by_file();
         let root = self.root();
-        let c = stage::commit(root, &change, staged).map_err(|e| self.write_error(e))?;
+        let c = stage::commit(root, &change, staged).map_err(|e| self.write_error(e.source))?;
         remembered::remember(root, c.catalog, change.catalog, c.texts);
         Ok(Committed {
             copied_across: c.copied_across,
@@ -222,5 +284,142 @@ impl Target for LocalTarget {
             Some(root) => stage::roll_back(root),
             None => Ok(()),
         }
+    }
+
+    fn output_noun(&self) -> &'static str {
+        "file"
+    }
+
+    fn read_catalog(&mut self) -> Result<Option<Catalog>, Fault> {
+        let state = match (self.state.take(), &self.root) {
+            (Some(state), _) => state,
+            // Under the lock, after a commit (and its journal) is done.
+            (None, Some(root)) => {
+                journal::read_state(root).map_err(io_fault(format!("cannot read {STATE_FILE}")))?
+            }
+            (None, None) => State::Absent,
+        };
+        usable(state)
+    }
+
+    fn survey(&self) -> Result<BTreeMap<String, Entry>, Fault> {
+        let Some(root) = &self.root else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(root
+            .walk()
+            .map_err(io_fault("cannot list the destination root"))?
+            .into_iter()
+            .collect())
+    }
+
+    fn hash_each(
+        &self,
+        paths: &[&str],
+        each: &mut dyn FnMut(usize, Option<Hashed>),
+    ) -> Result<(), Fault> {
+        for (i, path) in paths.iter().enumerate() {
+            let hashed = match &self.root {
+                Some(root) => root
+                    .hash_file(path)
+                    .map_err(io_fault(format!("cannot read {path}")))?,
+                None => None,
+            };
+            each(i, hashed);
+        }
+        Ok(())
+    }
+
+    fn folders_at(&self, paths: &[String]) -> Result<BTreeSet<String>, Fault> {
+        let Some(root) = &self.root else {
+            return Ok(BTreeSet::new());
+        };
+        let mut folders = BTreeSet::new();
+        for path in paths {
+            let entry = root
+                .entry(path)
+                .map_err(io_fault(format!("cannot delete {path}")))?;
+            if entry == Entry::Dir {
+                folders.insert(path.clone());
+            }
+        }
+        Ok(folders)
+    }
+
+    fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault> {
+        let root = self.root();
+        let deleted = delete_through_engine(root, &change);
+        match deleted {
+            Ok(c) => {
+                remembered::remember(root, c.catalog, change.catalog, c.texts);
+                Ok(())
+            }
+            Err(fault) => {
+                settle_after_deleting(root, &change);
+                Err(fault)
+            }
+        }
+    }
+
+    fn swap_catalog(&mut self, next: Catalog, _read_at: OffsetDateTime) -> Result<(), Fault> {
+        let Some(root) = &self.root else {
+            return Ok(());
+        };
+        root.write_reserved(STATE_FILE, &next.to_json())
+            .map_err(io_fault(format!("cannot write {STATE_FILE}")))
+    }
+}
+
+/// Turns an I/O error into a [`Fault`] saying what was being done.
+fn io_fault(doing: impl Into<String>) -> impl FnOnce(io::Error) -> Fault {
+    let doing = doing.into();
+    move |source| Fault::Io { doing, source }
+}
+
+/// Runs `change` (deletions only) through the engine a publication uses:
+/// journaled, made durable, deleted, the catalog written last. A
+/// failure says which step failed, in the words of maintenance.
+fn delete_through_engine(root: &Root, change: &Change<'_>) -> Result<stage::Committed, Fault> {
+    let journaling = || io_fault(format!("cannot write {JOURNAL_FILE}"));
+    let mut staged = stage::stage(root, change, &InOrder, &|| true).map_err(|f| match f {
+        Failure::Io(e) => journaling()(e),
+        // Nothing is copied from a bundle.
+        Failure::Bundle(e) => journaling()(io::Error::other(e.to_string())),
+    })?;
+    stage::make_durable(root, &mut staged).map_err(journaling())?;
+    stage::commit(root, change, staged).map_err(|CommitFailure { step, source }| {
+        let doing = match step {
+            Step::Delete(path) => format!("cannot delete {path}"),
+            // (Nothing is renamed into place: the change writes no output.)
+            Step::Rename | Step::Catalog => format!("cannot write {STATE_FILE}"),
+            Step::Barrier => "cannot sync the deletions".to_owned(),
+            Step::Journal => format!("cannot remove {JOURNAL_FILE}"),
+        };
+        Fault::Io { doing, source }
+    })
+}
+
+/// After a failed deletion: settles the root from the journal (the records
+/// of the outputs deleted before the error are dropped), and says what is
+/// left.
+fn settle_after_deleting(root: &Root, change: &Change<'_>) {
+    match journal::recover(root, true, change.catalog.updated_at) {
+        Ok(state) => {
+            let deleted = change
+                .deletes
+                .iter()
+                .filter(|p| !matches!(&state, State::Catalog(c) if c.get(p).is_some()))
+                .count();
+            if deleted > 0 {
+                log::warn!(
+                    "{}: {deleted} output(s) were deleted and their records dropped before the error",
+                    root.path().display()
+                );
+            }
+        }
+        Err(e) => log::warn!(
+            "{}: settling the root from its journal failed too ({e}); the journal stays and the next process that locks the root finishes it",
+            root.path().display()
+        ),
     }
 }

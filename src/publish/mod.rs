@@ -4,7 +4,8 @@
 //! One driver ([`driver`]) publishes a batch of bundles (a single
 //! publication is a batch of one) to every destination as one transaction
 //! per root, over any backend ([`target`]: a local root, an s3
-//! destination). Execution follows the plan exactly and decides nothing
+//! destination). Maintenance (`crate::maintain`) works on a root through
+//! the same [`Target`]. Execution follows the plan exactly and decides nothing
 //! new; any error rolls every root back to a state whose catalog matches
 //! its bytes (see `journal` and `s3::protocol`).
 
@@ -29,8 +30,10 @@ mod stage;
 mod target;
 
 pub use crate::workers::{InOrder, PerCore, Workers};
-pub use backends::{batch_bound, peek_state, recover_abandoned};
+pub(crate) use backends::open_to_maintain;
+pub use backends::{batch_bound, peek_state, recover_abandoned, root_label, state_file_label};
 pub use error::Error;
+pub(crate) use target::{Access, Change, Fault, Refused, Target};
 
 use driver::{Driver, Outcome};
 

@@ -23,6 +23,8 @@
 //! Two things a local root does are refused here, because they would
 //! delete objects the catalog does not record (§15.4): `--force`, and
 //! replacing a catalog of an older schema (whose records are not trusted).
+//!
+//! Maintenance goes through the same root and commit (`remote_maintain.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
@@ -31,10 +33,11 @@ use std::sync::Arc;
 use super::Options;
 use super::error::Error;
 use super::rebase;
-use super::target::{Change, Committed, Staged, Target, Write};
+use super::target::{Change, Committed, Fault, Staged, Target, Write};
 use crate::bundle;
-use crate::catalog::{OutputRecord, State};
+use crate::catalog::{Catalog, OutputRecord, State};
 use crate::config::{Destination, S3Location, Workflow};
+use crate::hashing::Hashed;
 use crate::plan::{self, Action, Desired, Entry, Listing, Plan};
 use crate::s3::protocol::{self, Base, Delete, Settings};
 use crate::s3::{self, ETag, Head, S3Root};
@@ -267,6 +270,79 @@ impl Target for S3Target {
     }
 
     fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error> {
+        match self.commit_change(&change) {
+            Ok(c) => {
+                if c.rebases > 0 {
+                    log::info!(
+                        "{}: another publisher committed first; this publication touched none of its records and was applied on top of its catalog ({} rebase{})",
+                        self.root.label(),
+                        c.rebases,
+                        if c.rebases == 1 { "" } else { "s" }
+                    );
+                }
+                Ok(Committed::default())
+            }
+            Err(s3::Error::HashMismatch { key, .. }) => Err(Self::reverify(&change, &key)
+                .unwrap_or_else(|| Error::Uploaded {
+                    root: self.root.label().to_owned(),
+                    key,
+                })),
+            // A bundle file that could not be read (not while stopping):
+            // say what is wrong with it, as verification would.
+            Err(e @ s3::Error::Read { .. }) if !e.is_stopped() => {
+                let s3::Error::Read { key, .. } = &e else {
+                    unreachable!()
+                };
+                Err(Self::reverify(&change, key).unwrap_or(Error::Store(e)))
+            }
+            Err(e) => Err(Error::Store(e)),
+        }
+    }
+
+    fn output_noun(&self) -> &'static str {
+        "object"
+    }
+
+    fn read_catalog(&mut self) -> Result<Option<Catalog>, Fault> {
+        maintenance::read_catalog(self)
+    }
+
+    fn in_flight(&self, report: bool) -> Result<BTreeSet<String>, Fault> {
+        maintenance::in_flight(self, report)
+    }
+
+    fn survey(&self) -> Result<BTreeMap<String, Entry>, Fault> {
+        maintenance::survey(self)
+    }
+
+    fn confirm_absent(&self, paths: Vec<String>) -> Result<Vec<String>, Fault> {
+        maintenance::confirm_absent(self, paths)
+    }
+
+    fn hash_each(
+        &self,
+        paths: &[&str],
+        each: &mut dyn FnMut(usize, Option<Hashed>),
+    ) -> Result<(), Fault> {
+        maintenance::hash_each(self, paths, each)
+    }
+
+    fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault> {
+        self.commit_change(&change)
+            .map(drop)
+            .map_err(maintenance::fault(self, "cannot prune"))
+    }
+
+    fn swap_catalog(&mut self, next: Catalog, read_at: time::OffsetDateTime) -> Result<(), Fault> {
+        maintenance::swap_catalog(self, next, read_at)
+    }
+}
+
+impl S3Target {
+    /// Commits `change` through the protocol: one intent, conditional
+    /// PUTs, the catalog swapped (re-applied on a winner's catalog when
+    /// the change still holds, [`rebase::onto`]), then the deletions.
+    fn commit_change(&self, change: &Change<'_>) -> s3::Result<protocol::Committed> {
         let writes: Vec<protocol::Write> = change
             .writes
             .iter()
@@ -298,7 +374,7 @@ impl Target for S3Target {
             state: rebase::seen_state(rebase),
             etag: self.etag.clone(),
         };
-        let committed = protocol::commit_for(
+        protocol::commit_for(
             &self.root,
             self.settings,
             self.serving.as_deref(),
@@ -307,34 +383,7 @@ impl Target for S3Target {
             writes,
             deletes,
             &mut |latest: &State| rebase::onto(rebase, latest),
-        );
-        match committed {
-            Ok(c) => {
-                if c.rebases > 0 {
-                    log::info!(
-                        "{}: another publisher committed first; this publication touched none of its records and was applied on top of its catalog ({} rebase{})",
-                        self.root.label(),
-                        c.rebases,
-                        if c.rebases == 1 { "" } else { "s" }
-                    );
-                }
-                Ok(Committed::default())
-            }
-            Err(s3::Error::HashMismatch { key, .. }) => Err(Self::reverify(&change, &key)
-                .unwrap_or_else(|| Error::Uploaded {
-                    root: self.root.label().to_owned(),
-                    key,
-                })),
-            // A bundle file that could not be read (not while stopping):
-            // say what is wrong with it, as verification would.
-            Err(e @ s3::Error::Read { .. }) if !e.is_stopped() => {
-                let s3::Error::Read { key, .. } = &e else {
-                    unreachable!()
-                };
-                Err(Self::reverify(&change, key).unwrap_or(Error::Store(e)))
-            }
-            Err(e) => Err(Error::Store(e)),
-        }
+        )
     }
 }
 
@@ -464,6 +513,16 @@ impl Read for Upload<'_> {
     }
 }
 
+/// Opens the s3 destination `d` for a maintenance command (see
+/// `remote_maintain.rs`).
+pub(super) fn open_to_maintain(
+    d: &Destination,
+    location: &S3Location,
+    access: super::target::Access,
+) -> Result<S3Target, Fault> {
+    maintenance::open(d, location, access)
+}
+
 /// Recovers at once what an earlier agent serving the spool folder
 /// `serving` left unfinished in destination `d` (see
 /// [`protocol::recover_abandoned`]). Failures are logged: the lease
@@ -479,6 +538,9 @@ pub(super) fn recover_abandoned(d: &Destination, location: &S3Location, serving:
         );
     }
 }
+
+#[path = "remote_maintain.rs"]
+mod maintenance;
 
 #[cfg(test)]
 #[path = "remote_tests.rs"]

@@ -430,6 +430,34 @@ pub(super) struct Committed {
     pub(super) copied_across: u64,
 }
 
+/// The step of [`commit`] that failed (a publication reports the error
+/// alone; maintenance names the step).
+#[derive(Debug)]
+pub(super) enum Step {
+    /// Renaming a staged output into place.
+    Rename,
+    /// Deleting the output at this path (or the folders it left empty).
+    Delete(String),
+    /// Writing the catalog (or the record of the outputs' looks).
+    Catalog,
+    /// Making the renames, deletions and catalog durable.
+    Barrier,
+    /// Removing the journal, once the catalog is durable.
+    Journal,
+}
+
+/// Why [`commit`] stopped: the step, and the error.
+#[derive(Debug)]
+pub(super) struct CommitFailure {
+    pub(super) step: Step,
+    pub(super) source: io::Error,
+}
+
+/// Tags an error of [`commit`] with its step.
+fn failed_at(step: Step) -> impl FnOnce(io::Error) -> CommitFailure {
+    move |source| CommitFailure { step, source }
+}
+
 /// Renames the staged outputs of `change` into place, deletes, writes the
 /// catalog, makes all of it durable (the second barrier) and drops the
 /// journal. Called once [`make_durable`] has returned.
@@ -437,7 +465,7 @@ pub(super) fn commit(
     root: &Root,
     change: &Change<'_>,
     staged: StagedRoot,
-) -> io::Result<Committed> {
+) -> Result<Committed, CommitFailure> {
     let Moved {
         touched,
         copied_across,
@@ -458,41 +486,36 @@ pub(super) fn commit(
     )?;
     failpoint::hit("publish.before_catalog");
     if change.record_looks && change.is_large() {
-        record_looks(root, &change.writes, &staged.outputs)?;
+        record_looks(root, &change.writes, &staged.outputs).map_err(failed_at(Step::Catalog))?;
     }
     let (written, texts) = match staged.top {
-        Some(top) => (root.place_reserved(&top.catalog, STATE_FILE)?, top.texts),
+        Some(top) => (
+            root.place_reserved(&top.catalog, STATE_FILE)
+                .map_err(failed_at(Step::Catalog))?,
+            top.texts,
+        ),
         // Its bytes are fsynced before its rename: a file system that may
         // write the rename first (XFS, btrfs) could otherwise leave, after
         // a power cut during the barrier below, a torn catalog beside a
         // durable journal, and recovery would have no records to keep.
         None => (
-            root.write_reserved_data(STATE_FILE, &mut |w| change.catalog.write_json(w))?,
+            root.write_reserved_data(STATE_FILE, &mut |w| change.catalog.write_json(w))
+                .map_err(failed_at(Step::Catalog))?,
             None,
         ),
     };
     // The renames, the deletions and the catalog's own rename become
     // durable together; until then the journal (durable) lets the next
     // process settle whatever a crash leaves.
-    match staged.sync {
-        SyncMode::Barrier => root.sync()?,
-        SyncMode::FileByFile => {
-            let mut folders: Vec<Syncable> = Vec::new();
-            for folder in &touched {
-                if let Some(dir) = root.folder_if_any(folder)? {
-                    folders.push(Box::new(dir));
-                }
-            }
-            sync_at_once(folders)?;
-        }
-    }
+    second_barrier(root, staged.sync, &touched).map_err(failed_at(Step::Barrier))?;
     log::debug!(
         "{}: catalog written at {}",
         root.path().display(),
         format_time(change.catalog.updated_at)
     );
     failpoint::hit("publish.after_catalog");
-    root.remove_file(JOURNAL_FILE)?;
+    root.remove_file(JOURNAL_FILE)
+        .map_err(failed_at(Step::Journal))?;
     // Every temporary file at the top was renamed into place or removed.
     remembered::top_left_clean(root);
     Ok(Committed {
@@ -500,6 +523,23 @@ pub(super) fn commit(
         texts,
         copied_across,
     })
+}
+
+/// Makes what [`commit`] renamed, deleted and wrote durable: one barrier,
+/// or a fsync of every folder `touched`.
+fn second_barrier(root: &Root, sync: SyncMode, touched: &BTreeSet<String>) -> io::Result<()> {
+    match sync {
+        SyncMode::Barrier => root.sync(),
+        SyncMode::FileByFile => {
+            let mut folders: Vec<Syncable> = Vec::new();
+            for folder in touched {
+                if let Some(dir) = root.folder_if_any(folder)? {
+                    folders.push(Box::new(dir));
+                }
+            }
+            sync_at_once(folders)
+        }
+    }
 }
 
 /// One planned write, as [`stage_one`] takes it.
@@ -725,7 +765,7 @@ fn move_into_place<'p>(
     at: StagedAt,
     deletes: impl IntoIterator<Item = &'p str>,
     parallel: Option<&dyn Workers>,
-) -> io::Result<Moved> {
+) -> Result<Moved, CommitFailure> {
     let copied_across = AtomicU64::new(0);
     let mut touched = BTreeSet::from([String::new()]);
     let mut touch = |path: &str| {
@@ -776,12 +816,14 @@ fn move_into_place<'p>(
         Some(workers) => map_on_runs(workers, &staged, same_folder, rename)
             .into_iter()
             .collect::<io::Result<Vec<()>>>()
-            .map(drop)?,
-        None => staged.iter().try_for_each(rename)?,
+            .map(drop),
+        None => staged.iter().try_for_each(rename),
     }
+    .map_err(failed_at(Step::Rename))?;
     for path in deletes {
-        remove_deleted(root, path)?;
-        root.prune_empty_parents(path)?;
+        remove_deleted(root, path)
+            .and_then(|()| root.prune_empty_parents(path))
+            .map_err(failed_at(Step::Delete(path.to_owned())))?;
         failpoint::hit("publish.after_delete");
         touch(path);
     }

@@ -1,10 +1,13 @@
-//! What the one publication driver ([`super::driver`]) asks of a backend:
-//! a destination root opened for a publication (docs/architecture.md,
-//! "One transaction over backends"). A local root is opened by taking its
-//! lock and settling its journal; an s3 destination by checking its server
-//! and recovering stale intents. Then, for every backend alike: read the
+//! What the one publication driver ([`super::driver`]) and the maintenance
+//! commands (`crate::maintain`) ask of a backend: a destination root
+//! opened for a publication or for maintenance (docs/architecture.md, "One
+//! transaction over backends"). A local root is opened by taking its lock
+//! and settling its journal; an s3 destination by checking its server and
+//! recovering stale intents. Then, for every backend alike: read the
 //! catalog, show the planner what storage holds, stage the merged change
-//! of every bundle, make it durable, commit it, or roll it back.
+//! of every bundle, make it durable, commit it, or roll it back; and for
+//! maintenance, list everything stored, hash outputs, confirm that one is
+//! gone, delete owned outputs through the same commit, or drop records.
 //!
 //! Which backend a destination has is decided in one place, `backends`
 //! (with `config`): the driver, the agent and the commands see a
@@ -15,14 +18,19 @@ use super::content::Content;
 use super::error::Error;
 use crate::bundle::VerifiedBundle;
 use crate::catalog::{Catalog, OutputRecord, State};
-use crate::plan::{Desired, Entry, Listing, Plan};
+use crate::config::Workflow;
+use crate::hashing::Hashed;
+use crate::lock::LockError;
+use crate::plan::{CatalogUpdate, Desired, Entry, Listing, Plan};
 use crate::workers::Workers;
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
 use time::OffsetDateTime;
 
 /// A destination root, opened (locked, or checked and recovered) for one
-/// publication of one bundle or of a batch.
-pub(super) trait Target {
+/// publication of one bundle or of a batch, or for one maintenance command
+/// ([`super::backends::open_to_maintain`]).
+pub(crate) trait Target {
     /// The root as messages name it (a folder, or `s3://bucket/path`).
     fn label(&self) -> String;
 
@@ -121,11 +129,140 @@ pub(super) trait Target {
     fn roll_back(&self) -> Result<(), std::io::Error> {
         Ok(())
     }
+
+    // What maintenance asks besides (docs/maintenance.md). A root opened
+    // to maintain is read through these; `prune` commits through
+    // [`Target::delete_owned`], the commit path of a publication.
+
+    /// What an output is called in this root's messages: `file` or `object`.
+    fn output_noun(&self) -> &'static str;
+
+    /// The catalog as it stands now (`None`: no state file; refused as
+    /// [`Fault::Unusable`] unless it is a catalog): read again from a
+    /// bucket, whose version the next commit swaps; a locked root's as it
+    /// was opened, settled from its journal (or, read-only, as settling it
+    /// would leave it).
+    fn read_catalog(&mut self) -> Result<Option<Catalog>, Fault>;
+
+    /// The outputs that publications still in progress (or whose publisher
+    /// died) are writing, which are theirs and not unmanaged; with
+    /// `report`, each such publication is logged. A locked root has none.
+    fn in_flight(&self, _report: bool) -> Result<BTreeSet<String>, Fault> {
+        Ok(BTreeSet::new())
+    }
+
+    /// Everything the root holds, reserved names aside, by path: what a
+    /// local root's walk finds (folders, links and special files too), or
+    /// every key of a bucket (each a file).
+    fn survey(&self) -> Result<BTreeMap<String, Entry>, Fault>;
+
+    /// Of `paths`, which a survey did not find holding a regular file,
+    /// those surely without one (in order). A locked root's survey is
+    /// final; a bucket's listing only picks the keys to look at.
+    fn confirm_absent(&self, paths: Vec<String>) -> Result<Vec<String>, Fault> {
+        Ok(paths)
+    }
+
+    /// Hashes what each of `paths` holds, read to the end in fixed-size
+    /// chunks, and hands `each` its index in `paths` with its size and
+    /// SHA-256 (`None` where no regular file or no object is), in order.
+    fn hash_each(
+        &self,
+        paths: &[&str],
+        each: &mut dyn FnMut(usize, Option<Hashed>),
+    ) -> Result<(), Fault>;
+
+    /// Which of `paths` hold a folder now (never one in a bucket).
+    fn folders_at(&self, _paths: &[String]) -> Result<BTreeSet<String>, Fault> {
+        Ok(BTreeSet::new())
+    }
+
+    /// Deletes what `change` deletes (recorded outputs, [`Change::deleting`])
+    /// and records its catalog, through the commit a publication goes
+    /// through: all of it, or (settled after a failure) only the deletions
+    /// made. A catalog changed since [`Target::read_catalog`] read it is
+    /// [`Fault::lost_race`] when the change no longer holds on it.
+    fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault>;
+
+    /// Writes `next`, made from what [`Target::read_catalog`] gave (a
+    /// catalog updated at `read_at`), as the catalog;
+    /// [`Fault::lost_race`] when the catalog was changed since it was read.
+    fn swap_catalog(&mut self, next: Catalog, read_at: OffsetDateTime) -> Result<(), Fault>;
+}
+
+/// What a maintenance command intends to do to a root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Reads only: a local root's lock is taken only if its lock file
+    /// exists, and nothing is created or written, not even a recovery.
+    Read,
+    /// May delete outputs or write the catalog: an interrupted publication
+    /// is finished first.
+    Write,
+}
+
+/// Why maintenance of a root could not go on, in the backend's words.
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// The catalog is invalid, from a newer tool, or legacy: maintenance
+    /// changes nothing on it.
+    Unusable(Refused),
+    /// A local root's lock could not be taken.
+    Lock(LockError),
+    /// A local root: what was being done, and the error.
+    Io { doing: String, source: io::Error },
+    /// A bucket: `message` names the root, what was being done and what to
+    /// do about it.
+    Store {
+        message: String,
+        source: Box<crate::s3::Error>,
+    },
+}
+
+impl Fault {
+    /// Whether another publisher changed the catalog since it was read, so
+    /// that reading it again and trying again may succeed.
+    pub(crate) fn lost_race(&self) -> bool {
+        match self {
+            Fault::Store { source, .. } => matches!(**source, crate::s3::Error::Conflict { .. }),
+            _ => false,
+        }
+    }
+}
+
+impl From<LockError> for Fault {
+    fn from(e: LockError) -> Fault {
+        Fault::Lock(e)
+    }
+}
+
+/// A state file that maintenance refuses, changing nothing.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    Invalid { reason: String },
+    Future { schema_version: u64 },
+    Legacy { schema_version: u64 },
+}
+
+/// The catalog `state` holds (`None`: no state file), when maintenance
+/// can work on it.
+pub(super) fn usable(state: State) -> Result<Option<Catalog>, Fault> {
+    match state {
+        State::Absent => Ok(None),
+        State::Catalog(c) => Ok(Some(c)),
+        State::Invalid { reason } => Err(Fault::Unusable(Refused::Invalid { reason })),
+        State::Future { schema_version } => {
+            Err(Fault::Unusable(Refused::Future { schema_version }))
+        }
+        State::Legacy { schema_version } => {
+            Err(Fault::Unusable(Refused::Legacy { schema_version }))
+        }
+    }
 }
 
 /// How a staged write stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Staged {
+pub(crate) enum Staged {
     /// It will be written; from the bundle, its bytes are hashed on the way.
     Written,
     /// The stored file already holds the planned bytes: left as it is.
@@ -134,7 +271,7 @@ pub(super) enum Staged {
 
 /// What a commit did that the report tells.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Committed {
+pub(crate) struct Committed {
     /// Outputs copied across file systems (not renamed).
     pub(super) copied_across: u64,
     /// Whether the files were made durable one by one.
@@ -155,7 +292,7 @@ pub(super) struct Write<'a> {
 /// Everything one root is to undergo: the planned writes (of one bundle or
 /// of a batch, merged), what is removed before and after them, and the
 /// catalog that records the result.
-pub(super) struct Change<'a> {
+pub(crate) struct Change<'a> {
     /// Sorted by path.
     pub(super) writes: Vec<Write<'a>>,
     /// Removed before the writes (`force_replace`, legacy replacement).
@@ -194,6 +331,52 @@ pub(super) struct Rebase {
     pub(super) destination_id: String,
     pub(super) workflow: crate::config::Workflow,
     pub(super) now: OffsetDateTime,
+}
+
+impl Change<'static> {
+    /// The change that deletes the outputs `catalog` records at `paths`
+    /// (sorted, each recorded) and drops their records, stamped `now`,
+    /// as maintenance commits it (`prune`). Another publisher's commit
+    /// that left those records as they were is kept: the drop is applied
+    /// again on top of its catalog (on a bucket; a local root is locked).
+    pub(crate) fn deleting(
+        mut catalog: Catalog,
+        paths: &[String],
+        owner: (&str, &str),
+        now: OffsetDateTime,
+    ) -> Change<'static> {
+        let updates = vec![CatalogUpdate {
+            keep_existing: true,
+            upserts: Vec::new(),
+            removes: paths.to_vec(),
+            now,
+        }];
+        // It relies on the dropped records only, whatever the workflow.
+        let workflow = Workflow::Additive;
+        let seen = super::rebase::relied_on(&catalog, &updates, owner.0, owner.1, workflow);
+        let removed = seen.outputs.clone();
+        let drop: BTreeSet<&str> = paths.iter().map(String::as_str).collect();
+        catalog.outputs.retain(|r| !drop.contains(r.path.as_str()));
+        catalog.updated_at = now;
+        Change {
+            writes: Vec::new(),
+            clear_first: Vec::new(),
+            deletes: paths.to_vec(),
+            catalog,
+            replaced: Vec::new(),
+            removed,
+            state_was_absent: false,
+            record_looks: false,
+            rebase: Some(Rebase {
+                updates,
+                seen: Some(seen),
+                pipeline_id: owner.0.to_owned(),
+                destination_id: owner.1.to_owned(),
+                workflow,
+                now,
+            }),
+        }
+    }
 }
 
 impl Change<'_> {

@@ -138,11 +138,17 @@ pub fn spool_tag(spool: &str) -> String {
 
 /// The catalog a compare-and-swap writes: `next` with `updated_at` moved
 /// past `prev`'s if needed, so that no two versions have the same bytes.
-pub fn monotonic(mut next: Catalog, prev: &State) -> Catalog {
-    if let State::Catalog(prev) = prev
-        && next.updated_at <= prev.updated_at
-    {
-        next.updated_at = prev.updated_at + Duration::from_millis(1);
+pub fn monotonic(next: Catalog, prev: &State) -> Catalog {
+    match prev {
+        State::Catalog(prev) => later_than(next, prev.updated_at),
+        _ => next,
+    }
+}
+
+/// [`monotonic`] after a catalog updated at `prev`.
+pub fn later_than(mut next: Catalog, prev: time::OffsetDateTime) -> Catalog {
+    if next.updated_at <= prev {
+        next.updated_at = prev + Duration::from_millis(1);
     }
     next
 }

@@ -40,7 +40,7 @@ use super::{ETag, Error, Result, S3Root, Written, random_id};
 use crate::catalog::{Catalog, State};
 
 pub use super::intent::{
-    Delete, Intent, IntentWrite, LEASE_ENV, PENDING_DIR, Settings, monotonic, spool_tag,
+    Delete, Intent, IntentWrite, LEASE_ENV, PENDING_DIR, Settings, later_than, monotonic, spool_tag,
 };
 pub(super) use super::intent::{
     Session, delete_if_unrecorded_and_unchanged, intent_key, owner, recorded,

@@ -551,21 +551,31 @@ mod tests {
         }
     }
 
+    /// The claim rule's inputs: what the folder holds, how long it has
+    /// been quiet (ms), since when it has been seen changing (ms, if at
+    /// all), `--once`; and its verdict.
+    type Case = (
+        &'static str,
+        ProbeKind,
+        u64,
+        Option<u64>,
+        bool,
+        Waiting,
+        Verdict,
+    );
+
+    fn check(cases: Vec<Case>) {
+        for (what, kind, quiet, seen, once, state, verdict) in cases {
+            let got = decide(&kind, MS(quiet), seen.map(MS), &timing(once));
+            assert_eq!(got, (state, verdict), "{what}");
+        }
+    }
+
     #[test]
-    fn the_claim_rule_case_by_case() {
+    fn the_claim_rule_without_a_complete_manifest() {
         use ProbeKind::*;
         use Verdict::*;
-        let incomplete = Incomplete("x".into());
-        type Case = (
-            &'static str,
-            ProbeKind,
-            u64,
-            Option<u64>,
-            bool,
-            Waiting,
-            Verdict,
-        );
-        let cases: Vec<Case> = vec![
+        check(vec![
             (
                 "no manifest: looked at again",
                 NoManifest,
@@ -602,6 +612,14 @@ mod tests {
                 Waiting::Ready,
                 Claim,
             ),
+        ]);
+    }
+
+    #[test]
+    fn the_claim_rule_for_a_complete_bundle() {
+        use ProbeKind::*;
+        use Verdict::*;
+        check(vec![
             (
                 "complete and just changed: settles",
                 Complete,
@@ -683,6 +701,14 @@ mod tests {
                 Waiting::Ready,
                 Claim,
             ),
+        ]);
+    }
+
+    #[test]
+    fn the_claim_rule_for_an_incomplete_bundle() {
+        use Verdict::*;
+        let incomplete = ProbeKind::Incomplete("x".into());
+        check(vec![
             (
                 "incomplete and recently changed: polls",
                 incomplete.clone(),
@@ -728,11 +754,7 @@ mod tests {
                 Waiting::Incomplete,
                 Claim,
             ),
-        ];
-        for (what, kind, quiet, seen, once, state, verdict) in cases {
-            let got = decide(&kind, MS(quiet), seen.map(MS), &timing(once));
-            assert_eq!(got, (state, verdict), "{what}");
-        }
+        ]);
     }
 
     fn write(path: &Path, bytes: &[u8]) {

@@ -14,16 +14,9 @@ use serde_json::Value;
 
 use crate::seaweed::{Bucket, server};
 use crate::util::{
-    Output, Test, TestCommand, instant_of, is_reserved, read_state, records, strings, wait_past,
+    Backend, Output, Test, TestCommand, each_backend, instant_of, is_reserved, read_state, records,
+    strings, wait_past,
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Local,
-    S3,
-}
-
-const BACKENDS: [Backend; 2] = [Backend::Local, Backend::S3];
 
 /// A test folder whose config has pipeline `reports` with one destination
 /// `web` on `backend` (a local root `./site`, or `site/` in a bucket of its
@@ -274,14 +267,6 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
         }
         out.extend_from_slice(&body[line_end + 2..line_end + 2 + size]);
         body = &body[line_end + 2 + size + 2..];
-    }
-}
-
-/// Runs `scenario` against every backend, naming the backend when it fails.
-fn each_backend(scenario: impl Fn(Backend)) {
-    for backend in BACKENDS {
-        eprintln!("--- backend {backend:?}");
-        scenario(backend);
     }
 }
 

@@ -28,6 +28,24 @@ pub const CREATED: &str = "2026-06-04T11:55:00Z";
 /// on a FIFO, a lock never released) instead of blocking the suite.
 pub const DEADLINE: Duration = Duration::from_secs(90);
 
+/// The backends a scenario runs against (`each_backend`): a local root, or
+/// a root in a bucket of the SeaweedFS of `seaweed::server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Local,
+    S3,
+}
+
+pub const BACKENDS: [Backend; 2] = [Backend::Local, Backend::S3];
+
+/// Runs `scenario` against every backend, naming the backend when it fails.
+pub fn each_backend(scenario: impl Fn(Backend)) {
+    for backend in BACKENDS {
+        eprintln!("--- backend {backend:?}");
+        scenario(backend);
+    }
+}
+
 /// A temporary working folder holding a config, bundles and roots.
 pub struct Test {
     dir: tempfile::TempDir,

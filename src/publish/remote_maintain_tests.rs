@@ -1,27 +1,45 @@
-//! The s3 maintenance logic against `object_store`'s in-memory store,
-//! which has the same conditional semantics as S3: `prune` racing a
-//! publisher that committed after the catalog was read, and the parallel
-//! re-hashing `verify` uses.
+//! An s3 root opened for maintenance, against `object_store`'s in-memory
+//! store, which has the same conditional semantics as S3: `prune`'s
+//! commit racing a publisher that committed after the catalog was read,
+//! the catalog swap of `reconcile-state` losing such a race, and the
+//! parallel re-hashing `verify` uses.
 
 use std::sync::Arc;
 
 use object_store::memory::InMemory;
 
-use super::{prune_once, reserved};
+use super::{open_on, reserved};
 use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
+use crate::config::{S3Location, Workflow};
 use crate::hashing::hash_bytes;
 use crate::paths::RelPath;
+use crate::publish::remote::S3Target;
+use crate::publish::target::{Access, Change, Target};
+use crate::s3::S3Root;
 use crate::s3::protocol::{self, Settings, Write};
-use crate::s3::{Error, S3Root};
 
-fn memory_root() -> S3Root {
-    S3Root::with_store(
-        Arc::new(InMemory::new()),
-        "site",
-        "s3://memory/site".into(),
-        format!("memory {}", crate::s3::random_id()),
+fn memory_root() -> Arc<S3Root> {
+    Arc::new(
+        S3Root::with_store(
+            Arc::new(InMemory::new()),
+            "site",
+            "s3://memory/site".into(),
+            format!("memory {}", crate::s3::random_id()),
+        )
+        .expect("runtime"),
     )
-    .expect("runtime")
+}
+
+/// `root` opened for a maintenance command.
+fn opened(root: &Arc<S3Root>, access: Access) -> S3Target {
+    let location = S3Location {
+        bucket: "memory".into(),
+        path: "site".into(),
+        endpoint: None,
+        region: "us-east-1".into(),
+    };
+    let d = crate::publish::remote::tests::destination(Workflow::Additive);
+    open_on(&d, &location, root.clone(), access).unwrap()
 }
 
 fn record(path: &str, body: &str) -> OutputRecord {
@@ -104,23 +122,22 @@ fn now() -> time::OffsetDateTime {
     parse_time("2026-06-01T00:00:00Z").unwrap()
 }
 
+/// The change that prunes `paths` of the catalog `target` reads.
+fn pruning(target: &mut S3Target, paths: &[&str]) -> Change<'static> {
+    let read = target.read_catalog().unwrap().expect("a catalog");
+    let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+    Change::deleting(read, &paths, ("p", "d"), now())
+}
+
 #[test]
 fn prune_keeps_a_publication_committed_after_it_read_the_catalog() {
     let root = memory_root();
     publish(&root, "old.md", "old");
-    let base = root.read_state().unwrap();
-    let read = catalog(&root);
+    let mut target = opened(&root, Access::Write);
+    let change = pruning(&mut target, &["old.md"]);
     // Another host commits between prune's read and its compare-and-swap.
     publish(&root, "new.md", "new");
-    prune_once(
-        &root,
-        Settings::default(),
-        base,
-        &read,
-        &["old.md".into()],
-        now(),
-    )
-    .unwrap();
+    target.delete_owned(change).unwrap();
     assert_eq!(paths(&root), ["new.md"], "the publication is kept");
     assert!(
         root.head("old.md").unwrap().is_none(),
@@ -137,20 +154,12 @@ fn prune_keeps_a_publication_committed_after_it_read_the_catalog() {
 fn prune_gives_up_when_a_publisher_changed_a_selected_record() {
     let root = memory_root();
     publish(&root, "old.md", "old");
-    let base = root.read_state().unwrap();
-    let read = catalog(&root);
+    let mut target = opened(&root, Access::Write);
+    let change = pruning(&mut target, &["old.md"]);
     // The selected output is published again meanwhile: it is new now.
     publish(&root, "old.md", "fresh");
-    let e = prune_once(
-        &root,
-        Settings::default(),
-        base,
-        &read,
-        &["old.md".into()],
-        now(),
-    )
-    .unwrap_err();
-    assert!(matches!(e, Error::Conflict { .. }), "{e:?}");
+    let e = target.delete_owned(change).unwrap_err();
+    assert!(e.lost_race(), "{e:?}");
     let c = catalog(&root);
     assert_eq!(paths(&root), ["old.md"], "the new record stays");
     assert_eq!(c.outputs[0].sha256, hash_bytes(b"fresh").sha256);
@@ -160,6 +169,58 @@ fn prune_gives_up_when_a_publisher_changed_a_selected_record() {
         protocol::pending_intents(&root).unwrap(),
         Vec::<String>::new()
     );
+    // Read again, the record is selected again, and goes.
+    let change = pruning(&mut target, &["old.md"]);
+    target.delete_owned(change).unwrap();
+    assert!(paths(&root).is_empty());
+    assert!(root.head("old.md").unwrap().is_none());
+}
+
+#[test]
+fn a_catalog_swap_loses_to_a_publication_committed_after_it_was_read() {
+    let root = memory_root();
+    publish(&root, "gone.md", "gone");
+    let mut target = opened(&root, Access::Write);
+    let mut read = target.read_catalog().unwrap().expect("a catalog");
+    let read_at = read.updated_at;
+    publish(&root, "new.md", "new");
+    read.outputs.clear();
+    read.updated_at = now();
+    let e = target.swap_catalog(read.clone(), read_at).unwrap_err();
+    assert!(e.lost_race(), "{e:?}");
+    assert_eq!(paths(&root), ["gone.md", "new.md"], "nothing was dropped");
+    // On the catalog read again, the swap goes through.
+    let mut read = target.read_catalog().unwrap().expect("a catalog");
+    let read_at = read.updated_at;
+    read.outputs.retain(|r| r.path.as_str() != "gone.md");
+    read.updated_at = read_at;
+    target.swap_catalog(read, read_at).unwrap();
+    assert_eq!(paths(&root), ["new.md"]);
+    assert!(
+        catalog(&root).updated_at > read_at,
+        "a swapped catalog is always newer than the one it replaces"
+    );
+}
+
+#[test]
+fn a_read_only_opening_writes_nothing_and_reports_what_is_in_flight() {
+    let root = memory_root();
+    publish(&root, "a.md", "a");
+    let before = root.list("").unwrap().len();
+    let mut target = opened(&root, Access::Read);
+    assert!(target.read_catalog().unwrap().is_some());
+    assert!(target.in_flight(true).unwrap().is_empty());
+    let survey = target.survey().unwrap();
+    assert_eq!(
+        survey.keys().collect::<Vec<_>>(),
+        ["a.md"],
+        "the catalog is not an output"
+    );
+    let absent = target
+        .confirm_absent(vec!["a.md".into(), "b.md".into()])
+        .unwrap();
+    assert_eq!(absent, ["b.md"]);
+    assert_eq!(root.list("").unwrap().len(), before);
 }
 
 #[test]
