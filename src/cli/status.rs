@@ -120,19 +120,7 @@ fn pipeline_status(
     let count = |f: Folder| in_folder(f).count();
     let oldest_waiting = in_folder(Folder::Inbox).next().map(|r| r.modified.clone());
     // Per inbox state (docs/contract.md §13.4): how many, and the oldest with its reason.
-    let mut inbox_states = serde_json::Map::new();
-    for state in spool::Waiting::ALL {
-        let mut rows = in_folder(Folder::Inbox).filter(|r| r.state == Some(state.as_str()));
-        if let Some(oldest) = rows.next() {
-            inbox_states.insert(
-                state.as_str().to_owned(),
-                json!({
-                    "count": 1 + rows.count(),
-                    "oldest": {"name": oldest.name, "since": oldest.modified, "reason": oldest.reason},
-                }),
-            );
-        }
-    }
+    let inbox_states = inbox_states(in_folder(Folder::Inbox));
     // What done/ retention could not remove, as the agent recorded it, of
     // what is still there.
     let record = spool::retention_record(&spool);
@@ -189,20 +177,10 @@ fn pipeline_status(
             p.id, h.since, p.id
         ));
     }
-    // Bundles refused for their signature, by reason, among those still in
-    // failed/ (docs/contract.md §17.4), from the agent's own kept results.
-    let mut signature_refusals: BTreeMap<String, u64> = BTreeMap::new();
-    if p.signatures.is_some() {
-        for r in in_folder(Folder::Failed) {
-            if let Ok(result) = spool::read_result(&spool, Folder::Failed, &r.name)
-                && !result.unverified
-                && let Some(reason) = result.doc["signature_refused"].as_str()
-                && crate::signature::Reason::parse(reason).is_some()
-            {
-                *signature_refusals.entry(reason.to_owned()).or_default() += 1;
-            }
-        }
-    }
+    let signature_refusals = match p.signatures {
+        Some(_) => signature_refusals(&spool, in_folder(Folder::Failed)),
+        None => BTreeMap::new(),
+    };
     let limit = config.agent.incomplete_timeout;
     for r in in_folder(Folder::Inbox) {
         let age = age_seconds(&r.modified, now);
@@ -361,21 +339,7 @@ fn age_seconds(time: &str, now: OffsetDateTime) -> Option<i64> {
 
 fn print_text(p: &Value, now: OffsetDateTime) {
     if p["view"] == "producer" {
-        println!(
-            "pipeline {}: inbox {}",
-            p["pipeline_id"].as_str().unwrap_or_default(),
-            p["inbox"]
-        );
-        for e in p["inbox_entries"].as_array().into_iter().flatten() {
-            println!(
-                "  {} ({} ago): {}: {}",
-                inert(e["name"].as_str().unwrap_or_default()),
-                human_age(e["age_seconds"].as_i64().unwrap_or(0)),
-                e["state"].as_str().unwrap_or_default(),
-                inert(e["reason"].as_str().unwrap_or_default())
-            );
-        }
-        println!("  note: {}", p["note"].as_str().unwrap_or_default());
+        print_producer_view(p);
         return;
     }
     let age = |t: &Value| {
@@ -467,7 +431,52 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             counts.join(", ")
         );
     }
-    let blocked = &p["retention_blocked"];
+    print_retention_blocked(&p["retention_blocked"]);
+    if let Some(f) = p["last_failure"].as_object() {
+        println!(
+            "  last failure: {} ({} ago) [{}] {}",
+            inert(f["name"].as_str().unwrap_or_default()),
+            age(&f["modified"]),
+            inert(f["stage"].as_str().unwrap_or("?")),
+            inert(f["error"].as_str().unwrap_or_default())
+        );
+    }
+    for d in p["destinations"].as_array().into_iter().flatten() {
+        let outputs = d["outputs"]
+            .as_u64()
+            .map(|n| format!(", {n} output{}", if n == 1 { "" } else { "s" }))
+            .unwrap_or_default();
+        println!(
+            "  destination {} ({}) {}: {}{outputs}",
+            d["destination_id"].as_str().unwrap_or_default(),
+            d["workflow"].as_str().unwrap_or_default(),
+            d["root"].as_str().unwrap_or_default(),
+            d["state"].as_str().unwrap_or_default(),
+        );
+    }
+}
+
+/// What a producer sees of its pipeline: its inbox (docs/security.md).
+fn print_producer_view(p: &Value) {
+    println!(
+        "pipeline {}: inbox {}",
+        p["pipeline_id"].as_str().unwrap_or_default(),
+        p["inbox"]
+    );
+    for e in p["inbox_entries"].as_array().into_iter().flatten() {
+        println!(
+            "  {} ({} ago): {}: {}",
+            inert(e["name"].as_str().unwrap_or_default()),
+            human_age(e["age_seconds"].as_i64().unwrap_or(0)),
+            e["state"].as_str().unwrap_or_default(),
+            inert(e["reason"].as_str().unwrap_or_default())
+        );
+    }
+    println!("  note: {}", p["note"].as_str().unwrap_or_default());
+}
+
+/// The `done/` entries retention could not remove, if any.
+fn print_retention_blocked(blocked: &Value) {
     if blocked["count"].as_u64().unwrap_or(0) > 0 {
         let names: Vec<String> = blocked["entries"]
             .as_array()
@@ -505,26 +514,44 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             blocked["fix"].as_str().unwrap_or_default()
         );
     }
-    if let Some(f) = p["last_failure"].as_object() {
-        println!(
-            "  last failure: {} ({} ago) [{}] {}",
-            inert(f["name"].as_str().unwrap_or_default()),
-            age(&f["modified"]),
-            inert(f["stage"].as_str().unwrap_or("?")),
-            inert(f["error"].as_str().unwrap_or_default())
-        );
+}
+
+/// Bundles refused for their signature, by reason, among those still in
+/// failed/ (docs/contract.md §17.4), from the agent's own kept results.
+fn signature_refusals<'r>(
+    spool: &Spool,
+    failed: impl Iterator<Item = &'r SpoolEntry>,
+) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for r in failed {
+        if let Ok(result) = spool::read_result(spool, Folder::Failed, &r.name)
+            && !result.unverified
+            && let Some(reason) = result.doc["signature_refused"].as_str()
+            && crate::signature::Reason::parse(reason).is_some()
+        {
+            *counts.entry(reason.to_owned()).or_default() += 1;
+        }
     }
-    for d in p["destinations"].as_array().into_iter().flatten() {
-        let outputs = d["outputs"]
-            .as_u64()
-            .map(|n| format!(", {n} output{}", if n == 1 { "" } else { "s" }))
-            .unwrap_or_default();
-        println!(
-            "  destination {} ({}) {}: {}{outputs}",
-            d["destination_id"].as_str().unwrap_or_default(),
-            d["workflow"].as_str().unwrap_or_default(),
-            d["root"].as_str().unwrap_or_default(),
-            d["state"].as_str().unwrap_or_default(),
-        );
+    counts
+}
+
+/// How many inbox entries wait in each state, and the oldest of each with
+/// its reason (docs/contract.md §13.4).
+fn inbox_states<'r>(
+    inbox: impl Iterator<Item = &'r SpoolEntry> + Clone,
+) -> serde_json::Map<String, Value> {
+    let mut inbox_states = serde_json::Map::new();
+    for state in spool::Waiting::ALL {
+        let mut rows = inbox.clone().filter(|r| r.state == Some(state.as_str()));
+        if let Some(oldest) = rows.next() {
+            inbox_states.insert(
+                state.as_str().to_owned(),
+                json!({
+                    "count": 1 + rows.count(),
+                    "oldest": {"name": oldest.name, "since": oldest.modified, "reason": oldest.reason},
+                }),
+            );
+        }
     }
+    inbox_states
 }

@@ -479,83 +479,7 @@ impl Config {
                 let _ = writeln!(s, "    {}", sig.summary());
             }
             for d in &p.destinations {
-                let yes_no = |b: bool| if b { "yes" } else { "no" };
-                let _ = writeln!(s, "    destination {}", d.id);
-                match &d.backend {
-                    Backend::Local => {
-                        let _ = writeln!(s, "      backend: local");
-                        let _ = writeln!(s, "      root: {}", d.root.display());
-                    }
-                    Backend::S3(l) => {
-                        let _ = writeln!(s, "      backend: s3");
-                        let _ = writeln!(s, "      bucket: {}", l.bucket);
-                        let path = if l.path.is_empty() {
-                            "(none; the whole bucket)"
-                        } else {
-                            &l.path
-                        };
-                        let _ = writeln!(s, "      path: {path}");
-                        let endpoint = l.endpoint.as_deref().unwrap_or("(none; AWS S3)");
-                        let _ = writeln!(s, "      endpoint: {endpoint}");
-                        let _ = writeln!(s, "      region: {}", l.region);
-                    }
-                }
-                let _ = writeln!(s, "      workflow: {}", d.workflow);
-                if d.prefix.is_empty() {
-                    let _ = writeln!(s, "      prefix: (none)");
-                } else {
-                    let _ = writeln!(s, "      prefix: {:?}", d.prefix);
-                }
-                match &d.scope {
-                    Some(scope) => {
-                        let _ = writeln!(s, "      scope: {scope}");
-                    }
-                    None => {
-                        let _ = writeln!(s, "      scope: (none; the whole root)");
-                    }
-                }
-                let _ = writeln!(
-                    s,
-                    "      publish: source {}, html {}",
-                    yes_no(d.publish_source),
-                    yes_no(d.publish_html)
-                );
-                let raw = d.raw_html.as_str();
-                let _ = writeln!(s, "      raw_html: {raw}");
-                if let Some(template) = &d.html_template {
-                    let _ = writeln!(s, "      template: {}", template.path.display());
-                }
-                let url = d
-                    .base_url
-                    .as_deref()
-                    .unwrap_or("(none; outputs get no url)");
-                let _ = writeln!(s, "      base_url: {url}");
-                match &d.prune {
-                    Some(prune) => {
-                        let _ = writeln!(
-                            s,
-                            "      prune: max_age {}, keep_latest {}",
-                            format_duration(prune.max_age),
-                            prune.keep_latest
-                        );
-                    }
-                    None => {
-                        let _ = writeln!(s, "      prune: (no policy)");
-                    }
-                }
-                match &d.hooks {
-                    Some(h) => {
-                        let _ = writeln!(
-                            s,
-                            "      hooks: after_publish {:?}, timeout {}",
-                            h.after_publish,
-                            format_duration(h.timeout)
-                        );
-                    }
-                    None => {
-                        let _ = writeln!(s, "      hooks: (none)");
-                    }
-                }
+                d.write_summary(&mut s);
             }
         }
         for warning in self.warnings() {
@@ -597,5 +521,90 @@ impl Signatures {
                 .map(|(p, s)| (p.clone(), serde_json::json!(s.entries())))
                 .collect::<serde_json::Map<_, _>>()),
         })
+    }
+}
+
+impl Destination {
+    /// The destination's lines of [`Config::summary`].
+    fn write_summary(&self, s: &mut String) {
+        use std::fmt::Write as _;
+        let d = self;
+        let yes_no = |b: bool| if b { "yes" } else { "no" };
+        let _ = writeln!(s, "    destination {}", d.id);
+        match &d.backend {
+            Backend::Local => {
+                let _ = writeln!(s, "      backend: local");
+                let _ = writeln!(s, "      root: {}", d.root.display());
+            }
+            Backend::S3(l) => {
+                let _ = writeln!(s, "      backend: s3");
+                let _ = writeln!(s, "      bucket: {}", l.bucket);
+                let path = if l.path.is_empty() {
+                    "(none; the whole bucket)"
+                } else {
+                    &l.path
+                };
+                let _ = writeln!(s, "      path: {path}");
+                let endpoint = l.endpoint.as_deref().unwrap_or("(none; AWS S3)");
+                let _ = writeln!(s, "      endpoint: {endpoint}");
+                let _ = writeln!(s, "      region: {}", l.region);
+            }
+        }
+        let _ = writeln!(s, "      workflow: {}", d.workflow);
+        if d.prefix.is_empty() {
+            let _ = writeln!(s, "      prefix: (none)");
+        } else {
+            let _ = writeln!(s, "      prefix: {:?}", d.prefix);
+        }
+        match &d.scope {
+            Some(scope) => {
+                let _ = writeln!(s, "      scope: {scope}");
+            }
+            None => {
+                let _ = writeln!(s, "      scope: (none; the whole root)");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "      publish: source {}, html {}",
+            yes_no(d.publish_source),
+            yes_no(d.publish_html)
+        );
+        let raw = d.raw_html.as_str();
+        let _ = writeln!(s, "      raw_html: {raw}");
+        if let Some(template) = &d.html_template {
+            let _ = writeln!(s, "      template: {}", template.path.display());
+        }
+        let url = d
+            .base_url
+            .as_deref()
+            .unwrap_or("(none; outputs get no url)");
+        let _ = writeln!(s, "      base_url: {url}");
+        match &d.prune {
+            Some(prune) => {
+                let _ = writeln!(
+                    s,
+                    "      prune: max_age {}, keep_latest {}",
+                    format_duration(prune.max_age),
+                    prune.keep_latest
+                );
+            }
+            None => {
+                let _ = writeln!(s, "      prune: (no policy)");
+            }
+        }
+        match &d.hooks {
+            Some(h) => {
+                let _ = writeln!(
+                    s,
+                    "      hooks: after_publish {:?}, timeout {}",
+                    h.after_publish,
+                    format_duration(h.timeout)
+                );
+            }
+            None => {
+                let _ = writeln!(s, "      hooks: (none)");
+            }
+        }
     }
 }
