@@ -13,7 +13,7 @@
 
 use crate::config::{Destination, Hooks, Pipeline};
 use crate::paths::RelPath;
-use crate::report::{DestinationReport, RunReport};
+use crate::report::{DestinationReport, HookReport, RunReport};
 use serde::Serialize;
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::process::CommandExt as _;
@@ -30,21 +30,6 @@ const PASSED_ON: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ"
 const OUTPUT_GRACE: Duration = Duration::from_millis(500);
 /// How often a running hook is checked for the agent's stop.
 const STOP_POLL: Duration = Duration::from_millis(100);
-
-/// How one hook run ended, as the bundle's result records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct HookReport {
-    pub destination_id: String,
-    /// Its exit status; `None` when it did not start or was killed.
-    pub exit: Option<i32>,
-    pub elapsed_ms: u64,
-    /// The first [`OUTPUT_KEPT`] bytes of what it wrote to stdout and
-    /// stderr, invalid UTF-8 replaced.
-    pub output: String,
-    /// Why it counts as failed (did not start, exit status, timeout, killed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
 
 /// What a hook reads on its standard input (docs/contract.md §19.1).
 #[derive(Serialize)]

@@ -84,7 +84,7 @@ pub struct RunReport {
     /// How each `after_publish` hook ended (docs/contract.md §19.2); absent
     /// when none ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub hooks: Vec<crate::hooks::HookReport>,
+    pub hooks: Vec<HookReport>,
     /// Worth retrying later (lock timeout, I/O error); not serialised.
     #[serde(skip)]
     pub transient: bool,
@@ -105,6 +105,21 @@ pub struct RunReport {
     /// Non-fatal notes (unlisted bundle files); not serialised.
     #[serde(skip)]
     pub warnings: Vec<String>,
+}
+
+/// How one hook run ended, as the bundle's result records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HookReport {
+    pub destination_id: String,
+    /// Its exit status; `None` when it did not start or was killed.
+    pub exit: Option<i32>,
+    pub elapsed_ms: u64,
+    /// The first [`crate::hooks::OUTPUT_KEPT`] bytes of what it wrote to stdout and
+    /// stderr, invalid UTF-8 replaced.
+    pub output: String,
+    /// Why it counts as failed (did not start, exit status, timeout, killed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl RunReport {

@@ -24,57 +24,13 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, BufRead, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The reserved file at the top of a local root.
 pub const SEEN_FILE: &str = ".distributor-seen";
 
 const HEADER: &str = "distributor-seen 1";
 
-/// What identifies one state of a regular file: a write, a truncation or
-/// a rename gives it a newer change time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Look {
-    pub dev: u64,
-    pub ino: u64,
-    pub size: u64,
-    pub ctime: i64,
-    pub ctime_nsec: i64,
-}
-
-/// How long before it was taken a look's change time must be for the
-/// look to be recorded. A file's change time comes from a coarse clock (a
-/// tick of up to 10 ms on older kernels): a file changed again within the
-/// tick of its last change keeps its change time, so a look taken that
-/// close to the change could miss a later write. Such a look is simply not
-/// recorded (the file is hashed next time); git's index treats "racily
-/// clean" files the same way.
-const SETTLE: Duration = Duration::from_millis(50);
-
-impl Look {
-    /// This look, if it can be recorded: taken (by a stat that started no
-    /// earlier than `stat_from`) long enough after the file's last change.
-    pub fn settled(self, stat_from: SystemTime) -> Option<Look> {
-        let changed = UNIX_EPOCH
-            + Duration::new(
-                u64::try_from(self.ctime).ok()?,
-                u32::try_from(self.ctime_nsec).ok()?,
-            );
-        (changed + SETTLE < stat_from).then_some(self)
-    }
-
-    /// The look of an open or stat-ed regular file.
-    pub fn of(meta: &std::fs::Metadata) -> Look {
-        use std::os::unix::fs::MetadataExt;
-        Look {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            ctime: meta.ctime(),
-            ctime_nsec: meta.ctime_nsec(),
-        }
-    }
-}
+pub use crate::storage::Look;
 
 /// The lines of a root's `.distributor-seen`, by path.
 #[derive(Default)]
@@ -271,6 +227,7 @@ mod tests {
 
     #[test]
     fn a_look_taken_soon_after_a_change_is_not_recorded() {
+        use std::time::{Duration, UNIX_EPOCH};
         let at = |secs: u64, millis: u64| UNIX_EPOCH + Duration::from_millis(secs * 1000 + millis);
         let l = look(7, 500_000_000); // changed at 1764547200.5
         assert_eq!(l.settled(at(1_764_547_200, 600)), Some(l));

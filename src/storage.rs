@@ -10,7 +10,6 @@ use crate::catalog::Sha256;
 use crate::hashing::{self, Hashed};
 use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
 use crate::replace_file::{self, Durability, Temp};
-use crate::seen::Look;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -827,6 +826,51 @@ trait StdOpenExt {
 impl StdOpenExt for std::fs::OpenOptions {
     fn custom_flags_std(&mut self, flags: i32) -> &mut Self {
         std::os::unix::fs::OpenOptionsExt::custom_flags(self, flags)
+    }
+}
+
+/// What identifies one state of a regular file: a write, a truncation or
+/// a rename gives it a newer change time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Look {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub ctime: i64,
+    pub ctime_nsec: i64,
+}
+
+/// How long before it was taken a look's change time must be for the
+/// look to be recorded. A file's change time comes from a coarse clock (a
+/// tick of up to 10 ms on older kernels): a file changed again within the
+/// tick of its last change keeps its change time, so a look taken that
+/// close to the change could miss a later write. Such a look is simply not
+/// recorded (the file is hashed next time); git's index treats "racily
+/// clean" files the same way.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl Look {
+    /// This look, if it can be recorded: taken (by a stat that started no
+    /// earlier than `stat_from`) long enough after the file's last change.
+    pub fn settled(self, stat_from: std::time::SystemTime) -> Option<Look> {
+        let changed = std::time::UNIX_EPOCH
+            + std::time::Duration::new(
+                u64::try_from(self.ctime).ok()?,
+                u32::try_from(self.ctime_nsec).ok()?,
+            );
+        (changed + SETTLE < stat_from).then_some(self)
+    }
+
+    /// The look of an open or stat-ed regular file.
+    pub fn of(meta: &std::fs::Metadata) -> Look {
+        use std::os::unix::fs::MetadataExt;
+        Look {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+        }
     }
 }
 
