@@ -251,7 +251,14 @@ pub(super) fn first_heading(html: &str) -> Option<String> {
         }
         rest = &rest[lt..];
         let end = tag_end(rest);
-        let tag = &rest[1..end.saturating_sub(1).max(1)];
+        // Without its `<` and, when it has one, its `>` (raw HTML that
+        // raw_html: allow passes may leave a tag unterminated).
+        let inner_end = if rest[..end].ends_with('>') {
+            end - 1
+        } else {
+            end
+        };
+        let tag = &rest[1..inner_end.max(1)];
         rest = &rest[end..];
         let (closing, name) = tag_name(tag);
         let heading = matches!(name.as_str(), "h1" | "h2" | "h3" | "h4" | "h5" | "h6");

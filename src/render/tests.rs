@@ -146,6 +146,9 @@ fn a_heading_written_in_raw_html_is_the_title_when_raw_html_is_allowed() {
         // A first heading without text gives the file name, never a later one.
         ("<h1><img src=\"logo.png\"></h1>\n\n# Second\n", "report"),
         ("<p>no heading</p>\n\n## Markdown one\n", "Markdown one"),
+        // An unterminated tag ending in a multi-byte character.
+        ("<h1>x</h1 \u{202e}\n\n# Later\n", "x"),
+        ("</*yip<\u{202e}\n\n# Title\n", "Title"),
     ];
     for (markdown, expected) in cases {
         let html = render_with(markdown, "docs/report.md", &[], true);
