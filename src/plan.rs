@@ -186,6 +186,11 @@ pub struct PlanInput<'a> {
     pub state: &'a State,
     pub listing: &'a Listing,
     pub now: OffsetDateTime,
+    /// A replacement deletes the owner's outputs it no longer plans only
+    /// inside these scopes: those of the principals that signed the bundle,
+    /// when the pipeline has `signatures.scopes` (docs/contract.md §17.4).
+    /// `None`: everywhere.
+    pub delete_within: Option<&'a [&'a crate::scope::Scope]>,
 }
 
 /// The decision for one destination.
@@ -579,6 +584,9 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
             .filter(|r| {
                 r.owned_by(input.pipeline_id, input.destination_id)
                     && !planned.contains(r.path.as_str())
+                    && input
+                        .delete_within
+                        .is_none_or(|scopes| scopes.iter().any(|s| s.contains(r.path.as_str())))
             })
             .map(|r| r.path.as_str().to_owned())
             .collect(),
@@ -673,8 +681,6 @@ pub fn output_url(base_url: &str, path: &RelPath) -> String {
     url
 }
 
-/// Checks that planned paths are unique and that none is a folder of
-/// another; returns the first offending pair as an operator message.
 /// The records that `plan` would overwrite or delete although their source
 /// was created after `source`: publishing it would roll those outputs back
 /// (docs/contract.md §17.5, §18.7). A skip writes nothing, so a bundle
@@ -686,12 +692,14 @@ pub fn rolled_back<'c>(
 ) -> Vec<&'c OutputRecord> {
     let written = plan.writes.iter().map(|d| d.path.as_str());
     written
-        .chain(plan.delete_after.iter().map(String::as_str))
+        .chain(plan.deletes.iter().map(String::as_str))
         .filter_map(|path| catalog.get(path))
         .filter(|record| record.source.created > source.created)
         .collect()
 }
 
+/// Checks that planned paths are unique and that none is a folder of
+/// another; returns the first offending pair as an operator message.
 pub fn check_unique(desired: &[Desired]) -> Result<(), String> {
     let mut sorted: Vec<&Desired> = desired.iter().collect();
     sorted.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
@@ -900,6 +908,7 @@ mod tests {
             state: &case.state,
             listing: &case.listing,
             now: now(),
+            delete_within: None,
         };
         plan(&input)
     }
@@ -1343,6 +1352,7 @@ mod tests {
             state: &state,
             listing: &listing,
             now: now(),
+            delete_within: None,
         });
         let c = plan.update.unwrap().apply(current(&state));
         let r = &c.outputs[0];
@@ -1357,6 +1367,50 @@ mod tests {
             "catalog keeps its birth"
         );
         assert_eq!(c.updated_at, now());
+    }
+
+    #[test]
+    fn a_replacement_by_a_scoped_signer_deletes_only_inside_its_scopes() {
+        let old = source("bundle-1");
+        let state = catalog(vec![
+            rec("a/old.html", (P, D), &old, 'b', 1),
+            rec("b/theirs.html", (P, D), &old, 'b', 1),
+            rec("index.html", (P, D), &old, 'b', 1),
+        ]);
+        let listing = storage(&[
+            ("a/old.html", file(1)),
+            ("b/theirs.html", file(1)),
+            ("index.html", file(1)),
+        ]);
+        let desired = vec![want("a/new.html", 'a', 3)];
+        let src = source("bundle-2");
+        let scope = |e: &[&str]| {
+            crate::scope::Scope::parse(&e.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap()
+        };
+        let (a, a_and_index) = (scope(&["a/"]), scope(&["a/", "index.html"]));
+        // (the signer's scopes, what the replacement deletes)
+        let cases: Vec<(Option<Vec<&crate::scope::Scope>>, Vec<&str>)> = vec![
+            (None, vec!["a/old.html", "b/theirs.html", "index.html"]),
+            (Some(vec![&a]), vec!["a/old.html"]),
+            (Some(vec![&a_and_index]), vec!["a/old.html", "index.html"]),
+            (Some(vec![]), vec![]),
+        ];
+        for (within, deleted) in cases {
+            let plan = plan(&PlanInput {
+                pipeline_id: P,
+                destination_id: D,
+                workflow: Workflow::Replacement,
+                force: false,
+                source: &src,
+                desired: &desired.clone().into(),
+                state: &state,
+                listing: &listing,
+                now: now(),
+                delete_within: within.as_deref(),
+            });
+            assert_eq!(plan.delete_after, deleted, "{within:?}");
+        }
     }
 
     #[test]
@@ -1375,6 +1429,7 @@ mod tests {
             state: &state,
             listing: &listing,
             now: now(),
+            delete_within: None,
         });
         assert_eq!(plan.clear_first, ["a", "r.html"]);
         assert_eq!(plan.delete_after, ["keep/y"]);
@@ -1397,6 +1452,7 @@ mod tests {
             state: &State::Absent,
             listing: &Listing::default(),
             now: now(),
+            delete_within: None,
         });
         let c = plan.update.unwrap().apply(None);
         let r = &c.outputs[0];

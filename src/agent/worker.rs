@@ -202,7 +202,11 @@ impl Worker {
                     Ok(Wake::Scan) | Err(RecvTimeoutError::Timeout) => continue,
                 }
             }
-            let probes = match spool::probe_inbox(&self.spool.inbox, &self.pipeline.limits) {
+            let probes = match spool::probe_inbox(
+                &self.spool.inbox,
+                &self.pipeline.limits,
+                self.spool.signed,
+            ) {
                 Ok(p) => p,
                 Err(e) => {
                     let key = format!("cannot scan: {e}");

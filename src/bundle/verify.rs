@@ -148,10 +148,20 @@ fn check_signature(
         .map_err(BundleError::Signature)
 }
 
+/// A signature that cannot be read: refused when the producer made it
+/// unreadable (it stays so), else a passing failure tried again later.
 fn unreadable_signature(dir: &Path, e: io::Error) -> BundleError {
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        return BundleError::Signature(SignatureRefusal::new(
+            Reason::Malformed,
+            format!(
+                "cannot be read by the agent ({e}); deliver it readable by the agent's group (chmod g+r), as docs/security.md describes"
+            ),
+        ));
+    }
     BundleError::Unreadable {
         path: dir.join(SIGNATURE_FILE),
-        message: format!("cannot read: {e}"),
+        message: format!("cannot read: {e}; the bundle is tried again later"),
         io: Some(e),
     }
 }

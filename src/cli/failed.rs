@@ -125,8 +125,20 @@ pub(super) fn rolls_back(
     }
     let n = found.len();
     let shown: Vec<String> = found.iter().take(5).map(|r| r.to_string()).collect();
+    // On a pipeline with signatures.refuse_older the agent would refuse it
+    // again (docs/contract.md §17.5): --allow-older cannot help there.
+    let refuse_older = p.signatures.as_ref().is_some_and(|s| s.refuse_older);
+    let anyway = if refuse_older {
+        "this pipeline refuses older bundles (signatures.refuse_older), so to publish this content again, seal and sign it as a new bundle".to_owned()
+    } else {
+        format!(
+            "to publish it anyway: distributor spool retry {} {} --allow-older",
+            inert(&p.id),
+            inert(name)
+        )
+    };
     Some(format!(
-        "{}: not retried: publishing it would roll back {n} output{} of later sources: {}{}. It stays in failed/; to publish it anyway: distributor spool retry {} {} --allow-older",
+        "{}: not retried: publishing it would roll back {n} output{} of later sources: {}{}. It stays in failed/; {anyway}",
         inert(name),
         if n == 1 { "" } else { "s" },
         inert(&shown.join("; ")),
@@ -135,8 +147,6 @@ pub(super) fn rolls_back(
         } else {
             String::new()
         },
-        inert(&p.id),
-        inert(name),
     ))
 }
 

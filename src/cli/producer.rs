@@ -6,12 +6,12 @@ use crate::bundle::{self, BundleError, SealError};
 use crate::catalog::parse_time;
 use crate::inert::{inert, inert_os};
 use crate::signature::AllowedSigners;
+use std::path::Path;
 
 /// "1 file", "2 files".
 fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
-use std::path::Path;
 
 pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Path>) -> u8 {
     let created = match created.map(parse_time).transpose() {

@@ -357,6 +357,9 @@ impl Config {
             ));
         }
         for pipeline in &self.pipelines {
+            if let Some(sig) = &pipeline.signatures {
+                warnings.extend(sig.warnings(&pipeline.id));
+            }
             for d in &pipeline.destinations {
                 if let Backend::S3(l) = &d.backend {
                     for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
@@ -507,6 +510,35 @@ impl Signatures {
             self.required,
             self.refuse_older
         )
+    }
+
+    /// What `config check` and the agent warn about: `scopes` that an
+    /// unsigned bundle would pass by (`required: false`), and principals
+    /// in `scopes` that no line of `allowed_signers` lists.
+    pub fn warnings(&self, pipeline: &str) -> Vec<String> {
+        let Some(scopes) = &self.scopes else {
+            return Vec::new();
+        };
+        let mut warnings = Vec::new();
+        if !self.required {
+            warnings.push(format!(
+                "pipeline {pipeline:?}: signatures.scopes limits signed bundles only, and with signatures.required: false an unsigned bundle is limited by its destinations' scope alone; set required: true once every producer signs"
+            ));
+        }
+        for principal in scopes.keys() {
+            let listed = self
+                .signers
+                .lines
+                .iter()
+                .any(|l| l.principals.iter().any(|p| p == principal));
+            if !listed {
+                warnings.push(format!(
+                    "pipeline {pipeline:?}: signatures.scopes names {principal:?}, which no line of {} lists; fix the spelling, or add its key",
+                    self.allowed_signers.display()
+                ));
+            }
+        }
+        warnings
     }
 
     /// The same for `config check --json`.

@@ -568,6 +568,7 @@ impl<'a> Driver<'a> {
             .target
             .listing(&prepared.desired, &state, &root.touched, self.options.force)
             .map_err(|e| (j, e))?;
+        let granted = self.signer_scopes(r);
         let plan = plan::plan(&PlanInput {
             pipeline_id: &self.pipeline.id,
             destination_id: &d.id,
@@ -578,6 +579,7 @@ impl<'a> Driver<'a> {
             state: &state,
             listing: &listing,
             now,
+            delete_within: granted.as_deref(),
         });
         let mut plan = root
             .target
@@ -615,6 +617,22 @@ impl<'a> Driver<'a> {
         }
         let kept = root.target.kept(&plan, &state, &root.touched);
         Ok((plan, kept))
+    }
+
+    /// The scopes of the principals that signed the bundle, when the
+    /// pipeline limits principals (`signatures.scopes`): a replacement
+    /// deletes only inside them, so that one principal never deletes what
+    /// another published (docs/contract.md §17.4).
+    fn signer_scopes(&self, r: &Ready) -> Option<Vec<&'a crate::scope::Scope>> {
+        let scopes = self.pipeline.signatures.as_ref()?.scopes.as_ref()?;
+        let signer = r.bundle.signer.as_ref()?;
+        Some(
+            signer
+                .principals
+                .iter()
+                .filter_map(|p| scopes.get(p))
+                .collect(),
+        )
     }
 
     /// Creates the roots that do not exist yet and plans the bundle again
@@ -950,10 +968,6 @@ fn all_reported(reports: Vec<Option<RunReport>>) -> Outcome {
     )
 }
 
-#[cfg(test)]
-#[path = "driver_tests.rs"]
-mod tests;
-
 /// Why a bundle is refused under `signatures.refuse_older`
 /// (docs/contract.md §17.5): the outputs of later sources it would roll
 /// back, the first few named with their source and both times.
@@ -974,3 +988,7 @@ fn replay_refusal(newer: &[super::Rollback]) -> String {
         shown.join("; ")
     )
 }
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod tests;

@@ -118,6 +118,9 @@ pub(super) fn prepare_bundle(
     });
     report.warnings = bundle.warnings.clone();
     report.signer = bundle.signer.clone();
+    if let Some(why) = from_the_future(pipeline, m.created, time::OffsetDateTime::now_utc()) {
+        return Err(Box::new(report.fail(Stage::Verify, why, false)));
+    }
     if bundle.signer.is_none() && pipeline.signatures.is_some() {
         report.warnings.push(format!(
             "the bundle is not signed; pipeline {} takes it because signatures.required is false (set it to true once every producer signs)",
@@ -204,6 +207,29 @@ pub(super) fn prepare_bundle(
         source,
         prepared,
         verified,
+    })
+}
+
+/// How far ahead of this machine's clock a bundle's `created` may be
+/// where `signatures.refuse_older` holds.
+const CLOCK_SKEW: time::Duration = time::Duration::hours(1);
+
+/// Why a bundle is refused for a `created` in the future, on a pipeline
+/// with `signatures.refuse_older`: every later bundle touching its paths
+/// would be refused as older (docs/contract.md §17.5).
+fn from_the_future(
+    pipeline: &Pipeline,
+    created: time::OffsetDateTime,
+    now: time::OffsetDateTime,
+) -> Option<String> {
+    let refuse_older = pipeline.signatures.as_ref().is_some_and(|s| s.refuse_older);
+    (refuse_older && created > now + CLOCK_SKEW).then(|| {
+        use crate::catalog::format_time;
+        format!(
+            "manifest.json: created {} is more than an hour ahead of this machine's clock ({}); with signatures.refuse_older, a bundle from the future would make every later bundle of its paths look older and be refused. Seal it with the right time (check the producer's clock)",
+            format_time(created),
+            format_time(now)
+        )
     })
 }
 

@@ -1,5 +1,6 @@
-//! The OpenSSH `allowed_signers` format (see ssh-keygen(1), "ALLOWED
-//! SIGNERS"), as docs/contract.md §17.3 uses it: one signer per line,
+//! The OpenSSH `allowed_signers` format, as docs/contract.md §17.3 uses it
+//! (docs/config.md, "Signatures", lists what a line may say): one signer
+//! per line,
 //!
 //! ```text
 //! principal[,principal...] [option[,option...]] keytype base64-key [comment]
@@ -64,7 +65,16 @@ impl AllowedSigners {
     pub fn read(path: &std::path::Path) -> Result<AllowedSigners, String> {
         use std::io::Read as _;
         let mut bytes = Vec::new();
-        std::fs::File::open(path)
+        // A regular file only: a pipe there would hold a reload forever.
+        std::fs::metadata(path)
+            .and_then(|m| {
+                if m.is_file() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other("not a regular file"))
+                }
+            })
+            .and_then(|()| std::fs::File::open(path))
             .and_then(|file| {
                 file.take(MAX_ALLOWED_SIGNERS_BYTES as u64 + 1)
                     .read_to_end(&mut bytes)

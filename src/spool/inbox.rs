@@ -212,8 +212,9 @@ fn short(d: Duration) -> String {
 }
 
 /// Probes every entry of the inbox (dot-names are staging and skipped). Only
-/// an inbox that cannot be listed at all is an error.
-pub fn probe_inbox(inbox: &Path, limits: &Limits) -> io::Result<Vec<Probe>> {
+/// an inbox that cannot be listed at all is an error. With `signed`, a
+/// bundle is complete only once its `manifest.json.sig` is there too.
+pub fn probe_inbox(inbox: &Path, limits: &Limits, signed: bool) -> io::Result<Vec<Probe>> {
     let dir = match spoolfs::open_folder(inbox) {
         Ok(d) => d,
         Err(EntryError::Missing) => return Ok(Vec::new()),
@@ -244,7 +245,7 @@ pub fn probe_inbox(inbox: &Path, limits: &Limits) -> io::Result<Vec<Probe>> {
         if is_ignored_name(&name) {
             continue;
         }
-        if let Some(p) = probe_entry(&dir, inbox, &name, limits) {
+        if let Some(p) = probe_entry(&dir, inbox, &name, limits, signed) {
             probes.push(p);
         }
     }
@@ -262,7 +263,13 @@ fn change_time(meta: Option<&cap_std::fs::Metadata>) -> SystemTime {
 }
 
 /// Probes one entry; `None` when it vanished meanwhile.
-fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> Option<Probe> {
+fn probe_entry(
+    inbox: &Dir,
+    inbox_path: &Path,
+    name: &str,
+    limits: &Limits,
+    signed: bool,
+) -> Option<Probe> {
     let path = inbox_path.join(name);
     let meta = match inbox.symlink_metadata(name) {
         Ok(m) => m,
@@ -323,6 +330,17 @@ fn probe_entry(inbox: &Dir, inbox_path: &Path, name: &str, limits: &Limits) -> O
     probe.last_change = probe.last_change.max(tree.last_change);
     probe.arrival = tree.files.get(MANIFEST).map(|f| f.modified);
     probe.kind = examine(&folder, &tree, limits);
+    if signed
+        && probe.kind == ProbeKind::Complete
+        && !tree.files.contains_key(crate::signature::SIGNATURE_FILE)
+    {
+        // rsync and cp copy in name order: the signature comes after the
+        // manifest (docs/contract.md §17.3).
+        probe.kind = ProbeKind::Incomplete(format!(
+            "{} is not there yet, and this pipeline takes only signed bundles (deliver it with the bundle, or sign the bundle before handing it over)",
+            crate::signature::SIGNATURE_FILE
+        ));
+    }
     if probe.kind != ProbeKind::NoManifest && !writable(inbox, name) {
         // Claiming moves the folder into work/, which needs write access
         // to the folder itself (its ".." entry changes).
@@ -763,9 +781,30 @@ mod tests {
     }
 
     fn probe_one(inbox: &Path) -> Probe {
-        let mut all = probe_inbox(inbox, &Limits::default()).unwrap();
+        let mut all = probe_inbox(inbox, &Limits::default(), false).unwrap();
         assert_eq!(all.len(), 1, "{all:?}");
         all.remove(0)
+    }
+
+    #[test]
+    fn a_bundle_of_a_signed_pipeline_waits_for_its_signature() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inbox = tmp.path().join("inbox");
+        let b = inbox.join("b");
+        write(&b.join("a.txt"), b"hello");
+        bundle::seal(&b, "b-1", None).unwrap();
+        let probe = |signed| {
+            probe_inbox(&inbox, &Limits::default(), signed)
+                .unwrap()
+                .remove(0)
+        };
+        assert_eq!(probe(false).kind, ProbeKind::Complete);
+        match probe(true).kind {
+            ProbeKind::Incomplete(why) => assert!(why.contains("manifest.json.sig"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        write(&b.join("manifest.json.sig"), b"anything: checked at verify");
+        assert_eq!(probe(true).kind, ProbeKind::Complete);
     }
 
     #[test]
@@ -832,7 +871,7 @@ mod tests {
         write(&good.join("f"), b"f");
         bundle::seal(&good, "good", None).unwrap();
 
-        let probes = probe_inbox(&inbox, &Limits::default()).unwrap();
+        let probes = probe_inbox(&inbox, &Limits::default(), false).unwrap();
         let kinds: HashMap<&str, &ProbeKind> =
             probes.iter().map(|p| (p.name.as_str(), &p.kind)).collect();
         assert_eq!(kinds["good"], &ProbeKind::Complete);

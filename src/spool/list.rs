@@ -136,31 +136,32 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
         ),
         _ => String::new(),
     };
-    let mut rows: Vec<(SystemTime, SpoolEntry)> = probe_inbox(&spool.inbox, &spool.limits)?
-        .into_iter()
-        .map(|p| {
-            let (state, _) = p.decide(now, None, &spool.timing.for_listing());
-            let mut reason = p.reason(state, now, &spool.timing);
-            reason.push_str(&behind);
-            // The last change of anything in the entry: a producer cannot
-            // set it (modification times can be, and rsync copies them).
-            let since = p.last_change;
-            (
-                since,
-                SpoolEntry {
-                    pipeline_id: spool.pipeline_id.clone(),
-                    spool: Folder::Inbox.as_str(),
-                    name: p.name.clone(),
-                    modified: format_time(since),
-                    stage: None,
-                    error: None,
-                    state: Some(state.as_str()),
-                    reason: Some(reason),
-                    deferred: None,
-                },
-            )
-        })
-        .collect();
+    let mut rows: Vec<(SystemTime, SpoolEntry)> =
+        probe_inbox(&spool.inbox, &spool.limits, spool.signed)?
+            .into_iter()
+            .map(|p| {
+                let (state, _) = p.decide(now, None, &spool.timing.for_listing());
+                let mut reason = p.reason(state, now, &spool.timing);
+                reason.push_str(&behind);
+                // The last change of anything in the entry: a producer cannot
+                // set it (modification times can be, and rsync copies them).
+                let since = p.last_change;
+                (
+                    since,
+                    SpoolEntry {
+                        pipeline_id: spool.pipeline_id.clone(),
+                        spool: Folder::Inbox.as_str(),
+                        name: p.name.clone(),
+                        modified: format_time(since),
+                        stage: None,
+                        error: None,
+                        state: Some(state.as_str()),
+                        reason: Some(reason),
+                        deferred: None,
+                    },
+                )
+            })
+            .collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
     Ok(rows.into_iter().map(|(_, e)| e).collect())
 }
@@ -310,6 +311,7 @@ mod tests {
             done: tmp.path().join("done"),
             failed: tmp.path().join("failed"),
             limits: crate::bundle::Limits::default(),
+            signed: false,
             timing: super::super::Timing {
                 settle: std::time::Duration::from_millis(250),
                 incomplete_timeout: std::time::Duration::from_secs(600),

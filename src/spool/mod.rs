@@ -69,6 +69,9 @@ pub struct Spool {
     pub failed: PathBuf,
     /// The pipeline's limits (the manifest cap when probing the inbox).
     pub limits: crate::bundle::Limits,
+    /// The pipeline takes only signed bundles: an entry is complete only
+    /// once its `manifest.json.sig` is there too.
+    pub signed: bool,
     /// When inbox entries are claimed (`once` is false here).
     pub timing: Timing,
 }
@@ -83,6 +86,7 @@ impl Spool {
             done: base.join("done"),
             failed: base.join("failed"),
             limits: pipeline.limits,
+            signed: pipeline.signatures.as_ref().is_some_and(|s| s.required),
             timing: Timing {
                 settle: config.agent.settle,
                 incomplete_timeout: config.agent.incomplete_timeout,
@@ -616,6 +620,7 @@ mod tests {
             done: tmp.join("done"),
             failed: tmp.join("failed"),
             limits: crate::bundle::Limits::default(),
+            signed: false,
             timing: Timing {
                 settle: std::time::Duration::from_millis(250),
                 incomplete_timeout: std::time::Duration::from_secs(600),

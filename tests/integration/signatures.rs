@@ -429,6 +429,20 @@ fn an_older_signed_bundle_dropped_again_cannot_roll_the_site_back() {
                 assert!(error.contains(needed), "{needed} not in {error}");
             }
             assert_eq!(page, "version 2");
+            // A bundle from the future would lock its paths: refused at verify.
+            let future = sealed(&t, "v9", "2999-01-01T00:00:00Z", "version 9");
+            ssh_sign(&ci.private, &future.join("manifest.json"), "distributor");
+            let out = publish(&t, &future);
+            out.expect_code(1);
+            assert!(
+                out.all().contains("ahead of this machine's clock"),
+                "{}",
+                out.all()
+            );
+            assert_eq!(
+                fs::read_to_string(t.join("site/index.html")).unwrap(),
+                "version 2"
+            );
             let records = records(&read_json(&t.join("site/.distributor.json")));
             assert_eq!(records["index.html"]["source"]["id"], "v2");
         } else {
@@ -583,6 +597,21 @@ fn each_principal_publishes_only_inside_its_scopes() {
         "{doc}"
     );
 
+    // A principal no line lists, and scopes that required: false lets an
+    // unsigned bundle pass by, are named by config check.
+    let t2 = site(
+        &signers,
+        "      required: false\n      scopes:\n        ci@typo: [\"x/\"]\n",
+    );
+    let out = t2.run(&["config", "check"]);
+    out.expect_code(0);
+    assert!(
+        out.all().contains("\"ci@typo\", which no line"),
+        "{}",
+        out.all()
+    );
+    assert!(out.all().contains("required: false"), "{}", out.all());
+
     // A bad entry is a config error naming the principal.
     let t = site(&signers, "      scopes:\n        ci@a: [\"../up/\"]\n");
     let out = t.run(&["config", "check"]);
@@ -672,4 +701,51 @@ pipelines:
     assert!(agent.running());
     let (code, _) = agent.terminate(WAIT);
     assert_eq!(code, 0, "{}", agent.log());
+}
+
+/// Two principals share one replacement destination, each in its own
+/// scope: a replacement by one deletes only its own earlier outputs,
+/// never what the other published (docs/contract.md §17.4).
+#[test]
+fn a_replacement_by_one_principal_never_deletes_another_principals_outputs() {
+    let t = Test::new();
+    let a = keygen(&t, "a", &["ed25519"], "");
+    let b = keygen(&t, "b", &["ed25519"], "");
+    t.write(
+        "docs.signers",
+        format!("ci@a {}\nci@b {}\n", a.public, b.public),
+    );
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: docs
+    signatures:
+      allowed_signers: docs.signers
+      scopes:
+        ci@a: [\"a/\"]
+        ci@b: [\"b/\"]
+    destinations:
+      - id: web
+        path: ./site
+        workflow: replacement
+",
+    );
+    let signed = |name: &str, created: &str, path: &str, key: &Key| {
+        let dir = t.bundle_at(name, name, created, &[(path, name)]);
+        ssh_sign(&key.private, &dir.join("manifest.json"), "distributor");
+        publish(&t, &dir).expect_code(0);
+    };
+    signed("a1", "2026-06-01T00:00:00Z", "a/one.html", &a);
+    signed("b1", "2026-06-02T00:00:00Z", "b/one.html", &b);
+    signed("a2", "2026-06-03T00:00:00Z", "a/two.html", &a);
+    assert!(
+        !t.join("site/a/one.html").exists(),
+        "a's own old output stays"
+    );
+    assert_eq!(fs::read_to_string(t.join("site/a/two.html")).unwrap(), "a2");
+    assert_eq!(fs::read_to_string(t.join("site/b/one.html")).unwrap(), "b1");
+    let recorded: Vec<String> = records(&read_json(&t.join("site/.distributor.json")))
+        .into_keys()
+        .collect();
+    assert_eq!(recorded, ["a/two.html", "b/one.html"]);
 }
