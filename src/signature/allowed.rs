@@ -233,12 +233,16 @@ fn parse_key(text: &str) -> Result<KeyData, String> {
         .map_err(|e| format!("the key cannot be read ({e}); copy the whole line of the signer's .pub file (type, then base64)"))?;
     match key.algorithm() {
         Algorithm::Ed25519
-        | Algorithm::SkEd25519
         | Algorithm::Rsa { .. }
         | Algorithm::Ecdsa {
             curve: EcdsaCurve::NistP256 | EcdsaCurve::NistP384,
-        }
-        | Algorithm::SkEcdsaSha2NistP256 => Ok(key.key_data().clone()),
+        } => Ok(key.key_data().clone()),
+        // OpenSSH requires a FIDO key's touch flag unless a line says
+        // otherwise; the verifier used here does not look at it.
+        Algorithm::SkEd25519 | Algorithm::SkEcdsaSha2NistP256 => Err(format!(
+            "{} (FIDO security key) signers are not supported; use an ed25519, ecdsa or rsa key",
+            key.algorithm().as_str()
+        )),
         other => Err(format!(
             "{} keys are not supported; use an ed25519, ecdsa (nistp256 or nistp384) or rsa key",
             other.as_str()
@@ -378,6 +382,10 @@ mod tests {
             ),
             ("\n# only a comment\n".to_owned(), "lists no signer"),
             (format!("ci@a {P521}"), "not supported"),
+            (
+                "ci@a sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29tAAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4fAAAABHNzaDo=".to_owned(),
+                "FIDO security key",
+            ),
         ];
         for (text, wanted) in cases {
             let e = AllowedSigners::parse(&text).unwrap_err();
