@@ -49,6 +49,18 @@ pub(super) struct LocalTarget {
 }
 
 impl LocalTarget {
+    /// `d`'s root, not opened yet: no lock, nothing read.
+    fn unopened(d: &Destination) -> LocalTarget {
+        LocalTarget {
+            path: d.root.clone(),
+            workflow: d.workflow,
+            root: None,
+            _lock: None,
+            state: Some(State::Absent),
+            staged: None,
+        }
+    }
+
     /// Opens and locks `d`'s root (a dry run only waits for a lock file
     /// that exists, and creates nothing), settling its journal.
     pub(super) fn open(
@@ -57,14 +69,7 @@ impl LocalTarget {
         now: OffsetDateTime,
         ahead: Option<journal::ReadAhead>,
     ) -> Result<LocalTarget, Error> {
-        let mut target = LocalTarget {
-            path: d.root.clone(),
-            workflow: d.workflow,
-            root: None,
-            _lock: None,
-            state: Some(State::Absent),
-            staged: None,
-        };
+        let mut target = LocalTarget::unopened(d);
         target.lock(options, now, ahead, false)?;
         Ok(target)
     }
@@ -82,14 +87,7 @@ impl LocalTarget {
         lock_timeout: Duration,
         now: OffsetDateTime,
     ) -> Result<LocalTarget, Fault> {
-        let mut target = LocalTarget {
-            path: d.root.clone(),
-            workflow: d.workflow,
-            root: None,
-            _lock: None,
-            state: Some(State::Absent),
-            staged: None,
-        };
+        let mut target = LocalTarget::unopened(d);
         let Some(root) =
             Root::open(&d.root).map_err(io_fault("cannot open the destination root"))?
         else {

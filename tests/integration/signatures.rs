@@ -237,29 +237,25 @@ fn an_encrypted_key_is_signed_by_ssh_keygen_with_its_passphrase() {
     }
     let dir = t.mkdir("b");
     fs::write(dir.join("a.txt"), "a").unwrap();
-    let mut cmd = t.cmd();
-    cmd.env("SSH_ASKPASS", &askpass)
-        .env("SSH_ASKPASS_REQUIRE", "force")
-        .env("DISPLAY", ":0")
-        .args(["bundle", "seal"])
-        .arg(&dir)
-        .args(["--id", "b", "--sign"])
-        .arg(&key.private);
-    cmd.output().expect_code(0);
+    // `bundle seal --sign` with the passphrase coming from SSH_ASKPASS.
+    let seal_signed = || {
+        let mut cmd = t.cmd();
+        cmd.env("SSH_ASKPASS", &askpass)
+            .env("SSH_ASKPASS_REQUIRE", "force")
+            .env("DISPLAY", ":0")
+            .args(["bundle", "seal"])
+            .arg(&dir)
+            .args(["--id", "b", "--sign"])
+            .arg(&key.private);
+        cmd.output()
+    };
+    seal_signed().expect_code(0);
     assert!(ssh_verifies(&dir, &t.join("allowed"), "ci@locked"));
 
     // A wrong passphrase: not signed, no signature left, exit 1.
     fs::write(&askpass, "#!/bin/sh\necho wrong\n").unwrap();
     t.seal(&dir, "b", None).expect_code(0);
-    let mut cmd = t.cmd();
-    cmd.env("SSH_ASKPASS", &askpass)
-        .env("SSH_ASKPASS_REQUIRE", "force")
-        .env("DISPLAY", ":0")
-        .args(["bundle", "seal"])
-        .arg(&dir)
-        .args(["--id", "b", "--sign"])
-        .arg(&key.private);
-    let out = cmd.output();
+    let out = seal_signed();
     out.expect_code(1);
     assert!(
         out.stderr.contains("sealed, but not signed"),
