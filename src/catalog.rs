@@ -494,24 +494,12 @@ impl Catalog {
             return w.flush().map(|()| texts);
         }
         w.write_all(b"[")?;
-        let mut fresh = Vec::new();
         for r in &self.outputs {
             let key = RecordTexts::key(r);
             let start = texts.text.len();
             match before.and_then(|b| b.get(key)) {
                 Some(text) => texts.text.extend_from_slice(text),
-                None => {
-                    // Formatted alone, then indented as the third level of
-                    // the document (strings hold no raw line breaks).
-                    fresh.clear();
-                    serde_json::to_writer_pretty(&mut fresh, r).map_err(std::io::Error::from)?;
-                    for line in fresh.split_inclusive(|&b| b == b'\n') {
-                        texts.text.extend_from_slice(line);
-                        if line.ends_with(b"\n") {
-                            texts.text.extend_from_slice(b"    ");
-                        }
-                    }
-                }
+                None => push_record_text(r, &mut texts.text),
             }
             let end = texts.text.len();
             w.write_all(if start == 0 { b"\n    " } else { b",\n    " })?;
@@ -562,6 +550,68 @@ impl Catalog {
         std::io::Write::write_all(&mut buffered, b"\n")?;
         std::io::Write::flush(&mut buffered)
     }
+}
+
+/// Appends the text of one record exactly as [`Catalog::write_json`] lays
+/// it out in the document (serde_json's pretty form at the third level:
+/// lines after the first indented by six spaces, the closing brace by
+/// four), written field by field: without a formatter, and with the
+/// timestamps formatted in place rather than each into a new string. A
+/// test checks it against the serde form.
+fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
+    fn string(out: &mut Vec<u8>, text: &str) {
+        // Writing into a Vec cannot fail; escaping is serde_json's own.
+        let _ = serde_json::to_writer(&mut *out, text);
+    }
+    fn time(out: &mut Vec<u8>, t: OffsetDateTime) {
+        out.push(b'"');
+        let start = out.len();
+        if t.to_offset(time::UtcOffset::UTC)
+            .format_into(&mut *out, &Rfc3339)
+            .is_err()
+        {
+            // As format_time: the seconds when RFC 3339 cannot say it.
+            out.truncate(start);
+            out.extend_from_slice(t.unix_timestamp().to_string().as_bytes());
+        }
+        out.push(b'"');
+    }
+    out.extend_from_slice(b"{\n      \"path\": ");
+    string(out, r.path.as_str());
+    out.extend_from_slice(b",\n      \"pipeline_id\": ");
+    string(out, &r.pipeline_id);
+    out.extend_from_slice(b",\n      \"destination_id\": ");
+    string(out, &r.destination_id);
+    out.extend_from_slice(b",\n      \"source\": {\n        \"id\": ");
+    string(out, &r.source.id);
+    out.extend_from_slice(b",\n        \"digest\": ");
+    string(out, &r.source.digest);
+    out.extend_from_slice(b",\n        \"created\": ");
+    time(out, r.source.created);
+    out.extend_from_slice(b"\n      },\n      \"kind\": \"");
+    out.extend_from_slice(r.kind.as_str().as_bytes());
+    out.push(b'"');
+    if let Some(source_path) = &r.source_path {
+        out.extend_from_slice(b",\n      \"source_path\": ");
+        string(out, source_path.as_str());
+    }
+    if let Some(transform) = r.transform {
+        out.extend_from_slice(b",\n      \"transform\": ");
+        string(out, transform);
+    }
+    if let Some(url) = &r.url {
+        out.extend_from_slice(b",\n      \"url\": ");
+        string(out, url);
+    }
+    out.extend_from_slice(b",\n      \"sha256\": \"");
+    out.extend_from_slice(r.sha256.write_text(&mut [0; 71]).as_bytes());
+    out.extend_from_slice(b"\",\n      \"size\": ");
+    out.extend_from_slice(r.size.to_string().as_bytes());
+    out.extend_from_slice(b",\n      \"created_at\": ");
+    time(out, r.created_at);
+    out.extend_from_slice(b",\n      \"updated_at\": ");
+    time(out, r.updated_at);
+    out.extend_from_slice(b"\n    }");
 }
 
 /// The text of each record of a catalog as [`Catalog::write_json_reusing`]
@@ -1462,6 +1512,33 @@ pub(crate) mod tests {
         r.path = RelPath::parse(path).unwrap();
         r.size = size;
         r
+    }
+
+    #[test]
+    fn a_record_written_field_by_field_is_serdes_pretty_form() {
+        let seed = record_at("a/b.html", 2345);
+        let mut copied = record_at("plain", 0);
+        copied.kind = OutputKind::Source;
+        copied.source_path = None;
+        copied.transform = None;
+        copied.url = None;
+        let mut odd = record_at("q/\"quoted\" path \u{e9}", u64::MAX);
+        odd.url = Some("https://example.org/a?b=\"c\"&d=\u{2028}".to_owned());
+        odd.source = Arc::new(SourceIdentity {
+            id: "src.\\\u{7f}\u{1F600}\t".to_owned(),
+            digest: odd.source.digest.clone(),
+            created: parse_time("2026-06-04T12:00:00.123456789+02:00").unwrap(),
+        });
+        odd.created_at = parse_time("1999-12-31T23:59:59.5Z").unwrap();
+        odd.updated_at = parse_time("2026-06-04T12:00:00.001Z").unwrap();
+        for r in [seed, copied, odd] {
+            let mut pretty = Vec::new();
+            serde_json::to_writer_pretty(&mut pretty, &r).unwrap();
+            let expected = String::from_utf8(pretty).unwrap().replace('\n', "\n    ");
+            let mut out = Vec::new();
+            push_record_text(&r, &mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), expected);
+        }
     }
 
     #[test]
