@@ -7,6 +7,7 @@
 
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use time::OffsetDateTime;
@@ -186,13 +187,19 @@ pub struct OutputRecord {
 /// An output record as the file holds it: every field its own text.
 /// Records are read through this form (strictly, every check with its
 /// message) and turned into the compact [`OutputRecord`] one at a time.
+/// Read from memory, its ids and digests borrow the file's text (one
+/// record is checked and made compact before the next is read, so no
+/// allocation is made for text the compact record does not keep).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RecordText {
+struct RecordText<'a> {
     path: RelPath,
-    pipeline_id: String,
-    destination_id: String,
-    source: SourceIdentity,
+    #[serde(borrow)]
+    pipeline_id: Cow<'a, str>,
+    #[serde(borrow)]
+    destination_id: Cow<'a, str>,
+    #[serde(borrow)]
+    source: SourceText<'a>,
     kind: OutputKind,
     #[serde(default)]
     source_path: Option<RelPath>,
@@ -200,12 +207,25 @@ struct RecordText {
     transform: Option<String>,
     #[serde(default)]
     url: Option<String>,
-    sha256: String,
+    #[serde(borrow)]
+    sha256: Cow<'a, str>,
     size: u64,
     #[serde(with = "rfc3339")]
     created_at: OffsetDateTime,
     #[serde(with = "rfc3339")]
     updated_at: OffsetDateTime,
+}
+
+/// [`SourceIdentity`] as the file holds it, borrowing like [`RecordText`].
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceText<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow)]
+    digest: Cow<'a, str>,
+    #[serde(with = "rfc3339")]
+    created: OffsetDateTime,
 }
 
 /// The text form of a record, borrowed, for writing: the same fields in
@@ -263,29 +283,58 @@ impl<'de> Deserialize<'de> for OutputRecord {
 
 /// The owner ids and source identities already met while reading a
 /// catalog, so that its records share them instead of each holding a copy.
+/// An id or source is checked when it is first met; records that share it
+/// are not checked again.
 #[derive(Default)]
 struct Shared {
     ids: std::collections::HashSet<Arc<str>>,
     sources: std::collections::HashSet<Arc<SourceIdentity>>,
+    /// The source of the record before (records of one bundle are
+    /// usually neighbours), found without hashing.
+    last_source: Option<Arc<SourceIdentity>>,
 }
 
 impl Shared {
-    fn id(&mut self, id: String) -> Arc<str> {
-        if let Some(known) = self.ids.get(id.as_str()) {
-            return known.clone();
+    fn id(&mut self, kind: IdKind, id: &str) -> Result<Arc<str>, String> {
+        if let Some(known) = self.ids.get(id) {
+            return Ok(known.clone());
         }
+        check_id(kind, id)?;
         let id: Arc<str> = id.into();
         self.ids.insert(id.clone());
-        id
+        Ok(id)
     }
 
-    fn source(&mut self, source: SourceIdentity) -> Arc<SourceIdentity> {
-        if let Some(known) = self.sources.get(&source) {
-            return known.clone();
+    fn source(&mut self, source: SourceText) -> Result<Arc<SourceIdentity>, String> {
+        if let Some(last) = &self.last_source
+            && last.id == source.id
+            && last.digest == source.digest
+            && last.created == source.created
+        {
+            return Ok(last.clone());
         }
-        let source = Arc::new(source);
-        self.sources.insert(source.clone());
-        source
+        let source = SourceIdentity {
+            id: source.id.into_owned(),
+            digest: source.digest.into_owned(),
+            created: source.created,
+        };
+        let shared = match self.sources.get(&source) {
+            Some(known) => known.clone(),
+            None => {
+                check_id(IdKind::Source, &source.id)?;
+                if !is_sha256_digest(&source.digest) {
+                    return Err(format!(
+                        "source.digest {:?} is not sha256:<64 lowercase hex>",
+                        source.digest
+                    ));
+                }
+                let source = Arc::new(source);
+                self.sources.insert(source.clone());
+                source
+            }
+        };
+        self.last_source = Some(shared.clone());
+        Ok(shared)
     }
 
     /// Checks a record read from the file and makes it compact.
@@ -296,16 +345,14 @@ impl Shared {
                 "output {path}: path uses a reserved .distributor name"
             ));
         }
-        check_id(IdKind::Pipeline, &r.pipeline_id).map_err(|e| format!("output {path}: {e}"))?;
-        check_id(IdKind::Destination, &r.destination_id)
-            .map_err(|e| format!("output {path}: {e}"))?;
-        check_id(IdKind::Source, &r.source.id).map_err(|e| format!("output {path}: {e}"))?;
-        if !is_sha256_digest(&r.source.digest) {
-            return Err(format!(
-                "output {path}: source.digest {:?} is not sha256:<64 lowercase hex>",
-                r.source.digest
-            ));
-        }
+        let in_output = |e: String| format!("output {path}: {e}");
+        let pipeline_id = self
+            .id(IdKind::Pipeline, &r.pipeline_id)
+            .map_err(in_output)?;
+        let destination_id = self
+            .id(IdKind::Destination, &r.destination_id)
+            .map_err(in_output)?;
+        let source = self.source(r.source).map_err(in_output)?;
         let Some(sha256) = Sha256::parse(&r.sha256) else {
             return Err(format!(
                 "output {path}: sha256 {:?} is not sha256:<64 lowercase hex>",
@@ -337,9 +384,9 @@ impl Shared {
             ));
         }
         Ok(OutputRecord {
-            pipeline_id: self.id(r.pipeline_id),
-            destination_id: self.id(r.destination_id),
-            source: self.source(r.source),
+            pipeline_id,
+            destination_id,
+            source,
             path: r.path,
             kind: r.kind,
             source_path: r.source_path,
@@ -447,24 +494,12 @@ impl Catalog {
             return w.flush().map(|()| texts);
         }
         w.write_all(b"[")?;
-        let mut fresh = Vec::new();
         for r in &self.outputs {
             let key = RecordTexts::key(r);
             let start = texts.text.len();
             match before.and_then(|b| b.get(key)) {
                 Some(text) => texts.text.extend_from_slice(text),
-                None => {
-                    // Formatted alone, then indented as the third level of
-                    // the document (strings hold no raw line breaks).
-                    fresh.clear();
-                    serde_json::to_writer_pretty(&mut fresh, r).map_err(std::io::Error::from)?;
-                    for line in fresh.split_inclusive(|&b| b == b'\n') {
-                        texts.text.extend_from_slice(line);
-                        if line.ends_with(b"\n") {
-                            texts.text.extend_from_slice(b"    ");
-                        }
-                    }
-                }
+                None => push_record_text(r, &mut texts.text),
             }
             let end = texts.text.len();
             w.write_all(if start == 0 { b"\n    " } else { b",\n    " })?;
@@ -515,6 +550,68 @@ impl Catalog {
         std::io::Write::write_all(&mut buffered, b"\n")?;
         std::io::Write::flush(&mut buffered)
     }
+}
+
+/// Appends the text of one record exactly as [`Catalog::write_json`] lays
+/// it out in the document (serde_json's pretty form at the third level:
+/// lines after the first indented by six spaces, the closing brace by
+/// four), written field by field: without a formatter, and with the
+/// timestamps formatted in place rather than each into a new string. A
+/// test checks it against the serde form.
+fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
+    fn string(out: &mut Vec<u8>, text: &str) {
+        // Writing into a Vec cannot fail; escaping is serde_json's own.
+        let _ = serde_json::to_writer(&mut *out, text);
+    }
+    fn time(out: &mut Vec<u8>, t: OffsetDateTime) {
+        out.push(b'"');
+        let start = out.len();
+        if t.to_offset(time::UtcOffset::UTC)
+            .format_into(&mut *out, &Rfc3339)
+            .is_err()
+        {
+            // As format_time: the seconds when RFC 3339 cannot say it.
+            out.truncate(start);
+            out.extend_from_slice(t.unix_timestamp().to_string().as_bytes());
+        }
+        out.push(b'"');
+    }
+    out.extend_from_slice(b"{\n      \"path\": ");
+    string(out, r.path.as_str());
+    out.extend_from_slice(b",\n      \"pipeline_id\": ");
+    string(out, &r.pipeline_id);
+    out.extend_from_slice(b",\n      \"destination_id\": ");
+    string(out, &r.destination_id);
+    out.extend_from_slice(b",\n      \"source\": {\n        \"id\": ");
+    string(out, &r.source.id);
+    out.extend_from_slice(b",\n        \"digest\": ");
+    string(out, &r.source.digest);
+    out.extend_from_slice(b",\n        \"created\": ");
+    time(out, r.source.created);
+    out.extend_from_slice(b"\n      },\n      \"kind\": \"");
+    out.extend_from_slice(r.kind.as_str().as_bytes());
+    out.push(b'"');
+    if let Some(source_path) = &r.source_path {
+        out.extend_from_slice(b",\n      \"source_path\": ");
+        string(out, source_path.as_str());
+    }
+    if let Some(transform) = r.transform {
+        out.extend_from_slice(b",\n      \"transform\": ");
+        string(out, transform);
+    }
+    if let Some(url) = &r.url {
+        out.extend_from_slice(b",\n      \"url\": ");
+        string(out, url);
+    }
+    out.extend_from_slice(b",\n      \"sha256\": \"");
+    out.extend_from_slice(r.sha256.write_text(&mut [0; 71]).as_bytes());
+    out.extend_from_slice(b"\",\n      \"size\": ");
+    out.extend_from_slice(r.size.to_string().as_bytes());
+    out.extend_from_slice(b",\n      \"created_at\": ");
+    time(out, r.created_at);
+    out.extend_from_slice(b",\n      \"updated_at\": ");
+    time(out, r.updated_at);
+    out.extend_from_slice(b"\n    }");
 }
 
 /// The text of each record of a catalog as [`Catalog::write_json_reusing`]
@@ -716,16 +813,19 @@ fn read_v4<'de, R: serde_json::de::Read<'de>>(
     })
 }
 
-/// Catalogs up to this size are read into memory whole and parsed there;
-/// bigger ones are parsed from the file as a stream.
-const READ_WHOLE_UP_TO: u64 = 1 << 20;
+/// Catalogs up to this size (about 1.7 million records) are read into
+/// memory whole and parsed there; bigger ones are parsed from the file as
+/// a stream. Parsing from memory is about twice as fast, and the text,
+/// dropped once parsed, costs once the file's size while the records are
+/// built (the catalog's memory bound is three times the file).
+const READ_WHOLE_UP_TO: u64 = 1 << 30;
 
 impl State {
     /// Reads and classifies a state file. A catalog as this tool writes it
-    /// is read in one pass from the stream, its text never held whole (a
-    /// large tree's catalog is tens of MiB); anything else (legacy, future
-    /// or invalid state, or a catalog edited into another key order) is
-    /// read whole and classified by [`State::parse`], with the same result.
+    /// is read in one pass (from a stream, its text never held whole, when
+    /// it is over [`READ_WHOLE_UP_TO`]); anything else (legacy, future or
+    /// invalid state, or a catalog edited into another key order) is
+    /// classified by [`State::parse`], with the same result.
     pub fn read<F: std::io::Read + std::io::Seek>(file: &mut F) -> std::io::Result<State> {
         State::read_whole_up_to(file, READ_WHOLE_UP_TO)
     }
@@ -735,9 +835,9 @@ impl State {
         file: &mut F,
         whole_up_to: u64,
     ) -> std::io::Result<State> {
-        // A small catalog is read whole: parsing from memory is several
-        // times faster than from a reader (a small publication's latency),
-        // and its text costs little memory. A big one is streamed.
+        // A catalog is read whole: parsing from memory is several times
+        // faster than from a reader, and ids and digests are then borrowed
+        // from the text instead of copied. Only a huge one is streamed.
         let len = std::io::Seek::seek(file, std::io::SeekFrom::End(0))?;
         std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
         if len <= whole_up_to {
@@ -1412,6 +1512,33 @@ pub(crate) mod tests {
         r.path = RelPath::parse(path).unwrap();
         r.size = size;
         r
+    }
+
+    #[test]
+    fn a_record_written_field_by_field_is_serdes_pretty_form() {
+        let seed = record_at("a/b.html", 2345);
+        let mut copied = record_at("plain", 0);
+        copied.kind = OutputKind::Source;
+        copied.source_path = None;
+        copied.transform = None;
+        copied.url = None;
+        let mut odd = record_at("q/\"quoted\" path \u{e9}", u64::MAX);
+        odd.url = Some("https://example.org/a?b=\"c\"&d=\u{2028}".to_owned());
+        odd.source = Arc::new(SourceIdentity {
+            id: "src.\\\u{7f}\u{1F600}\t".to_owned(),
+            digest: odd.source.digest.clone(),
+            created: parse_time("2026-06-04T12:00:00.123456789+02:00").unwrap(),
+        });
+        odd.created_at = parse_time("1999-12-31T23:59:59.5Z").unwrap();
+        odd.updated_at = parse_time("2026-06-04T12:00:00.001Z").unwrap();
+        for r in [seed, copied, odd] {
+            let mut pretty = Vec::new();
+            serde_json::to_writer_pretty(&mut pretty, &r).unwrap();
+            let expected = String::from_utf8(pretty).unwrap().replace('\n', "\n    ");
+            let mut out = Vec::new();
+            push_record_text(&r, &mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), expected);
+        }
     }
 
     #[test]
