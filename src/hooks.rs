@@ -289,12 +289,23 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    /// A hook script in a new folder. Its final bytes are written by a
+    /// child process (`install`), never through a descriptor of this
+    /// process: another test thread forking meanwhile would inherit it
+    /// until its child execs, and running the hook would then fail with
+    /// "Text file busy".
     fn hooks(script: &str, timeout: Duration) -> (tempfile::TempDir, Hooks) {
-        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hook");
-        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let staged = dir.path().join("hook.staged");
+        std::fs::write(&staged, format!("#!/bin/sh\n{script}\n")).unwrap();
+        let installed = std::process::Command::new("install")
+            .args(["-m", "755"])
+            .arg(&staged)
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(installed.success());
         let h = Hooks {
             after_publish: vec![path.display().to_string()],
             timeout,

@@ -668,18 +668,13 @@ fn scp_r_into_a_live_inbox_ends_in_done() {
     // `scp -t` sink, as sshd would) locally. The legacy protocol (-O) needs
     // no sftp-server; the sink writes each file in place, in the order the
     // sender lists them.
-    let transport = t.write(
-        "fake-ssh",
+    crate::util::write_script(
+        &t.join("fake-ssh"),
         "#!/bin/sh\n\
          while [ $# -gt 0 ]; do case \"$1\" in --) shift; break;; -*) shift;; *) break;; esac; done\n\
          shift\n\
          exec sh -c \"$*\"\n",
     );
-    fs::set_permissions(
-        &transport,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
     let to = format!("localhost:{}/", spool(&t, "inbox").display());
     // -l: 16384 kbit/s, so the data file takes about four seconds.
     let mut scp = tool(

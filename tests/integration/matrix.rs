@@ -833,18 +833,15 @@ fn two_publishers_racing_into_one_root_both_land() {
 /// standard input, one JSON document per line, to `hooks.log`, then runs
 /// `then` (shell). Returns the destination keys that install it.
 fn hook(site: &Site, then: &str, timeout: &str) -> String {
-    use std::os::unix::fs::PermissionsExt as _;
     let script = site.t.join("hook.sh");
     let log = site.t.join("hooks.log");
-    fs::write(
+    crate::util::write_script(
         &script,
-        format!(
+        &format!(
             "#!/bin/sh\n{{ cat; echo; }} >> '{}'\n{then}\n",
             log.display()
         ),
-    )
-    .unwrap();
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    );
     format!(
         "        links:\n          base_url: https://docs.example/\n        hooks:\n          after_publish: [\"{}\", \"--zone\", \"docs\"]\n          timeout: {timeout}\n",
         script.display()

@@ -230,11 +230,8 @@ fn an_encrypted_key_is_signed_by_ssh_keygen_with_its_passphrase() {
     let t = Test::new();
     let key = keygen(&t, "locked", &["ed25519"], "correct horse");
     t.write("allowed", format!("ci@locked {}\n", key.public));
-    let askpass = t.write("askpass.sh", "#!/bin/sh\necho 'correct horse'\n");
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        fs::set_permissions(&askpass, fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    let askpass =
+        crate::util::write_script(&t.join("askpass.sh"), "#!/bin/sh\necho 'correct horse'\n");
     let dir = t.mkdir("b");
     fs::write(dir.join("a.txt"), "a").unwrap();
     // `bundle seal --sign` with the passphrase coming from SSH_ASKPASS.
@@ -253,7 +250,7 @@ fn an_encrypted_key_is_signed_by_ssh_keygen_with_its_passphrase() {
     assert!(ssh_verifies(&dir, &t.join("allowed"), "ci@locked"));
 
     // A wrong passphrase: not signed, no signature left, exit 1.
-    fs::write(&askpass, "#!/bin/sh\necho wrong\n").unwrap();
+    crate::util::write_script(&askpass, "#!/bin/sh\necho wrong\n");
     t.seal(&dir, "b", None).expect_code(0);
     let out = seal_signed();
     out.expect_code(1);

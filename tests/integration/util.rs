@@ -640,6 +640,25 @@ pub fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Writes an executable script at `path`. Its final bytes are written by
+/// a child process (`install`), never through a descriptor of this
+/// process: a test thread forking meanwhile would inherit such a
+/// descriptor until its child execs, and running the script then fails
+/// with "Text file busy".
+pub fn write_script(path: &Path, text: &str) -> PathBuf {
+    let staged = path.with_extension("staged");
+    write_file(&staged, text.as_bytes());
+    let status = Command::new("install")
+        .args(["-m", "755"])
+        .arg(&staged)
+        .arg(path)
+        .status()
+        .expect("run install");
+    assert!(status.success(), "install {}", path.display());
+    fs::remove_file(&staged).unwrap();
+    path.to_path_buf()
+}
+
 pub fn write_file(path: &Path, contents: &[u8]) {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).expect("create parent dir");
