@@ -409,6 +409,8 @@ pub fn sign(dir: &Path, key: &Path) -> Result<SignedBy, SealError> {
             io,
         })?;
     let manifest = read_sealed_manifest(&root, dir)?;
+    // The producer's own key, named on its own command line: no spool
+    // and no bundle entry, so a plain open by path.
     let key_bytes = std::fs::read(key)
         .map_err(|e| failed(format!("cannot read the key {}: {e}", key.display())))?;
     if let Ok(Some(pem)) = crate::signature::sign(&key_bytes, &manifest) {

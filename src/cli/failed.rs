@@ -123,8 +123,6 @@ pub(super) fn rolls_back(
     if found.is_empty() {
         return None;
     }
-    let n = found.len();
-    let shown: Vec<String> = found.iter().take(5).map(|r| r.to_string()).collect();
     // On a pipeline with signatures.refuse_older the agent would refuse it
     // again (docs/contract.md §17.5): --allow-older cannot help there.
     let refuse_older = p.signatures.as_ref().is_some_and(|s| s.refuse_older);
@@ -138,15 +136,9 @@ pub(super) fn rolls_back(
         )
     };
     Some(format!(
-        "{}: not retried: publishing it would roll back {n} output{} of later sources: {}{}. It stays in failed/; {anyway}",
+        "{}: not retried: publishing it would roll back {}. It stays in failed/; {anyway}",
         inert(name),
-        if n == 1 { "" } else { "s" },
-        inert(&shown.join("; ")),
-        if n > 5 {
-            format!("; and {} more", n - 5)
-        } else {
-            String::new()
-        },
+        inert(&crate::publish::Rollback::summary(&found)),
     ))
 }
 

@@ -972,20 +972,9 @@ fn all_reported(reports: Vec<Option<RunReport>>) -> Outcome {
 /// (docs/contract.md §17.5): the outputs of later sources it would roll
 /// back, the first few named with their source and both times.
 fn replay_refusal(newer: &[super::Rollback]) -> String {
-    const SHOWN: usize = 5;
-    let shown: Vec<String> = newer.iter().take(SHOWN).map(ToString::to_string).collect();
-    let more = match newer.len().saturating_sub(SHOWN) {
-        0 => String::new(),
-        n => format!("; and {n} more"),
-    };
     format!(
-        "publishing it would roll back {} of later sources: {}{more}. This pipeline refuses bundles older than what they replace (signatures.refuse_older), so that a signed bundle dropped again cannot roll the site back; to publish this content again, seal and sign it as a new bundle",
-        if newer.len() == 1 {
-            "1 output".to_owned()
-        } else {
-            format!("{} outputs", newer.len())
-        },
-        shown.join("; ")
+        "publishing it would roll back {}. This pipeline refuses bundles older than what they replace (signatures.refuse_older), so that a signed bundle dropped again cannot roll the site back; to publish this content again, seal and sign it as a new bundle",
+        super::Rollback::summary(newer)
     )
 }
 

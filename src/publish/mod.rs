@@ -121,6 +121,20 @@ impl std::fmt::Display for Rollback {
     }
 }
 
+impl Rollback {
+    /// "N outputs of later sources: …", the first five named with their
+    /// source and both times: what a refusal to roll back says
+    /// (docs/contract.md §17.5, §18.7).
+    pub fn summary(found: &[Rollback]) -> String {
+        format!(
+            "{} output{} of later sources: {}",
+            found.len(),
+            if found.len() == 1 { "" } else { "s" },
+            crate::report::first_few(found, 5, "; ")
+        )
+    }
+}
+
 /// What publishing the bundle in `bundle_dir` would roll back: every stored
 /// output it would overwrite or delete whose source was created after the
 /// bundle's, found by planning it as a dry run (nothing is written). Empty

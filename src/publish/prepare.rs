@@ -442,20 +442,12 @@ fn check_scope(
             d.id
         )
     } else {
-        let named: Vec<String> = outside
-            .iter()
-            .take(OUTSIDE_NAMED)
-            .map(|p| format!("{p:?}"))
-            .collect();
-        let more = match outside.len() - named.len() {
-            0 => String::new(),
-            n => format!(" and {n} more"),
-        };
+        let quoted: Vec<String> = outside.iter().map(|p| format!("{p:?}")).collect();
         format!(
-            "{} outputs are outside destination {}'s scope {scope}{prefixed}: {}{more}",
+            "{} outputs are outside destination {}'s scope {scope}{prefixed}: {}",
             outside.len(),
             d.id,
-            named.join(", ")
+            crate::report::first_few(&quoted, OUTSIDE_NAMED, ", ")
         )
     };
     Err(format!(

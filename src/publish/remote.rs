@@ -66,6 +66,27 @@ pub(super) struct S3Target {
 }
 
 impl S3Target {
+    /// `d`'s root at `location` through `root`, nothing read yet: no
+    /// catalog, not serving a spool folder.
+    pub(super) fn at(
+        root: Arc<S3Root>,
+        d: &Destination,
+        location: &S3Location,
+        settings: Settings,
+    ) -> S3Target {
+        S3Target {
+            root,
+            id: d.id.clone(),
+            location: location.clone(),
+            workflow: d.workflow,
+            settings,
+            serving: None,
+            state: State::Absent,
+            etag: None,
+            heads: BTreeMap::new(),
+        }
+    }
+
     /// Opens the destination's bucket, checks the server and recovers stale
     /// intents (not in a dry run, which writes nothing), reads the catalog.
     pub(super) fn open(
@@ -83,15 +104,10 @@ impl S3Target {
         }
         let base = root.read_state()?;
         Ok(S3Target {
-            root,
-            id: d.id.clone(),
-            location: location.clone(),
-            workflow: d.workflow,
-            settings,
             serving: options.serving.clone(),
             state: base.state,
             etag: base.etag,
-            heads: BTreeMap::new(),
+            ..S3Target::at(root, d, location, settings)
         })
     }
 

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::S3Target;
-use crate::catalog::{Catalog, State, format_time};
+use crate::catalog::{Catalog, format_time};
 use crate::config::{Destination, S3Location};
 use crate::hashing::Hashed;
 use crate::paths::is_reserved_name;
@@ -66,17 +66,7 @@ fn open_on(
         // it reports ([`in_flight`]).
         Access::Read => Settings::default(),
     };
-    Ok(S3Target {
-        root,
-        id: d.id.clone(),
-        location: location.clone(),
-        workflow: d.workflow,
-        settings,
-        serving: None,
-        state: State::Absent,
-        etag: None,
-        heads: BTreeMap::new(),
-    })
+    Ok(S3Target::at(root, d, location, settings))
 }
 
 /// Refuses a catalog maintenance cannot work on, then recovers every stale

@@ -224,15 +224,12 @@ pub fn check_scopes<'p>(
         let shown = if outside.len() == 1 {
             format!("output {first:?} is")
         } else {
-            let mut list: Vec<String> = outside
-                .iter()
-                .take(SHOWN_PATHS)
-                .map(|p| format!("{p:?}"))
-                .collect();
-            if outside.len() > SHOWN_PATHS {
-                list.push(format!("and {} more", outside.len() - SHOWN_PATHS));
-            }
-            format!("{} outputs are ({})", outside.len(), list.join(", "))
+            let quoted: Vec<String> = outside.iter().map(|p| format!("{p:?}")).collect();
+            format!(
+                "{} outputs are ({})",
+                outside.len(),
+                crate::report::first_few(&quoted, SHOWN_PATHS, ", ")
+            )
         };
         return Err(Refusal::new(
             Reason::OutsideScope,

@@ -13,6 +13,7 @@
 
 use super::{MANIFEST, is_ignored_name};
 use crate::bundle::{self, Limits};
+use crate::signature::SIGNATURE_FILE;
 use crate::spoolfs::{self, EntryError, Visit};
 use cap_std::fs::{Dir, MetadataExt};
 use std::collections::HashMap;
@@ -329,18 +330,7 @@ fn probe_entry(
     };
     probe.last_change = probe.last_change.max(tree.last_change);
     probe.arrival = tree.files.get(MANIFEST).map(|f| f.modified);
-    probe.kind = examine(&folder, &tree, limits);
-    if signed
-        && probe.kind == ProbeKind::Complete
-        && !tree.files.contains_key(crate::signature::SIGNATURE_FILE)
-    {
-        // rsync and cp copy in name order: the signature comes after the
-        // manifest (docs/contract.md §17.3).
-        probe.kind = ProbeKind::Incomplete(format!(
-            "{} is not there yet, and this pipeline takes only signed bundles (deliver it with the bundle, or sign the bundle before handing it over)",
-            crate::signature::SIGNATURE_FILE
-        ));
-    }
+    probe.kind = examine(&folder, &tree, limits, signed);
     if probe.kind != ProbeKind::NoManifest && !writable(inbox, name) {
         // Claiming moves the folder into work/, which needs write access
         // to the folder itself (its ".." entry changes).
@@ -459,8 +449,9 @@ impl Tree {
 /// Most names listed one by one in an incomplete bundle's reason.
 const MAX_NAMED: usize = 5;
 
-/// Reads the manifest and compares the listed files with the tree.
-fn examine(folder: &Dir, tree: &Tree, limits: &Limits) -> ProbeKind {
+/// Reads the manifest and compares the listed files with the tree; with
+/// `signed`, `manifest.json.sig` counts as one more file to wait for.
+fn examine(folder: &Dir, tree: &Tree, limits: &Limits, signed: bool) -> ProbeKind {
     if !tree.files.contains_key(MANIFEST) {
         return ProbeKind::NoManifest;
     }
@@ -522,6 +513,13 @@ fn examine(folder: &Dir, tree: &Tree, limits: &Limits) -> ProbeKind {
         }
     }
     if missing.is_empty() && short.is_empty() {
+        if signed && !tree.files.contains_key(SIGNATURE_FILE) {
+            // rsync and cp copy in name order: the signature comes after
+            // the manifest (docs/contract.md §17.3).
+            return ProbeKind::Incomplete(format!(
+                "{SIGNATURE_FILE} is not there yet, and this pipeline takes only signed bundles (deliver it with the bundle, or sign the bundle before handing it over)"
+            ));
+        }
         return ProbeKind::Complete;
     }
     let mut parts = Vec::new();
