@@ -580,7 +580,7 @@ def catalog_with(records):
 
 def write_floor(folder, data):
     """The catalog format's floor: writing the catalog's bytes into a new
-    file once and fsyncing it (issue 30's yardstick). Timed alone, the file
+    file once and fsyncing it (the yardstick of the catalog measures). Timed alone, the file
     removed afterwards."""
     path = os.path.join(folder, "floor.json")
     sh("sync")
@@ -638,6 +638,150 @@ def bench_catalog(work, sizes, runs):
         results.append({"records": n, "ours": median(ours), "peer": median(peer),
                         "floor": median(floor), "rss_kib": max(rss), "file_kib": len(text) // 1024})
     return results
+
+
+class Renames:
+    """Counts the renames of one name into a folder (inotify IN_MOVED_TO,
+    through libc), read once the command that made them has ended: how
+    many times a catalog was written."""
+
+    IN_MOVED_TO = 0x80
+
+    def __init__(self, folder, name):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.name = name.encode()
+        self.fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+        if self.fd < 0 or libc.inotify_add_watch(self.fd, folder.encode(), self.IN_MOVED_TO) < 0:
+            sys.exit(f"inotify on {folder}: {os.strerror(ctypes.get_errno())}")
+
+    def count(self):
+        import struct
+        found = 0
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            at = 0
+            while at < len(data):
+                _, _, _, size = struct.unpack_from("iIII", data, at)
+                name = data[at + 16:at + 16 + size].rstrip(b"\0")
+                found += name == self.name
+                at += 16 + size
+        os.close(self.fd)
+        return found
+
+
+def bench_big_root_backlog(work, count, records, runs):
+    """A backlog of `count` small bundles through agent --once into an
+    empty root and into a root whose catalog holds `records` records, the
+    catalog renames into place counted (one per batch is the goal)."""
+    base = os.path.join(work, "bigbacklog")
+    src = os.path.join(base, "src")
+    os.makedirs(src)
+    make_backlog(src, count)
+    pristine = os.path.join(base, "catalog.json")
+    with open(pristine, "w") as f:
+        f.write(catalog_with(records))
+    times = {0: [], records: []}
+    writes = {}
+    for run in range(runs):
+        for n in (0, records):
+            rbase = os.path.join(base, f"run{run}-{n}")
+            config = os.path.join(rbase, "config.yaml")
+            spool = os.path.join(rbase, "spool")
+            root = os.path.join(rbase, "root")
+            os.makedirs(os.path.join(spool, "bench"))
+            os.makedirs(root)
+            if n:
+                shutil.copy(pristine, os.path.join(root, ".distributor.json"))
+            write_config(config, spool, root)
+            sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
+            sh("sync")
+            renames = Renames(root, ".distributor.json")
+            t, _ = timed([BIN, "--config", config, "agent", "--once"],
+                         env=dict(os.environ, RUST_LOG="warn"))
+            writes[n] = renames.count()
+            done = os.listdir(os.path.join(spool, "bench", "done"))
+            if len(done) != count:
+                sys.exit(f"big-root backlog: {len(done)} of {count} bundles in done/")
+            times[n].append(t)
+    runs_line(f"backlog {count} bundles into 0 / {records} records", empty=times[0], big=times[records])
+    return {"count": count, "records": records, "empty": median(times[0]),
+            "big": median(times[records]), "writes_empty": writes[0], "writes_big": writes[records]}
+
+
+def bench_big_root_latency(work, count, records):
+    """The live agent's latency into a root whose catalog holds `records`
+    records: from the rename of a 3-file bundle into the inbox until it is
+    in done/, beside the same into an empty root, and the floor (write +
+    fsync of that catalog's bytes) measured between the bundles."""
+    base = os.path.join(work, "biglatency")
+    text = catalog_with(records)
+    data = text.encode()
+    result = {"records": records, "file_kib": len(data) // 1024}
+    floors = []
+    for n in (0, records):
+        rbase = os.path.join(base, str(n))
+        staging = os.path.join(rbase, "staging")
+        os.makedirs(staging)
+        config = os.path.join(rbase, "config.yaml")
+        spool = os.path.join(rbase, "spool")
+        root = os.path.join(rbase, "root")
+        write_config(config, spool, root, settle="0s")
+        for i in range(count):
+            b = os.path.join(staging, f"l{i:04d}")
+            folder = os.path.join(b, f"r{i:04d}")
+            os.makedirs(folder)
+            for name, body in (("report.md", f"# Report {i}\n"), ("page.html", f"<p>{i}</p>\n")):
+                with open(os.path.join(folder, name), "w") as f:
+                    f.write(body)
+            with open(os.path.join(folder, "data.bin"), "wb") as f:
+                f.write(os.urandom(4096))
+            seal(b, f"biglatency-{i:04d}")
+        os.makedirs(root)
+        if n:
+            with open(os.path.join(root, ".distributor.json"), "w") as f:
+                f.write(text)
+        sh("sync")
+        inbox = os.path.join(spool, "bench", "inbox")
+        done = os.path.join(spool, "bench", "done")
+        agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
+                                 env=dict(os.environ, RUST_LOG="warn"))
+        samples, rss = [], 0
+        try:
+            deadline = time.time() + 10
+            while not os.path.isdir(done):
+                if time.time() > deadline:
+                    sys.exit("agent did not create its done folder")
+                time.sleep(0.01)
+            watch = CatalogWatch(done)
+            for i in range(count):
+                name = f"l{i:04d}"
+                start = time.perf_counter()
+                os.rename(os.path.join(staging, name), os.path.join(inbox, name))
+                while len(os.listdir(done)) <= i:
+                    if time.perf_counter() - start > 30:
+                        sys.exit(f"bundle {i} was not in done/ within 30 s")
+                    watch.wait(0.05)
+                samples.append(time.perf_counter() - start)
+                if n:
+                    floors.append(write_floor(base, data))
+            watch.close()
+            with open(f"/proc/{agent.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        rss = int(line.split()[1])
+        finally:
+            agent.terminate()
+            agent.wait()
+        runs_line(f"agent latency into {n} records", latency=samples)
+        result[n] = median(samples)
+        if n:
+            result["rss_kib"] = rss
+    result["floor"] = median(floors)
+    return result
 
 
 def bench_s3_backlog(work, server, count, runs):
@@ -730,6 +874,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", choices=["large", "backlog", "signed", "nested", "tree", "latency", "catalog",
+                                       "big-root",
                                        "s3", "s3-backlog", "s3-large"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -740,6 +885,9 @@ def main():
     tree_runs = 1 if args.quick else min(runs, 3)
     latency = 10 if args.quick else 200
     sizes = [0, 1000] if args.quick else [0, 1000, 10000, 100000]
+    big_root = 2000 if args.quick else 100000
+    big_backlog = 20 if args.quick else 300
+    big_latency = 5 if args.quick else 30
     s3_backlog = 20 if args.quick else 1000
     s3_large = (16 << 20) if args.quick else (1 << 30)
 
@@ -800,6 +948,24 @@ def main():
                 ratio = (f" ({r['rss_kib'] / r['file_kib']:.1f}x the catalog)"
                          if r["file_kib"] >= 1024 else "")
                 rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB{ratio}", None, None, None))
+        if args.only in (None, "big-root"):
+            r = bench_big_root_latency(work, big_latency, big_root)
+            floor = r["floor"] * 1000
+            rows.append((f"agent latency p50, empty root", r[0], None, None))
+            rows.append((f"agent latency p50, {big_root} records ({r['file_kib']} KiB)",
+                         r[big_root], None, None))
+            extra = (r[big_root] - r[0]) * 1000
+            rows.append((f"  p50({big_root}) - p50(empty) = {extra:.1f} ms against 2 x floor = "
+                         f"{2 * floor:.1f} ms ({'met' if extra <= 2 * floor else 'not met'})",
+                         None, None, None))
+            rows.append((f"  agent peak RSS {r['rss_kib'] // 1024} MiB "
+                         f"({r['rss_kib'] / max(r['file_kib'], 1):.1f}x the catalog)", None, None, None))
+            r = bench_big_root_backlog(work, big_backlog, big_root, runs)
+            rows.append((f"backlog {r['count']} bundles into {big_root} records", r["big"],
+                         "same into an empty root", r["empty"]))
+            rows.append((f"  catalog written {r['writes_big']} times ({r['writes_empty']} into the "
+                         f"empty root); rate {r['empty'] / r['big']:.2f}x the empty root's "
+                         f"(goal >= 0.5)", None, None, None))
         if args.only in (None, "s3", "s3-backlog", "s3-large"):
             import s3
             with s3.Seaweed(work) as server:

@@ -8,10 +8,12 @@
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
+
+mod layout;
 
 /// Name of the catalog file at the top of every destination root.
 pub const STATE_FILE: &str = ".distributor.json";
@@ -292,17 +294,27 @@ struct Shared {
     /// The source of the record before (records of one bundle are
     /// usually neighbours), found without hashing.
     last_source: Option<Arc<SourceIdentity>>,
+    /// The pipeline and destination ids of the record before, likewise.
+    last_ids: [Option<Arc<str>>; 2],
 }
 
 impl Shared {
     fn id(&mut self, kind: IdKind, id: &str) -> Result<Arc<str>, String> {
-        if let Some(known) = self.ids.get(id) {
+        let last = &mut self.last_ids[usize::from(kind == IdKind::Destination)];
+        if let Some(known) = last.as_ref().filter(|known| ***known == *id) {
             return Ok(known.clone());
         }
-        check_id(kind, id)?;
-        let id: Arc<str> = id.into();
-        self.ids.insert(id.clone());
-        Ok(id)
+        let shared = match self.ids.get(id) {
+            Some(known) => known.clone(),
+            None => {
+                check_id(kind, id)?;
+                let id: Arc<str> = id.into();
+                self.ids.insert(id.clone());
+                id
+            }
+        };
+        *last = Some(shared.clone());
+        Ok(shared)
     }
 
     fn source(&mut self, source: SourceText) -> Result<Arc<SourceIdentity>, String> {
@@ -486,28 +498,36 @@ impl Catalog {
             .checked_sub(b"[]\n}\n".len())
             .filter(|&at| &head[at..] == b"[]\n}\n")
             .ok_or_else(|| std::io::Error::other("unexpected catalog layout"))?;
-        let mut texts = RecordTexts::default();
         let mut w = std::io::BufWriter::with_capacity(64 * 1024, w);
         w.write_all(&head[..cut])?;
         if self.outputs.is_empty() {
             w.write_all(b"[]\n}\n")?;
-            return w.flush().map(|()| texts);
+            return w.flush().map(|()| RecordTexts::default());
         }
+        let mut texts = Reuse::plan(&self.outputs, before);
         w.write_all(b"[")?;
-        for r in &self.outputs {
-            let key = RecordTexts::key(r);
-            let start = texts.text.len();
-            match before.and_then(|b| b.get(key)) {
-                Some(text) => texts.text.extend_from_slice(text),
-                None => push_record_text(r, &mut texts.text),
+        // Records that follow each other in a buffer with the separator
+        // between them (the file as read, where most records did not
+        // change) are written as one slice.
+        let mut run: Option<Span> = None;
+        for (i, r) in self.outputs.iter().enumerate() {
+            let separator: &[u8] = if i == 0 { b"\n    " } else { b",\n    " };
+            let span = texts.span(i, r);
+            if let Some(joined) = run.and_then(|run| texts.join(run, separator, span)) {
+                run = Some(joined);
+                continue;
             }
-            let end = texts.text.len();
-            w.write_all(if start == 0 { b"\n    " } else { b",\n    " })?;
-            w.write_all(&texts.text[start..end])?;
-            texts.spans.insert(key, (start, end));
+            if let Some(done) = run {
+                w.write_all(texts.bytes(done))?;
+            }
+            w.write_all(separator)?;
+            run = Some(span);
+        }
+        if let Some(done) = run {
+            w.write_all(texts.bytes(done))?;
         }
         w.write_all(b"\n  ]\n}\n")?;
-        w.flush().map(|()| texts)
+        w.flush().map(|()| texts.finish())
     }
 
     /// This catalog without its records.
@@ -614,15 +634,58 @@ fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\n    }");
 }
 
-/// The text of each record of a catalog as [`Catalog::write_json_reusing`]
-/// wrote it, by a fingerprint of the record: a record equal to one written
+/// The text of each record of a catalog as it was last read or written,
+/// by a fingerprint of the record: a record equal to one read or written
 /// before gets the same text. Fingerprints are keyed anew in each process,
 /// so nothing a producer controls can make two records collide on
 /// purpose; by chance, once in 2^64.
+///
+/// The texts live in shared buffers: the catalog file as read (its records
+/// are taken as they are when the file is laid out exactly as this tool
+/// writes it, see `layout`), and the records each write formatted. A write
+/// keeps a buffer that at least half of its bytes are still records of,
+/// and copies the few records left in any other, so the texts never take
+/// more than twice the catalog's records.
 #[derive(Default)]
 pub struct RecordTexts {
-    text: Vec<u8>,
-    spans: std::collections::HashMap<u64, (usize, usize)>,
+    buffers: Vec<Arc<Vec<u8>>>,
+    spans: HashMap<u64, Span, BuildFingerprint>,
+}
+
+/// Where one record's text is: `len` bytes from `start` of a buffer.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    buffer: u32,
+    len: u32,
+    start: usize,
+}
+
+/// Fingerprints are already uniform: a map keyed by them needs no hashing.
+#[derive(Default, Clone, Copy)]
+struct BuildFingerprint;
+
+struct Fingerprint(u64);
+
+impl std::hash::Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed; any other use still spreads its bytes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl std::hash::BuildHasher for BuildFingerprint {
+    type Hasher = Fingerprint;
+    fn build_hasher(&self) -> Fingerprint {
+        Fingerprint(0)
+    }
 }
 
 impl RecordTexts {
@@ -632,10 +695,162 @@ impl RecordTexts {
         KEYS.get_or_init(std::hash::RandomState::new).hash_one(r)
     }
 
-    fn get(&self, key: u64) -> Option<&[u8]> {
-        self.spans
-            .get(&key)
-            .map(|&(start, end)| &self.text[start..end])
+    /// The texts of `records`, each `text[span]` of the catalog `text`
+    /// as read.
+    fn read(text: Vec<u8>, records: &[(u64, std::ops::Range<usize>)]) -> RecordTexts {
+        let mut spans = HashMap::with_capacity_and_hasher(records.len(), BuildFingerprint);
+        for (key, range) in records {
+            let Ok(len) = u32::try_from(range.len()) else {
+                continue;
+            };
+            spans.insert(
+                *key,
+                Span {
+                    buffer: 0,
+                    len,
+                    start: range.start,
+                },
+            );
+        }
+        RecordTexts {
+            buffers: vec![Arc::new(text)],
+            spans,
+        }
+    }
+
+    fn bytes(&self, span: Span) -> &[u8] {
+        &self.buffers[span.buffer as usize][span.start..span.start + span.len as usize]
+    }
+
+    /// How many records have a text (for tests and benchmarks).
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether no record has a text.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+}
+
+/// One write's use of the texts known before it: which record takes its
+/// text from where, and the texts it leaves for the next write.
+struct Reuse<'a> {
+    before: Option<&'a RecordTexts>,
+    /// Per record to write: its fingerprint and its text known before.
+    found: Vec<(u64, Option<Span>)>,
+    /// Index, in the new texts, of each buffer kept from before.
+    kept: Vec<Option<u32>>,
+    next: RecordTexts,
+    /// Records formatted now, and texts copied from buffers not kept.
+    fresh: Vec<u8>,
+}
+
+impl<'a> Reuse<'a> {
+    fn plan(records: &[OutputRecord], before: Option<&'a RecordTexts>) -> Reuse<'a> {
+        let found: Vec<(u64, Option<Span>)> = records
+            .iter()
+            .map(|r| {
+                let key = RecordTexts::key(r);
+                (key, before.and_then(|b| b.spans.get(&key).copied()))
+            })
+            .collect();
+        let mut next = RecordTexts {
+            buffers: Vec::new(),
+            spans: HashMap::with_capacity_and_hasher(records.len(), BuildFingerprint),
+        };
+        let mut kept = Vec::new();
+        if let Some(before) = before {
+            let mut live = vec![0usize; before.buffers.len()];
+            for span in found.iter().filter_map(|(_, s)| *s) {
+                live[span.buffer as usize] += span.len as usize;
+            }
+            for (buffer, live) in before.buffers.iter().zip(live) {
+                kept.push((live > 0 && live * 2 >= buffer.len()).then(|| {
+                    next.buffers.push(buffer.clone());
+                    (next.buffers.len() - 1) as u32
+                }));
+            }
+        }
+        Reuse {
+            before,
+            found,
+            kept,
+            next,
+            fresh: Vec::new(),
+        }
+    }
+
+    /// Where the text of record `i` (`r`) is: as known before, or
+    /// formatted now.
+    fn span(&mut self, i: usize, r: &OutputRecord) -> Span {
+        let (key, span) = self.found[i];
+        let fresh = self.fresh_buffer();
+        let span = match (span, self.before) {
+            (Some(span), Some(before)) => match self.kept[span.buffer as usize] {
+                Some(buffer) => Span { buffer, ..span },
+                None => {
+                    let start = self.fresh.len();
+                    self.fresh.extend_from_slice(before.bytes(span));
+                    Span {
+                        buffer: fresh,
+                        start,
+                        ..span
+                    }
+                }
+            },
+            _ => {
+                let start = self.fresh.len();
+                push_record_text(r, &mut self.fresh);
+                Span {
+                    buffer: fresh,
+                    start,
+                    len: u32::try_from(self.fresh.len() - start).unwrap_or(u32::MAX),
+                }
+            }
+        };
+        self.next.spans.insert(key, span);
+        span
+    }
+
+    /// The index the buffer of records formatted now will have.
+    fn fresh_buffer(&self) -> u32 {
+        self.next.buffers.len() as u32
+    }
+
+    /// The bytes of `span`, in a kept buffer or the fresh one.
+    fn bytes(&self, span: Span) -> &[u8] {
+        if span.buffer == self.fresh_buffer() {
+            &self.fresh[span.start..span.start + span.len as usize]
+        } else {
+            self.next.bytes(span)
+        }
+    }
+
+    /// `run` and `span` as one span, when `span` follows `run` in its
+    /// buffer with `separator` between them.
+    fn join(&self, run: Span, separator: &[u8], span: Span) -> Option<Span> {
+        let end = run.start + run.len as usize;
+        let follows = run.buffer == span.buffer
+            && span.start == end + separator.len()
+            && self.bytes(Span {
+                start: end,
+                len: separator.len() as u32,
+                ..run
+            }) == separator;
+        if !follows {
+            return None;
+        }
+        let len = u32::try_from(span.start + span.len as usize - run.start).ok()?;
+        Some(Span { len, ..run })
+    }
+
+    fn finish(mut self) -> RecordTexts {
+        if !self.fresh.is_empty() {
+            self.fresh.shrink_to_fit();
+            self.next.buffers.push(Arc::new(self.fresh));
+        }
+        self.next
     }
 }
 
@@ -827,14 +1042,25 @@ impl State {
     /// invalid state, or a catalog edited into another key order) is
     /// classified by [`State::parse`], with the same result.
     pub fn read<F: std::io::Read + std::io::Seek>(file: &mut F) -> std::io::Result<State> {
+        State::read_whole_up_to(file, READ_WHOLE_UP_TO).map(|(state, _)| state)
+    }
+
+    /// [`State::read`], with the text of each record when the file is laid
+    /// out exactly as this tool writes it (almost always), so that writing
+    /// the next catalog copies the records that did not change
+    /// ([`Catalog::write_json_reusing`]). The texts keep the file's bytes.
+    pub fn read_with_texts<F: std::io::Read + std::io::Seek>(
+        file: &mut F,
+    ) -> std::io::Result<(State, Option<RecordTexts>)> {
         State::read_whole_up_to(file, READ_WHOLE_UP_TO)
     }
 
-    /// [`State::read`], reading files up to `whole_up_to` bytes whole.
+    /// [`State::read_with_texts`], reading files up to `whole_up_to` bytes
+    /// whole.
     fn read_whole_up_to<F: std::io::Read + std::io::Seek>(
         file: &mut F,
         whole_up_to: u64,
-    ) -> std::io::Result<State> {
+    ) -> std::io::Result<(State, Option<RecordTexts>)> {
         // A catalog is read whole: parsing from memory is several times
         // faster than from a reader, and ids and digests are then borrowed
         // from the text instead of copied. Only a huge one is streamed.
@@ -843,26 +1069,39 @@ impl State {
         if len <= whole_up_to {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
             std::io::Read::read_to_end(file, &mut bytes)?;
+            if let Some((catalog, spans)) = layout::read(&bytes, true) {
+                let texts = RecordTexts::read(bytes, &spans);
+                return Ok((State::Catalog(catalog), Some(texts)));
+            }
             let mut de = serde_json::Deserializer::from_slice(&bytes);
             return Ok(match read_v4(&mut de) {
-                Ok(state) => state,
-                Err(_) => State::parse(&bytes),
+                Ok(state) => (state, None),
+                Err(_) => (State::classify(&bytes), None),
             });
         }
         let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
         match read_v4(&mut serde_json::Deserializer::from_reader(reader)) {
-            Ok(state) => return Ok(state),
+            Ok(state) => return Ok((state, None)),
             Err(e) if e.is_io() => return Err(e.into()),
             Err(_) => {}
         }
         std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(file, &mut bytes)?;
-        Ok(State::parse(&bytes))
+        Ok((State::classify(&bytes), None))
     }
 
-    /// Classifies the bytes of a state file.
+    /// Classifies the bytes of a state file (a catalog as this tool writes
+    /// it, fast: see `layout`).
     pub fn parse(bytes: &[u8]) -> State {
+        match layout::read(bytes, false) {
+            Some((catalog, _)) => State::Catalog(catalog),
+            None => State::classify(bytes),
+        }
+    }
+
+    /// [`State::parse`] by serde alone, whatever the layout.
+    fn classify(bytes: &[u8]) -> State {
         /// Only `schema_version` is looked at; every other field is skipped
         /// without being built, so classifying a big catalog costs little.
         #[derive(Deserialize)]
@@ -1171,14 +1410,21 @@ pub(crate) mod tests {
         both(&serde_json::to_vec(v).unwrap())
     }
 
-    /// Classifies `bytes` both ways, from a stream and whole, and checks
-    /// that the two agree (the streamed read falls back to the whole one
+    /// Classifies `bytes` every way, by serde from a stream and whole, and
+    /// by the reader of this tool's own layout where it answers, and checks
+    /// that they all agree (the streamed read falls back to the whole one
     /// for anything but a catalog led by its version).
     fn both(bytes: &[u8]) -> State {
-        let whole = State::parse(bytes);
+        let whole = State::classify(bytes);
+        assert_eq!(
+            State::parse(bytes),
+            whole,
+            "{}",
+            String::from_utf8_lossy(bytes)
+        );
         let read = State::read(&mut std::io::Cursor::new(bytes)).unwrap();
         assert_eq!(read, whole, "{}", String::from_utf8_lossy(bytes));
-        let streamed = State::read_whole_up_to(&mut std::io::Cursor::new(bytes), 0).unwrap();
+        let (streamed, _) = State::read_whole_up_to(&mut std::io::Cursor::new(bytes), 0).unwrap();
         assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
         whole
     }
@@ -1599,6 +1845,44 @@ pub(crate) mod tests {
         let mut c2 = c.clone();
         c2.outputs = vec![other];
         assert_eq!(written(&c2, Some(&t1)).0, c2.to_json());
+    }
+
+    #[test]
+    fn texts_read_from_the_file_are_reused_and_never_outgrow_twice_the_records() {
+        let mut c = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
+        c.outputs = (0..300)
+            .map(|i| record_at(&format!("f/{i:04}"), i))
+            .collect();
+        let file = c.to_json();
+        let (state, texts) = State::read_with_texts(&mut std::io::Cursor::new(&file)).unwrap();
+        assert_eq!(state, State::Catalog(c.clone()));
+        let mut texts = texts.expect("a catalog as written is read with its texts");
+        assert_eq!(texts.len(), 300);
+        assert_eq!(texts.buffers.len(), 1, "the file itself");
+        // Round after round a third of the records change: every write
+        // gives the bytes of a fresh one, and the buffers behind the texts
+        // stay within twice the records' own text.
+        for round in 1..=6u64 {
+            for r in c.outputs.iter_mut().skip(round as usize % 3).step_by(3) {
+                r.size += 1000 * round;
+            }
+            let mut out = Vec::new();
+            let next = c.write_json_reusing(&mut out, Some(&texts)).unwrap();
+            assert_eq!(out, c.to_json(), "round {round}");
+            let live: usize = next.spans.values().map(|s| s.len as usize).sum();
+            let held: usize = next.buffers.iter().map(|b| b.len()).sum();
+            assert!(
+                held <= 2 * live,
+                "round {round}: {held} bytes held for {live}"
+            );
+            assert!(next.buffers.len() <= 3, "round {round}");
+            texts = next;
+        }
+        // Unchanged, everything comes from the buffers as they are.
+        let mut out = Vec::new();
+        let same = c.write_json_reusing(&mut out, Some(&texts)).unwrap();
+        assert_eq!(out, c.to_json());
+        assert_eq!(same.buffers.len(), texts.buffers.len());
     }
 
     #[test]

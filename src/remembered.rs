@@ -13,12 +13,13 @@
 //!
 //! Recalling takes the catalog out (the publication turns it into the next
 //! one, so memory holds one copy, as when it is parsed); a successful
-//! commit puts the new one back. Catalogs of more than [`LARGEST`] bytes
-//! are not kept: a large tree's publication spends its time elsewhere, and
-//! an agent serving many large roots should not hold them all between
-//! bundles.
+//! commit puts the new one back. Catalogs of [`LARGEST`] bytes in all are
+//! kept (a root of 100,000 records writes about 57 MB), so that a small
+//! publication into a big root costs writing its catalog, not reading and
+//! parsing it too; an agent serving more large roots than that re-reads
+//! the ones it published into longest ago.
 //!
-//! With the catalog goes the text of its records as written
+//! With the catalog goes the text of its records as read or written
 //! ([`RecordTexts`]), so that the next catalog is written without
 //! formatting again the records that did not change. That text is right for
 //! any equal record, whatever the file on disk holds now.
@@ -28,8 +29,11 @@ use crate::seen::Look;
 use crate::storage::Root;
 use std::sync::{Arc, Mutex};
 
-/// Catalog files up to this size are remembered (about 40,000 records).
-pub const LARGEST: u64 = 16 << 20;
+/// Catalog files up to this many bytes in all (about 450,000 records) are
+/// remembered, across every root of the process; remembering one takes
+/// about twice its file's size in memory. When a new catalog does not fit,
+/// the roots remembered longest ago are forgotten first.
+pub const LARGEST: u64 = 256 << 20;
 
 struct Remembered {
     /// Device and inode of the root folder.
@@ -86,6 +90,23 @@ pub fn texts(root: &Root) -> Option<Arc<RecordTexts>> {
         .and_then(|e| e.texts.clone())
 }
 
+/// Keeps the text of the records of the catalog just read from `root`'s
+/// file, for writing its next catalog ([`texts`]); replaces any texts
+/// remembered for it (right for equal records whatever the file holds, but
+/// these are the ones the next catalog shares most records with).
+pub fn read_texts(root: &Root, texts: RecordTexts) {
+    let Some(key) = root_key(root) else { return };
+    let mut entries = entries();
+    match entries.iter_mut().find(|e| e.root == key) {
+        Some(entry) => entry.texts = Some(Arc::new(texts)),
+        None => entries.push(Remembered {
+            root: key,
+            catalog: None,
+            texts: Some(Arc::new(texts)),
+        }),
+    }
+}
+
 /// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
 /// is the file `file` (as it was once renamed into place), with the text
 /// of its records when known.
@@ -93,12 +114,25 @@ pub fn remember(root: &Root, file: Look, catalog: Catalog, texts: Option<RecordT
     let Some(key) = root_key(root) else { return };
     let mut entries = entries();
     entries.retain(|e| e.root != key);
-    if file.size <= LARGEST {
-        entries.push(Remembered {
-            root: key,
-            catalog: Some((file, catalog)),
-            texts: texts.map(Arc::new),
-        });
+    if file.size > LARGEST {
+        return;
+    }
+    // Oldest first: forget the longest remembered until this one fits.
+    let mut total: u64 = entries.iter().map(Remembered::size).sum::<u64>() + file.size;
+    while total > LARGEST && !entries.is_empty() {
+        total -= entries.remove(0).size();
+    }
+    entries.push(Remembered {
+        root: key,
+        catalog: Some((file, catalog)),
+        texts: texts.map(Arc::new),
+    });
+}
+
+impl Remembered {
+    /// The size of the catalog file remembered (0 once recalled).
+    fn size(&self) -> u64 {
+        self.catalog.as_ref().map_or(0, |(look, _)| look.size)
     }
 }
 

@@ -71,7 +71,7 @@ pub const TIMES: u64 = 32;
 /// for any document (the markdown's buffer aside: the output buffer, the
 /// page's skeleton, the parser's first allocations, the heap's rounding
 /// and the stack's growth) measures 0.2 MiB, so [`TIMES`] × the size
-/// covers it from 128 KiB up (docs/performance.md#markdown-rendering-memory).
+/// covers it from 128 KiB up (docs/rendering.md).
 pub const FLOOR: u64 = 4 << 20;
 
 /// Size of the body's frames.
