@@ -694,10 +694,42 @@ distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"
     }
 
     #[test]
+    fn lost_catalog_swaps_are_counted_per_destination() {
+        let metrics = Metrics::new();
+        let mut report = crate::report::RunReport::new("reports", false);
+        let d = |id: &str, rebases, conflict| crate::report::DestinationReport {
+            destination_id: id.into(),
+            root: String::new(),
+            workflow: "additive".into(),
+            action: None,
+            writes: Vec::new(),
+            deletes: Vec::new(),
+            unmanaged: Vec::new(),
+            error: None,
+            planned_writes: Vec::new(),
+            planned_deletes: Vec::new(),
+            unchanged: Vec::new(),
+            catalog_rebases: rebases,
+            catalog_conflict: conflict,
+        };
+        report.destinations = vec![d("site", 2, false), d("mirror", 0, true)];
+        metrics.catalog_races(&report);
+        metrics.catalog_races(&report);
+        let text = metrics.render();
+        for line in [
+            "distributor_catalog_rebases_total{pipeline=\"reports\",destination=\"site\"} 4\n",
+            "distributor_catalog_conflicts_total{pipeline=\"reports\",destination=\"mirror\"} 2\n",
+            "distributor_catalog_conflicts_total{pipeline=\"reports\",destination=\"site\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 33, "{text}");
+        assert_eq!(lines.len(), 37, "{text}");
         // Every family described; the only series is the one without labels.
         assert!(lines.iter().all(|l| l.starts_with("# HELP distributor_")
             || l.starts_with("# TYPE distributor_")
