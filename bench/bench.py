@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -869,13 +870,190 @@ def bench_s3_large(work, server, size, runs):
             "peer_rss_kib": max(peer_rss)}
 
 
+def s3_catalog_records(raw, bucket, key):
+    """How many records the catalog object holds (untimed)."""
+    _, data = raw.get(bucket, key)
+    return len(json.loads(data)["outputs"])
+
+
+def bench_s3_catalog(work, server, sizes, runs):
+    """`run` of a one-file bundle into an s3 root whose catalog object holds
+    N records (someone else's: another pipeline's), beside the floor measured
+    in the same runs: one GET of the catalog object and one conditional PUT
+    (If-Match on its ETag) of the same bytes, by a raw client
+    (s3.RawS3). Every run uses a new bucket whose catalog is put untimed."""
+    import s3
+    base = os.path.join(work, "s3catalog")
+    bundle = os.path.join(base, "bundle")
+    os.makedirs(bundle)
+    with open(os.path.join(bundle, "new.html"), "w") as f:
+        f.write("<p>new</p>\n")
+    seal(bundle, "s3-catalog-bench")
+    raw = s3.RawS3(server.endpoint)
+    key = "site/.distributor.json"
+    texts = {n: catalog_with(n).encode() for n in sizes}
+    series = {n: {"run": [], "floor": [], "rss": []} for n in sizes}
+    for run in range(runs):
+        for n in sizes:
+            bucket = server.bucket(f"catalog{n}")
+            status, _ = raw.put(bucket, key, texts[n], if_none_match="*")
+            if status != 200:
+                sys.exit(f"s3 catalog: putting the {n}-record catalog: HTTP {status}")
+            if run == 0 and n == sizes[0]:
+                raw.check_conditional(bucket, key)
+            config = os.path.join(base, f"config-{n}-{run}.yaml")
+            s3.write_s3_config(config, os.path.join(base, f"spool-{n}-{run}"), server.endpoint,
+                               bucket)
+            # Floor and run in turn, each after a sync (the server's writes
+            # of the step before are not paid by the next), the floor first
+            # in even runs and second in odd ones.
+            for step in ("floor", "run") if run % 2 == 0 else ("run", "floor"):
+                sh("sync")
+                if step == "floor":
+                    series[n]["floor"].append(raw.floor(bucket, key))
+                    continue
+                t, m = timed([BIN, "--config", config, "run", "--pipeline", "bench", bundle],
+                             env=server.distributor_env())
+                series[n]["run"].append(t)
+                series[n]["rss"].append(m)
+            if run == 0 and s3_catalog_records(raw, bucket, key) != n + 1:
+                sys.exit(f"s3 catalog: the catalog does not hold {n} + 1 records after run")
+            server.drop(bucket)
+    results = []
+    for n in sizes:
+        runs_line(f"s3 catalog {n} records", run=series[n]["run"], floor=series[n]["floor"])
+        results.append({"records": n, "ours": median(series[n]["run"]),
+                        "floor": median(series[n]["floor"]), "rss_kib": max(series[n]["rss"]),
+                        "file_kib": len(texts[n]) // 1024})
+    return results
+
+
+def metric_values(path, name):
+    """`{labels: value}` of one metric family in a Prometheus text file."""
+    values = {}
+    if not os.path.exists(path):
+        return values
+    with open(path) as f:
+        for line in f:
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                series, value = line.rsplit(None, 1)
+                values[series[len(name):]] = float(value)
+    return values
+
+
+def bench_s3_hosts(work, server, records, hosts, per_host):
+    """Several hosts into one s3 root of `records` records: `hosts` live
+    agents (a spool and a metrics file each, the same pipeline and bucket
+    root) each publish `per_host` one-file bundles, the next one renamed
+    into its inbox as soon as the one before is in done/, all hosts at once.
+    Afterwards the catalog must hold every record (none lost); each agent's
+    metrics say how often its compare-and-swap lost and was re-applied or
+    gave up (retried later)."""
+    import s3
+    import threading
+    base = os.path.join(work, "s3hosts")
+    raw = s3.RawS3(server.endpoint)
+    bucket = server.bucket("hosts")
+    key = "site/.distributor.json"
+    status, _ = raw.put(bucket, key, catalog_with(records).encode(), if_none_match="*")
+    if status != 200:
+        sys.exit(f"s3 hosts: putting the catalog: HTTP {status}")
+    agents, feeders, failures = [], [], []
+    env = dict(server.distributor_env(), RUST_LOG="info")
+    for h in range(hosts):
+        hdir = os.path.join(base, f"host{h}")
+        src = os.path.join(hdir, "src")
+        for j in range(per_host):
+            b = os.path.join(src, f"b{j:03d}")
+            os.makedirs(os.path.join(b, f"h{h}"))
+            with open(os.path.join(b, f"h{h}", f"page{j:03d}.html"), "w") as f:
+                f.write(f"<p>host {h} page {j}</p>\n")
+            seal(b, f"host{h}-{j:03d}")
+        spool = os.path.join(hdir, "spool")
+        config = os.path.join(hdir, "config.yaml")
+        s3.write_s3_config(config, spool, server.endpoint, bucket)
+        with open(config) as f:
+            text = f.read()
+        text = text.replace("  prune_interval: 0s\n",
+                            f"  prune_interval: 0s\n  retry_max_interval: 1s\n"
+                            f"  metrics_file: {hdir}/metrics.prom\n")
+        with open(config, "w") as f:
+            f.write(text)
+        os.makedirs(os.path.join(spool, "bench", "inbox"))
+        log = open(os.path.join(hdir, "agent.log"), "wb")
+        agents.append((subprocess.Popen([BIN, "--config", config, "agent"], stdout=log,
+                                        stderr=log, env=env), log, hdir))
+
+    def feed(h):
+        hdir = os.path.join(base, f"host{h}")
+        inbox = os.path.join(hdir, "spool", "bench", "inbox")
+        done = os.path.join(hdir, "spool", "bench", "done")
+        failed = os.path.join(hdir, "spool", "bench", "failed")
+        for j in range(per_host):
+            os.rename(os.path.join(hdir, "src", f"b{j:03d}"), os.path.join(inbox, f"b{j:03d}"))
+            deadline = time.time() + 300
+            while not os.path.exists(os.path.join(done, f"b{j:03d}")):
+                if os.path.exists(os.path.join(failed, f"b{j:03d}")) or time.time() > deadline:
+                    failures.append(f"host {h} bundle {j} failed or took over 5 minutes")
+                    return
+                time.sleep(0.02)
+
+    start = time.perf_counter()
+    for h in range(hosts):
+        feeders.append(threading.Thread(target=feed, args=(h,)))
+        feeders[-1].start()
+    for t in feeders:
+        t.join()
+    elapsed = time.perf_counter() - start
+    per_agent = []
+    for proc, log, hdir in agents:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        log.close()
+        metrics = os.path.join(hdir, "metrics.prom")
+        total = lambda name: int(sum(metric_values(metrics, name).values()))
+        per_agent.append((total("distributor_bundles_done_total"),
+                          total("distributor_catalog_rebases_total"),
+                          total("distributor_catalog_conflicts_total")))
+    if failures:
+        sys.exit("s3 hosts: " + "; ".join(failures))
+    found = s3_catalog_records(raw, bucket, key)
+    server.drop(bucket)
+    expected = records + hosts * per_host
+    print(f"s3 hosts: {hosts} agents x {per_host} bundles into {records} records in "
+          f"{elapsed:.1f} s; records expected {expected}, found {found}; per agent "
+          f"(done, rebases, conflicts): {per_agent}", flush=True)
+    if found != expected:
+        sys.exit(f"s3 hosts: {expected - found} records lost")
+    return {"hosts": hosts, "per_host": per_host, "expected": expected, "found": found,
+            "elapsed": elapsed, "per_agent": per_agent}
+
+
+def s3_catalog_rows(results):
+    """The s3 catalog measure's rows: run(N) - run(empty) against 2 x the
+    floor (one GET + one conditional PUT of the catalog object)."""
+    rows = []
+    empty = results[0]
+    for r in results:
+        rows.append((f"s3 run into {r['records']} records ({r['file_kib']} KiB)", r["ours"],
+                     "GET + conditional PUT (floor)", r["floor"]))
+        if r is not empty:
+            extra = (r["ours"] - empty["ours"]) * 1000
+            bound = 2 * r["floor"] * 1000
+            rows.append((f"  run({r['records']}) - run(empty) = {extra:.1f} ms against "
+                         f"2 x floor = {bound:.1f} ms ({'met' if extra <= bound else 'not met'})",
+                         None, None, None))
+        rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB", None, None, None))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", choices=["large", "backlog", "signed", "nested", "tree", "latency", "catalog",
                                        "big-root",
-                                       "s3", "s3-backlog", "s3-large"])
+                                       "s3", "s3-backlog", "s3-large", "s3-catalog"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     large = (8 << 20) if args.quick else (1 << 30)
@@ -890,6 +1068,8 @@ def main():
     big_latency = 5 if args.quick else 30
     s3_backlog = 20 if args.quick else 1000
     s3_large = (16 << 20) if args.quick else (1 << 30)
+    s3_sizes = [0, 1000] if args.quick else [0, 100000]
+    s3_per_host = 2 if args.quick else 5
 
     work = tempfile.mkdtemp(prefix="distributor-bench-", dir=os.environ.get("BENCH_DIR"))
     try:
@@ -951,7 +1131,7 @@ def main():
         if args.only in (None, "big-root"):
             r = bench_big_root_latency(work, big_latency, big_root)
             floor = r["floor"] * 1000
-            rows.append((f"agent latency p50, empty root", r[0], None, None))
+            rows.append(("agent latency p50, empty root", r[0], None, None))
             rows.append((f"agent latency p50, {big_root} records ({r['file_kib']} KiB)",
                          r[big_root], None, None))
             extra = (r[big_root] - r[0]) * 1000
@@ -966,7 +1146,7 @@ def main():
             rows.append((f"  catalog written {r['writes_big']} times ({r['writes_empty']} into the "
                          f"empty root); rate {r['empty'] / r['big']:.2f}x the empty root's "
                          f"(goal >= 0.5)", None, None, None))
-        if args.only in (None, "s3", "s3-backlog", "s3-large"):
+        if args.only in (None, "s3", "s3-backlog", "s3-large", "s3-catalog"):
             import s3
             with s3.Seaweed(work) as server:
                 if args.only in (None, "s3", "s3-backlog"):
@@ -979,6 +1159,16 @@ def main():
                                  "rclone copy --checksum (goal <= 1.10x)", r["rclone"]))
                     rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB (rclone "
                                  f"{r['peer_rss_kib'] // 1024} MiB)", None, None, None))
+                if args.only in (None, "s3", "s3-catalog"):
+                    rows.extend(s3_catalog_rows(bench_s3_catalog(work, server, s3_sizes, runs)))
+                    r = bench_s3_hosts(work, server, s3_sizes[-1], 4, s3_per_host)
+                    rows.append((f"s3 {r['hosts']} hosts x {r['per_host']} bundles into "
+                                 f"{s3_sizes[-1]} records", r["elapsed"], None, None))
+                    rows.append((f"  records expected {r['expected']}, found {r['found']}",
+                                 None, None, None))
+                    for h, (done, rebases, conflicts) in enumerate(r["per_agent"]):
+                        rows.append((f"  host {h}: {done} done, {rebases} rebased, "
+                                     f"{conflicts} conflicts", None, None, None))
         print()
         print(f"{'measure':<44} {'ours':>10} {'peer':>10} {'ratio':>7}  peer")
         for name, ours, peer_name, peer in rows:

@@ -3,7 +3,9 @@
 //! In debug builds (the ones `cargo test` runs), setting
 //! `DISTRIBUTOR_FAILPOINT=<name>[:<n>]` makes the process abort, with no
 //! cleanup at all, the `n`-th time (default: first) it reaches the point
-//! `name`. Release builds compile every call to nothing. The names are
+//! `name`; `<name>:<n>:stop` makes it stop itself there instead (SIGSTOP),
+//! so that a test can act while it waits at that point and then let it go
+//! on (SIGCONT). Release builds compile every call to nothing. The names are
 //! listed in [`POINTS`]; docs/reliability.md explains each.
 
 /// Every crash point: a local root's in the order a publication reaches
@@ -29,21 +31,33 @@ pub const POINTS: &[&str] = &[
 pub fn hit(name: &str) {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
-    static TARGET: Mutex<Option<Option<(String, u64)>>> = Mutex::new(None);
+    static TARGET: Mutex<Option<Option<(String, u64, bool)>>> = Mutex::new(None);
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let mut target = TARGET.lock().unwrap_or_else(|e| e.into_inner());
     let wanted = target.get_or_insert_with(|| {
         let spec = std::env::var("DISTRIBUTOR_FAILPOINT").ok()?;
+        let (spec, stop) = match spec.strip_suffix(":stop") {
+            Some(spec) => (spec.to_owned(), true),
+            None => (spec, false),
+        };
         let (point, n) = match spec.split_once(':') {
             Some((p, n)) => (p.to_owned(), n.parse().unwrap_or(1)),
             None => (spec, 1),
         };
-        Some((point, n))
+        Some((point, n, stop))
     });
-    if let Some((point, n)) = wanted
+    if let Some((point, n, stop)) = wanted
         && point == name
         && COUNT.fetch_add(1, Ordering::SeqCst) + 1 == *n
     {
+        if *stop {
+            eprintln!("failpoint {name} reached: stopping until SIGCONT");
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::STOP,
+            );
+            return;
+        }
         eprintln!("failpoint {name} reached: aborting");
         std::process::abort();
     }

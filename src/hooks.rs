@@ -343,6 +343,8 @@ mod tests {
             planned_writes: Vec::new(),
             planned_deletes: Vec::new(),
             unchanged: vec!["b.html".into()],
+            catalog_rebases: 0,
+            catalog_conflict: false,
         };
         let writes = changed(&d);
         assert_eq!(writes, ["a.html", "c d.html"]);

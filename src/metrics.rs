@@ -74,6 +74,12 @@ struct DestinationSeries {
     prune_deletions: u64,
     /// `after_publish` hooks that failed, timed out or could not start.
     hook_failures: u64,
+    /// Lost catalog compare-and-swaps applied again on the winner's
+    /// catalog (s3 roots).
+    catalog_rebases: u64,
+    /// Lost catalog compare-and-swaps that could not be applied again: the
+    /// bundle was undone and is tried again (s3 roots).
+    catalog_conflicts: u64,
 }
 
 impl Metrics {
@@ -220,6 +226,25 @@ impl Metrics {
     /// The `after_publish` hook of `destination` failed once.
     pub fn hook_failed(&self, pipeline: &str, destination: &str) {
         self.lock().destination(pipeline, destination).hook_failures += 1;
+    }
+
+    /// What publishing one bundle (or, for the first bundle of a batch,
+    /// the batch) met at each destination's catalog: compare-and-swaps
+    /// that lost to another publisher and were re-applied on its catalog,
+    /// and one that lost and could not be (docs/object-storage.md,
+    /// "Several hosts").
+    pub fn catalog_races(&self, report: &crate::report::RunReport) {
+        let mut state = self.lock();
+        for d in &report.destinations {
+            if d.catalog_rebases == 0 && !d.catalog_conflict {
+                continue;
+            }
+            let series = state.destination(&report.pipeline_id, &d.destination_id);
+            series.catalog_rebases = series
+                .catalog_rebases
+                .saturating_add(u64::from(d.catalog_rebases));
+            series.catalog_conflicts += u64::from(d.catalog_conflict);
+        }
     }
 
     /// Pruning deleted `deletions` outputs from `destination` of `pipeline`.
@@ -472,6 +497,30 @@ fn render_destinations(out: &mut String, state: &State) {
             )
         }),
     );
+    family(
+        out,
+        "catalog_rebases_total",
+        "counter",
+        "Times the catalog compare-and-swap of an s3 destination lost to another publisher and the publication was applied again on top of its catalog, since the agent started.",
+        state.destinations.iter().map(|((p, d), s)| {
+            (
+                vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                s.catalog_rebases,
+            )
+        }),
+    );
+    family(
+        out,
+        "catalog_conflicts_total",
+        "counter",
+        "Times the catalog compare-and-swap of an s3 destination lost to another publisher that changed a record the publication relies on: undone and tried again later, since the agent started.",
+        state.destinations.iter().map(|((p, d), s)| {
+            (
+                vec![("pipeline", p.as_str()), ("destination", d.as_str())],
+                s.catalog_conflicts,
+            )
+        }),
+    );
 }
 
 /// Appends one metric family: HELP and TYPE lines, then one line per series.
@@ -606,6 +655,14 @@ distributor_prune_deletions_total{pipeline=\"reports\",destination=\"site\"} 4
 # TYPE distributor_hook_failures_total counter
 distributor_hook_failures_total{pipeline=\"reports\",destination=\"mirror\"} 0
 distributor_hook_failures_total{pipeline=\"reports\",destination=\"site\"} 1
+# HELP distributor_catalog_rebases_total Times the catalog compare-and-swap of an s3 destination lost to another publisher and the publication was applied again on top of its catalog, since the agent started.
+# TYPE distributor_catalog_rebases_total counter
+distributor_catalog_rebases_total{pipeline=\"reports\",destination=\"mirror\"} 0
+distributor_catalog_rebases_total{pipeline=\"reports\",destination=\"site\"} 0
+# HELP distributor_catalog_conflicts_total Times the catalog compare-and-swap of an s3 destination lost to another publisher that changed a record the publication relies on: undone and tried again later, since the agent started.
+# TYPE distributor_catalog_conflicts_total counter
+distributor_catalog_conflicts_total{pipeline=\"reports\",destination=\"mirror\"} 0
+distributor_catalog_conflicts_total{pipeline=\"reports\",destination=\"site\"} 0
 # HELP distributor_signature_refusals_total Bundles refused because of their signature (signatures in the pipeline's config), by reason, since the agent started.
 # TYPE distributor_signature_refusals_total counter
 distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"} 2
@@ -637,10 +694,42 @@ distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"
     }
 
     #[test]
+    fn lost_catalog_swaps_are_counted_per_destination() {
+        let metrics = Metrics::new();
+        let mut report = crate::report::RunReport::new("reports", false);
+        let d = |id: &str, rebases, conflict| crate::report::DestinationReport {
+            destination_id: id.into(),
+            root: String::new(),
+            workflow: "additive".into(),
+            action: None,
+            writes: Vec::new(),
+            deletes: Vec::new(),
+            unmanaged: Vec::new(),
+            error: None,
+            planned_writes: Vec::new(),
+            planned_deletes: Vec::new(),
+            unchanged: Vec::new(),
+            catalog_rebases: rebases,
+            catalog_conflict: conflict,
+        };
+        report.destinations = vec![d("site", 2, false), d("mirror", 0, true)];
+        metrics.catalog_races(&report);
+        metrics.catalog_races(&report);
+        let text = metrics.render();
+        for line in [
+            "distributor_catalog_rebases_total{pipeline=\"reports\",destination=\"site\"} 4\n",
+            "distributor_catalog_conflicts_total{pipeline=\"reports\",destination=\"mirror\"} 2\n",
+            "distributor_catalog_conflicts_total{pipeline=\"reports\",destination=\"site\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    #[test]
     fn empty_metrics_still_describe_every_family() {
         let text = Metrics::new().render();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 33, "{text}");
+        assert_eq!(lines.len(), 37, "{text}");
         // Every family described; the only series is the one without labels.
         assert!(lines.iter().all(|l| l.starts_with("# HELP distributor_")
             || l.starts_with("# TYPE distributor_")

@@ -63,6 +63,16 @@ pub struct DestinationReport {
     /// exactly those bytes and was kept as it is; not serialised.
     #[serde(skip)]
     pub unchanged: Vec<String>,
+    /// Times the catalog's compare-and-swap lost to another publisher and
+    /// the change was applied again on top of its catalog (an s3 root);
+    /// not serialised.
+    #[serde(skip)]
+    pub catalog_rebases: u32,
+    /// The catalog's compare-and-swap lost to another publisher and the
+    /// change could not be applied on top of its catalog: undone, to be
+    /// tried again (an s3 root); not serialised.
+    #[serde(skip)]
+    pub catalog_conflict: bool,
 }
 
 /// The whole result of publishing one bundle.
@@ -430,6 +440,8 @@ mod tests {
             planned_deletes: Vec::new(),
             unchanged: Vec::new(),
             error: None,
+            catalog_rebases: 0,
+            catalog_conflict: false,
         });
         r.bytes_published = 3 * 1024 * 1024 / 2;
         r

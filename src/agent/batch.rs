@@ -133,6 +133,9 @@ impl Worker {
         match &outcome {
             publish::Batch::Done(reports) => {
                 let elapsed = started.elapsed().as_millis();
+                for report in reports {
+                    self.tally.metrics.catalog_races(report);
+                }
                 let failed = reports.iter().filter(|r| !r.ok).count();
                 log::info!(
                     "pipeline={} published a batch of {} bundles{} elapsed_ms={elapsed}",

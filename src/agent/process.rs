@@ -74,6 +74,7 @@ impl Worker {
                 publish::publish(&self.pipeline, &destinations, path, &self.options())
             });
             let elapsed = started.elapsed().as_millis();
+            self.tally.metrics.catalog_races(&report);
             for w in &report.warnings {
                 log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
             }

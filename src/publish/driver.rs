@@ -696,7 +696,7 @@ impl<'a> Driver<'a> {
                 let committed = self.commit_all(&mut roots, changes, accepted.len(), alone)?;
                 Ok((unchanged, committed))
             });
-        let (unchanged, (copied_across, file_by_file)) = match written {
+        let (unchanged, (copied_across, file_by_file, rebases)) = match written {
             Ok(written) => written,
             Err((j, e)) => {
                 return self.abort(alone, accepted[0].ready.report.clone(), j, e, &roots);
@@ -737,6 +737,9 @@ impl<'a> Driver<'a> {
             if k == 0 {
                 report.copied_across = copied_across;
                 report.synced_file_by_file = file_by_file;
+                for (r, n) in report.destinations.iter_mut().zip(&rebases) {
+                    r.catalog_rebases = *n;
+                }
             }
             reports[a.index] = Some(report);
         }
@@ -831,18 +834,20 @@ impl<'a> Driver<'a> {
 
     /// Commits every root's change, roots whose commit reads the bundle
     /// first (a failure there can still roll the others back): the outputs
-    /// copied across file systems, and the roots made durable file by file.
+    /// copied across file systems, the roots made durable file by file, and
+    /// per root how often its catalog's compare-and-swap was rebased.
     fn commit_all(
         &self,
         roots: &mut [Root],
         mut changes: Vec<Option<Change>>,
         bundles: usize,
         alone: bool,
-    ) -> Result<(u64, u64), Failed> {
+    ) -> Result<(u64, u64, Vec<u32>), Failed> {
         let mut order: Vec<usize> = (0..roots.len()).filter(|j| changes[*j].is_some()).collect();
         order.sort_by_key(|j| !roots[*j].target.reads_bundle_at_commit());
         let mut copied_across = 0;
         let mut file_by_file = 0;
+        let mut rebases = vec![0; roots.len()];
         for j in order {
             let change = changes[j].take().expect("only roots with a change");
             match roots[j].target.commit(change) {
@@ -850,6 +855,7 @@ impl<'a> Driver<'a> {
                     crate::failpoint::hit("publish.committed");
                     copied_across += c.copied_across;
                     file_by_file += u64::from(c.file_by_file);
+                    rebases[j] = c.rebases;
                 }
                 // Roots committed before keep their change: publishing
                 // those bundles again is a skip there.
@@ -871,7 +877,7 @@ impl<'a> Driver<'a> {
                 }
             }
         }
-        Ok((copied_across, file_by_file))
+        Ok((copied_across, file_by_file, rebases))
     }
 
     /// Stops the run with `e` (at root `j`, if known): every root is
@@ -901,6 +907,7 @@ impl<'a> Driver<'a> {
         }
         if let Some(j) = j {
             report.destinations[j].error = Some(e.to_string());
+            report.destinations[j].catalog_conflict = e.lost_catalog_race();
         }
         Outcome::Reports(vec![e.fail(report)])
     }

@@ -133,6 +133,17 @@ impl Error {
         }
     }
 
+    /// Whether an s3 root's catalog compare-and-swap lost to another
+    /// publisher and the change could not be applied on top of the
+    /// winner's catalog (docs/object-storage.md, "Several hosts").
+    pub fn lost_catalog_race(&self) -> bool {
+        match self {
+            Error::Store(s3::Error::Conflict { .. }) => true,
+            Error::Commit { source, .. } => source.lost_catalog_race(),
+            _ => false,
+        }
+    }
+
     /// Whether the agent's stop caused it.
     pub fn is_stopped(&self) -> bool {
         match self {

@@ -274,6 +274,7 @@ impl Target for LocalTarget {
         Ok(Committed {
             copied_across: c.copied_across,
             file_by_file,
+            rebases: 0,
         })
     }
 

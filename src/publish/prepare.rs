@@ -57,6 +57,8 @@ fn destination_report(d: &Destination) -> DestinationReport {
         planned_writes: Vec::new(),
         planned_deletes: Vec::new(),
         unchanged: Vec::new(),
+        catalog_rebases: 0,
+        catalog_conflict: false,
     }
 }
 

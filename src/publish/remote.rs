@@ -285,8 +285,8 @@ impl Target for S3Target {
         Ok(vec![Staged::Written; change.writes.len()])
     }
 
-    fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error> {
-        match self.commit_change(&change) {
+    fn commit(&mut self, mut change: Change<'_>) -> Result<Committed, Error> {
+        match self.commit_change(&mut change) {
             Ok(c) => {
                 if c.rebases > 0 {
                     log::info!(
@@ -296,7 +296,10 @@ impl Target for S3Target {
                         if c.rebases == 1 { "" } else { "s" }
                     );
                 }
-                Ok(Committed::default())
+                Ok(Committed {
+                    rebases: c.rebases,
+                    ..Committed::default()
+                })
             }
             Err(s3::Error::HashMismatch { key, .. }) => Err(Self::reverify(&change, &key)
                 .unwrap_or_else(|| Error::Uploaded {
@@ -343,8 +346,8 @@ impl Target for S3Target {
         maintenance::hash_each(self, paths, each)
     }
 
-    fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault> {
-        self.commit_change(&change)
+    fn delete_owned(&mut self, mut change: Change<'_>) -> Result<(), Fault> {
+        self.commit_change(&mut change)
             .map(drop)
             .map_err(maintenance::fault(self, "cannot prune"))
     }
@@ -357,8 +360,11 @@ impl Target for S3Target {
 impl S3Target {
     /// Commits `change` through the protocol: one intent, conditional
     /// PUTs, the catalog swapped (re-applied on a winner's catalog when
-    /// the change still holds, [`rebase::onto`]), then the deletions.
-    fn commit_change(&self, change: &Change<'_>) -> s3::Result<protocol::Committed> {
+    /// the change still holds, [`rebase::onto`]), then the deletions. The
+    /// catalog to write is taken out of `change`, not copied (a large
+    /// catalog's records are many allocations; docs/object-storage.md,
+    /// "Catalog scale").
+    fn commit_change(&self, change: &mut Change<'_>) -> s3::Result<protocol::Committed> {
         let writes: Vec<protocol::Write> = change
             .writes
             .iter()
@@ -382,6 +388,8 @@ impl S3Target {
                 })
             })
             .collect();
+        let updated_at = change.catalog.updated_at;
+        let next = std::mem::replace(&mut change.catalog, Catalog::new(updated_at));
         let rebase = change
             .rebase
             .as_ref()
@@ -395,7 +403,7 @@ impl S3Target {
             self.settings,
             self.serving.as_deref(),
             base,
-            change.catalog.clone(),
+            next,
             writes,
             deletes,
             &mut |latest: &State| rebase::onto(rebase, latest),

@@ -260,7 +260,7 @@ pub(super) fn swap_catalog(
     let next = protocol::later_than(next, read_at);
     let etag = target
         .root
-        .write_catalog(&next.to_json(), target.etag.as_ref())
+        .write_catalog(next.to_json().into(), target.etag.as_ref())
         .map_err(fault(target, "cannot write the catalog"))?;
     target.etag = Some(etag);
     Ok(())

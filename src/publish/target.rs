@@ -276,6 +276,9 @@ pub(crate) struct Committed {
     pub(super) copied_across: u64,
     /// Whether the files were made durable one by one.
     pub(super) file_by_file: bool,
+    /// Times the catalog's compare-and-swap lost and the change was
+    /// applied again on the winner's catalog.
+    pub(super) rebases: u32,
 }
 
 /// One planned write.

@@ -65,6 +65,50 @@ pub const META_INTENT: &str = "distributor-intent";
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ETag(pub String);
 
+/// The bytes of a catalog version, shared rather than copied: the body a
+/// GET received or a PUT sends is the very buffer the client keeps as the
+/// version it last saw (a 100,000-record catalog is 57 MiB, and each copy
+/// of it costs time and memory; docs/object-storage.md, "Catalog scale").
+#[derive(Clone, Default)]
+pub struct CatalogBytes(PutPayload);
+
+impl CatalogBytes {
+    /// The payload of a PUT of these bytes (no copy).
+    fn payload(&self) -> PutPayload {
+        self.0.clone()
+    }
+}
+
+impl From<Vec<u8>> for CatalogBytes {
+    fn from(bytes: Vec<u8>) -> CatalogBytes {
+        CatalogBytes(PutPayload::from(bytes))
+    }
+}
+
+impl std::ops::Deref for CatalogBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // Always one piece: made from one `Vec` or one received body.
+        match self.0.as_ref() {
+            [] => &[],
+            [one] => one,
+            _ => unreachable!("a catalog's bytes are one piece"),
+        }
+    }
+}
+
+impl PartialEq for CatalogBytes {
+    fn eq(&self, other: &CatalogBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for CatalogBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CatalogBytes({} bytes)", self.len())
+    }
+}
+
 impl fmt::Display for ETag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -266,7 +310,7 @@ pub struct S3Root {
     /// the next read asks the server for the catalog only if it is no
     /// longer that version (`If-None-Match`), so a publisher that is alone
     /// does not download the catalog it has just written.
-    catalog_seen: std::sync::Mutex<Option<(ETag, Vec<u8>)>>,
+    catalog_seen: std::sync::Mutex<Option<(ETag, CatalogBytes)>>,
 }
 
 impl fmt::Debug for S3Root {
@@ -380,7 +424,7 @@ impl S3Root {
         })
     }
 
-    fn catalog_seen(&self) -> std::sync::MutexGuard<'_, Option<(ETag, Vec<u8>)>> {
+    fn catalog_seen(&self) -> std::sync::MutexGuard<'_, Option<(ETag, CatalogBytes)>> {
         self.catalog_seen
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -436,7 +480,7 @@ impl S3Root {
     /// carries `If-None-Match` with its ETag, and on `304 Not Modified`
     /// the bytes kept from that version are returned (the server has said
     /// that its current version is that one).
-    pub fn read_catalog(&self) -> Result<Option<(Vec<u8>, ETag)>> {
+    pub fn read_catalog(&self) -> Result<Option<(CatalogBytes, ETag)>> {
         let key = self.key(CATALOG_KEY);
         let seen = self.catalog_seen().as_ref().map(|(etag, _)| etag.clone());
         // The catalog's bytes and ETag; `None` when there is none.
@@ -444,7 +488,8 @@ impl S3Root {
             match self.store.get_opts(&key, options).await {
                 Ok(r) => {
                     let etag = r.meta.e_tag.clone();
-                    r.bytes().await.map(|b| Some((b.to_vec(), etag)))
+                    let body = r.bytes().await?;
+                    Ok(Some((CatalogBytes(PutPayload::from(body)), etag)))
                 }
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(e),
@@ -489,7 +534,7 @@ impl S3Root {
     /// `None` (`If-None-Match: *`), else replaces exactly that version
     /// (`If-Match`). [`Error::Conflict`] when another writer got there
     /// first. Returns the new version.
-    pub fn write_catalog(&self, bytes: &[u8], expected: Option<&ETag>) -> Result<ETag> {
+    pub fn write_catalog(&self, bytes: CatalogBytes, expected: Option<&ETag>) -> Result<ETag> {
         self.check_conformance()?;
         let mode = match expected {
             None => PutMode::Create,
@@ -501,7 +546,7 @@ impl S3Root {
         let mut attributes = Attributes::new();
         attributes.insert(Attribute::ContentType, "application/json".into());
         let key = self.key(CATALOG_KEY);
-        let payload = PutPayload::from(bytes.to_vec());
+        let payload = bytes.payload();
         let put = self.block_on(self.store.put_opts(
             &key,
             payload,
@@ -514,7 +559,7 @@ impl S3Root {
         match put {
             Ok(r) => {
                 let etag = self.etag_of(CATALOG_KEY, r.e_tag)?;
-                *self.catalog_seen() = Some((etag.clone(), bytes.to_vec()));
+                *self.catalog_seen() = Some((etag.clone(), bytes));
                 Ok(etag)
             }
             Err(

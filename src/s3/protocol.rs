@@ -151,7 +151,7 @@ impl S3Root {
     /// Compare-and-swap of a catalog built from `base`.
     pub(super) fn swap(&self, next: Catalog, base: &Base) -> Result<ETag> {
         let next = monotonic(next, &base.state);
-        self.write_catalog(&next.to_json(), base.etag.as_ref())
+        self.write_catalog(next.to_json().into(), base.etag.as_ref())
     }
 }
 

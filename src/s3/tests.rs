@@ -72,19 +72,24 @@ fn the_in_memory_store_passes_the_conformance_check() {
 fn catalog_writes_are_compare_and_swap() {
     let root = memory_root("");
     assert_eq!(root.read_catalog().unwrap(), None);
-    let v1 = root.write_catalog(b"one\n", None).unwrap();
+    let v1 = root.write_catalog(b"one\n".to_vec().into(), None).unwrap();
     // A second create loses: someone else created it first.
     assert!(matches!(
-        root.write_catalog(b"two\n", None),
+        root.write_catalog(b"two\n".to_vec().into(), None),
         Err(Error::Conflict { .. })
     ));
-    let v2 = root.write_catalog(b"two\n", Some(&v1)).unwrap();
+    let v2 = root
+        .write_catalog(b"two\n".to_vec().into(), Some(&v1))
+        .unwrap();
     assert_ne!(v1, v2);
     // Replacing a version that is no longer current loses.
-    let stale = root.write_catalog(b"three\n", Some(&v1));
+    let stale = root.write_catalog(b"three\n".to_vec().into(), Some(&v1));
     assert!(matches!(stale, Err(Error::Conflict { ref key, .. }) if key == ".distributor.json"));
     assert!(stale.unwrap_err().is_transient());
-    assert_eq!(root.read_catalog().unwrap(), Some((b"two\n".to_vec(), v2)));
+    assert_eq!(
+        root.read_catalog().unwrap(),
+        Some((b"two\n".to_vec().into(), v2))
+    );
 }
 
 #[test]

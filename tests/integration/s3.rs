@@ -109,7 +109,7 @@ fn the_catalog_compare_and_swap_loses_no_update_under_a_race() {
     let location = s.location("race");
     S3Root::open_with(&location, s.credentials())
         .unwrap()
-        .write_catalog(b"0\n", None)
+        .write_catalog(b"0\n".to_vec().into(), None)
         .unwrap();
     let won: usize = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..THREADS)
@@ -121,8 +121,14 @@ fn the_catalog_compare_and_swap_loses_no_update_under_a_race() {
                     let mut lost = 0;
                     while won < EACH {
                         let (bytes, etag) = root.read_catalog().unwrap().unwrap();
-                        let n: usize = String::from_utf8(bytes).unwrap().trim().parse().unwrap();
-                        match root.write_catalog(format!("{}\n", n + 1).as_bytes(), Some(&etag)) {
+                        let n: usize = String::from_utf8(bytes.to_vec())
+                            .unwrap()
+                            .trim()
+                            .parse()
+                            .unwrap();
+                        match root
+                            .write_catalog(format!("{}\n", n + 1).into_bytes().into(), Some(&etag))
+                        {
                             Ok(_) => won += 1,
                             Err(Error::Conflict { .. }) => lost += 1,
                             Err(e) => panic!("{e}"),
@@ -139,7 +145,7 @@ fn the_catalog_compare_and_swap_loses_no_update_under_a_race() {
     let (bytes, _) = root.read_catalog().unwrap().unwrap();
     assert_eq!(won, THREADS * EACH);
     assert_eq!(
-        String::from_utf8(bytes).unwrap().trim(),
+        String::from_utf8(bytes.to_vec()).unwrap().trim(),
         (THREADS * EACH).to_string(),
         "every successful compare-and-swap is in the final value"
     );

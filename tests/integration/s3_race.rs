@@ -967,3 +967,114 @@ fn publishing(bucket: &Bucket, pid: u32) -> BTreeSet<String> {
     }
     out
 }
+
+/// A publication whose catalog compare-and-swap loses to another host is
+/// applied again on top of the winner's catalog when the winner changed
+/// none of the records it relies on, and undone and tried again when it
+/// did (a replacement relies on every record of its destination); the
+/// agent counts each in `distributor_catalog_rebases_total` and
+/// `distributor_catalog_conflicts_total` (docs/object-storage.md, "Several
+/// hosts"). The agent is held between its uploads and its swap by a
+/// failpoint that stops it (SIGSTOP) while the other host commits, then
+/// let go (SIGCONT): no timing is guessed.
+#[test]
+fn a_lost_catalog_swap_is_counted_as_a_rebase_or_a_conflict() {
+    let (bucket, tmp) = scene("cas");
+    let dir = tmp.path();
+    let a = Host::new(dir, "A", &bucket.location, 5);
+    let b = Host::new(dir, "B", &bucket.location, 5);
+    let publish_b = |id: &str, path: &str| {
+        let staged = dir.join("stage").join(id);
+        write_bundle(&staged, id, &[(path.to_owned(), id.as_bytes().to_vec())]);
+        let bundle = staged.to_str().expect("utf-8 path");
+        let mut cmd = b.cmd(&["run", "--pipeline", PIPELINE, bundle]);
+        let out = cmd
+            .env_remove("DISTRIBUTOR_S3_LEASE_SECS")
+            .output()
+            .expect("run");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{log}");
+    };
+    publish_b("b0", "b0.html");
+
+    for (workflow, counter) in [
+        ("additive", "distributor_catalog_rebases_total"),
+        ("replacement", "distributor_catalog_conflicts_total"),
+    ] {
+        let config = dir.join("config-A.yaml");
+        let text = fs::read_to_string(&config).expect("config");
+        let text = text
+            .replace("agent:\n", "agent:\n  metrics_file: ./metrics-A.prom\n")
+            .replace("workflow: additive", &format!("workflow: {workflow}"));
+        write_file(&config, text.as_bytes());
+        let mut cmd = a.cmd(&["agent"]);
+        cmd.env_remove("DISTRIBUTOR_S3_LEASE_SECS")
+            .env("DISTRIBUTOR_FAILPOINT", "s3.after_upload:1:stop")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the agent");
+        let reader = collect(child.stderr.take().expect("stderr"), a.log.clone());
+        let pid = child.id();
+        let id = format!("a-{workflow}");
+        let staged = dir.join("stage").join(&id);
+        write_bundle(
+            &staged,
+            &id,
+            &[(format!("{id}.html"), id.clone().into_bytes())],
+        );
+        a.feed(&staged);
+        // Held after its uploads, before its compare-and-swap.
+        assert!(
+            wait_for(EVENT_WAIT, || stopped(pid)),
+            "the agent never reached the failpoint:\n{}",
+            a.log()
+        );
+        publish_b(&format!("b-{workflow}"), &format!("b-{workflow}.html"));
+        // SAFETY: plain kill(2) of the child this test spawned.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+        assert!(
+            wait_for(EVENT_WAIT, || a.spool("done").join(&id).exists()),
+            "{id} was not published:\n{}",
+            a.log()
+        );
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        child.wait().expect("reap the agent");
+        reader.join().expect("log reader");
+        let metrics = fs::read_to_string(dir.join("metrics-A.prom")).expect("metrics file");
+        let line = format!("{counter}{{pipeline=\"{PIPELINE}\",destination=\"web\"}} 1");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}\n{}",
+            a.log()
+        );
+        let other = if workflow == "additive" {
+            "distributor_catalog_conflicts_total"
+        } else {
+            "distributor_catalog_rebases_total"
+        };
+        let zero = format!("{other}{{pipeline=\"{PIPELINE}\",destination=\"web\"}} 0");
+        assert!(
+            metrics.lines().any(|l| l == zero),
+            "{zero} not in\n{metrics}"
+        );
+        let config = fs::read_to_string(dir.join("config-A.yaml")).expect("config");
+        let config = config
+            .replace("  metrics_file: ./metrics-A.prom\n", "")
+            .replace(&format!("workflow: {workflow}"), "workflow: additive");
+        write_file(&dir.join("config-A.yaml"), config.as_bytes());
+    }
+    // Nothing lost: every bundle's record is there (the replacement
+    // dropped B's earlier records of the destination, as it should).
+    let records = bucket.assert_records_match_objects();
+    assert!(records.contains_key("a-replacement.html"), "{records:?}");
+    assert!(bucket.pending().is_empty(), "{:?}", bucket.pending());
+}
+
+/// Whether process `pid` is stopped (`T` in /proc/<pid>/stat).
+fn stopped(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
+}
