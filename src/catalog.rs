@@ -648,9 +648,14 @@ fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
 /// more than twice the catalog's records.
 #[derive(Default)]
 pub struct RecordTexts {
-    buffers: Vec<Arc<Vec<u8>>>,
+    buffers: Vec<Buffer>,
     spans: HashMap<u64, Span, BuildFingerprint>,
 }
+
+/// Bytes that record texts are in: a catalog file as read (a `Vec`, or an
+/// object store's body, shared with whoever holds it), or the records a
+/// write formatted.
+pub type Buffer = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// Where one record's text is: `len` bytes from `start` of a buffer.
 #[derive(Clone, Copy, Debug)]
@@ -688,6 +693,17 @@ impl std::hash::BuildHasher for BuildFingerprint {
     }
 }
 
+impl std::fmt::Debug for RecordTexts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RecordTexts({} records in {} buffers)",
+            self.spans.len(),
+            self.buffers.len()
+        )
+    }
+}
+
 impl RecordTexts {
     fn key(r: &OutputRecord) -> u64 {
         use std::hash::BuildHasher;
@@ -697,7 +713,7 @@ impl RecordTexts {
 
     /// The texts of `records`, each `text[span]` of the catalog `text`
     /// as read.
-    fn read(text: Vec<u8>, records: &[(u64, std::ops::Range<usize>)]) -> RecordTexts {
+    fn read(text: Buffer, records: &[(u64, std::ops::Range<usize>)]) -> RecordTexts {
         let mut spans = HashMap::with_capacity_and_hasher(records.len(), BuildFingerprint);
         for (key, range) in records {
             let Ok(len) = u32::try_from(range.len()) else {
@@ -713,13 +729,13 @@ impl RecordTexts {
             );
         }
         RecordTexts {
-            buffers: vec![Arc::new(text)],
+            buffers: vec![text],
             spans,
         }
     }
 
     fn bytes(&self, span: Span) -> &[u8] {
-        &self.buffers[span.buffer as usize][span.start..span.start + span.len as usize]
+        &(*self.buffers[span.buffer as usize]).as_ref()[span.start..span.start + span.len as usize]
     }
 
     /// How many records have a text (for tests and benchmarks).
@@ -766,7 +782,8 @@ impl<'a> Reuse<'a> {
                 live[span.buffer as usize] += span.len as usize;
             }
             for (buffer, live) in before.buffers.iter().zip(live) {
-                kept.push((live > 0 && live * 2 >= buffer.len()).then(|| {
+                let size = (**buffer).as_ref().len();
+                kept.push((live > 0 && live * 2 >= size).then(|| {
                     next.buffers.push(buffer.clone());
                     (next.buffers.len() - 1) as u32
                 }));
@@ -1069,15 +1086,7 @@ impl State {
         if len <= whole_up_to {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
             std::io::Read::read_to_end(file, &mut bytes)?;
-            if let Some((catalog, spans)) = layout::read(&bytes, true) {
-                let texts = RecordTexts::read(bytes, &spans);
-                return Ok((State::Catalog(catalog), Some(texts)));
-            }
-            let mut de = serde_json::Deserializer::from_slice(&bytes);
-            return Ok(match read_v4(&mut de) {
-                Ok(state) => (state, None),
-                Err(_) => (State::classify(&bytes), None),
-            });
+            return Ok(State::parse_with_texts(Arc::new(bytes)));
         }
         let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
         match read_v4(&mut serde_json::Deserializer::from_reader(reader)) {
@@ -1089,6 +1098,22 @@ impl State {
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(file, &mut bytes)?;
         Ok((State::classify(&bytes), None))
+    }
+
+    /// [`State::parse`], with the text of each record when the bytes are
+    /// laid out exactly as this tool writes them ([`State::read_with_texts`]);
+    /// the texts keep `bytes`.
+    pub fn parse_with_texts(bytes: Buffer) -> (State, Option<RecordTexts>) {
+        let text = (*bytes).as_ref();
+        if let Some((catalog, spans)) = layout::read(text, true) {
+            let texts = RecordTexts::read(bytes.clone(), &spans);
+            return (State::Catalog(catalog), Some(texts));
+        }
+        let mut de = serde_json::Deserializer::from_slice(text);
+        match read_v4(&mut de) {
+            Ok(state) => (state, None),
+            Err(_) => (State::classify(text), None),
+        }
     }
 
     /// Classifies the bytes of a state file (a catalog as this tool writes
@@ -1870,7 +1895,7 @@ pub(crate) mod tests {
             let next = c.write_json_reusing(&mut out, Some(&texts)).unwrap();
             assert_eq!(out, c.to_json(), "round {round}");
             let live: usize = next.spans.values().map(|s| s.len as usize).sum();
-            let held: usize = next.buffers.iter().map(|b| b.len()).sum();
+            let held: usize = next.buffers.iter().map(|b| (**b).as_ref().len()).sum();
             assert!(
                 held <= 2 * live,
                 "round {round}: {held} bytes held for {live}"

@@ -35,7 +35,7 @@ use super::error::Error;
 use super::rebase;
 use super::target::{Change, Committed, Fault, Staged, Target, Write};
 use crate::bundle;
-use crate::catalog::{Catalog, OutputRecord, State};
+use crate::catalog::{Catalog, OutputRecord, RecordTexts, State};
 use crate::config::{Destination, S3Location, Workflow};
 use crate::hashing::Hashed;
 use crate::plan::{self, Action, Desired, Entry, Listing, Plan};
@@ -61,6 +61,8 @@ pub(super) struct S3Target {
     state: State,
     /// The catalog's version the commit swaps.
     etag: Option<ETag>,
+    /// The text of its records as read, for writing the next one.
+    texts: Option<Arc<RecordTexts>>,
     /// What a HEAD showed at the keys looked at ([`Target::look_ahead`]).
     heads: BTreeMap<String, Head>,
 }
@@ -83,6 +85,7 @@ impl S3Target {
             serving: None,
             state: State::Absent,
             etag: None,
+            texts: None,
             heads: BTreeMap::new(),
         }
     }
@@ -107,6 +110,7 @@ impl S3Target {
             serving: options.serving.clone(),
             state: base.state,
             etag: base.etag,
+            texts: base.texts,
             ..S3Target::at(root, d, location, settings)
         })
     }
@@ -397,6 +401,7 @@ impl S3Target {
         let base = Base {
             state: rebase::seen_state(rebase),
             etag: self.etag.clone(),
+            texts: self.texts.clone(),
         };
         protocol::commit_for(
             &self.root,

@@ -97,6 +97,12 @@ impl std::ops::Deref for CatalogBytes {
     }
 }
 
+impl AsRef<[u8]> for CatalogBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 impl PartialEq for CatalogBytes {
     fn eq(&self, other: &CatalogBytes) -> bool {
         **self == **other

@@ -37,7 +37,8 @@ use object_store::{ObjectStore as _, PutMode, PutOptions, PutPayload};
 use time::OffsetDateTime;
 
 use super::{ETag, Error, Result, S3Root, Written, random_id};
-use crate::catalog::{Catalog, State};
+use crate::catalog::{Catalog, RecordTexts, State};
+use std::sync::Arc;
 
 pub use super::intent::{
     Delete, Intent, IntentWrite, LEASE_ENV, PENDING_DIR, Settings, later_than, monotonic, spool_tag,
@@ -66,6 +67,9 @@ pub struct Base {
     pub state: State,
     /// `None` when there was no catalog object.
     pub etag: Option<ETag>,
+    /// The text of the catalog's records as read, for writing the next
+    /// catalog without formatting the records that did not change.
+    pub texts: Option<Arc<RecordTexts>>,
 }
 
 /// What a successful commit did.
@@ -140,18 +144,26 @@ impl S3Root {
             None => Base {
                 state: State::Absent,
                 etag: None,
+                texts: None,
             },
-            Some((bytes, etag)) => Base {
-                state: State::parse(&bytes),
-                etag: Some(etag),
-            },
+            Some((bytes, etag)) => {
+                let (state, texts) = State::parse_with_texts(Arc::new(bytes));
+                Base {
+                    state,
+                    etag: Some(etag),
+                    texts: texts.map(Arc::new),
+                }
+            }
         })
     }
 
     /// Compare-and-swap of a catalog built from `base`.
     pub(super) fn swap(&self, next: Catalog, base: &Base) -> Result<ETag> {
         let next = monotonic(next, &base.state);
-        self.write_catalog(next.to_json().into(), base.etag.as_ref())
+        let mut bytes = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = next.write_json_reusing(&mut bytes, base.texts.as_deref());
+        self.write_catalog(bytes.into(), base.etag.as_ref())
     }
 }
 
