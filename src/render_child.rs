@@ -53,6 +53,7 @@
 //! length [`NO_ROOM`] alone: the document does not fit under the child's
 //! hard limit, and the child ends.
 
+use crate::bundle::{MARKDOWN_FLOOR as FLOOR, MARKDOWN_TIMES as TIMES};
 use crate::config::RawHtml;
 use crate::render::{Part, RenderOptions, render_page};
 use serde::{Deserialize, Serialize};
@@ -62,17 +63,6 @@ use std::io::{self, BufRead, BufWriter, Read, Write};
 /// The hidden command of the binary that renders markdown files (not in
 /// `--help`).
 pub const COMMAND: &str = "__render";
-
-/// The memory one file may take, in multiples of its size
-/// (docs/contract.md §12.3).
-pub const TIMES: u64 = 32;
-
-/// The address space any file may take, however small. What the child maps
-/// for any document (the markdown's buffer aside: the output buffer, the
-/// page's skeleton, the parser's first allocations, the heap's rounding
-/// and the stack's growth) measures 0.2 MiB, so [`TIMES`] × the size
-/// covers it from 128 KiB up (docs/performance.md#markdown-rendering-memory).
-pub const FLOOR: u64 = 4 << 20;
 
 /// Size of the body's frames.
 const FRAME: usize = 64 << 10;

@@ -130,7 +130,7 @@ impl Rollback {
             "{} output{} of later sources: {}",
             found.len(),
             if found.len() == 1 { "" } else { "s" },
-            crate::report::first_few(found, 5, "; ")
+            crate::message::first_few(found, 5, "; ")
         )
     }
 }

@@ -447,7 +447,7 @@ fn check_scope(
             "{} outputs are outside destination {}'s scope {scope}{prefixed}: {}",
             outside.len(),
             d.id,
-            crate::report::first_few(&quoted, OUTSIDE_NAMED, ", ")
+            crate::message::first_few(&quoted, OUTSIDE_NAMED, ", ")
         )
     };
     Err(format!(
