@@ -4,10 +4,10 @@
 //! type (I/O errors by [`crate::io_class`], the only errno rule).
 
 use crate::bundle::BundleError;
+use crate::io_class;
 use crate::lock::LockError;
 use crate::report::{RunReport, Stage};
 use crate::s3;
-use crate::storage;
 use std::io;
 use std::path::PathBuf;
 
@@ -44,7 +44,7 @@ pub enum Error {
     #[error(
         "publishing to {} failed: {source}; the root was left consistent (its catalog matches its files), {}",
         path.display(),
-        if storage::is_transient(source) {
+        if io_class::is_transient(source) {
             "the agent defers the bundle and tries it again with backoff (`distributor status` shows when); free space or fix permissions on the root, then `distributor spool flush` tries it at once"
         } else {
             "fix the cause, then publish the bundle again"
@@ -124,9 +124,9 @@ impl Error {
             Error::Prepare(e)
             | Error::Root { source: e, .. }
             | Error::Write { source: e, .. }
-            | Error::Unsettled { source: e, .. } => storage::is_transient(e),
+            | Error::Unsettled { source: e, .. } => io_class::is_transient(e),
             Error::Lock(LockError::Timeout { .. }) => true,
-            Error::Lock(LockError::Io { source, .. }) => storage::is_transient(source),
+            Error::Lock(LockError::Io { source, .. }) => io_class::is_transient(source),
             Error::Store(e) => e.is_transient() || e.is_stopped(),
             Error::Uploaded { .. } | Error::Renderer { .. } | Error::Stopped => true,
             Error::Commit { source, .. } => source.is_transient(),

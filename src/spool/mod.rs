@@ -494,10 +494,7 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
     if is_real_folder(bundle)
         && let Err(e) = write_bookkeeping(bundle, RESULT_FILE, report.to_json().as_bytes())
     {
-        if matches!(
-            e.kind(),
-            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-        ) {
+        if crate::io_class::is_out_of_space(&e) {
             return Err(e);
         }
         unwritten = Some(e);
