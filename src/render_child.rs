@@ -513,7 +513,7 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
             "the renderer process (/proc/self/exe {COMMAND}) was killed by signal {signal}{said}"
         )),
         // Its stdin or stdout failed: the parent's side of the pipes.
-        (None, Some(EXIT_IO)) => ChildError::Failed(format!(
+        (None, Some(code)) if code == i32::from(EXIT_IO) => ChildError::Failed(format!(
             "the renderer process (/proc/self/exe {COMMAND}) failed{said}"
         )),
         // A panic (101) or anything else: rendering this text again fails
@@ -525,8 +525,10 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
     }
 }
 
-/// The child's exit code when its stdin or stdout failed.
-const EXIT_IO: i32 = 1;
+/// The child's exit code when its stdin or stdout failed: the runtime
+/// failure of the table (`crate::exit`), which the parent tells apart
+/// from a crash.
+const EXIT_IO: u8 = crate::exit::EXIT_FAILURE;
 
 /// The child: renders the documents on stdin to stdout, each under its
 /// memory limit, until the end of stdin. Returns the exit code.
@@ -539,10 +541,10 @@ pub fn serve() -> u8 {
     let mut output = stdout.lock();
     let mut limit = MemoryLimit::default();
     match serve_on(&mut input, &mut output, |len, cap| limit.set(len, cap)) {
-        Ok(()) => 0,
+        Ok(()) => crate::exit::EXIT_OK,
         Err(e) => {
             eprintln!("{e}");
-            EXIT_IO as u8
+            EXIT_IO
         }
     }
 }

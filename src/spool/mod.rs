@@ -27,7 +27,9 @@ pub use expire::{
     record_retention, retention_record,
 };
 pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
-pub use list::{Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry};
+pub use list::{
+    FailedError, Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry,
+};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";
