@@ -13,7 +13,7 @@ use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::render::RenderOptions;
 use crate::render_child::{ChildError, render_in_child};
-use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
+use crate::report::{DestinationReport, RunReport, SourceReport};
 use crate::scope::Scope;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -99,15 +99,7 @@ pub(super) fn prepare_bundle(
                     digest: m.digest.clone(),
                     created: m.created_text(),
                 });
-            let transient = e.is_transient();
-            if let bundle::BundleError::Signature(refusal) = &e {
-                report.signature_refused = Some(refusal.reason.as_str());
-            }
-            return Err(Box::new(report.fail(
-                Stage::Verify,
-                e.to_string(),
-                transient,
-            )));
+            return Err(Box::new(Error::Bundle(e).fail(report)));
         }
     };
     let m = &bundle.manifest;
@@ -119,7 +111,7 @@ pub(super) fn prepare_bundle(
     report.warnings = bundle.warnings.clone();
     report.signer = bundle.signer.clone();
     if let Some(why) = from_the_future(pipeline, m.created, time::OffsetDateTime::now_utc()) {
-        return Err(Box::new(report.fail(Stage::Verify, why, false)));
+        return Err(Box::new(Error::FromTheFuture(why).fail(report)));
     }
     if bundle.signer.is_none() && pipeline.signatures.is_some() {
         report.warnings.push(format!(
@@ -168,11 +160,11 @@ pub(super) fn prepare_bundle(
             Ok(p) => prepared.push(p),
             Err(e) => {
                 report.destinations[i].error = Some(e.clone());
-                return Err(Box::new(report.fail(
-                    Stage::Verify,
-                    format!("bundle is invalid for destination {}: {e}", d.id),
-                    false,
-                )));
+                let e = Error::Invalid {
+                    destination: d.id.clone(),
+                    why: e,
+                };
+                return Err(Box::new(e.fail(report)));
             }
         }
     }
@@ -192,12 +184,7 @@ pub(super) fn prepare_bundle(
             }
             Err(refusal) => {
                 // The signature was valid: who tried stays in the result.
-                report.signature_refused = Some(refusal.reason.as_str());
-                return Err(Box::new(report.fail(
-                    Stage::Verify,
-                    refusal.to_string(),
-                    false,
-                )));
+                return Err(Box::new(Error::Scope(refusal).fail(report)));
             }
         }
     }
@@ -458,6 +445,7 @@ fn check_scope(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Stage;
 
     #[test]
     fn markdown_read_for_rendering_is_staged_from_memory_not_read_again() {
