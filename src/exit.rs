@@ -9,3 +9,7 @@ pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 /// A publication refused by planning, and state maintenance refuses.
 pub const EXIT_REFUSED: u8 = 3;
+/// The agent cut short by a second stop signal (docs/operations.md, the
+/// exit codes of `agent`): 128 + `SIGINT`, as a shell reports a process an
+/// interrupt ended.
+pub const EXIT_INTERRUPTED: u8 = 130;

@@ -1,7 +1,16 @@
 //! Classifying I/O errors: the one place that decides whether an operating
 //! system error is worth retrying later (transient) or fails the bundle
-//! (permanent). Both reading bundles and writing roots use it; it does no
-//! I/O itself.
+//! (permanent). Writing roots and the spool, reading bundles and the s3
+//! backend's reads of a bundle all ask here; it does no I/O itself.
+//!
+//! Two readings differ, each for a stated reason:
+//! - [`is_transient`], for what the agent writes or reads of its own (a
+//!   root, the spool, its scratch files): anything this machine's operator
+//!   may fix without touching the bundle (a full disk, a permission) is
+//!   worth waiting for;
+//! - [`is_transient_reading_bundle`], for the bytes of a bundle: a file the
+//!   agent may not read is its producer's doing, who has no access to
+//!   `work/` once it is claimed, so waiting changes nothing (docs/producers.md).
 
 use std::io;
 
@@ -32,26 +41,68 @@ pub fn is_transient(e: &io::Error) -> bool {
     )
 }
 
+/// [`is_transient`] for an error met reading a bundle's own files: a file
+/// the agent may not read (`EACCES`, `EPERM`) stays so and fails the
+/// bundle, naming the fix; an interruption, a timeout or a refused
+/// allocation, however it was made, may pass.
+pub fn is_transient_reading_bundle(e: &io::Error) -> bool {
+    let forbidden = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+    (is_transient(e) && !forbidden)
+        || matches!(
+            e.kind(),
+            io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
+        )
+}
+
+/// Whether `e` says the file system is out of space or quota: the one
+/// failure that keeps a finished bundle in `work/` rather than filing it
+/// without its result (`spool::finish`).
+pub fn is_out_of_space(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// (error, is_transient, is_transient_reading_bundle, is_out_of_space)
+    fn table() -> Vec<(io::Error, bool, bool, bool)> {
+        let os = io::Error::from_raw_os_error;
+        vec![
+            (os(libc::ENOSPC), true, true, true),
+            (os(libc::EDQUOT), true, true, true),
+            (os(libc::EACCES), true, false, false),
+            (os(libc::EPERM), true, false, false),
+            (os(libc::EMFILE), true, true, false),
+            (os(libc::EIO), true, true, false),
+            (os(libc::EINTR), true, true, false),
+            (os(libc::ETIMEDOUT), true, true, false),
+            (os(libc::ENOTDIR), false, false, false),
+            (os(libc::ELOOP), false, false, false),
+            (os(libc::EEXIST), false, false, false),
+            (os(libc::ENOENT), false, false, false),
+            (io::Error::other("our own message"), false, false, false),
+            (io::ErrorKind::Interrupted.into(), false, true, false),
+            (io::ErrorKind::TimedOut.into(), false, true, false),
+            (io::ErrorKind::OutOfMemory.into(), false, true, false),
+            (io::ErrorKind::PermissionDenied.into(), false, false, false),
+            (io::ErrorKind::StorageFull.into(), false, false, true),
+        ]
+    }
+
     #[test]
-    fn only_errors_that_can_go_away_are_transient() {
-        let table = [
-            (io::Error::from_raw_os_error(libc::ENOSPC), true),
-            (io::Error::from_raw_os_error(libc::EDQUOT), true),
-            (io::Error::from_raw_os_error(libc::EACCES), true),
-            (io::Error::from_raw_os_error(libc::EMFILE), true),
-            (io::Error::from_raw_os_error(libc::EIO), true),
-            (io::Error::from_raw_os_error(libc::ENOTDIR), false),
-            (io::Error::from_raw_os_error(libc::ELOOP), false),
-            (io::Error::from_raw_os_error(libc::EEXIST), false),
-            (io::Error::from_raw_os_error(libc::ENOENT), false),
-            (io::Error::other("our own message"), false),
-        ];
-        for (e, transient) in table {
-            assert_eq!(is_transient(&e), transient, "{e}");
+    fn each_reading_classifies_as_its_table_row_says() {
+        for (e, transient, reading_bundle, out_of_space) in table() {
+            assert_eq!(is_transient(&e), transient, "is_transient({e})");
+            assert_eq!(
+                is_transient_reading_bundle(&e),
+                reading_bundle,
+                "is_transient_reading_bundle({e})"
+            );
+            assert_eq!(is_out_of_space(&e), out_of_space, "is_out_of_space({e})");
         }
     }
 }

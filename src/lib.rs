@@ -18,6 +18,7 @@ pub mod journal;
 pub mod lock;
 pub mod logging;
 pub mod maintain;
+pub mod message;
 pub mod metrics;
 pub mod paths;
 pub mod plan;

@@ -53,6 +53,7 @@
 //! length [`NO_ROOM`] alone: the document does not fit under the child's
 //! hard limit, and the child ends.
 
+use crate::bundle::{MARKDOWN_FLOOR as FLOOR, MARKDOWN_TIMES as TIMES};
 use crate::config::RawHtml;
 use crate::render::{Part, RenderOptions, render_page};
 use serde::{Deserialize, Serialize};
@@ -62,17 +63,6 @@ use std::io::{self, BufRead, BufWriter, Read, Write};
 /// The hidden command of the binary that renders markdown files (not in
 /// `--help`).
 pub const COMMAND: &str = "__render";
-
-/// The memory one file may take, in multiples of its size
-/// (docs/contract.md §12.3).
-pub const TIMES: u64 = 32;
-
-/// The address space any file may take, however small. What the child maps
-/// for any document (the markdown's buffer aside: the output buffer, the
-/// page's skeleton, the parser's first allocations, the heap's rounding
-/// and the stack's growth) measures 0.2 MiB, so [`TIMES`] × the size
-/// covers it from 128 KiB up (docs/rendering.md).
-pub const FLOOR: u64 = 4 << 20;
 
 /// Size of the body's frames.
 const FRAME: usize = 64 << 10;
@@ -523,7 +513,7 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
             "the renderer process (/proc/self/exe {COMMAND}) was killed by signal {signal}{said}"
         )),
         // Its stdin or stdout failed: the parent's side of the pipes.
-        (None, Some(EXIT_IO)) => ChildError::Failed(format!(
+        (None, Some(code)) if code == i32::from(EXIT_IO) => ChildError::Failed(format!(
             "the renderer process (/proc/self/exe {COMMAND}) failed{said}"
         )),
         // A panic (101) or anything else: rendering this text again fails
@@ -535,8 +525,10 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
     }
 }
 
-/// The child's exit code when its stdin or stdout failed.
-const EXIT_IO: i32 = 1;
+/// The child's exit code when its stdin or stdout failed: the runtime
+/// failure of the table (`crate::exit`), which the parent tells apart
+/// from a crash.
+const EXIT_IO: u8 = crate::exit::EXIT_FAILURE;
 
 /// The child: renders the documents on stdin to stdout, each under its
 /// memory limit, until the end of stdin. Returns the exit code.
@@ -549,10 +541,10 @@ pub fn serve() -> u8 {
     let mut output = stdout.lock();
     let mut limit = MemoryLimit::default();
     match serve_on(&mut input, &mut output, |len, cap| limit.set(len, cap)) {
-        Ok(()) => 0,
+        Ok(()) => crate::exit::EXIT_OK,
         Err(e) => {
             eprintln!("{e}");
-            EXIT_IO as u8
+            EXIT_IO
         }
     }
 }

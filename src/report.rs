@@ -132,17 +132,6 @@ pub struct HookReport {
     pub error: Option<String>,
 }
 
-/// The first `shown` of `items` joined with `sep`, then "and N more" for
-/// the rest: how a message names a long list without printing it whole.
-pub fn first_few<T: std::fmt::Display>(items: &[T], shown: usize, sep: &str) -> String {
-    let named: Vec<String> = items.iter().take(shown).map(ToString::to_string).collect();
-    let mut text = named.join(sep);
-    if items.len() > shown {
-        text.push_str(&format!(" and {} more", items.len() - shown));
-    }
-    text
-}
-
 impl RunReport {
     pub fn new(pipeline_id: &str, dry_run: bool) -> RunReport {
         RunReport {
@@ -406,19 +395,6 @@ fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
 
-    #[test]
-    fn long_lists_are_named_in_part() {
-        let cases: &[(&[&str], &str)] = &[
-            (&[], ""),
-            (&["a"], "a"),
-            (&["a", "b", "c"], "a; b; c"),
-            (&["a", "b", "c", "d"], "a; b; c and 1 more"),
-            (&["a", "b", "c", "d", "e", "f"], "a; b; c and 3 more"),
-        ];
-        for (items, want) in cases {
-            assert_eq!(first_few(items, 3, "; "), *want, "{items:?}");
-        }
-    }
     use super::*;
 
     fn report(writes: usize, unmanaged: usize) -> RunReport {

@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 /// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
 pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
-pub use crate::io_class::is_transient;
 pub use crate::plan::Entry;
 pub use crate::replace_file::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
 

@@ -327,7 +327,7 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                     let _ = control_tx.send(Control::Reload);
                 } else if terminating.swap(true, Ordering::SeqCst) {
                     log::warn!("second stop signal: exiting at once");
-                    std::process::exit(130);
+                    std::process::exit(crate::exit::EXIT_INTERRUPTED.into());
                 } else {
                     interrupt_after(STOP_GRACE);
                     let _ = control_tx.send(Control::Terminate);

@@ -243,16 +243,15 @@ impl Worker {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let report = RunReport::new(&self.pipeline.id, false).fail(
-            crate::report::Stage::Verify,
-            format!(
-                "{}: no {} in the bundle; restore it or re-seal the bundle, then `distributor spool retry {} {name}`",
-                path.display(),
+        let e = publish::Error::Folder {
+            path: path.to_path_buf(),
+            why: format!(
+                "no {} in the bundle; restore it or re-seal the bundle, then `distributor spool retry {} {name}`",
                 spool::MANIFEST,
                 self.pipeline.id
             ),
-            false,
-        );
+        };
+        let report = e.fail(RunReport::new(&self.pipeline.id, false));
         self.file_away(path, &name, &report, 0);
     }
 
@@ -277,14 +276,11 @@ impl Worker {
     /// the probe) is filed into failed/ as it is: nothing is read through
     /// it and nothing is written into it.
     pub(super) fn fail_not_a_folder(&self, path: &Path, name: &str) {
-        let report = RunReport::new(&self.pipeline.id, false).fail(
-            crate::report::Stage::Verify,
-            format!(
-                "{}: not a real folder when it was claimed (a symbolic link?); links are never followed. Drop the bundle folder itself",
-                path.display()
-            ),
-            false,
-        );
+        let e = publish::Error::Folder {
+            path: path.to_path_buf(),
+            why: "not a real folder when it was claimed (a symbolic link?); links are never followed. Drop the bundle folder itself".to_owned(),
+        };
+        let report = e.fail(RunReport::new(&self.pipeline.id, false));
         self.file_away(path, name, &report, 0);
     }
 
@@ -295,11 +291,11 @@ impl Worker {
         let Some(why) = spool::bookkeeping_blocked(path) else {
             return false;
         };
-        let report = RunReport::new(&self.pipeline.id, false).fail(
-            crate::report::Stage::Verify,
-            format!("{}: {why}", path.display()),
-            false,
-        );
+        let e = publish::Error::Folder {
+            path: path.to_path_buf(),
+            why,
+        };
+        let report = e.fail(RunReport::new(&self.pipeline.id, false));
         self.file_away(path, name, &report, 0);
         true
     }

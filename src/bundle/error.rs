@@ -2,6 +2,7 @@
 //! [`Problem`]s it carries, each naming the file and what to do.
 
 use super::MANIFEST;
+use crate::io_class;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
@@ -66,7 +67,7 @@ impl BundleError {
     /// bundle itself is wrong.
     pub fn is_transient(&self) -> bool {
         match self {
-            BundleError::Unreadable { io: Some(e), .. } => is_transient_io(e),
+            BundleError::Unreadable { io: Some(e), .. } => io_class::is_transient_reading_bundle(e),
             _ => false,
         }
     }
@@ -95,19 +96,6 @@ impl BundleError {
             message: message.into(),
         }
     }
-}
-
-/// Whether an I/O error met while reading a bundle may pass by itself
-/// ([`crate::io_class::is_transient`], plus interruptions and timeouts).
-pub(super) fn is_transient_io(e: &io::Error) -> bool {
-    // A bundle's file the agent may not read stays so: its producer has no
-    // access to work/, so waiting changes nothing. It fails, naming the fix.
-    let forbidden = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM));
-    (crate::io_class::is_transient(e) && !forbidden)
-        || matches!(
-            e.kind(),
-            io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
-        )
 }
 
 fn manifest_location(line: &Option<usize>, column: &Option<usize>, message: &str) -> String {

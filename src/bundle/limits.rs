@@ -6,6 +6,18 @@
 use super::error::{BundleError, Problem};
 use super::manifest::Manifest;
 
+/// The memory rendering one markdown file may take, in multiples of its
+/// size (docs/contract.md §12.3).
+pub const MARKDOWN_TIMES: u64 = 32;
+
+/// The address space rendering any file may take, however small. What the
+/// renderer's child process (`crate::render_child`) maps for any document
+/// (the markdown's buffer aside: the output buffer, the page's skeleton,
+/// the parser's first allocations, the heap's rounding and the stack's
+/// growth) measures 0.2 MiB, so [`MARKDOWN_TIMES`] × the size covers it
+/// from 128 KiB up (docs/rendering.md).
+pub const MARKDOWN_FLOOR: u64 = 4 << 20;
+
 /// What one bundle may ask of the agent (docs/contract.md §12.3), checked against the
 /// manifest before any listed byte is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +113,6 @@ pub fn check_limits(manifest: &Manifest, limits: &Limits) -> Result<(), BundleEr
 /// its size in memory (docs/contract.md §12.3); `said` is what the renderer
 /// said as it ended (may be empty).
 pub fn markdown_too_dense(path: &str, size: u64, said: &str) -> Problem {
-    use crate::render_child::{FLOOR, TIMES};
     let said = if said.is_empty() {
         String::new()
     } else {
@@ -110,8 +121,8 @@ pub fn markdown_too_dense(path: &str, size: u64, said: &str) -> Problem {
     Problem::at(
         path,
         format!(
-            "is too dense to render to HTML within {TIMES} times its size in memory ({} KiB for {size} bytes){said}; break it into smaller pages, tables or paragraphs, or publish the file as a copy (publish.html off for this destination)",
-            size.saturating_mul(TIMES).max(FLOOR) >> 10
+            "is too dense to render to HTML within {MARKDOWN_TIMES} times its size in memory ({} KiB for {size} bytes){said}; break it into smaller pages, tables or paragraphs, or publish the file as a copy (publish.html off for this destination)",
+            size.saturating_mul(MARKDOWN_TIMES).max(MARKDOWN_FLOOR) >> 10
         ),
     )
 }

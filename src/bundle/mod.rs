@@ -22,7 +22,9 @@ mod verify;
 mod tests;
 
 pub use error::{BundleError, Problem};
-pub use limits::{Limits, check_limits, markdown_too_big, markdown_too_dense};
+pub use limits::{
+    Limits, MARKDOWN_FLOOR, MARKDOWN_TIMES, check_limits, markdown_too_big, markdown_too_dense,
+};
 pub use manifest::{Manifest, ManifestFile, compute_digest};
 pub use open::{open_listed, open_listed_at};
 pub use parse::parse_manifest;

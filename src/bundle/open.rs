@@ -3,7 +3,7 @@
 //! the tree. Nothing but a regular file is ever opened for reading.
 
 use super::MANIFEST;
-use super::error::{BundleError, Problem, is_transient_io};
+use super::error::{BundleError, Problem};
 use crate::paths::{RelPath, is_reserved_name};
 use crate::signature::SIGNATURE_FILE;
 use cap_std::ambient_authority;
@@ -213,11 +213,13 @@ impl Refusal {
     /// The error of the listed file `path` of the bundle at `dir`.
     pub(super) fn into_error(self, dir: &Path, path: &RelPath) -> BundleError {
         match self.io {
-            Some(e) if is_transient_io(&e) => BundleError::Unreadable {
-                path: dir.join(path.as_str()),
-                message: format!("{}; try again later", self.problem.message),
-                io: Some(e),
-            },
+            Some(e) if crate::io_class::is_transient_reading_bundle(&e) => {
+                BundleError::Unreadable {
+                    path: dir.join(path.as_str()),
+                    message: format!("{}; try again later", self.problem.message),
+                    io: Some(e),
+                }
+            }
             _ => BundleError::Invalid {
                 problems: vec![self.problem],
             },

@@ -2,7 +2,7 @@
 //! against it: [`verify`] (hashes included), [`inspect`] (sizes only) and
 //! [`verify_files`]. Reads only; it never writes or moves anything.
 
-use super::error::{BundleError, Problem, is_transient_io};
+use super::error::{BundleError, Problem};
 use super::limits::{Limits, check_limits};
 use super::manifest::{Manifest, ManifestFile};
 use super::open::{
@@ -329,7 +329,7 @@ fn check_listed(
         Ok(hashed) => hashed,
         Err(e) => {
             let problem = Problem::at(listed.path.as_str(), format!("cannot read: {e}"));
-            if is_transient_io(&e) {
+            if crate::io_class::is_transient_reading_bundle(&e) {
                 return Err(transient(problem, e));
             }
             return Ok(Some(problem));

@@ -6,7 +6,6 @@ use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
 use crate::config::Config;
 use crate::inert::inert;
 use crate::spool::{self, Folder, Spool};
-use std::io;
 use std::path::Path;
 
 /// The pipeline's spool, or the exit code after saying why there is none.
@@ -22,13 +21,6 @@ fn spool_of(flag: Option<&Path>, pipeline: &str) -> Result<(Config, Spool), u8> 
     };
     let spool = Spool::of(&config, p);
     Ok((config, spool))
-}
-
-fn code_of(e: &io::Error) -> u8 {
-    match e.kind() {
-        io::ErrorKind::InvalidInput | io::ErrorKind::NotFound => EXIT_USAGE,
-        _ => EXIT_FAILURE,
-    }
 }
 
 /// `spool retry P --all`: every failed bundle back to the inbox, oldest
@@ -265,7 +257,7 @@ pub(super) fn delete(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
         }
         Err(e) => {
             eprintln!("error: {}", inert(&e.to_string()));
-            code_of(&e)
+            e.exit_code()
         }
     }
 }

@@ -2,7 +2,7 @@
 //! needed, and the bundle folder is all they look at.
 
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
-use crate::bundle::{self, BundleError, SealError};
+use crate::bundle::{self, BundleError};
 use crate::catalog::parse_time;
 use crate::inert::{inert, inert_os};
 use crate::signature::AllowedSigners;
@@ -61,10 +61,7 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Pa
         }
         Err(e) => {
             eprintln!("error: {e}");
-            match e {
-                SealError::BadId { .. } | SealError::BadCreated { .. } => EXIT_USAGE,
-                _ => EXIT_FAILURE,
-            }
+            e.exit_code()
         }
     }
 }

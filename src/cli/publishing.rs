@@ -2,22 +2,22 @@
 //! (the spool agent). Both call the library and report what it returns.
 
 use super::output::print_report;
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, RunArgs, load_config};
+use super::{EXIT_FAILURE, EXIT_OK, RunArgs, load_config};
 use crate::config::{self, Config, Pipeline};
 use crate::publish::{self, Options};
-use crate::report::{RunReport, Stage};
+use crate::report::RunReport;
 use std::path::{Path, PathBuf};
 
 pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
     let fail_config = |message: String| {
         let report =
-            RunReport::new(&args.pipeline, args.dry_run).fail(Stage::Config, message, false);
+            publish::Error::Usage(message).fail(RunReport::new(&args.pipeline, args.dry_run));
         if args.json {
             print_report(&report, true, false, std::time::Duration::ZERO);
         } else {
             eprintln!("error: {}", report.error.as_deref().unwrap_or_default());
         }
-        EXIT_USAGE
+        report.exit_code()
     };
     if args.force && args.destinations.is_empty() {
         return fail_config(

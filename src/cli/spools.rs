@@ -126,13 +126,7 @@ pub(super) fn spool_retry(
         }
         Err(e) => {
             eprintln!("error: {}", inert(&e.to_string()));
-            if e.kind() == std::io::ErrorKind::InvalidInput
-                || e.kind() == std::io::ErrorKind::NotFound
-            {
-                EXIT_USAGE
-            } else {
-                EXIT_FAILURE
-            }
+            e.exit_code()
         }
     }
 }

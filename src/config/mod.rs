@@ -15,6 +15,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+mod check;
 mod error;
 mod model;
 mod raw;

@@ -154,16 +154,6 @@ impl MaintainError {
             MaintainError::S3 { .. } => EXIT_FAILURE,
         }
     }
-
-    /// Worth trying again later without anyone changing anything (a lock
-    /// held elsewhere, an I/O error); the scheduled pruning uses this.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            MaintainError::Lock(_) | MaintainError::Io { .. } => true,
-            MaintainError::S3 { source, .. } => source.is_transient(),
-            _ => false,
-        }
-    }
 }
 
 fn json_text<T: Serialize>(value: &T) -> String {

@@ -26,8 +26,8 @@
 use super::backends;
 use super::error::Error;
 use super::prepare::{Prepared, Ready, prepare_bundle};
-use super::rebase;
-use super::target::{Change, Rebase, Staged, Target, Write};
+use super::rebase::{self, Rebase};
+use super::target::{Change, Staged, Target, Write};
 use super::{Options, record_plans, verify_rest};
 use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::clock::now_millis;

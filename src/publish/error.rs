@@ -4,18 +4,39 @@
 //! type (I/O errors by [`crate::io_class`], the only errno rule).
 
 use crate::bundle::BundleError;
+use crate::io_class;
 use crate::lock::LockError;
 use crate::report::{RunReport, Stage};
 use crate::s3;
-use crate::storage;
 use std::io;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// What `run` was asked cannot be done with this configuration (it
+    /// does not load, or names no such pipeline or destination), or the
+    /// command line is incomplete; nothing was read.
+    #[error("{0}")]
+    Usage(String),
     /// The bundle does not match its manifest, or cannot be read.
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    /// The claimed bundle folder cannot be used as one: not a real folder,
+    /// no manifest, or a folder at a name the agent writes inside it.
+    #[error("{}: {why}", path.display())]
+    Folder { path: PathBuf, why: String },
+    /// The bundle's `created` is more than the allowed skew ahead of this
+    /// machine's clock, on a pipeline with `signatures.refuse_older`.
+    #[error("{0}")]
+    FromTheFuture(String),
+    /// The bundle's outputs do not fit one destination (a path outside its
+    /// scope, or one its outputs would both write).
+    #[error("bundle is invalid for destination {destination}: {why}")]
+    Invalid { destination: String, why: String },
+    /// A valid signature whose principal may not write some of the
+    /// bundle's outputs (docs/contract.md §17.4).
+    #[error(transparent)]
+    Scope(crate::signature::Refusal),
     /// Reading the bundle or rendering its pages failed for a reason of
     /// this machine (a scratch file, memory), not of the bundle.
     #[error("{0}")]
@@ -44,7 +65,7 @@ pub enum Error {
     #[error(
         "publishing to {} failed: {source}; the root was left consistent (its catalog matches its files), {}",
         path.display(),
-        if storage::is_transient(source) {
+        if io_class::is_transient(source) {
             "the agent defers the bundle and tries it again with backoff (`distributor status` shows when); free space or fix permissions on the root, then `distributor spool flush` tries it at once"
         } else {
             "fix the cause, then publish the bundle again"
@@ -88,6 +109,11 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// Planning refused the publication (`fail_unmanaged`,
+    /// `fail_conflict`): each refusal is `destination: why`; nothing was
+    /// written anywhere.
+    #[error("publication refused, nothing was written: {}", .refusals.join("; "))]
+    Refused { refusals: Vec<String> },
     /// The agent is stopping; nothing was renamed into any root.
     #[error(
         "the agent is stopping; nothing was written, the bundle is published at the next start"
@@ -100,10 +126,16 @@ impl Error {
     pub fn stage(&self) -> Stage {
         match self {
             Error::Bundle(_)
+            | Error::Folder { .. }
+            | Error::FromTheFuture(_)
+            | Error::Invalid { .. }
+            | Error::Scope(_)
             | Error::Prepare(_)
             | Error::Renderer { .. }
             | Error::Uploaded { .. } => Stage::Verify,
+            Error::Usage(_) => Stage::Config,
             Error::Lock(_) => Stage::Lock,
+            Error::Refused { .. } => Stage::Plan,
             Error::Root { stage, .. } => *stage,
             Error::Write { .. } | Error::Unsettled { .. } | Error::Stopped => Stage::Publish,
             Error::Commit { source, .. } => source.stage(),
@@ -124,12 +156,18 @@ impl Error {
             Error::Prepare(e)
             | Error::Root { source: e, .. }
             | Error::Write { source: e, .. }
-            | Error::Unsettled { source: e, .. } => storage::is_transient(e),
+            | Error::Unsettled { source: e, .. } => io_class::is_transient(e),
             Error::Lock(LockError::Timeout { .. }) => true,
-            Error::Lock(LockError::Io { source, .. }) => storage::is_transient(source),
+            Error::Lock(LockError::Io { source, .. }) => io_class::is_transient(source),
             Error::Store(e) => e.is_transient() || e.is_stopped(),
             Error::Uploaded { .. } | Error::Renderer { .. } | Error::Stopped => true,
             Error::Commit { source, .. } => source.is_transient(),
+            Error::Usage(_)
+            | Error::Folder { .. }
+            | Error::FromTheFuture(_)
+            | Error::Invalid { .. }
+            | Error::Scope(_)
+            | Error::Refused { .. } => false,
         }
     }
 
@@ -170,8 +208,17 @@ impl Error {
         }
     }
 
-    /// `report`, failed with this error.
-    pub fn fail(self, report: RunReport) -> RunReport {
+    /// `report`, failed with this error: its stage, its message, whether
+    /// it is transient, and what a refusal adds (planning's, which makes
+    /// the exit code; a signature's reason).
+    pub fn fail(self, mut report: RunReport) -> RunReport {
+        match &self {
+            Error::Refused { .. } => report.refused = true,
+            Error::Bundle(BundleError::Signature(refusal)) | Error::Scope(refusal) => {
+                report.signature_refused = Some(refusal.reason.as_str());
+            }
+            _ => {}
+        }
         report.fail(self.stage(), self.to_string(), self.is_transient())
     }
 }

@@ -13,7 +13,7 @@ use crate::bundle::{self, VerifiedBundle};
 use crate::config::{Destination, Pipeline};
 use crate::paths::RelPath;
 use crate::plan::Plan;
-use crate::report::{RunReport, Stage};
+use crate::report::RunReport;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -130,7 +130,7 @@ impl Rollback {
             "{} output{} of later sources: {}",
             found.len(),
             if found.len() == 1 { "" } else { "s" },
-            crate::report::first_few(found, 5, "; ")
+            crate::message::first_few(found, 5, "; ")
         )
     }
 }
@@ -284,14 +284,5 @@ fn record_plans<'p>(
     if refused.is_empty() {
         return None;
     }
-    let mut failed = report.clone();
-    failed.refused = true;
-    Some(failed.fail(
-        Stage::Plan,
-        format!(
-            "publication refused, nothing was written: {}",
-            refused.join("; ")
-        ),
-        false,
-    ))
+    Some(Error::Refused { refusals: refused }.fail(report.clone()))
 }

@@ -13,7 +13,7 @@ use crate::paths::RelPath;
 use crate::plan::{self, Desired};
 use crate::render::RenderOptions;
 use crate::render_child::{ChildError, render_in_child};
-use crate::report::{DestinationReport, RunReport, SourceReport, Stage};
+use crate::report::{DestinationReport, RunReport, SourceReport};
 use crate::scope::Scope;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -101,15 +101,7 @@ pub(super) fn prepare_bundle(
                     digest: m.digest.clone(),
                     created: m.created_text(),
                 });
-            let transient = e.is_transient();
-            if let bundle::BundleError::Signature(refusal) = &e {
-                report.signature_refused = Some(refusal.reason.as_str());
-            }
-            return Err(Box::new(report.fail(
-                Stage::Verify,
-                e.to_string(),
-                transient,
-            )));
+            return Err(Box::new(Error::Bundle(e).fail(report)));
         }
     };
     let m = &bundle.manifest;
@@ -121,7 +113,7 @@ pub(super) fn prepare_bundle(
     report.warnings = bundle.warnings.clone();
     report.signer = bundle.signer.clone();
     if let Some(why) = from_the_future(pipeline, m.created, time::OffsetDateTime::now_utc()) {
-        return Err(Box::new(report.fail(Stage::Verify, why, false)));
+        return Err(Box::new(Error::FromTheFuture(why).fail(report)));
     }
     if bundle.signer.is_none() && pipeline.signatures.is_some() {
         report.warnings.push(format!(
@@ -170,11 +162,11 @@ pub(super) fn prepare_bundle(
             Ok(p) => prepared.push(p),
             Err(e) => {
                 report.destinations[i].error = Some(e.clone());
-                return Err(Box::new(report.fail(
-                    Stage::Verify,
-                    format!("bundle is invalid for destination {}: {e}", d.id),
-                    false,
-                )));
+                let e = Error::Invalid {
+                    destination: d.id.clone(),
+                    why: e,
+                };
+                return Err(Box::new(e.fail(report)));
             }
         }
     }
@@ -194,12 +186,7 @@ pub(super) fn prepare_bundle(
             }
             Err(refusal) => {
                 // The signature was valid: who tried stays in the result.
-                report.signature_refused = Some(refusal.reason.as_str());
-                return Err(Box::new(report.fail(
-                    Stage::Verify,
-                    refusal.to_string(),
-                    false,
-                )));
+                return Err(Box::new(Error::Scope(refusal).fail(report)));
             }
         }
     }
@@ -449,7 +436,7 @@ fn check_scope(
             "{} outputs are outside destination {}'s scope {scope}{prefixed}: {}",
             outside.len(),
             d.id,
-            crate::report::first_few(&quoted, OUTSIDE_NAMED, ", ")
+            crate::message::first_few(&quoted, OUTSIDE_NAMED, ", ")
         )
     };
     Err(format!(
@@ -460,6 +447,7 @@ fn check_scope(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::Stage;
 
     #[test]
     fn markdown_read_for_rendering_is_staged_from_memory_not_read_again() {

@@ -5,11 +5,26 @@
 //! it was ([`relied_on`]); else nothing of it is recorded and the attempt
 //! is transient (docs/object-storage.md, "Several hosts").
 
-use super::target::Rebase;
 use crate::catalog::{Catalog, OutputRecord, Overlay, State};
 use crate::config::Workflow;
 use crate::plan::CatalogUpdate;
 use std::collections::BTreeSet;
+use time::OffsetDateTime;
+
+/// The catalog changes of a change's bundles, in order, and the records of
+/// the catalog they were planned on that they rely on: if another
+/// publication committed first and left all of those as they were, the
+/// changes are applied again on top of its catalog.
+pub(super) struct Rebase {
+    pub(super) updates: Vec<CatalogUpdate>,
+    /// The records relied on ([`relied_on`]); `None` when
+    /// planned on a root without a catalog.
+    pub(super) seen: Option<Catalog>,
+    pub(super) pipeline_id: String,
+    pub(super) destination_id: String,
+    pub(super) workflow: Workflow,
+    pub(super) now: OffsetDateTime,
+}
 
 /// The records of `base` a change relies on: every path a catalog change
 /// of it touches and, for a replacement, every record of the destination

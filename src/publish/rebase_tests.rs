@@ -5,8 +5,8 @@ use super::{onto, relied_on};
 use crate::catalog::{Catalog, State, parse_time};
 use crate::config::Workflow;
 use crate::plan::CatalogUpdate;
+use crate::publish::rebase::Rebase;
 use crate::publish::remote::tests::{catalog, paths, record, update};
-use crate::publish::target::Rebase;
 
 fn now() -> time::OffsetDateTime {
     parse_time("2026-01-03T00:00:00Z").unwrap()

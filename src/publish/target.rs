@@ -16,6 +16,7 @@
 use super::Options;
 use super::content::Content;
 use super::error::Error;
+use super::rebase::{self, Rebase};
 use crate::bundle::VerifiedBundle;
 use crate::catalog::{Catalog, OutputRecord, State};
 use crate::config::Workflow;
@@ -321,21 +322,6 @@ pub(crate) struct Change<'a> {
     pub(super) rebase: Option<Rebase>,
 }
 
-/// The catalog changes of a change's bundles, in order, and the records of
-/// the catalog they were planned on that they rely on: if another
-/// publication committed first and left all of those as they were, the
-/// changes are applied again on top of its catalog.
-pub(super) struct Rebase {
-    pub(super) updates: Vec<crate::plan::CatalogUpdate>,
-    /// The records relied on ([`super::rebase::relied_on`]); `None` when
-    /// planned on a root without a catalog.
-    pub(super) seen: Option<Catalog>,
-    pub(super) pipeline_id: String,
-    pub(super) destination_id: String,
-    pub(super) workflow: crate::config::Workflow,
-    pub(super) now: OffsetDateTime,
-}
-
 impl Change<'static> {
     /// The change that deletes the outputs `catalog` records at `paths`
     /// (sorted, each recorded) and drops their records, stamped `now`,
@@ -356,7 +342,7 @@ impl Change<'static> {
         }];
         // It relies on the dropped records only, whatever the workflow.
         let workflow = Workflow::Additive;
-        let seen = super::rebase::relied_on(&catalog, &updates, owner.0, owner.1, workflow);
+        let seen = rebase::relied_on(&catalog, &updates, owner.0, owner.1, workflow);
         let removed = seen.outputs.clone();
         let drop: BTreeSet<&str> = paths.iter().map(String::as_str).collect();
         catalog.outputs.retain(|r| !drop.contains(r.path.as_str()));

@@ -98,7 +98,7 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         }
         raw.push_str(html);
         if html.contains("</")
-            && let Some(title) = super::sanitize::first_heading(raw)
+            && let Some(title) = super::tags::first_heading(raw)
         {
             self.title = Some(title);
             self.raw_before = None;

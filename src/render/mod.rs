@@ -68,6 +68,7 @@ mod events;
 mod ids;
 mod links;
 mod sanitize;
+mod tags;
 
 #[cfg(test)]
 mod tests;

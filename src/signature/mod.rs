@@ -228,7 +228,7 @@ pub fn check_scopes<'p>(
             format!(
                 "{} outputs are ({})",
                 outside.len(),
-                crate::report::first_few(&quoted, SHOWN_PATHS, ", ")
+                crate::message::first_few(&quoted, SHOWN_PATHS, ", ")
             )
         };
         return Err(Refusal::new(

@@ -213,42 +213,60 @@ pub fn read_result(spool: &Spool, folder: Folder, name: &str) -> Result<ResultDo
     })
 }
 
+/// Why [`retry`] or [`delete`] did nothing for the bundle named, or
+/// stopped part way.
+#[derive(Debug, thiserror::Error)]
+pub enum FailedError {
+    /// The name is not a bundle name, or names no bundle of `failed/`;
+    /// the message says which and how to list them.
+    #[error("{0}")]
+    Unknown(String),
+    /// Reading, moving or removing the bundle failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl FailedError {
+    /// Exit code of the command (docs/contract.md §9): a wrong name is a
+    /// usage error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            FailedError::Unknown(_) => crate::exit::EXIT_USAGE,
+            FailedError::Io(_) => crate::exit::EXIT_FAILURE,
+        }
+    }
+}
+
 /// Checks that `name` is a plain entry name, with the hint to list them.
-fn check_name(name: &str, listing: &str) -> io::Result<()> {
+fn check_name(name: &str, listing: &str) -> Result<(), FailedError> {
     if name.contains('/') || name.starts_with('.') || name.is_empty() || name.contains('\0') {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "{:?} is not a bundle name; use a name shown by `distributor spool list {listing}`",
-                crate::inert::inert(name)
-            ),
-        ));
+        return Err(FailedError::Unknown(format!(
+            "{:?} is not a bundle name; use a name shown by `distributor spool list {listing}`",
+            crate::inert::inert(name)
+        )));
     }
     Ok(())
 }
 
-/// The real folder `folder/name`, or a NotFound error with the hint.
-fn existing(spool: &Spool, folder: Folder, name: &str) -> io::Result<PathBuf> {
+/// The real folder `folder/name`, or why there is none, with the hint.
+fn existing(spool: &Spool, folder: Folder, name: &str) -> Result<PathBuf, FailedError> {
     let listing = format!("--{}", folder.as_str());
     check_name(name, &listing)?;
     let path = spool.folder(folder).join(name);
     if !super::is_real_folder(&path) {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!(
-                "no {} bundle {:?} in {}; list them with `distributor spool list {listing}`",
-                folder.as_str(),
-                crate::inert::inert(name),
-                spool.folder(folder).display()
-            ),
-        ));
+        return Err(FailedError::Unknown(format!(
+            "no {} bundle {:?} in {}; list them with `distributor spool list {listing}`",
+            folder.as_str(),
+            crate::inert::inert(name),
+            spool.folder(folder).display()
+        )));
     }
     Ok(path)
 }
 
 /// Moves `failed/<name>` back into the inbox, clearing its result file and
 /// attempt count. Returns the new path.
-pub fn retry(spool: &Spool, name: &str) -> io::Result<PathBuf> {
+pub fn retry(spool: &Spool, name: &str) -> Result<PathBuf, FailedError> {
     let from = existing(spool, Folder::Failed, name)?;
     let dir = spoolfs::open_folder_io(&from)?;
     for file in [RESULT_FILE, ATTEMPTS_FILE] {
@@ -271,13 +289,13 @@ pub struct Removed {
 /// followed; a few descriptors held however deep the tree). Returns what
 /// was removed; when something cannot be removed, the rest is and the
 /// error names what stays and whose it is.
-pub fn delete(spool: &Spool, name: &str) -> io::Result<Removed> {
+pub fn delete(spool: &Spool, name: &str) -> Result<Removed, FailedError> {
     use rustix::fd::AsFd;
     let path = existing(spool, Folder::Failed, name)?;
     let failed = spoolfs::open_folder_io(&spool.failed)?;
     let removal = super::expire::remove_entry(failed.as_fd(), std::ffi::OsStr::new(name));
     if let Some(b) = &removal.blocked {
-        return Err(io::Error::new(
+        return Err(FailedError::Io(io::Error::new(
             b.error.kind(),
             format!(
                 "cannot remove {}: {}{}; the rest was removed ({} files). Its producer or root must remove it",
@@ -286,7 +304,7 @@ pub fn delete(spool: &Spool, name: &str) -> io::Result<Removed> {
                 b.owner_text(),
                 removal.files
             ),
-        ));
+        )));
     }
     super::forget_result(spool, name)?;
     Ok(Removed {

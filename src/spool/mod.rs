@@ -27,7 +27,9 @@ pub use expire::{
     record_retention, retention_record,
 };
 pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
-pub use list::{Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry};
+pub use list::{
+    FailedError, Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry,
+};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";
@@ -494,10 +496,7 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
     if is_real_folder(bundle)
         && let Err(e) = write_bookkeeping(bundle, RESULT_FILE, report.to_json().as_bytes())
     {
-        if matches!(
-            e.kind(),
-            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-        ) {
+        if crate::io_class::is_out_of_space(&e) {
             return Err(e);
         }
         unwritten = Some(e);
