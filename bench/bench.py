@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # DISTRIBUTOR_BIN runs another build (an older one, to compare).
 BIN = os.environ.get("DISTRIBUTOR_BIN") or os.path.join(HERE, "..", "target", "release", "distributor")
 COST = os.path.join(HERE, "..", "target", "release", "examples", "signature_cost")
+CATALOG_COST = os.path.join(HERE, "..", "target", "release", "examples", "catalog_cost")
 
 
 def sh(cmd, **kw):
@@ -636,8 +637,15 @@ def bench_catalog(work, sizes, runs):
                           pristine, dumped])
             peer.append(t)
         runs_line(f"catalog {n} records", run=ours, floor=floor, python=peer)
+        # Its steps alone, in one process (examples/catalog_cost.rs).
+        steps = {}
+        if n:
+            out = subprocess.run([CATALOG_COST, pristine], check=True, capture_output=True).stdout
+            steps = {k: float(v) for k, v in (line.split() for line in out.decode().splitlines())
+                     if k.endswith("_ms")}
         results.append({"records": n, "ours": median(ours), "peer": median(peer),
-                        "floor": median(floor), "rss_kib": max(rss), "file_kib": len(text) // 1024})
+                        "floor": median(floor), "rss_kib": max(rss), "file_kib": len(text) // 1024,
+                        "steps": steps})
     return results
 
 
@@ -1222,6 +1230,11 @@ def main():
                 ratio = (f" ({r['rss_kib'] / r['file_kib']:.1f}x the catalog)"
                          if r["file_kib"] >= 1024 else "")
                 rows.append((f"  peak RSS {r['rss_kib'] // 1024} MiB{ratio}", None, None, None))
+                if r["steps"]:
+                    st = r["steps"]
+                    rows.append((f"  alone: read {st['read_ms']:.1f} ms, write formatting every "
+                                 f"record {st['write_formatting_ms']:.1f} ms, reusing the texts "
+                                 f"{st['write_reusing_ms']:.1f} ms", None, None, None))
         if args.only in (None, "big-root"):
             r = bench_big_root_latency(work, big_latency, big_root)
             floor = r["floor"] * 1000

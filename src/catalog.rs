@@ -424,7 +424,13 @@ fn is_http_url(url: &str) -> bool {
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"));
     rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
-        && !url.chars().any(|c| c.is_whitespace() || c.is_control())
+        && if url.is_ascii() {
+            // The same test on bytes (a vertical tab is a control).
+            !url.bytes()
+                .any(|c| c.is_ascii_whitespace() || c.is_ascii_control())
+        } else {
+            !url.chars().any(|c| c.is_whitespace() || c.is_control())
+        }
 }
 
 /// A valid schema-4 catalog. `outputs` is kept sorted by path.

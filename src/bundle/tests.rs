@@ -164,8 +164,21 @@ fn manifest_json_in_a_subfolder_may_be_listed() {
 
 #[test]
 fn bad_manifests_are_refused_with_a_message_naming_the_rule() {
+    let mut cases = bad_manifests_of_shape();
+    cases.extend(bad_manifests_of_files());
+    for (name, bytes, want) in cases {
+        let got = parse_err(&bytes);
+        assert!(
+            got.contains(want),
+            "{name}: {got:?} should contain {want:?}"
+        );
+        assert!(got.starts_with("manifest.json"), "{name}: {got:?}");
+    }
+}
+
+fn bad_manifests_of_shape() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let upper = HELLO_SHA.to_uppercase().replace("SHA256:", "sha256:");
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    vec![
         (
             "schema 2",
             with(good(), |v| v["schema_version"] = json!(2)),
@@ -271,6 +284,12 @@ fn bad_manifests_are_refused_with_a_message_naming_the_rule() {
             }),
             "missing field `files`",
         ),
+    ]
+}
+
+fn bad_manifests_of_files() -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let upper = HELLO_SHA.to_uppercase().replace("SHA256:", "sha256:");
+    vec![
         (
             "entry type",
             with(good(), |v| v["files"] = json!([5])),
@@ -409,15 +428,7 @@ fn bad_manifests_are_refused_with_a_message_naming_the_rule() {
             b"{\"schema_version\": 1, \"schema_version\": 1}".to_vec(),
             "duplicate field `schema_version`",
         ),
-    ];
-    for (name, bytes, want) in cases {
-        let got = parse_err(&bytes);
-        assert!(
-            got.contains(want),
-            "{name}: {got:?} should contain {want:?}"
-        );
-        assert!(got.starts_with("manifest.json"), "{name}: {got:?}");
-    }
+    ]
 }
 
 #[test]

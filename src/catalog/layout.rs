@@ -117,10 +117,15 @@ impl<'a> Cursor<'a> {
     fn string(&mut self) -> Option<&'a str> {
         self.lit(b"\"")?;
         let rest = &self.b[self.at..];
-        let end = rest
-            .iter()
-            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+        let end = memchr::memchr2(b'"', b'\\', rest)?;
         if rest[end] != b'"' {
+            return None;
+        }
+        // Without an early exit, so that the loop is vectorised.
+        if rest[..end]
+            .iter()
+            .fold(false, |control, &c| control | (c < 0x20))
+        {
             return None;
         }
         let text = std::str::from_utf8(&rest[..end]).ok()?;

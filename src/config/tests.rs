@@ -213,12 +213,22 @@ fn null_means_default_for_optional_paths() {
 
 /// (name, config text, substrings the message must contain)
 fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
+    let mut cases = error_cases_of_documents();
+    cases.extend(error_cases_of_pipelines());
+    cases.extend(error_cases_of_values());
+    cases
+}
+
+/// Two pipelines, each with one destination `d`, the pipelines' own keys
+/// given.
+fn two_pipelines(a_extra: &str, b_extra: &str) -> String {
+    format!(
+        "pipelines:\n  - id: a\n{a_extra}    destinations:\n      - id: d\n        path: /srv/a\n  - id: b\n{b_extra}    destinations:\n      - id: d\n        path: /srv/b\n"
+    )
+}
+
+fn error_cases_of_documents() -> Vec<(&'static str, String, Vec<&'static str>)> {
     let dest = |extra: &str| with_destination(extra);
-    let two_pipelines = |a_extra: &str, b_extra: &str| {
-        format!(
-            "pipelines:\n  - id: a\n{a_extra}    destinations:\n      - id: d\n        path: /srv/a\n  - id: b\n{b_extra}    destinations:\n      - id: d\n        path: /srv/b\n"
-        )
-    };
     vec![
         (
             "yaml syntax",
@@ -335,6 +345,12 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
             "pipelines:\n  - id: p\n    destinations:\n      - id: d1\n        path: /srv/x\n      - id: d2\n        path: /srv/./x/\n".to_owned(),
             vec![FILE, "\"d1\" and \"d2\"", "same root /srv/x", "one catalog"],
         ),
+    ]
+}
+
+fn error_cases_of_pipelines() -> Vec<(&'static str, String, Vec<&'static str>)> {
+    let dest = |extra: &str| with_destination(extra);
+    vec![
         (
             "root inside the spool",
             dest("").replace("path: /srv/out", "path: /var/spool/distributor/site"),
@@ -456,6 +472,12 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
             dest("        publish:\n          source: false\n"),
             vec![FILE, "destination \"d\" of pipeline \"p\" publishes nothing"],
         ),
+    ]
+}
+
+fn error_cases_of_values() -> Vec<(&'static str, String, Vec<&'static str>)> {
+    let dest = |extra: &str| with_destination(extra);
+    vec![
         (
             "prefix leaving the root",
             dest("        prefix: \"../x\"\n"),
@@ -484,7 +506,11 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
         (
             "base_url not http",
             dest("        links:\n          base_url: ftp://h/x/\n"),
-            vec!["line 7", "base_url \"ftp://h/x/\"", "absolute http or https URL"],
+            vec![
+                "line 7",
+                "base_url \"ftp://h/x/\"",
+                "absolute http or https URL",
+            ],
         ),
         (
             "base_url relative",
@@ -509,7 +535,10 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
         (
             "retry_max_interval below the first pause",
             "agent:\n  retry_max_interval: 500ms\n".to_owned(),
-            vec!["line 2", "shorter than the first pause between attempts (1s)"],
+            vec![
+                "line 2",
+                "shorter than the first pause between attempts (1s)",
+            ],
         ),
         (
             "defer_for not a duration",
@@ -523,7 +552,9 @@ fn error_cases() -> Vec<(&'static str, String, Vec<&'static str>)> {
         ),
         (
             "keep_latest negative",
-            dest("        retention:\n          prune:\n            max_age: 1d\n            keep_latest: -1\n"),
+            dest(
+                "        retention:\n          prune:\n            max_age: 1d\n            keep_latest: -1\n",
+            ),
             vec!["line 9", "keep_latest must be at least 0, not -1"],
         ),
         (
@@ -1469,11 +1500,43 @@ fn two_sharers(a_keys: &str, b_keys: &str) -> Config {
 
 #[test]
 fn shared_roots_are_found_when_scopes_can_meet() {
+    for (a, b, warned, inside) in shared_root_cases() {
+        let c = two_sharers(&a, &b);
+        let found = shared_roots(&c);
+        assert_eq!(found.len(), usize::from(warned), "{a:?} / {b:?}: {found:?}");
+        let Some(shared) = found.first() else {
+            continue;
+        };
+        assert_eq!(shared.inside.as_deref(), inside, "{a:?} / {b:?}");
+        let text = shared.to_text();
+        for want in [
+            "destination \"d\" of pipeline \"a\"",
+            "destination \"d\" of pipeline \"b\"",
+            "and their scopes overlap",
+            "give each destination a scope",
+            "docs/security.md",
+        ] {
+            assert!(text.contains(want), "{a:?} / {b:?}: {want:?} not in {text}");
+        }
+        let harm = match inside {
+            None => "each pipeline can overwrite and take over the other's outputs there",
+            Some(_) => "each can block the other's publications (fail_unmanaged)",
+        };
+        assert!(text.contains(harm), "{a:?} / {b:?}: {text}");
+        assert!(
+            c.warnings().contains(&text),
+            "config check shows it: {:?}",
+            c.warnings()
+        );
+    }
+}
+
+/// (a's keys, b's keys, warned, where b's root lies in a's)
+fn shared_root_cases() -> Vec<(String, String, bool, Option<&'static str>)> {
     let s3 = |path: &str| {
         format!("backend: s3\nbucket: site\npath: \"{path}\"\nendpoint: http://127.0.0.1:8333")
     };
-    // (a's keys, b's keys, warned, where b's root lies in a's)
-    let cases: Vec<(String, String, bool, Option<&str>)> = vec![
+    vec![
         // One folder, no scope on either side, or on one side.
         ("path: /srv/www".into(), "path: /srv/www".into(), true, None),
         (
@@ -1596,36 +1659,7 @@ fn shared_roots_are_found_when_scopes_can_meet() {
         ),
         // A local folder and a bucket never meet.
         ("path: /srv/site".into(), s3("site"), false, None),
-    ];
-    for (a, b, warned, inside) in cases {
-        let c = two_sharers(&a, &b);
-        let found = shared_roots(&c);
-        assert_eq!(found.len(), usize::from(warned), "{a:?} / {b:?}: {found:?}");
-        let Some(shared) = found.first() else {
-            continue;
-        };
-        assert_eq!(shared.inside.as_deref(), inside, "{a:?} / {b:?}");
-        let text = shared.to_text();
-        for want in [
-            "destination \"d\" of pipeline \"a\"",
-            "destination \"d\" of pipeline \"b\"",
-            "and their scopes overlap",
-            "give each destination a scope",
-            "docs/security.md",
-        ] {
-            assert!(text.contains(want), "{a:?} / {b:?}: {want:?} not in {text}");
-        }
-        let harm = match inside {
-            None => "each pipeline can overwrite and take over the other's outputs there",
-            Some(_) => "each can block the other's publications (fail_unmanaged)",
-        };
-        assert!(text.contains(harm), "{a:?} / {b:?}: {text}");
-        assert!(
-            c.warnings().contains(&text),
-            "config check shows it: {:?}",
-            c.warnings()
-        );
-    }
+    ]
 }
 
 #[test]

@@ -263,6 +263,9 @@ impl Error {
             | Error::Claimed { .. }
             | Error::Revoked { .. } => true,
             Error::Store { failure, .. } => failure.is_transient(),
+            // Reading a bundle file to upload it: the same rule as reading
+            // it to publish it into a local root.
+            Error::Read { source, .. } => crate::io_class::is_transient_reading_bundle(source),
             _ => false,
         }
     }
