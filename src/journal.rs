@@ -11,7 +11,7 @@
 //! mix. A journal cut short was being written when its publication stopped,
 //! before it was durable, so before anything moved: it is dropped.
 
-use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, State};
+use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
 use crate::remembered;
 use crate::seen::Look;
 use crate::storage::{Entry, Root, is_temp_name};
@@ -90,7 +90,6 @@ pub fn read_state(root: &Root) -> io::Result<State> {
 pub struct ReadAhead {
     look: Look,
     catalog: Catalog,
-    texts: Option<RecordTexts>,
 }
 
 /// Catalog files from this size on are read ahead of the lock: parsing one
@@ -116,12 +115,8 @@ pub fn worth_reading_ahead(root: &Root) -> Option<std::fs::File> {
 /// else reads the file again. `None` for anything but a v4 catalog.
 pub fn read_ahead(mut file: std::fs::File) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
-    match State::read_with_texts(&mut file).ok()? {
-        (State::Catalog(catalog), texts) => Some(ReadAhead {
-            look,
-            catalog,
-            texts,
-        }),
+    match State::read(&mut file).ok()? {
+        State::Catalog(catalog) => Some(ReadAhead { look, catalog }),
         _ => None,
     }
 }
@@ -133,21 +128,15 @@ fn read_state_or(root: &Root, ahead: Option<ReadAhead>) -> io::Result<State> {
         Ok(Some(mut file)) => {
             let look = Look::of(&file.metadata()?);
             if let Some(ahead) = ahead.filter(|a| a.look == look) {
-                if let Some(texts) = ahead.texts {
-                    remembered::read_texts(root, texts);
-                }
                 return Ok(State::Catalog(ahead.catalog));
             }
             if let Some(catalog) = remembered::recall(root, look) {
                 return Ok(State::Catalog(catalog));
             }
-            // The text of its records goes with it, for writing the next
-            // catalog (docs/performance.md, "Catalogs").
-            let (state, texts) = State::read_with_texts(&mut file)?;
-            if let Some(texts) = texts {
-                remembered::read_texts(root, texts);
-            }
-            Ok(state)
+            // Not with the text of its records: keeping the file's bytes
+            // through a large tree's publication costs more memory than
+            // the bound on it allows (docs/performance.md, "Catalog scale").
+            State::read(&mut file)
         }
         Ok(None) => Ok(State::Absent),
         Err(e) if e.kind() == io::ErrorKind::Other => Ok(State::Invalid {

@@ -24,13 +24,14 @@ use crate::paths::RelPath;
 use std::borrow::Cow;
 use time::OffsetDateTime;
 
+/// The span of each record's text in the file, by the record's
+/// fingerprint.
+pub(super) type Spans = Vec<(u64, std::ops::Range<usize>)>;
+
 /// The catalog in `bytes`, with the span of each record's text (by its
 /// fingerprint, [`RecordTexts::key`]) when `texts`, if the file is laid
 /// out exactly as this tool writes it and every record passes its checks.
-pub(super) fn read(
-    bytes: &[u8],
-    texts: bool,
-) -> Option<(Catalog, Vec<(u64, std::ops::Range<usize>)>)> {
+pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
     let mut c = Cursor { b: bytes, at: 0 };
     c.lit(b"{\n  \"schema_version\": ")?;
     if c.number()? != SCHEMA_VERSION {
