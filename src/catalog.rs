@@ -1065,7 +1065,7 @@ impl State {
     /// invalid state, or a catalog edited into another key order) is
     /// classified by [`State::parse`], with the same result.
     pub fn read<F: std::io::Read + std::io::Seek>(file: &mut F) -> std::io::Result<State> {
-        State::read_whole_up_to(file, READ_WHOLE_UP_TO).map(|(state, _)| state)
+        State::read_whole_up_to(file, READ_WHOLE_UP_TO, false).map(|(state, _)| state)
     }
 
     /// [`State::read`], with the text of each record when the file is laid
@@ -1075,14 +1075,16 @@ impl State {
     pub fn read_with_texts<F: std::io::Read + std::io::Seek>(
         file: &mut F,
     ) -> std::io::Result<(State, Option<RecordTexts>)> {
-        State::read_whole_up_to(file, READ_WHOLE_UP_TO)
+        State::read_whole_up_to(file, READ_WHOLE_UP_TO, true)
     }
 
-    /// [`State::read_with_texts`], reading files up to `whole_up_to` bytes
-    /// whole.
+    /// [`State::read_with_texts`] (with the texts only when `texts`: their
+    /// fingerprints cost a pass over every record), reading files up to
+    /// `whole_up_to` bytes whole.
     fn read_whole_up_to<F: std::io::Read + std::io::Seek>(
         file: &mut F,
         whole_up_to: u64,
+        texts: bool,
     ) -> std::io::Result<(State, Option<RecordTexts>)> {
         // A catalog is read whole: parsing from memory is several times
         // faster than from a reader, and ids and digests are then borrowed
@@ -1092,7 +1094,10 @@ impl State {
         if len <= whole_up_to {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
             std::io::Read::read_to_end(file, &mut bytes)?;
-            return Ok(State::parse_with_texts(Arc::new(bytes)));
+            return Ok(match texts {
+                true => State::parse_with_texts(Arc::new(bytes)),
+                false => (State::parse(&bytes), None),
+            });
         }
         let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
         match read_v4(&mut serde_json::Deserializer::from_reader(reader)) {
@@ -1115,11 +1120,7 @@ impl State {
             let texts = RecordTexts::read(bytes.clone(), &spans);
             return (State::Catalog(catalog), Some(texts));
         }
-        let mut de = serde_json::Deserializer::from_slice(text);
-        match read_v4(&mut de) {
-            Ok(state) => (state, None),
-            Err(_) => (State::classify(text), None),
-        }
+        (State::parse_general(text), None)
     }
 
     /// Classifies the bytes of a state file (a catalog as this tool writes
@@ -1127,8 +1128,15 @@ impl State {
     pub fn parse(bytes: &[u8]) -> State {
         match layout::read(bytes, false) {
             Some((catalog, _)) => State::Catalog(catalog),
-            None => State::classify(bytes),
+            None => State::parse_general(bytes),
         }
+    }
+
+    /// [`State::parse`] of any layout: one pass for a catalog led by its
+    /// version, else [`State::classify`].
+    fn parse_general(bytes: &[u8]) -> State {
+        read_v4(&mut serde_json::Deserializer::from_slice(bytes))
+            .unwrap_or_else(|_| State::classify(bytes))
     }
 
     /// [`State::parse`] by serde alone, whatever the layout.
@@ -1455,7 +1463,8 @@ pub(crate) mod tests {
         );
         let read = State::read(&mut std::io::Cursor::new(bytes)).unwrap();
         assert_eq!(read, whole, "{}", String::from_utf8_lossy(bytes));
-        let (streamed, _) = State::read_whole_up_to(&mut std::io::Cursor::new(bytes), 0).unwrap();
+        let (streamed, _) =
+            State::read_whole_up_to(&mut std::io::Cursor::new(bytes), 0, true).unwrap();
         assert_eq!(streamed, whole, "{}", String::from_utf8_lossy(bytes));
         whole
     }

@@ -332,19 +332,10 @@ mod tests {
     #[test]
     fn a_hook_hears_only_the_writes_that_changed_bytes() {
         let d = DestinationReport {
-            destination_id: "site".into(),
-            root: "/srv/site".into(),
-            workflow: "additive".into(),
             action: Some("upsert_additive".into()),
             writes: vec!["a.html".into(), "b.html".into(), "c d.html".into()],
-            deletes: Vec::new(),
-            unmanaged: Vec::new(),
-            error: None,
-            planned_writes: Vec::new(),
-            planned_deletes: Vec::new(),
             unchanged: vec!["b.html".into()],
-            catalog_rebases: 0,
-            catalog_conflict: false,
+            ..DestinationReport::new("site", "/srv/site".into(), "additive")
         };
         let writes = changed(&d);
         assert_eq!(writes, ["a.html", "c d.html"]);

@@ -698,19 +698,9 @@ distributor_signature_refusals_total{pipeline=\"reports\",reason=\"unknown_key\"
         let metrics = Metrics::new();
         let mut report = crate::report::RunReport::new("reports", false);
         let d = |id: &str, rebases, conflict| crate::report::DestinationReport {
-            destination_id: id.into(),
-            root: String::new(),
-            workflow: "additive".into(),
-            action: None,
-            writes: Vec::new(),
-            deletes: Vec::new(),
-            unmanaged: Vec::new(),
-            error: None,
-            planned_writes: Vec::new(),
-            planned_deletes: Vec::new(),
-            unchanged: Vec::new(),
             catalog_rebases: rebases,
             catalog_conflict: conflict,
+            ..crate::report::DestinationReport::new(id, String::new(), "additive")
         };
         report.destinations = vec![d("site", 2, false), d("mirror", 0, true)];
         metrics.catalog_races(&report);

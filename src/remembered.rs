@@ -90,23 +90,6 @@ pub fn texts(root: &Root) -> Option<Arc<RecordTexts>> {
         .and_then(|e| e.texts.clone())
 }
 
-/// Keeps the text of the records of the catalog just read from `root`'s
-/// file, for writing its next catalog ([`texts`]); replaces any texts
-/// remembered for it (right for equal records whatever the file holds, but
-/// these are the ones the next catalog shares most records with).
-pub fn read_texts(root: &Root, texts: RecordTexts) {
-    let Some(key) = root_key(root) else { return };
-    let mut entries = entries();
-    match entries.iter_mut().find(|e| e.root == key) {
-        Some(entry) => entry.texts = Some(Arc::new(texts)),
-        None => entries.push(Remembered {
-            root: key,
-            catalog: None,
-            texts: Some(Arc::new(texts)),
-        }),
-    }
-}
-
 /// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
 /// is the file `file` (as it was once renamed into place), with the text
 /// of its records when known.

@@ -75,6 +75,27 @@ pub struct DestinationReport {
     pub catalog_conflict: bool,
 }
 
+impl DestinationReport {
+    /// The report of a destination nothing has happened at yet.
+    pub fn new(destination_id: &str, root: String, workflow: &str) -> DestinationReport {
+        DestinationReport {
+            destination_id: destination_id.to_owned(),
+            root,
+            workflow: workflow.to_owned(),
+            action: None,
+            writes: Vec::new(),
+            deletes: Vec::new(),
+            unmanaged: Vec::new(),
+            error: None,
+            planned_writes: Vec::new(),
+            planned_deletes: Vec::new(),
+            unchanged: Vec::new(),
+            catalog_rebases: 0,
+            catalog_conflict: false,
+        }
+    }
+}
+
 /// The whole result of publishing one bundle.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -405,19 +426,11 @@ mod tests {
             created: "2026-06-04T11:55:00Z".to_owned(),
         });
         r.destinations.push(DestinationReport {
-            destination_id: "site".to_owned(),
-            root: "/srv/site".to_owned(),
-            workflow: "additive".to_owned(),
             action: Some("publish_new".to_owned()),
             writes: (0..writes).map(|i| format!("f{i}.txt")).collect(),
             deletes: vec!["old\x1b[2J.txt".to_owned()],
             unmanaged: (0..unmanaged).map(|i| format!("u{i}")).collect(),
-            planned_writes: Vec::new(),
-            planned_deletes: Vec::new(),
-            unchanged: Vec::new(),
-            error: None,
-            catalog_rebases: 0,
-            catalog_conflict: false,
+            ..DestinationReport::new("site", "/srv/site".to_owned(), "additive")
         });
         r.bytes_published = 3 * 1024 * 1024 / 2;
         r

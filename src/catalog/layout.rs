@@ -321,6 +321,14 @@ mod tests {
         }
     }
 
+    /// The catalog of the crate's seed text.
+    fn seed() -> Catalog {
+        let State::Catalog(c) = State::classify(super::super::tests::SEED_V4.as_bytes()) else {
+            panic!("seed must be a valid catalog");
+        };
+        c
+    }
+
     /// Reads `text` both ways: this reader (when it answers) and serde
     /// must give the same catalog.
     fn agrees(text: &str) -> bool {
@@ -347,10 +355,7 @@ mod tests {
 
     #[test]
     fn a_catalog_as_written_is_read_here_and_anything_else_by_serde() {
-        let seed = super::super::tests::SEED_V4;
-        let State::Catalog(c) = State::classify(seed.as_bytes()) else {
-            panic!("seed must be a valid catalog");
-        };
+        let c = seed();
         let written = String::from_utf8(c.to_json()).unwrap();
         assert!(agrees(&written), "as written");
         let empty = String::from_utf8(Catalog::new(c.created_at).to_json()).unwrap();
@@ -388,10 +393,7 @@ mod tests {
 
     #[test]
     fn records_written_twice_are_refused_as_by_serde() {
-        let seed = super::super::tests::SEED_V4;
-        let State::Catalog(mut c) = State::classify(seed.as_bytes()) else {
-            panic!("seed must be a valid catalog");
-        };
+        let mut c = seed();
         let first = c.outputs[0].clone();
         c.outputs.push(first);
         let text = String::from_utf8(c.to_json()).unwrap();
@@ -413,10 +415,7 @@ mod tests {
                 0..6,
             ),
         ) {
-            let seed = super::super::tests::SEED_V4;
-            let State::Catalog(mut c) = State::classify(seed.as_bytes()) else {
-                panic!("seed must be a valid catalog");
-            };
+            let mut c = seed();
             let template = c.outputs[0].clone();
             c.outputs.clear();
             for (i, (name, size, nanos, url)) in parts.into_iter().enumerate() {

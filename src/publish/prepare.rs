@@ -45,21 +45,7 @@ pub(super) struct Prepared {
 }
 
 fn destination_report(d: &Destination) -> DestinationReport {
-    DestinationReport {
-        destination_id: d.id.clone(),
-        root: d.root_label(),
-        workflow: d.workflow.as_str().to_owned(),
-        action: None,
-        writes: Vec::new(),
-        deletes: Vec::new(),
-        unmanaged: Vec::new(),
-        error: None,
-        planned_writes: Vec::new(),
-        planned_deletes: Vec::new(),
-        unchanged: Vec::new(),
-        catalog_rebases: 0,
-        catalog_conflict: false,
-    }
+    DestinationReport::new(&d.id, d.root_label(), d.workflow.as_str())
 }
 
 /// A bundle inspected, rendered and mapped to each destination's outputs.
