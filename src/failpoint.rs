@@ -52,10 +52,14 @@ pub fn hit(name: &str) {
     {
         if *stop {
             eprintln!("failpoint {name} reached: stopping until SIGCONT");
-            let _ = rustix::process::kill_process(
-                rustix::process::getpid(),
-                rustix::process::Signal::STOP,
-            );
+            // SIGSTOP to this very thread, not to the process: a signal
+            // sent to the process is taken by another thread (the main
+            // one), and this thread would go on, even past the point, until
+            // that one had stopped the others; sent to itself, this thread
+            // stops before it returns from the call (and the whole process
+            // with it, as a stop always does).
+            // SAFETY: pthread_self() is the calling thread, alive here.
+            unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGSTOP) };
             return;
         }
         eprintln!("failpoint {name} reached: aborting");

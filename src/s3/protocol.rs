@@ -163,7 +163,18 @@ impl S3Root {
         let mut bytes = Vec::new();
         // Writing into a Vec cannot fail.
         let _ = next.write_json_reusing(&mut bytes, base.texts.as_deref());
-        self.write_catalog(bytes.into(), base.etag.as_ref())
+        let expected = base.etag.as_ref();
+        let swapped = self.write_catalog(bytes.into(), expected);
+        log::debug!(
+            "{}: catalog swap from version {}: {}",
+            self.label,
+            expected.map_or("(none)", |e| e.0.as_str()),
+            match &swapped {
+                Ok(etag) => format!("now version {}", etag.0),
+                Err(e) => e.to_string(),
+            }
+        );
+        swapped
     }
 }
 
