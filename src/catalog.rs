@@ -8,7 +8,7 @@
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -517,7 +517,7 @@ impl Catalog {
         // change) are written as one slice.
         let mut run: Option<Span> = None;
         for (i, r) in self.outputs.iter().enumerate() {
-            let separator: &[u8] = if i == 0 { b"\n    " } else { b",\n    " };
+            let separator: &[u8] = if i == 0 { b"\n    " } else { SEPARATOR };
             let span = texts.span(i, r);
             if let Some(joined) = run.and_then(|run| texts.join(run, separator, span)) {
                 run = Some(joined);
@@ -641,10 +641,13 @@ fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
 }
 
 /// The text of each record of a catalog as it was last read or written,
-/// by a fingerprint of the record: a record equal to one read or written
-/// before gets the same text. Fingerprints are keyed anew in each process,
-/// so nothing a producer controls can make two records collide on
-/// purpose; by chance, once in 2^64.
+/// with a fingerprint of the record, in the catalog's order (by path): a
+/// record equal to one read or written before gets the same text. The
+/// next write walks its records and these texts side by side, matching
+/// them by path, and takes a text only when the fingerprints are equal.
+/// Fingerprints are keyed anew in each process, so nothing a producer
+/// controls can make two records collide on purpose; by chance, once in
+/// 2^64.
 ///
 /// The texts live in shared buffers: the catalog file as read (its records
 /// are taken as they are when the file is laid out exactly as this tool
@@ -655,7 +658,8 @@ fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
 #[derive(Default)]
 pub struct RecordTexts {
     buffers: Vec<Buffer>,
-    spans: HashMap<u64, Span, BuildFingerprint>,
+    /// Each record's fingerprint and text, in the catalog's order.
+    texts: Vec<(u64, Span)>,
 }
 
 /// Bytes that record texts are in: a catalog file as read (a `Vec`, or an
@@ -671,40 +675,12 @@ struct Span {
     start: usize,
 }
 
-/// Fingerprints are already uniform: a map keyed by them needs no hashing.
-#[derive(Default, Clone, Copy)]
-struct BuildFingerprint;
-
-struct Fingerprint(u64);
-
-impl std::hash::Hasher for Fingerprint {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed; any other use still spreads its bytes.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-impl std::hash::BuildHasher for BuildFingerprint {
-    type Hasher = Fingerprint;
-    fn build_hasher(&self) -> Fingerprint {
-        Fingerprint(0)
-    }
-}
-
 impl std::fmt::Debug for RecordTexts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "RecordTexts({} records in {} buffers)",
-            self.spans.len(),
+            self.texts.len(),
             self.buffers.len()
         )
     }
@@ -720,24 +696,45 @@ impl RecordTexts {
     /// The texts of `records`, each `text[span]` of the catalog `text`
     /// as read.
     fn read(text: Buffer, records: &[(u64, std::ops::Range<usize>)]) -> RecordTexts {
-        let mut spans = HashMap::with_capacity_and_hasher(records.len(), BuildFingerprint);
-        for (key, range) in records {
-            let Ok(len) = u32::try_from(range.len()) else {
-                continue;
-            };
-            spans.insert(
-                *key,
-                Span {
-                    buffer: 0,
-                    len,
-                    start: range.start,
-                },
-            );
-        }
+        let texts = records
+            .iter()
+            .filter_map(|(key, range)| {
+                let len = u32::try_from(range.len()).ok()?;
+                Some((
+                    *key,
+                    Span {
+                        buffer: 0,
+                        len,
+                        start: range.start,
+                    },
+                ))
+            })
+            .collect();
         RecordTexts {
             buffers: vec![text],
-            spans,
+            texts,
         }
+    }
+
+    /// The text of `r` (whose fingerprint is `key`), if known: the text at
+    /// or after `*at` with `r`'s path, if its fingerprint is `key`. Texts
+    /// of paths before `r`'s are passed (records gone since), so a walk
+    /// over a catalog's records in order with one `at` reads each text
+    /// once.
+    fn find(&self, at: &mut usize, r: &OutputRecord, key: u64) -> Option<Span> {
+        while let Some(&(k, span)) = self.texts.get(*at) {
+            match text_path_cmp(self.bytes(span), r.path.as_str()) {
+                Some(std::cmp::Ordering::Less) => *at += 1,
+                Some(std::cmp::Ordering::Equal) => {
+                    *at += 1;
+                    return (k == key).then_some(span);
+                }
+                Some(std::cmp::Ordering::Greater) => return None,
+                // Not a record's text as written: never taken.
+                None => *at += 1,
+            }
+        }
+        None
     }
 
     fn bytes(&self, span: Span) -> &[u8] {
@@ -746,14 +743,46 @@ impl RecordTexts {
 
     /// How many records have a text (for tests and benchmarks).
     pub fn len(&self) -> usize {
-        self.spans.len()
+        self.texts.len()
     }
 
     /// Whether no record has a text.
     pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
+        self.texts.is_empty()
     }
 }
+
+/// How the path a record's text (as [`push_record_text`] lays it out)
+/// starts with compares to `path`; `None` when `text` is not such a text.
+/// Compared as the text has it up to the first difference (a path holds
+/// no backslash, so the text's bytes equal to it hold no escape), decoded
+/// only when an escape comes first.
+fn text_path_cmp(text: &[u8], path: &str) -> Option<std::cmp::Ordering> {
+    use std::cmp::Ordering;
+    let quoted = text.strip_prefix(b"{\n      \"path\": ")?;
+    let body = quoted.strip_prefix(b"\"")?;
+    let path = path.as_bytes();
+    let same = body.iter().zip(path).take_while(|(a, b)| a == b).count();
+    match body.get(same)? {
+        b'"' if same == path.len() => Some(Ordering::Equal),
+        b'"' => Some(Ordering::Less),
+        b'\\' => {
+            let decoded: String = serde_json::Deserializer::from_slice(quoted)
+                .into_iter::<String>()
+                .next()?
+                .ok()?;
+            Some(decoded.as_bytes().cmp(path))
+        }
+        _ if same == path.len() => Some(Ordering::Greater),
+        c => Some(c.cmp(&path[same])),
+    }
+}
+
+/// What comes between two records in the document; also put before each
+/// text in a buffer of texts formatted or copied by a write, so that texts
+/// that follow each other there are written as one slice, as they are from
+/// the file as read.
+const SEPARATOR: &[u8] = b",\n    ";
 
 /// One write's use of the texts known before it: which record takes its
 /// text from where, and the texts it leaves for the next write.
@@ -770,16 +799,17 @@ struct Reuse<'a> {
 
 impl<'a> Reuse<'a> {
     fn plan(records: &[OutputRecord], before: Option<&'a RecordTexts>) -> Reuse<'a> {
+        let mut at = 0;
         let found: Vec<(u64, Option<Span>)> = records
             .iter()
             .map(|r| {
                 let key = RecordTexts::key(r);
-                (key, before.and_then(|b| b.spans.get(&key).copied()))
+                (key, before.and_then(|b| b.find(&mut at, r, key)))
             })
             .collect();
         let mut next = RecordTexts {
             buffers: Vec::new(),
-            spans: HashMap::with_capacity_and_hasher(records.len(), BuildFingerprint),
+            texts: Vec::with_capacity(records.len()),
         };
         let mut kept = Vec::new();
         if let Some(before) = before {
@@ -813,6 +843,7 @@ impl<'a> Reuse<'a> {
             (Some(span), Some(before)) => match self.kept[span.buffer as usize] {
                 Some(buffer) => Span { buffer, ..span },
                 None => {
+                    self.fresh.extend_from_slice(SEPARATOR);
                     let start = self.fresh.len();
                     self.fresh.extend_from_slice(before.bytes(span));
                     Span {
@@ -823,6 +854,7 @@ impl<'a> Reuse<'a> {
                 }
             },
             _ => {
+                self.fresh.extend_from_slice(SEPARATOR);
                 let start = self.fresh.len();
                 push_record_text(r, &mut self.fresh);
                 Span {
@@ -832,7 +864,7 @@ impl<'a> Reuse<'a> {
                 }
             }
         };
-        self.next.spans.insert(key, span);
+        self.next.texts.push((key, span));
         span
     }
 
@@ -1034,6 +1066,45 @@ pub fn sort_by_path(records: &mut [OutputRecord]) {
     let by_path = |a: &OutputRecord, b: &OutputRecord| a.path.as_str().cmp(b.path.as_str());
     if !records.is_sorted_by(|a, b| by_path(a, b).is_le()) {
         records.sort_unstable_by(by_path);
+    }
+}
+
+/// Merges `added` into `records`, both sorted by path (no path in both):
+/// in place, each record of `records` moved at most once, when few are
+/// added (a small publication into a large catalog); else into a new
+/// array, one pass over both.
+pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) {
+    let (n, k) = (records.len(), added.len());
+    if k == 0 {
+        return;
+    }
+    // Rotations move n + k²/2 records; a merge into a new array moves
+    // n + k, but costs a fresh array of n + k records.
+    if k.saturating_mul(k) > n.saturating_mul(2) {
+        let mut merged = Vec::with_capacity(n + k);
+        let mut added = added.into_iter().peekable();
+        for r in std::mem::take(records) {
+            while let Some(a) = added.next_if(|a| a.path.as_str() < r.path.as_str()) {
+                merged.push(a);
+            }
+            merged.push(r);
+        }
+        merged.extend(added);
+        *records = merged;
+        return;
+    }
+    let at: Vec<usize> = added
+        .iter()
+        .map(|a| records.partition_point(|r| r.path.as_str() < a.path.as_str()))
+        .collect();
+    records.extend(added);
+    // From the last added record back: `records[at[j]..end]` (old records)
+    // followed by the added records 0..=j still at the end becomes those
+    // added records followed by that run, which is then where it belongs.
+    let mut end = n;
+    for (j, &start) in at.iter().enumerate().rev() {
+        records[start..end + j + 1].rotate_right(j + 1);
+        end = start;
     }
 }
 
@@ -1801,6 +1872,39 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn merging_added_records_keeps_the_path_order() {
+        // (records there, records added): few added merge by rotations in
+        // place, many into a new array; both must give the sorted union.
+        type Paths = &'static [&'static str];
+        let cases: [(Paths, Paths); 8] = [
+            (&[], &[]),
+            (&[], &["a", "b"]),
+            (&["b"], &[]),
+            (&["b", "d", "f"], &["a"]),
+            (&["b", "d", "f"], &["g"]),
+            (&["b", "d", "f", "h", "j", "l", "n", "p"], &["a", "c", "e"]),
+            (&["b", "d", "f", "h", "j", "l", "n", "p"], &["c", "i", "q"]),
+            (&["b", "d"], &["a", "c", "e", "f", "g"]),
+        ];
+        for (there, added) in cases {
+            let mut records: Vec<OutputRecord> = there.iter().map(|p| record_at(p, 1)).collect();
+            let added: Vec<OutputRecord> = added.iter().map(|p| record_at(p, 2)).collect();
+            let mut want: Vec<(String, u64)> = records
+                .iter()
+                .chain(&added)
+                .map(|r| (r.path.to_string(), r.size))
+                .collect();
+            want.sort();
+            merge_by_path(&mut records, added);
+            let got: Vec<(String, u64)> = records
+                .iter()
+                .map(|r| (r.path.to_string(), r.size))
+                .collect();
+            assert_eq!(got, want, "{there:?}");
+        }
+    }
+
+    #[test]
     fn a_record_written_field_by_field_is_serdes_pretty_form() {
         let seed = record_at("a/b.html", 2345);
         let mut copied = record_at("plain", 0);
@@ -1888,6 +1992,85 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_records_text_compares_by_its_path() {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        // (path in the text, path compared with, order of the text's)
+        let cases = [
+            ("a/b", "a/b", Equal),
+            ("a/b", "a/c", Less),
+            ("a/b", "a/b/c", Less),
+            ("a/b/c", "a/b", Greater),
+            ("a/\"q\"", "a/\"q\"", Equal),
+            ("a/\"q\"", "a/b", Less),
+            ("a/\"q\"", "a/", Greater),
+            ("a/\"", "a/\"q", Less),
+            ("é", "e", Greater),
+        ];
+        for (texts, path, want) in cases {
+            let mut text = Vec::new();
+            push_record_text(&record_at(texts, 1), &mut text);
+            assert_eq!(text_path_cmp(&text, path), Some(want), "{texts} vs {path}");
+            assert_eq!(texts.cmp(path), want, "the order of the paths themselves");
+        }
+        assert_eq!(text_path_cmp(b"{\"size\": 1}", "a"), None);
+    }
+
+    #[test]
+    fn a_write_takes_the_text_of_every_unchanged_record_around_the_changes() {
+        let mut c = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
+        // Paths with escapes among them: texts are matched by path.
+        c.outputs = (0..60)
+            .map(|i| match i % 7 {
+                0 => record_at(&format!("f/{i:03} \"q\""), i),
+                1 => record_at(&format!("f/{i:03} é"), i),
+                _ => record_at(&format!("f/{i:03}"), i),
+            })
+            .collect();
+        c.sort();
+        let texts = c.write_json_reusing(&mut Vec::new(), None).unwrap();
+        // (records removed, changed, added) at the start, middle and end.
+        let cases: [(&[usize], &[usize], &[&str]); 4] = [
+            (&[], &[], &[]),
+            (&[0, 1, 2, 30, 59], &[], &[]),
+            (&[], &[0, 29, 59], &["a", "f/030a", "z"]),
+            (
+                &[3, 4, 5, 6, 7, 8, 9, 10],
+                &[11, 40],
+                &["f/000", "f/025 \"new\""],
+            ),
+        ];
+        for (removed, changed, added) in cases {
+            let mut next = c.clone();
+            for &i in changed {
+                next.outputs[i].size += 1000;
+            }
+            let mut kept = Vec::new();
+            for (i, r) in next.outputs.drain(..).enumerate() {
+                if !removed.contains(&i) {
+                    kept.push(r);
+                }
+            }
+            next.outputs = kept;
+            next.outputs.extend(added.iter().map(|p| record_at(p, 7)));
+            next.sort();
+            let mut out = Vec::new();
+            let after = next.write_json_reusing(&mut out, Some(&texts)).unwrap();
+            assert_eq!(out, next.to_json(), "{removed:?} {changed:?} {added:?}");
+            // Formatted now: the changed and added records, nothing else.
+            let formatted = after
+                .texts
+                .iter()
+                .filter(|(_, s)| {
+                    let buffer = &after.buffers[s.buffer as usize];
+                    !texts.buffers.iter().any(|b| Arc::ptr_eq(b, buffer))
+                })
+                .count();
+            let expected = changed.len() + added.len();
+            assert_eq!(formatted, expected, "{removed:?} {changed:?} {added:?}");
+        }
+    }
+
+    #[test]
     fn texts_read_from_the_file_are_reused_and_never_outgrow_twice_the_records() {
         let mut c = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
         c.outputs = (0..300)
@@ -1909,7 +2092,7 @@ pub(crate) mod tests {
             let mut out = Vec::new();
             let next = c.write_json_reusing(&mut out, Some(&texts)).unwrap();
             assert_eq!(out, c.to_json(), "round {round}");
-            let live: usize = next.spans.values().map(|s| s.len as usize).sum();
+            let live: usize = next.texts.iter().map(|(_, s)| s.len as usize).sum();
             let held: usize = next.buffers.iter().map(|b| (**b).as_ref().len()).sum();
             assert!(
                 held <= 2 * live,

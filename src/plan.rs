@@ -259,7 +259,7 @@ impl CatalogUpdate {
     pub fn into_catalog(self, current: Option<Catalog>) -> (Catalog, Vec<OutputRecord>) {
         let CatalogUpdate {
             keep_existing,
-            mut upserts,
+            upserts,
             removes,
             now,
         } = self;
@@ -271,54 +271,46 @@ impl CatalogUpdate {
             _ => Catalog::new(now),
         };
         let old = current.map(|c| c.outputs).unwrap_or_default();
-        // What becomes of each old record: replaced by an upsert (handed
-        // back), removed, or kept (moved over to the new records).
-        let mut removed: Vec<&str> = removes.iter().map(String::as_str).collect();
-        removed.sort_unstable();
-        let fate: Vec<Fate> = old
-            .iter()
-            .map(|r| {
+        let upserted = |path: &str| {
+            upserts
+                .binary_search_by(|u| u.path.as_str().cmp(path))
+                .is_ok()
+        };
+        if !keep_existing {
+            let replaced = old
+                .into_iter()
+                .filter(|r| upserted(r.path.as_str()))
+                .collect();
+            catalog.outputs = upserts;
+            crate::catalog::sort_by_path(&mut catalog.outputs);
+            return (catalog, replaced);
+        }
+        // The old records are changed where they are (a small change to a
+        // large catalog then moves and sorts none of them): removed ones
+        // dropped, replaced ones swapped for their upsert (and handed
+        // back), new ones merged in.
+        let mut records = old;
+        debug_assert!(records.is_sorted_by(|a, b| a.path.as_str() <= b.path.as_str()));
+        if !removes.is_empty() {
+            let mut removed: Vec<&str> = removes.iter().map(String::as_str).collect();
+            removed.sort_unstable();
+            records.retain(|r| {
                 let path = r.path.as_str();
-                if upserts
-                    .binary_search_by(|u| u.path.as_str().cmp(path))
-                    .is_ok()
-                {
-                    Fate::Replaced
-                } else if keep_existing && removed.binary_search(&path).is_err() {
-                    Fate::Kept
-                } else {
-                    Fate::Dropped
-                }
-            })
-            .collect();
-        upserts.reserve_exact(fate.iter().filter(|f| **f == Fate::Kept).count());
-        // Collected in place: the replaced records stay in the old
-        // records' buffer, so a large tree's records are never held in a
-        // third array.
-        let mut fates = fate.into_iter();
-        let replaced: Vec<OutputRecord> = old
-            .into_iter()
-            .filter_map(|r| match fates.next() {
-                Some(Fate::Replaced) => Some(r),
-                Some(Fate::Kept) => {
-                    upserts.push(r);
-                    None
-                }
-                _ => None,
-            })
-            .collect();
-        crate::catalog::sort_by_path(&mut upserts);
-        catalog.outputs = upserts;
+                removed.binary_search(&path).is_err() || upserted(path)
+            });
+        }
+        let mut replaced = Vec::new();
+        let mut added = Vec::new();
+        for u in upserts {
+            match records.binary_search_by(|r| r.path.as_str().cmp(u.path.as_str())) {
+                Ok(i) => replaced.push(std::mem::replace(&mut records[i], u)),
+                Err(_) => added.push(u),
+            }
+        }
+        crate::catalog::merge_by_path(&mut records, added);
+        catalog.outputs = records;
         (catalog, replaced)
     }
-}
-
-/// What a catalog update does with a record of the current catalog.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
-    Replaced,
-    Kept,
-    Dropped,
 }
 
 impl Plan {
