@@ -446,7 +446,9 @@ impl<'a> Driver<'a> {
             return Ok((reports, ready, roots));
         }
         let worth: Vec<(usize, std::fs::File)> = (self.destinations.iter().enumerate())
-            .filter_map(|(j, d)| Some((j, backends::worth_reading_ahead(d)?)))
+            .filter_map(|(j, d)| {
+                Some((j, backends::worth_reading_ahead(d, &self.options.process)?))
+            })
             .collect();
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
         let (reports, ready) = if worth.is_empty() {

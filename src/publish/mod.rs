@@ -35,6 +35,7 @@ pub use backends::{batch_bound, peek_state, recover_abandoned, root_label, state
 pub use error::Error;
 pub(crate) use target::{Access, Change, Fault, Refused, Target};
 
+use crate::process_state::ProcessState;
 use driver::{Driver, Outcome};
 
 /// How to run a publication.
@@ -53,6 +54,8 @@ pub struct Options {
     /// unnamed files (never visible, gone when closed): the agent's work
     /// folder, which it alone uses.
     pub scratch: PathBuf,
+    /// The caches of the process: remembered catalogs, s3 clients.
+    pub process: ProcessState,
 }
 
 /// Publishes the bundle in `bundle_dir` to `destinations` of `pipeline`.

@@ -30,7 +30,7 @@ use crate::hashing::{self, Hashed};
 use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::Desired;
-use crate::remembered;
+use crate::remembered::Remembered;
 use crate::replace_file;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root, StagedFile};
@@ -290,6 +290,7 @@ pub(super) fn stage<'a>(
     change: &Change<'a>,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
+    memory: &Remembered,
 ) -> Result<StagedRoot, Failure> {
     let layout = change.layout();
     if layout == Layout::Beside {
@@ -350,7 +351,7 @@ pub(super) fn stage<'a>(
             }
             // The new catalog is known: written now, it is made durable
             // with the outputs, and renamed into place after them.
-            let before = remembered::texts(root);
+            let before = memory.texts(root);
             let mut texts = None;
             let catalog = root
                 .stage_reserved(&mut |w| {
@@ -465,6 +466,7 @@ pub(super) fn commit(
     root: &Root,
     change: &Change<'_>,
     staged: StagedRoot,
+    memory: &Remembered,
 ) -> Result<Committed, CommitFailure> {
     let Moved {
         touched,
@@ -517,7 +519,7 @@ pub(super) fn commit(
     root.remove_file(JOURNAL_FILE)
         .map_err(failed_at(Step::Journal))?;
     // Every temporary file at the top was renamed into place or removed.
-    remembered::top_left_clean(root);
+    memory.top_left_clean(root);
     Ok(Committed {
         catalog: written,
         texts,
@@ -850,8 +852,8 @@ fn copy_across(root: &Root, temp: &str, dir: &cap_std::fs::Dir) -> io::Result<St
 /// is on disk. The original error is what gets reported; when settling
 /// fails too, why (the journal stays, and the next holder of the lock
 /// finishes it).
-pub(super) fn roll_back(root: &Root) -> io::Result<()> {
-    crate::journal::recover(root, true, crate::clock::now_millis()).map(|_| ())
+pub(super) fn roll_back(root: &Root, memory: &Remembered) -> io::Result<()> {
+    crate::journal::recover(root, true, crate::clock::now_millis(), memory).map(|_| ())
 }
 
 #[cfg(test)]
