@@ -1,6 +1,7 @@
 //! What one process keeps across the publications and commands it runs:
 //! the catalogs and root tops it remembers, its S3 clients and the servers
-//! that passed the conformance check. One [`ProcessState`] is made where
+//! that passed the conformance check, the threads that fsync and the
+//! markdown renderers' child processes. One [`ProcessState`] is made where
 //! the process starts (the cli's entry, which the agent runs under) and
 //! passed down by reference to whatever reaches them; a test makes its
 //! own, so that no test sees another's caches (docs/architecture.md,
@@ -11,11 +12,14 @@
 //! (`replace_file`, `s3`), the agent's count of spool folders served
 //! (`agent`), the failpoint hooks of the test build (`failpoint`), the
 //! catalog's fingerprint keys (`catalog`) and the per-thread state of
-//! `progress` and `s3::failure`.
+//! `progress` and `s3::failure`. Not moved here yet: the count of cores
+//! (`workers`) and the threads that close replaced files (`replace_file`).
 
 use crate::config::S3Location;
 use crate::remembered::Remembered;
+use crate::render_child;
 use crate::s3::{self, S3Root, conformance};
+use crate::workers::SyncPool;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -29,6 +33,10 @@ pub struct ProcessState(Arc<Held>);
 #[derive(Default)]
 struct Held {
     remembered: Remembered,
+    /// The threads that fsync many files at once.
+    syncs: SyncPool,
+    /// The renderer child processes.
+    renderers: render_child::Pool,
     /// One client per s3 location (and region), opened on first use.
     s3_roots: Mutex<HashMap<String, Arc<S3Root>>>,
     passed: conformance::Passed,
@@ -45,6 +53,17 @@ impl ProcessState {
     /// published into.
     pub fn remembered(&self) -> &Remembered {
         &self.0.remembered
+    }
+
+    /// The threads that fsync many files at once (started on first use).
+    pub fn syncs(&self) -> &SyncPool {
+        &self.0.syncs
+    }
+
+    /// The markdown renderers' child processes (started on first use;
+    /// [`render_child::Pool::stop_idle`] ends the idle ones).
+    pub fn renderers(&self) -> &render_child::Pool {
+        &self.0.renderers
     }
 
     /// The process's one client for `location` (opened on first use, with

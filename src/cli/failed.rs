@@ -123,7 +123,7 @@ pub(super) fn rolls_back(
     };
     let bundle = spool.folder(Folder::Failed).join(name);
     let found = crate::publish::rollbacks(p, &destinations, &bundle, &options);
-    crate::render_child::stop_idle();
+    process.renderers().stop_idle();
     if found.is_empty() {
         return None;
     }

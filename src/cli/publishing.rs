@@ -82,7 +82,7 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs, process: &P
     let started = std::time::Instant::now();
     let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);
     // The markdown renderers' processes end with the run.
-    crate::render_child::stop_idle();
+    process.renderers().stop_idle();
     for w in &report.warnings {
         log::warn!("{}: {w}", args.bundle_dir.display());
     }
@@ -101,7 +101,7 @@ pub(super) fn agent(flag: Option<&Path>, once: bool, process: &ProcessState) -> 
     let path = config::resolve_config_path(flag);
     let ran = crate::agent::run(&path, once, process);
     // The markdown renderers' processes end with the agent.
-    crate::render_child::stop_idle();
+    process.renderers().stop_idle();
     match ran {
         Ok(true) => EXIT_OK,
         Ok(false) => EXIT_FAILURE,

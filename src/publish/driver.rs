@@ -524,6 +524,7 @@ impl<'a> Driver<'a> {
                     dir,
                     self.options.dry_run,
                     &self.options.scratch,
+                    self.options.process.renderers(),
                 )
             });
             for result in prepared {

@@ -250,17 +250,11 @@ impl Target for LocalTarget {
         workers: &dyn Workers,
         keep_going: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Staged>, Error> {
-        let staged = stage::stage(
-            self.root(),
-            change,
-            workers,
-            keep_going,
-            self.process.remembered(),
-        )
-        .map_err(|f| match f {
-            Failure::Bundle(e) => Error::Bundle(e),
-            Failure::Io(e) => self.write_error(e),
-        })?;
+        let staged = stage::stage(self.root(), change, workers, keep_going, &self.process)
+            .map_err(|f| match f {
+                Failure::Bundle(e) => Error::Bundle(e),
+                Failure::Io(e) => self.write_error(e),
+            })?;
         let outcome = staged
             .outputs
             .iter()
@@ -278,7 +272,7 @@ impl Target for LocalTarget {
             return Ok(());
         };
         let root = self.root.as_ref().expect("staged, so it exists");
-        stage::make_durable(root, staged).map_err(|e| self.write_error(e))
+        stage::make_durable(root, staged, &self.process).map_err(|e| self.write_error(e))
     }
 
     fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error> {
@@ -286,8 +280,8 @@ impl Target for LocalTarget {
         let file_by_file = staged.file_by_file();
         let root = self.root();
         let memory = self.process.remembered();
-        let c =
-            stage::commit(root, &change, staged, memory).map_err(|e| self.write_error(e.source))?;
+        let c = stage::commit(root, &change, staged, &self.process)
+            .map_err(|e| self.write_error(e.source))?;
         memory.remember(root, c.catalog, change.catalog, c.texts);
         Ok(Committed {
             copied_across: c.copied_across,
@@ -365,7 +359,7 @@ impl Target for LocalTarget {
     fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault> {
         let root = self.root();
         let memory = self.process.remembered();
-        let deleted = delete_through_engine(root, &change, memory);
+        let deleted = delete_through_engine(root, &change, &self.process);
         match deleted {
             Ok(c) => {
                 memory.remember(root, c.catalog, change.catalog, c.texts);
@@ -399,17 +393,17 @@ fn io_fault(doing: impl Into<String>) -> impl FnOnce(io::Error) -> Fault {
 fn delete_through_engine(
     root: &Root,
     change: &Change<'_>,
-    memory: &Remembered,
+    process: &ProcessState,
 ) -> Result<stage::Committed, Fault> {
     let journaling = || io_fault(format!("cannot write {JOURNAL_FILE}"));
     let mut staged =
-        stage::stage(root, change, &InOrder, &|| true, memory).map_err(|f| match f {
+        stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
             Failure::Io(e) => journaling()(e),
             // Nothing is copied from a bundle.
             Failure::Bundle(e) => journaling()(io::Error::other(e.to_string())),
         })?;
-    stage::make_durable(root, &mut staged).map_err(journaling())?;
-    stage::commit(root, change, staged, memory).map_err(|CommitFailure { step, source }| {
+    stage::make_durable(root, &mut staged, process).map_err(journaling())?;
+    stage::commit(root, change, staged, process).map_err(|CommitFailure { step, source }| {
         let doing = match step {
             Step::Delete(path) => format!("cannot delete {path}"),
             // (Nothing is renamed into place: the change writes no output.)
