@@ -34,7 +34,10 @@ pub struct PerCore(pub usize);
 
 impl PerCore {
     pub fn new() -> PerCore {
-        // Asked once: the answer reads several cgroup files.
+        // Asked once: the answer reads several cgroup files. Still
+        // process-wide (not yet in `ProcessState`): bundle verification
+        // reaches it with nothing else of the process in hand
+        // (docs/architecture.md, "What a process keeps").
         static CORES: OnceLock<usize> = OnceLock::new();
         PerCore(*CORES.get_or_init(|| {
             std::thread::available_parallelism()

@@ -78,6 +78,8 @@ impl AgentError {
 
 /// How many pipelines this process serves (holds the agent lock of). A
 /// standby agent serves none and leaves the metrics file to the active one.
+/// Process-wide on purpose: it counts agent locks, which belong to the
+/// process (docs/architecture.md, "What a process keeps").
 static SERVING: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts this thread as serving its pipeline until dropped.

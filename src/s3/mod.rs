@@ -886,6 +886,9 @@ fn to_time(t: chrono::DateTime<chrono::Utc>) -> OffsetDateTime {
 pub fn random_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
+    // One counter per process, so that two ids made in the same instant
+    // differ: process-wide on purpose (docs/architecture.md, "What a
+    // process keeps").
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut out = String::with_capacity(32);
     for _ in 0..2 {
