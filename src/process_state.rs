@@ -1,7 +1,7 @@
 //! What one process keeps across the publications and commands it runs:
 //! the catalogs and root tops it remembers, its S3 clients and the servers
-//! that passed the conformance check, the threads that fsync and the
-//! markdown renderers' child processes. One [`ProcessState`] is made where
+//! that passed the conformance check, the count of cores, the threads
+//! that fsync and the markdown renderers' child processes. One [`ProcessState`] is made where
 //! the process starts (the cli's entry, which the agent runs under) and
 //! passed down by reference to whatever reaches them; a test makes its
 //! own, so that no test sees another's caches (docs/architecture.md,
@@ -12,17 +12,17 @@
 //! (`replace_file`, `s3`), the agent's count of spool folders served
 //! (`agent`), the failpoint hooks of the test build (`failpoint`), the
 //! catalog's fingerprint keys (`catalog`) and the per-thread state of
-//! `progress` and `s3::failure`. Not moved here yet: the count of cores
-//! (`workers`) and the threads that close replaced files (`replace_file`).
+//! `progress` and `s3::failure`. Not moved here yet: the threads that close
+//! replaced files (`replace_file`).
 
 use crate::config::S3Location;
 use crate::remembered::Remembered;
 use crate::render_child;
 use crate::s3::{self, S3Root, conformance};
-use crate::workers::SyncPool;
+use crate::workers::{PerCore, SyncPool};
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The caches of one process. Cloning it is cheap and shares them (an
 /// agent's worker threads and the destinations they open each keep one);
@@ -37,6 +37,8 @@ struct Held {
     syncs: SyncPool,
     /// The renderer child processes.
     renderers: render_child::Pool,
+    /// The cores work may run on, asked once ([`PerCore::new`]).
+    cores: OnceLock<usize>,
     /// One client per s3 location (and region), opened on first use.
     s3_roots: Mutex<HashMap<String, Arc<S3Root>>>,
     passed: conformance::Passed,
@@ -53,6 +55,13 @@ impl ProcessState {
     /// published into.
     pub fn remembered(&self) -> &Remembered {
         &self.0.remembered
+    }
+
+    /// One thread per core (at most four) for each batch of work: the
+    /// cores are counted once per process (the answer reads several
+    /// cgroup files).
+    pub fn per_core(&self) -> PerCore {
+        PerCore(*self.0.cores.get_or_init(|| PerCore::new().0))
     }
 
     /// The threads that fsync many files at once (started on first use).

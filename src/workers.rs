@@ -34,16 +34,13 @@ pub struct PerCore(pub usize);
 
 impl PerCore {
     pub fn new() -> PerCore {
-        // Asked once: the answer reads several cgroup files. Still
-        // process-wide (not yet in `ProcessState`): bundle verification
-        // reaches it with nothing else of the process in hand
-        // (docs/architecture.md, "What a process keeps").
-        static CORES: OnceLock<usize> = OnceLock::new();
-        PerCore(*CORES.get_or_init(|| {
+        // The answer reads several cgroup files: a process asks once, in
+        // its `ProcessState::per_core`.
+        PerCore(
             std::thread::available_parallelism()
                 .map_or(1, |n| n.get())
-                .clamp(1, 4)
-        }))
+                .clamp(1, 4),
+        )
     }
 }
 

@@ -147,7 +147,7 @@ pub fn run(cli: Cli) -> u8 {
             sign,
         }) => seal(&dir, &id, created.as_deref(), sign.as_deref()),
         Command::Bundle(BundleCommand::Verify { dir, signers, json }) => {
-            verify(&dir, signers.as_deref(), json)
+            verify(&dir, signers.as_deref(), json, process)
         }
         Command::Config(ConfigCommand::Check { json, strict }) => {
             config_check(cli.config.as_deref(), json, strict)

@@ -78,7 +78,7 @@ pub fn publish(
         pipeline,
         destinations,
         options,
-        workers: &PerCore::new(),
+        workers: &options.process.per_core(),
         keep_going: &|| true,
         older: None,
     };
@@ -159,7 +159,7 @@ pub fn rollbacks(
         pipeline,
         destinations,
         options: &options,
-        workers: &PerCore::new(),
+        workers: &options.process.per_core(),
         keep_going: &|| true,
         older: Some(&older),
     };
@@ -243,6 +243,7 @@ fn folder_name(dir: &Path) -> String {
 fn verify_rest(
     bundle: &VerifiedBundle,
     verified: &mut BTreeSet<RelPath>,
+    workers: &dyn Workers,
 ) -> Result<(), bundle::BundleError> {
     let rest: Vec<&bundle::ManifestFile> = bundle
         .manifest
@@ -253,7 +254,7 @@ fn verify_rest(
     if rest.is_empty() {
         return Ok(());
     }
-    bundle::verify_files(&bundle.dir, &rest)?;
+    bundle::verify_files(&bundle.dir, &rest, workers)?;
     verified.extend(rest.into_iter().map(|f| f.path.clone()));
     Ok(())
 }

@@ -10,6 +10,7 @@ use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
+use crate::process_state::ProcessState;
 use crate::render::RenderOptions;
 use crate::render_child::{ChildError, Pool, render_in_child};
 use crate::report::{DestinationReport, RunReport, SourceReport};
@@ -67,7 +68,7 @@ pub(super) fn prepare_bundle(
     bundle_dir: &Path,
     dry_run: bool,
     scratch: &Path,
-    renderers: &Pool,
+    process: &ProcessState,
 ) -> Result<Ready, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
     let policy = pipeline
@@ -77,7 +78,7 @@ pub(super) fn prepare_bundle(
             signers: &s.signers,
             required: s.required,
         });
-    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy) {
+    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy, &process.per_core()) {
         Ok(b) => b,
         Err(e) => {
             report.source = bundle::read_manifest(bundle_dir)
@@ -130,7 +131,7 @@ pub(super) fn prepare_bundle(
                     &bundle,
                     d,
                     &pipeline.limits,
-                    renderers,
+                    process.renderers(),
                     &mut verified,
                     &mut room,
                     &mut report.warnings,
@@ -464,7 +465,7 @@ pipelines:
             &dir,
             false,
             tmp.path(),
-            &Pool::new(),
+            &ProcessState::default(),
         ) else {
             panic!("the bundle is valid");
         };
@@ -505,7 +506,14 @@ pipelines:
         .unwrap();
         let pipeline = &config.pipelines[0];
         let all: Vec<&Destination> = pipeline.destinations.iter().collect();
-        let result = prepare_bundle(pipeline, &all, &dir, false, tmp.path(), &Pool::new());
+        let result = prepare_bundle(
+            pipeline,
+            &all,
+            &dir,
+            false,
+            tmp.path(),
+            &ProcessState::default(),
+        );
         (tmp, result)
     }
 

@@ -178,7 +178,7 @@ impl S3Target {
             .files
             .iter()
             .find(|f| f.path == w.d.bundle_path)?;
-        let e = bundle::verify_files(&w.bundle.dir, &[listed]).err()?;
+        let e = bundle::verify_files(&w.bundle.dir, &[listed], &crate::workers::InOrder).err()?;
         Some(Error::Bundle(e))
     }
 }
