@@ -1,11 +1,11 @@
 //! What one process keeps across the publications and commands it runs:
 //! the catalogs and root tops it remembers, its S3 clients and the servers
 //! that passed the conformance check, the count of cores, the threads
-//! that fsync and the markdown renderers' child processes. One [`ProcessState`] is made where
-//! the process starts (the cli's entry, which the agent runs under) and
-//! passed down by reference to whatever reaches them; a test makes its
-//! own, so that no test sees another's caches (docs/architecture.md,
-//! "What a process keeps").
+//! that fsync and the markdown renderers' child processes. One
+//! [`ProcessState`] is made where the process starts (the cli's entry,
+//! which the agent runs under) and passed down by reference to whatever
+//! reaches them; a test makes its own, so that no test sees another's
+//! caches (docs/architecture.md, "What a process keeps").
 //!
 //! Still process-wide on purpose, and so not here: the stop flag set from
 //! a signal handler (`interrupt`), the counters that make names unique
