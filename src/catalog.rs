@@ -689,6 +689,9 @@ impl std::fmt::Debug for RecordTexts {
 impl RecordTexts {
     fn key(r: &OutputRecord) -> u64 {
         use std::hash::BuildHasher;
+        // One key for the process: a fingerprint is compared with ones made
+        // by any other catalog of the process, so it is process-wide on
+        // purpose (docs/architecture.md, "What a process keeps").
         static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
         KEYS.get_or_init(std::hash::RandomState::new).hash_one(r)
     }

@@ -31,6 +31,9 @@ pub const POINTS: &[&str] = &[
 pub fn hit(name: &str) {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
+    // Test hooks that abort the whole process, read from its environment:
+    // process-wide on purpose (docs/architecture.md, "What a process
+    // keeps").
     static TARGET: Mutex<Option<Option<(String, u64, bool)>>> = Mutex::new(None);
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let mut target = TARGET.lock().unwrap_or_else(|e| e.into_inner());

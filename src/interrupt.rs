@@ -9,6 +9,9 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Process-wide on purpose, not in `ProcessState`: it is one request for
+/// the whole process, set where a signal arrives and read by loops that
+/// are handed nothing else (docs/architecture.md, "What a process keeps").
 static STOP: AtomicBool = AtomicBool::new(false);
 
 /// Asks every hashing and copying loop to give up at its next chunk.

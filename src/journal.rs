@@ -12,7 +12,7 @@
 //! before it was durable, so before anything moved: it is dropped.
 
 use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
-use crate::remembered;
+use crate::remembered::Remembered;
 use crate::seen::Look;
 use crate::storage::{Entry, Root, is_temp_name};
 use serde::{Deserialize, Serialize};
@@ -81,8 +81,8 @@ impl Journal {
 
 /// Reads the state file of a root into a [`State`]. A state file that is a
 /// symlink or cannot be read is invalid state, not a crash.
-pub fn read_state(root: &Root) -> io::Result<State> {
-    read_state_or(root, None)
+pub fn read_state(root: &Root, memory: &Remembered) -> io::Result<State> {
+    read_state_or(root, None, memory)
 }
 
 /// A catalog read before the root's lock was taken ([`read_ahead`]), with
@@ -95,16 +95,16 @@ pub struct ReadAhead {
 /// Catalog files from this size on are read ahead of the lock: parsing one
 /// takes long enough (about 5 ms a MiB) to be worth doing while the bundle
 /// is inspected. Smaller ones are read under the lock (a live agent
-/// remembers them anyway, see [`remembered`]).
+/// remembers them anyway, see [`crate::remembered`]).
 pub const READ_AHEAD_FROM: u64 = 1 << 20;
 
 /// `root`'s catalog file, open, if it is worth reading ahead of the lock
 /// ([`read_ahead`]): at least [`READ_AHEAD_FROM`] bytes, and not the
 /// catalog this process remembers writing.
-pub fn worth_reading_ahead(root: &Root) -> Option<std::fs::File> {
+pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::File> {
     let file = root.open_reserved(STATE_FILE).ok()??;
     let meta = file.metadata().ok()?;
-    (meta.len() >= READ_AHEAD_FROM && !remembered::knows(root, Look::of(&meta))).then_some(file)
+    (meta.len() >= READ_AHEAD_FROM && !memory.knows(root, Look::of(&meta))).then_some(file)
 }
 
 /// Reads a root's catalog (`file`, from [`worth_reading_ahead`]) without
@@ -123,14 +123,14 @@ pub fn read_ahead(mut file: std::fs::File) -> Option<ReadAhead> {
 
 /// [`read_state`], taking the catalog read ahead when the file is still the
 /// one it was read from.
-fn read_state_or(root: &Root, ahead: Option<ReadAhead>) -> io::Result<State> {
+fn read_state_or(root: &Root, ahead: Option<ReadAhead>, memory: &Remembered) -> io::Result<State> {
     match root.open_reserved(STATE_FILE) {
         Ok(Some(mut file)) => {
             let look = Look::of(&file.metadata()?);
             if let Some(ahead) = ahead.filter(|a| a.look == look) {
                 return Ok(State::Catalog(ahead.catalog));
             }
-            if let Some(catalog) = remembered::recall(root, look) {
+            if let Some(catalog) = memory.recall(root, look) {
                 return Ok(State::Catalog(catalog));
             }
             // Not with the text of its records: keeping the file's bytes
@@ -150,8 +150,13 @@ fn read_state_or(root: &Root, ahead: Option<ReadAhead>) -> io::Result<State> {
 ///
 /// Returns the state to plan against. With `apply` false (dry runs) nothing
 /// is changed on disk and the returned state is what applying would leave.
-pub fn recover(root: &Root, apply: bool, now: OffsetDateTime) -> io::Result<State> {
-    recover_with(root, apply, now, None)
+pub fn recover(
+    root: &Root,
+    apply: bool,
+    now: OffsetDateTime,
+    memory: &Remembered,
+) -> io::Result<State> {
+    recover_with(root, apply, now, None, memory)
 }
 
 /// [`recover`], starting from a catalog read ahead of the lock when the
@@ -161,18 +166,19 @@ pub fn recover_with(
     apply: bool,
     now: OffsetDateTime,
     ahead: Option<ReadAhead>,
+    memory: &Remembered,
 ) -> io::Result<State> {
-    if apply && !remembered::top_still_clean(root) {
+    if apply && !memory.top_still_clean(root) {
         // A process killed while staging a small publication, or writing a
         // catalog, leaves temporary files at the top of the root and
         // perhaps no journal. Every temporary file is created under the
         // lock, which the caller holds, so any found now is stale. Not
         // listed again while the top is as this process left it clean.
         remove_temps_in(root, "")?;
-        remembered::top_swept(root);
+        memory.top_swept(root);
     }
-    let current = read_state_or(root, ahead)?;
-    let Some(journal) = read_journal(root, apply)? else {
+    let current = read_state_or(root, ahead, memory)?;
+    let Some(journal) = read_journal(root, apply, memory)? else {
         return Ok(current);
     };
     log::warn!(
@@ -242,7 +248,7 @@ pub fn recover_with(
             root.write_reserved(STATE_FILE, &base.to_json())?;
         }
         root.remove_file(JOURNAL_FILE)?;
-        remembered::top_left_clean(root);
+        memory.top_left_clean(root);
     }
     Ok(if changed {
         State::Catalog(base)
@@ -253,7 +259,7 @@ pub fn recover_with(
 
 /// The root's journal, if there is one to settle. One cut short by a crash
 /// is logged and (with `apply`) removed: it had moved nothing into place.
-fn read_journal(root: &Root, apply: bool) -> io::Result<Option<Journal>> {
+fn read_journal(root: &Root, apply: bool, memory: &Remembered) -> io::Result<Option<Journal>> {
     let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
         return Ok(None);
     };
@@ -280,7 +286,7 @@ fn read_journal(root: &Root, apply: bool) -> io::Result<Option<Journal>> {
             );
             if apply {
                 root.remove_file(JOURNAL_FILE)?;
-                remembered::top_left_clean(root);
+                memory.top_left_clean(root);
             }
             Ok(None)
         }
@@ -531,11 +537,11 @@ mod tests {
             std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"staged").unwrap();
 
             // A dry run changes nothing either way.
-            let dry = recover(&root, false, now);
+            let dry = recover(&root, false, now, &Remembered::default());
             assert_eq!(dry.is_ok(), dropped, "{what}: dry run");
             assert!(tmp.path().join(JOURNAL_FILE).exists(), "{what}");
 
-            let got = recover(&root, true, now);
+            let got = recover(&root, true, now, &Remembered::default());
             let journal_left = tmp.path().join(JOURNAL_FILE).exists();
             if dropped {
                 let Ok(State::Catalog(c)) = got else {
@@ -572,19 +578,21 @@ mod tests {
         let small = catalog_of(10, 1);
         root.write_reserved(STATE_FILE, &small.to_json()).unwrap();
         assert!(
-            worth_reading_ahead(&root).is_none(),
+            worth_reading_ahead(&root, &Remembered::default()).is_none(),
             "a small catalog is read under the lock"
         );
 
         let big = catalog_of(3000, 1);
         root.write_reserved(STATE_FILE, &big.to_json()).unwrap();
         let read = |root: &Root| {
-            let ahead = worth_reading_ahead(root).and_then(read_ahead);
+            let ahead = worth_reading_ahead(root, &Remembered::default()).and_then(read_ahead);
             assert!(ahead.is_some(), "a large catalog is worth reading ahead");
             ahead
         };
         // Unchanged: the catalog read ahead is the state.
-        let Ok(State::Catalog(c)) = recover_with(&root, true, now, read(&root)) else {
+        let Ok(State::Catalog(c)) =
+            recover_with(&root, true, now, read(&root), &Remembered::default())
+        else {
             panic!("not a catalog");
         };
         assert_eq!(c.outputs, big.outputs);
@@ -593,7 +601,8 @@ mod tests {
         let ahead = read(&root);
         let other = catalog_of(3000, 2);
         root.write_reserved(STATE_FILE, &other.to_json()).unwrap();
-        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead) else {
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead, &Remembered::default())
+        else {
             panic!("not a catalog");
         };
         assert_eq!(
@@ -613,7 +622,8 @@ mod tests {
             let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             f.write_all(edited.as_bytes()).unwrap();
         }
-        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead) else {
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead, &Remembered::default())
+        else {
             panic!("not a catalog");
         };
         assert_eq!(

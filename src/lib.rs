@@ -22,6 +22,7 @@ pub mod message;
 pub mod metrics;
 pub mod paths;
 pub mod plan;
+pub mod process_state;
 pub mod progress;
 pub mod publish;
 pub mod remembered;

@@ -28,6 +28,9 @@ impl Progress {
 }
 
 thread_local! {
+    /// The progress entered on this thread ([`Progress`]). Per thread on
+    /// purpose: the hashing and copying loops count into it without being
+    /// handed it (docs/architecture.md, "What a process keeps").
     static CURRENT: RefCell<Option<Arc<Progress>>> = const { RefCell::new(None) };
 }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 /// the roots remembered longest ago are forgotten first.
 pub const LARGEST: u64 = 256 << 20;
 
-struct Remembered {
+struct Kept {
     /// Device and inode of the root folder.
     root: (u64, u64),
     /// The catalog file as written, and the catalog (until recalled).
@@ -43,76 +43,87 @@ struct Remembered {
     texts: Option<Arc<RecordTexts>>,
 }
 
-static REMEMBERED: Mutex<Vec<Remembered>> = Mutex::new(Vec::new());
+/// What a process remembers of the local roots it published into: their
+/// catalogs and the state of their tops. Held by the process's
+/// [`crate::process_state::ProcessState`] and reached through it, so that
+/// tests each have their own (docs/architecture.md, "What a process
+/// keeps").
+#[derive(Default)]
+pub struct Remembered {
+    catalogs: Mutex<Vec<Kept>>,
+    tops: Mutex<Vec<Top>>,
+}
 
 fn root_key(root: &Root) -> Option<(u64, u64)> {
     let st = rustix::fs::fstat(root.dir()).ok()?;
     Some((st.st_dev, st.st_ino))
 }
 
-fn entries() -> std::sync::MutexGuard<'static, Vec<Remembered>> {
-    // An entry is only ever replaced whole: a panic elsewhere while the
-    // lock was held leaves nothing half-done.
-    REMEMBERED.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The catalog remembered for `root`, taken out, if `file` (the root's
-/// `.distributor.json`, as just opened) is the file it was written as.
-pub fn recall(root: &Root, file: Look) -> Option<Catalog> {
-    let key = root_key(root)?;
-    let mut entries = entries();
-    let entry = entries.iter_mut().find(|e| e.root == key)?;
-    let (written, catalog) = entry.catalog.take()?;
-    (written == file).then_some(catalog)
-}
-
-/// Whether the catalog remembered for `root` is the file `file` (without
-/// taking it out).
-pub fn knows(root: &Root, file: Look) -> bool {
-    let Some(key) = root_key(root) else {
-        return false;
-    };
-    entries().iter().any(|e| {
-        e.root == key
-            && e.catalog
-                .as_ref()
-                .is_some_and(|(written, _)| *written == file)
-    })
-}
-
-/// The text of the records of the catalog last written to `root`, if
-/// remembered.
-pub fn texts(root: &Root) -> Option<Arc<RecordTexts>> {
-    let key = root_key(root)?;
-    entries()
-        .iter()
-        .find(|e| e.root == key)
-        .and_then(|e| e.texts.clone())
-}
-
-/// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
-/// is the file `file` (as it was once renamed into place), with the text
-/// of its records when known.
-pub fn remember(root: &Root, file: Look, catalog: Catalog, texts: Option<RecordTexts>) {
-    let Some(key) = root_key(root) else { return };
-    let mut entries = entries();
-    entries.retain(|e| e.root != key);
-    if file.size > LARGEST {
-        return;
-    }
-    // Oldest first: forget the longest remembered until this one fits.
-    let mut total: u64 = entries.iter().map(Remembered::size).sum::<u64>() + file.size;
-    while total > LARGEST && !entries.is_empty() {
-        total -= entries.remove(0).size();
-    }
-    entries.push(Remembered {
-        root: key,
-        catalog: Some((file, catalog)),
-        texts: texts.map(Arc::new),
-    });
-}
-
 impl Remembered {
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
+        // An entry is only ever replaced whole: a panic elsewhere while the
+        // lock was held leaves nothing half-done.
+        self.catalogs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The catalog remembered for `root`, taken out, if `file` (the root's
+    /// `.distributor.json`, as just opened) is the file it was written as.
+    pub fn recall(&self, root: &Root, file: Look) -> Option<Catalog> {
+        let key = root_key(root)?;
+        let mut entries = self.entries();
+        let entry = entries.iter_mut().find(|e| e.root == key)?;
+        let (written, catalog) = entry.catalog.take()?;
+        (written == file).then_some(catalog)
+    }
+
+    /// Whether the catalog remembered for `root` is the file `file` (without
+    /// taking it out).
+    pub fn knows(&self, root: &Root, file: Look) -> bool {
+        let Some(key) = root_key(root) else {
+            return false;
+        };
+        self.entries().iter().any(|e| {
+            e.root == key
+                && e.catalog
+                    .as_ref()
+                    .is_some_and(|(written, _)| *written == file)
+        })
+    }
+
+    /// The text of the records of the catalog last written to `root`, if
+    /// remembered.
+    pub fn texts(&self, root: &Root) -> Option<Arc<RecordTexts>> {
+        let key = root_key(root)?;
+        self.entries()
+            .iter()
+            .find(|e| e.root == key)
+            .and_then(|e| e.texts.clone())
+    }
+
+    /// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
+    /// is the file `file` (as it was once renamed into place), with the text
+    /// of its records when known.
+    pub fn remember(&self, root: &Root, file: Look, catalog: Catalog, texts: Option<RecordTexts>) {
+        let Some(key) = root_key(root) else { return };
+        let mut entries = self.entries();
+        entries.retain(|e| e.root != key);
+        if file.size > LARGEST {
+            return;
+        }
+        // Oldest first: forget the longest remembered until this one fits.
+        let mut total: u64 = entries.iter().map(Kept::size).sum::<u64>() + file.size;
+        while total > LARGEST && !entries.is_empty() {
+            total -= entries.remove(0).size();
+        }
+        entries.push(Kept {
+            root: key,
+            catalog: Some((file, catalog)),
+            texts: texts.map(Arc::new),
+        });
+    }
+}
+
+impl Kept {
     /// The size of the catalog file remembered (0 once recalled).
     fn size(&self) -> u64 {
         self.catalog.as_ref().map_or(0, |(look, _)| look.size)
@@ -129,8 +140,6 @@ const TOP_TRUSTED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 /// top was last swept.
 type Top = ((u64, u64), Look, std::time::Instant);
 
-static TOPS: Mutex<Vec<Top>> = Mutex::new(Vec::new());
-
 fn folder_look(root: &Root) -> Option<((u64, u64), Look)> {
     let st = rustix::fs::fstat(root.dir()).ok()?;
     let look = Look {
@@ -143,54 +152,56 @@ fn folder_look(root: &Root) -> Option<((u64, u64), Look)> {
     Some(((st.st_dev, st.st_ino), look))
 }
 
-fn tops() -> std::sync::MutexGuard<'static, Vec<Top>> {
-    TOPS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Records that this process, holding `root`'s lock, has just removed
-/// every stale temporary file from its top.
-pub fn top_swept(root: &Root) {
-    let Some((key, look)) = folder_look(root) else {
-        return;
-    };
-    let mut tops = tops();
-    tops.retain(|(k, ..)| *k != key);
-    tops.push((key, look, std::time::Instant::now()));
-}
-
-/// Records that this process, holding `root`'s lock, leaves no temporary
-/// file at its top (a publication committed, a journal settled). Counts
-/// only once the top has been swept ([`top_swept`]).
-pub fn top_left_clean(root: &Root) {
-    let Some((key, look)) = folder_look(root) else {
-        return;
-    };
-    if let Some(entry) = tops().iter_mut().find(|(k, ..)| *k == key) {
-        entry.1 = look;
+impl Remembered {
+    fn tops(&self) -> std::sync::MutexGuard<'_, Vec<Top>> {
+        self.tops.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-/// Whether `root`'s top is still as this process left it clean, within
-/// [`TOP_TRUSTED_FOR`] of its last sweep: nobody has created or removed an
-/// entry there since (that changes the folder's change time), so no stale
-/// temporary file can be there and the sweep can be skipped. A root
-/// holding thousands of top-level folders (a `{source_id}/` prefix) is then
-/// not listed by every publication.
-pub fn top_still_clean(root: &Root) -> bool {
-    let Some((key, look)) = folder_look(root) else {
-        return false;
-    };
-    tops()
-        .iter()
-        .any(|(k, left, swept)| *k == key && *left == look && swept.elapsed() < TOP_TRUSTED_FOR)
-}
+    /// Records that this process, holding `root`'s lock, has just removed
+    /// every stale temporary file from its top.
+    pub fn top_swept(&self, root: &Root) {
+        let Some((key, look)) = folder_look(root) else {
+            return;
+        };
+        let mut tops = self.tops();
+        tops.retain(|(k, ..)| *k != key);
+        tops.push((key, look, std::time::Instant::now()));
+    }
 
-/// Forgets whatever is remembered for `root`. Not needed outside tests: a
-/// catalog written by anyone else is a new file, which nothing matches.
-#[cfg(test)]
-fn forget(root: &Root) {
-    let Some(key) = root_key(root) else { return };
-    entries().retain(|e| e.root != key);
+    /// Records that this process, holding `root`'s lock, leaves no temporary
+    /// file at its top (a publication committed, a journal settled). Counts
+    /// only once the top has been swept ([`Self::top_swept`]).
+    pub fn top_left_clean(&self, root: &Root) {
+        let Some((key, look)) = folder_look(root) else {
+            return;
+        };
+        if let Some(entry) = self.tops().iter_mut().find(|(k, ..)| *k == key) {
+            entry.1 = look;
+        }
+    }
+
+    /// Whether `root`'s top is still as this process left it clean, within
+    /// [`TOP_TRUSTED_FOR`] of its last sweep: nobody has created or removed an
+    /// entry there since (that changes the folder's change time), so no stale
+    /// temporary file can be there and the sweep can be skipped. A root
+    /// holding thousands of top-level folders (a `{source_id}/` prefix) is then
+    /// not listed by every publication.
+    pub fn top_still_clean(&self, root: &Root) -> bool {
+        let Some((key, look)) = folder_look(root) else {
+            return false;
+        };
+        self.tops()
+            .iter()
+            .any(|(k, left, swept)| *k == key && *left == look && swept.elapsed() < TOP_TRUSTED_FOR)
+    }
+
+    /// Forgets whatever is remembered for `root`. Not needed outside tests: a
+    /// catalog written by anyone else is a new file, which nothing matches.
+    #[cfg(test)]
+    fn forget(&self, root: &Root) {
+        let Some(key) = root_key(root) else { return };
+        self.entries().retain(|e| e.root != key);
+    }
 }
 
 #[cfg(test)]
@@ -212,10 +223,15 @@ mod tests {
     fn a_catalog_is_recalled_once_and_only_for_the_file_it_was_written_as() {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::create(tmp.path()).unwrap();
+        let memory = Remembered::default();
         let catalog = Catalog::new(now_millis());
-        remember(&root, look(7, 1), catalog.clone(), None);
-        assert_eq!(recall(&root, look(7, 1)), Some(catalog.clone()));
-        assert_eq!(recall(&root, look(7, 1)), None, "taken out when recalled");
+        memory.remember(&root, look(7, 1), catalog.clone(), None);
+        assert_eq!(memory.recall(&root, look(7, 1)), Some(catalog.clone()));
+        assert_eq!(
+            memory.recall(&root, look(7, 1)),
+            None,
+            "taken out when recalled"
+        );
 
         for other in [
             look(8, 1),
@@ -225,54 +241,52 @@ mod tests {
                 ..look(7, 1)
             },
         ] {
-            remember(&root, look(7, 1), catalog.clone(), None);
-            assert_eq!(recall(&root, other), None, "{other:?}");
-            assert_eq!(recall(&root, look(7, 1)), None, "a miss forgets it");
+            memory.remember(&root, look(7, 1), catalog.clone(), None);
+            assert_eq!(memory.recall(&root, other), None, "{other:?}");
+            assert_eq!(memory.recall(&root, look(7, 1)), None, "a miss forgets it");
         }
 
-        remember(&root, look(7, 1), catalog.clone(), None);
-        forget(&root);
-        assert_eq!(recall(&root, look(7, 1)), None);
+        memory.remember(&root, look(7, 1), catalog.clone(), None);
+        memory.forget(&root);
+        assert_eq!(memory.recall(&root, look(7, 1)), None);
 
         let huge = Look {
             size: LARGEST + 1,
             ..look(7, 1)
         };
-        remember(&root, huge, catalog, Some(RecordTexts::default()));
-        assert_eq!(recall(&root, huge), None, "too large to keep");
-        assert!(texts(&root).is_none());
+        memory.remember(&root, huge, catalog, Some(RecordTexts::default()));
+        assert_eq!(memory.recall(&root, huge), None, "too large to keep");
+        assert!(memory.texts(&root).is_none());
     }
 
     #[test]
     fn a_root_top_is_trusted_clean_only_while_nobody_changed_it() {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::create(tmp.path()).unwrap();
-        // Another test's root, gone since, may have had this inode.
-        let key = folder_look(&root).unwrap().0;
-        tops().retain(|(k, ..)| *k != key);
-        assert!(!top_still_clean(&root), "never swept");
-        top_left_clean(&root);
+        let memory = Remembered::default();
+        assert!(!memory.top_still_clean(&root), "never swept");
+        memory.top_left_clean(&root);
         assert!(
-            !top_still_clean(&root),
+            !memory.top_still_clean(&root),
             "left clean counts only after a sweep"
         );
-        top_swept(&root);
-        assert!(top_still_clean(&root));
+        memory.top_swept(&root);
+        assert!(memory.top_still_clean(&root));
         // Another process's temporary file (or any entry) at the top.
         crate::seen::wait_for_a_newer_change_time(tmp.path());
         std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"x").unwrap();
-        assert!(!top_still_clean(&root));
-        top_left_clean(&root);
-        assert!(top_still_clean(&root));
+        assert!(!memory.top_still_clean(&root));
+        memory.top_left_clean(&root);
+        assert!(memory.top_still_clean(&root));
         crate::seen::wait_for_a_newer_change_time(tmp.path());
         std::fs::remove_file(tmp.path().join(".distributor-tmp-1-0")).unwrap();
-        assert!(!top_still_clean(&root), "a removal changes it too");
+        assert!(!memory.top_still_clean(&root), "a removal changes it too");
         // A folder made anew at the same path is another folder.
-        top_swept(&root);
+        memory.top_swept(&root);
         drop(root);
         std::fs::remove_dir(tmp.path()).unwrap();
         std::fs::create_dir(tmp.path()).unwrap();
         let again = Root::open(tmp.path()).unwrap().unwrap();
-        assert!(!top_still_clean(&again));
+        assert!(!memory.top_still_clean(&again));
     }
 }

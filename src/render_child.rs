@@ -27,13 +27,14 @@
 //! under the hard limit says so before rendering anything and ends; the
 //! parent renders the document on a fresh child.
 //!
-//! Children are kept in a small process-wide pool ([`Pool`]): a document
+//! Children are kept in a small pool ([`Pool`], one per process, in its
+//! [`crate::process_state::ProcessState`]): a document
 //! takes an idle child or starts one, and gives it back once its page has
 //! been read whole. A child that failed in any way (its limit reached, a
 //! crash, a pipe error, the caller's sink failing) is never given back, so
 //! the next document gets a fresh one. At most one idle child per core is
-//! kept. [`stop_idle`] ends the idle ones (`distributor run` and the agent
-//! call it as they end).
+//! kept. [`Pool::stop_idle`] ends the idle ones (`distributor run` and the
+//! agent call it as they end).
 //!
 //! The child is single-threaded (no second malloc arena is reserved), and
 //! it ignores SIGTERM, SIGINT and SIGHUP: stopping the agent drains the
@@ -159,10 +160,12 @@ impl Noting<'_> {
 
 /// Renders `markdown`'s page into `sink`, like [`render_page`], in a child
 /// process limited to [`TIMES`] × `markdown.len()` (at least [`FLOOR`])
-/// of address space, taken from the process's [`Pool`]. `cap` is the
+/// of address space, taken from `pool` (the process's, in its
+/// [`crate::process_state::ProcessState`]). `cap` is the
 /// largest markdown file the caller renders (`limits.max_markdown_bytes`).
 /// On error, what `sink` got is not a page and must be thrown away.
 pub fn render_in_child(
+    pool: &Pool,
     markdown: &str,
     options: &RenderOptions<'_>,
     cap: u64,
@@ -170,25 +173,16 @@ pub fn render_in_child(
 ) -> Result<Vec<Part>, ChildError> {
     #[cfg(not(test))]
     {
-        POOL.render(markdown, options, cap, sink)
+        pool.render(markdown, options, cap, sink)
     }
     // The unit tests' binary is not distributor: they render in process.
     // The integration tests run the real binary, children included.
     #[cfg(test)]
     {
-        let _ = cap;
+        let _ = (pool, cap);
         render_page(markdown, options, sink).map_err(ChildError::Sink)
     }
 }
-
-/// Ends the idle children of the process's pool (closes their stdin, and
-/// waits for them to exit). Children in use end when they are given back.
-pub fn stop_idle() {
-    POOL.stop_idle();
-}
-
-/// The process's children.
-static POOL: Pool = Pool::new();
 
 /// Idle children, shared by the threads that render: a document takes
 /// one (or starts one) and gives it back once its page is read whole; a

@@ -112,6 +112,10 @@ pub fn hold(dir: &Dir, name: impl AsRef<Path>) -> Option<OwnedFd> {
 /// [`RELEASE_QUEUE`] handles wait at a time; beyond, the caller waits.
 pub fn release_later(held: Option<OwnedFd>) {
     let Some(held) = held else { return };
+    // Still process-wide (not yet in `ProcessState`): every writer of a
+    // file through `storage` and `replace` reaches it, most with nothing
+    // else of the process in hand (docs/architecture.md, "What a process
+    // keeps").
     static QUEUE: OnceLock<Option<crossbeam_channel::Sender<OwnedFd>>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {
         let (tx, rx) = crossbeam_channel::bounded::<OwnedFd>(RELEASE_QUEUE);
@@ -145,6 +149,9 @@ pub fn sync_dir(dir: &Dir) -> io::Result<()> {
     dir.open_with(".", &o)?.sync_all()
 }
 
+/// Makes temporary names unique within the process (with its id): one
+/// counter per process is the point, so not in `ProcessState`
+/// (docs/architecture.md, "What a process keeps").
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Creates a new temporary file (mode 0644 before umask) in `dir`.

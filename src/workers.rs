@@ -34,13 +34,13 @@ pub struct PerCore(pub usize);
 
 impl PerCore {
     pub fn new() -> PerCore {
-        // Asked once: the answer reads several cgroup files.
-        static CORES: OnceLock<usize> = OnceLock::new();
-        PerCore(*CORES.get_or_init(|| {
+        // The answer reads several cgroup files: a process asks once, in
+        // its `ProcessState::per_core`.
+        PerCore(
             std::thread::available_parallelism()
                 .map_or(1, |n| n.get())
-                .clamp(1, 4)
-        }))
+                .clamp(1, 4),
+        )
     }
 }
 
@@ -119,37 +119,57 @@ pub fn map_on<T: Sync, R: Send>(
 /// Something to fsync: an open file or folder.
 pub type Syncable = Box<dyn AsFd + Send>;
 
-/// Threads that fsync for [`sync_at_once`]. They live as long as the
-/// process: a small publication fsyncs a few files and folders at a time,
-/// many times a second, and starting threads for each would cost more
-/// than the waits they overlap.
+/// Threads that fsync for [`SyncPool::sync_at_once`]. They live as long
+/// as the process's pool: a small publication fsyncs a few files and
+/// folders at a time, many times a second, and starting threads for each
+/// would cost more than the waits they overlap.
 const SYNC_THREADS: usize = 4;
 
 type SyncJob = (Syncable, crossbeam_channel::Sender<io::Result<()>>);
 
-/// Fsyncs every handle at the same time (the calling thread takes one,
-/// [`SYNC_THREADS`] long-lived threads the others), so that the disk
-/// serves the flushes together instead of one after the other. Returns
-/// once all are done: the first error, if any.
-pub fn sync_at_once(mut handles: Vec<Syncable>) -> io::Result<()> {
-    static POOL: OnceLock<Option<crossbeam_channel::Sender<SyncJob>>> = OnceLock::new();
-    let pool = POOL.get_or_init(|| {
-        let (tx, rx) = crossbeam_channel::unbounded::<SyncJob>();
-        for i in 0..SYNC_THREADS {
-            let rx = rx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("fsync-{i}"))
-                .spawn(move || {
-                    for (handle, done) in rx {
-                        let _ = done.send(rustix::fs::fsync(&handle).map_err(io::Error::from));
-                    }
-                });
-            if spawned.is_err() {
-                return None;
-            }
+/// The long-lived threads [`SyncPool::sync_at_once`] hands fsyncs to,
+/// started on first use and ended when the pool is dropped. A process has
+/// one, in its [`crate::process_state::ProcessState`].
+#[derive(Default)]
+pub struct SyncPool {
+    jobs: OnceLock<Option<crossbeam_channel::Sender<SyncJob>>>,
+}
+
+impl SyncPool {
+    /// Fsyncs every handle at the same time (the calling thread takes one,
+    /// [`SYNC_THREADS`] long-lived threads the others), so that the disk
+    /// serves the flushes together instead of one after the other. Returns
+    /// once all are done: the first error, if any.
+    pub fn sync_at_once(&self, handles: Vec<Syncable>) -> io::Result<()> {
+        sync_at_once(self.jobs.get_or_init(start_sync_threads).as_ref(), handles)
+    }
+}
+
+/// Starts the threads of a [`SyncPool`]: `None` if one cannot be started
+/// (every fsync is then made on the calling thread).
+fn start_sync_threads() -> Option<crossbeam_channel::Sender<SyncJob>> {
+    let (tx, rx) = crossbeam_channel::unbounded::<SyncJob>();
+    for i in 0..SYNC_THREADS {
+        let rx = rx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("fsync-{i}"))
+            .spawn(move || {
+                for (handle, done) in rx {
+                    let _ = done.send(rustix::fs::fsync(&handle).map_err(io::Error::from));
+                }
+            });
+        if spawned.is_err() {
+            return None;
         }
-        Some(tx)
-    });
+    }
+    Some(tx)
+}
+
+/// [`SyncPool::sync_at_once`] on the threads that take jobs from `pool`.
+fn sync_at_once(
+    pool: Option<&crossbeam_channel::Sender<SyncJob>>,
+    mut handles: Vec<Syncable>,
+) -> io::Result<()> {
     let Some(own) = handles.pop() else {
         return Ok(());
     };
@@ -245,8 +265,9 @@ mod tests {
                 })
                 .collect()
         };
+        let pool = SyncPool::default();
         for n in [0, 1, 3, 9] {
-            sync_at_once(handles(n)).unwrap();
+            pool.sync_at_once(handles(n)).unwrap();
         }
         // A pipe cannot be fsynced (EINVAL): its error comes back, from the
         // calling thread or from the pool, and the others are still synced.
@@ -254,7 +275,7 @@ mod tests {
             let (reader, _writer) = std::io::pipe().unwrap();
             let mut mixed = handles(3);
             mixed.insert(at, Box::new(reader));
-            let e = sync_at_once(mixed).unwrap_err();
+            let e = pool.sync_at_once(mixed).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
         }
     }

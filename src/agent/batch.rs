@@ -126,7 +126,7 @@ impl Worker {
                 &destinations,
                 &dirs,
                 &options,
-                &publish::PerCore::new(),
+                &options.process.per_core(),
                 &keep_going,
             )
         });

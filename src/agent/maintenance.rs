@@ -7,6 +7,7 @@ use crate::clock;
 use crate::config::{Config, Pipeline};
 use crate::maintain;
 use crate::metrics::Metrics;
+use crate::process_state::ProcessState;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -21,13 +22,18 @@ pub(super) struct Maintenance {
 }
 
 impl Maintenance {
-    pub(super) fn start(config: &Config, metrics: &Arc<Metrics>) -> Maintenance {
+    pub(super) fn start(
+        config: &Config,
+        metrics: &Arc<Metrics>,
+        process: &ProcessState,
+    ) -> Maintenance {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(1);
         let config = config.clone();
         let metrics = metrics.clone();
+        let process = process.clone();
         let thread = std::thread::Builder::new()
             .name("maintenance".into())
-            .spawn(move || maintenance_loop(&config, &metrics, &stop_rx))
+            .spawn(move || maintenance_loop(&config, &metrics, &stop_rx, &process))
             .expect("spawning the maintenance thread");
         Maintenance { stop_tx, thread }
     }
@@ -38,7 +44,12 @@ impl Maintenance {
     }
 }
 
-fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
+fn maintenance_loop(
+    config: &Config,
+    metrics: &Metrics,
+    stop: &Receiver<()>,
+    process: &ProcessState,
+) {
     let prune_every = config.agent.prune_interval;
     let mut next_prune = Instant::now() + prune_every;
     let mut tick = if config.agent.done_retention.is_zero() {
@@ -54,7 +65,7 @@ fn maintenance_loop(config: &Config, metrics: &Metrics, stop: &Receiver<()>) {
             expire_done(config, p);
         }
         if !prune_every.is_zero() && Instant::now() >= next_prune {
-            prune_all(config, metrics);
+            prune_all(config, metrics, process);
             next_prune = Instant::now() + prune_every;
         }
         write_metrics(config, metrics, true);
@@ -160,13 +171,14 @@ pub(super) fn write_metrics(config: &Config, metrics: &Metrics, live: bool) {
     }
 }
 
-fn prune_all(config: &Config, metrics: &Metrics) {
+fn prune_all(config: &Config, metrics: &Metrics, process: &ProcessState) {
     for p in &config.pipelines {
         for d in p.destinations.iter().filter(|d| d.prune.is_some()) {
             let target = maintain::Target {
                 pipeline_id: &p.id,
                 destination: d,
                 lock_timeout: config.agent.lock_timeout,
+                process,
             };
             match maintain::prune(&target, true, clock::now_millis()) {
                 Ok(r) if r.deletes.is_empty() => {}

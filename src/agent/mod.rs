@@ -29,6 +29,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
+use crate::process_state::ProcessState;
 use maintenance::{Maintenance, expire_done, write_metrics};
 use sd_notify::Notifier;
 use watcher::start_watcher;
@@ -77,6 +78,8 @@ impl AgentError {
 
 /// How many pipelines this process serves (holds the agent lock of). A
 /// standby agent serves none and leaves the metrics file to the active one.
+/// Process-wide on purpose: it counts agent locks, which belong to the
+/// process (docs/architecture.md, "What a process keeps").
 static SERVING: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts this thread as serving its pipeline until dropped.
@@ -121,16 +124,16 @@ struct Tally {
 /// Runs the agent. With `once`, processes `work/` and every inbox, then
 /// returns whether every bundle ended in `done/`. Otherwise runs until
 /// SIGTERM/SIGINT and returns `Ok(true)`.
-pub fn run(config_path: &Path, once: bool) -> Result<bool, AgentError> {
+pub fn run(config_path: &Path, once: bool, process: &ProcessState) -> Result<bool, AgentError> {
     let config = config::load(config_path)?;
     for warning in config.warnings() {
         log::warn!("{warning}");
     }
     create_spools(&config)?;
     if once {
-        return Ok(run_once(&config));
+        return Ok(run_once(&config, process));
     }
-    run_forever(config_path, config)
+    run_forever(config_path, config, process)
 }
 
 /// Interrupts long hashing and copying once `grace` has passed: the bundle
@@ -151,7 +154,7 @@ fn create_spools(config: &Config) -> Result<(), AgentError> {
     Ok(())
 }
 
-fn run_once(config: &Config) -> bool {
+fn run_once(config: &Config, process: &ProcessState) -> bool {
     let tally = Arc::new(Tally::default());
     tally.metrics.configure(config);
     let stop = Arc::new(AtomicBool::new(false));
@@ -178,7 +181,7 @@ fn run_once(config: &Config) -> bool {
     let mut senders = Vec::new();
     std::thread::scope(|scope| {
         for p in &config.pipelines {
-            let worker = Worker::new(config, p, tally.clone(), stop.clone(), true);
+            let worker = Worker::new(config, p, tally.clone(), stop.clone(), true, process);
             let (tx, rx) = crossbeam_channel::unbounded::<Wake>();
             senders.push(tx);
             scope.spawn(move || worker.run(&rx));
@@ -247,7 +250,7 @@ struct Running {
 }
 
 impl Running {
-    fn start(config: &Config, metrics: &Arc<Metrics>) -> Running {
+    fn start(config: &Config, metrics: &Arc<Metrics>, process: &ProcessState) -> Running {
         let stop = Arc::new(AtomicBool::new(false));
         metrics.configure(config);
         let tally = Arc::new(Tally {
@@ -272,7 +275,7 @@ impl Running {
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         for (p, (tx, rx)) in config.pipelines.iter().zip(channels) {
-            let worker = Worker::new(config, p, tally.clone(), stop.clone(), false);
+            let worker = Worker::new(config, p, tally.clone(), stop.clone(), false, process);
             let name = format!("pipeline-{}", p.id);
             let thread = std::thread::Builder::new()
                 .name(name)
@@ -313,7 +316,11 @@ enum Control {
     Reload,
 }
 
-fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentError> {
+fn run_forever(
+    config_path: &Path,
+    mut config: Config,
+    process: &ProcessState,
+) -> Result<bool, AgentError> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| AgentError::Start(format!("cannot install signal handlers: {e}")))?;
@@ -341,8 +348,8 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
         config_path.display()
     );
     let metrics = Arc::new(Metrics::new());
-    let mut running = Running::start(&config, &metrics);
-    let mut maintenance = Maintenance::start(&config, &metrics);
+    let mut running = Running::start(&config, &metrics, process);
+    let mut maintenance = Maintenance::start(&config, &metrics, process);
     let notifier = Arc::new(Notifier::from_env());
     let configured = Arc::new(AtomicUsize::new(config.pipelines.len()));
     tell_ready(&notifier, &metrics, &configured);
@@ -376,8 +383,8 @@ fn run_forever(config_path: &Path, mut config: Config) -> Result<bool, AgentErro
                         maintenance.stop();
                         running.stop();
                         config = new;
-                        running = Running::start(&config, &metrics);
-                        maintenance = Maintenance::start(&config, &metrics);
+                        running = Running::start(&config, &metrics, process);
+                        maintenance = Maintenance::start(&config, &metrics, process);
                         configured.store(config.pipelines.len(), Ordering::SeqCst);
                         metrics.set_reload_refused(None);
                         tell_ready(&notifier, &metrics, &configured);

@@ -4,6 +4,7 @@
 
 use super::{Serving, Tally, Wake};
 use crate::config::{Config, Pipeline};
+use crate::process_state::ProcessState;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::collections::HashMap;
@@ -22,6 +23,8 @@ pub(super) struct Worker {
     once: bool,
     /// Started with the first bundle.
     pub(super) ticker: std::sync::OnceLock<super::ticker::Ticker>,
+    /// The agent's caches, shared by its workers.
+    process: ProcessState,
 }
 
 /// What was last logged about an inbox entry: its state, and apart from
@@ -50,6 +53,7 @@ impl Worker {
         tally: Arc<Tally>,
         stop: Arc<AtomicBool>,
         once: bool,
+        process: &ProcessState,
     ) -> Worker {
         Worker {
             config: config.clone(),
@@ -59,6 +63,7 @@ impl Worker {
             stop,
             once,
             ticker: std::sync::OnceLock::new(),
+            process: process.clone(),
         }
     }
 
@@ -70,6 +75,7 @@ impl Worker {
             lock_timeout: self.config.agent.lock_timeout,
             serving: Some(self.spool.work.display().to_string()),
             scratch: self.spool.work.clone(),
+            process: self.process.clone(),
         }
     }
 
@@ -112,7 +118,11 @@ impl Worker {
         // Publications a previous agent serving this spool left unfinished
         // in s3 destinations: it is gone (this one holds the spool's lock).
         for d in &self.pipeline.destinations {
-            crate::publish::recover_abandoned(d, &self.spool.work.display().to_string());
+            crate::publish::recover_abandoned(
+                d,
+                &self.spool.work.display().to_string(),
+                &self.process,
+            );
         }
         // Temporary files of the agent's own bookkeeping left by a kill: the
         // batch file's at the top of work/, the presence file's in the

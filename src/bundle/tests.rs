@@ -4,6 +4,7 @@
 use super::*;
 use crate::hashing;
 use crate::paths::RelPath;
+use crate::workers::PerCore;
 use serde_json::{Value, json};
 use std::ffi::OsStr;
 use std::fs;
@@ -512,7 +513,9 @@ fn oversized_manifest_is_refused_before_it_is_read_whole() {
         vec![b' '; usize::try_from(cap).unwrap() + 1],
     )
     .unwrap();
-    let e = verify(dir, &limits, None).unwrap_err().to_string();
+    let e = verify(dir, &limits, None, &PerCore::new())
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains(&format!("more than the {cap} bytes read at most")),
         "{e}"
@@ -551,7 +554,7 @@ fn limits_are_checked_against_the_manifest_and_name_the_key() {
         ),
     ];
     for (limits, want) in cases {
-        let got = verify(dir, limits, None);
+        let got = verify(dir, limits, None, &PerCore::new());
         match want {
             None => assert!(got.is_ok(), "{limits:?}: {:?}", got.err()),
             Some(want) => {
@@ -612,7 +615,7 @@ fn sealed() -> (tempfile::TempDir, PathBuf) {
 
 fn problems(dir: &Path) -> Vec<Problem> {
     let dir = dir.to_path_buf();
-    match within_time(move || verify(&dir, &Limits::default(), None)) {
+    match within_time(move || verify(&dir, &Limits::default(), None, &PerCore::new())) {
         Err(BundleError::Invalid { problems }) => problems,
         other => panic!("expected problems, got {other:?}"),
     }
@@ -632,7 +635,7 @@ fn one_problem(dir: &Path, path: &str, want: &str) {
 #[test]
 fn a_sealed_bundle_verifies() {
     let (_tmp, dir) = sealed();
-    let v = verify(&dir, &Limits::default(), None).unwrap();
+    let v = verify(&dir, &Limits::default(), None, &PerCore::new()).unwrap();
     assert_eq!(v.dir, dir);
     assert_eq!(v.warnings, Vec::<String>::new());
     let paths: Vec<&str> = v.manifest.files.iter().map(|f| f.path.as_str()).collect();
@@ -708,7 +711,9 @@ fn seal_skips_manifest_and_reserved_names_and_reseals() {
             .all(|f| !f.path.is_reserved() && f.path.as_str() != MANIFEST)
     );
     assert_eq!(
-        verify(&dir, &Limits::default(), None).unwrap().warnings,
+        verify(&dir, &Limits::default(), None, &PerCore::new())
+            .unwrap()
+            .warnings,
         Vec::<String>::new()
     );
 }
@@ -885,7 +890,7 @@ fn every_problem_is_reported() {
         "{got:?}"
     );
     assert!(got[2].starts_with("notes/a.md: is a named pipe"), "{got:?}");
-    let e = verify(&dir, &Limits::default(), None).unwrap_err();
+    let e = verify(&dir, &Limits::default(), None, &PerCore::new()).unwrap_err();
     assert!(!e.is_transient());
     assert!(
         e.to_string()
@@ -902,7 +907,7 @@ fn unlisted_entries_are_warnings() {
     std::os::unix::fs::symlink("hello.txt", dir.join("notes/link")).unwrap();
     fs::write(dir.join(".distributor-result.json"), "{}").unwrap();
     fs::write(dir.join("notes/.distributor-tmp-1"), "").unwrap();
-    let v = verify(&dir, &Limits::default(), None).unwrap();
+    let v = verify(&dir, &Limits::default(), None, &PerCore::new()).unwrap();
     assert_eq!(
         v.warnings,
         [
@@ -919,7 +924,7 @@ fn many_unlisted_files_are_summarised() {
     for i in 0..MAX_WARNINGS + 5 {
         fs::write(dir.join(format!("u{i:04}")), "").unwrap();
     }
-    let v = verify(&dir, &Limits::default(), None).unwrap();
+    let v = verify(&dir, &Limits::default(), None, &PerCore::new()).unwrap();
     assert_eq!(v.warnings.len(), MAX_WARNINGS + 1);
     assert!(v.warnings[MAX_WARNINGS].starts_with("5 more entries"));
 }
@@ -928,13 +933,13 @@ fn many_unlisted_files_are_summarised() {
 fn manifest_must_be_a_regular_file() {
     let (tmp, dir) = sealed();
     fs::rename(dir.join(MANIFEST), tmp.path().join("m.json")).unwrap();
-    let e = verify(&dir, &Limits::default(), None).unwrap_err();
+    let e = verify(&dir, &Limits::default(), None, &PerCore::new()).unwrap_err();
     assert!(matches!(e, BundleError::Unreadable { .. }), "{e:?}");
     assert!(e.to_string().contains("manifest.json: not found"), "{e}");
     assert!(!e.is_transient());
 
     std::os::unix::fs::symlink(tmp.path().join("m.json"), dir.join(MANIFEST)).unwrap();
-    let e = verify(&dir, &Limits::default(), None).unwrap_err();
+    let e = verify(&dir, &Limits::default(), None, &PerCore::new()).unwrap_err();
     assert!(e.to_string().contains("is a symbolic link"), "{e}");
 
     fs::remove_file(dir.join(MANIFEST)).unwrap();
@@ -947,7 +952,13 @@ fn manifest_must_be_a_regular_file() {
 #[test]
 fn missing_bundle_folder_is_unreadable() {
     let tmp = tempfile::tempdir().unwrap();
-    let e = verify(&tmp.path().join("nope"), &Limits::default(), None).unwrap_err();
+    let e = verify(
+        &tmp.path().join("nope"),
+        &Limits::default(),
+        None,
+        &PerCore::new(),
+    )
+    .unwrap_err();
     assert!(matches!(e, BundleError::Unreadable { .. }));
     assert!(
         e.to_string().contains("cannot open the bundle folder"),

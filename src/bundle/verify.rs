@@ -16,7 +16,7 @@ use crate::signature::{
     AllowedSigners, MAX_SIGNATURE_BYTES, Reason, Refusal as SignatureRefusal, SIGNATURE_FILE,
     Signer,
 };
-use crate::workers::{PerCore, map_on};
+use crate::workers::{Workers, map_on};
 use cap_std::fs::Dir;
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -173,8 +173,9 @@ pub fn verify(
     dir: &Path,
     limits: &Limits,
     signatures: Option<SignaturePolicy<'_>>,
+    workers: &dyn Workers,
 ) -> Result<VerifiedBundle, BundleError> {
-    check(dir, limits, signatures, true)
+    check(dir, limits, signatures, true, workers)
 }
 
 /// Checks everything [`verify`] does except the file hashes: the manifest,
@@ -185,15 +186,20 @@ pub fn inspect(
     dir: &Path,
     limits: &Limits,
     signatures: Option<SignaturePolicy<'_>>,
+    workers: &dyn Workers,
 ) -> Result<VerifiedBundle, BundleError> {
-    check(dir, limits, signatures, false)
+    check(dir, limits, signatures, false, workers)
 }
 
 /// Hashes the given listed files and checks them against the manifest;
 /// every problem is reported.
-pub fn verify_files(dir: &Path, files: &[&ManifestFile]) -> Result<(), BundleError> {
+pub fn verify_files(
+    dir: &Path,
+    files: &[&ManifestFile],
+    workers: &dyn Workers,
+) -> Result<(), BundleError> {
     let root = open_bundle_dir(dir)?;
-    let problems = check_all(&root, dir, files, true)?;
+    let problems = check_all(&root, dir, files, true, workers)?;
     if problems.is_empty() {
         Ok(())
     } else {
@@ -225,6 +231,7 @@ fn check(
     limits: &Limits,
     signatures: Option<SignaturePolicy<'_>>,
     hash: bool,
+    workers: &dyn Workers,
 ) -> Result<VerifiedBundle, BundleError> {
     let root = open_bundle_dir(dir)?;
     let bytes = read_manifest_bytes(&root, dir, limits.max_manifest_bytes())?;
@@ -236,7 +243,7 @@ fn check(
     drop(bytes);
     check_limits(&manifest, limits)?;
     let listed: Vec<&ManifestFile> = manifest.files.iter().collect();
-    let problems = check_all(&root, dir, &listed, hash)?;
+    let problems = check_all(&root, dir, &listed, hash, workers)?;
     if !problems.is_empty() {
         return Err(BundleError::Invalid { problems });
     }
@@ -256,14 +263,15 @@ const PARALLEL_FROM: usize = 64;
 /// manifest usually share a folder, which is then walked to once.
 const RUN: usize = 32;
 
-/// Checks every file of `files` ([`check_listed`]), on up to four threads
-/// for a long list. Returns the problems in the order of `files`; an
+/// Checks every file of `files` ([`check_listed`]), on `workers` for a
+/// long list. Returns the problems in the order of `files`; an
 /// `Err` (a passing I/O failure) is the first one in that order.
 fn check_all(
     root: &Dir,
     dir: &Path,
     files: &[&ManifestFile],
     hash: bool,
+    workers: &dyn Workers,
 ) -> Result<Vec<Problem>, BundleError> {
     let check_run = |run: &[&ManifestFile]| {
         let mut last = LastFolder::default();
@@ -275,7 +283,7 @@ fn check_all(
         check_run(files)
     } else {
         let runs: Vec<&[&ManifestFile]> = files.chunks(RUN).collect();
-        map_on(&PerCore::new(), &runs, |run| check_run(run))
+        map_on(workers, &runs, |run| check_run(run))
             .into_iter()
             .flatten()
             .collect()

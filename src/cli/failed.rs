@@ -5,6 +5,7 @@
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
 use crate::config::Config;
 use crate::inert::inert;
+use crate::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
 use std::path::Path;
 
@@ -25,7 +26,12 @@ fn spool_of(flag: Option<&Path>, pipeline: &str) -> Result<(Config, Spool), u8> 
 
 /// `spool retry P --all`: every failed bundle back to the inbox, oldest
 /// first; one that cannot be moved is reported and the rest go on.
-pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str, allow_older: bool) -> u8 {
+pub(super) fn retry_all(
+    flag: Option<&Path>,
+    pipeline: &str,
+    allow_older: bool,
+    process: &ProcessState,
+) -> u8 {
     let (config, spool) = match spool_of(flag, pipeline) {
         Ok(s) => s,
         Err(code) => return code,
@@ -45,7 +51,7 @@ pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str, allow_older: bool) 
     };
     let (mut moved, mut errors) = (0usize, 0usize);
     for row in &rows {
-        if !allow_older && let Some(refusal) = rolls_back(&config, p, &spool, &row.name) {
+        if !allow_older && let Some(refusal) = rolls_back(&config, p, &spool, &row.name, process) {
             errors += 1;
             eprintln!("error: {refusal}");
             continue;
@@ -79,7 +85,11 @@ pub(super) fn retry_all(flag: Option<&Path>, pipeline: &str, allow_older: bool) 
 
 /// `spool retry --all` without a pipeline: every failed bundle of every
 /// pipeline, each pipeline as `spool retry P --all` does it.
-pub(super) fn retry_every_pipeline(flag: Option<&Path>, allow_older: bool) -> u8 {
+pub(super) fn retry_every_pipeline(
+    flag: Option<&Path>,
+    allow_older: bool,
+    process: &ProcessState,
+) -> u8 {
     let config = match config_or_usage(flag) {
         Ok(c) => c,
         Err(code) => return code,
@@ -87,7 +97,7 @@ pub(super) fn retry_every_pipeline(flag: Option<&Path>, allow_older: bool) -> u8
     let mut code = EXIT_OK;
     for p in &config.pipelines {
         println!("pipeline {}:", p.id);
-        code = code.max(retry_all(flag, &p.id, allow_older));
+        code = code.max(retry_all(flag, &p.id, allow_older, process));
     }
     code
 }
@@ -100,6 +110,7 @@ pub(super) fn rolls_back(
     p: &crate::config::Pipeline,
     spool: &Spool,
     name: &str,
+    process: &ProcessState,
 ) -> Option<String> {
     let destinations: Vec<_> = p.destinations.iter().collect();
     let options = crate::publish::Options {
@@ -108,10 +119,11 @@ pub(super) fn rolls_back(
         lock_timeout: config.agent.lock_timeout,
         serving: None,
         scratch: super::publishing::scratch_folder(config, p),
+        process: process.clone(),
     };
     let bundle = spool.folder(Folder::Failed).join(name);
     let found = crate::publish::rollbacks(p, &destinations, &bundle, &options);
-    crate::render_child::stop_idle();
+    process.renderers().stop_idle();
     if found.is_empty() {
         return None;
     }

@@ -4,6 +4,7 @@
 use crate::clock::now_millis;
 use crate::config::{self, Config};
 use crate::maintain;
+use crate::process_state::ProcessState;
 use crate::spool::Folder;
 use std::path::Path;
 
@@ -35,8 +36,11 @@ pub use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> u8 {
     let config = cli.config.as_deref();
+    // The process's caches and clients, made once and passed down
+    // (docs/architecture.md, "What a process keeps").
+    let process = &ProcessState::default();
     match cli.command {
-        Command::Agent { once } => agent(config, once),
+        Command::Agent { once } => agent(config, once, process),
         Command::Render => crate::render_child::serve(),
         Command::GenerateDocs { dir } => docs::generate(&dir),
         Command::Prune {
@@ -51,6 +55,7 @@ pub fn run(cli: Cli) -> u8 {
                 maintain::prune(t, apply, now_millis()).map(|r| (r.to_text(), r.to_json(), EXIT_OK))
             },
             json,
+            process,
         ),
         Command::ReconcileState {
             target,
@@ -65,6 +70,7 @@ pub fn run(cli: Cli) -> u8 {
                     .map(|r| (r.to_text(), r.to_json(), EXIT_OK))
             },
             json,
+            process,
         ),
         Command::Verify {
             target,
@@ -80,12 +86,14 @@ pub fn run(cli: Cli) -> u8 {
                 })
             },
             json,
+            process,
         ),
         Command::Catalog { target, json } => with_target(
             config,
             &target,
             |t| maintain::catalog(t).map(|r| (r.to_text(), r.to_json(), EXIT_OK)),
             json,
+            process,
         ),
         Command::Spool(SpoolCommand::List {
             pipeline,
@@ -113,10 +121,10 @@ pub fn run(cli: Cli) -> u8 {
             allow_older,
         }) => match (pipeline, name) {
             (Some(pipeline), Some(name)) if !all => {
-                spool_retry(config, &pipeline, &name, allow_older)
+                spool_retry(config, &pipeline, &name, allow_older, process)
             }
-            (Some(pipeline), _) => failed::retry_all(config, &pipeline, allow_older),
-            (None, _) => failed::retry_every_pipeline(config, allow_older),
+            (Some(pipeline), _) => failed::retry_all(config, &pipeline, allow_older, process),
+            (None, _) => failed::retry_every_pipeline(config, allow_older, process),
         },
         Command::Spool(SpoolCommand::Show {
             pipeline,
@@ -131,7 +139,7 @@ pub fn run(cli: Cli) -> u8 {
         Command::Spool(SpoolCommand::Delete { pipeline, name }) => {
             failed::delete(config, &pipeline, &name)
         }
-        Command::Run(args) => run_bundle(config, &args),
+        Command::Run(args) => run_bundle(config, &args, process),
         Command::Bundle(BundleCommand::Seal {
             dir,
             id,
@@ -139,7 +147,7 @@ pub fn run(cli: Cli) -> u8 {
             sign,
         }) => seal(&dir, &id, created.as_deref(), sign.as_deref()),
         Command::Bundle(BundleCommand::Verify { dir, signers, json }) => {
-            verify(&dir, signers.as_deref(), json)
+            verify(&dir, signers.as_deref(), json, process)
         }
         Command::Config(ConfigCommand::Check { json, strict }) => {
             config_check(cli.config.as_deref(), json, strict)

@@ -5,6 +5,7 @@ use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use crate::bundle::{self, BundleError};
 use crate::catalog::parse_time;
 use crate::inert::{inert, inert_os};
+use crate::process_state::ProcessState;
 use crate::signature::AllowedSigners;
 use std::path::Path;
 
@@ -66,7 +67,7 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Pa
     }
 }
 
-pub(super) fn verify(dir: &Path, signers: Option<&Path>, json: bool) -> u8 {
+pub(super) fn verify(dir: &Path, signers: Option<&Path>, json: bool, process: &ProcessState) -> u8 {
     let signers = match signers.map(|path| (path, AllowedSigners::read(path))) {
         None => None,
         Some((_, Ok(signers))) => Some(signers),
@@ -79,7 +80,7 @@ pub(super) fn verify(dir: &Path, signers: Option<&Path>, json: bool) -> u8 {
         signers,
         required: true,
     });
-    let result = bundle::verify(dir, &bundle::Limits::default(), policy);
+    let result = bundle::verify(dir, &bundle::Limits::default(), policy, &process.per_core());
     let signer = result.as_ref().ok().and_then(|b| b.signer.clone());
     let refused = match &result {
         Err(BundleError::Signature(refusal)) => Some(refusal.reason.as_str()),

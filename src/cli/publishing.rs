@@ -4,11 +4,12 @@
 use super::output::print_report;
 use super::{EXIT_FAILURE, EXIT_OK, RunArgs, load_config};
 use crate::config::{self, Config, Pipeline};
+use crate::process_state::ProcessState;
 use crate::publish::{self, Options};
 use crate::report::RunReport;
 use std::path::{Path, PathBuf};
 
-pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
+pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs, process: &ProcessState) -> u8 {
     let fail_config = |message: String| {
         let report =
             publish::Error::Usage(message).fail(RunReport::new(&args.pipeline, args.dry_run));
@@ -76,11 +77,12 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
         lock_timeout: config.agent.lock_timeout,
         serving: None,
         scratch: scratch_folder(&config, pipeline),
+        process: process.clone(),
     };
     let started = std::time::Instant::now();
     let report = publish::publish(pipeline, &destinations, &args.bundle_dir, &options);
     // The markdown renderers' processes end with the run.
-    crate::render_child::stop_idle();
+    process.renderers().stop_idle();
     for w in &report.warnings {
         log::warn!("{}: {w}", args.bundle_dir.display());
     }
@@ -95,11 +97,11 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs) -> u8 {
     report.exit_code()
 }
 
-pub(super) fn agent(flag: Option<&Path>, once: bool) -> u8 {
+pub(super) fn agent(flag: Option<&Path>, once: bool, process: &ProcessState) -> u8 {
     let path = config::resolve_config_path(flag);
-    let ran = crate::agent::run(&path, once);
+    let ran = crate::agent::run(&path, once, process);
     // The markdown renderers' processes end with the agent.
-    crate::render_child::stop_idle();
+    process.renderers().stop_idle();
     match ran {
         Ok(true) => EXIT_OK,
         Ok(false) => EXIT_FAILURE,

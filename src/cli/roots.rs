@@ -4,6 +4,7 @@
 
 use super::{EXIT_USAGE, TargetArgs, load_config};
 use crate::maintain::{MaintainError, Target};
+use crate::process_state::ProcessState;
 use std::path::Path;
 
 /// Loads the config, resolves `--pipeline`/`--destination`, runs `op` and
@@ -13,6 +14,7 @@ pub(super) fn with_target(
     args: &TargetArgs,
     op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
     json: bool,
+    process: &ProcessState,
 ) -> u8 {
     // These commands work on s3 destinations too (docs/contract.md §15.5), so the
     // config is not checked for backends that others cannot use yet.
@@ -42,6 +44,7 @@ pub(super) fn with_target(
         pipeline_id: &pipeline.id,
         destination,
         lock_timeout: config.agent.lock_timeout,
+        process,
     };
     match op(&target) {
         Ok((text, json_text, code)) => {

@@ -3,6 +3,7 @@
 use super::output::human_age;
 use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
 use crate::inert::inert;
+use crate::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
 use std::path::Path;
 
@@ -98,6 +99,7 @@ pub(super) fn spool_retry(
     pipeline: &str,
     name: &str,
     allow_older: bool,
+    process: &ProcessState,
 ) -> u8 {
     let config = match config_or_usage(flag) {
         Ok(c) => c,
@@ -111,7 +113,9 @@ pub(super) fn spool_retry(
         return EXIT_USAGE;
     };
     let spool = Spool::of(&config, p);
-    if !allow_older && let Some(refusal) = super::failed::rolls_back(&config, p, &spool, name) {
+    if !allow_older
+        && let Some(refusal) = super::failed::rolls_back(&config, p, &spool, name, process)
+    {
         eprintln!("error: {refusal}");
         return EXIT_FAILURE;
     }

@@ -18,6 +18,7 @@
 
 use crate::config::Destination;
 use crate::lock::LockError;
+use crate::process_state::ProcessState;
 use crate::publish::{self, Fault};
 use serde::Serialize;
 use std::io;
@@ -50,6 +51,8 @@ pub struct Target<'a> {
     pub pipeline_id: &'a str,
     pub destination: &'a Destination,
     pub lock_timeout: Duration,
+    /// The process's caches (remembered catalogs, s3 clients).
+    pub process: &'a ProcessState,
 }
 
 impl Target<'_> {

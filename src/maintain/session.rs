@@ -21,8 +21,14 @@ pub(super) fn open(
     access: Access,
     now: OffsetDateTime,
 ) -> Result<Root, MaintainError> {
-    publish::open_to_maintain(target.destination, access, target.lock_timeout, now)
-        .map_err(|f| target.error(f))
+    publish::open_to_maintain(
+        target.destination,
+        access,
+        target.lock_timeout,
+        now,
+        target.process,
+    )
+    .map_err(|f| target.error(f))
 }
 
 /// The root's catalog as it stands (`None`: no state file), refused

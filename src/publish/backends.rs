@@ -10,14 +10,18 @@ use super::{local, remote};
 use crate::catalog::{STATE_FILE, State};
 use crate::config::{Backend, Destination};
 use crate::journal;
+use crate::process_state::ProcessState;
 use std::time::Duration;
 use time::OffsetDateTime;
 
 /// A catalog file worth parsing while the bundle is prepared, before the
 /// root's lock is taken ([`journal::read_ahead`]): a local root's large one.
-pub(super) fn worth_reading_ahead(d: &Destination) -> Option<std::fs::File> {
+pub(super) fn worth_reading_ahead(
+    d: &Destination,
+    process: &ProcessState,
+) -> Option<std::fs::File> {
     match &d.backend {
-        Backend::Local => local::worth_reading_ahead(d),
+        Backend::Local => local::worth_reading_ahead(d, process),
         Backend::S3(_) => None,
     }
 }
@@ -46,6 +50,7 @@ pub(crate) fn open_to_maintain(
     access: Access,
     lock_timeout: Duration,
     now: OffsetDateTime,
+    process: &ProcessState,
 ) -> Result<Box<dyn Target>, Fault> {
     Ok(match &d.backend {
         Backend::Local => Box::new(local::LocalTarget::open_to_maintain(
@@ -53,8 +58,9 @@ pub(crate) fn open_to_maintain(
             access,
             lock_timeout,
             now,
+            process,
         )?),
-        Backend::S3(location) => Box::new(remote::open_to_maintain(d, location, access)?),
+        Backend::S3(location) => Box::new(remote::open_to_maintain(d, location, access, process)?),
     })
 }
 
@@ -126,8 +132,8 @@ pub fn peek_state(d: &Destination) -> Result<Option<State>, String> {
 /// Recovers at once what an earlier agent serving the spool folder
 /// `serving` left unfinished in destination `d` (an s3 destination; a
 /// local root is settled from its journal under its lock).
-pub fn recover_abandoned(d: &Destination, serving: &str) {
+pub fn recover_abandoned(d: &Destination, serving: &str, process: &ProcessState) {
     if let Backend::S3(location) = &d.backend {
-        remote::recover_abandoned(d, location, serving);
+        remote::recover_abandoned(d, location, serving, process);
     }
 }

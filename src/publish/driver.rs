@@ -357,7 +357,7 @@ impl<'a> Driver<'a> {
                     }
                 }
             }
-            if let Some(refused) = refusal(&mut r, &plans) {
+            if let Some(refused) = refusal(&mut r, &plans, self.workers) {
                 reports[index] = Some(refused);
                 continue;
             }
@@ -370,7 +370,7 @@ impl<'a> Driver<'a> {
                 || creates
                 || plans.iter().all(|p| p.writes.is_empty())
                 || plans.iter().any(|p| !p.clear_first.is_empty());
-            if hash_first && let Err(e) = verify_rest(&r.bundle, &mut r.verified) {
+            if hash_first && let Err(e) = verify_rest(&r.bundle, &mut r.verified, self.workers) {
                 let failed = Error::Bundle(e).fail(r.report);
                 let transient = failed.transient;
                 reports[index] = Some(failed);
@@ -446,7 +446,9 @@ impl<'a> Driver<'a> {
             return Ok((reports, ready, roots));
         }
         let worth: Vec<(usize, std::fs::File)> = (self.destinations.iter().enumerate())
-            .filter_map(|(j, d)| Some((j, backends::worth_reading_ahead(d)?)))
+            .filter_map(|(j, d)| {
+                Some((j, backends::worth_reading_ahead(d, &self.options.process)?))
+            })
             .collect();
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
         let (reports, ready) = if worth.is_empty() {
@@ -522,6 +524,7 @@ impl<'a> Driver<'a> {
                     dir,
                     self.options.dry_run,
                     &self.options.scratch,
+                    &self.options.process,
                 )
             });
             for result in prepared {
@@ -653,7 +656,7 @@ impl<'a> Driver<'a> {
             a.plans[j] = plan;
             a.kept[j] = kept;
         }
-        Ok(refusal(&mut a.ready, &a.plans))
+        Ok(refusal(&mut a.ready, &a.plans, self.workers))
     }
 
     /// Writes the accepted bundles' merged changes into every root.
@@ -682,7 +685,8 @@ impl<'a> Driver<'a> {
             .stage_all(&mut roots, &changes, &merged, &accepted, &mut verified)
             .and_then(|unchanged| {
                 for (a, verified) in accepted.iter().zip(&mut verified) {
-                    verify_rest(&a.ready.bundle, verified).map_err(|e| (None, e.into()))?;
+                    verify_rest(&a.ready.bundle, verified, self.workers)
+                        .map_err(|e| (None, e.into()))?;
                 }
                 for (j, root) in roots.iter_mut().enumerate() {
                     if changes[j].is_some() {
@@ -957,9 +961,9 @@ fn held_bytes(ready: &Ready) -> u64 {
 /// The finished report of a bundle when one of its `plans` is a refusal
 /// (nothing of it may be written anywhere): an invalid bundle is reported
 /// as such, not as a refusal. `None` when every plan is accepted.
-fn refusal(r: &mut Ready, plans: &[Plan]) -> Option<RunReport> {
+fn refusal(r: &mut Ready, plans: &[Plan], workers: &dyn Workers) -> Option<RunReport> {
     let refused = record_plans(&mut r.report, plans.iter().enumerate())?;
-    Some(match verify_rest(&r.bundle, &mut r.verified) {
+    Some(match verify_rest(&r.bundle, &mut r.verified, workers) {
         Ok(()) => refused,
         Err(e) => Error::Bundle(e).fail(r.report.clone()),
     })

@@ -128,6 +128,7 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         lock_timeout: std::time::Duration::from_secs(1),
         serving: None,
         scratch: tmp.path().to_path_buf(),
+        process: crate::process_state::ProcessState::default(),
     };
     let driver = Driver {
         pipeline,

@@ -16,7 +16,8 @@ use crate::hashing::Hashed;
 use crate::journal::{self, JOURNAL_FILE};
 use crate::lock::{self, RootLock};
 use crate::plan::{self, Desired, Entry, Listing};
-use crate::remembered;
+use crate::process_state::ProcessState;
+use crate::remembered::Remembered;
 use crate::report::Stage;
 use crate::storage::Root;
 use crate::workers::{InOrder, Workers};
@@ -31,9 +32,12 @@ pub(super) const MAX_BATCH: usize = 256;
 
 /// `d`'s catalog file, open, when it is large enough to be worth parsing
 /// while the bundle is inspected ([`journal::worth_reading_ahead`]).
-pub(super) fn worth_reading_ahead(d: &Destination) -> Option<std::fs::File> {
+pub(super) fn worth_reading_ahead(
+    d: &Destination,
+    process: &ProcessState,
+) -> Option<std::fs::File> {
     let root = Root::open(&d.root).ok()??;
-    journal::worth_reading_ahead(&root)
+    journal::worth_reading_ahead(&root, process.remembered())
 }
 
 pub(super) struct LocalTarget {
@@ -46,11 +50,13 @@ pub(super) struct LocalTarget {
     /// [`Target::read_catalog`]).
     state: Option<State>,
     staged: Option<StagedRoot>,
+    /// Where the root's catalog is remembered.
+    process: ProcessState,
 }
 
 impl LocalTarget {
     /// `d`'s root, not opened yet: no lock, nothing read.
-    fn unopened(d: &Destination) -> LocalTarget {
+    fn unopened(d: &Destination, process: &ProcessState) -> LocalTarget {
         LocalTarget {
             path: d.root.clone(),
             workflow: d.workflow,
@@ -58,6 +64,7 @@ impl LocalTarget {
             _lock: None,
             state: Some(State::Absent),
             staged: None,
+            process: process.clone(),
         }
     }
 
@@ -69,7 +76,7 @@ impl LocalTarget {
         now: OffsetDateTime,
         ahead: Option<journal::ReadAhead>,
     ) -> Result<LocalTarget, Error> {
-        let mut target = LocalTarget::unopened(d);
+        let mut target = LocalTarget::unopened(d, &options.process);
         target.lock(options, now, ahead, false)?;
         Ok(target)
     }
@@ -86,8 +93,10 @@ impl LocalTarget {
         access: Access,
         lock_timeout: Duration,
         now: OffsetDateTime,
+        process: &ProcessState,
     ) -> Result<LocalTarget, Fault> {
-        let mut target = LocalTarget::unopened(d);
+        let mut target = LocalTarget::unopened(d, process);
+        let memory = process.remembered();
         let Some(root) =
             Root::open(&d.root).map_err(io_fault("cannot open the destination root"))?
         else {
@@ -95,7 +104,7 @@ impl LocalTarget {
         };
         let mut lock = lock::acquire_existing(&root, lock_timeout)?;
         let read_state = |root: &Root| {
-            journal::read_state(root).map_err(io_fault(format!("cannot read {STATE_FILE}")))
+            journal::read_state(root, memory).map_err(io_fault(format!("cannot read {STATE_FILE}")))
         };
         if access == Access::Write && lock.is_none() {
             // No lock file: only take (and so create) the lock when there
@@ -113,9 +122,9 @@ impl LocalTarget {
             lock = Some(lock::acquire(&root, lock_timeout)?);
         }
         usable(read_state(&root)?)?;
-        let state = journal::recover(&root, access == Access::Write, now).map_err(io_fault(
-            "cannot finish the interrupted publication recorded in its journal",
-        ))?;
+        let state = journal::recover(&root, access == Access::Write, now, memory).map_err(
+            io_fault("cannot finish the interrupted publication recorded in its journal"),
+        )?;
         target.state = Some(usable(state)?.map_or(State::Absent, State::Catalog));
         target.root = Some(root);
         target._lock = lock;
@@ -146,6 +155,7 @@ impl LocalTarget {
         } else {
             Root::open(&self.path).map_err(at(Stage::Lock, "cannot open destination root"))?
         };
+        let memory = options.process.remembered();
         let lock = match &root {
             Some(root) if options.dry_run => lock::acquire_existing(root, options.lock_timeout)?,
             Some(root) => Some(lock::acquire(root, options.lock_timeout)?),
@@ -153,7 +163,7 @@ impl LocalTarget {
         };
         self.state = Some(match &root {
             None => State::Absent,
-            Some(root) => journal::recover_with(root, !options.dry_run, now, ahead).map_err(|e| {
+            Some(root) => journal::recover_with(root, !options.dry_run, now, ahead, memory).map_err(|e| {
                 // A journal is an unfinished publication to settle first:
                 // when that fails (a full disk), say so, not that the root
                 // cannot be read.
@@ -240,8 +250,8 @@ impl Target for LocalTarget {
         workers: &dyn Workers,
         keep_going: &(dyn Fn() -> bool + Sync),
     ) -> Result<Vec<Staged>, Error> {
-        let staged =
-            stage::stage(self.root(), change, workers, keep_going).map_err(|f| match f {
+        let staged = stage::stage(self.root(), change, workers, keep_going, &self.process)
+            .map_err(|f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
                 Failure::Io(e) => self.write_error(e),
             })?;
@@ -262,15 +272,17 @@ impl Target for LocalTarget {
             return Ok(());
         };
         let root = self.root.as_ref().expect("staged, so it exists");
-        stage::make_durable(root, staged).map_err(|e| self.write_error(e))
+        stage::make_durable(root, staged, &self.process).map_err(|e| self.write_error(e))
     }
 
     fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error> {
         let staged = self.staged.take().expect("committed after staging");
         let file_by_file = staged.file_by_file();
         let root = self.root();
-        let c = stage::commit(root, &change, staged).map_err(|e| self.write_error(e.source))?;
-        remembered::remember(root, c.catalog, change.catalog, c.texts);
+        let memory = self.process.remembered();
+        let c = stage::commit(root, &change, staged, &self.process)
+            .map_err(|e| self.write_error(e.source))?;
+        memory.remember(root, c.catalog, change.catalog, c.texts);
         Ok(Committed {
             copied_across: c.copied_across,
             file_by_file,
@@ -280,7 +292,7 @@ impl Target for LocalTarget {
 
     fn roll_back(&self) -> Result<(), io::Error> {
         match &self.root {
-            Some(root) => stage::roll_back(root),
+            Some(root) => stage::roll_back(root, self.process.remembered()),
             None => Ok(()),
         }
     }
@@ -293,9 +305,8 @@ impl Target for LocalTarget {
         let state = match (self.state.take(), &self.root) {
             (Some(state), _) => state,
             // Under the lock, after a commit (and its journal) is done.
-            (None, Some(root)) => {
-                journal::read_state(root).map_err(io_fault(format!("cannot read {STATE_FILE}")))?
-            }
+            (None, Some(root)) => journal::read_state(root, self.process.remembered())
+                .map_err(io_fault(format!("cannot read {STATE_FILE}")))?,
             (None, None) => State::Absent,
         };
         usable(state)
@@ -347,14 +358,15 @@ impl Target for LocalTarget {
 
     fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault> {
         let root = self.root();
-        let deleted = delete_through_engine(root, &change);
+        let memory = self.process.remembered();
+        let deleted = delete_through_engine(root, &change, &self.process);
         match deleted {
             Ok(c) => {
-                remembered::remember(root, c.catalog, change.catalog, c.texts);
+                memory.remember(root, c.catalog, change.catalog, c.texts);
                 Ok(())
             }
             Err(fault) => {
-                settle_after_deleting(root, &change);
+                settle_after_deleting(root, &change, memory);
                 Err(fault)
             }
         }
@@ -378,15 +390,20 @@ fn io_fault(doing: impl Into<String>) -> impl FnOnce(io::Error) -> Fault {
 /// Runs `change` (deletions only) through the engine a publication uses:
 /// journaled, made durable, deleted, the catalog written last. A
 /// failure says which step failed, in the words of maintenance.
-fn delete_through_engine(root: &Root, change: &Change<'_>) -> Result<stage::Committed, Fault> {
+fn delete_through_engine(
+    root: &Root,
+    change: &Change<'_>,
+    process: &ProcessState,
+) -> Result<stage::Committed, Fault> {
     let journaling = || io_fault(format!("cannot write {JOURNAL_FILE}"));
-    let mut staged = stage::stage(root, change, &InOrder, &|| true).map_err(|f| match f {
-        Failure::Io(e) => journaling()(e),
-        // Nothing is copied from a bundle.
-        Failure::Bundle(e) => journaling()(io::Error::other(e.to_string())),
-    })?;
-    stage::make_durable(root, &mut staged).map_err(journaling())?;
-    stage::commit(root, change, staged).map_err(|CommitFailure { step, source }| {
+    let mut staged =
+        stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
+            Failure::Io(e) => journaling()(e),
+            // Nothing is copied from a bundle.
+            Failure::Bundle(e) => journaling()(io::Error::other(e.to_string())),
+        })?;
+    stage::make_durable(root, &mut staged, process).map_err(journaling())?;
+    stage::commit(root, change, staged, process).map_err(|CommitFailure { step, source }| {
         let doing = match step {
             Step::Delete(path) => format!("cannot delete {path}"),
             // (Nothing is renamed into place: the change writes no output.)
@@ -401,8 +418,8 @@ fn delete_through_engine(root: &Root, change: &Change<'_>) -> Result<stage::Comm
 /// After a failed deletion: settles the root from the journal (the records
 /// of the outputs deleted before the error are dropped), and says what is
 /// left.
-fn settle_after_deleting(root: &Root, change: &Change<'_>) {
-    match journal::recover(root, true, change.catalog.updated_at) {
+fn settle_after_deleting(root: &Root, change: &Change<'_>, memory: &Remembered) {
+    match journal::recover(root, true, change.catalog.updated_at, memory) {
         Ok(state) => {
             let deleted = change
                 .deletes

@@ -35,6 +35,7 @@ pub use backends::{batch_bound, peek_state, recover_abandoned, root_label, state
 pub use error::Error;
 pub(crate) use target::{Access, Change, Fault, Refused, Target};
 
+use crate::process_state::ProcessState;
 use driver::{Driver, Outcome};
 
 /// How to run a publication.
@@ -53,6 +54,8 @@ pub struct Options {
     /// unnamed files (never visible, gone when closed): the agent's work
     /// folder, which it alone uses.
     pub scratch: PathBuf,
+    /// The caches of the process: remembered catalogs, s3 clients.
+    pub process: ProcessState,
 }
 
 /// Publishes the bundle in `bundle_dir` to `destinations` of `pipeline`.
@@ -75,7 +78,7 @@ pub fn publish(
         pipeline,
         destinations,
         options,
-        workers: &PerCore::new(),
+        workers: &options.process.per_core(),
         keep_going: &|| true,
         older: None,
     };
@@ -156,7 +159,7 @@ pub fn rollbacks(
         pipeline,
         destinations,
         options: &options,
-        workers: &PerCore::new(),
+        workers: &options.process.per_core(),
         keep_going: &|| true,
         older: Some(&older),
     };
@@ -240,6 +243,7 @@ fn folder_name(dir: &Path) -> String {
 fn verify_rest(
     bundle: &VerifiedBundle,
     verified: &mut BTreeSet<RelPath>,
+    workers: &dyn Workers,
 ) -> Result<(), bundle::BundleError> {
     let rest: Vec<&bundle::ManifestFile> = bundle
         .manifest
@@ -250,7 +254,7 @@ fn verify_rest(
     if rest.is_empty() {
         return Ok(());
     }
-    bundle::verify_files(&bundle.dir, &rest)?;
+    bundle::verify_files(&bundle.dir, &rest, workers)?;
     verified.extend(rest.into_iter().map(|f| f.path.clone()));
     Ok(())
 }

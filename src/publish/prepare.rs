@@ -6,13 +6,13 @@ use super::content::{Content, Scratch, Spill};
 use super::error::Error;
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, Sha256, SourceIdentity};
-use crate::config::RawHtml;
 use crate::config::{self, Destination, Pipeline};
 use crate::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
+use crate::process_state::ProcessState;
 use crate::render::RenderOptions;
-use crate::render_child::{ChildError, render_in_child};
+use crate::render_child::{ChildError, Pool, render_in_child};
 use crate::report::{DestinationReport, RunReport, SourceReport};
 use crate::scope::Scope;
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,6 +68,7 @@ pub(super) fn prepare_bundle(
     bundle_dir: &Path,
     dry_run: bool,
     scratch: &Path,
+    process: &ProcessState,
 ) -> Result<Ready, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
     let policy = pipeline
@@ -77,7 +78,7 @@ pub(super) fn prepare_bundle(
             signers: &s.signers,
             required: s.required,
         });
-    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy) {
+    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy, &process.per_core()) {
         Ok(b) => b,
         Err(e) => {
             report.source = bundle::read_manifest(bundle_dir)
@@ -126,12 +127,11 @@ pub(super) fn prepare_bundle(
         let html = if d.publish_html {
             let key = (d.raw_html, d.html_template.as_ref());
             if !rendered.iter().any(|(k, _)| *k == key) {
-                let template = d.html_template.as_ref().map(|t| &*t.text);
                 match render_all(
                     &bundle,
-                    d.raw_html,
-                    template,
+                    d,
                     &pipeline.limits,
+                    process.renderers(),
                     &mut verified,
                     &mut room,
                     &mut report.warnings,
@@ -214,9 +214,9 @@ fn from_the_future(
 /// scratch file stays in memory, and `warnings` say why.
 fn render_all(
     bundle: &VerifiedBundle,
-    raw_html: RawHtml,
-    template: Option<&str>,
+    d: &Destination,
     limits: &bundle::Limits,
+    renderers: &Pool,
     verified: &mut BTreeSet<RelPath>,
     room: &mut Scratch,
     warnings: &mut Vec<String>,
@@ -237,6 +237,7 @@ fn render_all(
         }));
     }
     let generated: BTreeSet<String> = md.iter().map(|f| f.path.as_str().to_owned()).collect();
+    let template = d.html_template.as_ref().map(|t| &*t.text);
     let mut out = Rendered::new();
     for f in md {
         let markdown = read_listed(bundle, f)?;
@@ -253,7 +254,7 @@ fn render_all(
             })
         })?;
         let options = RenderOptions {
-            raw_html,
+            raw_html: d.raw_html,
             source_path: f.path.as_str(),
             generated_markdown: &generated,
             template,
@@ -265,20 +266,21 @@ fn render_all(
             path: Some(f.path.as_str().to_owned()),
             message: format!("could not be rendered to HTML: {why}"),
         };
-        let parts = render_in_child(text, &options, cap, &mut body).map_err(|e| match e {
-            // Refused like a file over limits.max_markdown_bytes.
-            ChildError::OverLimit(said) => Error::Bundle(bundle::BundleError::Invalid {
-                problems: vec![bundle::markdown_too_dense(f.path.as_str(), f.size, &said)],
-            }),
-            ChildError::Crashed(why) => Error::Bundle(bundle::BundleError::Invalid {
-                problems: vec![unrenderable(why)],
-            }),
-            ChildError::Sink(e) => Error::Prepare(e),
-            ChildError::Failed(why) => Error::Renderer {
-                path: f.path.as_str().to_owned(),
-                why,
-            },
-        })?;
+        let parts =
+            render_in_child(renderers, text, &options, cap, &mut body).map_err(|e| match e {
+                // Refused like a file over limits.max_markdown_bytes.
+                ChildError::OverLimit(said) => Error::Bundle(bundle::BundleError::Invalid {
+                    problems: vec![bundle::markdown_too_dense(f.path.as_str(), f.size, &said)],
+                }),
+                ChildError::Crashed(why) => Error::Bundle(bundle::BundleError::Invalid {
+                    problems: vec![unrenderable(why)],
+                }),
+                ChildError::Sink(e) => Error::Prepare(e),
+                ChildError::Failed(why) => Error::Renderer {
+                    path: f.path.as_str().to_owned(),
+                    why,
+                },
+            })?;
         let (body, refused) = body.finish().map_err(Error::Prepare)?;
         if let Some(why) = refused {
             let warning = format!(
@@ -457,7 +459,14 @@ pipelines:
         .unwrap();
         let pipeline = &config.pipelines[0];
         let destination = &pipeline.destinations[0];
-        let Ok(ready) = prepare_bundle(pipeline, &[destination], &dir, false, tmp.path()) else {
+        let Ok(ready) = prepare_bundle(
+            pipeline,
+            &[destination],
+            &dir,
+            false,
+            tmp.path(),
+            &ProcessState::default(),
+        ) else {
             panic!("the bundle is valid");
         };
         let in_memory = &ready.prepared[0].in_memory;
@@ -497,7 +506,14 @@ pipelines:
         .unwrap();
         let pipeline = &config.pipelines[0];
         let all: Vec<&Destination> = pipeline.destinations.iter().collect();
-        let result = prepare_bundle(pipeline, &all, &dir, false, tmp.path());
+        let result = prepare_bundle(
+            pipeline,
+            &all,
+            &dir,
+            false,
+            tmp.path(),
+            &ProcessState::default(),
+        );
         (tmp, result)
     }
 

@@ -39,6 +39,7 @@ use crate::catalog::{Catalog, OutputRecord, RecordTexts, State};
 use crate::config::{Destination, S3Location, Workflow};
 use crate::hashing::Hashed;
 use crate::plan::{self, Action, Desired, Entry, Listing, Plan};
+use crate::process_state::ProcessState;
 use crate::s3::protocol::{self, Base, Delete, Settings};
 use crate::s3::{self, ETag, Head, S3Root};
 use crate::workers::Workers;
@@ -98,7 +99,7 @@ impl S3Target {
         options: &Options,
     ) -> Result<S3Target, Error> {
         let settings = Settings::for_process()?;
-        let root = S3Root::shared(location)?;
+        let root = options.process.s3_root(location)?;
         if !options.dry_run {
             root.check_conformance()?;
             // Each recovery is logged where it happens (also when a
@@ -177,7 +178,7 @@ impl S3Target {
             .files
             .iter()
             .find(|f| f.path == w.d.bundle_path)?;
-        let e = bundle::verify_files(&w.bundle.dir, &[listed]).err()?;
+        let e = bundle::verify_files(&w.bundle.dir, &[listed], &crate::workers::InOrder).err()?;
         Some(Error::Bundle(e))
     }
 }
@@ -548,18 +549,25 @@ pub(super) fn open_to_maintain(
     d: &Destination,
     location: &S3Location,
     access: super::target::Access,
+    process: &ProcessState,
 ) -> Result<S3Target, Fault> {
-    maintenance::open(d, location, access)
+    maintenance::open(d, location, access, process)
 }
 
 /// Recovers at once what an earlier agent serving the spool folder
 /// `serving` left unfinished in destination `d` (see
 /// [`protocol::recover_abandoned`]). Failures are logged: the lease
 /// recovers the same intents later.
-pub(super) fn recover_abandoned(d: &Destination, location: &S3Location, serving: &str) {
+pub(super) fn recover_abandoned(
+    d: &Destination,
+    location: &S3Location,
+    serving: &str,
+    process: &ProcessState,
+) {
     // Each recovery is logged where it happens.
-    let recovered =
-        S3Root::shared(location).and_then(|root| protocol::recover_abandoned(&root, serving));
+    let recovered = process
+        .s3_root(location)
+        .and_then(|root| protocol::recover_abandoned(&root, serving));
     if let Err(e) = recovered {
         log::warn!(
             "destination {}: cannot recover the publications the previous agent serving {serving} left unfinished ({e}); they are recovered once their lease runs out",

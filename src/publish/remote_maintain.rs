@@ -27,6 +27,7 @@ use crate::config::{Destination, S3Location};
 use crate::hashing::Hashed;
 use crate::paths::is_reserved_name;
 use crate::plan::Entry;
+use crate::process_state::ProcessState;
 use crate::publish::target::{Access, Fault, usable};
 use crate::s3::protocol::{self, Intent, Settings};
 use crate::s3::{self, S3Root};
@@ -44,9 +45,12 @@ pub(super) fn open(
     d: &Destination,
     location: &S3Location,
     access: Access,
+    process: &ProcessState,
 ) -> Result<S3Target, Fault> {
     let label = location.to_string();
-    let root = S3Root::shared(location).map_err(store_fault(&label, "cannot open the bucket"))?;
+    let root = process
+        .s3_root(location)
+        .map_err(store_fault(&label, "cannot open the bucket"))?;
     open_on(d, location, root, access)
 }
 

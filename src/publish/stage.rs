@@ -30,11 +30,12 @@ use crate::hashing::{self, Hashed};
 use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::Desired;
-use crate::remembered;
+use crate::process_state::ProcessState;
+use crate::remembered::Remembered;
 use crate::replace_file;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root, StagedFile};
-use crate::workers::{PerCore, Syncable, Workers, map_on_runs, sync_at_once};
+use crate::workers::{PerCore, Syncable, Workers, map_on_runs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
@@ -290,6 +291,7 @@ pub(super) fn stage<'a>(
     change: &Change<'a>,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
+    process: &ProcessState,
 ) -> Result<StagedRoot, Failure> {
     let layout = change.layout();
     if layout == Layout::Beside {
@@ -299,7 +301,10 @@ pub(super) fn stage<'a>(
         let file = root
             .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
             .map_err(Failure::Io)?;
-        sync_at_once(vec![Box::new(file), Box::new(root.shared_dir())]).map_err(Failure::Io)?;
+        process
+            .syncs()
+            .sync_at_once(vec![Box::new(file), Box::new(root.shared_dir())])
+            .map_err(Failure::Io)?;
         failpoint::hit("publish.after_journal");
         clear_first(root, &change.clear_first)?;
         make_folders(root, change.writes.iter().map(|w| w.d)).map_err(Failure::Io)?;
@@ -350,7 +355,7 @@ pub(super) fn stage<'a>(
             }
             // The new catalog is known: written now, it is made durable
             // with the outputs, and renamed into place after them.
-            let before = remembered::texts(root);
+            let before = process.remembered().texts(root);
             let mut texts = None;
             let catalog = root
                 .stage_reserved(&mut |w| {
@@ -393,7 +398,11 @@ pub(super) fn stage<'a>(
 
 /// The first barrier: every staged byte, the journal and the catalog
 /// reach the disk. Nothing outside the top of the root changes before.
-pub(super) fn make_durable(root: &Root, staged: &mut StagedRoot) -> io::Result<()> {
+pub(super) fn make_durable(
+    root: &Root,
+    staged: &mut StagedRoot,
+    process: &ProcessState,
+) -> io::Result<()> {
     let Some(top) = staged.top.as_mut() else {
         return root.sync();
     };
@@ -413,7 +422,7 @@ pub(super) fn make_durable(root: &Root, staged: &mut StagedRoot) -> io::Result<(
             handles.extend(top.journal.take().map(|j| Box::new(j) as Syncable));
             // The root's entries: the journal's, and the staged files'.
             handles.push(Box::new(root.shared_dir()));
-            sync_at_once(handles)?;
+            process.syncs().sync_at_once(handles)?;
         }
     }
     failpoint::hit("publish.after_journal");
@@ -465,6 +474,7 @@ pub(super) fn commit(
     root: &Root,
     change: &Change<'_>,
     staged: StagedRoot,
+    process: &ProcessState,
 ) -> Result<Committed, CommitFailure> {
     let Moved {
         touched,
@@ -507,7 +517,7 @@ pub(super) fn commit(
     // The renames, the deletions and the catalog's own rename become
     // durable together; until then the journal (durable) lets the next
     // process settle whatever a crash leaves.
-    second_barrier(root, staged.sync, &touched).map_err(failed_at(Step::Barrier))?;
+    second_barrier(root, staged.sync, &touched, process).map_err(failed_at(Step::Barrier))?;
     log::debug!(
         "{}: catalog written at {}",
         root.path().display(),
@@ -517,7 +527,7 @@ pub(super) fn commit(
     root.remove_file(JOURNAL_FILE)
         .map_err(failed_at(Step::Journal))?;
     // Every temporary file at the top was renamed into place or removed.
-    remembered::top_left_clean(root);
+    process.remembered().top_left_clean(root);
     Ok(Committed {
         catalog: written,
         texts,
@@ -527,7 +537,12 @@ pub(super) fn commit(
 
 /// Makes what [`commit`] renamed, deleted and wrote durable: one barrier,
 /// or a fsync of every folder `touched`.
-fn second_barrier(root: &Root, sync: SyncMode, touched: &BTreeSet<String>) -> io::Result<()> {
+fn second_barrier(
+    root: &Root,
+    sync: SyncMode,
+    touched: &BTreeSet<String>,
+    process: &ProcessState,
+) -> io::Result<()> {
     match sync {
         SyncMode::Barrier => root.sync(),
         SyncMode::FileByFile => {
@@ -537,7 +552,7 @@ fn second_barrier(root: &Root, sync: SyncMode, touched: &BTreeSet<String>) -> io
                     folders.push(Box::new(dir));
                 }
             }
-            sync_at_once(folders)
+            process.syncs().sync_at_once(folders)
         }
     }
 }
@@ -850,8 +865,8 @@ fn copy_across(root: &Root, temp: &str, dir: &cap_std::fs::Dir) -> io::Result<St
 /// is on disk. The original error is what gets reported; when settling
 /// fails too, why (the journal stays, and the next holder of the lock
 /// finishes it).
-pub(super) fn roll_back(root: &Root) -> io::Result<()> {
-    crate::journal::recover(root, true, crate::clock::now_millis()).map(|_| ())
+pub(super) fn roll_back(root: &Root, memory: &Remembered) -> io::Result<()> {
+    crate::journal::recover(root, true, crate::clock::now_millis(), memory).map(|_| ())
 }
 
 #[cfg(test)]

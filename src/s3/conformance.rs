@@ -12,7 +12,7 @@
 //! recovery once it is older than the lease.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use object_store::{
     ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions, PutPayload, UpdateVersion,
@@ -20,17 +20,19 @@ use object_store::{
 
 use super::{Error, Result, S3Root, random_id};
 
-/// Servers (endpoint + bucket) that passed in this process.
-fn passed() -> &'static Mutex<HashSet<String>> {
-    static PASSED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    PASSED.get_or_init(|| Mutex::new(HashSet::new()))
-}
+/// Servers (endpoint + bucket) that passed the check, shared by every
+/// root opened through one [`crate::process_state::ProcessState`] (a root
+/// opened on its own has its own).
+#[derive(Clone, Default)]
+pub struct Passed(Arc<Mutex<HashSet<String>>>);
 
 impl S3Root {
     /// Runs the conformance check unless this server and bucket passed it
-    /// already in this process.
+    /// already for the roots this one shares its [`Passed`] with.
     pub fn check_conformance(&self) -> Result<()> {
-        if passed()
+        if self
+            .passed
+            .0
             .lock()
             .map(|set| set.contains(&self.server))
             .unwrap_or(false)
@@ -38,7 +40,7 @@ impl S3Root {
             return Ok(());
         }
         self.probe()?;
-        if let Ok(mut set) = passed().lock() {
+        if let Ok(mut set) = self.passed.0.lock() {
             set.insert(self.server.clone());
         }
         Ok(())

@@ -232,12 +232,16 @@ fn stopped_request(e: &object_store::Error) -> bool {
 
 tokio::task_local! {
     /// The status of the last error answer seen in the current [`answered`]
-    /// scope.
+    /// scope. Per task on purpose, not process-wide: it belongs to the
+    /// requests made in that scope (docs/architecture.md, "What a process
+    /// keeps").
     static ANSWER: Cell<Option<u16>>;
 }
 
 thread_local! {
-    /// The status [`block_on`] saw last on this thread.
+    /// The status [`block_on`] saw last on this thread. Per thread on
+    /// purpose: it belongs to the request just made on it
+    /// (docs/architecture.md, "What a process keeps").
     static LAST: Cell<Option<u16>> = const { Cell::new(None) };
 }
 

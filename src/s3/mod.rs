@@ -315,6 +315,9 @@ pub struct S3Root {
     label: String,
     /// Which server and bucket the conformance check is cached for.
     server: String,
+    /// The servers that passed the conformance check, shared with the
+    /// other roots of a process ([`S3Root::sharing`]).
+    passed: conformance::Passed,
     /// The catalog version this client last read or wrote, and its bytes:
     /// the next read asks the server for the catalog only if it is no
     /// longer that version (`If-None-Match`), so a publisher that is alone
@@ -336,23 +339,12 @@ impl S3Root {
         S3Root::open_with(location, Credentials::from_env()?)
     }
 
-    /// The process's one client for `location` (opened on first use, with
-    /// credentials from the environment), so that a long-running agent keeps
-    /// its connections and its runtime across publications instead of
-    /// setting them up for every bundle.
-    pub fn shared(location: &S3Location) -> Result<Arc<S3Root>> {
-        use std::collections::HashMap;
-        use std::sync::{Mutex, OnceLock};
-        static OPEN: OnceLock<Mutex<HashMap<String, Arc<S3Root>>>> = OnceLock::new();
-        let key = format!("{location} {}", location.region);
-        let open = OPEN.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut open = open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(root) = open.get(&key) {
-            return Ok(Arc::clone(root));
-        }
-        let root = Arc::new(S3Root::open(location)?);
-        open.insert(key, Arc::clone(&root));
-        Ok(root)
+    /// This root, taking the servers that passed the conformance check
+    /// from `passed` (and adding to it): the roots of one process probe a
+    /// server and bucket once ([`crate::process_state::ProcessState`]).
+    pub(crate) fn sharing(mut self, passed: &conformance::Passed) -> S3Root {
+        self.passed = passed.clone();
+        self
     }
 
     /// A client for `location` that tries every request once (no retry):
@@ -429,6 +421,7 @@ impl S3Root {
             prefix: prefix.trim_matches('/').to_owned(),
             label,
             server,
+            passed: conformance::Passed::default(),
             catalog_seen: std::sync::Mutex::new(None),
         })
     }
@@ -893,6 +886,9 @@ fn to_time(t: chrono::DateTime<chrono::Utc>) -> OffsetDateTime {
 pub fn random_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
+    // One counter per process, so that two ids made in the same instant
+    // differ: process-wide on purpose (docs/architecture.md, "What a
+    // process keeps").
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut out = String::with_capacity(32);
     for _ in 0..2 {
