@@ -19,8 +19,8 @@
 //! parsing it too; an agent serving more large roots than that re-reads
 //! the ones it published into longest ago.
 //!
-//! With the catalog goes the text of its records as read or written
-//! ([`RecordTexts`]), so that the next catalog is written without
+//! With the catalog goes the text of its records as this process wrote
+//! them ([`RecordTexts`]), so that the next catalog is written without
 //! formatting again the records that did not change. That text is right for
 //! any equal record, whatever the file on disk holds now.
 
