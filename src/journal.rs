@@ -11,7 +11,7 @@
 //! mix. A journal cut short was being written when its publication stopped,
 //! before it was durable, so before anything moved: it is dropped.
 
-use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
+use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, State};
 use crate::remembered::Remembered;
 use crate::seen::Look;
 use crate::storage::{Entry, Root, is_temp_name};
@@ -86,11 +86,30 @@ pub fn read_state(root: &Root, memory: &Remembered) -> io::Result<State> {
 }
 
 /// A catalog read before the root's lock was taken ([`read_ahead`]), with
-/// the look of the file it was read from.
+/// the look of the file it was read from and the text of its records.
 pub struct ReadAhead {
     look: Look,
     catalog: Catalog,
+    texts: Option<RecordTexts>,
 }
+
+impl ReadAhead {
+    /// Keeps the text of the records for the next write only when the
+    /// publication is small beside the catalog (at most one output for
+    /// [`TEXTS_FOR_ONE_OUTPUT`] records): the next catalog then shares
+    /// almost every record with this one, and its write copies their text
+    /// instead of formatting it. A large publication drops them at once, so
+    /// that the file's bytes are not held through it (its memory bound,
+    /// docs/performance.md, "Catalog scale").
+    pub fn keep_texts_for(&mut self, outputs: usize) {
+        if outputs.saturating_mul(TEXTS_FOR_ONE_OUTPUT) > self.catalog.outputs.len() {
+            self.texts = None;
+        }
+    }
+}
+
+/// See [`ReadAhead::keep_texts_for`].
+pub const TEXTS_FOR_ONE_OUTPUT: usize = 8;
 
 /// Catalog files from this size on are read ahead of the lock: parsing one
 /// takes long enough (about 5 ms a MiB) to be worth doing while the bundle
@@ -115,8 +134,12 @@ pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::
 /// else reads the file again. `None` for anything but a v4 catalog.
 pub fn read_ahead(mut file: std::fs::File) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
-    match State::read(&mut file).ok()? {
-        State::Catalog(catalog) => Some(ReadAhead { look, catalog }),
+    match State::read_with_texts(&mut file).ok()? {
+        (State::Catalog(catalog), texts) => Some(ReadAhead {
+            look,
+            catalog,
+            texts,
+        }),
         _ => None,
     }
 }
@@ -128,14 +151,16 @@ fn read_state_or(root: &Root, ahead: Option<ReadAhead>, memory: &Remembered) -> 
         Ok(Some(mut file)) => {
             let look = Look::of(&file.metadata()?);
             if let Some(ahead) = ahead.filter(|a| a.look == look) {
+                if let Some(texts) = ahead.texts {
+                    memory.read_texts(root, texts);
+                }
                 return Ok(State::Catalog(ahead.catalog));
             }
             if let Some(catalog) = memory.recall(root, look) {
                 return Ok(State::Catalog(catalog));
             }
-            // Not with the text of its records: keeping the file's bytes
-            // through a large tree's publication costs more memory than
-            // the bound on it allows (docs/performance.md, "Catalog scale").
+            // Not with the text of its records: the size of the
+            // publication is not known yet (see ReadAhead::keep_texts_for).
             State::read(&mut file)
         }
         Ok(None) => Ok(State::Absent),
@@ -449,6 +474,26 @@ mod tests {
             created_at: at,
             updated_at: at,
         }
+    }
+
+    #[test]
+    fn a_catalog_read_ahead_keeps_its_texts_only_for_a_small_publication() {
+        let mut catalog = Catalog::new(time::macros::datetime!(2026-06-01 00:00 UTC));
+        catalog.outputs = (0..80).map(|i| record(&format!("f/{i:03}"), i)).collect();
+        let dir = std::env::temp_dir().join(format!("distributor-ahead-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(STATE_FILE);
+        std::fs::write(&path, catalog.to_json()).unwrap();
+        // (outputs the publication writes, texts kept): one output for
+        // TEXTS_FOR_ONE_OUTPUT records at most.
+        for (outputs, kept) in [(0, true), (1, true), (10, true), (11, false), (500, false)] {
+            let mut ahead = read_ahead(std::fs::File::open(&path).unwrap()).unwrap();
+            assert_eq!(ahead.catalog, catalog);
+            assert!(ahead.texts.is_some(), "read with the text of its records");
+            ahead.keep_texts_for(outputs);
+            assert_eq!(ahead.texts.is_some(), kept, "{outputs} outputs");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

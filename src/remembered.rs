@@ -20,7 +20,8 @@
 //! the ones it published into longest ago.
 //!
 //! With the catalog goes the text of its records as this process wrote
-//! them ([`RecordTexts`]), so that the next catalog is written without
+//! them, or read them ahead of a small publication ([`RecordTexts`]), so
+//! that the next catalog is written without
 //! formatting again the records that did not change. That text is right for
 //! any equal record, whatever the file on disk holds now.
 
@@ -98,6 +99,24 @@ impl Remembered {
             .iter()
             .find(|e| e.root == key)
             .and_then(|e| e.texts.clone())
+    }
+
+    /// Keeps the text of the records of the catalog just read from `root`'s
+    /// file, for writing its next catalog ([`Remembered::texts`]); replaces
+    /// any texts remembered for it (right for equal records whatever the
+    /// file holds, but these are the ones the next catalog shares most
+    /// records with).
+    pub fn read_texts(&self, root: &Root, texts: RecordTexts) {
+        let Some(key) = root_key(root) else { return };
+        let mut entries = self.entries();
+        match entries.iter_mut().find(|e| e.root == key) {
+            Some(entry) => entry.texts = Some(Arc::new(texts)),
+            None => entries.push(Kept {
+                root: key,
+                catalog: None,
+                texts: Some(Arc::new(texts)),
+            }),
+        }
     }
 
     /// Remembers `catalog` as what `root`'s `.distributor.json` holds while it

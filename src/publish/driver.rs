@@ -465,6 +465,12 @@ impl<'a> Driver<'a> {
                 });
                 let prepared = self.prepare(bundles, held_at_most());
                 ahead = reading.join().unwrap_or_default();
+                for (j, read) in ahead.iter_mut().enumerate() {
+                    if let Some(read) = read {
+                        let outputs = prepared.1.iter().map(|(_, r)| r.prepared[j].desired.len());
+                        read.keep_texts_for(outputs.sum());
+                    }
+                }
                 prepared
             })
         };
