@@ -687,13 +687,45 @@ impl std::fmt::Debug for RecordTexts {
 }
 
 impl RecordTexts {
-    fn key(r: &OutputRecord) -> u64 {
+    /// The fingerprint of `r`: a keyed hash (SipHash) of every field its
+    /// text depends on, laid out in `scratch` first so that it is hashed in
+    /// one go (hashing the fields one by one took most of the time of a
+    /// write into a large catalog).
+    fn key(r: &OutputRecord, scratch: &mut Vec<u8>) -> u64 {
         use std::hash::BuildHasher;
         // One key for the process: a fingerprint is compared with ones made
         // by any other catalog of the process, so it is process-wide on
         // purpose (docs/architecture.md, "What a process keeps").
         static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-        KEYS.get_or_init(std::hash::RandomState::new).hash_one(r)
+        // Each text with its length first, an absent one as a length no
+        // text has: no two records lay out alike.
+        fn text(scratch: &mut Vec<u8>, t: Option<&str>) {
+            match t {
+                Some(t) => {
+                    scratch.extend_from_slice(&(t.len() as u64).to_le_bytes());
+                    scratch.extend_from_slice(t.as_bytes());
+                }
+                None => scratch.extend_from_slice(&u64::MAX.to_le_bytes()),
+            }
+        }
+        scratch.clear();
+        text(scratch, Some(r.path.as_str()));
+        text(scratch, Some(&r.pipeline_id));
+        text(scratch, Some(&r.destination_id));
+        text(scratch, Some(&r.source.id));
+        text(scratch, Some(&r.source.digest));
+        text(scratch, Some(r.kind.as_str()));
+        text(scratch, r.source_path.as_ref().map(RelPath::as_str));
+        text(scratch, r.transform);
+        text(scratch, r.url.as_deref());
+        scratch.extend_from_slice(&r.sha256.0);
+        scratch.extend_from_slice(&r.size.to_le_bytes());
+        // Instants: the text writes each in UTC, whatever its offset.
+        for t in [r.source.created, r.created_at, r.updated_at] {
+            scratch.extend_from_slice(&t.unix_timestamp_nanos().to_le_bytes());
+        }
+        KEYS.get_or_init(std::hash::RandomState::new)
+            .hash_one(scratch.as_slice())
     }
 
     /// The texts of `records`, each `text[span]` of the catalog `text`
@@ -803,10 +835,11 @@ struct Reuse<'a> {
 impl<'a> Reuse<'a> {
     fn plan(records: &[OutputRecord], before: Option<&'a RecordTexts>) -> Reuse<'a> {
         let mut at = 0;
+        let mut scratch = Vec::new();
         let found: Vec<(u64, Option<Span>)> = records
             .iter()
             .map(|r| {
-                let key = RecordTexts::key(r);
+                let key = RecordTexts::key(r, &mut scratch);
                 (key, before.and_then(|b| b.find(&mut at, r, key)))
             })
             .collect();
@@ -1992,6 +2025,45 @@ pub(crate) mod tests {
         let mut c2 = c.clone();
         c2.outputs = vec![other];
         assert_eq!(written(&c2, Some(&t1)).0, c2.to_json());
+    }
+
+    #[test]
+    fn a_fingerprint_changes_with_every_field_the_text_shows() {
+        let seed = record_at("a/b.html", 10);
+        let key = |r: &OutputRecord| RecordTexts::key(r, &mut Vec::new());
+        assert_eq!(key(&seed), key(&seed.clone()));
+        type Change = (&'static str, fn(&mut OutputRecord));
+        let changes: [Change; 14] = [
+            ("path", |r| r.path = RelPath::parse("a/b.htm").unwrap()),
+            ("pipeline", |r| r.pipeline_id = "other".into()),
+            ("destination", |r| r.destination_id = "other".into()),
+            ("source id", |r| Arc::make_mut(&mut r.source).id.push('x')),
+            ("source digest", |r| {
+                Arc::make_mut(&mut r.source).digest.push('0')
+            }),
+            ("source created", |r| {
+                Arc::make_mut(&mut r.source).created += time::Duration::SECOND
+            }),
+            ("kind", |r| r.kind = OutputKind::Source),
+            ("source path", |r| r.source_path = None),
+            ("transform", |r| r.transform = None),
+            ("url", |r| r.url = Some("https://example.org/".to_owned())),
+            ("sha256", |r| r.sha256.0[31] ^= 1),
+            ("size", |r| r.size += 1),
+            ("created", |r| r.created_at += time::Duration::NANOSECOND),
+            ("updated", |r| r.updated_at += time::Duration::NANOSECOND),
+        ];
+        for (field, change) in changes {
+            let mut r = seed.clone();
+            change(&mut r);
+            assert_ne!(r, seed, "{field}: the change must change the record");
+            assert_ne!(key(&r), key(&seed), "{field}");
+        }
+        // Texts are in UTC: the same instant at another offset is the same
+        // text, and the same fingerprint.
+        let mut shifted = seed.clone();
+        shifted.created_at = seed.created_at.to_offset(time::macros::offset!(+2));
+        assert_eq!(key(&shifted), key(&seed));
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
     let mut spans = Vec::with_capacity(if texts { bytes.len() / 256 } else { 0 });
     let mut shared = Shared::default();
     let mut times = Times::default();
+    let mut scratch = Vec::new();
     if c.lit(b"]\n}\n").is_none() {
         loop {
             c.lit(if records.is_empty() {
@@ -65,7 +66,7 @@ pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
             let text = c.record(&mut times)?;
             let record = shared.record(text).ok()?;
             if texts {
-                spans.push((RecordTexts::key(&record), start..c.at));
+                spans.push((RecordTexts::key(&record, &mut scratch), start..c.at));
             }
             records.push(record);
             if c.lit(b"\n  ]\n}\n").is_some() {
@@ -342,7 +343,7 @@ mod tests {
                 catalog.write_json(&mut written).unwrap();
                 assert_eq!(written, text.as_bytes());
                 for (r, (key, span)) in catalog.outputs.iter().zip(&spans) {
-                    assert_eq!(*key, RecordTexts::key(r));
+                    assert_eq!(*key, RecordTexts::key(r, &mut Vec::new()));
                     let mut own = Vec::new();
                     super::super::push_record_text(r, &mut own);
                     assert_eq!(&text.as_bytes()[span.clone()], &own[..]);
