@@ -100,7 +100,8 @@ impl ReadAhead {
     /// almost every record with this one, and its write copies their text
     /// instead of formatting it. A large publication drops them at once, so
     /// that the file's bytes are not held through it (its memory bound,
-    /// docs/performance.md, "Catalog scale").
+    /// docs/performance.md, "Catalog scale"); one whose manifests are large
+    /// beside the catalog does not read them at all ([`read_ahead`]).
     pub fn keep_texts_for(&mut self, outputs: usize) {
         if outputs.saturating_mul(TEXTS_FOR_ONE_OUTPUT) > self.catalog.outputs.len() {
             self.texts = None;
@@ -110,6 +111,13 @@ impl ReadAhead {
 
 /// See [`ReadAhead::keep_texts_for`].
 pub const TEXTS_FOR_ONE_OUTPUT: usize = 8;
+
+/// The texts of a catalog are read ahead only when it is at least this
+/// many times the size of the bundles' manifests: a manifest takes about
+/// 100 bytes a file and a catalog about 570 bytes a record, so a bundle
+/// of one file for 8 records has a manifest about 1/45 of the catalog.
+/// Read, they are kept only if [`ReadAhead::keep_texts_for`] agrees.
+pub const CATALOG_FOR_ONE_MANIFEST_BYTE: u64 = 45;
 
 /// Catalog files from this size on are read ahead of the lock: parsing one
 /// takes long enough (about 5 ms a MiB) to be worth doing while the bundle
@@ -131,10 +139,18 @@ pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::
 /// the bundle. Whoever takes the lock uses it only if the root's file is
 /// still the one read (same device, inode, size and change time: every
 /// writer replaces the file, and an edit in place changes its change time),
-/// else reads the file again. `None` for anything but a v4 catalog.
-pub fn read_ahead(mut file: std::fs::File) -> Option<ReadAhead> {
+/// else reads the file again. `None` for anything but a v4 catalog. With
+/// the text of its records when the publication's manifests take
+/// `manifest_bytes` and the catalog is [`CATALOG_FOR_ONE_MANIFEST_BYTE`]
+/// times that or more.
+pub fn read_ahead(mut file: std::fs::File, manifest_bytes: u64) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
-    match State::read_with_texts(&mut file).ok()? {
+    let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size;
+    let read = match small {
+        true => State::read_with_texts(&mut file).ok()?,
+        false => (State::read(&mut file).ok()?, None),
+    };
+    match read {
         (State::Catalog(catalog), texts) => Some(ReadAhead {
             look,
             catalog,
@@ -487,11 +503,21 @@ mod tests {
         // (outputs the publication writes, texts kept): one output for
         // TEXTS_FOR_ONE_OUTPUT records at most.
         for (outputs, kept) in [(0, true), (1, true), (10, true), (11, false), (500, false)] {
-            let mut ahead = read_ahead(std::fs::File::open(&path).unwrap()).unwrap();
+            let mut ahead = read_ahead(std::fs::File::open(&path).unwrap(), 0).unwrap();
             assert_eq!(ahead.catalog, catalog);
             assert!(ahead.texts.is_some(), "read with the text of its records");
             ahead.keep_texts_for(outputs);
             assert_eq!(ahead.texts.is_some(), kept, "{outputs} outputs");
+        }
+        // Manifests large beside the catalog: not even read.
+        let size = std::fs::metadata(&path).unwrap().len();
+        for (manifests, read) in [(size / 45, true), (size / 45 + 1, false)] {
+            let ahead = read_ahead(std::fs::File::open(&path).unwrap(), manifests).unwrap();
+            assert_eq!(
+                ahead.texts.is_some(),
+                read,
+                "manifests of {manifests} bytes"
+            );
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -630,7 +656,8 @@ mod tests {
         let big = catalog_of(3000, 1);
         root.write_reserved(STATE_FILE, &big.to_json()).unwrap();
         let read = |root: &Root| {
-            let ahead = worth_reading_ahead(root, &Remembered::default()).and_then(read_ahead);
+            let ahead =
+                worth_reading_ahead(root, &Remembered::default()).and_then(|f| read_ahead(f, 0));
             assert!(ahead.is_some(), "a large catalog is worth reading ahead");
             ahead
         };

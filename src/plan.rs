@@ -271,46 +271,108 @@ impl CatalogUpdate {
             _ => Catalog::new(now),
         };
         let old = current.map(|c| c.outputs).unwrap_or_default();
-        let upserted = |path: &str| {
-            upserts
-                .binary_search_by(|u| u.path.as_str().cmp(path))
-                .is_ok()
-        };
-        if !keep_existing {
-            let replaced = old
-                .into_iter()
-                .filter(|r| upserted(r.path.as_str()))
-                .collect();
-            catalog.outputs = upserts;
-            crate::catalog::sort_by_path(&mut catalog.outputs);
-            return (catalog, replaced);
-        }
-        // The old records are changed where they are (a small change to a
-        // large catalog then moves and sorts none of them): removed ones
-        // dropped, replaced ones swapped for their upsert (and handed
-        // back), new ones merged in.
-        let mut records = old;
-        debug_assert!(records.is_sorted_by(|a, b| a.path.as_str() <= b.path.as_str()));
-        if !removes.is_empty() {
-            let mut removed: Vec<&str> = removes.iter().map(String::as_str).collect();
-            removed.sort_unstable();
-            records.retain(|r| {
-                let path = r.path.as_str();
-                removed.binary_search(&path).is_err() || upserted(path)
-            });
-        }
-        let mut replaced = Vec::new();
-        let mut added = Vec::new();
-        for u in upserts {
-            match records.binary_search_by(|r| r.path.as_str().cmp(u.path.as_str())) {
-                Ok(i) => replaced.push(std::mem::replace(&mut records[i], u)),
-                Err(_) => added.push(u),
-            }
-        }
-        crate::catalog::merge_by_path(&mut records, added);
-        catalog.outputs = records;
+        let (outputs, replaced) =
+            if keep_existing && upserts.len().saturating_mul(SMALL_CHANGE) <= old.len() {
+                merge_small(old, upserts, &removes)
+            } else {
+                merge_large(old, upserts, &removes, keep_existing)
+            };
+        catalog.outputs = outputs;
         (catalog, replaced)
     }
+}
+
+/// A change of at most one record in this many is merged where the
+/// records are ([`merge_small`]); a larger one by [`merge_large`].
+const SMALL_CHANGE: usize = 8;
+
+/// Whether `path` is one of `upserts` (sorted by path).
+fn upserted(upserts: &[OutputRecord], path: &str) -> bool {
+    upserts
+        .binary_search_by(|u| u.path.as_str().cmp(path))
+        .is_ok()
+}
+
+/// A small change to the records `old`, made where they are (a small
+/// change to a large catalog then moves and sorts none of them): removed
+/// ones dropped, replaced ones swapped for their upsert (and handed back),
+/// new ones merged in. The records, and those replaced.
+fn merge_small(
+    old: Vec<OutputRecord>,
+    upserts: Vec<OutputRecord>,
+    removes: &[String],
+) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
+    let mut records = old;
+    debug_assert!(records.is_sorted_by(|a, b| a.path.as_str() <= b.path.as_str()));
+    if !removes.is_empty() {
+        let mut removed: Vec<&str> = removes.iter().map(String::as_str).collect();
+        removed.sort_unstable();
+        records.retain(|r| {
+            let path = r.path.as_str();
+            removed.binary_search(&path).is_err() || upserted(&upserts, path)
+        });
+    }
+    let mut replaced = Vec::new();
+    let mut added = Vec::new();
+    for u in upserts {
+        match records.binary_search_by(|r| r.path.as_str().cmp(u.path.as_str())) {
+            Ok(i) => replaced.push(std::mem::replace(&mut records[i], u)),
+            Err(_) => added.push(u),
+        }
+    }
+    crate::catalog::merge_by_path(&mut records, added);
+    (records, replaced)
+}
+
+/// A large change (or a fresh catalog, without `keep_existing`): what
+/// becomes of each old record (replaced by an upsert and handed back,
+/// removed, or kept and moved over to the upserts) is decided first, then
+/// collected in place: the replaced records stay in the old records'
+/// buffer, so a large tree's records are never held in a third array.
+fn merge_large(
+    old: Vec<OutputRecord>,
+    mut upserts: Vec<OutputRecord>,
+    removes: &[String],
+    keep_existing: bool,
+) -> (Vec<OutputRecord>, Vec<OutputRecord>) {
+    let mut removed: Vec<&str> = removes.iter().map(String::as_str).collect();
+    removed.sort_unstable();
+    let fate: Vec<Fate> = old
+        .iter()
+        .map(|r| {
+            let path = r.path.as_str();
+            if upserted(&upserts, path) {
+                Fate::Replaced
+            } else if keep_existing && removed.binary_search(&path).is_err() {
+                Fate::Kept
+            } else {
+                Fate::Dropped
+            }
+        })
+        .collect();
+    upserts.reserve_exact(fate.iter().filter(|f| **f == Fate::Kept).count());
+    let mut fates = fate.into_iter();
+    let replaced: Vec<OutputRecord> = old
+        .into_iter()
+        .filter_map(|r| match fates.next() {
+            Some(Fate::Replaced) => Some(r),
+            Some(Fate::Kept) => {
+                upserts.push(r);
+                None
+            }
+            _ => None,
+        })
+        .collect();
+    crate::catalog::sort_by_path(&mut upserts);
+    (upserts, replaced)
+}
+
+/// What a catalog update does with a record of the current catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Replaced,
+    Kept,
+    Dropped,
 }
 
 impl Plan {
@@ -834,6 +896,14 @@ mod tests {
                 now: now(),
             };
             let applied = update.apply(Some(base.clone()));
+            if keep_existing {
+                // Both ways of merging give the same records and hand
+                // back the same ones, whatever the size of the change.
+                let records = update.upserts.clone();
+                let small = merge_small(base.outputs.clone(), records.clone(), &update.removes);
+                let large = merge_large(base.outputs.clone(), records, &update.removes, true);
+                assert_eq!(small, large, "{upserts:?} {removes:?}");
+            }
             let (moved, replaced) = update.into_catalog(Some(base.clone()));
             assert_eq!(moved, applied, "{upserts:?} {removes:?}");
             let got: Vec<&str> = replaced.iter().map(|r| r.path.as_str()).collect();

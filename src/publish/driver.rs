@@ -451,6 +451,15 @@ impl<'a> Driver<'a> {
             })
             .collect();
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
+        // What the bundles' manifests take, to size the publication before
+        // it is prepared (a manifest that cannot be looked at counts as
+        // large; preparing the bundle says what is wrong with it).
+        let manifest_bytes: u64 = (bundles.iter())
+            .map(|b| {
+                std::fs::symlink_metadata(b.join(crate::bundle::MANIFEST))
+                    .map_or(u64::MAX, |m| m.len())
+            })
+            .fold(0, u64::saturating_add);
         let (reports, ready) = if worth.is_empty() {
             self.prepare(bundles, held_at_most())
         } else {
@@ -459,7 +468,7 @@ impl<'a> Driver<'a> {
                     let mut read = Vec::new();
                     read.resize_with(self.destinations.len(), || None);
                     for (j, file) in worth {
-                        read[j] = crate::journal::read_ahead(file);
+                        read[j] = crate::journal::read_ahead(file, manifest_bytes);
                     }
                     read
                 });
