@@ -689,8 +689,7 @@ impl std::fmt::Debug for RecordTexts {
 impl RecordTexts {
     /// The fingerprint of `r`: a keyed hash (SipHash) of every field its
     /// text depends on, laid out in `scratch` first so that it is hashed in
-    /// one go (hashing the fields one by one took most of the time of a
-    /// write into a large catalog).
+    /// one call rather than in dozens of small ones.
     fn key(r: &OutputRecord, scratch: &mut Vec<u8>) -> u64 {
         use std::hash::BuildHasher;
         // One key for the process: a fingerprint is compared with ones made
@@ -785,32 +784,32 @@ impl RecordTexts {
     pub fn is_empty(&self) -> bool {
         self.texts.is_empty()
     }
+
+    /// The bytes of the buffers the texts are in.
+    pub fn held_bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .map(|b| (**b).as_ref().len() as u64)
+            .sum()
+    }
 }
 
 /// How the path a record's text (as [`push_record_text`] lays it out)
 /// starts with compares to `path`; `None` when `text` is not such a text.
-/// Compared as the text has it up to the first difference (a path holds
-/// no backslash, so the text's bytes equal to it hold no escape), decoded
-/// only when an escape comes first.
+/// Compared as the text has it when the string holds no escape (its
+/// bytes up to the closing quote are the path), decoded otherwise.
 fn text_path_cmp(text: &[u8], path: &str) -> Option<std::cmp::Ordering> {
-    use std::cmp::Ordering;
     let quoted = text.strip_prefix(b"{\n      \"path\": ")?;
     let body = quoted.strip_prefix(b"\"")?;
-    let path = path.as_bytes();
-    let same = body.iter().zip(path).take_while(|(a, b)| a == b).count();
-    match body.get(same)? {
-        b'"' if same == path.len() => Some(Ordering::Equal),
-        b'"' => Some(Ordering::Less),
-        b'\\' => {
-            let decoded: String = serde_json::Deserializer::from_slice(quoted)
-                .into_iter::<String>()
-                .next()?
-                .ok()?;
-            Some(decoded.as_bytes().cmp(path))
-        }
-        _ if same == path.len() => Some(Ordering::Greater),
-        c => Some(c.cmp(&path[same])),
+    let end = memchr::memchr2(b'"', b'\\', body)?;
+    if body[end] == b'"' {
+        return Some(body[..end].cmp(path.as_bytes()));
     }
+    let decoded: String = serde_json::Deserializer::from_slice(quoted)
+        .into_iter::<String>()
+        .next()?
+        .ok()?;
+    Some(decoded.as_str().cmp(path))
 }
 
 /// What comes between two records in the document; also put before each
@@ -1110,6 +1109,7 @@ pub fn sort_by_path(records: &mut [OutputRecord]) {
 /// added (a small publication into a large catalog); else into a new
 /// array, one pass over both.
 pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) {
+    debug_assert!(added.is_sorted_by(|a, b| a.path.as_str() < b.path.as_str()));
     let (n, k) = (records.len(), added.len());
     if k == 0 {
         return;
@@ -2079,6 +2079,9 @@ pub(crate) mod tests {
             ("a/\"q\"", "a/b", Less),
             ("a/\"q\"", "a/", Greater),
             ("a/\"", "a/\"q", Less),
+            ("a", "a\"", Less),
+            ("a", "a\" b", Less),
+            ("a\" b", "a", Greater),
             ("é", "e", Greater),
         ];
         for (texts, path, want) in cases {

@@ -94,29 +94,21 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Keeps the text of the records for the next write only when the
-    /// publication is small beside the catalog (at most one output for
-    /// [`TEXTS_FOR_ONE_OUTPUT`] records): the next catalog then shares
-    /// almost every record with this one, and its write copies their text
-    /// instead of formatting it. A large publication drops them at once, so
-    /// that the file's bytes are not held through it (its memory bound,
-    /// docs/performance.md, "Catalog scale"); one whose manifests are large
-    /// beside the catalog does not read them at all ([`read_ahead`]).
-    pub fn keep_texts_for(&mut self, outputs: usize) {
-        if outputs.saturating_mul(TEXTS_FOR_ONE_OUTPUT) > self.catalog.outputs.len() {
-            self.texts = None;
-        }
+    /// Drops the text of the records: the publication turned out to be one
+    /// whose catalog write does not use them, so the file's bytes are not
+    /// held through it (its memory bound, docs/performance.md, "Catalog
+    /// scale").
+    pub fn drop_texts(&mut self) {
+        self.texts = None;
     }
 }
-
-/// See [`ReadAhead::keep_texts_for`].
-pub const TEXTS_FOR_ONE_OUTPUT: usize = 8;
 
 /// The texts of a catalog are read ahead only when it is at least this
 /// many times the size of the bundles' manifests: a manifest takes about
 /// 100 bytes a file and a catalog about 570 bytes a record, so a bundle
-/// of one file for 8 records has a manifest about 1/45 of the catalog.
-/// Read, they are kept only if [`ReadAhead::keep_texts_for`] agrees.
+/// of one file for 8 records has a manifest about 1/45 of the catalog
+/// (whoever prepares the publication may still drop them,
+/// [`ReadAhead::drop_texts`]).
 pub const CATALOG_FOR_ONE_MANIFEST_BYTE: u64 = 45;
 
 /// Catalog files from this size on are read ahead of the lock: parsing one
@@ -142,10 +134,12 @@ pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::
 /// else reads the file again. `None` for anything but a v4 catalog. With
 /// the text of its records when the publication's manifests take
 /// `manifest_bytes` and the catalog is [`CATALOG_FOR_ONE_MANIFEST_BYTE`]
-/// times that or more.
+/// times that or more, and no larger than a process remembers
+/// ([`crate::remembered::LARGEST`]).
 pub fn read_ahead(mut file: std::fs::File, manifest_bytes: u64) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
-    let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size;
+    let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size
+        && look.size <= crate::remembered::LARGEST;
     let read = match small {
         true => State::read_with_texts(&mut file).ok()?,
         false => (State::read(&mut file).ok()?, None),
@@ -493,25 +487,19 @@ mod tests {
     }
 
     #[test]
-    fn a_catalog_read_ahead_keeps_its_texts_only_for_a_small_publication() {
+    fn a_catalog_read_ahead_has_its_texts_only_beside_small_manifests() {
         let mut catalog = Catalog::new(time::macros::datetime!(2026-06-01 00:00 UTC));
         catalog.outputs = (0..80).map(|i| record(&format!("f/{i:03}"), i)).collect();
-        let dir = std::env::temp_dir().join(format!("distributor-ahead-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(STATE_FILE);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
         std::fs::write(&path, catalog.to_json()).unwrap();
-        // (outputs the publication writes, texts kept): one output for
-        // TEXTS_FOR_ONE_OUTPUT records at most.
-        for (outputs, kept) in [(0, true), (1, true), (10, true), (11, false), (500, false)] {
-            let mut ahead = read_ahead(std::fs::File::open(&path).unwrap(), 0).unwrap();
-            assert_eq!(ahead.catalog, catalog);
-            assert!(ahead.texts.is_some(), "read with the text of its records");
-            ahead.keep_texts_for(outputs);
-            assert_eq!(ahead.texts.is_some(), kept, "{outputs} outputs");
-        }
-        // Manifests large beside the catalog: not even read.
+        let ahead = read_ahead(std::fs::File::open(&path).unwrap(), 0).unwrap();
+        assert_eq!(ahead.catalog, catalog);
+        assert!(ahead.texts.is_some(), "read with the text of its records");
+        // Manifests large beside the catalog: not read.
         let size = std::fs::metadata(&path).unwrap().len();
-        for (manifests, read) in [(size / 45, true), (size / 45 + 1, false)] {
+        let most = size / CATALOG_FOR_ONE_MANIFEST_BYTE;
+        for (manifests, read) in [(most, true), (most + 1, false)] {
             let ahead = read_ahead(std::fs::File::open(&path).unwrap(), manifests).unwrap();
             assert_eq!(
                 ahead.texts.is_some(),
@@ -519,7 +507,6 @@ mod tests {
                 "manifests of {manifests} bytes"
             );
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -661,13 +648,15 @@ mod tests {
             assert!(ahead.is_some(), "a large catalog is worth reading ahead");
             ahead
         };
-        // Unchanged: the catalog read ahead is the state.
-        let Ok(State::Catalog(c)) =
-            recover_with(&root, true, now, read(&root), &Remembered::default())
-        else {
+        // Unchanged: the catalog read ahead is the state, and the text of
+        // its records is kept for the next write.
+        let memory = Remembered::default();
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, read(&root), &memory) else {
             panic!("not a catalog");
         };
         assert_eq!(c.outputs, big.outputs);
+        let texts = memory.texts(&root).expect("the texts read ahead");
+        assert_eq!(texts.len(), big.outputs.len());
 
         // Replaced by another writer after it was read.
         let ahead = read(&root);

@@ -12,8 +12,9 @@
 //! (`replace_file`, `s3`), the agent's count of spool folders served
 //! (`agent`), the failpoint hooks of the test build (`failpoint`), the
 //! catalog's fingerprint keys (`catalog`) and the per-thread state of
-//! `progress` and `s3::failure`. Not moved here yet: the threads that close
-//! replaced files (`replace_file`).
+//! `progress` and `s3::failure`. Held outside it as well: the threads that
+//! close replaced files (`replace_file`), which every write through
+//! `storage` reaches.
 
 use crate::config::S3Location;
 use crate::remembered::Remembered;

@@ -143,9 +143,14 @@ impl Remembered {
 }
 
 impl Kept {
-    /// The size of the catalog file remembered (0 once recalled).
+    /// The size of the catalog file remembered (0 once recalled), or of
+    /// the texts alone, kept from a read.
     fn size(&self) -> u64 {
-        self.catalog.as_ref().map_or(0, |(look, _)| look.size)
+        match (&self.catalog, &self.texts) {
+            (Some((look, _)), _) => look.size,
+            (None, Some(texts)) => texts.held_bytes(),
+            (None, None) => 0,
+        }
     }
 }
 

@@ -24,11 +24,11 @@ use crate::paths::RelPath;
 use std::borrow::Cow;
 use time::OffsetDateTime;
 
-/// The span of each record's text in the file, by the record's
-/// fingerprint.
+/// The span of each record's text in the file, in the file's order, each
+/// with the record's fingerprint.
 pub(super) type Spans = Vec<(u64, std::ops::Range<usize>)>;
 
-/// The catalog in `bytes`, with the span of each record's text (by its
+/// The catalog in `bytes`, with the span of each record's text (and its
 /// fingerprint, [`RecordTexts::key`]) when `texts`, if the file is laid
 /// out exactly as this tool writes it and every record passes its checks.
 pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {

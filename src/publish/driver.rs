@@ -451,18 +451,19 @@ impl<'a> Driver<'a> {
             })
             .collect();
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
-        // What the bundles' manifests take, to size the publication before
-        // it is prepared (a manifest that cannot be looked at counts as
-        // large; preparing the bundle says what is wrong with it).
-        let manifest_bytes: u64 = (bundles.iter())
-            .map(|b| {
-                std::fs::symlink_metadata(b.join(crate::bundle::MANIFEST))
-                    .map_or(u64::MAX, |m| m.len())
-            })
-            .fold(0, u64::saturating_add);
         let (reports, ready) = if worth.is_empty() {
             self.prepare(bundles, held_at_most())
         } else {
+            // What the bundles' manifests take, to size the publication
+            // before it is prepared (a hint only: a manifest that cannot be
+            // looked at counts as large, a link as its own size; preparing
+            // the bundle says what is wrong with either).
+            let manifest_bytes: u64 = (bundles.iter())
+                .map(|b| {
+                    let manifest = b.join(crate::bundle::MANIFEST);
+                    std::fs::symlink_metadata(manifest).map_or(u64::MAX, |m| m.len())
+                })
+                .fold(0, u64::saturating_add);
             std::thread::scope(|s| {
                 let reading = s.spawn(|| {
                     let mut read = Vec::new();
@@ -474,10 +475,15 @@ impl<'a> Driver<'a> {
                 });
                 let prepared = self.prepare(bundles, held_at_most());
                 ahead = reading.join().unwrap_or_default();
+                // Only a change written at the top of the root copies the
+                // texts into its catalog (docs/performance.md, "Catalog
+                // scale"): for any other they are dropped before it plans.
                 for (j, read) in ahead.iter_mut().enumerate() {
-                    if let Some(read) = read {
-                        let outputs = prepared.1.iter().map(|(_, r)| r.prepared[j].desired.len());
-                        read.keep_texts_for(outputs.sum());
+                    let outputs = prepared.1.iter().map(|(_, r)| r.prepared[j].desired.len());
+                    if let Some(read) = read
+                        && outputs.sum::<usize>() >= super::stage::BARRIER_FROM
+                    {
+                        read.drop_texts();
                     }
                 }
                 prepared
