@@ -2171,7 +2171,7 @@ pub(crate) mod tests {
             let next = c.write_json_reusing(&mut out, Some(&texts)).unwrap();
             assert_eq!(out, c.to_json(), "round {round}");
             let live: usize = next.texts.iter().map(|(_, s)| s.len as usize).sum();
-            let held: usize = next.buffers.iter().map(|b| (**b).as_ref().len()).sum();
+            let held = next.held_bytes() as usize;
             assert!(
                 held <= 2 * live,
                 "round {round}: {held} bytes held for {live}"

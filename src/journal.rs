@@ -140,9 +140,10 @@ pub fn read_ahead(mut file: std::fs::File, manifest_bytes: u64) -> Option<ReadAh
     let look = Look::of(&file.metadata().ok()?);
     let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size
         && look.size <= crate::remembered::LARGEST;
-    let read = match small {
-        true => State::read_with_texts(&mut file).ok()?,
-        false => (State::read(&mut file).ok()?, None),
+    let read = if small {
+        State::read_with_texts(&mut file).ok()?
+    } else {
+        (State::read(&mut file).ok()?, None)
     };
     match read {
         (State::Catalog(catalog), texts) => Some(ReadAhead {
@@ -170,7 +171,8 @@ fn read_state_or(root: &Root, ahead: Option<ReadAhead>, memory: &Remembered) -> 
                 return Ok(State::Catalog(catalog));
             }
             // Not with the text of its records: the size of the
-            // publication is not known yet (see ReadAhead::keep_texts_for).
+            // publication is not known yet (only a catalog read ahead keeps
+            // them, see read_ahead).
             State::read(&mut file)
         }
         Ok(None) => Ok(State::Absent),
