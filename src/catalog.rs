@@ -686,47 +686,103 @@ impl std::fmt::Debug for RecordTexts {
     }
 }
 
-impl RecordTexts {
-    /// The fingerprint of `r`: a keyed hash (SipHash) of every field its
-    /// text depends on, laid out in `scratch` first so that it is hashed in
-    /// one call rather than in dozens of small ones.
-    fn key(r: &OutputRecord, scratch: &mut Vec<u8>) -> u64 {
-        use std::hash::BuildHasher;
-        // One key for the process: a fingerprint is compared with ones made
-        // by any other catalog of the process, so it is process-wide on
-        // purpose (docs/architecture.md, "What a process keeps").
-        static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-        // Each text with its length first, an absent one as a length no
-        // text has: no two records lay out alike.
-        fn text(scratch: &mut Vec<u8>, t: Option<&str>) {
-            match t {
-                Some(t) => {
-                    scratch.extend_from_slice(&(t.len() as u64).to_le_bytes());
-                    scratch.extend_from_slice(t.as_bytes());
-                }
-                None => scratch.extend_from_slice(&u64::MAX.to_le_bytes()),
+/// Fingerprints records for [`RecordTexts`]: a keyed hash (SipHash) of
+/// every field a record's text depends on, laid out in one buffer first so
+/// that it is hashed in one call rather than in dozens of small ones.
+///
+/// The owner ids and the source identity (about half of a record's text)
+/// are hashed once for a run of records that share them (the records of
+/// one bundle are neighbours, and share the same `Arc`s): their own
+/// fingerprint stands for them in the record's. The `Arc`s are held, so
+/// the same address is the same, unchanged, value.
+#[derive(Default)]
+pub(crate) struct Fingerprints {
+    scratch: Vec<u8>,
+    owner: Option<Owner>,
+}
+
+/// The owner ids and source of the record fingerprinted last, with their
+/// fingerprint.
+struct Owner {
+    pipeline_id: Arc<str>,
+    destination_id: Arc<str>,
+    source: Arc<SourceIdentity>,
+    key: u64,
+}
+
+impl Fingerprints {
+    /// The fingerprint of `r`.
+    pub(crate) fn key(&mut self, r: &OutputRecord) -> u64 {
+        let owner = match &self.owner {
+            Some(o)
+                if Arc::ptr_eq(&o.pipeline_id, &r.pipeline_id)
+                    && Arc::ptr_eq(&o.destination_id, &r.destination_id)
+                    && Arc::ptr_eq(&o.source, &r.source) =>
+            {
+                o.key
             }
-        }
+            _ => {
+                let scratch = &mut self.scratch;
+                scratch.clear();
+                lay_text(scratch, Some(&r.pipeline_id));
+                lay_text(scratch, Some(&r.destination_id));
+                lay_text(scratch, Some(&r.source.id));
+                lay_text(scratch, Some(&r.source.digest));
+                lay_instant(scratch, r.source.created);
+                let key = hash(scratch);
+                self.owner = Some(Owner {
+                    pipeline_id: r.pipeline_id.clone(),
+                    destination_id: r.destination_id.clone(),
+                    source: r.source.clone(),
+                    key,
+                });
+                key
+            }
+        };
+        let scratch = &mut self.scratch;
         scratch.clear();
-        text(scratch, Some(r.path.as_str()));
-        text(scratch, Some(&r.pipeline_id));
-        text(scratch, Some(&r.destination_id));
-        text(scratch, Some(&r.source.id));
-        text(scratch, Some(&r.source.digest));
-        text(scratch, Some(r.kind.as_str()));
-        text(scratch, r.source_path.as_ref().map(RelPath::as_str));
-        text(scratch, r.transform);
-        text(scratch, r.url.as_deref());
+        scratch.extend_from_slice(&owner.to_le_bytes());
+        lay_text(scratch, Some(r.path.as_str()));
+        lay_text(scratch, Some(r.kind.as_str()));
+        lay_text(scratch, r.source_path.as_ref().map(RelPath::as_str));
+        lay_text(scratch, r.transform);
+        lay_text(scratch, r.url.as_deref());
         scratch.extend_from_slice(&r.sha256.0);
         scratch.extend_from_slice(&r.size.to_le_bytes());
-        // Instants: the text writes each in UTC, whatever its offset.
-        for t in [r.source.created, r.created_at, r.updated_at] {
-            scratch.extend_from_slice(&t.unix_timestamp_nanos().to_le_bytes());
-        }
-        KEYS.get_or_init(std::hash::RandomState::new)
-            .hash_one(scratch.as_slice())
+        lay_instant(scratch, r.created_at);
+        lay_instant(scratch, r.updated_at);
+        hash(scratch)
     }
+}
 
+/// Lays out a text with its length first, an absent one as a length no
+/// text has: no two sequences of texts lay out alike.
+fn lay_text(scratch: &mut Vec<u8>, t: Option<&str>) {
+    match t {
+        Some(t) => {
+            scratch.extend_from_slice(&(t.len() as u64).to_le_bytes());
+            scratch.extend_from_slice(t.as_bytes());
+        }
+        None => scratch.extend_from_slice(&u64::MAX.to_le_bytes()),
+    }
+}
+
+/// Lays out an instant as the text shows it: in UTC, whatever its offset.
+fn lay_instant(scratch: &mut Vec<u8>, t: OffsetDateTime) {
+    scratch.extend_from_slice(&t.unix_timestamp_nanos().to_le_bytes());
+}
+
+/// The keyed hash of `bytes`. One key for the process: a fingerprint is
+/// compared with ones made by any other catalog of the process, so it is
+/// process-wide on purpose (docs/architecture.md, "What a process keeps").
+fn hash(bytes: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    KEYS.get_or_init(std::hash::RandomState::new)
+        .hash_one(bytes)
+}
+
+impl RecordTexts {
     /// The texts of `records`, each `text[span]` of the catalog `text`
     /// as read.
     fn read(text: Buffer, records: &[(u64, std::ops::Range<usize>)]) -> RecordTexts {
@@ -756,6 +812,15 @@ impl RecordTexts {
     /// over a catalog's records in order with one `at` reads each text
     /// once.
     fn find(&self, at: &mut usize, r: &OutputRecord, key: u64) -> Option<Span> {
+        // Most records did not change: the text at `at` is the record's
+        // own. The fingerprint covers the path, so an equal one is taken
+        // without reading the text (its bytes are read once, when written).
+        if let Some(&(k, span)) = self.texts.get(*at)
+            && k == key
+        {
+            *at += 1;
+            return Some(span);
+        }
         while let Some(&(k, span)) = self.texts.get(*at) {
             match text_path_cmp(self.bytes(span), r.path.as_str()) {
                 Some(std::cmp::Ordering::Less) => *at += 1,
@@ -829,16 +894,18 @@ struct Reuse<'a> {
     next: RecordTexts,
     /// Records formatted now, and texts copied from buffers not kept.
     fresh: Vec<u8>,
+    /// How many records were formatted now.
+    formatted: usize,
 }
 
 impl<'a> Reuse<'a> {
     fn plan(records: &[OutputRecord], before: Option<&'a RecordTexts>) -> Reuse<'a> {
         let mut at = 0;
-        let mut scratch = Vec::new();
+        let mut fingerprints = Fingerprints::default();
         let found: Vec<(u64, Option<Span>)> = records
             .iter()
             .map(|r| {
-                let key = RecordTexts::key(r, &mut scratch);
+                let key = fingerprints.key(r);
                 (key, before.and_then(|b| b.find(&mut at, r, key)))
             })
             .collect();
@@ -866,6 +933,7 @@ impl<'a> Reuse<'a> {
             kept,
             next,
             fresh: Vec::new(),
+            formatted: 0,
         }
     }
 
@@ -889,6 +957,7 @@ impl<'a> Reuse<'a> {
                 }
             },
             _ => {
+                self.formatted += 1;
                 self.fresh.extend_from_slice(SEPARATOR);
                 let start = self.fresh.len();
                 push_record_text(r, &mut self.fresh);
@@ -918,30 +987,54 @@ impl<'a> Reuse<'a> {
     }
 
     /// `run` and `span` as one span, when `span` follows `run` in its
-    /// buffer with `separator` between them.
+    /// buffer with `separator` between them. Every text in a buffer is
+    /// preceded by [`SEPARATOR`] (a file as read is checked to be laid out
+    /// so, and a write puts it before each text it adds), but the first
+    /// record of a file, which no other text ends just before; so a text
+    /// that starts a separator's length after another's end is its
+    /// neighbour, and the bytes between are not read.
     fn join(&self, run: Span, separator: &[u8], span: Span) -> Option<Span> {
         let end = run.start + run.len as usize;
-        let follows = run.buffer == span.buffer
-            && span.start == end + separator.len()
-            && self.bytes(Span {
-                start: end,
-                len: separator.len() as u32,
-                ..run
-            }) == separator;
+        let follows = run.buffer == span.buffer && span.start == end + separator.len();
         if !follows {
             return None;
         }
+        debug_assert_eq!(
+            self.bytes(Span {
+                start: end,
+                len: separator.len() as u32,
+                ..run
+            }),
+            separator
+        );
         let len = u32::try_from(span.start + span.len as usize - run.start).ok()?;
         Some(Span { len, ..run })
     }
 
     fn finish(mut self) -> RecordTexts {
+        log::debug!(
+            "catalog written: {} of {} records formatted, the others' texts copied",
+            self.formatted,
+            self.next.texts.len()
+        );
         if !self.fresh.is_empty() {
             self.fresh.shrink_to_fit();
             self.next.buffers.push(Arc::new(self.fresh));
         }
         self.next
     }
+}
+
+/// A change of at most one record in this many is small beside its
+/// catalog: merged where the records are (see `plan`), and its catalog
+/// written copying the texts of the records it leaves alone
+/// ([`RecordTexts`]) however many files it has.
+pub const SMALL_CHANGE: usize = 8;
+
+/// Whether a change of `changed` records is small beside a catalog of
+/// `records` ([`SMALL_CHANGE`]).
+pub fn small_beside(changed: usize, records: usize) -> bool {
+    changed.saturating_mul(SMALL_CHANGE) <= records
 }
 
 /// A catalog plus changes not merged into it yet: what a batch plans
@@ -1200,6 +1293,7 @@ impl State {
         std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
         if len <= whole_up_to {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+            huge_pages(&mut bytes);
             std::io::Read::read_to_end(file, &mut bytes)?;
             return Ok(match texts {
                 true => State::parse_with_texts(Arc::new(bytes)),
@@ -1459,6 +1553,29 @@ fn finish_v4(raw: RawCatalog) -> Result<Catalog, String> {
         return Err(format!("output {} is recorded twice", pair[0].path));
     }
     Ok(catalog)
+}
+
+/// Asks for `buffer`'s spare capacity to be backed by huge pages where the
+/// system gives them on request: a large catalog read into it (or its
+/// records) then takes one page fault per 2 MiB instead of one per 4 KiB.
+pub(crate) fn huge_pages<T>(buffer: &mut Vec<T>) {
+    const HUGE: usize = 2 << 20;
+    let spare = buffer.spare_capacity_mut();
+    let start = spare.as_mut_ptr() as usize;
+    let aligned = start.next_multiple_of(HUGE);
+    let end = (start + std::mem::size_of_val(spare)) / HUGE * HUGE;
+    if end > aligned {
+        // SAFETY: the range is inside the vector's own allocation, not
+        // yet written; the advice changes how it is backed, not what it
+        // holds, and failing to take it changes nothing.
+        let _ = unsafe {
+            rustix::mm::madvise(
+                aligned as *mut std::ffi::c_void,
+                end - aligned,
+                rustix::mm::Advice::LinuxHugepage,
+            )
+        };
+    }
 }
 
 #[cfg(test)]
@@ -2030,7 +2147,7 @@ pub(crate) mod tests {
     #[test]
     fn a_fingerprint_changes_with_every_field_the_text_shows() {
         let seed = record_at("a/b.html", 10);
-        let key = |r: &OutputRecord| RecordTexts::key(r, &mut Vec::new());
+        let key = |r: &OutputRecord| Fingerprints::default().key(r);
         assert_eq!(key(&seed), key(&seed.clone()));
         type Change = (&'static str, fn(&mut OutputRecord));
         let changes: [Change; 14] = [
@@ -2053,11 +2170,18 @@ pub(crate) mod tests {
             ("created", |r| r.created_at += time::Duration::NANOSECOND),
             ("updated", |r| r.updated_at += time::Duration::NANOSECOND),
         ];
+        // One walk over all of them, as a write makes (reusing the owner's
+        // fingerprint from one record to the next), gives each the
+        // fingerprint it has on its own.
+        let mut walk = Fingerprints::default();
+        assert_eq!(walk.key(&seed), key(&seed));
         for (field, change) in changes {
             let mut r = seed.clone();
             change(&mut r);
             assert_ne!(r, seed, "{field}: the change must change the record");
             assert_ne!(key(&r), key(&seed), "{field}");
+            assert_eq!(walk.key(&r), key(&r), "{field}");
+            assert_eq!(walk.key(&seed), key(&seed), "{field}");
         }
         // Texts are in UTC: the same instant at another offset is the same
         // text, and the same fingerprint.

@@ -101,6 +101,11 @@ impl ReadAhead {
     pub fn drop_texts(&mut self) {
         self.texts = None;
     }
+
+    /// How many records the catalog holds.
+    pub fn records(&self) -> usize {
+        self.catalog.outputs.len()
+    }
 }
 
 /// The texts of a catalog are read ahead only when it is at least this

@@ -272,7 +272,7 @@ impl CatalogUpdate {
         };
         let old = current.map(|c| c.outputs).unwrap_or_default();
         let (outputs, replaced) =
-            if keep_existing && upserts.len().saturating_mul(SMALL_CHANGE) <= old.len() {
+            if keep_existing && crate::catalog::small_beside(upserts.len(), old.len()) {
                 merge_small(old, upserts, &removes)
             } else {
                 merge_large(old, upserts, &removes, keep_existing)
@@ -281,10 +281,6 @@ impl CatalogUpdate {
         (catalog, replaced)
     }
 }
-
-/// A change of at most one record in this many is merged where the
-/// records are ([`merge_small`]); a larger one by [`merge_large`].
-const SMALL_CHANGE: usize = 8;
 
 /// Whether `path` is one of `upserts` (sorted by path).
 fn upserted(upserts: &[OutputRecord], path: &str) -> bool {

@@ -61,6 +61,12 @@ fn root_key(root: &Root) -> Option<(u64, u64)> {
 }
 
 impl Remembered {
+    /// Forgets every catalog without freeing its memory, in a process
+    /// about to exit: the system reclaims it whole.
+    pub fn forget_for_exit(&self) {
+        std::mem::forget(std::mem::take(&mut *self.entries()));
+    }
+
     fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
         // An entry is only ever replaced whole: a panic elsewhere while the
         // lock was held leaves nothing half-done.

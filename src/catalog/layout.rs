@@ -18,7 +18,8 @@
 //! reads to the very same catalog; a test holds it to that.
 
 use super::{
-    Catalog, OutputKind, RecordText, RecordTexts, SCHEMA_VERSION, Shared, SourceText, finish_v4,
+    Catalog, Fingerprints, OutputKind, OutputRecord, RecordText, SCHEMA_VERSION, Shared,
+    SourceText, finish_v4,
 };
 use crate::paths::RelPath;
 use std::borrow::Cow;
@@ -29,9 +30,15 @@ use time::OffsetDateTime;
 pub(super) type Spans = Vec<(u64, std::ops::Range<usize>)>;
 
 /// The catalog in `bytes`, with the span of each record's text (and its
-/// fingerprint, [`RecordTexts::key`]) when `texts`, if the file is laid
+/// fingerprint, [`Fingerprints::key`]) when `texts`, if the file is laid
 /// out exactly as this tool writes it and every record passes its checks.
 pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
+    read_in_parts(bytes, texts, None)
+}
+
+/// [`read`], its records read in `parts` (or as many as [`parts_for`]
+/// their size).
+fn read_in_parts(bytes: &[u8], texts: bool, parts: Option<usize>) -> Option<(Catalog, Spans)> {
     let mut c = Cursor { b: bytes, at: 0 };
     c.lit(b"{\n  \"schema_version\": ")?;
     if c.number()? != SCHEMA_VERSION {
@@ -47,36 +54,19 @@ pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
     c.lit(b",\n  \"updated_at\": ")?;
     let updated_at = c.time()?;
     c.lit(b",\n  \"state\": {\n    \"mode\": \"catalog\"\n  },\n  \"outputs\": [")?;
-    // A record's text is at least 300 bytes: reserving for one per 256
-    // bytes never grows the vectors, and what is not used is never touched
-    // (it takes address space, not memory).
-    let mut records = Vec::with_capacity(bytes.len() / 256);
-    let mut spans = Vec::with_capacity(if texts { bytes.len() / 256 } else { 0 });
-    let mut shared = Shared::default();
-    let mut times = Times::default();
-    let mut scratch = Vec::new();
-    if c.lit(b"]\n}\n").is_none() {
-        loop {
-            c.lit(if records.is_empty() {
-                b"\n    "
-            } else {
-                b",\n    "
-            })?;
-            let start = c.at;
-            let text = c.record(&mut times)?;
-            let record = shared.record(text).ok()?;
-            if texts {
-                spans.push((RecordTexts::key(&record, &mut scratch), start..c.at));
-            }
-            records.push(record);
-            if c.lit(b"\n  ]\n}\n").is_some() {
-                break;
-            }
+    let (records, spans) = if c.lit(b"]\n}\n").is_some() {
+        if c.at != bytes.len() {
+            return None;
         }
-    }
-    if c.at != bytes.len() {
-        return None;
-    }
+        (Vec::new(), Vec::new())
+    } else {
+        let end = bytes
+            .len()
+            .checked_sub(END.len())
+            .filter(|&end| end > c.at && &bytes[end..] == END)?;
+        let parts = parts.unwrap_or_else(|| parts_for(end - c.at));
+        records_in(bytes, c.at, end, texts, parts)?
+    };
     let raw = super::RawCatalog {
         _schema_version: SCHEMA_VERSION,
         distributor_version,
@@ -91,6 +81,131 @@ pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
         },
     };
     finish_v4(raw).ok().map(|catalog| (catalog, spans))
+}
+
+/// What ends a catalog that has records.
+const END: &[u8] = b"\n  ]\n}\n";
+
+/// Where one record ends and the next begins, as this tool lays them out:
+/// a closing brace indented by four spaces is only ever a record's (the
+/// lines inside a record are indented further, and a string holds no line
+/// break: serde_json escapes it).
+const BETWEEN_RECORDS: &[u8] = b"\n    },\n    {\n      \"path\": ";
+
+/// Records from this many bytes on are read in parts, on as many threads
+/// as there are cores (up to [`MOST_PARTS`]): reading a large catalog is
+/// most of a fresh process's publication into a large root.
+const PARTS_FROM: usize = 4 << 20;
+const MOST_PARTS: usize = 4;
+
+/// The records laid out in `bytes[from..to]` (from the line break after
+/// the outputs' opening bracket to the one before their closing one),
+/// with their texts' spans when `texts`.
+///
+/// A large run is cut at record boundaries ([`BETWEEN_RECORDS`]) into
+/// parts read side by side, each checked as the whole would be. Cutting
+/// changes nothing of what is read: each part must end exactly where the
+/// next begins, so the parts together read each byte as one pass does; a
+/// file in which such a cut lands elsewhere than between records fails to
+/// read as laid out, and is read by serde.
+fn records_in(
+    bytes: &[u8],
+    from: usize,
+    to: usize,
+    texts: bool,
+    parts: usize,
+) -> Option<(Vec<OutputRecord>, Spans)> {
+    let cuts = cuts(bytes, from, to, parts);
+    // A record's text is at least 300 bytes: reserving for one per 256
+    // bytes never grows the vectors, and what is not used is never touched
+    // (it takes address space, not memory). The first part's reserve
+    // holds every record, so the others are appended to it in place.
+    let first = |end: usize| records_between(bytes, from, end, true, texts, (to - from) / 256);
+    if cuts.is_empty() {
+        return first(to);
+    }
+    std::thread::scope(|scope| {
+        let rest: Vec<_> = cuts
+            .iter()
+            .zip(cuts.iter().skip(1).chain([&to]))
+            .map(|(&start, &end)| {
+                scope.spawn(move || {
+                    records_between(bytes, start, end, false, texts, (end - start) / 256)
+                })
+            })
+            .collect();
+        let (mut records, mut spans) = first(cuts[0])?;
+        for part in rest {
+            let (more, more_spans) = part
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            records.extend(more);
+            spans.extend(more_spans);
+        }
+        Some((records, spans))
+    })
+}
+
+/// How many parts records laid out in `len` bytes are read in.
+fn parts_for(len: usize) -> usize {
+    if len < PARTS_FROM {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MOST_PARTS))
+    }
+}
+
+/// Where to cut `bytes[from..to]` into (up to) `parts` parts, at record
+/// boundaries: the start of each part but the first.
+fn cuts(bytes: &[u8], from: usize, to: usize, parts: usize) -> Vec<usize> {
+    let mut cuts: Vec<usize> = Vec::new();
+    for i in 1..parts {
+        let aim = from + (to - from) / parts * i;
+        if cuts.last().is_some_and(|&last| aim <= last) {
+            continue;
+        }
+        if let Some(found) = memchr::memmem::find(&bytes[aim..to], BETWEEN_RECORDS) {
+            // The next part starts at the separator after the brace.
+            cuts.push(aim + found + b"\n    }".len());
+        }
+    }
+    cuts
+}
+
+/// The records in `bytes[from..to]`, each after its separator (the
+/// first's when `first`), ending exactly at `to`.
+fn records_between(
+    bytes: &[u8],
+    from: usize,
+    to: usize,
+    first: bool,
+    texts: bool,
+    reserve: usize,
+) -> Option<(Vec<OutputRecord>, Spans)> {
+    let mut c = Cursor {
+        b: &bytes[..to],
+        at: from,
+    };
+    let mut records = Vec::with_capacity(reserve);
+    let mut spans = Vec::with_capacity(if texts { reserve } else { 0 });
+    super::huge_pages(&mut records);
+    super::huge_pages(&mut spans);
+    let mut shared = Shared::default();
+    let mut times = Times::default();
+    let mut fingerprints = Fingerprints::default();
+    let mut separator: &[u8] = if first { b"\n    " } else { b",\n    " };
+    while c.at < to {
+        c.lit(separator)?;
+        separator = b",\n    ";
+        let start = c.at;
+        let text = c.record(&mut times)?;
+        let record = shared.record(text).ok()?;
+        if texts {
+            spans.push((fingerprints.key(&record), start..c.at));
+        }
+        records.push(record);
+    }
+    Some((records, spans))
 }
 
 /// The last timestamp read, so that the many records sharing one (a
@@ -334,6 +449,14 @@ mod tests {
     /// must give the same catalog.
     fn agrees(text: &str) -> bool {
         let fast = read(text.as_bytes(), true);
+        // Read in any number of parts, the same answer.
+        for parts in 1..=4 {
+            assert_eq!(
+                read_in_parts(text.as_bytes(), true, Some(parts)),
+                fast,
+                "{parts} parts: {text}"
+            );
+        }
         let slow = State::classify(text.as_bytes());
         match fast {
             Some((catalog, spans)) => {
@@ -343,7 +466,7 @@ mod tests {
                 catalog.write_json(&mut written).unwrap();
                 assert_eq!(written, text.as_bytes());
                 for (r, (key, span)) in catalog.outputs.iter().zip(&spans) {
-                    assert_eq!(*key, RecordTexts::key(r, &mut Vec::new()));
+                    assert_eq!(*key, Fingerprints::default().key(r));
                     let mut own = Vec::new();
                     super::super::push_record_text(r, &mut own);
                     assert_eq!(&text.as_bytes()[span.clone()], &own[..]);
@@ -389,6 +512,40 @@ mod tests {
             assert!(written.contains(from), "{what}");
             let edited = written.replacen(from, to, 1);
             assert!(!agrees(&edited), "{what}: read here");
+        }
+    }
+
+    #[test]
+    fn a_catalog_read_in_parts_is_read_as_whole() {
+        let mut c = seed();
+        let template = c.outputs[0].clone();
+        c.outputs = (0..12)
+            .map(|i| {
+                let mut r = template.clone();
+                r.path = RelPath::parse(&format!("d/{i:02}.html")).unwrap();
+                r
+            })
+            .collect();
+        let written = String::from_utf8(c.to_json()).unwrap();
+        let between = std::str::from_utf8(BETWEEN_RECORDS).unwrap();
+        assert_eq!(written.matches(between).count(), 11);
+        assert!(agrees(&written));
+        let (whole, _) = read_in_parts(written.as_bytes(), false, Some(1)).unwrap();
+        let (parts, _) = read_in_parts(written.as_bytes(), false, Some(4)).unwrap();
+        assert_eq!(parts, whole);
+        assert_eq!(cuts(written.as_bytes(), 0, written.len(), 4).len(), 3);
+        // Another layout where a part would start or end: serde reads it,
+        // however many parts.
+        for (what, to) in [
+            ("brace indented", "\n     },\n    {\n      \"path\": "),
+            ("space before comma", "\n    } ,\n    {\n      \"path\": "),
+            ("record on one line", "\n    },\n    {\"path\": "),
+        ] {
+            for n in [1, 5, 6, 10] {
+                let at = written.match_indices(between).nth(n).unwrap().0;
+                let edited = format!("{}{to}{}", &written[..at], &written[at + between.len()..]);
+                assert!(!agrees(&edited), "{what} at boundary {n}: read here");
+            }
         }
     }
 

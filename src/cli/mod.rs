@@ -39,7 +39,7 @@ pub fn run(cli: Cli) -> u8 {
     // The process's caches and clients, made once and passed down
     // (docs/architecture.md, "What a process keeps").
     let process = &ProcessState::default();
-    match cli.command {
+    let code = match cli.command {
         Command::Agent { once } => agent(config, once, process),
         Command::Render => crate::render_child::serve(),
         Command::GenerateDocs { dir } => docs::generate(&dir),
@@ -152,7 +152,12 @@ pub fn run(cli: Cli) -> u8 {
         Command::Config(ConfigCommand::Check { json, strict }) => {
             config_check(cli.config.as_deref(), json, strict)
         }
-    }
+    };
+    // The process ends now: the catalogs it remembers are left for the
+    // system to reclaim at once rather than freed record by record (a
+    // large root's take milliseconds to free).
+    process.remembered().forget_for_exit();
+    code
 }
 
 fn load_config(flag: Option<&Path>) -> Result<Config, String> {

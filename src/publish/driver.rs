@@ -292,6 +292,19 @@ impl<'p> Merged<'p> {
 /// hold up to 4 MiB (`content::HOLD_AT_MOST`).
 const HELD_AT_MOST: u64 = 256 << 20;
 
+/// What the manifests of `bundles` take, to size a publication before it
+/// is prepared (a hint only: a manifest that cannot be looked at counts as
+/// large, a link as its own size; preparing the bundle says what is wrong
+/// with either).
+fn manifest_bytes(bundles: &[&Path]) -> u64 {
+    (bundles.iter())
+        .map(|b| {
+            let manifest = b.join(crate::bundle::MANIFEST);
+            std::fs::symlink_metadata(manifest).map_or(u64::MAX, |m| m.len())
+        })
+        .fold(0, u64::saturating_add)
+}
+
 /// Bundles prepared at once (on every core).
 const PREPARE_AT_ONCE: usize = 256;
 
@@ -430,8 +443,17 @@ impl<'a> Driver<'a> {
         now: OffsetDateTime,
     ) -> Result<Started<'a>, Outcome> {
         if !alone {
+            // Large catalogs are read before the lock here too, but before
+            // the bundles are prepared rather than beside it: a root without
+            // a catalog sends the batch one bundle at a time, before any is
+            // prepared for nothing.
+            let worth = self.worth_reading_ahead();
+            let ahead = match worth.is_empty() {
+                true => Vec::new(),
+                false => self.read_ahead(worth, manifest_bytes(bundles)),
+            };
             let roots = self
-                .open_all(now, Vec::new())
+                .open_all(now, ahead)
                 .map_err(|(_, e)| Outcome::Aborted(e))?;
             if roots
                 .iter()
@@ -445,43 +467,22 @@ impl<'a> Driver<'a> {
             }
             return Ok((reports, ready, roots));
         }
-        let worth: Vec<(usize, std::fs::File)> = (self.destinations.iter().enumerate())
-            .filter_map(|(j, d)| {
-                Some((j, backends::worth_reading_ahead(d, &self.options.process)?))
-            })
-            .collect();
+        let worth = self.worth_reading_ahead();
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
         let (reports, ready) = if worth.is_empty() {
             self.prepare(bundles, held_at_most())
         } else {
-            // What the bundles' manifests take, to size the publication
-            // before it is prepared (a hint only: a manifest that cannot be
-            // looked at counts as large, a link as its own size; preparing
-            // the bundle says what is wrong with either).
-            let manifest_bytes: u64 = (bundles.iter())
-                .map(|b| {
-                    let manifest = b.join(crate::bundle::MANIFEST);
-                    std::fs::symlink_metadata(manifest).map_or(u64::MAX, |m| m.len())
-                })
-                .fold(0, u64::saturating_add);
+            let manifest_bytes = manifest_bytes(bundles);
             std::thread::scope(|s| {
-                let reading = s.spawn(|| {
-                    let mut read = Vec::new();
-                    read.resize_with(self.destinations.len(), || None);
-                    for (j, file) in worth {
-                        read[j] = crate::journal::read_ahead(file, manifest_bytes);
-                    }
-                    read
-                });
+                let reading = s.spawn(|| self.read_ahead(worth, manifest_bytes));
                 let prepared = self.prepare(bundles, held_at_most());
                 ahead = reading.join().unwrap_or_default();
-                // Only a change written at the top of the root copies the
-                // texts into its catalog (docs/performance.md, "Catalog
-                // scale"): for any other they are dropped before it plans.
+                // Texts a catalog write will not copy are dropped before
+                // the publication plans (stage::texts_copied).
                 for (j, read) in ahead.iter_mut().enumerate() {
                     let outputs = prepared.1.iter().map(|(_, r)| r.prepared[j].desired.len());
                     if let Some(read) = read
-                        && outputs.sum::<usize>() >= super::stage::BARRIER_FROM
+                        && !super::stage::texts_copied(outputs.sum(), read.records())
                     {
                         read.drop_texts();
                     }
@@ -496,6 +497,32 @@ impl<'a> Driver<'a> {
             Ok(roots) => Ok((reports, ready, roots)),
             Err((j, e)) => Err(self.abort(alone, first.report.clone(), Some(j), e, &[])),
         }
+    }
+
+    /// The catalog file of each root worth reading before its lock
+    /// ([`backends::worth_reading_ahead`]), by destination.
+    fn worth_reading_ahead(&self) -> Vec<(usize, std::fs::File)> {
+        (self.destinations.iter().enumerate())
+            .filter_map(|(j, d)| {
+                Some((j, backends::worth_reading_ahead(d, &self.options.process)?))
+            })
+            .collect()
+    }
+
+    /// Reads the catalogs `worth` reading ahead, by destination
+    /// ([`crate::journal::read_ahead`]; with their texts when the bundles'
+    /// manifests take `manifest_bytes` and are small beside them).
+    fn read_ahead(
+        &self,
+        worth: Vec<(usize, std::fs::File)>,
+        manifest_bytes: u64,
+    ) -> Vec<Option<crate::journal::ReadAhead>> {
+        let mut read = Vec::new();
+        read.resize_with(self.destinations.len(), || None);
+        for (j, file) in worth {
+            read[j] = crate::journal::read_ahead(file, manifest_bytes);
+        }
+        read
     }
 
     /// Opens every root in path order (no deadlock between processes),

@@ -195,6 +195,16 @@ impl Change<'_> {
 /// durable together.
 pub(super) const BARRIER_FROM: usize = 16;
 
+/// Whether the catalog write of a change of `changed` files into a catalog
+/// of `records` copies the texts of the records known before
+/// ([`crate::catalog::RecordTexts`]): always for one written at the top of
+/// the root, else when it is small beside the catalog (its memory bound:
+/// a large tree's update holds no texts, docs/performance.md, "Catalog
+/// scale").
+pub(super) fn texts_copied(changed: usize, records: usize) -> bool {
+    changed < BARRIER_FROM || crate::catalog::small_beside(changed, records)
+}
+
 /// Where a change stages its outputs (see [`BARRIER_FROM`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
@@ -508,11 +518,29 @@ pub(super) fn commit(
         // write the rename first (XFS, btrfs) could otherwise leave, after
         // a power cut during the barrier below, a torn catalog beside a
         // durable journal, and recovery would have no records to keep.
-        None => (
-            root.write_reserved_data(STATE_FILE, &mut |w| change.catalog.write_json(w))
-                .map_err(failed_at(Step::Catalog))?,
-            None,
-        ),
+        //
+        // A change small beside its catalog copies the texts of the
+        // records it leaves alone, as one at the top does; a larger one
+        // formats every record (no texts are held through it).
+        None => {
+            let before = texts_copied(
+                change.writes.len() + change.deletes.len(),
+                change.catalog.outputs.len(),
+            )
+            .then(|| process.remembered().texts(root))
+            .flatten();
+            let mut texts = None;
+            let written = root
+                .write_reserved_data(STATE_FILE, &mut |w| match &before {
+                    Some(before) => {
+                        texts = Some(change.catalog.write_json_reusing(w, Some(before))?);
+                        Ok(())
+                    }
+                    None => change.catalog.write_json(w),
+                })
+                .map_err(failed_at(Step::Catalog))?;
+            (written, texts)
+        }
     };
     // The renames, the deletions and the catalog's own rename become
     // durable together; until then the journal (durable) lets the next

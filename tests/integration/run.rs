@@ -1212,3 +1212,49 @@ fn run_logs_only_warnings_unless_verbose() {
     let stderr = quiet(&["-v", b2.to_str().unwrap()]);
     assert!(stderr.contains(" INFO "), "-v shows info lines: {stderr}");
 }
+
+/// A publication of 20 files (staged beside their targets) into a root
+/// whose catalog holds 2,500 records copies the text of every record it
+/// leaves alone rather than formatting it again, and the catalog it
+/// writes holds exactly the records it held before plus the new ones.
+#[test]
+fn a_small_change_into_a_large_catalog_copies_the_records_it_leaves() {
+    let t = single("additive");
+    let big: Vec<(String, String)> = (0..2500)
+        .map(|i| (format!("old/{:02}/f{i:04}.txt", i % 50), format!("{i}\n")))
+        .collect();
+    let b = t.bundle("big", &big);
+    t.publish("reports", &b, &[]).expect_code(0);
+    let before = t.records("site");
+    assert_eq!(before.len(), 2500);
+    let catalog = fs::metadata(t.join("site/.distributor.json"))
+        .unwrap()
+        .len();
+    assert!(catalog >= 1 << 20, "the catalog is read ahead: {catalog}");
+
+    let small: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("new/n{i:02}.txt"), format!("new {i}\n")))
+        .collect();
+    let b = t.bundle("small", &small);
+    let mut cmd = t.cmd();
+    cmd.env("RUST_LOG", "distributor::catalog=debug")
+        .args(["--config", "config.yaml", "run", "--pipeline", "reports"])
+        .arg(&b);
+    let out = cmd.output();
+    out.expect_code(0);
+    assert!(
+        out.stderr
+            .contains("catalog written: 20 of 2520 records formatted"),
+        "{}",
+        out.stderr
+    );
+    let after = t.records("site");
+    assert_eq!(after.len(), 2520);
+    for (path, record) in &before {
+        assert_eq!(after.get(path), Some(record), "{path}");
+    }
+    for (path, body) in &small {
+        assert_eq!(after[path]["sha256"], sha256(body.as_bytes()), "{path}");
+    }
+    assert_catalog_matches_disk(&t.join("site"));
+}
