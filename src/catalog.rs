@@ -1131,40 +1131,32 @@ impl Overlay {
 
     fn merge(self, now: OffsetDateTime) -> Catalog {
         let Overlay { mut base, changes } = self;
-        let old = std::mem::take(&mut base.outputs);
-        // Exactly the records the result holds: a large tree's catalog is
-        // tens of MiB, and reserving for old + changes would double it.
-        let added = changes
-            .iter()
-            .filter(|(path, change)| {
-                change.is_some()
-                    && old
-                        .binary_search_by(|r| r.path.as_str().cmp(path.as_str()))
-                        .is_err()
-            })
-            .count();
-        let removed = changes
-            .iter()
-            .filter(|(path, change)| {
-                change.is_none()
-                    && old
-                        .binary_search_by(|r| r.path.as_str().cmp(path.as_str()))
-                        .is_ok()
-            })
-            .count();
-        let mut merged = Vec::with_capacity(old.len() + added - removed);
-        let mut changes = changes.into_iter().peekable();
-        for r in old {
-            while let Some((_, change)) = changes.next_if(|(p, _)| p.as_str() < r.path.as_str()) {
-                merged.extend(change);
-            }
-            match changes.next_if(|(p, _)| p.as_str() == r.path.as_str()) {
-                Some((_, change)) => merged.extend(change),
-                None => merged.push(r),
+        // In place: replaced records swapped, removed ones dropped in one
+        // pass, new ones merged in (merge_by_path). A large tree's catalog
+        // is tens of MiB and never held twice; a small change into it
+        // moves few records.
+        let records = &mut base.outputs;
+        let mut added = Vec::new();
+        let mut gone = Vec::new();
+        for (path, change) in changes {
+            let at = records.binary_search_by(|r| r.path.as_str().cmp(path.as_str()));
+            match (at, change) {
+                (Ok(i), Some(r)) => records[i] = r,
+                (Ok(i), None) => gone.push(i),
+                (Err(_), Some(r)) => added.push(r),
+                (Err(_), None) => {}
             }
         }
-        merged.extend(changes.filter_map(|(_, change)| change));
-        base.outputs = merged;
+        if !gone.is_empty() {
+            let mut gone = gone.into_iter().peekable();
+            let mut i = 0;
+            records.retain(|_| {
+                let keep = gone.next_if_eq(&i).is_none();
+                i += 1;
+                keep
+            });
+        }
+        merge_by_path(records, added);
         base.updated_at = now;
         base.distributor_version = Some(env!("CARGO_PKG_VERSION").to_owned());
         base
@@ -1197,43 +1189,31 @@ pub fn sort_by_path(records: &mut [OutputRecord]) {
     }
 }
 
-/// Merges `added` into `records`, both sorted by path (no path in both):
-/// in place, each record of `records` moved at most once, when few are
-/// added (a small publication into a large catalog); else into a new
-/// array, one pass over both.
+/// Merges `added` into `records`, both sorted by path (no path in both),
+/// in place: from the last added record back, the old records after its
+/// place move right by the number of added records still to place, each
+/// old record at most once (none before the first added one's place), and
+/// no second array of records is made (a small change into a large
+/// catalog moves a few records, or none; a large one never holds the
+/// records twice).
 pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) {
     debug_assert!(added.is_sorted_by(|a, b| a.path.as_str() < b.path.as_str()));
-    let (n, k) = (records.len(), added.len());
-    if k == 0 {
+    let Some(filler) = added.first().cloned() else {
         return;
-    }
-    // Rotations move n + k²/2 records; a merge into a new array moves
-    // n + k, but costs a fresh array of n + k records.
-    if k.saturating_mul(k) > n.saturating_mul(2) {
-        let mut merged = Vec::with_capacity(n + k);
-        let mut added = added.into_iter().peekable();
-        for r in std::mem::take(records) {
-            while let Some(a) = added.next_if(|a| a.path.as_str() < r.path.as_str()) {
-                merged.push(a);
-            }
-            merged.push(r);
+    };
+    let n = records.len();
+    records.reserve_exact(added.len());
+    // Places for the added records, at the end; `records[i..i + holes]`
+    // are the places still free, `records[..i]` the old records not moved.
+    records.resize(n + added.len(), filler);
+    let mut i = n;
+    for (holes, a) in added.into_iter().enumerate().map(|(j, a)| (j + 1, a)).rev() {
+        let at = records[..i].partition_point(|r| r.path.as_str() < a.path.as_str());
+        for old in (at..i).rev() {
+            records.swap(old, old + holes);
         }
-        merged.extend(added);
-        *records = merged;
-        return;
-    }
-    let at: Vec<usize> = added
-        .iter()
-        .map(|a| records.partition_point(|r| r.path.as_str() < a.path.as_str()))
-        .collect();
-    records.extend(added);
-    // From the last added record back: `records[at[j]..end]` (old records)
-    // followed by the added records 0..=j still at the end becomes those
-    // added records followed by that run, which is then where it belongs.
-    let mut end = n;
-    for (j, &start) in at.iter().enumerate().rev() {
-        records[start..end + j + 1].rotate_right(j + 1);
-        end = start;
+        records[at + holes - 1] = a;
+        i = at;
     }
 }
 
@@ -1293,7 +1273,6 @@ impl State {
         std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
         if len <= whole_up_to {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-            huge_pages(&mut bytes);
             std::io::Read::read_to_end(file, &mut bytes)?;
             return Ok(match texts {
                 true => State::parse_with_texts(Arc::new(bytes)),
@@ -1553,29 +1532,6 @@ fn finish_v4(raw: RawCatalog) -> Result<Catalog, String> {
         return Err(format!("output {} is recorded twice", pair[0].path));
     }
     Ok(catalog)
-}
-
-/// Asks for `buffer`'s spare capacity to be backed by huge pages where the
-/// system gives them on request: a large catalog read into it (or its
-/// records) then takes one page fault per 2 MiB instead of one per 4 KiB.
-pub(crate) fn huge_pages<T>(buffer: &mut Vec<T>) {
-    const HUGE: usize = 2 << 20;
-    let spare = buffer.spare_capacity_mut();
-    let start = spare.as_mut_ptr() as usize;
-    let aligned = start.next_multiple_of(HUGE);
-    let end = (start + std::mem::size_of_val(spare)) / HUGE * HUGE;
-    if end > aligned {
-        // SAFETY: the range is inside the vector's own allocation, not
-        // yet written; the advice changes how it is backed, not what it
-        // holds, and failing to take it changes nothing.
-        let _ = unsafe {
-            rustix::mm::madvise(
-                aligned as *mut std::ffi::c_void,
-                end - aligned,
-                rustix::mm::Advice::LinuxHugepage,
-            )
-        };
-    }
 }
 
 #[cfg(test)]
@@ -2026,12 +1982,14 @@ pub(crate) mod tests {
 
     #[test]
     fn merging_added_records_keeps_the_path_order() {
-        // (records there, records added): few added merge by rotations in
-        // place, many into a new array; both must give the sorted union.
+        // (records there, records added): the sorted union, however many
+        // are added and wherever they go.
         type Paths = &'static [&'static str];
-        let cases: [(Paths, Paths); 8] = [
+        let cases: [(Paths, Paths); 10] = [
             (&[], &[]),
             (&[], &["a", "b"]),
+            (&["b", "d", "f"], &["a", "c", "e", "g"]),
+            (&["c", "d"], &["a", "b", "e", "f"]),
             (&["b"], &[]),
             (&["b", "d", "f"], &["a"]),
             (&["b", "d", "f"], &["g"]),

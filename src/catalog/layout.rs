@@ -188,8 +188,6 @@ fn records_between(
     };
     let mut records = Vec::with_capacity(reserve);
     let mut spans = Vec::with_capacity(if texts { reserve } else { 0 });
-    super::huge_pages(&mut records);
-    super::huge_pages(&mut spans);
     let mut shared = Shared::default();
     let mut times = Times::default();
     let mut fingerprints = Fingerprints::default();
