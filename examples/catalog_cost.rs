@@ -4,7 +4,7 @@
 //! Usage: catalog_cost CATALOG
 //!
 //! Times, each as the median of 5 rounds: reading and parsing the file
-//! (`State::read`, as a publication does), writing the catalog again with
+//! (`State::read_file`, as a publication does), writing the catalog again with
 //! every record formatted, writing it again taking each record's text from
 //! the read (as a publication after a small change does), and freeing the
 //! records. Prints one line per step in milliseconds.
@@ -23,12 +23,12 @@ fn main() {
         std::process::exit(2);
     };
     let read = || {
-        let mut file = std::fs::File::open(&path).unwrap_or_else(|e| {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| {
             eprintln!("{path}: {e}");
             std::process::exit(1)
         });
         let start = Instant::now();
-        let read = State::read_with_texts(&mut file).unwrap_or_else(|e| {
+        let read = State::read_file(&file, true).unwrap_or_else(|e| {
             eprintln!("{path}: {e}");
             std::process::exit(1)
         });

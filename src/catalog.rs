@@ -1217,6 +1217,31 @@ pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) 
     }
 }
 
+/// The `len` bytes of `file`, read in two halves at once; `None` when the
+/// file no longer has `len` bytes.
+fn read_in_halves(file: &std::fs::File, len: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::os::unix::fs::FileExt;
+    let size = usize::try_from(len).map_err(std::io::Error::other)?;
+    // Zeroed by the system as it is first written (a fresh mapping).
+    let mut bytes = vec![0u8; size];
+    let (first, second) = bytes.split_at_mut(size / 2);
+    let at = first.len() as u64;
+    let read = std::thread::scope(|s| {
+        let reading = s.spawn(|| file.read_exact_at(second, at));
+        let read = file.read_exact_at(first, 0);
+        let other = reading
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        read.and(other)
+    });
+    match read {
+        Ok(()) if file.read_at(&mut [0], len)? == 0 => Ok(Some(bytes)),
+        Ok(()) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// A v4 catalog led by `schema_version` (as written), parsed in one pass
 /// and checked; an error when the text is not that (the caller then
 /// classifies it whole with [`State::parse`]).
@@ -1258,6 +1283,32 @@ impl State {
         State::read_whole_up_to(file, READ_WHOLE_UP_TO, true)
     }
 
+    /// [`State::read`] of an open file, with the text of each record when
+    /// `texts` ([`State::read_with_texts`]). A large file is read in two
+    /// halves at once, on two threads (copying it out of the page cache is
+    /// a good part of reading it); one that changed size meanwhile is read
+    /// again from the start, as one.
+    pub fn read_file(
+        file: &std::fs::File,
+        texts: bool,
+    ) -> std::io::Result<(State, Option<RecordTexts>)> {
+        let len = file.metadata()?.len();
+        if (layout::PARTS_FROM as u64..=READ_WHOLE_UP_TO).contains(&len)
+            && let Some(bytes) = read_in_halves(file, len)?
+        {
+            return Ok(State::parse_whole(bytes, texts));
+        }
+        State::read_whole_up_to(&mut &*file, READ_WHOLE_UP_TO, texts)
+    }
+
+    /// The state in `bytes`, a whole file, with its texts when `texts`.
+    fn parse_whole(bytes: Vec<u8>, texts: bool) -> (State, Option<RecordTexts>) {
+        match texts {
+            true => State::parse_with_texts(Arc::new(bytes)),
+            false => (State::parse(&bytes), None),
+        }
+    }
+
     /// [`State::read_with_texts`] (with the texts only when `texts`: their
     /// fingerprints cost a pass over every record), reading files up to
     /// `whole_up_to` bytes whole.
@@ -1274,10 +1325,7 @@ impl State {
         if len <= whole_up_to {
             let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
             std::io::Read::read_to_end(file, &mut bytes)?;
-            return Ok(match texts {
-                true => State::parse_with_texts(Arc::new(bytes)),
-                false => (State::parse(&bytes), None),
-            });
+            return Ok(State::parse_whole(bytes, texts));
         }
         let reader = std::io::BufReader::with_capacity(64 * 1024, &mut *file);
         match read_v4(&mut serde_json::Deserializer::from_reader(reader)) {
@@ -1978,6 +2026,29 @@ pub(crate) mod tests {
         r.path = RelPath::parse(path).unwrap();
         r.size = size;
         r
+    }
+
+    #[test]
+    fn a_large_catalog_file_read_in_halves_is_the_file_read_as_one() {
+        let mut c = Catalog::new(parse_time("2026-01-01T00:00:00Z").unwrap());
+        c.outputs = (0..9000)
+            .map(|i| record_at(&format!("d{:02}/f{i:05}.html", i % 40), i))
+            .collect();
+        c.sort();
+        let text = c.to_json();
+        assert!(text.len() >= layout::PARTS_FROM, "{}", text.len());
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &text).unwrap();
+        let len = text.len() as u64;
+        assert_eq!(read_in_halves(&file, len).unwrap(), Some(text.clone()));
+        // A file that changed size since it was measured is not taken.
+        assert_eq!(read_in_halves(&file, len + 1).unwrap(), None);
+        assert_eq!(read_in_halves(&file, len - 1).unwrap(), None);
+        for texts in [false, true] {
+            let (state, kept) = State::read_file(&file, texts).unwrap();
+            assert_eq!(state, State::Catalog(c.clone()));
+            assert_eq!(kept.map(|t| t.len()), texts.then_some(9000));
+        }
     }
 
     #[test]

@@ -141,15 +141,11 @@ pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::
 /// `manifest_bytes` and the catalog is [`CATALOG_FOR_ONE_MANIFEST_BYTE`]
 /// times that or more, and no larger than a process remembers
 /// ([`crate::remembered::LARGEST`]).
-pub fn read_ahead(mut file: std::fs::File, manifest_bytes: u64) -> Option<ReadAhead> {
+pub fn read_ahead(file: std::fs::File, manifest_bytes: u64) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
     let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size
         && look.size <= crate::remembered::LARGEST;
-    let read = if small {
-        State::read_with_texts(&mut file).ok()?
-    } else {
-        (State::read(&mut file).ok()?, None)
-    };
+    let read = State::read_file(&file, small).ok()?;
     match read {
         (State::Catalog(catalog), texts) => Some(ReadAhead {
             look,
@@ -164,7 +160,7 @@ pub fn read_ahead(mut file: std::fs::File, manifest_bytes: u64) -> Option<ReadAh
 /// one it was read from.
 fn read_state_or(root: &Root, ahead: Option<ReadAhead>, memory: &Remembered) -> io::Result<State> {
     match root.open_reserved(STATE_FILE) {
-        Ok(Some(mut file)) => {
+        Ok(Some(file)) => {
             let look = Look::of(&file.metadata()?);
             if let Some(ahead) = ahead.filter(|a| a.look == look) {
                 if let Some(texts) = ahead.texts {
@@ -178,7 +174,7 @@ fn read_state_or(root: &Root, ahead: Option<ReadAhead>, memory: &Remembered) -> 
             // Not with the text of its records: the size of the
             // publication is not known yet (only a catalog read ahead keeps
             // them, see read_ahead).
-            State::read(&mut file)
+            State::read_file(&file, false).map(|(state, _)| state)
         }
         Ok(None) => Ok(State::Absent),
         Err(e) if e.kind() == io::ErrorKind::Other => Ok(State::Invalid {

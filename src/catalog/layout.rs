@@ -95,7 +95,7 @@ const BETWEEN_RECORDS: &[u8] = b"\n    },\n    {\n      \"path\": ";
 /// Records from this many bytes on are read in parts, on as many threads
 /// as there are cores (up to [`MOST_PARTS`]): reading a large catalog is
 /// most of a fresh process's publication into a large root.
-const PARTS_FROM: usize = 4 << 20;
+pub(super) const PARTS_FROM: usize = 4 << 20;
 const MOST_PARTS: usize = 4;
 
 /// The records laid out in `bytes[from..to]` (from the line break after
