@@ -79,12 +79,6 @@ impl Worker {
         }
     }
 
-    /// Most bundles claimed (and published) together: as many as the
-    /// pipeline's destinations take in one batch.
-    fn max_batch(&self) -> usize {
-        crate::publish::batch_bound(&self.pipeline.destinations)
-    }
-
     pub(super) fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
@@ -277,7 +271,7 @@ impl Worker {
                 }
             }
             let mut claimed_any = false;
-            for chunk in ready.chunks(self.max_batch()) {
+            for chunk in ready.chunks(crate::publish::MAX_BATCH) {
                 if self.stopping() {
                     return;
                 }

@@ -94,18 +94,13 @@ pub fn state_file_label(d: &Destination) -> String {
     }
 }
 
-/// Most bundles published together to `destinations` (a bucket takes
-/// larger batches: each costs requests, not renames).
-pub fn batch_bound(destinations: &[Destination]) -> usize {
-    destinations
-        .iter()
-        .map(|d| match d.backend {
-            Backend::Local => local::MAX_BATCH,
-            Backend::S3(_) => remote::MAX_BATCH,
-        })
-        .min()
-        .unwrap_or(local::MAX_BATCH)
-}
+/// Most bundles published together. Each batch pays fixed costs per
+/// root whatever its size: a local root two file-system syncs and a write
+/// of its whole catalog (tens of MiB for a large one), an s3 destination an
+/// intent, a compare-and-swap of the whole catalog and a pause of the
+/// uploads; so a backlog goes in few, large batches (a batch takes fewer
+/// when their pages would hold too much memory).
+pub const MAX_BATCH: usize = 1024;
 
 /// The state of `d`'s catalog as it stands (`None`: the root does not
 /// exist), read without writing anything and tried once: read like every

@@ -27,9 +27,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 use time::OffsetDateTime;
 
-/// Most bundles published together into local roots.
-pub(super) const MAX_BATCH: usize = 256;
-
 /// `d`'s catalog file, open, when it is large enough to be worth parsing
 /// while the bundle is inspected ([`journal::worth_reading_ahead`]).
 pub(super) fn worth_reading_ahead(

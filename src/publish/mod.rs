@@ -31,7 +31,7 @@ mod target;
 
 pub use crate::workers::{InOrder, PerCore, Workers};
 pub(crate) use backends::open_to_maintain;
-pub use backends::{batch_bound, peek_state, recover_abandoned, root_label, state_file_label};
+pub use backends::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
 pub use error::Error;
 pub(crate) use target::{Access, Change, Fault, Refused, Target};
 

@@ -44,12 +44,6 @@ use crate::s3::protocol::{self, Base, Delete, Settings};
 use crate::s3::{self, ETag, Head, S3Root};
 use crate::workers::Workers;
 
-/// Most bundles published together into s3 destinations: each batch pays
-/// an intent, a compare-and-swap of the whole catalog and a pause of the
-/// uploads, so a backlog goes in fewer, larger batches (the batch itself
-/// may take fewer when their pages would hold too much memory).
-pub(super) const MAX_BATCH: usize = 1024;
-
 pub(super) struct S3Target {
     root: Arc<S3Root>,
     id: String,

@@ -188,10 +188,9 @@ fn a_backlog_goes_up_as_one_batch_with_one_intent_and_one_catalog_swap() {
 }
 
 #[test]
-fn a_backlog_longer_than_a_local_batch_goes_up_in_one_s3_batch() {
-    // A local root batches 256 bundles at most; an s3 destination takes
-    // more at once (each batch costs an intent, a swap of the whole
-    // catalog and a pause of the uploads).
+fn a_backlog_goes_up_in_one_s3_batch() {
+    // Each batch costs an intent, a swap of the whole catalog and a pause
+    // of the uploads: 300 waiting bundles go in one.
     let s = BatchTest::new();
     s.drop_nested(0);
     s.once().expect_code(0);
