@@ -1198,9 +1198,18 @@ pub fn sort_by_path(records: &mut [OutputRecord]) {
 /// records twice).
 pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) {
     debug_assert!(added.is_sorted_by(|a, b| a.path.as_str() < b.path.as_str()));
-    let Some(filler) = added.first().cloned() else {
+    let Some(first) = added.first() else {
         return;
     };
+    // All after the last record (or none there): appended, nothing moves.
+    if records
+        .last()
+        .is_none_or(|last| last.path.as_str() < first.path.as_str())
+    {
+        records.extend(added);
+        return;
+    }
+    let filler = first.clone();
     let n = records.len();
     records.reserve_exact(added.len());
     // Places for the added records, at the end; `records[i..i + holes]`
@@ -1218,7 +1227,7 @@ pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) 
 }
 
 /// The `len` bytes of `file`, read in two halves at once; `None` when the
-/// file no longer has `len` bytes.
+/// file no longer has `len` bytes, or no second thread could be started.
 fn read_in_halves(file: &std::fs::File, len: u64) -> std::io::Result<Option<Vec<u8>>> {
     use std::os::unix::fs::FileExt;
     let size = usize::try_from(len).map_err(std::io::Error::other)?;
@@ -1227,13 +1236,21 @@ fn read_in_halves(file: &std::fs::File, len: u64) -> std::io::Result<Option<Vec<
     let (first, second) = bytes.split_at_mut(size / 2);
     let at = first.len() as u64;
     let read = std::thread::scope(|s| {
-        let reading = s.spawn(|| file.read_exact_at(second, at));
+        let Ok(reading) =
+            std::thread::Builder::new().spawn_scoped(s, || file.read_exact_at(second, at))
+        else {
+            return None;
+        };
         let read = file.read_exact_at(first, 0);
         let other = reading
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        read.and(other)
+        Some(read.and(other))
     });
+    // No thread could be started: read as one by the caller.
+    let Some(read) = read else {
+        return Ok(None);
+    };
     match read {
         Ok(()) if file.read_at(&mut [0], len)? == 0 => Ok(Some(bytes)),
         Ok(()) => Ok(None),

@@ -125,6 +125,17 @@ impl Remembered {
         }
     }
 
+    /// Forgets the texts kept for `root` (its catalog, if remembered, is
+    /// kept).
+    pub fn drop_texts(&self, root: &Root) {
+        let Some(key) = root_key(root) else { return };
+        let mut entries = self.entries();
+        if let Some(entry) = entries.iter_mut().find(|e| e.root == key) {
+            entry.texts = None;
+        }
+        entries.retain(|e| e.catalog.is_some() || e.texts.is_some());
+    }
+
     /// Remembers `catalog` as what `root`'s `.distributor.json` holds while it
     /// is the file `file` (as it was once renamed into place), with the text
     /// of its records when known.
@@ -284,9 +295,26 @@ mod tests {
             size: LARGEST + 1,
             ..look(7, 1)
         };
-        memory.remember(&root, huge, catalog, Some(RecordTexts::default()));
+        memory.remember(&root, huge, catalog.clone(), Some(RecordTexts::default()));
         assert_eq!(memory.recall(&root, huge), None, "too large to keep");
         assert!(memory.texts(&root).is_none());
+
+        // Texts dropped, the catalog is still recalled; texts read alone
+        // leave nothing behind once dropped.
+        memory.remember(
+            &root,
+            look(7, 1),
+            catalog.clone(),
+            Some(RecordTexts::default()),
+        );
+        memory.drop_texts(&root);
+        assert!(memory.texts(&root).is_none());
+        assert_eq!(memory.recall(&root, look(7, 1)), Some(catalog));
+        memory.read_texts(&root, RecordTexts::default());
+        assert!(memory.texts(&root).is_some());
+        memory.drop_texts(&root);
+        assert!(memory.texts(&root).is_none());
+        assert!(memory.entries().is_empty());
     }
 
     #[test]

@@ -119,26 +119,36 @@ fn records_in(
     // A record's text is at least 300 bytes: reserving for one per 256
     // bytes never grows the vectors, and what is not used is never touched
     // (it takes address space, not memory). The first part's reserve
-    // holds every record, so the others are appended to it in place.
+    // holds every record, so the others are appended to it in place (each
+    // held twice only while it is appended: at most the records of the
+    // parts but the first, about three quarters of them more at the peak).
     let first = |end: usize| records_between(bytes, from, end, true, texts, (to - from) / 256);
     if cuts.is_empty() {
         return first(to);
     }
+    let part = move |start: usize, end: usize| {
+        records_between(bytes, start, end, false, texts, (end - start) / 256)
+    };
     std::thread::scope(|scope| {
+        // A part whose thread cannot be started (a limit on threads) is
+        // read here, after the first.
         let rest: Vec<_> = cuts
             .iter()
             .zip(cuts.iter().skip(1).chain([&to]))
             .map(|(&start, &end)| {
-                scope.spawn(move || {
-                    records_between(bytes, start, end, false, texts, (end - start) / 256)
-                })
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || part(start, end))
+                    .map_err(|_| (start, end))
             })
             .collect();
         let (mut records, mut spans) = first(cuts[0])?;
-        for part in rest {
-            let (more, more_spans) = part
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        for read in rest {
+            let (more, more_spans) = match read {
+                Ok(reading) => reading
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?,
+                Err((start, end)) => part(start, end)?,
+            };
             records.extend(more);
             spans.extend(more_spans);
         }

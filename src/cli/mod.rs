@@ -33,7 +33,9 @@ use status::status;
 
 pub use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
 
-/// Runs a parsed command line and returns the process exit code.
+/// Runs a parsed command line and returns the process exit code. The
+/// process is to exit then: the catalogs the command remembered are left
+/// for the system to reclaim, not freed.
 pub fn run(cli: Cli) -> u8 {
     let config = cli.config.as_deref();
     // The process's caches and clients, made once and passed down

@@ -338,6 +338,16 @@ impl<'a> Driver<'a> {
         for (j, root) in roots.iter_mut().enumerate() {
             let desired: Vec<&[Desired]> =
                 ready.iter().map(|(_, r)| &*r.prepared[j].desired).collect();
+            // Texts a catalog write will not copy are not held through
+            // the publication (stage::texts_copied).
+            if let State::Catalog(c) = &root.records.opened
+                && !super::stage::texts_copied(
+                    desired.iter().map(|d| d.len()).sum(),
+                    c.outputs.len(),
+                )
+            {
+                root.target.drop_texts();
+            }
             if let Err(e) = root
                 .target
                 .look_ahead(&root.records.opened, &desired, alone)

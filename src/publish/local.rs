@@ -197,6 +197,12 @@ impl Target for LocalTarget {
         self.path.display().to_string()
     }
 
+    fn drop_texts(&self) {
+        if let Some(root) = &self.root {
+            self.process.remembered().drop_texts(root);
+        }
+    }
+
     fn take_state(&mut self) -> State {
         self.state.take().unwrap_or(State::Absent)
     }

@@ -200,7 +200,8 @@ pub(super) const BARRIER_FROM: usize = 16;
 /// ([`crate::catalog::RecordTexts`]): always for one written at the top of
 /// the root, else when it is small beside the catalog (its memory bound:
 /// a large tree's update holds no texts, docs/performance.md, "Catalog
-/// scale").
+/// scale"). Before planning, the driver asks it with the outputs the
+/// bundles desire, the deletions not known yet.
 pub(super) fn texts_copied(changed: usize, records: usize) -> bool {
     changed < BARRIER_FROM || crate::catalog::small_beside(changed, records)
 }

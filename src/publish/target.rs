@@ -50,6 +50,11 @@ pub(crate) trait Target {
         Ok(())
     }
 
+    /// Forgets the text of the catalog's records kept for the next
+    /// catalog write (a local root's, [`crate::remembered`]): the change
+    /// turned out too large for its write to copy them.
+    fn drop_texts(&self) {}
+
     /// Reads at once what planning `bundles` (each its desired outputs,
     /// in order) will ask of storage; `every_key` when a key the catalog
     /// does not record must be looked at too (a single publication, whose
