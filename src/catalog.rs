@@ -1290,18 +1290,11 @@ impl State {
         State::read_whole_up_to(file, READ_WHOLE_UP_TO, false).map(|(state, _)| state)
     }
 
-    /// [`State::read`], with the text of each record when the file is laid
-    /// out exactly as this tool writes it (almost always), so that writing
-    /// the next catalog copies the records that did not change
-    /// ([`Catalog::write_json_reusing`]). The texts keep the file's bytes.
-    pub fn read_with_texts<F: std::io::Read + std::io::Seek>(
-        file: &mut F,
-    ) -> std::io::Result<(State, Option<RecordTexts>)> {
-        State::read_whole_up_to(file, READ_WHOLE_UP_TO, true)
-    }
-
     /// [`State::read`] of an open file, with the text of each record when
-    /// `texts` ([`State::read_with_texts`]). A large file is read in two
+    /// `texts` and the file is laid out exactly as this tool writes it
+    /// (almost always), so that writing the next catalog copies the records
+    /// that did not change ([`Catalog::write_json_reusing`]); the texts
+    /// keep the file's bytes. A large file is read in two
     /// halves at once, on two threads (copying it out of the page cache is
     /// a good part of reading it); one that changed size meanwhile is read
     /// again from the start, as one.
@@ -1326,8 +1319,8 @@ impl State {
         }
     }
 
-    /// [`State::read_with_texts`] (with the texts only when `texts`: their
-    /// fingerprints cost a pass over every record), reading files up to
+    /// [`State::read_file`] of any reader (with the texts only when `texts`:
+    /// their fingerprints cost a pass over every record), reading files up to
     /// `whole_up_to` bytes whole.
     fn read_whole_up_to<F: std::io::Read + std::io::Seek>(
         file: &mut F,
@@ -1357,7 +1350,7 @@ impl State {
     }
 
     /// [`State::parse`], with the text of each record when the bytes are
-    /// laid out exactly as this tool writes them ([`State::read_with_texts`]);
+    /// laid out exactly as this tool writes them ([`State::read_file`]);
     /// the texts keep `bytes`.
     pub fn parse_with_texts(bytes: Buffer) -> (State, Option<RecordTexts>) {
         let text = (*bytes).as_ref();
@@ -2325,7 +2318,7 @@ pub(crate) mod tests {
             .map(|i| record_at(&format!("f/{i:04}"), i))
             .collect();
         let file = c.to_json();
-        let (state, texts) = State::read_with_texts(&mut std::io::Cursor::new(&file)).unwrap();
+        let (state, texts) = State::parse_with_texts(Arc::new(file.clone()));
         assert_eq!(state, State::Catalog(c.clone()));
         let mut texts = texts.expect("a catalog as written is read with its texts");
         assert_eq!(texts.len(), 300);

@@ -93,27 +93,12 @@ pub struct ReadAhead {
     texts: Option<RecordTexts>,
 }
 
-impl ReadAhead {
-    /// Drops the text of the records: the publication turned out to be one
-    /// whose catalog write does not use them, so the file's bytes are not
-    /// held through it (its memory bound, docs/performance.md, "Catalog
-    /// scale").
-    pub fn drop_texts(&mut self) {
-        self.texts = None;
-    }
-
-    /// How many records the catalog holds.
-    pub fn records(&self) -> usize {
-        self.catalog.outputs.len()
-    }
-}
-
 /// The texts of a catalog are read ahead only when it is at least this
 /// many times the size of the bundles' manifests: a manifest takes about
 /// 100 bytes a file and a catalog about 570 bytes a record, so a bundle
 /// of one file for 8 records has a manifest about 1/45 of the catalog
-/// (whoever prepares the publication may still drop them,
-/// [`ReadAhead::drop_texts`]).
+/// (the publication still drops them once it knows its change is too
+/// large for its catalog write to copy them).
 pub const CATALOG_FOR_ONE_MANIFEST_BYTE: u64 = 45;
 
 /// Catalog files from this size on are read ahead of the lock: parsing one

@@ -483,20 +483,12 @@ impl<'a> Driver<'a> {
             self.prepare(bundles, held_at_most())
         } else {
             let manifest_bytes = manifest_bytes(bundles);
+            // Texts a catalog write will not copy are dropped once the
+            // roots are open (Driver::run), for one bundle as for a batch.
             std::thread::scope(|s| {
                 let reading = s.spawn(|| self.read_ahead(worth, manifest_bytes));
                 let prepared = self.prepare(bundles, held_at_most());
                 ahead = reading.join().unwrap_or_default();
-                // Texts a catalog write will not copy are dropped before
-                // the publication plans (stage::texts_copied).
-                for (j, read) in ahead.iter_mut().enumerate() {
-                    let outputs = prepared.1.iter().map(|(_, r)| r.prepared[j].desired.len());
-                    if let Some(read) = read
-                        && !super::stage::texts_copied(outputs.sum(), read.records())
-                    {
-                        read.drop_texts();
-                    }
-                }
                 prepared
             })
         };
