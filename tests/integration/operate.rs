@@ -78,9 +78,11 @@ fn status_json(t: &Test) -> Value {
 #[track_caller]
 fn wait_served(t: &Test, agent: &Agent) -> Value {
     let mut last = Value::Null;
+    // The agent takes its lock, then writes who it is: between the two,
+    // status shows it running with no pid yet.
     let served = wait_for(WAIT, || {
         last = status_json(t);
-        last["agent"]["running"] == true
+        last["agent"]["running"] == true && !last["agent"]["pid"].is_null()
     });
     assert!(
         served,
