@@ -1227,7 +1227,7 @@ pub fn merge_by_path(records: &mut Vec<OutputRecord>, added: Vec<OutputRecord>) 
 }
 
 /// The `len` bytes of `file`, read in two halves at once; `None` when the
-/// file no longer has `len` bytes, or no second thread could be started.
+/// file no longer has `len` bytes.
 fn read_in_halves(file: &std::fs::File, len: u64) -> std::io::Result<Option<Vec<u8>>> {
     use std::os::unix::fs::FileExt;
     let size = usize::try_from(len).map_err(std::io::Error::other)?;
@@ -1235,23 +1235,11 @@ fn read_in_halves(file: &std::fs::File, len: u64) -> std::io::Result<Option<Vec<
     let mut bytes = vec![0u8; size];
     let (first, second) = bytes.split_at_mut(size / 2);
     let at = first.len() as u64;
-    let read = std::thread::scope(|s| {
-        let Ok(reading) =
-            std::thread::Builder::new().spawn_scoped(s, || file.read_exact_at(second, at))
-        else {
-            return None;
-        };
-        let read = file.read_exact_at(first, 0);
-        let other = reading
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        Some(read.and(other))
-    });
-    // No thread could be started: read as one by the caller.
-    let Some(read) = read else {
-        return Ok(None);
-    };
-    match read {
+    let (other, read) = crate::workers::beside(
+        || file.read_exact_at(second, at),
+        || file.read_exact_at(first, 0),
+    );
+    match read.and(other) {
         Ok(()) if file.read_at(&mut [0], len)? == 0 => Ok(Some(bytes)),
         Ok(()) => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),

@@ -493,19 +493,6 @@ impl Root {
         replace_file::replace(&self.dir, name, Temp::Unique, Durability::Full, fill).map(drop)
     }
 
-    /// Writes a reserved file atomically with its bytes fsynced, but leaves
-    /// the fsync of the root folder (which makes the rename durable) to the
-    /// caller, who may have other entries of the root to sync at once.
-    /// Returns the look of the file written.
-    pub fn write_reserved_data(
-        &self,
-        name: &str,
-        fill: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
-    ) -> io::Result<Look> {
-        replace_file::replace(&self.dir, name, Temp::Unique, Durability::Data, fill)
-            .map(|meta| Look::of(&meta))
-    }
-
     /// [`Root::write_reserved_with`] without any fsync: the caller's next
     /// [`Root::sync`] makes it durable. Returns the look of the file
     /// written.

@@ -116,6 +116,31 @@ pub fn map_on<T: Sync, R: Send>(
         .collect()
 }
 
+/// Runs `there` on a thread of its own while `here` runs on the calling
+/// thread, and returns both results: for two independent pieces of work
+/// of one step (the halves of a large read, a catalog written while the
+/// outputs are staged). When no thread can be started (a limit on
+/// threads), `there` runs on the calling thread after `here`.
+pub fn beside<A: Send, B>(there: impl FnOnce() -> A + Send, here: impl FnOnce() -> B) -> (A, B) {
+    // Taken back when the thread cannot be started.
+    let there = Mutex::new(Some(there));
+    let take = || there.lock().unwrap_or_else(|e| e.into_inner()).take();
+    std::thread::scope(|scope| {
+        let started = std::thread::Builder::new()
+            .spawn_scoped(scope, || take().map(|f| f()))
+            .ok();
+        let b = here();
+        let a = match started {
+            Some(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                .expect("a thread that started took it"),
+            None => take().expect("not started, so still here")(),
+        };
+        (a, b)
+    })
+}
+
 /// Something to fsync: an open file or folder.
 pub type Syncable = Box<dyn AsFd + Send>;
 

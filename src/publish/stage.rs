@@ -1,14 +1,19 @@
 //! The one engine that writes a destination root, for a single
 //! publication and for a batch of bundles alike (a single publication is a
-//! batch of one): the journal, outputs staged as temporary files, a
-//! durability barrier, the renames into place, the catalog written last, a
-//! second barrier, and settling from the journal after a failure.
+//! batch of one): the journal, outputs and the new catalog staged as
+//! temporary files, a durability barrier, the renames into place (the
+//! catalog's last), a second barrier, and settling from the journal after
+//! a failure. The outputs and the catalog are written while staging, so a
+//! full disk stops a publication before anything moves (only the small
+//! record of a large publication's looks, `.distributor-seen`, is written
+//! after the renames).
 //!
 //! The shape of the change picks the layout, never a second copy of the
 //! steps ([`Layout`]): a few writes are staged at the top of the root with
 //! the journal and the catalog beside them, so that one wait makes all of
 //! them durable; many writes (or a root to clear first) journal first,
-//! then stage beside their targets on several threads. The barriers are
+//! then stage beside their targets on several threads, the catalog at the
+//! top on a thread of its own. The barriers are
 //! one `syncfs` of the root's file system, or, for a few writes while the
 //! machine has much else waiting to be written, a fsync of each file and
 //! folder touched ([`SyncMode`]), so that a busy neighbour on the same file
@@ -35,7 +40,7 @@ use crate::remembered::Remembered;
 use crate::replace_file;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
 use crate::storage::{self, Entry, Root, StagedFile};
-use crate::workers::{PerCore, Syncable, Workers, map_on_runs};
+use crate::workers::{PerCore, Syncable, Workers, beside, map_on_runs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
@@ -263,6 +268,10 @@ pub(super) struct StagedRoot {
     /// One for each planned write, in order.
     pub(super) outputs: Vec<Staged>,
     layout: Layout,
+    /// The new catalog, at a temporary name at the top of the root.
+    catalog: StagedFile,
+    /// The text of the catalog's records, when known (to remember with it).
+    texts: Option<RecordTexts>,
     /// Files written at the top of the root ([`Layout::Top`]).
     top: Option<TopFiles>,
     /// Decided by [`make_durable`].
@@ -273,9 +282,6 @@ pub(super) struct StagedRoot {
 struct TopFiles {
     /// The staged outputs, to fsync file by file if need be.
     outputs: Vec<std::fs::File>,
-    catalog: StagedFile,
-    /// The text of the catalog's records, to remember with it.
-    texts: Option<RecordTexts>,
     /// The journal, at its own name (not renamed into place: a crash
     /// before it is durable leaves it cut short, see the module comment);
     /// taken by a fsync file by file.
@@ -291,9 +297,11 @@ impl StagedRoot {
     }
 }
 
-/// Stages `change`: journals it and writes every output that does not
+/// Stages `change`: journals it, writes every output that does not
 /// already hold its bytes to a temporary file (a copy hashed as it
-/// streams, checked against the manifest). Renames nothing into place, and
+/// streams, checked against the manifest), and the new catalog to one at
+/// the top of the root (beside the outputs, on a thread of its own, when
+/// they are staged beside their targets). Renames nothing into place, and
 /// syncs nothing but the journal of a [`Layout::Beside`] change:
 /// [`make_durable`] follows. `keep_going` is asked before each output;
 /// when it says stop, staging ends with an `Interrupted` error.
@@ -337,18 +345,28 @@ pub(super) fn stage<'a>(
         seen: seen.as_ref(),
     };
     let stop = || io::Error::new(io::ErrorKind::Interrupted, "stopping");
-    let (outputs, top) = match layout {
+    let (outputs, (catalog, texts), top) = match layout {
         Layout::Beside => {
             let same_folder = |a: &Write, b: &Write| a.d.path.parent() == b.d.path.parent();
-            let outputs = map_on_runs(workers, &change.writes, same_folder, |w| {
-                if !keep_going() {
-                    return Err(Failure::Io(stop()));
-                }
-                stage_one(root, &job(w), None)
-            })
-            .into_iter()
-            .collect::<Result<Vec<Staged>, Failure>>()?;
-            (outputs, None)
+            // The new catalog is known: written while the outputs are
+            // staged, it is made durable by the same barrier, and renamed
+            // into place after them. A temporary file left by a failure is
+            // removed when the root is settled.
+            let (catalog, outputs) = beside(
+                || stage_catalog(root, change, layout, process),
+                || {
+                    map_on_runs(workers, &change.writes, same_folder, |w| {
+                        if !keep_going() {
+                            return Err(Failure::Io(stop()));
+                        }
+                        stage_one(root, &job(w), None)
+                    })
+                },
+            );
+            let outputs = outputs
+                .into_iter()
+                .collect::<Result<Vec<Staged>, Failure>>()?;
+            (outputs, catalog.map_err(Failure::Io)?, None)
         }
         Layout::Top => {
             let mut files = Vec::new();
@@ -366,14 +384,8 @@ pub(super) fn stage<'a>(
             }
             // The new catalog is known: written now, it is made durable
             // with the outputs, and renamed into place after them.
-            let before = process.remembered().texts(root);
-            let mut texts = None;
-            let catalog = root
-                .stage_reserved(&mut |w| {
-                    texts = Some(change.catalog.write_json_reusing(w, before.as_deref())?);
-                    Ok(())
-                })
-                .map_err(Failure::Io)?;
+            let (catalog, texts) =
+                stage_catalog(root, change, layout, process).map_err(Failure::Io)?;
             let journal = change.journal(root).map_err(Failure::Io)?;
             let journal = root
                 .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
@@ -382,10 +394,9 @@ pub(super) fn stage<'a>(
             bytes += journal.metadata().map_err(Failure::Io)?.len();
             (
                 outputs,
+                (catalog, texts),
                 Some(TopFiles {
                     outputs: files,
-                    catalog,
-                    texts,
                     journal: Some(journal),
                     bytes,
                 }),
@@ -402,9 +413,40 @@ pub(super) fn stage<'a>(
     Ok(StagedRoot {
         outputs,
         layout,
+        catalog,
+        texts,
         top,
         sync: SyncMode::Barrier,
     })
+}
+
+/// Writes the new catalog of `change` to a temporary file at the top of
+/// the root, neither synced nor renamed ([`Root::stage_reserved`]), with the
+/// text of its records when they are known: copied from the catalog
+/// remembered before when the change is small beside it
+/// ([`texts_copied`]); a large change into a large catalog formats every
+/// record and holds no texts.
+fn stage_catalog(
+    root: &Root,
+    change: &Change<'_>,
+    layout: Layout,
+    process: &ProcessState,
+) -> io::Result<(StagedFile, Option<RecordTexts>)> {
+    let changed = change.writes.len() + change.deletes.len();
+    let before = texts_copied(changed, change.catalog.outputs.len())
+        .then(|| process.remembered().texts(root))
+        .flatten();
+    // At the top, the texts are kept even with none to copy.
+    let keep = layout == Layout::Top || before.is_some();
+    let mut texts = None;
+    let file = root.stage_reserved(&mut |w| match keep {
+        true => {
+            texts = Some(change.catalog.write_json_reusing(w, before.as_deref())?);
+            Ok(())
+        }
+        false => change.catalog.write_json(w),
+    })?;
+    Ok((file, texts))
 }
 
 /// The first barrier: every staged byte, the journal and the catalog
@@ -429,7 +471,7 @@ pub(super) fn make_durable(
                 .into_iter()
                 .map(|f| Box::new(f) as Syncable)
                 .collect();
-            handles.push(Box::new(top.catalog.file.clone()));
+            handles.push(Box::new(staged.catalog.file.clone()));
             handles.extend(top.journal.take().map(|j| Box::new(j) as Syncable));
             // The root's entries: the journal's, and the staged files'.
             handles.push(Box::new(root.shared_dir()));
@@ -478,9 +520,9 @@ fn failed_at(step: Step) -> impl FnOnce(io::Error) -> CommitFailure {
     move |source| CommitFailure { step, source }
 }
 
-/// Renames the staged outputs of `change` into place, deletes, writes the
-/// catalog, makes all of it durable (the second barrier) and drops the
-/// journal. Called once [`make_durable`] has returned.
+/// Renames the staged outputs of `change` into place, deletes, renames the
+/// staged catalog into place, makes all of it durable (the second barrier)
+/// and drops the journal. Called once [`make_durable`] has returned.
 pub(super) fn commit(
     root: &Root,
     change: &Change<'_>,
@@ -509,40 +551,9 @@ pub(super) fn commit(
     if change.record_looks && change.is_large() {
         record_looks(root, &change.writes, &staged.outputs).map_err(failed_at(Step::Catalog))?;
     }
-    let (written, texts) = match staged.top {
-        Some(top) => (
-            root.place_reserved(&top.catalog, STATE_FILE)
-                .map_err(failed_at(Step::Catalog))?,
-            top.texts,
-        ),
-        // Its bytes are fsynced before its rename: a file system that may
-        // write the rename first (XFS, btrfs) could otherwise leave, after
-        // a power cut during the barrier below, a torn catalog beside a
-        // durable journal, and recovery would have no records to keep.
-        //
-        // A change small beside its catalog copies the texts of the
-        // records it leaves alone, as one at the top does; a larger one
-        // formats every record (no texts are held through it).
-        None => {
-            let before = texts_copied(
-                change.writes.len() + change.deletes.len(),
-                change.catalog.outputs.len(),
-            )
-            .then(|| process.remembered().texts(root))
-            .flatten();
-            let mut texts = None;
-            let written = root
-                .write_reserved_data(STATE_FILE, &mut |w| match &before {
-                    Some(before) => {
-                        texts = Some(change.catalog.write_json_reusing(w, Some(before))?);
-                        Ok(())
-                    }
-                    None => change.catalog.write_json(w),
-                })
-                .map_err(failed_at(Step::Catalog))?;
-            (written, texts)
-        }
-    };
+    let written = root
+        .place_reserved(&staged.catalog, STATE_FILE)
+        .map_err(failed_at(Step::Catalog))?;
     // The renames, the deletions and the catalog's own rename become
     // durable together; until then the journal (durable) lets the next
     // process settle whatever a crash leaves.
@@ -559,7 +570,7 @@ pub(super) fn commit(
     process.remembered().top_left_clean(root);
     Ok(Committed {
         catalog: written,
-        texts,
+        texts: staged.texts,
         copied_across,
     })
 }

@@ -129,6 +129,41 @@ fn a_full_disk_fails_the_bundle_and_keeps_the_previous_catalog() {
     no_temp_files(&root);
 }
 
+/// A large publication (its outputs staged beside their targets, the new
+/// catalog staged at the top of the root at the same time) that does not
+/// fit: the failure settles the root at once, the staged catalog goes with
+/// the staged outputs, and the previous catalog stays in place.
+#[test]
+fn a_full_disk_during_a_large_publication_leaves_the_previous_catalog_and_no_staged_one() {
+    let t = Test::new();
+    let Some(_fs) = small_fs(&t) else { return };
+    t.config(CONFIG);
+    let small = t.bundle_at("a", "a", "2026-06-01T00:00:00Z", &[("page.txt", "fits\n")]);
+    t.publish("p", &small, &[]).expect_code(0);
+    let root = t.join("small/root");
+    let before = fs::read(root.join(".distributor.json")).unwrap();
+
+    // 20 outputs in 4 folders, 1.2 MiB in all: more than the file system.
+    let body = "y".repeat(60 * 1024);
+    let files: Vec<(String, &str)> = (0..20)
+        .map(|i| (format!("d{}/f{i:02}.bin", i % 4), body.as_str()))
+        .collect();
+    let big = t.bundle_at("b", "b", "2026-06-02T00:00:00Z", &files);
+    let out = t.publish("p", &big, &[]);
+    out.expect_code(1);
+    assert_eq!(out.json()["stage"], "publish", "{}", out.all());
+    assert_eq!(fs::read(root.join(".distributor.json")).unwrap(), before);
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+    assert!(root.join("page.txt").exists());
+    for folder in ["d0", "d1", "d2", "d3"] {
+        assert!(
+            !root.join(folder).exists(),
+            "{folder} created by the failed run stays"
+        );
+    }
+}
+
 #[test]
 fn a_folder_of_the_root_on_another_file_system_still_gets_its_outputs() {
     // A small publication stages at the top of the root and renames into
@@ -224,14 +259,16 @@ fn free_bytes(path: &Path) -> u64 {
     st.f_bavail * st.f_frsize
 }
 
-/// A disk that fills up once a publication's outputs are in place, so
-/// that neither its catalog nor the settling of its journal can be
-/// written: the result says what is true (the journal stays, and the next
-/// process that locks the root finishes it), a run while the disk is still
-/// full names that cause, and once space is freed the next run settles the
+/// A disk too full for a publication's new catalog. The catalog is staged
+/// with the outputs, before anything moves into place, so the publication
+/// fails while its root can still be settled: the journal goes and the
+/// catalog stands as it was. A publication killed once its outputs are in
+/// place, with the disk then too full for the catalog that settling its
+/// journal writes, keeps the journal: a run while the disk is still full
+/// names that cause, and once space is freed the next run settles the
 /// root and publishes.
 #[test]
-fn a_full_disk_that_also_stops_settling_says_the_journal_stays() {
+fn a_full_disk_fails_before_anything_moves_and_a_journal_it_cannot_settle_stays() {
     let t = Test::new();
     let Some(_fs) = sized_fs_at(&t.join("small"), "8m") else {
         return;
@@ -247,41 +284,66 @@ fn a_full_disk_that_also_stops_settling_says_the_journal_stays() {
             )
         })
         .collect();
-    let many: Vec<(&str, &str)> = many.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect();
     let a = t.bundle_at("a", "a", "2026-06-01T00:00:00Z", &many);
     t.publish("p", &a, &[]).expect_code(0);
     let root = t.join("small/root");
-    let catalog = fs::metadata(root.join(".distributor.json")).unwrap().len();
+    let before = fs::read(root.join(".distributor.json")).unwrap();
+    let catalog = before.len() as u64;
     assert!(catalog > 350 << 10, "catalog {catalog} bytes");
 
     // 20 new small files (a change staged beside its targets, journaled
-    // first): they and the journal fit, the new catalog does not, and
-    // neither does the catalog that settling the journal would write.
+    // first): they and the journal fit, the new catalog does not.
     let few: Vec<(String, String)> = (0..20)
         .map(|i| (format!("new/f{i:02}.txt"), format!("{i}\n")))
         .collect();
-    let few: Vec<(&str, &str)> = few.iter().map(|(p, c)| (p.as_str(), c.as_str())).collect();
     let b = t.bundle_at("b", "b", "2026-06-02T00:00:00Z", &few);
-    let room = 20 * 4096 + (64 << 10) + catalog / 2;
     let filler = t.join("small/filler");
-    let free = free_bytes(&root);
-    assert!(free > room, "{free} bytes free");
-    fs::write(&filler, vec![0u8; (free - room) as usize]).unwrap();
-
+    let fill_to = |room: u64| {
+        let _ = fs::remove_file(&filler);
+        let free = free_bytes(&root);
+        assert!(free > room, "{free} bytes free");
+        fs::write(&filler, vec![0u8; (free - room) as usize]).unwrap();
+    };
+    fill_to(20 * 4096 + (64 << 10) + catalog / 2);
     let out = t.publish("p", &b, &[]);
     out.expect_code(1);
     let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
     assert!(error.contains("space"), "{error}");
-    assert!(
-        error.contains("settling the root from its journal failed too")
-            && error.contains("the journal stays"),
-        "{error}"
-    );
-    assert!(!error.contains("left consistent"), "{error}");
-    assert!(root.join(".distributor-journal.json").exists());
+    assert!(error.contains("left consistent"), "{error}");
+    assert!(!root.join(".distributor-journal.json").exists());
+    assert_eq!(fs::read(root.join(".distributor.json")).unwrap(), before);
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+    assert!(!root.join("new").exists());
 
-    // Still full: the next run says it cannot settle the journal, not that
-    // it cannot read the root.
+    // Killed once its outputs are in place, before its catalog is.
+    fs::remove_file(&filler).unwrap();
+    let killed = t
+        .cmd()
+        .env("DISTRIBUTOR_FAILPOINT", "publish.before_catalog")
+        .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+        .arg(&b)
+        .output();
+    assert_ne!(killed.code, 0, "{}", killed.all());
+    assert!(root.join(".distributor-journal.json").exists());
+    assert!(root.join("new/f00.txt").exists());
+    // The killed run's staged catalog is what the next run sweeps away
+    // first; swept here already, so that the disk can be filled beyond the
+    // room the catalog of the settled journal needs.
+    let mut staged = 0;
+    for entry in fs::read_dir(&root).unwrap() {
+        let entry = entry.unwrap();
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".distributor-tmp-")
+        {
+            fs::remove_file(entry.path()).unwrap();
+            staged += 1;
+        }
+    }
+    assert_eq!(staged, 1, "the killed run staged its catalog at the top");
+    fill_to(catalog / 2);
     let again = t.publish("p", &b, &[]);
     again.expect_code(1);
     let error = again.json()["error"]
@@ -292,6 +354,7 @@ fn a_full_disk_that_also_stops_settling_says_the_journal_stays() {
         error.contains("cannot settle the unfinished publication"),
         "{error}"
     );
+    assert!(root.join(".distributor-journal.json").exists());
 
     // Space freed: settled and published.
     fs::remove_file(&filler).unwrap();
