@@ -108,12 +108,14 @@ pub const CATALOG_FOR_ONE_MANIFEST_BYTE: u64 = 45;
 pub const READ_AHEAD_FROM: u64 = 1 << 20;
 
 /// `root`'s catalog file, open, if it is worth reading ahead of the lock
-/// ([`read_ahead`]): at least [`READ_AHEAD_FROM`] bytes, and not the
-/// catalog this process remembers writing.
+/// ([`read_ahead`]): at least [`READ_AHEAD_FROM`] bytes, not the catalog
+/// this process remembers writing, and not a file it already found to be
+/// no v4 catalog when it read it ahead.
 pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::File> {
     let file = root.open_reserved(STATE_FILE).ok()??;
-    let meta = file.metadata().ok()?;
-    (meta.len() >= READ_AHEAD_FROM && !memory.knows(root, Look::of(&meta))).then_some(file)
+    let look = Look::of(&file.metadata().ok()?);
+    (look.size >= READ_AHEAD_FROM && !memory.knows(root, look) && !memory.read_ahead_before(look))
+        .then_some(file)
 }
 
 /// Reads a root's catalog (`file`, from [`worth_reading_ahead`]) without
@@ -125,19 +127,26 @@ pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::
 /// the text of its records when the publication's manifests take
 /// `manifest_bytes` and the catalog is [`CATALOG_FOR_ONE_MANIFEST_BYTE`]
 /// times that or more, and no larger than a process remembers
-/// ([`crate::remembered::LARGEST`]).
-pub fn read_ahead(file: std::fs::File, manifest_bytes: u64) -> Option<ReadAhead> {
+/// ([`crate::remembered::LARGEST`]). A file that is not a v4 catalog is
+/// remembered as such in `memory` ([`Remembered::not_read_ahead`]).
+pub fn read_ahead(
+    file: std::fs::File,
+    manifest_bytes: u64,
+    memory: &Remembered,
+) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
     let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size
         && look.size <= crate::remembered::LARGEST;
-    let read = State::read_file(&file, small).ok()?;
-    match read {
-        (State::Catalog(catalog), texts) => Some(ReadAhead {
+    match State::read_file(&file, small) {
+        Ok((State::Catalog(catalog), texts)) => Some(ReadAhead {
             look,
             catalog,
             texts,
         }),
-        _ => None,
+        _ => {
+            memory.not_read_ahead(look);
+            None
+        }
     }
 }
 
@@ -481,20 +490,45 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(STATE_FILE);
         std::fs::write(&path, catalog.to_json()).unwrap();
-        let ahead = read_ahead(std::fs::File::open(&path).unwrap(), 0).unwrap();
+        let memory = Remembered::default();
+        let ahead = read_ahead(std::fs::File::open(&path).unwrap(), 0, &memory).unwrap();
         assert_eq!(ahead.catalog, catalog);
         assert!(ahead.texts.is_some(), "read with the text of its records");
         // Manifests large beside the catalog: not read.
         let size = std::fs::metadata(&path).unwrap().len();
         let most = size / CATALOG_FOR_ONE_MANIFEST_BYTE;
         for (manifests, read) in [(most, true), (most + 1, false)] {
-            let ahead = read_ahead(std::fs::File::open(&path).unwrap(), manifests).unwrap();
+            let ahead =
+                read_ahead(std::fs::File::open(&path).unwrap(), manifests, &memory).unwrap();
             assert_eq!(
                 ahead.texts.is_some(),
                 read,
                 "manifests of {manifests} bytes"
             );
         }
+    }
+
+    #[test]
+    fn a_large_file_that_is_no_catalog_is_read_ahead_once_while_it_is_that_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::open(tmp.path()).unwrap().unwrap();
+        let memory = Remembered::default();
+        // Large, and not a catalog: its JSON is cut short.
+        let mut catalog = Catalog::new(time::macros::datetime!(2026-06-01 00:00 UTC));
+        catalog.outputs = (0..3000).map(|i| record(&format!("f/{i:05}"), 1)).collect();
+        let text = catalog.to_json();
+        root.write_reserved(STATE_FILE, &text[..text.len() - 10])
+            .unwrap();
+        let file = worth_reading_ahead(&root, &memory).expect("large: worth reading ahead");
+        assert!(read_ahead(file, 0, &memory).is_none());
+        assert!(
+            worth_reading_ahead(&root, &memory).is_none(),
+            "the same file is not read ahead again"
+        );
+        // Another process repairs it: a new file, read ahead again.
+        root.write_reserved(STATE_FILE, &text).unwrap();
+        let file = worth_reading_ahead(&root, &memory).expect("a new file");
+        assert_eq!(read_ahead(file, 0, &memory).unwrap().catalog, catalog);
     }
 
     #[test]
@@ -631,8 +665,8 @@ mod tests {
         let big = catalog_of(3000, 1);
         root.write_reserved(STATE_FILE, &big.to_json()).unwrap();
         let read = |root: &Root| {
-            let ahead =
-                worth_reading_ahead(root, &Remembered::default()).and_then(|f| read_ahead(f, 0));
+            let memory = Remembered::default();
+            let ahead = worth_reading_ahead(root, &memory).and_then(|f| read_ahead(f, 0, &memory));
             assert!(ahead.is_some(), "a large catalog is worth reading ahead");
             ahead
         };

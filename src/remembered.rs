@@ -53,7 +53,14 @@ struct Kept {
 pub struct Remembered {
     catalogs: Mutex<Vec<Kept>>,
     tops: Mutex<Vec<Top>>,
+    /// Catalog files read ahead of a lock and found not to be a v4 catalog
+    /// (or not readable), newest last: not read ahead again while they are
+    /// the same file ([`Self::not_read_ahead`]).
+    not_catalogs: Mutex<Vec<Look>>,
 }
+
+/// How many files [`Remembered::not_read_ahead`] remembers.
+const NOT_CATALOGS: usize = 8;
 
 fn root_key(root: &Root) -> Option<(u64, u64)> {
     let st = rustix::fs::fstat(root.dir()).ok()?;
@@ -81,6 +88,26 @@ impl Remembered {
         let entry = entries.iter_mut().find(|e| e.root == key)?;
         let (written, catalog) = entry.catalog.take()?;
         (written == file).then_some(catalog)
+    }
+
+    /// Remembers that the file `file`, read ahead of a lock, is not a v4
+    /// catalog (or could not be read): a publication does not read it ahead
+    /// again, nor prepare a batch's bundles while it is read
+    /// ([`crate::journal::worth_reading_ahead`]), while it is that file.
+    pub fn not_read_ahead(&self, file: Look) {
+        let mut known = self.not_catalogs.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|l| *l != file);
+        if known.len() == NOT_CATALOGS {
+            known.remove(0);
+        }
+        known.push(file);
+    }
+
+    /// Whether `file` was found not to be a v4 catalog when read ahead
+    /// ([`Self::not_read_ahead`]).
+    pub fn read_ahead_before(&self, file: Look) -> bool {
+        let known = self.not_catalogs.lock().unwrap_or_else(|e| e.into_inner());
+        known.contains(&file)
     }
 
     /// Whether the catalog remembered for `root` is the file `file` (without

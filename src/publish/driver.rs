@@ -305,6 +305,15 @@ fn manifest_bytes(bundles: &[&Path]) -> u64 {
         .fold(0, u64::saturating_add)
 }
 
+/// Whether every root opened holds a valid catalog: a batch needs one in
+/// each (a root without sends the batch one bundle at a time, the first
+/// creating or converting it).
+fn all_catalogs(roots: &[Root]) -> bool {
+    roots
+        .iter()
+        .all(|r| matches!(r.records.opened, State::Catalog(_)))
+}
+
 /// Bundles prepared at once (on every core).
 const PREPARE_AT_ONCE: usize = 256;
 
@@ -440,35 +449,27 @@ impl<'a> Driver<'a> {
     }
 
     /// Prepares `bundles` and opens every root, in the order that suits
-    /// them: a bundle alone is prepared before any root is locked (an
-    /// invalid one never waits for a lock), while a large local catalog is
-    /// parsed on a thread of its own (started only when there is one); a
-    /// batch opens its roots first, and one without a valid catalog sends
-    /// the first bundle alone before anything is prepared. The outcome
-    /// instead when there is nothing to publish, or it cannot start.
+    /// them: a large local catalog is parsed on a thread of its own while
+    /// the bundles are prepared, before any root is locked (so that an
+    /// invalid bundle alone never waits for a lock), and a batch without
+    /// one opens its roots first. A batch into a root without a valid
+    /// catalog sends its first bundle alone; it is prepared for nothing
+    /// only when the root's large file turned out not to be a catalog, once
+    /// per such file ([`crate::remembered::Remembered::not_read_ahead`]).
+    /// The outcome instead when there is nothing to publish, or it cannot
+    /// start.
     fn open_and_prepare(
         &self,
         bundles: &[&Path],
         alone: bool,
         now: OffsetDateTime,
     ) -> Result<Started<'a>, Outcome> {
-        if !alone {
-            // Large catalogs are read before the lock here too, but before
-            // the bundles are prepared rather than beside it: a root without
-            // a catalog sends the batch one bundle at a time, before any is
-            // prepared for nothing.
-            let worth = self.worth_reading_ahead();
-            let ahead = match worth.is_empty() {
-                true => Vec::new(),
-                false => self.read_ahead(worth, manifest_bytes(bundles)),
-            };
+        let worth = self.worth_reading_ahead();
+        if !alone && worth.is_empty() {
             let roots = self
-                .open_all(now, ahead)
+                .open_all(now, Vec::new())
                 .map_err(|(_, e)| Outcome::Aborted(e))?;
-            if roots
-                .iter()
-                .any(|r| !matches!(r.records.opened, State::Catalog(_)))
-            {
+            if !all_catalogs(&roots) {
                 return Err(Outcome::OneFirst);
             }
             let (reports, ready) = self.prepare(bundles, held_at_most());
@@ -477,7 +478,6 @@ impl<'a> Driver<'a> {
             }
             return Ok((reports, ready, roots));
         }
-        let worth = self.worth_reading_ahead();
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
         let (reports, ready) = if worth.is_empty() {
             self.prepare(bundles, held_at_most())
@@ -485,19 +485,21 @@ impl<'a> Driver<'a> {
             let manifest_bytes = manifest_bytes(bundles);
             // Texts a catalog write will not copy are dropped once the
             // roots are open (Driver::run), for one bundle as for a batch.
-            std::thread::scope(|s| {
-                let reading = s.spawn(|| self.read_ahead(worth, manifest_bytes));
-                let prepared = self.prepare(bundles, held_at_most());
-                ahead = reading.join().unwrap_or_default();
-                prepared
-            })
+            let (read, prepared) = crate::workers::beside(
+                || self.read_ahead(worth, manifest_bytes),
+                || self.prepare(bundles, held_at_most()),
+            );
+            ahead = read;
+            prepared
         };
         let Some((_, first)) = ready.first() else {
             return Err(Outcome::Reports(reports.into_iter().flatten().collect()));
         };
         match self.open_all(now, ahead) {
-            Ok(roots) => Ok((reports, ready, roots)),
-            Err((j, e)) => Err(self.abort(alone, first.report.clone(), Some(j), e, &[])),
+            Ok(roots) if alone || all_catalogs(&roots) => Ok((reports, ready, roots)),
+            Ok(_) => Err(Outcome::OneFirst),
+            Err((j, e)) if alone => Err(self.abort(alone, first.report.clone(), Some(j), e, &[])),
+            Err((_, e)) => Err(Outcome::Aborted(e)),
         }
     }
 
@@ -522,7 +524,8 @@ impl<'a> Driver<'a> {
         let mut read = Vec::new();
         read.resize_with(self.destinations.len(), || None);
         for (j, file) in worth {
-            read[j] = crate::journal::read_ahead(file, manifest_bytes);
+            read[j] =
+                crate::journal::read_ahead(file, manifest_bytes, self.options.process.remembered());
         }
         read
     }

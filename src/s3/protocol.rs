@@ -161,8 +161,16 @@ impl S3Root {
     pub(super) fn swap(&self, next: Catalog, base: &Base) -> Result<ETag> {
         let next = monotonic(next, &base.state);
         let mut bytes = Vec::new();
-        // Writing into a Vec cannot fail.
-        let _ = next.write_json_reusing(&mut bytes, base.texts.as_deref());
+        // Writing into memory fails only when the catalog's own layout is
+        // not the one this build writes (a defect): formatted whole then,
+        // never sent cut short.
+        if let Err(e) = next.write_json_reusing(&mut bytes, base.texts.as_deref()) {
+            log::warn!(
+                "{}: the catalog could not be written from the text of its records ({e}); formatting every record instead",
+                self.label
+            );
+            bytes = next.to_json();
+        }
         let expected = base.etag.as_ref();
         let swapped = self.write_catalog(bytes.into(), expected);
         log::debug!(

@@ -410,3 +410,92 @@ fn a_batch_keeps_files_that_already_hold_the_planned_bytes() {
     assert_eq!(t.records("root")["a/same.txt"]["source"]["id"], "y");
     assert_catalog_matches_disk(&t.join("root"));
 }
+
+/// A v4 catalog of `n` records owned by another pipeline, at paths no
+/// bundle here writes: about 430 bytes a record.
+fn catalog_of_others(n: usize) -> String {
+    let outputs: Vec<Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "path": format!("others/{:03}/file-{i:06}.html", i / 1000),
+                "pipeline_id": "other",
+                "destination_id": "site",
+                "source": {"id": format!("src-{:05}", i / 10),
+                           "digest": format!("sha256:{}", "ab".repeat(32)),
+                           "created": "2026-01-01T00:00:00Z"},
+                "kind": "source",
+                "sha256": format!("sha256:{}", "cd".repeat(32)),
+                "size": 1234,
+                "created_at": "2026-01-01T00:00:00Z",
+                "updated_at": "2026-01-01T00:00:00Z",
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "schema_version": 4,
+        "distributor_version": "test",
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "state": {"mode": "catalog"},
+        "outputs": outputs,
+    });
+    serde_json::to_string_pretty(&doc).unwrap() + "\n"
+}
+
+/// A backlog into a root whose large catalog file is cut short: every
+/// bundle fails alone, naming the catalog, and the file is left as it is.
+/// Once an operator restores it, the next backlog goes as one batch.
+#[test]
+fn a_backlog_into_a_large_broken_catalog_fails_each_bundle_and_a_restored_one_takes_a_batch() {
+    let t = Test::new();
+    t.config(&config("additive"));
+    let whole = catalog_of_others(3000);
+    assert!(whole.len() > 1 << 20, "{} bytes: read ahead", whole.len());
+    let broken = &whole[..whole.len() - 100];
+    t.write("root/.distributor.json", broken);
+    for i in 0..4u64 {
+        let c = format!("{i}\n");
+        drop_bundle(&t, &format!("b{i}"), i, &[(&format!("n{i}.txt"), &c)]);
+    }
+    let out = t.run(&["agent", "--once"]);
+    assert_eq!(out.code, 1, "{}", out.all());
+    for i in 0..4 {
+        let r = result(&t, "failed", &format!("b{i}"));
+        assert_eq!(r["ok"], false, "{r}");
+        let error = r.to_string();
+        assert!(error.contains(".distributor.json"), "b{i}: {error}");
+    }
+    assert_eq!(
+        fs::read_to_string(t.join("root/.distributor.json")).unwrap(),
+        broken,
+        "the broken catalog is left as it is"
+    );
+    for i in 0..4 {
+        assert!(!t.join(&format!("root/n{i}.txt")).exists());
+    }
+
+    t.write("root/.distributor.json", &whole);
+    for i in 4..7u64 {
+        let c = format!("{i}\n");
+        drop_bundle(&t, &format!("b{i}"), i, &[(&format!("n{i}.txt"), &c)]);
+    }
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(0);
+    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
+    let records = t.records("root");
+    assert_eq!(records.len(), 3003);
+    for i in 4..7 {
+        assert_eq!(
+            records[&format!("n{i}.txt")]["source"]["id"],
+            format!("b{i}")
+        );
+        assert_eq!(
+            fs::read_to_string(t.join(&format!("root/n{i}.txt"))).unwrap(),
+            format!("{i}\n")
+        );
+    }
+}
