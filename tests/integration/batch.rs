@@ -44,6 +44,14 @@ fn result(t: &Test, folder: &str, name: &str) -> Value {
         .unwrap()
 }
 
+/// `agent --once` with its info log (which says how bundles were batched).
+fn agent_once_logged(t: &Test) -> crate::util::Output {
+    t.cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output()
+}
+
 fn batched(stderr: &str) -> bool {
     stderr.contains("published a batch of")
 }
@@ -62,11 +70,7 @@ fn a_backlog_is_published_in_arrival_order_with_one_result_per_bundle() {
             &[("page.html", &content), (&only, "x\n")],
         );
     }
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
     for i in 0..10 {
@@ -101,11 +105,7 @@ fn replacement_in_a_batch_deletes_what_a_later_bundle_omits() {
     drop_bundle(&t, "seed", 0, &[("seed.txt", "s\n")]);
     drop_bundle(&t, "a", 1, &[("x.txt", "a\n"), ("y/deep.txt", "a\n")]);
     drop_bundle(&t, "b", 2, &[("x.txt", "b\n")]);
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
     let b = result(&t, "done", "b");
@@ -132,11 +132,7 @@ fn an_invalid_bundle_in_a_batch_fails_alone() {
     drop_bundle(&t, "tampered", 2, &[("t.txt", "tttt\n")]);
     fs::write(t.join("spool/p/inbox/tampered/t.txt"), "TTTT\n").unwrap();
     drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(1);
     assert_eq!(names(&t.join("spool/p/done")), ["a", "b", "c"]);
     assert_eq!(names(&t.join("spool/p/failed")), ["tampered"]);
@@ -169,11 +165,7 @@ fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
     drop_bundle(&t, "a", 1, &[("a.txt", "a\n")]);
     drop_bundle(&t, "blocked", 2, &[("stray.txt", "mine\n")]);
     drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(1);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
     assert_eq!(names(&t.join("spool/p/done")), ["a", "c", "first"]);
@@ -296,11 +288,7 @@ pipelines:
             ],
         );
     }
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(
         out.stderr
@@ -347,11 +335,7 @@ pipelines:
     drop_bundle(&t, "tampered", 2, &[("t.txt", "tttt\n")]);
     fs::write(t.join("spool/p/inbox/tampered/t.txt"), "TTTT\n").unwrap();
     drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(1);
     let line = out
         .stderr
@@ -392,11 +376,7 @@ fn a_batch_keeps_files_that_already_hold_the_planned_bytes() {
         2,
         &[("a/same.txt", "same\n"), ("a/old.txt", "2\n")],
     );
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
     assert_eq!(stamp("a/same.txt"), same, "kept as it was");
@@ -479,11 +459,7 @@ fn a_backlog_into_a_large_broken_catalog_fails_each_bundle_and_a_restored_one_ta
         let c = format!("{i}\n");
         drop_bundle(&t, &format!("b{i}"), i, &[(&format!("n{i}.txt"), &c)]);
     }
-    let out = t
-        .cmd()
-        .env("RUST_LOG", "info")
-        .args(["--config", "config.yaml", "agent", "--once"])
-        .output();
+    let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
     let records = t.records("root");
