@@ -453,9 +453,11 @@ impl<'a> Driver<'a> {
     /// the bundles are prepared, before any root is locked (so that an
     /// invalid bundle alone never waits for a lock), and a batch without
     /// one opens its roots first. A batch into a root without a valid
-    /// catalog sends its first bundle alone; it is prepared for nothing
-    /// only when the root's large file turned out not to be a catalog, once
-    /// per such file ([`crate::remembered::Remembered::not_read_ahead`]).
+    /// catalog sends its first bundle alone. A batch prepares its bundles
+    /// while reading ahead only when every root has a large catalog file to
+    /// read, so it prepares them for nothing only when one turns out not to
+    /// be a catalog, once per such file
+    /// ([`crate::remembered::Remembered::not_read_ahead`]).
     /// The outcome instead when there is nothing to publish, or it cannot
     /// start.
     fn open_and_prepare(
@@ -465,9 +467,16 @@ impl<'a> Driver<'a> {
         now: OffsetDateTime,
     ) -> Result<Started<'a>, Outcome> {
         let worth = self.worth_reading_ahead();
-        if !alone && worth.is_empty() {
+        // A root with no large file to read ahead may hold no catalog (it
+        // is missing, small, legacy, or not readable by this version): the
+        // batch finds out before it prepares anything.
+        if !alone && worth.len() < self.destinations.len() {
+            let ahead = match worth.is_empty() {
+                true => Vec::new(),
+                false => self.read_ahead(worth, manifest_bytes(bundles)),
+            };
             let roots = self
-                .open_all(now, Vec::new())
+                .open_all(now, ahead)
                 .map_err(|(_, e)| Outcome::Aborted(e))?;
             if !all_catalogs(&roots) {
                 return Err(Outcome::OneFirst);

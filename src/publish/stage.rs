@@ -4,9 +4,9 @@
 //! temporary files, a durability barrier, the renames into place (the
 //! catalog's last), a second barrier, and settling from the journal after
 //! a failure. The outputs and the catalog are written while staging, so a
-//! full disk stops a publication before anything moves (only the small
-//! record of a large publication's looks, `.distributor-seen`, is written
-//! after the renames).
+//! full disk stops a publication before its renames (a change at the top
+//! creates its folders as it renames; the record of a large publication's
+//! looks, `.distributor-seen`, written after them, fails nothing).
 //!
 //! The shape of the change picks the layout, never a second copy of the
 //! steps ([`Layout`]): a few writes are staged at the top of the root with
@@ -500,7 +500,7 @@ pub(super) enum Step {
     Rename,
     /// Deleting the output at this path (or the folders it left empty).
     Delete(String),
-    /// Writing the catalog (or the record of the outputs' looks).
+    /// Renaming the catalog into place.
     Catalog,
     /// Making the renames, deletions and catalog durable.
     Barrier,
@@ -548,8 +548,17 @@ pub(super) fn commit(
         (staged.layout == Layout::Beside).then_some(&PerCore::for_io() as &dyn Workers),
     )?;
     failpoint::hit("publish.before_catalog");
-    if change.record_looks && change.is_large() {
-        record_looks(root, &change.writes, &staged.outputs).map_err(failed_at(Step::Catalog))?;
+    // The record of the outputs' looks only spares reading them again: a
+    // failure to write it (a full disk) fails nothing, and the file it
+    // leaves names looks the renamed files no longer have.
+    if change.record_looks
+        && change.is_large()
+        && let Err(e) = record_looks(root, &change.writes, &staged.outputs)
+    {
+        log::warn!(
+            "{}: cannot record the looks of the outputs in {SEEN_FILE} ({e}); the next large publication reads and hashes them again",
+            root.path().display()
+        );
     }
     let written = root
         .place_reserved(&staged.catalog, STATE_FILE)
