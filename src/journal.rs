@@ -114,7 +114,7 @@ pub const READ_AHEAD_FROM: u64 = 1 << 20;
 pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::File> {
     let file = root.open_reserved(STATE_FILE).ok()??;
     let look = Look::of(&file.metadata().ok()?);
-    (look.size >= READ_AHEAD_FROM && !memory.knows(root, look) && !memory.read_ahead_before(look))
+    (look.size >= READ_AHEAD_FROM && !memory.knows(root, look) && !memory.is_no_catalog(look))
         .then_some(file)
 }
 

@@ -105,7 +105,7 @@ impl Remembered {
 
     /// Whether `file` was found not to be a v4 catalog when read ahead
     /// ([`Self::not_read_ahead`]).
-    pub fn read_ahead_before(&self, file: Look) -> bool {
+    pub fn is_no_catalog(&self, file: Look) -> bool {
         let known = self.not_catalogs.lock().unwrap_or_else(|e| e.into_inner());
         known.contains(&file)
     }

@@ -471,12 +471,8 @@ impl<'a> Driver<'a> {
         // is missing, small, legacy, or not readable by this version): the
         // batch finds out before it prepares anything.
         if !alone && worth.len() < self.destinations.len() {
-            let ahead = match worth.is_empty() {
-                true => Vec::new(),
-                false => self.read_ahead(worth, manifest_bytes(bundles)),
-            };
             let roots = self
-                .open_all(now, ahead)
+                .open_all(now, self.read_ahead(worth, bundles))
                 .map_err(|(_, e)| Outcome::Aborted(e))?;
             if !all_catalogs(&roots) {
                 return Err(Outcome::OneFirst);
@@ -491,11 +487,10 @@ impl<'a> Driver<'a> {
         let (reports, ready) = if worth.is_empty() {
             self.prepare(bundles, held_at_most())
         } else {
-            let manifest_bytes = manifest_bytes(bundles);
             // Texts a catalog write will not copy are dropped once the
             // roots are open (Driver::run), for one bundle as for a batch.
             let (read, prepared) = crate::workers::beside(
-                || self.read_ahead(worth, manifest_bytes),
+                || self.read_ahead(worth, bundles),
                 || self.prepare(bundles, held_at_most()),
             );
             ahead = read;
@@ -523,18 +518,23 @@ impl<'a> Driver<'a> {
     }
 
     /// Reads the catalogs `worth` reading ahead, by destination
-    /// ([`crate::journal::read_ahead`]; with their texts when the bundles'
-    /// manifests take `manifest_bytes` and are small beside them).
+    /// ([`crate::journal::read_ahead`]; with their texts when the manifests
+    /// of `bundles` are small beside them). Nothing, not even a manifest
+    /// looked at, when no catalog is worth it.
     fn read_ahead(
         &self,
         worth: Vec<(usize, std::fs::File)>,
-        manifest_bytes: u64,
+        bundles: &[&Path],
     ) -> Vec<Option<crate::journal::ReadAhead>> {
+        if worth.is_empty() {
+            return Vec::new();
+        }
+        let manifest_bytes = manifest_bytes(bundles);
+        let memory = self.options.process.remembered();
         let mut read = Vec::new();
         read.resize_with(self.destinations.len(), || None);
         for (j, file) in worth {
-            read[j] =
-                crate::journal::read_ahead(file, manifest_bytes, self.options.process.remembered());
+            read[j] = crate::journal::read_ahead(file, manifest_bytes, memory);
         }
         read
     }
