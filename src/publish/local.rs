@@ -398,14 +398,19 @@ fn delete_through_engine(
     change: &Change<'_>,
     process: &ProcessState,
 ) -> Result<stage::Committed, Fault> {
-    let journaling = || io_fault(format!("cannot write {JOURNAL_FILE}"));
+    // Staging a change without outputs writes exactly these two files.
+    let staging = || {
+        io_fault(format!(
+            "cannot write {JOURNAL_FILE} and the new {STATE_FILE}"
+        ))
+    };
     let mut staged =
         stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
-            Failure::Io(e) => journaling()(e),
+            Failure::Io(e) => staging()(e),
             // Nothing is copied from a bundle.
-            Failure::Bundle(e) => journaling()(io::Error::other(e.to_string())),
+            Failure::Bundle(e) => staging()(io::Error::other(e.to_string())),
         })?;
-    stage::make_durable(root, &mut staged, process).map_err(journaling())?;
+    stage::make_durable(root, &mut staged, process).map_err(staging())?;
     stage::commit(root, change, staged, process).map_err(|CommitFailure { step, source }| {
         let doing = match step {
             Step::Delete(path) => format!("cannot delete {path}"),

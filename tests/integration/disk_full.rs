@@ -364,3 +364,68 @@ fn a_full_disk_fails_before_anything_moves_and_a_journal_it_cannot_settle_stays(
     no_temp_files(&root);
     assert_eq!(t.records("small/root").len(), 820);
 }
+
+/// A prune of many outputs (journaled, the new catalog staged beside the
+/// deletions) on a disk with no room left: it fails before it deletes
+/// anything, names the two files it could not write and the cause, and
+/// leaves the root as it was; once space is freed, the same prune
+/// deletes them all.
+#[test]
+fn a_prune_on_a_full_disk_deletes_nothing_and_says_what_it_could_not_write() {
+    let t = Test::new();
+    let Some(_fs) = small_fs(&t) else { return };
+    t.config(&CONFIG.replace(
+        "workflow: replacement",
+        "workflow: additive\n        prefix: \"{source_id}/\"\n        retention:\n          prune:\n            max_age: 1d\n            keep_latest: 1",
+    ));
+    let files: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("f{i:02}.txt"), format!("{i}\n")))
+        .collect();
+    let old = t.bundle_at("old", "old", "2026-01-01T00:00:00Z", &files);
+    t.publish("p", &old, &[]).expect_code(0);
+    let new = t.bundle_at(
+        "new",
+        "new",
+        "2026-06-02T00:00:00Z",
+        &[("page.txt", "new\n")],
+    );
+    t.publish("p", &new, &[]).expect_code(0);
+    let root = t.join("small/root");
+    // Published long ago (retention goes by the last update).
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&fs::read(root.join(".distributor.json")).unwrap()).unwrap();
+    for r in state["outputs"].as_array_mut().unwrap() {
+        if r["path"].as_str().unwrap().starts_with("old/") {
+            r["updated_at"] = "2026-01-01T00:00:00Z".into();
+        }
+    }
+    let before = format!("{}\n", serde_json::to_string_pretty(&state).unwrap()).into_bytes();
+    fs::write(root.join(".distributor.json"), &before).unwrap();
+
+    let filler = t.join("small/filler");
+    let mut fill = fs::File::create(&filler).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut fill, &block).is_ok() {}
+    drop(fill);
+    let prune = ["prune", "--pipeline", "p", "--destination", "d", "--apply"];
+    let out = t.run(&prune);
+    out.expect_code(1);
+    let said = out.all();
+    assert!(
+        said.contains("cannot write .distributor-journal.json and the new .distributor.json"),
+        "{said}"
+    );
+    assert!(said.contains("space"), "{said}");
+    assert_eq!(fs::read(root.join(".distributor.json")).unwrap(), before);
+    assert_eq!(fs::read_dir(root.join("old")).unwrap().count(), 20);
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+
+    fs::remove_file(&filler).unwrap();
+    t.run(&prune).expect_code(0);
+    assert!(!root.join("old").exists());
+    assert!(root.join("new/page.txt").exists());
+    assert_eq!(t.records("small/root").len(), 1);
+    assert_catalog_matches_disk(&root);
+    no_temp_files(&root);
+}
