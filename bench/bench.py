@@ -683,42 +683,117 @@ class Renames:
 
 
 def bench_big_root_backlog(work, count, records, runs):
-    """A backlog of `count` small bundles through agent --once into an
-    empty root and into a root whose catalog holds `records` records, the
-    catalog renames into place counted (one per batch is the goal)."""
+    """A backlog of `count` small bundles into an empty root and into a
+    root whose catalog holds `records` records, the catalog's renames into
+    place counted (one per batch is the goal), in two shapes each run:
+    through `agent --once` (a fresh process, which reads the catalog
+    first), and into a live agent that has already published into the
+    root (it remembers the catalog), the bundles renamed into its inbox
+    one after another. The floor (write + fsync of the catalog's bytes)
+    and the catalog's read alone (examples/catalog_cost.rs) are measured
+    in the same runs."""
     base = os.path.join(work, "bigbacklog")
     src = os.path.join(base, "src")
     os.makedirs(src)
     make_backlog(src, count)
+    warm = os.path.join(base, "warm")
+    os.makedirs(warm)
+    with open(os.path.join(warm, "warm.html"), "w") as f:
+        f.write("<p>warm</p>\n")
+    seal(warm, "big-backlog-warm")
+    text = catalog_with(records)
     pristine = os.path.join(base, "catalog.json")
     with open(pristine, "w") as f:
-        f.write(catalog_with(records))
-    times = {0: [], records: []}
-    writes = {}
+        f.write(text)
+    data = text.encode()
+    del text
+    shapes = ("once", "live")
+    times = {(shape, n): [] for shape in shapes for n in (0, records)}
+    writes = {(shape, n): [] for shape in shapes for n in (0, records)}
+    floors = []
     for run in range(runs):
-        for n in (0, records):
-            rbase = os.path.join(base, f"run{run}-{n}")
-            config = os.path.join(rbase, "config.yaml")
-            spool = os.path.join(rbase, "spool")
-            root = os.path.join(rbase, "root")
-            os.makedirs(os.path.join(spool, "bench"))
-            os.makedirs(root)
-            if n:
-                shutil.copy(pristine, os.path.join(root, ".distributor.json"))
-            write_config(config, spool, root)
-            sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
-            sh("sync")
-            renames = Renames(root, ".distributor.json")
-            t, _ = timed([BIN, "--config", config, "agent", "--once"],
-                         env=dict(os.environ, RUST_LOG="warn"))
-            writes[n] = renames.count()
-            done = os.listdir(os.path.join(spool, "bench", "done"))
-            if len(done) != count:
-                sys.exit(f"big-root backlog: {len(done)} of {count} bundles in done/")
-            times[n].append(t)
-    runs_line(f"backlog {count} bundles into 0 / {records} records", empty=times[0], big=times[records])
-    return {"count": count, "records": records, "empty": median(times[0]),
-            "big": median(times[records]), "writes_empty": writes[0], "writes_big": writes[records]}
+        for shape in shapes:
+            for n in (0, records):
+                rbase = os.path.join(base, f"{shape}{run}-{n}")
+                config = os.path.join(rbase, "config.yaml")
+                spool = os.path.join(rbase, "spool")
+                root = os.path.join(rbase, "root")
+                os.makedirs(root)
+                if n:
+                    shutil.copy(pristine, os.path.join(root, ".distributor.json"))
+                if shape == "once":
+                    write_config(config, spool, root)
+                    os.makedirs(os.path.join(spool, "bench"))
+                    sh(["cp", "-a", src, os.path.join(spool, "bench", "inbox")])
+                    sh("sync")
+                    renames = Renames(root, ".distributor.json")
+                    t, _ = timed([BIN, "--config", config, "agent", "--once"],
+                                 env=dict(os.environ, RUST_LOG="warn"))
+                    writes[shape, n].append(renames.count())
+                    done = len(os.listdir(os.path.join(spool, "bench", "done")))
+                else:
+                    write_config(config, spool, root, settle="0s")
+                    t, done, writes_live = live_backlog(rbase, config, spool, root, src, warm, count)
+                    writes[shape, n].append(writes_live)
+                if done != count:
+                    sys.exit(f"big-root backlog ({shape}): {done} of {count} bundles in done/")
+                times[shape, n].append(t)
+        floors.append(write_floor(base, data))
+    for shape in shapes:
+        runs_line(f"backlog {count} bundles ({shape}) into 0 / {records} records",
+                  empty=times[shape, 0], big=times[shape, records])
+    runs_line("  floor", floor=floors)
+    out = subprocess.run([CATALOG_COST, pristine], check=True, capture_output=True).stdout
+    steps = {k: float(v) for k, v in (line.split() for line in out.decode().splitlines())
+             if k.endswith("_ms")}
+    return {"count": count, "records": records, "floor": median(floors), "read_ms": steps["read_ms"],
+            **{f"{shape}_{key}": value for shape in shapes for key, value in (
+                ("empty", median(times[shape, 0])), ("big", median(times[shape, records])),
+                ("writes_empty", writes[shape, 0]), ("writes_big", writes[shape, records]))}}
+
+
+def live_backlog(rbase, config, spool, root, src, warm, count):
+    """Starts the agent, publishes the one-file bundle `warm` so that it
+    remembers the root's catalog, then renames the `count` bundles of `src`
+    into its inbox one after another. Returns the time from the first
+    rename until the last bundle is in done/, the bundles there, and how
+    many times the catalog was renamed into place meanwhile."""
+    staging = os.path.join(rbase, "staging")
+    sh(["cp", "-a", src, staging])
+    sh(["cp", "-a", warm, os.path.join(rbase, "warm")])
+    sh("sync")
+    inbox = os.path.join(spool, "bench", "inbox")
+    done = os.path.join(spool, "bench", "done")
+    agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, RUST_LOG="warn"))
+    try:
+        deadline = time.time() + 10
+        while not os.path.isdir(done):
+            if time.time() > deadline:
+                sys.exit("agent did not create its done folder")
+            time.sleep(0.01)
+        watch = CatalogWatch(done)
+
+        def wait_for(total, since):
+            while len(os.listdir(done)) < total:
+                if time.perf_counter() - since > 120:
+                    sys.exit(f"live backlog: {len(os.listdir(done))} of {total} bundles in done/")
+                watch.wait(0.05)
+
+        os.rename(os.path.join(rbase, "warm"), os.path.join(inbox, "warm"))
+        wait_for(1, time.perf_counter())
+        renames = Renames(root, ".distributor.json")
+        names = sorted(os.listdir(staging))
+        start = time.perf_counter()
+        for name in names:
+            os.rename(os.path.join(staging, name), os.path.join(inbox, name))
+        wait_for(count + 1, start)
+        elapsed = time.perf_counter() - start
+        watch.close()
+        return elapsed, len(os.listdir(done)) - 1, renames.count()
+    finally:
+        agent.terminate()
+        agent.wait()
 
 
 def bench_big_root_latency(work, count, records):
@@ -1248,11 +1323,18 @@ def main():
             rows.append((f"  agent peak RSS {r['rss_kib'] // 1024} MiB "
                          f"({r['rss_kib'] / max(r['file_kib'], 1):.1f}x the catalog)", None, None, None))
             r = bench_big_root_backlog(work, big_backlog, big_root, runs)
-            rows.append((f"backlog {r['count']} bundles into {big_root} records", r["big"],
-                         "same into an empty root", r["empty"]))
-            rows.append((f"  catalog written {r['writes_big']} times ({r['writes_empty']} into the "
-                         f"empty root); rate {r['empty'] / r['big']:.2f}x the empty root's "
-                         f"(goal >= 0.5)", None, None, None))
+            for shape, name in (("once", "agent --once"), ("live", "live agent")):
+                big, empty = r[f"{shape}_big"], r[f"{shape}_empty"]
+                rows.append((f"backlog {r['count']} bundles into {big_root} records: {name}", big,
+                             "same into an empty root", empty))
+                writes = ", ".join(map(str, r[f"{shape}_writes_big"]))
+                writes_empty = ", ".join(map(str, r[f"{shape}_writes_empty"]))
+                rows.append((f"  catalog written {writes} times by run ({writes_empty} into the "
+                             f"empty root); rate "
+                             f"{empty / big:.2f}x the empty root's (goal >= 0.5)", None, None, None))
+            rows.append((f"  floor: write + fsync of the catalog {r['floor'] * 1000:.1f} ms; "
+                         f"reading it alone (a fresh process must) {r['read_ms']:.1f} ms",
+                         None, None, None))
         if args.only == "million":
             # Opt-in: a million files take minutes to make and 1M inodes.
             r = bench_million(work, 20000 if args.quick else 1000000)
