@@ -256,8 +256,8 @@ impl Worker {
     }
 
     /// Runs `work` (publishing the bundles `bundles`) while counting what it
-    /// reads; when it takes longer than [`PROGRESS_EVERY`], logs how far it
-    /// got every [`PROGRESS_EVERY`] (docs/contract.md §14.4).
+    /// reads; when it takes longer than [`super::PROGRESS_EVERY`], logs how far it
+    /// got every [`super::PROGRESS_EVERY`] (docs/contract.md §14.4).
     pub(super) fn with_progress<T>(
         &self,
         bundles: &[(&Path, &str)],

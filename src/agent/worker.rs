@@ -180,7 +180,7 @@ impl Worker {
     }
 
     /// Probes the inbox, claims what is ready (in chunks of
-    /// [`Worker::max_batch`]) and publishes it, then waits for a wake-up, a
+    /// [`crate::publish::MAX_BATCH`]) and publishes it, then waits for a wake-up, a
     /// settle time or the rescan interval.
     fn serve_inbox(&self, rx: &Receiver<Wake>) {
         let timing = spool::Timing {

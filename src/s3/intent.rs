@@ -99,7 +99,7 @@ pub struct Intent {
     /// For an agent's publication: `host:spool-folder` of the pipeline it
     /// serves. Only one agent serves a spool folder at a time (it holds the
     /// folder's lock), so the next agent there knows the owner is dead and
-    /// recovers the intent at once ([`recover_abandoned`]) instead of
+    /// recovers the intent at once ([`crate::s3::recovery::recover_abandoned`]) instead of
     /// waiting for the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spool: Option<String>,
