@@ -303,8 +303,10 @@ impl StagedRoot {
 /// the top of the root (beside the outputs, on a thread of its own, when
 /// they are staged beside their targets). Renames nothing into place, and
 /// syncs nothing but the journal of a [`Layout::Beside`] change:
-/// [`make_durable`] follows. `keep_going` is asked before each output;
-/// when it says stop, staging ends with an `Interrupted` error.
+/// [`make_durable`] follows. `keep_going` is asked before each output
+/// and before each piece of the catalog ([`Stoppable`]); when it says
+/// stop, staging ends with an error, the catalog's thread as soon as the
+/// outputs' (a stop never waits for a large catalog to be written out).
 pub(super) fn stage<'a>(
     root: &Root,
     change: &Change<'a>,
@@ -353,7 +355,7 @@ pub(super) fn stage<'a>(
             // into place after them. A temporary file left by a failure is
             // removed when the root is settled.
             let (catalog, outputs) = beside(
-                || stage_catalog(root, change, layout, process),
+                || stage_catalog(root, change, layout, keep_going, process),
                 || {
                     map_on_runs(workers, &change.writes, same_folder, |w| {
                         if !keep_going() {
@@ -385,7 +387,7 @@ pub(super) fn stage<'a>(
             // The new catalog is known: written now, it is made durable
             // with the outputs, and renamed into place after them.
             let (catalog, texts) =
-                stage_catalog(root, change, layout, process).map_err(Failure::Io)?;
+                stage_catalog(root, change, layout, keep_going, process).map_err(Failure::Io)?;
             let journal = change.journal(root).map_err(Failure::Io)?;
             let journal = root
                 .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
@@ -430,6 +432,7 @@ fn stage_catalog(
     root: &Root,
     change: &Change<'_>,
     layout: Layout,
+    keep_going: &(dyn Fn() -> bool + Sync),
     process: &ProcessState,
 ) -> io::Result<(StagedFile, Option<RecordTexts>)> {
     let changed = change.writes.len() + change.deletes.len();
@@ -439,14 +442,47 @@ fn stage_catalog(
     // At the top, the texts are kept even with none to copy.
     let keep = layout == Layout::Top || before.is_some();
     let mut texts = None;
-    let file = root.stage_reserved(&mut |w| match keep {
-        true => {
-            texts = Some(change.catalog.write_json_reusing(w, before.as_deref())?);
-            Ok(())
+    let file = root.stage_reserved(&mut |w| {
+        let w = &mut Stoppable {
+            inner: w,
+            keep_going,
+        };
+        match keep {
+            true => {
+                texts = Some(change.catalog.write_json_reusing(w, before.as_deref())?);
+                Ok(())
+            }
+            false => change.catalog.write_json(w),
         }
-        false => change.catalog.write_json(w),
     })?;
     Ok((file, texts))
+}
+
+/// A writer that asks `keep_going` before each piece it passes on, and
+/// passes on at most [`STOPPABLE_PIECE`] bytes at a time: a catalog of a
+/// million records (about 500 MB) stops within one piece. Its stop is an
+/// error of kind `Other` carrying [`crate::interrupt::Stopped`], never
+/// `Interrupted`, which `write_all` would retry for ever.
+struct Stoppable<'w> {
+    inner: &'w mut dyn io::Write,
+    keep_going: &'w (dyn Fn() -> bool + Sync),
+}
+
+/// The most [`Stoppable`] writes between two questions: a few
+/// milliseconds of copying into the page cache.
+const STOPPABLE_PIECE: usize = 4 << 20;
+
+impl io::Write for Stoppable<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !(self.keep_going)() {
+            return Err(io::Error::other(crate::interrupt::Stopped));
+        }
+        self.inner.write(&buf[..buf.len().min(STOPPABLE_PIECE)])
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// The first barrier: every staged byte, the journal and the catalog
@@ -946,5 +982,66 @@ mod tests {
         for (own, unwritten, want) in cases {
             assert_eq!(sync_mode(own, unwritten), want, "{own} {unwritten:?}");
         }
+    }
+
+    /// Records the size of each write it is given.
+    #[derive(Default)]
+    struct Pieces {
+        bytes: Vec<u8>,
+        sizes: Vec<usize>,
+    }
+
+    impl io::Write for Pieces {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.bytes.extend_from_slice(buf);
+            self.sizes.push(buf.len());
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_catalog_write_passes_on_bounded_pieces_and_stops_within_one() {
+        use std::io::Write as _;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let data: Vec<u8> = (0..10 * STOPPABLE_PIECE + 17).map(|i| i as u8).collect();
+        // (questions answered "go on" before "stop", bytes that get through)
+        let cases = [
+            (usize::MAX, data.len()),
+            (0, 0),
+            (1, STOPPABLE_PIECE),
+            (3, 3 * STOPPABLE_PIECE),
+        ];
+        for (go_on, through) in cases {
+            let asked = AtomicUsize::new(0);
+            let keep_going = || asked.fetch_add(1, Ordering::Relaxed) < go_on;
+            let mut out = Pieces::default();
+            let result = Stoppable {
+                inner: &mut out,
+                keep_going: &keep_going,
+            }
+            .write_all(&data);
+            assert_eq!(out.bytes.len(), through, "{go_on}");
+            assert_eq!(out.bytes, data[..through], "{go_on}");
+            assert!(out.sizes.iter().all(|&n| n <= STOPPABLE_PIECE), "{go_on}");
+            match result {
+                Ok(()) => assert_eq!(through, data.len()),
+                Err(e) => assert!(crate::interrupt::is_stopped(&e), "{go_on}: {e}"),
+            }
+        }
+        // Through serde too, the stop is the error that comes out.
+        let catalog = crate::catalog::Catalog::new(time::OffsetDateTime::UNIX_EPOCH);
+        let mut out = Pieces::default();
+        let e = catalog
+            .write_json(&mut Stoppable {
+                inner: &mut out,
+                keep_going: &|| false,
+            })
+            .unwrap_err();
+        assert!(crate::interrupt::is_stopped(&e), "{e}");
+        assert!(out.bytes.is_empty());
     }
 }
