@@ -752,6 +752,20 @@ def bench_big_root_backlog(work, count, records, runs):
                 ("writes_empty", writes[shape, 0]), ("writes_big", writes[shape, records]))}}
 
 
+def start_agent(config, done):
+    """Starts the agent on `config` and waits until it made its `done`
+    folder; returns it and a watch on that folder (CatalogWatch)."""
+    agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
+                             env=dict(os.environ, RUST_LOG="warn"))
+    deadline = time.time() + 10
+    while not os.path.isdir(done):
+        if agent.poll() is not None or time.time() > deadline:
+            agent.terminate()
+            sys.exit("agent did not create its done folder")
+        time.sleep(0.01)
+    return agent, CatalogWatch(done)
+
+
 def live_backlog(rbase, config, spool, root, src, warm, count):
     """Starts the agent, publishes the one-file bundle `warm` so that it
     remembers the root's catalog, then renames the `count` bundles of `src`
@@ -764,16 +778,8 @@ def live_backlog(rbase, config, spool, root, src, warm, count):
     sh("sync")
     inbox = os.path.join(spool, "bench", "inbox")
     done = os.path.join(spool, "bench", "done")
-    agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
-                             env=dict(os.environ, RUST_LOG="warn"))
+    agent, watch = start_agent(config, done)
     try:
-        deadline = time.time() + 10
-        while not os.path.isdir(done):
-            if time.time() > deadline:
-                sys.exit("agent did not create its done folder")
-            time.sleep(0.01)
-        watch = CatalogWatch(done)
-
         def wait_for(total, since):
             while len(os.listdir(done)) < total:
                 if time.perf_counter() - since > 120:
@@ -831,16 +837,9 @@ def bench_big_root_latency(work, count, records):
         sh("sync")
         inbox = os.path.join(spool, "bench", "inbox")
         done = os.path.join(spool, "bench", "done")
-        agent = subprocess.Popen([BIN, "--config", config, "agent"], stderr=subprocess.DEVNULL,
-                                 env=dict(os.environ, RUST_LOG="warn"))
+        agent, watch = start_agent(config, done)
         samples, rss = [], 0
         try:
-            deadline = time.time() + 10
-            while not os.path.isdir(done):
-                if time.time() > deadline:
-                    sys.exit("agent did not create its done folder")
-                time.sleep(0.01)
-            watch = CatalogWatch(done)
             for i in range(count):
                 name = f"l{i:04d}"
                 start = time.perf_counter()
