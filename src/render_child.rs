@@ -36,10 +36,17 @@
 //! kept. [`Pool::stop_idle`] ends the idle ones (`distributor run` and the
 //! agent call it as they end).
 //!
+//! Before each document the child also sets its CPU time limit
+//! (`RLIMIT_CPU`) to what it has used plus
+//! [`crate::bundle::markdown_cpu_seconds`] of the document: a document
+//! shaped to be slow ends the child with SIGXCPU, and the parent refuses
+//! the file ([`ChildError::OverTime`]).
+//!
 //! The child is single-threaded (no second malloc arena is reserved), and
-//! it ignores SIGTERM, SIGINT and SIGHUP: stopping the agent drains the
-//! bundle in hand, and a signal to the whole process group or service
-//! must not fail the page half-way. It ends at the end of its stdin, which
+//! it ignores SIGTERM, SIGINT and SIGHUP: a signal to the whole process
+//! group or service must not fail the page half-way. The agent ends its
+//! children itself ([`kill_all`]) when it interrupts the bundle in hand,
+//! 1 s after a stop. It ends at the end of its stdin, which
 //! the kernel closes when the agent exits however it exits (its pipes are
 //! close-on-exec, so no other process holds them), or when a write to its
 //! stdout fails. `PR_SET_PDEATHSIG` is not used: it fires when the
@@ -126,6 +133,9 @@ pub enum ChildError {
     /// The child failed on this document in another way (a panic):
     /// rendering it again would fail again. The text says how.
     Crashed(String),
+    /// The child ran out of the CPU time its document may take
+    /// ([`crate::bundle::markdown_cpu_seconds`]): the file is refused.
+    OverTime,
     /// The child could not be started or talked to, or it was stopped from
     /// outside: rendering again later may work. The text says what failed.
     Failed(String),
@@ -252,7 +262,7 @@ impl Pool {
         loop {
             let mut child = self.lock().pop()?;
             // One that died while idle (killed from outside) is dropped.
-            if matches!(child.process.try_wait(), Ok(None)) {
+            if child.running() {
                 return Some(child);
             }
         }
@@ -284,6 +294,32 @@ impl Pool {
         self.idle
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The process ids of this process's children that are not reaped yet,
+/// so that a stop can end them ([`kill_all`]). Process-wide on purpose,
+/// like the stop request it serves (docs/architecture.md, "What a process
+/// keeps"). A child is taken out under this lock before it is waited for,
+/// so an id here is never one the system gave to another process since.
+static LIVE: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Ends every renderer child of this process at once (SIGKILL: they
+/// ignore the stop signals). The agent calls it when it interrupts the
+/// work in hand, 1 s after it was told to stop (docs/contract.md §12.4):
+/// a document that takes long to render then fails like any interrupted
+/// work, and its bundle stays in `work/` for the next start.
+pub fn kill_all() {
+    let live = live();
+    for &pid in live.iter() {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
     }
 }
 
@@ -321,6 +357,7 @@ impl Child {
                 ))
             })?;
         log::debug!("renderer process {} started", process.id());
+        live().push(process.id());
         Ok(Child {
             stdin: process.stdin.take(),
             stdout: process
@@ -336,6 +373,24 @@ impl Child {
 
     fn id(&self) -> u32 {
         self.process.id()
+    }
+
+    /// Waits for it to end, once it is out of [`LIVE`].
+    fn reap(&mut self) -> io::Result<std::process::ExitStatus> {
+        let id = self.id();
+        live().retain(|&pid| pid != id);
+        self.process.wait()
+    }
+
+    /// Whether it is still running (reaped, and out of [`LIVE`], if not).
+    fn running(&mut self) -> bool {
+        let mut live = live();
+        let running = matches!(self.process.try_wait(), Ok(None));
+        if !running {
+            let id = self.id();
+            live.retain(|&pid| pid != id);
+        }
+        running
     }
 
     /// Sends one document and reads its page into `sink`: the page's
@@ -385,7 +440,7 @@ impl Child {
         if let Some(mut stderr) = self.stderr.take() {
             let _ = (&mut stderr).take(64 << 10).read_to_end(&mut said);
         }
-        let status = self.process.wait();
+        let status = self.reap();
         log::debug!(
             "renderer process {} ended: {}",
             self.id(),
@@ -423,7 +478,7 @@ impl Drop for Child {
         self.stdin = None;
         self.stdout = None;
         self.stderr = None;
-        let _ = self.process.wait();
+        let _ = self.reap();
     }
 }
 
@@ -503,6 +558,8 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
         // "memory allocation of N bytes failed"); a stack the limit did not
         // let grow faults.
         (Some(libc::SIGABRT | libc::SIGSEGV | libc::SIGBUS), _) => ChildError::OverLimit(bare),
+        // Its CPU time limit (RLIMIT_CPU) reached.
+        (Some(libc::SIGXCPU), _) => ChildError::OverTime,
         (Some(signal), _) => ChildError::Failed(format!(
             "the renderer process (/proc/self/exe {COMMAND}) was killed by signal {signal}{said}"
         )),
@@ -529,12 +586,14 @@ const EXIT_IO: u8 = crate::exit::EXIT_FAILURE;
 pub fn serve() -> u8 {
     ignore_stop_signals();
     steady_heap();
+    no_core_dumps();
     let stdin = io::stdin();
     let mut input = stdin.lock();
     let stdout = io::stdout();
     let mut output = stdout.lock();
     let mut limit = MemoryLimit::default();
-    match serve_on(&mut input, &mut output, |len, cap| limit.set(len, cap)) {
+    let limits = |len, cap| Ok(limit.set(len, cap)? && limit_cpu(len).map(|()| true)?);
+    match serve_on(&mut input, &mut output, limits) {
         Ok(()) => crate::exit::EXIT_OK,
         Err(e) => {
             eprintln!("{e}");
@@ -741,6 +800,41 @@ fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Sets this process's CPU time limit (`RLIMIT_CPU`, soft) to what it has
+/// used so far plus [`crate::bundle::markdown_cpu_seconds`] of a document
+/// of `len` bytes (and up to a second more: the limit counts whole
+/// seconds). Reaching it sends SIGXCPU, which ends the child; the parent
+/// refuses the file ([`ChildError::OverTime`]).
+fn limit_cpu(len: u64) -> io::Result<()> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let used = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    let used = u64::try_from(used.tv_sec).unwrap_or(0);
+    let hard = getrlimit(Resource::Cpu).maximum;
+    let soft = used + 1 + crate::bundle::markdown_cpu_seconds(len);
+    setrlimit(
+        Resource::Cpu,
+        Rlimit {
+            current: Some(hard.map_or(soft, |hard| soft.min(hard))),
+            maximum: hard,
+        },
+    )
+    .map_err(|e| {
+        io::Error::other(format!(
+            "could not set its CPU time limit (RLIMIT_CPU) to {soft} s: {e}"
+        ))
+    })
+}
+
+/// A child ended by its CPU time limit leaves no core file.
+fn no_core_dumps() {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let none = Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    let _ = setrlimit(Resource::Core, none);
 }
 
 /// SIGTERM, SIGINT and SIGHUP are ignored: the agent decides when a

@@ -136,12 +136,14 @@ pub fn run(config_path: &Path, once: bool, process: &ProcessState) -> Result<boo
     run_forever(config_path, config, process)
 }
 
-/// Interrupts long hashing and copying once `grace` has passed: the bundle
-/// then in hand stays in work/ and is resumed at the next start.
+/// Interrupts long hashing, copying and rendering once `grace` has
+/// passed: the bundle then in hand stays in work/ and is resumed at the
+/// next start.
 fn interrupt_after(grace: Duration) {
     std::thread::spawn(move || {
         std::thread::sleep(grace);
         crate::interrupt::request();
+        crate::render_child::kill_all();
     });
 }
 

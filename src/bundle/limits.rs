@@ -18,6 +18,23 @@ pub const MARKDOWN_TIMES: u64 = 32;
 /// from 128 KiB up (docs/rendering.md).
 pub const MARKDOWN_FLOOR: u64 = 4 << 20;
 
+/// The CPU time rendering one markdown file may take, in seconds:
+/// [`MARKDOWN_CPU_FLOOR`] plus one second per [`MARKDOWN_CPU_BYTES`] of
+/// its size (docs/rendering.md). Prose renders at about 17 MB/s on one
+/// core, so a 4 MiB file needs a quarter of a second and gets 21; what
+/// needs more is a document shaped to be slow (raw HTML nested thousands
+/// deep, whose end tags the sanitizer's parser matches against every open
+/// element), and its file is refused like one too dense for memory.
+pub fn markdown_cpu_seconds(size: u64) -> u64 {
+    MARKDOWN_CPU_FLOOR + size.div_ceil(MARKDOWN_CPU_BYTES)
+}
+
+/// The CPU seconds any markdown file may take, however small.
+pub const MARKDOWN_CPU_FLOOR: u64 = 5;
+
+/// The bytes of markdown each further CPU second is for.
+pub const MARKDOWN_CPU_BYTES: u64 = 256 << 10;
+
 /// What one bundle may ask of the agent (docs/contract.md §12.3), checked against the
 /// manifest before any listed byte is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +144,19 @@ pub fn markdown_too_dense(path: &str, size: u64, said: &str) -> Problem {
     )
 }
 
+/// The problem of a markdown file whose rendering took more CPU time than
+/// [`markdown_cpu_seconds`] allows.
+pub fn markdown_too_slow(path: &str, size: u64) -> Problem {
+    Problem::at(
+        path,
+        format!(
+            "took more than {} s of CPU time to render to HTML (the limit for {size} bytes: {MARKDOWN_CPU_FLOOR} s and 1 s per {} KiB); raw HTML nested thousands of elements deep is the usual cause: simplify it, or publish the file as a copy (publish.html off for this destination)",
+            markdown_cpu_seconds(size),
+            MARKDOWN_CPU_BYTES >> 10
+        ),
+    )
+}
+
 /// The problem of a markdown file too big to render (`limits.max_markdown_bytes`).
 pub fn markdown_too_big(path: &str, size: u64, limits: &Limits) -> Option<Problem> {
     (size > limits.max_markdown_bytes).then(|| {
@@ -138,4 +168,27 @@ pub fn markdown_too_big(path: &str, size: u64, limits: &Limits) -> Option<Proble
             ),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_markdown_file_may_take_5_s_of_cpu_and_1_s_per_256_kib() {
+        const KIB: u64 = 1 << 10;
+        // (size, seconds)
+        let cases = [
+            (0, 5),
+            (1, 6),
+            (256 * KIB, 6),
+            (256 * KIB + 1, 7),
+            (600_002, 8),
+            (4 << 20, 21),
+            (u64::MAX, 5 + u64::MAX.div_ceil(256 * KIB)),
+        ];
+        for (size, seconds) in cases {
+            assert_eq!(markdown_cpu_seconds(size), seconds, "{size}");
+        }
+    }
 }

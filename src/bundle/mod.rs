@@ -23,7 +23,8 @@ mod tests;
 
 pub use error::{BundleError, Problem};
 pub use limits::{
-    Limits, MARKDOWN_FLOOR, MARKDOWN_TIMES, check_limits, markdown_too_big, markdown_too_dense,
+    Limits, MARKDOWN_FLOOR, MARKDOWN_TIMES, check_limits, markdown_cpu_seconds, markdown_too_big,
+    markdown_too_dense, markdown_too_slow,
 };
 pub use manifest::{Manifest, ManifestFile, compute_digest};
 pub use open::{open_listed, open_listed_at};

@@ -275,6 +275,9 @@ fn render_all(
                 ChildError::Crashed(why) => Error::Bundle(bundle::BundleError::Invalid {
                     problems: vec![unrenderable(why)],
                 }),
+                ChildError::OverTime => Error::Bundle(bundle::BundleError::Invalid {
+                    problems: vec![bundle::markdown_too_slow(f.path.as_str(), f.size)],
+                }),
                 ChildError::Sink(e) => Error::Prepare(e),
                 ChildError::Failed(why) => Error::Renderer {
                     path: f.path.as_str().to_owned(),

@@ -8,6 +8,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// One pipeline `p` publishing HTML (and no sources) to `./site`, with
 /// `extra` added under the destination's `html:` key.
@@ -873,7 +874,6 @@ fn a_renderer_killed_by_its_limit_is_replaced_and_the_next_bundle_is_published()
 /// stops.
 #[test]
 fn a_live_agent_keeps_its_renderer_between_bundles_and_ends_it_when_stopped() {
-    use std::time::Duration;
     let t = Test::new();
     t.config(
         "spool: ./spool
@@ -915,4 +915,84 @@ pipelines:
     agent.signal(libc::SIGTERM);
     agent.finish(Duration::from_secs(30)).expect_code(0);
     assert_eq!(renderers_in(t.path()), Vec::<String>::new());
+}
+
+/// Raw HTML nested 20,000 deep and then 100,000 end tags that match
+/// nothing: under 600 KB, and quadratic for the sanitizer's parser (each
+/// end tag is matched against every open element), so it takes far more
+/// than the 8 s of CPU time a file of its size may take to render.
+fn slow_markdown() -> String {
+    format!("{}{}x\n", "<div>".repeat(20_000), "</li>".repeat(100_000))
+}
+
+/// A document that takes more CPU time to render than its size allows
+/// (docs/rendering.md) is refused like one too dense for memory, naming
+/// the file, its limit and the fix; the next bundle is published, and no
+/// renderer is left running.
+#[test]
+fn the_agent_fails_a_bundle_too_slow_to_render_and_publishes_the_next() {
+    let t = html_site_in("sanitize", "");
+    let inbox = t.spool("p", "inbox");
+    fs::create_dir_all(&inbox).unwrap();
+    let slow = t.bundle("a-slow", &[("page.md", &slow_markdown())]);
+    fs::rename(&slow, inbox.join("a-slow")).unwrap();
+    let fine = t.bundle("b-fine", &[("fine.md", "# Fine\n\ntext\n")]);
+    fs::rename(&fine, inbox.join("b-fine")).unwrap();
+
+    t.once().expect_code(1);
+
+    assert!(t.spool("p", "failed").join("a-slow").is_dir());
+    assert!(t.spool("p", "done").join("b-fine").is_dir());
+    assert!(!t.join("site/page.html").exists());
+    assert!(t.join("site/fine.html").exists());
+    let result = t
+        .spool("p", "failed")
+        .join("a-slow/.distributor-result.json");
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
+    assert_eq!(r["stage"], "verify", "{r}");
+    let error = r["error"].as_str().expect("an error");
+    assert!(
+        error.contains("page.md: took more than 8 s of CPU time to render")
+            && error.contains("publish.html off"),
+        "{error}"
+    );
+    assert!(renderers_in(t.path()).is_empty());
+    assert!(!t.join("core").exists(), "a renderer left a core file");
+}
+
+/// A stop while a document renders ends the renderer 1 s after the
+/// signal (it ignores SIGTERM itself), like any interrupted work: the
+/// agent exits 0 and leaves the bundle in work/ for the next start, which
+/// renders it again and refuses it.
+#[test]
+fn a_stop_ends_a_slow_rendering_and_leaves_its_bundle_in_work() {
+    let t = html_site_in("sanitize", "agent:\n  settle: 0s\n");
+    let slow = t.bundle("slow", &[("page.md", &slow_markdown())]);
+    let mut agent = t.agent_logging(
+        Path::new("config.yaml"),
+        "info,distributor::render_child=debug",
+    );
+    fs::rename(&slow, t.spool("p", "inbox").join("slow")).unwrap();
+    agent.wait_log("renderer process ", Duration::from_secs(60));
+    agent.signal(libc::SIGTERM);
+    let out = agent.finish(Duration::from_secs(60));
+    out.expect_code(0);
+    assert!(
+        out.stderr
+            .contains("bundle=slow: stopped before it finished; left in work/"),
+        "{}",
+        out.stderr
+    );
+    // Ended by the stop, not by its own CPU time limit (SIGXCPU).
+    assert!(
+        out.stderr.contains(" ended: signal: 9 (SIGKILL)"),
+        "{}",
+        out.stderr
+    );
+    assert!(t.spool("p", "work").join("slow").is_dir());
+    assert!(!t.spool("p", "failed").join("slow").exists());
+    assert!(renderers_in(t.path()).is_empty());
+
+    t.once().expect_code(1);
+    assert!(t.spool("p", "failed").join("slow").is_dir());
 }
