@@ -365,9 +365,28 @@ impl Worker {
             }
             Err(e) => {
                 self.tally.left.fetch_add(1, Ordering::Relaxed);
+                // A spool too full for its result: nothing was moved, and
+                // the next start processes it again (destinations already
+                // up to date say skip_same) and writes its result. Any
+                // other failure is the move's: recorded, so that the next
+                // start files it rather than publishing it again over
+                // what came after it.
+                let next = if crate::io_class::is_out_of_space(&e) {
+                    "the next start processes it again"
+                } else {
+                    let mut unfiled = spool::unfiled(&self.spool);
+                    unfiled.insert(name.to_owned(), report.ok);
+                    match spool::set_unfiled(&self.spool, &unfiled) {
+                        Ok(()) => "the next start moves it without publishing it again",
+                        Err(_) => {
+                            "it could not be recorded in work/ either, so the next start processes it again"
+                        }
+                    }
+                };
                 log::error!(
-                    "pipeline={} bundle={name}: cannot move it out of work/: {e}; it stays in {} and is processed again at the next start. Check that the agent may write to work/, {} and {} and to the bundle folder itself",
+                    "pipeline={} bundle={name}: {} but cannot be moved out of work/: {e}; it stays in {} and {next}. Check that the agent may write to work/, {} and {} and to the bundle folder itself (a producer that owns the folder can take that away: chmod u+w it, or move it by hand)",
                     self.pipeline.id,
+                    if report.ok { "published" } else { "failed" },
                     path.display(),
                     self.spool.done.display(),
                     self.spool.failed.display()

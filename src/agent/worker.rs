@@ -133,11 +133,14 @@ impl Worker {
         }
         match spool::scan(&self.spool.work) {
             Ok(spool::Scan {
-                found, incomplete, ..
+                mut found,
+                incomplete,
+                ..
             }) => {
                 for path in incomplete {
                     self.fail_without_manifest(&path);
                 }
+                found.retain(|f| !self.file_unfiled(f));
                 if !found.is_empty() {
                     log::info!(
                         "pipeline={} resuming {} bundle(s) left in work/",
@@ -175,6 +178,60 @@ impl Worker {
                 self.pipeline.id,
                 self.spool.work.display()
             ),
+        }
+        true
+    }
+
+    /// Files `f` if an earlier agent published (or failed) it but could
+    /// not move it out of work/ ([`spool::UNFILED_FILE`]), and forgets
+    /// the records of bundles no longer there. True when `f` is such a
+    /// bundle: it is never published again, whether it moves now or not.
+    fn file_unfiled(&self, f: &spool::Found) -> bool {
+        let mut unfiled = spool::unfiled(&self.spool);
+        let before = unfiled.clone();
+        unfiled.retain(|name, _| self.spool.work.join(name).is_dir());
+        let Some(&published) = unfiled.get(&f.name) else {
+            if unfiled != before {
+                let _ = spool::set_unfiled(&self.spool, &unfiled);
+            }
+            return false;
+        };
+        let outcome = if published { "published" } else { "failed" };
+        match spool::file_unfiled(&self.spool, &f.path, &f.name, published) {
+            Ok(to) => {
+                unfiled.remove(&f.name);
+                log::info!(
+                    "pipeline={} bundle={}: {outcome} by an earlier run, which could not move it out of work/; moved to {} now, without publishing it again",
+                    self.pipeline.id,
+                    inert(&f.name),
+                    to.display()
+                );
+            }
+            Err(e) => {
+                // Counted like a bundle that could not leave work/ now.
+                self.tally.left.fetch_add(1, Ordering::Relaxed);
+                let to = if published {
+                    &self.spool.done
+                } else {
+                    &self.spool.failed
+                };
+                log::error!(
+                    "pipeline={} bundle={}: {outcome} by an earlier run, and still cannot be moved out of work/: {e}; it is not published again and stays in {}. Make the folder writable by the agent (its owner can chmod u+w it) or move it by hand to {}",
+                    self.pipeline.id,
+                    inert(&f.name),
+                    f.path.display(),
+                    to.display()
+                );
+            }
+        }
+        if unfiled != before
+            && let Err(e) = spool::set_unfiled(&self.spool, &unfiled)
+        {
+            log::warn!(
+                "pipeline={}: cannot update {}: {e}",
+                self.pipeline.id,
+                self.spool.work.join(spool::UNFILED_FILE).display()
+            );
         }
         true
     }

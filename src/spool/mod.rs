@@ -435,6 +435,59 @@ pub fn end_batch(spool: &Spool) -> io::Result<()> {
     spoolfs::remove(&open_bundle(&spool.work)?, BATCH_FILE).map(|_| ())
 }
 
+/// Bundles whose publication ended (published, or failed) but that could
+/// not be moved out of `work/` afterwards, kept by the agent in `work/`
+/// itself: bundle name → whether it was published. A producer that still
+/// holds its folder can make it immovable (`chmod a-w` of the folder, so
+/// that an agent not running as root may not move it to another parent);
+/// the next start then files such a bundle instead of publishing it again,
+/// which could put back older content over what was published since
+/// (docs/troubleshooting.md, "The bundle cannot be moved out of work/").
+pub const UNFILED_FILE: &str = ".distributor-unfiled.json";
+const MAX_UNFILED_BYTES: u64 = 16 << 20;
+
+/// The bundles of [`UNFILED_FILE`] (none when it is missing or unreadable).
+pub fn unfiled(spool: &Spool) -> std::collections::BTreeMap<String, bool> {
+    let Ok(work) = open_bundle(&spool.work) else {
+        return Default::default();
+    };
+    spoolfs::read_capped(&work, UNFILED_FILE, MAX_UNFILED_BYTES)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// Writes [`UNFILED_FILE`] as `bundles` (durably: it is what keeps the
+/// next start from publishing them again), or removes it when empty.
+pub fn set_unfiled(
+    spool: &Spool,
+    bundles: &std::collections::BTreeMap<String, bool>,
+) -> io::Result<()> {
+    let work = open_bundle(&spool.work)?;
+    if bundles.is_empty() {
+        return spoolfs::remove(&work, UNFILED_FILE).map(|_| ());
+    }
+    let bytes = serde_json::to_vec(bundles).map_err(io::Error::other)?;
+    spoolfs::replace(&work, UNFILED_FILE, &bytes, true)
+}
+
+/// Moves a bundle of [`UNFILED_FILE`] to `done/` (`published`) or
+/// `failed/`; its result was written inside it, if it could be, when its
+/// publication ended. Returns where it went.
+pub fn file_unfiled(
+    spool: &Spool,
+    bundle: &Path,
+    name: &str,
+    published: bool,
+) -> io::Result<PathBuf> {
+    let (to, max) = if published {
+        (&spool.done, names::NAME_MAX)
+    } else {
+        (&spool.failed, names::FAILED_NAME_MAX)
+    };
+    move_unique(bundle, to, name, max)
+}
+
 /// After a crash during a batch: each bundle of the batch still in work/
 /// gets the attempt the batch had started as its own counter, then the
 /// batch file goes. A torn batch file (power cut) only loses that attempt.

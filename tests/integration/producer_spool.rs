@@ -172,6 +172,87 @@ fn agent_once_exits_1_when_a_bundle_cannot_leave_work() {
     );
 }
 
+/// A bundle its producer made immovable once it was claimed (a folder the
+/// producer owns, `chmod 0555`: an agent that is not root may not move it
+/// to another parent) is published once, and the agent records that it
+/// could not file it. Later starts do not publish it again, which would
+/// put its older content back over what was published since; once the
+/// folder is writable again, the next start files it in done/.
+#[test]
+fn a_bundle_that_cannot_leave_work_is_never_published_again() {
+    if !can_switch_users("a_bundle_that_cannot_leave_work_is_never_published_again") {
+        return;
+    }
+    let lab = Lab::unprivileged();
+    lab.sealed("old", &[("page.txt", "old\n")]);
+    lab.sealed("newer", &[("page.txt", "newer\n")]);
+    let work = lab.spool("reports", "work");
+    let bundle = work.join("old");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(lab.join("bundles/old"))
+        .arg(&bundle)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    for entry in [
+        &bundle,
+        &bundle.join("page.txt"),
+        &bundle.join("manifest.json"),
+    ] {
+        chown(entry, Some(OTHER), Some(PRODUCERS)).unwrap();
+    }
+    fs::set_permissions(&bundle, fs::Permissions::from_mode(0o555)).unwrap();
+    let page = lab.join("site/page.txt");
+
+    let first = lab.agent_once(Some(NOBODY));
+    first.expect_code(1);
+    assert_eq!(fs::read_to_string(&page).unwrap(), "old\n");
+    assert!(
+        first
+            .stderr
+            .contains("bundle=old: published but cannot be moved out of work/")
+            && first
+                .stderr
+                .contains("the next start moves it without publishing it again"),
+        "{}",
+        first.stderr
+    );
+
+    lab.deliver(OTHER, "reports", "newer");
+    let second = lab.agent_once(Some(NOBODY));
+    second.expect_code(1);
+    assert!(
+        second.stderr.contains(
+            "bundle=old: published by an earlier run, and still cannot be moved out of work/"
+        ),
+        "{}",
+        second.stderr
+    );
+    assert_eq!(fs::read_to_string(&page).unwrap(), "newer\n");
+    // A start with nothing new does not put the old page back.
+    lab.agent_once(Some(NOBODY)).expect_code(1);
+    assert_eq!(fs::read_to_string(&page).unwrap(), "newer\n");
+    let catalog: Value =
+        serde_json::from_slice(&fs::read(lab.join("site/.distributor.json")).unwrap()).unwrap();
+    assert_eq!(catalog["outputs"][0]["source"]["id"], "newer", "{catalog}");
+
+    // Writable by the group again (its owner's chmod): filed, still not
+    // published again.
+    fs::set_permissions(&bundle, fs::Permissions::from_mode(0o775)).unwrap();
+    let last = lab.agent_once(Some(NOBODY));
+    last.expect_code(0);
+    assert!(
+        last.stderr.contains("bundle=old: published by an earlier run, which could not move it out of work/; moved to"),
+        "{}",
+        last.stderr
+    );
+    assert_eq!(bundles(&lab.spool("reports", "done")), ["newer", "old"]);
+    assert!(bundles(&work).is_empty());
+    assert!(!work.join(".distributor-unfiled.json").exists());
+    assert_eq!(fs::read_to_string(&page).unwrap(), "newer\n");
+}
+
 // ---------------------------------------------------------------------------
 // Bundle names as long as a name can be
 // ---------------------------------------------------------------------------
