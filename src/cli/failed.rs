@@ -152,10 +152,14 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
         Ok(s) => s,
         Err(code) => return code,
     };
+    // In failed/, also a link or file that stood in for a bundle when it
+    // was claimed (its result is the agent's own copy).
     let found = [Folder::Failed, Folder::Done].into_iter().find(|&f| {
+        let path = spool.folder(f).join(name);
         !name.contains('/')
             && !name.starts_with('.')
-            && spool::is_real_folder(&spool.folder(f).join(name))
+            && (spool::is_real_folder(&path)
+                || (f == Folder::Failed && std::fs::symlink_metadata(&path).is_ok()))
     });
     let Some(folder) = found else {
         eprintln!(

@@ -250,10 +250,27 @@ fn check_name(name: &str, listing: &str) -> Result<(), FailedError> {
 
 /// The real folder `folder/name`, or why there is none, with the hint.
 fn existing(spool: &Spool, folder: Folder, name: &str) -> Result<PathBuf, FailedError> {
+    let path = entry(spool, folder, name)?;
+    if !super::is_real_folder(&path) {
+        // A link or file that stood in for a bundle when it was claimed
+        // is filed as failed like one (it was never read through).
+        return Err(FailedError::Unknown(format!(
+            "{} is not a folder (a symbolic link or a file stood in for the bundle when it was claimed), so there is nothing to retry; remove it with `distributor spool delete {} {}`",
+            path.display(),
+            crate::inert::inert(&spool.pipeline_id),
+            crate::inert::inert(name)
+        )));
+    }
+    Ok(path)
+}
+
+/// The entry `folder/name`, whatever it is (never followed), or why there
+/// is none, with the hint.
+fn entry(spool: &Spool, folder: Folder, name: &str) -> Result<PathBuf, FailedError> {
     let listing = format!("--{}", folder.as_str());
     check_name(name, &listing)?;
     let path = spool.folder(folder).join(name);
-    if !super::is_real_folder(&path) {
+    if fs::symlink_metadata(&path).is_err() {
         return Err(FailedError::Unknown(format!(
             "no {} bundle {:?} in {}; list them with `distributor spool list {listing}`",
             folder.as_str(),
@@ -286,12 +303,13 @@ pub struct Removed {
 }
 
 /// Deletes `failed/<name>` with everything in it (links are removed, never
-/// followed; a few descriptors held however deep the tree). Returns what
-/// was removed; when something cannot be removed, the rest is and the
-/// error names what stays and whose it is.
+/// followed, `failed/<name>` itself too when it is one; a few descriptors
+/// held however deep the tree). Returns what was removed; when something
+/// cannot be removed, the rest is and the error names what stays and
+/// whose it is.
 pub fn delete(spool: &Spool, name: &str) -> Result<Removed, FailedError> {
     use rustix::fd::AsFd;
-    let path = existing(spool, Folder::Failed, name)?;
+    let path = entry(spool, Folder::Failed, name)?;
     let failed = spoolfs::open_folder_io(&spool.failed)?;
     let removal = super::expire::remove_entry(failed.as_fd(), std::ffi::OsStr::new(name));
     if let Some(b) = &removal.blocked {

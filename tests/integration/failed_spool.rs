@@ -136,6 +136,36 @@ fn a_link_planted_in_a_failed_bundle_is_removed_never_followed() {
     assert_eq!(fs::read_to_string(&victim).unwrap(), "keep\n");
 }
 
+/// A link that stood in for a bundle when it was claimed (a producer's
+/// race) is filed in failed/ like a bundle: `spool show` finds it, `spool
+/// retry` says there is nothing to retry and how to remove it, and `spool
+/// delete` removes the link itself, never what it points to.
+#[test]
+fn a_link_filed_in_failed_can_be_shown_and_deleted_but_not_retried() {
+    let t = two_failed();
+    let victim = t.write("victim/keep.txt", "keep\n");
+    let link = t.join("spool/p/failed/race");
+    std::os::unix::fs::symlink(t.join("victim"), &link).unwrap();
+
+    let shown = t.run(&["spool", "show", "p", "race", "--json"]);
+    assert_eq!(shown.json()["spool"], "failed", "{}", shown.all());
+    let retry = t.run(&["spool", "retry", "p", "race"]);
+    retry.expect_code(2);
+    assert!(
+        retry.stderr.contains("is not a folder")
+            && retry.stderr.contains("distributor spool delete p race"),
+        "{}",
+        retry.stderr
+    );
+    assert!(fs::symlink_metadata(&link).is_ok());
+
+    let deleted = t.run(&["spool", "delete", "p", "race"]);
+    deleted.expect_code(0);
+    assert!(fs::symlink_metadata(&link).is_err());
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "keep\n");
+    assert_eq!(names(&t.join("spool/p/failed")), ["bad1", "bad2"]);
+}
+
 #[test]
 fn spool_list_inbox_says_why_each_entry_waits() {
     let t = Test::new();
