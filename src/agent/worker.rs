@@ -248,6 +248,8 @@ impl Worker {
         let mut complete_since: HashMap<String, Instant> = HashMap::new();
         // What was last logged about each entry, so each state is logged once.
         let mut told: HashMap<String, Told> = HashMap::new();
+        // Folders without a manifest, not opened again until they change.
+        let mut unchanged = spool::Unchanged::default();
         let mut held = false;
         loop {
             if self.stopping() {
@@ -263,10 +265,11 @@ impl Worker {
                     Ok(Wake::Scan) | Err(RecvTimeoutError::Timeout) => continue,
                 }
             }
-            let probes = match spool::probe_inbox(
+            let probes = match spool::probe_inbox_again(
                 &self.spool.inbox,
                 &self.pipeline.limits,
                 self.spool.signed,
+                &mut unchanged,
             ) {
                 Ok(p) => p,
                 Err(e) => {
@@ -289,12 +292,14 @@ impl Worker {
             );
             let now = Instant::now();
             let wall = SystemTime::now();
-            told.retain(|name, _| name.is_empty() || probes.iter().any(|p| &p.name == name));
-            complete_since.retain(|name, _| {
-                probes
-                    .iter()
-                    .any(|p| &p.name == name && p.kind == spool::ProbeKind::Complete)
-            });
+            // By name, so that forgetting what left the inbox costs one
+            // lookup per entry, not a pass over the inbox per entry (an
+            // inbox of thousands of folders is probed every 250 ms).
+            let kinds: HashMap<&str, &spool::ProbeKind> =
+                probes.iter().map(|p| (p.name.as_str(), &p.kind)).collect();
+            told.retain(|name, _| name.is_empty() || kinds.contains_key(name.as_str()));
+            complete_since
+                .retain(|name, _| kinds.get(name.as_str()) == Some(&&spool::ProbeKind::Complete));
             let mut next_check: Option<Duration> = None;
             let mut ready = Vec::new();
             let mut left_incomplete = Vec::new();

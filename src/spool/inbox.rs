@@ -216,6 +216,34 @@ fn short(d: Duration) -> String {
 /// an inbox that cannot be listed at all is an error. With `signed`, a
 /// bundle is complete only once its `manifest.json.sig` is there too.
 pub fn probe_inbox(inbox: &Path, limits: &Limits, signed: bool) -> io::Result<Vec<Probe>> {
+    probe_inbox_again(inbox, limits, signed, &mut Unchanged::default())
+}
+
+/// The inbox folders found without a `manifest.json` at the last probe,
+/// by name, with the look of the folder then (inode and change time). A
+/// `manifest.json` created in, or renamed into, a folder changes its
+/// change time, so a folder whose look is the same still has none and is
+/// not opened again: a live agent that probes an inbox every 250 ms
+/// (docs/security.md, "What a producer can make the agent spend is
+/// bounded") pays one `statx` per such folder, not an open, a lookup and
+/// a close.
+#[derive(Debug, Default)]
+pub struct Unchanged(HashMap<String, (u64, SystemTime)>);
+
+/// How old a folder's change time must be for [`Unchanged`] to keep its
+/// look: timestamps come from a clock that ticks every few milliseconds,
+/// so a manifest created in the same tick as the last change would not
+/// change it.
+const LOOK_SETTLED: Duration = Duration::from_secs(1);
+
+/// [`probe_inbox`] again, skipping the folders `unchanged` knows to still
+/// have no manifest, and updating it.
+pub fn probe_inbox_again(
+    inbox: &Path,
+    limits: &Limits,
+    signed: bool,
+    unchanged: &mut Unchanged,
+) -> io::Result<Vec<Probe>> {
     let dir = match spoolfs::open_folder(inbox) {
         Ok(d) => d,
         Err(EntryError::Missing) => return Ok(Vec::new()),
@@ -246,10 +274,12 @@ pub fn probe_inbox(inbox: &Path, limits: &Limits, signed: bool) -> io::Result<Ve
         if is_ignored_name(&name) {
             continue;
         }
-        if let Some(p) = probe_entry(&dir, inbox, &name, limits, signed) {
+        if let Some(p) = probe_entry(&dir, inbox, &name, limits, signed, unchanged) {
             probes.push(p);
         }
     }
+    let names: std::collections::HashSet<&str> = probes.iter().map(|p| p.name.as_str()).collect();
+    unchanged.0.retain(|name, _| names.contains(name.as_str()));
     probes.sort_by(|a, b| a.arrival.cmp(&b.arrival).then_with(|| a.name.cmp(&b.name)));
     Ok(probes)
 }
@@ -270,6 +300,7 @@ fn probe_entry(
     name: &str,
     limits: &Limits,
     signed: bool,
+    unchanged: &mut Unchanged,
 ) -> Option<Probe> {
     let path = inbox_path.join(name);
     let meta = match inbox.symlink_metadata(name) {
@@ -299,6 +330,11 @@ fn probe_entry(
         ));
         return Some(probe);
     }
+    let look = (meta.ino(), probe.last_change);
+    if unchanged.0.get(name) == Some(&look) {
+        return Some(probe);
+    }
+    unchanged.0.remove(name);
     let folder = match spoolfs::open_dir(inbox, OsStr::new(name)) {
         Ok(d) => d,
         Err(EntryError::Missing) => return None,
@@ -310,7 +346,18 @@ fn probe_entry(
     // A folder without a manifest is not a bundle yet: nothing below its
     // top is read until one appears (producers may leave thousands).
     match folder.symlink_metadata(MANIFEST) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(probe),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            // Only a look a second old: a change within the same tick of
+            // the kernel's coarse clock could leave the change time as it
+            // was.
+            let settled = SystemTime::now()
+                .duration_since(probe.last_change)
+                .is_ok_and(|age| age >= LOOK_SETTLED);
+            if settled {
+                unchanged.0.insert(name.to_owned(), look);
+            }
+            return Some(probe);
+        }
         Err(e) => {
             probe.kind = ProbeKind::Unreadable(unreadable_folder(".", &EntryError::Io(e)));
             return Some(probe);
@@ -803,6 +850,49 @@ mod tests {
         }
         write(&b.join("manifest.json.sig"), b"anything: checked at verify");
         assert_eq!(probe(true).kind, ProbeKind::Complete);
+    }
+
+    /// A folder known to have no manifest is not opened again while its
+    /// look is the same, and is probed whole once a manifest changes it;
+    /// the looks of folders gone from the inbox are forgotten.
+    #[test]
+    fn a_folder_without_a_manifest_is_probed_again_once_it_changes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inbox = tmp.path().join("inbox");
+        let b = inbox.join("b");
+        write(&b.join("a.txt"), b"hello");
+        std::fs::create_dir_all(inbox.join("gone")).unwrap();
+        let mut unchanged = Unchanged::default();
+        let again = |unchanged: &mut Unchanged| {
+            probe_inbox_again(&inbox, &Limits::default(), false, unchanged).unwrap()
+        };
+        let probes = again(&mut unchanged);
+        assert!(probes.iter().all(|p| p.kind == ProbeKind::NoManifest));
+        // Just made: not kept (the clock's tick could hide a change).
+        assert!(unchanged.0.is_empty(), "{unchanged:?}");
+        // As it would be a second later.
+        for name in ["b", "gone"] {
+            use std::os::unix::fs::MetadataExt as _;
+            let meta = std::fs::metadata(inbox.join(name)).unwrap();
+            let ctime = SystemTime::UNIX_EPOCH
+                + Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32);
+            unchanged.0.insert(name.to_owned(), (meta.ino(), ctime));
+        }
+        std::fs::remove_dir(inbox.join("gone")).unwrap();
+        let probes = again(&mut unchanged);
+        assert_eq!(probes.len(), 1);
+        assert_eq!(probes[0].kind, ProbeKind::NoManifest);
+        assert_eq!(unchanged.0.keys().collect::<Vec<_>>(), ["b"]);
+
+        // Its look kept a second before a manifest arrived.
+        let (ino, ctime) = unchanged.0["b"];
+        unchanged
+            .0
+            .insert("b".to_owned(), (ino, ctime - Duration::from_secs(1)));
+        bundle::seal(&b, "b-1", None).unwrap();
+        let probes = again(&mut unchanged);
+        assert_eq!(probes[0].kind, ProbeKind::Complete);
+        assert!(unchanged.0.is_empty(), "{unchanged:?}");
     }
 
     #[test]

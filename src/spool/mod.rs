@@ -26,7 +26,10 @@ pub use expire::{
     Expiry, RETENTION_FILE, RetentionRecord, Undeletable, expire_done, newly_blocked,
     record_retention, retention_record,
 };
-pub use inbox::{InboxEntry, Probe, ProbeKind, Timing, Verdict, Waiting, decide, probe_inbox};
+pub use inbox::{
+    InboxEntry, Probe, ProbeKind, Timing, Unchanged, Verdict, Waiting, decide, probe_inbox,
+    probe_inbox_again,
+};
 pub use list::{
     FailedError, Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry,
 };
