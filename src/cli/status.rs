@@ -169,6 +169,21 @@ fn pipeline_status(
             p.id
         ));
     }
+    // Published (or failed) by an earlier run but not movable out of
+    // work/: the agent does not publish them again, and only a person can
+    // let them go (docs/troubleshooting.md).
+    let unfiled = spool::unfiled(&spool);
+    for r in in_folder(Folder::Work) {
+        if let Some(&published) = unfiled.get(&r.name) {
+            problems.push(format!(
+                "pipeline {}: {} was {} but cannot be moved out of work/ (its folder is not writable for the agent?); it is not published again: make the folder writable by the agent, or move it by hand to {}",
+                p.id,
+                inert(&spool.work.join(&r.name).display().to_string()),
+                if published { "published" } else { "failed" },
+                if published { &spool.done } else { &spool.failed }.display()
+            ));
+        }
+    }
     let hold = spool::queue::hold(spool.pipeline_folder())
         .map_err(|e| format!("cannot read the hold of pipeline {}: {e}", p.id))?;
     if let Some(h) = &hold {

@@ -233,6 +233,15 @@ fn a_bundle_that_cannot_leave_work_is_never_published_again() {
     // A start with nothing new does not put the old page back.
     lab.agent_once(Some(NOBODY)).expect_code(1);
     assert_eq!(fs::read_to_string(&page).unwrap(), "newer\n");
+    let status = lab.run(Some(NOBODY), &["status", "--check"]);
+    status.expect_code(1);
+    assert!(
+        status
+            .all()
+            .contains("old was published but cannot be moved out of work/"),
+        "{}",
+        status.all()
+    );
     let catalog: Value =
         serde_json::from_slice(&fs::read(lab.join("site/.distributor.json")).unwrap()).unwrap();
     assert_eq!(catalog["outputs"][0]["source"]["id"], "newer", "{catalog}");
