@@ -133,6 +133,26 @@ fn folders_at_bookkeeping_names_fail_at_verify_and_never_stay_in_work() {
     }
 }
 
+/// `bundles/<name>` as if claimed into work/ and then made read-only by
+/// its producer (uid [`OTHER`], which owns it): an agent that is not root
+/// may not move it to another parent. Returns its path in work/.
+fn claimed_then_locked(lab: &Lab, name: &str) -> std::path::PathBuf {
+    let bundle = lab.spool("reports", "work").join(name);
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(lab.join(&format!("bundles/{name}")))
+        .arg(&bundle)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    for entry in fs::read_dir(&bundle).unwrap() {
+        chown(entry.unwrap().path(), Some(OTHER), Some(PRODUCERS)).unwrap();
+    }
+    chown(&bundle, Some(OTHER), Some(PRODUCERS)).unwrap();
+    fs::set_permissions(&bundle, fs::Permissions::from_mode(0o555)).unwrap();
+    bundle
+}
+
 /// A bundle in work/ that the unprivileged agent cannot move (its
 /// producer made the bundle folder read-only, so its `..` cannot change)
 /// and cannot write its result into: `agent --once` says it stays in
@@ -144,23 +164,7 @@ fn agent_once_exits_1_when_a_bundle_cannot_leave_work() {
     }
     let lab = Lab::unprivileged();
     lab.sealed("locked", &[("locked.txt", "locked")]);
-    let work = lab.spool("reports", "work");
-    let bundle = work.join("locked");
-    let status = Command::new("cp")
-        .arg("-r")
-        .arg(lab.join("bundles/locked"))
-        .arg(&bundle)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    for entry in [
-        bundle.clone(),
-        bundle.join("locked.txt"),
-        bundle.join("manifest.json"),
-    ] {
-        chown(&entry, Some(OTHER), Some(PRODUCERS)).unwrap();
-    }
-    fs::set_permissions(&bundle, fs::Permissions::from_mode(0o555)).unwrap();
+    let bundle = claimed_then_locked(&lab, "locked");
 
     let out = lab.agent_once(Some(NOBODY));
     out.expect_code(1);
@@ -187,22 +191,7 @@ fn a_bundle_that_cannot_leave_work_is_never_published_again() {
     lab.sealed("old", &[("page.txt", "old\n")]);
     lab.sealed("newer", &[("page.txt", "newer\n")]);
     let work = lab.spool("reports", "work");
-    let bundle = work.join("old");
-    let copied = Command::new("cp")
-        .arg("-r")
-        .arg(lab.join("bundles/old"))
-        .arg(&bundle)
-        .status()
-        .unwrap();
-    assert!(copied.success());
-    for entry in [
-        &bundle,
-        &bundle.join("page.txt"),
-        &bundle.join("manifest.json"),
-    ] {
-        chown(entry, Some(OTHER), Some(PRODUCERS)).unwrap();
-    }
-    fs::set_permissions(&bundle, fs::Permissions::from_mode(0o555)).unwrap();
+    let bundle = claimed_then_locked(&lab, "old");
     let page = lab.join("site/page.txt");
 
     let first = lab.agent_once(Some(NOBODY));
