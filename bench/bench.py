@@ -782,8 +782,9 @@ def live_backlog(rbase, config, spool, root, src, warm, count):
     try:
         def wait_for(total, since):
             while len(os.listdir(done)) < total:
-                if time.perf_counter() - since > 120:
-                    sys.exit(f"live backlog: {len(os.listdir(done))} of {total} bundles in done/")
+                if agent.poll() is not None or time.perf_counter() - since > 120:
+                    sys.exit(f"live backlog: {len(os.listdir(done))} of {total} bundles in done/"
+                             f"{' (the agent exited)' if agent.poll() is not None else ''}")
                 watch.wait(0.05)
 
         os.rename(os.path.join(rbase, "warm"), os.path.join(inbox, "warm"))
@@ -795,9 +796,9 @@ def live_backlog(rbase, config, spool, root, src, warm, count):
             os.rename(os.path.join(staging, name), os.path.join(inbox, name))
         wait_for(count + 1, start)
         elapsed = time.perf_counter() - start
-        watch.close()
         return elapsed, len(os.listdir(done)) - 1, renames.count()
     finally:
+        watch.close()
         agent.terminate()
         agent.wait()
 

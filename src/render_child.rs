@@ -358,6 +358,10 @@ impl Child {
             })?;
         log::debug!("renderer process {} started", process.id());
         live().push(process.id());
+        // Started after a stop's kill_all: it would render unchecked.
+        if crate::interrupt::requested() {
+            let _ = process.kill();
+        }
         Ok(Child {
             stdin: process.stdin.take(),
             stdout: process
@@ -433,9 +437,13 @@ impl Child {
         sink_error: Option<io::Error>,
     ) -> ChildError {
         // Its stdin at an end and its stdout gone, it exits at its next
-        // read or write.
+        // read or write; when the caller's sink failed it may be far from
+        // either, and it is ended (not reaped yet, so its id is still its).
         self.stdin = None;
         self.stdout = None;
+        if sink_error.is_some() {
+            let _ = self.process.kill();
+        }
         let mut said = Vec::new();
         if let Some(mut stderr) = self.stderr.take() {
             let _ = (&mut stderr).take(64 << 10).read_to_end(&mut said);
@@ -558,8 +566,9 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
         // "memory allocation of N bytes failed"); a stack the limit did not
         // let grow faults.
         (Some(libc::SIGABRT | libc::SIGSEGV | libc::SIGBUS), _) => ChildError::OverLimit(bare),
-        // Its CPU time limit (RLIMIT_CPU) reached.
-        (Some(libc::SIGXCPU), _) => ChildError::OverTime,
+        // Its CPU time limit (RLIMIT_CPU) reached: it exits with
+        // EXIT_OVER_TIME from its handler, or dies of the signal.
+        (Some(libc::SIGXCPU), _) | (None, Some(EXIT_OVER_TIME)) => ChildError::OverTime,
         (Some(signal), _) => ChildError::Failed(format!(
             "the renderer process (/proc/self/exe {COMMAND}) was killed by signal {signal}{said}"
         )),
@@ -576,6 +585,11 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
     }
 }
 
+/// The child's exit code when it reached its CPU time limit (SIGXCPU's
+/// handler exits with it: no core file, whatever the system's core
+/// handler).
+const EXIT_OVER_TIME: i32 = 124;
+
 /// The child's exit code when its stdin or stdout failed: the runtime
 /// failure of the table (`crate::exit`), which the parent tells apart
 /// from a crash.
@@ -586,7 +600,7 @@ const EXIT_IO: u8 = crate::exit::EXIT_FAILURE;
 pub fn serve() -> u8 {
     ignore_stop_signals();
     steady_heap();
-    no_core_dumps();
+    exit_on_cpu_limit();
     let stdin = io::stdin();
     let mut input = stdin.lock();
     let stdout = io::stdout();
@@ -805,7 +819,8 @@ fn release_free_memory() {
 /// Sets this process's CPU time limit (`RLIMIT_CPU`, soft) to what it has
 /// used so far plus [`crate::bundle::markdown_cpu_seconds`] of a document
 /// of `len` bytes (and up to a second more: the limit counts whole
-/// seconds). Reaching it sends SIGXCPU, which ends the child; the parent
+/// seconds). Reaching it sends SIGXCPU, which ends the child
+/// ([`exit_on_cpu_limit`]); the parent
 /// refuses the file ([`ChildError::OverTime`]).
 fn limit_cpu(len: u64) -> io::Result<()> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
@@ -827,14 +842,21 @@ fn limit_cpu(len: u64) -> io::Result<()> {
     })
 }
 
-/// A child ended by its CPU time limit leaves no core file.
-fn no_core_dumps() {
-    use rustix::process::{Resource, Rlimit, setrlimit};
-    let none = Rlimit {
-        current: Some(0),
-        maximum: Some(0),
-    };
-    let _ = setrlimit(Resource::Core, none);
+/// A child that reaches its CPU time limit exits at once with
+/// [`EXIT_OVER_TIME`] rather than dumping core (SIGXCPU's default).
+fn exit_on_cpu_limit() {
+    extern "C" fn over_time(_: libc::c_int) {
+        // SAFETY: _exit(2) is async-signal-safe and ends the process.
+        unsafe { libc::_exit(EXIT_OVER_TIME) }
+    }
+    // SAFETY: called before any other thread exists; the handler calls
+    // only _exit.
+    unsafe {
+        libc::signal(
+            libc::SIGXCPU,
+            over_time as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP are ignored: the agent decides when a

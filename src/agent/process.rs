@@ -365,23 +365,19 @@ impl Worker {
             }
             Err(e) => {
                 self.tally.left.fetch_add(1, Ordering::Relaxed);
-                // A spool too full for its result: nothing was moved, and
-                // the next start processes it again (destinations already
-                // up to date say skip_same) and writes its result. Any
-                // other failure is the move's: recorded, so that the next
-                // start files it rather than publishing it again over
-                // what came after it.
-                let next = if crate::io_class::is_out_of_space(&e) {
-                    "the next start processes it again"
-                } else {
-                    let mut unfiled = spool::unfiled(&self.spool);
-                    unfiled.insert(name.to_owned(), report.ok);
-                    match spool::set_unfiled(&self.spool, &unfiled) {
-                        Ok(()) => "the next start moves it without publishing it again",
-                        Err(_) => {
-                            "it could not be recorded in work/ either, so the next start processes it again"
-                        }
-                    }
+                // Recorded, so that the next start files it rather than
+                // publishing it again over what came after it (a spool too
+                // full for its result is likely too full for the record).
+                let recorded = spool::unfiled(&self.spool).and_then(|mut unfiled| {
+                    unfiled.insert(name.to_owned(), spool::Unfiled::of(path, report)?);
+                    spool::set_unfiled(&self.spool, &unfiled)
+                });
+                let next = match recorded {
+                    Ok(()) => "the next start moves it without publishing it again".to_owned(),
+                    Err(r) => format!(
+                        "it could not be recorded in {} either ({r}), so the next start processes it again, over anything published meanwhile: fix this before restarting the agent",
+                        self.spool.work.join(spool::UNFILED_FILE).display()
+                    ),
                 };
                 log::error!(
                     "pipeline={} bundle={name}: {} but cannot be moved out of work/: {e}; it stays in {} and {next}. Check that the agent may write to work/, {} and {} and to the bundle folder itself (a producer that owns the folder can take that away: chmod u+w it, or move it by hand)",

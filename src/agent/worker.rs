@@ -184,20 +184,34 @@ impl Worker {
 
     /// Files `f` if an earlier agent published (or failed) it but could
     /// not move it out of work/ ([`spool::UNFILED_FILE`]), and forgets
-    /// the records of bundles no longer there. True when `f` is such a
+    /// the records of folders no longer there. True when `f` is such a
     /// bundle: it is never published again, whether it moves now or not.
     fn file_unfiled(&self, f: &spool::Found) -> bool {
-        let mut unfiled = spool::unfiled(&self.spool);
+        let mut unfiled = match spool::unfiled(&self.spool) {
+            Ok(unfiled) => unfiled,
+            Err(e) => {
+                log::error!(
+                    "pipeline={}: cannot read {}: {e}; the bundles it records as published could be published again. Check it (bundle name -> record), or delete it if those bundles were moved by hand",
+                    self.pipeline.id,
+                    self.spool.work.join(spool::UNFILED_FILE).display()
+                );
+                return false;
+            }
+        };
         let before = unfiled.clone();
-        unfiled.retain(|name, _| self.spool.work.join(name).is_dir());
-        let Some(&published) = unfiled.get(&f.name) else {
+        unfiled.retain(|name, record| record.is(&self.spool.work.join(name)));
+        let Some(record) = unfiled.get(&f.name).cloned() else {
             if unfiled != before {
                 let _ = spool::set_unfiled(&self.spool, &unfiled);
             }
             return false;
         };
-        let outcome = if published { "published" } else { "failed" };
-        match spool::file_unfiled(&self.spool, &f.path, &f.name, published) {
+        let outcome = if record.published {
+            "published"
+        } else {
+            "failed"
+        };
+        match spool::file_unfiled(&self.spool, &f.path, &f.name, &record) {
             Ok(to) => {
                 unfiled.remove(&f.name);
                 log::info!(
@@ -210,7 +224,7 @@ impl Worker {
             Err(e) => {
                 // Counted like a bundle that could not leave work/ now.
                 self.tally.left.fetch_add(1, Ordering::Relaxed);
-                let to = if published {
+                let to = if record.published {
                     &self.spool.done
                 } else {
                     &self.spool.failed
@@ -236,6 +250,23 @@ impl Worker {
         true
     }
 
+    /// Forgets the records of bundles that could not be filed under the
+    /// names of bundles just claimed into work/ ([`spool::UNFILED_FILE`]):
+    /// such a record is of a folder that left work/ by other means, and
+    /// must never stand for the new one.
+    fn forget_unfiled(&self, claimed: &[(PathBuf, String)]) {
+        let Ok(mut unfiled) = spool::unfiled(&self.spool) else {
+            return;
+        };
+        let before = unfiled.len();
+        for (_, name) in claimed {
+            unfiled.remove(name);
+        }
+        if unfiled.len() != before {
+            let _ = spool::set_unfiled(&self.spool, &unfiled);
+        }
+    }
+
     /// Probes the inbox, claims what is ready (in chunks of
     /// [`crate::publish::MAX_BATCH`]) and publishes it, then waits for a wake-up, a
     /// settle time or the rescan interval.
@@ -248,8 +279,12 @@ impl Worker {
         let mut complete_since: HashMap<String, Instant> = HashMap::new();
         // What was last logged about each entry, so each state is logged once.
         let mut told: HashMap<String, Told> = HashMap::new();
-        // Folders without a manifest, not opened again until they change.
+        // Folders without a manifest, not opened again until they change,
+        // and looked into again anyway every rescan_interval (in case a
+        // file system's timestamps hid a change: a remote clock behind,
+        // timestamps of whole seconds).
         let mut unchanged = spool::Unchanged::default();
+        let mut unchanged_since = Instant::now();
         let mut held = false;
         loop {
             if self.stopping() {
@@ -264,6 +299,10 @@ impl Worker {
                     Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
                     Ok(Wake::Scan) | Err(RecvTimeoutError::Timeout) => continue,
                 }
+            }
+            if unchanged_since.elapsed() >= self.config.agent.rescan_interval {
+                unchanged = spool::Unchanged::default();
+                unchanged_since = Instant::now();
             }
             let probes = match spool::probe_inbox_again(
                 &self.spool.inbox,
@@ -339,6 +378,7 @@ impl Worker {
                 }
                 let claimed = self.claim(chunk, &mut told, &mut complete_since);
                 claimed_any |= !claimed.is_empty();
+                self.forget_unfiled(&claimed);
                 self.process_claimed(&claimed, rx);
             }
             if self.once {

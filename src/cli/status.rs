@@ -172,9 +172,12 @@ fn pipeline_status(
     // Published (or failed) by an earlier run but not movable out of
     // work/: the agent does not publish them again, and only a person can
     // let them go (docs/troubleshooting.md).
-    let unfiled = spool::unfiled(&spool);
+    let unfiled = spool::unfiled(&spool).unwrap_or_default();
     for r in in_folder(Folder::Work) {
-        if let Some(&published) = unfiled.get(&r.name) {
+        let record = unfiled
+            .get(&r.name)
+            .filter(|u| u.is(&spool.work.join(&r.name)));
+        if let Some(&spool::Unfiled { published, .. }) = record {
             problems.push(format!(
                 "pipeline {}: {} was {} but cannot be moved out of work/ (its folder is not writable for the agent?); it is not published again: make the folder writable by the agent, or move it by hand to {}",
                 p.id,

@@ -866,17 +866,19 @@ mod tests {
         let again = |unchanged: &mut Unchanged| {
             probe_inbox_again(&inbox, &Limits::default(), false, unchanged).unwrap()
         };
-        let probes = again(&mut unchanged);
-        assert!(probes.iter().all(|p| p.kind == ProbeKind::NoManifest));
-        // Just made: not kept (the clock's tick could hide a change).
-        assert!(unchanged.0.is_empty(), "{unchanged:?}");
-        // As it would be a second later.
-        for name in ["b", "gone"] {
+        // A folder's look: inode and change time.
+        let look = |name: &str| {
             use std::os::unix::fs::MetadataExt as _;
             let meta = std::fs::metadata(inbox.join(name)).unwrap();
             let ctime = SystemTime::UNIX_EPOCH
                 + Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32);
-            unchanged.0.insert(name.to_owned(), (meta.ino(), ctime));
+            (meta.ino(), ctime)
+        };
+        let probes = again(&mut unchanged);
+        assert!(probes.iter().all(|p| p.kind == ProbeKind::NoManifest));
+        // As they would be kept once a second old.
+        for name in ["b", "gone"] {
+            unchanged.0.insert(name.to_owned(), look(name));
         }
         std::fs::remove_dir(inbox.join("gone")).unwrap();
         let probes = again(&mut unchanged);
@@ -884,12 +886,18 @@ mod tests {
         assert_eq!(probes[0].kind, ProbeKind::NoManifest);
         assert_eq!(unchanged.0.keys().collect::<Vec<_>>(), ["b"]);
 
-        // Its look kept a second before a manifest arrived.
+        // A kept look is trusted: the folder is not opened (were a
+        // manifest to arrive without changing the look, as a look younger
+        // than a second could let happen, it would not be seen).
+        bundle::seal(&b, "b-1", None).unwrap();
+        unchanged.0.insert("b".to_owned(), look("b"));
+        assert_eq!(again(&mut unchanged)[0].kind, ProbeKind::NoManifest);
+
+        // Its look kept a second before the manifest arrived.
         let (ino, ctime) = unchanged.0["b"];
         unchanged
             .0
             .insert("b".to_owned(), (ino, ctime - Duration::from_secs(1)));
-        bundle::seal(&b, "b-1", None).unwrap();
         let probes = again(&mut unchanged);
         assert_eq!(probes[0].kind, ProbeKind::Complete);
         assert!(unchanged.0.is_empty(), "{unchanged:?}");

@@ -440,31 +440,70 @@ pub fn end_batch(spool: &Spool) -> io::Result<()> {
 
 /// Bundles whose publication ended (published, or failed) but that could
 /// not be moved out of `work/` afterwards, kept by the agent in `work/`
-/// itself: bundle name → whether it was published. A producer that still
-/// holds its folder can make it immovable (`chmod a-w` of the folder, so
-/// that an agent not running as root may not move it to another parent);
-/// the next start then files such a bundle instead of publishing it again,
-/// which could put back older content over what was published since
+/// itself, by bundle name ([`Unfiled`]). A producer that still holds its
+/// folder can make it immovable (`chmod a-w` of the folder, so that an
+/// agent not running as root may not move it to another parent); the next
+/// start then files such a bundle instead of publishing it again, which
+/// could put back older content over what was published since
 /// (docs/troubleshooting.md, "The bundle cannot be moved out of work/").
 pub const UNFILED_FILE: &str = ".distributor-unfiled.json";
 const MAX_UNFILED_BYTES: u64 = 16 << 20;
+/// The most of a result kept in [`UNFILED_FILE`] (a larger one is left out).
+const MAX_UNFILED_RESULT: usize = 64 << 10;
 
-/// The bundles of [`UNFILED_FILE`] (none when it is missing or unreadable).
-pub fn unfiled(spool: &Spool) -> std::collections::BTreeMap<String, bool> {
-    let Ok(work) = open_bundle(&spool.work) else {
-        return Default::default();
-    };
-    spoolfs::read_capped(&work, UNFILED_FILE, MAX_UNFILED_BYTES)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default()
+/// One bundle of [`UNFILED_FILE`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unfiled {
+    /// Published (else failed).
+    pub published: bool,
+    /// The folder's device and inode: a record is only ever that folder's
+    /// (a later bundle of the same name is another folder).
+    pub dev: u64,
+    pub ino: u64,
+    /// Its result document, when small enough, for the folder's
+    /// `.distributor-result.json` and the agent's copy once it moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+}
+
+impl Unfiled {
+    /// The record of `bundle` (a folder in work/) as `report` ended it.
+    pub fn of(bundle: &Path, report: &RunReport) -> io::Result<Unfiled> {
+        let meta = fs::symlink_metadata(bundle)?;
+        let result = report.to_json();
+        Ok(Unfiled {
+            published: report.ok,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            result: (result.len() <= MAX_UNFILED_RESULT).then_some(result),
+        })
+    }
+
+    /// Whether `bundle` is the folder this record is about.
+    pub fn is(&self, bundle: &Path) -> bool {
+        fs::symlink_metadata(bundle)
+            .is_ok_and(|m| m.is_dir() && (m.dev(), m.ino()) == (self.dev, self.ino))
+    }
+}
+
+/// The bundles of [`UNFILED_FILE`]: none when it is missing; an error when
+/// it cannot be read or parsed (it is then left as it is).
+pub fn unfiled(spool: &Spool) -> io::Result<std::collections::BTreeMap<String, Unfiled>> {
+    let work = open_bundle(&spool.work)?;
+    match spoolfs::read_capped(&work, UNFILED_FILE, MAX_UNFILED_BYTES) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            io::Error::other(format!("{UNFILED_FILE} is not what the agent writes ({e})"))
+        }),
+        Err(e) if e.is_missing() => Ok(Default::default()),
+        Err(e) => Err(io::Error::other(format!("{UNFILED_FILE}: {e}"))),
+    }
 }
 
 /// Writes [`UNFILED_FILE`] as `bundles` (durably: it is what keeps the
 /// next start from publishing them again), or removes it when empty.
 pub fn set_unfiled(
     spool: &Spool,
-    bundles: &std::collections::BTreeMap<String, bool>,
+    bundles: &std::collections::BTreeMap<String, Unfiled>,
 ) -> io::Result<()> {
     let work = open_bundle(&spool.work)?;
     if bundles.is_empty() {
@@ -474,21 +513,36 @@ pub fn set_unfiled(
     spoolfs::replace(&work, UNFILED_FILE, &bytes, true)
 }
 
-/// Moves a bundle of [`UNFILED_FILE`] to `done/` (`published`) or
-/// `failed/`; its result was written inside it, if it could be, when its
-/// publication ended. Returns where it went.
+/// Moves a bundle of [`UNFILED_FILE`] to `done/` or `failed/`, writing
+/// the result the record holds inside it first when it can (it could not
+/// when the publication ended, as a rule) and keeping the agent's copy of
+/// a failed one's. Returns where it went.
 pub fn file_unfiled(
     spool: &Spool,
     bundle: &Path,
     name: &str,
-    published: bool,
+    record: &Unfiled,
 ) -> io::Result<PathBuf> {
-    let (to, max) = if published {
+    if let Some(result) = &record.result {
+        let _ = write_bookkeeping(bundle, RESULT_FILE, result.as_bytes());
+    }
+    let (to, max) = if record.published {
         (&spool.done, names::NAME_MAX)
     } else {
         (&spool.failed, names::FAILED_NAME_MAX)
     };
-    move_unique(bundle, to, name, max)
+    let moved = move_unique(bundle, to, name, max)?;
+    if let (false, Some(result), Some(file_name)) = (
+        record.published,
+        &record.result,
+        moved.file_name().and_then(|n| n.to_str()),
+    ) {
+        let (folder, file) = spool.kept_result(file_name);
+        let _ = fs::DirBuilder::new().mode(0o750).create(&folder);
+        let _ = open_bundle(&folder)
+            .and_then(|dir| spoolfs::replace(&dir, &file, result.as_bytes(), false));
+    }
+    Ok(moved)
 }
 
 /// After a crash during a batch: each bundle of the batch still in work/
