@@ -140,7 +140,7 @@ impl Worker {
                 for path in incomplete {
                     self.fail_without_manifest(&path);
                 }
-                found.retain(|f| !self.file_unfiled(f));
+                self.file_unfiled(&mut found);
                 if !found.is_empty() {
                     log::info!(
                         "pipeline={} resuming {} bundle(s) left in work/",
@@ -182,72 +182,70 @@ impl Worker {
         true
     }
 
-    /// Files `f` if an earlier agent published (or failed) it but could
-    /// not move it out of work/ ([`spool::UNFILED_FILE`]), and forgets
-    /// the records of folders no longer there. True when `f` is such a
-    /// bundle: it is never published again, whether it moves now or not.
-    fn file_unfiled(&self, f: &spool::Found) -> bool {
+    /// Files the bundles of `found` that an earlier agent published (or
+    /// failed) but could not move out of work/ ([`spool::UNFILED_FILE`]),
+    /// and takes them out of `found`: they are never published again,
+    /// whether they move now or not. Forgets the records of folders no
+    /// longer there. The record is read and written once.
+    fn file_unfiled(&self, found: &mut Vec<spool::Found>) {
+        let record_path = || self.spool.work.join(spool::UNFILED_FILE);
         let mut unfiled = match spool::unfiled(&self.spool) {
+            Ok(unfiled) if unfiled.is_empty() => return,
             Ok(unfiled) => unfiled,
             Err(e) => {
                 log::error!(
                     "pipeline={}: cannot read {}: {e}; the bundles it records as published could be published again. Check it (bundle name -> record), or delete it if those bundles were moved by hand",
                     self.pipeline.id,
-                    self.spool.work.join(spool::UNFILED_FILE).display()
+                    record_path().display()
                 );
-                return false;
+                return;
             }
         };
         let before = unfiled.clone();
         unfiled.retain(|name, record| record.is(&self.spool.work.join(name)));
-        let Some(record) = unfiled.get(&f.name).cloned() else {
-            if unfiled != before {
-                let _ = spool::set_unfiled(&self.spool, &unfiled);
+        found.retain(|f| {
+            let Some(record) = unfiled.get(&f.name).cloned() else {
+                return true;
+            };
+            let outcome = if record.published { "published" } else { "failed" };
+            match spool::file_unfiled(&self.spool, &f.path, &f.name, &record) {
+                Ok(to) => {
+                    unfiled.remove(&f.name);
+                    log::info!(
+                        "pipeline={} bundle={}: {outcome} by an earlier run, which could not move it out of work/; moved to {} now, without publishing it again",
+                        self.pipeline.id,
+                        inert(&f.name),
+                        to.display()
+                    );
+                }
+                Err(e) => {
+                    // Counted like a bundle that could not leave work/ now.
+                    self.tally.left.fetch_add(1, Ordering::Relaxed);
+                    let to = if record.published {
+                        &self.spool.done
+                    } else {
+                        &self.spool.failed
+                    };
+                    log::error!(
+                        "pipeline={} bundle={}: {outcome} by an earlier run, and still cannot be moved out of work/: {e}; it is not published again and stays in {}. Make the folder writable by the agent (its owner can chmod u+w it) or move it by hand to {}",
+                        self.pipeline.id,
+                        inert(&f.name),
+                        f.path.display(),
+                        to.display()
+                    );
+                }
             }
-            return false;
-        };
-        let outcome = if record.published {
-            "published"
-        } else {
-            "failed"
-        };
-        match spool::file_unfiled(&self.spool, &f.path, &f.name, &record) {
-            Ok(to) => {
-                unfiled.remove(&f.name);
-                log::info!(
-                    "pipeline={} bundle={}: {outcome} by an earlier run, which could not move it out of work/; moved to {} now, without publishing it again",
-                    self.pipeline.id,
-                    inert(&f.name),
-                    to.display()
-                );
-            }
-            Err(e) => {
-                // Counted like a bundle that could not leave work/ now.
-                self.tally.left.fetch_add(1, Ordering::Relaxed);
-                let to = if record.published {
-                    &self.spool.done
-                } else {
-                    &self.spool.failed
-                };
-                log::error!(
-                    "pipeline={} bundle={}: {outcome} by an earlier run, and still cannot be moved out of work/: {e}; it is not published again and stays in {}. Make the folder writable by the agent (its owner can chmod u+w it) or move it by hand to {}",
-                    self.pipeline.id,
-                    inert(&f.name),
-                    f.path.display(),
-                    to.display()
-                );
-            }
-        }
+            false
+        });
         if unfiled != before
             && let Err(e) = spool::set_unfiled(&self.spool, &unfiled)
         {
             log::warn!(
-                "pipeline={}: cannot update {}: {e}",
+                "pipeline={}: cannot update {}: {e}; it may name bundles already moved, which is harmless (a record only ever stands for its own folder)",
                 self.pipeline.id,
-                self.spool.work.join(spool::UNFILED_FILE).display()
+                record_path().display()
             );
         }
-        true
     }
 
     /// Forgets the records of bundles that could not be filed under the

@@ -526,23 +526,22 @@ pub fn file_unfiled(
     if let Some(result) = &record.result {
         let _ = write_bookkeeping(bundle, RESULT_FILE, result.as_bytes());
     }
-    let (to, max) = if record.published {
+    let moved = file_as(spool, bundle, name, record.published)?;
+    if let (false, Some(result)) = (record.published, &record.result) {
+        let _ = keep_result(spool, &moved, result.as_bytes());
+    }
+    Ok(moved)
+}
+
+/// Moves `bundle` into `done/` (`ok`) or `failed/` under `name` (made
+/// unique and short enough for its folder).
+fn file_as(spool: &Spool, bundle: &Path, name: &str, ok: bool) -> io::Result<PathBuf> {
+    let (to, max) = if ok {
         (&spool.done, names::NAME_MAX)
     } else {
         (&spool.failed, names::FAILED_NAME_MAX)
     };
-    let moved = move_unique(bundle, to, name, max)?;
-    if let (false, Some(result), Some(file_name)) = (
-        record.published,
-        &record.result,
-        moved.file_name().and_then(|n| n.to_str()),
-    ) {
-        let (folder, file) = spool.kept_result(file_name);
-        let _ = fs::DirBuilder::new().mode(0o750).create(&folder);
-        let _ = open_bundle(&folder)
-            .and_then(|dir| spoolfs::replace(&dir, &file, result.as_bytes(), false));
-    }
-    Ok(moved)
+    move_unique(bundle, to, name, max)
 }
 
 /// After a crash during a batch: each bundle of the batch still in work/
@@ -603,8 +602,9 @@ pub fn bookkeeping_blocked(bundle: &Path) -> Option<String> {
 /// there, to be filed at the next start.
 pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> io::Result<PathBuf> {
     let mut unwritten = None;
+    let result = report.to_json();
     if is_real_folder(bundle)
-        && let Err(e) = write_bookkeeping(bundle, RESULT_FILE, report.to_json().as_bytes())
+        && let Err(e) = write_bookkeeping(bundle, RESULT_FILE, result.as_bytes())
     {
         if crate::io_class::is_out_of_space(&e) {
             return Err(e);
@@ -612,12 +612,7 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
         unwritten = Some(e);
     }
     crate::failpoint::hit("spool.after_result");
-    let (to, max) = if report.ok {
-        (&spool.done, names::NAME_MAX)
-    } else {
-        (&spool.failed, names::FAILED_NAME_MAX)
-    };
-    let moved = move_unique(bundle, to, name, max)?;
+    let moved = file_as(spool, bundle, name, report.ok)?;
     crate::failpoint::hit("spool.after_move");
     if let Some(e) = unwritten {
         log::warn!(
@@ -633,7 +628,7 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
         );
     }
     if !report.ok
-        && let Err(e) = keep_result(spool, &moved, report)
+        && let Err(e) = keep_result(spool, &moved, result.as_bytes())
     {
         // A copy left by an earlier bundle of that name must not stand in.
         let stale = moved
@@ -689,8 +684,9 @@ impl Spool {
     }
 }
 
-/// Writes the agent's copy of a failed bundle's result.
-fn keep_result(spool: &Spool, moved: &Path, report: &RunReport) -> io::Result<()> {
+/// Writes the agent's copy of a failed bundle's result (`result`, the
+/// result document).
+fn keep_result(spool: &Spool, moved: &Path, result: &[u8]) -> io::Result<()> {
     let Some(name) = moved.file_name().and_then(|n| n.to_str()) else {
         return Ok(());
     };
@@ -699,12 +695,7 @@ fn keep_result(spool: &Spool, moved: &Path, report: &RunReport) -> io::Result<()
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    spoolfs::replace(
-        &open_bundle(&folder)?,
-        &file,
-        report.to_json().as_bytes(),
-        false,
-    )
+    spoolfs::replace(&open_bundle(&folder)?, &file, result, false)
 }
 
 /// Removes the agent's copy of the result of `failed/<name>`, if any.

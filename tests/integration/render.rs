@@ -509,16 +509,21 @@ fn the_agent_fails_a_bundle_too_dense_to_render_and_publishes_the_next() {
     );
     let page = fs::read_to_string(t.join("site/fine.html")).unwrap();
     assert_eq!(page, rendered("# Fine\n\ntext\n", "fine.md", None));
-    let result = t
-        .spool("p", "failed")
-        .join("a-dense/.distributor-result.json");
-    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
-    assert_eq!(r["stage"], "verify", "{r}");
-    let error = r["error"].as_str().expect("an error");
+    let error = verify_error(&t, "a-dense");
     assert!(
         error.contains("page.md") && error.contains("too dense"),
         "{error}"
     );
+}
+
+/// The error of the failed bundle `name`, which failed at stage verify.
+fn verify_error(t: &Test, name: &str) -> String {
+    let result = t
+        .spool("p", "failed")
+        .join(format!("{name}/.distributor-result.json"));
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
+    assert_eq!(r["stage"], "verify", "{r}");
+    r["error"].as_str().expect("an error").to_owned()
 }
 
 /// At least `len` bytes of markdown: sections with a small table each,
@@ -945,12 +950,7 @@ fn the_agent_fails_a_bundle_too_slow_to_render_and_publishes_the_next() {
     assert!(t.spool("p", "done").join("b-fine").is_dir());
     assert!(!t.join("site/page.html").exists());
     assert!(t.join("site/fine.html").exists());
-    let result = t
-        .spool("p", "failed")
-        .join("a-slow/.distributor-result.json");
-    let r: serde_json::Value = serde_json::from_slice(&fs::read(result).unwrap()).unwrap();
-    assert_eq!(r["stage"], "verify", "{r}");
-    let error = r["error"].as_str().expect("an error");
+    let error = verify_error(&t, "a-slow");
     assert!(
         error.contains("page.md: took more than 10 s of CPU time to render")
             && error.contains("publish.html off"),
