@@ -8,9 +8,11 @@
 //! on (SIGCONT). Release builds compile every call to nothing. The names are
 //! listed in [`POINTS`]; docs/reliability.md explains each.
 
-/// Every crash point: a local root's in the order a publication reaches
-/// them, then the driver's (every backend), then an s3 destination's.
+/// Every crash point: the agent's claim, then a local root's in the order
+/// a publication reaches them, then the driver's (every backend), then an
+/// s3 destination's, then the spool's.
 pub const POINTS: &[&str] = &[
+    "agent.claimed",
     "publish.after_journal",
     "publish.after_clear",
     "publish.after_stage",

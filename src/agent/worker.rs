@@ -42,6 +42,42 @@ impl Told {
     }
 }
 
+/// How long a batch may go on gathering a burst's bundles that became
+/// ready after its first ones were claimed: one probe interval
+/// (docs/performance.md, "Bursts").
+const GATHER_FOR: Duration = Duration::from_millis(250);
+
+/// What the worker keeps about its inbox between probes.
+struct InboxState {
+    /// When each inbox entry was first seen complete (the 10 x settle cap).
+    complete_since: HashMap<String, Instant>,
+    /// What was last logged about each entry, so each state is logged once.
+    told: HashMap<String, Told>,
+    /// Folders without a manifest, not opened again until they change,
+    /// and looked into again anyway every rescan_interval (in case a file
+    /// system's timestamps hid a change: a remote clock behind, timestamps
+    /// of whole seconds).
+    unchanged: spool::Unchanged,
+    unchanged_since: Instant,
+}
+
+/// One probe of the inbox, decided: indices into `probes`.
+struct Look {
+    probes: Vec<spool::Probe>,
+    /// Ready to claim, in arrival order.
+    ready: Vec<usize>,
+    /// When an entry that waits should be looked at again.
+    next_check: Option<Duration>,
+    /// Incomplete entries `agent --once` leaves in the inbox.
+    left_incomplete: Vec<usize>,
+}
+
+impl Look {
+    fn ready(&self) -> Vec<&spool::Probe> {
+        self.ready.iter().map(|&i| &self.probes[i]).collect()
+    }
+}
+
 fn inert(text: &str) -> std::borrow::Cow<'_, str> {
     crate::inert::inert(text)
 }
@@ -273,16 +309,12 @@ impl Worker {
             once: self.once,
             ..self.spool.timing
         };
-        // When each inbox entry was first seen complete (the 10 x settle cap).
-        let mut complete_since: HashMap<String, Instant> = HashMap::new();
-        // What was last logged about each entry, so each state is logged once.
-        let mut told: HashMap<String, Told> = HashMap::new();
-        // Folders without a manifest, not opened again until they change,
-        // and looked into again anyway every rescan_interval (in case a
-        // file system's timestamps hid a change: a remote clock behind,
-        // timestamps of whole seconds).
-        let mut unchanged = spool::Unchanged::default();
-        let mut unchanged_since = Instant::now();
+        let mut inbox = InboxState {
+            complete_since: HashMap::new(),
+            told: HashMap::new(),
+            unchanged: spool::Unchanged::default(),
+            unchanged_since: Instant::now(),
+        };
         let mut held = false;
         loop {
             if self.stopping() {
@@ -298,94 +330,33 @@ impl Worker {
                     Ok(Wake::Scan) | Err(RecvTimeoutError::Timeout) => continue,
                 }
             }
-            if unchanged_since.elapsed() >= self.config.agent.rescan_interval {
-                unchanged = spool::Unchanged::default();
-                unchanged_since = Instant::now();
-            }
-            let probes = match spool::probe_inbox_again(
-                &self.spool.inbox,
-                &self.pipeline.limits,
-                self.spool.signed,
-                &mut unchanged,
-            ) {
-                Ok(p) => p,
-                Err(e) => {
-                    let key = format!("cannot scan: {e}");
-                    if told.get("").is_none_or(|t| t.note != key) {
-                        log::error!(
-                            "pipeline={}: cannot scan {}: {e}; no bundle of this pipeline is claimed until the agent can list its inbox (check its permissions; see docs/security.md)",
-                            self.pipeline.id,
-                            self.spool.inbox.display()
-                        );
-                        told.insert(String::new(), Told::note(key));
-                    }
-                    Vec::new()
-                }
-            };
-            log::debug!(
-                "pipeline={} scanned the inbox ({} entries)",
-                self.pipeline.id,
-                probes.len()
-            );
-            let now = Instant::now();
-            let wall = SystemTime::now();
-            // By name, so that forgetting what left the inbox costs one
-            // lookup per entry, not a pass over the inbox per entry (an
-            // inbox of thousands of folders is probed every 250 ms).
-            let kinds: HashMap<&str, &spool::ProbeKind> =
-                probes.iter().map(|p| (p.name.as_str(), &p.kind)).collect();
-            told.retain(|name, _| name.is_empty() || kinds.contains_key(name.as_str()));
-            complete_since
-                .retain(|name, _| kinds.get(name.as_str()) == Some(&&spool::ProbeKind::Complete));
-            let mut next_check: Option<Duration> = None;
-            let mut ready = Vec::new();
-            let mut left_incomplete = Vec::new();
-            for p in &probes {
-                let complete_for = (p.kind == spool::ProbeKind::Complete).then(|| {
-                    now.duration_since(*complete_since.entry(p.name.clone()).or_insert(now))
-                });
-                let (state, verdict) = p.decide(wall, complete_for, &timing);
-                self.tell(p, state, wall, &timing, &mut told);
-                match verdict {
-                    spool::Verdict::Claim => {
-                        if let spool::ProbeKind::Incomplete(what) = &p.kind {
-                            log::warn!(
-                                "pipeline={} bundle={}: still incomplete after {} without change ({}); claimed so that it is filed under failed/. Deliver it again, complete",
-                                self.pipeline.id,
-                                inert(&p.name),
-                                crate::config::format_duration(timing.incomplete_timeout),
-                                inert(what)
-                            );
-                        }
-                        ready.push(p)
-                    }
-                    spool::Verdict::Wait(left) => {
-                        next_check = Some(next_check.map_or(left, |n| n.min(left)));
-                    }
-                    spool::Verdict::Leave => {
-                        if state == spool::Waiting::Incomplete {
-                            left_incomplete.push(p);
-                        }
-                    }
-                }
-            }
+            let look = self.look(&mut inbox, &timing);
             let mut claimed_any = false;
+            let ready = look.ready();
             for chunk in ready.chunks(crate::publish::MAX_BATCH) {
                 if self.stopping() {
                     return;
                 }
-                let claimed = self.claim(chunk, &mut told, &mut complete_since);
+                let mut claimed = self.claim(chunk, &mut inbox);
+                if !claimed.is_empty() {
+                    crate::failpoint::hit("agent.claimed");
+                }
+                if ready.len() < crate::publish::MAX_BATCH && !claimed.is_empty() {
+                    self.gather(&mut claimed, &mut inbox, &timing);
+                }
                 claimed_any |= !claimed.is_empty();
                 self.forget_unfiled(&claimed);
                 self.process_claimed(&claimed, rx);
             }
             if self.once {
                 if !claimed_any {
-                    if !left_incomplete.is_empty() {
+                    if !look.left_incomplete.is_empty() {
                         self.tally
                             .incomplete
-                            .fetch_add(left_incomplete.len(), Ordering::Relaxed);
-                        for p in &left_incomplete {
+                            .fetch_add(look.left_incomplete.len(), Ordering::Relaxed);
+                        let wall = SystemTime::now();
+                        for &i in &look.left_incomplete {
+                            let p = &look.probes[i];
                             log::warn!(
                                 "pipeline={} bundle={}: incomplete, left in the inbox: {}",
                                 self.pipeline.id,
@@ -402,7 +373,7 @@ impl Worker {
                 continue; // more may have arrived meanwhile
             }
             let mut wait = self.config.agent.rescan_interval;
-            if let Some(n) = next_check {
+            if let Some(n) = look.next_check {
                 wait = wait.min(n);
             }
             match rx.recv_timeout(wait) {
@@ -411,6 +382,126 @@ impl Worker {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
+        }
+    }
+
+    /// Probes the inbox once and decides about each entry (logging each
+    /// entry's state once): what is ready to claim, in arrival order, when
+    /// to look again, and what `agent --once` leaves incomplete.
+    fn look(&self, inbox: &mut InboxState, timing: &spool::Timing) -> Look {
+        if inbox.unchanged_since.elapsed() >= self.config.agent.rescan_interval {
+            inbox.unchanged = spool::Unchanged::default();
+            inbox.unchanged_since = Instant::now();
+        }
+        let probes = match spool::probe_inbox_again(
+            &self.spool.inbox,
+            &self.pipeline.limits,
+            self.spool.signed,
+            &mut inbox.unchanged,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                let key = format!("cannot scan: {e}");
+                if inbox.told.get("").is_none_or(|t| t.note != key) {
+                    log::error!(
+                        "pipeline={}: cannot scan {}: {e}; no bundle of this pipeline is claimed until the agent can list its inbox (check its permissions; see docs/security.md)",
+                        self.pipeline.id,
+                        self.spool.inbox.display()
+                    );
+                    inbox.told.insert(String::new(), Told::note(key));
+                }
+                Vec::new()
+            }
+        };
+        log::debug!(
+            "pipeline={} scanned the inbox ({} entries)",
+            self.pipeline.id,
+            probes.len()
+        );
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        // By name, so that forgetting what left the inbox costs one
+        // lookup per entry, not a pass over the inbox per entry (an
+        // inbox of thousands of folders is probed every 250 ms).
+        let kinds: HashMap<&str, &spool::ProbeKind> =
+            probes.iter().map(|p| (p.name.as_str(), &p.kind)).collect();
+        inbox
+            .told
+            .retain(|name, _| name.is_empty() || kinds.contains_key(name.as_str()));
+        inbox
+            .complete_since
+            .retain(|name, _| kinds.get(name.as_str()) == Some(&&spool::ProbeKind::Complete));
+        let mut look = Look {
+            probes: Vec::new(),
+            ready: Vec::new(),
+            next_check: None,
+            left_incomplete: Vec::new(),
+        };
+        for (i, p) in probes.iter().enumerate() {
+            let complete_for = (p.kind == spool::ProbeKind::Complete).then(|| {
+                now.duration_since(*inbox.complete_since.entry(p.name.clone()).or_insert(now))
+            });
+            let (state, verdict) = p.decide(wall, complete_for, timing);
+            self.tell(p, state, wall, timing, &mut inbox.told);
+            match verdict {
+                spool::Verdict::Claim => {
+                    if let spool::ProbeKind::Incomplete(what) = &p.kind {
+                        log::warn!(
+                            "pipeline={} bundle={}: still incomplete after {} without change ({}); claimed so that it is filed under failed/. Deliver it again, complete",
+                            self.pipeline.id,
+                            inert(&p.name),
+                            crate::config::format_duration(timing.incomplete_timeout),
+                            inert(what)
+                        );
+                    }
+                    look.ready.push(i)
+                }
+                spool::Verdict::Wait(left) => {
+                    look.next_check = Some(look.next_check.map_or(left, |n| n.min(left)));
+                }
+                spool::Verdict::Leave => {
+                    if state == spool::Waiting::Incomplete {
+                        look.left_incomplete.push(i);
+                    }
+                }
+            }
+        }
+        drop(kinds);
+        look.probes = probes;
+        look
+    }
+
+    /// Gathers the rest of a burst into the bundles just claimed, so that
+    /// it is published as one batch, each root's catalog written once
+    /// (docs/performance.md, "Bursts"): probes the inbox again at once, and
+    /// claims what is ready now, for as long as each probe finds more, up
+    /// to [`crate::publish::MAX_BATCH`] bundles and for at most
+    /// [`GATHER_FOR`]. It never waits: a bundle that is still settling
+    /// goes in a later batch.
+    fn gather(
+        &self,
+        claimed: &mut Vec<(PathBuf, String)>,
+        inbox: &mut InboxState,
+        timing: &spool::Timing,
+    ) {
+        let since = Instant::now();
+        while claimed.len() < crate::publish::MAX_BATCH
+            && since.elapsed() < GATHER_FOR
+            && !self.stopping()
+        {
+            let look = self.look(inbox, timing);
+            let ready = look.ready();
+            let room = crate::publish::MAX_BATCH - claimed.len();
+            let more = self.claim(&ready[..ready.len().min(room)], inbox);
+            if more.is_empty() {
+                return;
+            }
+            log::debug!(
+                "pipeline={}: {} more bundles joined the batch",
+                self.pipeline.id,
+                more.len()
+            );
+            claimed.extend(more);
         }
     }
 
@@ -446,12 +537,12 @@ impl Worker {
     /// at a bookkeeping name, is filed into failed/ at once. Returns the
     /// claimed bundles (path in work/, name). An entry that cannot be moved
     /// is logged once per reason and left.
-    fn claim(
-        &self,
-        ready: &[&spool::Probe],
-        told: &mut HashMap<String, Told>,
-        complete_since: &mut HashMap<String, Instant>,
-    ) -> Vec<(PathBuf, String)> {
+    fn claim(&self, ready: &[&spool::Probe], inbox: &mut InboxState) -> Vec<(PathBuf, String)> {
+        let InboxState {
+            told,
+            complete_since,
+            ..
+        } = inbox;
         let mut claimed = Vec::new();
         for p in ready {
             complete_since.remove(&p.name);

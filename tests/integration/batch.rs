@@ -2,7 +2,7 @@
 //! order still decides, each bundle gets its own result, a bad bundle
 //! fails alone, and a crash mid-batch converges.
 
-use crate::util::{Test, assert_catalog_matches_disk, metric};
+use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, metric, wait_for};
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
@@ -474,4 +474,70 @@ fn a_backlog_into_a_large_broken_catalog_fails_each_bundle_and_a_restored_one_ta
             format!("{i}\n")
         );
     }
+}
+
+#[test]
+fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch() {
+    let t = Test::new();
+    t.config(&config("additive"));
+    // A root with a catalog (into a root without one, a batch's first
+    // bundle goes alone).
+    drop_bundle(&t, "warm", 0, &[("warm.txt", "warm\n")]);
+    t.once().expect_code(0);
+    let mut agent = t
+        .agent_cmd()
+        .env("DISTRIBUTOR_FAILPOINT", "agent.claimed:1:stop")
+        .arg("agent")
+        .start();
+    // The first bundle of the burst is claimed alone (the agent stops
+    // right after moving it into work/); the rest arrives meanwhile.
+    drop_bundle(
+        &t,
+        "b0",
+        0,
+        &[("page.html", "version 0\n"), ("b0.txt", "0\n")],
+    );
+    assert!(
+        wait_for(DEADLINE, || agent.stopped()),
+        "the agent never claimed b0:\n{}",
+        agent.stderr()
+    );
+    assert_eq!(names(&t.join("spool/p/work")), ["b0"]);
+    for i in 1..4u64 {
+        let content = format!("version {i}\n");
+        let only = format!("b{i}.txt");
+        drop_bundle(
+            &t,
+            &format!("b{i}"),
+            i,
+            &[("page.html", &content), (&only, "x\n")],
+        );
+    }
+    agent.signal(libc::SIGCONT);
+    let done = t.join("spool/p/done");
+    assert!(
+        wait_for(DEADLINE, || names(&done).len() == 5),
+        "the burst was not published:\n{}",
+        agent.stderr()
+    );
+    agent.signal(libc::SIGTERM);
+    let out = agent.finish(DEADLINE);
+    // One transaction, so one catalog written, for the whole burst.
+    assert!(
+        out.stderr.contains("published a batch of 4 bundles"),
+        "the burst was not one batch:\n{}",
+        out.stderr
+    );
+    for i in 0..4 {
+        assert_eq!(result(&t, "done", &format!("b{i}"))["ok"], true);
+    }
+    assert_eq!(
+        fs::read_to_string(t.join("root/page.html")).unwrap(),
+        "version 3\n",
+        "arrival order holds inside the batch"
+    );
+    let records = t.records("root");
+    assert_eq!(records["page.html"]["source"]["id"], "b3");
+    assert!((0..4).all(|i| records.contains_key(&format!("b{i}.txt"))));
+    assert_catalog_matches_disk(&t.join("root"));
 }

@@ -27,7 +27,7 @@ use distributor::config::S3Location;
 use serde_json::Value;
 
 use crate::seaweed::{Bucket, server};
-use crate::util::{sha256, wait_for, write_file};
+use crate::util::{sha256, stopped, wait_for, write_file};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distributor");
 const CREATED: &str = "2026-06-04T11:55:00Z";
@@ -1079,12 +1079,4 @@ fn a_lost_catalog_swap_is_counted_as_a_rebase_or_a_conflict() {
     let records = bucket.assert_records_match_objects();
     assert!(records.contains_key("a-replacement.html"), "{records:?}");
     assert!(bucket.pending().is_empty(), "{:?}", bucket.pending());
-}
-
-/// Whether process `pid` is stopped (`T` in /proc/<pid>/stat).
-fn stopped(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('T'))
-    })
 }

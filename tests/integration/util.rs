@@ -410,6 +410,11 @@ impl Proc {
         catches(self.child.id(), signals)
     }
 
+    /// Whether it is stopped (at a `<name>:<n>:stop` failpoint).
+    pub fn stopped(&self) -> bool {
+        stopped(self.child.id())
+    }
+
     pub fn running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
     }
@@ -494,6 +499,15 @@ fn kill(
         .expect("a child's pid");
     let signal = rustix::process::Signal::from_named_raw(sig).expect("a named signal");
     send(target, signal).unwrap_or_else(|e| panic!("kill({pid}, {sig}): {e}"));
+}
+
+/// Whether process `pid` is stopped (`T` in /proc/<pid>/stat), as a
+/// `<name>:<n>:stop` failpoint leaves it.
+pub fn stopped(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    })
 }
 
 /// True when the process `pid` has handlers installed for every one of
