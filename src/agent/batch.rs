@@ -77,7 +77,7 @@ impl Worker {
     }
 
     /// Whether `spool hold` holds the pipeline now.
-    fn hold_placed(&self) -> bool {
+    pub(super) fn hold_placed(&self) -> bool {
         spool::queue::held(self.spool.pipeline_folder()).is_some()
     }
 

@@ -43,9 +43,10 @@ impl Told {
 }
 
 /// How long a batch may go on gathering a burst's bundles that became
-/// ready after its first ones were claimed: one probe interval
-/// (docs/performance.md, "Bursts").
-const GATHER_FOR: Duration = Duration::from_millis(250);
+/// ready after its first ones were claimed: as long as an entry that
+/// waits goes unprobed ([`spool::INCOMPLETE_POLL`]; docs/performance.md,
+/// "Bursts").
+const GATHER_FOR: Duration = spool::INCOMPLETE_POLL;
 
 /// What the worker keeps about its inbox between probes.
 struct InboxState {
@@ -333,19 +334,26 @@ impl Worker {
             let look = self.look(&mut inbox, &timing);
             let mut claimed_any = false;
             let ready = look.ready();
-            for chunk in ready.chunks(crate::publish::MAX_BATCH) {
+            let chunks = ready.len().div_ceil(crate::publish::MAX_BATCH);
+            for (i, chunk) in ready.chunks(crate::publish::MAX_BATCH).enumerate() {
                 if self.stopping() {
                     return;
+                }
+                // A hold placed while a chunk was published: the next
+                // chunk stays in the inbox (the loop's top sees the hold).
+                if i > 0 && self.hold_placed() {
+                    break;
                 }
                 let mut claimed = self.claim(chunk, &mut inbox);
                 if !claimed.is_empty() {
                     crate::failpoint::hit("agent.claimed");
                 }
-                if ready.len() < crate::publish::MAX_BATCH && !claimed.is_empty() {
+                // Only the last chunk gathers: what arrives now comes
+                // after every bundle already ready.
+                if i + 1 == chunks && !claimed.is_empty() {
                     self.gather(&mut claimed, &mut inbox, &timing);
                 }
                 claimed_any |= !claimed.is_empty();
-                self.forget_unfiled(&claimed);
                 self.process_claimed(&claimed, rx);
             }
             if self.once {
@@ -444,18 +452,7 @@ impl Worker {
             let (state, verdict) = p.decide(wall, complete_for, timing);
             self.tell(p, state, wall, timing, &mut inbox.told);
             match verdict {
-                spool::Verdict::Claim => {
-                    if let spool::ProbeKind::Incomplete(what) = &p.kind {
-                        log::warn!(
-                            "pipeline={} bundle={}: still incomplete after {} without change ({}); claimed so that it is filed under failed/. Deliver it again, complete",
-                            self.pipeline.id,
-                            inert(&p.name),
-                            crate::config::format_duration(timing.incomplete_timeout),
-                            inert(what)
-                        );
-                    }
-                    look.ready.push(i)
-                }
+                spool::Verdict::Claim => look.ready.push(i),
                 spool::Verdict::Wait(left) => {
                     look.next_check = Some(look.next_check.map_or(left, |n| n.min(left)));
                 }
@@ -475,9 +472,10 @@ impl Worker {
     /// it is published as one batch, each root's catalog written once
     /// (docs/performance.md, "Bursts"): probes the inbox again at once, and
     /// claims what is ready now, for as long as each probe finds more, up
-    /// to [`crate::publish::MAX_BATCH`] bundles and for at most
-    /// [`GATHER_FOR`]. It never waits: a bundle that is still settling
-    /// goes in a later batch.
+    /// to [`crate::publish::MAX_BATCH`] bundles, for about [`GATHER_FOR`]
+    /// (checked before each probe), and never once a stop or a hold came.
+    /// It never waits: a bundle that is still settling, or that arrives
+    /// after a probe found nothing new, goes in a later batch.
     fn gather(
         &self,
         claimed: &mut Vec<(PathBuf, String)>,
@@ -488,6 +486,7 @@ impl Worker {
         while claimed.len() < crate::publish::MAX_BATCH
             && since.elapsed() < GATHER_FOR
             && !self.stopping()
+            && !self.hold_placed()
         {
             let look = self.look(inbox, timing);
             let ready = look.ready();
@@ -545,6 +544,15 @@ impl Worker {
         } = inbox;
         let mut claimed = Vec::new();
         for p in ready {
+            if let spool::ProbeKind::Incomplete(what) = &p.kind {
+                log::warn!(
+                    "pipeline={} bundle={}: still incomplete after {} without change ({}); claimed so that it is filed under failed/. Deliver it again, complete",
+                    self.pipeline.id,
+                    inert(&p.name),
+                    crate::config::format_duration(self.spool.timing.incomplete_timeout),
+                    inert(what)
+                );
+            }
             complete_since.remove(&p.name);
             match spool::move_unique(&p.path, &self.spool.work, &p.name, spool::names::NAME_MAX) {
                 Ok(work_path) => {
@@ -587,6 +595,9 @@ impl Worker {
                 }
             }
         }
+        // Records of bundles that could not be filed under these names
+        // are stale now (docs/troubleshooting.md).
+        self.forget_unfiled(&claimed);
         claimed
     }
 

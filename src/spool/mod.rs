@@ -27,8 +27,8 @@ pub use expire::{
     record_retention, retention_record,
 };
 pub use inbox::{
-    InboxEntry, Probe, ProbeKind, Timing, Unchanged, Verdict, Waiting, decide, probe_inbox,
-    probe_inbox_again,
+    INCOMPLETE_POLL, InboxEntry, Probe, ProbeKind, Timing, Unchanged, Verdict, Waiting, decide,
+    probe_inbox, probe_inbox_again,
 };
 pub use list::{
     FailedError, Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry,

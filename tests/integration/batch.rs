@@ -476,23 +476,20 @@ fn a_backlog_into_a_large_broken_catalog_fails_each_bundle_and_a_restored_one_ta
     }
 }
 
-#[test]
-fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch() {
-    let t = Test::new();
+/// A live agent stopped (SIGSTOP, at the `agent.claimed` failpoint) right
+/// after claiming `b0`, the first bundle of a burst, into a root that has
+/// a catalog (into a root without one, a batch's first bundle goes alone).
+fn stopped_after_claiming_the_first_of_a_burst(t: &Test) -> crate::util::Proc {
     t.config(&config("additive"));
-    // A root with a catalog (into a root without one, a batch's first
-    // bundle goes alone).
-    drop_bundle(&t, "warm", 0, &[("warm.txt", "warm\n")]);
+    drop_bundle(t, "warm", 0, &[("warm.txt", "warm\n")]);
     t.once().expect_code(0);
-    let mut agent = t
+    let agent = t
         .agent_cmd()
         .env("DISTRIBUTOR_FAILPOINT", "agent.claimed:1:stop")
         .arg("agent")
         .start();
-    // The first bundle of the burst is claimed alone (the agent stops
-    // right after moving it into work/); the rest arrives meanwhile.
     drop_bundle(
-        &t,
+        t,
         "b0",
         0,
         &[("page.html", "version 0\n"), ("b0.txt", "0\n")],
@@ -503,16 +500,31 @@ fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch(
         agent.stderr()
     );
     assert_eq!(names(&t.join("spool/p/work")), ["b0"]);
+    agent
+}
+
+/// The rest of the burst, b1 to b3, each writing `page.html` and a file
+/// of its own.
+fn drop_the_rest_of_the_burst(t: &Test) {
     for i in 1..4u64 {
         let content = format!("version {i}\n");
         let only = format!("b{i}.txt");
         drop_bundle(
-            &t,
+            t,
             &format!("b{i}"),
             i,
             &[("page.html", &content), (&only, "x\n")],
         );
     }
+}
+
+#[test]
+fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch() {
+    let t = Test::new();
+    // The first bundle of the burst is claimed alone; the rest arrives
+    // while the agent is stopped right after that claim.
+    let mut agent = stopped_after_claiming_the_first_of_a_burst(&t);
+    drop_the_rest_of_the_burst(&t);
     agent.signal(libc::SIGCONT);
     let done = t.join("spool/p/done");
     assert!(
@@ -540,4 +552,70 @@ fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch(
     assert_eq!(records["page.html"]["source"]["id"], "b3");
     assert!((0..4).all(|i| records.contains_key(&format!("b{i}.txt"))));
     assert_catalog_matches_disk(&t.join("root"));
+}
+
+#[test]
+fn a_stop_while_a_burst_is_gathered_loses_nothing() {
+    let t = Test::new();
+    let mut agent = stopped_after_claiming_the_first_of_a_burst(&t);
+    drop_the_rest_of_the_burst(&t);
+    // Delivered when the agent goes on: it may gather the rest before it
+    // sees the stop, or not; either way b0 is finished and nothing else
+    // is started.
+    agent.signal(libc::SIGTERM);
+    agent.signal(libc::SIGCONT);
+    let out = agent.finish(DEADLINE);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(result(&t, "done", "b0")["ok"], true);
+    assert!(names(&t.join("spool/p/work")).is_empty(), "{}", out.stderr);
+    assert!(
+        names(&t.join("spool/p/failed")).is_empty(),
+        "{}",
+        out.stderr
+    );
+    let inbox = names(&t.join("spool/p/inbox"));
+    let done = names(&t.join("spool/p/done"));
+    for b in ["b1", "b2", "b3"] {
+        assert!(
+            inbox.contains(&b.to_owned()) != done.contains(&b.to_owned()),
+            "{b} is in exactly one of inbox/ {inbox:?} and done/ {done:?}:\n{}",
+            out.stderr
+        );
+    }
+    assert_catalog_matches_disk(&t.join("root"));
+    // What went back is published by the next run, in order.
+    t.once().expect_code(0);
+    assert_eq!(names(&t.join("spool/p/done")).len(), 5);
+    assert_eq!(
+        fs::read_to_string(t.join("root/page.html")).unwrap(),
+        "version 3\n"
+    );
+}
+
+#[test]
+fn a_hold_placed_while_a_burst_is_gathered_leaves_the_rest_in_the_inbox() {
+    let t = Test::new();
+    let agent = stopped_after_claiming_the_first_of_a_burst(&t);
+    t.run(&["spool", "hold", "p"]).expect_code(0);
+    drop_the_rest_of_the_burst(&t);
+    agent.signal(libc::SIGCONT);
+    // The bundle in hand is finished; nothing more is claimed.
+    agent.wait_log("held since", DEADLINE);
+    assert_eq!(result(&t, "done", "b0")["ok"], true);
+    assert_eq!(names(&t.join("spool/p/inbox")), ["b1", "b2", "b3"]);
+    assert!(names(&t.join("spool/p/work")).is_empty());
+    assert_eq!(
+        fs::read_to_string(t.join("root/page.html")).unwrap(),
+        "version 0\n"
+    );
+    t.run(&["spool", "release", "p"]).expect_code(0);
+    assert!(
+        wait_for(DEADLINE, || names(&t.join("spool/p/done")).len() == 5),
+        "the rest was not published after the release:\n{}",
+        agent.stderr()
+    );
+    assert_eq!(
+        fs::read_to_string(t.join("root/page.html")).unwrap(),
+        "version 3\n"
+    );
 }
