@@ -606,7 +606,15 @@ pub fn serve() -> u8 {
     let stdout = io::stdout();
     let mut output = stdout.lock();
     let mut limit = MemoryLimit::default();
-    let limits = |len, cap| Ok(limit.set(len, cap)? && limit_cpu(len).map(|()| true)?);
+    // Memory first: a document the child has no room for is not rendered,
+    // and needs no CPU time limit.
+    let limits = |len, cap| {
+        let room = limit.set(len, cap)?;
+        if room {
+            limit_cpu(len)?;
+        }
+        Ok(room)
+    };
     match serve_on(&mut input, &mut output, limits) {
         Ok(()) => crate::exit::EXIT_OK,
         Err(e) => {

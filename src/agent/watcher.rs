@@ -8,7 +8,7 @@
 //! the agent user's inotify budget (shared by every process of that user)
 //! on trees a producer chose. What happens inside an inbox entry is read by
 //! the probe instead: an entry that waits (no manifest yet, incomplete,
-//! settling) is probed again within 250 ms ([`crate::spool::decide`]), and
+//! settling) is probed again within [`crate::spool::INCOMPLETE_POLL`], and
 //! its quiet time comes from the change times of everything in it.
 
 use super::Wake;

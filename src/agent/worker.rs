@@ -258,11 +258,7 @@ impl Worker {
                 Err(e) => {
                     // Counted like a bundle that could not leave work/ now.
                     self.tally.left.fetch_add(1, Ordering::Relaxed);
-                    let to = if record.published {
-                        &self.spool.done
-                    } else {
-                        &self.spool.failed
-                    };
+                    let to = self.spool.folder(self.spool.filed_in(record.published));
                     log::error!(
                         "pipeline={} bundle={}: {outcome} by an earlier run, and still cannot be moved out of work/: {e}; it is not published again and stays in {}. Make the folder writable by the agent (its owner can chmod u+w it) or move it by hand to {}",
                         self.pipeline.id,
@@ -439,12 +435,7 @@ impl Worker {
         inbox
             .complete_since
             .retain(|name, _| kinds.get(name.as_str()) == Some(&&spool::ProbeKind::Complete));
-        let mut look = Look {
-            probes: Vec::new(),
-            ready: Vec::new(),
-            next_check: None,
-            left_incomplete: Vec::new(),
-        };
+        let (mut ready, mut next_check, mut left_incomplete) = (Vec::new(), None, Vec::new());
         for (i, p) in probes.iter().enumerate() {
             let complete_for = (p.kind == spool::ProbeKind::Complete).then(|| {
                 now.duration_since(*inbox.complete_since.entry(p.name.clone()).or_insert(now))
@@ -452,20 +443,24 @@ impl Worker {
             let (state, verdict) = p.decide(wall, complete_for, timing);
             self.tell(p, state, wall, timing, &mut inbox.told);
             match verdict {
-                spool::Verdict::Claim => look.ready.push(i),
+                spool::Verdict::Claim => ready.push(i),
                 spool::Verdict::Wait(left) => {
-                    look.next_check = Some(look.next_check.map_or(left, |n| n.min(left)));
+                    next_check = Some(next_check.map_or(left, |n: Duration| n.min(left)));
                 }
                 spool::Verdict::Leave => {
                     if state == spool::Waiting::Incomplete {
-                        look.left_incomplete.push(i);
+                        left_incomplete.push(i);
                     }
                 }
             }
         }
         drop(kinds);
-        look.probes = probes;
-        look
+        Look {
+            probes,
+            ready,
+            next_check,
+            left_incomplete,
+        }
     }
 
     /// Gathers the rest of a burst into the bundles just claimed, so that

@@ -183,7 +183,7 @@ fn pipeline_status(
                 p.id,
                 inert(&spool.work.join(&r.name).display().to_string()),
                 if published { "published" } else { "failed" },
-                if published { &spool.done } else { &spool.failed }.display()
+                spool.folder(spool.filed_in(published)).display()
             ));
         }
     }

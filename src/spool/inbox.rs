@@ -284,6 +284,11 @@ pub fn probe_inbox_again(
     Ok(probes)
 }
 
+/// A folder's look, as [`Unchanged`] keeps it: its inode and change time.
+fn look(meta: &cap_std::fs::Metadata) -> (u64, SystemTime) {
+    (meta.ino(), change_time(Some(meta)))
+}
+
 fn change_time(meta: Option<&cap_std::fs::Metadata>) -> SystemTime {
     meta.and_then(|m| {
         let secs = u64::try_from(m.ctime()).ok()?;
@@ -330,7 +335,7 @@ fn probe_entry(
         ));
         return Some(probe);
     }
-    let look = (meta.ino(), probe.last_change);
+    let look = look(&meta);
     if unchanged.0.get(name) == Some(&look) {
         return Some(probe);
     }
@@ -866,13 +871,9 @@ mod tests {
         let again = |unchanged: &mut Unchanged| {
             probe_inbox_again(&inbox, &Limits::default(), false, unchanged).unwrap()
         };
-        // A folder's look: inode and change time.
         let look = |name: &str| {
-            use std::os::unix::fs::MetadataExt as _;
-            let meta = std::fs::metadata(inbox.join(name)).unwrap();
-            let ctime = SystemTime::UNIX_EPOCH
-                + Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32);
-            (meta.ino(), ctime)
+            let meta = std::fs::symlink_metadata(inbox.join(name)).unwrap();
+            super::look(&cap_std::fs::Metadata::from_just_metadata(meta))
         };
         let probes = again(&mut unchanged);
         assert!(probes.iter().all(|p| p.kind == ProbeKind::NoManifest));

@@ -109,6 +109,12 @@ impl Spool {
         }
     }
 
+    /// Where a bundle whose publication ended is filed: `done/` when it
+    /// was published (`ok`), else `failed/`.
+    pub fn filed_in(&self, ok: bool) -> Folder {
+        if ok { Folder::Done } else { Folder::Failed }
+    }
+
     /// Creates the four folders and checks they share one file system, so
     /// every move is an atomic rename. New folders get the modes of docs/contract.md
     /// §12.6: `work/`, `done/` and `failed/` 0750 (no access for others),
@@ -536,12 +542,12 @@ pub fn file_unfiled(
 /// Moves `bundle` into `done/` (`ok`) or `failed/` under `name` (made
 /// unique and short enough for its folder).
 fn file_as(spool: &Spool, bundle: &Path, name: &str, ok: bool) -> io::Result<PathBuf> {
-    let (to, max) = if ok {
-        (&spool.done, names::NAME_MAX)
+    let max = if ok {
+        names::NAME_MAX
     } else {
-        (&spool.failed, names::FAILED_NAME_MAX)
+        names::FAILED_NAME_MAX
     };
-    move_unique(bundle, to, name, max)
+    move_unique(bundle, spool.folder(spool.filed_in(ok)), name, max)
 }
 
 /// After a crash during a batch: each bundle of the batch still in work/
