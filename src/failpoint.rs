@@ -10,7 +10,8 @@
 
 /// Every crash point: the agent's claim, then a local root's in the order
 /// a publication reaches them, then the driver's (every backend), then an
-/// s3 destination's, then the spool's.
+/// s3 destination's, then the agent's record of a commit, then the
+/// spool's.
 pub const POINTS: &[&str] = &[
     "agent.claimed",
     "publish.after_journal",
@@ -24,6 +25,9 @@ pub const POINTS: &[&str] = &[
     "publish.committed",
     "s3.after_upload",
     "s3.after_swap",
+    "agent.committing",
+    "agent.committed",
+    "agent.recorded",
     "spool.after_result",
     "spool.after_move",
 ];

@@ -45,23 +45,37 @@ struct Input<'a> {
     urls: Vec<String>,
 }
 
-/// Runs the `after_publish` hook of each destination of `report` whose
-/// publication changed something, in the order of the destinations, and
-/// records each run in `report.hooks`. Nothing for a failed publication or
-/// a dry run. `bundle` is the bundle folder's name.
-pub fn after_publish(
+/// A hook a publication owes: the destination whose `after_publish`
+/// runs, and the exact document it reads. The agent records what it owes
+/// with the commit and clears it once the hook ran, so that a crash
+/// between the two runs it at the next start (at least once,
+/// docs/contract.md §19.1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Owed {
+    pub destination_id: String,
+    /// The JSON document of docs/contract.md §19.1.
+    pub input: String,
+    /// The bundle folder's name, for the log.
+    pub bundle: String,
+}
+
+/// The hooks `report` owes: one for each destination of `report` whose
+/// publication changed something and that has an `after_publish` hook, in
+/// the order of the destinations. None for a failed publication or a dry
+/// run. `bundle` is the bundle folder's name.
+pub fn owed(
     pipeline: &Pipeline,
     destinations: &[&Destination],
     bundle: &str,
-    report: &mut RunReport,
-) {
+    report: &RunReport,
+) -> Vec<Owed> {
     if !report.ok || report.dry_run {
-        return;
+        return Vec::new();
     }
-    let Some(source) = report.source.clone() else {
-        return;
+    let Some(source) = &report.source else {
+        return Vec::new();
     };
-    let mut ran = Vec::new();
+    let mut owed = Vec::new();
     for d in &report.destinations {
         let Some(action) = d.action.as_deref().filter(|a| *a != "skip_same") else {
             continue;
@@ -69,27 +83,59 @@ pub fn after_publish(
         let Some(config) = destinations.iter().find(|c| c.id == d.destination_id) else {
             continue;
         };
-        let Some(hooks) = &config.hooks else {
+        if config.hooks.is_none() {
             continue;
-        };
+        }
         let writes = changed(d);
         let input = Input {
             pipeline_id: &pipeline.id,
             destination_id: &d.destination_id,
             root: &d.root,
             bundle,
-            source: &source,
+            source,
             action,
             urls: urls(config, &writes),
             writes,
             deletes: &d.deletes,
         };
-        let doc = serde_json::to_vec(&input).unwrap_or_default();
-        let run = run(hooks, &doc, &d.destination_id);
-        log_run(&pipeline.id, bundle, hooks, &run);
+        owed.push(Owed {
+            destination_id: d.destination_id.clone(),
+            input: serde_json::to_string(&input).unwrap_or_default(),
+            bundle: bundle.to_owned(),
+        });
+    }
+    owed
+}
+
+/// Runs the hooks of `owed`, in order, each with the `after_publish`
+/// command and timeout its destination has now, and says how each ended.
+/// A destination that no longer has a hook (or is gone from the
+/// pipeline) is logged and skipped.
+pub fn run_owed(
+    pipeline: &Pipeline,
+    destinations: &[&Destination],
+    owed: &[Owed],
+) -> Vec<HookReport> {
+    let mut ran = Vec::new();
+    for o in owed {
+        let hooks = destinations
+            .iter()
+            .find(|c| c.id == o.destination_id)
+            .and_then(|c| c.hooks.as_ref());
+        let Some(hooks) = hooks else {
+            log::warn!(
+                "pipeline={} bundle={} destination={}: a hook was owed, but the destination has no after_publish hook any more; it is not run",
+                pipeline.id,
+                crate::inert::inert(&o.bundle),
+                o.destination_id
+            );
+            continue;
+        };
+        let run = run(hooks, o.input.as_bytes(), &o.destination_id);
+        log_run(&pipeline.id, &o.bundle, hooks, &run);
         ran.push(run);
     }
-    report.hooks = ran;
+    ran
 }
 
 /// The paths a publication wrote that did not already hold those bytes
@@ -160,8 +206,22 @@ fn run(hooks: &Hooks, input: &[u8], destination_id: &str) -> HookReport {
 /// The exit status, the output kept and why the run failed, if it did.
 type Ended = (Option<i32>, Vec<u8>, Option<String>);
 
+/// A file holding `input`, read from its start: a hook's standard input.
+/// It is whole before the hook starts, so a hook never reads a part of
+/// its document (an agent killed while feeding a pipe left the hook an
+/// empty or cut one), and a hook that reads nothing blocks nobody.
+fn input_file(input: &[u8]) -> io::Result<std::fs::File> {
+    use rustix::fs::{MemfdFlags, SeekFrom, memfd_create, seek};
+    let fd = memfd_create("distributor-hook-input", MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(input)?;
+    seek(&file, SeekFrom::Start(0))?;
+    Ok(file)
+}
+
 fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
     let argv = &hooks.after_publish;
+    let stdin = input_file(input)?;
     let (mut reader, writer) = io::pipe()?;
     let mut command = Command::new(&argv[0]);
     command
@@ -173,7 +233,7 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
                 .filter_map(|k| Some((k, std::env::var_os(k)?))),
         )
         .current_dir("/")
-        .stdin(Stdio::piped())
+        .stdin(Stdio::from(stdin))
         .stdout(writer.try_clone()?)
         .stderr(writer);
     if std::env::var_os("PATH").is_none() {
@@ -209,15 +269,8 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
     drop(command);
     let pid = rustix::process::Pid::from_child(&child);
 
-    // Input and output each on a thread of their own: a hook that reads
-    // nothing, or writes much before reading, cannot block the agent.
-    if let Some(mut stdin) = child.stdin.take() {
-        let input = input.to_vec();
-        std::thread::spawn(move || {
-            // A hook that exits without reading its input closes the pipe.
-            let _ = stdin.write_all(&input);
-        });
-    }
+    // The output on a thread of its own: a hook that writes much cannot
+    // block the agent.
     let kept = Arc::new(Mutex::new(Vec::new()));
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
     {
@@ -327,6 +380,74 @@ mod tests {
             r.output.starts_with("{\"writes\":[\"a\"]}on stderr"),
             "{r:?}"
         );
+    }
+
+    /// The document is whole in a file before the hook starts: larger
+    /// than a pipe holds, and not a pipe at all.
+    #[test]
+    fn a_hook_reads_its_whole_input_from_a_file_filled_before_it_starts() {
+        let (_dir, h) = hooks(
+            "[ -p /dev/stdin ] && echo pipe || echo file; wc -c",
+            Duration::from_secs(30),
+        );
+        let input = vec![b'x'; 1 << 20];
+        let r = run(&h, &input, "site");
+        assert_eq!(r.exit, Some(0), "{r:?}");
+        let lines: Vec<&str> = r.output.lines().map(str::trim).collect();
+        assert_eq!(lines, ["file", "1048576"], "{r:?}");
+    }
+
+    /// (action, the destination has a hook, the report ok) -> whether a
+    /// hook is owed, and the document it reads.
+    #[test]
+    fn a_hook_is_owed_for_each_destination_a_publication_changed() {
+        let config = crate::config::parse(
+            "pipelines:\n  - id: p\n    destinations:\n      - id: site\n        path: /srv/site\n        links:\n          base_url: https://x.example/\n        hooks:\n          after_publish: [\"/bin/true\"]\n      - id: plain\n        path: /srv/plain\n",
+            Path::new("/etc/distributor/config.yaml"),
+        )
+        .unwrap();
+        let pipeline = &config.pipelines[0];
+        let destinations: Vec<&Destination> = pipeline.destinations.iter().collect();
+        let table = [
+            ("upsert_additive", "site", true, true),
+            ("skip_same", "site", true, false),
+            ("upsert_additive", "plain", true, false),
+            ("upsert_additive", "site", false, false),
+        ];
+        for (action, destination, ok, expected) in table {
+            let mut report = RunReport::new("p", false);
+            report.ok = ok;
+            report.source = Some(crate::report::SourceReport {
+                id: "s".into(),
+                digest: "sha256:00".into(),
+                created: "2026-06-04T00:00:00Z".into(),
+            });
+            report.destinations.push(DestinationReport {
+                action: Some(action.into()),
+                writes: vec!["a b.html".into(), "same.html".into()],
+                unchanged: vec!["same.html".into()],
+                deletes: vec!["old.html".into()],
+                ..DestinationReport::new(destination, format!("/srv/{destination}"), "additive")
+            });
+            let owed = owed(pipeline, &destinations, "b1", &report);
+            assert_eq!(
+                owed.len(),
+                usize::from(expected),
+                "{action} {destination} {ok}"
+            );
+            if let Some(o) = owed.first() {
+                let doc: serde_json::Value = serde_json::from_str(&o.input).unwrap();
+                assert_eq!(o.destination_id, "site");
+                assert_eq!(doc["bundle"], "b1");
+                assert_eq!(doc["writes"], serde_json::json!(["a b.html"]));
+                assert_eq!(
+                    doc["urls"],
+                    serde_json::json!(["https://x.example/a%20b.html"])
+                );
+                assert_eq!(doc["deletes"], serde_json::json!(["old.html"]));
+                assert_eq!(doc["source"]["id"], "s");
+            }
+        }
     }
 
     #[test]

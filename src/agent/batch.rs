@@ -5,10 +5,11 @@
 use super::Wake;
 use super::worker::Worker;
 use crate::publish;
+use crate::report::RunReport;
 use crate::spool;
 use crossbeam_channel::Receiver;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 impl Worker {
@@ -19,6 +20,8 @@ impl Worker {
         // Whether a bundle of these was already published alone: once one
         // was, a stop sends every other one back instead of starting it.
         let mut finished_one = false;
+        // Whether a batch whose commit failed partway was tried again.
+        let mut retried = false;
         while rest.len() > 1 && !self.stopping() {
             if finished_one && self.hold_placed() {
                 self.unclaim(rest);
@@ -39,6 +42,18 @@ impl Worker {
                     self.process(path, name, rx);
                     rest = &rest[1..];
                     finished_one = true;
+                }
+                // Roots that committed before the failure keep the
+                // batch: publishing its bundles one by one would show their
+                // readers the older ones again, so the batch goes again,
+                // once, as a batch (a lost catalog race, a blip).
+                publish::Batch::OneByOne { cause } if !retried && self.commit_recorded(rest) => {
+                    log::warn!(
+                        "pipeline={}: the batch's commit failed partway ({cause}); trying the {} bundles again as one batch",
+                        self.pipeline.id,
+                        rest.len()
+                    );
+                    retried = true;
                 }
                 publish::Batch::OneByOne { cause } => {
                     log::warn!(
@@ -81,9 +96,19 @@ impl Worker {
         spool::queue::held(self.spool.pipeline_folder()).is_some()
     }
 
-    /// Stopping: claimed bundles not started yet go back to the inbox.
+    /// Stopping: claimed bundles not started yet go back to the inbox,
+    /// except those whose commit may have happened (a batch resumed after
+    /// a crash, see `commit`): they stay in work/ and are published again
+    /// together at the next start.
     fn unclaim(&self, claimed: &[(PathBuf, String)]) {
+        let unfiled = spool::unfiled(&self.spool).unwrap_or_default();
         for (path, name) in claimed {
+            if unfiled
+                .get(name)
+                .is_some_and(|u| u.committing && u.is(path))
+            {
+                continue;
+            }
             if let Err(e) =
                 spool::move_unique(path, &self.spool.inbox, name, spool::names::NAME_MAX)
             {
@@ -120,7 +145,10 @@ impl Worker {
             .iter()
             .map(|(p, n)| (p.as_path(), n.as_str()))
             .collect();
-        let outcome = self.with_progress(&named, || {
+        let recorded = AtomicBool::new(false);
+        let before_commit =
+            |told: &[(usize, &RunReport)]| self.record_committing(claimed, told, &recorded);
+        let mut outcome = self.with_progress(&named, || {
             publish::publish_batch(
                 &self.pipeline,
                 &destinations,
@@ -128,12 +156,14 @@ impl Worker {
                 &options,
                 &options.process.per_core(),
                 &keep_going,
+                Some(&before_commit),
             )
         });
-        match &outcome {
+        match &mut outcome {
             publish::Batch::Done(reports) => {
+                let owed = self.record_committed(claimed, reports, recorded.load(Ordering::SeqCst));
                 let elapsed = started.elapsed().as_millis();
-                for report in reports {
+                for report in reports.iter() {
                     self.tally.metrics.catalog_races(report);
                 }
                 let failed = reports.iter().filter(|r| !r.ok).count();
@@ -147,8 +177,8 @@ impl Worker {
                         String::new()
                     }
                 );
-                for (((path, name), report), (_, attempt)) in
-                    claimed.iter().zip(reports).zip(&attempts)
+                for ((((path, name), report), (_, attempt)), owed) in
+                    claimed.iter().zip(reports).zip(&attempts).zip(owed)
                 {
                     for w in &report.warnings {
                         log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
@@ -163,9 +193,23 @@ impl Worker {
                         }
                         self.process(path, name, rx);
                     } else {
+                        // A bundle that counts its attempts (an earlier one
+                        // was interrupted) counts the batch's too.
+                        if spool::recorded_attempts(path).is_some()
+                            && let Err(e) = spool::set_attempts(path, *attempt)
+                        {
+                            log::warn!(
+                                "pipeline={} bundle={name}: cannot record the attempt count: {e}",
+                                self.pipeline.id
+                            );
+                        }
+                        // Its hooks, then it is filed: in arrival order,
+                        // each bundle's once the whole batch is durable.
+                        self.run_hooks(&owed, report);
                         self.file_away(path, name, report, elapsed);
                     }
                 }
+                self.forget_filed(claimed);
             }
             // Nothing was attempted: the batch file goes, no counter changed.
             publish::Batch::OneFirst

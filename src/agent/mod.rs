@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 mod batch;
+mod commit;
 mod maintenance;
 pub mod presence;
 mod process;

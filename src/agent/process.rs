@@ -10,7 +10,7 @@ use crate::report::RunReport;
 use crate::spool::{self, queue};
 use crossbeam_channel::{Receiver, select};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
@@ -70,8 +70,18 @@ impl Worker {
             made = attempt;
             let started = Instant::now();
             let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
+            let bundle = [(path.to_path_buf(), name.to_owned())];
+            let recorded = AtomicBool::new(false);
+            let before_commit =
+                |told: &[(usize, &RunReport)]| self.record_committing(&bundle, told, &recorded);
             let mut report = self.with_progress(&[(path, name)], || {
-                publish::publish(&self.pipeline, &destinations, path, &self.options())
+                publish::publish_recorded(
+                    &self.pipeline,
+                    &destinations,
+                    path,
+                    &self.options(),
+                    Some(&before_commit),
+                )
             });
             let elapsed = started.elapsed().as_millis();
             self.tally.metrics.catalog_races(&report);
@@ -133,7 +143,14 @@ impl Worker {
             if deferral.is_some() && !crate::interrupt::requested() {
                 self.undefer();
             }
-            return self.file_away(path, name, &report, elapsed);
+            let reports = std::slice::from_ref(&report);
+            let owed = self.record_committed(&bundle, reports, recorded.into_inner());
+            if let Some(owed) = owed.first() {
+                self.run_hooks(owed, &mut report);
+            }
+            let outcome = self.file_away(path, name, &report, elapsed);
+            self.forget_filed(&bundle);
+            return outcome;
         }
     }
 

@@ -177,7 +177,7 @@ impl Worker {
                 for path in incomplete {
                     self.fail_without_manifest(&path);
                 }
-                self.file_unfiled(&mut found);
+                let committing = self.file_unfiled(&mut found);
                 if !found.is_empty() {
                     log::info!(
                         "pipeline={} resuming {} bundle(s) left in work/",
@@ -185,27 +185,24 @@ impl Worker {
                         found.len()
                     );
                 }
+                let mut batch = Vec::new();
+                for f in committing {
+                    if self.stopping() {
+                        return false;
+                    }
+                    if self.resumable(&f) {
+                        batch.push((f.path, f.name));
+                    }
+                }
+                // First, and together: what reached its commit is older
+                // than anything else left in work/.
+                self.process_claimed(&batch, rx);
                 for f in found {
                     if self.stopping() {
                         return false;
                     }
-                    if self.fail_if_bookkeeping_blocked(&f.path, &f.name) {
+                    if !self.resumable(&f) {
                         continue;
-                    }
-                    if let Err(e) = spool::count_interrupted(&f.path) {
-                        log::error!(
-                            "pipeline={} bundle={}: cannot record its interrupted attempt in {}: {e}; it is retried without counting it. Check permissions in work/",
-                            self.pipeline.id,
-                            inert(&f.name),
-                            f.path.display()
-                        );
-                    }
-                    if let Err(e) = spool::remove_stale_temps(&f.path) {
-                        log::warn!(
-                            "pipeline={}: cannot remove leftover temporary files from {}: {e}; the bundle is processed anyway. Check permissions, then delete its .distributor-tmp-* files by hand",
-                            self.pipeline.id,
-                            f.path.display()
-                        );
                     }
                     self.process(&f.path, &f.name, rx);
                 }
@@ -219,15 +216,45 @@ impl Worker {
         true
     }
 
+    /// Readies a bundle left in work/ for publishing again: fails it when
+    /// a folder stands at a name the agent writes inside it, counts the
+    /// attempt that was interrupted and removes temporary files. False
+    /// when it was filed instead.
+    fn resumable(&self, f: &spool::Found) -> bool {
+        if self.fail_if_bookkeeping_blocked(&f.path, &f.name) {
+            return false;
+        }
+        if let Err(e) = spool::count_interrupted(&f.path) {
+            log::error!(
+                "pipeline={} bundle={}: cannot record its interrupted attempt in {}: {e}; it is retried without counting it. Check permissions in work/",
+                self.pipeline.id,
+                inert(&f.name),
+                f.path.display()
+            );
+        }
+        if let Err(e) = spool::remove_stale_temps(&f.path) {
+            log::warn!(
+                "pipeline={}: cannot remove leftover temporary files from {}: {e}; the bundle is processed anyway. Check permissions, then delete its .distributor-tmp-* files by hand",
+                self.pipeline.id,
+                f.path.display()
+            );
+        }
+        true
+    }
+
     /// Files the bundles of `found` that an earlier agent published (or
-    /// failed) but could not move out of work/ ([`spool::UNFILED_FILE`]),
+    /// failed) but did not or could not move out of work/
+    /// ([`spool::UNFILED_FILE`]), running first the hooks they still owe,
     /// and takes them out of `found`: they are never published again,
-    /// whether they move now or not. Forgets the records of folders no
-    /// longer there. The record is read and written once.
-    fn file_unfiled(&self, found: &mut Vec<spool::Found>) {
+    /// whether they move now or not. Returns the bundles, in arrival order,
+    /// whose commit was under way when the earlier agent stopped, also
+    /// taken out of `found`: they are published again as one batch
+    /// (docs/reliability.md, "After the commit"). Forgets the records of
+    /// folders no longer there.
+    fn file_unfiled(&self, found: &mut Vec<spool::Found>) -> Vec<spool::Found> {
         let record_path = || self.spool.work.join(spool::UNFILED_FILE);
         let mut unfiled = match spool::unfiled(&self.spool) {
-            Ok(unfiled) if unfiled.is_empty() => return,
+            Ok(unfiled) if unfiled.is_empty() => return Vec::new(),
             Ok(unfiled) => unfiled,
             Err(e) => {
                 log::error!(
@@ -235,23 +262,56 @@ impl Worker {
                     self.pipeline.id,
                     record_path().display()
                 );
-                return;
+                return Vec::new();
             }
         };
         let before = unfiled.clone();
         unfiled.retain(|name, record| record.is(&self.spool.work.join(name)));
+        let (committing, rest): (Vec<_>, Vec<_>) = std::mem::take(found)
+            .into_iter()
+            .partition(|f| unfiled.get(&f.name).is_some_and(|r| r.committing));
+        *found = rest;
+        if !committing.is_empty() {
+            log::warn!(
+                "pipeline={}: the last agent stopped while committing {} bundle(s) ({}); publishing them again as one batch, which changes nothing where the commit was made",
+                self.pipeline.id,
+                committing.len(),
+                crate::message::first_few(
+                    &committing
+                        .iter()
+                        .map(|f| inert(&f.name))
+                        .collect::<Vec<_>>(),
+                    5,
+                    ", "
+                )
+            );
+        }
+        let destinations = self.destinations();
         found.retain(|f| {
-            let Some(record) = unfiled.get(&f.name).cloned() else {
+            let Some(mut record) = unfiled.get(&f.name).cloned() else {
                 return true;
             };
             let outcome = if record.published { "published" } else { "failed" };
+            if !record.hooks.is_empty() {
+                log::info!(
+                    "pipeline={} bundle={}: {outcome} by the last agent, which stopped before running {} hook(s) it owed; running them now",
+                    self.pipeline.id,
+                    inert(&f.name),
+                    record.hooks.len()
+                );
+                let ran = crate::hooks::run_owed(&self.pipeline, &destinations, &record.hooks);
+                record.result = record.result.map(|r| super::commit::with_hooks(&r, &ran));
+                record.hooks.clear();
+                unfiled.insert(f.name.clone(), record.clone());
+            }
             match spool::file_unfiled(&self.spool, &f.path, &f.name, &record) {
                 Ok(to) => {
                     unfiled.remove(&f.name);
                     log::info!(
-                        "pipeline={} bundle={}: {outcome} by an earlier run, which could not move it out of work/; moved to {} now, without publishing it again",
+                        "pipeline={} bundle={}: {outcome} by an earlier run, which {} move it out of work/; moved to {} now, without publishing it again",
                         self.pipeline.id,
                         inert(&f.name),
+                        if record.pending { "stopped before it could" } else { "could not" },
                         to.display()
                     );
                 }
@@ -266,6 +326,10 @@ impl Worker {
                         f.path.display(),
                         to.display()
                     );
+                    // Stuck, not on its way: `status --check` names it.
+                    if let Some(r) = unfiled.get_mut(&f.name) {
+                        r.pending = false;
+                    }
                 }
             }
             false
@@ -279,6 +343,7 @@ impl Worker {
                 record_path().display()
             );
         }
+        committing
     }
 
     /// Forgets the records of bundles that could not be filed under the

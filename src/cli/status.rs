@@ -176,7 +176,7 @@ fn pipeline_status(
     for r in in_folder(Folder::Work) {
         let record = unfiled
             .get(&r.name)
-            .filter(|u| u.is(&spool.work.join(&r.name)));
+            .filter(|u| !u.pending && u.is(&spool.work.join(&r.name)));
         if let Some(&spool::Unfiled { published, .. }) = record {
             problems.push(format!(
                 "pipeline {}: {} was {} but cannot be moved out of work/ (its folder is not writable for the agent?); it is not published again: make the folder writable by the agent, or move it by hand to {}",

@@ -67,6 +67,12 @@ pub(super) struct Driver<'a> {
     /// was created after the bundle's is noted here
     /// ([`super::rollbacks`]).
     pub(super) older: Option<&'a std::sync::Mutex<Vec<super::Rollback>>>,
+    /// Told, once every root is durable and before the first commits, the
+    /// reports of the bundles about to be committed (their index among the
+    /// bundles, the report as the commit leaves it): the agent records
+    /// them ([`super::BeforeCommit`]). An error stops the publication
+    /// before anything is committed.
+    pub(super) before_commit: Option<&'a super::BeforeCommit<'a>>,
 }
 
 /// One destination root during a run.
@@ -759,46 +765,29 @@ impl<'a> Driver<'a> {
                 if !alone && !(self.keep_going)() {
                     return Err((None, Error::Stopped));
                 }
+                let outcomes = outcomes(&accepted, &merged, &unchanged);
+                if let Some(before_commit) = self.before_commit {
+                    // The reports as the commit will leave them, so that
+                    // the caller can remember it across a crash.
+                    let reports: Vec<RunReport> = (accepted.iter().zip(&outcomes))
+                        .map(|(a, outcome)| outcome.apply(a.ready.report.clone()))
+                        .collect();
+                    let told: Vec<(usize, &RunReport)> =
+                        accepted.iter().map(|a| a.index).zip(&reports).collect();
+                    before_commit(&told).map_err(|source| (None, Error::Record { source }))?;
+                }
                 let committed = self.commit_all(&mut roots, changes, accepted.len(), alone)?;
-                Ok((unchanged, committed))
+                Ok((outcomes, committed))
             });
-        let (unchanged, (copied_across, file_by_file, rebases)) = match written {
+        let (outcomes, (copied_across, file_by_file, rebases)) = match written {
             Ok(written) => written,
             Err((j, e)) => {
                 return self.abort(alone, accepted[0].ready.report.clone(), j, e, &roots);
             }
         };
-        // Per bundle and root: the writes kept as they were; the bytes the
-        // others published.
-        let outcomes: Vec<(Vec<Vec<String>>, u64)> = accepted
-            .iter()
-            .enumerate()
-            .map(|(k, a)| {
-                let mut sent = 0;
-                let kept = (a.plans.iter().zip(&a.kept).zip(&merged).zip(&unchanged))
-                    .map(|(((plan, kept), m), unchanged)| {
-                        let mut same = Vec::new();
-                        for d in plan.writes.iter() {
-                            let path = d.path.as_str();
-                            if kept.contains(path) || m.kept_unchanged(unchanged, k, path) {
-                                same.push(path.to_owned());
-                            } else {
-                                sent += d.size;
-                            }
-                        }
-                        same
-                    })
-                    .collect();
-                (kept, sent)
-            })
-            .collect();
         drop(merged);
-        for ((k, a), (kept, sent)) in accepted.into_iter().enumerate().zip(outcomes) {
-            let mut report = a.ready.report;
-            for (r, same) in report.destinations.iter_mut().zip(kept) {
-                r.unchanged.extend(same);
-            }
-            report.bytes_published += sent;
+        for ((k, a), outcome) in accepted.into_iter().enumerate().zip(outcomes) {
+            let mut report = outcome.apply(a.ready.report);
             // What the roots did as a whole is told once, by the first bundle.
             if k == 0 {
                 report.copied_across = copied_across;
@@ -1018,6 +1007,48 @@ fn held_bytes(ready: &Ready) -> u64 {
         .filter(|(content, _)| seen.insert(*content))
         .map(|(_, size)| size)
         .sum()
+}
+
+/// What a committed bundle's report adds: per root, the writes that kept
+/// the bytes they held; the bytes it published.
+struct Published {
+    kept: Vec<Vec<String>>,
+    sent: u64,
+}
+
+impl Published {
+    fn apply(&self, mut report: RunReport) -> RunReport {
+        for (r, same) in report.destinations.iter_mut().zip(&self.kept) {
+            r.unchanged.extend(same.iter().cloned());
+        }
+        report.bytes_published += self.sent;
+        report
+    }
+}
+
+/// Per accepted bundle, what its report adds once `merged` is committed
+/// (`unchanged`: per root, one flag per merged write).
+fn outcomes(accepted: &[Accepted], merged: &[Merged], unchanged: &[Vec<bool>]) -> Vec<Published> {
+    (accepted.iter().enumerate())
+        .map(|(k, a)| {
+            let mut sent = 0;
+            let kept = (a.plans.iter().zip(&a.kept).zip(merged).zip(unchanged))
+                .map(|(((plan, kept), m), unchanged)| {
+                    let mut same = Vec::new();
+                    for d in plan.writes.iter() {
+                        let path = d.path.as_str();
+                        if kept.contains(path) || m.kept_unchanged(unchanged, k, path) {
+                            same.push(path.to_owned());
+                        } else {
+                            sent += d.size;
+                        }
+                    }
+                    same
+                })
+                .collect();
+            Published { kept, sent }
+        })
+        .collect()
 }
 
 /// The finished report of a bundle when one of its `plans` is a refusal

@@ -116,20 +116,25 @@ pipelines:
     (tmp, config, dirs)
 }
 
+/// How the tests publish: for real, scratch files in `tmp`.
+fn options(tmp: &std::path::Path) -> super::super::Options {
+    super::super::Options {
+        dry_run: false,
+        force: false,
+        lock_timeout: std::time::Duration::from_secs(1),
+        serving: None,
+        scratch: tmp.to_path_buf(),
+        process: crate::process_state::ProcessState::default(),
+    }
+}
+
 #[test]
 fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_one() {
     let (tmp, config, dirs) = four_bundles();
     let pipeline = &config.pipelines[0];
     let destinations = [&pipeline.destinations[0]];
     let bundles: Vec<&std::path::Path> = dirs.iter().map(|d| d.as_path()).collect();
-    let options = super::super::Options {
-        dry_run: false,
-        force: false,
-        lock_timeout: std::time::Duration::from_secs(1),
-        serving: None,
-        scratch: tmp.path().to_path_buf(),
-        process: crate::process_state::ProcessState::default(),
-    };
+    let options = options(tmp.path());
     let driver = Driver {
         pipeline,
         destinations: &destinations,
@@ -137,6 +142,7 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         workers: &crate::publish::InOrder,
         keep_going: &|| true,
         older: None,
+        before_commit: None,
     };
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).
@@ -158,4 +164,78 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
     let (reports, ready) = driver.prepare(&bundles, 1);
     assert_eq!(reports.len(), 2);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
+}
+
+/// `before_commit` is told, once every root is durable, each bundle about
+/// to be committed with its report as the commit leaves it; an error from
+/// it stops the publication with nothing committed, and the batch steps
+/// aside with that error (the agent defers it: its spool is at fault).
+#[test]
+fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
+    let (tmp, config, dirs) = four_bundles();
+    let pipeline = &config.pipelines[0];
+    let destinations = [&pipeline.destinations[0]];
+    let bundles: Vec<&std::path::Path> = dirs.iter().map(|d| d.as_path()).collect();
+    let options = options(tmp.path());
+    let root = tmp.path().join("www");
+    // A catalog first (a batch needs one): b0 alone.
+    let first = super::super::publish(pipeline, &destinations, &dirs[0], &options);
+    assert!(first.ok, "{first:?}");
+    let catalog = std::fs::read(root.join(".distributor.json")).unwrap();
+
+    let refuse = |_: &[(usize, &crate::report::RunReport)]| -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+    };
+    let driver = Driver {
+        pipeline,
+        destinations: &destinations,
+        options: &options,
+        workers: &crate::publish::InOrder,
+        keep_going: &|| true,
+        older: None,
+        before_commit: Some(&refuse),
+    };
+    match driver.run(&bundles[2..]) {
+        super::Outcome::Aborted(e) => {
+            assert!(matches!(e, super::Error::Record { .. }), "{e}");
+            assert!(e.is_transient());
+        }
+        _ => panic!("the batch went on past a refused record"),
+    }
+    assert_eq!(
+        std::fs::read(root.join(".distributor.json")).unwrap(),
+        catalog,
+        "nothing was committed"
+    );
+
+    let told = std::sync::Mutex::new(Vec::new());
+    let listen = |reports: &[(usize, &crate::report::RunReport)]| -> std::io::Result<()> {
+        let mut told = told.lock().unwrap();
+        for (i, r) in reports {
+            // Still the catalog of b0: nothing committed yet.
+            assert_eq!(
+                std::fs::read(root.join(".distributor.json")).unwrap(),
+                catalog
+            );
+            told.push((*i, r.ok, r.destinations[0].writes.clone()));
+        }
+        Ok(())
+    };
+    let driver = Driver {
+        before_commit: Some(&listen),
+        ..driver
+    };
+    let super::Outcome::Reports(reports) = driver.run(&bundles[1..]) else {
+        panic!("the batch was not published");
+    };
+    assert_eq!(reports.len(), 3);
+    assert!(!reports[0].ok, "b1 does not match its manifest");
+    // b1 is not committed, b2 and b3 are, with their writes.
+    let told = told.into_inner().unwrap();
+    let pages = vec!["a.html".to_owned(), "a.md".to_owned()];
+    assert_eq!(told, [(1, true, pages.clone()), (2, true, pages)]);
+    assert_ne!(
+        std::fs::read(root.join(".distributor.json")).unwrap(),
+        catalog
+    );
 }

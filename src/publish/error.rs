@@ -114,6 +114,16 @@ pub enum Error {
     /// written anywhere.
     #[error("publication refused, nothing was written: {}", .refusals.join("; "))]
     Refused { refusals: Vec<String> },
+    /// The agent could not record the commit it was about to make in its
+    /// spool (docs/reliability.md, "After the commit"); nothing was
+    /// committed anywhere.
+    #[error(
+        "cannot record the publication in the spool before committing it ({source}); nothing was committed, the bundle is tried again. Check free space and permissions in the pipeline's work/ folder; a work/.distributor-unfiled.json the log calls damaged may be removed once no agent serves the pipeline (after a crash, its bundles are then published again one by one)"
+    )]
+    Record {
+        #[source]
+        source: io::Error,
+    },
     /// The agent is stopping; nothing was renamed into any root.
     #[error(
         "the agent is stopping; nothing was written, the bundle is published at the next start"
@@ -138,6 +148,7 @@ impl Error {
             Error::Refused { .. } => Stage::Plan,
             Error::Root { stage, .. } => *stage,
             Error::Write { .. } | Error::Unsettled { .. } | Error::Stopped => Stage::Publish,
+            Error::Record { .. } => Stage::Spool,
             Error::Commit { source, .. } => source.stage(),
             // A publication meets a client that cannot be set up when it
             // opens the root, and reports it there.
@@ -157,6 +168,8 @@ impl Error {
             | Error::Root { source: e, .. }
             | Error::Write { source: e, .. }
             | Error::Unsettled { source: e, .. } => io_class::is_transient(e),
+            // The agent's own spool: this machine's trouble, never the bundle's.
+            Error::Record { .. } => true,
             Error::Lock(LockError::Timeout { .. }) => true,
             Error::Lock(LockError::Io { source, .. }) => io_class::is_transient(source),
             Error::Store(e) => e.is_transient() || e.is_stopped(),

@@ -68,11 +68,38 @@ pub struct Options {
 /// one (`force_replace`, replacement over legacy state), the whole bundle is
 /// hashed before anything else, so an invalid bundle is always reported as
 /// such and never leaves a trace.
+///
+/// Runs the destinations' `after_publish` hooks once the publication is
+/// committed (`distributor run`; the agent, which must remember the hooks
+/// it owes across a crash, publishes with [`publish_recorded`]).
 pub fn publish(
     pipeline: &Pipeline,
     destinations: &[&Destination],
     bundle_dir: &Path,
     options: &Options,
+) -> RunReport {
+    let mut report = publish_recorded(pipeline, destinations, bundle_dir, options, None);
+    let owed = crate::hooks::owed(pipeline, destinations, &folder_name(bundle_dir), &report);
+    report.hooks = crate::hooks::run_owed(pipeline, destinations, &owed);
+    report
+}
+
+/// Told of a publication about to commit: the index of each bundle among
+/// those published and its report as the commit will leave it. What it
+/// records lets the agent tell after a crash that the commit may have
+/// happened (docs/reliability.md, "After the commit"); an error stops the
+/// publication before anything is committed.
+pub type BeforeCommit<'a> = dyn Fn(&[(usize, &RunReport)]) -> std::io::Result<()> + Sync + 'a;
+
+/// Publishes one bundle as [`publish`] does, without running its hooks:
+/// `before_commit` is told before the commit, and the caller runs what
+/// the report owes ([`crate::hooks::owed`]).
+pub fn publish_recorded(
+    pipeline: &Pipeline,
+    destinations: &[&Destination],
+    bundle_dir: &Path,
+    options: &Options,
+    before_commit: Option<&BeforeCommit>,
 ) -> RunReport {
     let driver = Driver {
         pipeline,
@@ -81,18 +108,12 @@ pub fn publish(
         workers: &options.process.per_core(),
         keep_going: &|| true,
         older: None,
+        before_commit,
     };
-    let mut report = match driver.run(&[bundle_dir]) {
+    match driver.run(&[bundle_dir]) {
         Outcome::Reports(mut reports) if reports.len() == 1 => reports.remove(0),
         _ => unreachable!("a single bundle always gets its report"),
-    };
-    crate::hooks::after_publish(
-        pipeline,
-        destinations,
-        &folder_name(bundle_dir),
-        &mut report,
-    );
-    report
+    }
 }
 
 /// A stored output that publishing a bundle would overwrite or delete
@@ -162,6 +183,7 @@ pub fn rollbacks(
         workers: &options.process.per_core(),
         keep_going: &|| true,
         older: Some(&older),
+        before_commit: None,
     };
     if let Outcome::Reports(reports) = driver.run(&[bundle_dir])
         && let Some(report) = reports.first()
@@ -195,7 +217,9 @@ pub enum Batch {
 }
 
 /// Publishes `bundles` (in arrival order) to every destination of the
-/// pipeline as one transaction per root.
+/// pipeline as one transaction per root. Runs no hook: the caller runs
+/// what the reports owe ([`crate::hooks::owed`]), once per bundle in
+/// arrival order, after `before_commit` was told of the commit.
 ///
 /// `keep_going` is asked before planning, before each staged file and
 /// before committing; when it answers false (the agent is stopping), the
@@ -208,6 +232,7 @@ pub fn publish_batch(
     options: &Options,
     workers: &dyn Workers,
     keep_going: &(dyn Fn() -> bool + Sync),
+    before_commit: Option<&BeforeCommit>,
 ) -> Batch {
     let driver = Driver {
         pipeline,
@@ -216,16 +241,10 @@ pub fn publish_batch(
         workers,
         keep_going,
         older: None,
+        before_commit,
     };
     match driver.run(bundles) {
-        Outcome::Reports(mut reports) => {
-            // One call per bundle, in arrival order, once every root is
-            // durable (docs/contract.md §19.1).
-            for (report, dir) in reports.iter_mut().zip(bundles) {
-                crate::hooks::after_publish(pipeline, destinations, &folder_name(dir), report);
-            }
-            Batch::Done(reports)
-        }
+        Outcome::Reports(reports) => Batch::Done(reports),
         Outcome::OneFirst => Batch::OneFirst,
         Outcome::Aborted(e) if e.is_stopped() || !keep_going() => Batch::Stopped,
         Outcome::Aborted(cause) => Batch::OneByOne { cause },
@@ -233,7 +252,7 @@ pub fn publish_batch(
 }
 
 /// The name of a bundle's folder, as hooks are told it.
-fn folder_name(dir: &Path) -> String {
+pub fn folder_name(dir: &Path) -> String {
     dir.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()

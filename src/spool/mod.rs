@@ -452,10 +452,20 @@ pub fn end_batch(spool: &Spool) -> io::Result<()> {
 /// start then files such a bundle instead of publishing it again, which
 /// could put back older content over what was published since
 /// (docs/troubleshooting.md, "The bundle cannot be moved out of work/").
+///
+/// It also holds, from just before a publication commits until each of
+/// its bundles is filed, what the commit owes across a crash
+/// (docs/reliability.md, "After the commit"): a bundle whose commit may
+/// have happened ([`Unfiled::committing`]) is published again at the next
+/// start together with the others of its batch, never one by one; one
+/// whose commit happened is filed without publishing it again; and the
+/// hooks each owes ([`Unfiled::hooks`]) run first.
 pub const UNFILED_FILE: &str = ".distributor-unfiled.json";
-const MAX_UNFILED_BYTES: u64 = 16 << 20;
+/// Hooks' documents list every path a publication wrote: a record may be
+/// large, and only the agent writes it (work/ is the agent's alone).
+const MAX_UNFILED_BYTES: u64 = 1 << 30;
 /// The most of a result kept in [`UNFILED_FILE`] (a larger one is left out).
-const MAX_UNFILED_RESULT: usize = 64 << 10;
+const MAX_UNFILED_RESULT: usize = 1 << 20;
 
 /// One bundle of [`UNFILED_FILE`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -470,6 +480,20 @@ pub struct Unfiled {
     /// `.distributor-result.json` and the agent's copy once it moves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
+    /// Its publication was about to commit when this was recorded, and
+    /// may or may not have: the next start publishes it again (with the
+    /// other bundles recorded so, as one batch), and `published` and
+    /// `result` mean nothing yet.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub committing: bool,
+    /// The hooks its publication owes, not run yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<crate::hooks::Owed>,
+    /// Recorded when its publication committed, before it was filed
+    /// (else filing it was tried and failed): a bundle the agent is
+    /// filing, not one stuck in work/, unless the agent is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 impl Unfiled {
@@ -482,6 +506,24 @@ impl Unfiled {
             dev: meta.dev(),
             ino: meta.ino(),
             result: (result.len() <= MAX_UNFILED_RESULT).then_some(result),
+            committing: false,
+            hooks: Vec::new(),
+            pending: false,
+        })
+    }
+
+    /// The record of `bundle` (a folder in work/) about to be committed,
+    /// owing `hooks` if the commit happens.
+    pub fn committing(bundle: &Path, hooks: Vec<crate::hooks::Owed>) -> io::Result<Unfiled> {
+        let meta = fs::symlink_metadata(bundle)?;
+        Ok(Unfiled {
+            published: false,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            result: None,
+            committing: true,
+            hooks,
+            pending: true,
         })
     }
 

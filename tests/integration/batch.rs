@@ -6,7 +6,6 @@ use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, metric, wait_for}
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
 
 fn config(workflow: &str) -> String {
     format!(
@@ -27,13 +26,7 @@ pipelines:
 /// arrival order is exactly the order given.
 fn drop_bundle(t: &Test, name: &str, order: u64, files: &[(&str, &str)]) {
     let dir = t.bundle_at(name, name, "2026-06-04T00:00:00Z", files);
-    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000 + order);
-    fs::File::options()
-        .write(true)
-        .open(dir.join("manifest.json"))
-        .unwrap()
-        .set_modified(when)
-        .unwrap();
+    crate::util::arrive_in_order(&dir, order);
     fs::create_dir_all(t.join("spool/p/inbox")).unwrap();
     fs::rename(&dir, t.join(&format!("spool/p/inbox/{name}"))).unwrap();
 }

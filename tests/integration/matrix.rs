@@ -1235,3 +1235,382 @@ fn a_scope_applies_to_output_paths_after_the_prefix() {
         site.assert_consistent();
     });
 }
+
+/// A crash after a publication's commit: the version readers see of
+/// `s/f.txt` in every root (the local root `first`, and `web` on the
+/// backend), and what the hooks of both were told.
+struct Versions {
+    site: Site,
+}
+
+impl Versions {
+    /// Pipeline `reports` publishing into `first` (a local root) and `web`
+    /// (on `backend`), both additive, each with a hook that logs, with
+    /// the document it read, the version of `s/f.txt` each root shows at
+    /// that moment; a hook whose destination `kill_at` names kills its
+    /// agent (SIGKILL) once. `b0` (version 0) is published.
+    fn new(backend: Backend) -> Versions {
+        let site = Site::new(backend, "additive");
+        let t = &site.t;
+        let script = t.join("hook.sh");
+        let web = match &site.bucket {
+            None => format!("cat '{}'", t.join("site/s/f.txt").display()),
+            Some(bucket) => format!(
+                "curl -s '{}/{}/site/s/f.txt'",
+                server().endpoint,
+                bucket.location.bucket
+            ),
+        };
+        crate::util::write_script(
+            &script,
+            &format!(
+                "#!/bin/sh\ninput=$(cat)\nfirst=$(cat '{first}' 2>/dev/null)\nweb=$({web} 2>/dev/null)\nprintf '%s %s\\t%s\\n' \"$first\" \"$web\" \"$input\" >> '{log}'\nif [ -e '{kill}'-\"$1\" ]; then rm '{kill}'-\"$1\"; kill -9 $PPID; sleep 30; fi\n",
+                first = t.join("first/s/f.txt").display(),
+                log = t.join("hooks-seen.log").display(),
+                kill = t.join("kill-at").display(),
+            ),
+        );
+        let hooks = |id: &str| {
+            format!(
+                "        hooks:\n          after_publish: [\"{}\", \"{id}\"]\n",
+                script.display()
+            )
+        };
+        let config = fs::read_to_string(t.join("config.yaml")).unwrap();
+        let config = config.replace(
+            "    destinations:\n",
+            &format!(
+                "    destinations:\n      - id: first\n        path: ./first\n{}",
+                hooks("first")
+            ),
+        );
+        t.config(&format!("{config}{}", hooks("web")));
+        let v = Versions { site };
+        v.drop_version(0);
+        v.site.run(&["agent", "--once"]).expect_code(0);
+        // What b0's hooks saw is not the crash's.
+        v.site.t.write("hooks-seen.log", "");
+        v
+    }
+
+    /// The next hook of `destination` kills its agent.
+    fn kill_at(&self, destination: &str) {
+        self.site.t.write(&format!("kill-at-{destination}"), "");
+    }
+
+    /// Drops bundle `b<n>` of source `s`, created on day `n`, writing
+    /// `s/f.txt` as `v<n>`, arriving `n` seconds after b0.
+    fn drop_version(&self, n: u64) {
+        let t = &self.site.t;
+        let name = format!("b{n}");
+        let created = format!("2026-06-{:02}T00:00:00Z", n + 1);
+        let dir = t.bundle_at(&name, "s", &created, &[("s/f.txt", &format!("v{n}"))]);
+        crate::util::arrive_in_order(&dir, n);
+        let inbox = t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        fs::rename(&dir, inbox.join(&name)).unwrap();
+    }
+
+    /// The version each root shows now (`first`, `web`): n of `v<n>`.
+    fn shown(&self) -> Shown {
+        let first = fs::read(self.site.t.join("first/s/f.txt")).ok();
+        (
+            version(first.as_deref()),
+            version(self.site.served("s/f.txt").as_deref()),
+        )
+    }
+
+    /// Every hook call so far: the versions the roots showed, and the
+    /// document the hook read (parsed: a hook always reads a whole one).
+    fn calls(&self) -> Vec<(Shown, Value)> {
+        fs::read_to_string(self.site.t.join("hooks-seen.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let (seen, input) = l.split_once('\t').expect("versions, then the document");
+                let (first, web) = seen.split_once(' ').unwrap_or((seen, ""));
+                let doc: Value = serde_json::from_str(input)
+                    .unwrap_or_else(|e| panic!("a hook read a cut document ({e}): {input:?}"));
+                let shown = (
+                    version(Some(first.as_bytes())),
+                    version(Some(web.as_bytes())),
+                );
+                (shown, doc)
+            })
+            .collect()
+    }
+
+    /// Runs `agent --once` while a thread reads what both roots show
+    /// (every few milliseconds); returns its output and every change of
+    /// what they showed, in order, from before it started to after it
+    /// ended.
+    fn agent_watched(&self, env: &[(&str, &str)]) -> (Output, Vec<Shown>) {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let seen = std::sync::Mutex::new(vec![self.shown()]);
+        let out = std::thread::scope(|s| {
+            s.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let now = self.shown();
+                    let mut seen = seen.lock().unwrap();
+                    if seen.last() != Some(&now) {
+                        seen.push(now);
+                    }
+                    drop(seen);
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            });
+            let mut env = env.to_vec();
+            env.push(("RUST_LOG", "info"));
+            let out = self.site.command(&["agent", "--once"], &env).output();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            out
+        });
+        let mut seen = seen.into_inner().unwrap();
+        seen.push(self.shown());
+        (out, seen)
+    }
+
+    /// The bundles in spool folder `folder` (the agent's own files aside).
+    fn names(&self, folder: &str) -> Vec<String> {
+        crate::util::names(&self.site.t.join(&format!("spool/reports/{folder}")))
+            .into_iter()
+            .filter(|n| !n.starts_with('.'))
+            .collect()
+    }
+
+    fn result(&self, name: &str) -> Value {
+        crate::util::read_json(&self.site.t.join(&format!(
+            "spool/reports/done/{name}/.distributor-result.json"
+        )))
+    }
+}
+
+/// The versions of `s/f.txt` the roots `first` and `web` show.
+type Shown = (Option<u64>, Option<u64>);
+
+/// n of the text `v<n>`.
+fn version(bytes: Option<&[u8]>) -> Option<u64> {
+    std::str::from_utf8(bytes?)
+        .ok()?
+        .trim()
+        .strip_prefix('v')?
+        .parse()
+        .ok()
+}
+
+/// No root ever shows an older version than it showed before, in
+/// `shown` (in the order seen).
+#[track_caller]
+fn assert_never_older(shown: &[Shown], what: &str) {
+    for (root, name) in ["first", "web"].iter().enumerate() {
+        let versions: Vec<u64> = shown
+            .iter()
+            .filter_map(|(first, web)| if root == 0 { *first } else { *web })
+            .collect();
+        assert!(
+            versions.windows(2).all(|w| w[0] <= w[1]),
+            "{what}: root {name} went back to an older version: {versions:?}"
+        );
+    }
+}
+
+/// Per destination, the bundles whose hook ran, in order.
+fn hooked(calls: &[(Shown, Value)], destination: &str) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|(_, doc)| doc["destination_id"] == destination)
+        .map(|(_, doc)| doc["bundle"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Everything a run and a restart showed, in order: what the watcher saw
+/// during the run, then what the hooks saw (during the run and the
+/// restart, in their order), then what the watcher saw during the restart.
+/// Each is checked on its own too: together they only add the order
+/// across the crash.
+#[track_caller]
+fn assert_never_rolled_back(
+    crashed: &[Shown],
+    calls: &[(Shown, Value)],
+    restarted: &[Shown],
+    what: &str,
+) {
+    let hooks: Vec<Shown> = calls.iter().map(|(s, _)| *s).collect();
+    assert_never_older(crashed, &format!("{what}, while it ran"));
+    assert_never_older(&hooks, &format!("{what}, as its hooks saw it"));
+    assert_never_older(restarted, &format!("{what}, after the restart"));
+    let all: Vec<Shown> = crashed.iter().chain(restarted).copied().collect();
+    assert_never_older(&all, what);
+}
+
+/// A batch of two versions of one source (b1 older, b2 newer) is
+/// committed, and the first hook kills its agent (SIGKILL) before any
+/// bundle is filed. The next start never shows readers b1's version again
+/// (it used to publish the two one by one, b1 over b2), files both, and
+/// runs every hook the crash left owed, each with its whole document; on
+/// every backend.
+#[test]
+fn a_batch_whose_agent_dies_after_its_commit_never_rolls_readers_back() {
+    each_backend(|backend| {
+        let v = Versions::new(backend);
+        v.drop_version(1);
+        v.drop_version(2);
+        v.kill_at("first");
+        let (crashed, during) = v.agent_watched(&[]);
+        assert_eq!(
+            crashed.code, -9,
+            "{backend:?}: the hook killed its agent\n{}",
+            crashed.stderr
+        );
+        assert_eq!(
+            v.shown(),
+            (Some(2), Some(2)),
+            "{backend:?}: the batch was committed"
+        );
+        assert_eq!(v.names("work"), ["b1", "b2"], "{backend:?}");
+
+        let (restarted, after) = v.agent_watched(&[]);
+        restarted.expect_code(0);
+        let calls = v.calls();
+        assert_never_rolled_back(&during, &calls, &after, &format!("{backend:?}"));
+        assert!(
+            !restarted.stderr.contains("bundle=b1 done"),
+            "{backend:?}: b1 was published again:\n{}",
+            restarted.stderr
+        );
+        assert_eq!(v.shown(), (Some(2), Some(2)));
+        assert_eq!(v.names("done"), ["b0", "b1", "b2"]);
+        assert!(v.names("work").is_empty(), "{backend:?}");
+        // Every hook owed ran, at least once: first's for b1 twice (it
+        // died in the first), web's for b1 and b2 after the restart.
+        assert_eq!(hooked(&calls, "first"), ["b1", "b1", "b2"], "{backend:?}");
+        assert_eq!(hooked(&calls, "web"), ["b1", "b2"], "{backend:?}");
+        for name in ["b1", "b2"] {
+            let hooks = &v.result(name)["hooks"];
+            let ran: Vec<&str> = hooks
+                .as_array()
+                .unwrap_or_else(|| panic!("{name}: no hooks in its result"))
+                .iter()
+                .map(|h| h["destination_id"].as_str().unwrap())
+                .collect();
+            assert_eq!(ran, ["first", "web"], "{backend:?} {name}");
+        }
+        for (_, doc) in &calls {
+            assert_eq!(doc["writes"], serde_json::json!(["s/f.txt"]), "{doc}");
+        }
+        site_consistent(&v);
+    });
+}
+
+/// A single bundle into two destinations: the first's hook kills the
+/// agent after both catalogs are durable. The next start runs the hook
+/// the second was owed (it used to find both `skip_same` and run none),
+/// and the result in done/ records it; on every backend.
+#[test]
+fn a_hook_owed_when_the_agent_died_runs_at_the_next_start() {
+    each_backend(|backend| {
+        let v = Versions::new(backend);
+        v.drop_version(1);
+        v.kill_at("first");
+        let (crashed, _) = v.agent_watched(&[]);
+        assert_eq!(crashed.code, -9, "{}", crashed.stderr);
+        assert_eq!(hooked(&v.calls(), "web"), Vec::<String>::new());
+        let (restarted, _) = v.agent_watched(&[]);
+        restarted.expect_code(0);
+        assert!(
+            restarted
+                .stderr
+                .contains("stopped before running 2 hook(s) it owed"),
+            "{backend:?}: the start says what it runs:\n{}",
+            restarted.stderr
+        );
+        let calls = v.calls();
+        assert_eq!(hooked(&calls, "first"), ["b1", "b1"], "{backend:?}");
+        assert_eq!(hooked(&calls, "web"), ["b1"], "{backend:?}");
+        let (seen, doc) = calls.last().unwrap();
+        assert_eq!(*seen, (Some(1), Some(1)));
+        assert_eq!(doc["action"], "upsert_additive", "{doc}");
+        assert_eq!(doc["source"]["id"], "s", "{doc}");
+        let result = v.result("b1");
+        assert_eq!(result["ok"], true);
+        assert_eq!(result["hooks"][1]["destination_id"], "web", "{result}");
+        assert_eq!(result["hooks"][1]["exit"], 0, "{result}");
+        assert!(v.names("work").is_empty());
+        site_consistent(&v);
+    });
+}
+
+/// A batch of three versions of one source, crashed (abort, no cleanup)
+/// at every point between its commit and its filing, then restarted:
+/// neither root ever shows an older version than it showed (checked
+/// while the crashed run goes, at each hook, and through the restart),
+/// every bundle ends in done/, and each destination's hook ran for each
+/// bundle at least once, with its whole document; on every backend.
+#[test]
+fn a_crash_anywhere_between_commit_and_filing_never_rolls_readers_back() {
+    each_backend(|backend| {
+        for point in [
+            "agent.committing",
+            "publish.committed:1",
+            "publish.committed:2",
+            "agent.committed",
+            "agent.recorded",
+            "spool.after_result:1",
+            "spool.after_move:1",
+            "spool.after_result:3",
+            "spool.after_move:3",
+        ] {
+            let what = format!("{backend:?} {point}");
+            let v = Versions::new(backend);
+            for n in 1..=3 {
+                v.drop_version(n);
+            }
+            let (crashed, during) = v.agent_watched(&[("DISTRIBUTOR_FAILPOINT", point)]);
+            assert!(
+                crashed.stderr.contains(&format!(
+                    "failpoint {} reached",
+                    point.split(':').next().unwrap()
+                )),
+                "{what}: not reached\n{}",
+                crashed.stderr
+            );
+            let (first, web) = v.shown();
+            for shown in [first, web] {
+                assert!(
+                    matches!(shown, Some(0 | 3)),
+                    "{what}: a root shows {shown:?} after the crash (neither before nor after the batch)"
+                );
+            }
+            let (restarted, after) = v.agent_watched(&[]);
+            restarted.expect_code(0);
+            let calls = v.calls();
+            assert_never_rolled_back(&during, &calls, &after, &what);
+            assert_eq!(v.shown(), (Some(3), Some(3)), "{what}");
+            assert_eq!(v.names("done"), ["b0", "b1", "b2", "b3"], "{what}");
+            assert!(v.names("work").is_empty(), "{what}: {:?}", v.names("work"));
+            for destination in ["first", "web"] {
+                let mut ran = hooked(&calls, destination);
+                ran.dedup();
+                assert_eq!(ran, ["b1", "b2", "b3"], "{what}: {destination}'s hooks");
+            }
+            site_consistent(&v);
+        }
+    });
+}
+
+/// Both roots' catalogs match what they hold, and the spool keeps no
+/// record of a commit any more.
+#[track_caller]
+fn site_consistent(v: &Versions) {
+    let record = v
+        .site
+        .t
+        .join("spool/reports/work/.distributor-unfiled.json");
+    assert!(
+        !record.exists(),
+        "{}",
+        fs::read_to_string(&record).unwrap_or_default()
+    );
+    v.site.assert_consistent();
+    crate::util::assert_catalog_matches_disk(&v.site.t.join("first"));
+}

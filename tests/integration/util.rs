@@ -982,3 +982,16 @@ pub fn assert_catalog_matches_disk(root: &Path) {
         );
     }
 }
+
+/// Gives the manifest of bundle folder `dir` a modification time of
+/// `order` seconds after a fixed instant, so that bundles arrive (are
+/// claimed and batched) exactly in the order given.
+pub fn arrive_in_order(dir: &Path, order: u64) {
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_790_000_000 + order);
+    fs::File::options()
+        .write(true)
+        .open(dir.join("manifest.json"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
