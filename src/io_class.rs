@@ -46,7 +46,14 @@ pub fn is_transient(e: &io::Error) -> bool {
 /// bundle, naming the fix; an interruption, a timeout or a refused
 /// allocation, however it was made, may pass.
 pub fn is_transient_reading_bundle(e: &io::Error) -> bool {
-    let forbidden = matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+    // EWOULDBLOCK (EAGAIN) on a bundle's file opened without blocking is
+    // a lease or lock its producer holds, and takes again whenever it
+    // breaks: the producer's doing, which must not hold the pipeline
+    // (docs/contract.md §12.5).
+    let forbidden = matches!(
+        e.raw_os_error(),
+        Some(libc::EACCES | libc::EPERM | libc::EWOULDBLOCK)
+    );
     (is_transient(e) && !forbidden)
         || matches!(
             e.kind(),
@@ -76,6 +83,9 @@ mod tests {
             (os(libc::EDQUOT), true, true, true),
             (os(libc::EACCES), true, false, false),
             (os(libc::EPERM), true, false, false),
+            // A producer's file lease: transient for the agent's own files,
+            // the producer's doing in a bundle.
+            (os(libc::EWOULDBLOCK), true, false, false),
             (os(libc::EMFILE), true, true, false),
             (os(libc::EIO), true, true, false),
             (os(libc::EINTR), true, true, false),

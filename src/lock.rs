@@ -5,7 +5,6 @@
 //! process (and an operator's `flock` command) locks the same inode.
 
 use crate::storage::Root;
-use cap_std::fs::{OpenOptions, OpenOptionsExt};
 use std::fs::{File, TryLockError};
 use std::io;
 use std::time::{Duration, Instant};
@@ -42,18 +41,49 @@ pub struct RootLock {
     _file: File,
 }
 
+/// The mode a lock file is created with, and the most it keeps: the
+/// agent's user and group only. `flock(2)` takes an exclusive lock through
+/// any descriptor, a read-only one too, so a lock file others may read is
+/// one any local user can hold for ever, stopping every publication to
+/// the root (docs/security.md, "Who may hold a root's lock").
+const LOCK_MODE: u32 = 0o640;
+
+/// Opens the lock file read-only (all `flock` needs; an operator in the
+/// agent's group may open it too), creating it with [`LOCK_MODE`] when
+/// `create`, without following a link or blocking on a FIFO. A lock file
+/// that others may open (an older version created them 0644) loses those
+/// bits here.
 fn open_lock_file(root: &Root, create: bool) -> io::Result<Option<File>> {
-    let mut o = OpenOptions::new();
-    o.read(true)
-        .write(true)
-        .create(create)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    match root.dir().open_with(LOCK_FILE, &o) {
-        Ok(f) => Ok(Some(f.into_std())),
-        Err(e) if !create && e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    use rustix::fs::{Mode, OFlags, fchmod, fstat, openat};
+    let mut flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    if create {
+        flags |= OFlags::CREATE;
     }
+    let fd = match openat(root.dir(), LOCK_FILE, flags, Mode::from_raw_mode(LOCK_MODE)) {
+        Ok(fd) => fd,
+        Err(e) if !create && e == rustix::io::Errno::NOENT => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let stat = fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(io::Error::other("it is not a regular file"));
+    }
+    let mode = stat.st_mode & 0o7777;
+    if mode & 0o007 != 0 {
+        let narrowed = mode & 0o770;
+        match fchmod(&fd, Mode::from_raw_mode(narrowed)) {
+            Ok(()) => log::info!(
+                "{}/{LOCK_FILE}: was mode {mode:o}, which let any local user hold the root's lock; now {narrowed:o}",
+                root.path().display()
+            ),
+            Err(e) => log::warn!(
+                "{}/{LOCK_FILE} is mode {mode:o}: any local user can hold it and stop publication to the root, and this process may not change that ({e}); its owner (or root) should `chmod o= {}/{LOCK_FILE}`",
+                root.path().display(),
+                root.path().display()
+            ),
+        }
+    }
+    Ok(Some(File::from(fd)))
 }
 
 /// Takes the lock, creating the lock file if needed, waiting up to

@@ -122,6 +122,13 @@ fn refuse_file(path: &RelPath, e: EntryError) -> Refusal {
             ),
             Some(e),
         ),
+        EntryError::Io(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => refuse(
+            path,
+            format!(
+                "cannot open: {e}: another process holds a file lease (or lock) on it that keeps the agent from reading it; the bundle's producer must let go of its files before it delivers them (and deliver the bundle again)"
+            ),
+            Some(e),
+        ),
         EntryError::Io(e) => refuse(path, format!("cannot open: {e}"), Some(e)),
     }
 }

@@ -12,6 +12,7 @@ mod disk_full;
 mod failed_spool;
 mod failpoints;
 mod hostile;
+mod hostile3;
 mod lab;
 mod maintain;
 mod manpage;

@@ -446,8 +446,14 @@ fn a_tampered_bundle_clears_nothing_before_it_is_refused() {
         let t = single(workflow);
         if legacy {
             t.write("site/.distributor.json", LEGACY);
-            // Planning takes the lock; only its file is created.
+            // Planning takes the lock; only its file is created (as the
+            // agent makes it: no access for others, or the lock narrows it).
             t.write("site/.distributor.lock", "");
+            fs::set_permissions(
+                t.join("site/.distributor.lock"),
+                std::os::unix::fs::PermissionsExt::from_mode(0o640),
+            )
+            .unwrap();
             // A folder where a planned file goes is cleared first.
             t.write("site/b.txt/inner.txt", "in the way");
         } else {

@@ -1,0 +1,157 @@
+//! The third hostile round (issue: producers are untrusted, third round):
+//! a local user with no role, and a producer, each try to stop the agent
+//! for everyone. Each runs as another user, with dropped privileges.
+
+use crate::lab::{Lab, NOBODY, OTHER, PRODUCERS, can_switch_users, error_of};
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const ONE_ROOT: &str = "spool: ./spool
+agent: {settle: 0s, max_attempts: 2}
+pipelines:
+  - id: reports
+    destinations:
+      - id: site
+        path: ./site
+";
+
+/// `flock --nonblock <lock> true` as `uid` in group `gid`: whether that
+/// user could take (and so hold) the root's lock.
+fn flock_as(lock: &Path, uid: u32, gid: u32) -> std::process::Output {
+    Command::new("flock")
+        .args(["--nonblock", "--conflict-exit-code", "7"])
+        .arg(lock)
+        .arg("true")
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .expect("run flock (util-linux)")
+}
+
+/// A root's lock file is the agent's user's and group's: any other local
+/// user can no longer open it, so cannot hold it for ever (flock takes an
+/// exclusive lock through a read-only descriptor); an operator in the
+/// agent's group still can (docs/contract.md §11.3). A lock file an older
+/// version left open to everyone is narrowed at the next lock.
+#[test]
+fn only_the_agents_user_and_group_may_hold_a_roots_lock() {
+    if !can_switch_users("only_the_agents_user_and_group_may_hold_a_roots_lock") {
+        return;
+    }
+    let lab = Lab::new(ONE_ROOT, &["reports"]);
+    lab.sealed("b1", &[("a.txt", "1\n")]);
+    lab.run(None, &["run", "--pipeline", "reports", "bundles/b1"])
+        .expect_code(0);
+    let site = lab.join("site");
+    fs::set_permissions(&site, fs::Permissions::from_mode(0o755)).unwrap();
+    let lock = site.join(".distributor.lock");
+    let mode = || fs::metadata(&lock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode() & 0o007,
+        0,
+        "created without access for others: {:o}",
+        mode()
+    );
+
+    let stranger = flock_as(&lock, OTHER, PRODUCERS);
+    assert_ne!(
+        stranger.status.code(),
+        Some(0),
+        "a user with no role took the root's lock"
+    );
+    assert!(
+        String::from_utf8_lossy(&stranger.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&stranger.stderr)
+    );
+    // The agent's group (root's, here) keeps the operator's flock.
+    let operator = flock_as(&lock, OTHER, 0);
+    assert_eq!(operator.status.code(), Some(0), "{operator:?}");
+
+    // As an older version left it: open to everyone, until the next lock.
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(flock_as(&lock, OTHER, PRODUCERS).status.code(), Some(0));
+    let out = lab.run(None, &["run", "--pipeline", "reports", "bundles/b1"]);
+    out.expect_code(0);
+    assert_eq!(mode(), 0o640, "narrowed at the next lock");
+    assert!(
+        out.stderr
+            .contains("which let any local user hold the root's lock"),
+        "{}",
+        out.stderr
+    );
+    assert_ne!(flock_as(&lock, OTHER, PRODUCERS).status.code(), Some(0));
+}
+
+/// A producer that takes a file lease on a file of its own bundle (and
+/// ignores the lease-break signal) makes the agent's non-blocking open
+/// fail with EWOULDBLOCK. That is the producer's doing: the bundle fails
+/// at stage verify naming the file and the lease, at once, and the
+/// pipeline's next bundle is published (it used to be deferred for a day,
+/// holding every later bundle of the pipeline).
+#[test]
+fn a_producers_file_lease_fails_its_own_bundle_and_blocks_no_other() {
+    if !can_switch_users("a_producers_file_lease_fails_its_own_bundle_and_blocks_no_other") {
+        return;
+    }
+    let lab = Lab::new(ONE_ROOT, &["reports"]);
+    let bundle = lab.sealed("leased", &[("a.txt", "leased\n")]);
+    for entry in ["", "a.txt", "manifest.json"] {
+        chown(bundle.join(entry), Some(NOBODY), Some(PRODUCERS)).unwrap();
+    }
+    // The lease holder: `sleep`, holding a write lease on a.txt taken as
+    // the file's owner, with SIGIO (the lease break's signal) ignored.
+    let file = std::ffi::CString::new(bundle.join("a.txt").to_str().unwrap()).unwrap();
+    let mut holder = Command::new("sleep");
+    holder
+        .arg("600")
+        .uid(NOBODY)
+        .gid(PRODUCERS)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    // SAFETY: open(2), fcntl(2), signal(2) and write(2) are
+    // async-signal-safe; the path was allocated before the fork.
+    unsafe {
+        holder.pre_exec(move || {
+            let fd = libc::open(file.as_ptr(), libc::O_RDONLY);
+            if fd < 0 || libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGIO, libc::SIG_IGN);
+            libc::write(1, b"leased\n".as_ptr().cast(), 7);
+            Ok(())
+        });
+    }
+    let mut holder = holder.spawn().expect("take the lease");
+    let mut said = [0u8; 7];
+    std::io::Read::read_exact(holder.stdout.as_mut().unwrap(), &mut said).unwrap();
+    assert_eq!(&said, b"leased\n");
+    fs::rename(&bundle, lab.spool("reports", "inbox").join("leased")).unwrap();
+
+    let out = lab.agent_once(None);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    out.expect_code(1);
+    assert!(!out.stderr.contains("deferred"), "{}", out.stderr);
+    let failed = lab.spool("reports", "failed").join("leased");
+    let error = error_of(&failed);
+    assert!(error.contains("a.txt"), "{error}");
+    assert!(error.contains("file lease"), "{error}");
+    assert_eq!(crate::lab::result_of(&failed)["stage"], "verify", "{error}");
+    assert!(!error.contains("tried 2 times"), "failed at once: {error}");
+
+    lab.sealed("next", &[("b.txt", "next\n")]);
+    fs::rename(
+        lab.join("bundles/next"),
+        lab.spool("reports", "inbox").join("next"),
+    )
+    .unwrap();
+    lab.agent_once(None).expect_code(0);
+    assert_eq!(
+        fs::read_to_string(lab.join("site/b.txt")).unwrap(),
+        "next\n"
+    );
+}
