@@ -6,8 +6,10 @@
 //! `iframe`, `object`, `embed`, `form`, `svg`, `math`, `base`, `meta`, `link`
 //! go, so do event handlers and `style` attributes); link and image targets
 //! (`srcset` candidates too) only `http`, `https`, `mailto` or relative;
-//! comments dropped. In-page targets (`id`, `<a name>`) and a table cell's
-//! `valign` stay, as on GitHub.
+//! comments dropped. In-page targets of raw HTML (`id`, `<a name>`) stay
+//! with GitHub's `user-content-` prefix (the renderer's heading and
+//! footnote ids keep their names), and so does a table cell's `valign`;
+//! an `<input>` is only ever a disabled checkbox.
 //!
 //! What is sanitized is rendered HTML, not each raw fragment on its own, so
 //! that the structure a README builds across markdown and HTML (a centred
@@ -39,7 +41,8 @@ pub(super) fn render_body<'a>(
 ) -> io::Result<(Option<u8>, String)> {
     let mut rewriter = events::Rewriter::new(events, options);
     let mut out = LastByte { sink, last: None };
-    let builder = builder(options);
+    let own = OwnIds::default();
+    let builder = builder(options, &own);
     let kept = builder.clone_tags();
     let mut stretch: Vec<Event<'a>> = Vec::new();
     let mut depth = 0usize;
@@ -65,12 +68,12 @@ pub(super) fn render_body<'a>(
         }
         stretch.push(event);
         if depth == 0 && (!raw || open_html <= 0) {
-            flush(&builder, &mut stretch, raw, &mut out, &mut title)?;
+            flush(&builder, &own, &mut stretch, raw, &mut out, &mut title)?;
             raw = false;
             open_html = 0;
         }
     }
-    flush(&builder, &mut stretch, raw, &mut out, &mut title)?;
+    flush(&builder, &own, &mut stretch, raw, &mut out, &mut title)?;
     let from_events = rewriter.into_title();
     let title = match title {
         // The first heading was raw HTML, or inside a stretch that was.
@@ -81,9 +84,48 @@ pub(super) fn render_body<'a>(
     Ok((out.last, title))
 }
 
+/// The ids the renderer itself gave in the stretch being sanitized (its
+/// headings'), which keep their names; every other `id` and `<a name>`
+/// comes from raw HTML and is prefixed ([`USER_CONTENT`]).
+#[derive(Default, Clone)]
+struct OwnIds(std::sync::Arc<std::sync::Mutex<HashSet<String>>>);
+
+impl OwnIds {
+    fn set(&self, stretch: &[Event<'_>]) {
+        let mut own = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        own.clear();
+        own.extend(stretch.iter().filter_map(|e| match e {
+            Event::Start(pulldown_cmark::Tag::Heading { id: Some(id), .. }) => Some(id.to_string()),
+            _ => None,
+        }));
+    }
+
+    /// Whether `id` is the renderer's: a heading's of the stretch, or a
+    /// footnote's (`fn-N`, `fnref-N`, which no heading takes).
+    fn holds(&self, id: &str) -> bool {
+        let footnote = ["fn-", "fnref-"].iter().any(|p| {
+            id.strip_prefix(p)
+                .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit()))
+        });
+        footnote
+            || self
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(id)
+    }
+}
+
+/// What GitHub puts before the ids and anchor names of raw HTML, so that an
+/// element of the page cannot take the name of a global a site's own
+/// script uses (DOM clobbering: `<img name="config">` is `window.config`).
+/// In-page links to such a target use `#user-content-NAME`, as on GitHub.
+const USER_CONTENT: &str = "user-content-";
+
 /// Writes a stretch of events, sanitized when it holds raw HTML.
 fn flush(
     builder: &ammonia::Builder<'_>,
+    own: &OwnIds,
     stretch: &mut Vec<Event<'_>>,
     raw: bool,
     out: &mut LastByte<'_>,
@@ -95,6 +137,7 @@ fn flush(
     if !raw {
         return html::write_html_io(&mut *out, stretch.drain(..));
     }
+    own.set(stretch);
     let mut rendered = String::new();
     html::push_html(&mut rendered, stretch.drain(..));
     let clean = builder.clean(&rendered).to_string();
@@ -145,7 +188,7 @@ fn balance(text: &str, kept: &HashSet<&str>) -> i64 {
 /// and the renderer use, minus every scheme but `http`, `https` and `mailto`.
 /// A relative link or image to a generated `.md` page of the bundle is
 /// rewritten to its `.html` page, as in markdown (docs/contract.md §10).
-fn builder<'o>(options: &RenderOptions<'o>) -> ammonia::Builder<'o> {
+fn builder<'o>(options: &RenderOptions<'o>, own: &OwnIds) -> ammonia::Builder<'o> {
     let mut b = ammonia::Builder::default();
     b.add_tags(["picture", "source", "input"])
         .add_generic_attributes(["id", "align"])
@@ -157,9 +200,13 @@ fn builder<'o>(options: &RenderOptions<'o>) -> ammonia::Builder<'o> {
         .add_tag_attributes("tr", ["valign"])
         .add_tag_attributes("img", ["srcset"])
         .add_tag_attributes("source", ["srcset", "media", "type", "width", "height"])
-        .add_tag_attributes("input", ["type", "checked", "disabled"])
+        // Only disabled checkboxes (task lists), as on GitHub: whatever
+        // the raw HTML says, an input is a checkbox nobody can change (a
+        // text, password, file or hidden field never reaches the site).
+        .add_tag_attributes("input", ["checked"])
+        .set_tag_attribute_value("input", "type", "checkbox")
+        .set_tag_attribute_value("input", "disabled", "")
         .add_tag_attributes("details", ["open"])
-        .add_tag_attribute_values("input", "type", ["checkbox"])
         .add_allowed_classes("a", ["anchor", "footnote-backref"])
         .add_allowed_classes("div", ["footnote-definition"])
         .add_allowed_classes("sup", ["footnote-reference", "footnote-definition-label"])
@@ -172,7 +219,16 @@ fn builder<'o>(options: &RenderOptions<'o>) -> ammonia::Builder<'o> {
         source_path: options.source_path,
         generated: options.generated_markdown,
     })));
-    b.attribute_filter(|element, attribute, value| {
+    let own = own.clone();
+    b.attribute_filter(move |element, attribute, value| {
+        // Raw HTML's in-page targets get GitHub's prefix; the renderer's
+        // (heading slugs, footnotes) keep theirs, with their links.
+        if attribute == "id" || (element == "a" && attribute == "name") {
+            if value.starts_with(USER_CONTENT) || own.holds(value) {
+                return Some(value.into());
+            }
+            return Some(format!("{USER_CONTENT}{value}").into());
+        }
         // Code blocks say their language as `language-NAME`.
         if element == "code" && attribute == "class" {
             let ok = value
@@ -265,7 +321,7 @@ mod tests {
             generated_markdown: &generated,
             template: None,
         };
-        let kept = builder(&options).clone_tags();
+        let kept = builder(&options, &OwnIds::default()).clone_tags();
         for (raw, open) in cases {
             assert_eq!(balance(raw, &kept), open, "{raw:?}");
         }

@@ -344,6 +344,85 @@ fn sanitize_keeps_named_anchors_and_cell_alignment() {
     }
 }
 
+/// An `<input>` of raw HTML is only ever a disabled checkbox, as on
+/// GitHub: no text, password, file or hidden field reaches the site.
+#[test]
+fn sanitize_keeps_only_disabled_checkboxes_of_raw_inputs() {
+    // (raw HTML, whether the checkbox it becomes is checked)
+    let cases = [
+        ("<input type=\"text\" name=\"q\" value=\"x\">", false),
+        ("<input type=\"password\">", false),
+        ("<input type=\"file\">", false),
+        ("<input type=\"hidden\" value=\"secret\">", false),
+        ("<input>", false),
+        ("<input type=\"checkbox\">", false),
+        ("<input type=\"checkbox\" checked>", true),
+    ];
+    for (raw, checked) in cases {
+        let content = body(&render_sanitized(&format!("<p>{raw}</p>\n"))).to_owned();
+        let input = input_tag(&content);
+        let mut attributes: Vec<&str> = input
+            .trim_start_matches("<input")
+            .trim_end_matches('>')
+            .split_whitespace()
+            .collect();
+        attributes.sort_unstable();
+        let mut expected = vec!["disabled=\"\"", "type=\"checkbox\""];
+        if checked {
+            expected.insert(0, "checked=\"\"");
+        }
+        assert_eq!(attributes, expected, "{raw}: {content}");
+        for never in ["text", "password", "file", "hidden", "secret", "name="] {
+            assert!(
+                !content.contains(never),
+                "{raw}: {never} reached the page: {content}"
+            );
+        }
+    }
+    // The task lists of markdown stay as they were.
+    let tasks = render_sanitized("<div>\n\n- [x] done\n- [ ] todo\n\n</div>\n");
+    assert!(input_tag(body(&tasks)).contains("checked=\"\""), "{tasks}");
+}
+
+/// The first `<input ...>` tag of `html`.
+fn input_tag(html: &str) -> &str {
+    let start = html
+        .find("<input")
+        .unwrap_or_else(|| panic!("no input in {html}"));
+    let end = start + html[start..].find('>').unwrap() + 1;
+    &html[start..end]
+}
+
+/// Raw HTML's in-page targets get GitHub's `user-content-` prefix, so that
+/// an element cannot take the name of a global of the site's own script
+/// (DOM clobbering); the renderer's heading and footnote ids, and their
+/// links, keep their names.
+#[test]
+fn sanitize_prefixes_the_ids_and_names_of_raw_html_only() {
+    let html = render_sanitized(
+        "<div id=\"config\"><a name=\"settings\" href=\"#usage\">s</a><img name=\"x\" src=\"a.png\"></div>\n\n<div>\n\n## Usage\n\nNote[^1].\n\n[^1]: n\n\n</div>\n\n<p id=\"user-content-kept\">k</p>\n",
+    );
+    let content = body(&html);
+    for kept in [
+        "<div id=\"user-content-config\">",
+        "<a name=\"user-content-settings\" href=\"#usage\">",
+        "<h2 id=\"usage\">Usage<a class=\"anchor\" href=\"#usage\"",
+        "id=\"fnref-1\"",
+        "id=\"fn-1\"",
+        "<p id=\"user-content-kept\">",
+    ] {
+        assert!(content.contains(kept), "{kept} missing from {content}");
+    }
+    for never in [
+        "id=\"config\"",
+        "name=\"settings\"",
+        "name=\"x\"",
+        "user-content-user-content",
+    ] {
+        assert!(!content.contains(never), "{never} in {content}");
+    }
+}
+
 #[test]
 fn srcset_keeps_http_and_relative_candidates_only() {
     // (srcset, kept)
