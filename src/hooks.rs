@@ -190,9 +190,14 @@ fn first_line(output: &str) -> Option<&str> {
 fn run(hooks: &Hooks, input: &[u8], destination_id: &str) -> HookReport {
     let started = Instant::now();
     let outcome = spawn_and_wait(hooks, input);
-    let (exit, output, error) = match outcome {
-        Ok((exit, output, error)) => (exit, output, error),
-        Err(e) => (None, Vec::new(), Some(format!("could not start: {e}"))),
+    let (exit, output, error, stopped) = match outcome {
+        Ok(ended) => ended,
+        Err(e) => (
+            None,
+            Vec::new(),
+            Some(format!("could not start: {e}")),
+            false,
+        ),
     };
     HookReport {
         destination_id: destination_id.to_owned(),
@@ -200,11 +205,12 @@ fn run(hooks: &Hooks, input: &[u8], destination_id: &str) -> HookReport {
         elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         output: String::from_utf8_lossy(&output).into_owned(),
         error,
+        stopped,
     }
 }
 
 /// The exit status, the output kept and why the run failed, if it did.
-type Ended = (Option<i32>, Vec<u8>, Option<String>);
+type Ended = (Option<i32>, Vec<u8>, Option<String>, bool);
 
 /// A file holding `input`, read from its start: a hook's standard input.
 /// It is whole before the hook starts, so a hook never reads a part of
@@ -295,6 +301,7 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
 
     let deadline = Instant::now() + hooks.timeout;
     let mut error = None;
+    let mut stopped = false;
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break Some(status);
@@ -306,6 +313,7 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
                 crate::config::format_duration(hooks.timeout)
             ))
         } else if crate::interrupt::requested() {
+            stopped = true;
             Some("was killed because the agent was stopping".to_owned())
         } else {
             None
@@ -334,7 +342,7 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
             (None, None) => Some("ended without a status".to_owned()),
         };
     }
-    Ok((exit, output, error))
+    Ok((exit, output, error, stopped))
 }
 
 #[cfg(test)]

@@ -151,6 +151,10 @@ pub struct HookReport {
     /// Why it counts as failed (did not start, exit status, timeout, killed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Killed because the agent was stopping (it is run again at the next
+    /// start); not serialised.
+    #[serde(skip)]
+    pub stopped: bool,
 }
 
 impl RunReport {

@@ -6,7 +6,7 @@ use super::Wake;
 use super::worker::Worker;
 use crate::publish;
 use crate::report::RunReport;
-use crate::spool;
+use crate::spool::{self, queue};
 use crossbeam_channel::Receiver;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,10 +20,12 @@ impl Worker {
         // Whether a bundle of these was already published alone: once one
         // was, a stop sends every other one back instead of starting it.
         let mut finished_one = false;
-        // Whether a batch whose commit failed partway was tried again.
-        let mut retried = false;
+        // Tries of a batch whose commit failed partway, and since when.
+        let mut partway: Option<(u32, Instant)> = None;
         while rest.len() > 1 && !self.stopping() {
-            if finished_one && self.hold_placed() {
+            // Bundles whose commit may have happened are the bundle in
+            // hand, which a hold lets finish.
+            if finished_one && self.hold_placed() && !self.commit_recorded(rest) {
                 self.unclaim(rest);
                 return;
             }
@@ -43,17 +45,37 @@ impl Worker {
                     rest = &rest[1..];
                     finished_one = true;
                 }
-                // Roots that committed before the failure keep the
-                // batch: publishing its bundles one by one would show their
-                // readers the older ones again, so the batch goes again,
-                // once, as a batch (a lost catalog race, a blip).
-                publish::Batch::OneByOne { cause } if !retried && self.commit_recorded(rest) => {
+                // Roots that committed before the failure keep the batch:
+                // publishing its bundles one by one would show their
+                // readers the older ones again, so the batch is tried
+                // again as a batch, with the backoff of a deferred bundle
+                // (a destination down, a lost catalog race), for as long
+                // as a bundle is deferred.
+                publish::Batch::OneByOne { cause }
+                    if cause.is_transient() && self.commit_recorded(rest) =>
+                {
+                    let (tries, since) = partway.get_or_insert((0, Instant::now()));
+                    *tries += 1;
+                    let agent = &self.config.agent;
+                    let Some(pause) = queue::next_pause(*tries, since.elapsed(), agent) else {
+                        log::error!(
+                            "pipeline={}: the batch's commit failed partway {tries} times ({cause}); publishing its {} bundles one by one, so the roots that kept the batch show older bundles' content until the newest is published again",
+                            self.pipeline.id,
+                            rest.len()
+                        );
+                        self.tally.metrics.batch_fallback(&self.pipeline.id);
+                        break;
+                    };
                     log::warn!(
-                        "pipeline={}: the batch's commit failed partway ({cause}); trying the {} bundles again as one batch",
+                        "pipeline={}: the batch's commit failed partway ({cause}); trying its {} bundles again as one batch in {}",
                         self.pipeline.id,
-                        rest.len()
+                        rest.len(),
+                        crate::config::format_duration(pause)
                     );
-                    retried = true;
+                    if !self.wait_for_retry(pause, rx) {
+                        // Stopping: they stay in work/ (see unclaim).
+                        return;
+                    }
                 }
                 publish::Batch::OneByOne { cause } => {
                     log::warn!(
@@ -66,8 +88,9 @@ impl Worker {
                 }
                 publish::Batch::Stopped => {
                     // Finish the bundle in hand alone (unless one was
-                    // already finished); the rest go back.
-                    if finished_one {
+                    // already finished, or the commit of these may have
+                    // happened: then none goes alone); the rest go back.
+                    if finished_one || self.commit_recorded(rest) {
                         self.unclaim(rest);
                     } else {
                         let (path, name) = &rest[0];
@@ -82,8 +105,10 @@ impl Worker {
             // Stopping: the first claimed bundle is the one in hand and is
             // finished (unless one was finished alone already); the others
             // go back to the inbox. So do they when `spool hold` came while
-            // one was in hand (deferred, perhaps for long).
-            if (i > 0 || finished_one) && (self.stopping() || self.hold_placed()) {
+            // one was in hand (deferred, perhaps for long), but for those
+            // whose commit may have happened, which are in hand too.
+            let held = || self.hold_placed() && !self.commit_recorded(&rest[i..]);
+            if (i > 0 || finished_one) && (self.stopping() || held()) {
                 self.unclaim(&rest[i..]);
                 return;
             }
@@ -101,7 +126,7 @@ impl Worker {
     /// a crash, see `commit`): they stay in work/ and are published again
     /// together at the next start.
     fn unclaim(&self, claimed: &[(PathBuf, String)]) {
-        let unfiled = spool::unfiled(&self.spool).unwrap_or_default();
+        let unfiled = self.record().unwrap_or_default();
         for (path, name) in claimed {
             if unfiled
                 .get(name)
@@ -161,7 +186,8 @@ impl Worker {
         });
         match &mut outcome {
             publish::Batch::Done(reports) => {
-                let owed = self.record_committed(claimed, reports, recorded.load(Ordering::SeqCst));
+                let recorded = recorded.load(Ordering::SeqCst);
+                let owed = self.record_committed(claimed, reports, recorded, true);
                 let elapsed = started.elapsed().as_millis();
                 for report in reports.iter() {
                     self.tally.metrics.catalog_races(report);
@@ -205,7 +231,10 @@ impl Worker {
                         }
                         // Its hooks, then it is filed: in arrival order,
                         // each bundle's once the whole batch is durable.
-                        self.run_hooks(&owed, report);
+                        if !self.run_hooks(&owed, report) {
+                            self.left_owing_hooks(name);
+                            continue;
+                        }
                         self.file_away(path, name, report, elapsed);
                     }
                 }

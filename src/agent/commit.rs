@@ -37,10 +37,31 @@ impl Worker {
         self.pipeline.destinations.iter().collect()
     }
 
+    /// The spool's record, by bundle name. One that is damaged (not what
+    /// the agent writes) is set aside, logged, and taken as empty, so that
+    /// it cannot stop the pipeline; an error reading it is returned.
+    pub(super) fn record(&self) -> io::Result<BTreeMap<String, Unfiled>> {
+        match spool::unfiled(&self.spool) {
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                let aside = spool::set_aside_unfiled(&self.spool);
+                log::error!(
+                    "pipeline={}: {e}; {}. The bundles it named that are still in work/ are published again one by one at the next start",
+                    self.pipeline.id,
+                    match &aside {
+                        Ok(to) => format!("set aside as {} for you to read", to.display()),
+                        Err(m) => format!("it cannot be set aside either ({m}): remove it"),
+                    }
+                );
+                aside.map(|_| BTreeMap::new())
+            }
+            read => read,
+        }
+    }
+
     /// Step 1: records the bundles of `told` (index into `bundles`, the
-    /// report as the commit leaves it) as committing, owing their hooks
-    /// and those an earlier attempt's record owed. Sets `recorded` when it
-    /// wrote anything.
+    /// report as the commit leaves it) as committing, in their order,
+    /// owing their hooks and those an earlier attempt's record owed. Sets
+    /// `recorded` when it wrote anything.
     pub(super) fn record_committing(
         &self,
         bundles: Bundles,
@@ -48,30 +69,23 @@ impl Worker {
         recorded: &AtomicBool,
     ) -> io::Result<()> {
         let destinations = self.destinations();
-        let mut unfiled = match spool::unfiled(&self.spool) {
+        let owes = |k: usize| {
+            let (i, report) = told[k];
+            hooks::owed(&self.pipeline, &destinations, &bundles[i].1, report)
+        };
+        let mut unfiled = match self.record() {
             Ok(unfiled) => unfiled,
             // Nothing to record for a single bundle that owes no hook.
-            Err(_)
-                if told.len() == 1
-                    && hooks::owed(
-                        &self.pipeline,
-                        &destinations,
-                        &bundles[told[0].0].1,
-                        told[0].1,
-                    )
-                    .is_empty() =>
-            {
-                return Ok(());
-            }
+            Err(_) if told.len() == 1 && owes(0).is_empty() => return Ok(()),
             Err(e) => return Err(e),
         };
         let mut worth = told.len() > 1;
-        for (i, report) in told {
+        for (k, (i, _)) in told.iter().enumerate() {
             let (path, name) = &bundles[*i];
-            let mut owed = hooks::owed(&self.pipeline, &destinations, name, report);
+            let mut owed = owes(k);
             carry(&mut owed, &unfiled, path, name);
             worth |= !owed.is_empty();
-            unfiled.insert(name.clone(), Unfiled::committing(path, owed)?);
+            unfiled.insert(name.clone(), Unfiled::committing(path, k, owed)?);
         }
         if !worth {
             return Ok(());
@@ -84,23 +98,28 @@ impl Worker {
 
     /// Step 2, once the publication of `bundles` ended with `reports` (in
     /// order; fewer when a batch took only the first ones): records each
-    /// bundle whose report is final (not to be tried again) as published
-    /// or failed, owing its hooks. Returns, per report, the hooks it owes
-    /// (none for one to be tried again). Writes nothing when step 1 wrote
-    /// nothing and no record names these bundles.
+    /// bundle whose report is final as published or failed, owing its
+    /// hooks: those the report owes, and those a record of an attempt
+    /// whose commit may have happened owed (a failed bundle too: that
+    /// commit may have changed the destination). With `retried`, a report
+    /// of a transient failure is not final (the bundle is tried again
+    /// alone, and its record carried to that try). Returns, per report,
+    /// the hooks it owes. Writes nothing when step 1 wrote nothing and no
+    /// record names these bundles.
     pub(super) fn record_committed(
         &self,
         bundles: Bundles,
         reports: &[RunReport],
         recorded: bool,
+        retried: bool,
     ) -> Vec<Vec<Owed>> {
         crate::failpoint::hit("agent.committed");
         let destinations = self.destinations();
-        let mut unfiled = match spool::unfiled(&self.spool) {
-            Ok(unfiled) => unfiled,
+        let (mut unfiled, readable) = match self.record() {
+            Ok(unfiled) => (unfiled, true),
             Err(e) => {
                 self.cannot_record(&e);
-                BTreeMap::new()
+                (BTreeMap::new(), false)
             }
         };
         let named = bundles
@@ -109,15 +128,12 @@ impl Worker {
             .any(|(_, name)| unfiled.contains_key(name));
         let mut owed_all = Vec::new();
         for ((path, name), report) in bundles.iter().zip(reports) {
-            if !report.ok && report.transient {
-                // Tried again: what its record owes is carried to that try.
+            if retried && !report.ok && report.transient {
                 owed_all.push(Vec::new());
                 continue;
             }
             let mut owed = hooks::owed(&self.pipeline, &destinations, name, report);
-            if report.ok {
-                carry(&mut owed, &unfiled, path, name);
-            }
+            carry(&mut owed, &unfiled, path, name);
             match Unfiled::of(path, report) {
                 Ok(record) => {
                     let record = Unfiled {
@@ -136,7 +152,9 @@ impl Worker {
             }
             owed_all.push(owed);
         }
-        if (recorded || named)
+        // A record that cannot be read is not written over.
+        if readable
+            && (recorded || named)
             && let Err(e) = spool::set_unfiled(&self.spool, &unfiled)
         {
             self.cannot_record(&e);
@@ -146,20 +164,36 @@ impl Worker {
     }
 
     /// Runs the hooks `owed` of one bundle and records how they ended in
-    /// its `report` (docs/contract.md §19.2).
-    pub(super) fn run_hooks(&self, owed: &[Owed], report: &mut RunReport) {
+    /// its `report` (docs/contract.md §19.2). False when the agent's stop
+    /// came first, or killed one of them: the bundle then stays in work/,
+    /// its record owing them all, and the next start runs them.
+    pub(super) fn run_hooks(&self, owed: &[Owed], report: &mut RunReport) -> bool {
         if owed.is_empty() {
-            return;
+            return true;
         }
-        report
-            .hooks
-            .extend(hooks::run_owed(&self.pipeline, &self.destinations(), owed));
+        if crate::interrupt::requested() {
+            return false;
+        }
+        let ran = hooks::run_owed(&self.pipeline, &self.destinations(), owed);
+        let stopped = ran.iter().any(|h| h.stopped);
+        report.hooks.extend(ran);
+        !stopped
+    }
+
+    /// A bundle whose hooks the stop kept from running (or ended): it
+    /// stays in work/, owing them.
+    pub(super) fn left_owing_hooks(&self, name: &str) {
+        log::info!(
+            "pipeline={} bundle={}: published, but the agent is stopping before its hooks ran; left in work/, the next start runs them and files it",
+            self.pipeline.id,
+            crate::inert::inert(name)
+        );
     }
 
     /// Step 3's end: drops the records of the bundles of `bundles` that
     /// left work/ (filed), so that each only ever stands for its folder.
     pub(super) fn forget_filed(&self, bundles: Bundles) {
-        let Ok(mut unfiled) = spool::unfiled(&self.spool) else {
+        let Ok(mut unfiled) = self.record() else {
             return;
         };
         let before = unfiled.len();
@@ -182,7 +216,7 @@ impl Worker {
     /// Whether the spool records a commit under way for any of `bundles`
     /// (it may have happened in some roots).
     pub(super) fn commit_recorded(&self, bundles: Bundles) -> bool {
-        let unfiled = spool::unfiled(&self.spool).unwrap_or_default();
+        let unfiled = self.record().unwrap_or_default();
         bundles.iter().any(|(path, name)| {
             unfiled
                 .get(name)
@@ -199,18 +233,54 @@ impl Worker {
     }
 }
 
-/// Adds to `owed` the hooks that the record of bundle `name` (folder
-/// `path`) still owes from an attempt whose commit may have happened, for
-/// destinations `owed` does not already run.
+/// Adds to `owed` what the record of bundle `name` (folder `path`) still
+/// owes from an attempt whose commit may have happened: its hook of a
+/// destination `owed` does not run, and for one it runs, the paths only
+/// the recorded document names (that commit wrote or deleted them; the
+/// new publication finds them unchanged and would not say so).
 fn carry(owed: &mut Vec<Owed>, unfiled: &BTreeMap<String, Unfiled>, path: &Path, name: &str) {
     let Some(record) = unfiled.get(name).filter(|u| u.committing && u.is(path)) else {
         return;
     };
     for o in &record.hooks {
-        if !owed.iter().any(|n| n.destination_id == o.destination_id) {
-            owed.push(o.clone());
+        match owed
+            .iter_mut()
+            .find(|n| n.destination_id == o.destination_id)
+        {
+            Some(n) => n.input = joined(&n.input, &o.input),
+            None => owed.push(o.clone()),
         }
     }
+}
+
+/// Hook document `new` with the paths (and URLs) `old` names besides its
+/// own, after them; `new` as it is when either is not a document.
+fn joined(new: &str, old: &str) -> String {
+    use serde_json::Value;
+    let (Ok(mut doc), Ok(old)) = (
+        serde_json::from_str::<Value>(new),
+        serde_json::from_str::<Value>(old),
+    ) else {
+        return new.to_owned();
+    };
+    for key in ["writes", "deletes", "urls"] {
+        let (Some(list), Some(more)) = (
+            doc.get_mut(key).and_then(Value::as_array_mut),
+            old.get(key).and_then(Value::as_array),
+        ) else {
+            continue;
+        };
+        let seen: std::collections::HashSet<String> = list
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
+        list.extend(
+            more.iter()
+                .filter(|v| v.as_str().is_some_and(|p| !seen.contains(p)))
+                .cloned(),
+        );
+    }
+    serde_json::to_string(&doc).unwrap_or_else(|_| new.to_owned())
 }
 
 /// A result document (`run --json`) with `ran`, the hooks run for it
@@ -257,7 +327,8 @@ mod tests {
         std::fs::create_dir(&other).unwrap();
         let recorded = vec![owed("d1", "old d1"), owed("d2", "old d2")];
         let table: [(bool, &Path, Vec<Owed>, Vec<Owed>); 5] = [
-            // Owed now for d1: its new document wins; d2's is carried.
+            // Owed now for d1: its new document stands (the recorded one is
+            // not a document to join); d2's is carried.
             (
                 true,
                 &folder,
@@ -279,7 +350,7 @@ mod tests {
             ),
         ];
         for (committing, recorded_for, now, expected) in table {
-            let mut record = Unfiled::committing(recorded_for, recorded.clone()).unwrap();
+            let mut record = Unfiled::committing(recorded_for, 0, recorded.clone()).unwrap();
             record.committing = committing;
             let unfiled = BTreeMap::from([("b".to_owned(), record)]);
             let mut owed = now.clone();
@@ -291,6 +362,26 @@ mod tests {
         }
     }
 
+    /// A hook owed for a destination both times reads the new document,
+    /// with what only the recorded one named after its own paths.
+    #[test]
+    fn a_carried_document_adds_the_paths_only_it_names() {
+        let new = r#"{"action":"upsert_additive","writes":["shared.html"],"deletes":[],"urls":["https://x/shared.html"]}"#;
+        let old = r#"{"action":"upsert_additive","writes":["own.html","shared.html"],"deletes":["gone.html"],"urls":["https://x/own.html","https://x/shared.html"]}"#;
+        let doc: serde_json::Value = serde_json::from_str(&joined(new, old)).unwrap();
+        assert_eq!(
+            doc["writes"],
+            serde_json::json!(["shared.html", "own.html"])
+        );
+        assert_eq!(doc["deletes"], serde_json::json!(["gone.html"]));
+        assert_eq!(
+            doc["urls"],
+            serde_json::json!(["https://x/shared.html", "https://x/own.html"])
+        );
+        assert_eq!(doc["action"], "upsert_additive");
+        assert_eq!(joined(new, "not a document"), new);
+    }
+
     #[test]
     fn hooks_run_after_a_restart_join_the_result_they_belong_to() {
         let ran = HookReport {
@@ -299,6 +390,7 @@ mod tests {
             elapsed_ms: 3,
             output: "purged\n".into(),
             error: None,
+            stopped: false,
         };
         let mut report = RunReport::new("p", false);
         let before: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();

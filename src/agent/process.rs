@@ -143,10 +143,17 @@ impl Worker {
             if deferral.is_some() && !crate::interrupt::requested() {
                 self.undefer();
             }
-            let reports = std::slice::from_ref(&report);
-            let owed = self.record_committed(&bundle, reports, recorded.into_inner());
-            if let Some(owed) = owed.first() {
-                self.run_hooks(owed, &mut report);
+            // A stop that interrupted the work leaves the bundle and its
+            // record as they are (see file_away); anything else is final.
+            if report.ok || !crate::interrupt::requested() {
+                let reports = std::slice::from_ref(&report);
+                let owed = self.record_committed(&bundle, reports, recorded.into_inner(), false);
+                if let Some(owed) = owed.first()
+                    && !self.run_hooks(owed, &mut report)
+                {
+                    self.left_owing_hooks(name);
+                    return Outcome::Left;
+                }
             }
             let outcome = self.file_away(path, name, &report, elapsed);
             self.forget_filed(&bundle);
@@ -225,7 +232,7 @@ impl Worker {
     /// Waits `pause` before the next attempt of a deferred bundle, or less
     /// when `spool flush` asks for it (seen within [`FLUSH_POLL`]). False
     /// when a stop came meanwhile.
-    fn wait_for_retry(&self, pause: Duration, rx: &Receiver<Wake>) -> bool {
+    pub(super) fn wait_for_retry(&self, pause: Duration, rx: &Receiver<Wake>) -> bool {
         let folder = self.spool.pipeline_folder();
         let deadline = Instant::now() + pause;
         loop {

@@ -253,7 +253,7 @@ impl Worker {
     /// folders no longer there.
     fn file_unfiled(&self, found: &mut Vec<spool::Found>) -> Vec<spool::Found> {
         let record_path = || self.spool.work.join(spool::UNFILED_FILE);
-        let mut unfiled = match spool::unfiled(&self.spool) {
+        let mut unfiled = match self.record() {
             Ok(unfiled) if unfiled.is_empty() => return Vec::new(),
             Ok(unfiled) => unfiled,
             Err(e) => {
@@ -267,10 +267,18 @@ impl Worker {
         };
         let before = unfiled.clone();
         unfiled.retain(|name, record| record.is(&self.spool.work.join(name)));
-        let (committing, rest): (Vec<_>, Vec<_>) = std::mem::take(found)
+        let (mut committing, rest): (Vec<_>, Vec<_>) = std::mem::take(found)
             .into_iter()
             .partition(|f| unfiled.get(&f.name).is_some_and(|r| r.committing));
         *found = rest;
+        // In the order they were committing in (a burst gathers bundles
+        // that became ready later, whatever their manifests' times).
+        committing.sort_by_key(|f| {
+            unfiled
+                .get(&f.name)
+                .and_then(|r| r.order)
+                .unwrap_or(u32::MAX)
+        });
         if !committing.is_empty() {
             log::warn!(
                 "pipeline={}: the last agent stopped while committing {} bundle(s) ({}); publishing them again as one batch, which changes nothing where the commit was made",

@@ -172,7 +172,24 @@ fn pipeline_status(
     // Published (or failed) by an earlier run but not movable out of
     // work/: the agent does not publish them again, and only a person can
     // let them go (docs/troubleshooting.md).
-    let unfiled = spool::unfiled(&spool).unwrap_or_default();
+    let unfiled = match spool::unfiled(&spool) {
+        Ok(unfiled) => unfiled,
+        Err(e) => {
+            problems.push(format!(
+                "pipeline {}: cannot read {} ({e}); the agent sets a damaged one aside at its next publication. Until then a crash could publish bundles it names again",
+                p.id,
+                spool.work.join(spool::UNFILED_FILE).display()
+            ));
+            Default::default()
+        }
+    };
+    if spool.work.join(spool::UNFILED_DAMAGED).exists() {
+        problems.push(format!(
+            "pipeline {}: the agent set a damaged record aside as {}; read it for the bundles it named (they may have been published again one by one), then delete it",
+            p.id,
+            spool.work.join(spool::UNFILED_DAMAGED).display()
+        ));
+    }
     for r in in_folder(Folder::Work) {
         let record = unfiled
             .get(&r.name)

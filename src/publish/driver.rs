@@ -29,7 +29,7 @@ use super::prepare::{Prepared, Ready, prepare_bundle};
 use super::rebase::{self, Rebase};
 use super::target::{Change, Staged, Target, Write};
 use super::{Options, record_plans, verify_rest};
-use crate::catalog::{Catalog, OutputRecord, Overlay, State};
+use crate::catalog::{Catalog, OutputRecord, Overlay, SourceIdentity, State};
 use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
 use crate::paths::RelPath;
@@ -373,13 +373,15 @@ impl<'a> Driver<'a> {
 
         // Plan each bundle against what the bundles before it leave.
         let last = ready.last().map_or(0, |(i, _)| *i);
+        let sources: Vec<SourceIdentity> = ready.iter().map(|(_, r)| r.source.clone()).collect();
         let mut accepted: Vec<Accepted> = Vec::new();
-        for (index, mut r) in ready {
+        for (k, (index, mut r)) in ready.into_iter().enumerate() {
+            let later = &sources[k + 1..];
             let planned = roots
                 .iter_mut()
                 .zip(&r.prepared)
                 .enumerate()
-                .map(|(j, (root, prepared))| self.plan(j, root, prepared, &r, now))
+                .map(|(j, (root, prepared))| self.plan(j, root, prepared, &r, now, later))
                 .collect::<Result<Vec<_>, (usize, Error)>>();
             let (plans, kept): (Vec<Plan>, Vec<BTreeSet<String>>) = match planned {
                 Ok(planned) => planned.into_iter().unzip(),
@@ -432,7 +434,7 @@ impl<'a> Driver<'a> {
             // A root that does not exist yet is created (and locked) only
             // now that every plan is accepted, then planned again.
             if creates {
-                match self.create_missing(&mut roots, &mut a, now) {
+                match self.create_missing(&mut roots, &mut a, now, later) {
                     Ok(None) => {}
                     Ok(Some(refused)) => {
                         reports[index] = Some(refused);
@@ -622,7 +624,11 @@ impl<'a> Driver<'a> {
     }
 
     /// Plans one bundle for one root: the plan (or the backend's refusal)
-    /// and its writes known to hold their bytes already.
+    /// and its writes known to hold their bytes already. `later`: the
+    /// sources of the bundles planned after it in this batch, whose records
+    /// it may overwrite without rolling anything back (the merged change
+    /// puts theirs on top; a batch published again after a crash during
+    /// its commit meets them in the roots the commit reached).
     fn plan(
         &self,
         j: usize,
@@ -630,6 +636,7 @@ impl<'a> Driver<'a> {
         prepared: &Prepared,
         r: &Ready,
         now: OffsetDateTime,
+        later: &[SourceIdentity],
     ) -> Result<(Plan, BTreeSet<String>), (usize, Error)> {
         let d = root.destination;
         let state = root
@@ -659,6 +666,7 @@ impl<'a> Driver<'a> {
         if let State::Catalog(catalog) = &*state {
             let newer: Vec<super::Rollback> = plan::rolled_back(&plan, catalog, &r.source)
                 .into_iter()
+                .filter(|record| !later.contains(&record.source))
                 .map(|record| super::Rollback {
                     destination: d.id.clone(),
                     path: record.path.as_str().to_owned(),
@@ -713,6 +721,7 @@ impl<'a> Driver<'a> {
         roots: &mut [Root],
         a: &mut Accepted,
         now: OffsetDateTime,
+        later: &[SourceIdentity],
     ) -> Result<Option<RunReport>, (usize, Error)> {
         for (j, root) in roots.iter_mut().enumerate() {
             if !root.target.missing() {
@@ -720,7 +729,7 @@ impl<'a> Driver<'a> {
             }
             root.target.create(self.options, now).map_err(|e| (j, e))?;
             root.records.opened = root.target.take_state();
-            let (plan, kept) = self.plan(j, root, &a.ready.prepared[j], &a.ready, now)?;
+            let (plan, kept) = self.plan(j, root, &a.ready.prepared[j], &a.ready, now, later)?;
             a.plans[j] = plan;
             a.kept[j] = kept;
         }

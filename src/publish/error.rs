@@ -118,7 +118,7 @@ pub enum Error {
     /// spool (docs/reliability.md, "After the commit"); nothing was
     /// committed anywhere.
     #[error(
-        "cannot record the publication in the spool before committing it ({source}); nothing was committed, the bundle is tried again. Check free space and permissions in the pipeline's work/ folder; a work/.distributor-unfiled.json the log calls damaged may be removed once no agent serves the pipeline (after a crash, its bundles are then published again one by one)"
+        "cannot record the publication in the spool before committing it ({source}); nothing was committed, the bundle is tried again. Check free space and permissions in the pipeline's work/ folder"
     )]
     Record {
         #[source]

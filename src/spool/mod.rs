@@ -465,7 +465,7 @@ pub const UNFILED_FILE: &str = ".distributor-unfiled.json";
 /// large, and only the agent writes it (work/ is the agent's alone).
 const MAX_UNFILED_BYTES: u64 = 1 << 30;
 /// The most of a result kept in [`UNFILED_FILE`] (a larger one is left out).
-const MAX_UNFILED_RESULT: usize = 1 << 20;
+const MAX_UNFILED_RESULT: usize = 64 << 10;
 
 /// One bundle of [`UNFILED_FILE`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -494,6 +494,10 @@ pub struct Unfiled {
     /// filing, not one stuck in work/, unless the agent is gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// Its place in the publication that was committing (arrival order,
+    /// as claimed): a batch published again keeps the order it committed in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<u32>,
 }
 
 impl Unfiled {
@@ -509,12 +513,18 @@ impl Unfiled {
             committing: false,
             hooks: Vec::new(),
             pending: false,
+            order: None,
         })
     }
 
-    /// The record of `bundle` (a folder in work/) about to be committed,
-    /// owing `hooks` if the commit happens.
-    pub fn committing(bundle: &Path, hooks: Vec<crate::hooks::Owed>) -> io::Result<Unfiled> {
+    /// The record of `bundle` (a folder in work/), `order`-th of the
+    /// publication about to be committed, owing `hooks` if the commit
+    /// happens.
+    pub fn committing(
+        bundle: &Path,
+        order: usize,
+        hooks: Vec<crate::hooks::Owed>,
+    ) -> io::Result<Unfiled> {
         let meta = fs::symlink_metadata(bundle)?;
         Ok(Unfiled {
             published: false,
@@ -524,6 +534,7 @@ impl Unfiled {
             committing: true,
             hooks,
             pending: true,
+            order: u32::try_from(order).ok(),
         })
     }
 
@@ -540,11 +551,25 @@ pub fn unfiled(spool: &Spool) -> io::Result<std::collections::BTreeMap<String, U
     let work = open_bundle(&spool.work)?;
     match spoolfs::read_capped(&work, UNFILED_FILE, MAX_UNFILED_BYTES) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-            io::Error::other(format!("{UNFILED_FILE} is not what the agent writes ({e})"))
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{UNFILED_FILE} is not what the agent writes ({e})"),
+            )
         }),
         Err(e) if e.is_missing() => Ok(Default::default()),
         Err(e) => Err(io::Error::other(format!("{UNFILED_FILE}: {e}"))),
     }
+}
+
+/// Where a damaged [`UNFILED_FILE`] is set aside, for the operator to read.
+pub const UNFILED_DAMAGED: &str = ".distributor-unfiled.json.damaged";
+
+/// Moves a damaged [`UNFILED_FILE`] aside to [`UNFILED_DAMAGED`]
+/// (replacing an older one), so that the pipeline publishes on.
+pub fn set_aside_unfiled(spool: &Spool) -> io::Result<PathBuf> {
+    let work = open_bundle(&spool.work)?;
+    work.rename(UNFILED_FILE, &work, UNFILED_DAMAGED)?;
+    Ok(spool.work.join(UNFILED_DAMAGED))
 }
 
 /// Writes [`UNFILED_FILE`] as `bundles` (durably: it is what keeps the

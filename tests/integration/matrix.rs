@@ -1241,6 +1241,9 @@ fn a_scope_applies_to_output_paths_after_the_prefix() {
 /// backend), and what the hooks of both were told.
 struct Versions {
     site: Site,
+    /// The key each bundle is signed with, when the pipeline takes signed
+    /// bundles only (with `refuse_older`, its default).
+    key: Option<std::path::PathBuf>,
 }
 
 impl Versions {
@@ -1250,6 +1253,12 @@ impl Versions {
     /// that moment; a hook whose destination `kill_at` names kills its
     /// agent (SIGKILL) once. `b0` (version 0) is published.
     fn new(backend: Backend) -> Versions {
+        Versions::with(backend, false)
+    }
+
+    /// [`Versions::new`], the pipeline taking only bundles signed with a
+    /// key of its own (`refuse_older` on, as by default), when `signed`.
+    fn with(backend: Backend, signed: bool) -> Versions {
         let site = Site::new(backend, "additive");
         let t = &site.t;
         let script = t.join("hook.sh");
@@ -1284,8 +1293,19 @@ impl Versions {
                 hooks("first")
             ),
         );
-        t.config(&format!("{config}{}", hooks("web")));
-        let v = Versions { site };
+        let mut config = format!("{config}{}", hooks("web"));
+        let mut key = None;
+        if signed {
+            let k = crate::signatures::keygen(t, "producer", &["ed25519"], "");
+            t.write("signers", format!("producer {}\n", k.public));
+            config = config.replace(
+                "    destinations:\n",
+                "    signatures:\n      allowed_signers: signers\n    destinations:\n",
+            );
+            key = Some(k.private);
+        }
+        t.config(&config);
+        let v = Versions { site, key };
         v.drop_version(0);
         v.site.run(&["agent", "--once"]).expect_code(0);
         // What b0's hooks saw is not the crash's.
@@ -1305,6 +1325,9 @@ impl Versions {
         let name = format!("b{n}");
         let created = format!("2026-06-{:02}T00:00:00Z", n + 1);
         let dir = t.bundle_at(&name, "s", &created, &[("s/f.txt", &format!("v{n}"))]);
+        if let Some(key) = &self.key {
+            crate::signatures::ssh_sign(key, &dir.join("manifest.json"), "distributor");
+        }
         crate::util::arrive_in_order(&dir, n);
         let inbox = t.join("spool/reports/inbox");
         fs::create_dir_all(&inbox).unwrap();
@@ -1595,6 +1618,53 @@ fn a_crash_anywhere_between_commit_and_filing_never_rolls_readers_back() {
             }
             site_consistent(&v);
         }
+    });
+}
+
+/// A signed pipeline refuses a bundle older than what it would overwrite
+/// (`refuse_older`). A batch of three versions crashed after its commit
+/// reached one root is published again as a batch: its older bundles
+/// meet the newest one's records there, which the batch itself puts back
+/// on top, so they are not refused (they used to fail with fail_conflict,
+/// and the other root never got them); on every backend.
+#[test]
+fn a_signed_batch_published_again_after_a_partial_commit_is_not_refused_as_a_replay() {
+    each_backend(|backend| {
+        let v = Versions::with(backend, true);
+        for n in 1..=3 {
+            v.drop_version(n);
+        }
+        let (crashed, _) = v.agent_watched(&[("DISTRIBUTOR_FAILPOINT", "publish.committed:1")]);
+        assert!(
+            crashed
+                .stderr
+                .contains("failpoint publish.committed reached"),
+            "{}",
+            crashed.stderr
+        );
+        let (restarted, after) = v.agent_watched(&[]);
+        restarted.expect_code(0);
+        assert_never_older(&after, &format!("{backend:?}"));
+        assert_eq!(v.shown(), (Some(3), Some(3)), "{backend:?}");
+        assert_eq!(v.names("done"), ["b0", "b1", "b2", "b3"], "{backend:?}");
+        assert!(
+            v.names("failed").is_empty(),
+            "{backend:?}: {}",
+            restarted.stderr
+        );
+        // A replay of an older bundle alone is still refused.
+        let t = &v.site.t;
+        let again = t.bundle_at("again", "s", "2026-06-02T00:00:00Z", &[("s/f.txt", "v1")]);
+        crate::signatures::ssh_sign(
+            v.key.as_ref().unwrap(),
+            &again.join("manifest.json"),
+            "distributor",
+        );
+        fs::rename(&again, t.join("spool/reports/inbox/again")).unwrap();
+        v.site.run(&["agent", "--once"]).expect_code(1);
+        assert_eq!(v.names("failed"), ["again"], "{backend:?}");
+        assert_eq!(v.shown(), (Some(3), Some(3)));
+        site_consistent(&v);
     });
 }
 
