@@ -36,7 +36,13 @@ fn main() {
     let mut checks = 0u64;
     while started.elapsed() < Duration::from_secs(1) || checks == 0 {
         for (manifest, sig) in &signed {
-            if let Err(e) = check(manifest, Some(sig), &signers, now) {
+            if let Err(e) = check(
+                manifest,
+                Some(sig),
+                &signers,
+                distributor::signature::NAMESPACE,
+                now,
+            ) {
                 eprintln!("a signature was refused: {e}");
                 std::process::exit(1);
             }

@@ -393,12 +393,13 @@ pub enum SignedBy {
 
 /// Signs the sealed bundle in `dir` with the OpenSSH key file `key`:
 /// writes `manifest.json.sig`, the SSHSIG of the exact bytes of
-/// `manifest.json` in namespace `distributor` (docs/contract.md §17.3).
+/// `manifest.json` in `namespace` (`distributor` unless the pipeline sets
+/// `signatures.namespace`; docs/contract.md §17.3).
 /// An unencrypted private key signs here; anything else (an encrypted key,
 /// a public key of an ssh-agent's key) is handed to `ssh-keygen -Y sign`,
 /// which asks for the passphrase or uses the agent. On failure no
 /// signature is left.
-pub fn sign(dir: &Path, key: &Path) -> Result<SignedBy, SealError> {
+pub fn sign(dir: &Path, key: &Path, namespace: &str) -> Result<SignedBy, SealError> {
     let failed = |message: String| SealError::Sign {
         dir: dir.to_path_buf(),
         message,
@@ -413,7 +414,7 @@ pub fn sign(dir: &Path, key: &Path) -> Result<SignedBy, SealError> {
     // and no bundle entry, so a plain open by path.
     let key_bytes = std::fs::read(key)
         .map_err(|e| failed(format!("cannot read the key {}: {e}", key.display())))?;
-    if let Ok(Some(pem)) = crate::signature::sign(&key_bytes, &manifest) {
+    if let Ok(Some(pem)) = crate::signature::sign(&key_bytes, &manifest, namespace) {
         replace_file::replace_bytes(
             &root,
             SIGNATURE_FILE,
@@ -426,7 +427,7 @@ pub fn sign(dir: &Path, key: &Path) -> Result<SignedBy, SealError> {
         .map_err(|e| failed(format!("cannot write {SIGNATURE_FILE}: {e}")))?;
         return Ok(SignedBy::Key);
     }
-    sign_with_ssh_keygen(dir, key).inspect_err(|_| {
+    sign_with_ssh_keygen(dir, key, namespace).inspect_err(|_| {
         let _ = remove_signature(&root);
     })?;
     // What ssh-keygen signed must still be the manifest just read.
@@ -465,16 +466,16 @@ fn read_sealed_manifest(root: &Dir, dir: &Path) -> Result<Vec<u8>, SealError> {
     Ok(bytes)
 }
 
-/// `ssh-keygen -Y sign -f KEY -n distributor DIR/manifest.json`, which
+/// `ssh-keygen -Y sign -f KEY -n NAMESPACE DIR/manifest.json`, which
 /// writes `DIR/manifest.json.sig`; its terminal stays the caller's, so that
 /// it can ask for a passphrase.
-fn sign_with_ssh_keygen(dir: &Path, key: &Path) -> Result<(), SealError> {
+fn sign_with_ssh_keygen(dir: &Path, key: &Path, namespace: &str) -> Result<(), SealError> {
     let failed = |message: String| SealError::Sign {
         dir: dir.to_path_buf(),
         message,
     };
     let status = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-Y", "sign", "-n", crate::signature::NAMESPACE, "-f"])
+        .args(["-q", "-Y", "sign", "-n", namespace, "-f"])
         .arg(key)
         .arg(dir.join(MANIFEST))
         .stdout(std::process::Stdio::null())

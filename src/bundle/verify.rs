@@ -98,6 +98,8 @@ fn read_capped(mut file: std::fs::File, cap: u64) -> io::Result<Result<Vec<u8>, 
 #[derive(Debug, Clone, Copy)]
 pub struct SignaturePolicy<'a> {
     pub signers: &'a AllowedSigners,
+    /// The namespace the signature must be made in.
+    pub namespace: &'a str,
     /// Refuse a bundle without `manifest.json.sig`; a signature that is
     /// there is checked either way.
     pub required: bool,
@@ -143,9 +145,15 @@ fn check_signature(
         return Ok(None);
     }
     let now = time::OffsetDateTime::now_utc();
-    crate::signature::check(manifest, signature.as_deref(), policy.signers, now)
-        .map(Some)
-        .map_err(BundleError::Signature)
+    crate::signature::check(
+        manifest,
+        signature.as_deref(),
+        policy.signers,
+        policy.namespace,
+        now,
+    )
+    .map(Some)
+    .map_err(BundleError::Signature)
 }
 
 /// A signature that cannot be read: refused when the producer made it

@@ -270,6 +270,9 @@ pub enum BundleCommand {
         /// Also sign the manifest with this OpenSSH key (writes manifest.json.sig; an encrypted or agent-held key is signed by ssh-keygen)
         #[arg(long, value_name = "KEY")]
         sign: Option<PathBuf>,
+        /// The namespace to sign in: the pipeline's signatures.namespace
+        #[arg(long, value_name = "NAMESPACE", default_value = crate::signature::NAMESPACE, requires = "sign")]
+        namespace: String,
     },
     /// Check a bundle against its manifest and print every problem
     #[command(
@@ -280,6 +283,9 @@ pub enum BundleCommand {
         /// Also check manifest.json.sig against this allowed_signers file, as the agent would
         #[arg(long, value_name = "FILE")]
         signers: Option<PathBuf>,
+        /// The namespace the signature must be in: the pipeline's signatures.namespace
+        #[arg(long, value_name = "NAMESPACE", default_value = crate::signature::NAMESPACE, requires = "signers")]
+        namespace: String,
         /// Print the result as JSON
         #[arg(long)]
         json: bool,

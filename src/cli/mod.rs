@@ -147,10 +147,14 @@ pub fn run(cli: Cli) -> u8 {
             id,
             created,
             sign,
-        }) => seal(&dir, &id, created.as_deref(), sign.as_deref()),
-        Command::Bundle(BundleCommand::Verify { dir, signers, json }) => {
-            verify(&dir, signers.as_deref(), json, process)
-        }
+            namespace,
+        }) => seal(&dir, &id, created.as_deref(), sign.as_deref(), &namespace),
+        Command::Bundle(BundleCommand::Verify {
+            dir,
+            signers,
+            namespace,
+            json,
+        }) => verify(&dir, signers.as_deref(), &namespace, json, process),
         Command::Config(ConfigCommand::Check { json, strict }) => {
             config_check(cli.config.as_deref(), json, strict)
         }

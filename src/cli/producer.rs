@@ -14,7 +14,13 @@ fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Path>) -> u8 {
+pub(super) fn seal(
+    dir: &Path,
+    id: &str,
+    created: Option<&str>,
+    sign: Option<&Path>,
+    namespace: &str,
+) -> u8 {
     let created = match created.map(parse_time).transpose() {
         Ok(c) => c,
         Err(e) => {
@@ -46,7 +52,7 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Pa
             let Some(key) = sign else {
                 return EXIT_OK;
             };
-            match bundle::sign(dir, key) {
+            match bundle::sign(dir, key, namespace) {
                 Ok(_) => {
                     println!(
                         "signed {}",
@@ -67,7 +73,13 @@ pub(super) fn seal(dir: &Path, id: &str, created: Option<&str>, sign: Option<&Pa
     }
 }
 
-pub(super) fn verify(dir: &Path, signers: Option<&Path>, json: bool, process: &ProcessState) -> u8 {
+pub(super) fn verify(
+    dir: &Path,
+    signers: Option<&Path>,
+    namespace: &str,
+    json: bool,
+    process: &ProcessState,
+) -> u8 {
     let signers = match signers.map(|path| (path, AllowedSigners::read(path))) {
         None => None,
         Some((_, Ok(signers))) => Some(signers),
@@ -78,6 +90,7 @@ pub(super) fn verify(dir: &Path, signers: Option<&Path>, json: bool, process: &P
     };
     let policy = signers.as_ref().map(|signers| bundle::SignaturePolicy {
         signers,
+        namespace,
         required: true,
     });
     let result = bundle::verify(dir, &bundle::Limits::default(), policy, &process.per_core());

@@ -93,6 +93,10 @@ pub struct Signatures {
     /// while the config is loaded.
     pub allowed_signers: PathBuf,
     pub signers: std::sync::Arc<crate::signature::AllowedSigners>,
+    /// The SSHSIG namespace signatures must be made in (default
+    /// `distributor`): a pipeline of its own binds its bundles' signatures
+    /// to it (docs/security.md, "Signed bundles").
+    pub namespace: String,
     /// Refuse a bundle without a valid signature (default true).
     pub required: bool,
     /// Refuse a bundle that would overwrite or delete outputs of a source

@@ -98,10 +98,11 @@ struct RawPipeline {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with allowed_signers (a file), required, refuse_older (true or false) and scopes (principal: [prefixes])"
+    expecting = "a mapping with allowed_signers (a file), namespace, required, refuse_older (true or false) and scopes (principal: [prefixes])"
 )]
 struct RawSignatures {
     allowed_signers: Checked<FilePathRule>,
+    namespace: Option<Checked<NamespaceRule>>,
     required: Option<bool>,
     refuse_older: Option<bool>,
     scopes: Option<std::collections::BTreeMap<String, Vec<String>>>,
@@ -340,6 +341,27 @@ impl Rule for PathRule {
         if text == "~" || text.starts_with("~/") {
             return Err(format!(
                 "the path {text:?} starts with '~', which is not expanded; write the full path"
+            ));
+        }
+        Ok(text.to_owned())
+    }
+}
+
+/// An SSHSIG namespace (`ssh-keygen -Y sign -n`): what a pipeline's
+/// signatures must be made in.
+enum NamespaceRule {}
+impl Rule for NamespaceRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a signature namespace";
+    fn check(text: &str) -> Result<String, String> {
+        let ok = (1..=64).contains(&text.len())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@' | '+'));
+        if !ok {
+            return Err(format!(
+                "the namespace {:?} is not 1 to 64 of A-Z a-z 0-9 . _ - @ +; use one such as docs@example.org, and sign with `ssh-keygen -Y sign -n` it",
+                crate::inert::inert(text)
             ));
         }
         Ok(text.to_owned())
@@ -887,6 +909,9 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
             Some(rs) => Some(Signatures {
                 signers: read_allowed_signers(&resolve(&rs.allowed_signers.0), &id, file)?,
                 allowed_signers: resolve(&rs.allowed_signers.0),
+                namespace: rs
+                    .namespace
+                    .map_or_else(|| crate::signature::NAMESPACE.to_owned(), |n| n.0),
                 required: rs.required.unwrap_or(true),
                 refuse_older: rs.refuse_older.unwrap_or(true),
                 scopes: rs

@@ -76,6 +76,7 @@ pub(super) fn prepare_bundle(
         .as_ref()
         .map(|s| bundle::SignaturePolicy {
             signers: &s.signers,
+            namespace: &s.namespace,
             required: s.required,
         });
     let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy, &process.per_core()) {

@@ -116,36 +116,43 @@ impl fmt::Display for Signer {
 
 /// Checks `signature` (the bytes of `manifest.json.sig`; `None` when there
 /// is none) over `manifest` (the exact bytes of `manifest.json`) against
-/// `signers` at time `now`: a valid SSHSIG in namespace `distributor`, by a
-/// key that a line lists, honouring that line's `namespaces=`,
-/// `valid-after=` and `valid-before=`.
+/// `signers` at time `now`: a valid SSHSIG in `namespace` (the
+/// pipeline's; [`NAMESPACE`] by default), by a key that a line lists,
+/// honouring that line's `namespaces=`, `valid-after=` and `valid-before=`.
 pub fn check(
     manifest: &[u8],
     signature: Option<&[u8]>,
     signers: &AllowedSigners,
+    namespace: &str,
     now: OffsetDateTime,
 ) -> Result<Signer, Refusal> {
+    let ns = namespace;
     let Some(bytes) = signature else {
         return Err(Refusal::new(
             Reason::Missing,
             format!(
-                "not found; this pipeline takes only signed bundles: sign the sealed bundle with `ssh-keygen -Y sign -f KEY -n {NAMESPACE} DIR/manifest.json` or `distributor bundle seal DIR --id ID --sign KEY`"
+                "not found; this pipeline takes only signed bundles: sign the sealed bundle with `ssh-keygen -Y sign -f KEY -n {ns} DIR/manifest.json` or `distributor bundle seal DIR --id ID --sign KEY{}`",
+                if ns == NAMESPACE {
+                    String::new()
+                } else {
+                    format!(" --namespace {ns}")
+                }
             ),
         ));
     };
     let sig = parse(bytes)?;
-    if sig.namespace() != NAMESPACE {
+    if sig.namespace() != ns {
         return Err(Refusal::new(
             Reason::WrongNamespace,
             format!(
-                "signed in namespace {:?}, not {NAMESPACE:?}; sign with `-n {NAMESPACE}`",
+                "signed in namespace {:?}, not {ns:?} (this pipeline's signatures.namespace); sign with `-n {ns}`",
                 crate::inert::inert(sig.namespace())
             ),
         ));
     }
     let fingerprint = sig.public_key().fingerprint(HashAlg::Sha256).to_string();
     PublicKey::from(sig.public_key().clone())
-        .verify(NAMESPACE, manifest, &sig)
+        .verify(ns, manifest, &sig)
         .map_err(|_| {
             Refusal::new(
                 Reason::BadSignature,
@@ -157,7 +164,7 @@ pub fn check(
     let mut principals = Vec::new();
     let mut first_refusal = None;
     for line in signers.lines_for(sig.public_key()) {
-        match line_allows(line, now) {
+        match line_allows(line, ns, now) {
             Ok(()) => principals.extend(line.principals.iter().cloned()),
             Err(refusal) => {
                 first_refusal.get_or_insert(refusal);
@@ -278,16 +285,16 @@ fn parse(bytes: &[u8]) -> Result<SshSig, Refusal> {
     SshSig::from_pem(bytes).map_err(|e| malformed(&format!("cannot be read ({e})")))
 }
 
-/// Whether `line` allows a signature in [`NAMESPACE`] at `now`.
-fn line_allows(line: &SignerLine, now: OffsetDateTime) -> Result<(), Refusal> {
+/// Whether `line` allows a signature in namespace `ns` at `now`.
+fn line_allows(line: &SignerLine, ns: &str, now: OffsetDateTime) -> Result<(), Refusal> {
     let at = |t: OffsetDateTime| crate::catalog::format_time(t);
     if let Some(namespaces) = &line.namespaces
-        && !matches_list(NAMESPACE, namespaces)
+        && !matches_list(ns, namespaces)
     {
         return Err(Refusal::new(
             Reason::WrongNamespace,
             format!(
-                "the key is listed (line {}) only for namespaces {:?}, which do not include {NAMESPACE:?}; add {NAMESPACE} to that line's namespaces=",
+                "the key is listed (line {}) only for namespaces {:?}, which do not include {ns:?}; add {ns} to that line's namespaces=",
                 line.line,
                 namespaces.join(",")
             ),
@@ -321,17 +328,22 @@ fn line_allows(line: &SignerLine, now: OffsetDateTime) -> Result<(), Refusal> {
 }
 
 /// Signs `manifest` with an unencrypted OpenSSH private key, in
-/// [`NAMESPACE`]: what `ssh-keygen -Y sign -n distributor` writes.
+/// `namespace` ([`NAMESPACE`] unless the pipeline sets its own): what
+/// `ssh-keygen -Y sign -n NAMESPACE` writes.
 /// `Ok(None)` when the key is encrypted (the caller hands it to
 /// `ssh-keygen`, which asks for the passphrase or uses the agent).
-pub fn sign(private_key: &[u8], manifest: &[u8]) -> Result<Option<String>, String> {
+pub fn sign(
+    private_key: &[u8],
+    manifest: &[u8],
+    namespace: &str,
+) -> Result<Option<String>, String> {
     let key = ssh_key::PrivateKey::from_openssh(private_key)
         .map_err(|e| format!("not an OpenSSH private key ({e})"))?;
     if key.is_encrypted() {
         return Ok(None);
     }
     let sig = key
-        .sign(NAMESPACE, HashAlg::Sha512, manifest)
+        .sign(namespace, HashAlg::Sha512, manifest)
         .map_err(|e| format!("cannot sign with this key ({e})"))?;
     sig.to_pem(ssh_key::LineEnding::LF)
         .map(Some)

@@ -35,7 +35,9 @@ fn signers(text: &str) -> AllowedSigners {
 }
 
 fn signed(manifest: &[u8]) -> String {
-    sign(ED_PRIVATE.as_bytes(), manifest).unwrap().unwrap()
+    sign(ED_PRIVATE.as_bytes(), manifest, NAMESPACE)
+        .unwrap()
+        .unwrap()
 }
 
 #[test]
@@ -44,6 +46,7 @@ fn a_signature_written_by_ssh_keygen_is_accepted_with_the_principal_and_fingerpr
         MANIFEST,
         Some(BY_SSH_KEYGEN.as_bytes()),
         &signers(&format!("ci@a {ED}")),
+        NAMESPACE,
         NOW,
     )
     .unwrap();
@@ -55,6 +58,7 @@ fn a_signature_written_by_ssh_keygen_is_accepted_with_the_principal_and_fingerpr
         MANIFEST,
         Some(ours.as_bytes()),
         &signers(&format!("ci@a {ED}")),
+        NAMESPACE,
         NOW,
     );
     assert_eq!(again.unwrap(), signer);
@@ -147,7 +151,7 @@ fn each_way_a_signature_fails_has_its_own_reason() {
         ),
     ];
     for (name, sig, manifest, allowed, reason) in cases {
-        let refusal = check(manifest, sig, &signers(&allowed), NOW).unwrap_err();
+        let refusal = check(manifest, sig, &signers(&allowed), NAMESPACE, NOW).unwrap_err();
         assert_eq!(refusal.reason, reason, "{name}: {refusal}");
         assert!(
             refusal.to_string().starts_with("manifest.json.sig: "),
@@ -193,8 +197,14 @@ fn validity_and_namespaces_are_honoured_line_by_line() {
         (format!("ci@a {OTHER}\nci@a {ED}"), vec!["ci@a"]),
     ];
     for (allowed, principals) in cases {
-        let signer = check(MANIFEST, Some(ours.as_bytes()), &signers(&allowed), NOW)
-            .unwrap_or_else(|e| panic!("{allowed}: {e}"));
+        let signer = check(
+            MANIFEST,
+            Some(ours.as_bytes()),
+            &signers(&allowed),
+            NAMESPACE,
+            NOW,
+        )
+        .unwrap_or_else(|e| panic!("{allowed}: {e}"));
         assert_eq!(signer.principals, principals, "{allowed}");
         assert_eq!(signer.principal, principals[0]);
     }
@@ -203,7 +213,15 @@ fn validity_and_namespaces_are_honoured_line_by_line() {
 #[test]
 fn the_boundaries_of_validity_are_inclusive() {
     let ours = signed(MANIFEST);
-    let at = |allowed: &str, now| check(MANIFEST, Some(ours.as_bytes()), &signers(allowed), now);
+    let at = |allowed: &str, now| {
+        check(
+            MANIFEST,
+            Some(ours.as_bytes()),
+            &signers(allowed),
+            NAMESPACE,
+            now,
+        )
+    };
     let window = format!("ci@a valid-after=\"202612021200Z\",valid-before=\"202612021300Z\" {ED}");
     assert!(at(&window, datetime!(2026-12-02 12:00 UTC)).is_ok());
     assert!(at(&window, datetime!(2026-12-02 13:00 UTC)).is_ok());

@@ -56,17 +56,7 @@ pub fn ssh_sign(key: &Path, file: &Path, namespace: &str) {
 /// `ssh-keygen -Y verify` of `dir/manifest.json` against `allowed` as
 /// `principal`: whether it accepts the signature.
 fn ssh_verifies(dir: &Path, allowed: &Path, principal: &str) -> bool {
-    let manifest = fs::File::open(dir.join("manifest.json")).unwrap();
-    Command::new("ssh-keygen")
-        .args(["-Y", "verify", "-n", "distributor", "-f"])
-        .arg(allowed)
-        .args(["-I", principal, "-s"])
-        .arg(dir.join("manifest.json.sig"))
-        .stdin(manifest)
-        .output()
-        .unwrap()
-        .status
-        .success()
+    ssh_verifies_in(dir, allowed, principal, "distributor")
 }
 
 /// A test folder with pipeline `docs` publishing into `./site`, taking
@@ -741,4 +731,100 @@ pipelines:
         .into_keys()
         .collect();
     assert_eq!(recorded, ["a/two.html", "b/one.html"]);
+}
+
+/// A pipeline may require a namespace of its own
+/// (`signatures.namespace`): a key listed for two pipelines then signs for
+/// one of them at a time. A bundle signed by `ssh-keygen -Y sign -n` in
+/// that namespace is published; the same bundle signed in `distributor`
+/// (valid wherever the key is listed with the default namespace) is
+/// refused as `wrong_namespace`, naming both. `bundle seal --sign` and
+/// `bundle verify --signers` take `--namespace`, and a namespace that is
+/// not a plain name is a config error.
+#[test]
+fn a_pipeline_with_a_namespace_of_its_own_takes_only_signatures_made_in_it() {
+    let probe = Test::new();
+    let ci = keygen(&probe, "ci", &["ed25519"], "");
+    let t = site(
+        &format!("ci@p {}\n", ci.public),
+        "      namespace: docs@example.org\n",
+    );
+    let other = sealed(&t, "other", "2026-06-01T00:00:00Z", "for another pipeline");
+    ssh_sign(&ci.private, &other.join("manifest.json"), "distributor");
+    let doc = refused_for(&t, &other, "wrong_namespace");
+    let error = doc["error"].as_str().unwrap();
+    assert!(error.contains("\"distributor\""), "{error}");
+    assert!(error.contains("docs@example.org"), "{error}");
+
+    let ours = sealed(&t, "ours", "2026-06-02T00:00:00Z", "docs");
+    ssh_sign(&ci.private, &ours.join("manifest.json"), "docs@example.org");
+    let out = publish(&t, &ours);
+    out.expect_code(0);
+    assert_eq!(out.json()["signer"]["principal"], "ci@p");
+    assert_eq!(
+        fs::read_to_string(t.join("site/index.html")).unwrap(),
+        "docs"
+    );
+
+    // The producer's helpers sign and check in it too.
+    let dir = t.write("sealed/index.html", "sealed and signed");
+    let dir = dir.parent().unwrap();
+    let key = ci.private.to_str().unwrap();
+    let folder = dir.to_str().unwrap();
+    t.run(&[
+        "bundle",
+        "seal",
+        folder,
+        "--id",
+        "s",
+        "--sign",
+        key,
+        "--namespace",
+        "docs@example.org",
+    ])
+    .expect_code(0);
+    assert!(ssh_verifies_in(
+        dir,
+        &t.join("docs.signers"),
+        "ci@p",
+        "docs@example.org"
+    ));
+    let signers = t.join("docs.signers");
+    let signers = signers.to_str().unwrap();
+    t.run(&[
+        "bundle",
+        "verify",
+        folder,
+        "--signers",
+        signers,
+        "--namespace",
+        "docs@example.org",
+    ])
+    .expect_code(0);
+    let wrong = t.run(&["bundle", "verify", folder, "--signers", signers]);
+    wrong.expect_code(1);
+    assert!(wrong.all().contains("namespace"), "{}", wrong.all());
+
+    let bad = site(
+        &format!("ci@p {}\n", ci.public),
+        "      namespace: \"a b\"\n",
+    );
+    let out = bad.run(&["config", "check"]);
+    out.expect_code(2);
+    assert!(out.all().contains("namespace"), "{}", out.all());
+}
+
+/// `ssh-keygen -Y verify -n <namespace>` of `dir/manifest.json`.
+fn ssh_verifies_in(dir: &Path, allowed: &Path, principal: &str, namespace: &str) -> bool {
+    let manifest = fs::File::open(dir.join("manifest.json")).unwrap();
+    Command::new("ssh-keygen")
+        .args(["-Y", "verify", "-n", namespace, "-f"])
+        .arg(allowed)
+        .args(["-I", principal, "-s"])
+        .arg(dir.join("manifest.json.sig"))
+        .stdin(manifest)
+        .output()
+        .unwrap()
+        .status
+        .success()
 }
