@@ -5,7 +5,10 @@
 # and what it refused. Everything it writes lands in spool-example/var/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet
+# The first build on a fresh clone takes a few minutes: cargo shows its
+# progress (on stderr), so nobody waits on a silent terminal.
+echo "building distributor (cargo build; the first time takes a few minutes)..." >&2
+cargo build
 bin=target/debug/distributor
 config=spool-example/config.yaml
 var=spool-example/var

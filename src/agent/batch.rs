@@ -193,10 +193,11 @@ impl Worker {
                     self.tally.metrics.catalog_races(report);
                 }
                 let failed = reports.iter().filter(|r| !r.ok).count();
+                let published = reports.len() - failed;
                 log::info!(
-                    "pipeline={} published a batch of {} bundles{} elapsed_ms={elapsed}",
+                    "pipeline={} published a batch of {published} bundle{}{} elapsed_ms={elapsed}",
                     self.pipeline.id,
-                    reports.len() - failed,
+                    if published == 1 { "" } else { "s" },
                     if failed > 0 {
                         format!(" ({failed} more failed or wait to be tried again)")
                     } else {

@@ -39,11 +39,12 @@ pub enum Command {
     #[command(
         after_help = "Example:\n  distributor prune --pipeline reports --destination archive --dry-run\n  distributor prune --pipeline reports --destination archive --apply"
     )]
+    #[command(group(clap::ArgGroup::new("mode").required(true).args(["dry_run", "apply"])))]
     Prune {
         #[command(flatten)]
         target: TargetArgs,
         /// Report what would be deleted, change nothing
-        #[arg(long, conflicts_with = "apply", required_unless_present = "apply")]
+        #[arg(long)]
         dry_run: bool,
         /// Delete the selected outputs
         #[arg(long)]

@@ -236,6 +236,13 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
             text(&source["created"])
         );
     }
+    if let Some(signer) = doc["signer"].as_object() {
+        println!(
+            "  signer{marked}: {} (key {})",
+            text(&signer["principal"]),
+            text(&signer["key"])
+        );
+    }
     for d in doc["destinations"].as_array().into_iter().flatten() {
         let count = |key: &str| d[key].as_array().map_or(0, Vec::len);
         println!(
@@ -249,6 +256,20 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
             } else {
                 format!("; {}", text(&d["error"]))
             }
+        );
+    }
+    for h in doc["hooks"].as_array().into_iter().flatten() {
+        let output = h["output"].as_str().unwrap_or_default();
+        let first = output.lines().find(|l| !l.trim().is_empty());
+        println!(
+            "  hook of {}{marked}: {} in {} ms{}",
+            text(&h["destination_id"]),
+            match h["error"].as_str() {
+                Some(e) => inert(e).into_owned(),
+                None => format!("exited {}", text(&h["exit"])),
+            },
+            text(&h["elapsed_ms"]),
+            first.map_or_else(String::new, |l| format!("; output: {}", inert(l)))
         );
     }
     if unverified { EXIT_FAILURE } else { EXIT_OK }

@@ -1652,6 +1652,20 @@ fn a_signed_batch_published_again_after_a_partial_commit_is_not_refused_as_a_rep
             "{backend:?}: {}",
             restarted.stderr
         );
+        // `spool show` says who signed it and how its hooks ended.
+        let shown = v.site.run(&["spool", "show", "reports", "b3"]);
+        shown.expect_code(0);
+        for line in [
+            "  signer: producer (key SHA256:",
+            "  hook of first: exited 0 in ",
+            "  hook of web: exited 0 in ",
+        ] {
+            assert!(
+                shown.stdout.contains(line),
+                "{line} missing:\n{}",
+                shown.stdout
+            );
+        }
         // A replay of an older bundle alone is still refused.
         let t = &v.site.t;
         let again = t.bundle_at("again", "s", "2026-06-02T00:00:00Z", &[("s/f.txt", "v1")]);
