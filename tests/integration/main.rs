@@ -23,6 +23,7 @@ mod outage;
 mod producer;
 mod producer_limits;
 mod producer_spool;
+mod quickstart;
 mod race;
 mod reliability;
 mod render;
