@@ -405,6 +405,43 @@ mod tests {
         assert_eq!(lines, ["file", "1048576"], "{r:?}");
     }
 
+    /// A hook that leaves a child holding its standard input, unread, and
+    /// exits: its run ends with the hook (the child still running), and
+    /// nothing of the agent waits for the child. The input is larger than a
+    /// pipe holds: fed through a pipe, a thread of the agent stayed stuck
+    /// writing it until the child exited.
+    #[test]
+    fn a_child_holding_the_hooks_input_keeps_nothing_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("child-pid");
+        let (_d, h) = hooks(
+            &format!(
+                "exec 3<&0; sleep 600 <&3 3<&- >/dev/null 2>&1 & echo $! > {}; exit 0",
+                marker.display()
+            ),
+            Duration::from_secs(30),
+        );
+        let r = run(&h, &vec![b'x'; 4 << 20], "site");
+        assert_eq!(r.exit, Some(0), "{r:?}");
+        let child: i32 = std::fs::read_to_string(&marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        assert!(
+            stat.split_whitespace().nth(2).is_some_and(|s| s != "Z"),
+            "the child {child} still runs, holding the input: {stat}"
+        );
+        let fd0 = std::fs::read_link(format!("/proc/{child}/fd/0")).unwrap();
+        assert!(
+            fd0.to_string_lossy()
+                .contains("memfd:distributor-hook-input"),
+            "{fd0:?}"
+        );
+        unsafe { libc::kill(child, libc::SIGKILL) };
+    }
+
     /// (action, the destination has a hook, the report ok) -> whether a
     /// hook is owed, and the document it reads.
     #[test]

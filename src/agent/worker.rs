@@ -60,6 +60,39 @@ struct InboxState {
     /// of whole seconds).
     unchanged: spool::Unchanged,
     unchanged_since: Instant,
+    /// The entries the agent refuses and why, recorded for `status` and
+    /// `spool list --inbox` ([`spool::queue::VERDICTS_FILE`]); whether a
+    /// verdict came from a failed claim (kept until a claim works).
+    verdicts: std::collections::BTreeMap<String, (spool::queue::Verdict, bool)>,
+    /// The verdicts changed since they were recorded.
+    verdicts_changed: bool,
+}
+
+impl InboxState {
+    /// Notes the agent's verdict on `name` (`None`: it does not refuse it).
+    fn verdict(&mut self, name: &str, verdict: Option<(String, bool)>) {
+        match verdict {
+            Some((reason, claim)) => {
+                if self
+                    .verdicts
+                    .get(name)
+                    .is_some_and(|(v, _)| v.reason == reason)
+                {
+                    return;
+                }
+                let at = crate::catalog::format_time(time::OffsetDateTime::now_utc());
+                let state = spool::Waiting::Unreadable.as_str().to_owned();
+                let v = spool::queue::Verdict { state, reason, at };
+                self.verdicts.insert(name.to_owned(), (v, claim));
+            }
+            None => {
+                if self.verdicts.remove(name).is_none() {
+                    return;
+                }
+            }
+        }
+        self.verdicts_changed = true;
+    }
 }
 
 /// One probe of the inbox, decided: indices into `probes`.
@@ -384,6 +417,8 @@ impl Worker {
             told: HashMap::new(),
             unchanged: spool::Unchanged::default(),
             unchanged_since: Instant::now(),
+            verdicts: Default::default(),
+            verdicts_changed: true,
         };
         let mut held = false;
         loop {
@@ -505,6 +540,11 @@ impl Worker {
         inbox
             .told
             .retain(|name, _| name.is_empty() || kinds.contains_key(name.as_str()));
+        let before = inbox.verdicts.len();
+        inbox
+            .verdicts
+            .retain(|name, _| kinds.contains_key(name.as_str()));
+        inbox.verdicts_changed |= inbox.verdicts.len() != before;
         inbox
             .complete_since
             .retain(|name, _| kinds.get(name.as_str()) == Some(&&spool::ProbeKind::Complete));
@@ -515,6 +555,14 @@ impl Worker {
             });
             let (state, verdict) = p.decide(wall, complete_for, timing);
             self.tell(p, state, wall, timing, &mut inbox.told);
+            // What the probe refuses; a failed claim's verdict stands
+            // until a claim works.
+            if state == spool::Waiting::Unreadable {
+                let reason = p.reason(state, wall, timing);
+                inbox.verdict(&p.name, Some((reason, false)));
+            } else if inbox.verdicts.get(&p.name).is_some_and(|(_, claim)| !claim) {
+                inbox.verdict(&p.name, None);
+            }
             match verdict {
                 spool::Verdict::Claim => ready.push(i),
                 spool::Verdict::Wait(left) => {
@@ -528,6 +576,7 @@ impl Worker {
             }
         }
         drop(kinds);
+        self.record_verdicts(inbox);
         Look {
             probes,
             ready,
@@ -605,6 +654,42 @@ impl Worker {
     /// claimed bundles (path in work/, name). An entry that cannot be moved
     /// is logged once per reason and left.
     fn claim(&self, ready: &[&spool::Probe], inbox: &mut InboxState) -> Vec<(PathBuf, String)> {
+        let mut refused = Vec::new();
+        let claimed = self.claim_each(ready, inbox, &mut refused);
+        for (name, verdict) in refused {
+            inbox.verdict(&name, verdict);
+        }
+        self.record_verdicts(inbox);
+        claimed
+    }
+
+    /// Writes the agent's verdicts on the inbox when they changed.
+    fn record_verdicts(&self, inbox: &mut InboxState) {
+        if !inbox.verdicts_changed {
+            return;
+        }
+        let verdicts = inbox
+            .verdicts
+            .iter()
+            .map(|(name, (v, _))| (name.clone(), v.clone()))
+            .collect();
+        match spool::queue::set_verdicts(self.spool.pipeline_folder(), &verdicts) {
+            Ok(()) => inbox.verdicts_changed = false,
+            Err(e) => log::warn!(
+                "pipeline={}: cannot record what the agent refuses in its inbox ({e}); `status` and `spool list --inbox` judge those entries with their caller's permissions",
+                self.pipeline.id
+            ),
+        }
+    }
+
+    /// [`Worker::claim`] of each entry; `refused` gets each entry's new
+    /// verdict (`None` once claimed).
+    fn claim_each(
+        &self,
+        ready: &[&spool::Probe],
+        inbox: &mut InboxState,
+        refused: &mut Vec<(String, Option<(String, bool)>)>,
+    ) -> Vec<(PathBuf, String)> {
         let InboxState {
             told,
             complete_since,
@@ -625,6 +710,7 @@ impl Worker {
             match spool::move_unique(&p.path, &self.spool.work, &p.name, spool::names::NAME_MAX) {
                 Ok(work_path) => {
                     told.remove(&p.name);
+                    refused.push((p.name.clone(), None));
                     let name = work_path
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
@@ -660,6 +746,10 @@ impl Worker {
                         );
                         told.claim = Some(key);
                     }
+                    let why = format!(
+                        "the agent cannot claim it (move it into work/): {e}; see docs/security.md"
+                    );
+                    refused.push((p.name.clone(), Some((why, true))));
                 }
             }
         }

@@ -136,12 +136,31 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
         ),
         _ => String::new(),
     };
+    // The agent judges the inbox with its own permissions, which may not
+    // be the caller's (root sees what the agent may not read as ready):
+    // what it refuses is shown as it decided.
+    let verdicts = super::queue::verdicts(folder);
     let mut rows: Vec<(SystemTime, SpoolEntry)> =
         probe_inbox(&spool.inbox, &spool.limits, spool.signed)?
             .into_iter()
             .map(|p| {
-                let (state, _) = p.decide(now, None, &spool.timing.for_listing());
-                let mut reason = p.reason(state, now, &spool.timing);
+                let (seen, _) = p.decide(now, None, &spool.timing.for_listing());
+                let mut state = seen.as_str();
+                let mut reason = p.reason(seen, now, &spool.timing);
+                if let Some(v) = verdicts.get(&p.name) {
+                    if v.state != state {
+                        reason = format!(
+                            "{} (the agent's verdict, at {}; with this command's permissions it looks {state}: {reason})",
+                            v.reason, v.at
+                        );
+                    } else {
+                        reason = v.reason.clone();
+                    }
+                    state = super::Waiting::ALL
+                        .into_iter()
+                        .find(|w| w.as_str() == v.state)
+                        .map_or(state, |w| w.as_str());
+                }
                 reason.push_str(&behind);
                 // The last change of anything in the entry: a producer cannot
                 // set it (modification times can be, and rsync copies them).
@@ -155,7 +174,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                         modified: format_time(since),
                         stage: None,
                         error: None,
-                        state: Some(state.as_str()),
+                        state: Some(state),
                         reason: Some(reason),
                         deferred: None,
                     },

@@ -31,8 +31,50 @@ pub const DEFERRED_FILE: &str = ".distributor-deferred.json";
 pub const HOLD_FILE: &str = ".distributor-hold.json";
 /// A request to try the deferred bundle now, in the pipeline's spool folder.
 pub const FLUSH_FILE: &str = ".distributor-flush";
+/// The agent's own verdicts on the inbox entries it refuses, in the
+/// pipeline's spool folder ([`Verdict`]).
+pub const VERDICTS_FILE: &str = ".distributor-inbox.json";
 /// The most read of any of them (a deferral carries one error message).
 const CAP: u64 = 64 << 10;
+/// The most read of the verdicts (one reason per refused entry).
+const VERDICTS_CAP: u64 = 16 << 20;
+
+/// Why the agent does not claim an inbox entry it refuses: one it cannot
+/// read, search or move with its own permissions. `status` and `spool list
+/// --inbox` look at the inbox with their caller's, which may differ
+/// (root sees everything as ready), so they show this instead
+/// (docs/contract.md §13.4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// A state of docs/contract.md §13.4 (`unreadable`).
+    pub state: String,
+    pub reason: String,
+    /// When the agent came to it (RFC 3339).
+    pub at: String,
+}
+
+/// The agent's verdicts, by inbox entry name (none when it recorded none).
+pub fn verdicts(folder: &Path) -> std::collections::BTreeMap<String, Verdict> {
+    let Ok(dir) = spoolfs::open_folder_io(folder) else {
+        return Default::default();
+    };
+    spoolfs::read_capped(&dir, VERDICTS_FILE, VERDICTS_CAP)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Records the agent's verdicts (without fsync: the agent makes them again
+/// at its next scan), or removes the record when there are none.
+pub fn set_verdicts(
+    folder: &Path,
+    verdicts: &std::collections::BTreeMap<String, Verdict>,
+) -> io::Result<()> {
+    if verdicts.is_empty() {
+        return remove(folder, VERDICTS_FILE).map(|_| ());
+    }
+    write(folder, VERDICTS_FILE, verdicts, false)
+}
 
 /// A bundle whose transient failures are retried (docs/contract.md §18.1).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -155,3 +155,58 @@ fn a_producers_file_lease_fails_its_own_bundle_and_blocks_no_other() {
         "next\n"
     );
 }
+
+/// `spool list --inbox` and `status` look at the inbox with their caller's
+/// permissions: run as root, they called "ready" a bundle the agent cannot
+/// read. They show the agent's own verdict, which it records, and say
+/// when it differs from what the caller sees.
+#[test]
+fn the_inbox_is_shown_as_the_agent_judges_it_not_as_root_sees_it() {
+    if !can_switch_users("the_inbox_is_shown_as_the_agent_judges_it_not_as_root_sees_it") {
+        return;
+    }
+    let lab = Lab::unprivileged();
+    lab.sealed("private", &[("a.txt", "only mine\n")]);
+    // A producer whose umask leaves the agent nothing to read.
+    lab.producer(
+        OTHER,
+        "umask 077 && cp -r bundles/private spool/reports/inbox/.private && mv spool/reports/inbox/.private spool/reports/inbox/private",
+        &[],
+    )
+    .expect_code(0);
+    lab.agent_once(Some(NOBODY));
+    assert!(lab.spool("reports", "inbox").join("private").exists());
+
+    let listed = lab.run(None, &["spool", "list", "--inbox", "--json"]);
+    listed.expect_code(0);
+    let rows = listed.json();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "private")
+        .unwrap_or_else(|| panic!("{rows}"));
+    assert_eq!(row["state"], "unreadable", "{row}");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(reason.contains("the agent's verdict"), "{reason}");
+    assert!(
+        reason.contains("with this command's permissions it looks "),
+        "{reason}"
+    );
+    let status = lab.run(None, &["status", "--json"]);
+    assert!(
+        status.stdout.contains("\"unreadable\""),
+        "status counts it as the agent does: {}",
+        status.stdout
+    );
+    // Once the agent may read it, the agent claims it and the verdict goes.
+    lab.producer(OTHER, "chmod -R g+rwX spool/reports/inbox/private", &[])
+        .expect_code(0);
+    lab.agent_once(Some(NOBODY)).expect_code(0);
+    assert!(lab.spool("reports", "done").join("private").exists());
+    assert!(
+        !lab.spool("reports", "")
+            .join(".distributor-inbox.json")
+            .exists()
+    );
+}
