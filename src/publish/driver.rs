@@ -295,8 +295,10 @@ impl<'p> Merged<'p> {
 /// Pages and markdown the bundles of one batch may hold in memory
 /// together, in bytes. Past it the batch takes the bundles prepared so far
 /// (at least one) and the caller batches the others next: each bundle may
-/// hold up to 4 MiB (`content::HOLD_AT_MOST`).
-const HELD_AT_MOST: u64 = 256 << 20;
+/// hold up to 4 MiB (`content::HOLD_AT_MOST`). One budget per batch, so
+/// per pipeline: a burst of 1024 bundles of 280 KiB of markdown peaked at
+/// 422 MiB of RSS with 256 MiB (docs/performance.md, "Bursts").
+const HELD_AT_MOST: u64 = 64 << 20;
 
 /// What the manifests of `bundles` take, to size a publication before it
 /// is prepared (a hint only: a manifest that cannot be looked at counts as
@@ -320,8 +322,10 @@ fn all_catalogs(roots: &[Root]) -> bool {
         .all(|r| matches!(r.records.opened, State::Catalog(_)))
 }
 
-/// Bundles prepared at once (on every core).
+/// Bundles prepared at once (on every core), at most.
 const PREPARE_AT_ONCE: usize = 256;
+/// Bundles prepared at once, at least (a few per core).
+const PREPARE_AT_LEAST: usize = 8;
 
 /// [`HELD_AT_MOST`]; debug builds (the ones the tests run) take another
 /// bound from `DISTRIBUTOR_TEST_BATCH_HELD`, so that a test can make a
@@ -586,7 +590,20 @@ impl<'a> Driver<'a> {
         let mut reports = Vec::new();
         let mut taken = Vec::new();
         let mut held = 0;
-        for slice in bundles.chunks(PREPARE_AT_ONCE) {
+        let mut rest = bundles;
+        while !rest.is_empty() {
+            // As many at once as could still fit were each to hold all it
+            // may: the bundles prepared together are held together, so
+            // the batch never holds more than twice its bound, and at most
+            // one such slice is prepared for nothing (a burst of 1024
+            // bundles of 280 KiB of markdown, prepared 256 at a time, held
+            // 256 pages and rendered most of them twice).
+            let fit = bound.saturating_sub(held) / super::content::HOLD_AT_MOST as u64;
+            let at_once = usize::try_from(fit)
+                .unwrap_or(usize::MAX)
+                .clamp(PREPARE_AT_LEAST, PREPARE_AT_ONCE);
+            let (slice, after) = rest.split_at(at_once.min(rest.len()));
+            rest = after;
             let prepared = map_on(self.workers, slice, |dir| {
                 prepare_bundle(
                     self.pipeline,

@@ -192,6 +192,30 @@ impl LocalTarget {
     }
 }
 
+/// `e` as it is, unless it says the root's file system is full and the
+/// change's outputs are larger than that whole file system: then an error
+/// that says so, which no retry can help (so it is not transient: the
+/// bundle fails at once instead of being deferred for a day).
+fn never_fits(root: &Root, change: &Change<'_>, e: io::Error) -> io::Error {
+    if !crate::io_class::is_out_of_space(&e) {
+        return e;
+    }
+    let needed: u64 = change.writes.iter().map(|w| w.d.size).sum();
+    let Ok(fs) = rustix::fs::fstatvfs(root.dir()) else {
+        return e;
+    };
+    let whole = fs.f_blocks.saturating_mul(fs.f_frsize);
+    if needed <= whole {
+        return e;
+    }
+    io::Error::new(
+        e.kind(),
+        format!(
+            "{e}: the outputs to write ({needed} bytes) are larger than the whole file system of the root ({whole} bytes), so no retry can make them fit, whatever is freed; publish to a larger file system, or split the bundle"
+        ),
+    )
+}
+
 impl Target for LocalTarget {
     fn label(&self) -> String {
         self.path.display().to_string()
@@ -256,7 +280,7 @@ impl Target for LocalTarget {
         let staged = stage::stage(self.root(), change, workers, keep_going, &self.process)
             .map_err(|f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
-                Failure::Io(e) => self.write_error(e),
+                Failure::Io(e) => self.write_error(never_fits(self.root(), change, e)),
             })?;
         let outcome = staged
             .outputs

@@ -113,17 +113,35 @@ fn a_full_disk_fails_the_bundle_and_keeps_the_previous_catalog() {
     no_temp_files(&root);
     assert!(root.join("page.txt").exists());
 
-    // Through the agent: retried (transient), then failed.
+    // The bundle is larger than the whole file system: no retry can help,
+    // and the error says so.
+    assert!(
+        error.contains("larger than the whole file system of the root"),
+        "{error}"
+    );
+
+    // Through the agent: failed at once, not deferred.
     t.mkdir("spool/p/inbox");
     fs::rename(&big, t.join("spool/p/inbox/b")).unwrap();
-    t.run(&["agent", "--once"]).expect_code(1);
+    let agent = t.run(&["agent", "--once"]);
+    agent.expect_code(1);
+    assert!(!agent.stderr.contains("deferred"), "{}", agent.stderr);
     let failed = t.join("spool/p/failed/b");
-    let attempts = fs::read_to_string(failed.join(".distributor-attempts")).unwrap();
-    assert_eq!(attempts.trim(), "2", "retried up to max_attempts");
+    assert!(
+        !failed.join(".distributor-attempts").exists(),
+        "one attempt"
+    );
     let result: serde_json::Value =
         serde_json::from_slice(&fs::read(failed.join(".distributor-result.json")).unwrap())
             .unwrap();
     assert_eq!(result["stage"], "publish");
+    assert!(
+        result["error"]
+            .as_str()
+            .unwrap()
+            .contains("split the bundle"),
+        "{result}"
+    );
     assert_eq!(fs::read(root.join(".distributor.json")).unwrap(), before);
     assert_catalog_matches_disk(&root);
     no_temp_files(&root);
