@@ -159,8 +159,59 @@ impl Worker {
         {
             self.cannot_record(&e);
         }
+        self.remember_deletions(reports);
         crate::failpoint::hit("agent.recorded");
         owed_all
+    }
+
+    /// Remembers what the committed publications of `reports` deleted, by
+    /// destination and path, and forgets what they wrote again: with
+    /// `signatures.refuse_older`, a bundle older than the publication that
+    /// deleted an output may not write it again (docs/security.md, "What
+    /// replay protection covers"). Only for a pipeline that takes signed
+    /// bundles (that is where refuse_older is).
+    pub(super) fn remember_deletions(&self, reports: &[RunReport]) {
+        if self.pipeline.signatures.is_none() {
+            return;
+        }
+        let folder = self.spool.pipeline_folder();
+        let mut tombstones = spool::queue::tombstones(folder);
+        let mut changed = false;
+        for report in reports.iter().filter(|r| r.ok && !r.dry_run) {
+            let Some(source) = &report.source else {
+                continue;
+            };
+            let Ok(created) = crate::catalog::parse_time(&source.created) else {
+                continue;
+            };
+            for d in &report.destinations {
+                if d.action.as_deref().is_none_or(|a| a == "skip_same") {
+                    continue;
+                }
+                let paths = tombstones.entry(d.destination_id.clone()).or_default();
+                for w in &d.writes {
+                    changed |= paths.remove(w).is_some();
+                }
+                for gone in &d.deletes {
+                    let newer = paths.get(gone).is_none_or(|t| t.created < created);
+                    if newer {
+                        let t = spool::queue::Tombstone {
+                            source: source.id.clone(),
+                            created,
+                        };
+                        paths.insert(gone.clone(), t);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if changed && let Err(e) = spool::queue::set_tombstones(folder, &mut tombstones) {
+            log::warn!(
+                "pipeline={}: cannot record what a publication deleted in {} ({e}); with refuse_older, a replay of an older bundle could bring those outputs back. Check free space and permissions",
+                self.pipeline.id,
+                folder.join(spool::queue::TOMBSTONES_FILE).display()
+            );
+        }
     }
 
     /// Runs the hooks `owed` of one bundle and records how they ended in

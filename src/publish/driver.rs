@@ -73,6 +73,9 @@ pub(super) struct Driver<'a> {
     /// them ([`super::BeforeCommit`]). An error stops the publication
     /// before anything is committed.
     pub(super) before_commit: Option<&'a super::BeforeCommit<'a>>,
+    /// What this pipeline's publications deleted, read from the agent's
+    /// spool when a plan first needs it (`signatures.refuse_older`).
+    pub(super) tombstones: std::sync::OnceLock<crate::spool::queue::Tombstones>,
 }
 
 /// One destination root during a run.
@@ -681,7 +684,12 @@ impl<'a> Driver<'a> {
             .refusal(&plan, &state, self.options.force)
             .unwrap_or(plan);
         if let State::Catalog(catalog) = &*state {
-            let newer: Vec<super::Rollback> = plan::rolled_back(&plan, catalog, &r.source)
+            let refuse_older = self
+                .pipeline
+                .signatures
+                .as_ref()
+                .is_some_and(|s| s.refuse_older);
+            let mut newer: Vec<super::Rollback> = plan::rolled_back(&plan, catalog, &r.source)
                 .into_iter()
                 .filter(|record| !later.contains(&record.source))
                 .map(|record| super::Rollback {
@@ -692,11 +700,11 @@ impl<'a> Driver<'a> {
                     own: r.source.created,
                 })
                 .collect();
-            let refuse_older = self
-                .pipeline
-                .signatures
-                .as_ref()
-                .is_some_and(|s| s.refuse_older);
+            // Outputs a later publication deleted (retracted) have no
+            // record to protect them: their tombstones do.
+            if refuse_older || self.older.is_some() {
+                newer.extend(self.retracted(&plan, d, &r.source, catalog));
+            }
             if refuse_older && !newer.is_empty() {
                 plan = Plan::refused(
                     plan::Action::FailConflict,
@@ -713,6 +721,43 @@ impl<'a> Driver<'a> {
         }
         let kept = root.target.kept(&plan, &state, &root.touched);
         Ok((plan, kept))
+    }
+
+    /// The planned writes of `plan` into destination `d` that a
+    /// publication of a source created after `source` deleted, and that no
+    /// record holds again since.
+    fn retracted(
+        &self,
+        plan: &Plan,
+        d: &Destination,
+        source: &SourceIdentity,
+        catalog: &Catalog,
+    ) -> Vec<super::Rollback> {
+        let tombstones = self.tombstones.get_or_init(|| {
+            self.options
+                .serving
+                .as_deref()
+                .and_then(|work| Path::new(work).parent())
+                .map(crate::spool::queue::tombstones)
+                .unwrap_or_default()
+        });
+        let Some(deleted) = tombstones.get(&d.id) else {
+            return Vec::new();
+        };
+        plan.writes
+            .iter()
+            .filter(|w| catalog.get(w.path.as_str()).is_none())
+            .filter_map(|w| {
+                let t = deleted.get(w.path.as_str())?;
+                (t.created > source.created).then(|| super::Rollback {
+                    destination: d.id.clone(),
+                    path: w.path.as_str().to_owned(),
+                    source: format!("{}, which deleted it", t.source),
+                    created: t.created,
+                    own: source.created,
+                })
+            })
+            .collect()
     }
 
     /// The scopes of the principals that signed the bundle, when the

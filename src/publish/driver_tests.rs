@@ -143,6 +143,7 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         keep_going: &|| true,
         older: None,
         before_commit: None,
+        tombstones: Default::default(),
     };
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).
@@ -194,6 +195,7 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         keep_going: &|| true,
         older: None,
         before_commit: Some(&refuse),
+        tombstones: Default::default(),
     };
     match driver.run(&bundles[2..]) {
         super::Outcome::Aborted(e) => {

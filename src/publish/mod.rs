@@ -109,6 +109,7 @@ pub fn publish_recorded(
         keep_going: &|| true,
         older: None,
         before_commit,
+        tombstones: Default::default(),
     };
     match driver.run(&[bundle_dir]) {
         Outcome::Reports(mut reports) if reports.len() == 1 => reports.remove(0),
@@ -184,6 +185,7 @@ pub fn rollbacks(
         keep_going: &|| true,
         older: Some(&older),
         before_commit: None,
+        tombstones: Default::default(),
     };
     if let Outcome::Reports(reports) = driver.run(&[bundle_dir])
         && let Some(report) = reports.first()
@@ -242,6 +244,7 @@ pub fn publish_batch(
         keep_going,
         older: None,
         before_commit,
+        tombstones: Default::default(),
     };
     match driver.run(bundles) {
         Outcome::Reports(reports) => Batch::Done(reports),

@@ -256,6 +256,62 @@ pub fn next_pause(
     Some(backoff(attempts, agent.retry_max_interval))
 }
 
+/// What publications of a pipeline deleted, by destination and output
+/// path, in the pipeline's spool folder: the retracted outputs that
+/// `signatures.refuse_older` keeps an older bundle from writing again
+/// (docs/security.md, "What replay protection covers"). The catalog cannot
+/// hold them: a deleted output has no record.
+pub const TOMBSTONES_FILE: &str = ".distributor-tombstones.json";
+/// Paths remembered per destination; past it the oldest deletions go.
+pub const TOMBSTONES_KEPT: usize = 100_000;
+const TOMBSTONES_CAP: u64 = 64 << 20;
+
+/// One deleted output: the source whose publication deleted it, and that
+/// source's `created`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub source: String,
+    #[serde(with = "crate::catalog::rfc3339")]
+    pub created: time::OffsetDateTime,
+}
+
+/// Destination id -> output path -> its tombstone.
+pub type Tombstones =
+    std::collections::BTreeMap<String, std::collections::BTreeMap<String, Tombstone>>;
+
+/// The pipeline's tombstones (none when it has none, or they cannot be
+/// read: replay protection then covers records only, as it did).
+pub fn tombstones(folder: &Path) -> Tombstones {
+    let Ok(dir) = spoolfs::open_folder_io(folder) else {
+        return Tombstones::new();
+    };
+    spoolfs::read_capped(&dir, TOMBSTONES_FILE, TOMBSTONES_CAP)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Writes the pipeline's tombstones (durably: a lost one lets a replay
+/// bring a retracted page back), keeping the newest [`TOMBSTONES_KEPT`]
+/// per destination.
+pub fn set_tombstones(folder: &Path, tombstones: &mut Tombstones) -> io::Result<()> {
+    for paths in tombstones.values_mut() {
+        if paths.len() > TOMBSTONES_KEPT {
+            let mut by_age: Vec<(time::OffsetDateTime, String)> =
+                paths.iter().map(|(p, t)| (t.created, p.clone())).collect();
+            by_age.sort();
+            for (_, path) in by_age.into_iter().take(paths.len() - TOMBSTONES_KEPT) {
+                paths.remove(&path);
+            }
+        }
+    }
+    tombstones.retain(|_, paths| !paths.is_empty());
+    if tombstones.is_empty() {
+        return remove(folder, TOMBSTONES_FILE).map(|_| ());
+    }
+    write(folder, TOMBSTONES_FILE, tombstones, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

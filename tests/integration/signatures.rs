@@ -828,3 +828,107 @@ fn ssh_verifies_in(dir: &Path, allowed: &Path, principal: &str, namespace: &str)
         .status
         .success()
 }
+
+/// `refuse_older` protected records, not paths: a replacement that deleted
+/// a page left no record of it, so replaying the old signed bundle that
+/// wrote it brought the retracted page back. The agent remembers what
+/// each publication deleted (a tombstone with the deleting source's
+/// `created`, in the pipeline's spool) and refuses an older bundle that
+/// writes such a path again; a newer one may (and the tombstone goes).
+#[test]
+fn a_replayed_bundle_cannot_bring_back_a_page_a_later_publication_deleted() {
+    let probe = Test::new();
+    let a = keygen(&probe, "a", &["ed25519"], "");
+    let b = keygen(&probe, "b", &["ed25519"], "");
+    let t = Test::new();
+    t.write(
+        "docs.signers",
+        format!("ci@a {}\nci@b {}\n", a.public, b.public),
+    );
+    t.config(
+        "spool: ./spool
+agent: {settle: 0s}
+pipelines:
+  - id: docs
+    signatures:
+      allowed_signers: docs.signers
+      scopes:
+        ci@a: [\"docs/\"]
+        ci@b: [\"docs/\", \"news/\"]
+    destinations:
+      - id: web
+        path: ./site
+        workflow: replacement
+",
+    );
+    let deliver = |name: &str, key: &Path, created: &str, files: &[(&str, &str)]| {
+        let dir = t.bundle_at(name, name, created, files);
+        ssh_sign(key, &dir.join("manifest.json"), "distributor");
+        fs::create_dir_all(t.join("spool/docs/inbox")).unwrap();
+        fs::rename(&dir, t.join(&format!("spool/docs/inbox/{name}"))).unwrap();
+        t.run(&["agent", "--once"])
+    };
+    deliver(
+        "a1",
+        &a.private,
+        "2026-06-01T00:00:00Z",
+        &[("docs/old.html", "old page")],
+    )
+    .expect_code(0);
+    let kept = t.join("a1-copy");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(t.join("spool/docs/done/a1"))
+        .arg(&kept)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    // B's replacement (its scope holds docs/) retracts the page.
+    deliver(
+        "b2",
+        &b.private,
+        "2026-06-02T00:00:00Z",
+        &[("news/n.html", "news")],
+    )
+    .expect_code(0);
+    assert!(!t.join("site/docs/old.html").exists(), "retracted");
+
+    // The same signed bundle, dropped again.
+    let _ = fs::remove_file(kept.join(".distributor-result.json"));
+    let _ = fs::remove_file(kept.join(".distributor-attempts"));
+    fs::rename(&kept, t.join("spool/docs/inbox/replay")).unwrap();
+    t.run(&["agent", "--once"]).expect_code(1);
+    assert!(
+        !t.join("site/docs/old.html").exists(),
+        "the retracted page came back"
+    );
+    let result = read_json(&t.join("spool/docs/failed/replay/.distributor-result.json"));
+    assert_eq!(
+        result["destinations"][0]["action"], "fail_conflict",
+        "{result}"
+    );
+    let error = result["error"].as_str().unwrap();
+    for needed in [
+        "docs/old.html",
+        "b2, which deleted it",
+        "2026-06-02T00:00:00Z",
+    ] {
+        assert!(error.contains(needed), "{needed} not in {error}");
+    }
+
+    // Newer content may take the path again; the tombstone goes with it.
+    deliver(
+        "a3",
+        &a.private,
+        "2026-06-03T00:00:00Z",
+        &[("docs/old.html", "back, newer")],
+    )
+    .expect_code(0);
+    assert_eq!(
+        fs::read_to_string(t.join("site/docs/old.html")).unwrap(),
+        "back, newer"
+    );
+    let tombstones =
+        fs::read_to_string(t.join("spool/docs/.distributor-tombstones.json")).unwrap_or_default();
+    assert!(!tombstones.contains("docs/old.html"), "{tombstones}");
+}
