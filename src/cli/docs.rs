@@ -167,8 +167,16 @@ fn page(cmd: &Command, parent: Option<&Command>) -> String {
     if parent.is_none() {
         page.roff(&description());
     } else if cmd.get_long_about().is_some() {
-        // (Otherwise NAME says all the description would.)
         page.add(|w| man.render_description_section(w));
+    } else if let Some(about) = cmd.get_about() {
+        // What NAME says, as a sentence, and where the rest is.
+        let mut roff = Roff::new();
+        roff.control("SH", ["DESCRIPTION"]);
+        roff.text([roman(format!(
+            "{}. The options are below; contract.md in {DOC_DIR} is the whole contract.",
+            about.to_string().trim_end_matches('.')
+        ))]);
+        page.roff(&roff);
     }
     page.add(|w| man.render_options_section(w));
     if parent.is_none() {
@@ -181,6 +189,10 @@ fn page(cmd: &Command, parent: Option<&Command>) -> String {
     }
     if parent.is_none() {
         page.roff(&common_sections());
+    } else {
+        let mut roff = Roff::new();
+        exit_status(&mut roff);
+        page.roff(&roff);
     }
     page.roff(&see_also(cmd, parent));
     page.text
@@ -278,6 +290,13 @@ fn examples_section(cmd: &Command) -> Option<Roff> {
 /// EXIT STATUS, ENVIRONMENT and FILES: what holds for every command.
 fn common_sections() -> Roff {
     let mut roff = Roff::new();
+    exit_status(&mut roff);
+    common_rest(&mut roff);
+    roff
+}
+
+/// EXIT STATUS: the codes every command exits with.
+fn exit_status(roff: &mut Roff) {
     roff.control("SH", ["EXIT STATUS"]);
     for (code, meaning) in [
         (
@@ -302,7 +321,10 @@ fn common_sections() -> Roff {
     roff.text([roman(format!(
         "The contract behind these codes is contract.md §9 in {DOC_DIR}."
     ))]);
+}
 
+/// ENVIRONMENT and FILES, for the top page.
+fn common_rest(roff: &mut Roff) {
     roff.control("SH", ["ENVIRONMENT"]);
     roff.control("TP", []);
     roff.text([bold(CONFIG_ENV)]);
@@ -335,7 +357,6 @@ fn common_sections() -> Roff {
         roff.text([italic(path)]);
         roff.text([roman(what)]);
     }
-    roff
 }
 
 /// SEE ALSO: the top page links every command's page; a command's page

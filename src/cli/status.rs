@@ -417,7 +417,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
     }
     for b in p["in_hand"].as_array().into_iter().flatten() {
         println!(
-            "  in hand: {} (claimed {} ago)",
+            "  in hand: {} (its folder in work/ last changed {} ago)",
             inert(b["name"].as_str().unwrap_or_default()),
             age(&b["since"])
         );

@@ -125,6 +125,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
     let now = SystemTime::now();
     // What holds back the whole pipeline (docs/contract.md §18.2, §18.5).
     let folder = spool.pipeline_folder();
+    let held = matches!(super::queue::hold(folder), Ok(Some(_)));
     let behind = match (super::queue::hold(folder), super::queue::deferral(folder)) {
         (Ok(Some(h)), _) => format!(
             "; the pipeline is held since {} (`distributor spool release {}` resumes it)",
@@ -147,6 +148,10 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                 let (seen, _) = p.decide(now, None, &spool.timing.for_listing());
                 let mut state = seen.as_str();
                 let mut reason = p.reason(seen, now, &spool.timing);
+                if held && seen == super::Waiting::Ready {
+                    // Not at the next scan: once released (said below).
+                    reason = "complete; claimed once the pipeline is released".to_owned();
+                }
                 if let Some(v) = verdicts.get(&p.name) {
                     if v.state != state {
                         reason = format!(

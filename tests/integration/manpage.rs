@@ -88,6 +88,11 @@ fn the_top_page_names_every_command_and_each_has_a_page() {
             dir.join(format!("man/{page}.1")).is_file(),
             "{page}.1 is written"
         );
+        // Every page says what its command does and how it exits.
+        let text = unescaped(&read(&dir.join(format!("man/{page}.1"))));
+        for section in ["DESCRIPTION", "EXIT STATUS"] {
+            assert!(text.contains(section), "{page}.1 has no {section}:\n{text}");
+        }
         if !is_group {
             let usage = format!("distributor {}", path.join(" "));
             assert!(top.contains(&usage), "distributor.1 names {usage}:\n{top}");

@@ -775,7 +775,8 @@ fn a_bundle_that_takes_long_logs_its_progress_every_10s() {
     assert_eq!(status["in_hand"][0]["name"], "slow", "{status}");
     let text = t.run(&["status"]);
     assert!(
-        text.stdout.contains("  in hand: slow (claimed "),
+        text.stdout
+            .contains("  in hand: slow (its folder in work/ last changed "),
         "{}",
         text.stdout
     );
