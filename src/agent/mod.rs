@@ -134,7 +134,20 @@ pub fn run(config_path: &Path, once: bool, process: &ProcessState) -> Result<boo
     if once {
         return Ok(run_once(&config, process));
     }
+    keep_in_force(&config, config_path);
     run_forever(config_path, config, process)
+}
+
+/// Keeps a copy of the config the agent now serves, for the commands
+/// that read while the file does not load ([`config::in_force`]).
+fn keep_in_force(config: &Config, path: &Path) {
+    match std::fs::read_to_string(path) {
+        Ok(text) => config::in_force::record(config, path, &text),
+        Err(e) => log::warn!(
+            "cannot read {} again to keep a copy of the config in force ({e})",
+            path.display()
+        ),
+    }
 }
 
 /// Interrupts long hashing, copying and rendering once `grace` has
@@ -390,11 +403,13 @@ fn run_forever(
                         maintenance = Maintenance::start(&config, &metrics, process);
                         configured.store(config.pipelines.len(), Ordering::SeqCst);
                         metrics.set_reload_refused(None);
+                        keep_in_force(&config, config_path);
                         tell_ready(&notifier, &metrics, &configured);
                         log::info!("config reloaded: {} pipeline(s)", config.pipelines.len());
                     }
                     Err(e) => {
                         log::error!("config reload refused, keeping the old config: {e}");
+                        config::in_force::record_refusal(&config, &e);
                         metrics.set_reload_refused(Some(e));
                         tell_ready(&notifier, &metrics, &configured);
                     }

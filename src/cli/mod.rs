@@ -171,6 +171,25 @@ fn load_config(flag: Option<&Path>) -> Result<Config, String> {
     config::load(&path).map_err(|e| e.to_string())
 }
 
+/// For a command that only reads: the config, or when the file does not
+/// load, the one the running agent serves (with a warning on stderr that
+/// names the file's error); else prints why not and returns the usage
+/// exit code.
+fn config_for_reading(flag: Option<&Path>) -> Result<Config, u8> {
+    let path = config::resolve_config_path(flag);
+    match config::in_force::load_for_reading(&path) {
+        Ok((config, None)) => Ok(config),
+        Ok((config, Some(warning))) => {
+            eprintln!("warning: {warning}");
+            Ok(config)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(EXIT_USAGE)
+        }
+    }
+}
+
 /// Loads the config, or prints why not and returns the usage exit code.
 fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
     load_config(flag).map_err(|e| {

@@ -1,7 +1,7 @@
 //! The spool commands: `spool list` and `spool retry`.
 
 use super::output::human_age;
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
+use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_for_reading, config_or_usage};
 use crate::inert::inert;
 use crate::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
@@ -13,7 +13,7 @@ pub(super) fn spool_list(
     folders: &[Folder],
     json: bool,
 ) -> u8 {
-    let config = match config_or_usage(flag) {
+    let config = match config_for_reading(flag) {
         Ok(c) => c,
         Err(code) => return code,
     };

@@ -9,7 +9,7 @@
 //! no longer counts as the last failure.
 
 use super::output::{human_age, human_time};
-use super::{EXIT_FAILURE, EXIT_OK, access, config_or_usage};
+use super::{EXIT_FAILURE, EXIT_OK, access, config_for_reading};
 use crate::agent::presence;
 use crate::config::{Config, Pipeline};
 use crate::inert::inert;
@@ -20,7 +20,7 @@ use std::path::Path;
 use time::OffsetDateTime;
 
 pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
-    let config = match config_or_usage(flag) {
+    let config = match config_for_reading(flag) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -28,6 +28,22 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
     let mut pipelines = Vec::new();
     let mut problems = Vec::new();
     let mut errors = Vec::new();
+    // A reload the running agent refused: it serves the config it had.
+    let refused = crate::config::in_force::refused(&config.spool);
+    if let Some(r) = &refused {
+        problems.push(format!(
+            "the agent refused a reload at {} and serves the config it had: {}; fix the file, then reload it (SIGHUP)",
+            r.at,
+            inert(&r.error)
+        ));
+        if !json && !check {
+            println!(
+                "config reload refused at {}: {} (the agent serves the config it had)",
+                r.at,
+                inert(&r.error)
+            );
+        }
+    }
     for p in &config.pipelines {
         match pipeline_status(&config, p, now, &mut problems) {
             Ok(doc) => pipelines.push(doc),
@@ -49,6 +65,13 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
         EXIT_FAILURE
     };
     if json {
+        // The agent's refused reload, told with every pipeline it serves.
+        let refused = refused.map(|r| json!({"at": r.at, "error": r.error}));
+        for p in &mut pipelines {
+            if let Some(doc) = p.as_object_mut() {
+                doc.insert("reload_refused".to_owned(), refused.clone().into());
+            }
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&pipelines).unwrap_or_default()

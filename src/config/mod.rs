@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 mod check;
 mod error;
+pub mod in_force;
 mod model;
 mod raw;
 mod relations;

@@ -1153,13 +1153,14 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
     let mut agent = dir.agent();
     let inbox = dir.spool("p", "inbox");
 
-    dir.config("pipelines: [ this is : not yaml\n  - {{{\n");
+    // An edit gone wrong (the spool line kept).
+    dir.config("spool: ./spool\npipelines: [ this is : not yaml\n  - {{{\n");
     let logged = agent.stderr().len();
     agent.signal(libc::SIGHUP);
     // The log says why: the file, line and column of the mistake.
     assert!(
         wait_for(Duration::from_secs(10), || agent.stderr()[logged..]
-            .contains("config.yaml line 2")),
+            .contains("config.yaml line 3")),
         "the reload error is not logged with its place:\n{}",
         agent.stderr()
     );
@@ -1167,6 +1168,47 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
         agent.running(),
         "a broken config on SIGHUP must not stop the agent"
     );
+    // The agent can still be inspected: the commands that read show the
+    // config it serves, with a warning naming the file's error, and
+    // status says the reload was refused.
+    let status = dir.run(&["status"]);
+    status.expect_code(0);
+    assert!(
+        status.stderr.contains("config.yaml line 3"),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        status
+            .stderr
+            .contains("showing the config the running agent accepted"),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        status.stdout.contains("config reload refused at "),
+        "{}",
+        status.stdout
+    );
+    assert!(status.stdout.contains("pipeline p:"), "{}", status.stdout);
+    let check = dir.run(&["status", "--check"]);
+    check.expect_code(1);
+    assert!(
+        check.stdout.contains("the agent refused a reload at "),
+        "{}",
+        check.stdout
+    );
+    let json = dir.run(&["status", "--json"]).json();
+    assert!(
+        json[0]["reload_refused"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("line 3"),
+        "{json}"
+    );
+    dir.run(&["spool", "list"]).expect_code(0);
+    // A command that changes something still refuses the broken file.
+    dir.run(&["spool", "hold", "p"]).expect_code(2);
     let b = dir.sealed("after-broken", &[("x.txt", b"x\n")]);
     drop_into(&b, &inbox.join("after-broken"));
     wait_done(&dir, &agent, "p", "after-broken");
@@ -1199,6 +1241,9 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
     let b = dir.sealed("after-reload", &[("y.txt", b"y\n")]);
     drop_into(&b, &inbox.join("after-reload"));
     wait_done(&dir, &agent, "p", "after-reload");
+    // The reload worked: nothing refused any more.
+    let json = dir.run(&["status", "--json"]).json();
+    assert!(json[0]["reload_refused"].is_null(), "{json}");
     stop(agent);
 }
 
