@@ -457,6 +457,89 @@ pub fn remove(dir: &Dir, name: &str) -> io::Result<bool> {
     }
 }
 
+/// Gives the group class of the bundle folder `name` in `inbox`, and of
+/// everything below it, what the agent needs to take it over: read,
+/// write and search on folders (moving a folder into work/ needs write
+/// access to the folder itself), read on regular files. Under an ACL the
+/// group class is the ACL's mask, so this restores what a producer's mode
+/// took from the agent's named entry (`cp -r`, `rsync -a` and `tar -x`
+/// give new folders their source's mode, which sets the mask; a umask of
+/// 077 leaves it empty); without one it is the producers' group, which
+/// the install recipe's agent belongs to.
+///
+/// Only an agent that may change the modes of files it does not own does
+/// anything (`CAP_FOWNER`, which the packaged unit gives it): the first
+/// change it may not make ends the walk with `EPERM`. Nothing is followed
+/// or opened for reading to do it (each entry is opened `O_PATH |
+/// O_NOFOLLOW`, checked through its descriptor, and changed through
+/// `/proc/self/fd`): a link is left as it is, and so is a file with more
+/// than one name (the bundle fails for it anyway) and anything that is
+/// neither a folder nor a regular file. Returns how many modes changed; at
+/// most `max_entries` entries are looked at, [`ADOPT_DEPTH`] folders deep
+/// (one descriptor each).
+pub fn adopt(inbox: &Dir, name: &str, max_entries: u64) -> io::Result<u64> {
+    let mut changed = 0;
+    let mut seen = 0;
+    adopt_entry(
+        inbox,
+        OsStr::new(name),
+        &mut changed,
+        &mut seen,
+        max_entries,
+        0,
+    )?;
+    Ok(changed)
+}
+
+/// How deep [`adopt`] goes.
+const ADOPT_DEPTH: usize = 64;
+
+fn adopt_entry(
+    parent: &Dir,
+    name: &OsStr,
+    changed: &mut u64,
+    seen: &mut u64,
+    max: u64,
+    depth: usize,
+) -> io::Result<()> {
+    use rustix::fs::{FileType, Mode, OFlags, fstat, openat};
+    *seen += 1;
+    if *seen > max || depth > ADOPT_DEPTH {
+        return Ok(());
+    }
+    let fd = openat(
+        parent,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = fstat(&fd)?;
+    let (needed, is_dir) = match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => (0o070, true),
+        FileType::RegularFile if stat.st_nlink == 1 => (0o040, false),
+        _ => return Ok(()),
+    };
+    let mode = stat.st_mode & 0o7777;
+    if mode & needed != needed {
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode | needed))?;
+        *changed += 1;
+    }
+    if !is_dir {
+        return Ok(());
+    }
+    // Readable now: its entries, each the same way.
+    let dir = match open_dir(parent, name) {
+        Ok(dir) => dir,
+        Err(EntryError::Io(e)) => return Err(e),
+        Err(_) => return Ok(()),
+    };
+    for entry in dir.entries()? {
+        adopt_entry(&dir, &entry?.file_name(), changed, seen, max, depth + 1)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,5 +712,46 @@ mod tests {
             open_dir_beneath(&root, &path("real/missing")),
             Err(EntryError::Missing)
         ));
+    }
+
+    /// What adopt changes: folders get g+rwx, regular files g+r; a link
+    /// is not followed (its target keeps its mode), and a file with more
+    /// than one name is left alone.
+    #[test]
+    fn adopt_opens_the_group_class_below_a_bundle_and_follows_no_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let inbox = tmp.path().join("inbox");
+        let bundle = inbox.join("b");
+        std::fs::create_dir_all(bundle.join("sub")).unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        std::fs::write(bundle.join("sub/page.html"), "p").unwrap();
+        std::fs::write(bundle.join("linked"), "l").unwrap();
+        std::fs::hard_link(bundle.join("linked"), tmp.path().join("other-name")).unwrap();
+        std::os::unix::fs::symlink(&outside, bundle.join("link")).unwrap();
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        for (p, m) in [
+            (&outside, 0o600),
+            (&bundle.join("sub/page.html"), 0o600),
+            (&bundle.join("linked"), 0o600),
+        ] {
+            set(p, m);
+        }
+        for p in [&bundle.join("sub"), &bundle] {
+            set(p, 0o700);
+        }
+        let dir = open_folder_io(&inbox).unwrap();
+        let changed = adopt(&dir, "b", 100).unwrap();
+        assert_eq!(changed, 3, "two folders and one file");
+        assert_eq!(mode(&bundle), 0o770);
+        assert_eq!(mode(&bundle.join("sub")), 0o770);
+        assert_eq!(mode(&bundle.join("sub/page.html")), 0o640);
+        assert_eq!(mode(&bundle.join("linked")), 0o600, "a file with two names");
+        assert_eq!(mode(&outside), 0o600, "a link is never followed");
+        assert_eq!(adopt(&dir, "b", 100).unwrap(), 0, "nothing left to change");
     }
 }

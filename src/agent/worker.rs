@@ -66,6 +66,9 @@ struct InboxState {
     verdicts: std::collections::BTreeMap<String, (spool::queue::Verdict, bool)>,
     /// The verdicts changed since they were recorded.
     verdicts_changed: bool,
+    /// Entries the agent tried to take over ([`spool::adopt`]), and how
+    /// each looked then: tried again only once it changed.
+    adopted: HashMap<String, SystemTime>,
 }
 
 impl InboxState {
@@ -104,6 +107,9 @@ struct Look {
     next_check: Option<Duration>,
     /// Incomplete entries `agent --once` leaves in the inbox.
     left_incomplete: Vec<usize>,
+    /// An entry the agent could not read or move was made readable and
+    /// movable for it: look again at once.
+    adopted: bool,
 }
 
 impl Look {
@@ -419,6 +425,7 @@ impl Worker {
             unchanged_since: Instant::now(),
             verdicts: Default::default(),
             verdicts_changed: true,
+            adopted: HashMap::new(),
         };
         let mut held = false;
         loop {
@@ -436,6 +443,9 @@ impl Worker {
                 }
             }
             let look = self.look(&mut inbox, &timing);
+            if look.adopted {
+                continue;
+            }
             let mut claimed_any = false;
             let ready = look.ready();
             let chunks = ready.len().div_ceil(crate::publish::MAX_BATCH);
@@ -576,12 +586,17 @@ impl Worker {
             }
         }
         drop(kinds);
+        inbox
+            .adopted
+            .retain(|name, _| probes.iter().any(|p| &p.name == name));
+        let adopted = self.adopt(&probes, inbox);
         self.record_verdicts(inbox);
         Look {
             probes,
             ready,
             next_check,
             left_incomplete,
+            adopted,
         }
     }
 
@@ -661,6 +676,47 @@ impl Worker {
         }
         self.record_verdicts(inbox);
         claimed
+    }
+
+    /// Takes over the entries of `probes` the agent may not read or move,
+    /// when it may (`CAP_FOWNER`, [`spool::adopt`]); each once until it
+    /// changes. Whether one was changed (to be looked at again at once).
+    fn adopt(&self, probes: &[spool::Probe], inbox: &mut InboxState) -> bool {
+        let mut any = false;
+        let mut dir = None;
+        for p in probes {
+            if !matches!(p.kind, spool::ProbeKind::Unreadable(_))
+                || !spool::is_real_folder(&p.path)
+                || inbox.adopted.get(&p.name) == Some(&p.last_change)
+            {
+                continue;
+            }
+            inbox.adopted.insert(p.name.clone(), p.last_change);
+            if dir.is_none() {
+                dir = crate::spoolfs::open_folder_io(&self.spool.inbox).ok();
+            }
+            let Some(inbox_dir) = &dir else { return any };
+            let most = self.pipeline.limits.max_files.saturating_add(16);
+            match crate::spoolfs::adopt(inbox_dir, &p.name, most) {
+                Ok(0) => {}
+                Ok(n) => {
+                    log::info!(
+                        "pipeline={} bundle={}: gave the agent's group read{} access to {n} of its folders and files (chmod g+rX, g+w on folders: under the inbox's ACL this is the mask, which the producer's copy had set from its source's mode or its umask), so that the agent can verify and claim it",
+                        self.pipeline.id,
+                        inert(&p.name),
+                        " and write"
+                    );
+                    any = true;
+                }
+                // Not allowed to (no CAP_FOWNER): the reason stands.
+                Err(e) => log::debug!(
+                    "pipeline={} bundle={}: cannot take it over ({e})",
+                    self.pipeline.id,
+                    inert(&p.name)
+                ),
+            }
+        }
+        any
     }
 
     /// Writes the agent's verdicts on the inbox when they changed.

@@ -386,9 +386,9 @@ fn probe_entry(
     if probe.kind != ProbeKind::NoManifest && !writable(inbox, name) {
         // Claiming moves the folder into work/, which needs write access
         // to the folder itself (its ".." entry changes).
-        probe.kind = ProbeKind::Unreadable(
-            "the agent cannot move it into work/: the folder is not writable for the agent; make bundle folders writable by the agent's group (chmod -R g+w) before the final rename, as docs/security.md describes".to_owned(),
-        );
+        probe.kind = ProbeKind::Unreadable(format!(
+            "the agent cannot move it into work/: the folder is not writable for the agent (moving a folder needs write access to the folder itself). {TAKE_OVER}"
+        ));
     }
     Some(probe)
 }
@@ -401,6 +401,10 @@ fn writable(inbox: &Dir, name: &str) -> bool {
     accessat(inbox, name, Access::WRITE_OK, flags).is_ok()
 }
 
+/// Why the agent may lack access to a bundle its producer delivered, and
+/// the fixes (docs/security.md, "Setting up producers").
+const TAKE_OVER: &str = "A copy made with cp -r, rsync -a or tar -x gives new folders the mode of their source, and a umask of 077 none for the group: under the inbox's ACL that mode is the mask, which limits the agent's own entry. An agent with CAP_FOWNER (the packaged unit gives it) restores the group's read and write access by itself; without it, the producer runs chmod -R g+rwX on the bundle before its last rename, or gives rsync --chmod=Dg+rwx,Fg+r";
+
 fn unreadable_folder(shown: &str, e: &EntryError) -> String {
     let place = if shown == "." {
         "the folder".to_owned()
@@ -408,9 +412,9 @@ fn unreadable_folder(shown: &str, e: &EntryError) -> String {
         format!("its folder \"{shown}\"")
     };
     match e {
-        EntryError::Io(io) if io.kind() == io::ErrorKind::PermissionDenied => format!(
-            "the agent cannot read {place} ({io}); give the agent's group read and search access (chmod g+rx), as docs/security.md describes"
-        ),
+        EntryError::Io(io) if io.kind() == io::ErrorKind::PermissionDenied => {
+            format!("the agent cannot read {place} ({io}). {TAKE_OVER}")
+        }
         other => format!("the agent cannot open {place}: {other}"),
     }
 }
@@ -514,7 +518,7 @@ fn examine(folder: &Dir, tree: &Tree, limits: &Limits, signed: bool) -> ProbeKin
             if e.kind() == io::ErrorKind::PermissionDenied =>
         {
             return ProbeKind::Unreadable(format!(
-                "the agent cannot read its {MANIFEST} ({e}); make it readable by the agent's group (chmod g+r)"
+                "the agent cannot read its {MANIFEST} ({e}). {TAKE_OVER}"
             ));
         }
         Err(e) => return ProbeKind::Broken(format!("{MANIFEST} {e}")),

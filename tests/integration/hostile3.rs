@@ -210,3 +210,153 @@ fn the_inbox_is_shown_as_the_agent_judges_it_not_as_root_sees_it() {
             .exists()
     );
 }
+
+/// The producers' group of the ACL recipe (docs/security.md), other than
+/// the agent's.
+const REPORTS_PRODUCERS: u32 = 60002;
+
+/// Runs `script` (sh) in the lab's folder as producer `OTHER` of group
+/// [`REPORTS_PRODUCERS`].
+fn as_producer(lab: &Lab, script: &str) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(lab.path())
+        .uid(OTHER)
+        .gid(REPORTS_PRODUCERS)
+        .output()
+        .expect("run the producer's script");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The install recipe of docs/security.md (a sticky inbox of the
+/// producers' group, an ACL for the agent's user, inherited), with the
+/// packaged agent's user and its one capability (CAP_FOWNER, through
+/// setpriv as the unit's AmbientCapabilities gives it): every delivery
+/// recipe the docs give works as written, `cp -r`, `rsync -a`, `tar -x`
+/// and the CI deploy-key recipe (`umask 077`, then `rsync -a`). They set
+/// new folders' modes from their source's (or the umask), which sets the
+/// ACL's mask: the agent could neither read nor move such a bundle, which
+/// waited as `unreadable` for good. Without the capability, the reason
+/// says so and names the fix.
+#[test]
+fn every_delivery_recipe_works_under_the_documented_producer_setup() {
+    if !can_switch_users("every_delivery_recipe_works_under_the_documented_producer_setup") {
+        return;
+    }
+    let lab = Lab::bare(ONE_ROOT);
+    for folder in ["spool", "site"] {
+        let path = lab.t.mkdir(folder);
+        chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o750)).unwrap();
+    }
+    lab.agent_once(Some(NOBODY)).expect_code(0);
+    let spool = lab.join("spool");
+    let inbox = lab.spool("reports", "inbox");
+    let group = format!("g:{REPORTS_PRODUCERS}:x");
+    run(
+        "setfacl",
+        &[
+            "-m",
+            &group,
+            spool.to_str().unwrap(),
+            spool.join("reports").to_str().unwrap(),
+        ],
+    );
+    chown(&inbox, None, Some(REPORTS_PRODUCERS)).unwrap();
+    fs::set_permissions(&inbox, fs::Permissions::from_mode(0o1770)).unwrap();
+    let agent = format!("u:{NOBODY}:rwx");
+    run(
+        "setfacl",
+        &["-m", &agent, "-d", "-m", &agent, inbox.to_str().unwrap()],
+    );
+
+    for name in ["cp", "rsync", "tar", "ci"] {
+        lab.sealed(
+            name,
+            &[
+                ("index.html", &format!("{name}\n")),
+                ("sub/page.html", "deep\n"),
+            ],
+        );
+    }
+    run(
+        "tar",
+        &[
+            "-C",
+            lab.join("bundles").to_str().unwrap(),
+            "-cf",
+            lab.join("tar.tar").to_str().unwrap(),
+            "tar",
+        ],
+    );
+    let stage = lab.t.mkdir("ci-stage");
+    chown(&stage, Some(OTHER), Some(REPORTS_PRODUCERS)).unwrap();
+    let i = "spool/reports/inbox";
+    as_producer(
+        &lab,
+        &format!("cp -r bundles/cp {i}/.cp && mv {i}/.cp {i}/cp"),
+    );
+    as_producer(&lab, &format!("rsync -a bundles/rsync/ {i}/rsync/"));
+    as_producer(&lab, &format!("tar -C {i} -xf tar.tar"));
+    as_producer(
+        &lab,
+        &format!("umask 077 && cp -r bundles/ci ci-stage/ci && rsync -a ci-stage/ci/ {i}/ci/"),
+    );
+
+    // Without the capability: each waits, and says why and what to do.
+    lab.agent_once(Some(NOBODY));
+    let listed = lab
+        .run(Some(NOBODY), &["spool", "list", "--inbox", "--json"])
+        .json();
+    for row in listed.as_array().unwrap() {
+        assert_eq!(row["state"], "unreadable", "{row}");
+        let reason = row["reason"].as_str().unwrap();
+        assert!(reason.contains("CAP_FOWNER"), "{reason}");
+    }
+
+    // As the packaged unit runs it: the agent's user, with CAP_FOWNER.
+    let out = Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            "--inh-caps=+fowner",
+            "--ambient-caps=+fowner",
+            env!("CARGO_BIN_EXE_distributor"),
+            "--config",
+            lab.join("config.yaml").to_str().unwrap(),
+            "agent",
+            "--once",
+        ])
+        .current_dir(lab.path())
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    for name in ["cp", "rsync", "tar", "ci"] {
+        assert!(
+            lab.spool("reports", "done").join(name).is_dir(),
+            "{name} was not published:\n{stderr}"
+        );
+    }
+    assert!(stderr.contains("gave the agent's group read"), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(lab.join("site/sub/page.html")).unwrap(),
+        "deep\n"
+    );
+}
