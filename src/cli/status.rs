@@ -284,7 +284,7 @@ fn pipeline_status(
             "entries": stuck,
             "fix": (stuck_count > 0).then_some(RETENTION_FIX),
         },
-        "destinations": p.destinations.iter().map(destination_json).collect::<Vec<_>>(),
+        "destinations": p.destinations.iter().map(|d| destination_json(&p.id, d)).collect::<Vec<_>>(),
         "signature_refusals": signature_refusals,
     }))
 }
@@ -365,9 +365,21 @@ fn unreadable(spool: &Spool, folders: &[Folder], e: &std::io::Error) -> String {
     }
 }
 
-fn destination_json(d: &crate::config::Destination) -> Value {
+/// A destination's root as `status` shows it: its catalog's state, how
+/// many outputs the root records (`outputs`) and how many of them are this
+/// destination's own (`owned`: a root may be shared by several pipelines).
+fn destination_json(pipeline_id: &str, d: &crate::config::Destination) -> Value {
     use crate::catalog::State;
     let state = crate::publish::peek_state(d);
+    let owned = match &state {
+        Ok(Some(State::Catalog(c))) => Some(
+            c.outputs
+                .iter()
+                .filter(|r| r.owned_by(pipeline_id, &d.id))
+                .count(),
+        ),
+        _ => None,
+    };
     let (state_text, outputs) = match &state {
         Err(e) => (format!("catalog unreadable: {e}"), None),
         Ok(None) | Ok(Some(State::Absent)) => ("no catalog".to_owned(), None),
@@ -386,6 +398,7 @@ fn destination_json(d: &crate::config::Destination) -> Value {
         "workflow": d.workflow.as_str(),
         "state": state_text,
         "outputs": outputs,
+        "owned": owned,
     })
 }
 
@@ -500,10 +513,17 @@ fn print_text(p: &Value, now: OffsetDateTime) {
         );
     }
     for d in p["destinations"].as_array().into_iter().flatten() {
-        let outputs = d["outputs"]
-            .as_u64()
-            .map(|n| format!(", {n} output{}", if n == 1 { "" } else { "s" }))
-            .unwrap_or_default();
+        let plural = |n: u64| if n == 1 { "" } else { "s" };
+        let outputs = match (d["owned"].as_u64(), d["outputs"].as_u64()) {
+            (Some(own), Some(all)) if own != all => {
+                format!(
+                    ", {own} output{} of its own ({all} in the root)",
+                    plural(own)
+                )
+            }
+            (_, Some(all)) => format!(", {all} output{}", plural(all)),
+            _ => String::new(),
+        };
         println!(
             "  destination {} ({}) {}: {}{outputs}",
             d["destination_id"].as_str().unwrap_or_default(),

@@ -828,3 +828,46 @@ fn a_closed_pipe_ends_a_command_quietly() {
         assert!(stderr.is_empty(), "{args:?} said:\n{stderr}");
     }
 }
+
+/// Two pipelines share a root: each destination's line in `status` says
+/// how many of the root's outputs are its own, not the whole root's count
+/// as if they were.
+#[test]
+fn status_counts_each_destinations_own_outputs_in_a_shared_root() {
+    let t = Test::new();
+    t.config(
+        "spool: ./spool
+pipelines:
+  - id: p
+    destinations:
+      - id: d
+        path: ./www
+        scope: [\"p/\"]
+  - id: q
+    destinations:
+      - id: d
+        path: ./www
+        scope: [\"q/\"]
+",
+    );
+    let a = t.bundle("a", &[("p/one.txt", "1\n")]);
+    t.publish("p", &a, &[]).expect_code(0);
+    let b = t.bundle("b", &[("q/one.txt", "1\n"), ("q/two.txt", "2\n")]);
+    t.publish("q", &b, &[]).expect_code(0);
+    let json = t.run(&["status", "--json"]).json();
+    let p = &json[0]["destinations"][0];
+    assert_eq!(
+        (p["owned"].as_u64(), p["outputs"].as_u64()),
+        (Some(1), Some(3)),
+        "{json}"
+    );
+    let text = t.run(&["status"]).stdout;
+    assert!(
+        text.contains("1 output of its own (3 in the root)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 outputs of its own (3 in the root)"),
+        "{text}"
+    );
+}
