@@ -12,6 +12,22 @@ pub fn first_few<T: std::fmt::Display>(items: &[T], shown: usize, sep: &str) -> 
     text
 }
 
+/// An RFC 3339 time as people read it in text output: to the second, in
+/// UTC (`2026-06-04 11:55:00 UTC`), one form on every screen; the text as
+/// it is when it does not parse. JSON keeps the full time.
+pub fn human_time(rfc3339: &str) -> String {
+    crate::catalog::parse_time(rfc3339)
+        .ok()
+        .and_then(|t| {
+            let t = t.to_offset(time::UtcOffset::UTC);
+            let format = time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
+            );
+            t.format(&format).ok()
+        })
+        .unwrap_or_else(|| rfc3339.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -134,6 +134,10 @@ pub enum Command {
     /// `cli::docs`): the Debian package's build runs it, not for people.
     #[command(name = "__generate-docs", hide = true)]
     GenerateDocs { dir: PathBuf },
+    /// Prints the ids of the configured pipelines, one a line: what the
+    /// shell completions offer after --pipeline; not for people.
+    #[command(name = "__pipelines", hide = true)]
+    Pipelines,
 }
 
 #[derive(Debug, Args)]

@@ -78,7 +78,42 @@ fn write(path: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
 fn completion(shell: Shell) -> Vec<u8> {
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut completed_command(), BIN, &mut buf);
-    buf
+    with_pipeline_ids(shell, &String::from_utf8_lossy(&buf)).into_bytes()
+}
+
+/// A completion script that offers the configured pipeline ids after
+/// `--pipeline` (clap_complete's scripts are static, and would offer file
+/// names): the ids come from `distributor __pipelines`, with the
+/// `--config` of the command line being completed when it has one (bash),
+/// else the config any command finds.
+fn with_pipeline_ids(shell: Shell, script: &str) -> String {
+    match shell {
+        Shell::Bash => {
+            let helper = format!(
+                "_{BIN}_pipelines() {{\n    local i config=()\n    for ((i = 1; i < ${{#COMP_WORDS[@]}} - 1; i++)); do\n        [[ ${{COMP_WORDS[i]}} == --config ]] && config=(--config \"${{COMP_WORDS[i+1]}}\")\n    done\n    {BIN} \"${{config[@]}}\" __pipelines 2>/dev/null\n}}\n\n"
+            );
+            let from = "--pipeline)\n                    COMPREPLY=($(compgen -f \"${cur}\"))";
+            let to = format!(
+                "--pipeline)\n                    COMPREPLY=($(compgen -W \"$(_{BIN}_pipelines)\" -- \"${{cur}}\"))"
+            );
+            format!("{helper}{}", script.replace(from, &to))
+        }
+        Shell::Zsh => script.replace(
+            ":P:_default'",
+            &format!(":P:{{compadd -- ${{(f)\"$({BIN} __pipelines 2>/dev/null)\"}}}}'"),
+        ),
+        Shell::Fish => script
+            .lines()
+            .map(|line| {
+                if line.contains(" -l pipeline ") && line.ends_with(" -r") {
+                    format!("{line} -f -a \"({BIN} __pipelines 2>/dev/null)\"\n")
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect(),
+        _ => script.to_owned(),
+    }
 }
 
 /// The command line as the completions offer it: `Cli` without its hidden

@@ -45,6 +45,15 @@ pub fn run(cli: Cli) -> u8 {
         Command::Agent { once } => agent(config, once, process),
         Command::Render => crate::render_child::serve(),
         Command::GenerateDocs { dir } => docs::generate(&dir),
+        Command::Pipelines => match config_for_reading(config) {
+            Ok(c) => {
+                for p in &c.pipelines {
+                    println!("{}", p.id);
+                }
+                EXIT_OK
+            }
+            Err(code) => code,
+        },
         Command::Prune {
             target,
             apply,

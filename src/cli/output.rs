@@ -25,18 +25,8 @@ pub(super) fn human_age(seconds: i64) -> String {
     }
 }
 
-/// An RFC 3339 time as people read it in text output: to the second, in
-/// UTC (`2026-06-04 11:55:00 UTC`); the text as it is when it does not
-/// parse. JSON keeps the full time.
+/// An RFC 3339 time as people read it in text output
+/// ([`crate::message::human_time`]).
 pub(super) fn human_time(rfc3339: &str) -> String {
-    crate::catalog::parse_time(rfc3339)
-        .ok()
-        .and_then(|t| {
-            let t = t.to_offset(time::UtcOffset::UTC);
-            let format = time::macros::format_description!(
-                "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
-            );
-            t.format(&format).ok()
-        })
-        .unwrap_or_else(|| rfc3339.to_owned())
+    crate::message::human_time(rfc3339)
 }

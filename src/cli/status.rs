@@ -39,7 +39,7 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
         if !json && !check {
             println!(
                 "config reload refused at {}: {} (the agent serves the config it had)",
-                r.at,
+                human_time(&r.at),
                 inert(&r.error)
             );
         }

@@ -129,11 +129,13 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
     let behind = match (super::queue::hold(folder), super::queue::deferral(folder)) {
         (Ok(Some(h)), _) => format!(
             "; the pipeline is held since {} (`distributor spool release {}` resumes it)",
-            h.since, spool.pipeline_id
+            crate::message::human_time(&h.since),
+            spool.pipeline_id
         ),
         (_, Ok(Some(d))) => format!(
             "; waits behind the deferred bundle {} (next try {})",
-            d.bundle, d.next_try
+            d.bundle,
+            crate::message::human_time(&d.next_try)
         ),
         _ => String::new(),
     };
@@ -156,7 +158,8 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                     if v.state != state {
                         reason = format!(
                             "{} (the agent's verdict, at {}; with this command's permissions it looks {state}: {reason})",
-                            v.reason, v.at
+                            v.reason,
+                            crate::message::human_time(&v.at)
                         );
                     } else {
                         reason = v.reason.clone();
