@@ -21,7 +21,7 @@ pub enum LockError {
     )]
     Timeout { root: String, waited: Duration },
     #[error(
-        "cannot open lock file {root}/{LOCK_FILE}: {source}; the agent's user must be able to create and write it, and it must be a regular file (not a link)"
+        "cannot open lock file {root}/{LOCK_FILE}: {source}; the agent's user must be able to create and read it (it is the agent's, mode 0640), and it must be a regular file (not a link)"
     )]
     Io {
         root: String,
@@ -69,7 +69,17 @@ fn open_lock_file(root: &Root, create: bool) -> io::Result<Option<File>> {
         return Err(io::Error::other("it is not a regular file"));
     }
     let mode = stat.st_mode & 0o7777;
-    if mode & 0o007 != 0 {
+    // Only a lock file of its own (a dry run, which changes nothing, and
+    // one an operator's flock created, which narrowing could lock this
+    // process out of, are only warned about).
+    let own = stat.st_uid == rustix::process::geteuid().as_raw();
+    if mode & 0o007 != 0 && !(create && own) {
+        log::warn!(
+            "{}/{LOCK_FILE} is mode {mode:o}: any local user can hold it and stop publication to the root; its owner (or root) should `chmod o= {}/{LOCK_FILE}`",
+            root.path().display(),
+            root.path().display()
+        );
+    } else if mode & 0o007 != 0 {
         let narrowed = mode & 0o770;
         match fchmod(&fd, Mode::from_raw_mode(narrowed)) {
             Ok(()) => log::info!(

@@ -476,68 +476,85 @@ pub fn remove(dir: &Dir, name: &str) -> io::Result<bool> {
 /// than one name (the bundle fails for it anyway) and anything that is
 /// neither a folder nor a regular file. Returns how many modes changed; at
 /// most `max_entries` entries are looked at, [`ADOPT_DEPTH`] folders deep
-/// (one descriptor each).
+/// (two descriptors each). Only entries of the bundle folder's owner, on
+/// its device, are changed.
 pub fn adopt(inbox: &Dir, name: &str, max_entries: u64) -> io::Result<u64> {
     let mut changed = 0;
     let mut seen = 0;
-    adopt_entry(
-        inbox,
-        OsStr::new(name),
-        &mut changed,
-        &mut seen,
-        max_entries,
-        0,
-    )?;
+    let mut walk = Adopt {
+        changed: &mut changed,
+        seen: &mut seen,
+        max: max_entries,
+        owner: None,
+    };
+    walk.entry(inbox, OsStr::new(name), 0)?;
     Ok(changed)
 }
 
 /// How deep [`adopt`] goes.
 const ADOPT_DEPTH: usize = 64;
 
-fn adopt_entry(
-    parent: &Dir,
-    name: &OsStr,
-    changed: &mut u64,
-    seen: &mut u64,
+/// One [`adopt`] walk: what it changed and looked at, and the bundle
+/// folder's owner and device, which every entry it changes must share (a
+/// file of another user moved into the bundle, a mount inside it, are left
+/// as they are).
+struct Adopt<'a> {
+    changed: &'a mut u64,
+    seen: &'a mut u64,
     max: u64,
-    depth: usize,
-) -> io::Result<()> {
-    use rustix::fs::{FileType, Mode, OFlags, fstat, openat};
-    *seen += 1;
-    if *seen > max || depth > ADOPT_DEPTH {
-        return Ok(());
+    owner: Option<(u32, u64)>,
+}
+
+impl Adopt<'_> {
+    fn entry(&mut self, parent: &Dir, name: &OsStr, depth: usize) -> io::Result<()> {
+        use rustix::fs::{FileType, Mode, OFlags, fstat, openat};
+        *self.seen += 1;
+        if *self.seen > self.max || depth > ADOPT_DEPTH {
+            return Ok(());
+        }
+        let fd = openat(
+            parent,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let stat = fstat(&fd)?;
+        let here = (stat.st_uid, stat.st_dev);
+        if *self.owner.get_or_insert(here) != here {
+            return Ok(());
+        }
+        let (needed, is_dir) = match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory => (0o070, true),
+            FileType::RegularFile if stat.st_nlink == 1 => (0o040, false),
+            _ => return Ok(()),
+        };
+        let mode = stat.st_mode & 0o7777;
+        if mode & needed != needed {
+            let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+            rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode | needed))?;
+            *self.changed += 1;
+        }
+        if !is_dir {
+            return Ok(());
+        }
+        // Readable now: its entries, each the same way, through the
+        // descriptor that was checked (never the name again).
+        let dir = openat(
+            &fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        drop(fd);
+        let dir = Dir::from_std_file(std::fs::File::from(dir));
+        for entry in dir.entries()? {
+            if *self.seen > self.max {
+                break;
+            }
+            self.entry(&dir, &entry?.file_name(), depth + 1)?;
+        }
+        Ok(())
     }
-    let fd = openat(
-        parent,
-        name,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let stat = fstat(&fd)?;
-    let (needed, is_dir) = match FileType::from_raw_mode(stat.st_mode) {
-        FileType::Directory => (0o070, true),
-        FileType::RegularFile if stat.st_nlink == 1 => (0o040, false),
-        _ => return Ok(()),
-    };
-    let mode = stat.st_mode & 0o7777;
-    if mode & needed != needed {
-        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        rustix::fs::chmod(path.as_str(), Mode::from_raw_mode(mode | needed))?;
-        *changed += 1;
-    }
-    if !is_dir {
-        return Ok(());
-    }
-    // Readable now: its entries, each the same way.
-    let dir = match open_dir(parent, name) {
-        Ok(dir) => dir,
-        Err(EntryError::Io(e)) => return Err(e),
-        Err(_) => return Ok(()),
-    };
-    for entry in dir.entries()? {
-        adopt_entry(&dir, &entry?.file_name(), changed, seen, max, depth + 1)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -730,6 +747,10 @@ mod tests {
         std::fs::write(bundle.join("linked"), "l").unwrap();
         std::fs::hard_link(bundle.join("linked"), tmp.path().join("other-name")).unwrap();
         std::os::unix::fs::symlink(&outside, bundle.join("link")).unwrap();
+        // Another user's file moved into the bundle is not the bundle's.
+        let foreign = bundle.join("sub/foreign");
+        std::fs::write(&foreign, "f").unwrap();
+        std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
         let set = |p: &Path, m: u32| {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
         };
@@ -738,6 +759,7 @@ mod tests {
             (&outside, 0o600),
             (&bundle.join("sub/page.html"), 0o600),
             (&bundle.join("linked"), 0o600),
+            (&foreign, 0o600),
         ] {
             set(p, m);
         }
@@ -752,6 +774,7 @@ mod tests {
         assert_eq!(mode(&bundle.join("sub/page.html")), 0o640);
         assert_eq!(mode(&bundle.join("linked")), 0o600, "a file with two names");
         assert_eq!(mode(&outside), 0o600, "a link is never followed");
+        assert_eq!(mode(&foreign), 0o600, "another owner's file");
         assert_eq!(adopt(&dir, "b", 100).unwrap(), 0, "nothing left to change");
     }
 }

@@ -175,7 +175,17 @@ impl Worker {
             return;
         }
         let folder = self.spool.pipeline_folder();
-        let mut tombstones = spool::queue::tombstones(folder);
+        let mut tombstones = match spool::queue::tombstones(folder) {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!(
+                    "pipeline={}: cannot read {} ({e}); what this publication deleted is not remembered, and the file is left as it is. Move it aside if it is damaged",
+                    self.pipeline.id,
+                    folder.join(spool::queue::TOMBSTONES_FILE).display()
+                );
+                return;
+            }
+        };
         let mut changed = false;
         for report in reports.iter().filter(|r| r.ok && !r.dry_run) {
             let Some(source) = &report.source else {

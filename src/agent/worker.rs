@@ -66,9 +66,10 @@ struct InboxState {
     verdicts: std::collections::BTreeMap<String, (spool::queue::Verdict, bool)>,
     /// The verdicts changed since they were recorded.
     verdicts_changed: bool,
-    /// Entries the agent tried to take over ([`spool::adopt`]), and how
-    /// each looked then: tried again only once it changed.
-    adopted: HashMap<String, SystemTime>,
+    /// Entries the agent tried to take over ([`spool::adopt`]), and when:
+    /// each is tried again only after `rescan_interval` (a producer that
+    /// takes the access away again and again gets one try a minute).
+    adopted: HashMap<String, Instant>,
 }
 
 impl InboxState {
@@ -443,9 +444,6 @@ impl Worker {
                 }
             }
             let look = self.look(&mut inbox, &timing);
-            if look.adopted {
-                continue;
-            }
             let mut claimed_any = false;
             let ready = look.ready();
             let chunks = ready.len().div_ceil(crate::publish::MAX_BATCH);
@@ -469,6 +467,10 @@ impl Worker {
                 }
                 claimed_any |= !claimed.is_empty();
                 self.process_claimed(&claimed, rx);
+            }
+            // An entry just taken over is looked at again at once.
+            if look.adopted {
+                continue;
             }
             if self.once {
                 if !claimed_any {
@@ -586,9 +588,12 @@ impl Worker {
             }
         }
         drop(kinds);
+        let names: std::collections::HashSet<&str> =
+            probes.iter().map(|p| p.name.as_str()).collect();
         inbox
             .adopted
-            .retain(|name, _| probes.iter().any(|p| &p.name == name));
+            .retain(|name, _| names.contains(name.as_str()));
+        drop(names);
         let adopted = self.adopt(&probes, inbox);
         self.record_verdicts(inbox);
         Look {
@@ -685,13 +690,17 @@ impl Worker {
         let mut any = false;
         let mut dir = None;
         for p in probes {
+            let again_after = self.config.agent.rescan_interval;
             if !matches!(p.kind, spool::ProbeKind::Unreadable(_))
                 || !spool::is_real_folder(&p.path)
-                || inbox.adopted.get(&p.name) == Some(&p.last_change)
+                || inbox
+                    .adopted
+                    .get(&p.name)
+                    .is_some_and(|at| at.elapsed() < again_after)
             {
                 continue;
             }
-            inbox.adopted.insert(p.name.clone(), p.last_change);
+            inbox.adopted.insert(p.name.clone(), Instant::now());
             if dir.is_none() {
                 dir = crate::spoolfs::open_folder_io(&self.spool.inbox).ok();
             }

@@ -28,22 +28,6 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
     let mut pipelines = Vec::new();
     let mut problems = Vec::new();
     let mut errors = Vec::new();
-    // A reload the running agent refused: it serves the config it had.
-    let refused = crate::config::in_force::refused(&config.spool);
-    if let Some(r) = &refused {
-        problems.push(format!(
-            "the agent refused a reload at {} and serves the config it had: {}; fix the file, then reload it (SIGHUP)",
-            r.at,
-            inert(&r.error)
-        ));
-        if !json && !check {
-            println!(
-                "config reload refused at {}: {} (the agent serves the config it had)",
-                human_time(&r.at),
-                inert(&r.error)
-            );
-        }
-    }
     for p in &config.pipelines {
         match pipeline_status(&config, p, now, &mut problems) {
             Ok(doc) => pipelines.push(doc),
@@ -51,6 +35,27 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
                 problems.push(format!("pipeline {}: {e}", p.id));
                 errors.push(e);
             }
+        }
+    }
+    // A reload the running agent refused: it serves the config it had
+    // (a record an agent that is gone left says nothing any more).
+    let serving = pipelines.iter().any(|p| p["agent"]["running"] == true);
+    let refused = crate::config::in_force::refused(&config.spool).filter(|_| serving);
+    if let Some(r) = &refused {
+        problems.insert(
+            0,
+            format!(
+                "the agent refused a reload at {} and serves the config it had: {}; fix the file, then reload it (SIGHUP)",
+                r.at,
+                inert(&r.error)
+            ),
+        );
+        if !json && !check {
+            println!(
+                "config reload refused at {}: {} (the agent serves the config it had)",
+                human_time(&r.at),
+                inert(&r.error)
+            );
         }
     }
     if check {

@@ -6,9 +6,9 @@
 //! The agent writes `<spool>/.distributor-config.json` (the file's path,
 //! its text, when it was accepted) at start and after each reload it
 //! accepts, and `<spool>/.distributor-reload-refused.json` (when, and why)
-//! when it refuses one. Commands that only read (`status`, `spool list`,
-//! `spool show`) use the kept text when the file does not load, with a
-//! warning naming the file's error.
+//! when it refuses one. Commands that only read (`status`, `spool list`)
+//! use the kept text when the file does not load, with a warning naming
+//! the file's error.
 
 use super::{Config, ConfigError};
 use serde::{Deserialize, Serialize};
@@ -57,7 +57,7 @@ fn read<T: for<'de> Deserialize<'de>>(spool: &Path, name: &str) -> Option<T> {
 /// refused reload is over.
 pub fn record(config: &Config, path: &Path, text: &str) {
     let kept = InForce {
-        path: path.to_path_buf(),
+        path: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
         text: text.to_owned(),
         at: now(),
     };
@@ -105,13 +105,14 @@ pub fn load_for_reading(path: &Path) -> Result<(Config, Option<String>), ConfigE
     };
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let spool = spool_named(&text, path);
-    let Some(kept) = read::<InForce>(&spool, IN_FORCE_FILE).filter(|k| k.path == path) else {
+    let file = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let Some(kept) = read::<InForce>(&spool, IN_FORCE_FILE).filter(|k| k.path == file) else {
         return Err(error);
     };
     match super::parse(&kept.text, path) {
         Ok(config) => {
             let warning = format!(
-                "{error}\nwarning: showing the config the running agent accepted at {} (kept in {}), not the file: fix the file, then reload the agent (SIGHUP)",
+                "{error}\nwarning: showing the config the agent last accepted, at {} (kept in {}), not the file: fix the file, then reload the agent (SIGHUP)",
                 kept.at,
                 spool.join(IN_FORCE_FILE).display()
             );

@@ -86,6 +86,9 @@ struct Root<'d> {
     /// What the bundles planned so far leave at the paths they write or
     /// delete (and the folders above): never read from storage again.
     touched: BTreeMap<String, Entry>,
+    /// What the bundles planned so far delete, with the source of each
+    /// (written again by a later one: gone): tombstones of this batch.
+    retracted: BTreeMap<String, SourceIdentity>,
 }
 
 /// A root's catalog as opened, and the catalog changes of the bundles
@@ -453,7 +456,7 @@ impl<'a> Driver<'a> {
             // What it leaves matters only to bundles planned after it.
             let more = index < last;
             for (j, root) in roots.iter_mut().enumerate() {
-                root.apply(&mut a.plans[j], more);
+                root.apply(&mut a.plans[j], more, &a.ready.source);
             }
             accepted.push(a);
         }
@@ -575,6 +578,7 @@ impl<'a> Driver<'a> {
                 target,
                 records: Records::new(state),
                 touched: BTreeMap::new(),
+                retracted: BTreeMap::new(),
             });
         }
         Ok(opened.into_iter().flatten().collect())
@@ -703,7 +707,7 @@ impl<'a> Driver<'a> {
             // Outputs a later publication deleted (retracted) have no
             // record to protect them: their tombstones do.
             if refuse_older || self.older.is_some() {
-                newer.extend(self.retracted(&plan, d, &r.source, catalog));
+                newer.extend(self.retracted(&plan, d, &r.source, catalog, &root.retracted));
             }
             if refuse_older && !newer.is_empty() {
                 plan = Plan::refused(
@@ -732,28 +736,46 @@ impl<'a> Driver<'a> {
         d: &Destination,
         source: &SourceIdentity,
         catalog: &Catalog,
+        in_batch: &BTreeMap<String, SourceIdentity>,
     ) -> Vec<super::Rollback> {
         let tombstones = self.tombstones.get_or_init(|| {
-            self.options
+            let folder = self
+                .options
                 .serving
                 .as_deref()
-                .and_then(|work| Path::new(work).parent())
-                .map(crate::spool::queue::tombstones)
-                .unwrap_or_default()
+                .and_then(|work| Path::new(work).parent());
+            match folder.map(crate::spool::queue::tombstones) {
+                Some(Ok(t)) => t,
+                None => Default::default(),
+                Some(Err(e)) => {
+                    log::warn!(
+                        "pipeline={}: cannot read what its publications deleted ({e}); refuse_older protects records only until it can",
+                        self.pipeline.id
+                    );
+                    Default::default()
+                }
+            }
         });
-        let Some(deleted) = tombstones.get(&d.id) else {
-            return Vec::new();
-        };
+        let deleted = tombstones.get(&d.id);
         plan.writes
             .iter()
             .filter(|w| catalog.get(w.path.as_str()).is_none())
             .filter_map(|w| {
-                let t = deleted.get(w.path.as_str())?;
-                (t.created > source.created).then(|| super::Rollback {
+                let path = w.path.as_str();
+                // A bundle before it in this batch deleted it, or a
+                // publication before the batch did.
+                let (by, created) = match in_batch.get(path) {
+                    Some(s) => (s.id.clone(), s.created),
+                    None => {
+                        let t = deleted?.get(path)?;
+                        (t.source.clone(), t.created)
+                    }
+                };
+                (created > source.created).then(|| super::Rollback {
                     destination: d.id.clone(),
-                    path: w.path.as_str().to_owned(),
-                    source: format!("{}, which deleted it", t.source),
-                    created: t.created,
+                    path: path.to_owned(),
+                    source: format!("{by}, which deleted it"),
+                    created,
                     own: source.created,
                 })
             })
@@ -1042,12 +1064,18 @@ impl<'a> Driver<'a> {
 impl Root<'_> {
     /// Records what an accepted plan leaves in the catalog and, when
     /// `more` bundles are planned after it, in storage.
-    fn apply(&mut self, plan: &mut Plan, more: bool) {
+    fn apply(&mut self, plan: &mut Plan, more: bool, source: &SourceIdentity) {
         if let Some(update) = plan.update.take() {
             self.records.record(update);
         }
         if !more {
             return;
+        }
+        for d in plan.writes.iter() {
+            self.retracted.remove(d.path.as_str());
+        }
+        for gone in &plan.delete_after {
+            self.retracted.insert(gone.clone(), source.clone());
         }
         for d in plan.writes.iter() {
             for a in d.path.ancestors() {

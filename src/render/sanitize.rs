@@ -100,19 +100,25 @@ impl OwnIds {
         }));
     }
 
-    /// Whether `id` is the renderer's: a heading's of the stretch, or a
-    /// footnote's (`fn-N`, `fnref-N`, which no heading takes).
-    fn holds(&self, id: &str) -> bool {
-        let footnote = ["fn-", "fnref-"].iter().any(|p| {
-            id.strip_prefix(p)
+    /// Whether `id` on `element` is the renderer's: a heading's id of the
+    /// stretch on a heading, or a footnote's (`fn-N` on its definition,
+    /// `fnref-N` on a reference; no heading takes those). The same id on
+    /// any other element is raw HTML's.
+    fn holds(&self, element: &str, id: &str) -> bool {
+        let footnote = |prefix: &str| {
+            id.strip_prefix(prefix)
                 .is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit()))
-        });
-        footnote
-            || self
+        };
+        match element {
+            "h1" | "h2" | "h3" | "h4" | "h5" | "h6" => self
                 .0
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains(id)
+                .contains(id),
+            "div" => footnote("fn-"),
+            "sup" => footnote("fnref-"),
+            _ => false,
+        }
     }
 }
 
@@ -224,7 +230,7 @@ fn builder<'o>(options: &RenderOptions<'o>, own: &OwnIds) -> ammonia::Builder<'o
         // Raw HTML's in-page targets get GitHub's prefix; the renderer's
         // (heading slugs, footnotes) keep theirs, with their links.
         if attribute == "id" || (element == "a" && attribute == "name") {
-            if value.starts_with(USER_CONTENT) || own.holds(value) {
+            if value.starts_with(USER_CONTENT) || own.holds(element, value) {
                 return Some(value.into());
             }
             return Some(format!("{USER_CONTENT}{value}").into());

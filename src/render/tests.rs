@@ -336,7 +336,9 @@ fn sanitize_keeps_named_anchors_and_cell_alignment() {
     );
     let content = body(&html);
     for kept in [
-        "<a name=\"optional-features\"></a>Optional features",
+        // The raw anchor gets GitHub's prefix; the link still lands, on
+        // the heading's own id.
+        "<h2 id=\"optional-features\"><a name=\"user-content-optional-features\"></a>Optional features",
         "<a href=\"#optional-features\">the features</a>",
         "<td valign=\"top\">",
     ] {
@@ -421,6 +423,18 @@ fn sanitize_prefixes_the_ids_and_names_of_raw_html_only() {
     ] {
         assert!(!content.contains(never), "{never} in {content}");
     }
+    // A raw element that takes a heading's (or a footnote's) id is raw
+    // HTML's all the same.
+    let taken = body(&render_sanitized(
+        "<div>\n\n# config\n\n<a id=\"config\" name=\"config\" href=\"https://x.example/\">x</a><p id=\"fn-1\">f</p>\n\n</div>\n",
+    ))
+    .to_owned();
+    assert!(taken.contains("<h1 id=\"config\">"), "{taken}");
+    assert!(
+        taken.contains("<a id=\"user-content-config\" name=\"user-content-config\""),
+        "{taken}"
+    );
+    assert!(taken.contains("<p id=\"user-content-fn-1\">"), "{taken}");
 }
 
 #[test]

@@ -264,7 +264,9 @@ pub fn next_pause(
 pub const TOMBSTONES_FILE: &str = ".distributor-tombstones.json";
 /// Paths remembered per destination; past it the oldest deletions go.
 pub const TOMBSTONES_KEPT: usize = 100_000;
-const TOMBSTONES_CAP: u64 = 64 << 20;
+/// The most read of them: 100,000 paths of up to 4 KiB for each
+/// destination fit many times over.
+const TOMBSTONES_CAP: u64 = 4 << 30;
 
 /// One deleted output: the source whose publication deleted it, and that
 /// source's `created`.
@@ -279,16 +281,24 @@ pub struct Tombstone {
 pub type Tombstones =
     std::collections::BTreeMap<String, std::collections::BTreeMap<String, Tombstone>>;
 
-/// The pipeline's tombstones (none when it has none, or they cannot be
-/// read: replay protection then covers records only, as it did).
-pub fn tombstones(folder: &Path) -> Tombstones {
-    let Ok(dir) = spoolfs::open_folder_io(folder) else {
-        return Tombstones::new();
+/// The pipeline's tombstones (none when it has none); an error when they
+/// cannot be read (they are then never written over).
+pub fn tombstones(folder: &Path) -> io::Result<Tombstones> {
+    let dir = match spoolfs::open_folder_io(folder) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Tombstones::new()),
+        Err(e) => return Err(e),
     };
-    spoolfs::read_capped(&dir, TOMBSTONES_FILE, TOMBSTONES_CAP)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    match spoolfs::read_capped(&dir, TOMBSTONES_FILE, TOMBSTONES_CAP) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{TOMBSTONES_FILE} is not what the agent writes ({e})"),
+            )
+        }),
+        Err(e) if e.is_missing() => Ok(Tombstones::new()),
+        Err(e) => Err(io::Error::other(format!("{TOMBSTONES_FILE}: {e}"))),
+    }
 }
 
 /// Writes the pipeline's tombstones (durably: a lost one lets a replay

@@ -1181,7 +1181,7 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
     assert!(
         status
             .stderr
-            .contains("showing the config the running agent accepted"),
+            .contains("showing the config the agent last accepted"),
         "{}",
         status.stderr
     );

@@ -931,4 +931,47 @@ pipelines:
     let tombstones =
         fs::read_to_string(t.join("spool/docs/.distributor-tombstones.json")).unwrap_or_default();
     assert!(!tombstones.contains("docs/old.html"), "{tombstones}");
+
+    // In one burst: B retracts the page again, and the replay of a3 right
+    // behind it is published in the same batch; the batch's own deletion
+    // refuses it.
+    let replay = t.join("a3-copy");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(t.join("spool/docs/done/a3"))
+        .arg(&replay)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let _ = fs::remove_file(replay.join(".distributor-result.json"));
+    let b5 = t.bundle_at(
+        "b5",
+        "b5",
+        "2026-06-05T00:00:00Z",
+        &[("news/n.html", "news again")],
+    );
+    ssh_sign(&b.private, &b5.join("manifest.json"), "distributor");
+    crate::util::arrive_in_order(&b5, 100);
+    crate::util::arrive_in_order(&replay, 101);
+    fs::rename(&b5, t.join("spool/docs/inbox/b5")).unwrap();
+    fs::rename(&replay, t.join("spool/docs/inbox/a3-again")).unwrap();
+    let out = t
+        .cmd()
+        .env("RUST_LOG", "info")
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output();
+    out.expect_code(1);
+    assert!(
+        out.stderr.contains("published a batch of"),
+        "{}",
+        out.stderr
+    );
+    assert!(t.join("spool/docs/done/b5").is_dir());
+    assert!(
+        !t.join("site/docs/old.html").exists(),
+        "the retracted page came back"
+    );
+    let result = read_json(&t.join("spool/docs/failed/a3-again/.distributor-result.json"));
+    let error = result["error"].as_str().unwrap();
+    assert!(error.contains("b5, which deleted it"), "{error}");
 }
