@@ -234,7 +234,12 @@ fn as_producer(lab: &Lab, script: &str) {
 }
 
 fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {program} ({e}); scripts/install-test-deps installs it")
+        });
     assert!(
         out.status.success(),
         "{program} {args:?}: {}",
