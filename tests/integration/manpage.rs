@@ -159,6 +159,15 @@ fn the_completions_offer_every_command_and_no_hidden_one() {
         return;
     }
     let script = dir.join("completions/distributor.bash");
+    // The binary on PATH: the script asks it for the pipelines' ids.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_distributor"))
+        .parent()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let complete = |words: &[&str]| -> BTreeSet<String> {
         let out = Command::new("bash")
             .arg("--norc")
@@ -172,6 +181,7 @@ fn the_completions_offer_every_command_and_no_hidden_one() {
             .arg("bash")
             .arg(&script)
             .args(words)
+            .env("PATH", &path)
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
@@ -186,46 +196,18 @@ fn the_completions_offer_every_command_and_no_hidden_one() {
     t.config(
         "spool: ./spool\npipelines:\n  - id: alpha\n    destinations: [{id: d, path: ./a}]\n  - id: beta\n    destinations: [{id: d, path: ./b}]\n",
     );
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_distributor"))
-        .parent()
-        .unwrap();
-    let out = Command::new("bash")
-        .arg("--norc")
-        .arg("-c")
-        .arg(
-            r#"source "$1"; shift
-            COMP_WORDS=("$@" ""); COMP_CWORD=$#
-            _distributor distributor "" "${COMP_WORDS[COMP_CWORD-1]}"
-            printf '%s\n' "${COMPREPLY[@]}""#,
-        )
-        .arg("bash")
-        .arg(&script)
-        .args([
-            "distributor",
-            "--config",
-            t.join("config.yaml").to_str().unwrap(),
-            "spool",
-            "list",
-            "--pipeline",
-        ])
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .output()
-        .unwrap();
-    let ids: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let config = t.join("config.yaml");
+    let words = [
+        "distributor",
+        "--config",
+        config.to_str().unwrap(),
+        "spool",
+        "list",
+        "--pipeline",
+    ];
     assert_eq!(
-        ids,
-        BTreeSet::from(["alpha".to_owned(), "beta".to_owned()]),
-        "{out:?}"
+        complete(&words),
+        BTreeSet::from(["alpha".to_owned(), "beta".to_owned()])
     );
     let top = complete(&["distributor"]);
     for (path, _) in command_paths().iter().filter(|(p, _)| p.len() == 1) {

@@ -876,13 +876,7 @@ pipelines:
     )
     .expect_code(0);
     let kept = t.join("a1-copy");
-    let copied = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(t.join("spool/docs/done/a1"))
-        .arg(&kept)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_folder(&t.join("spool/docs/done/a1"), &kept);
     // B's replacement (its scope holds docs/) retracts the page.
     deliver(
         "b2",
@@ -936,13 +930,7 @@ pipelines:
     // behind it is published in the same batch; the batch's own deletion
     // refuses it.
     let replay = t.join("a3-copy");
-    let copied = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(t.join("spool/docs/done/a3"))
-        .arg(&replay)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_folder(&t.join("spool/docs/done/a3"), &replay);
     let _ = fs::remove_file(replay.join(".distributor-result.json"));
     let b5 = t.bundle_at(
         "b5",
@@ -974,4 +962,21 @@ pipelines:
     let result = read_json(&t.join("spool/docs/failed/a3-again/.distributor-result.json"));
     let error = result["error"].as_str().unwrap();
     assert!(error.contains("b5, which deleted it"), "{error}");
+}
+
+/// `cp -a FROM TO`: a filed bundle, copied as a producer would drop it
+/// again (its signature with it).
+fn copy_folder(from: &Path, to: &Path) {
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        copied.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
 }
