@@ -66,7 +66,7 @@ struct InboxState {
     verdicts: std::collections::BTreeMap<String, (spool::queue::Verdict, bool)>,
     /// The verdicts changed since they were recorded.
     verdicts_changed: bool,
-    /// Entries the agent tried to take over ([`spool::adopt`]), and when:
+    /// Entries the agent tried to take over ([`crate::spoolfs::adopt`]), and when:
     /// each is tried again only after `rescan_interval` (a producer that
     /// takes the access away again and again gets one try a minute).
     adopted: HashMap<String, Instant>,
@@ -684,8 +684,9 @@ impl Worker {
     }
 
     /// Takes over the entries of `probes` the agent may not read or move,
-    /// when it may (`CAP_FOWNER`, [`spool::adopt`]); each once until it
-    /// changes. Whether one was changed (to be looked at again at once).
+    /// when it may (`CAP_FOWNER`, [`crate::spoolfs::adopt`]), each at most
+    /// once a `rescan_interval`. Whether one was changed (to be looked at
+    /// again at once).
     fn adopt(&self, probes: &[spool::Probe], inbox: &mut InboxState) -> bool {
         let mut any = false;
         let mut dir = None;
