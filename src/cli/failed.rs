@@ -10,8 +10,14 @@ use crate::spool::{self, Folder, Spool};
 use std::path::Path;
 
 /// The pipeline's spool, or the exit code after saying why there is none.
-fn spool_of(flag: Option<&Path>, pipeline: &str) -> Result<(Config, Spool), u8> {
-    let config = config_or_usage(flag)?;
+/// With `reading`, a command that only reads: after a refused reload it
+/// works on the config the agent serves (super::config_for_reading).
+fn spool_of(flag: Option<&Path>, pipeline: &str, reading: bool) -> Result<(Config, Spool), u8> {
+    let config = if reading {
+        super::config_for_reading(flag)?
+    } else {
+        config_or_usage(flag)?
+    };
     let Some(p) = config.pipeline(pipeline) else {
         eprintln!(
             "error: no pipeline {:?} in {}",
@@ -32,7 +38,7 @@ pub(super) fn retry_all(
     allow_older: bool,
     process: &ProcessState,
 ) -> u8 {
-    let (config, spool) = match spool_of(flag, pipeline) {
+    let (config, spool) = match spool_of(flag, pipeline, false) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -148,7 +154,7 @@ pub(super) fn rolls_back(
 
 /// `spool show P NAME`: the result of a failed or done bundle.
 pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) -> u8 {
-    let (_, spool) = match spool_of(flag, pipeline) {
+    let (_, spool) = match spool_of(flag, pipeline, true) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -277,7 +283,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
 
 /// `spool delete P NAME`: removes a failed bundle.
 pub(super) fn delete(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
-    let (_, spool) = match spool_of(flag, pipeline) {
+    let (_, spool) = match spool_of(flag, pipeline, false) {
         Ok(s) => s,
         Err(code) => return code,
     };

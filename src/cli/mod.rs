@@ -66,6 +66,7 @@ pub fn run(cli: Cli) -> u8 {
                 maintain::prune(t, apply, now_millis()).map(|r| (r.to_text(), r.to_json(), EXIT_OK))
             },
             json,
+            false,
             process,
         ),
         Command::ReconcileState {
@@ -81,6 +82,7 @@ pub fn run(cli: Cli) -> u8 {
                     .map(|r| (r.to_text(), r.to_json(), EXIT_OK))
             },
             json,
+            false,
             process,
         ),
         Command::Verify {
@@ -97,6 +99,7 @@ pub fn run(cli: Cli) -> u8 {
                 })
             },
             json,
+            true,
             process,
         ),
         Command::Catalog { target, json } => with_target(
@@ -104,6 +107,7 @@ pub fn run(cli: Cli) -> u8 {
             &target,
             |t| maintain::catalog(t).map(|r| (r.to_text(), r.to_json(), EXIT_OK)),
             json,
+            true,
             process,
         ),
         Command::Spool(SpoolCommand::List {

@@ -14,15 +14,25 @@ pub(super) fn with_target(
     args: &TargetArgs,
     op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
     json: bool,
+    reading: bool,
     process: &ProcessState,
 ) -> u8 {
     // These commands work on s3 destinations too (docs/contract.md §15.5), so the
     // config is not checked for backends that others cannot use yet.
-    let config = match load_config(flag) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return EXIT_USAGE;
+    // verify and catalog only read: after a refused reload they work on
+    // the config the agent serves (super::config_for_reading).
+    let config = if reading {
+        match super::config_for_reading(flag) {
+            Ok(c) => c,
+            Err(code) => return code,
+        }
+    } else {
+        match load_config(flag) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_USAGE;
+            }
         }
     };
     let Some(pipeline) = config.pipeline(&args.pipeline) else {

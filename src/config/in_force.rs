@@ -6,9 +6,9 @@
 //! The agent writes `<spool>/.distributor-config.json` (the file's path,
 //! its text, when it was accepted) at start and after each reload it
 //! accepts, and `<spool>/.distributor-reload-refused.json` (when, and why)
-//! when it refuses one. Commands that only read (`status`, `spool list`)
-//! use the kept text when the file does not load, with a warning naming
-//! the file's error.
+//! when it refuses one. Commands that only read (`status`, `spool list`,
+//! `spool show`, `catalog`, `verify`) use the kept text when the file does
+//! not load, with a warning naming the file's error.
 
 use super::{Config, ConfigError};
 use serde::{Deserialize, Serialize};

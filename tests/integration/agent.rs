@@ -1207,6 +1207,8 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
         "{json}"
     );
     dir.run(&["spool", "list"]).expect_code(0);
+    dir.run(&["catalog", "--pipeline", "p", "--destination", "d"])
+        .expect_code(0);
     // A command that changes something still refuses the broken file.
     dir.run(&["spool", "hold", "p"]).expect_code(2);
     let b = dir.sealed("after-broken", &[("x.txt", b"x\n")]);
