@@ -129,11 +129,21 @@ impl Worker {
         let mut owed_all = Vec::new();
         for ((path, name), report) in bundles.iter().zip(reports) {
             if retried && !report.ok && report.transient {
-                owed_all.push(Vec::new());
+                owed_all.push(None);
                 continue;
             }
             let mut owed = hooks::owed(&self.pipeline, &destinations, name, report);
             carry(&mut owed, &unfiled, path, name);
+            owed_all.push(Some(owed));
+        }
+        // Nothing to record for a single bundle that owes no hook and no
+        // record names: its result is not even formatted (a large tree's
+        // is megabytes).
+        let write = recorded || named || owed_all.iter().flatten().any(|o| !o.is_empty());
+        for (((path, name), report), owed) in bundles.iter().zip(reports).zip(&owed_all) {
+            let Some(owed) = owed.as_ref().filter(|_| write) else {
+                continue;
+            };
             match Unfiled::of(path, report) {
                 Ok(record) => {
                     let record = Unfiled {
@@ -150,11 +160,14 @@ impl Worker {
                     if report.ok { "published" } else { "failed" }
                 ),
             }
-            owed_all.push(owed);
         }
+        let owed_all: Vec<Vec<Owed>> = owed_all
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect();
         // A record that cannot be read is not written over.
         if readable
-            && (recorded || named)
+            && write
             && let Err(e) = spool::set_unfiled(&self.spool, &unfiled)
         {
             self.cannot_record(&e);
