@@ -187,7 +187,7 @@ impl Worker {
         match &mut outcome {
             publish::Batch::Done(reports) => {
                 let recorded = recorded.load(Ordering::SeqCst);
-                let owed = self.record_committed(claimed, reports, recorded, true);
+                let committed = self.record_committed(claimed, reports, recorded, true);
                 let elapsed = started.elapsed().as_millis();
                 for report in reports.iter() {
                     self.tally.metrics.catalog_races(report);
@@ -204,8 +204,11 @@ impl Worker {
                         String::new()
                     }
                 );
-                for ((((path, name), report), (_, attempt)), owed) in
-                    claimed.iter().zip(reports).zip(&attempts).zip(owed)
+                for ((((path, name), report), (_, attempt)), owed) in claimed
+                    .iter()
+                    .zip(reports)
+                    .zip(&attempts)
+                    .zip(committed.owed)
                 {
                     for w in &report.warnings {
                         log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
@@ -239,7 +242,9 @@ impl Worker {
                         self.file_away(path, name, report, elapsed);
                     }
                 }
-                self.forget_filed(claimed);
+                if committed.recorded {
+                    self.forget_filed(claimed);
+                }
             }
             // Nothing was attempted: the batch file goes, no counter changed.
             publish::Batch::OneFirst

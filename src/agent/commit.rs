@@ -31,6 +31,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The bundles of one publication, as the driver indexes them.
 pub(super) type Bundles<'b> = &'b [(PathBuf, String)];
 
+/// What step 2 left: per report, the hooks it owes, and whether the
+/// record names these bundles (then [`Worker::forget_filed`] has records
+/// to drop once they are filed).
+pub(super) struct Committed {
+    pub(super) owed: Vec<Vec<Owed>>,
+    pub(super) recorded: bool,
+}
+
 impl Worker {
     /// The destinations a publication of this pipeline goes to.
     pub(super) fn destinations(&self) -> Vec<&crate::config::Destination> {
@@ -103,16 +111,16 @@ impl Worker {
     /// whose commit may have happened owed (a failed bundle too: that
     /// commit may have changed the destination). With `retried`, a report
     /// of a transient failure is not final (the bundle is tried again
-    /// alone, and its record carried to that try). Returns, per report,
-    /// the hooks it owes. Writes nothing when step 1 wrote nothing and no
-    /// record names these bundles.
+    /// alone, and its record carried to that try). Writes nothing when
+    /// step 1 wrote nothing, no record names these bundles and none owes a
+    /// hook.
     pub(super) fn record_committed(
         &self,
         bundles: Bundles,
         reports: &[RunReport],
         recorded: bool,
         retried: bool,
-    ) -> Vec<Vec<Owed>> {
+    ) -> Committed {
         crate::failpoint::hit("agent.committed");
         let destinations = self.destinations();
         let (mut unfiled, readable) = match self.record() {
@@ -174,7 +182,10 @@ impl Worker {
         }
         self.remember_deletions(reports);
         crate::failpoint::hit("agent.recorded");
-        owed_all
+        Committed {
+            owed: owed_all,
+            recorded: write,
+        }
     }
 
     /// Remembers what the committed publications of `reports` deleted, by

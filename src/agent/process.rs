@@ -145,10 +145,13 @@ impl Worker {
             }
             // A stop that interrupted the work leaves the bundle and its
             // record as they are (see file_away); anything else is final.
+            let mut in_record = false;
             if report.ok || !crate::interrupt::requested() {
                 let reports = std::slice::from_ref(&report);
-                let owed = self.record_committed(&bundle, reports, recorded.into_inner(), false);
-                if let Some(owed) = owed.first()
+                let committed =
+                    self.record_committed(&bundle, reports, recorded.into_inner(), false);
+                in_record = committed.recorded;
+                if let Some(owed) = committed.owed.first()
                     && !self.run_hooks(owed, &mut report)
                 {
                     self.left_owing_hooks(name);
@@ -156,7 +159,9 @@ impl Worker {
                 }
             }
             let outcome = self.file_away(path, name, &report, elapsed);
-            self.forget_filed(&bundle);
+            if in_record {
+                self.forget_filed(&bundle);
+            }
             return outcome;
         }
     }

@@ -711,10 +711,9 @@ impl Worker {
                 Ok(0) => {}
                 Ok(n) => {
                     log::info!(
-                        "pipeline={} bundle={}: gave the agent's group read{} access to {n} of its folders and files (chmod g+rX, g+w on folders: under the inbox's ACL this is the mask, which the producer's copy had set from its source's mode or its umask), so that the agent can verify and claim it",
+                        "pipeline={} bundle={}: gave the agent's group read and write access to {n} of its folders and files (chmod g+rX, g+w on folders: under the inbox's ACL this is the mask, which the producer's copy had set from its source's mode or its umask), so that the agent can verify and claim it",
                         self.pipeline.id,
-                        inert(&p.name),
-                        " and write"
+                        inert(&p.name)
                     );
                     any = true;
                 }

@@ -25,8 +25,4 @@ pub(super) fn human_age(seconds: i64) -> String {
     }
 }
 
-/// An RFC 3339 time as people read it in text output
-/// ([`crate::message::human_time`]).
-pub(super) fn human_time(rfc3339: &str) -> String {
-    crate::message::human_time(rfc3339)
-}
+pub(super) use crate::message::human_time;

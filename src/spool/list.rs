@@ -125,8 +125,9 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
     let now = SystemTime::now();
     // What holds back the whole pipeline (docs/contract.md §18.2, §18.5).
     let folder = spool.pipeline_folder();
-    let held = matches!(super::queue::hold(folder), Ok(Some(_)));
-    let behind = match (super::queue::hold(folder), super::queue::deferral(folder)) {
+    let hold = super::queue::hold(folder);
+    let held = matches!(hold, Ok(Some(_)));
+    let behind = match (hold, super::queue::deferral(folder)) {
         (Ok(Some(h)), _) => format!(
             "; the pipeline is held since {} (`distributor spool release {}` resumes it)",
             crate::message::human_time(&h.since),
@@ -164,10 +165,8 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                     } else {
                         reason = v.reason.clone();
                     }
-                    state = super::Waiting::ALL
-                        .into_iter()
-                        .find(|w| w.as_str() == v.state)
-                        .map_or(state, |w| w.as_str());
+                    // The agent records only what it refuses.
+                    state = super::Waiting::Unreadable.as_str();
                 }
                 reason.push_str(&behind);
                 // The last change of anything in the entry: a producer cannot

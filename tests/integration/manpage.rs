@@ -160,14 +160,7 @@ fn the_completions_offer_every_command_and_no_hidden_one() {
     }
     let script = dir.join("completions/distributor.bash");
     // The binary on PATH: the script asks it for the pipelines' ids.
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_distributor"))
-        .parent()
-        .unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = crate::util::path_with_binary();
     let complete = |words: &[&str]| -> BTreeSet<String> {
         let out = Command::new("bash")
             .arg("--norc")

@@ -54,14 +54,7 @@ fn the_s3_quick_start_works_as_written() {
     let home = t.mkdir("home");
     let bin = t.mkdir("home/seaweedfs/bin");
     std::os::unix::fs::symlink(&weed, bin.join("weed")).unwrap();
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_distributor"))
-        .parent()
-        .unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = crate::util::path_with_binary();
     // Its own process group, which is killed whatever happened: a server
     // the script left running would hold the quick start's ports.
     let mut shell = Command::new("bash");

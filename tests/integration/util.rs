@@ -995,3 +995,16 @@ pub fn arrive_in_order(dir: &Path, order: u64) {
         .set_modified(when)
         .unwrap();
 }
+
+/// `$PATH` with the folder of the binary under test in front: for shells
+/// and scripts that run `distributor` by name, as users do.
+pub fn path_with_binary() -> String {
+    let bin = Path::new(env!("CARGO_BIN_EXE_distributor"))
+        .parent()
+        .expect("the binary's folder");
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
