@@ -495,7 +495,7 @@ impl<'a> Driver<'a> {
             if !all_catalogs(&roots) {
                 return Err(Outcome::OneFirst);
             }
-            let (reports, ready) = self.prepare(bundles, held_at_most());
+            let (reports, ready) = self.prepare(bundles, held_at_most(), now);
             if ready.is_empty() {
                 return Err(Outcome::Reports(reports.into_iter().flatten().collect()));
             }
@@ -503,13 +503,13 @@ impl<'a> Driver<'a> {
         }
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
         let (reports, ready) = if worth.is_empty() {
-            self.prepare(bundles, held_at_most())
+            self.prepare(bundles, held_at_most(), now)
         } else {
             // Texts a catalog write will not copy are dropped once the
             // roots are open (Driver::run), for one bundle as for a batch.
             let (read, prepared) = crate::workers::beside(
                 || self.read_ahead(worth, bundles),
-                || self.prepare(bundles, held_at_most()),
+                || self.prepare(bundles, held_at_most(), now),
             );
             ahead = read;
             prepared
@@ -593,6 +593,7 @@ impl<'a> Driver<'a> {
         &self,
         bundles: &[&Path],
         bound: u64,
+        now: OffsetDateTime,
     ) -> (Vec<Option<RunReport>>, Vec<(usize, Ready)>) {
         let mut reports = Vec::new();
         let mut taken = Vec::new();
@@ -619,6 +620,7 @@ impl<'a> Driver<'a> {
                     self.options.dry_run,
                     &self.options.scratch,
                     &self.options.process,
+                    now,
                 )
             });
             for result in prepared {
@@ -670,8 +672,14 @@ impl<'a> Driver<'a> {
             .target
             .listing(&prepared.desired, &state, &root.touched, self.options.force)
             .map_err(|e| (j, e))?;
-        let granted = self.signer_scopes(r);
-        let plan = plan::plan(&PlanInput {
+        let refuse_older = (self.pipeline.signatures.as_ref()).is_some_and(|s| s.refuse_older);
+        let replay = (refuse_older || self.older.is_some()).then(|| plan::Replay {
+            refuse: refuse_older,
+            later,
+            retracted: &root.retracted,
+            tombstones: self.tombstones().get(&d.id),
+        });
+        let decision = plan::decide(&PlanInput {
             pipeline_id: &self.pipeline.id,
             destination_id: &d.id,
             workflow: d.workflow,
@@ -681,64 +689,24 @@ impl<'a> Driver<'a> {
             state: &state,
             listing: &listing,
             now,
-            delete_within: granted.as_deref(),
+            delete_within: r.delete_within.as_deref(),
+            replay,
         });
-        let mut plan = root
-            .target
-            .refusal(&plan, &state, self.options.force)
-            .unwrap_or(plan);
-        if let State::Catalog(catalog) = &*state {
-            let refuse_older = self
-                .pipeline
-                .signatures
-                .as_ref()
-                .is_some_and(|s| s.refuse_older);
-            let mut newer: Vec<super::Rollback> = plan::rolled_back(&plan, catalog, &r.source)
-                .into_iter()
-                .filter(|record| !later.contains(&record.source))
-                .map(|record| super::Rollback {
-                    destination: d.id.clone(),
-                    path: record.path.as_str().to_owned(),
-                    source: record.source.id.clone(),
-                    created: record.source.created,
-                    own: r.source.created,
-                })
-                .collect();
-            // Outputs a later publication deleted (retracted) have no
-            // record to protect them: their tombstones do.
-            if refuse_older || self.older.is_some() {
-                newer.extend(self.retracted(&plan, d, &r.source, catalog, &root.retracted));
-            }
-            if refuse_older && !newer.is_empty() {
-                plan = Plan::refused(
-                    plan::Action::FailConflict,
-                    Vec::new(),
-                    replay_refusal(&newer),
-                );
-            }
-            if let Some(older) = self.older {
-                older
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(newer);
-            }
+        if let Some(older) = self.older {
+            (older.lock().unwrap_or_else(|e| e.into_inner())).extend(decision.rollbacks);
         }
+        let plan = (root.target)
+            .refusal(&decision.plan, &state, self.options.force)
+            .unwrap_or(decision.plan);
         let kept = root.target.kept(&plan, &state, &root.touched);
         Ok((plan, kept))
     }
 
-    /// The planned writes of `plan` into destination `d` that a
-    /// publication of a source created after `source` deleted, and that no
-    /// record holds again since.
-    fn retracted(
-        &self,
-        plan: &Plan,
-        d: &Destination,
-        source: &SourceIdentity,
-        catalog: &Catalog,
-        in_batch: &BTreeMap<String, SourceIdentity>,
-    ) -> Vec<super::Rollback> {
-        let tombstones = self.tombstones.get_or_init(|| {
+    /// What this pipeline's publications deleted, by destination, read from
+    /// the agent's spool when a plan first needs it (none outside the
+    /// agent).
+    fn tombstones(&self) -> &crate::spool::queue::Tombstones {
+        self.tombstones.get_or_init(|| {
             let folder = self
                 .options
                 .serving
@@ -755,47 +723,7 @@ impl<'a> Driver<'a> {
                     Default::default()
                 }
             }
-        });
-        let deleted = tombstones.get(&d.id);
-        plan.writes
-            .iter()
-            .filter(|w| catalog.get(w.path.as_str()).is_none())
-            .filter_map(|w| {
-                let path = w.path.as_str();
-                // A bundle before it in this batch deleted it, or a
-                // publication before the batch did.
-                let (by, created) = match in_batch.get(path) {
-                    Some(s) => (s.id.clone(), s.created),
-                    None => {
-                        let t = deleted?.get(path)?;
-                        (t.source.clone(), t.created)
-                    }
-                };
-                (created > source.created).then(|| super::Rollback {
-                    destination: d.id.clone(),
-                    path: path.to_owned(),
-                    source: format!("{by}, which deleted it"),
-                    created,
-                    own: source.created,
-                })
-            })
-            .collect()
-    }
-
-    /// The scopes of the principals that signed the bundle, when the
-    /// pipeline limits principals (`signatures.scopes`): a replacement
-    /// deletes only inside them, so that one principal never deletes what
-    /// another published (docs/contract.md §17.4).
-    fn signer_scopes(&self, r: &Ready) -> Option<Vec<&'a crate::scope::Scope>> {
-        let scopes = self.pipeline.signatures.as_ref()?.scopes.as_ref()?;
-        let signer = r.bundle.signer.as_ref()?;
-        Some(
-            signer
-                .principals
-                .iter()
-                .filter_map(|p| scopes.get(p))
-                .collect(),
-        )
+        })
     }
 
     /// Creates the roots that do not exist yet and plans the bundle again
@@ -1168,16 +1096,6 @@ fn all_reported(reports: Vec<Option<RunReport>>) -> Outcome {
             .into_iter()
             .map(|r| r.expect("every bundle taken is reported"))
             .collect(),
-    )
-}
-
-/// Why a bundle is refused under `signatures.refuse_older`
-/// (docs/contract.md §17.5): the outputs of later sources it would roll
-/// back, the first few named with their source and both times.
-fn replay_refusal(newer: &[super::Rollback]) -> String {
-    format!(
-        "publishing it would roll back {}. This pipeline refuses bundles older than what they replace (signatures.refuse_older), so that a signed bundle dropped again cannot roll the site back; to publish this content again, seal and sign it as a new bundle",
-        super::Rollback::summary(newer)
     )
 }
 

@@ -145,9 +145,10 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         before_commit: None,
         tombstones: Default::default(),
     };
+    let now = crate::clock::now_millis();
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).
-    let (reports, ready) = driver.prepare(&bundles, u64::MAX);
+    let (reports, ready) = driver.prepare(&bundles, u64::MAX, now);
     assert_eq!(reports.len(), 4);
     assert!(reports[1].as_ref().is_some_and(|r| !r.ok));
     let taken: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
@@ -157,12 +158,12 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
     assert!(held.iter().all(|h| *h > 1000), "{held:?}");
     // Room for two ready bundles: the third waits for the next batch; the
     // invalid one between them is reported.
-    let (reports, ready) = driver.prepare(&bundles, held[0] + held[1]);
+    let (reports, ready) = driver.prepare(&bundles, held[0] + held[1], now);
     assert_eq!(reports.len(), 3);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 2]);
     // No room at all: still the first bundle, so that a backlog moves
     // (and the invalid one after it, which holds nothing).
-    let (reports, ready) = driver.prepare(&bundles, 1);
+    let (reports, ready) = driver.prepare(&bundles, 1, now);
     assert_eq!(reports.len(), 2);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
 }

@@ -29,6 +29,7 @@ mod remote;
 mod stage;
 mod target;
 
+pub use crate::plan::Rollback;
 pub use crate::workers::{InOrder, PerCore, Workers};
 pub(crate) use backends::open_to_maintain;
 pub use backends::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
@@ -114,49 +115,6 @@ pub fn publish_recorded(
     match driver.run(&[bundle_dir]) {
         Outcome::Reports(mut reports) if reports.len() == 1 => reports.remove(0),
         _ => unreachable!("a single bundle always gets its report"),
-    }
-}
-
-/// A stored output that publishing a bundle would overwrite or delete
-/// although its source was created after the bundle's own: publishing it
-/// would roll the destination back (docs/contract.md §18.7).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rollback {
-    pub destination: String,
-    pub path: String,
-    /// The stored output's source and its `created`.
-    pub source: String,
-    pub created: time::OffsetDateTime,
-    /// The bundle's own `created`.
-    pub own: time::OffsetDateTime,
-}
-
-impl std::fmt::Display for Rollback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::catalog::format_time;
-        write!(
-            f,
-            "{} in destination {} is from source {} created {}, later than this bundle's {}",
-            self.path,
-            self.destination,
-            self.source,
-            format_time(self.created),
-            format_time(self.own)
-        )
-    }
-}
-
-impl Rollback {
-    /// "N outputs of later sources: …", the first five named with their
-    /// source and both times: what a refusal to roll back says
-    /// (docs/contract.md §17.5, §18.7).
-    pub fn summary(found: &[Rollback]) -> String {
-        format!(
-            "{} output{} of later sources: {}",
-            found.len(),
-            if found.len() == 1 { "" } else { "s" },
-            crate::message::first_few(found, 5, "; ")
-        )
     }
 }
 
