@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Driver, Merged, held_bytes};
+use super::{Driver, Merged, Taken, held_bytes};
 use crate::catalog::OutputKind;
 use crate::paths::RelPath;
 use crate::plan::{Action, Desired, Plan};
@@ -148,7 +148,7 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
     let now = crate::clock::now_millis();
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).
-    let (reports, ready) = driver.prepare(&bundles, u64::MAX, now);
+    let Taken { reports, ready } = driver.prepare(&bundles, u64::MAX, now);
     assert_eq!(reports.len(), 4);
     assert!(reports[1].as_ref().is_some_and(|r| !r.ok));
     let taken: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
@@ -158,12 +158,12 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
     assert!(held.iter().all(|h| *h > 1000), "{held:?}");
     // Room for two ready bundles: the third waits for the next batch; the
     // invalid one between them is reported.
-    let (reports, ready) = driver.prepare(&bundles, held[0] + held[1], now);
+    let Taken { reports, ready } = driver.prepare(&bundles, held[0] + held[1], now);
     assert_eq!(reports.len(), 3);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 2]);
     // No room at all: still the first bundle, so that a backlog moves
     // (and the invalid one after it, which holds nothing).
-    let (reports, ready) = driver.prepare(&bundles, 1, now);
+    let Taken { reports, ready } = driver.prepare(&bundles, 1, now);
     assert_eq!(reports.len(), 2);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
 }
@@ -199,9 +199,10 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         tombstones: Default::default(),
     };
     match driver.run(&bundles[2..]) {
-        super::Outcome::Aborted(e) => {
-            assert!(matches!(e, super::Error::Record { .. }), "{e}");
-            assert!(e.is_transient());
+        super::Ended::Aborted(aborted) => {
+            let error = aborted.error;
+            assert!(matches!(error, super::Error::Record { .. }), "{error}");
+            assert!(error.is_transient());
         }
         _ => panic!("the batch went on past a refused record"),
     }
@@ -228,7 +229,7 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         before_commit: Some(&listen),
         ..driver
     };
-    let super::Outcome::Reports(reports) = driver.run(&bundles[1..]) else {
+    let super::Ended::Reports(reports) = driver.run(&bundles[1..]) else {
         panic!("the batch was not published");
     };
     assert_eq!(reports.len(), 3);
