@@ -1,5 +1,6 @@
-//! The driver's pure decisions: which writes and deletes a batch sends to
-//! a root, and how many bundles a batch takes.
+//! The driver's decisions: which writes and deletes a batch sends to a
+//! root, how many bundles a batch takes, and how a run that cannot commit
+//! ends, for a batch and for a single bundle.
 
 use std::collections::BTreeSet;
 
@@ -241,5 +242,37 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
     assert_ne!(
         std::fs::read(root.join(".distributor.json")).unwrap(),
         catalog
+    );
+}
+
+/// A single publication ends like a batch (`Ended::Aborted`), and its
+/// caller turns that into the bundle's failed report: the error, transient
+/// here, and nothing committed.
+#[test]
+fn a_single_bundle_stopped_before_its_commit_gets_a_failed_report() {
+    let (tmp, config, dirs) = four_bundles();
+    let pipeline = &config.pipelines[0];
+    let destinations = [&pipeline.destinations[0]];
+    let options = options(tmp.path());
+    let root = tmp.path().join("www");
+    let first = super::super::publish(pipeline, &destinations, &dirs[0], &options);
+    assert!(first.ok, "{first:?}");
+    let catalog = std::fs::read(root.join(".distributor.json")).unwrap();
+    let refuse = |_: &[(usize, &crate::report::RunReport)]| -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+    };
+    let report =
+        super::super::publish_recorded(pipeline, &destinations, &dirs[2], &options, Some(&refuse));
+    assert!(!report.ok && report.transient, "{report:?}");
+    assert_eq!(
+        report.source.as_ref().map(|s| s.id.as_str()),
+        Some("b-2"),
+        "the bundle's own report"
+    );
+    assert!(report.error.is_some(), "{report:?}");
+    assert_eq!(
+        std::fs::read(root.join(".distributor.json")).unwrap(),
+        catalog,
+        "nothing was committed"
     );
 }

@@ -1,6 +1,8 @@
 //! Preparing a bundle before any lock is taken: inspecting it (manifest,
-//! file types and sizes), rendering its markdown where a destination wants
-//! HTML, and computing each destination's outputs. It never writes.
+//! file types and sizes, signature), rendering its markdown where a
+//! destination wants HTML, computing each destination's outputs, and the
+//! signer's scopes that bound what a replacement deletes. It never writes
+//! and never reads the clock: the time is the publication's.
 
 use super::content::{Content, Scratch, Spill};
 use super::error::Error;
