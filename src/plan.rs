@@ -1,9 +1,12 @@
 //! Planning: the pure decision, per destination, of what a publication does.
 //!
 //! Inputs are the destination's settings, the bundle's outputs, the root's
-//! state and a listing of the storage paths that matter; the output is a
-//! [`Plan`] with one of the contract's action labels. No file system access
-//! and no clock here: `now` is an input, so every rule is a small unit test.
+//! state and a listing of the storage paths that matter (and, for the
+//! signature rules, the signer's scopes, the sources of the batch and the
+//! tombstones: [`Replay`]); the output is a [`Plan`] with one of the
+//! contract's action labels, or a refusal that says why. No file system
+//! access and no clock here: `now` is an input, so every rule is a small
+//! unit test.
 
 use crate::catalog::{
     Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, Overlay, STATE_FILE, Sha256,
@@ -190,7 +193,78 @@ pub struct PlanInput<'a> {
     /// inside these scopes: those of the principals that signed the bundle,
     /// when the pipeline has `signatures.scopes` (docs/contract.md §17.4).
     /// `None`: everywhere.
-    pub delete_within: Option<&'a [&'a crate::scope::Scope]>,
+    pub delete_within: Option<&'a [crate::scope::Scope]>,
+    /// What finds the outputs of later sources the plan would roll back
+    /// ([`decide`]); `None`: they are not looked for.
+    pub replay: Option<Replay<'a>>,
+}
+
+/// What [`decide`] needs to find the stored outputs of sources created
+/// after the bundle's that its plan would overwrite or delete, or write
+/// again after a later source deleted them (docs/contract.md §17.5,
+/// §18.7). Asked for when the pipeline refuses older bundles, or when the
+/// caller wants them listed.
+#[derive(Debug, Clone, Copy)]
+pub struct Replay<'a> {
+    /// `signatures.refuse_older`: a plan that would roll anything back is
+    /// refused.
+    pub refuse: bool,
+    /// The sources of the bundles planned after this one in the same
+    /// batch, whose records it may overwrite without rolling anything back
+    /// (the merged change puts theirs on top; a batch published again
+    /// after a crash during its commit meets them in the roots the commit
+    /// reached).
+    pub later: &'a [SourceIdentity],
+    /// What the bundles planned before this one in the same batch delete
+    /// in this root, with the source of each (their tombstones).
+    pub retracted: &'a BTreeMap<String, SourceIdentity>,
+    /// What publications before the batch deleted at this destination, by
+    /// output path (the spool's tombstones): a deleted output has no record
+    /// to protect it.
+    pub tombstones: Option<&'a BTreeMap<String, crate::spool::queue::Tombstone>>,
+}
+
+/// A stored output that publishing a bundle would overwrite or delete
+/// although its source was created after the bundle's own: publishing it
+/// would roll the destination back (docs/contract.md §18.7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollback {
+    pub destination: String,
+    pub path: String,
+    /// The stored output's source and its `created`.
+    pub source: String,
+    pub created: OffsetDateTime,
+    /// The bundle's own `created`.
+    pub own: OffsetDateTime,
+}
+
+impl std::fmt::Display for Rollback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::catalog::format_time;
+        write!(
+            f,
+            "{} in destination {} is from source {} created {}, later than this bundle's {}",
+            self.path,
+            self.destination,
+            self.source,
+            format_time(self.created),
+            format_time(self.own)
+        )
+    }
+}
+
+impl Rollback {
+    /// "N outputs of later sources: …", the first five named with their
+    /// source and both times: what a refusal to roll back says
+    /// (docs/contract.md §17.5, §18.7).
+    pub fn summary(found: &[Rollback]) -> String {
+        format!(
+            "{} output{} of later sources: {}",
+            found.len(),
+            if found.len() == 1 { "" } else { "s" },
+            crate::message::first_few(found, 5, "; ")
+        )
+    }
 }
 
 /// The decision for one destination.
@@ -387,8 +461,99 @@ impl Plan {
     }
 }
 
+/// The plan for one destination, and what it would roll back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub plan: Plan,
+    /// The outputs of later sources the plan (as it was before a refusal
+    /// for them) would roll back; empty unless [`PlanInput::replay`] asks.
+    pub rollbacks: Vec<Rollback>,
+}
+
 /// Plans one destination.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
+    decide(input).plan
+}
+
+/// Plans one destination and finds what the plan would roll back: under
+/// `signatures.refuse_older` such a plan is refused
+/// (docs/contract.md §17.5).
+pub fn decide(input: &PlanInput<'_>) -> Decision {
+    let plan = plan_outputs(input);
+    let (Some(replay), State::Catalog(catalog)) = (&input.replay, input.state) else {
+        return Decision {
+            plan,
+            rollbacks: Vec::new(),
+        };
+    };
+    let mut rollbacks: Vec<Rollback> = rolled_back(&plan, catalog, input.source)
+        .into_iter()
+        .filter(|record| !replay.later.contains(&record.source))
+        .map(|record| Rollback {
+            destination: input.destination_id.to_owned(),
+            path: record.path.as_str().to_owned(),
+            source: record.source.id.clone(),
+            created: record.source.created,
+            own: input.source.created,
+        })
+        .collect();
+    // Outputs a later publication deleted have no record to protect them:
+    // their tombstones do.
+    rollbacks.extend(retracted(input, replay, &plan, catalog));
+    let plan = if replay.refuse && !rollbacks.is_empty() {
+        Plan::refused(Action::FailConflict, Vec::new(), replay_refusal(&rollbacks))
+    } else {
+        plan
+    };
+    Decision { plan, rollbacks }
+}
+
+/// The planned writes of `plan` that a publication of a source created
+/// after the bundle's deleted (a bundle before it in this batch, or a
+/// publication before the batch), and that no record holds again since.
+fn retracted(
+    input: &PlanInput<'_>,
+    replay: &Replay<'_>,
+    plan: &Plan,
+    catalog: &Catalog,
+) -> Vec<Rollback> {
+    let deleted = replay.tombstones;
+    let own = input.source.created;
+    plan.writes
+        .iter()
+        .filter(|w| catalog.get(w.path.as_str()).is_none())
+        .filter_map(|w| {
+            let path = w.path.as_str();
+            let (by, created) = match replay.retracted.get(path) {
+                Some(s) => (s.id.clone(), s.created),
+                None => {
+                    let t = deleted?.get(path)?;
+                    (t.source.clone(), t.created)
+                }
+            };
+            (created > own).then(|| Rollback {
+                destination: input.destination_id.to_owned(),
+                path: path.to_owned(),
+                source: format!("{by}, which deleted it"),
+                created,
+                own,
+            })
+        })
+        .collect()
+}
+
+/// Why a bundle is refused under `signatures.refuse_older`
+/// (docs/contract.md §17.5): the outputs of later sources it would roll
+/// back, the first few named with their source and both times.
+fn replay_refusal(newer: &[Rollback]) -> String {
+    format!(
+        "publishing it would roll back {}. This pipeline refuses bundles older than what they replace (signatures.refuse_older), so that a signed bundle dropped again cannot roll the site back; to publish this content again, seal and sign it as a new bundle",
+        Rollback::summary(newer)
+    )
+}
+
+/// Plans one destination's outputs (the signature rules aside).
+fn plan_outputs(input: &PlanInput<'_>) -> Plan {
     if input.force {
         return force_plan(input);
     }
@@ -967,6 +1132,7 @@ mod tests {
             listing: &case.listing,
             now: now(),
             delete_within: None,
+            replay: None,
         };
         plan(&input)
     }
@@ -1411,6 +1577,7 @@ mod tests {
             listing: &listing,
             now: now(),
             delete_within: None,
+            replay: None,
         });
         let c = plan.update.unwrap().apply(current(&state));
         let r = &c.outputs[0];
@@ -1425,6 +1592,77 @@ mod tests {
             "catalog keeps its birth"
         );
         assert_eq!(c.updated_at, now());
+    }
+
+    /// `signatures.refuse_older` (docs/contract.md §17.5): a plan that
+    /// overwrites a later source's record, or writes again what a later
+    /// source deleted (in this batch or before it), is refused, and lists
+    /// what it would roll back when only asked; a later bundle of the same
+    /// batch rolls nothing back.
+    #[test]
+    fn a_plan_that_rolls_a_later_source_back_is_refused_under_refuse_older() {
+        let src = source("bundle-2");
+        let mut newer = source("bundle-3");
+        newer.created = t("2026-06-05T00:00:00Z");
+        let state = catalog(vec![rec("new.html", (P, D), &newer, 'b', 1)]);
+        let listing = storage(&[("new.html", file(1))]);
+        let tombstone = crate::spool::queue::Tombstone {
+            source: "bundle-4".to_owned(),
+            created: t("2026-06-06T00:00:00Z"),
+        };
+        let tombstones: BTreeMap<String, _> = [("gone.html".to_owned(), tombstone)].into();
+        let in_batch: BTreeMap<String, SourceIdentity> =
+            [("gone-in-batch.html".to_owned(), newer.clone())].into();
+        let none = BTreeMap::new();
+        let later = [newer.clone()];
+        // (wanted path, refuse, sources later in the batch, deleted in the batch: rolled back?)
+        type Case<'c> = (
+            &'c str,
+            bool,
+            &'c [SourceIdentity],
+            &'c BTreeMap<String, SourceIdentity>,
+            bool,
+        );
+        let cases: Vec<Case> = vec![
+            ("new.html", true, &[], &none, true),
+            ("new.html", false, &[], &none, true),
+            ("new.html", true, &later, &none, false),
+            ("gone.html", true, &[], &none, true),
+            ("gone-in-batch.html", true, &[], &in_batch, true),
+            ("gone-in-batch.html", true, &[], &none, false),
+            ("other.html", true, &[], &none, false),
+        ];
+        for (path, refuse, later, retracted, rolls_back) in cases {
+            let decision = decide(&PlanInput {
+                pipeline_id: P,
+                destination_id: D,
+                workflow: Workflow::Additive,
+                force: false,
+                source: &src,
+                desired: &vec![want(path, 'a', 1)].into(),
+                state: &state,
+                listing: &listing,
+                now: now(),
+                delete_within: None,
+                replay: Some(Replay {
+                    refuse,
+                    later,
+                    retracted,
+                    tombstones: Some(&tombstones),
+                }),
+            });
+            let found: Vec<&str> = decision.rollbacks.iter().map(|r| r.path.as_str()).collect();
+            assert_eq!(found.is_empty(), !rolls_back, "{path}: {found:?}");
+            let refused = decision.plan.action == Action::FailConflict;
+            assert_eq!(refused, refuse && rolls_back, "{path}: {:?}", decision.plan);
+            if refused {
+                let error = decision.plan.error.unwrap();
+                assert!(
+                    error.starts_with(&format!("publishing it would roll back 1 output of later sources: {path} in destination {D} is from source bundle-")),
+                    "{error}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -1448,10 +1686,10 @@ mod tests {
         };
         let (a, a_and_index) = (scope(&["a/"]), scope(&["a/", "index.html"]));
         // (the signer's scopes, what the replacement deletes)
-        let cases: Vec<(Option<Vec<&crate::scope::Scope>>, Vec<&str>)> = vec![
+        let cases: Vec<(Option<Vec<crate::scope::Scope>>, Vec<&str>)> = vec![
             (None, vec!["a/old.html", "b/theirs.html", "index.html"]),
-            (Some(vec![&a]), vec!["a/old.html"]),
-            (Some(vec![&a_and_index]), vec!["a/old.html", "index.html"]),
+            (Some(vec![a]), vec!["a/old.html"]),
+            (Some(vec![a_and_index]), vec!["a/old.html", "index.html"]),
             (Some(vec![]), vec![]),
         ];
         for (within, deleted) in cases {
@@ -1466,6 +1704,7 @@ mod tests {
                 listing: &listing,
                 now: now(),
                 delete_within: within.as_deref(),
+                replay: None,
             });
             assert_eq!(plan.delete_after, deleted, "{within:?}");
         }
@@ -1488,6 +1727,7 @@ mod tests {
             listing: &listing,
             now: now(),
             delete_within: None,
+            replay: None,
         });
         assert_eq!(plan.clear_first, ["a", "r.html"]);
         assert_eq!(plan.delete_after, ["keep/y"]);
@@ -1511,6 +1751,7 @@ mod tests {
             listing: &Listing::default(),
             now: now(),
             delete_within: None,
+            replay: None,
         });
         let c = plan.update.unwrap().apply(None);
         let r = &c.outputs[0];

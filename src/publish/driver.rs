@@ -5,23 +5,28 @@
 //!
 //! 1. Prepare: inspect each bundle, render its pages, compute each
 //!    destination's outputs (a large local catalog is parsed meanwhile).
-//!    A batch opens its roots (step 2) first.
+//!    A batch may open its roots (step 2) first ([`Policy`]).
 //! 2. Open every root in path order ([`backends::open`]: a lock, or a
 //!    server check and recovery), then plan each bundle in arrival order
-//!    against the catalog and storage as the bundles before it leave them.
-//!    A refused or invalid bundle is reported alone and does not stop the
-//!    others; a root without a valid catalog makes the first bundle go
-//!    alone (it sets the root up).
+//!    against the catalog and storage as the bundles before it leave them
+//!    (the planner decides every refusal, the signature rules included).
+//!    A refused or invalid bundle gets its own report and does not stop
+//!    the others; a root without a valid catalog ends a batch at once
+//!    ([`Ended::OneFirst`]: the first bundle goes by itself and sets the
+//!    root up).
 //! 3. Merge the accepted bundles' changes into one change per root, stage
 //!    every root, hash what no root copied, make everything durable, and
 //!    commit: roots whose commit reads the bundle (uploads) first, while
 //!    the others can still be rolled back.
 //!
 //! Anything that goes wrong once writing started rolls every root back to
-//! a state whose catalog matches its bytes. A bundle published alone gets
-//! the error in its report; a batch steps aside ([`Outcome::Aborted`]) and
-//! the caller publishes its bundles one by one, where the culprit gets the
-//! report it gets alone.
+//! a state whose catalog matches its bytes, and the run ends
+//! [`Ended::Aborted`]: the error, the root it is at and the report of the
+//! bundle in hand. A single publication's caller turns that into the
+//! bundle's failed report; a batch's caller publishes its bundles one by
+//! one, where the culprit gets its own report. What differs between one
+//! bundle and many is one [`Policy`] value, decided when a run starts; it
+//! never changes how a run ends.
 
 use super::backends;
 use super::error::Error;
@@ -42,18 +47,89 @@ use std::path::Path;
 use std::sync::Arc;
 use time::OffsetDateTime;
 
-/// How a run of the driver ended.
-pub(super) enum Outcome {
+/// How a run of the driver ended, for one bundle as for many.
+pub(super) enum Ended {
     /// A report for each of the first bundles (all of them, unless their
     /// pages would have held too much memory together: the others were
     /// not attempted).
     Reports(Vec<RunReport>),
     /// Nothing was published: a root has no valid catalog yet; the first
-    /// bundle goes alone, then batching resumes.
+    /// bundle goes by itself, then batching resumes. Never for a single
+    /// bundle ([`Policy::needs_catalogs`]).
     OneFirst,
-    /// Nothing of the batch was published (every root was rolled back):
-    /// why. Never for a single bundle, whose report says it.
-    Aborted(Error),
+    /// Nothing was published (every root was rolled back): why.
+    Aborted(Box<Aborted>),
+}
+
+/// Why a run published nothing, and where.
+pub(super) struct Aborted {
+    pub(super) error: Error,
+    /// The root (index among the destinations) the error is at, if one.
+    pub(super) root: Option<usize>,
+    /// The report of the bundle in hand (the first one, or the one being
+    /// planned), as far as it got; `None` when no bundle was prepared yet
+    /// (a batch that opened its roots first). A single bundle is always
+    /// prepared before its roots are opened.
+    pub(super) report: Option<RunReport>,
+}
+
+/// What differs between publishing one bundle and a batch, decided once
+/// when a run starts ([`Policy::for_bundles`]). Nothing else does: the
+/// steps, the errors and how a run ends are the same for both.
+#[derive(Debug, Clone, Copy)]
+struct Policy {
+    /// Every root must hold a valid catalog, else nothing is published and
+    /// the first bundle goes by itself ([`Ended::OneFirst`]): the bundles
+    /// plan on the catalog as the ones before them leave it, which a root
+    /// without one (missing, legacy, invalid) cannot give. So that a batch
+    /// finds out before it renders anything, its roots are opened before
+    /// the bundles are prepared unless every one has a catalog to read
+    /// ahead. A single bundle may set a root up, and is prepared before any
+    /// root is locked: an invalid one never waits for a lock.
+    needs_catalogs: bool,
+    /// The look ahead of a root reads every key the bundles plan, not only
+    /// those its catalog records: a single publication's plan then refuses
+    /// an unmanaged object rather than meeting it at commit. A batch looks
+    /// only at the recorded keys, and its commit meets such an object
+    /// (the batch then steps aside, and the bundle that planned it is
+    /// refused when it goes by itself).
+    every_key: bool,
+    /// A root where the bundle has nothing to record lets go of its catalog
+    /// (a large tree's is tens of MiB) while the bundle is hashed and the
+    /// rest runs: no other bundle of the run plans on it.
+    drop_unrecorded: bool,
+    /// The commit records the looks of the written files
+    /// (`.distributor-seen`), so that the next version of a large tree
+    /// knows its unchanged files without reading them. Large trees are
+    /// published one at a time; the merged writes of a batch of small
+    /// bundles would replace the record with a few files.
+    record_looks: bool,
+    /// `keep_going` is asked once more before the commit. A stopping agent
+    /// abandons a batch there (nothing committed: the bundle in hand is
+    /// published by itself, the others go back), while a single bundle is
+    /// the bundle in hand, which a stop lets finish.
+    stop_before_commit: bool,
+    /// A commit that fails at a root is logged and wrapped in
+    /// [`Error::Commit`], which names the root and the number of bundles:
+    /// the roots committed before keep the batch, so the agent tries it
+    /// again as a batch rather than one by one. A single bundle's report
+    /// gets the backend's error as it is.
+    name_the_batch: bool,
+}
+
+impl Policy {
+    /// The policy of a run of `bundles` bundles.
+    fn for_bundles(bundles: usize) -> Policy {
+        let batch = bundles > 1;
+        Policy {
+            needs_catalogs: batch,
+            every_key: !batch,
+            drop_unrecorded: !batch,
+            record_looks: !batch,
+            stop_before_commit: batch,
+            name_the_batch: batch,
+        }
+    }
 }
 
 /// Everything a run publishes with.
@@ -78,8 +154,8 @@ pub(super) struct Driver<'a> {
     pub(super) tombstones: std::sync::OnceLock<crate::spool::queue::Tombstones>,
 }
 
-/// One destination root during a run.
-struct Root<'d> {
+/// One destination root during a run, opened through its backend.
+struct OpenRoot<'d> {
     destination: &'d Destination,
     target: Box<dyn Target>,
     records: Records,
@@ -161,12 +237,7 @@ impl Records {
         deletes: &BTreeSet<&str>,
         rebase_for: Option<(&str, &Destination)>,
         now: OffsetDateTime,
-    ) -> (
-        Catalog,
-        Vec<OutputRecord>,
-        Vec<OutputRecord>,
-        Option<Rebase>,
-    ) {
+    ) -> Finished {
         let Records {
             opened,
             overlay,
@@ -218,16 +289,88 @@ impl Records {
                 }
             }
         };
-        (catalog, replaced, removed, rebase)
+        Finished {
+            catalog,
+            replaced,
+            removed,
+            rebase,
+        }
     }
 }
 
-/// Why writing stopped, and the root it stopped at (if one).
-type Failed = (Option<usize>, Error);
+/// A root's records once every change of the run is made
+/// ([`Records::finish`]).
+struct Finished {
+    catalog: Catalog,
+    /// The records the writes replace.
+    replaced: Vec<OutputRecord>,
+    /// The records the deletes remove.
+    removed: Vec<OutputRecord>,
+    /// What a commit that lost a race needs, for a target that may rebase.
+    rebase: Option<Rebase>,
+}
 
-/// The bundles prepared (a report for each, filled in for those that will
-/// not be published), the ones ready (by index), and every root opened.
-type Started<'d> = (Vec<Option<RunReport>>, Vec<(usize, Ready)>, Vec<Root<'d>>);
+/// Why a run stopped, and the root it stopped at (if one).
+struct Failed {
+    root: Option<usize>,
+    error: Error,
+}
+
+impl Failed {
+    /// `error` at root `j`.
+    fn at(j: usize, error: Error) -> Failed {
+        Failed {
+            root: Some(j),
+            error,
+        }
+    }
+
+    /// `error`, at no root in particular.
+    fn anywhere(error: Error) -> Failed {
+        Failed { root: None, error }
+    }
+
+    /// The run's end, before any root was rolled back (none was written),
+    /// with the report of the bundle in hand.
+    fn aborted(self, report: Option<RunReport>) -> Ended {
+        Ended::Aborted(Box::new(Aborted {
+            error: self.error,
+            root: self.root,
+            report,
+        }))
+    }
+}
+
+/// The bundles a run takes ([`Driver::prepare`]): a report for each, filled
+/// in for those that will not be published, and the ones ready, with their
+/// index among them.
+struct Taken {
+    reports: Vec<Option<RunReport>>,
+    ready: Vec<(usize, Ready)>,
+}
+
+/// The bundles taken and every root opened: a run ready to plan.
+struct Started<'d> {
+    taken: Taken,
+    roots: Vec<OpenRoot<'d>>,
+}
+
+/// One bundle's plan for one root: the plan (or the backend's refusal) and
+/// its writes known to hold their bytes already.
+struct RootPlan {
+    plan: Plan,
+    kept: BTreeSet<String>,
+}
+
+/// What the commits of every root did, told once in the first report.
+struct CommitTotals {
+    /// Outputs copied across file systems.
+    copied_across: u64,
+    /// Roots made durable file by file.
+    file_by_file: u64,
+    /// Per root, how often its catalog's compare-and-swap was rebased.
+    rebases: Vec<u32>,
+}
 
 /// A bundle whose every plan was accepted.
 struct Accepted {
@@ -322,7 +465,7 @@ fn manifest_bytes(bundles: &[&Path]) -> u64 {
 /// Whether every root opened holds a valid catalog: a batch needs one in
 /// each (a root without sends the batch one bundle at a time, the first
 /// creating or converting it).
-fn all_catalogs(roots: &[Root]) -> bool {
+fn all_catalogs(roots: &[OpenRoot]) -> bool {
     roots
         .iter()
         .all(|r| matches!(r.records.opened, State::Catalog(_)))
@@ -349,16 +492,17 @@ fn held_at_most() -> u64 {
 
 impl<'a> Driver<'a> {
     /// Publishes `bundles` (in arrival order).
-    pub(super) fn run(&self, bundles: &[&Path]) -> Outcome {
-        let alone = bundles.len() == 1;
+    pub(super) fn run(&self, bundles: &[&Path]) -> Ended {
+        let policy = Policy::for_bundles(bundles.len());
         let now = now_millis();
-        let (mut reports, ready, mut roots) = match self.open_and_prepare(bundles, alone, now) {
+        let Started { taken, mut roots } = match self.open_and_prepare(bundles, policy, now) {
             Ok(started) => started,
-            Err(outcome) => return outcome,
+            Err(ended) => return ended,
         };
-        let first_report = || ready[0].1.report.clone();
+        let Taken { mut reports, ready } = taken;
+        let first_report = || Some(ready[0].1.report.clone());
         if !(self.keep_going)() {
-            return self.abort(alone, first_report(), None, Error::Stopped, &roots);
+            return self.abort(first_report(), Failed::anywhere(Error::Stopped), &roots);
         }
         for (j, root) in roots.iter_mut().enumerate() {
             let desired: Vec<&[Desired]> =
@@ -375,9 +519,9 @@ impl<'a> Driver<'a> {
             }
             if let Err(e) = root
                 .target
-                .look_ahead(&root.records.opened, &desired, alone)
+                .look_ahead(&root.records.opened, &desired, policy.every_key)
             {
-                return self.abort(alone, first_report(), Some(j), e, &roots);
+                return self.abort(first_report(), Failed::at(j, e), &roots);
             }
         }
 
@@ -392,12 +536,12 @@ impl<'a> Driver<'a> {
                 .zip(&r.prepared)
                 .enumerate()
                 .map(|(j, (root, prepared))| self.plan(j, root, prepared, &r, now, later))
-                .collect::<Result<Vec<_>, (usize, Error)>>();
+                .collect::<Result<Vec<RootPlan>, Failed>>();
             let (plans, kept): (Vec<Plan>, Vec<BTreeSet<String>>) = match planned {
-                Ok(planned) => planned.into_iter().unzip(),
-                Err((j, e)) => return self.abort(alone, r.report, Some(j), e, &roots),
+                Ok(planned) => planned.into_iter().map(|p| (p.plan, p.kept)).unzip(),
+                Err(failed) => return self.abort(Some(r.report), failed, &roots),
             };
-            if alone {
+            if policy.drop_unrecorded {
                 // Nothing to record in a root: its catalog (a large tree's
                 // is tens of MiB) is not held while the bundle is hashed
                 // and the rest runs.
@@ -450,7 +594,7 @@ impl<'a> Driver<'a> {
                         reports[index] = Some(refused);
                         continue;
                     }
-                    Err((j, e)) => return self.abort(alone, a.ready.report, Some(j), e, &roots),
+                    Err(failed) => return self.abort(Some(a.ready.report), failed, &roots),
                 }
             }
             // What it leaves matters only to bundles planned after it.
@@ -463,15 +607,16 @@ impl<'a> Driver<'a> {
         if accepted.is_empty() {
             return all_reported(reports);
         }
-        self.write(roots, accepted, reports, alone, now)
+        self.write(roots, accepted, reports, policy, now)
     }
 
     /// Prepares `bundles` and opens every root, in the order that suits
     /// them: a large local catalog is parsed on a thread of its own while
     /// the bundles are prepared, before any root is locked (so that an
-    /// invalid bundle alone never waits for a lock), and a batch without
-    /// one opens its roots first. A batch into a root without a valid
-    /// catalog sends its first bundle alone. A batch prepares its bundles
+    /// invalid single bundle never waits for a lock), and a batch without
+    /// one opens its roots first ([`Policy::needs_catalogs`]). A batch into
+    /// a root without a valid catalog ends at once ([`Ended::OneFirst`]).
+    /// A batch prepares its bundles
     /// while reading ahead only when every root has a large catalog file to
     /// read, so it prepares them for nothing only when one turns out not to
     /// be a catalog, once per such file
@@ -481,47 +626,48 @@ impl<'a> Driver<'a> {
     fn open_and_prepare(
         &self,
         bundles: &[&Path],
-        alone: bool,
+        policy: Policy,
         now: OffsetDateTime,
-    ) -> Result<Started<'a>, Outcome> {
+    ) -> Result<Started<'a>, Ended> {
         let worth = self.worth_reading_ahead();
         // A root with no large file to read ahead may hold no catalog (it
         // is missing, small, legacy, or not readable by this version): the
         // batch finds out before it prepares anything.
-        if !alone && worth.len() < self.destinations.len() {
+        if policy.needs_catalogs && worth.len() < self.destinations.len() {
             let roots = self
                 .open_all(now, self.read_ahead(worth, bundles))
-                .map_err(|(_, e)| Outcome::Aborted(e))?;
+                .map_err(|failed| failed.aborted(None))?;
             if !all_catalogs(&roots) {
-                return Err(Outcome::OneFirst);
+                return Err(Ended::OneFirst);
             }
-            let (reports, ready) = self.prepare(bundles, held_at_most());
-            if ready.is_empty() {
-                return Err(Outcome::Reports(reports.into_iter().flatten().collect()));
+            let taken = self.prepare(bundles, held_at_most(), now);
+            if taken.ready.is_empty() {
+                return Err(all_reported(taken.reports));
             }
-            return Ok((reports, ready, roots));
+            return Ok(Started { taken, roots });
         }
         let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
-        let (reports, ready) = if worth.is_empty() {
-            self.prepare(bundles, held_at_most())
+        let taken = if worth.is_empty() {
+            self.prepare(bundles, held_at_most(), now)
         } else {
             // Texts a catalog write will not copy are dropped once the
             // roots are open (Driver::run), for one bundle as for a batch.
             let (read, prepared) = crate::workers::beside(
                 || self.read_ahead(worth, bundles),
-                || self.prepare(bundles, held_at_most()),
+                || self.prepare(bundles, held_at_most(), now),
             );
             ahead = read;
             prepared
         };
-        let Some((_, first)) = ready.first() else {
-            return Err(Outcome::Reports(reports.into_iter().flatten().collect()));
+        let Some((_, first)) = taken.ready.first() else {
+            return Err(all_reported(taken.reports));
         };
         match self.open_all(now, ahead) {
-            Ok(roots) if alone || all_catalogs(&roots) => Ok((reports, ready, roots)),
-            Ok(_) => Err(Outcome::OneFirst),
-            Err((j, e)) if alone => Err(self.abort(alone, first.report.clone(), Some(j), e, &[])),
-            Err((_, e)) => Err(Outcome::Aborted(e)),
+            Ok(roots) if !policy.needs_catalogs || all_catalogs(&roots) => {
+                Ok(Started { taken, roots })
+            }
+            Ok(_) => Err(Ended::OneFirst),
+            Err(failed) => Err(failed.aborted(Some(first.report.clone()))),
         }
     }
 
@@ -563,17 +709,18 @@ impl<'a> Driver<'a> {
         &self,
         now: OffsetDateTime,
         mut ahead: Vec<Option<crate::journal::ReadAhead>>,
-    ) -> Result<Vec<Root<'a>>, (usize, Error)> {
+    ) -> Result<Vec<OpenRoot<'a>>, Failed> {
         ahead.resize_with(self.destinations.len(), || None);
         let mut order: Vec<usize> = (0..self.destinations.len()).collect();
         order.sort_by(|a, b| self.destinations[*a].root.cmp(&self.destinations[*b].root));
-        let mut opened: Vec<Option<Root>> = (0..self.destinations.len()).map(|_| None).collect();
+        let mut opened: Vec<Option<OpenRoot>> =
+            (0..self.destinations.len()).map(|_| None).collect();
         for j in order {
             let d = self.destinations[j];
-            let mut target =
-                backends::open(d, self.options, now, ahead[j].take()).map_err(|e| (j, e))?;
+            let mut target = backends::open(d, self.options, now, ahead[j].take())
+                .map_err(|e| Failed::at(j, e))?;
             let state = target.take_state();
-            opened[j] = Some(Root {
+            opened[j] = Some(OpenRoot {
                 destination: d,
                 target,
                 records: Records::new(state),
@@ -589,13 +736,9 @@ impl<'a> Driver<'a> {
     /// first):
     /// the ready ones (with their index), and the finished report of each
     /// that is not, at its index.
-    fn prepare(
-        &self,
-        bundles: &[&Path],
-        bound: u64,
-    ) -> (Vec<Option<RunReport>>, Vec<(usize, Ready)>) {
+    fn prepare(&self, bundles: &[&Path], bound: u64, now: OffsetDateTime) -> Taken {
         let mut reports = Vec::new();
-        let mut taken = Vec::new();
+        let mut ready = Vec::new();
         let mut held = 0;
         let mut rest = bundles;
         while !rest.is_empty() {
@@ -619,6 +762,7 @@ impl<'a> Driver<'a> {
                     self.options.dry_run,
                     &self.options.scratch,
                     &self.options.process,
+                    now,
                 )
             });
             for result in prepared {
@@ -627,28 +771,27 @@ impl<'a> Driver<'a> {
                     Ok(r) => {
                         held += held_bytes(&r);
                         if index > 0 && held > bound {
-                            return (reports, taken);
+                            return Taken { reports, ready };
                         }
                         reports.push(None);
-                        taken.push((index, r));
+                        ready.push((index, r));
                     }
                     // A bundle that fails for a passing reason is tried
-                    // again later, alone: the batch ends before it, so
+                    // again later, by itself: the batch ends before it, so
                     // that nothing newer is published first (a failed one
                     // is never published, and does not stop the batch).
                     Err(report) if report.transient => {
                         reports.push(Some(*report));
-                        return (reports, taken);
+                        return Taken { reports, ready };
                     }
                     Err(report) => reports.push(Some(*report)),
                 }
             }
         }
-        (reports, taken)
+        Taken { reports, ready }
     }
 
-    /// Plans one bundle for one root: the plan (or the backend's refusal)
-    /// and its writes known to hold their bytes already. `later`: the
+    /// Plans one bundle for one root. `later`: the
     /// sources of the bundles planned after it in this batch, whose records
     /// it may overwrite without rolling anything back (the merged change
     /// puts theirs on top; a batch published again after a crash during
@@ -656,12 +799,12 @@ impl<'a> Driver<'a> {
     fn plan(
         &self,
         j: usize,
-        root: &mut Root,
+        root: &mut OpenRoot,
         prepared: &Prepared,
         r: &Ready,
         now: OffsetDateTime,
         later: &[SourceIdentity],
-    ) -> Result<(Plan, BTreeSet<String>), (usize, Error)> {
+    ) -> Result<RootPlan, Failed> {
         let d = root.destination;
         let state = root
             .records
@@ -669,9 +812,15 @@ impl<'a> Driver<'a> {
         let listing = root
             .target
             .listing(&prepared.desired, &state, &root.touched, self.options.force)
-            .map_err(|e| (j, e))?;
-        let granted = self.signer_scopes(r);
-        let plan = plan::plan(&PlanInput {
+            .map_err(|e| Failed::at(j, e))?;
+        let refuse_older = (self.pipeline.signatures.as_ref()).is_some_and(|s| s.refuse_older);
+        let replay = (refuse_older || self.older.is_some()).then(|| plan::Replay {
+            refuse: refuse_older,
+            later,
+            retracted: &root.retracted,
+            tombstones: self.tombstones().get(&d.id),
+        });
+        let decision = plan::decide(&PlanInput {
             pipeline_id: &self.pipeline.id,
             destination_id: &d.id,
             workflow: d.workflow,
@@ -681,64 +830,24 @@ impl<'a> Driver<'a> {
             state: &state,
             listing: &listing,
             now,
-            delete_within: granted.as_deref(),
+            delete_within: r.delete_within.as_deref(),
+            replay,
         });
-        let mut plan = root
-            .target
-            .refusal(&plan, &state, self.options.force)
-            .unwrap_or(plan);
-        if let State::Catalog(catalog) = &*state {
-            let refuse_older = self
-                .pipeline
-                .signatures
-                .as_ref()
-                .is_some_and(|s| s.refuse_older);
-            let mut newer: Vec<super::Rollback> = plan::rolled_back(&plan, catalog, &r.source)
-                .into_iter()
-                .filter(|record| !later.contains(&record.source))
-                .map(|record| super::Rollback {
-                    destination: d.id.clone(),
-                    path: record.path.as_str().to_owned(),
-                    source: record.source.id.clone(),
-                    created: record.source.created,
-                    own: r.source.created,
-                })
-                .collect();
-            // Outputs a later publication deleted (retracted) have no
-            // record to protect them: their tombstones do.
-            if refuse_older || self.older.is_some() {
-                newer.extend(self.retracted(&plan, d, &r.source, catalog, &root.retracted));
-            }
-            if refuse_older && !newer.is_empty() {
-                plan = Plan::refused(
-                    plan::Action::FailConflict,
-                    Vec::new(),
-                    replay_refusal(&newer),
-                );
-            }
-            if let Some(older) = self.older {
-                older
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(newer);
-            }
+        if let Some(older) = self.older {
+            (older.lock().unwrap_or_else(|e| e.into_inner())).extend(decision.rollbacks);
         }
+        let plan = (root.target)
+            .refusal(&decision.plan, &state, self.options.force)
+            .unwrap_or(decision.plan);
         let kept = root.target.kept(&plan, &state, &root.touched);
-        Ok((plan, kept))
+        Ok(RootPlan { plan, kept })
     }
 
-    /// The planned writes of `plan` into destination `d` that a
-    /// publication of a source created after `source` deleted, and that no
-    /// record holds again since.
-    fn retracted(
-        &self,
-        plan: &Plan,
-        d: &Destination,
-        source: &SourceIdentity,
-        catalog: &Catalog,
-        in_batch: &BTreeMap<String, SourceIdentity>,
-    ) -> Vec<super::Rollback> {
-        let tombstones = self.tombstones.get_or_init(|| {
+    /// What this pipeline's publications deleted, by destination, read from
+    /// the agent's spool when a plan first needs it (none outside the
+    /// agent).
+    fn tombstones(&self) -> &crate::spool::queue::Tombstones {
+        self.tombstones.get_or_init(|| {
             let folder = self
                 .options
                 .serving
@@ -755,67 +864,27 @@ impl<'a> Driver<'a> {
                     Default::default()
                 }
             }
-        });
-        let deleted = tombstones.get(&d.id);
-        plan.writes
-            .iter()
-            .filter(|w| catalog.get(w.path.as_str()).is_none())
-            .filter_map(|w| {
-                let path = w.path.as_str();
-                // A bundle before it in this batch deleted it, or a
-                // publication before the batch did.
-                let (by, created) = match in_batch.get(path) {
-                    Some(s) => (s.id.clone(), s.created),
-                    None => {
-                        let t = deleted?.get(path)?;
-                        (t.source.clone(), t.created)
-                    }
-                };
-                (created > source.created).then(|| super::Rollback {
-                    destination: d.id.clone(),
-                    path: path.to_owned(),
-                    source: format!("{by}, which deleted it"),
-                    created,
-                    own: source.created,
-                })
-            })
-            .collect()
-    }
-
-    /// The scopes of the principals that signed the bundle, when the
-    /// pipeline limits principals (`signatures.scopes`): a replacement
-    /// deletes only inside them, so that one principal never deletes what
-    /// another published (docs/contract.md §17.4).
-    fn signer_scopes(&self, r: &Ready) -> Option<Vec<&'a crate::scope::Scope>> {
-        let scopes = self.pipeline.signatures.as_ref()?.scopes.as_ref()?;
-        let signer = r.bundle.signer.as_ref()?;
-        Some(
-            signer
-                .principals
-                .iter()
-                .filter_map(|p| scopes.get(p))
-                .collect(),
-        )
+        })
     }
 
     /// Creates the roots that do not exist yet and plans the bundle again
     /// under their lock: the report of a refusal then, if any.
     fn create_missing(
         &self,
-        roots: &mut [Root],
+        roots: &mut [OpenRoot],
         a: &mut Accepted,
         now: OffsetDateTime,
         later: &[SourceIdentity],
-    ) -> Result<Option<RunReport>, (usize, Error)> {
+    ) -> Result<Option<RunReport>, Failed> {
         for (j, root) in roots.iter_mut().enumerate() {
             if !root.target.missing() {
                 continue;
             }
-            root.target.create(self.options, now).map_err(|e| (j, e))?;
+            (root.target.create(self.options, now)).map_err(|e| Failed::at(j, e))?;
             root.records.opened = root.target.take_state();
-            let (plan, kept) = self.plan(j, root, &a.ready.prepared[j], &a.ready, now, later)?;
-            a.plans[j] = plan;
-            a.kept[j] = kept;
+            let planned = self.plan(j, root, &a.ready.prepared[j], &a.ready, now, later)?;
+            a.plans[j] = planned.plan;
+            a.kept[j] = planned.kept;
         }
         Ok(refusal(&mut a.ready, &a.plans, self.workers))
     }
@@ -823,12 +892,12 @@ impl<'a> Driver<'a> {
     /// Writes the accepted bundles' merged changes into every root.
     fn write(
         &self,
-        mut roots: Vec<Root>,
+        mut roots: Vec<OpenRoot>,
         mut accepted: Vec<Accepted>,
         mut reports: Vec<Option<RunReport>>,
-        alone: bool,
+        policy: Policy,
         now: OffsetDateTime,
-    ) -> Outcome {
+    ) -> Ended {
         // Which bundle files were hashed, apart from the bundles (which the
         // changes borrow).
         let mut verified: Vec<BTreeSet<RelPath>> = accepted
@@ -841,22 +910,22 @@ impl<'a> Driver<'a> {
                 Merged::of(&plans)
             })
             .collect();
-        let changes = self.changes(&mut roots, &merged, &accepted, alone, now);
+        let changes = self.changes(&mut roots, &merged, &accepted, policy.record_looks, now);
         let written = self
             .stage_all(&mut roots, &changes, &merged, &accepted, &mut verified)
             .and_then(|unchanged| {
                 for (a, verified) in accepted.iter().zip(&mut verified) {
                     verify_rest(&a.ready.bundle, verified, self.workers)
-                        .map_err(|e| (None, e.into()))?;
+                        .map_err(|e| Failed::anywhere(e.into()))?;
                 }
                 for (j, root) in roots.iter_mut().enumerate() {
                     if changes[j].is_some() {
-                        root.target.make_durable().map_err(|e| (Some(j), e))?;
+                        root.target.make_durable().map_err(|e| Failed::at(j, e))?;
                     }
                 }
                 crate::failpoint::hit("publish.staged");
-                if !alone && !(self.keep_going)() {
-                    return Err((None, Error::Stopped));
+                if policy.stop_before_commit && !(self.keep_going)() {
+                    return Err(Failed::anywhere(Error::Stopped));
                 }
                 let outcomes = outcomes(&accepted, &merged, &unchanged);
                 if let Some(before_commit) = self.before_commit {
@@ -867,15 +936,16 @@ impl<'a> Driver<'a> {
                         .collect();
                     let told: Vec<(usize, &RunReport)> =
                         accepted.iter().map(|a| a.index).zip(&reports).collect();
-                    before_commit(&told).map_err(|source| (None, Error::Record { source }))?;
+                    before_commit(&told)
+                        .map_err(|source| Failed::anywhere(Error::Record { source }))?;
                 }
-                let committed = self.commit_all(&mut roots, changes, accepted.len(), alone)?;
-                Ok((outcomes, committed))
+                let totals = self.commit_all(&mut roots, changes, accepted.len(), policy)?;
+                Ok((outcomes, totals))
             });
-        let (outcomes, (copied_across, file_by_file, rebases)) = match written {
+        let (outcomes, totals) = match written {
             Ok(written) => written,
-            Err((j, e)) => {
-                return self.abort(alone, accepted[0].ready.report.clone(), j, e, &roots);
+            Err(failed) => {
+                return self.abort(Some(accepted[0].ready.report.clone()), failed, &roots);
             }
         };
         drop(merged);
@@ -883,9 +953,9 @@ impl<'a> Driver<'a> {
             let mut report = outcome.apply(a.ready.report);
             // What the roots did as a whole is told once, by the first bundle.
             if k == 0 {
-                report.copied_across = copied_across;
-                report.synced_file_by_file = file_by_file;
-                for (r, n) in report.destinations.iter_mut().zip(&rebases) {
+                report.copied_across = totals.copied_across;
+                report.synced_file_by_file = totals.file_by_file;
+                for (r, n) in report.destinations.iter_mut().zip(&totals.rebases) {
                     r.catalog_rebases = *n;
                 }
             }
@@ -895,13 +965,14 @@ impl<'a> Driver<'a> {
     }
 
     /// Each root's change (`None`: nothing to record there), built from
-    /// its records and its merged writes and deletes.
+    /// its records and its merged writes and deletes
+    /// ([`Policy::record_looks`]: whether it records the looks of its writes).
     fn changes<'c>(
         &self,
-        roots: &mut [Root],
+        roots: &mut [OpenRoot],
         merged: &'c [Merged],
         accepted: &'c [Accepted],
-        alone: bool,
+        record_looks: bool,
         now: OffsetDateTime,
     ) -> Vec<Option<Change<'c>>> {
         let mut changes = Vec::new();
@@ -916,7 +987,7 @@ impl<'a> Driver<'a> {
                 .target
                 .may_rebase()
                 .then_some((self.pipeline.id.as_str(), root.destination));
-            let (catalog, replaced, removed, rebase) = records.finish(
+            let finished = records.finish(
                 m.writes.iter().map(|(_, d)| d.path.as_str().to_owned()),
                 &m.deletes,
                 rebase_for,
@@ -937,12 +1008,12 @@ impl<'a> Driver<'a> {
                     .collect(),
                 clear_first: m.clear_first.clone(),
                 deletes: m.deletes.iter().map(|p| (*p).to_owned()).collect(),
-                catalog,
-                replaced,
-                removed,
+                catalog: finished.catalog,
+                replaced: finished.replaced,
+                removed: finished.removed,
                 state_was_absent: was_absent,
-                record_looks: alone,
-                rebase,
+                record_looks,
+                rebase: finished.rebase,
             }));
         }
         changes
@@ -954,7 +1025,7 @@ impl<'a> Driver<'a> {
     /// `verified`.
     fn stage_all(
         &self,
-        roots: &mut [Root],
+        roots: &mut [OpenRoot],
         changes: &[Option<Change>],
         merged: &[Merged],
         accepted: &[Accepted],
@@ -966,7 +1037,7 @@ impl<'a> Driver<'a> {
             let staged = root
                 .target
                 .stage(change, self.workers, self.keep_going)
-                .map_err(|e| (Some(j), e))?;
+                .map_err(|e| Failed::at(j, e))?;
             for ((k, d), s) in merged[j].writes.iter().zip(&staged) {
                 let from_bundle = !accepted[*k].ready.prepared[j]
                     .in_memory
@@ -983,14 +1054,15 @@ impl<'a> Driver<'a> {
     /// Commits every root's change, roots whose commit reads the bundle
     /// first (a failure there can still roll the others back): the outputs
     /// copied across file systems, the roots made durable file by file, and
-    /// per root how often its catalog's compare-and-swap was rebased.
+    /// per root how often its catalog's compare-and-swap was rebased. A
+    /// failure names the batch of `bundles` ([`Policy::name_the_batch`]).
     fn commit_all(
         &self,
-        roots: &mut [Root],
+        roots: &mut [OpenRoot],
         mut changes: Vec<Option<Change>>,
         bundles: usize,
-        alone: bool,
-    ) -> Result<(u64, u64, Vec<u32>), Failed> {
+        policy: Policy,
+    ) -> Result<CommitTotals, Failed> {
         let mut order: Vec<usize> = (0..roots.len()).filter(|j| changes[*j].is_some()).collect();
         order.sort_by_key(|j| !roots[*j].target.reads_bundle_at_commit());
         let mut copied_across = 0;
@@ -1007,38 +1079,34 @@ impl<'a> Driver<'a> {
                 }
                 // Roots committed before keep their change: publishing
                 // those bundles again is a skip there.
-                Err(e) if alone => return Err((Some(j), e)),
+                Err(e) if !policy.name_the_batch => return Err(Failed::at(j, e)),
                 Err(e) => {
                     let root = roots[j].target.label();
                     log::error!(
                         "{root}: batch publication failed while committing ({e}); what it wrote there was undone"
                     );
                     let source = Box::new(e);
-                    return Err((
-                        Some(j),
-                        Error::Commit {
-                            root,
-                            bundles,
-                            source,
-                        },
-                    ));
+                    let e = Error::Commit {
+                        root,
+                        bundles,
+                        source,
+                    };
+                    return Err(Failed::at(j, e));
                 }
             }
         }
-        Ok((copied_across, file_by_file, rebases))
+        Ok(CommitTotals {
+            copied_across,
+            file_by_file,
+            rebases,
+        })
     }
 
-    /// Stops the run with `e` (at root `j`, if known): every root is
-    /// rolled back; a bundle published alone gets `report` failed with it.
-    fn abort(
-        &self,
-        alone: bool,
-        mut report: RunReport,
-        j: Option<usize>,
-        e: Error,
-        roots: &[Root],
-    ) -> Outcome {
-        let mut e = e;
+    /// Stops the run as `failed` says: every root is rolled back, and the
+    /// run ends with the error, where it is, and `report`, the report of
+    /// the bundle in hand.
+    fn abort(&self, report: Option<RunReport>, failed: Failed, roots: &[OpenRoot]) -> Ended {
+        let Failed { root: j, mut error } = failed;
         for (i, root) in roots.iter().enumerate() {
             if let Err(settle) = root.target.roll_back() {
                 log::error!(
@@ -1046,22 +1114,19 @@ impl<'a> Driver<'a> {
                     root.target.label()
                 );
                 if j == Some(i) {
-                    e = e.unsettled(settle);
+                    error = error.unsettled(settle);
                 }
             }
         }
-        if !alone {
-            return Outcome::Aborted(e);
-        }
-        if let Some(j) = j {
-            report.destinations[j].error = Some(e.to_string());
-            report.destinations[j].catalog_conflict = e.lost_catalog_race();
-        }
-        Outcome::Reports(vec![e.fail(report)])
+        Ended::Aborted(Box::new(Aborted {
+            error,
+            root: j,
+            report,
+        }))
     }
 }
 
-impl Root<'_> {
+impl OpenRoot<'_> {
     /// Records what an accepted plan leaves in the catalog and, when
     /// `more` bundles are planned after it, in storage.
     fn apply(&mut self, plan: &mut Plan, more: bool, source: &SourceIdentity) {
@@ -1162,22 +1227,12 @@ fn refusal(r: &mut Ready, plans: &[Plan], workers: &dyn Workers) -> Option<RunRe
 }
 
 /// The outcome once every bundle taken should have its report.
-fn all_reported(reports: Vec<Option<RunReport>>) -> Outcome {
-    Outcome::Reports(
+fn all_reported(reports: Vec<Option<RunReport>>) -> Ended {
+    Ended::Reports(
         reports
             .into_iter()
             .map(|r| r.expect("every bundle taken is reported"))
             .collect(),
-    )
-}
-
-/// Why a bundle is refused under `signatures.refuse_older`
-/// (docs/contract.md §17.5): the outputs of later sources it would roll
-/// back, the first few named with their source and both times.
-fn replay_refusal(newer: &[super::Rollback]) -> String {
-    format!(
-        "publishing it would roll back {}. This pipeline refuses bundles older than what they replace (signatures.refuse_older), so that a signed bundle dropped again cannot roll the site back; to publish this content again, seal and sign it as a new bundle",
-        super::Rollback::summary(newer)
     )
 }
 

@@ -1,9 +1,10 @@
-//! The driver's pure decisions: which writes and deletes a batch sends to
-//! a root, and how many bundles a batch takes.
+//! The driver's decisions: which writes and deletes a batch sends to a
+//! root, how many bundles a batch takes, and how a run that cannot commit
+//! ends, for a batch and for a single bundle.
 
 use std::collections::BTreeSet;
 
-use super::{Driver, Merged, held_bytes};
+use super::{Driver, Merged, Taken, held_bytes};
 use crate::catalog::OutputKind;
 use crate::paths::RelPath;
 use crate::plan::{Action, Desired, Plan};
@@ -145,9 +146,10 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         before_commit: None,
         tombstones: Default::default(),
     };
+    let now = crate::clock::now_millis();
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).
-    let (reports, ready) = driver.prepare(&bundles, u64::MAX);
+    let Taken { reports, ready } = driver.prepare(&bundles, u64::MAX, now);
     assert_eq!(reports.len(), 4);
     assert!(reports[1].as_ref().is_some_and(|r| !r.ok));
     let taken: Vec<usize> = ready.iter().map(|(i, _)| *i).collect();
@@ -157,12 +159,12 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
     assert!(held.iter().all(|h| *h > 1000), "{held:?}");
     // Room for two ready bundles: the third waits for the next batch; the
     // invalid one between them is reported.
-    let (reports, ready) = driver.prepare(&bundles, held[0] + held[1]);
+    let Taken { reports, ready } = driver.prepare(&bundles, held[0] + held[1], now);
     assert_eq!(reports.len(), 3);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 2]);
     // No room at all: still the first bundle, so that a backlog moves
     // (and the invalid one after it, which holds nothing).
-    let (reports, ready) = driver.prepare(&bundles, 1);
+    let Taken { reports, ready } = driver.prepare(&bundles, 1, now);
     assert_eq!(reports.len(), 2);
     assert_eq!(ready.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0]);
 }
@@ -198,9 +200,10 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         tombstones: Default::default(),
     };
     match driver.run(&bundles[2..]) {
-        super::Outcome::Aborted(e) => {
-            assert!(matches!(e, super::Error::Record { .. }), "{e}");
-            assert!(e.is_transient());
+        super::Ended::Aborted(aborted) => {
+            let error = aborted.error;
+            assert!(matches!(error, super::Error::Record { .. }), "{error}");
+            assert!(error.is_transient());
         }
         _ => panic!("the batch went on past a refused record"),
     }
@@ -227,7 +230,7 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         before_commit: Some(&listen),
         ..driver
     };
-    let super::Outcome::Reports(reports) = driver.run(&bundles[1..]) else {
+    let super::Ended::Reports(reports) = driver.run(&bundles[1..]) else {
         panic!("the batch was not published");
     };
     assert_eq!(reports.len(), 3);
@@ -239,5 +242,37 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
     assert_ne!(
         std::fs::read(root.join(".distributor.json")).unwrap(),
         catalog
+    );
+}
+
+/// A single publication ends like a batch (`Ended::Aborted`), and its
+/// caller turns that into the bundle's failed report: the error, transient
+/// here, and nothing committed.
+#[test]
+fn a_single_bundle_stopped_before_its_commit_gets_a_failed_report() {
+    let (tmp, config, dirs) = four_bundles();
+    let pipeline = &config.pipelines[0];
+    let destinations = [&pipeline.destinations[0]];
+    let options = options(tmp.path());
+    let root = tmp.path().join("www");
+    let first = super::super::publish(pipeline, &destinations, &dirs[0], &options);
+    assert!(first.ok, "{first:?}");
+    let catalog = std::fs::read(root.join(".distributor.json")).unwrap();
+    let refuse = |_: &[(usize, &crate::report::RunReport)]| -> std::io::Result<()> {
+        Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+    };
+    let report =
+        super::super::publish_recorded(pipeline, &destinations, &dirs[2], &options, Some(&refuse));
+    assert!(!report.ok && report.transient, "{report:?}");
+    assert_eq!(
+        report.source.as_ref().map(|s| s.id.as_str()),
+        Some("b-2"),
+        "the bundle's own report"
+    );
+    assert!(report.error.is_some(), "{report:?}");
+    assert_eq!(
+        std::fs::read(root.join(".distributor.json")).unwrap(),
+        catalog,
+        "nothing was committed"
     );
 }

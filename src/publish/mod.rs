@@ -29,6 +29,7 @@ mod remote;
 mod stage;
 mod target;
 
+pub use crate::plan::Rollback;
 pub use crate::workers::{InOrder, PerCore, Workers};
 pub(crate) use backends::open_to_maintain;
 pub use backends::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
@@ -36,7 +37,7 @@ pub use error::Error;
 pub(crate) use target::{Access, Change, Fault, Refused, Target};
 
 use crate::process_state::ProcessState;
-use driver::{Driver, Outcome};
+use driver::{Aborted, Driver, Ended};
 
 /// How to run a publication.
 #[derive(Debug, Clone)]
@@ -111,53 +112,29 @@ pub fn publish_recorded(
         before_commit,
         tombstones: Default::default(),
     };
-    match driver.run(&[bundle_dir]) {
-        Outcome::Reports(mut reports) if reports.len() == 1 => reports.remove(0),
-        _ => unreachable!("a single bundle always gets its report"),
-    }
+    one_report(driver.run(&[bundle_dir]))
 }
 
-/// A stored output that publishing a bundle would overwrite or delete
-/// although its source was created after the bundle's own: publishing it
-/// would roll the destination back (docs/contract.md §18.7).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rollback {
-    pub destination: String,
-    pub path: String,
-    /// The stored output's source and its `created`.
-    pub source: String,
-    pub created: time::OffsetDateTime,
-    /// The bundle's own `created`.
-    pub own: time::OffsetDateTime,
-}
-
-impl std::fmt::Display for Rollback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::catalog::format_time;
-        write!(
-            f,
-            "{} in destination {} is from source {} created {}, later than this bundle's {}",
-            self.path,
-            self.destination,
-            self.source,
-            format_time(self.created),
-            format_time(self.own)
-        )
+/// The report of the one bundle a run took: its own, or, when the run
+/// aborted, its report failed with the error, which the destination the
+/// error is at tells too (and whether it lost a race for the catalog).
+fn one_report(ended: Ended) -> RunReport {
+    let Aborted {
+        error,
+        root,
+        report,
+    } = match ended {
+        Ended::Reports(mut reports) if reports.len() == 1 => return reports.remove(0),
+        Ended::Aborted(aborted) => *aborted,
+        _ => unreachable!("a single bundle never waits for a catalog, and gets its report"),
+    };
+    let mut report = report.expect("a single bundle is prepared before its roots are opened");
+    if let Some(j) = root {
+        let at = &mut report.destinations[j];
+        at.error = Some(error.to_string());
+        at.catalog_conflict = error.lost_catalog_race();
     }
-}
-
-impl Rollback {
-    /// "N outputs of later sources: …", the first five named with their
-    /// source and both times: what a refusal to roll back says
-    /// (docs/contract.md §17.5, §18.7).
-    pub fn summary(found: &[Rollback]) -> String {
-        format!(
-            "{} output{} of later sources: {}",
-            found.len(),
-            if found.len() == 1 { "" } else { "s" },
-            crate::message::first_few(found, 5, "; ")
-        )
-    }
+    error.fail(report)
 }
 
 /// What publishing the bundle in `bundle_dir` would roll back: every stored
@@ -187,10 +164,8 @@ pub fn rollbacks(
         before_commit: None,
         tombstones: Default::default(),
     };
-    if let Outcome::Reports(reports) = driver.run(&[bundle_dir])
-        && let Some(report) = reports.first()
-        && !report.ok
-    {
+    let report = one_report(driver.run(&[bundle_dir]));
+    if !report.ok {
         log::debug!(
             "{}: not planned ({}); nothing it would roll back is known",
             bundle_dir.display(),
@@ -247,10 +222,10 @@ pub fn publish_batch(
         tombstones: Default::default(),
     };
     match driver.run(bundles) {
-        Outcome::Reports(reports) => Batch::Done(reports),
-        Outcome::OneFirst => Batch::OneFirst,
-        Outcome::Aborted(e) if e.is_stopped() || !keep_going() => Batch::Stopped,
-        Outcome::Aborted(cause) => Batch::OneByOne { cause },
+        Ended::Reports(reports) => Batch::Done(reports),
+        Ended::OneFirst => Batch::OneFirst,
+        Ended::Aborted(a) if a.error.is_stopped() || !keep_going() => Batch::Stopped,
+        Ended::Aborted(a) => Batch::OneByOne { cause: a.error },
     }
 }
 

@@ -1,6 +1,8 @@
 //! Preparing a bundle before any lock is taken: inspecting it (manifest,
-//! file types and sizes), rendering its markdown where a destination wants
-//! HTML, and computing each destination's outputs. It never writes.
+//! file types and sizes, signature), rendering its markdown where a
+//! destination wants HTML, computing each destination's outputs, and the
+//! signer's scopes that bound what a replacement deletes. It never writes
+//! and never reads the clock: the time is the publication's.
 
 use super::content::{Content, Scratch, Spill};
 use super::error::Error;
@@ -56,12 +58,18 @@ pub(super) struct Ready {
     pub(super) prepared: Vec<Prepared>,
     /// Bundle files whose bytes have been hashed and matched the manifest.
     pub(super) verified: BTreeSet<RelPath>,
+    /// The scopes of the principals that signed the bundle, when the
+    /// pipeline limits principals (`signatures.scopes`): a replacement
+    /// deletes only inside them, so that one principal never deletes what
+    /// another published (docs/contract.md §17.4). `None`: everywhere.
+    pub(super) delete_within: Option<Vec<Scope>>,
 }
 
 /// Inspects the bundle (manifest, file types and sizes), renders its
 /// markdown where a destination wants HTML, and computes every
 /// destination's outputs. Takes no lock. The error is the finished report.
-/// Pages too big to hold go to unnamed files in `scratch`.
+/// Pages too big to hold go to unnamed files in `scratch`. `now`: the
+/// publication's time, against which a `created` in the future is told.
 pub(super) fn prepare_bundle(
     pipeline: &Pipeline,
     destinations: &[&Destination],
@@ -69,6 +77,7 @@ pub(super) fn prepare_bundle(
     dry_run: bool,
     scratch: &Path,
     process: &ProcessState,
+    now: time::OffsetDateTime,
 ) -> Result<Ready, Box<RunReport>> {
     let mut report = RunReport::new(&pipeline.id, dry_run);
     let policy = pipeline
@@ -100,7 +109,7 @@ pub(super) fn prepare_bundle(
     });
     report.warnings = bundle.warnings.clone();
     report.signer = bundle.signer.clone();
-    if let Some(why) = from_the_future(pipeline, m.created, time::OffsetDateTime::now_utc()) {
+    if let Some(why) = from_the_future(pipeline, m.created, now) {
         return Err(Box::new(Error::FromTheFuture(why).fail(report)));
     }
     if bundle.signer.is_none() && pipeline.signatures.is_some() {
@@ -158,10 +167,16 @@ pub(super) fn prepare_bundle(
         }
     }
 
+    let mut delete_within = None;
     if let (Some(signer), Some(scopes)) = (
         &bundle.signer,
         pipeline.signatures.as_ref().and_then(|s| s.scopes.as_ref()),
     ) {
+        delete_within = Some(
+            (signer.principals.iter())
+                .filter_map(|p| scopes.get(p).cloned())
+                .collect(),
+        );
         let paths = prepared
             .iter()
             .flat_map(|p| p.desired.iter().map(|d| d.path.as_str()));
@@ -183,6 +198,7 @@ pub(super) fn prepare_bundle(
         source,
         prepared,
         verified,
+        delete_within,
     })
 }
 
@@ -470,6 +486,7 @@ pipelines:
             false,
             tmp.path(),
             &ProcessState::default(),
+            crate::clock::now_millis(),
         ) else {
             panic!("the bundle is valid");
         };
@@ -517,6 +534,7 @@ pipelines:
             false,
             tmp.path(),
             &ProcessState::default(),
+            crate::clock::now_millis(),
         );
         (tmp, result)
     }
