@@ -19,9 +19,8 @@
 use crate::config::Destination;
 use crate::lock::LockError;
 use crate::process_state::ProcessState;
-use crate::publish::{self, Fault};
+use crate::publish::{self, Fault, StorageFault};
 use serde::Serialize;
-use std::io;
 use std::time::Duration;
 
 mod list;
@@ -76,12 +75,7 @@ impl Target<'_> {
         match fault {
             Fault::Unusable(state) => session::refusal(self, state),
             Fault::Lock(e) => MaintainError::Lock(e),
-            Fault::Io { doing, source } => MaintainError::Io {
-                root: self.root_text(),
-                doing,
-                source,
-            },
-            Fault::Store { message, source } => MaintainError::S3 { message, source },
+            Fault::Storage(fault) => MaintainError::Storage(fault),
         }
     }
 }
@@ -121,23 +115,10 @@ pub enum MaintainError {
     },
     #[error("{0}")]
     Lock(#[from] LockError),
-    /// Talking to an s3 root failed; `message` names the root and says
-    /// what to do.
-    #[error("{message}")]
-    S3 {
-        message: String,
-        #[source]
-        source: Box<crate::s3::Error>,
-    },
-    #[error(
-        "{root}: {doing}: {source}; check the folder's permissions and free space, then run the command again"
-    )]
-    Io {
-        root: String,
-        doing: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The root's storage failed (a folder, or a bucket): the text names
+    /// the root, what was being done, and what to do.
+    #[error(transparent)]
+    Storage(StorageFault),
 }
 
 impl MaintainError {
@@ -149,12 +130,9 @@ impl MaintainError {
             MaintainError::InvalidState { .. }
             | MaintainError::FutureState { .. }
             | MaintainError::LegacyState { .. } => EXIT_REFUSED,
-            MaintainError::Lock(_) | MaintainError::Io { .. } => EXIT_FAILURE,
             // Missing credentials or a bad client setup: configuration.
-            MaintainError::S3 { source, .. } if source.stage() == crate::report::Stage::Config => {
-                EXIT_USAGE
-            }
-            MaintainError::S3 { .. } => EXIT_FAILURE,
+            MaintainError::Storage(fault) if fault.is_config() => EXIT_USAGE,
+            MaintainError::Lock(_) | MaintainError::Storage(_) => EXIT_FAILURE,
         }
     }
 }

@@ -9,7 +9,7 @@
 use super::Options;
 use super::error::Error;
 use super::stage::{self, CommitFailure, Failure, StagedRoot, Step, probe};
-use super::target::{Access, Change, Committed, Fault, Staged, Target, usable};
+use super::target::{Access, Change, Committed, Doing, Fault, Staged, Target, io_fault, usable};
 use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
 use crate::hashing::Hashed;
@@ -94,14 +94,13 @@ impl LocalTarget {
     ) -> Result<LocalTarget, Fault> {
         let mut target = LocalTarget::unopened(d, process);
         let memory = process.remembered();
-        let Some(root) =
-            Root::open(&d.root).map_err(io_fault("cannot open the destination root"))?
-        else {
+        let Some(root) = Root::open(&d.root).map_err(io_fault(&d.root, Doing::OpenFolder))? else {
             return Ok(target);
         };
         let mut lock = lock::acquire_existing(&root, lock_timeout)?;
         let read_state = |root: &Root| {
-            journal::read_state(root, memory).map_err(io_fault(format!("cannot read {STATE_FILE}")))
+            journal::read_state(root, memory)
+                .map_err(io_fault(&d.root, Doing::Read(STATE_FILE.to_owned())))
         };
         if access == Access::Write && lock.is_none() {
             // No lock file: only take (and so create) the lock when there
@@ -109,7 +108,7 @@ impl LocalTarget {
             let state = read_state(&root)?;
             let journaled = root
                 .entry(JOURNAL_FILE)
-                .map_err(io_fault(format!("cannot read {JOURNAL_FILE}")))?
+                .map_err(io_fault(&d.root, Doing::Read(JOURNAL_FILE.to_owned())))?
                 != Entry::Missing;
             if matches!(state, State::Absent) && !journaled {
                 target.root = Some(root);
@@ -119,9 +118,8 @@ impl LocalTarget {
             lock = Some(lock::acquire(&root, lock_timeout)?);
         }
         usable(read_state(&root)?)?;
-        let state = journal::recover(&root, access == Access::Write, now, memory).map_err(
-            io_fault("cannot finish the interrupted publication recorded in its journal"),
-        )?;
+        let state = journal::recover(&root, access == Access::Write, now, memory)
+            .map_err(io_fault(&d.root, Doing::FinishJournal))?;
         target.state = Some(usable(state)?.map_or(State::Absent, State::Catalog));
         target.root = Some(root);
         target._lock = lock;
@@ -333,7 +331,7 @@ impl Target for LocalTarget {
             (Some(state), _) => state,
             // Under the lock, after a commit (and its journal) is done.
             (None, Some(root)) => journal::read_state(root, self.process.remembered())
-                .map_err(io_fault(format!("cannot read {STATE_FILE}")))?,
+                .map_err(io_fault(&self.path, Doing::Read(STATE_FILE.to_owned())))?,
             (None, None) => State::Absent,
         };
         usable(state)
@@ -345,7 +343,7 @@ impl Target for LocalTarget {
         };
         Ok(root
             .walk()
-            .map_err(io_fault("cannot list the destination root"))?
+            .map_err(io_fault(&self.path, Doing::ListFolder))?
             .into_iter()
             .collect())
     }
@@ -359,7 +357,7 @@ impl Target for LocalTarget {
             let hashed = match &self.root {
                 Some(root) => root
                     .hash_file(path)
-                    .map_err(io_fault(format!("cannot read {path}")))?,
+                    .map_err(io_fault(&self.path, Doing::Read((*path).to_owned())))?,
                 None => None,
             };
             each(i, hashed);
@@ -375,7 +373,7 @@ impl Target for LocalTarget {
         for path in paths {
             let entry = root
                 .entry(path)
-                .map_err(io_fault(format!("cannot delete {path}")))?;
+                .map_err(io_fault(&self.path, Doing::Delete(path.clone())))?;
             if entry == Entry::Dir {
                 folders.insert(path.clone());
             }
@@ -404,14 +402,8 @@ impl Target for LocalTarget {
             return Ok(());
         };
         root.write_reserved(STATE_FILE, &next.to_json())
-            .map_err(io_fault(format!("cannot write {STATE_FILE}")))
+            .map_err(io_fault(&self.path, Doing::Write(STATE_FILE.to_owned())))
     }
-}
-
-/// Turns an I/O error into a [`Fault`] saying what was being done.
-fn io_fault(doing: impl Into<String>) -> impl FnOnce(io::Error) -> Fault {
-    let doing = doing.into();
-    move |source| Fault::Io { doing, source }
 }
 
 /// Runs `change` (deletions only) through the engine a publication uses:
@@ -423,11 +415,7 @@ fn delete_through_engine(
     process: &ProcessState,
 ) -> Result<stage::Committed, Fault> {
     // Staging a change without outputs writes exactly these two files.
-    let staging = || {
-        io_fault(format!(
-            "cannot write {JOURNAL_FILE} and the new {STATE_FILE}"
-        ))
-    };
+    let staging = || io_fault(root.path(), Doing::StageDeletions);
     let mut staged =
         stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
             Failure::Io(e) => staging()(e),
@@ -437,13 +425,13 @@ fn delete_through_engine(
     stage::make_durable(root, &mut staged, process).map_err(staging())?;
     stage::commit(root, change, staged, process).map_err(|CommitFailure { step, source }| {
         let doing = match step {
-            Step::Delete(path) => format!("cannot delete {path}"),
+            Step::Delete(path) => Doing::Delete(path),
             // (Nothing is renamed into place: the change writes no output.)
-            Step::Rename | Step::Catalog => format!("cannot write {STATE_FILE}"),
-            Step::Barrier => "cannot sync the deletions".to_owned(),
-            Step::Journal => format!("cannot remove {JOURNAL_FILE}"),
+            Step::Rename | Step::Catalog => Doing::Write(STATE_FILE.to_owned()),
+            Step::Barrier => Doing::SyncDeletions,
+            Step::Journal => Doing::RemoveJournal,
         };
-        Fault::Io { doing, source }
+        io_fault(root.path(), doing)(source)
     })
 }
 

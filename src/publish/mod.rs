@@ -33,6 +33,7 @@ pub use crate::workers::{InOrder, PerCore, Workers};
 pub(crate) use backends::open_to_maintain;
 pub use backends::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
 pub use error::Error;
+pub use target::StorageFault;
 pub(crate) use target::{Access, Change, Fault, Refused, Target};
 
 use crate::process_state::ProcessState;

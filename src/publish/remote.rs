@@ -33,7 +33,7 @@ use std::sync::Arc;
 use super::Options;
 use super::error::Error;
 use super::rebase;
-use super::target::{Change, Committed, Fault, Staged, Target, Write};
+use super::target::{Change, Committed, Doing, Fault, Staged, Target, Write};
 use crate::bundle;
 use crate::catalog::{Catalog, OutputRecord, RecordTexts, State};
 use crate::config::{Destination, S3Location, Workflow};
@@ -348,7 +348,7 @@ impl Target for S3Target {
     fn delete_owned(&mut self, mut change: Change<'_>) -> Result<(), Fault> {
         self.commit_change(&mut change)
             .map(drop)
-            .map_err(maintenance::fault(self, "cannot prune"))
+            .map_err(maintenance::fault(self, Doing::Prune))
     }
 
     fn swap_catalog(&mut self, next: Catalog, read_at: time::OffsetDateTime) -> Result<(), Fault> {

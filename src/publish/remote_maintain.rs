@@ -28,7 +28,7 @@ use crate::hashing::Hashed;
 use crate::paths::is_reserved_name;
 use crate::plan::Entry;
 use crate::process_state::ProcessState;
-use crate::publish::target::{Access, Fault, usable};
+use crate::publish::target::{Access, Doing, Fault, s3_fault, usable};
 use crate::s3::protocol::{self, Intent, Settings};
 use crate::s3::{self, S3Root};
 use time::OffsetDateTime;
@@ -50,7 +50,7 @@ pub(super) fn open(
     let label = location.to_string();
     let root = process
         .s3_root(location)
-        .map_err(store_fault(&label, "cannot open the bucket"))?;
+        .map_err(s3_fault(&label, Doing::OpenBucket))?;
     open_on(d, location, root, access)
 }
 
@@ -79,12 +79,10 @@ fn recover(root: &Arc<S3Root>) -> Result<(), Fault> {
     let label = root.label();
     let base = root
         .read_state()
-        .map_err(store_fault(label, "cannot read the catalog"))?;
+        .map_err(s3_fault(label, Doing::ReadCatalog))?;
     usable(base.state)?;
-    let recovered = protocol::recover_stale(root, lease(label)?).map_err(store_fault(
-        label,
-        "cannot recover an unfinished publication",
-    ))?;
+    let recovered =
+        protocol::recover_stale(root, lease(label)?).map_err(s3_fault(label, Doing::Recover))?;
     for (id, done) in recovered {
         log::info!(
             "{label}: recovered the unfinished publication {id}: {} unrecorded object(s) it created deleted, {} record(s) it overwrote adopted, {} deletion(s) it committed finished",
@@ -99,50 +97,12 @@ fn recover(root: &Arc<S3Root>) -> Result<(), Fault> {
 /// The commit protocol's timing: the lease from the environment
 /// (`DISTRIBUTOR_S3_LEASE_SECS`), as publishers use it.
 fn lease(label: &str) -> Result<Settings, Fault> {
-    Settings::for_process().map_err(store_fault(label, "cannot read the lease setting"))
+    Settings::for_process().map_err(s3_fault(label, Doing::ReadLease))
 }
 
-/// Turns an error of the bucket `label` into a [`Fault`] that names the
-/// root, what was being done, and what to do about it.
-pub(super) fn store_fault<'a>(
-    label: &'a str,
-    doing: &'a str,
-) -> impl FnOnce(s3::Error) -> Fault + 'a {
-    move |source| {
-        let text = source.to_string();
-        let text = text
-            .strip_prefix(&format!("{label}: "))
-            .unwrap_or(&text)
-            .to_owned();
-        // The failure's own text already says what to correct for refused
-        // credentials, denied access and a missing bucket.
-        let hint = match &source {
-            s3::Error::Store {
-                failure:
-                    s3::Failure::CredentialsRefused | s3::Failure::Denied | s3::Failure::BucketMissing,
-                ..
-            } => "",
-            s3::Error::Store { .. } => {
-                "; check the endpoint, the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the publisher's bucket permissions, then run the command again"
-            }
-            s3::Error::Conflict { .. } | s3::Error::Changed { .. } => {
-                " (other publishers kept changing the root; run the command again)"
-            }
-            _ => "",
-        };
-        Fault::Store {
-            message: format!("{label}: {doing}: {text}{hint}"),
-            source: Box::new(source),
-        }
-    }
-}
-
-/// [`store_fault`] for `target`'s bucket.
-pub(super) fn fault<'a>(
-    target: &'a S3Target,
-    doing: &'a str,
-) -> impl FnOnce(s3::Error) -> Fault + 'a {
-    store_fault(target.root.label(), doing)
+/// [`s3_fault`] for `target`'s bucket.
+pub(super) fn fault(target: &S3Target, doing: Doing) -> impl FnOnce(s3::Error) -> Fault {
+    s3_fault(target.root.label(), doing)
 }
 
 /// [`Target::read_catalog`](super::Target::read_catalog): the catalog
@@ -151,7 +111,7 @@ pub(super) fn read_catalog(target: &mut S3Target) -> Result<Option<Catalog>, Fau
     let base = target
         .root
         .read_state()
-        .map_err(fault(target, "cannot read the catalog"))?;
+        .map_err(fault(target, Doing::ReadCatalog))?;
     target.etag = base.etag;
     usable(base.state)
 }
@@ -161,15 +121,14 @@ pub(super) fn read_catalog(target: &mut S3Target) -> Result<Option<Catalog>, Fau
 /// meanwhile is skipped; one that cannot be read is logged and skipped.
 fn pending(target: &S3Target) -> Result<Vec<(String, Intent, OffsetDateTime)>, Fault> {
     let root = &target.root;
-    let ids = protocol::pending_intents(root)
-        .map_err(fault(target, "cannot list the pending publications"))?;
+    let ids = protocol::pending_intents(root).map_err(fault(target, Doing::ListPending))?;
     let mut out = Vec::new();
     for id in ids {
         match root.read_intent(&id) {
             Ok(Some((intent, _, stamped))) => out.push((id, intent, stamped)),
             Ok(None) => {}
             Err(e @ s3::Error::Protocol { .. }) => log::warn!("{e}"),
-            Err(e) => return Err(fault(target, "cannot read a pending publication")(e)),
+            Err(e) => return Err(fault(target, Doing::ReadPending)(e)),
         }
     }
     Ok(out)
@@ -213,7 +172,7 @@ pub(super) fn survey(target: &S3Target) -> Result<BTreeMap<String, Entry>, Fault
     Ok(target
         .root
         .list("")
-        .map_err(fault(target, "cannot list the root"))?
+        .map_err(fault(target, Doing::ListBucket))?
         .into_iter()
         .filter(|l| !reserved(&l.path))
         .map(|l| (l.path, Entry::File { size: l.size }))
@@ -228,7 +187,7 @@ pub(super) fn confirm_absent(target: &S3Target, paths: Vec<String>) -> Result<Ve
         let head = target
             .root
             .head(&path)
-            .map_err(fault(target, "cannot look at a managed object"))?;
+            .map_err(fault(target, Doing::LookAtObject))?;
         if head.is_none() {
             absent.push(path);
         }
@@ -246,7 +205,7 @@ pub(super) fn hash_each(
     let hashed = target
         .root
         .get_hashed_all(paths, VERIFY_CONCURRENCY)
-        .map_err(fault(target, "cannot read a managed object"))?;
+        .map_err(fault(target, Doing::ReadObject))?;
     for (i, got) in hashed.into_iter().enumerate() {
         each(i, got.map(|(hashed, _)| hashed));
     }
@@ -265,7 +224,7 @@ pub(super) fn swap_catalog(
     let etag = target
         .root
         .write_catalog(next.to_json().into(), target.etag.as_ref())
-        .map_err(fault(target, "cannot write the catalog"))?;
+        .map_err(fault(target, Doing::WriteCatalog))?;
     target.etag = Some(etag);
     Ok(())
 }

@@ -215,14 +215,8 @@ pub(crate) enum Fault {
     Unusable(Refused),
     /// A local root's lock could not be taken.
     Lock(LockError),
-    /// A local root: what was being done, and the error.
-    Io { doing: String, source: io::Error },
-    /// A bucket: `message` names the root, what was being done and what to
-    /// do about it.
-    Store {
-        message: String,
-        source: Box<crate::s3::Error>,
-    },
+    /// The root's storage failed: which root, doing what, and why.
+    Storage(StorageFault),
 }
 
 impl Fault {
@@ -230,9 +224,175 @@ impl Fault {
     /// that reading it again and trying again may succeed.
     pub(crate) fn lost_race(&self) -> bool {
         match self {
-            Fault::Store { source, .. } => matches!(**source, crate::s3::Error::Conflict { .. }),
+            Fault::Storage(StorageFault {
+                source: StorageError::S3(e),
+                ..
+            }) => matches!(**e, crate::s3::Error::Conflict { .. }),
             _ => false,
         }
+    }
+}
+
+/// A root's storage failed while maintenance was working on it. Its text
+/// names the root and what was being done, and says what to do.
+#[derive(Debug)]
+pub struct StorageFault {
+    /// The root as messages name it (a folder, or `s3://bucket/path`).
+    pub(crate) root: String,
+    pub(crate) doing: Doing,
+    pub(crate) source: StorageError,
+}
+
+/// The error a root's storage gave.
+#[derive(Debug)]
+pub(crate) enum StorageError {
+    /// A local root's file system.
+    Io(io::Error),
+    /// A bucket.
+    S3(Box<crate::s3::Error>),
+}
+
+/// What maintenance was doing in a root when its storage failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Doing {
+    // A local root.
+    OpenFolder,
+    /// Reading a file: a reserved one (the catalog, the journal) or an
+    /// output, by path.
+    Read(String),
+    FinishJournal,
+    ListFolder,
+    Delete(String),
+    Write(String),
+    /// Writing the journal and the new catalog of a pruning.
+    StageDeletions,
+    SyncDeletions,
+    RemoveJournal,
+    // A bucket.
+    OpenBucket,
+    ReadCatalog,
+    Recover,
+    ReadLease,
+    Prune,
+    ListPending,
+    ReadPending,
+    ListBucket,
+    LookAtObject,
+    ReadObject,
+    WriteCatalog,
+}
+
+impl std::fmt::Display for Doing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::catalog::STATE_FILE;
+        use crate::journal::JOURNAL_FILE;
+        match self {
+            Doing::OpenFolder => f.write_str("cannot open the destination root"),
+            Doing::Read(path) => write!(f, "cannot read {path}"),
+            Doing::FinishJournal => {
+                f.write_str("cannot finish the interrupted publication recorded in its journal")
+            }
+            Doing::ListFolder => f.write_str("cannot list the destination root"),
+            Doing::Delete(path) => write!(f, "cannot delete {path}"),
+            Doing::Write(path) => write!(f, "cannot write {path}"),
+            Doing::StageDeletions => {
+                write!(f, "cannot write {JOURNAL_FILE} and the new {STATE_FILE}")
+            }
+            Doing::SyncDeletions => f.write_str("cannot sync the deletions"),
+            Doing::RemoveJournal => write!(f, "cannot remove {JOURNAL_FILE}"),
+            Doing::OpenBucket => f.write_str("cannot open the bucket"),
+            Doing::ReadCatalog => f.write_str("cannot read the catalog"),
+            Doing::Recover => f.write_str("cannot recover an unfinished publication"),
+            Doing::ReadLease => f.write_str("cannot read the lease setting"),
+            Doing::Prune => f.write_str("cannot prune"),
+            Doing::ListPending => f.write_str("cannot list the pending publications"),
+            Doing::ReadPending => f.write_str("cannot read a pending publication"),
+            Doing::ListBucket => f.write_str("cannot list the root"),
+            Doing::LookAtObject => f.write_str("cannot look at a managed object"),
+            Doing::ReadObject => f.write_str("cannot read a managed object"),
+            Doing::WriteCatalog => f.write_str("cannot write the catalog"),
+        }
+    }
+}
+
+impl std::fmt::Display for StorageFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let StorageFault {
+            root,
+            doing,
+            source,
+        } = self;
+        match source {
+            StorageError::Io(e) => write!(
+                f,
+                "{root}: {doing}: {e}; check the folder's permissions and free space, then run the command again"
+            ),
+            StorageError::S3(e) => {
+                use crate::s3::{Error, Failure};
+                let text = e.to_string();
+                let text = text.strip_prefix(&format!("{root}: ")).unwrap_or(&text);
+                // The failure's own text already says what to correct for
+                // refused credentials, denied access and a missing bucket.
+                let hint = match &**e {
+                    Error::Store {
+                        failure:
+                            Failure::CredentialsRefused | Failure::Denied | Failure::BucketMissing,
+                        ..
+                    } => "",
+                    Error::Store { .. } => {
+                        "; check the endpoint, the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the publisher's bucket permissions, then run the command again"
+                    }
+                    Error::Conflict { .. } | Error::Changed { .. } => {
+                        " (other publishers kept changing the root; run the command again)"
+                    }
+                    _ => "",
+                };
+                write!(f, "{root}: {doing}: {text}{hint}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for StorageFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.source {
+            StorageError::Io(e) => Some(e),
+            StorageError::S3(e) => Some(&**e),
+        }
+    }
+}
+
+impl StorageFault {
+    /// Whether the bucket's client could not be set up (missing
+    /// credentials, a bad setting): a configuration error.
+    pub(crate) fn is_config(&self) -> bool {
+        matches!(&self.source, StorageError::S3(e) if e.stage() == crate::report::Stage::Config)
+    }
+}
+
+/// Turns an I/O error of the local root at `root` into a [`Fault`] saying
+/// what was being done.
+pub(crate) fn io_fault(root: &std::path::Path, doing: Doing) -> impl FnOnce(io::Error) -> Fault {
+    let root = root.display().to_string();
+    move |e| {
+        Fault::Storage(StorageFault {
+            root,
+            doing,
+            source: StorageError::Io(e),
+        })
+    }
+}
+
+/// Turns an error of the bucket `root` (its label) into a [`Fault`] saying
+/// what was being done.
+pub(crate) fn s3_fault(root: &str, doing: Doing) -> impl FnOnce(crate::s3::Error) -> Fault {
+    let root = root.to_owned();
+    move |e| {
+        Fault::Storage(StorageFault {
+            root,
+            doing,
+            source: StorageError::S3(Box::new(e)),
+        })
     }
 }
 
