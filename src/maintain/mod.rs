@@ -1,9 +1,9 @@
 //! Maintenance of one destination root: retention pruning, reconciling the
 //! catalog with storage, verifying managed outputs, and listing the catalog.
 //!
-//! Written once for every backend: a root is opened through the backend
-//! trait publication uses (`publish::Target`, opened by
-//! `publish::open_to_maintain`), which locks a local root and settles its
+//! Written once for every backend: a root is opened through the
+//! maintenance trait of the backends (`backend::MaintainRoot`, opened by
+//! `backend::open_to_maintain`), which locks a local root and settles its
 //! journal, or recovers a bucket's stale intents, before a command writes.
 //! Before reading the catalog each command refuses (changing nothing) state
 //! that is invalid, written by a newer tool, or legacy. Read-only
@@ -16,10 +16,11 @@
 //! by a prune policy, never touch another owner's outputs when scoped to
 //! one, never adopt unmanaged content, and never print.
 
+use crate::backend::{Fault, StorageFault};
 use crate::config::Destination;
 use crate::lock::LockError;
 use crate::process_state::ProcessState;
-use crate::publish::{self, Fault, StorageFault};
+use crate::publish;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -46,7 +47,7 @@ const ROUNDS: usize = 8;
 /// The destination root a maintenance command works on, and whose outputs
 /// are "its own" (the owner `pipeline_id` / `destination.id`).
 #[derive(Debug, Clone, Copy)]
-pub struct Target<'a> {
+pub struct OwnedRoot<'a> {
     pub pipeline_id: &'a str,
     pub destination: &'a Destination,
     pub lock_timeout: Duration,
@@ -54,7 +55,7 @@ pub struct Target<'a> {
     pub process: &'a ProcessState,
 }
 
-impl Target<'_> {
+impl OwnedRoot<'_> {
     /// The root for messages: a folder, or `s3://bucket/path at endpoint`.
     fn root_text(&self) -> String {
         publish::root_label(self.destination)

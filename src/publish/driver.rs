@@ -6,7 +6,7 @@
 //! 1. Prepare: inspect each bundle, render its pages, compute each
 //!    destination's outputs (a large local catalog is parsed meanwhile).
 //!    A batch opens its roots (step 2) first.
-//! 2. Open every root in path order ([`backends::open`]: a lock, or a
+//! 2. Open every root in path order ([`backend::open`]: a lock, or a
 //!    server check and recovery), then plan each bundle in arrival order
 //!    against the catalog and storage as the bundles before it leave them.
 //!    A refused or invalid bundle is reported alone and does not stop the
@@ -23,12 +23,11 @@
 //! the caller publishes its bundles one by one, where the culprit gets the
 //! report it gets alone.
 
-use super::backends;
 use super::error::Error;
 use super::prepare::{Prepared, Ready, prepare_bundle};
-use super::rebase::{self, Rebase};
-use super::target::{Change, Staged, Target, Write};
 use super::{Options, record_plans, verify_rest};
+use crate::backend::rebase::{self, Rebase};
+use crate::backend::{self, Change, PublishRoot, StagedAs, Write};
 use crate::catalog::{Catalog, OutputRecord, Overlay, SourceIdentity, State};
 use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
@@ -81,7 +80,7 @@ pub(super) struct Driver<'a> {
 /// One destination root during a run.
 struct Root<'d> {
     destination: &'d Destination,
-    target: Box<dyn Target>,
+    target: Box<dyn PublishRoot>,
     records: Records,
     /// What the bundles planned so far leave at the paths they write or
     /// delete (and the folders above): never read from storage again.
@@ -363,16 +362,6 @@ impl<'a> Driver<'a> {
         for (j, root) in roots.iter_mut().enumerate() {
             let desired: Vec<&[Desired]> =
                 ready.iter().map(|(_, r)| &*r.prepared[j].desired).collect();
-            // Texts a catalog write will not copy are not held through
-            // the publication (stage::texts_copied).
-            if let State::Catalog(c) = &root.records.opened
-                && !super::stage::texts_copied(
-                    desired.iter().map(|d| d.len()).sum(),
-                    c.outputs.len(),
-                )
-            {
-                root.target.drop_texts();
-            }
             if let Err(e) = root
                 .target
                 .look_ahead(&root.records.opened, &desired, alone)
@@ -402,7 +391,7 @@ impl<'a> Driver<'a> {
                 // is tens of MiB) is not held while the bundle is hashed
                 // and the rest runs.
                 for (root, plan) in roots.iter_mut().zip(&plans) {
-                    if plan.update.is_none() && !root.target.missing() {
+                    if plan.update.is_none() && !root.target.capabilities().missing {
                         root.records = Records::new(State::Absent);
                     }
                 }
@@ -415,7 +404,7 @@ impl<'a> Driver<'a> {
             // nothing: every byte of the bundle is checked before anything
             // is created, deleted or written (an invalid bundle is reported
             // as such and leaves no trace).
-            let creates = roots.iter().any(|root| root.target.missing());
+            let creates = roots.iter().any(|root| root.target.capabilities().missing);
             let hash_first = self.options.dry_run
                 || creates
                 || plans.iter().all(|p| p.writes.is_empty())
@@ -526,12 +515,10 @@ impl<'a> Driver<'a> {
     }
 
     /// The catalog file of each root worth reading before its lock
-    /// ([`backends::worth_reading_ahead`]), by destination.
+    /// ([`backend::worth_reading_ahead`]), by destination.
     fn worth_reading_ahead(&self) -> Vec<(usize, std::fs::File)> {
         (self.destinations.iter().enumerate())
-            .filter_map(|(j, d)| {
-                Some((j, backends::worth_reading_ahead(d, &self.options.process)?))
-            })
+            .filter_map(|(j, d)| Some((j, backend::worth_reading_ahead(d, &self.options.process)?)))
             .collect()
     }
 
@@ -571,7 +558,7 @@ impl<'a> Driver<'a> {
         for j in order {
             let d = self.destinations[j];
             let mut target =
-                backends::open(d, self.options, now, ahead[j].take()).map_err(|e| (j, e))?;
+                backend::open(d, self.options, now, ahead[j].take()).map_err(|e| (j, e))?;
             let state = target.take_state();
             opened[j] = Some(Root {
                 destination: d,
@@ -808,7 +795,7 @@ impl<'a> Driver<'a> {
         later: &[SourceIdentity],
     ) -> Result<Option<RunReport>, (usize, Error)> {
         for (j, root) in roots.iter_mut().enumerate() {
-            if !root.target.missing() {
+            if !root.target.capabilities().missing {
                 continue;
             }
             root.target.create(self.options, now).map_err(|e| (j, e))?;
@@ -914,7 +901,8 @@ impl<'a> Driver<'a> {
             let was_absent = records.was_absent();
             let rebase_for = root
                 .target
-                .may_rebase()
+                .capabilities()
+                .may_rebase
                 .then_some((self.pipeline.id.as_str(), root.destination));
             let (catalog, replaced, removed, rebase) = records.finish(
                 m.writes.iter().map(|(_, d)| d.path.as_str().to_owned()),
@@ -971,11 +959,11 @@ impl<'a> Driver<'a> {
                 let from_bundle = !accepted[*k].ready.prepared[j]
                     .in_memory
                     .contains_key(&d.path);
-                if *s == Staged::Written && from_bundle {
+                if *s == StagedAs::Written && from_bundle {
                     verified[*k].insert(d.bundle_path.clone());
                 }
             }
-            unchanged[j] = staged.iter().map(|s| *s == Staged::Unchanged).collect();
+            unchanged[j] = staged.iter().map(|s| *s == StagedAs::Unchanged).collect();
         }
         Ok(unchanged)
     }
@@ -992,7 +980,7 @@ impl<'a> Driver<'a> {
         alone: bool,
     ) -> Result<(u64, u64, Vec<u32>), Failed> {
         let mut order: Vec<usize> = (0..roots.len()).filter(|j| changes[*j].is_some()).collect();
-        order.sort_by_key(|j| !roots[*j].target.reads_bundle_at_commit());
+        order.sort_by_key(|j| !roots[*j].target.capabilities().reads_bundle_at_commit);
         let mut copied_across = 0;
         let mut file_by_file = 0;
         let mut rebases = vec![0; roots.len()];
