@@ -33,6 +33,8 @@ use time::OffsetDateTime;
 mod change;
 mod fault;
 mod local;
+#[cfg(test)]
+pub(crate) mod memory;
 pub(crate) mod rebase;
 mod s3;
 
@@ -198,6 +200,10 @@ pub(crate) fn worth_reading_ahead(
     d: &Destination,
     process: &ProcessState,
 ) -> Option<std::fs::File> {
+    #[cfg(test)]
+    if memory::registered(d) {
+        return None;
+    }
     match &d.backend {
         Backend::Local => local::worth_reading_ahead(d, process),
         Backend::S3(_) => None,
@@ -205,13 +211,18 @@ pub(crate) fn worth_reading_ahead(
 }
 
 /// Opens `d` for a publication: a local root locked (created later, when
-/// missing), an s3 destination checked and recovered.
+/// missing), an s3 destination checked and recovered. (In unit tests, a
+/// root registered with [`memory::register`] opens as that memory root.)
 pub(crate) fn open(
     d: &Destination,
     options: &Options,
     now: OffsetDateTime,
     ahead: Option<journal::ReadAhead>,
 ) -> Result<Box<dyn PublishRoot>, Error> {
+    #[cfg(test)]
+    if let Some(root) = memory::open(d) {
+        return root;
+    }
     Ok(match &d.backend {
         Backend::Local => Box::new(local::LocalRoot::open(d, options, now, ahead)?),
         Backend::S3(location) => Box::new(s3::S3Bucket::open(d, location, options)?),

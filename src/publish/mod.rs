@@ -19,6 +19,8 @@ use std::time::Duration;
 
 mod content;
 mod driver;
+#[cfg(test)]
+mod driver_memory_tests;
 mod error;
 mod prepare;
 
