@@ -33,8 +33,6 @@ use time::OffsetDateTime;
 mod change;
 mod fault;
 mod local;
-#[cfg(test)]
-pub(crate) mod memory;
 pub(crate) mod rebase;
 mod s3;
 
@@ -212,7 +210,8 @@ pub(crate) fn worth_reading_ahead(
 
 /// Opens `d` for a publication: a local root locked (created later, when
 /// missing), an s3 destination checked and recovered. (In unit tests, a
-/// root registered with [`memory::register`] opens as that memory root.)
+/// root registered with `memory::Memory::register` opens as that memory
+/// root.)
 pub(crate) fn open(
     d: &Destination,
     options: &Options,
@@ -321,3 +320,6 @@ pub fn recover_abandoned(d: &Destination, serving: &str, process: &ProcessState)
         s3::recover_abandoned(d, location, serving, process);
     }
 }
+
+#[cfg(test)]
+pub(crate) mod memory;

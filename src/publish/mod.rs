@@ -19,8 +19,6 @@ use std::time::Duration;
 
 mod content;
 mod driver;
-#[cfg(test)]
-mod driver_memory_tests;
 mod error;
 mod prepare;
 
@@ -306,3 +304,6 @@ fn record_plans<'p>(
     }
     Some(Error::Refused { refusals: refused }.fail(report.clone()))
 }
+
+#[cfg(test)]
+mod driver_memory_tests;
