@@ -2,7 +2,7 @@
 //!
 //! Before a publication changes anything in a root outside its top, it
 //! makes `.distributor-journal.json` durable, listing what it will write
-//! and delete (`publish::stage`). Whoever next takes the root lock and
+//! and delete (`backend::local::stage`). Whoever next takes the root lock and
 //! finds a journal finishes the story from the bytes on disk: every
 //! journaled path is recorded as what it really holds now (the new output,
 //! the old one, or nothing), stray temporary files and folders the
@@ -303,7 +303,7 @@ fn read_journal(root: &Root, apply: bool, memory: &Remembered) -> io::Result<Opt
         Err(e) if e.is_io() => Err(io::Error::from(e)),
         Err(e) if cut_short(root, &e)? => {
             // Every publication makes its journal durable before it moves
-            // anything into place (publish::stage), so one cut short by a
+            // anything into place (backend::local::stage), so one cut short by a
             // crash had changed nothing outside the top of the root: there
             // is nothing to settle but its temporary files, which
             // `recover_with` removed before reading it.

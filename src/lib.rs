@@ -7,6 +7,7 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod agent;
+mod backend;
 pub mod bundle;
 pub mod catalog;
 pub mod cli;

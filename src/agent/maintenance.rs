@@ -174,7 +174,7 @@ pub(super) fn write_metrics(config: &Config, metrics: &Metrics, live: bool) {
 fn prune_all(config: &Config, metrics: &Metrics, process: &ProcessState) {
     for p in &config.pipelines {
         for d in p.destinations.iter().filter(|d| d.prune.is_some()) {
-            let target = maintain::Target {
+            let target = maintain::OwnedRoot {
                 pipeline_id: &p.id,
                 destination: d,
                 lock_timeout: config.agent.lock_timeout,

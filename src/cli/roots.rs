@@ -3,7 +3,7 @@
 //! `--destination` select, and printing its result.
 
 use super::{EXIT_USAGE, TargetArgs, load_config};
-use crate::maintain::{MaintainError, Target};
+use crate::maintain::{MaintainError, OwnedRoot};
 use crate::process_state::ProcessState;
 use std::path::Path;
 
@@ -12,7 +12,7 @@ use std::path::Path;
 pub(super) fn with_target(
     flag: Option<&Path>,
     args: &TargetArgs,
-    op: impl FnOnce(&Target<'_>) -> Result<(String, String, u8), MaintainError>,
+    op: impl FnOnce(&OwnedRoot<'_>) -> Result<(String, String, u8), MaintainError>,
     json: bool,
     reading: bool,
     process: &ProcessState,
@@ -50,7 +50,7 @@ pub(super) fn with_target(
         );
         return EXIT_USAGE;
     };
-    let target = Target {
+    let target = OwnedRoot {
         pipeline_id: &pipeline.id,
         destination,
         lock_timeout: config.agent.lock_timeout,

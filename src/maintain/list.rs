@@ -2,10 +2,10 @@
 //! aligned table. Read-only: it creates and changes nothing.
 
 use super::session::{open, read, report_pending};
-use super::{MaintainError, Target, json_text};
+use super::{MaintainError, OwnedRoot, json_text};
+use crate::backend::Access;
 use crate::catalog::{OutputRecord, format_time};
 use crate::clock::now_millis;
-use crate::publish::Access;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -86,7 +86,7 @@ impl CatalogReport {
 }
 
 /// Lists every record of the target's root (all owners).
-pub fn catalog(target: &Target) -> Result<CatalogReport, MaintainError> {
+pub fn catalog(target: &OwnedRoot) -> Result<CatalogReport, MaintainError> {
     let mut root = open(target, Access::Read, now_millis())?;
     let catalog = read(target, &mut root)?;
     report_pending(target, &root)?;

@@ -1,9 +1,9 @@
 //! Maintenance of one destination root: retention pruning, reconciling the
 //! catalog with storage, verifying managed outputs, and listing the catalog.
 //!
-//! Written once for every backend: a root is opened through the backend
-//! trait publication uses (`publish::Target`, opened by
-//! `publish::open_to_maintain`), which locks a local root and settles its
+//! Written once for every backend: a root is opened through the
+//! maintenance trait of the backends (`backend::MaintainRoot`, opened by
+//! `backend::open_to_maintain`), which locks a local root and settles its
 //! journal, or recovers a bucket's stale intents, before a command writes.
 //! Before reading the catalog each command refuses (changing nothing) state
 //! that is invalid, written by a newer tool, or legacy. Read-only
@@ -16,12 +16,12 @@
 //! by a prune policy, never touch another owner's outputs when scoped to
 //! one, never adopt unmanaged content, and never print.
 
+use crate::backend::{Fault, StorageFault};
 use crate::config::Destination;
 use crate::lock::LockError;
 use crate::process_state::ProcessState;
-use crate::publish::{self, Fault};
+use crate::publish;
 use serde::Serialize;
-use std::io;
 use std::time::Duration;
 
 mod list;
@@ -47,7 +47,7 @@ const ROUNDS: usize = 8;
 /// The destination root a maintenance command works on, and whose outputs
 /// are "its own" (the owner `pipeline_id` / `destination.id`).
 #[derive(Debug, Clone, Copy)]
-pub struct Target<'a> {
+pub struct OwnedRoot<'a> {
     pub pipeline_id: &'a str,
     pub destination: &'a Destination,
     pub lock_timeout: Duration,
@@ -55,7 +55,7 @@ pub struct Target<'a> {
     pub process: &'a ProcessState,
 }
 
-impl Target<'_> {
+impl OwnedRoot<'_> {
     /// The root for messages: a folder, or `s3://bucket/path at endpoint`.
     fn root_text(&self) -> String {
         publish::root_label(self.destination)
@@ -76,12 +76,7 @@ impl Target<'_> {
         match fault {
             Fault::Unusable(state) => session::refusal(self, state),
             Fault::Lock(e) => MaintainError::Lock(e),
-            Fault::Io { doing, source } => MaintainError::Io {
-                root: self.root_text(),
-                doing,
-                source,
-            },
-            Fault::Store { message, source } => MaintainError::S3 { message, source },
+            Fault::Storage(fault) => MaintainError::Storage(fault),
         }
     }
 }
@@ -121,23 +116,10 @@ pub enum MaintainError {
     },
     #[error("{0}")]
     Lock(#[from] LockError),
-    /// Talking to an s3 root failed; `message` names the root and says
-    /// what to do.
-    #[error("{message}")]
-    S3 {
-        message: String,
-        #[source]
-        source: Box<crate::s3::Error>,
-    },
-    #[error(
-        "{root}: {doing}: {source}; check the folder's permissions and free space, then run the command again"
-    )]
-    Io {
-        root: String,
-        doing: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The root's storage failed (a folder, or a bucket): the text names
+    /// the root, what was being done, and what to do.
+    #[error(transparent)]
+    Storage(StorageFault),
 }
 
 impl MaintainError {
@@ -149,12 +131,9 @@ impl MaintainError {
             MaintainError::InvalidState { .. }
             | MaintainError::FutureState { .. }
             | MaintainError::LegacyState { .. } => EXIT_REFUSED,
-            MaintainError::Lock(_) | MaintainError::Io { .. } => EXIT_FAILURE,
             // Missing credentials or a bad client setup: configuration.
-            MaintainError::S3 { source, .. } if source.stage() == crate::report::Stage::Config => {
-                EXIT_USAGE
-            }
-            MaintainError::S3 { .. } => EXIT_FAILURE,
+            MaintainError::Storage(fault) if fault.is_config() => EXIT_USAGE,
+            MaintainError::Lock(_) | MaintainError::Storage(_) => EXIT_FAILURE,
         }
     }
 }

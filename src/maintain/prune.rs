@@ -6,10 +6,10 @@
 //! folder standing at a selected path.
 
 use super::selection::select_prunable;
-use super::session::{Root, open, read, report_pending};
-use super::{MaintainError, ROUNDS, Target, json_text};
+use super::session::{Opened, open, read, report_pending};
+use super::{MaintainError, OwnedRoot, ROUNDS, json_text};
+use crate::backend::{Access, Change, Fault};
 use crate::catalog::Catalog;
-use crate::publish::{Access, Change, Fault};
 use serde::Serialize;
 use std::fmt::Write as _;
 use time::OffsetDateTime;
@@ -66,7 +66,7 @@ impl PruneReport {
 /// the process dies half-way, whoever opens the root next drops the right
 /// records.
 pub fn prune(
-    target: &Target,
+    target: &OwnedRoot,
     apply: bool,
     now: OffsetDateTime,
 ) -> Result<PruneReport, MaintainError> {
@@ -120,8 +120,8 @@ pub fn prune(
 /// one commit, except where a folder now stands (left alone, with its
 /// record). Returns the paths whose records were dropped.
 fn delete(
-    target: &Target,
-    root: &mut Root,
+    target: &OwnedRoot,
+    root: &mut Opened,
     catalog: Catalog,
     selected: Vec<String>,
     now: OffsetDateTime,

@@ -3,11 +3,11 @@
 //! deletes a file or an object, or adopts unmanaged content.
 
 use super::session::{in_scope, open, read};
-use super::{MaintainError, ROUNDS, Target, json_text};
+use super::{MaintainError, OwnedRoot, ROUNDS, json_text};
+use crate::backend::Access;
 use crate::catalog::OutputRecord;
 use crate::clock::now_millis;
 use crate::plan::Entry;
-use crate::publish::Access;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -66,7 +66,7 @@ impl ReconcileReport {
 }
 
 /// The records in scope whose path holds no regular file, given a listing
-/// of the root (`publish::Target::survey`). Anything that is not a regular
+/// of the root (`MaintainRoot::survey`). Anything that is not a regular
 /// file at the recorded path (a symlink, folder, special file, or nothing)
 /// is missing.
 pub(super) fn find_missing<'r>(
@@ -116,7 +116,7 @@ pub(super) fn find_unmanaged(
 /// records and rewrites the catalog (only when one was dropped). It deletes
 /// nothing, adopts nothing and checks no digest.
 pub fn reconcile(
-    target: &Target,
+    target: &OwnedRoot,
     all_owners: bool,
     dry_run: bool,
 ) -> Result<ReconcileReport, MaintainError> {
@@ -162,7 +162,7 @@ pub fn reconcile(
                     "{}: dropped {} record(s) whose {} is gone",
                     target.root_text(),
                     report.removed_records,
-                    root.output_noun()
+                    root.capabilities().output_noun
                 );
                 return Ok(report);
             }

@@ -2,26 +2,26 @@
 //! (refused untouched unless maintenance can work on it), and the records
 //! in a command's scope.
 
-use super::{MaintainError, Target};
+use super::{MaintainError, OwnedRoot};
+use crate::backend::{self, Access, MaintainRoot, Refused};
 use crate::catalog::{Catalog, OutputRecord};
-use crate::publish::{self, Access, Refused};
 use std::collections::BTreeSet;
 use time::OffsetDateTime;
 
 /// An open root: locked and settled from its journal, or a bucket whose
 /// stale intents were recovered (before a write), or only looked at.
-pub(super) type Root = Box<dyn publish::Target>;
+pub(super) type Opened = Box<dyn MaintainRoot>;
 
 /// Opens the target's root for a command that reads or may write
-/// (`publish::open_to_maintain`). A local root that does not exist is
+/// (`backend::open_to_maintain`). A local root that does not exist is
 /// opened as an empty one and not created; one with neither a lock file
 /// nor a state file is never given a lock file.
 pub(super) fn open(
-    target: &Target,
+    target: &OwnedRoot,
     access: Access,
     now: OffsetDateTime,
-) -> Result<Root, MaintainError> {
-    publish::open_to_maintain(
+) -> Result<Opened, MaintainError> {
+    backend::open_to_maintain(
         target.destination,
         access,
         target.lock_timeout,
@@ -33,7 +33,10 @@ pub(super) fn open(
 
 /// The root's catalog as it stands (`None`: no state file), refused
 /// untouched when invalid, written by a newer tool, or legacy.
-pub(super) fn read(target: &Target, root: &mut Root) -> Result<Option<Catalog>, MaintainError> {
+pub(super) fn read(
+    target: &OwnedRoot,
+    root: &mut Opened,
+) -> Result<Option<Catalog>, MaintainError> {
     root.read_catalog().map_err(|f| target.error(f))
 }
 
@@ -41,14 +44,14 @@ pub(super) fn read(target: &Target, root: &mut Root) -> Result<Option<Catalog>, 
 /// died), which a read-only command leaves alone, and returns the outputs
 /// they write.
 pub(super) fn report_pending(
-    target: &Target,
-    root: &Root,
+    target: &OwnedRoot,
+    root: &Opened,
 ) -> Result<BTreeSet<String>, MaintainError> {
     root.in_flight(true).map_err(|f| target.error(f))
 }
 
 /// Why maintenance refuses a state file.
-pub(super) fn refusal(target: &Target, refused: Refused) -> MaintainError {
+pub(super) fn refusal(target: &OwnedRoot, refused: Refused) -> MaintainError {
     let file = target.state_file_text();
     let pipeline_id = target.pipeline_id.to_owned();
     let destination_id = target.destination.id.clone();
@@ -73,7 +76,7 @@ pub(super) fn refusal(target: &Target, refused: Refused) -> MaintainError {
 }
 
 pub(super) fn in_scope<'r>(
-    target: &'r Target,
+    target: &'r OwnedRoot,
     records: &'r [OutputRecord],
     all_owners: bool,
 ) -> impl Iterator<Item = &'r OutputRecord> + 'r {

@@ -320,8 +320,8 @@ fn seed(root: &Path, files: &[&str]) {
 
 /// A target with caches of its own (a few bytes left behind per test), so
 /// that no test sees what another remembered.
-fn target(d: &Destination) -> Target<'_> {
-    Target {
+fn target(d: &Destination) -> OwnedRoot<'_> {
+    OwnedRoot {
         pipeline_id: ME.0,
         destination: d,
         lock_timeout: Duration::from_secs(5),

@@ -2,10 +2,10 @@
 //! against its record. Read-only: it changes nothing, not even a journal.
 
 use super::session::{in_scope, open, read, report_pending};
-use super::{MaintainError, Target, json_text};
+use super::{MaintainError, OwnedRoot, json_text};
+use crate::backend::Access;
 use crate::catalog::OutputRecord;
 use crate::clock::now_millis;
-use crate::publish::Access;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -52,7 +52,7 @@ impl VerifyReport {
 /// ones (size or SHA-256 differs from the record). Changes nothing, not
 /// even an interrupted publication's journal or intent: it checks what the
 /// catalog would say once that is finished.
-pub fn verify(target: &Target, all_owners: bool) -> Result<VerifyReport, MaintainError> {
+pub fn verify(target: &OwnedRoot, all_owners: bool) -> Result<VerifyReport, MaintainError> {
     let mut root = open(target, Access::Read, now_millis())?;
     let catalog = read(target, &mut root)?;
     report_pending(target, &root)?;

@@ -22,16 +22,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A body up to this size stays in memory (while the bundle's budget lasts).
-pub(super) const SPILL_FROM: usize = 1 << 20;
+pub(crate) const SPILL_FROM: usize = 1 << 20;
 
 /// Bytes of pages and markdown one bundle holds in memory at most; the
 /// rest of its pages go to its scratch file and its markdown files are
 /// read again from the bundle when they are copied.
-pub(super) const HOLD_AT_MOST: usize = 4 << 20;
+pub(crate) const HOLD_AT_MOST: usize = 4 << 20;
 
 /// One bundle's room for rendered pages: what it holds in memory, and its
 /// scratch file for the rest.
-pub(super) struct Scratch {
+pub(crate) struct Scratch {
     dir: PathBuf,
     file: Option<Arc<File>>,
     /// Where the next body starts in the file.
@@ -46,7 +46,7 @@ pub(super) struct Scratch {
 
 impl Scratch {
     /// Room whose file, when one is needed, is made in `dir`.
-    pub(super) fn new(dir: &Path) -> Scratch {
+    pub(crate) fn new(dir: &Path) -> Scratch {
         Scratch {
             dir: dir.to_owned(),
             file: None,
@@ -59,7 +59,7 @@ impl Scratch {
 
     /// Takes `bytes` of the budget for something to hold in memory; false
     /// (and nothing taken) when they do not fit.
-    pub(super) fn hold(&mut self, bytes: usize) -> bool {
+    pub(crate) fn hold(&mut self, bytes: usize) -> bool {
         let fits = self.held + bytes <= HOLD_AT_MOST;
         if fits {
             self.held += bytes;
@@ -86,7 +86,7 @@ impl Scratch {
 
 /// The bytes of one output: text parts around a body (the page's skeleton
 /// or template), or just a body.
-pub(super) struct Content {
+pub(crate) struct Content {
     parts: Vec<Part>,
     body: Body,
 }
@@ -137,7 +137,7 @@ fn read_slice(bytes: &[u8], buf: &mut [u8], offset: u64) -> usize {
 
 impl Content {
     /// Bytes already in memory.
-    pub(super) fn from_bytes(bytes: Vec<u8>) -> Content {
+    pub(crate) fn from_bytes(bytes: Vec<u8>) -> Content {
         Content {
             parts: vec![Part::Body],
             body: Body::Memory(bytes),
@@ -145,7 +145,7 @@ impl Content {
     }
 
     /// A rendered page: its parts and the body they place.
-    pub(super) fn page(parts: Vec<Part>, body: Spilled) -> Content {
+    pub(crate) fn page(parts: Vec<Part>, body: Spilled) -> Content {
         Content {
             parts,
             body: body.0,
@@ -155,7 +155,7 @@ impl Content {
     /// The bytes when they are all in memory in one piece (a markdown file
     /// read for rendering).
     #[cfg(test)]
-    pub(super) fn as_slice(&self) -> Option<&[u8]> {
+    pub(crate) fn as_slice(&self) -> Option<&[u8]> {
         match (&self.parts[..], &self.body) {
             ([Part::Body], Body::Memory(bytes)) => Some(bytes),
             _ => None,
@@ -163,13 +163,13 @@ impl Content {
     }
 
     /// Whether the body is in a scratch file.
-    pub(super) fn is_spilled(&self) -> bool {
+    pub(crate) fn is_spilled(&self) -> bool {
         matches!(self.body, Body::File { .. })
     }
 
     /// A reader from the first byte. Readers are independent: several
     /// destinations may read one content at once.
-    pub(super) fn reader(&self) -> Reader<'_> {
+    pub(crate) fn reader(&self) -> Reader<'_> {
         Reader {
             content: self,
             part: 0,
@@ -179,7 +179,7 @@ impl Content {
 }
 
 /// Reads a [`Content`] from its start.
-pub(super) struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     content: &'a Content,
     part: usize,
     /// Position within the current part.
@@ -208,7 +208,7 @@ impl Read for Reader<'_> {
 }
 
 /// A rendered body once written: in memory or in the scratch file.
-pub(super) struct Spilled(Body);
+pub(crate) struct Spilled(Body);
 
 /// Writes at a position of a file (the scratch file is shared by the
 /// bodies of a bundle, one after another).
@@ -234,7 +234,7 @@ impl Write for WriteAt {
 /// the bundle's scratch file. When that file cannot be made, the body
 /// stays in memory and [`Spill::finish`] says why, for the bundle's
 /// warnings.
-pub(super) struct Spill<'s> {
+pub(crate) struct Spill<'s> {
     scratch: &'s mut Scratch,
     memory: Vec<u8>,
     file: Option<BufWriter<WriteAt>>,
@@ -247,7 +247,7 @@ pub(super) struct Spill<'s> {
 
 impl<'s> Spill<'s> {
     /// A sink for a body expected to be about `estimate` bytes.
-    pub(super) fn new(scratch: &'s mut Scratch, estimate: usize) -> Spill<'s> {
+    pub(crate) fn new(scratch: &'s mut Scratch, estimate: usize) -> Spill<'s> {
         let start = scratch.end;
         Spill {
             memory: Vec::with_capacity(
@@ -265,7 +265,7 @@ impl<'s> Spill<'s> {
 
     /// The body written, and why it stayed in memory although big, if so
     /// (said for the first such body of the bundle only).
-    pub(super) fn finish(self) -> io::Result<(Spilled, Option<String>)> {
+    pub(crate) fn finish(self) -> io::Result<(Spilled, Option<String>)> {
         let Spill {
             scratch,
             memory,

@@ -6,7 +6,7 @@
 //! 1. Prepare: inspect each bundle, render its pages, compute each
 //!    destination's outputs (a large local catalog is parsed meanwhile).
 //!    A batch may open its roots (step 2) first ([`Policy`]).
-//! 2. Open every root in path order ([`backends::open`]: a lock, or a
+//! 2. Open every root in path order ([`backend::open`]: a lock, or a
 //!    server check and recovery), then plan each bundle in arrival order
 //!    against the catalog and storage as the bundles before it leave them
 //!    (the planner decides every refusal, the signature rules included).
@@ -28,12 +28,11 @@
 //! bundle and many is one [`Policy`] value, decided when a run starts; it
 //! never changes how a run ends.
 
-use super::backends;
 use super::error::Error;
 use super::prepare::{Prepared, Ready, prepare_bundle};
-use super::rebase::{self, Rebase};
-use super::target::{Change, Staged, Target, Write};
 use super::{Options, record_plans, verify_rest};
+use crate::backend::rebase::{self, Rebase};
+use crate::backend::{self, Change, PublishRoot, StagedAs, Write};
 use crate::catalog::{Catalog, OutputRecord, Overlay, SourceIdentity, State};
 use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
@@ -157,7 +156,7 @@ pub(super) struct Driver<'a> {
 /// One destination root during a run, opened through its backend.
 struct OpenRoot<'d> {
     destination: &'d Destination,
-    target: Box<dyn Target>,
+    target: Box<dyn PublishRoot>,
     records: Records,
     /// What the bundles planned so far leave at the paths they write or
     /// delete (and the folders above): never read from storage again.
@@ -507,16 +506,6 @@ impl<'a> Driver<'a> {
         for (j, root) in roots.iter_mut().enumerate() {
             let desired: Vec<&[Desired]> =
                 ready.iter().map(|(_, r)| &*r.prepared[j].desired).collect();
-            // Texts a catalog write will not copy are not held through
-            // the publication (stage::texts_copied).
-            if let State::Catalog(c) = &root.records.opened
-                && !super::stage::texts_copied(
-                    desired.iter().map(|d| d.len()).sum(),
-                    c.outputs.len(),
-                )
-            {
-                root.target.drop_texts();
-            }
             if let Err(e) = root
                 .target
                 .look_ahead(&root.records.opened, &desired, policy.every_key)
@@ -546,7 +535,7 @@ impl<'a> Driver<'a> {
                 // is tens of MiB) is not held while the bundle is hashed
                 // and the rest runs.
                 for (root, plan) in roots.iter_mut().zip(&plans) {
-                    if plan.update.is_none() && !root.target.missing() {
+                    if plan.update.is_none() && !root.target.capabilities().missing {
                         root.records = Records::new(State::Absent);
                     }
                 }
@@ -559,7 +548,7 @@ impl<'a> Driver<'a> {
             // nothing: every byte of the bundle is checked before anything
             // is created, deleted or written (an invalid bundle is reported
             // as such and leaves no trace).
-            let creates = roots.iter().any(|root| root.target.missing());
+            let creates = roots.iter().any(|root| root.target.capabilities().missing);
             let hash_first = self.options.dry_run
                 || creates
                 || plans.iter().all(|p| p.writes.is_empty())
@@ -672,12 +661,10 @@ impl<'a> Driver<'a> {
     }
 
     /// The catalog file of each root worth reading before its lock
-    /// ([`backends::worth_reading_ahead`]), by destination.
+    /// ([`backend::worth_reading_ahead`]), by destination.
     fn worth_reading_ahead(&self) -> Vec<(usize, std::fs::File)> {
         (self.destinations.iter().enumerate())
-            .filter_map(|(j, d)| {
-                Some((j, backends::worth_reading_ahead(d, &self.options.process)?))
-            })
+            .filter_map(|(j, d)| Some((j, backend::worth_reading_ahead(d, &self.options.process)?)))
             .collect()
     }
 
@@ -717,7 +704,7 @@ impl<'a> Driver<'a> {
             (0..self.destinations.len()).map(|_| None).collect();
         for j in order {
             let d = self.destinations[j];
-            let mut target = backends::open(d, self.options, now, ahead[j].take())
+            let mut target = backend::open(d, self.options, now, ahead[j].take())
                 .map_err(|e| Failed::at(j, e))?;
             let state = target.take_state();
             opened[j] = Some(OpenRoot {
@@ -877,7 +864,7 @@ impl<'a> Driver<'a> {
         later: &[SourceIdentity],
     ) -> Result<Option<RunReport>, Failed> {
         for (j, root) in roots.iter_mut().enumerate() {
-            if !root.target.missing() {
+            if !root.target.capabilities().missing {
                 continue;
             }
             (root.target.create(self.options, now)).map_err(|e| Failed::at(j, e))?;
@@ -985,7 +972,8 @@ impl<'a> Driver<'a> {
             let was_absent = records.was_absent();
             let rebase_for = root
                 .target
-                .may_rebase()
+                .capabilities()
+                .may_rebase
                 .then_some((self.pipeline.id.as_str(), root.destination));
             let finished = records.finish(
                 m.writes.iter().map(|(_, d)| d.path.as_str().to_owned()),
@@ -1042,11 +1030,11 @@ impl<'a> Driver<'a> {
                 let from_bundle = !accepted[*k].ready.prepared[j]
                     .in_memory
                     .contains_key(&d.path);
-                if *s == Staged::Written && from_bundle {
+                if *s == StagedAs::Written && from_bundle {
                     verified[*k].insert(d.bundle_path.clone());
                 }
             }
-            unchanged[j] = staged.iter().map(|s| *s == Staged::Unchanged).collect();
+            unchanged[j] = staged.iter().map(|s| *s == StagedAs::Unchanged).collect();
         }
         Ok(unchanged)
     }
@@ -1064,7 +1052,7 @@ impl<'a> Driver<'a> {
         policy: Policy,
     ) -> Result<CommitTotals, Failed> {
         let mut order: Vec<usize> = (0..roots.len()).filter(|j| changes[*j].is_some()).collect();
-        order.sort_by_key(|j| !roots[*j].target.reads_bundle_at_commit());
+        order.sort_by_key(|j| !roots[*j].target.capabilities().reads_bundle_at_commit);
         let mut copied_across = 0;
         let mut file_by_file = 0;
         let mut rebases = vec![0; roots.len()];

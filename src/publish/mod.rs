@@ -3,10 +3,9 @@
 //!
 //! One driver ([`driver`]) publishes a batch of bundles (a single
 //! publication is a batch of one) to every destination as one transaction
-//! per root, over any backend ([`target`]: a local root, an s3
-//! destination). Maintenance (`crate::maintain`) works on a root through
-//! the same [`Target`]. Execution follows the plan exactly and decides nothing
-//! new; any error rolls every root back to a state whose catalog matches
+//! per root, over any backend (`crate::backend`: a local root, an s3
+//! destination, each a `PublishRoot`). Execution follows the plan exactly
+//! and decides nothing new; any error rolls every root back to a state whose catalog matches
 //! its bytes (see `journal` and `s3::protocol`).
 
 use crate::bundle::{self, VerifiedBundle};
@@ -18,23 +17,16 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-mod backends;
 mod content;
 mod driver;
 mod error;
-mod local;
 mod prepare;
-mod rebase;
-mod remote;
-mod stage;
-mod target;
 
+pub use crate::backend::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
 pub use crate::plan::Rollback;
 pub use crate::workers::{InOrder, PerCore, Workers};
-pub(crate) use backends::open_to_maintain;
-pub use backends::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
+pub(crate) use content::Content;
 pub use error::Error;
-pub(crate) use target::{Access, Change, Fault, Refused, Target};
 
 use crate::process_state::ProcessState;
 use driver::{Aborted, Driver, Ended};
@@ -287,3 +279,6 @@ fn record_plans<'p>(
     }
     Some(Error::Refused { refusals: refused }.fail(report.clone()))
 }
+
+#[cfg(test)]
+mod driver_memory_tests;

@@ -72,9 +72,10 @@ pub struct Base {
     pub texts: Option<Arc<RecordTexts>>,
 }
 
-/// What a successful commit did.
+/// What a successful commit did: the catalog version it swapped in, what
+/// it wrote, and how often it was rebased to get there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Committed {
+pub struct CommittedVersion {
     pub etag: ETag,
     /// Each written path with what was stored.
     pub written: Vec<(String, Written)>,
@@ -199,7 +200,7 @@ pub fn commit(
     writes: Vec<Write<'_>>,
     deletes: Vec<Delete>,
     rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
-) -> Result<Committed> {
+) -> Result<CommittedVersion> {
     commit_for(root, settings, None, base, next, writes, deletes, rebase)
 }
 
@@ -215,7 +216,7 @@ pub fn commit_for(
     writes: Vec<Write<'_>>,
     deletes: Vec<Delete>,
     rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
-) -> Result<Committed> {
+) -> Result<CommittedVersion> {
     root.check_conformance()?;
     let intent = Intent {
         id: random_id(),
@@ -309,7 +310,7 @@ fn run(
     writes: Vec<Write<'_>>,
     deletes: &[Delete],
     rebase: &mut dyn FnMut(&State) -> Option<Catalog>,
-) -> Result<Committed> {
+) -> Result<CommittedVersion> {
     let root = session.root;
     let id = session.intent.id.clone();
     let started = Instant::now();
@@ -346,7 +347,7 @@ fn run(
         session.keep_alive()?;
         match root.swap(next, &base) {
             Ok(etag) => {
-                return Ok(Committed {
+                return Ok(CommittedVersion {
                     etag,
                     written,
                     rebases,

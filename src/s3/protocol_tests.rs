@@ -86,7 +86,7 @@ fn commit_writes(
     base: Base,
     next: Catalog,
     writes: Vec<Write<'_>>,
-) -> Result<Committed, Error> {
+) -> Result<CommittedVersion, Error> {
     commit(
         root,
         Settings::default(),
@@ -98,7 +98,7 @@ fn commit_writes(
     )
 }
 
-fn publish(root: &S3Root, files: &[(&str, &[u8])]) -> Committed {
+fn publish(root: &S3Root, files: &[(&str, &[u8])]) -> CommittedVersion {
     let base = root.read_state().unwrap();
     let records: Vec<_> = files.iter().map(|(p, b)| record(p, b)).collect();
     let next = catalog_with(&base.state, &records, &[]);

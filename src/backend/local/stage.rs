@@ -26,8 +26,7 @@
 //! therefore belongs to a publication that had moved nothing yet
 //! ([`crate::journal::recover`]).
 
-use super::content::Content;
-use super::target::{Change, Write};
+use crate::backend::{Change, Write};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
 use crate::failpoint;
@@ -36,6 +35,7 @@ use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::Desired;
 use crate::process_state::ProcessState;
+use crate::publish::Content;
 use crate::remembered::Remembered;
 use crate::replace_file;
 use crate::seen::{self, Look, SEEN_FILE, Seen};
@@ -123,7 +123,7 @@ fn missing_dirs<'d>(
 
 /// What staging did for one planned write.
 #[derive(Debug)]
-pub(super) enum Staged {
+pub(super) enum StagedOutput {
     /// Written to this temporary file (beside its target, or at the top
     /// of the root for a small change), to be renamed into place.
     Temp(String),
@@ -137,11 +137,11 @@ pub(super) enum Staged {
     Unchanged(Option<Look>),
 }
 
-impl Staged {
+impl StagedOutput {
     pub(super) fn temp(&self) -> Option<&String> {
         match self {
-            Staged::Temp(name) => Some(name),
-            Staged::Unchanged(_) => None,
+            StagedOutput::Temp(name) => Some(name),
+            StagedOutput::Unchanged(_) => None,
         }
     }
 }
@@ -266,7 +266,7 @@ fn unwritten() -> Option<u64> {
 /// What [`stage`] leaves for [`make_durable`] and [`commit`] in one root.
 pub(super) struct StagedRoot {
     /// One for each planned write, in order.
-    pub(super) outputs: Vec<Staged>,
+    pub(super) outputs: Vec<StagedOutput>,
     layout: Layout,
     /// The new catalog, at a temporary name at the top of the root.
     catalog: StagedFile,
@@ -367,7 +367,7 @@ pub(super) fn stage<'a>(
             );
             let outputs = outputs
                 .into_iter()
-                .collect::<Result<Vec<Staged>, Failure>>()?;
+                .collect::<Result<Vec<StagedOutput>, Failure>>()?;
             (outputs, catalog.map_err(Failure::Io)?, None)
         }
         Layout::Top => {
@@ -379,7 +379,7 @@ pub(super) fn stage<'a>(
                     return Err(Failure::Io(stop()));
                 }
                 let staged = stage_one(root, &job(w), Some(&mut files))?;
-                if matches!(staged, Staged::Temp(_)) {
+                if matches!(staged, StagedOutput::Temp(_)) {
                     bytes += w.d.size;
                 }
                 outputs.push(staged);
@@ -519,7 +519,7 @@ pub(super) fn make_durable(
 }
 
 /// What [`commit`] did.
-pub(super) struct Committed {
+pub(super) struct CommittedRoot {
     /// The look of the catalog file written.
     pub(super) catalog: Look,
     /// The text of its records, when known (to remember with it).
@@ -564,7 +564,7 @@ pub(super) fn commit(
     change: &Change<'_>,
     staged: StagedRoot,
     process: &ProcessState,
-) -> Result<Committed, CommitFailure> {
+) -> Result<CommittedRoot, CommitFailure> {
     let Moved {
         touched,
         copied_across,
@@ -613,7 +613,7 @@ pub(super) fn commit(
         .map_err(failed_at(Step::Journal))?;
     // Every temporary file at the top was renamed into place or removed.
     process.remembered().top_left_clean(root);
-    Ok(Committed {
+    Ok(CommittedRoot {
         catalog: written,
         texts: staged.texts,
         copied_across,
@@ -663,7 +663,7 @@ fn records_same(old: Option<&OutputRecord>, d: &Desired) -> bool {
 }
 
 /// Stages one planned write: nothing when the target already holds the
-/// bytes ([`Staged::Unchanged`]), else a temporary file, not fsynced: at
+/// bytes ([`StagedOutput::Unchanged`]), else a temporary file, not fsynced: at
 /// the top of the root with the file going to `to_sync` when that is
 /// given, else in the target folder (created as needed) and covered by
 /// the caller's barrier. A copied file is hashed as it streams and must
@@ -672,7 +672,7 @@ fn stage_one(
     root: &Root,
     job: &Job<'_>,
     to_sync: Option<&mut Vec<std::fs::File>>,
-) -> Result<Staged, Failure> {
+) -> Result<StagedOutput, Failure> {
     let d = job.d;
     if records_same(job.old, d) {
         let path = d.path.as_str();
@@ -682,10 +682,10 @@ fn stage_one(
             && look.size == d.size
             && seen.vouches(path, &d.sha256, &look)
         {
-            return Ok(Staged::Unchanged(look.settled(before)));
+            return Ok(StagedOutput::Unchanged(look.settled(before)));
         }
         if let Some(look) = root.holds(path, &d.sha256, d.size).map_err(Failure::Io)? {
-            return Ok(Staged::Unchanged(look.settled(before)));
+            return Ok(StagedOutput::Unchanged(look.settled(before)));
         }
     }
     // A small publication stages at the top of the root, before its
@@ -716,7 +716,7 @@ fn stage_one(
         to_sync.push(file);
     }
     failpoint::hit("publish.after_stage");
-    Ok(Staged::Temp(temp))
+    Ok(StagedOutput::Temp(temp))
 }
 
 /// Creates the folders `writes` go into, one after the other, before they
@@ -819,12 +819,12 @@ fn stage_output(
 /// of a large publication, now that the written ones are in place (a
 /// rename gives a file a new change time), so that its next publication
 /// knows the unchanged ones without reading them.
-fn record_looks(root: &Root, writes: &[Write<'_>], staged: &[Staged]) -> io::Result<()> {
+fn record_looks(root: &Root, writes: &[Write<'_>], staged: &[StagedOutput]) -> io::Result<()> {
     let looks = writes.iter().zip(staged).filter_map(|(w, s)| {
         let d = w.d;
         let look = match s {
-            Staged::Unchanged(look) => Ok(*look),
-            Staged::Temp(_) => {
+            StagedOutput::Unchanged(look) => Ok(*look),
+            StagedOutput::Temp(_) => {
                 let before = SystemTime::now();
                 root.look(d.path.as_str())
                     .map(|l| l.and_then(|l| l.settled(before)))

@@ -1,4 +1,5 @@
-//! A local destination root as a [`Target`]: opened by taking its lock
+//! A local destination root as a [`PublishRoot`] and a [`MaintainRoot`]:
+//! opened by taking its lock
 //! (docs/contract.md §5) and settling any journal a crash left; written by
 //! the engine in `stage` (journal, temporary files, barriers, renames,
 //! catalog last); rolled back from its journal. Maintenance opens it the
@@ -6,21 +7,23 @@
 //! recovery) and every state file is refused untouched unless it is a
 //! catalog (docs/maintenance.md); `prune` deletes through the same engine.
 
-use super::Options;
-use super::error::Error;
-use super::stage::{self, CommitFailure, Failure, StagedRoot, Step, probe};
-use super::target::{Access, Change, Committed, Fault, Staged, Target, usable};
+use super::{
+    Access, Capabilities, Change, CommitTally, Doing, Fault, MaintainRoot, PublishRoot, StagedAs,
+    io_fault, usable,
+};
 use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
 use crate::hashing::Hashed;
 use crate::journal::{self, JOURNAL_FILE};
 use crate::lock::{self, RootLock};
-use crate::plan::{self, Desired, Entry, Listing};
+use crate::plan::{self, Desired, Entry, Listing, Plan};
 use crate::process_state::ProcessState;
+use crate::publish::{Error, Options};
 use crate::remembered::Remembered;
 use crate::report::Stage;
 use crate::storage::Root;
 use crate::workers::{InOrder, Workers};
+use stage::{CommitFailure, Failure, StagedRoot, Step, probe};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
@@ -37,24 +40,26 @@ pub(super) fn worth_reading_ahead(
     journal::worth_reading_ahead(&root, process.remembered())
 }
 
-pub(super) struct LocalTarget {
+mod stage;
+
+pub(super) struct LocalRoot {
     path: PathBuf,
     workflow: Workflow,
     /// `None` while the root does not exist.
     root: Option<Root>,
     _lock: Option<RootLock>,
-    /// As opened, until taken ([`Target::take_state`],
-    /// [`Target::read_catalog`]).
+    /// As opened, until taken ([`PublishRoot::take_state`],
+    /// [`MaintainRoot::read_catalog`]).
     state: Option<State>,
     staged: Option<StagedRoot>,
     /// Where the root's catalog is remembered.
     process: ProcessState,
 }
 
-impl LocalTarget {
+impl LocalRoot {
     /// `d`'s root, not opened yet: no lock, nothing read.
-    fn unopened(d: &Destination, process: &ProcessState) -> LocalTarget {
-        LocalTarget {
+    fn unopened(d: &Destination, process: &ProcessState) -> LocalRoot {
+        LocalRoot {
             path: d.root.clone(),
             workflow: d.workflow,
             root: None,
@@ -72,8 +77,8 @@ impl LocalTarget {
         options: &Options,
         now: OffsetDateTime,
         ahead: Option<journal::ReadAhead>,
-    ) -> Result<LocalTarget, Error> {
-        let mut target = LocalTarget::unopened(d, &options.process);
+    ) -> Result<LocalRoot, Error> {
+        let mut target = LocalRoot::unopened(d, &options.process);
         target.lock(options, now, ahead, false)?;
         Ok(target)
     }
@@ -91,17 +96,16 @@ impl LocalTarget {
         lock_timeout: Duration,
         now: OffsetDateTime,
         process: &ProcessState,
-    ) -> Result<LocalTarget, Fault> {
-        let mut target = LocalTarget::unopened(d, process);
+    ) -> Result<LocalRoot, Fault> {
+        let mut target = LocalRoot::unopened(d, process);
         let memory = process.remembered();
-        let Some(root) =
-            Root::open(&d.root).map_err(io_fault("cannot open the destination root"))?
-        else {
+        let Some(root) = Root::open(&d.root).map_err(io_fault(&d.root, Doing::OpenFolder))? else {
             return Ok(target);
         };
         let mut lock = lock::acquire_existing(&root, lock_timeout)?;
         let read_state = |root: &Root| {
-            journal::read_state(root, memory).map_err(io_fault(format!("cannot read {STATE_FILE}")))
+            journal::read_state(root, memory)
+                .map_err(io_fault(&d.root, Doing::Read(STATE_FILE.to_owned())))
         };
         if access == Access::Write && lock.is_none() {
             // No lock file: only take (and so create) the lock when there
@@ -109,7 +113,7 @@ impl LocalTarget {
             let state = read_state(&root)?;
             let journaled = root
                 .entry(JOURNAL_FILE)
-                .map_err(io_fault(format!("cannot read {JOURNAL_FILE}")))?
+                .map_err(io_fault(&d.root, Doing::Read(JOURNAL_FILE.to_owned())))?
                 != Entry::Missing;
             if matches!(state, State::Absent) && !journaled {
                 target.root = Some(root);
@@ -119,9 +123,8 @@ impl LocalTarget {
             lock = Some(lock::acquire(&root, lock_timeout)?);
         }
         usable(read_state(&root)?)?;
-        let state = journal::recover(&root, access == Access::Write, now, memory).map_err(
-            io_fault("cannot finish the interrupted publication recorded in its journal"),
-        )?;
+        let state = journal::recover(&root, access == Access::Write, now, memory)
+            .map_err(io_fault(&d.root, Doing::FinishJournal))?;
         target.state = Some(usable(state)?.map_or(State::Absent, State::Catalog));
         target.root = Some(root);
         target._lock = lock;
@@ -216,27 +219,70 @@ fn never_fits(root: &Root, change: &Change<'_>, e: io::Error) -> io::Error {
     )
 }
 
-impl Target for LocalTarget {
+impl LocalRoot {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            missing: self.root.is_none(),
+            reads_bundle_at_commit: false,
+            may_rebase: false,
+            output_noun: "file",
+        }
+    }
+}
+
+impl PublishRoot for LocalRoot {
     fn label(&self) -> String {
         self.path.display().to_string()
     }
 
-    fn drop_texts(&self) {
-        if let Some(root) = &self.root {
-            self.process.remembered().drop_texts(root);
-        }
+    fn capabilities(&self) -> Capabilities {
+        LocalRoot::capabilities(self)
     }
 
     fn take_state(&mut self) -> State {
         self.state.take().unwrap_or(State::Absent)
     }
 
-    fn missing(&self) -> bool {
-        self.root.is_none()
+    fn create(&mut self, options: &Options, now: OffsetDateTime) -> Result<(), Error> {
+        if self.root.is_some() {
+            return Ok(());
+        }
+        self.lock(options, now, None, true)
     }
 
-    fn create(&mut self, options: &Options, now: OffsetDateTime) -> Result<(), Error> {
-        self.lock(options, now, None, true)
+    /// Storage is read while planning, path by path; here only the text of
+    /// the catalog's records kept for the next catalog write is let go
+    /// when the change will be too large for that write to copy them
+    /// ([`stage::texts_copied`]), so that it is not held through the
+    /// publication.
+    fn look_ahead(
+        &mut self,
+        state: &State,
+        bundles: &[&[Desired]],
+        _every_key: bool,
+    ) -> Result<(), Error> {
+        if let (State::Catalog(c), Some(root)) = (state, &self.root) {
+            let planned = bundles.iter().map(|d| d.len()).sum();
+            if !stage::texts_copied(planned, c.outputs.len()) {
+                self.process.remembered().drop_texts(root);
+            }
+        }
+        Ok(())
+    }
+
+    fn refusal(&self, _plan: &Plan, _state: &State, _force: bool) -> Option<Plan> {
+        // A locked root carries out every plan.
+        None
+    }
+
+    fn kept(
+        &self,
+        _plan: &Plan,
+        _state: &State,
+        _touched: &BTreeMap<String, Entry>,
+    ) -> BTreeSet<String> {
+        // Found while staging instead ([`StagedAs::Unchanged`]).
+        BTreeSet::new()
     }
 
     fn listing(
@@ -276,7 +322,7 @@ impl Target for LocalTarget {
         change: &Change<'_>,
         workers: &dyn Workers,
         keep_going: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<Staged>, Error> {
+    ) -> Result<Vec<StagedAs>, Error> {
         let staged = stage::stage(self.root(), change, workers, keep_going, &self.process)
             .map_err(|f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
@@ -286,8 +332,8 @@ impl Target for LocalTarget {
             .outputs
             .iter()
             .map(|s| match s {
-                stage::Staged::Temp(_) => Staged::Written,
-                stage::Staged::Unchanged(_) => Staged::Unchanged,
+                stage::StagedOutput::Temp(_) => StagedAs::Written,
+                stage::StagedOutput::Unchanged(_) => StagedAs::Unchanged,
             })
             .collect();
         self.staged = Some(staged);
@@ -302,7 +348,7 @@ impl Target for LocalTarget {
         stage::make_durable(root, staged, &self.process).map_err(|e| self.write_error(e))
     }
 
-    fn commit(&mut self, change: Change<'_>) -> Result<Committed, Error> {
+    fn commit(&mut self, change: Change<'_>) -> Result<CommitTally, Error> {
         let staged = self.staged.take().expect("committed after staging");
         let file_by_file = staged.file_by_file();
         let root = self.root();
@@ -310,7 +356,7 @@ impl Target for LocalTarget {
         let c = stage::commit(root, &change, staged, &self.process)
             .map_err(|e| self.write_error(e.source))?;
         memory.remember(root, c.catalog, change.catalog, c.texts);
-        Ok(Committed {
+        Ok(CommitTally {
             copied_across: c.copied_across,
             file_by_file,
             rebases: 0,
@@ -323,9 +369,11 @@ impl Target for LocalTarget {
             None => Ok(()),
         }
     }
+}
 
-    fn output_noun(&self) -> &'static str {
-        "file"
+impl MaintainRoot for LocalRoot {
+    fn capabilities(&self) -> Capabilities {
+        LocalRoot::capabilities(self)
     }
 
     fn read_catalog(&mut self) -> Result<Option<Catalog>, Fault> {
@@ -333,10 +381,20 @@ impl Target for LocalTarget {
             (Some(state), _) => state,
             // Under the lock, after a commit (and its journal) is done.
             (None, Some(root)) => journal::read_state(root, self.process.remembered())
-                .map_err(io_fault(format!("cannot read {STATE_FILE}")))?,
+                .map_err(io_fault(&self.path, Doing::Read(STATE_FILE.to_owned())))?,
             (None, None) => State::Absent,
         };
         usable(state)
+    }
+
+    fn in_flight(&self, _report: bool) -> Result<BTreeSet<String>, Fault> {
+        // The lock is held: no publication is in progress.
+        Ok(BTreeSet::new())
+    }
+
+    fn confirm_absent(&self, paths: Vec<String>) -> Result<Vec<String>, Fault> {
+        // The walk under the lock is final.
+        Ok(paths)
     }
 
     fn survey(&self) -> Result<BTreeMap<String, Entry>, Fault> {
@@ -345,7 +403,7 @@ impl Target for LocalTarget {
         };
         Ok(root
             .walk()
-            .map_err(io_fault("cannot list the destination root"))?
+            .map_err(io_fault(&self.path, Doing::ListFolder))?
             .into_iter()
             .collect())
     }
@@ -359,7 +417,7 @@ impl Target for LocalTarget {
             let hashed = match &self.root {
                 Some(root) => root
                     .hash_file(path)
-                    .map_err(io_fault(format!("cannot read {path}")))?,
+                    .map_err(io_fault(&self.path, Doing::Read((*path).to_owned())))?,
                 None => None,
             };
             each(i, hashed);
@@ -375,7 +433,7 @@ impl Target for LocalTarget {
         for path in paths {
             let entry = root
                 .entry(path)
-                .map_err(io_fault(format!("cannot delete {path}")))?;
+                .map_err(io_fault(&self.path, Doing::Delete(path.clone())))?;
             if entry == Entry::Dir {
                 folders.insert(path.clone());
             }
@@ -404,14 +462,8 @@ impl Target for LocalTarget {
             return Ok(());
         };
         root.write_reserved(STATE_FILE, &next.to_json())
-            .map_err(io_fault(format!("cannot write {STATE_FILE}")))
+            .map_err(io_fault(&self.path, Doing::Write(STATE_FILE.to_owned())))
     }
-}
-
-/// Turns an I/O error into a [`Fault`] saying what was being done.
-fn io_fault(doing: impl Into<String>) -> impl FnOnce(io::Error) -> Fault {
-    let doing = doing.into();
-    move |source| Fault::Io { doing, source }
 }
 
 /// Runs `change` (deletions only) through the engine a publication uses:
@@ -421,13 +473,9 @@ fn delete_through_engine(
     root: &Root,
     change: &Change<'_>,
     process: &ProcessState,
-) -> Result<stage::Committed, Fault> {
+) -> Result<stage::CommittedRoot, Fault> {
     // Staging a change without outputs writes exactly these two files.
-    let staging = || {
-        io_fault(format!(
-            "cannot write {JOURNAL_FILE} and the new {STATE_FILE}"
-        ))
-    };
+    let staging = || io_fault(root.path(), Doing::StageDeletions);
     let mut staged =
         stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
             Failure::Io(e) => staging()(e),
@@ -437,13 +485,13 @@ fn delete_through_engine(
     stage::make_durable(root, &mut staged, process).map_err(staging())?;
     stage::commit(root, change, staged, process).map_err(|CommitFailure { step, source }| {
         let doing = match step {
-            Step::Delete(path) => format!("cannot delete {path}"),
+            Step::Delete(path) => Doing::Delete(path),
             // (Nothing is renamed into place: the change writes no output.)
-            Step::Rename | Step::Catalog => format!("cannot write {STATE_FILE}"),
-            Step::Barrier => "cannot sync the deletions".to_owned(),
-            Step::Journal => format!("cannot remove {JOURNAL_FILE}"),
+            Step::Rename | Step::Catalog => Doing::Write(STATE_FILE.to_owned()),
+            Step::Barrier => Doing::SyncDeletions,
+            Step::Journal => Doing::RemoveJournal,
         };
-        Fault::Io { doing, source }
+        io_fault(root.path(), doing)(source)
     })
 }
 

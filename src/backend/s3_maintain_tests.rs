@@ -9,12 +9,12 @@ use std::sync::Arc;
 use object_store::memory::InMemory;
 
 use super::{open_on, reserved};
+use crate::backend::s3::S3Bucket;
+use crate::backend::{Access, Change, MaintainRoot};
 use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
 use crate::config::{S3Location, Workflow};
 use crate::hashing::hash_bytes;
 use crate::paths::RelPath;
-use crate::publish::remote::S3Target;
-use crate::publish::target::{Access, Change, Target};
 use crate::s3::S3Root;
 use crate::s3::protocol::{self, Settings, Write};
 
@@ -31,14 +31,14 @@ fn memory_root() -> Arc<S3Root> {
 }
 
 /// `root` opened for a maintenance command.
-fn opened(root: &Arc<S3Root>, access: Access) -> S3Target {
+fn opened(root: &Arc<S3Root>, access: Access) -> S3Bucket {
     let location = S3Location {
         bucket: "memory".into(),
         path: "site".into(),
         endpoint: None,
         region: "us-east-1".into(),
     };
-    let d = crate::publish::remote::tests::destination(Workflow::Additive);
+    let d = crate::backend::s3::tests::destination(Workflow::Additive);
     open_on(&d, &location, root.clone(), access).unwrap()
 }
 
@@ -123,7 +123,7 @@ fn now() -> time::OffsetDateTime {
 }
 
 /// The change that prunes `paths` of the catalog `target` reads.
-fn pruning(target: &mut S3Target, paths: &[&str]) -> Change<'static> {
+fn pruning(target: &mut S3Bucket, paths: &[&str]) -> Change<'static> {
     let read = target.read_catalog().unwrap().expect("a catalog");
     let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
     Change::deleting(read, &paths, ("p", "d"), now())

@@ -1,5 +1,5 @@
 //! An s3 destination opened for maintenance (docs/contract.md §15.5): what
-//! [`Target`](super::Target) asks of it for `prune`, `reconcile-state`,
+//! [`MaintainRoot`](crate::backend::MaintainRoot) asks of it for `prune`, `reconcile-state`,
 //! `verify` and `catalog`, with the bucket's conditional writes standing
 //! in for a local root's lock and journal (docs/object-storage.md).
 //!
@@ -9,7 +9,7 @@
 //!   ones (`verify`, `catalog`, every dry run) write nothing, not even the
 //!   conformance probe: they log each pending intent instead.
 //! - `prune` commits through the protocol like a publication with no
-//!   writes (`S3Target::commit_change`): the catalog change is a
+//!   writes (`S3Bucket::commit_change`): the catalog change is a
 //!   compare-and-swap (rebased on a concurrent publisher's commit when that
 //!   touched none of the pruned paths, planned again otherwise), and an
 //!   object is deleted only after the catalog that drops it is in force,
@@ -21,14 +21,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::S3Target;
+use super::S3Bucket;
+use crate::backend::{Access, Doing, Fault, s3_fault, usable};
 use crate::catalog::{Catalog, format_time};
 use crate::config::{Destination, S3Location};
 use crate::hashing::Hashed;
 use crate::paths::is_reserved_name;
 use crate::plan::Entry;
 use crate::process_state::ProcessState;
-use crate::publish::target::{Access, Fault, usable};
 use crate::s3::protocol::{self, Intent, Settings};
 use crate::s3::{self, S3Root};
 use time::OffsetDateTime;
@@ -46,11 +46,11 @@ pub(super) fn open(
     location: &S3Location,
     access: Access,
     process: &ProcessState,
-) -> Result<S3Target, Fault> {
+) -> Result<S3Bucket, Fault> {
     let label = location.to_string();
     let root = process
         .s3_root(location)
-        .map_err(store_fault(&label, "cannot open the bucket"))?;
+        .map_err(s3_fault(&label, Doing::OpenBucket))?;
     open_on(d, location, root, access)
 }
 
@@ -60,7 +60,7 @@ fn open_on(
     location: &S3Location,
     root: Arc<S3Root>,
     access: Access,
-) -> Result<S3Target, Fault> {
+) -> Result<S3Bucket, Fault> {
     let settings = match access {
         Access::Write => {
             recover(&root)?;
@@ -70,7 +70,7 @@ fn open_on(
         // it reports ([`in_flight`]).
         Access::Read => Settings::default(),
     };
-    Ok(S3Target::at(root, d, location, settings))
+    Ok(S3Bucket::at(root, d, location, settings))
 }
 
 /// Refuses a catalog maintenance cannot work on, then recovers every stale
@@ -79,12 +79,10 @@ fn recover(root: &Arc<S3Root>) -> Result<(), Fault> {
     let label = root.label();
     let base = root
         .read_state()
-        .map_err(store_fault(label, "cannot read the catalog"))?;
+        .map_err(s3_fault(label, Doing::ReadCatalog))?;
     usable(base.state)?;
-    let recovered = protocol::recover_stale(root, lease(label)?).map_err(store_fault(
-        label,
-        "cannot recover an unfinished publication",
-    ))?;
+    let recovered =
+        protocol::recover_stale(root, lease(label)?).map_err(s3_fault(label, Doing::Recover))?;
     for (id, done) in recovered {
         log::info!(
             "{label}: recovered the unfinished publication {id}: {} unrecorded object(s) it created deleted, {} record(s) it overwrote adopted, {} deletion(s) it committed finished",
@@ -99,59 +97,21 @@ fn recover(root: &Arc<S3Root>) -> Result<(), Fault> {
 /// The commit protocol's timing: the lease from the environment
 /// (`DISTRIBUTOR_S3_LEASE_SECS`), as publishers use it.
 fn lease(label: &str) -> Result<Settings, Fault> {
-    Settings::for_process().map_err(store_fault(label, "cannot read the lease setting"))
+    Settings::for_process().map_err(s3_fault(label, Doing::ReadLease))
 }
 
-/// Turns an error of the bucket `label` into a [`Fault`] that names the
-/// root, what was being done, and what to do about it.
-pub(super) fn store_fault<'a>(
-    label: &'a str,
-    doing: &'a str,
-) -> impl FnOnce(s3::Error) -> Fault + 'a {
-    move |source| {
-        let text = source.to_string();
-        let text = text
-            .strip_prefix(&format!("{label}: "))
-            .unwrap_or(&text)
-            .to_owned();
-        // The failure's own text already says what to correct for refused
-        // credentials, denied access and a missing bucket.
-        let hint = match &source {
-            s3::Error::Store {
-                failure:
-                    s3::Failure::CredentialsRefused | s3::Failure::Denied | s3::Failure::BucketMissing,
-                ..
-            } => "",
-            s3::Error::Store { .. } => {
-                "; check the endpoint, the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and the publisher's bucket permissions, then run the command again"
-            }
-            s3::Error::Conflict { .. } | s3::Error::Changed { .. } => {
-                " (other publishers kept changing the root; run the command again)"
-            }
-            _ => "",
-        };
-        Fault::Store {
-            message: format!("{label}: {doing}: {text}{hint}"),
-            source: Box::new(source),
-        }
-    }
+/// [`s3_fault`] for `target`'s bucket.
+pub(super) fn fault(target: &S3Bucket, doing: Doing) -> impl FnOnce(s3::Error) -> Fault {
+    s3_fault(target.root.label(), doing)
 }
 
-/// [`store_fault`] for `target`'s bucket.
-pub(super) fn fault<'a>(
-    target: &'a S3Target,
-    doing: &'a str,
-) -> impl FnOnce(s3::Error) -> Fault + 'a {
-    store_fault(target.root.label(), doing)
-}
-
-/// [`Target::read_catalog`](super::Target::read_catalog): the catalog
+/// [`MaintainRoot::read_catalog`](crate::backend::MaintainRoot::read_catalog): the catalog
 /// object and its version, which the next swap or commit is conditional on.
-pub(super) fn read_catalog(target: &mut S3Target) -> Result<Option<Catalog>, Fault> {
+pub(super) fn read_catalog(target: &mut S3Bucket) -> Result<Option<Catalog>, Fault> {
     let base = target
         .root
         .read_state()
-        .map_err(fault(target, "cannot read the catalog"))?;
+        .map_err(fault(target, Doing::ReadCatalog))?;
     target.etag = base.etag;
     usable(base.state)
 }
@@ -159,26 +119,25 @@ pub(super) fn read_catalog(target: &mut S3Target) -> Result<Option<Catalog>, Fau
 /// The intents under `.distributor-pending/` (a LIST: for reports), each
 /// with the time the server last stamped it. An intent that finished
 /// meanwhile is skipped; one that cannot be read is logged and skipped.
-fn pending(target: &S3Target) -> Result<Vec<(String, Intent, OffsetDateTime)>, Fault> {
+fn pending(target: &S3Bucket) -> Result<Vec<(String, Intent, OffsetDateTime)>, Fault> {
     let root = &target.root;
-    let ids = protocol::pending_intents(root)
-        .map_err(fault(target, "cannot list the pending publications"))?;
+    let ids = protocol::pending_intents(root).map_err(fault(target, Doing::ListPending))?;
     let mut out = Vec::new();
     for id in ids {
         match root.read_intent(&id) {
             Ok(Some((intent, _, stamped))) => out.push((id, intent, stamped)),
             Ok(None) => {}
             Err(e @ s3::Error::Protocol { .. }) => log::warn!("{e}"),
-            Err(e) => return Err(fault(target, "cannot read a pending publication")(e)),
+            Err(e) => return Err(fault(target, Doing::ReadPending)(e)),
         }
     }
     Ok(out)
 }
 
-/// [`Target::in_flight`](super::Target::in_flight): the outputs pending
+/// [`MaintainRoot::in_flight`](crate::backend::MaintainRoot::in_flight): the outputs pending
 /// intents write; with `report`, each publication in progress (or whose
 /// publisher died) is logged, and left alone.
-pub(super) fn in_flight(target: &S3Target, report: bool) -> Result<BTreeSet<String>, Fault> {
+pub(super) fn in_flight(target: &S3Bucket, report: bool) -> Result<BTreeSet<String>, Fault> {
     let label = target.root.label();
     let lease_secs = if report {
         Some(lease(label)?.lease.as_secs())
@@ -207,28 +166,28 @@ fn reserved(key: &str) -> bool {
     key.split('/').any(is_reserved_name)
 }
 
-/// [`Target::survey`](super::Target::survey): every key of the root (a
+/// [`MaintainRoot::survey`](crate::backend::MaintainRoot::survey): every key of the root (a
 /// LIST), the tool's own aside; a bucket has no folders.
-pub(super) fn survey(target: &S3Target) -> Result<BTreeMap<String, Entry>, Fault> {
+pub(super) fn survey(target: &S3Bucket) -> Result<BTreeMap<String, Entry>, Fault> {
     Ok(target
         .root
         .list("")
-        .map_err(fault(target, "cannot list the root"))?
+        .map_err(fault(target, Doing::ListBucket))?
         .into_iter()
         .filter(|l| !reserved(&l.path))
         .map(|l| (l.path, Entry::File { size: l.size }))
         .collect())
 }
 
-/// [`Target::confirm_absent`](super::Target::confirm_absent): a HEAD of
+/// [`MaintainRoot::confirm_absent`](crate::backend::MaintainRoot::confirm_absent): a HEAD of
 /// each key decides.
-pub(super) fn confirm_absent(target: &S3Target, paths: Vec<String>) -> Result<Vec<String>, Fault> {
+pub(super) fn confirm_absent(target: &S3Bucket, paths: Vec<String>) -> Result<Vec<String>, Fault> {
     let mut absent = Vec::new();
     for path in paths {
         let head = target
             .root
             .head(&path)
-            .map_err(fault(target, "cannot look at a managed object"))?;
+            .map_err(fault(target, Doing::LookAtObject))?;
         if head.is_none() {
             absent.push(path);
         }
@@ -236,28 +195,28 @@ pub(super) fn confirm_absent(target: &S3Target, paths: Vec<String>) -> Result<Ve
     Ok(absent)
 }
 
-/// [`Target::hash_each`](super::Target::hash_each): GETs, several at
+/// [`MaintainRoot::hash_each`](crate::backend::MaintainRoot::hash_each): GETs, several at
 /// once, each hashed as it streams.
 pub(super) fn hash_each(
-    target: &S3Target,
+    target: &S3Bucket,
     paths: &[&str],
     each: &mut dyn FnMut(usize, Option<Hashed>),
 ) -> Result<(), Fault> {
     let hashed = target
         .root
         .get_hashed_all(paths, VERIFY_CONCURRENCY)
-        .map_err(fault(target, "cannot read a managed object"))?;
+        .map_err(fault(target, Doing::ReadObject))?;
     for (i, got) in hashed.into_iter().enumerate() {
         each(i, got.map(|(hashed, _)| hashed));
     }
     Ok(())
 }
 
-/// [`Target::swap_catalog`](super::Target::swap_catalog): a
+/// [`MaintainRoot::swap_catalog`](crate::backend::MaintainRoot::swap_catalog): a
 /// compare-and-swap on the version [`read_catalog`] read (its `updated_at`
 /// moved past the one read, so that no two versions have the same bytes).
 pub(super) fn swap_catalog(
-    target: &mut S3Target,
+    target: &mut S3Bucket,
     next: Catalog,
     read_at: OffsetDateTime,
 ) -> Result<(), Fault> {
@@ -265,11 +224,11 @@ pub(super) fn swap_catalog(
     let etag = target
         .root
         .write_catalog(next.to_json().into(), target.etag.as_ref())
-        .map_err(fault(target, "cannot write the catalog"))?;
+        .map_err(fault(target, Doing::WriteCatalog))?;
     target.etag = Some(etag);
     Ok(())
 }
 
 #[cfg(test)]
-#[path = "remote_maintain_tests.rs"]
+#[path = "s3_maintain_tests.rs"]
 mod tests;

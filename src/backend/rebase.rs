@@ -15,21 +15,21 @@ use time::OffsetDateTime;
 /// the catalog they were planned on that they rely on: if another
 /// publication committed first and left all of those as they were, the
 /// changes are applied again on top of its catalog.
-pub(super) struct Rebase {
-    pub(super) updates: Vec<CatalogUpdate>,
+pub(crate) struct Rebase {
+    pub(crate) updates: Vec<CatalogUpdate>,
     /// The records relied on ([`relied_on`]); `None` when
     /// planned on a root without a catalog.
-    pub(super) seen: Option<Catalog>,
-    pub(super) pipeline_id: String,
-    pub(super) destination_id: String,
-    pub(super) workflow: Workflow,
-    pub(super) now: OffsetDateTime,
+    pub(crate) seen: Option<Catalog>,
+    pub(crate) pipeline_id: String,
+    pub(crate) destination_id: String,
+    pub(crate) workflow: Workflow,
+    pub(crate) now: OffsetDateTime,
 }
 
 /// The records of `base` a change relies on: every path a catalog change
 /// of it touches and, for a replacement, every record of the destination
 /// (another publication of it changes what the change deletes).
-pub(super) fn relied_on(
+pub(crate) fn relied_on(
     base: &Catalog,
     updates: &[CatalogUpdate],
     pipeline_id: &str,
@@ -64,7 +64,7 @@ pub(super) fn relied_on(
 
 /// The state the change was planned on, as the commit protocol compares
 /// it: the records relied on, or no catalog.
-pub(super) fn seen_state(rebase: &Rebase) -> State {
+pub(crate) fn seen_state(rebase: &Rebase) -> State {
     match &rebase.seen {
         Some(seen) => State::Catalog(seen.clone()),
         None => State::Absent,
@@ -75,7 +75,7 @@ pub(super) fn seen_state(rebase: &Rebase) -> State {
 /// `latest` after the change was planned, or `None` when the change no
 /// longer holds: every bundle's catalog change applied in order on top of
 /// the winner's catalog.
-pub(super) fn onto(rebase: &Rebase, latest: &State) -> Option<Catalog> {
+pub(crate) fn onto(rebase: &Rebase, latest: &State) -> Option<Catalog> {
     let State::Catalog(latest) = latest else {
         return None;
     };

@@ -2,11 +2,11 @@
 //! again on the winner's catalog: for one bundle and for a batch.
 
 use super::{onto, relied_on};
+use crate::backend::rebase::Rebase;
+use crate::backend::s3::tests::{catalog, paths, record, update};
 use crate::catalog::{Catalog, State, parse_time};
 use crate::config::Workflow;
 use crate::plan::CatalogUpdate;
-use crate::publish::rebase::Rebase;
-use crate::publish::remote::tests::{catalog, paths, record, update};
 
 fn now() -> time::OffsetDateTime {
     parse_time("2026-01-03T00:00:00Z").unwrap()

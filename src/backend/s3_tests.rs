@@ -13,7 +13,7 @@ use crate::s3::{ETag, Head};
 
 const WHEN: &str = "2026-01-01T00:00:00Z";
 
-pub(in crate::publish) fn destination(workflow: Workflow) -> Destination {
+pub(in crate::backend) fn destination(workflow: Workflow) -> Destination {
     Destination {
         backend: Backend::S3(S3Location {
             bucket: "b".into(),
@@ -37,7 +37,7 @@ pub(in crate::publish) fn destination(workflow: Workflow) -> Destination {
 }
 
 /// A record of `owner` (`pipeline/destination`) at `path` holding `body`.
-pub(in crate::publish) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
+pub(in crate::backend) fn record(path: &str, owner: &str, body: &str) -> OutputRecord {
     let (pipeline, destination) = owner.split_once('/').unwrap();
     let when = parse_time(WHEN).unwrap();
     OutputRecord {
@@ -61,7 +61,7 @@ pub(in crate::publish) fn record(path: &str, owner: &str, body: &str) -> OutputR
     }
 }
 
-pub(in crate::publish) fn catalog(records: &[OutputRecord]) -> State {
+pub(in crate::backend) fn catalog(records: &[OutputRecord]) -> State {
     let mut c = Catalog::new(parse_time(WHEN).unwrap());
     c.outputs = records.to_vec();
     c.outputs
@@ -69,12 +69,12 @@ pub(in crate::publish) fn catalog(records: &[OutputRecord]) -> State {
     State::Catalog(c)
 }
 
-pub(in crate::publish) fn paths(c: &Catalog) -> Vec<&str> {
+pub(in crate::backend) fn paths(c: &Catalog) -> Vec<&str> {
     c.outputs.iter().map(|r| r.path.as_str()).collect()
 }
 
 /// An update of `p/web` writing `upserts` and dropping `removes`.
-pub(in crate::publish) fn update(
+pub(in crate::backend) fn update(
     keep_existing: bool,
     upserts: &[&str],
     removes: &[&str],

@@ -1,4 +1,5 @@
-//! An s3 destination as a [`Target`] (docs/contract.md §15): the same plan
+//! An s3 destination as a [`PublishRoot`] and a [`MaintainRoot`]
+//! (docs/contract.md §15): the same plan
 //! as for a local root, made true in the bucket by the commit protocol of
 //! [`crate::s3::protocol`] instead of a lock, staged files and renames.
 //!
@@ -24,27 +25,28 @@
 //! delete objects the catalog does not record (§15.4): `--force`, and
 //! replacing a catalog of an older schema (whose records are not trusted).
 //!
-//! Maintenance goes through the same root and commit (`remote_maintain.rs`).
+//! Maintenance goes through the same root and commit (`s3_maintain.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use super::Options;
-use super::error::Error;
 use super::rebase;
-use super::target::{Change, Committed, Fault, Staged, Target, Write};
+use super::{
+    Capabilities, Change, CommitTally, Doing, Fault, MaintainRoot, PublishRoot, StagedAs, Write,
+};
 use crate::bundle;
 use crate::catalog::{Catalog, OutputRecord, RecordTexts, State};
 use crate::config::{Destination, S3Location, Workflow};
 use crate::hashing::Hashed;
 use crate::plan::{self, Action, Desired, Entry, Listing, Plan};
 use crate::process_state::ProcessState;
+use crate::publish::{Error, Options};
 use crate::s3::protocol::{self, Base, Delete, Settings};
 use crate::s3::{self, ETag, Head, S3Root};
 use crate::workers::Workers;
 
-pub(super) struct S3Target {
+pub(super) struct S3Bucket {
     root: Arc<S3Root>,
     id: String,
     location: S3Location,
@@ -58,11 +60,11 @@ pub(super) struct S3Target {
     etag: Option<ETag>,
     /// The text of its records as read, for writing the next one.
     texts: Option<Arc<RecordTexts>>,
-    /// What a HEAD showed at the keys looked at ([`Target::look_ahead`]).
+    /// What a HEAD showed at the keys looked at ([`PublishRoot::look_ahead`]).
     heads: BTreeMap<String, Head>,
 }
 
-impl S3Target {
+impl S3Bucket {
     /// `d`'s root at `location` through `root`, nothing read yet: no
     /// catalog, not serving a spool folder.
     pub(super) fn at(
@@ -70,8 +72,8 @@ impl S3Target {
         d: &Destination,
         location: &S3Location,
         settings: Settings,
-    ) -> S3Target {
-        S3Target {
+    ) -> S3Bucket {
+        S3Bucket {
             root,
             id: d.id.clone(),
             location: location.clone(),
@@ -91,7 +93,7 @@ impl S3Target {
         d: &Destination,
         location: &S3Location,
         options: &Options,
-    ) -> Result<S3Target, Error> {
+    ) -> Result<S3Bucket, Error> {
         let settings = Settings::for_process()?;
         let root = options.process.s3_root(location)?;
         if !options.dry_run {
@@ -101,12 +103,12 @@ impl S3Target {
             protocol::recover_stale(&root, settings)?;
         }
         let base = root.read_state()?;
-        Ok(S3Target {
+        Ok(S3Bucket {
             serving: options.serving.clone(),
             state: base.state,
             etag: base.etag,
             texts: base.texts,
-            ..S3Target::at(root, d, location, settings)
+            ..S3Bucket::at(root, d, location, settings)
         })
     }
 
@@ -177,9 +179,27 @@ impl S3Target {
     }
 }
 
-impl Target for S3Target {
+/// What a bucket is: it always exists, its commit uploads (reading the
+/// bundle), and a lost compare-and-swap may be rebased.
+const CAPABILITIES: Capabilities = Capabilities {
+    missing: false,
+    reads_bundle_at_commit: true,
+    may_rebase: true,
+    output_noun: "object",
+};
+
+impl PublishRoot for S3Bucket {
     fn label(&self) -> String {
         self.root.label().to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn create(&mut self, _options: &Options, _now: time::OffsetDateTime) -> Result<(), Error> {
+        // A bucket is never missing.
+        Ok(())
     }
 
     fn take_state(&mut self) -> State {
@@ -220,7 +240,7 @@ impl Target for S3Target {
             ..Listing::default()
         };
         if force {
-            // Refused ([`Target::refusal`]): nothing to look at.
+            // Refused ([`PublishRoot::refusal`]): nothing to look at.
             return Ok(listing);
         }
         self.list_keys(state, &mut listing)?;
@@ -265,26 +285,23 @@ impl Target for S3Target {
             .collect()
     }
 
-    fn reads_bundle_at_commit(&self) -> bool {
-        true
-    }
-
-    fn may_rebase(&self) -> bool {
-        true
-    }
-
     fn stage(
         &mut self,
         change: &Change<'_>,
         _workers: &dyn Workers,
         _keep_going: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Vec<Staged>, Error> {
+    ) -> Result<Vec<StagedAs>, Error> {
         // Nothing is staged in a bucket: every write goes to its final key
         // at commit, hashed as it is sent.
-        Ok(vec![Staged::Written; change.writes.len()])
+        Ok(vec![StagedAs::Written; change.writes.len()])
     }
 
-    fn commit(&mut self, mut change: Change<'_>) -> Result<Committed, Error> {
+    fn make_durable(&mut self) -> Result<(), Error> {
+        // Each upload is durable once the server answered it.
+        Ok(())
+    }
+
+    fn commit(&mut self, mut change: Change<'_>) -> Result<CommitTally, Error> {
         match self.commit_change(&mut change) {
             Ok(c) => {
                 if c.rebases > 0 {
@@ -295,9 +312,9 @@ impl Target for S3Target {
                         if c.rebases == 1 { "" } else { "s" }
                     );
                 }
-                Ok(Committed {
+                Ok(CommitTally {
                     rebases: c.rebases,
-                    ..Committed::default()
+                    ..CommitTally::default()
                 })
             }
             Err(s3::Error::HashMismatch { key, .. }) => Err(Self::reverify(&change, &key)
@@ -317,8 +334,16 @@ impl Target for S3Target {
         }
     }
 
-    fn output_noun(&self) -> &'static str {
-        "object"
+    fn roll_back(&self) -> Result<(), io::Error> {
+        // Nothing to settle: a commit that failed undid what it wrote, and
+        // what it could not undo is its intent's, recovered by the lease.
+        Ok(())
+    }
+}
+
+impl MaintainRoot for S3Bucket {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
     }
 
     fn read_catalog(&mut self) -> Result<Option<Catalog>, Fault> {
@@ -345,10 +370,15 @@ impl Target for S3Target {
         maintenance::hash_each(self, paths, each)
     }
 
+    fn folders_at(&self, _paths: &[String]) -> Result<BTreeSet<String>, Fault> {
+        // A bucket has no folders.
+        Ok(BTreeSet::new())
+    }
+
     fn delete_owned(&mut self, mut change: Change<'_>) -> Result<(), Fault> {
         self.commit_change(&mut change)
             .map(drop)
-            .map_err(maintenance::fault(self, "cannot prune"))
+            .map_err(maintenance::fault(self, Doing::Prune))
     }
 
     fn swap_catalog(&mut self, next: Catalog, read_at: time::OffsetDateTime) -> Result<(), Fault> {
@@ -356,14 +386,14 @@ impl Target for S3Target {
     }
 }
 
-impl S3Target {
+impl S3Bucket {
     /// Commits `change` through the protocol: one intent, conditional
     /// PUTs, the catalog swapped (re-applied on a winner's catalog when
     /// the change still holds, [`rebase::onto`]), then the deletions. The
     /// catalog to write is taken out of `change`, not copied (a large
     /// catalog's records are many allocations; docs/object-storage.md,
     /// "Catalog scale").
-    fn commit_change(&self, change: &mut Change<'_>) -> s3::Result<protocol::Committed> {
+    fn commit_change(&self, change: &mut Change<'_>) -> s3::Result<protocol::CommittedVersion> {
         let writes: Vec<protocol::Write> = change
             .writes
             .iter()
@@ -538,13 +568,13 @@ impl Read for Upload<'_> {
 }
 
 /// Opens the s3 destination `d` for a maintenance command (see
-/// `remote_maintain.rs`).
+/// `s3_maintain.rs`).
 pub(super) fn open_to_maintain(
     d: &Destination,
     location: &S3Location,
-    access: super::target::Access,
+    access: super::Access,
     process: &ProcessState,
-) -> Result<S3Target, Fault> {
+) -> Result<S3Bucket, Fault> {
     maintenance::open(d, location, access, process)
 }
 
@@ -570,9 +600,9 @@ pub(super) fn recover_abandoned(
     }
 }
 
-#[path = "remote_maintain.rs"]
+#[path = "s3_maintain.rs"]
 mod maintenance;
 
 #[cfg(test)]
-#[path = "remote_tests.rs"]
+#[path = "s3_tests.rs"]
 pub(super) mod tests;
