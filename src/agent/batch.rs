@@ -213,7 +213,7 @@ impl Worker {
                     for w in &report.warnings {
                         log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
                     }
-                    if !report.ok && report.transient {
+                    if !report.ok && report.transient() {
                         // Retried alone, with backoff, counting the batch's attempt.
                         if let Err(e) = spool::set_attempts(path, *attempt) {
                             log::error!(

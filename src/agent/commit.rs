@@ -136,7 +136,7 @@ impl Worker {
             .any(|(_, name)| unfiled.contains_key(name));
         let mut owed_all = Vec::new();
         for ((path, name), report) in bundles.iter().zip(reports) {
-            if retried && !report.ok && report.transient {
+            if retried && !report.ok && report.transient() {
                 owed_all.push(None);
                 continue;
             }

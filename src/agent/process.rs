@@ -90,7 +90,7 @@ impl Worker {
             }
             // A stop interrupting the work is not a transient failure: the
             // attempt is given back in file_away and the bundle left in work/.
-            if !report.ok && report.transient && !crate::interrupt::requested() {
+            if !report.ok && report.transient() && !crate::interrupt::requested() {
                 // A first attempt records no count (see spool::count_attempt):
                 // it does now that there is another.
                 if attempt == 1
@@ -116,7 +116,7 @@ impl Worker {
                             .map(|m| format!("/{m}"))
                             .unwrap_or_default(),
                         report.stage_name(),
-                        report.error.as_deref().unwrap_or_default(),
+                        report.error_text(),
                         d.since,
                         crate::config::format_duration(pause),
                         self.pipeline.id
@@ -128,7 +128,7 @@ impl Worker {
                     continue;
                 }
                 if let Some(error) = &mut report.error {
-                    error.push_str(&format!(
+                    error.add_note(&format!(
                         " (tried {attempt} times, deferred since {}; the agent gave up at {}. When the cause is fixed: `distributor spool retry {} {name}`)",
                         catalog::format_time(since),
                         if agent.max_attempts.is_some_and(|m| attempt >= m) {
@@ -194,7 +194,7 @@ impl Worker {
             attempts,
             since: catalog::format_time(since),
             stage: report.stage_name().to_owned(),
-            last_error: report.error.clone().unwrap_or_default(),
+            last_error: report.error_text(),
             next_try: catalog::format_time(next_try),
         };
         let folder = self.spool.pipeline_folder();
@@ -386,7 +386,7 @@ impl Worker {
                         "pipeline={} bundle={name}{signer} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
                         self.pipeline.id,
                         report.stage_name(),
-                        report.error.as_deref().unwrap_or_default(),
+                        report.error_text(),
                         to.display()
                     );
                 }

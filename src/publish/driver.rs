@@ -422,7 +422,7 @@ impl<'a> Driver<'a> {
                 || plans.iter().any(|p| !p.clear_first.is_empty());
             if hash_first && let Err(e) = verify_rest(&r.bundle, &mut r.verified, self.workers) {
                 let failed = Error::Bundle(e).fail(r.report);
-                let transient = failed.transient;
+                let transient = failed.transient();
                 reports[index] = Some(failed);
                 if transient {
                     // Tried again later: nothing newer goes before it.
@@ -636,7 +636,7 @@ impl<'a> Driver<'a> {
                     // again later, alone: the batch ends before it, so
                     // that nothing newer is published first (a failed one
                     // is never published, and does not stop the batch).
-                    Err(report) if report.transient => {
+                    Err(report) if report.transient() => {
                         reports.push(Some(*report));
                         return (reports, taken);
                     }

@@ -194,7 +194,7 @@ pub fn rollbacks(
         log::debug!(
             "{}: not planned ({}); nothing it would roll back is known",
             bundle_dir.display(),
-            report.error.as_deref().unwrap_or_default()
+            report.error_text()
         );
     }
     older.into_inner().unwrap_or_else(|e| e.into_inner())
