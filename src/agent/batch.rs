@@ -165,7 +165,6 @@ impl Worker {
         let dirs: Vec<&Path> = claimed.iter().map(|(p, _)| p.as_path()).collect();
         let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
         let options = self.options();
-        let keep_going = || !self.stop.load(Ordering::SeqCst);
         let named: Vec<(&Path, &str)> = claimed
             .iter()
             .map(|(p, n)| (p.as_path(), n.as_str()))
@@ -180,7 +179,7 @@ impl Worker {
                 &dirs,
                 &options,
                 &options.process.per_core(),
-                &keep_going,
+                &self.cancel,
                 Some(&before_commit),
             )
         });

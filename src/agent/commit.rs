@@ -256,10 +256,10 @@ impl Worker {
         if owed.is_empty() {
             return true;
         }
-        if crate::interrupt::requested() {
+        if self.cancel.abandoned() {
             return false;
         }
-        let ran = hooks::run_owed(&self.pipeline, &self.destinations(), owed);
+        let ran = hooks::run_owed(&self.pipeline, &self.destinations(), owed, &self.cancel);
         let stopped = ran.iter().any(|h| h.stopped);
         report.hooks.extend(ran);
         !stopped

@@ -90,7 +90,7 @@ impl Worker {
             }
             // A stop interrupting the work is not a transient failure: the
             // attempt is given back in file_away and the bundle left in work/.
-            if !report.ok && report.transient() && !crate::interrupt::requested() {
+            if !report.ok && report.transient() && !self.cancel.abandoned() {
                 // A first attempt records no count (see spool::count_attempt):
                 // it does now that there is another.
                 if attempt == 1
@@ -140,13 +140,13 @@ impl Worker {
                     ));
                 }
             }
-            if deferral.is_some() && !crate::interrupt::requested() {
+            if deferral.is_some() && !self.cancel.abandoned() {
                 self.undefer();
             }
             // A stop that interrupted the work leaves the bundle and its
             // record as they are (see file_away); anything else is final.
             let mut in_record = false;
-            if report.ok || !crate::interrupt::requested() {
+            if report.ok || !self.cancel.abandoned() {
                 let reports = std::slice::from_ref(&report);
                 let committed =
                     self.record_committed(&bundle, reports, recorded.into_inner(), false);
@@ -298,6 +298,8 @@ impl Worker {
             .get_or_init(|| Ticker::start(self.pipeline.id.clone()));
         let _ticking = ticker.begin(bundles, progress.clone());
         let _counted = crate::progress::enter(Some(progress));
+        // The hashing and copying loops stop at this worker's stop.
+        let _cancel = self.cancel.enter();
         work()
     }
 
@@ -336,7 +338,7 @@ impl Worker {
         report: &RunReport,
         elapsed: u128,
     ) -> Outcome {
-        if !report.ok && crate::interrupt::requested() {
+        if !report.ok && self.cancel.abandoned() {
             // Interrupted by the stop (or failing while stopping): resumed
             // at the next start rather than filed as a failure.
             let _ = spool::uncount_attempt(path);

@@ -32,6 +32,7 @@ use super::{Options, record_plans, verify_rest};
 use crate::catalog::{Catalog, OutputRecord, Overlay, SourceIdentity, State};
 use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
+use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::plan::{self, CatalogUpdate, Desired, Entry, Plan, PlanInput};
 use crate::report::RunReport;
@@ -62,7 +63,8 @@ pub(super) struct Driver<'a> {
     pub(super) destinations: &'a [&'a Destination],
     pub(super) options: &'a Options,
     pub(super) workers: &'a dyn Workers,
-    pub(super) keep_going: &'a (dyn Fn() -> bool + Sync),
+    /// Once finishing, the batch is given up before anything is committed.
+    pub(super) cancel: &'a Cancel,
     /// When set, every planned write or delete of a record whose source
     /// was created after the bundle's is noted here
     /// ([`super::rollbacks`]).
@@ -357,7 +359,7 @@ impl<'a> Driver<'a> {
             Err(outcome) => return outcome,
         };
         let first_report = || ready[0].1.report.clone();
-        if !(self.keep_going)() {
+        if self.cancel.finishing() {
             return self.abort(alone, first_report(), None, Error::Stopped, &roots);
         }
         for (j, root) in roots.iter_mut().enumerate() {
@@ -855,7 +857,7 @@ impl<'a> Driver<'a> {
                     }
                 }
                 crate::failpoint::hit("publish.staged");
-                if !alone && !(self.keep_going)() {
+                if !alone && self.cancel.finishing() {
                     return Err((None, Error::Stopped));
                 }
                 let outcomes = outcomes(&accepted, &merged, &unchanged);
@@ -965,7 +967,7 @@ impl<'a> Driver<'a> {
             let Some(change) = change else { continue };
             let staged = root
                 .target
-                .stage(change, self.workers, self.keep_going)
+                .stage(change, self.workers, self.cancel)
                 .map_err(|e| (Some(j), e))?;
             for ((k, d), s) in merged[j].writes.iter().zip(&staged) {
                 let from_bundle = !accepted[*k].ready.prepared[j]

@@ -162,6 +162,10 @@ impl Error {
     /// Whether publishing the same bundle again later may succeed without
     /// anyone changing anything.
     pub fn is_transient(&self) -> bool {
+        // Given up by a stop: published at the next start.
+        if self.is_stopped() {
+            return true;
+        }
         match self {
             Error::Bundle(e) => e.is_transient(),
             Error::Prepare(e)
@@ -200,7 +204,7 @@ impl Error {
         match self {
             Error::Stopped => true,
             Error::Write { source, .. } | Error::Prepare(source) => {
-                source.kind() == io::ErrorKind::Interrupted || crate::interrupt::is_stopped(source)
+                crate::interrupt::is_stopped(source)
             }
             Error::Store(e) => e.is_stopped(),
             Error::Commit { source, .. } => source.is_stopped(),

@@ -275,13 +275,14 @@ impl Target for LocalTarget {
         &mut self,
         change: &Change<'_>,
         workers: &dyn Workers,
-        keep_going: &(dyn Fn() -> bool + Sync),
+        cancel: &crate::interrupt::Cancel,
     ) -> Result<Vec<Staged>, Error> {
-        let staged = stage::stage(self.root(), change, workers, keep_going, &self.process)
-            .map_err(|f| match f {
+        let staged = stage::stage(self.root(), change, workers, cancel, &self.process).map_err(
+            |f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
                 Failure::Io(e) => self.write_error(never_fits(self.root(), change, e)),
-            })?;
+            },
+        )?;
         let outcome = staged
             .outputs
             .iter()
@@ -428,12 +429,18 @@ fn delete_through_engine(
             "cannot write {JOURNAL_FILE} and the new {STATE_FILE}"
         ))
     };
-    let mut staged =
-        stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
-            Failure::Io(e) => staging()(e),
-            // Nothing is copied from a bundle.
-            Failure::Bundle(e) => staging()(io::Error::other(e.to_string())),
-        })?;
+    let mut staged = stage::stage(
+        root,
+        change,
+        &InOrder,
+        &crate::interrupt::Cancel::new(),
+        process,
+    )
+    .map_err(|f| match f {
+        Failure::Io(e) => staging()(e),
+        // Nothing is copied from a bundle.
+        Failure::Bundle(e) => staging()(io::Error::other(e.to_string())),
+    })?;
     stage::make_durable(root, &mut staged, process).map_err(staging())?;
     stage::commit(root, change, staged, process).map_err(|CommitFailure { step, source }| {
         let doing = match step {

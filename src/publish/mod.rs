@@ -11,6 +11,7 @@
 
 use crate::bundle::{self, VerifiedBundle};
 use crate::config::{Destination, Pipeline};
+use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::plan::Plan;
 use crate::report::RunReport;
@@ -80,7 +81,8 @@ pub fn publish(
 ) -> RunReport {
     let mut report = publish_recorded(pipeline, destinations, bundle_dir, options, None);
     let owed = crate::hooks::owed(pipeline, destinations, &folder_name(bundle_dir), &report);
-    report.hooks = crate::hooks::run_owed(pipeline, destinations, &owed);
+    // `run` is not asked to stop: its hooks run to their end or timeout.
+    report.hooks = crate::hooks::run_owed(pipeline, destinations, &owed, &Cancel::new());
     report
 }
 
@@ -106,7 +108,9 @@ pub fn publish_recorded(
         destinations,
         options,
         workers: &options.process.per_core(),
-        keep_going: &|| true,
+        // A single bundle is finished in hand: only the token its caller
+        // entered on the thread (crate::interrupt) abandons its copying.
+        cancel: &Cancel::new(),
         older: None,
         before_commit,
         tombstones: Default::default(),
@@ -182,7 +186,9 @@ pub fn rollbacks(
         destinations,
         options: &options,
         workers: &options.process.per_core(),
-        keep_going: &|| true,
+        // A single bundle is finished in hand: only the token its caller
+        // entered on the thread (crate::interrupt) abandons its copying.
+        cancel: &Cancel::new(),
         older: Some(&older),
         before_commit: None,
         tombstones: Default::default(),
@@ -214,7 +220,7 @@ pub enum Batch {
     /// the log line and the fallback counter; ordinary input (nested
     /// folders, new prefixes, overlapping paths) never ends here.
     OneByOne { cause: Error },
-    /// Abandoned because `keep_going` said stop; nothing was published.
+    /// Abandoned because `cancel` was finishing; nothing was published.
     Stopped,
 }
 
@@ -223,8 +229,8 @@ pub enum Batch {
 /// what the reports owe ([`crate::hooks::owed`]), once per bundle in
 /// arrival order, after `before_commit` was told of the commit.
 ///
-/// `keep_going` is asked before planning, before each staged file and
-/// before committing; when it answers false (the agent is stopping), the
+/// `cancel` is asked before planning, before each staged file and
+/// before committing; once it is finishing (the agent is stopping), the
 /// batch is abandoned before anything is committed and [`Batch::Stopped`]
 /// is returned.
 pub fn publish_batch(
@@ -233,7 +239,7 @@ pub fn publish_batch(
     bundles: &[&Path],
     options: &Options,
     workers: &dyn Workers,
-    keep_going: &(dyn Fn() -> bool + Sync),
+    cancel: &Cancel,
     before_commit: Option<&BeforeCommit>,
 ) -> Batch {
     let driver = Driver {
@@ -241,7 +247,7 @@ pub fn publish_batch(
         destinations,
         options,
         workers,
-        keep_going,
+        cancel,
         older: None,
         before_commit,
         tombstones: Default::default(),
@@ -249,7 +255,7 @@ pub fn publish_batch(
     match driver.run(bundles) {
         Outcome::Reports(reports) => Batch::Done(reports),
         Outcome::OneFirst => Batch::OneFirst,
-        Outcome::Aborted(e) if e.is_stopped() || !keep_going() => Batch::Stopped,
+        Outcome::Aborted(e) if e.is_stopped() || cancel.finishing() => Batch::Stopped,
         Outcome::Aborted(cause) => Batch::OneByOne { cause },
     }
 }

@@ -112,7 +112,7 @@ pub(crate) trait Target {
         &mut self,
         change: &Change<'_>,
         workers: &dyn Workers,
-        keep_going: &(dyn Fn() -> bool + Sync),
+        cancel: &crate::interrupt::Cancel,
     ) -> Result<Vec<Staged>, Error>;
 
     /// Makes what was staged durable.
