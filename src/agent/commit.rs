@@ -34,7 +34,7 @@ pub(super) type Bundles<'b> = &'b [(PathBuf, String)];
 /// What step 2 left: per report, the hooks it owes, and whether the
 /// record names these bundles (then [`Worker::forget_filed`] has records
 /// to drop once they are filed).
-pub(super) struct Committed {
+pub(super) struct AfterCommit {
     pub(super) owed: Vec<Vec<Owed>>,
     pub(super) recorded: bool,
 }
@@ -120,7 +120,7 @@ impl Worker {
         reports: &[RunReport],
         recorded: bool,
         retried: bool,
-    ) -> Committed {
+    ) -> AfterCommit {
         crate::failpoint::hit("agent.committed");
         let destinations = self.destinations();
         let (mut unfiled, readable) = match self.record() {
@@ -182,7 +182,7 @@ impl Worker {
         }
         self.remember_deletions(reports);
         crate::failpoint::hit("agent.recorded");
-        Committed {
+        AfterCommit {
             owed: owed_all,
             recorded: write,
         }

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 /// How processing one bundle ended.
-pub(super) enum Outcome {
-    Finished,
+pub(super) enum Processed {
+    /// Filed into done/ or failed/.
+    Filed,
     /// Left in work/ (stopping, or the spool move failed).
     Left,
 }
@@ -25,7 +26,7 @@ impl Worker {
     /// Publishes the bundle at `path` (in work/), deferring it after a
     /// transient failure (retried with backoff, docs/contract.md §18.1),
     /// then files it into done/ or failed/.
-    pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
+    pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Processed {
         let folder = self.spool.pipeline_folder();
         // A deferral recorded before a restart keeps its age and its next try.
         let mut deferral = self.recorded_deferral(name);
@@ -155,14 +156,14 @@ impl Worker {
                     && !self.run_hooks(owed, &mut report)
                 {
                     self.left_owing_hooks(name);
-                    return Outcome::Left;
+                    return Processed::Left;
                 }
             }
-            let outcome = self.file_away(path, name, &report, elapsed);
+            let processed = self.file_away(path, name, &report, elapsed);
             if in_record {
                 self.forget_filed(&bundle);
             }
-            return outcome;
+            return processed;
         }
     }
 
@@ -226,12 +227,12 @@ impl Worker {
 
     /// Stopping while a bundle is deferred: it stays in work/, its record
     /// too, and the next start resumes the deferral.
-    fn left_deferred(&self, name: &str) -> Outcome {
+    fn left_deferred(&self, name: &str) -> Processed {
         log::info!(
             "pipeline={} bundle={name}: deferred, left in work/ for the next start",
             self.pipeline.id
         );
-        Outcome::Left
+        Processed::Left
     }
 
     /// Waits `pause` before the next attempt of a deferred bundle, or less
@@ -337,7 +338,7 @@ impl Worker {
         name: &str,
         report: &RunReport,
         elapsed: u128,
-    ) -> Outcome {
+    ) -> Processed {
         if !report.ok && self.cancel.abandoned() {
             // Interrupted by the stop (or failing while stopping): resumed
             // at the next start rather than filed as a failure.
@@ -347,7 +348,7 @@ impl Worker {
                 self.pipeline.id,
                 crate::inert::inert(name)
             );
-            return Outcome::Left;
+            return Processed::Left;
         }
         let actions = report.actions();
         match spool::finish(&self.spool, path, name, report) {
@@ -392,7 +393,7 @@ impl Worker {
                         to.display()
                     );
                 }
-                Outcome::Finished
+                Processed::Filed
             }
             Err(e) => {
                 self.tally.left.fetch_add(1, Ordering::Relaxed);
@@ -418,7 +419,7 @@ impl Worker {
                     self.spool.done.display(),
                     self.spool.failed.display()
                 );
-                Outcome::Left
+                Processed::Left
             }
         }
     }
