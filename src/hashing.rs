@@ -67,7 +67,7 @@ pub fn copy_hashed(
             None => buf.len(),
         };
         // A stop request ends even a terabyte-sized read within one chunk.
-        crate::interrupt::check()?;
+        crate::interrupt::check_entered()?;
         let n = match reader.read(&mut buf[..want]) {
             Ok(0) => break,
             Ok(n) => n,

@@ -12,6 +12,7 @@
 //! among them) are never passed on.
 
 use crate::config::{Destination, Hooks, Pipeline};
+use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::report::{DestinationReport, HookReport, RunReport};
 use serde::Serialize;
@@ -110,11 +111,13 @@ pub fn owed(
 /// Runs the hooks of `owed`, in order, each with the `after_publish`
 /// command and timeout its destination has now, and says how each ended.
 /// A destination that no longer has a hook (or is gone from the
-/// pipeline) is logged and skipped.
+/// pipeline) is logged and skipped. A hook still running once `cancel`
+/// is abandoned is killed, and says it was stopped.
 pub fn run_owed(
     pipeline: &Pipeline,
     destinations: &[&Destination],
     owed: &[Owed],
+    cancel: &Cancel,
 ) -> Vec<HookReport> {
     let mut ran = Vec::new();
     for o in owed {
@@ -131,7 +134,7 @@ pub fn run_owed(
             );
             continue;
         };
-        let run = run(hooks, o.input.as_bytes(), &o.destination_id);
+        let run = run(hooks, o.input.as_bytes(), &o.destination_id, cancel);
         log_run(&pipeline.id, &o.bundle, hooks, &run);
         ran.push(run);
     }
@@ -187,9 +190,9 @@ fn first_line(output: &str) -> Option<&str> {
 }
 
 /// Runs one hook with `input` on its standard input.
-fn run(hooks: &Hooks, input: &[u8], destination_id: &str) -> HookReport {
+fn run(hooks: &Hooks, input: &[u8], destination_id: &str, cancel: &Cancel) -> HookReport {
     let started = Instant::now();
-    let outcome = spawn_and_wait(hooks, input);
+    let outcome = spawn_and_wait(hooks, input, cancel);
     let (exit, output, error, stopped) = match outcome {
         Ok(ended) => ended,
         Err(e) => (
@@ -225,7 +228,7 @@ fn input_file(input: &[u8]) -> io::Result<std::fs::File> {
     Ok(file)
 }
 
-fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
+fn spawn_and_wait(hooks: &Hooks, input: &[u8], cancel: &Cancel) -> io::Result<Ended> {
     let argv = &hooks.after_publish;
     let stdin = input_file(input)?;
     let (mut reader, writer) = io::pipe()?;
@@ -312,7 +315,7 @@ fn spawn_and_wait(hooks: &Hooks, input: &[u8]) -> io::Result<Ended> {
                 "was still running after its timeout of {} and was killed",
                 crate::config::format_duration(hooks.timeout)
             ))
-        } else if crate::interrupt::requested() {
+        } else if cancel.abandoned() {
             stopped = true;
             Some("was killed because the agent was stopping".to_owned())
         } else {
@@ -380,7 +383,7 @@ mod tests {
             "cat; printf 'on stderr' >&2; head -c 10000 /dev/zero | tr '\\0' x",
             Duration::from_secs(30),
         );
-        let r = run(&h, b"{\"writes\":[\"a\"]}", "site");
+        let r = run(&h, b"{\"writes\":[\"a\"]}", "site", &Cancel::new());
         assert_eq!(r.exit, Some(0), "{r:?}");
         assert_eq!(r.error, None);
         assert_eq!(r.output.len(), OUTPUT_KEPT);
@@ -399,7 +402,7 @@ mod tests {
             Duration::from_secs(30),
         );
         let input = vec![b'x'; 1 << 20];
-        let r = run(&h, &input, "site");
+        let r = run(&h, &input, "site", &Cancel::new());
         assert_eq!(r.exit, Some(0), "{r:?}");
         let lines: Vec<&str> = r.output.lines().map(str::trim).collect();
         assert_eq!(lines, ["file", "1048576"], "{r:?}");
@@ -421,7 +424,7 @@ mod tests {
             ),
             Duration::from_secs(30),
         );
-        let r = run(&h, &vec![b'x'; 4 << 20], "site");
+        let r = run(&h, &vec![b'x'; 4 << 20], "site", &Cancel::new());
         assert_eq!(r.exit, Some(0), "{r:?}");
         let child: i32 = std::fs::read_to_string(&marker)
             .unwrap()
@@ -523,7 +526,7 @@ mod tests {
     #[test]
     fn a_failing_or_missing_hook_is_reported_not_raised() {
         let (_dir, h) = hooks("echo nope; exit 3", Duration::from_secs(30));
-        let r = run(&h, b"{}", "site");
+        let r = run(&h, b"{}", "site", &Cancel::new());
         assert_eq!(r.exit, Some(3));
         assert_eq!(r.error.as_deref(), Some("exited with status 3"));
         assert_eq!(r.output, "nope\n");
@@ -531,7 +534,7 @@ mod tests {
         let (dir, mut h) = hooks("", Duration::from_secs(30));
         std::fs::remove_file(dir.path().join("hook")).unwrap();
         h.after_publish[0] = dir.path().join("hook").display().to_string();
-        let r = run(&h, b"{}", "site");
+        let r = run(&h, b"{}", "site", &Cancel::new());
         assert_eq!(r.exit, None);
         assert!(
             r.error.as_deref().unwrap().starts_with("could not start"),
@@ -552,7 +555,7 @@ mod tests {
             // Long enough for the shell to start its child on a busy machine.
             Duration::from_secs(3),
         );
-        let r = run(&h, b"{}", "site");
+        let r = run(&h, b"{}", "site", &Cancel::new());
         assert_eq!(r.exit, None);
         assert!(
             r.error.as_deref().unwrap().contains("timeout of 3s"),
@@ -589,7 +592,7 @@ mod tests {
             "env | sort | cut -d= -f1 | tr '\\n' ' '; echo; ls /proc/self/fd | tr '\\n' ' '; echo; ps -o tty= -p $$ 2>/dev/null || cat /proc/self/stat | cut -d' ' -f7",
             Duration::from_secs(30),
         );
-        let r = run(&h, b"{}", "site");
+        let r = run(&h, b"{}", "site", &Cancel::new());
         assert_eq!(r.exit, Some(0), "{r:?}");
         let names: Vec<&str> = r
             .output

@@ -7,12 +7,12 @@
 //! reaches them; a test makes its own, so that no test sees another's
 //! caches (docs/architecture.md, "What a process keeps").
 //!
-//! Still process-wide on purpose, and so not here: the stop flag set from
-//! a signal handler (`interrupt`), the counters that make names unique
-//! (`replace_file`, `s3`), the agent's count of spool folders served
-//! (`agent`), the failpoint hooks of the test build (`failpoint`), the
-//! catalog's fingerprint keys (`catalog`) and the per-thread state of
-//! `progress` and `s3::failure`. Held outside it as well: the threads that
+//! Still process-wide on purpose, and so not here: the counters that make
+//! names unique (`replace_file`, `s3`), the agent's count of spool folders
+//! served (`agent`), the failpoint hooks of the test build (`failpoint`),
+//! the catalog's fingerprint keys (`catalog`) and the per-thread state of
+//! `progress`, `interrupt` (the stop the agent entered) and `s3::failure`.
+//! The agent makes its stop (`interrupt::Cancel`) and passes it down. Held outside it as well: the threads that
 //! close replaced files (`replace_file`), which every write through
 //! `storage` reaches.
 

@@ -359,7 +359,7 @@ impl Child {
         log::debug!("renderer process {} started", process.id());
         live().push(process.id());
         // Started after a stop's kill_all: it would render unchecked.
-        if crate::interrupt::requested() {
+        if crate::interrupt::entered_abandoned() {
             let _ = process.kill();
         }
         Ok(Child {

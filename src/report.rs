@@ -4,8 +4,77 @@
 
 use crate::inert::inert;
 use serde::Serialize;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// What a report needs to know of the error a publication failed with:
+/// where it happened, whether trying again later may succeed, and whether
+/// planning refused it. `publish::Error` is the one implementation; this
+/// module knows it only through the trait, so that it stays below
+/// `publish` (no import circle).
+pub trait Failure: std::error::Error + Send + Sync + 'static {
+    /// The step the publication stopped at (docs/contract.md §11.20).
+    fn stage(&self) -> Stage;
+    /// Publishing the same bundle again later may succeed without anyone
+    /// changing anything.
+    fn is_transient(&self) -> bool;
+    /// Planning refused the publication (exit 3).
+    fn is_refused(&self) -> bool;
+}
+
+/// The error a publication failed with: the value itself, not its text,
+/// plus what the agent added to its message after giving up on it. It
+/// serialises as the message (the `error` key of the result document).
+#[derive(Debug, Clone)]
+pub struct RunError {
+    failure: Arc<dyn Failure>,
+    /// Appended to the message, as it is: the agent's account of its
+    /// attempts (empty when there is none).
+    note: String,
+}
+
+impl RunError {
+    pub fn new(failure: impl Failure) -> RunError {
+        RunError {
+            failure: Arc::new(failure),
+            note: String::new(),
+        }
+    }
+
+    /// The error value.
+    pub fn failure(&self) -> &dyn Failure {
+        &*self.failure
+    }
+
+    /// Adds `text` at the end of the message.
+    pub fn add_note(&mut self, text: &str) {
+        self.note.push_str(text);
+    }
+
+    /// The process exit code of a publication that failed with this
+    /// error (docs/contract.md §9).
+    pub fn exit_code(&self) -> u8 {
+        use crate::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
+        match self.failure.stage() {
+            Stage::Config => EXIT_USAGE,
+            Stage::Plan if self.failure.is_refused() => EXIT_REFUSED,
+            _ => EXIT_FAILURE,
+        }
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.failure, self.note)
+    }
+}
+
+impl Serialize for RunError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
 
 /// Where a failure happened (docs/contract.md §11.20).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -104,8 +173,10 @@ pub struct RunReport {
     pub pipeline_id: String,
     pub source: Option<SourceReport>,
     pub destinations: Vec<DestinationReport>,
+    /// Where the publication failed: its error's stage, kept beside it
+    /// for the result document.
     pub stage: Option<Stage>,
-    pub error: Option<String>,
+    pub error: Option<RunError>,
     /// Who signed the bundle (docs/contract.md §17.4): `null` when the
     /// pipeline takes unsigned bundles or this one was not signed.
     pub signer: Option<crate::signature::Signer>,
@@ -116,9 +187,6 @@ pub struct RunReport {
     /// when none ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<HookReport>,
-    /// Worth retrying later (lock timeout, I/O error); not serialised.
-    #[serde(skip)]
-    pub transient: bool,
     /// Bytes written into destination roots; not serialised.
     #[serde(skip)]
     pub bytes_published: u64,
@@ -130,9 +198,6 @@ pub struct RunReport {
     /// much else waited to be written back on the machine; not serialised.
     #[serde(skip)]
     pub synced_file_by_file: u64,
-    /// Planning refused the publication (exit 3); not serialised.
-    #[serde(skip)]
-    pub refused: bool,
     /// Non-fatal notes (unlisted bundle files); not serialised.
     #[serde(skip)]
     pub warnings: Vec<String>,
@@ -170,8 +235,6 @@ impl RunReport {
             signer: None,
             signature_refused: None,
             hooks: Vec::new(),
-            transient: false,
-            refused: false,
             bytes_published: 0,
             copied_across: 0,
             synced_file_by_file: 0,
@@ -179,8 +242,8 @@ impl RunReport {
         }
     }
 
-    /// Marks the report failed at `stage`.
-    pub fn fail(mut self, stage: Stage, error: impl Into<String>, transient: bool) -> RunReport {
+    /// Marks the report failed with `error`, at its stage.
+    pub fn fail(mut self, error: impl Failure) -> RunReport {
         self.ok = false;
         // What was planned was not done: a failed publication changes no
         // root (docs/contract.md §6).
@@ -190,21 +253,31 @@ impl RunReport {
             d.unchanged.clear();
         }
         self.bytes_published = 0;
-        self.stage = Some(stage);
-        self.error = Some(error.into());
-        self.transient = transient;
+        self.stage = Some(error.stage());
+        self.error = Some(RunError::new(error));
         self
+    }
+
+    /// Worth retrying later (lock timeout, I/O error): its error says so.
+    pub fn transient(&self) -> bool {
+        self.error
+            .as_ref()
+            .is_some_and(|e| e.failure().is_transient())
+    }
+
+    /// The message of its error, or "" on success.
+    pub fn error_text(&self) -> String {
+        self.error
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
     }
 
     /// The process exit code for this result (docs/contract.md §9).
     pub fn exit_code(&self) -> u8 {
-        use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
-        match self.stage {
-            None => EXIT_OK,
-            Some(Stage::Config) => EXIT_USAGE,
-            Some(Stage::Plan) if self.refused => EXIT_REFUSED,
-            Some(_) => EXIT_FAILURE,
-        }
+        self.error
+            .as_ref()
+            .map_or(crate::exit::EXIT_OK, RunError::exit_code)
     }
 
     /// `dest=action` for every destination, space-separated: the heart of
@@ -380,7 +453,8 @@ impl RunReport {
         }
         match (&self.stage, &self.error) {
             (Some(stage), Some(error)) => {
-                let _ = writeln!(out, "failed at {}: {}", stage.as_str(), inert(error));
+                let error = error.to_string();
+                let _ = writeln!(out, "failed at {}: {}", stage.as_str(), inert(&error));
             }
             _ => {
                 let _ = writeln!(out, "ok");
@@ -422,6 +496,22 @@ mod tests {
 
     use super::*;
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("disk full")]
+    struct DiskFull;
+
+    impl Failure for DiskFull {
+        fn stage(&self) -> Stage {
+            Stage::Publish
+        }
+        fn is_transient(&self) -> bool {
+            true
+        }
+        fn is_refused(&self) -> bool {
+            false
+        }
+    }
+
     fn report(writes: usize, unmanaged: usize) -> RunReport {
         let mut r = RunReport::new("reports", false);
         r.source = Some(SourceReport {
@@ -442,7 +532,9 @@ mod tests {
 
     #[test]
     fn a_failed_report_calls_its_counts_planned_and_wrote_nothing() {
-        let r = report(3, 0).fail(Stage::Publish, "disk full", true);
+        let r = report(3, 0).fail(DiskFull);
+        assert!(r.transient());
+        assert_eq!(r.exit_code(), crate::exit::EXIT_FAILURE);
         let d = &r.destinations[0];
         assert!(d.writes.is_empty() && d.deletes.is_empty());
         assert_eq!(d.planned_writes.len(), 3);

@@ -64,13 +64,17 @@ impl Workers for PerCore {
             return InOrder.run_all(jobs);
         }
         let queue = Mutex::new(jobs.into_iter());
-        // What the jobs read counts towards the caller's progress.
+        // What the jobs read counts towards the caller's progress, and
+        // stops at the caller's stop.
         let progress = crate::progress::current();
+        let cancel = crate::interrupt::entered();
         std::thread::scope(|scope| {
             for _ in 0..self.0 {
                 let progress = progress.clone();
+                let cancel = cancel.clone();
                 scope.spawn(|| {
                     let _counted = crate::progress::enter(progress);
+                    let _cancel = cancel.map(|c| c.enter());
                     loop {
                         let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                         match job {
@@ -125,9 +129,14 @@ pub fn beside<A: Send, B>(there: impl FnOnce() -> A + Send, here: impl FnOnce() 
     // Taken back when the thread cannot be started.
     let there = Mutex::new(Some(there));
     let take = || there.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // `there` stops at the caller's stop.
+    let cancel = crate::interrupt::entered();
     std::thread::scope(|scope| {
         let started = std::thread::Builder::new()
-            .spawn_scoped(scope, || take().map(|f| f()))
+            .spawn_scoped(scope, || {
+                let _cancel = cancel.as_ref().map(crate::interrupt::Cancel::enter);
+                take().map(|f| f())
+            })
             .ok();
         let b = here();
         let a = match started {

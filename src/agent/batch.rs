@@ -165,7 +165,6 @@ impl Worker {
         let dirs: Vec<&Path> = claimed.iter().map(|(p, _)| p.as_path()).collect();
         let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
         let options = self.options();
-        let keep_going = || !self.stop.load(Ordering::SeqCst);
         let named: Vec<(&Path, &str)> = claimed
             .iter()
             .map(|(p, n)| (p.as_path(), n.as_str()))
@@ -180,7 +179,7 @@ impl Worker {
                 &dirs,
                 &options,
                 &options.process.per_core(),
-                &keep_going,
+                &self.cancel,
                 Some(&before_commit),
             )
         });
@@ -213,7 +212,7 @@ impl Worker {
                     for w in &report.warnings {
                         log::warn!("pipeline={} bundle={name}: {w}", self.pipeline.id);
                     }
-                    if !report.ok && report.transient {
+                    if !report.ok && report.transient() {
                         // Retried alone, with backoff, counting the batch's attempt.
                         if let Err(e) = spool::set_attempts(path, *attempt) {
                             log::error!(

@@ -34,7 +34,7 @@ pub(super) type Bundles<'b> = &'b [(PathBuf, String)];
 /// What step 2 left: per report, the hooks it owes, and whether the
 /// record names these bundles (then [`Worker::forget_filed`] has records
 /// to drop once they are filed).
-pub(super) struct Committed {
+pub(super) struct AfterCommit {
     pub(super) owed: Vec<Vec<Owed>>,
     pub(super) recorded: bool,
 }
@@ -120,7 +120,7 @@ impl Worker {
         reports: &[RunReport],
         recorded: bool,
         retried: bool,
-    ) -> Committed {
+    ) -> AfterCommit {
         crate::failpoint::hit("agent.committed");
         let destinations = self.destinations();
         let (mut unfiled, readable) = match self.record() {
@@ -136,7 +136,7 @@ impl Worker {
             .any(|(_, name)| unfiled.contains_key(name));
         let mut owed_all = Vec::new();
         for ((path, name), report) in bundles.iter().zip(reports) {
-            if retried && !report.ok && report.transient {
+            if retried && !report.ok && report.transient() {
                 owed_all.push(None);
                 continue;
             }
@@ -182,7 +182,7 @@ impl Worker {
         }
         self.remember_deletions(reports);
         crate::failpoint::hit("agent.recorded");
-        Committed {
+        AfterCommit {
             owed: owed_all,
             recorded: write,
         }
@@ -256,10 +256,10 @@ impl Worker {
         if owed.is_empty() {
             return true;
         }
-        if crate::interrupt::requested() {
+        if self.cancel.abandoned() {
             return false;
         }
-        let ran = hooks::run_owed(&self.pipeline, &self.destinations(), owed);
+        let ran = hooks::run_owed(&self.pipeline, &self.destinations(), owed, &self.cancel);
         let stopped = ran.iter().any(|h| h.stopped);
         report.hooks.extend(ran);
         !stopped

@@ -8,12 +8,13 @@
 //! through `publish::publish`, the same code path as `distributor run`.
 
 use crate::config::{self, Config};
+use crate::interrupt::Cancel;
 use crate::metrics::Metrics;
 use crate::spool::Spool;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -150,13 +151,13 @@ fn keep_in_force(config: &Config, path: &Path) {
     }
 }
 
-/// Interrupts long hashing, copying and rendering once `grace` has
-/// passed: the bundle then in hand stays in work/ and is resumed at the
-/// next start.
-fn interrupt_after(grace: Duration) {
+/// Abandons `cancel` (long hashing, copying, rendering and hooks) once
+/// `grace` has passed: the bundle then in hand stays in work/ and is
+/// resumed at the next start.
+fn abandon_after(grace: Duration, cancel: Cancel) {
     std::thread::spawn(move || {
         std::thread::sleep(grace);
-        crate::interrupt::request();
+        cancel.abandon();
         crate::render_child::kill_all();
     });
 }
@@ -173,23 +174,27 @@ fn create_spools(config: &Config) -> Result<(), AgentError> {
 fn run_once(config: &Config, process: &ProcessState) -> bool {
     let tally = Arc::new(Tally::default());
     tally.metrics.configure(config);
-    let stop = Arc::new(AtomicBool::new(false));
+    let cancel = Cancel::new();
     // First SIGTERM/SIGINT: finish the bundles in hand and stop; second: exit.
+    let finish = cancel.finish_flag();
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        let registered =
-            signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
-                .and_then(|_| signal_hook::flag::register(signal, stop.clone()));
+        let registered = signal_hook::flag::register_conditional_shutdown(
+            signal,
+            crate::exit::EXIT_INTERRUPTED.into(),
+            finish.clone(),
+        )
+        .and_then(|_| signal_hook::flag::register(signal, finish.clone()));
         if let Err(e) = registered {
             log::warn!("cannot install a handler for signal {signal}: {e}");
         }
     }
     {
-        let stop = stop.clone();
+        let cancel = cancel.clone();
         std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
+            while !cancel.finishing() {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            interrupt_after(STOP_GRACE);
+            abandon_after(STOP_GRACE, cancel);
         });
     }
     // The senders outlive the workers: nobody wakes a --once worker, but a
@@ -197,7 +202,7 @@ fn run_once(config: &Config, process: &ProcessState) -> bool {
     let mut senders = Vec::new();
     std::thread::scope(|scope| {
         for p in &config.pipelines {
-            let worker = Worker::new(config, p, tally.clone(), stop.clone(), true, process);
+            let worker = Worker::new(config, p, tally.clone(), cancel.clone(), true, process);
             let (tx, rx) = crossbeam_channel::unbounded::<Wake>();
             senders.push(tx);
             scope.spawn(move || worker.run(&rx));
@@ -261,13 +266,19 @@ fn once_summary(
 struct Running {
     senders: Vec<Sender<Wake>>,
     threads: Vec<JoinHandle<()>>,
-    stop: Arc<AtomicBool>,
+    /// Of these threads: finished when they stop (a reload, or the end),
+    /// abandoned with the agent's.
+    cancel: Cancel,
     _watcher: Option<notify::RecommendedWatcher>,
 }
 
 impl Running {
-    fn start(config: &Config, metrics: &Arc<Metrics>, process: &ProcessState) -> Running {
-        let stop = Arc::new(AtomicBool::new(false));
+    fn start(
+        config: &Config,
+        metrics: &Arc<Metrics>,
+        cancel: Cancel,
+        process: &ProcessState,
+    ) -> Running {
         metrics.configure(config);
         let tally = Arc::new(Tally {
             metrics: metrics.clone(),
@@ -291,7 +302,7 @@ impl Running {
         let mut senders = Vec::new();
         let mut threads = Vec::new();
         for (p, (tx, rx)) in config.pipelines.iter().zip(channels) {
-            let worker = Worker::new(config, p, tally.clone(), stop.clone(), false, process);
+            let worker = Worker::new(config, p, tally.clone(), cancel.clone(), false, process);
             let name = format!("pipeline-{}", p.id);
             let thread = std::thread::Builder::new()
                 .name(name)
@@ -303,7 +314,7 @@ impl Running {
         Running {
             senders,
             threads,
-            stop,
+            cancel,
             _watcher: watcher,
         }
     }
@@ -316,7 +327,7 @@ impl Running {
 
     /// Stops claiming, lets each pipeline finish its bundle, joins.
     fn stop(self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.cancel.finish();
         for tx in &self.senders {
             let _ = tx.send(Wake::Stop);
         }
@@ -341,18 +352,21 @@ fn run_forever(
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| AgentError::Start(format!("cannot install signal handlers: {e}")))?;
     let (control_tx, control_rx) = crossbeam_channel::unbounded();
-    let terminating = Arc::new(AtomicBool::new(false));
+    // The agent's stop; each set of pipeline threads finishes on a child
+    // of its own (a reload finishes one set and starts another).
+    let cancel = Cancel::new();
     {
-        let terminating = terminating.clone();
+        let cancel = cancel.clone();
         std::thread::spawn(move || {
             for signal in signals.forever() {
                 if signal == SIGHUP {
                     let _ = control_tx.send(Control::Reload);
-                } else if terminating.swap(true, Ordering::SeqCst) {
+                } else if cancel.finishing() {
                     log::warn!("second stop signal: exiting at once");
                     std::process::exit(crate::exit::EXIT_INTERRUPTED.into());
                 } else {
-                    interrupt_after(STOP_GRACE);
+                    cancel.finish();
+                    abandon_after(STOP_GRACE, cancel.clone());
                     let _ = control_tx.send(Control::Terminate);
                 }
             }
@@ -364,7 +378,7 @@ fn run_forever(
         config_path.display()
     );
     let metrics = Arc::new(Metrics::new());
-    let mut running = Running::start(&config, &metrics, process);
+    let mut running = Running::start(&config, &metrics, cancel.child(), process);
     let mut maintenance = Maintenance::start(&config, &metrics, process);
     let notifier = Arc::new(Notifier::from_env());
     let configured = Arc::new(AtomicUsize::new(config.pipelines.len()));
@@ -399,7 +413,7 @@ fn run_forever(
                         maintenance.stop();
                         running.stop();
                         config = new;
-                        running = Running::start(&config, &metrics, process);
+                        running = Running::start(&config, &metrics, cancel.child(), process);
                         maintenance = Maintenance::start(&config, &metrics, process);
                         configured.store(config.pipelines.len(), Ordering::SeqCst);
                         metrics.set_reload_refused(None);

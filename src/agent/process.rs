@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use time::OffsetDateTime;
 
 /// How processing one bundle ended.
-pub(super) enum Outcome {
-    Finished,
+pub(super) enum Processed {
+    /// Filed into done/ or failed/.
+    Filed,
     /// Left in work/ (stopping, or the spool move failed).
     Left,
 }
@@ -25,7 +26,7 @@ impl Worker {
     /// Publishes the bundle at `path` (in work/), deferring it after a
     /// transient failure (retried with backoff, docs/contract.md §18.1),
     /// then files it into done/ or failed/.
-    pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Outcome {
+    pub(super) fn process(&self, path: &Path, name: &str, rx: &Receiver<Wake>) -> Processed {
         let folder = self.spool.pipeline_folder();
         // A deferral recorded before a restart keeps its age and its next try.
         let mut deferral = self.recorded_deferral(name);
@@ -90,7 +91,7 @@ impl Worker {
             }
             // A stop interrupting the work is not a transient failure: the
             // attempt is given back in file_away and the bundle left in work/.
-            if !report.ok && report.transient && !crate::interrupt::requested() {
+            if !report.ok && report.transient() && !self.cancel.abandoned() {
                 // A first attempt records no count (see spool::count_attempt):
                 // it does now that there is another.
                 if attempt == 1
@@ -116,7 +117,7 @@ impl Worker {
                             .map(|m| format!("/{m}"))
                             .unwrap_or_default(),
                         report.stage_name(),
-                        report.error.as_deref().unwrap_or_default(),
+                        report.error_text(),
                         d.since,
                         crate::config::format_duration(pause),
                         self.pipeline.id
@@ -128,7 +129,7 @@ impl Worker {
                     continue;
                 }
                 if let Some(error) = &mut report.error {
-                    error.push_str(&format!(
+                    error.add_note(&format!(
                         " (tried {attempt} times, deferred since {}; the agent gave up at {}. When the cause is fixed: `distributor spool retry {} {name}`)",
                         catalog::format_time(since),
                         if agent.max_attempts.is_some_and(|m| attempt >= m) {
@@ -140,13 +141,13 @@ impl Worker {
                     ));
                 }
             }
-            if deferral.is_some() && !crate::interrupt::requested() {
+            if deferral.is_some() && !self.cancel.abandoned() {
                 self.undefer();
             }
             // A stop that interrupted the work leaves the bundle and its
             // record as they are (see file_away); anything else is final.
             let mut in_record = false;
-            if report.ok || !crate::interrupt::requested() {
+            if report.ok || !self.cancel.abandoned() {
                 let reports = std::slice::from_ref(&report);
                 let committed =
                     self.record_committed(&bundle, reports, recorded.into_inner(), false);
@@ -155,14 +156,14 @@ impl Worker {
                     && !self.run_hooks(owed, &mut report)
                 {
                     self.left_owing_hooks(name);
-                    return Outcome::Left;
+                    return Processed::Left;
                 }
             }
-            let outcome = self.file_away(path, name, &report, elapsed);
+            let processed = self.file_away(path, name, &report, elapsed);
             if in_record {
                 self.forget_filed(&bundle);
             }
-            return outcome;
+            return processed;
         }
     }
 
@@ -194,7 +195,7 @@ impl Worker {
             attempts,
             since: catalog::format_time(since),
             stage: report.stage_name().to_owned(),
-            last_error: report.error.clone().unwrap_or_default(),
+            last_error: report.error_text(),
             next_try: catalog::format_time(next_try),
         };
         let folder = self.spool.pipeline_folder();
@@ -226,12 +227,12 @@ impl Worker {
 
     /// Stopping while a bundle is deferred: it stays in work/, its record
     /// too, and the next start resumes the deferral.
-    fn left_deferred(&self, name: &str) -> Outcome {
+    fn left_deferred(&self, name: &str) -> Processed {
         log::info!(
             "pipeline={} bundle={name}: deferred, left in work/ for the next start",
             self.pipeline.id
         );
-        Outcome::Left
+        Processed::Left
     }
 
     /// Waits `pause` before the next attempt of a deferred bundle, or less
@@ -298,6 +299,8 @@ impl Worker {
             .get_or_init(|| Ticker::start(self.pipeline.id.clone()));
         let _ticking = ticker.begin(bundles, progress.clone());
         let _counted = crate::progress::enter(Some(progress));
+        // The hashing and copying loops stop at this worker's stop.
+        let _cancel = self.cancel.enter();
         work()
     }
 
@@ -335,8 +338,8 @@ impl Worker {
         name: &str,
         report: &RunReport,
         elapsed: u128,
-    ) -> Outcome {
-        if !report.ok && crate::interrupt::requested() {
+    ) -> Processed {
+        if !report.ok && self.cancel.abandoned() {
             // Interrupted by the stop (or failing while stopping): resumed
             // at the next start rather than filed as a failure.
             let _ = spool::uncount_attempt(path);
@@ -345,7 +348,7 @@ impl Worker {
                 self.pipeline.id,
                 crate::inert::inert(name)
             );
-            return Outcome::Left;
+            return Processed::Left;
         }
         let actions = report.actions();
         match spool::finish(&self.spool, path, name, report) {
@@ -386,11 +389,11 @@ impl Worker {
                         "pipeline={} bundle={name}{signer} failed at {} {actions} elapsed_ms={elapsed}: {} (see {})",
                         self.pipeline.id,
                         report.stage_name(),
-                        report.error.as_deref().unwrap_or_default(),
+                        report.error_text(),
                         to.display()
                     );
                 }
-                Outcome::Finished
+                Processed::Filed
             }
             Err(e) => {
                 self.tally.left.fetch_add(1, Ordering::Relaxed);
@@ -416,7 +419,7 @@ impl Worker {
                     self.spool.done.display(),
                     self.spool.failed.display()
                 );
-                Outcome::Left
+                Processed::Left
             }
         }
     }

@@ -13,12 +13,14 @@ use std::time::Duration;
 /// Where notifications go, read once from the environment.
 #[derive(Debug)]
 pub(super) struct Notifier {
-    socket: Option<(UnixDatagram, Target)>,
+    socket: Option<(UnixDatagram, NotifySocket)>,
     watchdog: Option<Duration>,
 }
 
+/// The address of systemd's notification socket: a path, or an
+/// abstract name (`@...`).
 #[derive(Debug, Clone)]
-enum Target {
+enum NotifySocket {
     Path(std::path::PathBuf),
     Abstract(Vec<u8>),
 }
@@ -58,8 +60,8 @@ impl Notifier {
             return;
         };
         let sent = match target {
-            Target::Path(path) => socket.send_to(state.as_bytes(), path),
-            Target::Abstract(name) => {
+            NotifySocket::Path(path) => socket.send_to(state.as_bytes(), path),
+            NotifySocket::Abstract(name) => {
                 use std::os::linux::net::SocketAddrExt;
                 std::os::unix::net::SocketAddr::from_abstract_name(name)
                     .and_then(|addr| socket.send_to_addr(state.as_bytes(), &addr))
@@ -72,12 +74,12 @@ impl Notifier {
 }
 
 /// `NOTIFY_SOCKET`: an absolute path, or `@name` for an abstract socket.
-fn parse_target(value: &std::ffi::OsStr) -> Option<Target> {
+fn parse_target(value: &std::ffi::OsStr) -> Option<NotifySocket> {
     use std::os::unix::ffi::OsStrExt;
     let bytes = value.as_bytes();
     match bytes.first()? {
-        b'@' => Some(Target::Abstract(bytes[1..].to_vec())),
-        b'/' => Some(Target::Path(std::path::PathBuf::from(value))),
+        b'@' => Some(NotifySocket::Abstract(bytes[1..].to_vec())),
+        b'/' => Some(NotifySocket::Path(std::path::PathBuf::from(value))),
         _ => None,
     }
 }
@@ -137,11 +139,11 @@ mod tests {
     fn notify_socket_is_a_path_or_an_abstract_name() {
         assert!(matches!(
             parse_target(OsStr::new("/run/systemd/notify")),
-            Some(Target::Path(p)) if p == std::path::Path::new("/run/systemd/notify")
+            Some(NotifySocket::Path(p)) if p == std::path::Path::new("/run/systemd/notify")
         ));
         assert!(matches!(
             parse_target(OsStr::new("@sd-notify-1")),
-            Some(Target::Abstract(n)) if n == b"sd-notify-1"
+            Some(NotifySocket::Abstract(n)) if n == b"sd-notify-1"
         ));
         assert!(parse_target(OsStr::new("")).is_none());
         assert!(parse_target(OsStr::new("relative/sock")).is_none());
@@ -159,8 +161,8 @@ mod tests {
             UnixDatagram::bind_addr(&addr).unwrap()
         };
         for (target, socket) in [
-            (Target::Path(path.clone()), &by_path),
-            (Target::Abstract(name.into_bytes()), &by_name),
+            (NotifySocket::Path(path.clone()), &by_path),
+            (NotifySocket::Abstract(name.into_bytes()), &by_name),
         ] {
             let n = Notifier {
                 socket: Some((UnixDatagram::unbound().unwrap(), target)),

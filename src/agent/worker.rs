@@ -4,13 +4,14 @@
 
 use super::{Serving, Tally, Wake};
 use crate::config::{Config, Pipeline};
+use crate::interrupt::Cancel;
 use crate::process_state::ProcessState;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 /// One pipeline's loop: work/ first, then the inbox in arrival order.
@@ -19,7 +20,9 @@ pub(super) struct Worker {
     pub(super) pipeline: Pipeline,
     pub(super) spool: Spool,
     pub(super) tally: Arc<Tally>,
-    pub(super) stop: Arc<AtomicBool>,
+    /// Finishing: claim nothing more, finish the bundle in hand;
+    /// abandoned: give up its copying and its hooks too.
+    pub(super) cancel: Cancel,
     once: bool,
     /// Started with the first bundle.
     pub(super) ticker: std::sync::OnceLock<super::ticker::Ticker>,
@@ -128,7 +131,7 @@ impl Worker {
         config: &Config,
         p: &Pipeline,
         tally: Arc<Tally>,
-        stop: Arc<AtomicBool>,
+        cancel: Cancel,
         once: bool,
         process: &ProcessState,
     ) -> Worker {
@@ -137,7 +140,7 @@ impl Worker {
             pipeline: p.clone(),
             spool: Spool::of(config, p),
             tally,
-            stop,
+            cancel,
             once,
             ticker: std::sync::OnceLock::new(),
             process: process.clone(),
@@ -157,7 +160,7 @@ impl Worker {
     }
 
     pub(super) fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+        self.cancel.finishing()
     }
 
     /// Serves the pipeline: takes its agent lock, settles what a previous
@@ -347,7 +350,12 @@ impl Worker {
                     inert(&f.name),
                     record.hooks.len()
                 );
-                let ran = crate::hooks::run_owed(&self.pipeline, &destinations, &record.hooks);
+                let ran = crate::hooks::run_owed(
+                    &self.pipeline,
+                    &destinations,
+                    &record.hooks,
+                    &self.cancel,
+                );
                 record.result = record.result.map(|r| super::commit::with_hooks(&r, &ran));
                 record.hooks.clear();
                 unfiled.insert(f.name.clone(), record.clone());

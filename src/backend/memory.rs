@@ -322,7 +322,7 @@ impl PublishRoot for MemoryRoot {
         &mut self,
         change: &Change<'_>,
         _workers: &dyn Workers,
-        _keep_going: &(dyn Fn() -> bool + Sync),
+        _cancel: &crate::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
         {
             let mut store = self.store();

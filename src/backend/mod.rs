@@ -121,7 +121,7 @@ pub(crate) trait PublishRoot {
         &mut self,
         change: &Change<'_>,
         workers: &dyn Workers,
-        keep_going: &(dyn Fn() -> bool + Sync),
+        cancel: &crate::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error>;
 
     /// Makes what was staged durable (nothing to do where nothing is

@@ -289,7 +289,7 @@ impl PublishRoot for S3Bucket {
         &mut self,
         change: &Change<'_>,
         _workers: &dyn Workers,
-        _keep_going: &(dyn Fn() -> bool + Sync),
+        _cancel: &crate::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
         // Nothing is staged in a bucket: every write goes to its final key
         // at commit, hashed as it is sent.
@@ -544,9 +544,7 @@ struct Upload<'a> {
 
 impl Read for Upload<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if crate::interrupt::requested() {
-            return Err(io::Error::other(crate::interrupt::Stopped));
-        }
+        crate::interrupt::check_entered()?;
         let file = match &mut self.file {
             Some(file) => file,
             None => {

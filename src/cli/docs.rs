@@ -10,8 +10,9 @@
 //! `distributor-spool-flush.1`, ...), and `DIR/completions/` with
 //! `distributor.bash`, `_distributor` (zsh) and `distributor.fish`.
 
-use super::{Cli, EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
+use super::{Cli, Error, Outcome};
 use crate::config::{CONFIG_ENV, DEFAULT_CONFIG_PATH, DEFAULT_SPOOL};
+use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
 use clap::{Command, CommandFactory};
 use clap_complete::Shell;
 use clap_mangen::Man;
@@ -26,19 +27,12 @@ const BIN: &str = "distributor";
 const DOC_DIR: &str = "/usr/share/doc/distributor";
 
 /// Writes the pages and completions into `dir`, printing each file's path.
-pub fn generate(dir: &Path) -> u8 {
-    match write_all(dir) {
-        Ok(files) => {
-            for file in files {
-                println!("{}", file.display());
-            }
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            EXIT_FAILURE
-        }
+pub(super) fn generate(dir: &Path) -> Outcome {
+    let files = write_all(dir).map_err(|e| Error::Failed(e.to_string()))?;
+    for file in files {
+        println!("{}", file.display());
     }
+    Ok(())
 }
 
 fn write_all(dir: &Path) -> io::Result<Vec<PathBuf>> {

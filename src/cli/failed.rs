@@ -2,29 +2,28 @@
 //! `spool retry P --all`, `spool show P NAME`, `spool delete P NAME`.
 //! Names and messages come from producers, so text output is made inert.
 
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
+use super::{Error, Outcome, Told, config_or_usage, told_unless};
 use crate::config::Config;
 use crate::inert::inert;
 use crate::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
 use std::path::Path;
 
-/// The pipeline's spool, or the exit code after saying why there is none.
-/// With `reading`, a command that only reads: after a refused reload it
-/// works on the config the agent serves (super::config_for_reading).
-fn spool_of(flag: Option<&Path>, pipeline: &str, reading: bool) -> Result<(Config, Spool), u8> {
+/// The pipeline's spool, or the error of why there is none. With
+/// `reading`, a command that only reads: after a refused reload it works
+/// on the config the agent serves (super::config_for_reading).
+fn spool_of(flag: Option<&Path>, pipeline: &str, reading: bool) -> Result<(Config, Spool), Error> {
     let config = if reading {
         super::config_for_reading(flag)?
     } else {
         config_or_usage(flag)?
     };
     let Some(p) = config.pipeline(pipeline) else {
-        eprintln!(
-            "error: no pipeline {:?} in {}",
+        return Err(Error::Usage(format!(
+            "no pipeline {:?} in {}",
             inert(pipeline),
             config.file.display()
-        );
-        return Err(EXIT_USAGE);
+        )));
     };
     let spool = Spool::of(&config, p);
     Ok((config, spool))
@@ -37,24 +36,17 @@ pub(super) fn retry_all(
     pipeline: &str,
     allow_older: bool,
     process: &ProcessState,
-) -> u8 {
-    let (config, spool) = match spool_of(flag, pipeline, false) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let Some(p) = config.pipeline(pipeline) else {
-        return EXIT_USAGE;
-    };
-    let rows = match spool::list(&spool, &[Folder::Failed]) {
-        Ok(rows) => rows,
-        Err(e) => {
-            eprintln!(
-                "error: cannot list {}: {e}",
-                spool.folder(Folder::Failed).display()
-            );
-            return EXIT_FAILURE;
-        }
-    };
+) -> Outcome {
+    let (config, spool) = spool_of(flag, pipeline, false)?;
+    let p = config
+        .pipeline(pipeline)
+        .expect("spool_of found the pipeline");
+    let rows = spool::list(&spool, &[Folder::Failed]).map_err(|e| {
+        Error::Failed(format!(
+            "cannot list {}: {e}",
+            spool.folder(Folder::Failed).display()
+        ))
+    })?;
     let (mut moved, mut errors) = (0usize, 0usize);
     for row in &rows {
         if !allow_older && let Some(refusal) = rolls_back(&config, p, &spool, &row.name, process) {
@@ -86,7 +78,8 @@ pub(super) fn retry_all(
             String::new()
         }
     );
-    if errors > 0 { EXIT_FAILURE } else { EXIT_OK }
+    // Each bundle not moved was told as it came.
+    told_unless(errors == 0)
 }
 
 /// `spool retry --all` without a pipeline: every failed bundle of every
@@ -95,17 +88,24 @@ pub(super) fn retry_every_pipeline(
     flag: Option<&Path>,
     allow_older: bool,
     process: &ProcessState,
-) -> u8 {
-    let config = match config_or_usage(flag) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let mut code = EXIT_OK;
+) -> Outcome {
+    let config = config_or_usage(flag)?;
+    // Each pipeline's error is told as it comes; the others go on, and
+    // the exit code is the highest of theirs.
+    let mut worst: Option<Error> = None;
     for p in &config.pipelines {
         println!("pipeline {}:", p.id);
-        code = code.max(retry_all(flag, &p.id, allow_older, process));
+        if let Err(e) = retry_all(flag, &p.id, allow_older, process) {
+            e.tell();
+            if worst.as_ref().is_none_or(|w| e.exit_code() > w.exit_code()) {
+                worst = Some(e);
+            }
+        }
     }
-    code
+    match worst {
+        None => Ok(()),
+        Some(e) => Err(Error::Told(Told::Error(Box::new(e)))),
+    }
 }
 
 /// Why retrying `failed/<name>` is refused: publishing it would overwrite or
@@ -153,11 +153,8 @@ pub(super) fn rolls_back(
 }
 
 /// `spool show P NAME`: the result of a failed or done bundle.
-pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) -> u8 {
-    let (_, spool) = match spool_of(flag, pipeline, true) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) -> Outcome {
+    let (_, spool) = spool_of(flag, pipeline, true)?;
     // In failed/, also a link or file that stood in for a bundle when it
     // was claimed (its result is the agent's own copy).
     let found = [Folder::Failed, Folder::Done].into_iter().find(|&f| {
@@ -168,11 +165,10 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
                 || (f == Folder::Failed && std::fs::symlink_metadata(&path).is_ok()))
     });
     let Some(folder) = found else {
-        eprintln!(
-            "error: no failed or done bundle {:?} in pipeline {pipeline}; list them with `distributor spool list --pipeline {pipeline}`",
+        return Err(Error::Usage(format!(
+            "no failed or done bundle {:?} in pipeline {pipeline}; list them with `distributor spool list --pipeline {pipeline}`",
             inert(name)
-        );
-        return EXIT_USAGE;
+        )));
     };
     let path = spool.folder(folder).join(name);
     let result = spool::read_result(&spool, folder, name);
@@ -200,11 +196,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
             }),
         };
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return if result.is_ok() && !unverified {
-            EXIT_OK
-        } else {
-            EXIT_FAILURE
-        };
+        return told_unless(result.is_ok() && !unverified);
     }
     println!(
         "bundle {} in {}",
@@ -215,7 +207,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
         Ok(r) => r.doc,
         Err(why) => {
             println!("  result: {}", inert(&why));
-            return EXIT_FAILURE;
+            return told_unless(false);
         }
     };
     if unverified {
@@ -278,29 +270,19 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
             first.map_or_else(String::new, |l| format!("; output: {}", inert(l)))
         );
     }
-    if unverified { EXIT_FAILURE } else { EXIT_OK }
+    told_unless(!unverified)
 }
 
 /// `spool delete P NAME`: removes a failed bundle.
-pub(super) fn delete(flag: Option<&Path>, pipeline: &str, name: &str) -> u8 {
-    let (_, spool) = match spool_of(flag, pipeline, false) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    match spool::delete(&spool, name) {
-        Ok(removed) => {
-            println!(
-                "removed {} ({} file{}, {} bytes)",
-                inert(&removed.path.display().to_string()),
-                removed.files,
-                if removed.files == 1 { "" } else { "s" },
-                removed.bytes
-            );
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!("error: {}", inert(&e.to_string()));
-            e.exit_code()
-        }
-    }
+pub(super) fn delete(flag: Option<&Path>, pipeline: &str, name: &str) -> Outcome {
+    let (_, spool) = spool_of(flag, pipeline, false)?;
+    let removed = spool::delete(&spool, name)?;
+    println!(
+        "removed {} ({} file{}, {} bytes)",
+        inert(&removed.path.display().to_string()),
+        removed.files,
+        if removed.files == 1 { "" } else { "s" },
+        removed.bytes
+    );
+    Ok(())
 }

@@ -11,6 +11,7 @@ use std::path::Path;
 mod access;
 mod args;
 mod docs;
+mod error;
 mod failed;
 mod output;
 mod producer;
@@ -31,29 +32,28 @@ use roots::with_target;
 use spools::{spool_list, spool_retry};
 use status::status;
 
-pub use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
+use error::{Error, Outcome, Told, told_unless};
 
-/// Runs a parsed command line and returns the process exit code. The
-/// process is to exit then: the catalogs the command remembered are left
-/// for the system to reclaim, not freed.
+/// Runs a parsed command line and returns the process exit code: each
+/// command returns an [`Outcome`], mapped to its code here, once
+/// (docs/contract.md §9). The process is to exit then: the catalogs the
+/// command remembered are left for the system to reclaim, not freed.
 pub fn run(cli: Cli) -> u8 {
     let config = cli.config.as_deref();
     // The process's caches and clients, made once and passed down
     // (docs/architecture.md, "What a process keeps").
     let process = &ProcessState::default();
-    let code = match cli.command {
+    let outcome = match cli.command {
         Command::Agent { once } => agent(config, once, process),
-        Command::Render => crate::render_child::serve(),
+        // The renderer child answers its parent in exit codes of its own
+        // protocol (render_child), not in the table of §9.
+        Command::Render => return crate::render_child::serve(),
         Command::GenerateDocs { dir } => docs::generate(&dir),
-        Command::Pipelines => match config_for_reading(config) {
-            Ok(c) => {
-                for p in &c.pipelines {
-                    println!("{}", p.id);
-                }
-                EXIT_OK
+        Command::Pipelines => config_for_reading(config).map(|c| {
+            for p in &c.pipelines {
+                println!("{}", p.id);
             }
-            Err(code) => code,
-        },
+        }),
         Command::Prune {
             target,
             apply,
@@ -62,9 +62,7 @@ pub fn run(cli: Cli) -> u8 {
         } => with_target(
             config,
             &target,
-            |t| {
-                maintain::prune(t, apply, now_millis()).map(|r| (r.to_text(), r.to_json(), EXIT_OK))
-            },
+            |t| maintain::prune(t, apply, now_millis()).map(|r| (r.to_text(), r.to_json(), true)),
             json,
             false,
             process,
@@ -79,7 +77,7 @@ pub fn run(cli: Cli) -> u8 {
             &target,
             |t| {
                 maintain::reconcile(t, all_owners, dry_run)
-                    .map(|r| (r.to_text(), r.to_json(), EXIT_OK))
+                    .map(|r| (r.to_text(), r.to_json(), true))
             },
             json,
             false,
@@ -92,12 +90,7 @@ pub fn run(cli: Cli) -> u8 {
         } => with_target(
             config,
             &target,
-            |t| {
-                maintain::verify(t, all_owners).map(|r| {
-                    let code = if r.ok { EXIT_OK } else { EXIT_FAILURE };
-                    (r.to_text(), r.to_json(), code)
-                })
-            },
+            |t| maintain::verify(t, all_owners).map(|r| (r.to_text(), r.to_json(), r.ok)),
             json,
             true,
             process,
@@ -105,7 +98,7 @@ pub fn run(cli: Cli) -> u8 {
         Command::Catalog { target, json } => with_target(
             config,
             &target,
-            |t| maintain::catalog(t).map(|r| (r.to_text(), r.to_json(), EXIT_OK)),
+            |t| maintain::catalog(t).map(|r| (r.to_text(), r.to_json(), true)),
             json,
             true,
             process,
@@ -176,7 +169,13 @@ pub fn run(cli: Cli) -> u8 {
     // system to reclaim at once rather than freed record by record (a
     // large root's take milliseconds to free).
     process.remembered().forget_for_exit();
-    code
+    match outcome {
+        Ok(()) => crate::exit::EXIT_OK,
+        Err(e) => {
+            e.tell();
+            e.exit_code()
+        }
+    }
 }
 
 fn load_config(flag: Option<&Path>) -> Result<Config, String> {
@@ -186,9 +185,8 @@ fn load_config(flag: Option<&Path>) -> Result<Config, String> {
 
 /// For a command that only reads: the config, or when the file does not
 /// load, the one the running agent serves (with a warning on stderr that
-/// names the file's error); else prints why not and returns the usage
-/// exit code.
-fn config_for_reading(flag: Option<&Path>) -> Result<Config, u8> {
+/// names the file's error); else the usage error of why not.
+fn config_for_reading(flag: Option<&Path>) -> Result<Config, Error> {
     let path = config::resolve_config_path(flag);
     match config::in_force::load_for_reading(&path) {
         Ok((config, None)) => Ok(config),
@@ -196,45 +194,36 @@ fn config_for_reading(flag: Option<&Path>) -> Result<Config, u8> {
             eprintln!("warning: {warning}");
             Ok(config)
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            Err(EXIT_USAGE)
-        }
+        Err(e) => Err(Error::Usage(e.to_string())),
     }
 }
 
-/// Loads the config, or prints why not and returns the usage exit code.
-fn config_or_usage(flag: Option<&Path>) -> Result<Config, u8> {
-    load_config(flag).map_err(|e| {
-        eprintln!("error: {e}");
-        EXIT_USAGE
-    })
+/// Loads the config, or the usage error of why not.
+fn config_or_usage(flag: Option<&Path>) -> Result<Config, Error> {
+    load_config(flag).map_err(Error::Usage)
 }
 
-fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
+fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> Outcome {
     let config = match load_config(flag) {
         Ok(c) => c,
-        Err(e) => {
-            if json {
-                let doc = serde_json::json!({"ok": false, "error": e});
-                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-            } else {
-                eprintln!("error: {e}");
-            }
-            return EXIT_USAGE;
+        Err(e) if json => {
+            let doc = serde_json::json!({"ok": false, "error": e});
+            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            return Err(Error::Told(Told::Usage));
         }
+        Err(e) => return Err(Error::Usage(e)),
     };
     let not_writable = access::not_writable(&config);
     let split = split_file_systems(&config);
     let shared = config::shared_roots(&config);
-    let code = if !split.is_empty() || (strict && !not_writable.is_empty()) {
-        EXIT_USAGE
+    let outcome = if !split.is_empty() || (strict && !not_writable.is_empty()) {
+        Err(Error::Told(Told::Usage))
     } else if strict && !shared.is_empty() {
         // docs/contract.md §17.2: pipelines that can take over each
         // other's outputs.
-        EXIT_FAILURE
+        Err(Error::Told(Told::Failure))
     } else {
-        EXIT_OK
+        Ok(())
     };
     if json {
         let pipelines: Vec<serde_json::Value> = config
@@ -252,7 +241,7 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
         let mut warnings = config.warnings();
         warnings.extend(not_writable.iter().map(access::NotWritable::to_text));
         let doc = serde_json::json!({
-            "ok": code == EXIT_OK,
+            "ok": outcome.is_ok(),
             "file": config.file.display().to_string(),
             "spool": config.spool.display().to_string(),
             "pipelines": pipelines,
@@ -288,7 +277,7 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> u8 {
             );
         }
     }
-    code
+    outcome
 }
 
 /// What `config check` reminds whoever serves a root.

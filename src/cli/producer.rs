@@ -1,7 +1,7 @@
 //! The producer helpers `bundle seal` and `bundle verify`: no config is
 //! needed, and the bundle folder is all they look at.
 
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+use super::{Error, Outcome, told_unless};
 use crate::bundle::{self, BundleError};
 use crate::catalog::parse_time;
 use crate::inert::{inert, inert_os};
@@ -20,57 +20,41 @@ pub(super) fn seal(
     created: Option<&str>,
     sign: Option<&Path>,
     namespace: &str,
-) -> u8 {
-    let created = match created.map(parse_time).transpose() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: invalid --created: {e}");
-            return EXIT_USAGE;
-        }
-    };
-    match bundle::seal_report(dir, id, created) {
-        Ok(sealed) => {
-            let m = &sealed.manifest;
-            println!(
-                "sealed {} ({}, {})",
-                inert_os(dir.join(bundle::MANIFEST).as_os_str()),
-                count(m.files.len(), "file", "files"),
-                m.digest
-            );
-            if !sealed.skipped.is_empty() {
-                eprintln!(
-                    "warning: left out {} (names starting with .distributor are reserved for distributor's own files and never sealed; rename any that belong in the bundle):",
-                    count(sealed.skipped.len(), "reserved entry", "reserved entries")
-                );
-                for path in &sealed.skipped {
-                    eprintln!("  {path}");
-                }
-            }
-            for w in &sealed.warnings {
-                eprintln!("warning: {w}");
-            }
-            let Some(key) = sign else {
-                return EXIT_OK;
-            };
-            match bundle::sign(dir, key, namespace) {
-                Ok(_) => {
-                    println!(
-                        "signed {}",
-                        inert_os(dir.join(crate::signature::SIGNATURE_FILE).as_os_str())
-                    );
-                    EXIT_OK
-                }
-                Err(e) => {
-                    eprintln!("error: {}", inert(&e.to_string()));
-                    EXIT_FAILURE
-                }
-            }
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            e.exit_code()
+) -> Outcome {
+    let created = created
+        .map(parse_time)
+        .transpose()
+        .map_err(|e| Error::Usage(format!("invalid --created: {e}")))?;
+    let sealed = bundle::seal_report(dir, id, created)?;
+    let m = &sealed.manifest;
+    println!(
+        "sealed {} ({}, {})",
+        inert_os(dir.join(bundle::MANIFEST).as_os_str()),
+        count(m.files.len(), "file", "files"),
+        m.digest
+    );
+    if !sealed.skipped.is_empty() {
+        eprintln!(
+            "warning: left out {} (names starting with .distributor are reserved for distributor's own files and never sealed; rename any that belong in the bundle):",
+            count(sealed.skipped.len(), "reserved entry", "reserved entries")
+        );
+        for path in &sealed.skipped {
+            eprintln!("  {path}");
         }
     }
+    for w in &sealed.warnings {
+        eprintln!("warning: {w}");
+    }
+    let Some(key) = sign else {
+        return Ok(());
+    };
+    bundle::sign(dir, key, namespace)
+        .map_err(|e| Error::Failed(inert(&e.to_string()).into_owned()))?;
+    println!(
+        "signed {}",
+        inert_os(dir.join(crate::signature::SIGNATURE_FILE).as_os_str())
+    );
+    Ok(())
 }
 
 pub(super) fn verify(
@@ -79,13 +63,15 @@ pub(super) fn verify(
     namespace: &str,
     json: bool,
     process: &ProcessState,
-) -> u8 {
+) -> Outcome {
     let signers = match signers.map(|path| (path, AllowedSigners::read(path))) {
         None => None,
         Some((_, Ok(signers))) => Some(signers),
         Some((path, Err(e))) => {
-            eprintln!("error: --signers {}: {e}", inert_os(path.as_os_str()));
-            return EXIT_USAGE;
+            return Err(Error::Usage(format!(
+                "--signers {}: {e}",
+                inert_os(path.as_os_str())
+            )));
         }
     };
     let policy = signers.as_ref().map(|signers| bundle::SignaturePolicy {
@@ -155,5 +141,5 @@ pub(super) fn verify(
             println!("  warning: {}", inert(w));
         }
     }
-    if ok { EXIT_OK } else { EXIT_FAILURE }
+    told_unless(ok)
 }

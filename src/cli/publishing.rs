@@ -2,23 +2,26 @@
 //! (the spool agent). Both call the library and report what it returns.
 
 use super::output::print_report;
-use super::{EXIT_FAILURE, EXIT_OK, RunArgs, load_config};
+use super::{Error, Outcome, RunArgs, Told, load_config, told_unless};
 use crate::config::{self, Config, Pipeline};
 use crate::process_state::ProcessState;
 use crate::publish::{self, Options};
 use crate::report::RunReport;
 use std::path::{Path, PathBuf};
 
-pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs, process: &ProcessState) -> u8 {
+pub(super) fn run_bundle(
+    config_flag: Option<&Path>,
+    args: &RunArgs,
+    process: &ProcessState,
+) -> Outcome {
     let fail_config = |message: String| {
+        if !args.json {
+            return Err(Error::Usage(message));
+        }
         let report =
             publish::Error::Usage(message).fail(RunReport::new(&args.pipeline, args.dry_run));
-        if args.json {
-            print_report(&report, true, false, std::time::Duration::ZERO);
-        } else {
-            eprintln!("error: {}", report.error.as_deref().unwrap_or_default());
-        }
-        report.exit_code()
+        print_report(&report, true, false, std::time::Duration::ZERO);
+        told(report)
     };
     if args.force && args.destinations.is_empty() {
         return fail_config(
@@ -94,30 +97,24 @@ pub(super) fn run_bundle(config_flag: Option<&Path>, args: &RunArgs, process: &P
         started.elapsed().as_millis()
     );
     print_report(&report, args.json, args.verbose, started.elapsed());
-    report.exit_code()
+    told(report)
 }
 
-pub(super) fn agent(flag: Option<&Path>, once: bool, process: &ProcessState) -> u8 {
+/// The outcome of a publication whose result was printed.
+fn told(report: RunReport) -> Outcome {
+    match report.error {
+        None => Ok(()),
+        Some(e) => Err(Error::Told(Told::Run(e))),
+    }
+}
+
+pub(super) fn agent(flag: Option<&Path>, once: bool, process: &ProcessState) -> Outcome {
     let path = config::resolve_config_path(flag);
     let ran = crate::agent::run(&path, once, process);
     // The markdown renderers' processes end with the agent.
     process.renderers().stop_idle();
-    match ran {
-        Ok(true) => EXIT_OK,
-        Ok(false) => EXIT_FAILURE,
-        Err(e) => {
-            // Logged under the module that failed, not under cli: what an
-            // operator filters the journal by.
-            let target = match e {
-                crate::agent::AgentError::Config(_) => "distributor::config",
-                crate::agent::AgentError::Start(_) | crate::agent::AgentError::Spool(_) => {
-                    "distributor::agent"
-                }
-            };
-            log::error!(target: target, "{e}");
-            e.exit_code()
-        }
-    }
+    // `--once` logged what did not end in done/.
+    told_unless(ran?)
 }
 
 /// Where `run` puts rendered pages too big to hold: the pipeline's spool

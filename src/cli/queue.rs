@@ -3,7 +3,7 @@
 //! or removes a small file in the pipeline's spool folder that the agent
 //! looks at ([`crate::spool::queue`]).
 
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_or_usage};
+use super::{Error, Outcome, config_or_usage, told_unless};
 use crate::agent::presence;
 use crate::config::{Config, Pipeline};
 use crate::inert::inert;
@@ -20,21 +20,21 @@ use time::OffsetDateTime;
 const FLUSH_ACK: Duration = Duration::from_secs(3);
 
 /// The pipelines a command names, or a usage error.
-fn selected<'c>(config: &'c Config, pipeline: Option<&str>) -> Result<Vec<&'c Pipeline>, u8> {
+fn selected<'c>(config: &'c Config, pipeline: Option<&str>) -> Result<Vec<&'c Pipeline>, Error> {
     match pipeline {
         Some(id) => match config.pipeline(id) {
             Some(p) => Ok(vec![p]),
-            None => {
-                eprintln!("error: no pipeline {id:?} in {}", config.file.display());
-                Err(EXIT_USAGE)
-            }
+            None => Err(Error::Usage(format!(
+                "no pipeline {id:?} in {}",
+                config.file.display()
+            ))),
         },
         None => Ok(config.pipelines.iter().collect()),
     }
 }
 
-/// The pipeline named `id` and its spool, or the exit code of why not.
-fn one(flag: Option<&Path>, id: &str) -> Result<(Pipeline, Spool), u8> {
+/// The pipeline named `id` and its spool, or the error of why not.
+fn one(flag: Option<&Path>, id: &str) -> Result<(Pipeline, Spool), Error> {
     let config = config_or_usage(flag)?;
     let p = selected(&config, Some(id))?[0].clone();
     let spool = Spool::of(&config, &p);
@@ -42,16 +42,11 @@ fn one(flag: Option<&Path>, id: &str) -> Result<(Pipeline, Spool), u8> {
 }
 
 /// `spool flush [P]`.
-pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
-    let config = match config_or_usage(flag) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let pipelines = match selected(&config, pipeline) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let mut code = EXIT_OK;
+pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> Outcome {
+    let config = config_or_usage(flag)?;
+    let pipelines = selected(&config, pipeline)?;
+    // Each pipeline's error is told as it comes; the others go on.
+    let mut ok = true;
     for p in pipelines {
         let spool = Spool::of(&config, p);
         let folder = spool.pipeline_folder();
@@ -62,7 +57,7 @@ pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
                     "error: pipeline {}: no agent is running, so nothing can be flushed; start it (systemctl start distributor), or run `distributor agent --once`",
                     p.id
                 );
-                code = EXIT_FAILURE;
+                ok = false;
                 continue;
             }
             Err(e) => {
@@ -71,7 +66,7 @@ pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
                     p.id,
                     presence::lock_path(folder).display()
                 );
-                code = EXIT_FAILURE;
+                ok = false;
                 continue;
             }
         }
@@ -83,7 +78,7 @@ pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
             }
             Err(e) => {
                 eprintln!("error: pipeline {}: {e}", p.id);
-                code = EXIT_FAILURE;
+                ok = false;
                 continue;
             }
         };
@@ -94,7 +89,7 @@ pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
                 folder.join(queue::FLUSH_FILE).display(),
                 write_fix(folder, &format!("spool flush {}", p.id))
             );
-            code = EXIT_FAILURE;
+            ok = false;
             continue;
         }
         let name = inert(&deferred.bundle);
@@ -110,7 +105,7 @@ pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> u8 {
             );
         }
     }
-    code
+    told_unless(ok)
 }
 
 /// Whether the agent took the flush request within [`FLUSH_ACK`].
@@ -126,72 +121,56 @@ fn taken(folder: &Path) -> bool {
 }
 
 /// `spool hold P`.
-pub(super) fn hold(flag: Option<&Path>, pipeline: &str) -> u8 {
-    let (p, spool) = match one(flag, pipeline) {
-        Ok(found) => found,
-        Err(code) => return code,
-    };
+pub(super) fn hold(flag: Option<&Path>, pipeline: &str) -> Outcome {
+    let (p, spool) = one(flag, pipeline)?;
     let folder = spool.pipeline_folder();
     let before = queue::hold(folder).ok().flatten();
-    match queue::put_hold(folder, OffsetDateTime::now_utc()) {
-        Ok(h) => {
-            if before.is_some() {
-                println!("pipeline {}: already held since {}", p.id, h.since);
-            } else {
-                println!(
-                    "pipeline {}: held since {}; the agent claims nothing more from {} (a bundle in hand finishes), across restarts, until `distributor spool release {}`",
-                    p.id,
-                    h.since,
-                    spool.inbox.display(),
-                    p.id
-                );
-            }
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!(
-                "error: pipeline {}: cannot write {}: {e}; {}",
-                p.id,
-                folder.join(queue::HOLD_FILE).display(),
-                write_fix(folder, &format!("spool hold {}", p.id))
-            );
-            EXIT_FAILURE
-        }
+    let h = queue::put_hold(folder, OffsetDateTime::now_utc()).map_err(|e| {
+        Error::Failed(format!(
+            "pipeline {}: cannot write {}: {e}; {}",
+            p.id,
+            folder.join(queue::HOLD_FILE).display(),
+            write_fix(folder, &format!("spool hold {}", p.id))
+        ))
+    })?;
+    if before.is_some() {
+        println!("pipeline {}: already held since {}", p.id, h.since);
+    } else {
+        println!(
+            "pipeline {}: held since {}; the agent claims nothing more from {} (a bundle in hand finishes), across restarts, until `distributor spool release {}`",
+            p.id,
+            h.since,
+            spool.inbox.display(),
+            p.id
+        );
     }
+    Ok(())
 }
 
 /// `spool release P`.
-pub(super) fn release(flag: Option<&Path>, pipeline: &str) -> u8 {
-    let (p, spool) = match one(flag, pipeline) {
-        Ok(found) => found,
-        Err(code) => return code,
-    };
+pub(super) fn release(flag: Option<&Path>, pipeline: &str) -> Outcome {
+    let (p, spool) = one(flag, pipeline)?;
     let folder = spool.pipeline_folder().to_owned();
     let was = queue::hold(&folder).ok().flatten();
-    match queue::release(&folder) {
-        Ok(true) => {
-            println!(
-                "pipeline {}: released{}; the agent claims from the inbox again within a second",
-                p.id,
-                was.map(|h| format!(" (held since {})", h.since))
-                    .unwrap_or_default()
-            );
-            EXIT_OK
-        }
-        Ok(false) => {
-            println!("pipeline {}: not held", p.id);
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!(
-                "error: pipeline {}: cannot remove {}: {e}; {}",
-                p.id,
-                folder.join(queue::HOLD_FILE).display(),
-                write_fix(&folder, &format!("spool release {}", p.id))
-            );
-            EXIT_FAILURE
-        }
+    let released = queue::release(&folder).map_err(|e| {
+        Error::Failed(format!(
+            "pipeline {}: cannot remove {}: {e}; {}",
+            p.id,
+            folder.join(queue::HOLD_FILE).display(),
+            write_fix(&folder, &format!("spool release {}", p.id))
+        ))
+    })?;
+    if released {
+        println!(
+            "pipeline {}: released{}; the agent claims from the inbox again within a second",
+            p.id,
+            was.map(|h| format!(" (held since {})", h.since))
+                .unwrap_or_default()
+        );
+    } else {
+        println!("pipeline {}: not held", p.id);
     }
+    Ok(())
 }
 
 /// How to get write access to a pipeline's spool folder: run the command

@@ -1,7 +1,7 @@
 //! The spool commands: `spool list` and `spool retry`.
 
 use super::output::human_age;
-use super::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, config_for_reading, config_or_usage};
+use super::{Error, Outcome, config_for_reading, config_or_usage};
 use crate::inert::inert;
 use crate::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
@@ -12,16 +12,15 @@ pub(super) fn spool_list(
     pipeline: Option<&str>,
     folders: &[Folder],
     json: bool,
-) -> u8 {
-    let config = match config_for_reading(flag) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+) -> Outcome {
+    let config = config_for_reading(flag)?;
     if let Some(id) = pipeline
         && config.pipeline(id).is_none()
     {
-        eprintln!("error: no pipeline {id:?} in {}", config.file.display());
-        return EXIT_USAGE;
+        return Err(Error::Usage(format!(
+            "no pipeline {id:?} in {}",
+            config.file.display()
+        )));
     }
     let mut rows = Vec::new();
     for p in config
@@ -46,8 +45,10 @@ pub(super) fn spool_list(
                 rows.extend(r);
             }
             Err(e) => {
-                eprintln!("error: cannot list the spool of pipeline {}: {e}", p.id);
-                return EXIT_FAILURE;
+                return Err(Error::Failed(format!(
+                    "cannot list the spool of pipeline {}: {e}",
+                    p.id
+                )));
             }
         }
     }
@@ -56,7 +57,7 @@ pub(super) fn spool_list(
             "{}",
             serde_json::to_string_pretty(&rows).unwrap_or_default()
         );
-        return EXIT_OK;
+        return Ok(());
     }
     if rows.is_empty() {
         println!("no bundles");
@@ -91,7 +92,7 @@ pub(super) fn spool_list(
         }
         println!("{line}");
     }
-    EXIT_OK
+    Ok(())
 }
 
 pub(super) fn spool_retry(
@@ -100,37 +101,25 @@ pub(super) fn spool_retry(
     name: &str,
     allow_older: bool,
     process: &ProcessState,
-) -> u8 {
-    let config = match config_or_usage(flag) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+) -> Outcome {
+    let config = config_or_usage(flag)?;
     let Some(p) = config.pipeline(pipeline) else {
-        eprintln!(
-            "error: no pipeline {pipeline:?} in {}",
+        return Err(Error::Usage(format!(
+            "no pipeline {pipeline:?} in {}",
             config.file.display()
-        );
-        return EXIT_USAGE;
+        )));
     };
     let spool = Spool::of(&config, p);
     if !allow_older
         && let Some(refusal) = super::failed::rolls_back(&config, p, &spool, name, process)
     {
-        eprintln!("error: {refusal}");
-        return EXIT_FAILURE;
+        return Err(Error::Failed(refusal));
     }
-    match spool::retry(&spool, name) {
-        Ok(to) => {
-            println!(
-                "moved {} back to {}",
-                inert(name),
-                inert(&to.display().to_string())
-            );
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!("error: {}", inert(&e.to_string()));
-            e.exit_code()
-        }
-    }
+    let to = spool::retry(&spool, name)?;
+    println!(
+        "moved {} back to {}",
+        inert(name),
+        inert(&to.display().to_string())
+    );
+    Ok(())
 }

@@ -9,7 +9,7 @@
 //! no longer counts as the last failure.
 
 use super::output::{human_age, human_time};
-use super::{EXIT_FAILURE, EXIT_OK, access, config_for_reading};
+use super::{Outcome, access, config_for_reading, told_unless};
 use crate::agent::presence;
 use crate::config::{Config, Pipeline};
 use crate::inert::inert;
@@ -19,11 +19,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use time::OffsetDateTime;
 
-pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
-    let config = match config_for_reading(flag) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> Outcome {
+    let config = config_for_reading(flag)?;
     let now = OffsetDateTime::now_utc();
     let mut pipelines = Vec::new();
     let mut problems = Vec::new();
@@ -61,14 +58,11 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
     if check {
         return report_check(&config, &problems, json);
     }
+    // Told here, one per pipeline, before the rest of the output.
     for e in &errors {
         eprintln!("error: {e}");
     }
-    let code = if errors.is_empty() {
-        EXIT_OK
-    } else {
-        EXIT_FAILURE
-    };
+    let outcome = told_unless(errors.is_empty());
     if json {
         // The agent's refused reload, told with every pipeline it serves.
         let refused = refused.map(|r| json!({"at": r.at, "error": r.error}));
@@ -81,7 +75,7 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
             "{}",
             serde_json::to_string_pretty(&pipelines).unwrap_or_default()
         );
-        return code;
+        return outcome;
     }
     if pipelines.is_empty() && errors.is_empty() {
         println!("no pipelines in {}", config.file.display());
@@ -89,11 +83,11 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> u8 {
     for p in &pipelines {
         print_text(p, now);
     }
-    code
+    outcome
 }
 
 /// `--check`: one line per problem, exit 1 if any.
-fn report_check(config: &Config, problems: &[String], json: bool) -> u8 {
+fn report_check(config: &Config, problems: &[String], json: bool) -> Outcome {
     if json {
         let doc = json!({"ok": problems.is_empty(), "problems": problems});
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
@@ -107,11 +101,7 @@ fn report_check(config: &Config, problems: &[String], json: bool) -> u8 {
             println!("{problem}");
         }
     }
-    if problems.is_empty() {
-        EXIT_OK
-    } else {
-        EXIT_FAILURE
-    }
+    told_unless(problems.is_empty())
 }
 
 /// The JSON document of one pipeline; adds what `--check` objects to to

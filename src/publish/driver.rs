@@ -36,6 +36,7 @@ use crate::backend::{self, Change, PublishRoot, StagedAs, Write};
 use crate::catalog::{Catalog, OutputRecord, Overlay, SourceIdentity, State};
 use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
+use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::plan::{self, CatalogUpdate, Desired, Entry, Plan, PlanInput};
 use crate::report::RunReport;
@@ -103,7 +104,7 @@ struct Policy {
     /// published one at a time; the merged writes of a batch of small
     /// bundles would replace the record with a few files.
     record_looks: bool,
-    /// `keep_going` is asked once more before the commit. A stopping agent
+    /// The stop (`Cancel::finishing`) is checked once more before the commit. A stopping agent
     /// abandons a batch there (nothing committed: the bundle in hand is
     /// published by itself, the others go back), while a single bundle is
     /// the bundle in hand, which a stop lets finish.
@@ -137,7 +138,8 @@ pub(super) struct Driver<'a> {
     pub(super) destinations: &'a [&'a Destination],
     pub(super) options: &'a Options,
     pub(super) workers: &'a dyn Workers,
-    pub(super) keep_going: &'a (dyn Fn() -> bool + Sync),
+    /// Once finishing, the batch is given up before anything is committed.
+    pub(super) cancel: &'a Cancel,
     /// When set, every planned write or delete of a record whose source
     /// was created after the bundle's is noted here
     /// ([`super::rollbacks`]).
@@ -500,7 +502,7 @@ impl<'a> Driver<'a> {
         };
         let Taken { mut reports, ready } = taken;
         let first_report = || Some(ready[0].1.report.clone());
-        if !(self.keep_going)() {
+        if self.cancel.finishing() {
             return self.abort(first_report(), Failed::anywhere(Error::Stopped), &roots);
         }
         for (j, root) in roots.iter_mut().enumerate() {
@@ -555,7 +557,7 @@ impl<'a> Driver<'a> {
                 || plans.iter().any(|p| !p.clear_first.is_empty());
             if hash_first && let Err(e) = verify_rest(&r.bundle, &mut r.verified, self.workers) {
                 let failed = Error::Bundle(e).fail(r.report);
-                let transient = failed.transient;
+                let transient = failed.transient();
                 reports[index] = Some(failed);
                 if transient {
                     // Tried again later: nothing newer goes before it.
@@ -767,7 +769,7 @@ impl<'a> Driver<'a> {
                     // again later, by itself: the batch ends before it, so
                     // that nothing newer is published first (a failed one
                     // is never published, and does not stop the batch).
-                    Err(report) if report.transient => {
+                    Err(report) if report.transient() => {
                         reports.push(Some(*report));
                         return Taken { reports, ready };
                     }
@@ -911,7 +913,7 @@ impl<'a> Driver<'a> {
                     }
                 }
                 crate::failpoint::hit("publish.staged");
-                if policy.stop_before_commit && !(self.keep_going)() {
+                if policy.stop_before_commit && self.cancel.finishing() {
                     return Err(Failed::anywhere(Error::Stopped));
                 }
                 let outcomes = outcomes(&accepted, &merged, &unchanged);
@@ -1024,7 +1026,7 @@ impl<'a> Driver<'a> {
             let Some(change) = change else { continue };
             let staged = root
                 .target
-                .stage(change, self.workers, self.keep_going)
+                .stage(change, self.workers, self.cancel)
                 .map_err(|e| Failed::at(j, e))?;
             for ((k, d), s) in merged[j].writes.iter().zip(&staged) {
                 let from_bundle = !accepted[*k].ready.prepared[j]

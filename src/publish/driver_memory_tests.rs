@@ -109,7 +109,7 @@ pipelines:
             destinations: &destinations,
             options: &options,
             workers: &InOrder,
-            keep_going: &|| true,
+            cancel: &crate::interrupt::Cancel::new(),
             older: None,
             before_commit: None,
             tombstones: Default::default(),
@@ -201,7 +201,7 @@ fn a_failure_at_each_step_of_each_root_rolls_every_root_back() {
             let reports = w.reports(&[&b1]);
             let report = &reports[0];
             assert!(!report.ok, "{row}");
-            assert_eq!(report.transient, failure == Failure::Transient, "{row}");
+            assert_eq!(report.transient(), failure == Failure::Transient, "{row}");
             assert!(report.destinations[at].error.is_some(), "{row}");
 
             let name = ["a", "b"][at];
@@ -308,7 +308,7 @@ fn a_refused_bundle_in_a_batch_leaves_the_others_published() {
         let reports = w.reports(&[&b1, &b2, &b3]);
         let ok: Vec<bool> = reports.iter().map(|r| r.ok).collect();
         assert_eq!(ok, [true, false, true], "{row}: {reports:?}");
-        assert!(!reports[1].transient, "{row}");
+        assert!(!reports[1].transient(), "{row}");
         for root in w.stored() {
             let (files, records) = paths(&root);
             let mut expected = vec!["b1.txt", "b3.txt", "base.txt"];
@@ -408,7 +408,7 @@ fn a_commit_that_lost_a_race_is_rebased_on_the_winner_when_it_still_holds() {
             assert!(calls.contains(&"b: rebased".to_owned()), "{row}");
         } else {
             assert!(b.catalog_conflict, "{row}: {b:?}");
-            assert!(report.transient, "{row}");
+            assert!(report.transient(), "{row}");
             assert_eq!(w.roots[1].stored(), won, "{row}: the winner's, untouched");
             assert!(calls.contains(&"b: lost the race".to_owned()), "{row}");
         }

@@ -141,7 +141,7 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         destinations: &destinations,
         options: &options,
         workers: &crate::publish::InOrder,
-        keep_going: &|| true,
+        cancel: &crate::interrupt::Cancel::new(),
         older: None,
         before_commit: None,
         tombstones: Default::default(),
@@ -194,7 +194,7 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         destinations: &destinations,
         options: &options,
         workers: &crate::publish::InOrder,
-        keep_going: &|| true,
+        cancel: &crate::interrupt::Cancel::new(),
         older: None,
         before_commit: Some(&refuse),
         tombstones: Default::default(),
@@ -263,7 +263,7 @@ fn a_single_bundle_stopped_before_its_commit_gets_a_failed_report() {
     };
     let report =
         super::super::publish_recorded(pipeline, &destinations, &dirs[2], &options, Some(&refuse));
-    assert!(!report.ok && report.transient, "{report:?}");
+    assert!(!report.ok && report.transient(), "{report:?}");
     assert_eq!(
         report.source.as_ref().map(|s| s.id.as_str()),
         Some("b-2"),

@@ -6,7 +6,7 @@
 use crate::bundle::BundleError;
 use crate::io_class;
 use crate::lock::LockError;
-use crate::report::{RunReport, Stage};
+use crate::report::{self, RunReport, Stage};
 use crate::s3;
 use std::io;
 use std::path::PathBuf;
@@ -162,6 +162,10 @@ impl Error {
     /// Whether publishing the same bundle again later may succeed without
     /// anyone changing anything.
     pub fn is_transient(&self) -> bool {
+        // Given up by a stop: published at the next start.
+        if self.is_stopped() {
+            return true;
+        }
         match self {
             Error::Bundle(e) => e.is_transient(),
             Error::Prepare(e)
@@ -200,7 +204,7 @@ impl Error {
         match self {
             Error::Stopped => true,
             Error::Write { source, .. } | Error::Prepare(source) => {
-                source.kind() == io::ErrorKind::Interrupted || crate::interrupt::is_stopped(source)
+                crate::interrupt::is_stopped(source)
             }
             Error::Store(e) => e.is_stopped(),
             Error::Commit { source, .. } => source.is_stopped(),
@@ -221,17 +225,27 @@ impl Error {
         }
     }
 
-    /// `report`, failed with this error: its stage, its message, whether
-    /// it is transient, and what a refusal adds (planning's, which makes
-    /// the exit code; a signature's reason).
+    /// `report`, failed with this error (which gives its stage, whether it
+    /// is transient and its exit code), and the reason of a refused
+    /// signature.
     pub fn fail(self, mut report: RunReport) -> RunReport {
-        match &self {
-            Error::Refused { .. } => report.refused = true,
-            Error::Bundle(BundleError::Signature(refusal)) | Error::Scope(refusal) => {
-                report.signature_refused = Some(refusal.reason.as_str());
-            }
-            _ => {}
+        if let Error::Bundle(BundleError::Signature(refusal)) | Error::Scope(refusal) = &self {
+            report.signature_refused = Some(refusal.reason.as_str());
         }
-        report.fail(self.stage(), self.to_string(), self.is_transient())
+        report.fail(self)
+    }
+}
+
+impl report::Failure for Error {
+    fn stage(&self) -> Stage {
+        Error::stage(self)
+    }
+
+    fn is_transient(&self) -> bool {
+        Error::is_transient(self)
+    }
+
+    fn is_refused(&self) -> bool {
+        matches!(self, Error::Refused { .. })
     }
 }

@@ -10,6 +10,7 @@
 
 use crate::bundle::{self, VerifiedBundle};
 use crate::config::{Destination, Pipeline};
+use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::plan::Plan;
 use crate::report::RunReport;
@@ -73,7 +74,8 @@ pub fn publish(
 ) -> RunReport {
     let mut report = publish_recorded(pipeline, destinations, bundle_dir, options, None);
     let owed = crate::hooks::owed(pipeline, destinations, &folder_name(bundle_dir), &report);
-    report.hooks = crate::hooks::run_owed(pipeline, destinations, &owed);
+    // `run` is not asked to stop: its hooks run to their end or timeout.
+    report.hooks = crate::hooks::run_owed(pipeline, destinations, &owed, &Cancel::new());
     report
 }
 
@@ -99,7 +101,9 @@ pub fn publish_recorded(
         destinations,
         options,
         workers: &options.process.per_core(),
-        keep_going: &|| true,
+        // A single bundle is finished in hand: only the token its caller
+        // entered on the thread (crate::interrupt) abandons its copying.
+        cancel: &Cancel::new(),
         older: None,
         before_commit,
         tombstones: Default::default(),
@@ -151,7 +155,9 @@ pub fn rollbacks(
         destinations,
         options: &options,
         workers: &options.process.per_core(),
-        keep_going: &|| true,
+        // A single bundle is finished in hand: only the token its caller
+        // entered on the thread (crate::interrupt) abandons its copying.
+        cancel: &Cancel::new(),
         older: Some(&older),
         before_commit: None,
         tombstones: Default::default(),
@@ -161,7 +167,7 @@ pub fn rollbacks(
         log::debug!(
             "{}: not planned ({}); nothing it would roll back is known",
             bundle_dir.display(),
-            report.error.as_deref().unwrap_or_default()
+            report.error_text()
         );
     }
     older.into_inner().unwrap_or_else(|e| e.into_inner())
@@ -181,7 +187,7 @@ pub enum Batch {
     /// the log line and the fallback counter; ordinary input (nested
     /// folders, new prefixes, overlapping paths) never ends here.
     OneByOne { cause: Error },
-    /// Abandoned because `keep_going` said stop; nothing was published.
+    /// Abandoned because `cancel` was finishing; nothing was published.
     Stopped,
 }
 
@@ -190,8 +196,8 @@ pub enum Batch {
 /// what the reports owe ([`crate::hooks::owed`]), once per bundle in
 /// arrival order, after `before_commit` was told of the commit.
 ///
-/// `keep_going` is asked before planning, before each staged file and
-/// before committing; when it answers false (the agent is stopping), the
+/// `cancel` is asked before planning, before each staged file and
+/// before committing; once it is finishing (the agent is stopping), the
 /// batch is abandoned before anything is committed and [`Batch::Stopped`]
 /// is returned.
 pub fn publish_batch(
@@ -200,7 +206,7 @@ pub fn publish_batch(
     bundles: &[&Path],
     options: &Options,
     workers: &dyn Workers,
-    keep_going: &(dyn Fn() -> bool + Sync),
+    cancel: &Cancel,
     before_commit: Option<&BeforeCommit>,
 ) -> Batch {
     let driver = Driver {
@@ -208,7 +214,7 @@ pub fn publish_batch(
         destinations,
         options,
         workers,
-        keep_going,
+        cancel,
         older: None,
         before_commit,
         tombstones: Default::default(),
@@ -216,7 +222,7 @@ pub fn publish_batch(
     match driver.run(bundles) {
         Ended::Reports(reports) => Batch::Done(reports),
         Ended::OneFirst => Batch::OneFirst,
-        Ended::Aborted(a) if a.error.is_stopped() || !keep_going() => Batch::Stopped,
+        Ended::Aborted(a) if a.error.is_stopped() || cancel.finishing() => Batch::Stopped,
         Ended::Aborted(a) => Batch::OneByOne { cause: a.error },
     }
 }

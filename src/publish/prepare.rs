@@ -618,9 +618,9 @@ pipelines:
                 panic!("{keys} {files:?}: should fail");
             };
             assert_eq!(report.stage, Some(Stage::Verify), "{keys}");
-            assert!(!report.transient, "{keys}");
+            assert!(!report.transient(), "{keys}");
             assert_eq!(report.exit_code(), crate::exit::EXIT_FAILURE);
-            let error = report.error.as_deref().unwrap();
+            let error = report.error_text();
             for w in *want {
                 assert!(error.contains(w), "{keys}: {w:?} not in\n{error}");
             }
@@ -643,7 +643,7 @@ pipelines:
         let Err(report) = result else {
             panic!("should fail");
         };
-        let error = report.error.as_deref().unwrap();
+        let error = report.error_text();
         assert!(
             error.starts_with("bundle is invalid for destination www: output \"other.txt\""),
             "{error}"

@@ -313,7 +313,7 @@ struct NotSentWhileStopping;
 #[async_trait::async_trait]
 impl HttpService for Guarded {
     async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
-        if crate::interrupt::requested() && self.unanswered.load(Ordering::Relaxed) {
+        if crate::interrupt::entered_abandoned() && self.unanswered.load(Ordering::Relaxed) {
             // Kind `Unknown`: `object_store` does not retry it.
             return Err(HttpError::new(HttpErrorKind::Unknown, NotSentWhileStopping));
         }

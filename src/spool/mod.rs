@@ -992,7 +992,9 @@ mod tests {
             let report = if ok {
                 RunReport::new("p", false)
             } else {
-                RunReport::new("p", false).fail(crate::report::Stage::Verify, "bad bytes", false)
+                RunReport::new("p", false).fail(crate::publish::Error::Prepare(io::Error::other(
+                    "bad bytes",
+                )))
             };
             let to = finish(&s, &b, name, &report).unwrap();
             let folder = if ok { &s.done } else { &s.failed };
@@ -1015,11 +1017,9 @@ mod tests {
         for round in 0..3 {
             let b = s.work.join(&name);
             fs::create_dir(&b).unwrap();
-            let report = RunReport::new("p", false).fail(
-                crate::report::Stage::Verify,
-                format!("round {round}"),
-                false,
-            );
+            let report = RunReport::new("p", false).fail(crate::publish::Error::Prepare(
+                io::Error::other(format!("round {round}")),
+            ));
             let to = finish(&s, &b, &name, &report).unwrap();
             let filed_as = to.file_name().unwrap().to_str().unwrap().to_owned();
             assert!(filed_as.len() <= names::FAILED_NAME_MAX, "{filed_as}");

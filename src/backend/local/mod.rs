@@ -321,13 +321,14 @@ impl PublishRoot for LocalRoot {
         &mut self,
         change: &Change<'_>,
         workers: &dyn Workers,
-        keep_going: &(dyn Fn() -> bool + Sync),
+        cancel: &crate::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
-        let staged = stage::stage(self.root(), change, workers, keep_going, &self.process)
-            .map_err(|f| match f {
+        let staged = stage::stage(self.root(), change, workers, cancel, &self.process).map_err(
+            |f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
                 Failure::Io(e) => self.write_error(never_fits(self.root(), change, e)),
-            })?;
+            },
+        )?;
         let outcome = staged
             .outputs
             .iter()
@@ -476,8 +477,9 @@ fn delete_through_engine(
 ) -> Result<stage::CommittedRoot, Fault> {
     // Staging a change without outputs writes exactly these two files.
     let staging = || io_fault(root.path(), Doing::StageDeletions);
+    let cancel = crate::interrupt::Cancel::new();
     let mut staged =
-        stage::stage(root, change, &InOrder, &|| true, process).map_err(|f| match f {
+        stage::stage(root, change, &InOrder, &cancel, process).map_err(|f| match f {
             Failure::Io(e) => staging()(e),
             // Nothing is copied from a bundle.
             Failure::Bundle(e) => staging()(io::Error::other(e.to_string())),

@@ -31,6 +31,7 @@ use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
 use crate::failpoint;
 use crate::hashing::{self, Hashed};
+use crate::interrupt::Cancel;
 use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::paths::RelPath;
 use crate::plan::Desired;
@@ -303,15 +304,15 @@ impl StagedRoot {
 /// the top of the root (beside the outputs, on a thread of its own, when
 /// they are staged beside their targets). Renames nothing into place, and
 /// syncs nothing but the journal of a [`Layout::Beside`] change:
-/// [`make_durable`] follows. `keep_going` is asked before each output
-/// and before each piece of the catalog ([`Stoppable`]); when it says
-/// stop, staging ends with an error, the catalog's thread as soon as the
+/// [`make_durable`] follows. `cancel` is asked before each output and
+/// before each piece of the catalog ([`Stoppable`]); once it is
+/// finishing, staging ends with an error, the catalog's thread as soon as the
 /// outputs' (a stop never waits for a large catalog to be written out).
 pub(super) fn stage<'a>(
     root: &Root,
     change: &Change<'a>,
     workers: &dyn Workers,
-    keep_going: &(dyn Fn() -> bool + Sync),
+    cancel: &Cancel,
     process: &ProcessState,
 ) -> Result<StagedRoot, Failure> {
     let layout = change.layout();
@@ -346,7 +347,7 @@ pub(super) fn stage<'a>(
         bundle: w.bundle,
         seen: seen.as_ref(),
     };
-    let stop = || io::Error::new(io::ErrorKind::Interrupted, "stopping");
+    let stop = crate::interrupt::stopped;
     let (outputs, (catalog, texts), top) = match layout {
         Layout::Beside => {
             let same_folder = |a: &Write, b: &Write| a.d.path.parent() == b.d.path.parent();
@@ -355,10 +356,10 @@ pub(super) fn stage<'a>(
             // into place after them. A temporary file left by a failure is
             // removed when the root is settled.
             let (catalog, outputs) = beside(
-                || stage_catalog(root, change, layout, keep_going, process),
+                || stage_catalog(root, change, layout, cancel, process),
                 || {
                     map_on_runs(workers, &change.writes, same_folder, |w| {
-                        if !keep_going() {
+                        if cancel.finishing() {
                             return Err(Failure::Io(stop()));
                         }
                         stage_one(root, &job(w), None)
@@ -375,7 +376,7 @@ pub(super) fn stage<'a>(
             let mut outputs = Vec::with_capacity(change.writes.len());
             let mut bytes = 0;
             for w in &change.writes {
-                if !keep_going() {
+                if cancel.finishing() {
                     return Err(Failure::Io(stop()));
                 }
                 let staged = stage_one(root, &job(w), Some(&mut files))?;
@@ -387,7 +388,7 @@ pub(super) fn stage<'a>(
             // The new catalog is known: written now, it is made durable
             // with the outputs, and renamed into place after them.
             let (catalog, texts) =
-                stage_catalog(root, change, layout, keep_going, process).map_err(Failure::Io)?;
+                stage_catalog(root, change, layout, cancel, process).map_err(Failure::Io)?;
             let journal = change.journal(root).map_err(Failure::Io)?;
             let journal = root
                 .create_reserved(JOURNAL_FILE, &mut |w| journal.write_json(w))
@@ -432,7 +433,7 @@ fn stage_catalog(
     root: &Root,
     change: &Change<'_>,
     layout: Layout,
-    keep_going: &(dyn Fn() -> bool + Sync),
+    cancel: &Cancel,
     process: &ProcessState,
 ) -> io::Result<(StagedFile, Option<RecordTexts>)> {
     let changed = change.writes.len() + change.deletes.len();
@@ -443,10 +444,7 @@ fn stage_catalog(
     let keep = layout == Layout::Top || before.is_some();
     let mut texts = None;
     let file = root.stage_reserved(&mut |w| {
-        let w = &mut Stoppable {
-            inner: w,
-            keep_going,
-        };
+        let w = &mut Stoppable { inner: w, cancel };
         match keep {
             true => {
                 texts = Some(change.catalog.write_json_reusing(w, before.as_deref())?);
@@ -458,14 +456,14 @@ fn stage_catalog(
     Ok((file, texts))
 }
 
-/// A writer that asks `keep_going` before each piece it passes on, and
+/// A writer that asks `cancel` before each piece it passes on, and
 /// passes on at most [`STOPPABLE_PIECE`] bytes at a time: a catalog of a
-/// million records (about 500 MB) stops within one piece. Its stop is an
-/// error of kind `Other` carrying [`crate::interrupt::Stopped`], never
-/// `Interrupted`, which `write_all` would retry for ever.
+/// million records (about 500 MB) stops within one piece. Its stop is
+/// [`crate::interrupt::stopped`], never `Interrupted`, which `write_all`
+/// would retry for ever.
 struct Stoppable<'w> {
     inner: &'w mut dyn io::Write,
-    keep_going: &'w (dyn Fn() -> bool + Sync),
+    cancel: &'w Cancel,
 }
 
 /// The most [`Stoppable`] writes between two questions: a few
@@ -474,8 +472,8 @@ const STOPPABLE_PIECE: usize = 4 << 20;
 
 impl io::Write for Stoppable<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if !(self.keep_going)() {
-            return Err(io::Error::other(crate::interrupt::Stopped));
+        if self.cancel.finishing() {
+            return Err(crate::interrupt::stopped());
         }
         self.inner.write(&buf[..buf.len().min(STOPPABLE_PIECE)])
     }
@@ -984,17 +982,24 @@ mod tests {
         }
     }
 
-    /// Records the size of each write it is given.
+    /// Records the size of each write it is given; asks `cancel` to
+    /// finish once it took `stop_after` of them.
     #[derive(Default)]
     struct Pieces {
         bytes: Vec<u8>,
         sizes: Vec<usize>,
+        stop_after: Option<(usize, Cancel)>,
     }
 
     impl io::Write for Pieces {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             self.bytes.extend_from_slice(buf);
             self.sizes.push(buf.len());
+            if let Some((n, cancel)) = &self.stop_after
+                && self.sizes.len() >= *n
+            {
+                cancel.finish();
+            }
             Ok(buf.len())
         }
 
@@ -1006,9 +1011,8 @@ mod tests {
     #[test]
     fn a_catalog_write_passes_on_bounded_pieces_and_stops_within_one() {
         use std::io::Write as _;
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let data: Vec<u8> = (0..10 * STOPPABLE_PIECE + 17).map(|i| i as u8).collect();
-        // (questions answered "go on" before "stop", bytes that get through)
+        // (pieces passed on before the stop, bytes that get through)
         let cases = [
             (usize::MAX, data.len()),
             (0, 0),
@@ -1016,12 +1020,17 @@ mod tests {
             (3, 3 * STOPPABLE_PIECE),
         ];
         for (go_on, through) in cases {
-            let asked = AtomicUsize::new(0);
-            let keep_going = || asked.fetch_add(1, Ordering::Relaxed) < go_on;
-            let mut out = Pieces::default();
+            let cancel = Cancel::new();
+            if go_on == 0 {
+                cancel.finish();
+            }
+            let mut out = Pieces {
+                stop_after: Some((go_on, cancel.clone())),
+                ..Pieces::default()
+            };
             let result = Stoppable {
                 inner: &mut out,
-                keep_going: &keep_going,
+                cancel: &cancel,
             }
             .write_all(&data);
             assert_eq!(out.bytes.len(), through, "{go_on}");
@@ -1034,11 +1043,13 @@ mod tests {
         }
         // Through serde too, the stop is the error that comes out.
         let catalog = crate::catalog::Catalog::new(time::OffsetDateTime::UNIX_EPOCH);
+        let stopping = Cancel::new();
+        stopping.finish();
         let mut out = Pieces::default();
         let e = catalog
             .write_json(&mut Stoppable {
                 inner: &mut out,
-                keep_going: &|| false,
+                cancel: &stopping,
             })
             .unwrap_err();
         assert!(crate::interrupt::is_stopped(&e), "{e}");
