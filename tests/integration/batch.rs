@@ -2,7 +2,9 @@
 //! order still decides, each bundle gets its own result, a bad bundle
 //! fails alone, and a crash mid-batch converges.
 
-use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, metric, wait_for};
+use crate::util::{
+    DEADLINE, Test, assert_catalog_matches_disk, metric, sorted_names as names, wait_for,
+};
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
@@ -77,7 +79,7 @@ fn a_backlog_is_published_in_arrival_order_with_one_result_per_bundle() {
         fs::read_to_string(t.join("root/page.html")).unwrap(),
         "version 9\n"
     );
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert_eq!(
         records["page.html"]["source"]["id"], "b9",
         "the last arrival owns it"
@@ -110,7 +112,7 @@ fn replacement_in_a_batch_deletes_what_a_later_bundle_omits() {
     assert!(!t.join("root/y").exists(), "emptied folder removed");
     assert!(!t.join("root/seed.txt").exists());
     assert_eq!(
-        t.records("root").keys().cloned().collect::<Vec<_>>(),
+        t.recorded("root").keys().cloned().collect::<Vec<_>>(),
         ["x.txt"]
     );
     assert_catalog_matches_disk(&t.join("root"));
@@ -136,17 +138,6 @@ fn an_invalid_bundle_in_a_batch_fails_alone() {
     assert_catalog_matches_disk(&t.join("root"));
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
 #[test]
 fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
     let t = Test::new();
@@ -169,7 +160,7 @@ fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
         fs::read_to_string(t.join("root/stray.txt")).unwrap(),
         "not ours\n"
     );
-    assert!(!t.records("root").contains_key("stray.txt"));
+    assert!(!t.recorded("root").contains_key("stray.txt"));
     assert_catalog_matches_disk_except(&t.join("root"), "stray.txt");
 }
 
@@ -230,7 +221,7 @@ fn a_crash_in_the_middle_of_a_batch_converges() {
             "5\n",
             "{point}"
         );
-        let recorded: Vec<String> = t.records("root").keys().cloned().collect();
+        let recorded: Vec<String> = t.recorded("root").keys().cloned().collect();
         assert_eq!(recorded, ["keep.txt", "n5.txt"], "{point}");
         assert_catalog_matches_disk(&t.join("root"));
         for leftover in fs::read_dir(t.join("root")).unwrap() {
@@ -303,7 +294,7 @@ pipelines:
         let nested = t.join(&format!("by-source/b{i:03}/r{i:05}/report.md"));
         assert_eq!(fs::read_to_string(nested).unwrap(), report);
     }
-    assert_eq!(t.records("by-source").len(), 3 * n as usize + 1);
+    assert_eq!(t.recorded("by-source").len(), 3 * n as usize + 1);
     assert_catalog_matches_disk(&t.join("root"));
     assert_catalog_matches_disk(&t.join("by-source"));
 }
@@ -380,7 +371,7 @@ fn a_batch_keeps_files_that_already_hold_the_planned_bytes() {
         y["destinations"][0]["writes"],
         serde_json::json!(["a/old.txt", "a/same.txt"])
     );
-    assert_eq!(t.records("root")["a/same.txt"]["source"]["id"], "y");
+    assert_eq!(t.recorded("root")["a/same.txt"]["source"]["id"], "y");
     assert_catalog_matches_disk(&t.join("root"));
 }
 
@@ -455,7 +446,7 @@ fn a_backlog_into_a_large_broken_catalog_fails_each_bundle_and_a_restored_one_ta
     let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert_eq!(records.len(), 3003);
     for i in 4..7 {
         assert_eq!(
@@ -541,7 +532,7 @@ fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch(
         "version 3\n",
         "arrival order holds inside the batch"
     );
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert_eq!(records["page.html"]["source"]["id"], "b3");
     assert!((0..4).all(|i| records.contains_key(&format!("b{i}.txt"))));
     assert_catalog_matches_disk(&t.join("root"));

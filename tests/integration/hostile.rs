@@ -150,7 +150,7 @@ fn replacement_removes_a_recorded_symlink_not_its_target() {
     assert!(!t.join("site/gone").exists(), "its emptied folder too");
     assert_eq!(fs::read_to_string(&target).unwrap(), "outside, keep me");
     assert!(t.join("outside").is_dir());
-    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+    assert_eq!(t.recorded("site").keys().collect::<Vec<_>>(), ["a.txt"]);
 }
 
 #[test]

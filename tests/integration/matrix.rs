@@ -107,10 +107,10 @@ pipelines:
     }
 
     /// The catalog's records by path.
-    fn records(&self) -> BTreeMap<String, Value> {
+    fn recorded(&self) -> BTreeMap<String, Value> {
         match &self.bucket {
             None => records(&read_state(&self.t.join("site"))),
-            Some(bucket) => bucket.records(),
+            Some(bucket) => bucket.recorded(),
         }
     }
 
@@ -181,7 +181,7 @@ pipelines:
     /// recorded.
     #[track_caller]
     fn assert_consistent(&self) {
-        let records = self.records();
+        let records = self.recorded();
         for (path, r) in &records {
             let bytes = self
                 .get(path)
@@ -301,7 +301,7 @@ fn outputs_land_at_exactly_their_paths_whatever_the_characters() {
         expected.insert("ドキュメント/説明.html".to_owned());
         assert_eq!(site.paths(), expected, "{backend:?}: paths as stored");
         assert_eq!(
-            site.records().keys().cloned().collect::<BTreeSet<_>>(),
+            site.recorded().keys().cloned().collect::<BTreeSet<_>>(),
             expected,
             "{backend:?}: recorded paths"
         );
@@ -586,7 +586,7 @@ fn prune_and_reconcile_alike_on_every_backend() {
         );
         site.publish(&old).expect_code(0);
         site.publish(&new).expect_code(0);
-        let records = site.records();
+        let records = site.recorded();
         wait_past(
             instant_of(&records["a2.txt"]["updated_at"]),
             std::time::Duration::from_millis(1),
@@ -620,7 +620,7 @@ fn prune_and_reconcile_alike_on_every_backend() {
         let report = reconciled.json();
         assert_eq!(strings(&report["missing"]), ["a2.txt"], "{backend:?}");
         assert_eq!(report["removed_records"], 1, "{backend:?}");
-        assert!(site.records().is_empty(), "{backend:?}");
+        assert!(site.recorded().is_empty(), "{backend:?}");
         let verified = site.verify();
         verified.expect_code(0);
         assert_eq!(verified.json()["checked"], 0);
@@ -705,7 +705,7 @@ pipelines:
     assert_eq!(fs::read(t.join("site/a.txt")).unwrap(), b"a4\n");
     assert_eq!(bucket.get("a.txt").unwrap(), b"a4\n");
     let local: BTreeSet<String> = records(&read_state(&t.join("site"))).into_keys().collect();
-    let remote: BTreeSet<String> = bucket.records().into_keys().collect();
+    let remote: BTreeSet<String> = bucket.recorded().into_keys().collect();
     assert_eq!(local, BTreeSet::from(want.map(String::from)));
     assert_eq!(remote, local);
     let report: Value = serde_json::from_slice(
@@ -1394,10 +1394,9 @@ impl Versions {
     }
 
     /// The bundles in spool folder `folder` (the agent's own files aside).
-    fn names(&self, folder: &str) -> Vec<String> {
-        crate::util::names(&self.site.t.join(&format!("spool/reports/{folder}")))
+    fn bundles(&self, folder: &str) -> Vec<String> {
+        crate::util::bundle_names(&self.site.t.join(&format!("spool/reports/{folder}")))
             .into_iter()
-            .filter(|n| !n.starts_with('.'))
             .collect()
     }
 
@@ -1490,7 +1489,7 @@ fn a_batch_whose_agent_dies_after_its_commit_never_rolls_readers_back() {
             (Some(2), Some(2)),
             "{backend:?}: the batch was committed"
         );
-        assert_eq!(v.names("work"), ["b1", "b2"], "{backend:?}");
+        assert_eq!(v.bundles("work"), ["b1", "b2"], "{backend:?}");
 
         let (restarted, after) = v.agent_watched(&[]);
         restarted.expect_code(0);
@@ -1502,8 +1501,8 @@ fn a_batch_whose_agent_dies_after_its_commit_never_rolls_readers_back() {
             restarted.stderr
         );
         assert_eq!(v.shown(), (Some(2), Some(2)));
-        assert_eq!(v.names("done"), ["b0", "b1", "b2"]);
-        assert!(v.names("work").is_empty(), "{backend:?}");
+        assert_eq!(v.bundles("done"), ["b0", "b1", "b2"]);
+        assert!(v.bundles("work").is_empty(), "{backend:?}");
         // Every hook owed ran, at least once: first's for b1 twice (it
         // died in the first), web's for b1 and b2 after the restart.
         assert_eq!(hooked(&calls, "first"), ["b1", "b1", "b2"], "{backend:?}");
@@ -1558,7 +1557,7 @@ fn a_hook_owed_when_the_agent_died_runs_at_the_next_start() {
         assert_eq!(result["ok"], true);
         assert_eq!(result["hooks"][1]["destination_id"], "web", "{result}");
         assert_eq!(result["hooks"][1]["exit"], 0, "{result}");
-        assert!(v.names("work").is_empty());
+        assert!(v.bundles("work").is_empty());
         site_consistent(&v);
     });
 }
@@ -1609,8 +1608,12 @@ fn a_crash_anywhere_between_commit_and_filing_never_rolls_readers_back() {
             let calls = v.calls();
             assert_never_rolled_back(&during, &calls, &after, &what);
             assert_eq!(v.shown(), (Some(3), Some(3)), "{what}");
-            assert_eq!(v.names("done"), ["b0", "b1", "b2", "b3"], "{what}");
-            assert!(v.names("work").is_empty(), "{what}: {:?}", v.names("work"));
+            assert_eq!(v.bundles("done"), ["b0", "b1", "b2", "b3"], "{what}");
+            assert!(
+                v.bundles("work").is_empty(),
+                "{what}: {:?}",
+                v.bundles("work")
+            );
             for destination in ["first", "web"] {
                 let mut ran = hooked(&calls, destination);
                 ran.dedup();
@@ -1646,9 +1649,9 @@ fn a_signed_batch_published_again_after_a_partial_commit_is_not_refused_as_a_rep
         restarted.expect_code(0);
         assert_never_older(&after, &format!("{backend:?}"));
         assert_eq!(v.shown(), (Some(3), Some(3)), "{backend:?}");
-        assert_eq!(v.names("done"), ["b0", "b1", "b2", "b3"], "{backend:?}");
+        assert_eq!(v.bundles("done"), ["b0", "b1", "b2", "b3"], "{backend:?}");
         assert!(
-            v.names("failed").is_empty(),
+            v.bundles("failed").is_empty(),
             "{backend:?}: {}",
             restarted.stderr
         );
@@ -1676,7 +1679,7 @@ fn a_signed_batch_published_again_after_a_partial_commit_is_not_refused_as_a_rep
         );
         fs::rename(&again, t.join("spool/reports/inbox/again")).unwrap();
         v.site.run(&["agent", "--once"]).expect_code(1);
-        assert_eq!(v.names("failed"), ["again"], "{backend:?}");
+        assert_eq!(v.bundles("failed"), ["again"], "{backend:?}");
         assert_eq!(v.shown(), (Some(3), Some(3)));
         site_consistent(&v);
     });

@@ -60,7 +60,7 @@ fn two_runs_on_one_root_both_land() {
             ["publish_new", "upsert_additive"],
             "round {round}: one went first"
         );
-        let recs = t.records("shared");
+        let recs = t.recorded("shared");
         assert_eq!(recs.len(), 50, "round {round}: every record of both runs");
         for (tag, pipeline) in [("first", p1), ("second", p2)] {
             for (path, _) in files(tag, 25) {
@@ -222,7 +222,7 @@ fn a_catalog_changed_while_a_run_waits_for_the_lock_is_read_again() {
 
     let out = run.finish(Duration::from_secs(60));
     out.expect_code(0);
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert!(
         !records.contains_key("many/f0007.txt"),
         "the record dropped while the run waited came back"

@@ -70,7 +70,7 @@ fn publish_new_writes_files_records_and_report() {
     let state = t.state("site");
     assert_eq!(state["schema_version"], 4);
     assert_eq!(state["state"]["mode"], "catalog");
-    let recs = t.records("site");
+    let recs = t.recorded("site");
     assert_eq!(
         recs.keys().collect::<Vec<_>>(),
         ["data/a b.csv", "report.md"]
@@ -132,12 +132,12 @@ fn upsert_additive_adds_paths_and_keeps_earlier_records() {
     let b1 = t.bundle("rep.1", &[("a.txt", "one")]);
     let b2 = t.bundle("rep.2", &[("b.txt", "two")]);
     t.publish("reports", &b1, &[]).expect_code(0);
-    let first = t.records("site")["a.txt"].clone();
+    let first = t.recorded("site")["a.txt"].clone();
     let out = t.publish("reports", &b2, &[]);
     out.expect_code(0);
     assert_eq!(out.dest()["action"], "upsert_additive");
     assert_eq!(strings(&out.dest()["writes"]), ["b.txt"]);
-    let recs = t.records("site");
+    let recs = t.recorded("site");
     assert_eq!(recs.keys().collect::<Vec<_>>(), ["a.txt", "b.txt"]);
     assert_eq!(
         recs["a.txt"], first,
@@ -155,7 +155,7 @@ fn overwriting_a_recorded_path_keeps_created_at_and_moves_updated_at() {
     let b1 = t.bundle("rep.1", &[("a.txt", "one")]);
     let b2 = t.bundle("rep.2", &[("a.txt", "two, longer")]);
     t.publish("reports", &b1, &[]).expect_code(0);
-    let first = t.records("site")["a.txt"].clone();
+    let first = t.recorded("site")["a.txt"].clone();
     // The next run's time differs (the catalog keeps milliseconds).
     wait_past(
         instant_of(&first["updated_at"]),
@@ -164,7 +164,7 @@ fn overwriting_a_recorded_path_keeps_created_at_and_moves_updated_at() {
     let out = t.publish("reports", &b2, &[]);
     out.expect_code(0);
     assert_eq!(out.dest()["action"], "upsert_additive");
-    let r = &t.records("site")["a.txt"];
+    let r = &t.recorded("site")["a.txt"];
     assert_eq!(r["created_at"], first["created_at"]);
     assert_ne!(r["updated_at"], first["updated_at"]);
     assert_eq!(r["source"]["id"], "rep.2");
@@ -210,7 +210,7 @@ pipelines:
         fs::read_to_string(t.join("site/theirs/keep.txt")).unwrap(),
         "not ours"
     );
-    let recs = t.records("site");
+    let recs = t.recorded("site");
     assert_eq!(
         recs.keys().collect::<Vec<_>>(),
         ["a.txt", "theirs/keep.txt"]
@@ -356,7 +356,7 @@ fn force_replace_clears_unmanaged_content_but_keeps_the_lock_file() {
         .filter(|p| !p.is_empty())
         .collect();
     assert_eq!(files, [".distributor.json", ".distributor.lock", "a.txt"]);
-    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+    assert_eq!(t.recorded("site").keys().collect::<Vec<_>>(), ["a.txt"]);
     assert_catalog_matches_disk(&t.join("site"));
 }
 
@@ -404,7 +404,7 @@ fn legacy_state_additive_overwrites_planned_paths_and_keeps_the_rest_unrecorded(
     let state = t.state("site");
     assert_eq!(state["schema_version"], 4);
     assert_eq!(
-        t.records("site").keys().collect::<Vec<_>>(),
+        t.recorded("site").keys().collect::<Vec<_>>(),
         ["extra.txt", "report.md"]
     );
 }
@@ -431,7 +431,7 @@ fn legacy_state_replacement_clears_the_root() {
         "new report"
     );
     assert_eq!(t.state("site")["schema_version"], 4);
-    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["report.md"]);
+    assert_eq!(t.recorded("site").keys().collect::<Vec<_>>(), ["report.md"]);
 }
 
 /// Clearing a root is a deletion, and §7 allows none before the bundle is
@@ -495,7 +495,7 @@ fn replacement_leaves_a_folder_put_where_a_recorded_file_was() {
         fs::read_to_string(t.join("site/b.txt/mine.txt")).unwrap(),
         "someone else's"
     );
-    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+    assert_eq!(t.recorded("site").keys().collect::<Vec<_>>(), ["a.txt"]);
 }
 
 #[test]
@@ -649,7 +649,7 @@ fn markdown_is_rendered_to_sanitized_html_with_rewritten_links() {
         "title falls back to the file name: {notes}"
     );
     assert!(!t.join("site/report.md").exists(), "publish.source is off");
-    let r = &t.records("site")["report.html"];
+    let r = &t.recorded("site")["report.html"];
     assert_eq!(r["kind"], "generated");
     assert_eq!(r["source_path"], "report.md");
     assert_eq!(r["transform"], "markdown_to_html");
@@ -730,7 +730,7 @@ fn urls_percent_encode_each_segment() {
         ],
     );
     t.publish("reports", &b, &[]).expect_code(0);
-    let recs = t.records("site");
+    let recs = t.recorded("site");
     assert_eq!(
         recs["r_1.x/dir with space/ü&a+b%.txt"]["url"],
         "https://example.com/x/r_1.x/dir%20with%20space/%C3%BC%26a%2Bb%25.txt"
@@ -1038,7 +1038,7 @@ fn replacement_tolerates_an_output_already_deleted_by_hand() {
     let out = t.publish("reports", &b2, &[]);
     out.expect_code(0);
     assert_eq!(out.dest()["action"], "replace_catalog");
-    assert_eq!(t.records("site").keys().collect::<Vec<_>>(), ["a.txt"]);
+    assert_eq!(t.recorded("site").keys().collect::<Vec<_>>(), ["a.txt"]);
 }
 
 #[test]
@@ -1070,7 +1070,7 @@ fn source_and_html_together_give_two_outputs_per_markdown_file() {
         strings(&out.dest()["writes"]),
         ["img.png", "x.html", "x.md"]
     );
-    let recs = t.records("site");
+    let recs = t.recorded("site");
     assert_eq!(recs["x.md"]["kind"], "source");
     assert_eq!(recs["x.html"]["kind"], "generated");
     assert_eq!(fs::read_to_string(t.join("site/x.md")).unwrap(), md);
@@ -1110,7 +1110,7 @@ fn created_is_reported_in_utc_with_fractions_kept() {
         created.starts_with("2026-06-04T11:55:00.25") && created.ends_with('Z'),
         "{created}"
     );
-    assert_eq!(t.records("site")["a.txt"]["source"]["created"], created);
+    assert_eq!(t.recorded("site")["a.txt"]["source"]["created"], created);
 }
 
 #[test]
@@ -1147,9 +1147,9 @@ fn overwriting_another_owners_output_takes_it_over() {
     let theirs = t.bundle("other.1", &[("shared.txt", "theirs"), ("own.txt", "o")]);
     let ours = t.bundle("rep.1", &[("shared.txt", "ours")]);
     t.publish("other", &theirs, &[]).expect_code(0);
-    let before = t.records("site")["shared.txt"].clone();
+    let before = t.recorded("site")["shared.txt"].clone();
     t.publish("reports", &ours, &[]).expect_code(0);
-    let r = &t.records("site")["shared.txt"];
+    let r = &t.recorded("site")["shared.txt"];
     assert_eq!(r["pipeline_id"], "reports");
     assert_eq!(r["source"]["id"], "rep.1");
     assert_eq!(r["created_at"], before["created_at"]);
@@ -1231,7 +1231,7 @@ fn a_small_change_into_a_large_catalog_copies_the_records_it_leaves() {
         .collect();
     let b = t.bundle("big", &big);
     t.publish("reports", &b, &[]).expect_code(0);
-    let before = t.records("site");
+    let before = t.recorded("site");
     assert_eq!(before.len(), 2500);
     let catalog = fs::metadata(t.join("site/.distributor.json"))
         .unwrap()
@@ -1254,7 +1254,7 @@ fn a_small_change_into_a_large_catalog_copies_the_records_it_leaves() {
         "{}",
         out.stderr
     );
-    let after = t.records("site");
+    let after = t.recorded("site");
     assert_eq!(after.len(), 2520);
     for (path, record) in &before {
         assert_eq!(after.get(path), Some(record), "{path}");

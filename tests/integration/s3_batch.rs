@@ -379,7 +379,7 @@ fn a_batch_killed_while_it_uploads_converges_at_the_next_start() {
     let (intent, ..) = s.bucket.root.read_intent(&pending[0]).unwrap().unwrap();
     assert_eq!(intent.writes.len(), 8 * 3 + 1);
     assert!(s.bucket.get("r004/report.md").is_some());
-    assert!(!s.bucket.records().contains_key("r004/report.md"));
+    assert!(!s.bucket.recorded().contains_key("r004/report.md"));
 
     // The next start recovers the killed agent's batch at once (it serves
     // the same spool) and publishes the bundles it resumes from work/.

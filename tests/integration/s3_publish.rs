@@ -72,8 +72,8 @@ pipelines:
         self.bucket.get(rel)
     }
 
-    fn records(&self) -> BTreeMap<String, Value> {
-        self.bucket.records()
+    fn recorded(&self) -> BTreeMap<String, Value> {
+        self.bucket.recorded()
     }
 
     /// Every record's object holds exactly the recorded bytes, and no
@@ -117,7 +117,7 @@ fn publish_new_puts_every_output_at_its_key_and_records_it() {
     assert_eq!(s.get("data/a b.csv").unwrap(), b"x,y\n1,2\n");
     let html = String::from_utf8(s.get("report.html").unwrap()).unwrap();
     assert!(html.contains("<h1"), "{html}");
-    let records = s.records();
+    let records = s.recorded();
     assert_eq!(
         records.keys().collect::<Vec<_>>(),
         ["data/a b.csv", "report.html", "report.md"]
@@ -165,7 +165,7 @@ fn a_rerun_is_skip_same_and_a_changed_bundle_uploads_only_what_changed() {
         etag_a,
         "an unchanged output is not uploaded again"
     );
-    let records = s.records();
+    let records = s.recorded();
     assert_eq!(
         records["a.txt"]["source"]["created"],
         "2026-01-02T00:00:00Z"
@@ -194,7 +194,7 @@ fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
     assert_eq!(s.output_keys(), ["keep.txt", "stray.txt"]);
     assert_eq!(s.get("stray.txt").unwrap(), b"not ours\n");
     assert_eq!(
-        s.records().keys().collect::<Vec<_>>(),
+        s.recorded().keys().collect::<Vec<_>>(),
         ["keep.txt"],
         "the deleted output's record is gone"
     );
@@ -225,7 +225,7 @@ fn unrecorded_objects_are_never_overwritten() {
     assert_eq!(out.dest()["action"], "fail_unmanaged");
     assert_eq!(strings(&out.dest()["unmanaged"]), ["b.txt"]);
     assert_eq!(s.get("b.txt").unwrap(), b"theirs\n");
-    assert_eq!(s.records().keys().collect::<Vec<_>>(), ["a.txt"]);
+    assert_eq!(s.recorded().keys().collect::<Vec<_>>(), ["a.txt"]);
 }
 
 #[test]
@@ -329,7 +329,7 @@ fn the_agent_publishes_to_local_and_s3_destinations_in_one_go() {
         );
     }
     s.assert_records_match_objects();
-    let disk = s.t.records("disk");
+    let disk = s.t.recorded("disk");
     assert_eq!(disk.len(), 3);
 
     // `status` reads the catalog object like a local catalog.
@@ -386,6 +386,6 @@ fn a_bundle_of_many_files_goes_up_with_few_descriptors() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(s.records().len(), 300);
+    assert_eq!(s.recorded().len(), 300);
     s.assert_records_match_objects();
 }

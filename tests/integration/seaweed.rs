@@ -614,22 +614,17 @@ impl Bucket {
     }
 
     /// The catalog object's records by path.
-    pub fn records(&self) -> BTreeMap<String, Value> {
+    pub fn recorded(&self) -> BTreeMap<String, Value> {
         let bytes = self.get(".distributor.json").expect("a catalog object");
         let doc: Value = serde_json::from_slice(&bytes).expect("catalog JSON");
         assert_eq!(doc["schema_version"], 4, "{doc}");
-        doc["outputs"]
-            .as_array()
-            .expect("outputs")
-            .iter()
-            .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
-            .collect()
+        crate::util::records(&doc)
     }
 
     /// Every record's object holds exactly the recorded bytes.
     #[track_caller]
     pub fn assert_records_match_objects(&self) -> BTreeMap<String, Value> {
-        let records = self.records();
+        let records = self.recorded();
         for (path, r) in &records {
             let bytes = self
                 .get(path)
