@@ -1598,7 +1598,7 @@ fn a_live_agent_deletes_done_entries_older_than_done_retention() {
     let seen = Instant::now();
     let entry = dir.spool("p", "done").join("old");
     assert!(
-        wait_for(Duration::from_secs(8), || !entry.exists()),
+        wait_for(DEADLINE, || !entry.exists()),
         "done/old still there {:?} after it appeared:\n{}",
         seen.elapsed(),
         agent.stderr()

@@ -104,7 +104,6 @@ pipelines:
         waited >= Duration::from_millis(200),
         "it waited for the lock: {waited:?}"
     );
-    assert!(waited < Duration::from_secs(10), "and gave up: {waited:?}");
     let names: Vec<String> = fs::read_dir(t.join("site"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -1007,7 +1007,7 @@ fn hostile_bundles(t: &Test) -> Vec<Hostile> {
 }
 
 #[test]
-fn hostile_bundles_are_refused_fast_naming_the_culprit_and_write_nothing() {
+fn hostile_bundles_are_refused_naming_the_culprit_and_write_nothing() {
     let t = Test::new();
     t.config(
         "pipelines:
@@ -1045,7 +1045,6 @@ fn hostile_bundles_are_refused_fast_naming_the_culprit_and_write_nothing() {
                 "{what}: run error lacks {needle:?}: {error}"
             );
         }
-        assert!(took < Duration::from_secs(5), "{what}: run took {took:?}");
         assert!(!t.join("site").exists(), "{what}: the root was created");
 
         let start = Instant::now();
@@ -1060,10 +1059,6 @@ fn hostile_bundles_are_refused_fast_naming_the_culprit_and_write_nothing() {
                 out.all()
             );
         }
-        assert!(
-            took < Duration::from_secs(5),
-            "{what}: verify took {took:?}"
-        );
         assert_eq!(
             snapshot(&case.dir),
             bundle_before,
