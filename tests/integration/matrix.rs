@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use crate::seaweed::{Bucket, server};
 use crate::util::{
-    Backend, Output, Test, TestCommand, each_backend, instant_of, is_reserved, read_state, records,
-    strings, wait_past,
+    Backend, DEADLINE, Output, Test, TestCommand, each_backend, instant_of, is_reserved,
+    read_state, records, strings, wait_past,
 };
 
 /// A test folder whose config has pipeline `reports` with one destination
@@ -25,6 +25,8 @@ struct Site {
     backend: Backend,
     t: Test,
     bucket: Option<Bucket>,
+    /// The keys that place a destination in this root (for more pipelines).
+    root: String,
 }
 
 impl Site {
@@ -67,7 +69,22 @@ pipelines:
           html: true
 {extra}"
         ));
-        Site { backend, t, bucket }
+        Site {
+            backend,
+            t,
+            bucket,
+            root,
+        }
+    }
+
+    /// Adds pipeline `id`, whose destination `web` is this root (additive,
+    /// sources only).
+    fn add_pipeline(&self, id: &str) {
+        let config = fs::read_to_string(self.t.join("config.yaml")).unwrap();
+        self.t.config(&format!(
+            "{config}  - id: {id}\n    destinations:\n      - id: web\n        {}\n",
+            self.root
+        ));
     }
 
     /// The binary with the config (and, for s3, the server's credentials).
@@ -91,8 +108,28 @@ pipelines:
     }
 
     fn publish(&self, bundle: &Path) -> Output {
+        self.publish_with("reports", bundle, &[])
+    }
+
+    /// `run --json --pipeline PIPELINE [extra...] BUNDLE`.
+    fn publish_with(&self, pipeline: &str, bundle: &Path, extra: &[&str]) -> Output {
         let bundle = bundle.to_str().expect("utf-8 path");
-        self.run(&["run", "--json", "--pipeline", "reports", bundle])
+        let mut args = vec!["run", "--json", "--pipeline", pipeline];
+        args.extend_from_slice(extra);
+        args.push(bundle);
+        self.run(&args)
+    }
+
+    /// What identifies the stored copy of output `rel`: its inode and
+    /// modification time, or its ETag. The same when it was not written.
+    fn identity(&self, rel: &str) -> String {
+        match &self.bucket {
+            None => {
+                let node = &self.t.tree("site").0[rel];
+                format!("{} {}", node.ino, node.mtime_ns)
+            }
+            Some(bucket) => bucket.etag(rel).expect("an object"),
+        }
     }
 
     fn verify(&self) -> Output {
@@ -148,7 +185,7 @@ pipelines:
     /// Replaces output `rel` with `bytes` as another tool would.
     fn change_behind_the_back(&self, rel: &str, bytes: &[u8]) {
         match &self.bucket {
-            None => fs::write(self.t.join("site").join(rel), bytes).unwrap(),
+            None => crate::util::write_file(&self.t.join("site").join(rel), bytes),
             Some(bucket) => {
                 bucket.plant(rel, bytes);
             }
@@ -165,10 +202,16 @@ pipelines:
 
     /// Everything the root holds, reserved names included, as a text to
     /// compare: every entry below the local root with its bytes' hash,
-    /// mode, time and inode; or every key below the s3 root with its ETag.
+    /// mode, time and inode (the root folder's own times aside: a
+    /// temporary file made and removed there moves them); or every key
+    /// below the s3 root with its ETag.
     fn snapshot(&self) -> String {
         match &self.bucket {
-            None => format!("{:#?}", self.t.tree("site")),
+            None => {
+                let mut tree = self.t.tree("site");
+                tree.0.remove("");
+                format!("{tree:#?}")
+            }
             Some(bucket) => bucket
                 .keys()
                 .into_iter()
@@ -177,10 +220,21 @@ pipelines:
         }
     }
 
-    /// Every record's bytes are at its path, and every output path is
-    /// recorded.
+    /// Every record's bytes are at its path, every output path is
+    /// recorded, and no s3 intent is left pending.
     #[track_caller]
     fn assert_consistent(&self) {
+        self.assert_consistent_but(&[]);
+    }
+
+    /// [`Site::assert_consistent`], `unmanaged` (paths someone else put
+    /// there) aside.
+    #[track_caller]
+    fn assert_consistent_but(&self, unmanaged: &[&str]) {
+        if let Some(bucket) = &self.bucket {
+            let pending = bucket.pending();
+            assert!(pending.is_empty(), "pending intents left: {pending:?}");
+        }
         let records = self.recorded();
         for (path, r) in &records {
             let bytes = self
@@ -189,12 +243,11 @@ pipelines:
             assert_eq!(r["sha256"], crate::util::sha256(&bytes), "{path}: {r}");
         }
         let recorded: BTreeSet<String> = records.keys().cloned().collect();
-        assert_eq!(
-            self.paths(),
-            recorded,
-            "{:?}: outputs vs records",
-            self.backend
-        );
+        let mut paths = self.paths();
+        for path in unmanaged {
+            assert!(paths.remove(*path), "{:?}: {path} is gone", self.backend);
+        }
+        assert_eq!(paths, recorded, "{:?}: outputs vs records", self.backend);
     }
 }
 
@@ -786,46 +839,76 @@ fn a_publication_killed_at_any_step_converges_at_the_next_run() {
     });
 }
 
-/// Two processes publishing different sources into one root at the same
-/// moment, on any backend: both succeed (a local root's lock makes one
-/// wait; on s3 the loser of the catalog's compare-and-swap is re-applied
-/// on the winner's catalog), and the root holds and records both.
+/// Two processes publishing into one root at the same moment, on any
+/// backend, from two pipelines or two bundles of one pipeline: both
+/// succeed (a local root's lock makes one wait; on s3 the loser of the
+/// catalog's compare-and-swap is re-applied on the winner's catalog; on a
+/// local root one of them went first: `publish_new`, then
+/// `upsert_additive`), and the root holds and records every output of
+/// both, each with its owner.
 #[test]
 fn two_publishers_racing_into_one_root_both_land() {
+    let files = |tag: &str| -> Vec<(String, String)> {
+        (0..25)
+            .map(|i| (format!("{tag}/f{i:02}.txt"), format!("{tag} {i}\n")))
+            .collect()
+    };
     each_backend(|backend| {
-        let site = Site::new(backend, "additive");
-        let a = site.t.bundle_at(
-            "a",
-            "docs.a",
-            "2026-06-01T00:00:00Z",
-            &[("a/one.txt", "a\n"), ("a/two.txt", "aa\n")],
-        );
-        let b = site.t.bundle_at(
-            "b",
-            "docs.b",
-            "2026-06-01T00:00:00Z",
-            &[("b/one.txt", "b\n"), ("b/two.txt", "bb\n")],
-        );
-        let racers: Vec<_> = [&a, &b]
-            .iter()
-            .map(|bundle| {
-                let bundle = bundle.to_str().unwrap();
-                site.command(&["run", "--pipeline", "reports", bundle], &[])
-                    .start()
-            })
-            .collect();
-        for mut racer in racers {
-            racer
-                .finish(std::time::Duration::from_secs(120))
-                .expect_code(0);
+        for round in 0..4 {
+            let what = format!("{backend:?} round {round}");
+            let site = Site::new(backend, "additive");
+            site.add_pipeline("other");
+            // Even rounds: two pipelines; odd rounds: one pipeline.
+            let (p1, p2) = if round % 2 == 0 {
+                ("reports", "other")
+            } else {
+                ("reports", "reports")
+            };
+            let first = site.t.bundle("first", &files("first"));
+            let second = site.t.bundle("second", &files("second"));
+            let racers: Vec<_> = [(p1, &first), (p2, &second)]
+                .iter()
+                .map(|(pipeline, bundle)| {
+                    let bundle = bundle.to_str().unwrap();
+                    site.command(&["run", "--json", "--pipeline", pipeline, bundle], &[])
+                        .start()
+                })
+                .collect();
+            let mut actions = Vec::new();
+            for mut racer in racers {
+                let out = racer.finish(DEADLINE);
+                out.expect_code(0);
+                actions.push(out.dest()["action"].as_str().unwrap().to_owned());
+            }
+            actions.sort();
+            match backend {
+                // The lock made one wait: it planned on the other's catalog.
+                Backend::Local => assert_eq!(
+                    actions,
+                    ["publish_new", "upsert_additive"],
+                    "{what}: one went first"
+                ),
+                // Both may plan on the empty root; the loser's commit is
+                // re-applied on the winner's catalog, and its report keeps
+                // the action it planned.
+                Backend::S3 => assert!(
+                    actions
+                        .iter()
+                        .all(|a| a == "publish_new" || a == "upsert_additive"),
+                    "{what}: {actions:?}"
+                ),
+            }
+            let recs = site.recorded();
+            assert_eq!(recs.len(), 50, "{what}: every record of both runs");
+            for (tag, pipeline) in [("first", p1), ("second", p2)] {
+                for (path, _) in files(tag) {
+                    let r = &recs[&path];
+                    assert_eq!(r["source"]["id"], tag, "{what}: {path}");
+                    assert_eq!(r["pipeline_id"], pipeline, "{what}: {path}");
+                }
+            }
+            site.assert_consistent();
         }
-        let paths: Vec<String> = site.paths().into_iter().collect();
-        assert_eq!(
-            paths,
-            ["a/one.txt", "a/two.txt", "b/one.txt", "b/two.txt"],
-            "{backend:?}"
-        );
-        site.assert_consistent();
     });
 }
 
@@ -1701,3 +1784,467 @@ fn site_consistent(v: &Versions) {
     v.site.assert_consistent();
     crate::util::assert_catalog_matches_disk(&v.site.t.join("first"));
 }
+
+// ---------------------------------------------------------------------------
+// One publication: what `run` does to a root, on every backend
+// ---------------------------------------------------------------------------
+
+/// A first publication puts every output (the rendered page too) at its
+/// path with its bytes, and records each with its owner, source, hash,
+/// size and URL; the `--json` document says what it did; the catalog is
+/// v4, pretty JSON with a final newline.
+#[test]
+fn publish_new_puts_every_output_at_its_path_and_records_it() {
+    let links = "        links:\n          base_url: https://example.com/archive\n";
+    each_backend(|backend| {
+        let site = Site::with(backend, "additive", links);
+        let b = site.t.bundle(
+            "rep.1",
+            &[("report.md", "# Report\n"), ("data/a b.csv", "x,y\n1,2\n")],
+        );
+        let out = site.publish(&b);
+        out.expect_code(0);
+        let doc = out.json();
+        assert_eq!(doc["ok"], true, "{doc}");
+        assert_eq!(doc["stage"], Value::Null, "{doc}");
+        assert_eq!(doc["error"], Value::Null, "{doc}");
+        let d = out.dest();
+        assert_eq!(d["action"], "publish_new", "{backend:?}: {d}");
+        if let Some(bucket) = &site.bucket {
+            assert_eq!(d["root"], format!("s3://{}/site", bucket.location.bucket));
+        }
+        let all = ["data/a b.csv", "report.html", "report.md"];
+        assert_eq!(strings(&d["writes"]), all, "{backend:?}");
+        assert_eq!(strings(&d["deletes"]), Vec::<String>::new());
+        assert_eq!(strings(&d["unmanaged"]), Vec::<String>::new());
+        assert_eq!(site.get("report.md").as_deref(), Some(&b"# Report\n"[..]));
+        assert_eq!(
+            site.get("data/a b.csv").as_deref(),
+            Some(&b"x,y\n1,2\n"[..])
+        );
+        let html = String::from_utf8(site.get("report.html").unwrap()).unwrap();
+        assert!(html.contains("<h1"), "{backend:?}: {html}");
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, all, "{backend:?}: nothing but the outputs");
+
+        let manifest = crate::util::read_json(&b.join("manifest.json"));
+        let catalog = site.get(".distributor.json").expect("a catalog");
+        assert!(catalog.ends_with(b"}\n"), "{backend:?}: pretty JSON");
+        let state: Value = serde_json::from_slice(&catalog).unwrap();
+        assert_eq!(state["schema_version"], 4);
+        assert_eq!(state["state"]["mode"], "catalog");
+        let recs = site.recorded();
+        assert_eq!(recs.keys().collect::<Vec<_>>(), all, "{backend:?}");
+        let r = &recs["report.md"];
+        assert_eq!(r["pipeline_id"], "reports");
+        assert_eq!(r["destination_id"], "web");
+        assert_eq!(r["kind"], "source");
+        assert_eq!(r["source"]["id"], "rep.1");
+        assert_eq!(r["source"]["digest"], manifest["digest"]);
+        assert_eq!(r["source"]["created"], crate::util::CREATED);
+        assert_eq!(r["sha256"], crate::util::sha256(b"# Report\n"));
+        assert_eq!(r["size"], 9);
+        assert_eq!(r["url"], "https://example.com/archive/report.md");
+        assert!(r.get("source_path").is_none() && r.get("transform").is_none());
+        assert_eq!(recs["report.html"]["kind"], "generated");
+        assert_eq!(
+            recs["data/a b.csv"]["url"],
+            "https://example.com/archive/data/a%20b.csv"
+        );
+        site.assert_consistent();
+    });
+}
+
+/// The same bundle again is `skip_same` and touches nothing, the catalog
+/// included (mtimes and inodes, or ETags). A changed version writes only
+/// what changed: an output with the same bytes is left as it is, while
+/// its record moves to the new source; a rewritten output keeps its
+/// `created_at` and moves its `updated_at`. A bundle of another source
+/// adds its paths and leaves the earlier records as they were.
+#[test]
+fn a_rerun_is_skip_same_and_a_changed_bundle_writes_only_what_changed() {
+    each_backend(|backend| {
+        for workflow in ["additive", "replacement"] {
+            let site = Site::new(backend, workflow);
+            let v1 = site.t.bundle_at(
+                "v1",
+                "rep",
+                "2026-01-01T00:00:00Z",
+                &[("a.txt", "same\n"), ("sub/b.txt", "old\n")],
+            );
+            site.publish(&v1).expect_code(0);
+            let before = site.snapshot();
+            let again = site.publish(&v1);
+            again.expect_code(0);
+            let d = again.dest();
+            assert_eq!(d["action"], "skip_same", "{backend:?} {workflow}");
+            assert_eq!(strings(&d["writes"]), Vec::<String>::new());
+            assert_eq!(strings(&d["deletes"]), Vec::<String>::new());
+            assert_eq!(
+                site.snapshot(),
+                before,
+                "{backend:?} {workflow}: skip_same touched the root"
+            );
+        }
+
+        let site = Site::new(backend, "additive");
+        let v1 = site.t.bundle_at(
+            "v1",
+            "rep",
+            "2026-01-01T00:00:00Z",
+            &[("a.txt", "same\n"), ("sub/b.txt", "old\n")],
+        );
+        site.publish(&v1).expect_code(0);
+        let kept = site.identity("a.txt");
+        let first = site.recorded();
+        wait_past(
+            instant_of(&first["sub/b.txt"]["updated_at"]),
+            std::time::Duration::from_millis(1),
+        );
+        let v2 = site.t.bundle_at(
+            "v2",
+            "rep",
+            "2026-01-02T00:00:00Z",
+            &[("a.txt", "same\n"), ("sub/b.txt", "new, longer\n")],
+        );
+        let out = site.publish(&v2);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "upsert_additive", "{backend:?}");
+        assert_eq!(
+            site.get("sub/b.txt").as_deref(),
+            Some(&b"new, longer\n"[..])
+        );
+        assert_eq!(
+            site.identity("a.txt"),
+            kept,
+            "{backend:?}: an unchanged output was written again"
+        );
+        let recs = site.recorded();
+        assert_eq!(recs["a.txt"]["source"]["created"], "2026-01-02T00:00:00Z");
+        let b = &recs["sub/b.txt"];
+        assert_eq!(b["created_at"], first["sub/b.txt"]["created_at"]);
+        assert_ne!(b["updated_at"], first["sub/b.txt"]["updated_at"]);
+        assert_eq!(b["size"], 12);
+
+        let other = site.t.bundle("other", &[("c.txt", "two")]);
+        let out = site.publish(&other);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "upsert_additive");
+        assert_eq!(strings(&out.dest()["writes"]), ["c.txt"], "{backend:?}");
+        let now = site.recorded();
+        assert_eq!(now["a.txt"], recs["a.txt"], "{backend:?}: record kept");
+        assert_eq!(now["sub/b.txt"], recs["sub/b.txt"]);
+        assert_eq!(now["c.txt"]["source"]["id"], "other");
+        site.assert_consistent();
+    });
+}
+
+/// Replacement deletes the outputs its owner no longer publishes (and a
+/// local root's emptied folders), and nothing else: another pipeline's
+/// outputs and a file someone else put there stay.
+#[test]
+fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        site.add_pipeline("other");
+        let theirs = site.t.bundle("other.1", &[("theirs/keep.txt", "not ours")]);
+        site.publish_with("other", &theirs, &[]).expect_code(0);
+        let v1 = site.t.bundle_at(
+            "v1",
+            "rep",
+            "2026-01-01T00:00:00Z",
+            &[("a.txt", "a1"), ("deep/er/b.txt", "b1")],
+        );
+        site.publish(&v1).expect_code(0);
+        site.change_behind_the_back("stray.txt", b"not ours either\n");
+        let v2 = site
+            .t
+            .bundle_at("v2", "rep", "2026-01-02T00:00:00Z", &[("a.txt", "a2")]);
+        let out = site.publish(&v2);
+        out.expect_code(0);
+        let d = out.dest();
+        assert_eq!(d["action"], "replace_catalog", "{backend:?}: {d}");
+        assert_eq!(strings(&d["writes"]), ["a.txt"]);
+        assert_eq!(strings(&d["deletes"]), ["deep/er/b.txt"], "{backend:?}");
+        if backend == Backend::Local {
+            assert!(!site.t.join("site/deep").exists(), "emptied folders go");
+            assert!(site.t.join("site").is_dir(), "the root itself stays");
+        }
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(
+            paths,
+            ["a.txt", "stray.txt", "theirs/keep.txt"],
+            "{backend:?}"
+        );
+        assert_eq!(site.get("a.txt").as_deref(), Some(&b"a2"[..]));
+        assert_eq!(
+            site.get("theirs/keep.txt").as_deref(),
+            Some(&b"not ours"[..])
+        );
+        assert_eq!(
+            site.get("stray.txt").as_deref(),
+            Some(&b"not ours either\n"[..])
+        );
+        let recs = site.recorded();
+        assert_eq!(
+            recs.keys().collect::<Vec<_>>(),
+            ["a.txt", "theirs/keep.txt"]
+        );
+        assert_eq!(recs["theirs/keep.txt"]["pipeline_id"], "other");
+        site.assert_consistent_but(&["stray.txt"]);
+    });
+}
+
+/// Files the catalog does not record are never overwritten: a root
+/// without a catalog that holds anything (for a local root, an empty
+/// folder too) refuses the publication (`fail_unmanaged`, exit 3, stage
+/// plan) listing them, and no catalog is made; a stray file at a planned
+/// path of a catalogued root refuses it too, and the catalog is left as
+/// it was.
+#[test]
+fn unrecorded_outputs_are_never_overwritten() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        site.change_behind_the_back("stray.txt", b"someone else's");
+        let mut unmanaged = vec!["stray.txt"];
+        if backend == Backend::Local {
+            site.t.mkdir("site/empty-folder");
+            unmanaged.insert(0, "empty-folder");
+        }
+        let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+        let outputs = || -> Vec<(String, Option<Vec<u8>>)> {
+            let paths = site.paths();
+            paths
+                .into_iter()
+                .map(|p| (p.clone(), site.get(&p)))
+                .collect()
+        };
+        let before = outputs();
+        let out = site.publish(&b);
+        out.expect_code(3);
+        let doc = out.json();
+        assert_eq!(doc["ok"], false, "{doc}");
+        assert_eq!(doc["stage"], "plan", "{doc}");
+        assert!(doc["error"].is_string(), "{doc}");
+        let d = out.dest();
+        assert_eq!(d["action"], "fail_unmanaged", "{backend:?}: {d}");
+        assert_eq!(strings(&d["unmanaged"]), unmanaged, "{backend:?}");
+        assert!(
+            unmanaged
+                .iter()
+                .any(|p| d["error"].as_str().unwrap().contains(p)),
+            "{d}"
+        );
+        assert_eq!(strings(&d["writes"]), Vec::<String>::new());
+        assert!(site.get(".distributor.json").is_none(), "{backend:?}");
+        assert_eq!(outputs(), before, "{backend:?}: the root changed");
+        if backend == Backend::Local {
+            assert!(site.t.join("site/empty-folder").is_dir());
+        }
+
+        let site = Site::new(backend, "additive");
+        let b1 = site.t.bundle("v1", &[("a.txt", "a\n")]);
+        site.publish(&b1).expect_code(0);
+        site.change_behind_the_back("b.txt", b"theirs\n");
+        let catalog = site.get(".distributor.json");
+        let b2 = site
+            .t
+            .bundle("v2", &[("a.txt", "a\n"), ("b.txt", "ours\n")]);
+        let out = site.publish(&b2);
+        out.expect_code(3);
+        assert_eq!(out.json()["stage"], "plan");
+        assert_eq!(out.dest()["action"], "fail_unmanaged", "{backend:?}");
+        assert_eq!(strings(&out.dest()["unmanaged"]), ["b.txt"]);
+        assert_eq!(site.get("b.txt").as_deref(), Some(&b"theirs\n"[..]));
+        assert_eq!(site.get(".distributor.json"), catalog, "{backend:?}");
+        assert_eq!(site.recorded().keys().collect::<Vec<_>>(), ["a.txt"]);
+        site.assert_consistent_but(&["b.txt"]);
+    });
+}
+
+/// A catalog that is not JSON, of a future or an unknown version, or not
+/// a valid v4 document, is a conflict (`fail_conflict`, exit 3, stage
+/// plan): the catalog is left byte for byte and nothing is written.
+#[test]
+fn a_bad_or_future_catalog_is_a_conflict_and_left_alone() {
+    let cases: [(&str, &[u8]); 4] = [
+        ("garbage", b"this is not json {"),
+        ("future", br#"{"schema_version": 5, "outputs": []}"#),
+        ("zero", br#"{"schema_version": 0}"#),
+        ("invalid v4", br#"{"schema_version": 4, "outputs": "nope"}"#),
+    ];
+    each_backend(|backend| {
+        for (name, bytes) in cases {
+            let site = Site::new(backend, "additive");
+            site.change_behind_the_back(".distributor.json", bytes);
+            let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+            let out = site.publish(&b);
+            out.expect_code(3);
+            assert_eq!(out.json()["stage"], "plan", "{backend:?} {name}");
+            assert_eq!(out.dest()["action"], "fail_conflict", "{backend:?} {name}");
+            assert_eq!(
+                site.get(".distributor.json").as_deref(),
+                Some(bytes),
+                "{backend:?} {name}"
+            );
+            assert!(site.paths().is_empty(), "{backend:?} {name}");
+        }
+    });
+}
+
+/// A dry run exits as the real run would (0, 3 for a refusal, 1 for an
+/// invalid bundle), reports the plan, and changes nothing: into an empty
+/// root it makes nothing at all, and a root that exists is left as it was
+/// (mtimes and inodes, or ETags).
+#[test]
+fn a_dry_run_exits_like_the_real_run_and_changes_nothing() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        let b1 = site
+            .t
+            .bundle("rep.1", &[("a.txt", "a"), ("sub/b.txt", "b")]);
+        let out = site.publish_with("reports", &b1, &["--dry-run"]);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "publish_new", "{backend:?}");
+        assert_eq!(strings(&out.dest()["writes"]), ["a.txt", "sub/b.txt"]);
+        match &site.bucket {
+            None => assert!(!site.t.join("site").exists(), "a root was made"),
+            Some(bucket) => assert!(bucket.keys().is_empty(), "{:?}", bucket.keys()),
+        }
+
+        site.publish(&b1).expect_code(0);
+        // Would succeed: 0, with the plan reported and nothing done.
+        let b2 = site.t.bundle("rep.2", &[("a.txt", "changed")]);
+        let before = site.snapshot();
+        let out = site.publish_with("reports", &b2, &["--dry-run"]);
+        out.expect_code(0);
+        assert_eq!(out.json()["dry_run"], true);
+        assert_eq!(out.dest()["action"], "replace_catalog", "{backend:?}");
+        assert_eq!(strings(&out.dest()["deletes"]), ["sub/b.txt"]);
+        assert_eq!(site.snapshot(), before, "{backend:?}: a dry run wrote");
+
+        // Would be refused: 3.
+        site.change_behind_the_back("stray.txt", b"x");
+        let before = site.snapshot();
+        let b3 = site.t.bundle("rep.3", &[("stray.txt", "y")]);
+        let out = site.publish_with("reports", &b3, &["--dry-run"]);
+        out.expect_code(3);
+        assert_eq!(out.dest()["action"], "fail_unmanaged", "{backend:?}");
+        assert_eq!(site.snapshot(), before, "{backend:?}");
+
+        // Invalid bundle: 1.
+        fs::write(b2.join("a.txt"), "tampered").unwrap();
+        let out = site.publish_with("reports", &b2, &["--dry-run"]);
+        out.expect_code(1);
+        assert_eq!(out.json()["stage"], "verify");
+        assert_eq!(site.snapshot(), before, "{backend:?}");
+    });
+}
+
+/// Bytes that differ from the manifest (same size: only hashing can tell)
+/// are never published. Into empty roots nothing is made (no output, no
+/// catalog, no pending intent); into catalogued roots (the one on the
+/// backend, and a local mirror listed before it), copies are hashed while
+/// they stream, and a mismatch fails the bundle at stage verify and leaves
+/// every entry of both roots as it was, no temporary file included.
+#[test]
+fn bytes_that_differ_from_the_manifest_are_never_published() {
+    each_backend(|backend| {
+        for workflow in ["additive", "replacement"] {
+            let what = format!("{backend:?} {workflow}");
+            let mirror = format!(
+                "      - id: mirror\n        path: ./mirror\n        workflow: {workflow}\n"
+            );
+            let site = Site::after(backend, workflow, &mirror, "");
+            let mirror = || {
+                let mut tree = site.t.tree("mirror");
+                tree.0.remove("");
+                tree
+            };
+            let zero = site.t.bundle_at(
+                "zero",
+                "zero",
+                "2026-05-01T00:00:00Z",
+                &[("a.txt", "good\n"), ("b.txt", "fine\n")],
+            );
+            fs::write(zero.join("b.txt"), "evil\n").unwrap();
+            let out = site.publish(&zero);
+            out.expect_code(1);
+            assert_eq!(out.json()["stage"], "verify", "{what}");
+            let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+            assert!(error.contains("b.txt"), "{what}: {error}");
+            assert!(site.paths().is_empty(), "{what}: {:?}", site.paths());
+            assert!(site.get(".distributor.json").is_none(), "{what}");
+            if let Some(bucket) = &site.bucket {
+                assert!(bucket.reserved().is_empty(), "{:?}", bucket.reserved());
+            }
+            assert!(mirror().files().is_empty(), "{what}: {:?}", mirror());
+
+            let first = site.t.bundle_at(
+                "one",
+                "one",
+                "2026-06-01T00:00:00Z",
+                &[("a.txt", "first\n")],
+            );
+            site.publish(&first).expect_code(0);
+            let second = site.t.bundle_at(
+                "two",
+                "two",
+                "2026-06-02T00:00:00Z",
+                &[("a.txt", "second\n"), ("b.md", "# B\n"), ("c.bin", "cccc")],
+            );
+            fs::write(second.join("c.bin"), "CCCC").unwrap();
+            let (web, mirrored) = (site.snapshot(), mirror());
+            let out = site.publish(&second);
+            out.expect_code(1);
+            assert_eq!(out.json()["stage"], "verify", "{what}");
+            let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+            assert!(error.contains("c.bin"), "{what}: {error}");
+            assert_eq!(site.snapshot(), web, "{what}: web changed");
+            assert_eq!(mirror(), mirrored, "{what}: mirror changed");
+            site.assert_consistent();
+            crate::util::assert_catalog_matches_disk(&site.t.join("mirror"));
+        }
+    });
+}
+
+/// Broken or malicious bundles (from `bundle_cmd::hostile_bundles`) fail
+/// at stage verify naming the culprit, for a run and a dry run alike, and
+/// no root is even made; nothing outside the bundles changes.
+#[test]
+fn bad_bundles_fail_verification_and_touch_no_root() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let cases = crate::bundle_cmd::hostile_bundles(&site.t);
+        let before = site.t.tree("");
+        for (what, dir, name) in cases {
+            let out = site.publish(&dir);
+            assert_eq!(out.code, 1, "{backend:?} {what}: {}", out.all());
+            let doc = out.json();
+            assert_eq!(doc["ok"], false, "{what}");
+            assert_eq!(doc["stage"], "verify", "{backend:?} {what}");
+            assert!(
+                doc["error"].as_str().unwrap().contains(&name),
+                "{what}: error names {name}: {doc}"
+            );
+            match &site.bucket {
+                None => assert!(!site.t.join("site").exists(), "{what}: a root was made"),
+                Some(bucket) => assert!(bucket.keys().is_empty(), "{what}: {:?}", bucket.keys()),
+            }
+            let out = site.publish_with("reports", &dir, &["--dry-run"]);
+            assert_eq!(out.code, 1, "{backend:?} {what} (dry run)");
+        }
+        let after = site.t.tree("");
+        for (path, node) in &before.0 {
+            if path.starts_with("bundles") || path.is_empty() {
+                continue;
+            }
+            assert_eq!(
+                after.0.get(path),
+                Some(node),
+                "{backend:?}: {path} outside the bundles changed"
+            );
+        }
+    });
+}
+
