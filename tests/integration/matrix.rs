@@ -2248,3 +2248,301 @@ fn bad_bundles_fail_verification_and_touch_no_root() {
     });
 }
 
+// ---------------------------------------------------------------------------
+// A backlog: what the agent publishes as one batch, on every backend
+// ---------------------------------------------------------------------------
+
+/// What the batch scenarios add to a [`Site`].
+impl Site {
+    /// [`Site::new`] for the agent: no settling time, and metrics in
+    /// `metrics.prom`.
+    fn batching(backend: Backend, workflow: &str) -> Site {
+        let site = Site::new(backend, workflow);
+        let config = fs::read_to_string(site.t.join("config.yaml")).unwrap();
+        site.t.config(&config.replace(
+            "spool: ./spool\n",
+            "spool: ./spool\nagent: {settle: 0s, metrics_file: ./metrics.prom}\n",
+        ));
+        site
+    }
+
+    /// Seals bundle `name` (its id too) with `files` and drops it into the
+    /// inbox of `reports`, arriving `order` seconds after a fixed instant.
+    fn drop_bundle(&self, name: &str, order: u64, files: &[(&str, &str)]) {
+        let dir = self.t.bundle_at(name, name, "2026-06-04T00:00:00Z", files);
+        crate::util::arrive_in_order(&dir, order);
+        let inbox = self.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        fs::rename(&dir, inbox.join(name)).unwrap();
+    }
+
+    /// `agent --once`, logging at info (which says how bundles were
+    /// batched).
+    fn once(&self) -> Output {
+        self.command(&["agent", "--once"], &[("RUST_LOG", "info")])
+            .output()
+    }
+
+    /// The result of bundle `name` filed in spool folder `folder`.
+    fn result(&self, folder: &str, name: &str) -> Value {
+        crate::util::read_json(&self.t.join(&format!(
+            "spool/reports/{folder}/{name}/.distributor-result.json"
+        )))
+    }
+
+    /// The bundles in spool folder `folder` of `reports`.
+    fn bundles(&self, folder: &str) -> Vec<String> {
+        crate::util::bundle_names(&self.t.join(&format!("spool/reports/{folder}")))
+    }
+
+    /// The value of metric `distributor_<name>` of `reports`.
+    fn metric(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.t.join("metrics.prom")).unwrap();
+        let prefix = format!("distributor_{name}{{pipeline=\"reports\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .to_owned()
+    }
+}
+
+/// A backlog behind a first bundle (which makes the catalog, alone) goes
+/// as one batch (no fallback): in arrival order, so the last arrival owns
+/// the path all of them write; with one result per bundle that reports
+/// its own writes; in one commit (every record it wrote carries the same
+/// update time); and leaving no record of the batch's attempt in `work/`.
+#[test]
+fn a_backlog_goes_as_one_batch_in_arrival_order_with_one_result_per_bundle() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "additive");
+        site.drop_bundle("b00", 0, &[("first.txt", "first\n")]);
+        site.once().expect_code(0);
+        let first_catalog = site.get(".distributor.json").expect("a catalog");
+        let n = 10;
+        for i in 1..=n {
+            let content = format!("version {i}\n");
+            let only = format!("only-{i}.txt");
+            let files = [("page.html", content.as_str()), (only.as_str(), "x\n")];
+            site.drop_bundle(&format!("b{i:02}"), i as u64, &files);
+        }
+        let out = site.once();
+        out.expect_code(0);
+        assert_eq!(
+            crate::util::batch_sizes(&out.stderr),
+            [n],
+            "{backend:?}: not one batch:\n{}",
+            out.stderr
+        );
+        assert!(
+            !out.stderr.contains("stepped aside"),
+            "{backend:?}: the batch fell back:\n{}",
+            out.stderr
+        );
+        assert_eq!(site.metric("batch_fallbacks_total"), "0");
+        assert_eq!(site.bundles("done").len(), n + 1, "{}", out.stderr);
+        for i in 1..=n {
+            let name = format!("b{i:02}");
+            let r = site.result("done", &name);
+            assert_eq!(r["ok"], true, "{r}");
+            assert_eq!(r["source"]["id"], name.as_str());
+            assert_eq!(r["destinations"][0]["action"], "upsert_additive", "{r}");
+            let writes = r["destinations"][0]["writes"].as_array().unwrap().len();
+            assert_eq!(writes, 2, "{backend:?}: {name} reports its own writes");
+        }
+        assert_eq!(
+            site.get("page.html").as_deref(),
+            Some(format!("version {n}\n").as_bytes())
+        );
+        let records = site.recorded();
+        assert_eq!(
+            records["page.html"]["source"]["id"],
+            format!("b{n:02}"),
+            "{backend:?}: the last arrival owns it"
+        );
+        for i in 1..=n {
+            assert!(records.contains_key(&format!("only-{i}.txt")));
+        }
+        let times: BTreeSet<&str> = records
+            .iter()
+            .filter(|(path, _)| *path != "first.txt")
+            .map(|(_, r)| r["updated_at"].as_str().unwrap())
+            .collect();
+        assert_eq!(times.len(), 1, "{backend:?}: not one commit: {times:?}");
+        assert_ne!(site.get(".distributor.json").unwrap(), first_catalog);
+        assert!(site.bundles("work").is_empty(), "{backend:?}");
+        assert!(
+            !site
+                .t
+                .join("spool/reports/work/.distributor-batch.json")
+                .exists()
+        );
+        site.assert_consistent();
+    });
+}
+
+/// Replacement in a batch: a later bundle's version deletes what it
+/// omits (and a local root's emptied folders), and what the first bundle
+/// published is gone too.
+#[test]
+fn replacement_in_a_batch_deletes_what_a_later_bundle_omits() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "replacement");
+        site.drop_bundle("seed", 0, &[("seed.txt", "s\n")]);
+        site.drop_bundle("a", 1, &[("x.txt", "a\n"), ("y/deep.txt", "a\n")]);
+        site.drop_bundle("b", 2, &[("x.txt", "b\n")]);
+        let out = site.once();
+        out.expect_code(0);
+        assert!(
+            !crate::util::batch_sizes(&out.stderr).is_empty(),
+            "{backend:?}: no batch was used:\n{}",
+            out.stderr
+        );
+        let b = site.result("done", "b");
+        assert_eq!(b["destinations"][0]["action"], "replace_catalog", "{b}");
+        assert_eq!(strings(&b["destinations"][0]["deletes"]), ["y/deep.txt"]);
+        if backend == Backend::Local {
+            assert!(!site.t.join("site/y").exists(), "emptied folder removed");
+        }
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["x.txt"], "{backend:?}");
+        assert_eq!(site.get("x.txt").as_deref(), Some(&b"b\n"[..]));
+        assert_eq!(site.recorded().keys().collect::<Vec<_>>(), ["x.txt"]);
+        site.assert_consistent();
+    });
+}
+
+/// A bundle changed after sealing (same size) in a backlog: only its copy,
+/// hashed as it streams, sees it, once other outputs of the batch were
+/// written. The batch steps aside (a warning naming the pipeline and the
+/// file, counted in `batch_fallbacks_total`), its writes are undone, and
+/// the bundles go one by one: the bad one fails alone at stage verify,
+/// the others are published, and nothing of the bad one is in the root.
+#[test]
+fn a_bad_file_met_while_copying_steps_the_batch_aside_and_fails_alone() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "additive");
+        site.drop_bundle("first", 0, &[("first.txt", "1\n")]);
+        site.once().expect_code(0);
+        site.drop_bundle("a", 1, &[("a.txt", "a\n")]);
+        site.drop_bundle("b", 2, &[("b.txt", "b\n")]);
+        site.drop_bundle("tampered", 3, &[("zz/t.txt", "tttt\n")]);
+        fs::write(
+            site.t.join("spool/reports/inbox/tampered/zz/t.txt"),
+            "TTTT\n",
+        )
+        .unwrap();
+        site.drop_bundle("c", 4, &[("c.txt", "c\n")]);
+        let out = site.once();
+        out.expect_code(1);
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("stepped aside"))
+            .unwrap_or_else(|| panic!("{backend:?}: no fallback logged:\n{}", out.stderr));
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("pipeline=reports"), "{line}");
+        assert!(line.contains("zz/t.txt"), "the cause is named: {line}");
+        if backend == Backend::S3 {
+            assert!(line.contains("undone"), "{line}");
+        }
+        assert!(
+            crate::util::batch_sizes(&out.stderr).is_empty(),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(site.metric("batch_fallbacks_total"), "1");
+        assert_eq!(
+            site.bundles("done"),
+            ["a", "b", "c", "first"],
+            "{backend:?}"
+        );
+        assert_eq!(site.bundles("failed"), ["tampered"], "{backend:?}");
+        let r = site.result("failed", "tampered");
+        assert_eq!(r["stage"], "verify", "{r}");
+        assert!(
+            r["error"].as_str().unwrap_or_default().contains("zz/t.txt"),
+            "{r}"
+        );
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(
+            paths,
+            ["a.txt", "b.txt", "c.txt", "first.txt"],
+            "{backend:?}"
+        );
+        site.assert_consistent();
+    });
+}
+
+/// Someone else's file at a path one bundle of a backlog needs, which the
+/// catalog does not record: that bundle alone is refused (stage plan,
+/// `fail_unmanaged`, the path named), exactly as when it is published
+/// alone; the rest of the backlog is published; the file is left as it
+/// was (inode and time, or ETag) and not recorded. A local root's batch
+/// sees the file when it plans; an s3 batch does not HEAD it, so its
+/// conditional create is refused and the batch steps aside, naming it.
+#[test]
+fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "additive");
+        site.drop_bundle("first", 0, &[("first.txt", "1\n")]);
+        site.once().expect_code(0);
+        site.change_behind_the_back("r3/page.html", b"<p>theirs</p>");
+        let planted = site.identity("r3/page.html");
+        for i in 1..=6u64 {
+            let page = format!("<p>{i}</p>\n");
+            let files = [
+                (format!("r{i}/page.html"), page),
+                (format!("r{i}/data.csv"), "x,y\n".repeat(i as usize)),
+            ];
+            let files: Vec<(&str, &str)> = files
+                .iter()
+                .map(|(p, c)| (p.as_str(), c.as_str()))
+                .collect();
+            site.drop_bundle(&format!("b{i}"), i, &files);
+        }
+        let out = site.once();
+        out.expect_code(1);
+        match backend {
+            Backend::Local => assert!(
+                !crate::util::batch_sizes(&out.stderr).is_empty(),
+                "no batch was used:\n{}",
+                out.stderr
+            ),
+            Backend::S3 => {
+                let line = out
+                    .stderr
+                    .lines()
+                    .find(|l| l.contains("stepped aside"))
+                    .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
+                assert!(line.contains("r3/page.html"), "the cause is named: {line}");
+                assert_eq!(site.metric("batch_fallbacks_total"), "1");
+            }
+        }
+        assert_eq!(site.bundles("failed"), ["b3"], "{backend:?}");
+        assert_eq!(
+            site.bundles("done"),
+            ["b1", "b2", "b4", "b5", "b6", "first"],
+            "{backend:?}"
+        );
+        let r = site.result("failed", "b3");
+        assert_eq!(r["ok"], false, "{r}");
+        assert_eq!(r["stage"], "plan", "{r}");
+        assert_eq!(r["destinations"][0]["action"], "fail_unmanaged", "{r}");
+        assert_eq!(
+            strings(&r["destinations"][0]["unmanaged"]),
+            ["r3/page.html"]
+        );
+        assert_eq!(
+            site.get("r3/page.html").as_deref(),
+            Some(&b"<p>theirs</p>"[..])
+        );
+        assert_eq!(site.identity("r3/page.html"), planted, "{backend:?}");
+        let records = site.recorded();
+        assert!(
+            records.keys().all(|k| !k.starts_with("r3/")),
+            "{backend:?}: {records:?}"
+        );
+        assert_eq!(records.len(), 5 * 2 + 1, "{backend:?}");
+        site.assert_consistent_but(&["r3/page.html"]);
+    });
+}

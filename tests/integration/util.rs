@@ -1029,6 +1029,15 @@ pub fn arrive_in_order(dir: &Path, order: u64) {
         .unwrap();
 }
 
+/// The sizes of the batches an agent's log says it published ("published
+/// a batch of N bundles"), in order.
+pub fn batch_sizes(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter_map(|l| l.split("published a batch of ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
 /// `$PATH` with the folder of the binary under test in front: for shells
 /// and scripts that run `distributor` by name, as users do.
 pub fn path_with_binary() -> String {
