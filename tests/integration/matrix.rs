@@ -77,12 +77,12 @@ pipelines:
         }
     }
 
-    /// Adds pipeline `id`, whose destination `web` is this root (additive,
-    /// sources only).
-    fn add_pipeline(&self, id: &str) {
+    /// Adds pipeline `id`, whose destination `web` is this root (sources
+    /// only, under `workflow`).
+    fn add_pipeline(&self, id: &str, workflow: &str) {
         let config = fs::read_to_string(self.t.join("config.yaml")).unwrap();
         self.t.config(&format!(
-            "{config}  - id: {id}\n    destinations:\n      - id: web\n        {}\n",
+            "{config}  - id: {id}\n    destinations:\n      - id: web\n        {}\n        workflow: {workflow}\n",
             self.root
         ));
     }
@@ -857,7 +857,7 @@ fn two_publishers_racing_into_one_root_both_land() {
         for round in 0..4 {
             let what = format!("{backend:?} round {round}");
             let site = Site::new(backend, "additive");
-            site.add_pipeline("other");
+            site.add_pipeline("other", "additive");
             // Even rounds: two pipelines; odd rounds: one pipeline.
             let (p1, p2) = if round % 2 == 0 {
                 ("reports", "other")
@@ -1946,7 +1946,7 @@ fn a_rerun_is_skip_same_and_a_changed_bundle_writes_only_what_changed() {
 fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
     each_backend(|backend| {
         let site = Site::new(backend, "replacement");
-        site.add_pipeline("other");
+        site.add_pipeline("other", "additive");
         let theirs = site.t.bundle("other.1", &[("theirs/keep.txt", "not ours")]);
         site.publish_with("other", &theirs, &[]).expect_code(0);
         let v1 = site.t.bundle_at(
@@ -2245,6 +2245,197 @@ fn bad_bundles_fail_verification_and_touch_no_root() {
                 "{backend:?}: {path} outside the bundles changed"
             );
         }
+    });
+}
+
+/// Plans are all made before any write: when one destination of the
+/// pipeline refuses the bundle (a stray file at a planned path of `web`),
+/// the destination listed before it, which accepted it, gets nothing
+/// either, not even a catalog (exit 3, stage plan).
+#[test]
+fn one_refused_destination_stops_every_destination() {
+    each_backend(|backend| {
+        let site = Site::after(
+            backend,
+            "additive",
+            "      - id: a\n        path: ./a-root\n",
+            "",
+        );
+        site.change_behind_the_back("x.txt", b"stray");
+        let b = site.t.bundle("rep.1", &[("x.txt", "x")]);
+        let out = site.publish(&b);
+        out.expect_code(3);
+        let doc = out.json();
+        assert_eq!(doc["stage"], "plan", "{doc}");
+        let actions: Vec<&str> = doc["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["action"].as_str().unwrap_or("null"))
+            .collect();
+        assert_eq!(actions, ["publish_new", "fail_unmanaged"], "{backend:?}");
+        let written: Vec<String> = site
+            .t
+            .listing("a-root")
+            .into_iter()
+            .filter(|p| !p.is_empty() && !is_reserved(p))
+            .collect();
+        assert_eq!(written, Vec::<String>::new(), "{backend:?}: a-root written");
+        assert!(!site.t.join("a-root/.distributor.json").exists());
+        assert_eq!(site.get("x.txt").as_deref(), Some(&b"stray"[..]));
+        assert!(site.get(".distributor.json").is_none(), "{backend:?}");
+    });
+}
+
+/// A destination's `prefix` places the outputs under a folder made from
+/// the source id, the pipeline id, and the date of `created` in UTC (23:30
+/// at UTC-2 is the next day); `created` is reported in UTC.
+#[test]
+fn prefix_templates_place_outputs_in_folders() {
+    let cases = [
+        ("{source_id}/", "rep.2026-06-04/a.txt"),
+        ("{pipeline_id}/{date}", "reports/2026-06-05/a.txt"),
+        ("{yyyy}/{mm}/{dd}/", "2026/06/05/a.txt"),
+    ];
+    each_backend(|backend| {
+        for (prefix, path) in cases {
+            let site = Site::with(
+                backend,
+                "additive",
+                &format!("        prefix: \"{prefix}\"\n"),
+            );
+            let b = site.t.bundle_at(
+                "rep",
+                "rep.2026-06-04",
+                "2026-06-04T23:30:00-02:00",
+                &[("a.txt", "a")],
+            );
+            let out = site.publish(&b);
+            out.expect_code(0);
+            assert_eq!(
+                strings(&out.dest()["writes"]),
+                [path],
+                "{backend:?} {prefix}"
+            );
+            assert_eq!(site.get(path).as_deref(), Some(&b"a"[..]), "{backend:?}");
+            assert_eq!(
+                out.json()["source"]["created"],
+                "2026-06-05T01:30:00Z",
+                "created is normalised to UTC"
+            );
+            site.assert_consistent();
+        }
+    });
+}
+
+/// Replacement with a `{source_id}/` prefix swaps whole folders: the next
+/// source deletes everything below the previous source's folder.
+#[test]
+fn replacement_with_a_source_id_prefix_swaps_whole_folders() {
+    each_backend(|backend| {
+        let site = Site::with(backend, "replacement", "        prefix: \"{source_id}/\"\n");
+        let b1 = site
+            .t
+            .bundle("day.1", &[("index.md", "1"), ("img/a.png", "a")]);
+        let b2 = site.t.bundle("day.2", &[("index.md", "2")]);
+        site.publish(&b1).expect_code(0);
+        let out = site.publish(&b2);
+        out.expect_code(0);
+        assert_eq!(
+            strings(&out.dest()["deletes"]),
+            ["day.1/img/a.png", "day.1/index.html", "day.1/index.md"],
+            "{backend:?}"
+        );
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["day.2/index.html", "day.2/index.md"], "{backend:?}");
+        if backend == Backend::Local {
+            assert!(!site.t.join("site/day.1").exists(), "emptied folder");
+        }
+        site.assert_consistent();
+    });
+}
+
+/// Publishing another owner's recorded path takes it over: the record's
+/// owner and source change, its `created_at` stays, and the previous
+/// owner's replacement no longer counts it as its own (deletes nothing).
+#[test]
+fn overwriting_another_owners_output_takes_it_over() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        site.add_pipeline("other", "replacement");
+        let theirs = site
+            .t
+            .bundle("other.1", &[("shared.txt", "theirs"), ("own.txt", "o")]);
+        let ours = site.t.bundle("rep.1", &[("shared.txt", "ours")]);
+        site.publish_with("other", &theirs, &[]).expect_code(0);
+        let before = site.recorded()["shared.txt"].clone();
+        site.publish(&ours).expect_code(0);
+        let r = &site.recorded()["shared.txt"];
+        assert_eq!(r["pipeline_id"], "reports", "{backend:?}");
+        assert_eq!(r["source"]["id"], "rep.1");
+        assert_eq!(r["created_at"], before["created_at"]);
+        let theirs2 = site.t.bundle("other.2", &[("own.txt", "o2")]);
+        let out = site.publish_with("other", &theirs2, &[]);
+        out.expect_code(0);
+        assert_eq!(strings(&out.dest()["deletes"]), Vec::<String>::new());
+        assert_eq!(site.get("shared.txt").as_deref(), Some(&b"ours"[..]));
+        site.assert_consistent();
+    });
+}
+
+/// Two outputs at one path (`x.md` rendered to `x.html` beside a listed
+/// `x.html`) make the bundle invalid for the destination: exit 1, the
+/// path named, nothing written, no catalog.
+#[test]
+fn colliding_outputs_make_the_bundle_invalid_for_the_destination() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle(
+            "rep.1",
+            &[("x.md", "# X\n"), ("x.html", "<p>hand made</p>")],
+        );
+        let out = site.publish(&b);
+        out.expect_code(1);
+        let doc = out.json();
+        assert_eq!(doc["ok"], false);
+        assert!(doc["error"].as_str().unwrap().contains("x.html"), "{doc}");
+        assert!(site.paths().is_empty(), "{backend:?}: {:?}", site.paths());
+        assert!(site.get(".distributor.json").is_none(), "{backend:?}");
+    });
+}
+
+/// A file in the bundle folder that the manifest does not list is not
+/// published.
+#[test]
+fn unlisted_bundle_files_are_not_published() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+        site.t
+            .write("bundles/rep.1/later.txt", "not in the manifest");
+        let out = site.publish(&b);
+        out.expect_code(0);
+        assert_eq!(strings(&out.dest()["writes"]), ["a.txt"], "{backend:?}");
+        assert!(site.get("later.txt").is_none(), "{backend:?}");
+        site.assert_consistent();
+    });
+}
+
+/// Replacement whose old output someone already deleted: the publication
+/// goes on (`replace_catalog`) and the record is gone.
+#[test]
+fn replacement_tolerates_an_output_already_deleted_by_hand() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        let b1 = site.t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
+        let b2 = site.t.bundle("rep.2", &[("a.txt", "a")]);
+        site.publish(&b1).expect_code(0);
+        site.delete_behind_the_back("b.txt");
+        let out = site.publish(&b2);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "replace_catalog", "{backend:?}");
+        assert_eq!(site.recorded().keys().collect::<Vec<_>>(), ["a.txt"]);
+        site.assert_consistent();
     });
 }
 

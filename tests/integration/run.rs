@@ -264,48 +264,6 @@ fn dry_run_creates_no_root_and_no_lock_file() {
 }
 
 #[test]
-fn one_refused_destination_stops_every_destination() {
-    let t = Test::new();
-    t.config(
-        "pipelines:
-  - id: reports
-    destinations:
-      - id: a
-        path: ./a-root
-      - id: b
-        path: ./b-root
-",
-    );
-    // b-root sorts after a-root, so a-root is planned first and would be
-    // written first if plans were not all made before any write.
-    t.write("b-root/stray.txt", "stray");
-    let b = t.bundle("rep.1", &[("x.txt", "x")]);
-    let out = t.publish("reports", &b, &[]);
-    out.expect_code(3);
-    let doc = out.json();
-    assert_eq!(doc["stage"], "plan");
-    let actions: Vec<&str> = doc["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["action"].as_str().unwrap_or("null"))
-        .collect();
-    assert_eq!(actions, ["publish_new", "fail_unmanaged"]);
-    let written: Vec<String> = t
-        .listing("a-root")
-        .into_iter()
-        .filter(|p| !p.is_empty() && !is_reserved(p))
-        .collect();
-    assert_eq!(
-        written,
-        Vec::<String>::new(),
-        "nothing written to the accepted destination"
-    );
-    assert!(!t.join("a-root/.distributor.json").exists());
-    assert!(!t.join("b-root/x.txt").exists());
-}
-
-#[test]
 fn markdown_is_rendered_to_sanitized_html_with_rewritten_links() {
     let t = Test::new();
     t.config(
@@ -355,57 +313,6 @@ fn markdown_is_rendered_to_sanitized_html_with_rewritten_links() {
     assert_eq!(r["transform"], "markdown_to_html");
     assert_eq!(r["sha256"], sha256(html.as_bytes()));
     assert_catalog_matches_disk(&t.join("site"));
-}
-
-#[test]
-fn prefix_templates_place_outputs_in_folders() {
-    let t = Test::new();
-    t.config(
-        "pipelines:
-  - id: reports
-    destinations:
-      - id: by-id
-        path: ./by-id
-        prefix: \"{source_id}/\"
-      - id: by-date
-        path: ./by-date
-        prefix: \"{pipeline_id}/{date}\"
-      - id: by-parts
-        path: ./by-parts
-        prefix: \"{yyyy}/{mm}/{dd}/\"
-",
-    );
-    // 23:30 at UTC-2 is the next day in UTC.
-    let b = t.bundle_at(
-        "rep",
-        "rep.2026-06-04",
-        "2026-06-04T23:30:00-02:00",
-        &[("a.txt", "a")],
-    );
-    let out = t.publish("reports", &b, &[]);
-    out.expect_code(0);
-    let writes: Vec<Vec<String>> = out.json()["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| strings(&d["writes"]))
-        .collect();
-    assert_eq!(
-        writes,
-        [
-            ["rep.2026-06-04/a.txt"],
-            ["reports/2026-06-05/a.txt"],
-            ["2026/06/05/a.txt"]
-        ]
-    );
-    assert!(t.join("by-id/rep.2026-06-04/a.txt").is_file());
-    assert!(t.join("by-date/reports/2026-06-05/a.txt").is_file());
-    assert!(t.join("by-parts/2026/06/05/a.txt").is_file());
-    assert_eq!(
-        out.json()["source"]["created"],
-        "2026-06-05T01:30:00Z",
-        "created is normalised to UTC"
-    );
 }
 
 #[test]
@@ -593,38 +500,6 @@ fn outputs_are_0644_and_folders_0755() {
 }
 
 #[test]
-fn colliding_outputs_make_the_bundle_invalid_for_the_destination() {
-    let t = Test::new();
-    t.config(
-        "pipelines:
-  - id: reports
-    destinations:
-      - id: site
-        path: ./site
-        publish:
-          source: true
-          html: true
-",
-    );
-    let b = t.bundle(
-        "rep.1",
-        &[("x.md", "# X\n"), ("x.html", "<p>hand made</p>")],
-    );
-    let out = t.publish("reports", &b, &[]);
-    out.expect_code(1);
-    let doc = out.json();
-    assert_eq!(doc["ok"], false);
-    assert!(doc["error"].as_str().unwrap().contains("x.html"), "{doc}");
-    assert!(
-        t.listing("site")
-            .iter()
-            .all(|p| p.is_empty() || is_reserved(p)),
-        "nothing written"
-    );
-    assert!(!t.join("site/.distributor.json").exists());
-}
-
-#[test]
 fn text_output_is_a_summary_and_lists_files_only_when_verbose() {
     let t = single("additive");
     let b = t.bundle(
@@ -698,47 +573,6 @@ fn json_output_is_the_same_with_verbose() {
         out.stdout
     };
     assert_eq!(dry(&[]), dry(&["--verbose"]));
-}
-
-#[test]
-fn unlisted_bundle_files_are_not_published() {
-    let t = single("additive");
-    let b = t.bundle("rep.1", &[("a.txt", "a")]);
-    t.write("bundles/rep.1/later.txt", "not in the manifest");
-    let out = t.publish("reports", &b, &[]);
-    out.expect_code(0);
-    assert_eq!(strings(&out.dest()["writes"]), ["a.txt"]);
-    assert!(!t.join("site/later.txt").exists());
-}
-
-#[test]
-fn a_deleted_output_is_restored_by_a_rerun() {
-    let t = single("additive");
-    let b = t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
-    t.publish("reports", &b, &[]).expect_code(0);
-    fs::remove_file(t.join("site/b.txt")).unwrap();
-    let out = t.publish("reports", &b, &[]);
-    out.expect_code(0);
-    assert_ne!(
-        out.dest()["action"],
-        "skip_same",
-        "a missing file is not the same"
-    );
-    assert_eq!(fs::read_to_string(t.join("site/b.txt")).unwrap(), "b");
-    assert_catalog_matches_disk(&t.join("site"));
-}
-
-#[test]
-fn replacement_tolerates_an_output_already_deleted_by_hand() {
-    let t = single("replacement");
-    let b1 = t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
-    let b2 = t.bundle("rep.2", &[("a.txt", "a")]);
-    t.publish("reports", &b1, &[]).expect_code(0);
-    fs::remove_file(t.join("site/b.txt")).unwrap();
-    let out = t.publish("reports", &b2, &[]);
-    out.expect_code(0);
-    assert_eq!(out.dest()["action"], "replace_catalog");
-    assert_eq!(t.recorded("site").keys().collect::<Vec<_>>(), ["a.txt"]);
 }
 
 #[test]
@@ -826,72 +660,6 @@ fn a_stricter_umask_is_respected() {
     let tree = t.tree("site");
     assert_eq!(tree.0["sub/a.txt"].mode, 0o600);
     assert_eq!(tree.0["sub"].mode, 0o700);
-}
-
-#[test]
-fn overwriting_another_owners_output_takes_it_over() {
-    let t = Test::new();
-    t.config(
-        "pipelines:
-  - id: reports
-    destinations:
-      - id: site
-        path: ./site
-  - id: other
-    destinations:
-      - id: site
-        path: ./site
-        workflow: replacement
-",
-    );
-    let theirs = t.bundle("other.1", &[("shared.txt", "theirs"), ("own.txt", "o")]);
-    let ours = t.bundle("rep.1", &[("shared.txt", "ours")]);
-    t.publish("other", &theirs, &[]).expect_code(0);
-    let before = t.recorded("site")["shared.txt"].clone();
-    t.publish("reports", &ours, &[]).expect_code(0);
-    let r = &t.recorded("site")["shared.txt"];
-    assert_eq!(r["pipeline_id"], "reports");
-    assert_eq!(r["source"]["id"], "rep.1");
-    assert_eq!(r["created_at"], before["created_at"]);
-    // The previous owner's replacement no longer counts it as its own.
-    let theirs2 = t.bundle("other.2", &[("own.txt", "o2")]);
-    let out = t.publish("other", &theirs2, &[]);
-    out.expect_code(0);
-    assert_eq!(strings(&out.dest()["deletes"]), Vec::<String>::new());
-    assert_eq!(
-        fs::read_to_string(t.join("site/shared.txt")).unwrap(),
-        "ours"
-    );
-}
-
-#[test]
-fn replacement_with_a_source_id_prefix_swaps_whole_folders() {
-    let t = Test::new();
-    t.config(
-        "pipelines:
-  - id: reports
-    destinations:
-      - id: site
-        path: ./site
-        workflow: replacement
-        prefix: \"{source_id}/\"
-",
-    );
-    let b1 = t.bundle("day.1", &[("index.md", "1"), ("img/a.png", "a")]);
-    let b2 = t.bundle("day.2", &[("index.md", "2")]);
-    t.publish("reports", &b1, &[]).expect_code(0);
-    let out = t.publish("reports", &b2, &[]);
-    out.expect_code(0);
-    assert_eq!(
-        strings(&out.dest()["deletes"]),
-        ["day.1/img/a.png", "day.1/index.md"]
-    );
-    let left: Vec<String> = t
-        .listing("site")
-        .into_iter()
-        .filter(|p| !p.is_empty() && !is_reserved(p))
-        .collect();
-    assert_eq!(left, ["day.2", "day.2/index.md"]);
 }
 
 /// `run` prints its report and, beside it, only warnings and errors; `-v`
