@@ -683,7 +683,8 @@ fn prune_and_reconcile_alike_on_every_backend() {
 /// A pipeline with a local root and an s3 destination batches like any
 /// other: the first bundle sets both roots up alone, the rest of the
 /// backlog goes as one batch (one transaction per root), and both roots end
-/// at the last version with catalogs that match what they hold.
+/// at the last version with catalogs that match what they hold, which
+/// `status` reads alike (the catalog object like a local catalog).
 #[test]
 fn a_pipeline_of_a_local_root_and_an_s3_destination_publishes_a_backlog_as_one_batch() {
     let t = Test::new();
@@ -767,6 +768,31 @@ pipelines:
     .unwrap();
     assert_eq!(report["ok"], true, "{report}");
     assert_eq!(report["destinations"].as_array().unwrap().len(), 2);
+
+    // `status` reads the catalog object like a local catalog.
+    let status = t
+        .cmd()
+        .env("AWS_ACCESS_KEY_ID", &creds.key_id)
+        .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+        .args(["--config", "config.yaml", "status", "--json"])
+        .output();
+    status.expect_code(0);
+    let doc = status.json();
+    let destinations = doc[0]["destinations"].as_array().expect("destinations");
+    for (id, root) in [
+        ("disk", None),
+        ("web", Some(format!("s3://{}/site", bucket.location.bucket))),
+    ] {
+        let d = destinations
+            .iter()
+            .find(|d| d["destination_id"] == id)
+            .unwrap_or_else(|| panic!("no destination {id} in {doc}"));
+        assert_eq!(d["state"], "catalog", "{d}");
+        assert_eq!(d["outputs"], want.len(), "{d}");
+        if let Some(root) = root {
+            assert_eq!(d["root"], root, "{d}");
+        }
+    }
 }
 
 /// A publication killed at any step, on any backend, converges at the next

@@ -1,9 +1,9 @@
-//! What `distributor run` and the agent do with an s3 destination that a
-//! local root has no counterpart for (docs/contract.md §15), against the
-//! real SeaweedFS of `seaweed::server`: `--force` refused, credentials
-//! read from the environment, `status` reading the catalog object, and
-//! uploads that open few descriptors. What every backend does alike (the
-//! planning actions, dry runs, tampered bytes) is in `matrix`.
+//! What `distributor run` does with an s3 destination that a local root
+//! has no counterpart for (docs/contract.md §15), against the real
+//! SeaweedFS of `seaweed::server`: `--force` refused, credentials read
+//! from the environment, and uploads that open few descriptors. What
+//! every backend does alike (the planning actions, dry runs, tampered
+//! bytes, `status`) is in `matrix`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,22 +14,16 @@ use crate::seaweed::{Bucket, server};
 use crate::util::{Output, Test};
 
 /// A test folder whose config has pipeline `reports` with one s3
-/// destination `web` (in a bucket of its own, below `site/archive`) and,
-/// with `local`, a second destination `disk` at `./disk`.
+/// destination `web` (in a bucket of its own, below `site/archive`).
 struct S3Test {
     t: Test,
     bucket: Bucket,
 }
 
 impl S3Test {
-    fn new(workflow: &str, local: bool) -> S3Test {
+    fn new(workflow: &str) -> S3Test {
         let bucket = Bucket::new("site/archive");
         let t = Test::new();
-        let disk = if local {
-            "      - id: disk\n        path: ./disk\n        workflow: additive\n"
-        } else {
-            ""
-        };
         t.config(&format!(
             "spool: ./spool
 pipelines:
@@ -44,7 +38,7 @@ pipelines:
         publish:
           source: true
           html: true
-{disk}",
+",
             bucket = bucket.location.bucket,
             endpoint = server().endpoint,
         ));
@@ -102,7 +96,7 @@ pipelines:
 /// `matrix::a_bad_or_future_catalog_is_a_conflict_and_left_alone`).
 #[test]
 fn force_is_refused_for_an_s3_root_and_leaves_the_bucket_alone() {
-    let s = S3Test::new("additive", false);
+    let s = S3Test::new("additive");
     s.bucket.plant(".distributor.json", b"{ not json");
     let b = s.t.bundle("rep.1", &[("a.txt", "a\n")]);
     let out = s.publish(&b, &[]);
@@ -122,7 +116,7 @@ fn force_is_refused_for_an_s3_root_and_leaves_the_bucket_alone() {
 
 #[test]
 fn missing_credentials_are_a_lock_failure_naming_the_variable() {
-    let s = S3Test::new("additive", false);
+    let s = S3Test::new("additive");
     let b = s.t.bundle("rep.1", &[("a.txt", "a\n")]);
     let mut cmd = s.t.cmd();
     // Empty counts as unset.
@@ -139,54 +133,10 @@ fn missing_credentials_are_a_lock_failure_naming_the_variable() {
 }
 
 #[test]
-fn the_agent_publishes_to_local_and_s3_destinations_in_one_go() {
-    let s = S3Test::new("additive", true);
-    for i in 0..3 {
-        let b =
-            s.t.bundle(&format!("rep.{i}"), &[(&format!("r{i}.txt"), "x\n")]);
-        let inbox = s.t.join("spool/reports/inbox");
-        std::fs::create_dir_all(&inbox).unwrap();
-        std::fs::rename(&b, inbox.join(format!("rep.{i}"))).unwrap();
-    }
-    let out = s.run(&["agent", "--once"]);
-    out.expect_code(0);
-    let done = std::fs::read_dir(s.t.join("spool/reports/done")).unwrap();
-    assert_eq!(done.count(), 3, "{}", out.all());
-    assert_eq!(s.output_keys(), ["r0.txt", "r1.txt", "r2.txt"]);
-    for i in 0..3 {
-        assert_eq!(
-            std::fs::read(s.t.join(&format!("disk/r{i}.txt"))).unwrap(),
-            b"x\n"
-        );
-    }
-    s.assert_records_match_objects();
-    let disk = s.t.recorded("disk");
-    assert_eq!(disk.len(), 3);
-
-    // `status` reads the catalog object like a local catalog.
-    let status = s.run(&["status", "--json"]);
-    status.expect_code(0);
-    let doc = status.json();
-    let web = doc[0]["destinations"]
-        .as_array()
-        .expect("destinations")
-        .iter()
-        .find(|d| d["destination_id"] == "web")
-        .expect("destination web")
-        .clone();
-    assert_eq!(web["state"], "catalog", "{web}");
-    assert_eq!(web["outputs"], 3, "{web}");
-    assert_eq!(
-        web["root"],
-        format!("s3://{}/site/archive", s.bucket.location.bucket)
-    );
-}
-
-#[test]
 fn a_bundle_of_many_files_goes_up_with_few_descriptors() {
     // 300 files under a limit of 64 open descriptors: each file is opened
     // only while it is read, not all at once for the whole commit.
-    let s = S3Test::new("additive", false);
+    let s = S3Test::new("additive");
     let files: Vec<(String, String)> = (0..300)
         .map(|i| (format!("d{}/f{i:03}.txt", i % 7), format!("{i}\n")))
         .collect();
