@@ -2465,6 +2465,174 @@ fn replacement_tolerates_an_output_already_deleted_by_hand() {
     });
 }
 
+/// The `--json` document of `run` has exactly the keys of the contract,
+/// at the top, in `source` and in each destination, whatever the root;
+/// `root` names it (the local folder, or `s3://bucket/prefix`).
+#[test]
+fn json_document_has_exactly_the_contract_keys() {
+    let keys = |v: &Value| -> BTreeSet<String> {
+        v.as_object().expect("object").keys().cloned().collect()
+    };
+    let set = |k: &[&str]| -> BTreeSet<String> { k.iter().map(|s| s.to_string()).collect() };
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+        let doc = site.publish(&b).json();
+        assert_eq!(
+            keys(&doc),
+            set(&[
+                "ok",
+                "dry_run",
+                "pipeline_id",
+                "source",
+                "destinations",
+                "stage",
+                "error",
+                "signer"
+            ]),
+            "{backend:?}"
+        );
+        assert_eq!(doc["ok"], true);
+        // A pipeline without `signatures` (docs/contract.md §17.4).
+        assert!(doc["signer"].is_null(), "{doc}");
+        assert_eq!(doc["dry_run"], false);
+        assert_eq!(doc["pipeline_id"], "reports");
+        assert_eq!(keys(&doc["source"]), set(&["id", "digest", "created"]));
+        assert_eq!(doc["source"]["id"], "rep.1");
+        assert!(
+            doc["source"]["digest"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256:")
+        );
+        let dests = doc["destinations"].as_array().unwrap();
+        assert_eq!(dests.len(), 1);
+        assert_eq!(
+            keys(&dests[0]),
+            set(&[
+                "destination_id",
+                "root",
+                "workflow",
+                "action",
+                "writes",
+                "deletes",
+                "unmanaged",
+                "error"
+            ]),
+            "{backend:?}"
+        );
+        assert_eq!(dests[0]["destination_id"], "web");
+        assert_eq!(dests[0]["workflow"], "additive");
+        let root = dests[0]["root"].as_str().unwrap();
+        match &site.bucket {
+            None => assert_eq!(
+                fs::canonicalize(root).unwrap(),
+                fs::canonicalize(site.t.join("site")).unwrap()
+            ),
+            Some(bucket) => assert_eq!(root, format!("s3://{}/site", bucket.location.bucket)),
+        }
+        assert_eq!(dests[0]["error"], Value::Null);
+    });
+}
+
+/// Each recorded URL is the base URL, then each segment of the output
+/// path percent-encoded (`A-Z a-z 0-9 - . _ ~` kept).
+#[test]
+fn urls_percent_encode_each_segment() {
+    let extra = "        prefix: \"{source_id}\"\n        links:\n          base_url: https://example.com/x\n";
+    each_backend(|backend| {
+        let site = Site::with(backend, "additive", extra);
+        let b = site.t.bundle(
+            "r_1.x",
+            &[
+                ("dir with space/ü&a+b%.txt", "x"),
+                ("plain-file.v1_~.txt", "y"),
+            ],
+        );
+        site.publish(&b).expect_code(0);
+        let recs = site.recorded();
+        assert_eq!(
+            recs["r_1.x/dir with space/ü&a+b%.txt"]["url"],
+            "https://example.com/x/r_1.x/dir%20with%20space/%C3%BC%26a%2Bb%25.txt",
+            "{backend:?}"
+        );
+        assert_eq!(
+            recs["r_1.x/plain-file.v1_~.txt"]["url"],
+            "https://example.com/x/r_1.x/plain-file.v1_~.txt"
+        );
+        site.assert_consistent();
+    });
+}
+
+/// A recorded file where a later bundle needs a folder is a conflict
+/// (`fail_conflict`, exit 3), and the file stays.
+#[test]
+fn fail_conflict_when_a_managed_file_sits_where_a_folder_must_go() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b1 = site.t.bundle("rep.1", &[("a", "a file")]);
+        let b2 = site.t.bundle("rep.2", &[("a/b.txt", "b")]);
+        site.publish(&b1).expect_code(0);
+        let out = site.publish(&b2);
+        out.expect_code(3);
+        assert_eq!(out.dest()["action"], "fail_conflict", "{backend:?}");
+        assert_eq!(site.get("a").as_deref(), Some(&b"a file"[..]));
+        assert!(site.get("a/b.txt").is_none(), "{backend:?}");
+        site.assert_consistent();
+    });
+}
+
+/// Markdown is rendered to a whole HTML page (its title from the first
+/// heading, or the file name), sanitized (a script is neither run nor
+/// shown), with links to other markdown files of the bundle rewritten to
+/// their pages and external links kept; with `publish.source` off, only
+/// the pages are stored, each recorded as generated from its source.
+#[test]
+fn markdown_is_rendered_to_sanitized_html_with_rewritten_links() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let config = fs::read_to_string(site.t.join("config.yaml")).unwrap();
+        site.t
+            .config(&config.replace("source: true", "source: false"));
+        let b = site.t.bundle(
+            "rep.1",
+            &[
+                ("report.md", "# Quarterly *figures*\n\nSee [the notes](notes.md) and [x](https://e.com/y.md).\n\n<script>alert(1)</script>\n"),
+                ("notes.md", "no heading here\n"),
+            ],
+        );
+        let out = site.publish(&b);
+        out.expect_code(0);
+        assert_eq!(
+            strings(&out.dest()["writes"]),
+            ["notes.html", "report.html"],
+            "{backend:?}"
+        );
+        let html = String::from_utf8(site.get("report.html").unwrap()).unwrap();
+        assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+        assert!(html.contains("<title>Quarterly figures</title>"), "{html}");
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(!html.contains("&lt;script&gt;"), "{html}");
+        assert!(html.contains("href=\"notes.html\""), "{html}");
+        assert!(
+            html.contains("href=\"https://e.com/y.md\""),
+            "external links stay: {html}"
+        );
+        let notes = String::from_utf8(site.get("notes.html").unwrap()).unwrap();
+        assert!(
+            notes.contains("<title>notes</title>"),
+            "title falls back to the file name: {notes}"
+        );
+        assert!(site.get("report.md").is_none(), "publish.source is off");
+        let r = &site.recorded()["report.html"];
+        assert_eq!(r["kind"], "generated");
+        assert_eq!(r["source_path"], "report.md");
+        assert_eq!(r["transform"], "markdown_to_html");
+        assert_eq!(r["sha256"], crate::util::sha256(html.as_bytes()));
+        site.assert_consistent();
+    });
+}
+
 // ---------------------------------------------------------------------------
 // A backlog: what the agent publishes as one batch, on every backend
 // ---------------------------------------------------------------------------
