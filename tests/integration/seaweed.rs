@@ -226,8 +226,10 @@ fn prepare(dir: &Path, port: fn() -> u16) -> Result<(u16, Vec<String>), String> 
     )
     .map_err(|e| format!("{}: {e}", config.display()))?;
     // One volume per new collection (each bucket is one) instead of 7, so
-    // that a bucket per test does not exhaust -volume.max. SeaweedFS reads
-    // master.toml from its working folder.
+    // that a bucket per test does not exhaust -volume.max (the suite makes
+    // about 130 buckets, and some grow past one 64 MB volume; volumes are
+    // not preallocated). SeaweedFS reads master.toml from its working
+    // folder.
     fs::write(
         dir.join("master.toml"),
         "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n",
@@ -240,7 +242,7 @@ fn prepare(dir: &Path, port: fn() -> u16) -> Result<(u16, Vec<String>), String> 
         "-ip.bind=127.0.0.1".to_owned(),
         format!("-dir={}", dir.join("data").display()),
         "-master.volumeSizeLimitMB=64".to_owned(),
-        "-volume.max=100".to_owned(),
+        "-volume.max=400".to_owned(),
         "-s3".to_owned(),
         format!("-s3.port={s3_port}"),
         format!("-s3.config={}", config.display()),
