@@ -220,6 +220,34 @@ pipelines:
         }
     }
 
+    /// Everything the root holds but its reserved names, as a text to
+    /// compare (see [`Site::snapshot`]).
+    fn outputs_snapshot(&self) -> String {
+        match &self.bucket {
+            None => {
+                let mut tree = self.t.tree("site");
+                tree.0
+                    .retain(|path, _| !path.is_empty() && !is_reserved(path));
+                format!("{tree:#?}")
+            }
+            Some(bucket) => bucket
+                .keys()
+                .into_iter()
+                .filter(|k| !is_reserved(k))
+                .map(|k| format!("{k} {:?}\n", bucket.etag(&k)))
+                .collect(),
+        }
+    }
+
+    /// Nothing is left under `.distributor-pending/` of an s3 root: no
+    /// intent, probe or clock.
+    #[track_caller]
+    fn assert_nothing_pending(&self) {
+        if let Some(bucket) = &self.bucket {
+            assert!(bucket.reserved().is_empty(), "{:?}", bucket.reserved());
+        }
+    }
+
     /// Every record's bytes are at its path, every output path is
     /// recorded, and no s3 intent is left pending.
     #[track_caller]
@@ -2038,14 +2066,7 @@ fn unrecorded_outputs_are_never_overwritten() {
             unmanaged.insert(0, "empty-folder");
         }
         let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
-        let outputs = || -> Vec<(String, Option<Vec<u8>>)> {
-            let paths = site.paths();
-            paths
-                .into_iter()
-                .map(|p| (p.clone(), site.get(&p)))
-                .collect()
-        };
-        let before = outputs();
+        let before = site.outputs_snapshot();
         let out = site.publish(&b);
         out.expect_code(3);
         let doc = out.json();
@@ -2063,7 +2084,11 @@ fn unrecorded_outputs_are_never_overwritten() {
         );
         assert_eq!(strings(&d["writes"]), Vec::<String>::new());
         assert!(site.get(".distributor.json").is_none(), "{backend:?}");
-        assert_eq!(outputs(), before, "{backend:?}: the root changed");
+        assert_eq!(
+            site.outputs_snapshot(),
+            before,
+            "{backend:?}: the root changed"
+        );
         if backend == Backend::Local {
             assert!(site.t.join("site/empty-folder").is_dir());
         }
@@ -2201,9 +2226,7 @@ fn bytes_that_differ_from_the_manifest_are_never_published() {
             assert!(error.contains("b.txt"), "{what}: {error}");
             assert!(site.paths().is_empty(), "{what}: {:?}", site.paths());
             assert!(site.get(".distributor.json").is_none(), "{what}");
-            if let Some(bucket) = &site.bucket {
-                assert!(bucket.reserved().is_empty(), "{:?}", bucket.reserved());
-            }
+            site.assert_nothing_pending();
             assert!(mirror().files().is_empty(), "{what}: {:?}", mirror());
 
             let first = site.t.bundle_at(
@@ -2761,6 +2784,7 @@ fn a_backlog_goes_as_one_batch_in_arrival_order_with_one_result_per_bundle() {
                 .join("spool/reports/work/.distributor-batch.json")
                 .exists()
         );
+        site.assert_nothing_pending();
         site.assert_consistent();
     });
 }
@@ -2854,6 +2878,7 @@ fn a_bad_file_met_while_copying_steps_the_batch_aside_and_fails_alone() {
             ["a.txt", "b.txt", "c.txt", "first.txt"],
             "{backend:?}"
         );
+        site.assert_nothing_pending();
         site.assert_consistent();
     });
 }
@@ -2928,6 +2953,7 @@ fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
             "{backend:?}: {records:?}"
         );
         assert_eq!(records.len(), 5 * 2 + 1, "{backend:?}");
+        site.assert_nothing_pending();
         site.assert_consistent_but(&["r3/page.html"]);
     });
 }
