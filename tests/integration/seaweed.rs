@@ -227,8 +227,8 @@ fn prepare(dir: &Path, port: fn() -> u16) -> Result<(u16, Vec<String>), String> 
     .map_err(|e| format!("{}: {e}", config.display()))?;
     // One volume per new collection (each bucket is one) instead of 7, so
     // that a bucket per test does not exhaust -volume.max (the suite makes
-    // about 130 buckets, and some grow past one 64 MB volume; volumes are
-    // not preallocated). SeaweedFS reads master.toml from its working
+    // more than 100 buckets, and some grow past one 64 MB volume; volumes
+    // are not preallocated). SeaweedFS reads master.toml from its working
     // folder.
     fs::write(
         dir.join("master.toml"),
