@@ -66,42 +66,14 @@ fn attempts(bundle: &Path) -> Option<u32> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-/// Catalog records of a root, by path (empty when there is no catalog).
-#[track_caller]
-fn records(root: &Path) -> BTreeMap<String, Value> {
-    let path = root.join(".distributor.json");
-    if !path.exists() {
-        return BTreeMap::new();
-    }
-    util::records(&read_json(&path))
-}
-
 /// Every regular file below `dir`, relative, sorted.
 fn files_below(dir: &Path) -> Vec<String> {
-    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
-        let Ok(entries) = fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries {
-            let e = e.unwrap();
-            let t = e.file_type().unwrap();
-            if t.is_dir() {
-                walk(base, &e.path(), out);
-            } else {
-                let rel = e
-                    .path()
-                    .strip_prefix(base)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                out.push(rel);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
+    util::shape(dir)
+        .0
+        .into_iter()
+        .filter(|(_, n)| matches!(n.kind, util::Kind::File { .. }))
+        .map(|(p, _)| p)
+        .collect()
 }
 
 /// Temporary or journal files the tool left anywhere below `dir`.
@@ -338,7 +310,7 @@ fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
         "the tampered bundle must not be published"
     );
 
-    let recs = records(&www);
+    let recs = util::records(&util::read_state(&www));
     let paths: BTreeSet<_> = recs.keys().cloned().collect();
     assert_eq!(
         paths,
@@ -399,7 +371,10 @@ pipelines:
     dir.once().expect_code(0);
     let www = dir.join("www");
     assert_eq!(fs::read_to_string(www.join("a.txt")).unwrap(), "m");
-    assert_eq!(records(&www)["a.txt"]["source"]["id"], "m");
+    assert_eq!(
+        util::records(&util::read_state(&www))["a.txt"]["source"]["id"],
+        "m"
+    );
     assert_eq!(names(&dir.spool("p", "done")), set(&["a", "b", "m", "z"]));
 }
 
@@ -470,7 +445,10 @@ pipelines:
         fs::read_to_string(www.join("a.txt")).unwrap(),
         "from inbox\n"
     );
-    assert_eq!(records(&www)["a.txt"]["source"]["id"], "fresh");
+    assert_eq!(
+        util::records(&util::read_state(&www))["a.txt"]["source"]["id"],
+        "fresh"
+    );
     assert_catalog_matches_disk(&www);
 }
 
@@ -900,7 +878,7 @@ pipelines:
     assert!(names(&dir.spool("p", "work")).is_empty());
     assert!(names(&dir.spool("p", "failed")).is_empty());
     let www = dir.join("www");
-    let recs = records(&www);
+    let recs = util::records(&util::read_state(&www));
     assert_eq!(recs.len(), n, "one catalog record per bundle");
     for name in &all {
         let r = &recs[&format!("{name}.txt")];
@@ -929,7 +907,10 @@ fn a_backlog_over_a_big_catalog_is_still_published_in_batches() {
         .collect();
     write_bundle(&inbox.join("big"), "big", &files);
     dir.once().expect_code(0);
-    assert_eq!(records(&dir.join("www")).len(), 3300);
+    assert_eq!(
+        util::records(&util::read_state(&dir.join("www"))).len(),
+        3300
+    );
 
     let n = 300;
     for i in 0..n {
@@ -938,7 +919,10 @@ fn a_backlog_over_a_big_catalog_is_still_published_in_batches() {
     }
     let out = dir.once();
     out.expect_code(0);
-    assert_eq!(records(&dir.join("www")).len(), 3300 + n);
+    assert_eq!(
+        util::records(&util::read_state(&dir.join("www"))).len(),
+        3300 + n
+    );
     // The agent says how it published them: in batches, not one by one.
     let batched: usize = out
         .stderr
@@ -982,7 +966,10 @@ fn live_agent_rereads_a_catalog_changed_by_anyone_else_between_its_bundles() {
     dir.publish("p", &other, &[]).expect_code(0);
     publish_live(&dir, &agent, "second", "# second\n");
     assert_eq!(
-        records(&www).keys().cloned().collect::<Vec<_>>(),
+        util::records(&util::read_state(&www))
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
         ["first/report.md", "other/report.md", "second/report.md"],
         "the record of the run between two agent publications was lost"
     );
@@ -991,7 +978,7 @@ fn live_agent_rereads_a_catalog_changed_by_anyone_else_between_its_bundles() {
     // same size, same inode.
     let catalog = www.join(".distributor.json");
     let text = fs::read_to_string(&catalog).unwrap();
-    let stamp = records(&www)["first/report.md"]["created_at"]
+    let stamp = util::records(&util::read_state(&www))["first/report.md"]["created_at"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -1013,7 +1000,7 @@ fn live_agent_rereads_a_catalog_changed_by_anyone_else_between_its_bundles() {
         assert_eq!(inode, after);
     }
     publish_live(&dir, &agent, "third", "# third\n");
-    let records = records(&www);
+    let records = util::records(&util::read_state(&www));
     assert_eq!(
         records["first/report.md"]["created_at"], edited_stamp,
         "the agent wrote back the catalog it remembered over the edited one"
@@ -1113,7 +1100,7 @@ fn sigterm_mid_run(once: bool) {
 
     let www = dir.join("www");
     let recs = if www.join(".distributor.json").exists() {
-        records(&www)
+        util::records(&util::read_state(&www))
     } else {
         BTreeMap::new()
     };
@@ -1139,7 +1126,7 @@ fn sigterm_mid_run(once: bool) {
     // The rest is picked up by the next run.
     dir.once().expect_code(0);
     assert_eq!(names(&dir.spool("p", "done")).len(), all.len());
-    assert_eq!(records(&www).len(), all.len());
+    assert_eq!(util::records(&util::read_state(&www)).len(), all.len());
 }
 
 // ---------------------------------------------------------------------------
@@ -1237,7 +1224,7 @@ fn sighup_keeps_the_old_config_when_the_new_one_is_broken_and_adds_new_pipelines
     let b = dir.sealed("for-q", &[("q.txt", b"q\n")]);
     drop_into(&b, &dir.spool("q", "inbox").join("for-q"));
     wait_done(&dir, &agent, "q", "for-q");
-    let recs = records(&dir.join("www-q"));
+    let recs = util::records(&util::read_state(&dir.join("www-q")));
     assert_eq!(recs["q.txt"]["pipeline_id"], "q");
     // The old pipeline is still served after the reload.
     let b = dir.sealed("after-reload", &[("y.txt", b"y\n")]);
@@ -1354,7 +1341,7 @@ pipelines:
     }
 
     let all = dir.join("www-all");
-    let recs = records(&all);
+    let recs = util::records(&util::read_state(&all));
     for name in &fed {
         let r = recs
             .get(&format!("{name}/index.md"))
@@ -1364,7 +1351,7 @@ pipelines:
     assert_catalog_matches_disk(&all);
     let latest = dir.join("www-latest");
     assert_catalog_matches_disk(&latest);
-    let owners: BTreeSet<_> = records(&latest)
+    let owners: BTreeSet<_> = util::records(&util::read_state(&latest))
         .values()
         .map(|r| r["source"]["id"].as_str().unwrap().to_owned())
         .collect();
@@ -1611,7 +1598,7 @@ fn a_live_agent_deletes_done_entries_older_than_done_retention() {
     let seen = Instant::now();
     let entry = dir.spool("p", "done").join("old");
     assert!(
-        wait_for(Duration::from_secs(8), || !entry.exists()),
+        wait_for(DEADLINE, || !entry.exists()),
         "done/old still there {:?} after it appeared:\n{}",
         seen.elapsed(),
         agent.stderr()
@@ -1698,7 +1685,7 @@ fn live_agent_sweeps_a_temporary_file_left_at_the_top_of_its_root_by_another_pro
         !www.join(".distributor-tmp-4242-0").exists(),
         "the agent's publication kept another process's stale temporary file"
     );
-    assert_eq!(records(&www).len(), 3);
+    assert_eq!(util::records(&util::read_state(&www)).len(), 3);
     assert_catalog_matches_disk(&www);
     stop(agent);
 }

@@ -1,11 +1,15 @@
-//! A backlog is published in batches (one transaction per root): arrival
-//! order still decides, each bundle gets its own result, a bad bundle
-//! fails alone, and a crash mid-batch converges.
+//! Batches into a local root: a crash at each step of the journal
+//! converges, staging into new folders, files that already hold the
+//! planned bytes, a broken catalog file, and how a live agent gathers a
+//! burst. What every backend's batch does alike (arrival order, one
+//! result per bundle, a bad or refused bundle failing alone) is in
+//! `matrix`.
 
-use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, metric, wait_for};
+use crate::util::{
+    DEADLINE, Test, assert_catalog_matches_disk, metric, sorted_names as names, wait_for,
+};
 use serde_json::Value;
 use std::fs;
-use std::path::Path;
 
 fn config(workflow: &str) -> String {
     format!(
@@ -47,138 +51,6 @@ fn agent_once_logged(t: &Test) -> crate::util::Output {
 
 fn batched(stderr: &str) -> bool {
     stderr.contains("published a batch of")
-}
-
-#[test]
-fn a_backlog_is_published_in_arrival_order_with_one_result_per_bundle() {
-    let t = Test::new();
-    t.config(&config("additive"));
-    for i in 0..10u64 {
-        let content = format!("version {i}\n");
-        let only = format!("only-{i}.txt");
-        drop_bundle(
-            &t,
-            &format!("b{i}"),
-            i,
-            &[("page.html", &content), (&only, "x\n")],
-        );
-    }
-    let out = agent_once_logged(&t);
-    out.expect_code(0);
-    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
-    for i in 0..10 {
-        let r = result(&t, "done", &format!("b{i}"));
-        assert_eq!(r["ok"], true);
-        assert_eq!(r["source"]["id"], format!("b{i}"));
-        let writes = r["destinations"][0]["writes"].as_array().unwrap().len();
-        assert_eq!(writes, 2, "b{i} reports its own writes");
-    }
-    assert_eq!(
-        fs::read_to_string(t.join("root/page.html")).unwrap(),
-        "version 9\n"
-    );
-    let records = t.records("root");
-    assert_eq!(
-        records["page.html"]["source"]["id"], "b9",
-        "the last arrival owns it"
-    );
-    for i in 0..10 {
-        assert!(records.contains_key(&format!("only-{i}.txt")));
-    }
-    assert_catalog_matches_disk(&t.join("root"));
-    // The batch's attempt was one file in work/, gone with the batch.
-    assert!(names(&t.join("spool/p/work")).is_empty());
-    assert!(!t.join("spool/p/work/.distributor-batch.json").exists());
-}
-
-#[test]
-fn replacement_in_a_batch_deletes_what_a_later_bundle_omits() {
-    let t = Test::new();
-    t.config(&config("replacement"));
-    drop_bundle(&t, "seed", 0, &[("seed.txt", "s\n")]);
-    drop_bundle(&t, "a", 1, &[("x.txt", "a\n"), ("y/deep.txt", "a\n")]);
-    drop_bundle(&t, "b", 2, &[("x.txt", "b\n")]);
-    let out = agent_once_logged(&t);
-    out.expect_code(0);
-    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
-    let b = result(&t, "done", "b");
-    assert_eq!(b["destinations"][0]["action"], "replace_catalog");
-    assert_eq!(
-        b["destinations"][0]["deletes"],
-        serde_json::json!(["y/deep.txt"])
-    );
-    assert!(!t.join("root/y").exists(), "emptied folder removed");
-    assert!(!t.join("root/seed.txt").exists());
-    assert_eq!(
-        t.records("root").keys().cloned().collect::<Vec<_>>(),
-        ["x.txt"]
-    );
-    assert_catalog_matches_disk(&t.join("root"));
-}
-
-#[test]
-fn an_invalid_bundle_in_a_batch_fails_alone() {
-    let t = Test::new();
-    t.config(&config("additive"));
-    drop_bundle(&t, "a", 0, &[("a.txt", "a\n")]);
-    drop_bundle(&t, "b", 1, &[("b.txt", "b\n")]);
-    drop_bundle(&t, "tampered", 2, &[("t.txt", "tttt\n")]);
-    fs::write(t.join("spool/p/inbox/tampered/t.txt"), "TTTT\n").unwrap();
-    drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
-    let out = agent_once_logged(&t);
-    out.expect_code(1);
-    assert_eq!(names(&t.join("spool/p/done")), ["a", "b", "c"]);
-    assert_eq!(names(&t.join("spool/p/failed")), ["tampered"]);
-    let r = result(&t, "failed", "tampered");
-    assert_eq!(r["stage"], "verify");
-    assert!(r["error"].as_str().unwrap_or_default().contains("t.txt"));
-    assert!(!t.join("root/t.txt").exists());
-    assert_catalog_matches_disk(&t.join("root"));
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-#[test]
-fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
-    let t = Test::new();
-    t.config(&config("additive"));
-    // A first run creates the root and its catalog.
-    drop_bundle(&t, "first", 0, &[("first.txt", "1\n")]);
-    t.run(&["agent", "--once"]).expect_code(0);
-    fs::write(t.join("root/stray.txt"), "not ours\n").unwrap();
-    drop_bundle(&t, "a", 1, &[("a.txt", "a\n")]);
-    drop_bundle(&t, "blocked", 2, &[("stray.txt", "mine\n")]);
-    drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
-    let out = agent_once_logged(&t);
-    out.expect_code(1);
-    assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
-    assert_eq!(names(&t.join("spool/p/done")), ["a", "c", "first"]);
-    let r = result(&t, "failed", "blocked");
-    assert_eq!(r["stage"], "plan");
-    assert_eq!(r["destinations"][0]["action"], "fail_unmanaged");
-    assert_eq!(
-        fs::read_to_string(t.join("root/stray.txt")).unwrap(),
-        "not ours\n"
-    );
-    assert!(!t.records("root").contains_key("stray.txt"));
-    assert_catalog_matches_disk_except(&t.join("root"), "stray.txt");
-}
-
-/// The catalog matches the disk; `unmanaged` is the one file it may not record.
-fn assert_catalog_matches_disk_except(root: &Path, unmanaged: &str) {
-    let moved = root.with_extension("stray");
-    fs::rename(root.join(unmanaged), &moved).unwrap();
-    assert_catalog_matches_disk(root);
-    fs::rename(&moved, root.join(unmanaged)).unwrap();
 }
 
 #[test]
@@ -230,7 +102,7 @@ fn a_crash_in_the_middle_of_a_batch_converges() {
             "5\n",
             "{point}"
         );
-        let recorded: Vec<String> = t.records("root").keys().cloned().collect();
+        let recorded: Vec<String> = t.recorded("root").keys().cloned().collect();
         assert_eq!(recorded, ["keep.txt", "n5.txt"], "{point}");
         assert_catalog_matches_disk(&t.join("root"));
         for leftover in fs::read_dir(t.join("root")).unwrap() {
@@ -303,45 +175,9 @@ pipelines:
         let nested = t.join(&format!("by-source/b{i:03}/r{i:05}/report.md"));
         assert_eq!(fs::read_to_string(nested).unwrap(), report);
     }
-    assert_eq!(t.records("by-source").len(), 3 * n as usize + 1);
+    assert_eq!(t.recorded("by-source").len(), 3 * n as usize + 1);
     assert_catalog_matches_disk(&t.join("root"));
     assert_catalog_matches_disk(&t.join("by-source"));
-}
-
-#[test]
-fn a_batch_that_steps_aside_says_why_and_is_counted() {
-    let t = Test::new();
-    t.config(
-        "spool: ./spool
-agent: {settle: 0s, metrics_file: ./metrics.prom}
-pipelines:
-  - id: p
-    destinations:
-      - id: d
-        path: ./root
-",
-    );
-    drop_bundle(&t, "first", 0, &[("first.txt", "1\n")]);
-    t.run(&["agent", "--once"]).expect_code(0);
-    drop_bundle(&t, "a", 1, &[("a.txt", "a\n")]);
-    // Changed after sealing: only staging, which hashes as it copies, sees it.
-    drop_bundle(&t, "tampered", 2, &[("t.txt", "tttt\n")]);
-    fs::write(t.join("spool/p/inbox/tampered/t.txt"), "TTTT\n").unwrap();
-    drop_bundle(&t, "c", 3, &[("c.txt", "c\n")]);
-    let out = agent_once_logged(&t);
-    out.expect_code(1);
-    let line = out
-        .stderr
-        .lines()
-        .find(|l| l.contains("stepped aside"))
-        .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
-    assert!(line.contains("WARN"), "{line}");
-    assert!(line.contains("pipeline=p"), "{line}");
-    assert!(line.contains("t.txt"), "the cause is named: {line}");
-    assert_eq!(metric(&t, "batch_fallbacks_total"), "1");
-    assert_eq!(names(&t.join("spool/p/done")), ["a", "c", "first"]);
-    assert_eq!(names(&t.join("spool/p/failed")), ["tampered"]);
-    assert_catalog_matches_disk(&t.join("root"));
 }
 
 #[test]
@@ -380,7 +216,7 @@ fn a_batch_keeps_files_that_already_hold_the_planned_bytes() {
         y["destinations"][0]["writes"],
         serde_json::json!(["a/old.txt", "a/same.txt"])
     );
-    assert_eq!(t.records("root")["a/same.txt"]["source"]["id"], "y");
+    assert_eq!(t.recorded("root")["a/same.txt"]["source"]["id"], "y");
     assert_catalog_matches_disk(&t.join("root"));
 }
 
@@ -455,7 +291,7 @@ fn a_backlog_into_a_large_broken_catalog_fails_each_bundle_and_a_restored_one_ta
     let out = agent_once_logged(&t);
     out.expect_code(0);
     assert!(batched(&out.stderr), "no batch was used:\n{}", out.stderr);
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert_eq!(records.len(), 3003);
     for i in 4..7 {
         assert_eq!(
@@ -541,7 +377,7 @@ fn a_burst_that_arrives_while_its_first_bundle_is_claimed_goes_out_as_one_batch(
         "version 3\n",
         "arrival order holds inside the batch"
     );
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert_eq!(records["page.html"]["source"]["id"], "b3");
     assert!((0..4).all(|i| records.contains_key(&format!("b{i}.txt"))));
     assert_catalog_matches_disk(&t.join("root"));

@@ -153,7 +153,7 @@ fn killed_runs_always_recover_on_rerun() {
             Vec::<String>::new(),
             "{context}: leftovers"
         );
-        let recs = t.records(&format!("roots/{dest}"));
+        let recs = t.recorded(&format!("roots/{dest}"));
         let bundle_id = bundle.file_name().unwrap().to_str().unwrap();
         for path in paths {
             assert_eq!(
@@ -285,7 +285,7 @@ fn dry_run_over_an_interrupted_publication_changes_nothing() {
     out.expect_code(0);
     assert_catalog_matches_disk(&root);
     assert!(!root.join(".distributor-journal.json").exists());
-    let recorded: BTreeSet<String> = t.records("root").into_keys().collect();
+    let recorded: BTreeSet<String> = t.recorded("root").into_keys().collect();
     assert_ne!(recorded, paths);
     assert_eq!(recorded, paths2, "the second bundle replaced the first");
 }

@@ -380,7 +380,7 @@ fn a_full_disk_fails_before_anything_moves_and_a_journal_it_cannot_settle_stays(
     assert!(!root.join(".distributor-journal.json").exists());
     assert_catalog_matches_disk(&root);
     no_temp_files(&root);
-    assert_eq!(t.records("small/root").len(), 820);
+    assert_eq!(t.recorded("small/root").len(), 820);
 }
 
 /// A prune of many outputs (journaled, the new catalog staged beside the
@@ -443,7 +443,7 @@ fn a_prune_on_a_full_disk_deletes_nothing_and_says_what_it_could_not_write() {
     t.run(&prune).expect_code(0);
     assert!(!root.join("old").exists());
     assert!(root.join("new/page.txt").exists());
-    assert_eq!(t.records("small/root").len(), 1);
+    assert_eq!(t.recorded("small/root").len(), 1);
     assert_catalog_matches_disk(&root);
     no_temp_files(&root);
 }

@@ -2,9 +2,8 @@
 //! `spool retry P --all`, `spool show P NAME [--json]`, `spool delete P NAME`,
 //! and `spool list --inbox` saying why each entry waits (§13.4).
 
-use crate::util::{Test, write_file};
+use crate::util::{Test, sorted_names as names, write_file};
 use std::fs;
-use std::path::Path;
 
 const CONFIG: &str = "spool: spool
 pipelines:
@@ -26,17 +25,6 @@ fn tamper(t: &Test, name: &str) {
     let f = t.join(&format!("spool/p/inbox/{name}/a.txt"));
     let len = fs::metadata(&f).unwrap().len() as usize;
     fs::write(&f, "X".repeat(len)).unwrap();
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 /// Two failed bundles and one published one, after `agent --once`.

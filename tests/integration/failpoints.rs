@@ -3,7 +3,7 @@
 //! bytes, nothing the tool wrote is unrecorded, nothing unrelated changed,
 //! and a bundle ends in exactly one spool folder.
 
-use crate::util::{Test, assert_catalog_matches_disk, is_reserved, sha256_file};
+use crate::util::{Test, assert_catalog_matches_disk, bundle_names, sha256_file, shape};
 use std::fs;
 use std::path::Path;
 
@@ -61,26 +61,13 @@ fn second(t: &Test, name: &str) -> std::path::PathBuf {
 }
 
 fn assert_clean(root: &Path) {
-    for entry in walk(root) {
-        let name = entry.file_name().unwrap().to_string_lossy().into_owned();
+    for entry in shape(root).paths() {
+        let name = entry.rsplit('/').next().unwrap_or(&entry);
         assert!(
             !name.starts_with(".distributor-tmp-") && name != ".distributor-journal.json",
-            "left behind: {}",
-            entry.display()
+            "left behind: {entry}"
         );
     }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if fs::symlink_metadata(&p).unwrap().is_dir() {
-            out.extend(walk(&p));
-        }
-        out.push(p);
-    }
-    out
 }
 
 /// Publishes `bundle` to pipeline `p` with `args`, crashing at `failpoint`
@@ -147,7 +134,7 @@ fn crash_and_rerun(workflow: &str, point: &str, nth: u32, unwritten: &str) -> bo
     assert_clean(&root);
     assert_eq!(sha256_file(&t.join("outside.txt")), outside_before);
 
-    let records = t.records("root");
+    let records = t.recorded("root");
     for path in ["report.md", "report.html", "keep.txt", "new/deep/file.txt"] {
         assert_eq!(
             records[path]["source"]["id"], "second",
@@ -232,7 +219,7 @@ fn force_replace_crash_after_clearing_a_folder_leaves_no_record_inside_it() {
     t.config(&config("additive"));
     let a = first(&t, "a");
     t.publish("p", &a, &[]).expect_code(0);
-    assert!(t.records("root").contains_key("sub/gone.html"));
+    assert!(t.recorded("root").contains_key("sub/gone.html"));
     let b = second(&t, "b");
     // `keep.txt`, `old.txt`, `report.html`, `report.md`, `sub`: crash once
     // all five are cleared.
@@ -291,7 +278,7 @@ fn legacy_conversion_crash_at_every_step_converges() {
                 let root = t.join("root");
                 assert_catalog_matches_disk(&root);
                 assert_clean(&root);
-                let records = t.records("root");
+                let records = t.recorded("root");
                 let mut paths: Vec<&str> = records.keys().map(String::as_str).collect();
                 paths.sort();
                 assert_eq!(
@@ -321,20 +308,6 @@ pipelines:
 "
 }
 
-/// Names of the entries in a spool folder (dot-names aside).
-fn names(t: &Test, folder: &str) -> Vec<String> {
-    let dir = t.join(&format!("spool/p/{folder}"));
-    let mut names: Vec<String> = fs::read_dir(&dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .filter(|n| !is_reserved(n) && !n.starts_with('.'))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
 #[test]
 fn agent_crash_at_every_step_files_each_bundle_exactly_once() {
     // Every crash point: the publication's and the spool's.
@@ -353,14 +326,17 @@ fn agent_crash_at_every_step_files_each_bundle_exactly_once() {
             .output();
         let drained = t.run(&["agent", "--once"]);
         drained.expect_code(0);
-        assert_eq!(names(&t, "done"), ["a", "b"], "{point}");
+        assert_eq!(bundle_names(&t.join("spool/p/done")), ["a", "b"], "{point}");
         for folder in ["inbox", "work", "failed"] {
-            assert!(names(&t, folder).is_empty(), "{point}: {folder} not empty");
+            assert!(
+                bundle_names(&t.join(&format!("spool/p/{folder}"))).is_empty(),
+                "{point}: {folder} not empty"
+            );
         }
         let root = t.join("root");
         assert_catalog_matches_disk(&root);
         assert_clean(&root);
-        let records = t.records("root");
+        let records = t.recorded("root");
         assert!(
             records.values().all(|r| r["source"]["id"] == "second"),
             "{point}: the newest bundle owns every output"
@@ -406,7 +382,7 @@ fn large_publication_crash_at_every_step_converges() {
                 let root = t.join("root");
                 assert_catalog_matches_disk(&root);
                 assert_clean(&root);
-                let records = t.records("root");
+                let records = t.recorded("root");
                 assert_eq!(records.len(), 24, "{context}");
                 assert!(
                     records.values().all(|r| r["source"]["id"] == "v2"),

@@ -221,29 +221,22 @@ impl Fixture {
 
 /// Every entry below `root` with its kind and (files) bytes.
 fn local_snapshot(root: &Path) -> BTreeMap<String, String> {
-    fn walk(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = format!("{prefix}{name}");
-            let meta = std::fs::symlink_metadata(entry.path()).unwrap();
-            if meta.is_dir() {
-                out.insert(path.clone(), "dir".to_owned());
-                walk(&entry.path(), &format!("{path}/"), out);
-            } else if meta.file_type().is_symlink() {
-                let target = std::fs::read_link(entry.path()).unwrap();
-                out.insert(path, format!("link {}", target.display()));
-            } else {
-                let bytes = std::fs::read(entry.path()).unwrap();
-                out.insert(path, String::from_utf8_lossy(&bytes).into_owned());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    if root.exists() {
-        walk(root, "", &mut out);
-    }
-    out
+    use crate::util::Kind;
+    crate::util::shape(root)
+        .0
+        .into_iter()
+        .filter(|(path, _)| !path.is_empty())
+        .map(|(path, node)| {
+            let what = match node.kind {
+                Kind::Dir => "dir".to_owned(),
+                Kind::Symlink(target) => format!("link {}", target.display()),
+                _ => {
+                    String::from_utf8_lossy(&std::fs::read(root.join(&path)).unwrap()).into_owned()
+                }
+            };
+            (path, what)
+        })
+        .collect()
 }
 
 /// Three `reports` sources (s1 oldest .. s3 newest by `created`, published

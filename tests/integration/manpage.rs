@@ -24,17 +24,17 @@ const NAMED: [&str; 7] = [
 /// Every visible command as typed after `distributor`: the groups
 /// (`spool`) and the commands in them (`spool flush`), depth first.
 fn command_paths() -> Vec<(Vec<String>, bool)> {
-    fn walk(cmd: &clap::Command, prefix: &[String], out: &mut Vec<(Vec<String>, bool)>) {
+    fn subcommands(cmd: &clap::Command, prefix: &[String], out: &mut Vec<(Vec<String>, bool)>) {
         for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
             let mut path = prefix.to_vec();
             path.push(sub.get_name().to_owned());
             let is_group = sub.has_subcommands();
             out.push((path.clone(), is_group));
-            walk(sub, &path, out);
+            subcommands(sub, &path, out);
         }
     }
     let mut out = Vec::new();
-    walk(&Cli::command(), &[], &mut out);
+    subcommands(&Cli::command(), &[], &mut out);
     out
 }
 

@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use crate::seaweed::{Bucket, server};
 use crate::util::{
-    Backend, Output, Test, TestCommand, each_backend, instant_of, is_reserved, read_state, records,
-    strings, wait_past,
+    Backend, DEADLINE, Output, Test, TestCommand, each_backend, instant_of, is_reserved,
+    read_state, records, strings, wait_past,
 };
 
 /// A test folder whose config has pipeline `reports` with one destination
@@ -25,6 +25,8 @@ struct Site {
     backend: Backend,
     t: Test,
     bucket: Option<Bucket>,
+    /// The keys that place a destination in this root (for more pipelines).
+    root: String,
 }
 
 impl Site {
@@ -67,7 +69,22 @@ pipelines:
           html: true
 {extra}"
         ));
-        Site { backend, t, bucket }
+        Site {
+            backend,
+            t,
+            bucket,
+            root,
+        }
+    }
+
+    /// Adds pipeline `id`, whose destination `web` is this root (sources
+    /// only, under `workflow`).
+    fn add_pipeline(&self, id: &str, workflow: &str) {
+        let config = fs::read_to_string(self.t.join("config.yaml")).unwrap();
+        self.t.config(&format!(
+            "{config}  - id: {id}\n    destinations:\n      - id: web\n        {}\n        workflow: {workflow}\n",
+            self.root
+        ));
     }
 
     /// The binary with the config (and, for s3, the server's credentials).
@@ -91,8 +108,28 @@ pipelines:
     }
 
     fn publish(&self, bundle: &Path) -> Output {
+        self.publish_with("reports", bundle, &[])
+    }
+
+    /// `run --json --pipeline PIPELINE [extra...] BUNDLE`.
+    fn publish_with(&self, pipeline: &str, bundle: &Path, extra: &[&str]) -> Output {
         let bundle = bundle.to_str().expect("utf-8 path");
-        self.run(&["run", "--json", "--pipeline", "reports", bundle])
+        let mut args = vec!["run", "--json", "--pipeline", pipeline];
+        args.extend_from_slice(extra);
+        args.push(bundle);
+        self.run(&args)
+    }
+
+    /// What identifies the stored copy of output `rel`: its inode and
+    /// modification time, or its ETag. The same when it was not written.
+    fn identity(&self, rel: &str) -> String {
+        match &self.bucket {
+            None => {
+                let node = &self.t.tree("site").0[rel];
+                format!("{} {}", node.ino, node.mtime_ns)
+            }
+            Some(bucket) => bucket.etag(rel).expect("an object"),
+        }
     }
 
     fn verify(&self) -> Output {
@@ -107,10 +144,10 @@ pipelines:
     }
 
     /// The catalog's records by path.
-    fn records(&self) -> BTreeMap<String, Value> {
+    fn recorded(&self) -> BTreeMap<String, Value> {
         match &self.bucket {
             None => records(&read_state(&self.t.join("site"))),
-            Some(bucket) => bucket.records(),
+            Some(bucket) => bucket.recorded(),
         }
     }
 
@@ -148,7 +185,7 @@ pipelines:
     /// Replaces output `rel` with `bytes` as another tool would.
     fn change_behind_the_back(&self, rel: &str, bytes: &[u8]) {
         match &self.bucket {
-            None => fs::write(self.t.join("site").join(rel), bytes).unwrap(),
+            None => crate::util::write_file(&self.t.join("site").join(rel), bytes),
             Some(bucket) => {
                 bucket.plant(rel, bytes);
             }
@@ -165,10 +202,16 @@ pipelines:
 
     /// Everything the root holds, reserved names included, as a text to
     /// compare: every entry below the local root with its bytes' hash,
-    /// mode, time and inode; or every key below the s3 root with its ETag.
+    /// mode, time and inode (the root folder's own times aside: a
+    /// temporary file made and removed there moves them); or every key
+    /// below the s3 root with its ETag.
     fn snapshot(&self) -> String {
         match &self.bucket {
-            None => format!("{:#?}", self.t.tree("site")),
+            None => {
+                let mut tree = self.t.tree("site");
+                tree.0.remove("");
+                format!("{tree:#?}")
+            }
             Some(bucket) => bucket
                 .keys()
                 .into_iter()
@@ -177,11 +220,50 @@ pipelines:
         }
     }
 
-    /// Every record's bytes are at its path, and every output path is
-    /// recorded.
+    /// Everything the root holds but its reserved names, as a text to
+    /// compare (see [`Site::snapshot`]).
+    fn outputs_snapshot(&self) -> String {
+        match &self.bucket {
+            None => {
+                let mut tree = self.t.tree("site");
+                tree.0
+                    .retain(|path, _| !path.is_empty() && !is_reserved(path));
+                format!("{tree:#?}")
+            }
+            Some(bucket) => bucket
+                .keys()
+                .into_iter()
+                .filter(|k| !is_reserved(k))
+                .map(|k| format!("{k} {:?}\n", bucket.etag(&k)))
+                .collect(),
+        }
+    }
+
+    /// Nothing is left under `.distributor-pending/` of an s3 root: no
+    /// intent, probe or clock.
+    #[track_caller]
+    fn assert_nothing_pending(&self) {
+        if let Some(bucket) = &self.bucket {
+            assert!(bucket.reserved().is_empty(), "{:?}", bucket.reserved());
+        }
+    }
+
+    /// Every record's bytes are at its path, every output path is
+    /// recorded, and no s3 intent is left pending.
     #[track_caller]
     fn assert_consistent(&self) {
-        let records = self.records();
+        self.assert_consistent_but(&[]);
+    }
+
+    /// [`Site::assert_consistent`], `unmanaged` (paths someone else put
+    /// there) aside.
+    #[track_caller]
+    fn assert_consistent_but(&self, unmanaged: &[&str]) {
+        if let Some(bucket) = &self.bucket {
+            let pending = bucket.pending();
+            assert!(pending.is_empty(), "pending intents left: {pending:?}");
+        }
+        let records = self.recorded();
         for (path, r) in &records {
             let bytes = self
                 .get(path)
@@ -189,12 +271,11 @@ pipelines:
             assert_eq!(r["sha256"], crate::util::sha256(&bytes), "{path}: {r}");
         }
         let recorded: BTreeSet<String> = records.keys().cloned().collect();
-        assert_eq!(
-            self.paths(),
-            recorded,
-            "{:?}: outputs vs records",
-            self.backend
-        );
+        let mut paths = self.paths();
+        for path in unmanaged {
+            assert!(paths.remove(*path), "{:?}: {path} is gone", self.backend);
+        }
+        assert_eq!(paths, recorded, "{:?}: outputs vs records", self.backend);
     }
 }
 
@@ -301,7 +382,7 @@ fn outputs_land_at_exactly_their_paths_whatever_the_characters() {
         expected.insert("ドキュメント/説明.html".to_owned());
         assert_eq!(site.paths(), expected, "{backend:?}: paths as stored");
         assert_eq!(
-            site.records().keys().cloned().collect::<BTreeSet<_>>(),
+            site.recorded().keys().cloned().collect::<BTreeSet<_>>(),
             expected,
             "{backend:?}: recorded paths"
         );
@@ -586,7 +667,7 @@ fn prune_and_reconcile_alike_on_every_backend() {
         );
         site.publish(&old).expect_code(0);
         site.publish(&new).expect_code(0);
-        let records = site.records();
+        let records = site.recorded();
         wait_past(
             instant_of(&records["a2.txt"]["updated_at"]),
             std::time::Duration::from_millis(1),
@@ -620,7 +701,7 @@ fn prune_and_reconcile_alike_on_every_backend() {
         let report = reconciled.json();
         assert_eq!(strings(&report["missing"]), ["a2.txt"], "{backend:?}");
         assert_eq!(report["removed_records"], 1, "{backend:?}");
-        assert!(site.records().is_empty(), "{backend:?}");
+        assert!(site.recorded().is_empty(), "{backend:?}");
         let verified = site.verify();
         verified.expect_code(0);
         assert_eq!(verified.json()["checked"], 0);
@@ -630,7 +711,8 @@ fn prune_and_reconcile_alike_on_every_backend() {
 /// A pipeline with a local root and an s3 destination batches like any
 /// other: the first bundle sets both roots up alone, the rest of the
 /// backlog goes as one batch (one transaction per root), and both roots end
-/// at the last version with catalogs that match what they hold.
+/// at the last version with catalogs that match what they hold, which
+/// `status` reads alike (the catalog object like a local catalog).
 #[test]
 fn a_pipeline_of_a_local_root_and_an_s3_destination_publishes_a_backlog_as_one_batch() {
     let t = Test::new();
@@ -705,7 +787,7 @@ pipelines:
     assert_eq!(fs::read(t.join("site/a.txt")).unwrap(), b"a4\n");
     assert_eq!(bucket.get("a.txt").unwrap(), b"a4\n");
     let local: BTreeSet<String> = records(&read_state(&t.join("site"))).into_keys().collect();
-    let remote: BTreeSet<String> = bucket.records().into_keys().collect();
+    let remote: BTreeSet<String> = bucket.recorded().into_keys().collect();
     assert_eq!(local, BTreeSet::from(want.map(String::from)));
     assert_eq!(remote, local);
     let report: Value = serde_json::from_slice(
@@ -714,6 +796,31 @@ pipelines:
     .unwrap();
     assert_eq!(report["ok"], true, "{report}");
     assert_eq!(report["destinations"].as_array().unwrap().len(), 2);
+
+    // `status` reads the catalog object like a local catalog.
+    let status = t
+        .cmd()
+        .env("AWS_ACCESS_KEY_ID", &creds.key_id)
+        .env("AWS_SECRET_ACCESS_KEY", &creds.secret)
+        .args(["--config", "config.yaml", "status", "--json"])
+        .output();
+    status.expect_code(0);
+    let doc = status.json();
+    let destinations = doc[0]["destinations"].as_array().expect("destinations");
+    for (id, root) in [
+        ("disk", None),
+        ("web", Some(format!("s3://{}/site", bucket.location.bucket))),
+    ] {
+        let d = destinations
+            .iter()
+            .find(|d| d["destination_id"] == id)
+            .unwrap_or_else(|| panic!("no destination {id} in {doc}"));
+        assert_eq!(d["state"], "catalog", "{d}");
+        assert_eq!(d["outputs"], want.len(), "{d}");
+        if let Some(root) = root {
+            assert_eq!(d["root"], root, "{d}");
+        }
+    }
 }
 
 /// A publication killed at any step, on any backend, converges at the next
@@ -786,46 +893,76 @@ fn a_publication_killed_at_any_step_converges_at_the_next_run() {
     });
 }
 
-/// Two processes publishing different sources into one root at the same
-/// moment, on any backend: both succeed (a local root's lock makes one
-/// wait; on s3 the loser of the catalog's compare-and-swap is re-applied
-/// on the winner's catalog), and the root holds and records both.
+/// Two processes publishing into one root at the same moment, on any
+/// backend, from two pipelines or two bundles of one pipeline: both
+/// succeed (a local root's lock makes one wait; on s3 the loser of the
+/// catalog's compare-and-swap is re-applied on the winner's catalog; on a
+/// local root one of them went first: `publish_new`, then
+/// `upsert_additive`), and the root holds and records every output of
+/// both, each with its owner.
 #[test]
 fn two_publishers_racing_into_one_root_both_land() {
+    let files = |tag: &str| -> Vec<(String, String)> {
+        (0..25)
+            .map(|i| (format!("{tag}/f{i:02}.txt"), format!("{tag} {i}\n")))
+            .collect()
+    };
     each_backend(|backend| {
-        let site = Site::new(backend, "additive");
-        let a = site.t.bundle_at(
-            "a",
-            "docs.a",
-            "2026-06-01T00:00:00Z",
-            &[("a/one.txt", "a\n"), ("a/two.txt", "aa\n")],
-        );
-        let b = site.t.bundle_at(
-            "b",
-            "docs.b",
-            "2026-06-01T00:00:00Z",
-            &[("b/one.txt", "b\n"), ("b/two.txt", "bb\n")],
-        );
-        let racers: Vec<_> = [&a, &b]
-            .iter()
-            .map(|bundle| {
-                let bundle = bundle.to_str().unwrap();
-                site.command(&["run", "--pipeline", "reports", bundle], &[])
-                    .start()
-            })
-            .collect();
-        for mut racer in racers {
-            racer
-                .finish(std::time::Duration::from_secs(120))
-                .expect_code(0);
+        for round in 0..4 {
+            let what = format!("{backend:?} round {round}");
+            let site = Site::new(backend, "additive");
+            site.add_pipeline("other", "additive");
+            // Even rounds: two pipelines; odd rounds: one pipeline.
+            let (p1, p2) = if round % 2 == 0 {
+                ("reports", "other")
+            } else {
+                ("reports", "reports")
+            };
+            let first = site.t.bundle("first", &files("first"));
+            let second = site.t.bundle("second", &files("second"));
+            let racers: Vec<_> = [(p1, &first), (p2, &second)]
+                .iter()
+                .map(|(pipeline, bundle)| {
+                    let bundle = bundle.to_str().unwrap();
+                    site.command(&["run", "--json", "--pipeline", pipeline, bundle], &[])
+                        .start()
+                })
+                .collect();
+            let mut actions = Vec::new();
+            for mut racer in racers {
+                let out = racer.finish(DEADLINE);
+                out.expect_code(0);
+                actions.push(out.dest()["action"].as_str().unwrap().to_owned());
+            }
+            actions.sort();
+            match backend {
+                // The lock made one wait: it planned on the other's catalog.
+                Backend::Local => assert_eq!(
+                    actions,
+                    ["publish_new", "upsert_additive"],
+                    "{what}: one went first"
+                ),
+                // Both may plan on the empty root; the loser's commit is
+                // re-applied on the winner's catalog, and its report keeps
+                // the action it planned.
+                Backend::S3 => assert!(
+                    actions
+                        .iter()
+                        .all(|a| a == "publish_new" || a == "upsert_additive"),
+                    "{what}: {actions:?}"
+                ),
+            }
+            let recs = site.recorded();
+            assert_eq!(recs.len(), 50, "{what}: every record of both runs");
+            for (tag, pipeline) in [("first", p1), ("second", p2)] {
+                for (path, _) in files(tag) {
+                    let r = &recs[&path];
+                    assert_eq!(r["source"]["id"], tag, "{what}: {path}");
+                    assert_eq!(r["pipeline_id"], pipeline, "{what}: {path}");
+                }
+            }
+            site.assert_consistent();
         }
-        let paths: Vec<String> = site.paths().into_iter().collect();
-        assert_eq!(
-            paths,
-            ["a/one.txt", "a/two.txt", "b/one.txt", "b/two.txt"],
-            "{backend:?}"
-        );
-        site.assert_consistent();
     });
 }
 
@@ -1394,10 +1531,9 @@ impl Versions {
     }
 
     /// The bundles in spool folder `folder` (the agent's own files aside).
-    fn names(&self, folder: &str) -> Vec<String> {
-        crate::util::names(&self.site.t.join(&format!("spool/reports/{folder}")))
+    fn bundles(&self, folder: &str) -> Vec<String> {
+        crate::util::bundle_names(&self.site.t.join(&format!("spool/reports/{folder}")))
             .into_iter()
-            .filter(|n| !n.starts_with('.'))
             .collect()
     }
 
@@ -1490,7 +1626,7 @@ fn a_batch_whose_agent_dies_after_its_commit_never_rolls_readers_back() {
             (Some(2), Some(2)),
             "{backend:?}: the batch was committed"
         );
-        assert_eq!(v.names("work"), ["b1", "b2"], "{backend:?}");
+        assert_eq!(v.bundles("work"), ["b1", "b2"], "{backend:?}");
 
         let (restarted, after) = v.agent_watched(&[]);
         restarted.expect_code(0);
@@ -1502,8 +1638,8 @@ fn a_batch_whose_agent_dies_after_its_commit_never_rolls_readers_back() {
             restarted.stderr
         );
         assert_eq!(v.shown(), (Some(2), Some(2)));
-        assert_eq!(v.names("done"), ["b0", "b1", "b2"]);
-        assert!(v.names("work").is_empty(), "{backend:?}");
+        assert_eq!(v.bundles("done"), ["b0", "b1", "b2"]);
+        assert!(v.bundles("work").is_empty(), "{backend:?}");
         // Every hook owed ran, at least once: first's for b1 twice (it
         // died in the first), web's for b1 and b2 after the restart.
         assert_eq!(hooked(&calls, "first"), ["b1", "b1", "b2"], "{backend:?}");
@@ -1558,7 +1694,7 @@ fn a_hook_owed_when_the_agent_died_runs_at_the_next_start() {
         assert_eq!(result["ok"], true);
         assert_eq!(result["hooks"][1]["destination_id"], "web", "{result}");
         assert_eq!(result["hooks"][1]["exit"], 0, "{result}");
-        assert!(v.names("work").is_empty());
+        assert!(v.bundles("work").is_empty());
         site_consistent(&v);
     });
 }
@@ -1609,8 +1745,12 @@ fn a_crash_anywhere_between_commit_and_filing_never_rolls_readers_back() {
             let calls = v.calls();
             assert_never_rolled_back(&during, &calls, &after, &what);
             assert_eq!(v.shown(), (Some(3), Some(3)), "{what}");
-            assert_eq!(v.names("done"), ["b0", "b1", "b2", "b3"], "{what}");
-            assert!(v.names("work").is_empty(), "{what}: {:?}", v.names("work"));
+            assert_eq!(v.bundles("done"), ["b0", "b1", "b2", "b3"], "{what}");
+            assert!(
+                v.bundles("work").is_empty(),
+                "{what}: {:?}",
+                v.bundles("work")
+            );
             for destination in ["first", "web"] {
                 let mut ran = hooked(&calls, destination);
                 ran.dedup();
@@ -1646,9 +1786,9 @@ fn a_signed_batch_published_again_after_a_partial_commit_is_not_refused_as_a_rep
         restarted.expect_code(0);
         assert_never_older(&after, &format!("{backend:?}"));
         assert_eq!(v.shown(), (Some(3), Some(3)), "{backend:?}");
-        assert_eq!(v.names("done"), ["b0", "b1", "b2", "b3"], "{backend:?}");
+        assert_eq!(v.bundles("done"), ["b0", "b1", "b2", "b3"], "{backend:?}");
         assert!(
-            v.names("failed").is_empty(),
+            v.bundles("failed").is_empty(),
             "{backend:?}: {}",
             restarted.stderr
         );
@@ -1676,7 +1816,7 @@ fn a_signed_batch_published_again_after_a_partial_commit_is_not_refused_as_a_rep
         );
         fs::rename(&again, t.join("spool/reports/inbox/again")).unwrap();
         v.site.run(&["agent", "--once"]).expect_code(1);
-        assert_eq!(v.names("failed"), ["again"], "{backend:?}");
+        assert_eq!(v.bundles("failed"), ["again"], "{backend:?}");
         assert_eq!(v.shown(), (Some(3), Some(3)));
         site_consistent(&v);
     });
@@ -1697,4 +1837,1123 @@ fn site_consistent(v: &Versions) {
     );
     v.site.assert_consistent();
     crate::util::assert_catalog_matches_disk(&v.site.t.join("first"));
+}
+
+// ---------------------------------------------------------------------------
+// One publication: what `run` does to a root, on every backend
+// ---------------------------------------------------------------------------
+
+/// A first publication puts every output (the rendered page too) at its
+/// path with its bytes, and records each with its owner, source, hash,
+/// size and URL; the `--json` document says what it did; the catalog is
+/// v4, pretty JSON with a final newline.
+#[test]
+fn publish_new_puts_every_output_at_its_path_and_records_it() {
+    let links = "        links:\n          base_url: https://example.com/archive\n";
+    each_backend(|backend| {
+        let site = Site::with(backend, "additive", links);
+        let b = site.t.bundle(
+            "rep.1",
+            &[("report.md", "# Report\n"), ("data/a b.csv", "x,y\n1,2\n")],
+        );
+        let out = site.publish(&b);
+        out.expect_code(0);
+        let doc = out.json();
+        assert_eq!(doc["ok"], true, "{doc}");
+        assert_eq!(doc["stage"], Value::Null, "{doc}");
+        assert_eq!(doc["error"], Value::Null, "{doc}");
+        let d = out.dest();
+        assert_eq!(d["action"], "publish_new", "{backend:?}: {d}");
+        if let Some(bucket) = &site.bucket {
+            assert_eq!(d["root"], format!("s3://{}/site", bucket.location.bucket));
+        }
+        let all = ["data/a b.csv", "report.html", "report.md"];
+        assert_eq!(strings(&d["writes"]), all, "{backend:?}");
+        assert_eq!(strings(&d["deletes"]), Vec::<String>::new());
+        assert_eq!(strings(&d["unmanaged"]), Vec::<String>::new());
+        assert_eq!(site.get("report.md").as_deref(), Some(&b"# Report\n"[..]));
+        assert_eq!(
+            site.get("data/a b.csv").as_deref(),
+            Some(&b"x,y\n1,2\n"[..])
+        );
+        let html = String::from_utf8(site.get("report.html").unwrap()).unwrap();
+        assert!(html.contains("<h1"), "{backend:?}: {html}");
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, all, "{backend:?}: nothing but the outputs");
+
+        let manifest = crate::util::read_json(&b.join("manifest.json"));
+        let catalog = site.get(".distributor.json").expect("a catalog");
+        assert!(catalog.ends_with(b"}\n"), "{backend:?}: pretty JSON");
+        let state: Value = serde_json::from_slice(&catalog).unwrap();
+        assert_eq!(state["schema_version"], 4);
+        assert_eq!(state["state"]["mode"], "catalog");
+        let recs = site.recorded();
+        assert_eq!(recs.keys().collect::<Vec<_>>(), all, "{backend:?}");
+        let r = &recs["report.md"];
+        assert_eq!(r["pipeline_id"], "reports");
+        assert_eq!(r["destination_id"], "web");
+        assert_eq!(r["kind"], "source");
+        assert_eq!(r["source"]["id"], "rep.1");
+        assert_eq!(r["source"]["digest"], manifest["digest"]);
+        assert_eq!(r["source"]["created"], crate::util::CREATED);
+        assert_eq!(r["sha256"], crate::util::sha256(b"# Report\n"));
+        assert_eq!(r["size"], 9);
+        assert_eq!(r["url"], "https://example.com/archive/report.md");
+        assert!(r.get("source_path").is_none() && r.get("transform").is_none());
+        assert_eq!(recs["report.html"]["kind"], "generated");
+        assert_eq!(
+            recs["data/a b.csv"]["url"],
+            "https://example.com/archive/data/a%20b.csv"
+        );
+        site.assert_consistent();
+    });
+}
+
+/// The same bundle again is `skip_same` and touches nothing, the catalog
+/// included (mtimes and inodes, or ETags). A changed version writes only
+/// what changed: an output with the same bytes is left as it is, while
+/// its record moves to the new source; a rewritten output keeps its
+/// `created_at` and moves its `updated_at`. A bundle of another source
+/// adds its paths and leaves the earlier records as they were.
+#[test]
+fn a_rerun_is_skip_same_and_a_changed_bundle_writes_only_what_changed() {
+    each_backend(|backend| {
+        for workflow in ["additive", "replacement"] {
+            let site = Site::new(backend, workflow);
+            let v1 = site.t.bundle_at(
+                "v1",
+                "rep",
+                "2026-01-01T00:00:00Z",
+                &[("a.txt", "same\n"), ("sub/b.txt", "old\n")],
+            );
+            site.publish(&v1).expect_code(0);
+            let before = site.snapshot();
+            let again = site.publish(&v1);
+            again.expect_code(0);
+            let d = again.dest();
+            assert_eq!(d["action"], "skip_same", "{backend:?} {workflow}");
+            assert_eq!(strings(&d["writes"]), Vec::<String>::new());
+            assert_eq!(strings(&d["deletes"]), Vec::<String>::new());
+            assert_eq!(
+                site.snapshot(),
+                before,
+                "{backend:?} {workflow}: skip_same touched the root"
+            );
+        }
+
+        let site = Site::new(backend, "additive");
+        let v1 = site.t.bundle_at(
+            "v1",
+            "rep",
+            "2026-01-01T00:00:00Z",
+            &[("a.txt", "same\n"), ("sub/b.txt", "old\n")],
+        );
+        site.publish(&v1).expect_code(0);
+        let kept = site.identity("a.txt");
+        let first = site.recorded();
+        wait_past(
+            instant_of(&first["sub/b.txt"]["updated_at"]),
+            std::time::Duration::from_millis(1),
+        );
+        let v2 = site.t.bundle_at(
+            "v2",
+            "rep",
+            "2026-01-02T00:00:00Z",
+            &[("a.txt", "same\n"), ("sub/b.txt", "new, longer\n")],
+        );
+        let out = site.publish(&v2);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "upsert_additive", "{backend:?}");
+        assert_eq!(
+            site.get("sub/b.txt").as_deref(),
+            Some(&b"new, longer\n"[..])
+        );
+        assert_eq!(
+            site.identity("a.txt"),
+            kept,
+            "{backend:?}: an unchanged output was written again"
+        );
+        let recs = site.recorded();
+        assert_eq!(recs["a.txt"]["source"]["created"], "2026-01-02T00:00:00Z");
+        let b = &recs["sub/b.txt"];
+        assert_eq!(b["created_at"], first["sub/b.txt"]["created_at"]);
+        assert_ne!(b["updated_at"], first["sub/b.txt"]["updated_at"]);
+        assert_eq!(b["size"], 12);
+
+        let other = site.t.bundle("other", &[("c.txt", "two")]);
+        let out = site.publish(&other);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "upsert_additive");
+        assert_eq!(strings(&out.dest()["writes"]), ["c.txt"], "{backend:?}");
+        let now = site.recorded();
+        assert_eq!(now["a.txt"], recs["a.txt"], "{backend:?}: record kept");
+        assert_eq!(now["sub/b.txt"], recs["sub/b.txt"]);
+        assert_eq!(now["c.txt"]["source"]["id"], "other");
+        site.assert_consistent();
+    });
+}
+
+/// Replacement deletes the outputs its owner no longer publishes (and a
+/// local root's emptied folders), and nothing else: another pipeline's
+/// outputs and a file someone else put there stay.
+#[test]
+fn replacement_deletes_what_the_owner_no_longer_publishes_and_nothing_else() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        site.add_pipeline("other", "additive");
+        let theirs = site.t.bundle("other.1", &[("theirs/keep.txt", "not ours")]);
+        site.publish_with("other", &theirs, &[]).expect_code(0);
+        let v1 = site.t.bundle_at(
+            "v1",
+            "rep",
+            "2026-01-01T00:00:00Z",
+            &[("a.txt", "a1"), ("deep/er/b.txt", "b1")],
+        );
+        site.publish(&v1).expect_code(0);
+        site.change_behind_the_back("stray.txt", b"not ours either\n");
+        let v2 = site
+            .t
+            .bundle_at("v2", "rep", "2026-01-02T00:00:00Z", &[("a.txt", "a2")]);
+        let out = site.publish(&v2);
+        out.expect_code(0);
+        let d = out.dest();
+        assert_eq!(d["action"], "replace_catalog", "{backend:?}: {d}");
+        assert_eq!(strings(&d["writes"]), ["a.txt"]);
+        assert_eq!(strings(&d["deletes"]), ["deep/er/b.txt"], "{backend:?}");
+        if backend == Backend::Local {
+            assert!(!site.t.join("site/deep").exists(), "emptied folders go");
+            assert!(site.t.join("site").is_dir(), "the root itself stays");
+        }
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(
+            paths,
+            ["a.txt", "stray.txt", "theirs/keep.txt"],
+            "{backend:?}"
+        );
+        assert_eq!(site.get("a.txt").as_deref(), Some(&b"a2"[..]));
+        assert_eq!(
+            site.get("theirs/keep.txt").as_deref(),
+            Some(&b"not ours"[..])
+        );
+        assert_eq!(
+            site.get("stray.txt").as_deref(),
+            Some(&b"not ours either\n"[..])
+        );
+        let recs = site.recorded();
+        assert_eq!(
+            recs.keys().collect::<Vec<_>>(),
+            ["a.txt", "theirs/keep.txt"]
+        );
+        assert_eq!(recs["theirs/keep.txt"]["pipeline_id"], "other");
+        site.assert_consistent_but(&["stray.txt"]);
+    });
+}
+
+/// Files the catalog does not record are never overwritten: a root
+/// without a catalog that holds anything (for a local root, an empty
+/// folder too) refuses the publication (`fail_unmanaged`, exit 3, stage
+/// plan) listing them, and no catalog is made; a stray file at a planned
+/// path of a catalogued root refuses it too, and the catalog is left as
+/// it was.
+#[test]
+fn unrecorded_outputs_are_never_overwritten() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        site.change_behind_the_back("stray.txt", b"someone else's");
+        let mut unmanaged = vec!["stray.txt"];
+        if backend == Backend::Local {
+            site.t.mkdir("site/empty-folder");
+            unmanaged.insert(0, "empty-folder");
+        }
+        let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+        let before = site.outputs_snapshot();
+        let out = site.publish(&b);
+        out.expect_code(3);
+        let doc = out.json();
+        assert_eq!(doc["ok"], false, "{doc}");
+        assert_eq!(doc["stage"], "plan", "{doc}");
+        assert!(doc["error"].is_string(), "{doc}");
+        let d = out.dest();
+        assert_eq!(d["action"], "fail_unmanaged", "{backend:?}: {d}");
+        assert_eq!(strings(&d["unmanaged"]), unmanaged, "{backend:?}");
+        assert!(
+            unmanaged
+                .iter()
+                .any(|p| d["error"].as_str().unwrap().contains(p)),
+            "{d}"
+        );
+        assert_eq!(strings(&d["writes"]), Vec::<String>::new());
+        assert!(site.get(".distributor.json").is_none(), "{backend:?}");
+        assert_eq!(
+            site.outputs_snapshot(),
+            before,
+            "{backend:?}: the root changed"
+        );
+        if backend == Backend::Local {
+            assert!(site.t.join("site/empty-folder").is_dir());
+        }
+
+        let site = Site::new(backend, "additive");
+        let b1 = site.t.bundle("v1", &[("a.txt", "a\n")]);
+        site.publish(&b1).expect_code(0);
+        site.change_behind_the_back("b.txt", b"theirs\n");
+        let catalog = site.get(".distributor.json");
+        let b2 = site
+            .t
+            .bundle("v2", &[("a.txt", "a\n"), ("b.txt", "ours\n")]);
+        let out = site.publish(&b2);
+        out.expect_code(3);
+        assert_eq!(out.json()["stage"], "plan");
+        assert_eq!(out.dest()["action"], "fail_unmanaged", "{backend:?}");
+        assert_eq!(strings(&out.dest()["unmanaged"]), ["b.txt"]);
+        assert_eq!(site.get("b.txt").as_deref(), Some(&b"theirs\n"[..]));
+        assert_eq!(site.get(".distributor.json"), catalog, "{backend:?}");
+        assert_eq!(site.recorded().keys().collect::<Vec<_>>(), ["a.txt"]);
+        site.assert_consistent_but(&["b.txt"]);
+    });
+}
+
+/// A catalog that is not JSON, of a future or an unknown version, or not
+/// a valid v4 document, is a conflict (`fail_conflict`, exit 3, stage
+/// plan): the catalog is left byte for byte and nothing is written.
+#[test]
+fn a_bad_or_future_catalog_is_a_conflict_and_left_alone() {
+    let cases: [(&str, &[u8]); 4] = [
+        ("garbage", b"this is not json {"),
+        ("future", br#"{"schema_version": 5, "outputs": []}"#),
+        ("zero", br#"{"schema_version": 0}"#),
+        ("invalid v4", br#"{"schema_version": 4, "outputs": "nope"}"#),
+    ];
+    each_backend(|backend| {
+        for (name, bytes) in cases {
+            let site = Site::new(backend, "additive");
+            site.change_behind_the_back(".distributor.json", bytes);
+            let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+            let out = site.publish(&b);
+            out.expect_code(3);
+            assert_eq!(out.json()["stage"], "plan", "{backend:?} {name}");
+            assert_eq!(out.dest()["action"], "fail_conflict", "{backend:?} {name}");
+            assert_eq!(
+                site.get(".distributor.json").as_deref(),
+                Some(bytes),
+                "{backend:?} {name}"
+            );
+            assert!(site.paths().is_empty(), "{backend:?} {name}");
+        }
+    });
+}
+
+/// A dry run exits as the real run would (0, 3 for a refusal, 1 for an
+/// invalid bundle), reports the plan, and changes nothing: into an empty
+/// root it makes nothing at all, and a root that exists is left as it was
+/// (mtimes and inodes, or ETags).
+#[test]
+fn a_dry_run_exits_like_the_real_run_and_changes_nothing() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        let b1 = site
+            .t
+            .bundle("rep.1", &[("a.txt", "a"), ("sub/b.txt", "b")]);
+        let out = site.publish_with("reports", &b1, &["--dry-run"]);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "publish_new", "{backend:?}");
+        assert_eq!(strings(&out.dest()["writes"]), ["a.txt", "sub/b.txt"]);
+        match &site.bucket {
+            None => assert!(!site.t.join("site").exists(), "a root was made"),
+            Some(bucket) => assert!(bucket.keys().is_empty(), "{:?}", bucket.keys()),
+        }
+
+        site.publish(&b1).expect_code(0);
+        // Would succeed: 0, with the plan reported and nothing done.
+        let b2 = site.t.bundle("rep.2", &[("a.txt", "changed")]);
+        let before = site.snapshot();
+        let out = site.publish_with("reports", &b2, &["--dry-run"]);
+        out.expect_code(0);
+        assert_eq!(out.json()["dry_run"], true);
+        assert_eq!(out.dest()["action"], "replace_catalog", "{backend:?}");
+        assert_eq!(strings(&out.dest()["deletes"]), ["sub/b.txt"]);
+        assert_eq!(site.snapshot(), before, "{backend:?}: a dry run wrote");
+
+        // Would be refused: 3.
+        site.change_behind_the_back("stray.txt", b"x");
+        let before = site.snapshot();
+        let b3 = site.t.bundle("rep.3", &[("stray.txt", "y")]);
+        let out = site.publish_with("reports", &b3, &["--dry-run"]);
+        out.expect_code(3);
+        assert_eq!(out.dest()["action"], "fail_unmanaged", "{backend:?}");
+        assert_eq!(site.snapshot(), before, "{backend:?}");
+
+        // Invalid bundle: 1.
+        fs::write(b2.join("a.txt"), "tampered").unwrap();
+        let out = site.publish_with("reports", &b2, &["--dry-run"]);
+        out.expect_code(1);
+        assert_eq!(out.json()["stage"], "verify");
+        assert_eq!(site.snapshot(), before, "{backend:?}");
+    });
+}
+
+/// Bytes that differ from the manifest (same size: only hashing can tell)
+/// are never published. Into empty roots nothing is made (no output, no
+/// catalog, no pending intent); into catalogued roots (the one on the
+/// backend, and a local mirror listed before it), copies are hashed while
+/// they stream, and a mismatch fails the bundle at stage verify and leaves
+/// every entry of both roots as it was, no temporary file included.
+#[test]
+fn bytes_that_differ_from_the_manifest_are_never_published() {
+    each_backend(|backend| {
+        for workflow in ["additive", "replacement"] {
+            let what = format!("{backend:?} {workflow}");
+            let mirror = format!(
+                "      - id: mirror\n        path: ./mirror\n        workflow: {workflow}\n"
+            );
+            let site = Site::after(backend, workflow, &mirror, "");
+            let mirror = || {
+                let mut tree = site.t.tree("mirror");
+                tree.0.remove("");
+                tree
+            };
+            let zero = site.t.bundle_at(
+                "zero",
+                "zero",
+                "2026-05-01T00:00:00Z",
+                &[("a.txt", "good\n"), ("b.txt", "fine\n")],
+            );
+            fs::write(zero.join("b.txt"), "evil\n").unwrap();
+            let out = site.publish(&zero);
+            out.expect_code(1);
+            assert_eq!(out.json()["stage"], "verify", "{what}");
+            let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+            assert!(error.contains("b.txt"), "{what}: {error}");
+            assert!(site.paths().is_empty(), "{what}: {:?}", site.paths());
+            assert!(site.get(".distributor.json").is_none(), "{what}");
+            site.assert_nothing_pending();
+            assert!(mirror().files().is_empty(), "{what}: {:?}", mirror());
+
+            let first = site.t.bundle_at(
+                "one",
+                "one",
+                "2026-06-01T00:00:00Z",
+                &[("a.txt", "first\n")],
+            );
+            site.publish(&first).expect_code(0);
+            let second = site.t.bundle_at(
+                "two",
+                "two",
+                "2026-06-02T00:00:00Z",
+                &[("a.txt", "second\n"), ("b.md", "# B\n"), ("c.bin", "cccc")],
+            );
+            fs::write(second.join("c.bin"), "CCCC").unwrap();
+            let (web, mirrored) = (site.snapshot(), mirror());
+            let out = site.publish(&second);
+            out.expect_code(1);
+            assert_eq!(out.json()["stage"], "verify", "{what}");
+            let error = out.json()["error"].as_str().unwrap_or_default().to_owned();
+            assert!(error.contains("c.bin"), "{what}: {error}");
+            assert_eq!(site.snapshot(), web, "{what}: web changed");
+            assert_eq!(mirror(), mirrored, "{what}: mirror changed");
+            site.assert_consistent();
+            crate::util::assert_catalog_matches_disk(&site.t.join("mirror"));
+        }
+    });
+}
+
+/// Broken or malicious bundles (from `bundle_cmd::hostile_bundles`) fail
+/// at stage verify naming the culprit, for a run and a dry run alike, and
+/// no root is even made; nothing outside the bundles changes.
+#[test]
+fn bad_bundles_fail_verification_and_touch_no_root() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let cases = crate::bundle_cmd::hostile_bundles(&site.t);
+        let before = site.t.tree("");
+        for (what, dir, name) in cases {
+            let out = site.publish(&dir);
+            assert_eq!(out.code, 1, "{backend:?} {what}: {}", out.all());
+            let doc = out.json();
+            assert_eq!(doc["ok"], false, "{what}");
+            assert_eq!(doc["stage"], "verify", "{backend:?} {what}");
+            assert!(
+                doc["error"].as_str().unwrap().contains(&name),
+                "{what}: error names {name}: {doc}"
+            );
+            match &site.bucket {
+                None => assert!(!site.t.join("site").exists(), "{what}: a root was made"),
+                Some(bucket) => assert!(bucket.keys().is_empty(), "{what}: {:?}", bucket.keys()),
+            }
+            let out = site.publish_with("reports", &dir, &["--dry-run"]);
+            assert_eq!(out.code, 1, "{backend:?} {what} (dry run)");
+        }
+        let after = site.t.tree("");
+        for (path, node) in &before.0 {
+            if path.starts_with("bundles") || path.is_empty() {
+                continue;
+            }
+            assert_eq!(
+                after.0.get(path),
+                Some(node),
+                "{backend:?}: {path} outside the bundles changed"
+            );
+        }
+    });
+}
+
+/// Plans are all made before any write: when one destination of the
+/// pipeline refuses the bundle (a stray file at a planned path of `web`),
+/// the destination listed before it, which accepted it, gets nothing
+/// either, not even a catalog (exit 3, stage plan).
+#[test]
+fn one_refused_destination_stops_every_destination() {
+    each_backend(|backend| {
+        let site = Site::after(
+            backend,
+            "additive",
+            "      - id: a\n        path: ./a-root\n",
+            "",
+        );
+        site.change_behind_the_back("x.txt", b"stray");
+        let b = site.t.bundle("rep.1", &[("x.txt", "x")]);
+        let out = site.publish(&b);
+        out.expect_code(3);
+        let doc = out.json();
+        assert_eq!(doc["stage"], "plan", "{doc}");
+        let actions: Vec<&str> = doc["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["action"].as_str().unwrap_or("null"))
+            .collect();
+        assert_eq!(actions, ["publish_new", "fail_unmanaged"], "{backend:?}");
+        let written: Vec<String> = site
+            .t
+            .listing("a-root")
+            .into_iter()
+            .filter(|p| !p.is_empty() && !is_reserved(p))
+            .collect();
+        assert_eq!(written, Vec::<String>::new(), "{backend:?}: a-root written");
+        assert!(!site.t.join("a-root/.distributor.json").exists());
+        assert_eq!(site.get("x.txt").as_deref(), Some(&b"stray"[..]));
+        assert!(site.get(".distributor.json").is_none(), "{backend:?}");
+    });
+}
+
+/// A destination's `prefix` places the outputs under a folder made from
+/// the source id, the pipeline id, and the date of `created` in UTC (23:30
+/// at UTC-2 is the next day); `created` is reported in UTC.
+#[test]
+fn prefix_templates_place_outputs_in_folders() {
+    let cases = [
+        ("{source_id}/", "rep.2026-06-04/a.txt"),
+        ("{pipeline_id}/{date}", "reports/2026-06-05/a.txt"),
+        ("{yyyy}/{mm}/{dd}/", "2026/06/05/a.txt"),
+    ];
+    each_backend(|backend| {
+        for (prefix, path) in cases {
+            let site = Site::with(
+                backend,
+                "additive",
+                &format!("        prefix: \"{prefix}\"\n"),
+            );
+            let b = site.t.bundle_at(
+                "rep",
+                "rep.2026-06-04",
+                "2026-06-04T23:30:00-02:00",
+                &[("a.txt", "a")],
+            );
+            let out = site.publish(&b);
+            out.expect_code(0);
+            assert_eq!(
+                strings(&out.dest()["writes"]),
+                [path],
+                "{backend:?} {prefix}"
+            );
+            assert_eq!(site.get(path).as_deref(), Some(&b"a"[..]), "{backend:?}");
+            assert_eq!(
+                out.json()["source"]["created"],
+                "2026-06-05T01:30:00Z",
+                "created is normalised to UTC"
+            );
+            site.assert_consistent();
+        }
+    });
+}
+
+/// Replacement with a `{source_id}/` prefix swaps whole folders: the next
+/// source deletes everything below the previous source's folder.
+#[test]
+fn replacement_with_a_source_id_prefix_swaps_whole_folders() {
+    each_backend(|backend| {
+        let site = Site::with(backend, "replacement", "        prefix: \"{source_id}/\"\n");
+        let b1 = site
+            .t
+            .bundle("day.1", &[("index.md", "1"), ("img/a.png", "a")]);
+        let b2 = site.t.bundle("day.2", &[("index.md", "2")]);
+        site.publish(&b1).expect_code(0);
+        let out = site.publish(&b2);
+        out.expect_code(0);
+        assert_eq!(
+            strings(&out.dest()["deletes"]),
+            ["day.1/img/a.png", "day.1/index.html", "day.1/index.md"],
+            "{backend:?}"
+        );
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["day.2/index.html", "day.2/index.md"], "{backend:?}");
+        if backend == Backend::Local {
+            assert!(!site.t.join("site/day.1").exists(), "emptied folder");
+        }
+        site.assert_consistent();
+    });
+}
+
+/// Publishing another owner's recorded path takes it over: the record's
+/// owner and source change, its `created_at` stays, and the previous
+/// owner's replacement no longer counts it as its own (deletes nothing).
+#[test]
+fn overwriting_another_owners_output_takes_it_over() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        site.add_pipeline("other", "replacement");
+        let theirs = site
+            .t
+            .bundle("other.1", &[("shared.txt", "theirs"), ("own.txt", "o")]);
+        let ours = site.t.bundle("rep.1", &[("shared.txt", "ours")]);
+        site.publish_with("other", &theirs, &[]).expect_code(0);
+        let before = site.recorded()["shared.txt"].clone();
+        site.publish(&ours).expect_code(0);
+        let r = &site.recorded()["shared.txt"];
+        assert_eq!(r["pipeline_id"], "reports", "{backend:?}");
+        assert_eq!(r["source"]["id"], "rep.1");
+        assert_eq!(r["created_at"], before["created_at"]);
+        let theirs2 = site.t.bundle("other.2", &[("own.txt", "o2")]);
+        let out = site.publish_with("other", &theirs2, &[]);
+        out.expect_code(0);
+        assert_eq!(strings(&out.dest()["deletes"]), Vec::<String>::new());
+        assert_eq!(site.get("shared.txt").as_deref(), Some(&b"ours"[..]));
+        site.assert_consistent();
+    });
+}
+
+/// Two outputs at one path (`x.md` rendered to `x.html` beside a listed
+/// `x.html`) make the bundle invalid for the destination: exit 1, the
+/// path named, nothing written, no catalog.
+#[test]
+fn colliding_outputs_make_the_bundle_invalid_for_the_destination() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle(
+            "rep.1",
+            &[("x.md", "# X\n"), ("x.html", "<p>hand made</p>")],
+        );
+        let out = site.publish(&b);
+        out.expect_code(1);
+        let doc = out.json();
+        assert_eq!(doc["ok"], false);
+        assert!(doc["error"].as_str().unwrap().contains("x.html"), "{doc}");
+        assert!(site.paths().is_empty(), "{backend:?}: {:?}", site.paths());
+        assert!(site.get(".distributor.json").is_none(), "{backend:?}");
+    });
+}
+
+/// A file in the bundle folder that the manifest does not list is not
+/// published.
+#[test]
+fn unlisted_bundle_files_are_not_published() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+        site.t
+            .write("bundles/rep.1/later.txt", "not in the manifest");
+        let out = site.publish(&b);
+        out.expect_code(0);
+        assert_eq!(strings(&out.dest()["writes"]), ["a.txt"], "{backend:?}");
+        assert!(site.get("later.txt").is_none(), "{backend:?}");
+        site.assert_consistent();
+    });
+}
+
+/// Replacement whose old output someone already deleted: the publication
+/// goes on (`replace_catalog`) and the record is gone.
+#[test]
+fn replacement_tolerates_an_output_already_deleted_by_hand() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "replacement");
+        let b1 = site.t.bundle("rep.1", &[("a.txt", "a"), ("b.txt", "b")]);
+        let b2 = site.t.bundle("rep.2", &[("a.txt", "a")]);
+        site.publish(&b1).expect_code(0);
+        site.delete_behind_the_back("b.txt");
+        let out = site.publish(&b2);
+        out.expect_code(0);
+        assert_eq!(out.dest()["action"], "replace_catalog", "{backend:?}");
+        assert_eq!(site.recorded().keys().collect::<Vec<_>>(), ["a.txt"]);
+        site.assert_consistent();
+    });
+}
+
+/// The `--json` document of `run` has exactly the keys of the contract,
+/// at the top, in `source` and in each destination, whatever the root;
+/// `root` names it (the local folder, or `s3://bucket/prefix`).
+#[test]
+fn json_document_has_exactly_the_contract_keys() {
+    let keys = |v: &Value| -> BTreeSet<String> {
+        v.as_object().expect("object").keys().cloned().collect()
+    };
+    let set = |k: &[&str]| -> BTreeSet<String> { k.iter().map(|s| s.to_string()).collect() };
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b = site.t.bundle("rep.1", &[("a.txt", "a")]);
+        let doc = site.publish(&b).json();
+        assert_eq!(
+            keys(&doc),
+            set(&[
+                "ok",
+                "dry_run",
+                "pipeline_id",
+                "source",
+                "destinations",
+                "stage",
+                "error",
+                "signer"
+            ]),
+            "{backend:?}"
+        );
+        assert_eq!(doc["ok"], true);
+        // A pipeline without `signatures` (docs/contract.md §17.4).
+        assert!(doc["signer"].is_null(), "{doc}");
+        assert_eq!(doc["dry_run"], false);
+        assert_eq!(doc["pipeline_id"], "reports");
+        assert_eq!(keys(&doc["source"]), set(&["id", "digest", "created"]));
+        assert_eq!(doc["source"]["id"], "rep.1");
+        assert!(
+            doc["source"]["digest"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256:")
+        );
+        let dests = doc["destinations"].as_array().unwrap();
+        assert_eq!(dests.len(), 1);
+        assert_eq!(
+            keys(&dests[0]),
+            set(&[
+                "destination_id",
+                "root",
+                "workflow",
+                "action",
+                "writes",
+                "deletes",
+                "unmanaged",
+                "error"
+            ]),
+            "{backend:?}"
+        );
+        assert_eq!(dests[0]["destination_id"], "web");
+        assert_eq!(dests[0]["workflow"], "additive");
+        let root = dests[0]["root"].as_str().unwrap();
+        match &site.bucket {
+            None => assert_eq!(
+                fs::canonicalize(root).unwrap(),
+                fs::canonicalize(site.t.join("site")).unwrap()
+            ),
+            Some(bucket) => assert_eq!(root, format!("s3://{}/site", bucket.location.bucket)),
+        }
+        assert_eq!(dests[0]["error"], Value::Null);
+    });
+}
+
+/// Each recorded URL is the base URL, then each segment of the output
+/// path percent-encoded (`A-Z a-z 0-9 - . _ ~` kept).
+#[test]
+fn urls_percent_encode_each_segment() {
+    let extra = "        prefix: \"{source_id}\"\n        links:\n          base_url: https://example.com/x\n";
+    each_backend(|backend| {
+        let site = Site::with(backend, "additive", extra);
+        let b = site.t.bundle(
+            "r_1.x",
+            &[
+                ("dir with space/ü&a+b%.txt", "x"),
+                ("plain-file.v1_~.txt", "y"),
+            ],
+        );
+        site.publish(&b).expect_code(0);
+        let recs = site.recorded();
+        assert_eq!(
+            recs["r_1.x/dir with space/ü&a+b%.txt"]["url"],
+            "https://example.com/x/r_1.x/dir%20with%20space/%C3%BC%26a%2Bb%25.txt",
+            "{backend:?}"
+        );
+        assert_eq!(
+            recs["r_1.x/plain-file.v1_~.txt"]["url"],
+            "https://example.com/x/r_1.x/plain-file.v1_~.txt"
+        );
+        site.assert_consistent();
+    });
+}
+
+/// A recorded file where a later bundle needs a folder is a conflict
+/// (`fail_conflict`, exit 3), and the file stays.
+#[test]
+fn fail_conflict_when_a_managed_file_sits_where_a_folder_must_go() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let b1 = site.t.bundle("rep.1", &[("a", "a file")]);
+        let b2 = site.t.bundle("rep.2", &[("a/b.txt", "b")]);
+        site.publish(&b1).expect_code(0);
+        let out = site.publish(&b2);
+        out.expect_code(3);
+        assert_eq!(out.dest()["action"], "fail_conflict", "{backend:?}");
+        assert_eq!(site.get("a").as_deref(), Some(&b"a file"[..]));
+        assert!(site.get("a/b.txt").is_none(), "{backend:?}");
+        site.assert_consistent();
+    });
+}
+
+/// Markdown is rendered to a whole HTML page (its title from the first
+/// heading, or the file name), sanitized (a script is neither run nor
+/// shown), with links to other markdown files of the bundle rewritten to
+/// their pages and external links kept; with `publish.source` off, only
+/// the pages are stored, each recorded as generated from its source.
+#[test]
+fn markdown_is_rendered_to_sanitized_html_with_rewritten_links() {
+    each_backend(|backend| {
+        let site = Site::new(backend, "additive");
+        let config = fs::read_to_string(site.t.join("config.yaml")).unwrap();
+        site.t
+            .config(&config.replace("source: true", "source: false"));
+        let b = site.t.bundle(
+            "rep.1",
+            &[
+                ("report.md", "# Quarterly *figures*\n\nSee [the notes](notes.md) and [x](https://e.com/y.md).\n\n<script>alert(1)</script>\n"),
+                ("notes.md", "no heading here\n"),
+            ],
+        );
+        let out = site.publish(&b);
+        out.expect_code(0);
+        assert_eq!(
+            strings(&out.dest()["writes"]),
+            ["notes.html", "report.html"],
+            "{backend:?}"
+        );
+        let html = String::from_utf8(site.get("report.html").unwrap()).unwrap();
+        assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+        assert!(html.contains("<title>Quarterly figures</title>"), "{html}");
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(!html.contains("&lt;script&gt;"), "{html}");
+        assert!(html.contains("href=\"notes.html\""), "{html}");
+        assert!(
+            html.contains("href=\"https://e.com/y.md\""),
+            "external links stay: {html}"
+        );
+        let notes = String::from_utf8(site.get("notes.html").unwrap()).unwrap();
+        assert!(
+            notes.contains("<title>notes</title>"),
+            "title falls back to the file name: {notes}"
+        );
+        assert!(site.get("report.md").is_none(), "publish.source is off");
+        let r = &site.recorded()["report.html"];
+        assert_eq!(r["kind"], "generated");
+        assert_eq!(r["source_path"], "report.md");
+        assert_eq!(r["transform"], "markdown_to_html");
+        assert_eq!(r["sha256"], crate::util::sha256(html.as_bytes()));
+        site.assert_consistent();
+    });
+}
+
+// ---------------------------------------------------------------------------
+// A backlog: what the agent publishes as one batch, on every backend
+// ---------------------------------------------------------------------------
+
+/// What the batch scenarios add to a [`Site`].
+impl Site {
+    /// [`Site::new`] for the agent: no settling time, and metrics in
+    /// `metrics.prom`.
+    fn batching(backend: Backend, workflow: &str) -> Site {
+        let site = Site::new(backend, workflow);
+        let config = fs::read_to_string(site.t.join("config.yaml")).unwrap();
+        site.t.config(&config.replace(
+            "spool: ./spool\n",
+            "spool: ./spool\nagent: {settle: 0s, metrics_file: ./metrics.prom}\n",
+        ));
+        site
+    }
+
+    /// Seals bundle `name` (its id too) with `files` and drops it into the
+    /// inbox of `reports`, arriving `order` seconds after a fixed instant.
+    fn drop_bundle(&self, name: &str, order: u64, files: &[(&str, &str)]) {
+        let dir = self.t.bundle_at(name, name, "2026-06-04T00:00:00Z", files);
+        crate::util::arrive_in_order(&dir, order);
+        let inbox = self.t.join("spool/reports/inbox");
+        fs::create_dir_all(&inbox).unwrap();
+        fs::rename(&dir, inbox.join(name)).unwrap();
+    }
+
+    /// `agent --once`, logging at info (which says how bundles were
+    /// batched).
+    fn once(&self) -> Output {
+        self.command(&["agent", "--once"], &[("RUST_LOG", "info")])
+            .output()
+    }
+
+    /// The result of bundle `name` filed in spool folder `folder`.
+    fn result(&self, folder: &str, name: &str) -> Value {
+        crate::util::read_json(&self.t.join(&format!(
+            "spool/reports/{folder}/{name}/.distributor-result.json"
+        )))
+    }
+
+    /// The bundles in spool folder `folder` of `reports`.
+    fn bundles(&self, folder: &str) -> Vec<String> {
+        crate::util::bundle_names(&self.t.join(&format!("spool/reports/{folder}")))
+    }
+
+    /// The value of metric `distributor_<name>` of `reports`.
+    fn metric(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.t.join("metrics.prom")).unwrap();
+        let prefix = format!("distributor_{name}{{pipeline=\"reports\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .to_owned()
+    }
+}
+
+/// A backlog behind a first bundle (which makes the catalog, alone) goes
+/// as one batch (no fallback): in arrival order, so the last arrival owns
+/// the path all of them write; with one result per bundle that reports
+/// its own writes; in one commit (every record it wrote carries the same
+/// update time); and leaving no record of the batch's attempt in `work/`.
+#[test]
+fn a_backlog_goes_as_one_batch_in_arrival_order_with_one_result_per_bundle() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "additive");
+        site.drop_bundle("b00", 0, &[("first.txt", "first\n")]);
+        site.once().expect_code(0);
+        let first_catalog = site.get(".distributor.json").expect("a catalog");
+        let n = 10;
+        for i in 1..=n {
+            let content = format!("version {i}\n");
+            let only = format!("only-{i}.txt");
+            let files = [("page.html", content.as_str()), (only.as_str(), "x\n")];
+            site.drop_bundle(&format!("b{i:02}"), i as u64, &files);
+        }
+        let out = site.once();
+        out.expect_code(0);
+        assert_eq!(
+            crate::util::batch_sizes(&out.stderr),
+            [n],
+            "{backend:?}: not one batch:\n{}",
+            out.stderr
+        );
+        assert!(
+            !out.stderr.contains("stepped aside"),
+            "{backend:?}: the batch fell back:\n{}",
+            out.stderr
+        );
+        assert_eq!(site.metric("batch_fallbacks_total"), "0");
+        assert_eq!(site.bundles("done").len(), n + 1, "{}", out.stderr);
+        for i in 1..=n {
+            let name = format!("b{i:02}");
+            let r = site.result("done", &name);
+            assert_eq!(r["ok"], true, "{r}");
+            assert_eq!(r["source"]["id"], name.as_str());
+            assert_eq!(r["destinations"][0]["action"], "upsert_additive", "{r}");
+            let writes = r["destinations"][0]["writes"].as_array().unwrap().len();
+            assert_eq!(writes, 2, "{backend:?}: {name} reports its own writes");
+        }
+        assert_eq!(
+            site.get("page.html").as_deref(),
+            Some(format!("version {n}\n").as_bytes())
+        );
+        let records = site.recorded();
+        assert_eq!(
+            records["page.html"]["source"]["id"],
+            format!("b{n:02}"),
+            "{backend:?}: the last arrival owns it"
+        );
+        for i in 1..=n {
+            assert!(records.contains_key(&format!("only-{i}.txt")));
+        }
+        let times: BTreeSet<&str> = records
+            .iter()
+            .filter(|(path, _)| *path != "first.txt")
+            .map(|(_, r)| r["updated_at"].as_str().unwrap())
+            .collect();
+        assert_eq!(times.len(), 1, "{backend:?}: not one commit: {times:?}");
+        assert_ne!(site.get(".distributor.json").unwrap(), first_catalog);
+        assert!(site.bundles("work").is_empty(), "{backend:?}");
+        assert!(
+            !site
+                .t
+                .join("spool/reports/work/.distributor-batch.json")
+                .exists()
+        );
+        site.assert_nothing_pending();
+        site.assert_consistent();
+    });
+}
+
+/// Replacement in a batch: a later bundle's version deletes what it
+/// omits (and a local root's emptied folders), and what the first bundle
+/// published is gone too.
+#[test]
+fn replacement_in_a_batch_deletes_what_a_later_bundle_omits() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "replacement");
+        site.drop_bundle("seed", 0, &[("seed.txt", "s\n")]);
+        site.drop_bundle("a", 1, &[("x.txt", "a\n"), ("y/deep.txt", "a\n")]);
+        site.drop_bundle("b", 2, &[("x.txt", "b\n")]);
+        let out = site.once();
+        out.expect_code(0);
+        assert!(
+            !crate::util::batch_sizes(&out.stderr).is_empty(),
+            "{backend:?}: no batch was used:\n{}",
+            out.stderr
+        );
+        let b = site.result("done", "b");
+        assert_eq!(b["destinations"][0]["action"], "replace_catalog", "{b}");
+        assert_eq!(strings(&b["destinations"][0]["deletes"]), ["y/deep.txt"]);
+        if backend == Backend::Local {
+            assert!(!site.t.join("site/y").exists(), "emptied folder removed");
+        }
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(paths, ["x.txt"], "{backend:?}");
+        assert_eq!(site.get("x.txt").as_deref(), Some(&b"b\n"[..]));
+        assert_eq!(site.recorded().keys().collect::<Vec<_>>(), ["x.txt"]);
+        site.assert_consistent();
+    });
+}
+
+/// A bundle changed after sealing (same size) in a backlog: only its copy,
+/// hashed as it streams, sees it, once other outputs of the batch were
+/// written. The batch steps aside (a warning naming the pipeline and the
+/// file, counted in `batch_fallbacks_total`), its writes are undone, and
+/// the bundles go one by one: the bad one fails alone at stage verify,
+/// the others are published, and nothing of the bad one is in the root.
+#[test]
+fn a_bad_file_met_while_copying_steps_the_batch_aside_and_fails_alone() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "additive");
+        site.drop_bundle("first", 0, &[("first.txt", "1\n")]);
+        site.once().expect_code(0);
+        site.drop_bundle("a", 1, &[("a.txt", "a\n")]);
+        site.drop_bundle("b", 2, &[("b.txt", "b\n")]);
+        site.drop_bundle("tampered", 3, &[("zz/t.txt", "tttt\n")]);
+        fs::write(
+            site.t.join("spool/reports/inbox/tampered/zz/t.txt"),
+            "TTTT\n",
+        )
+        .unwrap();
+        site.drop_bundle("c", 4, &[("c.txt", "c\n")]);
+        let out = site.once();
+        out.expect_code(1);
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("stepped aside"))
+            .unwrap_or_else(|| panic!("{backend:?}: no fallback logged:\n{}", out.stderr));
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("pipeline=reports"), "{line}");
+        assert!(line.contains("zz/t.txt"), "the cause is named: {line}");
+        if backend == Backend::S3 {
+            assert!(line.contains("undone"), "{line}");
+        }
+        assert!(
+            crate::util::batch_sizes(&out.stderr).is_empty(),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(site.metric("batch_fallbacks_total"), "1");
+        assert_eq!(
+            site.bundles("done"),
+            ["a", "b", "c", "first"],
+            "{backend:?}"
+        );
+        assert_eq!(site.bundles("failed"), ["tampered"], "{backend:?}");
+        let r = site.result("failed", "tampered");
+        assert_eq!(r["stage"], "verify", "{r}");
+        assert!(
+            r["error"].as_str().unwrap_or_default().contains("zz/t.txt"),
+            "{r}"
+        );
+        let paths: Vec<String> = site.paths().into_iter().collect();
+        assert_eq!(
+            paths,
+            ["a.txt", "b.txt", "c.txt", "first.txt"],
+            "{backend:?}"
+        );
+        site.assert_nothing_pending();
+        site.assert_consistent();
+    });
+}
+
+/// Someone else's file at a path one bundle of a backlog needs, which the
+/// catalog does not record: that bundle alone is refused (stage plan,
+/// `fail_unmanaged`, the path named), exactly as when it is published
+/// alone; the rest of the backlog is published; the file is left as it
+/// was (inode and time, or ETag) and not recorded. A local root's batch
+/// sees the file when it plans; an s3 batch does not HEAD it, so its
+/// conditional create is refused and the batch steps aside, naming it.
+#[test]
+fn an_unmanaged_file_refuses_only_the_bundle_that_needs_its_path() {
+    each_backend(|backend| {
+        let site = Site::batching(backend, "additive");
+        site.drop_bundle("first", 0, &[("first.txt", "1\n")]);
+        site.once().expect_code(0);
+        site.change_behind_the_back("r3/page.html", b"<p>theirs</p>");
+        let planted = site.identity("r3/page.html");
+        for i in 1..=6u64 {
+            let page = format!("<p>{i}</p>\n");
+            let files = [
+                (format!("r{i}/page.html"), page),
+                (format!("r{i}/data.csv"), "x,y\n".repeat(i as usize)),
+            ];
+            let files: Vec<(&str, &str)> = files
+                .iter()
+                .map(|(p, c)| (p.as_str(), c.as_str()))
+                .collect();
+            site.drop_bundle(&format!("b{i}"), i, &files);
+        }
+        let out = site.once();
+        out.expect_code(1);
+        match backend {
+            Backend::Local => assert!(
+                !crate::util::batch_sizes(&out.stderr).is_empty(),
+                "no batch was used:\n{}",
+                out.stderr
+            ),
+            Backend::S3 => {
+                let line = out
+                    .stderr
+                    .lines()
+                    .find(|l| l.contains("stepped aside"))
+                    .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
+                assert!(line.contains("r3/page.html"), "the cause is named: {line}");
+                assert_eq!(site.metric("batch_fallbacks_total"), "1");
+            }
+        }
+        assert_eq!(site.bundles("failed"), ["b3"], "{backend:?}");
+        assert_eq!(
+            site.bundles("done"),
+            ["b1", "b2", "b4", "b5", "b6", "first"],
+            "{backend:?}"
+        );
+        let r = site.result("failed", "b3");
+        assert_eq!(r["ok"], false, "{r}");
+        assert_eq!(r["stage"], "plan", "{r}");
+        assert_eq!(r["destinations"][0]["action"], "fail_unmanaged", "{r}");
+        assert_eq!(
+            strings(&r["destinations"][0]["unmanaged"]),
+            ["r3/page.html"]
+        );
+        assert_eq!(
+            site.get("r3/page.html").as_deref(),
+            Some(&b"<p>theirs</p>"[..])
+        );
+        assert_eq!(site.identity("r3/page.html"), planted, "{backend:?}");
+        let records = site.recorded();
+        assert!(
+            records.keys().all(|k| !k.starts_with("r3/")),
+            "{backend:?}: {records:?}"
+        );
+        assert_eq!(records.len(), 5 * 2 + 1, "{backend:?}");
+        site.assert_nothing_pending();
+        site.assert_consistent_but(&["r3/page.html"]);
+    });
 }

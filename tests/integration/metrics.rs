@@ -153,7 +153,7 @@ fn small_publications_fsync_file_by_file_only_while_much_else_waits_to_be_writte
             "{what}: {}",
             out.stderr
         );
-        assert_eq!(t.records("root").len(), 1 + 3 * bundles, "{what}");
+        assert_eq!(t.recorded("root").len(), 1 + 3 * bundles, "{what}");
         assert_catalog_matches_disk(&t.join("root"));
     }
 }

@@ -21,7 +21,7 @@ use crate::util::{listed, sha256, wait_for, wait_output, write_manifest};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ONE_PIPELINE: &str = "spool: ./spool
 agent:
@@ -430,13 +430,10 @@ fn a_sparse_terabyte_fails_on_the_file_limit_without_being_read() {
     let lab = Lab::new(ONE_PIPELINE, &["reports"]);
     drop_sparse(&lab, "huge", 1 << 40);
 
-    let started = Instant::now();
+    // Hashing 1 TiB would take hours: a run that read it would not end
+    // before the deadline of `agent_once`, which fails the test.
     let out = lab.agent_once(None);
-    let took = started.elapsed();
-    eprintln!("agent --once with a 1 TiB sparse file: {took:?}");
     out.expect_code(1);
-    // Hashing 1 TiB would take hours; refusing it takes a moment.
-    assert!(took < Duration::from_secs(30), "took {took:?}");
     let bundle = lab.spool("reports", "failed").join("huge");
     assert_eq!(result_of(&bundle)["stage"], "verify");
     let error = error_of(&bundle);
@@ -628,11 +625,10 @@ fn spool_list_and_status_survive_result_files_swapped_for_fifos_and_dev_zero() {
         &["status"],
         &["status", "--json"],
     ] {
-        let started = Instant::now();
+        // A command that opened the FIFO would block on it until the
+        // deadline of `lab.run`, which fails the test.
         let out = lab.run(None, args);
-        let took = started.elapsed();
         out.expect_code(0);
-        assert!(took < Duration::from_secs(20), "{args:?} took {took:?}");
         let reason = |name: &str, text: &str| {
             let kind = if name == "swapped-fifo" {
                 "named pipe (FIFO)"

@@ -8,7 +8,7 @@
 //! they skip and pass. CI runs them as root.
 
 use crate::lab::*;
-use crate::util::wait_output;
+use crate::util::{bundle_names, sorted_names as names, wait_output};
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
@@ -25,26 +25,6 @@ pipelines:
       - id: site
         path: ./site
 ";
-
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
-/// The bundles in `dir` (no dot-names).
-fn bundles(dir: &Path) -> Vec<String> {
-    names(dir)
-        .into_iter()
-        .filter(|n| !n.starts_with('.'))
-        .collect()
-}
 
 /// `spool show reports NAME --json`.
 fn show(lab: &Lab, name: &str) -> Value {
@@ -98,7 +78,7 @@ fn folders_at_bookkeeping_names_fail_at_verify_and_never_stay_in_work() {
     let out = lab.agent_once(None);
     out.expect_code(1);
 
-    assert_eq!(bundles(&work), Vec::<String>::new(), "{}", out.stderr);
+    assert_eq!(bundle_names(&work), Vec::<String>::new(), "{}", out.stderr);
     let failed = lab.spool("reports", "failed");
     for (name, reserved) in [
         ("res-dir", RESULT),
@@ -245,8 +225,11 @@ fn a_bundle_that_cannot_leave_work_is_never_published_again() {
         "{}",
         last.stderr
     );
-    assert_eq!(bundles(&lab.spool("reports", "done")), ["newer", "old"]);
-    assert!(bundles(&work).is_empty());
+    assert_eq!(
+        bundle_names(&lab.spool("reports", "done")),
+        ["newer", "old"]
+    );
+    assert!(bundle_names(&work).is_empty());
     assert!(!work.join(".distributor-unfiled.json").exists());
     assert_eq!(fs::read_to_string(&page).unwrap(), "newer\n");
 }
@@ -296,10 +279,10 @@ fn a_255_byte_name_is_filed_twice_and_show_and_status_print_the_agents_result() 
         deliver_as(&lab, "bad", &name);
         let out = lab.agent_once(None);
         out.expect_code(1);
-        assert_eq!(bundles(&work), Vec::<String>::new(), "{}", out.stderr);
-        assert_eq!(bundles(&failed).len(), round, "{}", out.stderr);
+        assert_eq!(bundle_names(&work), Vec::<String>::new(), "{}", out.stderr);
+        assert_eq!(bundle_names(&failed).len(), round, "{}", out.stderr);
     }
-    let filed = bundles(&failed);
+    let filed = bundle_names(&failed);
     let kept_dir = lab.join("spool/reports/.distributor-results");
     let kept = names(&kept_dir);
     assert_eq!(kept.len(), 2, "{kept:?}");
@@ -412,7 +395,7 @@ fn retention_removes_all_it_can_and_reports_what_it_cannot_once() {
     lab.agent_once(Some(NOBODY)).expect_code(0);
     let done = lab.spool("reports", "done");
     assert_eq!(
-        bundles(&done),
+        bundle_names(&done),
         ["a-old", "fresh", "locked", "m-old", "z-old"]
     );
     let sub = done.join("locked/sub");
@@ -424,7 +407,7 @@ fn retention_removes_all_it_can_and_reports_what_it_cannot_once() {
 
     let first = lab.agent_once(Some(NOBODY));
     first.expect_code(0);
-    assert_eq!(bundles(&done), ["fresh", "locked"], "{}", first.stderr);
+    assert_eq!(bundle_names(&done), ["fresh", "locked"], "{}", first.stderr);
     let told: Vec<&str> = first
         .stderr
         .lines()
@@ -512,7 +495,7 @@ fn retention_deletes_a_deep_tree_with_few_descriptors_and_follows_no_link() {
         .stderr(Stdio::piped());
     let out = wait_output(cmd.spawn().unwrap(), "agent --once with 64 descriptors");
     out.expect_code(0);
-    assert_eq!(bundles(&done), Vec::<String>::new(), "{}", out.stderr);
+    assert_eq!(bundle_names(&done), Vec::<String>::new(), "{}", out.stderr);
     assert_eq!(fs::read_to_string(&keep).unwrap(), "keep");
 }
 
@@ -543,11 +526,16 @@ fn hopeless_and_unreadable_bundles_fail_at_once_saying_what_to_do() {
     let out = lab.agent_once(Some(NOBODY));
     out.expect_code(1);
     assert_eq!(
-        bundles(&lab.spool("reports", "inbox")),
+        bundle_names(&lab.spool("reports", "inbox")),
         Vec::<String>::new()
     );
     let failed = lab.spool("reports", "failed");
-    assert_eq!(bundles(&failed), ["longer", "private"], "{}", out.stderr);
+    assert_eq!(
+        bundle_names(&failed),
+        ["longer", "private"],
+        "{}",
+        out.stderr
+    );
     let longer = &show(&lab, "longer")["result"];
     assert_eq!(longer["stage"], "verify", "{longer}");
     let error = longer["error"].as_str().unwrap();
@@ -565,7 +553,7 @@ fn hopeless_and_unreadable_bundles_fail_at_once_saying_what_to_do() {
         "{error}"
     );
     assert_eq!(
-        bundles(&lab.join("site")),
+        bundle_names(&lab.join("site")),
         Vec::<String>::new(),
         "nothing published"
     );

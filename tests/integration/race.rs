@@ -1,7 +1,9 @@
-//! Concurrency: runs on one root are serialised by the root lock, and an
-//! operator's `flock` on the lock file pauses publication.
+//! The lock of a local root: an operator's `flock` on the lock file
+//! pauses publication, a run waits for a briefly held lock, and a catalog
+//! changed while a run waits is read again. (Two publishers racing into
+//! one root, on every backend, are in `matrix`.)
 
-use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, hold_root_lock, wait_output};
+use crate::util::{DEADLINE, Test, assert_catalog_matches_disk, hold_root_lock};
 use std::fs;
 use std::time::{Duration, Instant};
 
@@ -13,64 +15,6 @@ fn files(tag: &str, n: usize) -> Vec<(String, String)> {
 
 fn bundle(t: &Test, name: &str, tag: &str) -> std::path::PathBuf {
     t.bundle(name, &files(tag, 25))
-}
-
-#[test]
-fn two_runs_on_one_root_both_land() {
-    for round in 0..10 {
-        let t = Test::new();
-        t.config(
-            "pipelines:
-  - id: one
-    destinations:
-      - id: site
-        path: ./shared
-  - id: two
-    destinations:
-      - id: site
-        path: ./shared
-",
-        );
-        // Even rounds: two pipelines; odd rounds: two bundles of one pipeline.
-        let (p1, p2) = if round % 2 == 0 {
-            ("one", "two")
-        } else {
-            ("one", "one")
-        };
-        let b1 = bundle(&t, "first", "first");
-        let b2 = bundle(&t, "second", "second");
-        let c1 = t
-            .cmd()
-            .args(["--config", "config.yaml", "run", "--json", "--pipeline", p1])
-            .arg(&b1)
-            .spawn();
-        let c2 = t
-            .cmd()
-            .args(["--config", "config.yaml", "run", "--json", "--pipeline", p2])
-            .arg(&b2)
-            .spawn();
-        let o1 = wait_output(c1, "first run");
-        let o2 = wait_output(c2, "second run");
-        o1.expect_code(0);
-        o2.expect_code(0);
-        let mut actions = [o1.dest()["action"].clone(), o2.dest()["action"].clone()];
-        actions.sort_by_key(|a| a.to_string());
-        assert_eq!(
-            actions,
-            ["publish_new", "upsert_additive"],
-            "round {round}: one went first"
-        );
-        let recs = t.records("shared");
-        assert_eq!(recs.len(), 50, "round {round}: every record of both runs");
-        for (tag, pipeline) in [("first", p1), ("second", p2)] {
-            for (path, _) in files(tag, 25) {
-                let r = &recs[&path];
-                assert_eq!(r["source"]["id"], tag, "round {round}: {path}");
-                assert_eq!(r["pipeline_id"], pipeline, "round {round}: {path}");
-            }
-        }
-        assert_catalog_matches_disk(&t.join("shared"));
-    }
 }
 
 #[test]
@@ -104,7 +48,6 @@ pipelines:
         waited >= Duration::from_millis(200),
         "it waited for the lock: {waited:?}"
     );
-    assert!(waited < Duration::from_secs(10), "and gave up: {waited:?}");
     let names: Vec<String> = fs::read_dir(t.join("site"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -222,7 +165,7 @@ fn a_catalog_changed_while_a_run_waits_for_the_lock_is_read_again() {
 
     let out = run.finish(Duration::from_secs(60));
     out.expect_code(0);
-    let records = t.records("root");
+    let records = t.recorded("root");
     assert!(
         !records.contains_key("many/f0007.txt"),
         "the record dropped while the run waited came back"

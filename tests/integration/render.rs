@@ -600,7 +600,7 @@ pipelines:
             page.len(),
             expected.len()
         );
-        let record = &t.records(root)["doc/page.html"];
+        let record = &t.recorded(root)["doc/page.html"];
         assert_eq!(record["sha256"], crate::util::sha256(&page), "{root}");
         assert_eq!(record["size"], page.len() as u64, "{root}");
     }
@@ -695,7 +695,7 @@ pipelines:
         assert!(source == markdown.as_bytes(), "{name} was copied whole");
         let html = name.replace(".md", ".html");
         let page = fs::read(t.join(&format!("site/{html}"))).unwrap();
-        let record = &t.records("site")[&html];
+        let record = &t.recorded("site")[&html];
         assert_eq!(record["sha256"], crate::util::sha256(&page), "{html} ({i})");
     }
 }

@@ -12,9 +12,9 @@ use distributor::config::S3Location;
 use distributor::paths::RelPath;
 use distributor::s3::protocol::{self, Base, Settings, Write};
 use distributor::s3::{Error, S3Root};
-use sha2::{Digest, Sha256};
 
 use crate::seaweed::{header_stripping_proxy, server};
+use crate::util::sha256_of;
 
 /// `left` bytes of a pattern, generated while read (nothing stored).
 struct Pattern {
@@ -32,19 +32,6 @@ impl Read for Pattern {
         self.left -= n as u64;
         Ok(n)
     }
-}
-
-fn sha256_of(mut r: impl Read) -> String {
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = r.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    distributor::hashing::format_digest(h)
 }
 
 #[test]

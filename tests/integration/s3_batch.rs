@@ -1,21 +1,19 @@
-//! The agent publishing a backlog into an s3 destination as one batch
-//! (docs/object-storage.md, "Batches"), against the real SeaweedFS of
-//! `seaweed::server`: one intent and one catalog swap for the whole
-//! backlog (longer than a local batch), a bundle refused at planning
-//! reported alone, a batch that steps aside undone and published one by
-//! one, and a batch killed while it uploads converging at the agent's next
-//! start.
+//! What is particular to an s3 batch (docs/object-storage.md, "Batches"),
+//! against the real SeaweedFS of `seaweed::server`: a backlog far longer
+//! than a local batch goes in one (each batch costs an intent and a swap
+//! of the whole catalog), the bound on the pages a batch holds, and a
+//! batch killed while it uploads converging at the agent's next start
+//! through its intent. What every backend's batch does alike (arrival
+//! order, one result per bundle, a bad or refused bundle failing alone)
+//! is in `matrix`.
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::time::Duration;
 
-use serde_json::Value;
-
 use crate::seaweed::{Bucket, server};
-use crate::util::{Output, Test, names, wait_for};
+use crate::util::{Output, Test, batch_sizes, names, wait_for};
 
-const RESULT: &str = ".distributor-result.json";
 /// Longest the test waits for any one observable event before failing.
 const EVENT_WAIT: Duration = Duration::from_secs(60);
 
@@ -94,12 +92,6 @@ pipelines:
         paths
     }
 
-    fn result(&self, folder: &str, name: &str) -> Value {
-        let path = self.t.join(&format!("spool/p/{folder}/{name}/{RESULT}"));
-        serde_json::from_slice(&fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")))
-            .unwrap()
-    }
-
     fn metric(&self, name: &str) -> String {
         let text = fs::read_to_string(self.t.join("metrics.prom")).unwrap();
         let prefix = format!("distributor_{name}{{pipeline=\"p\"}} ");
@@ -130,63 +122,6 @@ pipelines:
     }
 }
 
-/// Lines of `log` that say a batch was published, with its size.
-fn batches(log: &str) -> Vec<usize> {
-    log.lines()
-        .filter_map(|l| l.split("published a batch of ").nth(1))
-        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
-        .collect()
-}
-
-#[test]
-fn a_backlog_goes_up_as_one_batch_with_one_intent_and_one_catalog_swap() {
-    let s = BatchTest::new();
-    // The first bundle makes the catalog (alone), then the backlog waits.
-    let mut expected = BTreeSet::new();
-    expected.extend(s.drop_nested(0));
-    s.once().expect_code(0);
-    let first_catalog = s.bucket.etag(".distributor.json").expect("a catalog");
-    let n = 30;
-    for i in 1..=n {
-        expected.extend(s.drop_nested(i));
-    }
-    let out = s.once();
-    out.expect_code(0);
-    assert_eq!(batches(&out.stderr), [n], "not one batch:\n{}", out.stderr);
-    assert!(
-        !out.stderr.contains("stepped aside"),
-        "the batch fell back:\n{}",
-        out.stderr
-    );
-    assert_eq!(s.metric("batch_fallbacks_total"), "0");
-    let done = names(&s.t.join("spool/p/done"));
-    assert_eq!(done.len(), n + 1, "{done:?}\n{}", out.stderr);
-    for i in 1..=n {
-        let r = s.result("done", &format!("b{i:03}"));
-        assert_eq!(r["ok"], true, "{r}");
-        assert_eq!(r["destinations"][0]["action"], "upsert_additive", "{r}");
-        assert_eq!(r["destinations"][0]["writes"].as_array().unwrap().len(), 3);
-    }
-    let records = s.assert_converged(&[]);
-    assert_eq!(records, expected);
-    assert_eq!(
-        s.bucket.get("r007/report.md").unwrap(),
-        b"# report 7\n".to_vec()
-    );
-    // One compare-and-swap for the whole backlog: every record of the
-    // batch carries the same update time, later than the first bundle's.
-    let doc: Value = serde_json::from_slice(&s.bucket.get(".distributor.json").unwrap()).unwrap();
-    let times: BTreeSet<&str> = doc["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| !r["path"].as_str().unwrap().starts_with("r000/"))
-        .map(|r| r["updated_at"].as_str().unwrap())
-        .collect();
-    assert_eq!(times.len(), 1, "{times:?}");
-    assert_ne!(s.bucket.etag(".distributor.json").unwrap(), first_catalog);
-}
-
 #[test]
 fn a_backlog_goes_up_in_one_s3_batch() {
     // Each batch costs an intent, a swap of the whole catalog and a pause
@@ -200,7 +135,12 @@ fn a_backlog_goes_up_in_one_s3_batch() {
     }
     let out = s.once();
     out.expect_code(0);
-    assert_eq!(batches(&out.stderr), [n], "not one batch:\n{}", out.stderr);
+    assert_eq!(
+        batch_sizes(&out.stderr),
+        [n],
+        "not one batch:\n{}",
+        out.stderr
+    );
     assert_eq!(s.metric("batch_fallbacks_total"), "0");
     assert_eq!(names(&s.t.join("spool/p/done")).len(), n + 1);
     let records = s.assert_converged(&[]);
@@ -228,7 +168,7 @@ fn a_batch_whose_pages_reach_its_memory_bound_leaves_the_rest_to_the_next_batch(
             .args(["--config", "config.yaml", "agent", "--once"])
             .output();
     out.expect_code(0);
-    assert_eq!(batches(&out.stderr), [1; 4], "{}", out.stderr);
+    assert_eq!(batch_sizes(&out.stderr), [1; 4], "{}", out.stderr);
     assert!(!out.stderr.contains("stepped aside"), "{}", out.stderr);
     assert_eq!(
         names(&s.t.join("spool/p/done")).len(),
@@ -241,97 +181,6 @@ fn a_batch_whose_pages_reach_its_memory_bound_leaves_the_rest_to_the_next_batch(
     // Each bundle's three files and the page of its markdown.
     assert_eq!(records.len(), (n + 1) * 4);
     assert!(records.contains("r005/report.html"), "{records:?}");
-}
-
-#[test]
-fn a_bundle_meeting_an_unmanaged_object_fails_alone_and_the_rest_of_the_batch_is_published() {
-    let s = BatchTest::new();
-    s.drop_nested(0);
-    s.once().expect_code(0);
-    for i in 1..=6 {
-        s.drop_nested(i);
-    }
-    // Someone else's object at a key of bundle 3, which the catalog does
-    // not record: the batch does not HEAD it, its conditional create is
-    // refused, the batch is undone and the bundles go one by one, where
-    // bundle 3 is refused exactly as when it is published alone.
-    let planted = s.bucket.plant("r003/page.html", b"<p>theirs</p>");
-    let out = s.once();
-    out.expect_code(1);
-    let line = out
-        .stderr
-        .lines()
-        .find(|l| l.contains("stepped aside"))
-        .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
-    assert!(
-        line.contains("r003/page.html"),
-        "the cause is named: {line}"
-    );
-    assert_eq!(s.metric("batch_fallbacks_total"), "1");
-    assert_eq!(
-        names(&s.t.join("spool/p/failed")),
-        BTreeSet::from(["b003".to_owned()])
-    );
-    let r = s.result("failed", "b003");
-    assert_eq!(r["ok"], false, "{r}");
-    assert_eq!(r["stage"], "plan", "{r}");
-    assert_eq!(r["destinations"][0]["action"], "fail_unmanaged", "{r}");
-    assert_eq!(
-        r["destinations"][0]["unmanaged"],
-        serde_json::json!(["r003/page.html"]),
-        "{r}"
-    );
-    assert_eq!(names(&s.t.join("spool/p/done")).len(), 6);
-    // Nothing of bundle 3 went up, the planted object is untouched.
-    let records = s.assert_converged(&["r003/page.html"]);
-    assert!(
-        records.iter().all(|k| !k.starts_with("r003/")),
-        "{records:?}"
-    );
-    assert_eq!(records.len(), 6 * 3);
-    assert_eq!(s.bucket.etag("r003/page.html").unwrap(), planted);
-    assert_eq!(
-        s.bucket.get("r003/page.html").unwrap(),
-        b"<p>theirs</p>".to_vec()
-    );
-}
-
-#[test]
-fn a_batch_that_meets_a_bad_file_while_uploading_is_undone_and_published_one_by_one() {
-    let s = BatchTest::new();
-    s.drop_nested(0);
-    s.once().expect_code(0);
-    for i in 1..=5 {
-        s.drop_nested(i);
-    }
-    // Changed after sealing: only its upload, which hashes as it sends,
-    // sees it, once other objects of the batch went up.
-    s.drop_bundle("tampered", &[("zz/t.txt", "tttt\n")]);
-    fs::write(s.t.join("spool/p/inbox/tampered/zz/t.txt"), "TTTT\n").unwrap();
-    let out = s.once();
-    out.expect_code(1);
-    let line = out
-        .stderr
-        .lines()
-        .find(|l| l.contains("stepped aside"))
-        .unwrap_or_else(|| panic!("no fallback logged:\n{}", out.stderr));
-    assert!(
-        line.contains("WARN") && line.contains("pipeline=p"),
-        "{line}"
-    );
-    assert!(line.contains("zz/t.txt"), "the cause is named: {line}");
-    assert!(line.contains("undone"), "{line}");
-    assert!(batches(&out.stderr).is_empty(), "{}", out.stderr);
-    assert_eq!(s.metric("batch_fallbacks_total"), "1");
-    assert_eq!(
-        names(&s.t.join("spool/p/failed")),
-        BTreeSet::from(["tampered".to_owned()])
-    );
-    let r = s.result("failed", "tampered");
-    assert_eq!(r["stage"], "verify", "{r}");
-    assert_eq!(names(&s.t.join("spool/p/done")).len(), 6);
-    let records = s.assert_converged(&[]);
-    assert_eq!(records.len(), 6 * 3);
 }
 
 #[test]
@@ -379,7 +228,7 @@ fn a_batch_killed_while_it_uploads_converges_at_the_next_start() {
     let (intent, ..) = s.bucket.root.read_intent(&pending[0]).unwrap().unwrap();
     assert_eq!(intent.writes.len(), 8 * 3 + 1);
     assert!(s.bucket.get("r004/report.md").is_some());
-    assert!(!s.bucket.records().contains_key("r004/report.md"));
+    assert!(!s.bucket.recorded().contains_key("r004/report.md"));
 
     // The next start recovers the killed agent's batch at once (it serves
     // the same spool) and publishes the bundles it resumes from work/.

@@ -18,18 +18,14 @@ use distributor::s3::protocol::{self, Settings, Write};
 use distributor::s3::{Error, S3Root};
 use object_store::ObjectStoreExt as _;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::seaweed::{credentials, reader_credentials, server};
+use crate::util::sha256;
 
 const OLD: &str = "2026-01-01T00:00:00Z";
 
 fn t(text: &str) -> time::OffsetDateTime {
     distributor::catalog::parse_time(text).unwrap()
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    distributor::hashing::format_digest(Sha256::new_with_prefix(bytes))
 }
 
 /// One output to seed: path, owner pipeline (destination `site`), source

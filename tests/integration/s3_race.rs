@@ -27,7 +27,7 @@ use distributor::config::S3Location;
 use serde_json::Value;
 
 use crate::seaweed::{Bucket, server};
-use crate::util::{sha256, stopped, wait_for, write_file};
+use crate::util::{Rng, names, sha256, stopped, wait_for, write_file};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distributor");
 const CREATED: &str = "2026-06-04T11:55:00Z";
@@ -256,16 +256,6 @@ fn bundle_of(path: &str) -> Option<String> {
     (host.starts_with('h') && n.starts_with('b')).then(|| format!("{host}-{n}"))
 }
 
-/// Entry names of a folder (empty when it does not exist).
-fn names(dir: &Path) -> BTreeSet<String> {
-    match fs::read_dir(dir) {
-        Ok(entries) => entries
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect(),
-        Err(_) => BTreeSet::new(),
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Bundles
 // ---------------------------------------------------------------------------
@@ -299,48 +289,6 @@ fn write_bundle(dir: &Path, id: &str, files: &[(String, Vec<u8>)]) {
     fs::rename(&temp, dir.join("manifest.json")).expect("manifest");
 }
 
-/// Deterministic pseudo-random bytes (xorshift).
-fn noise(len: usize, mut seed: u64) -> Vec<u8> {
-    seed |= 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        out.extend_from_slice(&seed.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// A small xorshift generator; the seed is printed so that a failing run
-/// can be replayed with `DISTRIBUTOR_IT_SEED`.
-struct Rng(u64);
-
-impl Rng {
-    fn seeded() -> Rng {
-        let seed = std::env::var("DISTRIBUTOR_IT_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .expect("clock")
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("rng seed {seed} (replay with DISTRIBUTOR_IT_SEED={seed})");
-        Rng(seed)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// The path every host's bundles sometimes write: catalog conflicts whose
 /// loser must be retried, not lost.
 const SHARED: &str = "shared/s.txt";
@@ -371,7 +319,10 @@ impl Fed {
             })
             .collect();
         let seed = u64::from(n) * 131 + u64::from(host.as_bytes()[0]);
-        files.push((format!("h{host}/b{n:03}/blob.bin"), noise(48 * 1024, seed)));
+        files.push((
+            format!("h{host}/b{n:03}/blob.bin"),
+            Rng::new(seed | 1).bytes(48 * 1024),
+        ));
         if shared {
             let bytes = format!("{name} wrote the shared file\n").into_bytes();
             self.shared.insert(sha256(&bytes));
@@ -459,7 +410,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     // Objects nobody manages, at paths no bundle uses.
     let planted: BTreeMap<String, (Vec<u8>, String)> = [
         ("unmanaged/notes.txt", b"written by hand\n".to_vec()),
-        ("hA/unmanaged.bin", noise(5000, 7)),
+        ("hA/unmanaged.bin", Rng::new(7 | 1).bytes(5000)),
         ("zz-last.html", b"<p>theirs</p>".to_vec()),
     ]
     .into_iter()
@@ -470,7 +421,7 @@ fn agents_on_separate_hosts_racing_into_one_root_under_kill_9_lose_nothing() {
     .collect();
 
     let mut fed = Fed::default();
-    let mut rng = Rng::seeded();
+    let mut rng = Rng::seeded("s3 race");
     let mut next = 0u32;
     // Contention first: both hosts publish bundles that all write SHARED
     // at once; when two overlap, the later compare-and-swap finds that the
@@ -723,7 +674,7 @@ fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_ho
     for i in 0..20 {
         files.push((format!("x/f{i:02}.txt"), format!("A {i}\n").into_bytes()));
     }
-    files.push((BIG.to_owned(), noise(20 * 1024 * 1024, 42)));
+    files.push((BIG.to_owned(), Rng::new(42 | 1).bytes(20 * 1024 * 1024)));
     let bundle_a = stage.join("from-a");
     write_bundle(&bundle_a, "from-a", &files);
 
@@ -739,7 +690,7 @@ fn a_run_killed_mid_upload_is_cleaned_up_by_the_next_publication_from_another_ho
     assert_eq!(bucket.pending().len(), 1, "the killed publication's intent");
     assert_eq!(bucket.get("common.txt").as_deref(), Some(&b"vA\n"[..]));
     assert_eq!(
-        bucket.records()["common.txt"]["sha256"],
+        bucket.recorded()["common.txt"]["sha256"],
         sha256(b"v0\n"),
         "not committed"
     );
@@ -834,7 +785,7 @@ fn an_agent_killed_mid_upload_finishes_its_own_bundle_at_restart_without_waiting
     let mut files: Vec<(String, Vec<u8>)> = (0..5)
         .map(|i| (format!("x/f{i}.txt"), format!("{i}\n").into_bytes()))
         .collect();
-    files.push((BIG.to_owned(), noise(20 * 1024 * 1024, 7)));
+    files.push((BIG.to_owned(), Rng::new(7 | 1).bytes(20 * 1024 * 1024)));
     let staged = dir.join("stage/rep");
     write_bundle(&staged, "rep", &files);
     host.feed(&staged);
@@ -882,7 +833,7 @@ fn a_killed_first_publication_does_not_make_the_root_look_unmanaged() {
         "from-a",
         &[
             ("a/one.txt".to_owned(), b"1\n".to_vec()),
-            (BIG.to_owned(), noise(20 * 1024 * 1024, 3)),
+            (BIG.to_owned(), Rng::new(3 | 1).bytes(20 * 1024 * 1024)),
         ],
     );
     kill_during_upload(

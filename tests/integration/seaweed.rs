@@ -226,8 +226,10 @@ fn prepare(dir: &Path, port: fn() -> u16) -> Result<(u16, Vec<String>), String> 
     )
     .map_err(|e| format!("{}: {e}", config.display()))?;
     // One volume per new collection (each bucket is one) instead of 7, so
-    // that a bucket per test does not exhaust -volume.max. SeaweedFS reads
-    // master.toml from its working folder.
+    // that a bucket per test does not exhaust -volume.max (the suite makes
+    // more than 100 buckets, and some grow past one 64 MB volume; volumes
+    // are not preallocated). SeaweedFS reads master.toml from its working
+    // folder.
     fs::write(
         dir.join("master.toml"),
         "[master.volume_growth]\ncopy_1 = 1\ncopy_2 = 2\ncopy_3 = 3\ncopy_other = 1\n",
@@ -240,7 +242,7 @@ fn prepare(dir: &Path, port: fn() -> u16) -> Result<(u16, Vec<String>), String> 
         "-ip.bind=127.0.0.1".to_owned(),
         format!("-dir={}", dir.join("data").display()),
         "-master.volumeSizeLimitMB=64".to_owned(),
-        "-volume.max=100".to_owned(),
+        "-volume.max=400".to_owned(),
         "-s3".to_owned(),
         format!("-s3.port={s3_port}"),
         format!("-s3.config={}", config.display()),
@@ -614,22 +616,17 @@ impl Bucket {
     }
 
     /// The catalog object's records by path.
-    pub fn records(&self) -> BTreeMap<String, Value> {
+    pub fn recorded(&self) -> BTreeMap<String, Value> {
         let bytes = self.get(".distributor.json").expect("a catalog object");
         let doc: Value = serde_json::from_slice(&bytes).expect("catalog JSON");
         assert_eq!(doc["schema_version"], 4, "{doc}");
-        doc["outputs"]
-            .as_array()
-            .expect("outputs")
-            .iter()
-            .map(|r| (r["path"].as_str().expect("path").to_owned(), r.clone()))
-            .collect()
+        crate::util::records(&doc)
     }
 
     /// Every record's object holds exactly the recorded bytes.
     #[track_caller]
     pub fn assert_records_match_objects(&self) -> BTreeMap<String, Value> {
-        let records = self.records();
+        let records = self.recorded();
         for (path, r) in &records {
             let bytes = self
                 .get(path)

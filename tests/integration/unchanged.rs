@@ -92,7 +92,7 @@ fn replacement_keeps_unchanged_files_and_rewrites_only_the_changed_third() {
             }
         }
         assert!(!root.join(&v1[n - 1].0).exists());
-        let records = t.records("root");
+        let records = t.recorded("root");
         assert_eq!(records.len(), v2.len());
         for r in records.values() {
             assert_eq!(r["source"]["created"], "2026-06-02T00:00:00Z", "{r}");
@@ -312,6 +312,6 @@ fn a_large_tree_is_published_within_three_times_its_catalog_in_memory() {
             catalog >> 10
         );
     }
-    assert_eq!(t.records("root").len(), 20_000);
+    assert_eq!(t.recorded("root").len(), 20_000);
     assert_catalog_matches_disk(&t.join("root"));
 }

@@ -251,7 +251,7 @@ impl Test {
     }
 
     /// The catalog's records of the root at `rel`, by path.
-    pub fn records(&self, rel: &str) -> BTreeMap<String, Value> {
+    pub fn recorded(&self, rel: &str) -> BTreeMap<String, Value> {
         records(&self.state(rel))
     }
 
@@ -703,6 +703,20 @@ pub fn names(dir: &Path) -> BTreeSet<String> {
     }
 }
 
+/// [`names`] as a sorted list, to compare with an array.
+pub fn sorted_names(dir: &Path) -> Vec<String> {
+    names(dir).into_iter().collect()
+}
+
+/// The bundles in a spool folder, sorted: its entry names, the agent's
+/// own dot-files (`.distributor-unfiled.json`, temporary files) aside.
+pub fn bundle_names(dir: &Path) -> Vec<String> {
+    names(dir)
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .collect()
+}
+
 /// Waits up to `timeout` for `child` to exit; `None` (the child killed
 /// and reaped) when it did not.
 pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
@@ -770,19 +784,38 @@ pub fn records(state: &Value) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// `sha256:<hex>` of a file.
+pub fn sha256_file(path: &Path) -> String {
+    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    sha256_of(file)
+}
+
+/// `sha256:<hex>` of everything `r` yields, read in 1 MiB chunks (memory
+/// never scales with the length).
+pub fn sha256_of(mut r: impl Read) -> String {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = r.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    hex_digest(h)
+}
+
 /// `sha256:<hex>` of some bytes, computed independently of the product.
 pub fn sha256(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
+    hex_digest(Sha256::new_with_prefix(bytes))
+}
+
+fn hex_digest(h: Sha256) -> String {
     let mut out = String::from("sha256:");
-    for b in digest.iter() {
+    for b in h.finalize().iter() {
         out.push_str(&format!("{b:02x}"));
     }
     out
-}
-
-/// `sha256:<hex>` of a file.
-pub fn sha256_file(path: &Path) -> String {
-    sha256(&fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display())))
 }
 
 /// One manifest entry: path, `sha256:` hash, size.
@@ -994,6 +1027,15 @@ pub fn arrive_in_order(dir: &Path, order: u64) {
         .unwrap()
         .set_modified(when)
         .unwrap();
+}
+
+/// The sizes of the batches an agent's log says it published ("published
+/// a batch of N bundles"), in order.
+pub fn batch_sizes(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter_map(|l| l.split("published a batch of ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
 }
 
 /// `$PATH` with the folder of the binary under test in front: for shells
