@@ -1235,7 +1235,7 @@ fn read_in_halves(file: &std::fs::File, len: u64) -> std::io::Result<Option<Vec<
     let mut bytes = vec![0u8; size];
     let (first, second) = bytes.split_at_mut(size / 2);
     let at = first.len() as u64;
-    let (other, read) = crate::workers::beside(
+    let (other, read) = crate::runtime::workers::beside(
         || file.read_exact_at(second, at),
         || file.read_exact_at(first, 0),
     );
@@ -1616,7 +1616,7 @@ pub(crate) mod tests {
             panic!("written on a full disk")
         };
         assert_eq!(reusing.raw_os_error(), Some(28), "{reusing}");
-        assert!(crate::io_class::is_transient(&reusing));
+        assert!(crate::fs::io_class::is_transient(&reusing));
     }
 
     /// The v4 example from the destination state contract, verbatim.

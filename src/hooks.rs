@@ -12,9 +12,9 @@
 //! among them) are never passed on.
 
 use crate::config::{Destination, Hooks, Pipeline};
-use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::report::{DestinationReport, HookReport, RunReport};
+use crate::runtime::interrupt::Cancel;
 use serde::Serialize;
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::process::CommandExt as _;
@@ -129,7 +129,7 @@ pub fn run_owed(
             log::warn!(
                 "pipeline={} bundle={} destination={}: a hook was owed, but the destination has no after_publish hook any more; it is not run",
                 pipeline.id,
-                crate::inert::inert(&o.bundle),
+                crate::text::escape::inert(&o.bundle),
                 o.destination_id
             );
             continue;
@@ -166,8 +166,8 @@ fn urls(config: &Destination, writes: &[&str]) -> Vec<String> {
 }
 
 fn log_run(pipeline: &str, bundle: &str, hooks: &Hooks, run: &HookReport) {
-    let program = crate::inert::inert(&hooks.after_publish[0]);
-    let bundle = crate::inert::inert(bundle);
+    let program = crate::text::escape::inert(&hooks.after_publish[0]);
+    let bundle = crate::text::escape::inert(bundle);
     match &run.error {
         None => log::info!(
             "pipeline={pipeline} bundle={bundle} destination={}: hook {program} exited 0 in {} ms",
@@ -179,7 +179,7 @@ fn log_run(pipeline: &str, bundle: &str, hooks: &Hooks, run: &HookReport) {
             run.destination_id,
             run.elapsed_ms,
             first_line(&run.output)
-                .map(|l| format!("; its output begins: {}", crate::inert::inert(l)))
+                .map(|l| format!("; its output begins: {}", crate::text::escape::inert(l)))
                 .unwrap_or_default()
         ),
     }

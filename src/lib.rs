@@ -6,42 +6,30 @@
 //! public item may link to the private ones it is made of.
 #![allow(rustdoc::private_intra_doc_links)]
 
-pub mod agent;
+// The layers, from the bottom: `text`, `runtime` and `fs`; the model
+// (`paths`, `catalog`, `config`, `scope`, `plan`, `report`); the
+// backends (`backend`, `s3`); the engine (`bundle`, `signature`,
+// `render`, `publish`, `hooks`, `maintain`); the agent (`spool`,
+// `agent`, `metrics`); and `cli` on top. Public only what the binary,
+// the examples and the integration tests use.
+mod agent;
 mod backend;
-pub mod bundle;
+mod bundle;
 pub mod catalog;
 pub mod cli;
-pub mod clock;
 pub mod config;
-pub mod exit;
-pub mod failpoint;
-pub mod hashing;
-pub mod hooks;
-pub mod inert;
-pub mod interrupt;
-pub mod io_class;
-pub mod journal;
-pub mod lock;
-pub mod logging;
-pub mod maintain;
-pub mod message;
-pub mod metrics;
+pub mod fs;
+mod hooks;
+mod maintain;
+mod metrics;
 pub mod paths;
-pub mod plan;
-pub mod process_state;
-pub mod progress;
-pub mod publish;
-pub mod remembered;
+mod plan;
+mod publish;
 pub mod render;
-pub mod render_child;
-pub mod replace_file;
 pub mod report;
+pub mod runtime;
 pub mod s3;
-pub mod scope;
-pub mod seen;
+mod scope;
 pub mod signature;
-pub mod spool;
-pub mod spoolfs;
-pub mod storage;
-pub mod users;
-pub mod workers;
+mod spool;
+mod text;

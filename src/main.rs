@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         distributor::cli::Command::Run(args) if args.verbose => "info",
         _ => "warn",
     };
-    distributor::logging::init(level);
+    distributor::runtime::logging::init(level);
     ExitCode::from(distributor::cli::run(cli))
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::Config;
-use crate::replace_file::{self, Durability, Temp};
+use crate::fs::replace_file::{self, Durability, Temp};
 use crate::spool::Folder;
 
 /// Every metric name starts with this.

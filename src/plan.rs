@@ -262,7 +262,7 @@ impl Rollback {
             "{} output{} of later sources: {}",
             found.len(),
             if found.len() == 1 { "" } else { "s" },
-            crate::message::first_few(found, 5, "; ")
+            crate::text::wording::first_few(found, 5, "; ")
         )
     }
 }
@@ -305,16 +305,9 @@ pub struct CatalogUpdate {
 }
 
 impl CatalogUpdate {
-    /// The record a planned output will have.
-    pub fn record(&self, path: &str) -> Option<&OutputRecord> {
-        self.upserts
-            .binary_search_by(|r| r.path.as_str().cmp(path))
-            .ok()
-            .map(|i| &self.upserts[i])
-    }
-
     /// The catalog after the update, built from `current` (moved, not
     /// copied) in one pass.
+    #[cfg(test)]
     pub fn apply(&self, current: Option<Catalog>) -> Catalog {
         let base = match current {
             Some(c) if self.keep_existing => c,
@@ -325,7 +318,7 @@ impl CatalogUpdate {
         catalog.into_catalog(self.now)
     }
 
-    /// [`CatalogUpdate::apply`], consuming the update so that its records
+    /// The catalog after the update, consuming the update so that its records
     /// are moved into the catalog rather than copied (a large tree's
     /// records are then held once, not twice). Also hands back the records
     /// of `current` at the planned paths (what each write replaces, for
@@ -471,6 +464,7 @@ pub struct Decision {
 }
 
 /// Plans one destination.
+#[cfg(test)]
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     decide(input).plan
 }

@@ -2,7 +2,7 @@
 //! spool's `.distributor-result.json`) and its text form. Formatting only;
 //! nothing here decides or performs anything.
 
-use crate::inert::inert;
+use crate::text::escape::inert;
 use serde::Serialize;
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -55,7 +55,7 @@ impl RunError {
     /// The process exit code of a publication that failed with this
     /// error (docs/contract.md §9).
     pub fn exit_code(&self) -> u8 {
-        use crate::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
+        use crate::runtime::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
         match self.failure.stage() {
             Stage::Config => EXIT_USAGE,
             Stage::Plan if self.failure.is_refused() => EXIT_REFUSED,
@@ -277,7 +277,7 @@ impl RunReport {
     pub fn exit_code(&self) -> u8 {
         self.error
             .as_ref()
-            .map_or(crate::exit::EXIT_OK, RunError::exit_code)
+            .map_or(crate::runtime::exit::EXIT_OK, RunError::exit_code)
     }
 
     /// `dest=action` for every destination, space-separated: the heart of
@@ -534,7 +534,7 @@ mod tests {
     fn a_failed_report_calls_its_counts_planned_and_wrote_nothing() {
         let r = report(3, 0).fail(DiskFull);
         assert!(r.transient());
-        assert_eq!(r.exit_code(), crate::exit::EXIT_FAILURE);
+        assert_eq!(r.exit_code(), crate::runtime::exit::EXIT_FAILURE);
         let d = &r.destinations[0];
         assert!(d.writes.is_empty() && d.deletes.is_empty());
         assert_eq!(d.planned_writes.len(), 3);

@@ -100,7 +100,7 @@ impl Worker {
         }
         spool::set_unfiled(&self.spool, &unfiled)?;
         recorded.store(true, Ordering::SeqCst);
-        crate::failpoint::hit("agent.committing");
+        crate::runtime::failpoint::hit("agent.committing");
         Ok(())
     }
 
@@ -121,7 +121,7 @@ impl Worker {
         recorded: bool,
         retried: bool,
     ) -> AfterCommit {
-        crate::failpoint::hit("agent.committed");
+        crate::runtime::failpoint::hit("agent.committed");
         let destinations = self.destinations();
         let (mut unfiled, readable) = match self.record() {
             Ok(unfiled) => (unfiled, true),
@@ -164,7 +164,7 @@ impl Worker {
                 Err(e) => log::warn!(
                     "pipeline={} bundle={}: cannot look at its folder to record it as {} ({e})",
                     self.pipeline.id,
-                    crate::inert::inert(name),
+                    crate::text::escape::inert(name),
                     if report.ok { "published" } else { "failed" }
                 ),
             }
@@ -181,7 +181,7 @@ impl Worker {
             self.cannot_record(&e);
         }
         self.remember_deletions(reports);
-        crate::failpoint::hit("agent.recorded");
+        crate::runtime::failpoint::hit("agent.recorded");
         AfterCommit {
             owed: owed_all,
             recorded: write,
@@ -271,7 +271,7 @@ impl Worker {
         log::info!(
             "pipeline={} bundle={}: published, but the agent is stopping before its hooks ran; left in work/, the next start runs them and files it",
             self.pipeline.id,
-            crate::inert::inert(name)
+            crate::text::escape::inert(name)
         );
     }
 

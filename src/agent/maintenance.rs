@@ -3,11 +3,11 @@
 //! standby) writes no metrics.
 
 use super::{MAINTENANCE_TICK, METRICS_EVERY, SERVING};
-use crate::clock;
 use crate::config::{Config, Pipeline};
 use crate::maintain;
 use crate::metrics::Metrics;
-use crate::process_state::ProcessState;
+use crate::runtime::clock;
+use crate::runtime::process_state::ProcessState;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -117,9 +117,9 @@ pub(super) fn expire_done(config: &Config, p: &Pipeline) {
         log::warn!(
             "pipeline={}: done_retention cannot remove done/{}: done/{}: {}{owner}; every other entry still expires. It stays until its owner or root removes it, or the agent's group gets write access to it (see docs/troubleshooting.md); `distributor status` lists it",
             p.id,
-            crate::inert::inert(&u.name),
-            crate::inert::inert(&u.path),
-            crate::inert::inert(&u.error),
+            crate::text::escape::inert(&u.name),
+            crate::text::escape::inert(&u.path),
+            crate::text::escape::inert(&u.error),
         );
     }
     if news.len() > MAX_LOGGED_BLOCKED {

@@ -8,8 +8,8 @@
 //! through `publish::publish`, the same code path as `distributor run`.
 
 use crate::config::{self, Config};
-use crate::interrupt::Cancel;
 use crate::metrics::Metrics;
+use crate::runtime::interrupt::Cancel;
 use crate::spool::Spool;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use std::path::Path;
@@ -31,7 +31,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
-use crate::process_state::ProcessState;
+use crate::runtime::process_state::ProcessState;
 use maintenance::{Maintenance, expire_done, write_metrics};
 use sd_notify::Notifier;
 use watcher::start_watcher;
@@ -72,8 +72,8 @@ pub enum AgentError {
 impl AgentError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            AgentError::Config(_) | AgentError::Spool(_) => crate::exit::EXIT_USAGE,
-            AgentError::Start(_) => crate::exit::EXIT_FAILURE,
+            AgentError::Config(_) | AgentError::Spool(_) => crate::runtime::exit::EXIT_USAGE,
+            AgentError::Start(_) => crate::runtime::exit::EXIT_FAILURE,
         }
     }
 }
@@ -158,7 +158,7 @@ fn abandon_after(grace: Duration, cancel: Cancel) {
     std::thread::spawn(move || {
         std::thread::sleep(grace);
         cancel.abandon();
-        crate::render_child::kill_all();
+        crate::render::child::kill_all();
     });
 }
 
@@ -180,7 +180,7 @@ fn run_once(config: &Config, process: &ProcessState) -> bool {
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         let registered = signal_hook::flag::register_conditional_shutdown(
             signal,
-            crate::exit::EXIT_INTERRUPTED.into(),
+            crate::runtime::exit::EXIT_INTERRUPTED.into(),
             finish.clone(),
         )
         .and_then(|_| signal_hook::flag::register(signal, finish.clone()));
@@ -363,7 +363,7 @@ fn run_forever(
                     let _ = control_tx.send(Control::Reload);
                 } else if cancel.finishing() {
                     log::warn!("second stop signal: exiting at once");
-                    std::process::exit(crate::exit::EXIT_INTERRUPTED.into());
+                    std::process::exit(crate::runtime::exit::EXIT_INTERRUPTED.into());
                 } else {
                     cancel.finish();
                     abandon_after(STOP_GRACE, cancel.clone());

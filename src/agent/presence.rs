@@ -43,15 +43,15 @@ pub fn read(pipeline_spool: &Path) -> io::Result<Presence> {
         pid: None,
         since: None,
     };
-    let dir = match crate::spoolfs::open_folder_io(pipeline_spool) {
+    let dir = match crate::fs::spoolfs::open_folder_io(pipeline_spool) {
         Ok(dir) => dir,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(absent),
         Err(e) => return Err(e),
     };
-    let lock = match crate::spoolfs::open_file(&dir, std::ffi::OsStr::new(LOCK_FILE)) {
+    let lock = match crate::fs::spoolfs::open_file(&dir, std::ffi::OsStr::new(LOCK_FILE)) {
         Ok(f) => f,
-        Err(crate::spoolfs::EntryError::Missing) => return Ok(absent),
-        Err(crate::spoolfs::EntryError::Io(e)) => return Err(e),
+        Err(crate::fs::spoolfs::EntryError::Missing) => return Ok(absent),
+        Err(crate::fs::spoolfs::EntryError::Io(e)) => return Err(e),
         Err(e) => {
             return Err(io::Error::other(format!(
                 "{}: {e}",
@@ -80,7 +80,7 @@ struct Info {
 }
 
 fn read_info(path: &Path) -> Option<Info> {
-    let bytes = crate::spoolfs::read_capped_at(path, INFO_CAP).ok()?;
+    let bytes = crate::fs::spoolfs::read_capped_at(path, INFO_CAP).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -99,8 +99,8 @@ pub fn announce(pipeline_spool: &Path) -> io::Result<()> {
         since: Some(since),
     })
     .map_err(io::Error::other)?;
-    let dir = crate::spoolfs::open_folder_io(pipeline_spool)?;
-    crate::spoolfs::replace(&dir, INFO_FILE, &body, false)
+    let dir = crate::fs::spoolfs::open_folder_io(pipeline_spool)?;
+    crate::fs::spoolfs::replace(&dir, INFO_FILE, &body, false)
 }
 
 #[cfg(test)]
@@ -113,8 +113,8 @@ mod tests {
         let none = read(tmp.path()).unwrap();
         assert!(!none.running && none.pid.is_none() && none.since.is_none());
 
-        let dir = crate::spoolfs::open_folder_io(tmp.path()).unwrap();
-        let lock = crate::spoolfs::open_lock(&dir, LOCK_FILE).unwrap();
+        let dir = crate::fs::spoolfs::open_folder_io(tmp.path()).unwrap();
+        let lock = crate::fs::spoolfs::open_lock(&dir, LOCK_FILE).unwrap();
         lock.lock().unwrap();
         announce(tmp.path()).unwrap();
         let held = read(tmp.path()).unwrap();

@@ -293,12 +293,12 @@ impl Worker {
         bundles: &[(&Path, &str)],
         work: impl FnOnce() -> T,
     ) -> T {
-        let progress = std::sync::Arc::new(crate::progress::Progress::default());
+        let progress = std::sync::Arc::new(crate::runtime::progress::Progress::default());
         let ticker = self
             .ticker
             .get_or_init(|| Ticker::start(self.pipeline.id.clone()));
         let _ticking = ticker.begin(bundles, progress.clone());
-        let _counted = crate::progress::enter(Some(progress));
+        let _counted = crate::runtime::progress::enter(Some(progress));
         // The hashing and copying loops stop at this worker's stop.
         let _cancel = self.cancel.enter();
         work()
@@ -346,7 +346,7 @@ impl Worker {
             log::info!(
                 "pipeline={} bundle={}: stopped before it finished; left in work/ for the next start",
                 self.pipeline.id,
-                crate::inert::inert(name)
+                crate::text::escape::inert(name)
             );
             return Processed::Left;
         }
@@ -366,7 +366,7 @@ impl Worker {
                 let signer = report.signer.as_ref().map_or_else(String::new, |s| {
                     format!(
                         " signer={} key={}",
-                        crate::inert::inert(&s.principal),
+                        crate::text::escape::inert(&s.principal),
                         s.key
                     )
                 });

@@ -9,7 +9,10 @@ use crate::publish;
 fn threads_run_every_job_exactly_once() {
     use publish::Workers;
     let runs: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
-    for threads in [publish::PerCore(1), publish::PerCore(4)] {
+    for threads in [
+        crate::runtime::workers::PerCore(1),
+        crate::runtime::workers::PerCore(4),
+    ] {
         let jobs = runs
             .iter()
             .map(|r| {

@@ -10,7 +10,7 @@ use std::time::Instant;
 /// The bundles a worker is busy with, for its [`Ticker`].
 struct Ticking {
     bundles: Vec<(PathBuf, String)>,
-    progress: Arc<crate::progress::Progress>,
+    progress: Arc<crate::runtime::progress::Progress>,
 }
 
 /// A worker's thread that logs, every [`PROGRESS_EVERY`], how far the
@@ -62,7 +62,7 @@ impl Ticker {
     pub(super) fn begin(
         &self,
         bundles: &[(&Path, &str)],
-        progress: Arc<crate::progress::Progress>,
+        progress: Arc<crate::runtime::progress::Progress>,
     ) -> impl Drop + '_ {
         let ticking = Ticking {
             bundles: bundles
@@ -96,7 +96,7 @@ fn tick(pipeline: &str, ticking: &Ticking, started: Instant, totals: &mut Option
     let names: Vec<_> = ticking
         .bundles
         .iter()
-        .map(|(_, n)| crate::inert::inert(n))
+        .map(|(_, n)| crate::text::escape::inert(n))
         .collect();
     let which = match names.as_slice() {
         [one] => format!("bundle={one}"),

@@ -4,8 +4,8 @@
 
 use super::{Serving, Tally, Wake};
 use crate::config::{Config, Pipeline};
-use crate::interrupt::Cancel;
-use crate::process_state::ProcessState;
+use crate::runtime::interrupt::Cancel;
+use crate::runtime::process_state::ProcessState;
 use crate::spool::{self, Spool};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use std::collections::HashMap;
@@ -69,7 +69,7 @@ struct InboxState {
     verdicts: std::collections::BTreeMap<String, (spool::queue::Verdict, bool)>,
     /// The verdicts changed since they were recorded.
     verdicts_changed: bool,
-    /// Entries the agent tried to take over ([`crate::spoolfs::adopt`]), and when:
+    /// Entries the agent tried to take over ([`crate::fs::spoolfs::adopt`]), and when:
     /// each is tried again only after `rescan_interval` (a producer that
     /// takes the access away again and again gets one try a minute).
     adopted: HashMap<String, Instant>,
@@ -123,7 +123,7 @@ impl Look {
 }
 
 fn inert(text: &str) -> std::borrow::Cow<'_, str> {
-    crate::inert::inert(text)
+    crate::text::escape::inert(text)
 }
 
 impl Worker {
@@ -327,7 +327,7 @@ impl Worker {
                 "pipeline={}: the last agent stopped while committing {} bundle(s) ({}); publishing them again as one batch, which changes nothing where the commit was made",
                 self.pipeline.id,
                 committing.len(),
-                crate::message::first_few(
+                crate::text::wording::first_few(
                     &committing
                         .iter()
                         .map(|f| inert(&f.name))
@@ -466,7 +466,7 @@ impl Worker {
                 }
                 let mut claimed = self.claim(chunk, &mut inbox);
                 if !claimed.is_empty() {
-                    crate::failpoint::hit("agent.claimed");
+                    crate::runtime::failpoint::hit("agent.claimed");
                 }
                 // Only the last chunk gathers: what arrives now comes
                 // after every bundle already ready.
@@ -692,7 +692,7 @@ impl Worker {
     }
 
     /// Takes over the entries of `probes` the agent may not read or move,
-    /// when it may (`CAP_FOWNER`, [`crate::spoolfs::adopt`]), each at most
+    /// when it may (`CAP_FOWNER`, [`crate::fs::spoolfs::adopt`]), each at most
     /// once a `rescan_interval`. Whether one was changed (to be looked at
     /// again at once).
     fn adopt(&self, probes: &[spool::Probe], inbox: &mut InboxState) -> bool {
@@ -711,11 +711,11 @@ impl Worker {
             }
             inbox.adopted.insert(p.name.clone(), Instant::now());
             if dir.is_none() {
-                dir = crate::spoolfs::open_folder_io(&self.spool.inbox).ok();
+                dir = crate::fs::spoolfs::open_folder_io(&self.spool.inbox).ok();
             }
             let Some(inbox_dir) = &dir else { return any };
             let most = self.pipeline.limits.max_files.saturating_add(16);
-            match crate::spoolfs::adopt(inbox_dir, &p.name, most) {
+            match crate::fs::spoolfs::adopt(inbox_dir, &p.name, most) {
                 Ok(0) => {}
                 Ok(n) => {
                     log::info!(
@@ -887,8 +887,8 @@ impl Worker {
         let path = super::presence::lock_path(folder);
         // Never through a link planted at the name; the lock file itself is
         // never replaced (the lock lives on its inode).
-        let opened = crate::spoolfs::open_folder_io(folder)
-            .and_then(|dir| crate::spoolfs::open_lock(&dir, super::presence::LOCK_FILE));
+        let opened = crate::fs::spoolfs::open_folder_io(folder)
+            .and_then(|dir| crate::fs::spoolfs::open_lock(&dir, super::presence::LOCK_FILE));
         let file = match opened {
             Ok(f) => f,
             Err(e) => {

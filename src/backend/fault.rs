@@ -4,7 +4,7 @@
 //! operator reads). It decides no exit code: `crate::maintain` does, once.
 
 use crate::catalog::{Catalog, State};
-use crate::lock::LockError;
+use crate::fs::lock::LockError;
 use std::io;
 
 /// What a maintenance command intends to do to a root.
@@ -95,8 +95,8 @@ pub(crate) enum Doing {
 
 impl std::fmt::Display for Doing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::backend::local::journal::JOURNAL_FILE;
         use crate::catalog::STATE_FILE;
-        use crate::journal::JOURNAL_FILE;
         match self {
             Doing::OpenFolder => f.write_str("cannot open the destination root"),
             Doing::Read(path) => write!(f, "cannot read {path}"),

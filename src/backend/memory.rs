@@ -19,7 +19,7 @@ use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
 use crate::plan::{self, Desired, Entry, Listing, Plan};
 use crate::publish::{Error, Options};
-use crate::workers::Workers;
+use crate::runtime::workers::Workers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
 use std::path::PathBuf;
@@ -216,7 +216,7 @@ fn bytes_of(w: &super::Write<'_>) -> Result<Vec<u8>, Error> {
         .map_err(Error::Bundle)
         .and_then(|mut f| f.read_to_end(&mut bytes).map_err(Error::Prepare));
     let matches = read.is_ok()
-        && w.d.sha256 == crate::hashing::hash_bytes(&bytes).sha256
+        && w.d.sha256 == crate::fs::hashing::hash_bytes(&bytes).sha256
         && bytes.len() as u64 == w.d.size;
     if matches {
         return Ok(bytes);
@@ -224,7 +224,7 @@ fn bytes_of(w: &super::Write<'_>) -> Result<Vec<u8>, Error> {
     let listed = (w.bundle.manifest.files.iter())
         .find(|f| f.path == w.d.bundle_path)
         .expect("a write from the bundle is listed");
-    match crate::bundle::verify_files(&w.bundle.dir, &[listed], &crate::workers::InOrder) {
+    match crate::bundle::verify_files(&w.bundle.dir, &[listed], &crate::runtime::workers::InOrder) {
         Err(e) => Err(Error::Bundle(e)),
         Ok(()) => read.map(|_| bytes),
     }
@@ -322,7 +322,7 @@ impl PublishRoot for MemoryRoot {
         &mut self,
         change: &Change<'_>,
         _workers: &dyn Workers,
-        _cancel: &crate::interrupt::Cancel,
+        _cancel: &crate::runtime::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
         {
             let mut store = self.store();

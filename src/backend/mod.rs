@@ -18,21 +18,21 @@
 //! backend never plans, never reports, and never decides what a bundle
 //! becomes: it carries a [`Change`] out, or says why not.
 
+use crate::backend::local::journal;
 use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Backend, Destination};
-use crate::hashing::Hashed;
-use crate::journal;
+use crate::fs::hashing::Hashed;
 use crate::plan::{Desired, Entry, Listing, Plan};
-use crate::process_state::ProcessState;
 use crate::publish::{Error, Options};
-use crate::workers::Workers;
+use crate::runtime::process_state::ProcessState;
+use crate::runtime::workers::Workers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use time::OffsetDateTime;
 
 mod change;
 mod fault;
-mod local;
+pub(crate) mod local;
 pub(crate) mod rebase;
 mod s3;
 
@@ -121,7 +121,7 @@ pub(crate) trait PublishRoot {
         &mut self,
         change: &Change<'_>,
         workers: &dyn Workers,
-        cancel: &crate::interrupt::Cancel,
+        cancel: &crate::runtime::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error>;
 
     /// Makes what was staged durable (nothing to do where nothing is
@@ -298,7 +298,7 @@ pub const MAX_BATCH: usize = 1024;
 /// at most (docs/object-storage.md).
 pub fn peek_state(d: &Destination) -> Result<Option<State>, String> {
     match &d.backend {
-        Backend::Local => crate::storage::Root::open(&d.root)
+        Backend::Local => crate::fs::storage::Root::open(&d.root)
             .and_then(|root| match root {
                 Some(root) => root.read_reserved(crate::catalog::STATE_FILE),
                 None => Ok(None),

@@ -38,13 +38,13 @@ use super::{
 use crate::bundle;
 use crate::catalog::{Catalog, OutputRecord, RecordTexts, State};
 use crate::config::{Destination, S3Location, Workflow};
-use crate::hashing::Hashed;
+use crate::fs::hashing::Hashed;
 use crate::plan::{self, Action, Desired, Entry, Listing, Plan};
-use crate::process_state::ProcessState;
 use crate::publish::{Error, Options};
+use crate::runtime::process_state::ProcessState;
+use crate::runtime::workers::Workers;
 use crate::s3::protocol::{self, Base, Delete, Settings};
 use crate::s3::{self, ETag, Head, S3Root};
-use crate::workers::Workers;
 
 pub(super) struct S3Bucket {
     root: Arc<S3Root>,
@@ -174,7 +174,8 @@ impl S3Bucket {
             .files
             .iter()
             .find(|f| f.path == w.d.bundle_path)?;
-        let e = bundle::verify_files(&w.bundle.dir, &[listed], &crate::workers::InOrder).err()?;
+        let e = bundle::verify_files(&w.bundle.dir, &[listed], &crate::runtime::workers::InOrder)
+            .err()?;
         Some(Error::Bundle(e))
     }
 }
@@ -289,7 +290,7 @@ impl PublishRoot for S3Bucket {
         &mut self,
         change: &Change<'_>,
         _workers: &dyn Workers,
-        _cancel: &crate::interrupt::Cancel,
+        _cancel: &crate::runtime::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
         // Nothing is staged in a bucket: every write goes to its final key
         // at commit, hashed as it is sent.
@@ -544,7 +545,7 @@ struct Upload<'a> {
 
 impl Read for Upload<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        crate::interrupt::check_entered()?;
+        crate::runtime::interrupt::check_entered()?;
         let file = match &mut self.file {
             Some(file) => file,
             None => {
@@ -558,9 +559,9 @@ impl Read for Upload<'_> {
         let n = file.read(buf)?;
         if n == 0 && !buf.is_empty() && !self.ended {
             self.ended = true;
-            crate::progress::file_done();
+            crate::runtime::progress::file_done();
         }
-        crate::progress::add_bytes(n as u64);
+        crate::runtime::progress::add_bytes(n as u64);
         Ok(n)
     }
 }

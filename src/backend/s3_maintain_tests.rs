@@ -13,7 +13,7 @@ use crate::backend::s3::S3Bucket;
 use crate::backend::{Access, Change, MaintainRoot};
 use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
 use crate::config::{S3Location, Workflow};
-use crate::hashing::hash_bytes;
+use crate::fs::hashing::hash_bytes;
 use crate::paths::RelPath;
 use crate::s3::S3Root;
 use crate::s3::protocol::{self, Settings, Write};

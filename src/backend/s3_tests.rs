@@ -53,8 +53,10 @@ pub(in crate::backend) fn record(path: &str, owner: &str, body: &str) -> OutputR
         source_path: None,
         transform: None,
         url: None,
-        sha256: crate::catalog::Sha256::parse(&crate::hashing::hash_bytes(body.as_bytes()).sha256)
-            .unwrap(),
+        sha256: crate::catalog::Sha256::parse(
+            &crate::fs::hashing::hash_bytes(body.as_bytes()).sha256,
+        )
+        .unwrap(),
         size: body.len() as u64,
         created_at: when,
         updated_at: when,

@@ -2,7 +2,7 @@
 //! [`Problem`]s it carries, each naming the file and what to do.
 
 use super::MANIFEST;
-use crate::io_class;
+use crate::fs::io_class;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
@@ -70,11 +70,6 @@ impl BundleError {
             BundleError::Unreadable { io: Some(e), .. } => io_class::is_transient_reading_bundle(e),
             _ => false,
         }
-    }
-
-    /// Exit code of a command that fails with this error (docs/contract.md §9).
-    pub fn exit_code(&self) -> u8 {
-        crate::exit::EXIT_FAILURE
     }
 
     pub(super) fn manifest(message: impl Into<String>) -> BundleError {

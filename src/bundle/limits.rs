@@ -11,7 +11,7 @@ use super::manifest::Manifest;
 pub const MARKDOWN_TIMES: u64 = 32;
 
 /// The address space rendering any file may take, however small. What the
-/// renderer's child process (`crate::render_child`) maps for any document
+/// renderer's child process (`crate::render::child`) maps for any document
 /// (the markdown's buffer aside: the output buffer, the page's skeleton,
 /// the parser's first allocations, the heap's rounding and the stack's
 /// growth) measures 0.2 MiB, so [`MARKDOWN_TIMES`] × the size covers it

@@ -3,7 +3,7 @@
 //! Pure data and text: nothing here touches the file system.
 
 use super::SCHEMA_VERSION;
-use crate::hashing;
+use crate::fs::hashing;
 use crate::paths::RelPath;
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, UtcOffset};

@@ -26,13 +26,16 @@ pub use limits::{
     Limits, MARKDOWN_FLOOR, MARKDOWN_TIMES, check_limits, markdown_cpu_seconds, markdown_too_big,
     markdown_too_dense, markdown_too_slow,
 };
-pub use manifest::{Manifest, ManifestFile, compute_digest};
-pub use open::{open_listed, open_listed_at};
+pub use manifest::ManifestFile;
+#[cfg(test)]
+pub use manifest::compute_digest;
+pub use open::open_listed;
 pub use parse::parse_manifest;
-pub use seal::{SealError, Sealed, SignedBy, seal, seal_report, sign};
+#[cfg(test)]
+pub use seal::seal;
+pub use seal::{SealError, seal_report, sign};
 pub use verify::{
-    SignaturePolicy, VerifiedBundle, inspect, mismatch_problem, read_manifest, read_manifest_at,
-    verify, verify_files,
+    SignaturePolicy, VerifiedBundle, inspect, mismatch_problem, read_manifest, verify, verify_files,
 };
 
 /// Name of the manifest inside a bundle folder.

@@ -12,17 +12,17 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::Path;
 
-pub(super) use crate::spoolfs::{EntryError, kind_label};
+pub(super) use crate::fs::spoolfs::{EntryError, kind_label};
 
 /// Opens the folder `name` inside `parent`, refusing a symbolic link.
 fn open_dir_nofollow(parent: &Dir, name: &OsStr) -> Result<Dir, EntryError> {
-    crate::spoolfs::open_dir(parent, name)
+    crate::fs::spoolfs::open_dir(parent, name)
 }
 
 /// Opens the regular file `name` inside `parent` for reading, refusing
 /// anything else (link, FIFO, socket, device, folder, hard link).
 pub(super) fn open_file_nofollow(parent: &Dir, name: &OsStr) -> Result<std::fs::File, EntryError> {
-    crate::spoolfs::open_file(parent, name)
+    crate::fs::spoolfs::open_file(parent, name)
 }
 
 /// A listed file could not be opened; `io` is set for plain I/O failures so
@@ -63,7 +63,7 @@ pub(super) fn size_checked_in(
     last: &mut LastFolder,
 ) -> Result<u64, Refusal> {
     let parent = folder_of(root, path, last)?;
-    crate::spoolfs::stat_file(parent, OsStr::new(path.file_name()))
+    crate::fs::spoolfs::stat_file(parent, OsStr::new(path.file_name()))
         .map_err(|e| refuse_file(path, e))
 }
 
@@ -220,7 +220,7 @@ impl Refusal {
     /// The error of the listed file `path` of the bundle at `dir`.
     pub(super) fn into_error(self, dir: &Path, path: &RelPath) -> BundleError {
         match self.io {
-            Some(e) if crate::io_class::is_transient_reading_bundle(&e) => {
+            Some(e) if crate::fs::io_class::is_transient_reading_bundle(&e) => {
                 BundleError::Unreadable {
                     path: dir.join(path.as_str()),
                     message: format!("{}; try again later", self.problem.message),
@@ -243,7 +243,7 @@ pub(super) fn display_segments(segments: &[OsString]) -> String {
 }
 
 /// Walks everything below `root` depth first, each folder's entries in name
-/// order, without following links ([`crate::spoolfs::walk`]: a few
+/// order, without following links ([`crate::fs::spoolfs::walk`]: a few
 /// descriptors at a time, however wide or deep the tree). Skips the
 /// top-level manifest and its signature and every reserved `.distributor*`
 /// name (without
@@ -253,8 +253,8 @@ pub(super) fn walk(
     root: &Dir,
     visit: &mut dyn FnMut(&[OsString], FileType) -> bool,
 ) -> Result<(), (String, io::Error)> {
-    use crate::spoolfs::Visit;
-    crate::spoolfs::walk(root, &mut |path, meta| {
+    use crate::fs::spoolfs::Visit;
+    crate::fs::spoolfs::walk(root, &mut |path, meta| {
         let name = path.last().map(OsString::as_os_str).unwrap_or_default();
         let manifest = path.len() == 1 && (name == MANIFEST || name == SIGNATURE_FILE);
         if manifest || is_reserved_name(&name.to_string_lossy()) {

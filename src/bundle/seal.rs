@@ -1,4 +1,4 @@
-//! Sealing a folder into a bundle for producers: [`seal`], [`sign`] and
+//! Sealing a folder into a bundle for producers: [`seal_report`], [`sign`] and
 //! [`SealError`]. It must never write anything but `manifest.json` and its
 //! signature `manifest.json.sig`, each through a reserved temporary name,
 //! and never leave a signature of an earlier manifest behind.
@@ -7,11 +7,11 @@ use super::MANIFEST;
 use super::error::Problem;
 use super::manifest::{Manifest, ManifestFile, compute_digest, normalise_created};
 use super::open::{kind_label, open_checked, walk};
-use crate::hashing;
-use crate::inert::{inert, inert_os};
+use crate::fs::hashing;
+use crate::fs::replace_file::{self, Durability, Temp};
 use crate::paths::{IdKind, RelPath, check_id, is_reserved_name};
-use crate::replace_file::{self, Durability, Temp};
 use crate::signature::SIGNATURE_FILE;
+use crate::text::escape::{inert, inert_os};
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use std::collections::BTreeMap;
@@ -56,8 +56,10 @@ impl SealError {
     /// Exit code of `bundle seal` (docs/contract.md §9, §11.14): usage errors 2, the rest 1.
     pub fn exit_code(&self) -> u8 {
         match self {
-            SealError::BadId { .. } | SealError::BadCreated { .. } => crate::exit::EXIT_USAGE,
-            _ => crate::exit::EXIT_FAILURE,
+            SealError::BadId { .. } | SealError::BadCreated { .. } => {
+                crate::runtime::exit::EXIT_USAGE
+            }
+            _ => crate::runtime::exit::EXIT_FAILURE,
         }
     }
 }
@@ -111,17 +113,18 @@ fn temp_manifest_name() -> String {
     format!(".distributor-manifest.json.tmp-{}", std::process::id())
 }
 
-/// Turns `dir` into a bundle: hashes every regular file below it (dot-files
-/// included; the top-level `manifest.json` and reserved `.distributor*` names
-/// excluded) and writes `dir/manifest.json` atomically. Refuses links and
-/// special files anywhere in the tree. `created` defaults to now (UTC, whole
-/// seconds).
+/// [`seal_report`], for the tests that need only the manifest.
+#[cfg(test)]
 pub fn seal(dir: &Path, id: &str, created: Option<OffsetDateTime>) -> Result<Manifest, SealError> {
     seal_report(dir, id, created).map(|sealed| sealed.manifest)
 }
 
-/// [`seal`], also saying which reserved entries were skipped and which
-/// names deserve a warning.
+/// Turns `dir` into a bundle: hashes every regular file below it (dot-files
+/// included; the top-level `manifest.json` and reserved `.distributor*` names
+/// excluded) and writes `dir/manifest.json` atomically. Refuses links and
+/// special files anywhere in the tree. `created` defaults to now (UTC, whole
+/// seconds). Says which reserved entries were skipped and which names
+/// deserve a warning.
 pub fn seal_report(
     dir: &Path,
     id: &str,
@@ -446,8 +449,8 @@ fn read_sealed_manifest(root: &Dir, dir: &Path) -> Result<Vec<u8>, SealError> {
         path: dir.join(MANIFEST),
         io,
     };
-    use crate::spoolfs::EntryError;
-    let file = crate::spoolfs::open_file(root, MANIFEST.as_ref()).map_err(|e| match e {
+    use crate::fs::spoolfs::EntryError;
+    let file = crate::fs::spoolfs::open_file(root, MANIFEST.as_ref()).map_err(|e| match e {
         EntryError::Io(e) => unreadable(e),
         EntryError::Missing => unreadable(io::Error::other("not found; seal the bundle first")),
         EntryError::Kind(kind) => unreadable(io::Error::other(format!(

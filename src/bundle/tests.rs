@@ -2,9 +2,9 @@
 //! sealing, against real folders in temporary directories.
 
 use super::*;
-use crate::hashing;
+use crate::fs::hashing;
 use crate::paths::RelPath;
-use crate::workers::PerCore;
+use crate::runtime::workers::PerCore;
 use serde_json::{Value, json};
 use std::ffi::OsStr;
 use std::fs;

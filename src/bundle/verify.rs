@@ -11,12 +11,12 @@ use super::open::{
 };
 use super::parse::{parse_manifest, too_big};
 use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};
-use crate::hashing;
+use crate::fs::hashing;
+use crate::runtime::workers::{Workers, map_on};
 use crate::signature::{
     AllowedSigners, MAX_SIGNATURE_BYTES, Reason, Refusal as SignatureRefusal, SIGNATURE_FILE,
     Signer,
 };
-use crate::workers::{Workers, map_on};
 use cap_std::fs::Dir;
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -345,7 +345,7 @@ fn check_listed(
         Ok(hashed) => hashed,
         Err(e) => {
             let problem = Problem::at(listed.path.as_str(), format!("cannot read: {e}"));
-            if crate::io_class::is_transient_reading_bundle(&e) {
+            if crate::fs::io_class::is_transient_reading_bundle(&e) {
                 return Err(transient(problem, e));
             }
             return Ok(Some(problem));

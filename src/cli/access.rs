@@ -52,7 +52,7 @@ pub(super) fn current_user() -> String {
     user_name(rustix::process::geteuid().as_raw())
 }
 
-pub(super) use crate::users::{group_name, user_name};
+pub(super) use crate::fs::users::{group_name, user_name};
 
 /// The effective user's primary group name.
 pub(super) fn current_group() -> String {

@@ -127,7 +127,7 @@ pub enum Command {
     )]
     Config(ConfigCommand),
     /// Renders one markdown file from stdin to stdout under a memory limit:
-    /// the agent's own child process (see `render_child`), not for people.
+    /// the agent's own child process (see `render::child`), not for people.
     #[command(name = "__render", hide = true)]
     Render,
     /// Writes the manual pages and shell completions into DIR (see

@@ -12,7 +12,7 @@
 
 use super::{Cli, Error, Outcome};
 use crate::config::{CONFIG_ENV, DEFAULT_CONFIG_PATH, DEFAULT_SPOOL};
-use crate::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
+use crate::runtime::exit::{EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE};
 use clap::{Command, CommandFactory};
 use clap_complete::Shell;
 use clap_mangen::Man;

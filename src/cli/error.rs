@@ -4,11 +4,11 @@
 
 use crate::agent::AgentError;
 use crate::bundle::SealError;
-use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
-use crate::inert::inert;
 use crate::maintain::MaintainError;
 use crate::report::RunError;
+use crate::runtime::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::spool::FailedError;
+use crate::text::escape::inert;
 
 /// What a command returns.
 pub(super) type Outcome = Result<(), Error>;

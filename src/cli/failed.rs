@@ -4,9 +4,9 @@
 
 use super::{Error, Outcome, Told, config_or_usage, told_unless};
 use crate::config::Config;
-use crate::inert::inert;
-use crate::process_state::ProcessState;
+use crate::runtime::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
+use crate::text::escape::inert;
 use std::path::Path;
 
 /// The pipeline's spool, or the error of why there is none. With

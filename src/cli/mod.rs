@@ -1,10 +1,10 @@
 //! The command line: parses arguments, calls the library, prints results
 //! and maps them to exit codes (docs/contract.md §9). The only module that prints.
 
-use crate::clock::now_millis;
 use crate::config::{self, Config};
 use crate::maintain;
-use crate::process_state::ProcessState;
+use crate::runtime::clock::now_millis;
+use crate::runtime::process_state::ProcessState;
 use crate::spool::Folder;
 use std::path::Path;
 
@@ -46,8 +46,8 @@ pub fn run(cli: Cli) -> u8 {
     let outcome = match cli.command {
         Command::Agent { once } => agent(config, once, process),
         // The renderer child answers its parent in exit codes of its own
-        // protocol (render_child), not in the table of §9.
-        Command::Render => return crate::render_child::serve(),
+        // protocol (render::child), not in the table of §9.
+        Command::Render => return crate::render::child::serve(),
         Command::GenerateDocs { dir } => docs::generate(&dir),
         Command::Pipelines => config_for_reading(config).map(|c| {
             for p in &c.pipelines {
@@ -168,9 +168,9 @@ pub fn run(cli: Cli) -> u8 {
     // The process ends now: the catalogs it remembers are left for the
     // system to reclaim at once rather than freed record by record (a
     // large root's take milliseconds to free).
-    process.remembered().forget_for_exit();
+    process.catalog_cache().forget_for_exit();
     match outcome {
-        Ok(()) => crate::exit::EXIT_OK,
+        Ok(()) => crate::runtime::exit::EXIT_OK,
         Err(e) => {
             e.tell();
             e.exit_code()

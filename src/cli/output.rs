@@ -25,4 +25,4 @@ pub(super) fn human_age(seconds: i64) -> String {
     }
 }
 
-pub(super) use crate::message::human_time;
+pub(super) use crate::text::wording::human_time;

@@ -4,9 +4,9 @@
 use super::{Error, Outcome, told_unless};
 use crate::bundle::{self, BundleError};
 use crate::catalog::parse_time;
-use crate::inert::{inert, inert_os};
-use crate::process_state::ProcessState;
+use crate::runtime::process_state::ProcessState;
 use crate::signature::AllowedSigners;
+use crate::text::escape::{inert, inert_os};
 use std::path::Path;
 
 /// "1 file", "2 files".

@@ -4,9 +4,9 @@
 use super::output::print_report;
 use super::{Error, Outcome, RunArgs, Told, load_config, told_unless};
 use crate::config::{self, Config, Pipeline};
-use crate::process_state::ProcessState;
 use crate::publish::{self, Options};
 use crate::report::RunReport;
+use crate::runtime::process_state::ProcessState;
 use std::path::{Path, PathBuf};
 
 pub(super) fn run_bundle(

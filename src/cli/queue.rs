@@ -6,8 +6,8 @@
 use super::{Error, Outcome, config_or_usage, told_unless};
 use crate::agent::presence;
 use crate::config::{Config, Pipeline};
-use crate::inert::inert;
 use crate::spool::{Spool, queue};
+use crate::text::escape::inert;
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;

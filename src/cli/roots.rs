@@ -4,7 +4,7 @@
 
 use super::{Error, Outcome, TargetArgs, load_config, told_unless};
 use crate::maintain::{MaintainError, OwnedRoot};
-use crate::process_state::ProcessState;
+use crate::runtime::process_state::ProcessState;
 use std::path::Path;
 
 /// Loads the config, resolves `--pipeline`/`--destination`, runs `op` and

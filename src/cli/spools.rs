@@ -2,9 +2,9 @@
 
 use super::output::human_age;
 use super::{Error, Outcome, config_for_reading, config_or_usage};
-use crate::inert::inert;
-use crate::process_state::ProcessState;
+use crate::runtime::process_state::ProcessState;
 use crate::spool::{self, Folder, Spool};
+use crate::text::escape::inert;
 use std::path::Path;
 
 pub(super) fn spool_list(

@@ -44,12 +44,17 @@ fn now() -> String {
 
 fn write<T: Serialize>(spool: &Path, name: &str, value: &T) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    crate::spoolfs::replace(&crate::spoolfs::open_folder_io(spool)?, name, &bytes, false)
+    crate::fs::spoolfs::replace(
+        &crate::fs::spoolfs::open_folder_io(spool)?,
+        name,
+        &bytes,
+        false,
+    )
 }
 
 fn read<T: for<'de> Deserialize<'de>>(spool: &Path, name: &str) -> Option<T> {
-    let dir = crate::spoolfs::open_folder_io(spool).ok()?;
-    let bytes = crate::spoolfs::read_capped(&dir, name, CAP).ok()?;
+    let dir = crate::fs::spoolfs::open_folder_io(spool).ok()?;
+    let bytes = crate::fs::spoolfs::read_capped(&dir, name, CAP).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
@@ -67,8 +72,8 @@ pub fn record(config: &Config, path: &Path, text: &str) {
             config.spool.join(IN_FORCE_FILE).display()
         );
     }
-    if let Ok(dir) = crate::spoolfs::open_folder_io(&config.spool) {
-        let _ = crate::spoolfs::remove(&dir, REFUSED_FILE);
+    if let Ok(dir) = crate::fs::spoolfs::open_folder_io(&config.spool) {
+        let _ = crate::fs::spoolfs::remove(&dir, REFUSED_FILE);
     }
 }
 

@@ -361,7 +361,7 @@ impl Rule for NamespaceRule {
         if !ok {
             return Err(format!(
                 "the namespace {:?} is not 1 to 64 of A-Z a-z 0-9 . _ - @ +; use one such as docs@example.org, and sign with `ssh-keygen -Y sign -n` it",
-                crate::inert::inert(text)
+                crate::text::escape::inert(text)
             ));
         }
         Ok(text.to_owned())

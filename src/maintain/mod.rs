@@ -18,9 +18,9 @@
 
 use crate::backend::{Fault, StorageFault};
 use crate::config::Destination;
-use crate::lock::LockError;
-use crate::process_state::ProcessState;
+use crate::fs::lock::LockError;
 use crate::publish;
+use crate::runtime::process_state::ProcessState;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -34,11 +34,10 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
-pub use list::{CatalogReport, catalog};
-pub use prune::{PruneReport, prune};
-pub use reconcile::{ReconcileReport, reconcile};
-pub use selection::select_prunable;
-pub use verify::{VerifyReport, verify};
+pub use list::catalog;
+pub use prune::prune;
+pub use reconcile::reconcile;
+pub use verify::verify;
 
 /// How often a command plans again after another publisher changed the
 /// catalog of an s3 root under it (a compare-and-swap lost).
@@ -125,7 +124,7 @@ pub enum MaintainError {
 impl MaintainError {
     /// The process exit code (docs/contract.md §9, §11.9, §11.18).
     pub fn exit_code(&self) -> u8 {
-        use crate::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
+        use crate::runtime::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
         match self {
             MaintainError::NoPrunePolicy { .. } => EXIT_USAGE,
             MaintainError::InvalidState { .. }

@@ -1,14 +1,16 @@
 //! Unit tests of maintenance: the pure prune selection and reconciliation
 //! table, and every operation against real folders.
 
+use super::list::CatalogReport;
 use super::reconcile::{find_missing, find_unmanaged};
+use super::selection::select_prunable;
 use super::*;
+use crate::backend::local::journal::JOURNAL_FILE;
 use crate::catalog::{Catalog, OutputRecord, STATE_FILE, State};
 use crate::catalog::{OutputKind, SourceIdentity, parse_time};
 use crate::config::PrunePolicy;
 use crate::config::Workflow;
-use crate::journal::JOURNAL_FILE;
-use crate::lock;
+use crate::fs::lock;
 use crate::paths::RelPath;
 use crate::plan::Entry;
 use std::collections::BTreeMap;
@@ -309,7 +311,7 @@ fn seed(root: &Path, files: &[&str]) {
         std::fs::write(&full, bytes).unwrap();
         let when = format!("2026-05-{:02}T00:00:00Z", i + 1);
         let mut r = record(path, ME, &format!("s{i}"), &when, &when);
-        let h = crate::hashing::hash_bytes(bytes);
+        let h = crate::fs::hashing::hash_bytes(bytes);
         r.sha256 = crate::catalog::Sha256::parse(&h.sha256).unwrap();
         r.size = h.size;
         catalog.outputs.push(r);

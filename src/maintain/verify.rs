@@ -5,7 +5,7 @@ use super::session::{in_scope, open, read, report_pending};
 use super::{MaintainError, OwnedRoot, json_text};
 use crate::backend::Access;
 use crate::catalog::OutputRecord;
-use crate::clock::now_millis;
+use crate::runtime::clock::now_millis;
 use serde::Serialize;
 use std::fmt::Write as _;
 

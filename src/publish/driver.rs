@@ -34,13 +34,13 @@ use super::{Options, record_plans, verify_rest};
 use crate::backend::rebase::{self, Rebase};
 use crate::backend::{self, Change, PublishRoot, StagedAs, Write};
 use crate::catalog::{Catalog, OutputRecord, Overlay, SourceIdentity, State};
-use crate::clock::now_millis;
 use crate::config::{Destination, Pipeline};
-use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::plan::{self, CatalogUpdate, Desired, Entry, Plan, PlanInput};
 use crate::report::RunReport;
-use crate::workers::{Workers, map_on};
+use crate::runtime::clock::now_millis;
+use crate::runtime::interrupt::Cancel;
+use crate::runtime::workers::{Workers, map_on};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -611,7 +611,7 @@ impl<'a> Driver<'a> {
     /// while reading ahead only when every root has a large catalog file to
     /// read, so it prepares them for nothing only when one turns out not to
     /// be a catalog, once per such file
-    /// ([`crate::remembered::Remembered::not_read_ahead`]).
+    /// ([`crate::backend::local::catalog_cache::CatalogCache::not_read_ahead`]).
     /// The outcome instead when there is nothing to publish, or it cannot
     /// start.
     fn open_and_prepare(
@@ -637,13 +637,13 @@ impl<'a> Driver<'a> {
             }
             return Ok(Started { taken, roots });
         }
-        let mut ahead: Vec<Option<crate::journal::ReadAhead>> = Vec::new();
+        let mut ahead: Vec<Option<crate::backend::local::journal::ReadAhead>> = Vec::new();
         let taken = if worth.is_empty() {
             self.prepare(bundles, held_at_most(), now)
         } else {
             // Texts a catalog write will not copy are dropped once the
             // roots are open (Driver::run), for one bundle as for a batch.
-            let (read, prepared) = crate::workers::beside(
+            let (read, prepared) = crate::runtime::workers::beside(
                 || self.read_ahead(worth, bundles),
                 || self.prepare(bundles, held_at_most(), now),
             );
@@ -671,23 +671,23 @@ impl<'a> Driver<'a> {
     }
 
     /// Reads the catalogs `worth` reading ahead, by destination
-    /// ([`crate::journal::read_ahead`]; with their texts when the manifests
+    /// ([`crate::backend::local::journal::read_ahead`]; with their texts when the manifests
     /// of `bundles` are small beside them). Nothing, not even a manifest
     /// looked at, when no catalog is worth it.
     fn read_ahead(
         &self,
         worth: Vec<(usize, std::fs::File)>,
         bundles: &[&Path],
-    ) -> Vec<Option<crate::journal::ReadAhead>> {
+    ) -> Vec<Option<crate::backend::local::journal::ReadAhead>> {
         if worth.is_empty() {
             return Vec::new();
         }
         let manifest_bytes = manifest_bytes(bundles);
-        let memory = self.options.process.remembered();
+        let memory = self.options.process.catalog_cache();
         let mut read = Vec::new();
         read.resize_with(self.destinations.len(), || None);
         for (j, file) in worth {
-            read[j] = crate::journal::read_ahead(file, manifest_bytes, memory);
+            read[j] = crate::backend::local::journal::read_ahead(file, manifest_bytes, memory);
         }
         read
     }
@@ -697,7 +697,7 @@ impl<'a> Driver<'a> {
     fn open_all(
         &self,
         now: OffsetDateTime,
-        mut ahead: Vec<Option<crate::journal::ReadAhead>>,
+        mut ahead: Vec<Option<crate::backend::local::journal::ReadAhead>>,
     ) -> Result<Vec<OpenRoot<'a>>, Failed> {
         ahead.resize_with(self.destinations.len(), || None);
         let mut order: Vec<usize> = (0..self.destinations.len()).collect();
@@ -912,7 +912,7 @@ impl<'a> Driver<'a> {
                         root.target.make_durable().map_err(|e| Failed::at(j, e))?;
                     }
                 }
-                crate::failpoint::hit("publish.staged");
+                crate::runtime::failpoint::hit("publish.staged");
                 if policy.stop_before_commit && self.cancel.finishing() {
                     return Err(Failed::anywhere(Error::Stopped));
                 }
@@ -1062,7 +1062,7 @@ impl<'a> Driver<'a> {
             let change = changes[j].take().expect("only roots with a change");
             match roots[j].target.commit(change) {
                 Ok(c) => {
-                    crate::failpoint::hit("publish.committed");
+                    crate::runtime::failpoint::hit("publish.committed");
                     copied_across += c.copied_across;
                     file_by_file += u64::from(c.file_by_file);
                     rebases[j] = c.rebases;

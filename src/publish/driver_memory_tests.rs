@@ -3,12 +3,13 @@
 //! a transient failure, and rebase after a lost race. Each row asserts what
 //! every root holds afterwards (files and catalog) and the calls logged.
 
+use super::Options;
 use super::driver::{Driver, Ended};
-use super::{InOrder, Options};
 use crate::backend::Capabilities;
 use crate::backend::memory::{Failure, Log, Memory, Op, Stored};
 use crate::config::{Config, Destination};
 use crate::report::RunReport;
+use crate::runtime::workers::InOrder;
 use std::path::{Path, PathBuf};
 use time::OffsetDateTime;
 
@@ -102,14 +103,14 @@ pipelines:
             lock_timeout: std::time::Duration::from_secs(1),
             serving: None,
             scratch: self.tmp.path().to_path_buf(),
-            process: crate::process_state::ProcessState::default(),
+            process: crate::runtime::process_state::ProcessState::default(),
         };
         let driver = Driver {
             pipeline,
             destinations: &destinations,
             options: &options,
             workers: &InOrder,
-            cancel: &crate::interrupt::Cancel::new(),
+            cancel: &crate::runtime::interrupt::Cancel::new(),
             older: None,
             before_commit: None,
             tombstones: Default::default(),

@@ -15,8 +15,10 @@ fn desired(path: &str) -> Desired {
         kind: OutputKind::Source,
         bundle_path: RelPath::parse(path).unwrap(),
         url: None,
-        sha256: crate::catalog::Sha256::parse(&crate::hashing::hash_bytes(path.as_bytes()).sha256)
-            .unwrap(),
+        sha256: crate::catalog::Sha256::parse(
+            &crate::fs::hashing::hash_bytes(path.as_bytes()).sha256,
+        )
+        .unwrap(),
         size: path.len() as u64,
     }
 }
@@ -125,7 +127,7 @@ fn options(tmp: &std::path::Path) -> super::super::Options {
         lock_timeout: std::time::Duration::from_secs(1),
         serving: None,
         scratch: tmp.to_path_buf(),
-        process: crate::process_state::ProcessState::default(),
+        process: crate::runtime::process_state::ProcessState::default(),
     }
 }
 
@@ -140,13 +142,13 @@ fn a_batch_takes_the_bundles_whose_pages_fit_in_its_memory_bound_and_at_least_on
         pipeline,
         destinations: &destinations,
         options: &options,
-        workers: &crate::publish::InOrder,
-        cancel: &crate::interrupt::Cancel::new(),
+        workers: &crate::runtime::workers::InOrder,
+        cancel: &crate::runtime::interrupt::Cancel::new(),
         older: None,
         before_commit: None,
         tombstones: Default::default(),
     };
-    let now = crate::clock::now_millis();
+    let now = crate::runtime::clock::now_millis();
     // Unbounded: every bundle, the one that does not match its manifest
     // with its report (it holds nothing).
     let Taken { reports, ready } = driver.prepare(&bundles, u64::MAX, now);
@@ -193,8 +195,8 @@ fn before_commit_hears_each_bundle_the_commit_takes_and_can_stop_it() {
         pipeline,
         destinations: &destinations,
         options: &options,
-        workers: &crate::publish::InOrder,
-        cancel: &crate::interrupt::Cancel::new(),
+        workers: &crate::runtime::workers::InOrder,
+        cancel: &crate::runtime::interrupt::Cancel::new(),
         older: None,
         before_commit: Some(&refuse),
         tombstones: Default::default(),

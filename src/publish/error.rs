@@ -1,11 +1,11 @@
 //! Why a publication stopped: one type for every backend and every step,
 //! with the step it stopped at, whether retrying later may help, and the
 //! report it gives. Transient or permanent is decided here, once, on the
-//! type (I/O errors by [`crate::io_class`], the only errno rule).
+//! type (I/O errors by [`crate::fs::io_class`], the only errno rule).
 
 use crate::bundle::BundleError;
-use crate::io_class;
-use crate::lock::LockError;
+use crate::fs::io_class;
+use crate::fs::lock::LockError;
 use crate::report::{self, RunReport, Stage};
 use crate::s3;
 use std::io;
@@ -204,7 +204,7 @@ impl Error {
         match self {
             Error::Stopped => true,
             Error::Write { source, .. } | Error::Prepare(source) => {
-                crate::interrupt::is_stopped(source)
+                crate::runtime::interrupt::is_stopped(source)
             }
             Error::Store(e) => e.is_stopped(),
             Error::Commit { source, .. } => source.is_stopped(),

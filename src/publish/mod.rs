@@ -10,10 +10,10 @@
 
 use crate::bundle::{self, VerifiedBundle};
 use crate::config::{Destination, Pipeline};
-use crate::interrupt::Cancel;
 use crate::paths::RelPath;
 use crate::plan::Plan;
 use crate::report::RunReport;
+use crate::runtime::interrupt::Cancel;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,11 +25,11 @@ mod prepare;
 
 pub use crate::backend::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};
 pub use crate::plan::Rollback;
-pub use crate::workers::{InOrder, PerCore, Workers};
+pub use crate::runtime::workers::Workers;
 pub(crate) use content::Content;
 pub use error::Error;
 
-use crate::process_state::ProcessState;
+use crate::runtime::process_state::ProcessState;
 use driver::{Aborted, Driver, Ended};
 
 /// How to run a publication.
@@ -102,7 +102,7 @@ pub fn publish_recorded(
         options,
         workers: &options.process.per_core(),
         // A single bundle is finished in hand: only the token its caller
-        // entered on the thread (crate::interrupt) abandons its copying.
+        // entered on the thread (crate::runtime::interrupt) abandons its copying.
         cancel: &Cancel::new(),
         older: None,
         before_commit,
@@ -156,7 +156,7 @@ pub fn rollbacks(
         options: &options,
         workers: &options.process.per_core(),
         // A single bundle is finished in hand: only the token its caller
-        // entered on the thread (crate::interrupt) abandons its copying.
+        // entered on the thread (crate::runtime::interrupt) abandons its copying.
         cancel: &Cancel::new(),
         older: Some(&older),
         before_commit: None,

@@ -9,13 +9,13 @@ use super::error::Error;
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputKind, Sha256, SourceIdentity};
 use crate::config::{self, Destination, Pipeline};
-use crate::hashing::{self, Hashed};
+use crate::fs::hashing::{self, Hashed};
 use crate::paths::RelPath;
 use crate::plan::{self, Desired};
-use crate::process_state::ProcessState;
 use crate::render::RenderOptions;
-use crate::render_child::{ChildError, Pool, render_in_child};
+use crate::render::child::{ChildError, Pool, render_in_child};
 use crate::report::{DestinationReport, RunReport, SourceReport};
+use crate::runtime::process_state::ProcessState;
 use crate::scope::Scope;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -444,7 +444,7 @@ fn check_scope(
             "{} outputs are outside destination {}'s scope {scope}{prefixed}: {}",
             outside.len(),
             d.id,
-            crate::message::first_few(&quoted, OUTSIDE_NAMED, ", ")
+            crate::text::wording::first_few(&quoted, OUTSIDE_NAMED, ", ")
         )
     };
     Err(format!(
@@ -486,7 +486,7 @@ pipelines:
             false,
             tmp.path(),
             &ProcessState::default(),
-            crate::clock::now_millis(),
+            crate::runtime::clock::now_millis(),
         ) else {
             panic!("the bundle is valid");
         };
@@ -534,7 +534,7 @@ pipelines:
             false,
             tmp.path(),
             &ProcessState::default(),
-            crate::clock::now_millis(),
+            crate::runtime::clock::now_millis(),
         );
         (tmp, result)
     }
@@ -619,7 +619,7 @@ pipelines:
             };
             assert_eq!(report.stage, Some(Stage::Verify), "{keys}");
             assert!(!report.transient(), "{keys}");
-            assert_eq!(report.exit_code(), crate::exit::EXIT_FAILURE);
+            assert_eq!(report.exit_code(), crate::runtime::exit::EXIT_FAILURE);
             let error = report.error_text();
             for w in *want {
                 assert!(error.contains(w), "{keys}: {w:?} not in\n{error}");

@@ -14,7 +14,7 @@
 //! page many times the markdown's size need not be held. The memory bound
 //! of docs/contract.md §12.3 is enforced around these functions, not in
 //! them: the agent runs them in a child process under a memory limit (see
-//! [`crate::render_child`]).
+//! [`crate::render::child`]).
 //!
 //! Decisions where the contract is silent:
 //!
@@ -64,6 +64,7 @@ use pulldown_cmark::{Options, Parser, html};
 pub use crate::config::RawHtml;
 
 mod autolink;
+pub(crate) mod child;
 mod events;
 mod ids;
 mod links;

@@ -21,7 +21,7 @@ use object_store::{
 use super::{Error, Result, S3Root, random_id};
 
 /// Servers (endpoint + bucket) that passed the check, shared by every
-/// root opened through one [`crate::process_state::ProcessState`] (a root
+/// root opened through one [`crate::runtime::process_state::ProcessState`] (a root
 /// opened on its own has its own).
 #[derive(Clone, Default)]
 pub struct Passed(Arc<Mutex<HashSet<String>>>);

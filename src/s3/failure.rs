@@ -280,7 +280,7 @@ pub async fn answered<F: Future>(request: F) -> (F::Output, Option<u16>) {
 /// only ever ended up in its error messages.
 ///
 /// It also keeps a stop short: once the agent is stopping
-/// ([`crate::interrupt`]) and the endpoint did not answer this client's
+/// ([`crate::runtime::interrupt`]) and the endpoint did not answer this client's
 /// last request (no connection, or timed out), it sends nothing more
 /// (neither retries nor clean-up), as if the process had been stopped
 /// there; what a publication leaves behind is cleaned up by the next one
@@ -313,7 +313,8 @@ struct NotSentWhileStopping;
 #[async_trait::async_trait]
 impl HttpService for Guarded {
     async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
-        if crate::interrupt::entered_abandoned() && self.unanswered.load(Ordering::Relaxed) {
+        if crate::runtime::interrupt::entered_abandoned() && self.unanswered.load(Ordering::Relaxed)
+        {
             // Kind `Unknown`: `object_store` does not retry it.
             return Err(HttpError::new(HttpErrorKind::Unknown, NotSentWhileStopping));
         }

@@ -46,7 +46,7 @@ use object_store::{
 use time::OffsetDateTime;
 
 use crate::config::S3Location;
-use crate::hashing::Hashed;
+use crate::fs::hashing::Hashed;
 
 pub use failure::Failure;
 pub use upload::Written;
@@ -252,7 +252,7 @@ impl Error {
 
     /// Whether reading a bundle file stopped because the agent is stopping.
     pub fn is_stopped(&self) -> bool {
-        matches!(self, Error::Read { source, .. } if crate::interrupt::is_stopped(source))
+        matches!(self, Error::Read { source, .. } if crate::runtime::interrupt::is_stopped(source))
     }
 
     /// Whether a later attempt may succeed without anyone changing anything.
@@ -265,7 +265,7 @@ impl Error {
             Error::Store { failure, .. } => failure.is_transient(),
             // Reading a bundle file to upload it: the same rule as reading
             // it to publish it into a local root.
-            Error::Read { source, .. } => crate::io_class::is_transient_reading_bundle(source),
+            Error::Read { source, .. } => crate::fs::io_class::is_transient_reading_bundle(source),
             _ => false,
         }
     }
@@ -341,7 +341,7 @@ impl S3Root {
 
     /// This root, taking the servers that passed the conformance check
     /// from `passed` (and adding to it): the roots of one process probe a
-    /// server and bucket once ([`crate::process_state::ProcessState`]).
+    /// server and bucket once ([`crate::runtime::process_state::ProcessState`]).
     pub(crate) fn sharing(mut self, passed: &conformance::Passed) -> S3Root {
         self.passed = passed.clone();
         self
@@ -686,7 +686,7 @@ impl S3Root {
                     size += chunk.len() as u64;
                     hasher.update(&chunk);
                 }
-                let sha256 = crate::hashing::format_digest(hasher);
+                let sha256 = crate::fs::hashing::format_digest(hasher);
                 Ok(Some((Hashed { sha256, size }, etag)))
             });
         match got.map_err(|e| self.store_err("GET", rel, e))? {
@@ -726,7 +726,7 @@ impl S3Root {
                     size += chunk.len() as u64;
                     hasher.update(&chunk);
                 }
-                let sha256 = crate::hashing::format_digest(hasher);
+                let sha256 = crate::fs::hashing::format_digest(hasher);
                 Ok(Some((Hashed { sha256, size }, self.etag_of(&rel, etag)?)))
             }
         };

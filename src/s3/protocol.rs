@@ -237,7 +237,7 @@ pub fn commit_for(
     let mut session = Session::begin(root, settings, intent)?;
     match run(&mut session, base, next, writes, &deletes, rebase) {
         Ok(committed) => {
-            crate::failpoint::hit("s3.after_swap");
+            crate::runtime::failpoint::hit("s3.after_swap");
             // The catalog is in force: the publication succeeded. What is
             // left is tidying; if it fails, the intent stays and recovery
             // finishes it.
@@ -329,7 +329,7 @@ fn run(
     let landed = window.land_all(root, session.settings, &mut written);
     sent?;
     landed?;
-    crate::failpoint::hit("s3.after_upload");
+    crate::runtime::failpoint::hit("s3.after_upload");
     // In the order of the writes (small objects land in any order).
     let order: std::collections::HashMap<&str, usize> =
         touched.iter().enumerate().map(|(i, p)| (*p, i)).collect();
@@ -400,7 +400,7 @@ fn upload<'r: 'f, 'f>(
         };
         let first = super::upload::read_first_part(root, &w.path, &mut w.source)?;
         if first.len() < super::upload::PART_SIZE {
-            let sha256 = crate::hashing::hash_bytes(&first).sha256;
+            let sha256 = crate::fs::hashing::hash_bytes(&first).sha256;
             if sha256 != w.sha256 {
                 return Err(Error::HashMismatch {
                     root: root.label.clone(),

@@ -11,7 +11,7 @@ use object_store::ObjectStoreExt as _;
 use super::super::tests::memory_root;
 use super::*;
 use crate::catalog::{OutputKind, OutputRecord, SourceIdentity};
-use crate::hashing::hash_bytes;
+use crate::fs::hashing::hash_bytes;
 use crate::paths::RelPath;
 
 fn now() -> OffsetDateTime {

@@ -10,7 +10,7 @@ use object_store::memory::InMemory;
 
 use super::upload::PART_SIZE;
 use super::{Error, S3Root};
-use crate::hashing::hash_bytes;
+use crate::fs::hashing::hash_bytes;
 use crate::report::Stage;
 
 pub(crate) fn memory_root(prefix: &str) -> S3Root {
@@ -45,7 +45,7 @@ fn pattern_sha(len: u64) -> String {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
     std::io::copy(&mut Pattern { left: len, at: 0 }, &mut HashWriter(&mut h)).unwrap();
-    crate::hashing::format_digest(h)
+    crate::fs::hashing::format_digest(h)
 }
 
 struct HashWriter<'a>(&'a mut sha2::Sha256);

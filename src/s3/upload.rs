@@ -238,7 +238,7 @@ pub(super) fn put(
 
     if n < PART_SIZE {
         // One conditional PUT: atomic, the condition checked by the server.
-        let sha256 = crate::hashing::format_digest(hasher);
+        let sha256 = crate::fs::hashing::format_digest(hasher);
         check(&sha256)?;
         return root.block_on(put_one(root, rel, buf, sha256, replace, intent));
     }
@@ -292,7 +292,7 @@ pub(super) fn put(
                 writer.write(&part[..n]);
             }
         })();
-        let sha256 = crate::hashing::format_digest(hasher.clone());
+        let sha256 = crate::fs::hashing::format_digest(hasher.clone());
         match outcome.and_then(|()| check(&sha256)) {
             Ok(()) => {
                 let r = root

@@ -146,7 +146,7 @@ pub fn check(
             Reason::WrongNamespace,
             format!(
                 "signed in namespace {:?}, not {ns:?} (this pipeline's signatures.namespace); sign with `-n {ns}`",
-                crate::inert::inert(sig.namespace())
+                crate::text::escape::inert(sig.namespace())
             ),
         ));
     }
@@ -235,7 +235,7 @@ pub fn check_scopes<'p>(
             format!(
                 "{} outputs are ({})",
                 outside.len(),
-                crate::message::first_few(&quoted, SHOWN_PATHS, ", ")
+                crate::text::wording::first_few(&quoted, SHOWN_PATHS, ", ")
             )
         };
         return Err(Refusal::new(
@@ -258,7 +258,7 @@ pub fn check_scopes<'p>(
 fn principals_text(principals: &[String]) -> String {
     let shown: Vec<String> = principals
         .iter()
-        .map(|p| crate::inert::inert(p).into_owned())
+        .map(|p| crate::text::escape::inert(p).into_owned())
         .collect();
     shown.join(", ")
 }

@@ -189,7 +189,7 @@ impl Blocker {
         self.owner.map_or_else(String::new, |uid| {
             format!(
                 " (its folder belongs to uid {uid}, {})",
-                crate::users::user_name(uid)
+                crate::fs::users::user_name(uid)
             )
         })
     }
@@ -199,7 +199,9 @@ impl Blocker {
             name: name.to_string_lossy().into_owned(),
             path: self.shown_path(),
             owner_uid: self.owner,
-            owner: self.owner.map_or_else(String::new, crate::users::user_name),
+            owner: self
+                .owner
+                .map_or_else(String::new, crate::fs::users::user_name),
             error: self.error.to_string(),
         }
     }

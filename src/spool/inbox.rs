@@ -1,6 +1,6 @@
 //! Looking at the inbox: what each entry is (docs/contract.md §13) and whether it may be
 //! claimed now. [`probe_inbox`] inspects every entry on its own, through
-//! [`crate::spoolfs`], so one unreadable, hostile or half-copied entry never
+//! [`crate::fs::spoolfs`], so one unreadable, hostile or half-copied entry never
 //! hides the others (§12.5). [`decide`] is the pure rule: from what a probe
 //! found and how long the entry has been quiet, claim, wait or leave it.
 //!
@@ -13,8 +13,8 @@
 
 use super::{MANIFEST, is_ignored_name};
 use crate::bundle::{self, Limits};
+use crate::fs::spoolfs::{self, EntryError, Visit};
 use crate::signature::SIGNATURE_FILE;
-use crate::spoolfs::{self, EntryError, Visit};
 use cap_std::fs::{Dir, MetadataExt};
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -90,9 +90,6 @@ pub struct Probe {
     /// Modification time of `manifest.json` (arrival order), when present.
     pub arrival: Option<SystemTime>,
 }
-
-/// An inbox entry as `spool list --inbox` and `status` show it.
-pub type InboxEntry = (Probe, Waiting);
 
 /// What the worker does with an entry now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,7 +258,7 @@ pub fn probe_inbox_again(
         let file_name = entry.file_name();
         let Some(name) = file_name.to_str().map(str::to_owned) else {
             probes.push(Probe {
-                name: crate::inert::inert_os(&file_name),
+                name: crate::text::escape::inert_os(&file_name),
                 path: inbox.join(&file_name),
                 kind: ProbeKind::Unreadable(
                     "its name is not UTF-8; rename it (bundle names are UTF-8)".to_owned(),

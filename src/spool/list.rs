@@ -1,12 +1,12 @@
 //! What the spool commands see and do: list the bundles of a spool, read a
 //! finished bundle's result, move failed bundles back to the inbox, delete
 //! them, and expire old `done/` entries. Every result file is read through
-//! [`crate::spoolfs`]: a producer may have replaced it with a FIFO, a link
+//! [`crate::fs::spoolfs`]: a producer may have replaced it with a FIFO, a link
 //! to `/dev/zero` or a hard link, and none of that may hang or leak.
 
 use super::inbox::probe_inbox;
 use super::{ATTEMPTS_FILE, Folder, MAX_RESULT_BYTES, RESULT_FILE, Spool, is_ignored_name};
-use crate::spoolfs;
+use crate::fs::spoolfs;
 use std::fs;
 use std::io;
 use std::path::PathBuf;
@@ -64,7 +64,7 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<SpoolEntry>> {
             // A name that is not UTF-8 can only be shown escaped.
             let name = raw
                 .to_str()
-                .map_or_else(|| crate::inert::inert_os(&raw), str::to_owned);
+                .map_or_else(|| crate::text::escape::inert_os(&raw), str::to_owned);
             if is_ignored_name(&name) {
                 continue;
             }
@@ -130,13 +130,13 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
     let behind = match (hold, super::queue::deferral(folder)) {
         (Ok(Some(h)), _) => format!(
             "; the pipeline is held since {} (`distributor spool release {}` resumes it)",
-            crate::message::human_time(&h.since),
+            crate::text::wording::human_time(&h.since),
             spool.pipeline_id
         ),
         (_, Ok(Some(d))) => format!(
             "; waits behind the deferred bundle {} (next try {})",
             d.bundle,
-            crate::message::human_time(&d.next_try)
+            crate::text::wording::human_time(&d.next_try)
         ),
         _ => String::new(),
     };
@@ -160,7 +160,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                         reason = format!(
                             "{} (the agent's verdict, at {}; with this command's permissions it looks {state}: {reason})",
                             v.reason,
-                            crate::message::human_time(&v.at)
+                            crate::text::wording::human_time(&v.at)
                         );
                     } else {
                         reason = v.reason.clone();
@@ -257,8 +257,8 @@ impl FailedError {
     /// usage error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            FailedError::Unknown(_) => crate::exit::EXIT_USAGE,
-            FailedError::Io(_) => crate::exit::EXIT_FAILURE,
+            FailedError::Unknown(_) => crate::runtime::exit::EXIT_USAGE,
+            FailedError::Io(_) => crate::runtime::exit::EXIT_FAILURE,
         }
     }
 }
@@ -268,7 +268,7 @@ fn check_name(name: &str, listing: &str) -> Result<(), FailedError> {
     if name.contains('/') || name.starts_with('.') || name.is_empty() || name.contains('\0') {
         return Err(FailedError::Unknown(format!(
             "{:?} is not a bundle name; use a name shown by `distributor spool list {listing}`",
-            crate::inert::inert(name)
+            crate::text::escape::inert(name)
         )));
     }
     Ok(())
@@ -283,8 +283,8 @@ fn existing(spool: &Spool, folder: Folder, name: &str) -> Result<PathBuf, Failed
         return Err(FailedError::Unknown(format!(
             "{} is not a folder (a symbolic link or a file stood in for the bundle when it was claimed), so there is nothing to retry; remove it with `distributor spool delete {} {}`",
             path.display(),
-            crate::inert::inert(&spool.pipeline_id),
-            crate::inert::inert(name)
+            crate::text::escape::inert(&spool.pipeline_id),
+            crate::text::escape::inert(name)
         )));
     }
     Ok(path)
@@ -300,7 +300,7 @@ fn entry(spool: &Spool, folder: Folder, name: &str) -> Result<PathBuf, FailedErr
         return Err(FailedError::Unknown(format!(
             "no {} bundle {:?} in {}; list them with `distributor spool list {listing}`",
             folder.as_str(),
-            crate::inert::inert(name),
+            crate::text::escape::inert(name),
             spool.folder(folder).display()
         )));
     }

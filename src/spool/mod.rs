@@ -4,12 +4,12 @@
 //! so a bundle is always in exactly one folder. No threads, no publishing.
 //!
 //! Bundles belong to their producers, who may be hostile (docs/contract.md §12): every
-//! file read or written inside a spool goes through [`crate::spoolfs`], and
+//! file read or written inside a spool goes through [`crate::fs::spoolfs`], and
 //! one entry that cannot be read or moved never stops the others.
 
 use crate::config::{Config, Pipeline};
+use crate::fs::spoolfs;
 use crate::report::RunReport;
-use crate::spoolfs;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -23,16 +23,13 @@ pub mod names;
 pub mod queue;
 
 pub use expire::{
-    Expiry, RETENTION_FILE, RetentionRecord, Undeletable, expire_done, newly_blocked,
-    record_retention, retention_record,
+    RETENTION_FILE, RetentionRecord, Undeletable, expire_done, newly_blocked, record_retention,
+    retention_record,
 };
 pub use inbox::{
-    INCOMPLETE_POLL, InboxEntry, Probe, ProbeKind, Timing, Unchanged, Verdict, Waiting, decide,
-    probe_inbox, probe_inbox_again,
+    INCOMPLETE_POLL, Probe, ProbeKind, Timing, Unchanged, Verdict, Waiting, probe_inbox_again,
 };
-pub use list::{
-    FailedError, Removed, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry,
-};
+pub use list::{FailedError, SpoolEntry, UNVERIFIED, delete, list, read_result, retry};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";
@@ -257,7 +254,7 @@ pub fn scan(dir: &Path) -> io::Result<Scan> {
             log::warn!(
                 "{}: ignoring an entry whose name is not UTF-8 ({}); rename it",
                 dir.display(),
-                crate::inert::inert_os(&entry.file_name())
+                crate::text::escape::inert_os(&entry.file_name())
             );
             continue;
         };
@@ -359,7 +356,7 @@ pub fn remove_stale_temps(bundle: &Path) -> io::Result<()> {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if crate::storage::is_temp_name(name) && entry.file_type()?.is_file() {
+        if crate::fs::storage::is_temp_name(name) && entry.file_type()?.is_file() {
             spoolfs::remove(&dir, name)?;
         }
     }
@@ -679,19 +676,19 @@ pub fn finish(spool: &Spool, bundle: &Path, name: &str, report: &RunReport) -> i
     if is_real_folder(bundle)
         && let Err(e) = write_bookkeeping(bundle, RESULT_FILE, result.as_bytes())
     {
-        if crate::io_class::is_out_of_space(&e) {
+        if crate::fs::io_class::is_out_of_space(&e) {
             return Err(e);
         }
         unwritten = Some(e);
     }
-    crate::failpoint::hit("spool.after_result");
+    crate::runtime::failpoint::hit("spool.after_result");
     let moved = file_as(spool, bundle, name, report.ok)?;
-    crate::failpoint::hit("spool.after_move");
+    crate::runtime::failpoint::hit("spool.after_move");
     if let Some(e) = unwritten {
         log::warn!(
             "pipeline={} bundle={}: cannot write {RESULT_FILE} inside it ({e}); filed as {} without it{}",
             spool.pipeline_id,
-            crate::inert::inert(name),
+            crate::text::escape::inert(name),
             moved.display(),
             if report.ok {
                 ""

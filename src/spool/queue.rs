@@ -17,7 +17,7 @@
 //! written by replacing the entry.
 
 use crate::catalog::format_time;
-use crate::spoolfs;
+use crate::fs::spoolfs;
 use serde::{Deserialize, Serialize};
 use std::io;
 use std::path::Path;
@@ -99,16 +99,17 @@ impl Deferral {
         OffsetDateTime::parse(&self.since, &Rfc3339).ok()
     }
 
-    /// When it is tried next.
-    pub fn next_try(&self) -> Option<OffsetDateTime> {
-        OffsetDateTime::parse(&self.next_try, &Rfc3339).ok()
-    }
-
     /// How long it has been deferred at `now`.
+    #[cfg(test)]
     pub fn age(&self, now: OffsetDateTime) -> Duration {
         self.since()
             .map(|s| (now - s).try_into().unwrap_or_default())
             .unwrap_or_default()
+    }
+
+    /// When it is tried next.
+    pub fn next_try(&self) -> Option<OffsetDateTime> {
+        OffsetDateTime::parse(&self.next_try, &Rfc3339).ok()
     }
 
     /// One line for an operator: attempts, since when, next try, last error.
@@ -119,7 +120,7 @@ impl Deferral {
             self.since,
             self.next_try,
             self.stage,
-            crate::inert::inert(&self.last_error)
+            crate::text::escape::inert(&self.last_error)
         )
     }
 }

@@ -1,5 +1,5 @@
 //! Crash at every step of a publication (debug-build crash points, see
-//! src/failpoint.rs) and prove the rerun converges: the catalog matches the
+//! src/runtime/failpoint.rs) and prove the rerun converges: the catalog matches the
 //! bytes, nothing the tool wrote is unrecorded, nothing unrelated changed,
 //! and a bundle ends in exactly one spool folder.
 
@@ -7,7 +7,7 @@ use crate::util::{Test, assert_catalog_matches_disk, bundle_names, sha256_file, 
 use std::fs;
 use std::path::Path;
 
-use distributor::failpoint::POINTS;
+use distributor::runtime::failpoint::POINTS;
 
 /// The crash points inside a publication (the rest are the spool's).
 fn publish_points() -> impl Iterator<Item = &'static str> {

@@ -711,7 +711,7 @@ fn dense_table(size: usize) -> String {
 }
 
 /// The pids of the renderer processes that `log` (at debug for
-/// `distributor::render_child`) says were started.
+/// `distributor::render::child`) says were started.
 fn renderers_started(log: &str) -> Vec<String> {
     log.lines()
         .filter_map(|line| {
@@ -751,7 +751,7 @@ fn a_renderer_that_rendered_a_big_document_still_refuses_a_small_dense_one() {
     let b = t.bundle("b", &[("a-big.md", big.as_str()), ("b-dense.md", &dense)]);
     let out = t
         .cmd()
-        .env("RUST_LOG", "warn,distributor::render_child=debug")
+        .env("RUST_LOG", "warn,distributor::render::child=debug")
         .args([
             "--config",
             "config.yaml",
@@ -791,7 +791,7 @@ fn a_renderer_that_rendered_a_big_document_still_refuses_a_small_dense_one() {
     );
     let out = t
         .cmd()
-        .env("RUST_LOG", "warn,distributor::render_child=debug")
+        .env("RUST_LOG", "warn,distributor::render::child=debug")
         .args(["--config", "config.yaml", "run", "--pipeline", "p"])
         .arg(&b)
         .output();
@@ -834,7 +834,7 @@ fn a_renderer_killed_by_its_limit_is_replaced_and_the_next_bundle_is_published()
 
     let out = t
         .agent_cmd()
-        .env("RUST_LOG", "info,distributor::render_child=debug")
+        .env("RUST_LOG", "info,distributor::render::child=debug")
         .args(["agent", "--once"])
         .output();
     out.expect_code(1);
@@ -897,7 +897,7 @@ pipelines:
     fs::create_dir_all(&inbox).unwrap();
     let mut agent = t.agent_logging(
         Path::new("config.yaml"),
-        "info,distributor::render_child=debug",
+        "info,distributor::render::child=debug",
     );
     for n in 1..=3 {
         let name = format!("b-{n}");
@@ -970,7 +970,7 @@ fn a_stop_ends_a_slow_rendering_and_leaves_its_bundle_in_work() {
     let slow = t.bundle("slow", &[("page.md", &slow_markdown())]);
     let mut agent = t.agent_logging(
         Path::new("config.yaml"),
-        "info,distributor::render_child=debug",
+        "info,distributor::render::child=debug",
     );
     fs::rename(&slow, t.spool("p", "inbox").join("slow")).unwrap();
     agent.wait_log("renderer process ", Duration::from_secs(60));

@@ -11,18 +11,18 @@ use super::{
     Access, Capabilities, Change, CommitTally, Doing, Fault, MaintainRoot, PublishRoot, StagedAs,
     io_fault, usable,
 };
+use crate::backend::local::catalog_cache::CatalogCache;
 use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
-use crate::hashing::Hashed;
-use crate::journal::{self, JOURNAL_FILE};
-use crate::lock::{self, RootLock};
+use crate::fs::hashing::Hashed;
+use crate::fs::lock::{self, RootLock};
+use crate::fs::storage::Root;
 use crate::plan::{self, Desired, Entry, Listing, Plan};
-use crate::process_state::ProcessState;
 use crate::publish::{Error, Options};
-use crate::remembered::Remembered;
 use crate::report::Stage;
-use crate::storage::Root;
-use crate::workers::{InOrder, Workers};
+use crate::runtime::process_state::ProcessState;
+use crate::runtime::workers::{InOrder, Workers};
+use journal::JOURNAL_FILE;
 use stage::{CommitFailure, Failure, StagedRoot, Step, probe};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -37,9 +37,12 @@ pub(super) fn worth_reading_ahead(
     process: &ProcessState,
 ) -> Option<std::fs::File> {
     let root = Root::open(&d.root).ok()??;
-    journal::worth_reading_ahead(&root, process.remembered())
+    journal::worth_reading_ahead(&root, process.catalog_cache())
 }
 
+pub(crate) mod catalog_cache;
+pub(crate) mod hash_cache;
+pub(crate) mod journal;
 mod stage;
 
 pub(super) struct LocalRoot {
@@ -98,7 +101,7 @@ impl LocalRoot {
         process: &ProcessState,
     ) -> Result<LocalRoot, Fault> {
         let mut target = LocalRoot::unopened(d, process);
-        let memory = process.remembered();
+        let memory = process.catalog_cache();
         let Some(root) = Root::open(&d.root).map_err(io_fault(&d.root, Doing::OpenFolder))? else {
             return Ok(target);
         };
@@ -155,7 +158,7 @@ impl LocalRoot {
         } else {
             Root::open(&self.path).map_err(at(Stage::Lock, "cannot open destination root"))?
         };
-        let memory = options.process.remembered();
+        let memory = options.process.catalog_cache();
         let lock = match &root {
             Some(root) if options.dry_run => lock::acquire_existing(root, options.lock_timeout)?,
             Some(root) => Some(lock::acquire(root, options.lock_timeout)?),
@@ -168,7 +171,7 @@ impl LocalRoot {
                 // when that fails (a full disk), say so, not that the root
                 // cannot be read.
                 let what = match root.entry(journal::JOURNAL_FILE) {
-                    Ok(crate::storage::Entry::Missing) => "cannot read destination root",
+                    Ok(crate::fs::storage::Entry::Missing) => "cannot read destination root",
                     _ => {
                         "cannot settle the unfinished publication its journal records in destination root"
                     }
@@ -200,7 +203,7 @@ impl LocalRoot {
 /// that says so, which no retry can help (so it is not transient: the
 /// bundle fails at once instead of being deferred for a day).
 fn never_fits(root: &Root, change: &Change<'_>, e: io::Error) -> io::Error {
-    if !crate::io_class::is_out_of_space(&e) {
+    if !crate::fs::io_class::is_out_of_space(&e) {
         return e;
     }
     let needed: u64 = change.writes.iter().map(|w| w.d.size).sum();
@@ -264,7 +267,7 @@ impl PublishRoot for LocalRoot {
         if let (State::Catalog(c), Some(root)) = (state, &self.root) {
             let planned = bundles.iter().map(|d| d.len()).sum();
             if !stage::texts_copied(planned, c.outputs.len()) {
-                self.process.remembered().drop_texts(root);
+                self.process.catalog_cache().drop_texts(root);
             }
         }
         Ok(())
@@ -321,7 +324,7 @@ impl PublishRoot for LocalRoot {
         &mut self,
         change: &Change<'_>,
         workers: &dyn Workers,
-        cancel: &crate::interrupt::Cancel,
+        cancel: &crate::runtime::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
         let staged = stage::stage(self.root(), change, workers, cancel, &self.process).map_err(
             |f| match f {
@@ -353,7 +356,7 @@ impl PublishRoot for LocalRoot {
         let staged = self.staged.take().expect("committed after staging");
         let file_by_file = staged.file_by_file();
         let root = self.root();
-        let memory = self.process.remembered();
+        let memory = self.process.catalog_cache();
         let c = stage::commit(root, &change, staged, &self.process)
             .map_err(|e| self.write_error(e.source))?;
         memory.remember(root, c.catalog, change.catalog, c.texts);
@@ -366,7 +369,7 @@ impl PublishRoot for LocalRoot {
 
     fn roll_back(&self) -> Result<(), io::Error> {
         match &self.root {
-            Some(root) => stage::roll_back(root, self.process.remembered()),
+            Some(root) => stage::roll_back(root, self.process.catalog_cache()),
             None => Ok(()),
         }
     }
@@ -381,7 +384,7 @@ impl MaintainRoot for LocalRoot {
         let state = match (self.state.take(), &self.root) {
             (Some(state), _) => state,
             // Under the lock, after a commit (and its journal) is done.
-            (None, Some(root)) => journal::read_state(root, self.process.remembered())
+            (None, Some(root)) => journal::read_state(root, self.process.catalog_cache())
                 .map_err(io_fault(&self.path, Doing::Read(STATE_FILE.to_owned())))?,
             (None, None) => State::Absent,
         };
@@ -444,7 +447,7 @@ impl MaintainRoot for LocalRoot {
 
     fn delete_owned(&mut self, change: Change<'_>) -> Result<(), Fault> {
         let root = self.root();
-        let memory = self.process.remembered();
+        let memory = self.process.catalog_cache();
         let deleted = delete_through_engine(root, &change, &self.process);
         match deleted {
             Ok(c) => {
@@ -477,7 +480,7 @@ fn delete_through_engine(
 ) -> Result<stage::CommittedRoot, Fault> {
     // Staging a change without outputs writes exactly these two files.
     let staging = || io_fault(root.path(), Doing::StageDeletions);
-    let cancel = crate::interrupt::Cancel::new();
+    let cancel = crate::runtime::interrupt::Cancel::new();
     let mut staged =
         stage::stage(root, change, &InOrder, &cancel, process).map_err(|f| match f {
             Failure::Io(e) => staging()(e),
@@ -500,7 +503,7 @@ fn delete_through_engine(
 /// After a failed deletion: settles the root from the journal (the records
 /// of the outputs deleted before the error are dropped), and says what is
 /// left.
-fn settle_after_deleting(root: &Root, change: &Change<'_>, memory: &Remembered) {
+fn settle_after_deleting(root: &Root, change: &Change<'_>, memory: &CatalogCache) {
     match journal::recover(root, true, change.catalog.updated_at, memory) {
         Ok(state) => {
             let deleted = change

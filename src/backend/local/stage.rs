@@ -24,24 +24,24 @@
 //! before the journal is durable, and the journal goes only after the
 //! catalog that records the result is durable. A journal found cut short
 //! therefore belongs to a publication that had moved nothing yet
-//! ([`crate::journal::recover`]).
+//! ([`crate::backend::local::journal::recover`]).
 
+use crate::backend::local::catalog_cache::CatalogCache;
+use crate::backend::local::hash_cache::{self, HashCache, Look, SEEN_FILE};
+use crate::backend::local::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
 use crate::backend::{Change, Write};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
-use crate::failpoint;
-use crate::hashing::{self, Hashed};
-use crate::interrupt::Cancel;
-use crate::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
+use crate::fs::hashing::{self, Hashed};
+use crate::fs::replace_file;
+use crate::fs::storage::{self, Entry, Root, StagedFile};
 use crate::paths::RelPath;
 use crate::plan::Desired;
-use crate::process_state::ProcessState;
 use crate::publish::Content;
-use crate::remembered::Remembered;
-use crate::replace_file;
-use crate::seen::{self, Look, SEEN_FILE, Seen};
-use crate::storage::{self, Entry, Root, StagedFile};
-use crate::workers::{PerCore, Syncable, Workers, beside, map_on_runs};
+use crate::runtime::failpoint;
+use crate::runtime::interrupt::Cancel;
+use crate::runtime::process_state::ProcessState;
+use crate::runtime::workers::{PerCore, Syncable, Workers, beside, map_on_runs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
@@ -338,7 +338,7 @@ pub(super) fn stage<'a>(
         .iter()
         .filter(|w| records_same(change.replaced(w.d.path.as_str()), w.d))
         .count();
-    let seen = (recorded_same >= BARRIER_FROM).then(|| Seen::read(root));
+    let seen = (recorded_same >= BARRIER_FROM).then(|| HashCache::read(root));
     // Made as each write is staged: a large tree's jobs are not held.
     let job = |w: &Write<'a>| Job {
         d: w.d,
@@ -347,7 +347,7 @@ pub(super) fn stage<'a>(
         bundle: w.bundle,
         seen: seen.as_ref(),
     };
-    let stop = crate::interrupt::stopped;
+    let stop = crate::runtime::interrupt::stopped;
     let (outputs, (catalog, texts), top) = match layout {
         Layout::Beside => {
             let same_folder = |a: &Write, b: &Write| a.d.path.parent() == b.d.path.parent();
@@ -438,7 +438,7 @@ fn stage_catalog(
 ) -> io::Result<(StagedFile, Option<RecordTexts>)> {
     let changed = change.writes.len() + change.deletes.len();
     let before = texts_copied(changed, change.catalog.outputs.len())
-        .then(|| process.remembered().texts(root))
+        .then(|| process.catalog_cache().texts(root))
         .flatten();
     // At the top, the texts are kept even with none to copy.
     let keep = layout == Layout::Top || before.is_some();
@@ -459,7 +459,7 @@ fn stage_catalog(
 /// A writer that asks `cancel` before each piece it passes on, and
 /// passes on at most [`STOPPABLE_PIECE`] bytes at a time: a catalog of a
 /// million records (about 500 MB) stops within one piece. Its stop is
-/// [`crate::interrupt::stopped`], never `Interrupted`, which `write_all`
+/// [`crate::runtime::interrupt::stopped`], never `Interrupted`, which `write_all`
 /// would retry for ever.
 struct Stoppable<'w> {
     inner: &'w mut dyn io::Write,
@@ -473,7 +473,7 @@ const STOPPABLE_PIECE: usize = 4 << 20;
 impl io::Write for Stoppable<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if self.cancel.finishing() {
-            return Err(crate::interrupt::stopped());
+            return Err(crate::runtime::interrupt::stopped());
         }
         self.inner.write(&buf[..buf.len().min(STOPPABLE_PIECE)])
     }
@@ -610,7 +610,7 @@ pub(super) fn commit(
     root.remove_file(JOURNAL_FILE)
         .map_err(failed_at(Step::Journal))?;
     // Every temporary file at the top was renamed into place or removed.
-    process.remembered().top_left_clean(root);
+    process.catalog_cache().top_left_clean(root);
     Ok(CommittedRoot {
         catalog: written,
         texts: staged.texts,
@@ -651,7 +651,7 @@ struct Job<'a> {
     bundle: &'a VerifiedBundle,
     /// What the root's files looked like when their bytes were last known
     /// (read for a large publication only).
-    seen: Option<&'a Seen>,
+    seen: Option<&'a HashCache>,
 }
 
 /// Whether the catalog record `old` (the one a write replaces) already
@@ -833,7 +833,7 @@ fn record_looks(root: &Root, writes: &[Write<'_>], staged: &[StagedOutput]) -> i
             .transpose()
             .map(|l| l.map(|l| (d.path.as_str(), l, &d.sha256)))
     });
-    seen::write(root, looks)
+    hash_cache::write(root, looks)
 }
 
 /// Where [`move_into_place`] finds the staged files.
@@ -948,8 +948,9 @@ fn copy_across(root: &Root, temp: &str, dir: &cap_std::fs::Dir) -> io::Result<St
 /// is on disk. The original error is what gets reported; when settling
 /// fails too, why (the journal stays, and the next holder of the lock
 /// finishes it).
-pub(super) fn roll_back(root: &Root, memory: &Remembered) -> io::Result<()> {
-    crate::journal::recover(root, true, crate::clock::now_millis(), memory).map(|_| ())
+pub(super) fn roll_back(root: &Root, memory: &CatalogCache) -> io::Result<()> {
+    crate::backend::local::journal::recover(root, true, crate::runtime::clock::now_millis(), memory)
+        .map(|_| ())
 }
 
 #[cfg(test)]
@@ -1038,7 +1039,7 @@ mod tests {
             assert!(out.sizes.iter().all(|&n| n <= STOPPABLE_PIECE), "{go_on}");
             match result {
                 Ok(()) => assert_eq!(through, data.len()),
-                Err(e) => assert!(crate::interrupt::is_stopped(&e), "{go_on}: {e}"),
+                Err(e) => assert!(crate::runtime::interrupt::is_stopped(&e), "{go_on}: {e}"),
             }
         }
         // Through serde too, the stop is the error that comes out.
@@ -1052,7 +1053,7 @@ mod tests {
                 cancel: &stopping,
             })
             .unwrap_err();
-        assert!(crate::interrupt::is_stopped(&e), "{e}");
+        assert!(crate::runtime::interrupt::is_stopped(&e), "{e}");
         assert!(out.bytes.is_empty());
     }
 }

@@ -66,14 +66,14 @@ impl Workers for PerCore {
         let queue = Mutex::new(jobs.into_iter());
         // What the jobs read counts towards the caller's progress, and
         // stops at the caller's stop.
-        let progress = crate::progress::current();
-        let cancel = crate::interrupt::entered();
+        let progress = crate::runtime::progress::current();
+        let cancel = crate::runtime::interrupt::entered();
         std::thread::scope(|scope| {
             for _ in 0..self.0 {
                 let progress = progress.clone();
                 let cancel = cancel.clone();
                 scope.spawn(|| {
-                    let _counted = crate::progress::enter(progress);
+                    let _counted = crate::runtime::progress::enter(progress);
                     let _cancel = cancel.map(|c| c.enter());
                     loop {
                         let job = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
@@ -130,11 +130,13 @@ pub fn beside<A: Send, B>(there: impl FnOnce() -> A + Send, here: impl FnOnce() 
     let there = Mutex::new(Some(there));
     let take = || there.lock().unwrap_or_else(|e| e.into_inner()).take();
     // `there` stops at the caller's stop.
-    let cancel = crate::interrupt::entered();
+    let cancel = crate::runtime::interrupt::entered();
     std::thread::scope(|scope| {
         let started = std::thread::Builder::new()
             .spawn_scoped(scope, || {
-                let _cancel = cancel.as_ref().map(crate::interrupt::Cancel::enter);
+                let _cancel = cancel
+                    .as_ref()
+                    .map(crate::runtime::interrupt::Cancel::enter);
                 take().map(|f| f())
             })
             .ok();
@@ -163,7 +165,7 @@ type SyncJob = (Syncable, crossbeam_channel::Sender<io::Result<()>>);
 
 /// The long-lived threads [`SyncPool::sync_at_once`] hands fsyncs to,
 /// started on first use and ended when the pool is dropped. A process has
-/// one, in its [`crate::process_state::ProcessState`].
+/// one, in its [`crate::runtime::process_state::ProcessState`].
 #[derive(Default)]
 pub struct SyncPool {
     jobs: OnceLock<Option<crossbeam_channel::Sender<SyncJob>>>,

@@ -6,7 +6,7 @@
 //! info, `<7>` debug and trace) so `journalctl -p err` can select by level,
 //! and carries no timestamp of its own: the journal records one.
 
-use crate::inert::inert;
+use crate::text::escape::inert;
 use log::Level;
 use std::io::Write as _;
 
@@ -87,7 +87,12 @@ mod tests {
                 "agent started",
                 "<6>agent: agent started\n",
             ),
-            (Level::Debug, "distributor::lock", "d", "<7>lock: d\n"),
+            (
+                Level::Debug,
+                "distributor::fs::lock",
+                "d",
+                "<7>fs::lock: d\n",
+            ),
             (
                 Level::Trace,
                 "notify::inotify",

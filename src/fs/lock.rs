@@ -4,7 +4,7 @@
 //! The lock file is created once and never replaced or deleted, so every
 //! process (and an operator's `flock` command) locks the same inode.
 
-use crate::storage::Root;
+use crate::fs::storage::Root;
 use std::fs::{File, TryLockError};
 use std::io;
 use std::time::{Duration, Instant};

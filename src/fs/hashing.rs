@@ -67,7 +67,7 @@ pub fn copy_hashed(
             None => buf.len(),
         };
         // A stop request ends even a terabyte-sized read within one chunk.
-        crate::interrupt::check_entered()?;
+        crate::runtime::interrupt::check_entered()?;
         let n = match reader.read(&mut buf[..want]) {
             Ok(0) => break,
             Ok(n) => n,
@@ -75,13 +75,13 @@ pub fn copy_hashed(
             Err(e) => return Err(e),
         };
         hasher.update(&buf[..n]);
-        crate::progress::add_bytes(n as u64);
+        crate::runtime::progress::add_bytes(n as u64);
         if let Some(sink) = sink.as_mut() {
             sink.write_all(&buf[..n])?;
         }
         size += n as u64;
     }
-    crate::progress::file_done();
+    crate::runtime::progress::file_done();
     Ok(Hashed {
         sha256: format_digest(hasher),
         size,

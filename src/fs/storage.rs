@@ -7,9 +7,9 @@
 //! folder to descend into. This module decides nothing about plans.
 
 use crate::catalog::Sha256;
-use crate::hashing::{self, Hashed};
+use crate::fs::hashing::{self, Hashed};
+use crate::fs::replace_file::{self, Durability, Temp};
 use crate::paths::{MAX_PATH_BYTES, RelPath, is_reserved_name};
-use crate::replace_file::{self, Durability, Temp};
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 /// [`MAX_PATH_BYTES`] bytes is a segment or a `/`).
 pub const MAX_DEPTH: usize = MAX_PATH_BYTES / 2;
 
+pub use crate::fs::replace_file::{create_temp, is_temp_name, sync_dir};
 pub use crate::plan::Entry;
-pub use crate::replace_file::{TEMP_PREFIX, create_temp, is_temp_name, sync_dir};
 
 /// What a file system entry is, as a plan sees it.
 fn entry_of(m: &cap_std::fs::Metadata) -> Entry {

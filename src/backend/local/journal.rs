@@ -11,10 +11,10 @@
 //! mix. A journal cut short was being written when its publication stopped,
 //! before it was durable, so before anything moved: it is dropped.
 
+use crate::backend::local::catalog_cache::CatalogCache;
+use crate::backend::local::hash_cache::Look;
 use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, State};
-use crate::remembered::Remembered;
-use crate::seen::Look;
-use crate::storage::{Entry, Root, is_temp_name};
+use crate::fs::storage::{Entry, Root, is_temp_name};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -73,6 +73,7 @@ impl JournalRef<'_> {
     }
 }
 
+#[cfg(test)]
 impl Journal {
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
@@ -81,7 +82,7 @@ impl Journal {
 
 /// Reads the state file of a root into a [`State`]. A state file that is a
 /// symlink or cannot be read is invalid state, not a crash.
-pub fn read_state(root: &Root, memory: &Remembered) -> io::Result<State> {
+pub fn read_state(root: &Root, memory: &CatalogCache) -> io::Result<State> {
     read_state_or(root, None, memory)
 }
 
@@ -104,14 +105,14 @@ pub const CATALOG_FOR_ONE_MANIFEST_BYTE: u64 = 45;
 /// Catalog files from this size on are read ahead of the lock: parsing one
 /// takes long enough (about 5 ms a MiB) to be worth doing while the bundle
 /// is inspected. Smaller ones are read under the lock (a live agent
-/// remembers them anyway, see [`crate::remembered`]).
+/// remembers them anyway, see [`crate::backend::local::catalog_cache`]).
 pub const READ_AHEAD_FROM: u64 = 1 << 20;
 
 /// `root`'s catalog file, open, if it is worth reading ahead of the lock
 /// ([`read_ahead`]): at least [`READ_AHEAD_FROM`] bytes, not the catalog
 /// this process remembers writing, and not a file it already found to be
 /// no v4 catalog when it read it ahead.
-pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::File> {
+pub fn worth_reading_ahead(root: &Root, memory: &CatalogCache) -> Option<std::fs::File> {
     let file = root.open_reserved(STATE_FILE).ok()??;
     let look = Look::of(&file.metadata().ok()?);
     (look.size >= READ_AHEAD_FROM && !memory.knows(root, look) && !memory.is_no_catalog(look))
@@ -127,16 +128,16 @@ pub fn worth_reading_ahead(root: &Root, memory: &Remembered) -> Option<std::fs::
 /// the text of its records when the publication's manifests take
 /// `manifest_bytes` and the catalog is [`CATALOG_FOR_ONE_MANIFEST_BYTE`]
 /// times that or more, and no larger than a process remembers
-/// ([`crate::remembered::LARGEST`]). A file that is not a v4 catalog is
-/// remembered as such in `memory` ([`Remembered::not_read_ahead`]).
+/// ([`crate::backend::local::catalog_cache::LARGEST`]). A file that is not a v4 catalog is
+/// remembered as such in `memory` ([`CatalogCache::not_read_ahead`]).
 pub fn read_ahead(
     file: std::fs::File,
     manifest_bytes: u64,
-    memory: &Remembered,
+    memory: &CatalogCache,
 ) -> Option<ReadAhead> {
     let look = Look::of(&file.metadata().ok()?);
     let small = manifest_bytes.saturating_mul(CATALOG_FOR_ONE_MANIFEST_BYTE) <= look.size
-        && look.size <= crate::remembered::LARGEST;
+        && look.size <= crate::backend::local::catalog_cache::LARGEST;
     match State::read_file(&file, small) {
         Ok((State::Catalog(catalog), texts)) => Some(ReadAhead {
             look,
@@ -152,7 +153,11 @@ pub fn read_ahead(
 
 /// [`read_state`], taking the catalog read ahead when the file is still the
 /// one it was read from.
-fn read_state_or(root: &Root, ahead: Option<ReadAhead>, memory: &Remembered) -> io::Result<State> {
+fn read_state_or(
+    root: &Root,
+    ahead: Option<ReadAhead>,
+    memory: &CatalogCache,
+) -> io::Result<State> {
     match root.open_reserved(STATE_FILE) {
         Ok(Some(file)) => {
             let look = Look::of(&file.metadata()?);
@@ -186,7 +191,7 @@ pub fn recover(
     root: &Root,
     apply: bool,
     now: OffsetDateTime,
-    memory: &Remembered,
+    memory: &CatalogCache,
 ) -> io::Result<State> {
     recover_with(root, apply, now, None, memory)
 }
@@ -198,7 +203,7 @@ pub fn recover_with(
     apply: bool,
     now: OffsetDateTime,
     ahead: Option<ReadAhead>,
-    memory: &Remembered,
+    memory: &CatalogCache,
 ) -> io::Result<State> {
     if apply && !memory.top_still_clean(root) {
         // A process killed while staging a small publication, or writing a
@@ -291,7 +296,7 @@ pub fn recover_with(
 
 /// The root's journal, if there is one to settle. One cut short by a crash
 /// is logged and (with `apply`) removed: it had moved nothing into place.
-fn read_journal(root: &Root, apply: bool, memory: &Remembered) -> io::Result<Option<Journal>> {
+fn read_journal(root: &Root, apply: bool, memory: &CatalogCache) -> io::Result<Option<Journal>> {
     let Some(file) = root.open_reserved(JOURNAL_FILE)? else {
         return Ok(None);
     };
@@ -490,7 +495,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(STATE_FILE);
         std::fs::write(&path, catalog.to_json()).unwrap();
-        let memory = Remembered::default();
+        let memory = CatalogCache::default();
         let ahead = read_ahead(std::fs::File::open(&path).unwrap(), 0, &memory).unwrap();
         assert_eq!(ahead.catalog, catalog);
         assert!(ahead.texts.is_some(), "read with the text of its records");
@@ -512,7 +517,7 @@ mod tests {
     fn a_large_file_that_is_no_catalog_is_read_ahead_once_while_it_is_that_file() {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::open(tmp.path()).unwrap().unwrap();
-        let memory = Remembered::default();
+        let memory = CatalogCache::default();
         // Large, and not a catalog: its JSON is cut short.
         let mut catalog = Catalog::new(time::macros::datetime!(2026-06-01 00:00 UTC));
         catalog.outputs = (0..3000).map(|i| record(&format!("f/{i:05}"), 1)).collect();
@@ -617,11 +622,11 @@ mod tests {
             std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"staged").unwrap();
 
             // A dry run changes nothing either way.
-            let dry = recover(&root, false, now, &Remembered::default());
+            let dry = recover(&root, false, now, &CatalogCache::default());
             assert_eq!(dry.is_ok(), dropped, "{what}: dry run");
             assert!(tmp.path().join(JOURNAL_FILE).exists(), "{what}");
 
-            let got = recover(&root, true, now, &Remembered::default());
+            let got = recover(&root, true, now, &CatalogCache::default());
             let journal_left = tmp.path().join(JOURNAL_FILE).exists();
             if dropped {
                 let Ok(State::Catalog(c)) = got else {
@@ -658,21 +663,21 @@ mod tests {
         let small = catalog_of(10, 1);
         root.write_reserved(STATE_FILE, &small.to_json()).unwrap();
         assert!(
-            worth_reading_ahead(&root, &Remembered::default()).is_none(),
+            worth_reading_ahead(&root, &CatalogCache::default()).is_none(),
             "a small catalog is read under the lock"
         );
 
         let big = catalog_of(3000, 1);
         root.write_reserved(STATE_FILE, &big.to_json()).unwrap();
         let read = |root: &Root| {
-            let memory = Remembered::default();
+            let memory = CatalogCache::default();
             let ahead = worth_reading_ahead(root, &memory).and_then(|f| read_ahead(f, 0, &memory));
             assert!(ahead.is_some(), "a large catalog is worth reading ahead");
             ahead
         };
         // Unchanged: the catalog read ahead is the state, and the text of
         // its records is kept for the next write.
-        let memory = Remembered::default();
+        let memory = CatalogCache::default();
         let Ok(State::Catalog(c)) = recover_with(&root, true, now, read(&root), &memory) else {
             panic!("not a catalog");
         };
@@ -684,7 +689,7 @@ mod tests {
         let ahead = read(&root);
         let other = catalog_of(3000, 2);
         root.write_reserved(STATE_FILE, &other.to_json()).unwrap();
-        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead, &Remembered::default())
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead, &CatalogCache::default())
         else {
             panic!("not a catalog");
         };
@@ -696,7 +701,7 @@ mod tests {
         // Edited in place, same size and inode, after it was read.
         let ahead = read(&root);
         let path = tmp.path().join(STATE_FILE);
-        crate::seen::wait_for_a_newer_change_time(&path);
+        crate::backend::local::hash_cache::wait_for_a_newer_change_time(&path);
         let text = std::fs::read_to_string(&path).unwrap();
         let edited = text.replacen("\"size\": 2", "\"size\": 3", 1);
         assert_eq!(edited.len(), text.len());
@@ -705,7 +710,7 @@ mod tests {
             let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             f.write_all(edited.as_bytes()).unwrap();
         }
-        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead, &Remembered::default())
+        let Ok(State::Catalog(c)) = recover_with(&root, true, now, ahead, &CatalogCache::default())
         else {
             panic!("not a catalog");
         };

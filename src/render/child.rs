@@ -28,7 +28,7 @@
 //! parent renders the document on a fresh child.
 //!
 //! Children are kept in a small pool ([`Pool`], one per process, in its
-//! [`crate::process_state::ProcessState`]): a document
+//! [`crate::runtime::process_state::ProcessState`]): a document
 //! takes an idle child or starts one, and gives it back once its page has
 //! been read whole. A child that failed in any way (its limit reached, a
 //! crash, a pipe error, the caller's sink failing) is never given back, so
@@ -60,6 +60,9 @@
 //! string for text) in one more frame. Or, instead of all that, the
 //! length [`NO_ROOM`] alone: the document does not fit under the child's
 //! hard limit, and the child ends.
+// The unit tests' binary is not distributor, so they render in process
+// (`render_in_child`) and the pool is exercised by the integration tests.
+#![cfg_attr(test, allow(dead_code))]
 
 use crate::bundle::{MARKDOWN_FLOOR as FLOOR, MARKDOWN_TIMES as TIMES};
 use crate::config::RawHtml;
@@ -171,7 +174,7 @@ impl Noting<'_> {
 /// Renders `markdown`'s page into `sink`, like [`render_page`], in a child
 /// process limited to [`TIMES`] × `markdown.len()` (at least [`FLOOR`])
 /// of address space, taken from `pool` (the process's, in its
-/// [`crate::process_state::ProcessState`]). `cap` is the
+/// [`crate::runtime::process_state::ProcessState`]). `cap` is the
 /// largest markdown file the caller renders (`limits.max_markdown_bytes`).
 /// On error, what `sink` got is not a page and must be thrown away.
 pub fn render_in_child(
@@ -359,7 +362,7 @@ impl Child {
         log::debug!("renderer process {} started", process.id());
         live().push(process.id());
         // Started after a stop's kill_all: it would render unchecked.
-        if crate::interrupt::entered_abandoned() {
+        if crate::runtime::interrupt::entered_abandoned() {
             let _ = process.kill();
         }
         Ok(Child {
@@ -554,7 +557,7 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
         .lines()
         .filter(|line| !line.starts_with("note: run with `RUST_BACKTRACE"))
         .collect();
-    let said = crate::inert::inert(&said.join("\n")).into_owned();
+    let said = crate::text::escape::inert(&said.join("\n")).into_owned();
     let bare = said.clone();
     let said = if said.is_empty() {
         String::new()
@@ -591,9 +594,9 @@ fn ended(status: std::process::ExitStatus, said: &str) -> ChildError {
 const EXIT_OVER_TIME: i32 = 124;
 
 /// The child's exit code when its stdin or stdout failed: the runtime
-/// failure of the table (`crate::exit`), which the parent tells apart
+/// failure of the table (`crate::runtime::exit`), which the parent tells apart
 /// from a crash.
-const EXIT_IO: u8 = crate::exit::EXIT_FAILURE;
+const EXIT_IO: u8 = crate::runtime::exit::EXIT_FAILURE;
 
 /// The child: renders the documents on stdin to stdout, each under its
 /// memory limit, until the end of stdin. Returns the exit code.
@@ -616,7 +619,7 @@ pub fn serve() -> u8 {
         Ok(room)
     };
     match serve_on(&mut input, &mut output, limits) {
-        Ok(()) => crate::exit::EXIT_OK,
+        Ok(()) => crate::runtime::exit::EXIT_OK,
         Err(e) => {
             eprintln!("{e}");
             EXIT_IO

@@ -54,10 +54,10 @@ pub fn is_transient_reading_bundle(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EACCES | libc::EPERM | libc::EWOULDBLOCK)
     );
-    // Given up by the agent's stop (crate::interrupt): read again at the
+    // Given up by the agent's stop (crate::runtime::interrupt): read again at the
     // next start.
     (is_transient(e) && !forbidden)
-        || crate::interrupt::is_stopped(e)
+        || crate::runtime::interrupt::is_stopped(e)
         || matches!(
             e.kind(),
             io::ErrorKind::Interrupted | io::ErrorKind::TimedOut | io::ErrorKind::OutOfMemory
@@ -98,7 +98,7 @@ mod tests {
             (os(libc::EEXIST), false, false, false),
             (os(libc::ENOENT), false, false, false),
             (io::Error::other("our own message"), false, false, false),
-            (crate::interrupt::stopped(), false, true, false),
+            (crate::runtime::interrupt::stopped(), false, true, false),
             (io::ErrorKind::Interrupted.into(), false, true, false),
             (io::ErrorKind::TimedOut.into(), false, true, false),
             (io::ErrorKind::OutOfMemory.into(), false, true, false),

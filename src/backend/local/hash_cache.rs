@@ -19,7 +19,7 @@
 //! rewrite the catalog too.
 
 use crate::catalog::Sha256;
-use crate::storage::Root;
+use crate::fs::storage::Root;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, BufRead, Write};
@@ -30,11 +30,11 @@ pub const SEEN_FILE: &str = ".distributor-seen";
 
 const HEADER: &str = "distributor-seen 1";
 
-pub use crate::storage::Look;
+pub use crate::fs::storage::Look;
 
 /// The lines of a root's `.distributor-seen`, by path.
 #[derive(Default)]
-pub struct Seen {
+pub struct HashCache {
     /// A fingerprint of each line's look and SHA-256, keyed by a hash of
     /// its path (16 bytes a file, not 80: a tree's catalog is what bounds a
     /// publication's memory). Both hashes are keyed anew in each process,
@@ -47,11 +47,11 @@ pub struct Seen {
     /// inode and change time) and the bytes wanted.
     lines: HashMap<u64, u64>,
     keys: RandomState,
-    /// How many times [`Seen::vouches`] said yes.
+    /// How many times [`HashCache::vouches`] said yes.
     vouched: AtomicUsize,
 }
 
-impl Seen {
+impl HashCache {
     fn key(&self, path: &str) -> u64 {
         self.keys.hash_one(("path", path))
     }
@@ -71,8 +71,8 @@ impl Seen {
 
     /// Reads the root's file; empty when it is missing or not in this
     /// format (a line that does not parse is skipped).
-    pub fn read(root: &Root) -> Seen {
-        let mut seen = Seen::default();
+    pub fn read(root: &Root) -> HashCache {
+        let mut seen = HashCache::default();
         let file = match root.open_reserved(SEEN_FILE) {
             Ok(Some(file)) => file,
             Ok(None) => return seen,
@@ -205,7 +205,7 @@ mod tests {
                 .map(Ok),
         )
         .unwrap();
-        let seen = Seen::read(&root);
+        let seen = HashCache::read(&root);
         assert_eq!(seen.len(), 2);
         assert!(seen.vouches("x/a b.html", &a, &look(7, 5)));
         assert!(seen.vouches("y", &b, &look(8, 6)));
@@ -240,7 +240,7 @@ mod tests {
     fn a_missing_foreign_or_damaged_file_vouches_for_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::open(dir.path()).unwrap().unwrap();
-        assert_eq!(Seen::read(&root).len(), 0);
+        assert_eq!(HashCache::read(&root).len(), 0);
         let sha = Sha256([3; 32]);
         let good = format!("1 7 10 1764547200 5 {sha} a");
         for text in [
@@ -249,7 +249,7 @@ mod tests {
             "distributor-seen 1\n1 7 x 1764547200 5 sha256:00 a\n1 7\n".to_owned(),
         ] {
             std::fs::write(dir.path().join(SEEN_FILE), text).unwrap();
-            assert_eq!(Seen::read(&root).len(), 0);
+            assert_eq!(HashCache::read(&root).len(), 0);
         }
         // A line cut short is skipped, the others still count.
         std::fs::write(
@@ -257,11 +257,11 @@ mod tests {
             format!("{HEADER}\n{good}\n1 8 10 1764547200 5 {sha}"),
         )
         .unwrap();
-        let seen = Seen::read(&root);
+        let seen = HashCache::read(&root);
         assert_eq!(seen.len(), 1);
         // A symlink is never followed.
         std::fs::remove_file(dir.path().join(SEEN_FILE)).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join(SEEN_FILE)).unwrap();
-        assert_eq!(Seen::read(&root).len(), 0);
+        assert_eq!(HashCache::read(&root).len(), 0);
     }
 }

@@ -25,9 +25,9 @@
 //! formatting again the records that did not change. That text is right for
 //! any equal record, whatever the file on disk holds now.
 
+use crate::backend::local::hash_cache::Look;
 use crate::catalog::{Catalog, RecordTexts};
-use crate::seen::Look;
-use crate::storage::Root;
+use crate::fs::storage::Root;
 use std::sync::{Arc, Mutex};
 
 /// Catalog files up to this many bytes in all (about 450,000 records) are
@@ -46,11 +46,11 @@ struct Kept {
 
 /// What a process remembers of the local roots it published into: their
 /// catalogs and the state of their tops. Held by the process's
-/// [`crate::process_state::ProcessState`] and reached through it, so that
+/// [`crate::runtime::process_state::ProcessState`] and reached through it, so that
 /// tests each have their own (docs/architecture.md, "What a process
 /// keeps").
 #[derive(Default)]
-pub struct Remembered {
+pub struct CatalogCache {
     catalogs: Mutex<Vec<Kept>>,
     tops: Mutex<Vec<Top>>,
     /// Catalog files read ahead of a lock and found not to be a v4 catalog
@@ -59,7 +59,7 @@ pub struct Remembered {
     not_catalogs: Mutex<Vec<Look>>,
 }
 
-/// How many files [`Remembered::not_read_ahead`] remembers.
+/// How many files [`CatalogCache::not_read_ahead`] remembers.
 const NOT_CATALOGS: usize = 8;
 
 fn root_key(root: &Root) -> Option<(u64, u64)> {
@@ -67,7 +67,7 @@ fn root_key(root: &Root) -> Option<(u64, u64)> {
     Some((st.st_dev, st.st_ino))
 }
 
-impl Remembered {
+impl CatalogCache {
     /// Forgets every catalog without freeing its memory, in a process
     /// about to exit: the system reclaims it whole.
     pub fn forget_for_exit(&self) {
@@ -93,7 +93,7 @@ impl Remembered {
     /// Remembers that the file `file`, read ahead of a lock, is not a v4
     /// catalog (or could not be read): a publication does not read it ahead
     /// again, nor prepare a batch's bundles while it is read
-    /// ([`crate::journal::worth_reading_ahead`]), while it is that file.
+    /// ([`crate::backend::local::journal::worth_reading_ahead`]), while it is that file.
     pub fn not_read_ahead(&self, file: Look) {
         let mut known = self.not_catalogs.lock().unwrap_or_else(|e| e.into_inner());
         known.retain(|l| *l != file);
@@ -135,7 +135,7 @@ impl Remembered {
     }
 
     /// Keeps the text of the records of the catalog just read from `root`'s
-    /// file, for writing its next catalog ([`Remembered::texts`]); replaces
+    /// file, for writing its next catalog ([`CatalogCache::texts`]); replaces
     /// any texts remembered for it (right for equal records whatever the
     /// file holds, but these are the ones the next catalog shares most
     /// records with).
@@ -220,7 +220,7 @@ fn folder_look(root: &Root) -> Option<((u64, u64), Look)> {
     Some(((st.st_dev, st.st_ino), look))
 }
 
-impl Remembered {
+impl CatalogCache {
     fn tops(&self) -> std::sync::MutexGuard<'_, Vec<Top>> {
         self.tops.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -275,7 +275,7 @@ impl Remembered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::now_millis;
+    use crate::runtime::clock::now_millis;
 
     fn look(ino: u64, ctime_nsec: i64) -> Look {
         Look {
@@ -291,7 +291,7 @@ mod tests {
     fn a_catalog_is_recalled_once_and_only_for_the_file_it_was_written_as() {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::create(tmp.path()).unwrap();
-        let memory = Remembered::default();
+        let memory = CatalogCache::default();
         let catalog = Catalog::new(now_millis());
         memory.remember(&root, look(7, 1), catalog.clone(), None);
         assert_eq!(memory.recall(&root, look(7, 1)), Some(catalog.clone()));
@@ -348,7 +348,7 @@ mod tests {
     fn a_root_top_is_trusted_clean_only_while_nobody_changed_it() {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::create(tmp.path()).unwrap();
-        let memory = Remembered::default();
+        let memory = CatalogCache::default();
         assert!(!memory.top_still_clean(&root), "never swept");
         memory.top_left_clean(&root);
         assert!(
@@ -358,12 +358,12 @@ mod tests {
         memory.top_swept(&root);
         assert!(memory.top_still_clean(&root));
         // Another process's temporary file (or any entry) at the top.
-        crate::seen::wait_for_a_newer_change_time(tmp.path());
+        crate::backend::local::hash_cache::wait_for_a_newer_change_time(tmp.path());
         std::fs::write(tmp.path().join(".distributor-tmp-1-0"), b"x").unwrap();
         assert!(!memory.top_still_clean(&root));
         memory.top_left_clean(&root);
         assert!(memory.top_still_clean(&root));
-        crate::seen::wait_for_a_newer_change_time(tmp.path());
+        crate::backend::local::hash_cache::wait_for_a_newer_change_time(tmp.path());
         std::fs::remove_file(tmp.path().join(".distributor-tmp-1-0")).unwrap();
         assert!(!memory.top_still_clean(&root), "a removal changes it too");
         // A folder made anew at the same path is another folder.

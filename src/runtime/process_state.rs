@@ -16,11 +16,11 @@
 //! close replaced files (`replace_file`), which every write through
 //! `storage` reaches.
 
+use crate::backend::local::catalog_cache::CatalogCache;
 use crate::config::S3Location;
-use crate::remembered::Remembered;
-use crate::render_child;
+use crate::render::child;
+use crate::runtime::workers::{PerCore, SyncPool};
 use crate::s3::{self, S3Root, conformance};
-use crate::workers::{PerCore, SyncPool};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -33,11 +33,11 @@ pub struct ProcessState(Arc<Held>);
 
 #[derive(Default)]
 struct Held {
-    remembered: Remembered,
+    catalog_cache: CatalogCache,
     /// The threads that fsync many files at once.
     syncs: SyncPool,
     /// The renderer child processes.
-    renderers: render_child::Pool,
+    renderers: child::Pool,
     /// The cores work may run on, asked once ([`PerCore::new`]).
     cores: OnceLock<usize>,
     /// One client per s3 location (and region), opened on first use.
@@ -54,8 +54,8 @@ impl fmt::Debug for ProcessState {
 impl ProcessState {
     /// The catalogs and root tops of the local roots this process
     /// published into.
-    pub fn remembered(&self) -> &Remembered {
-        &self.0.remembered
+    pub fn catalog_cache(&self) -> &CatalogCache {
+        &self.0.catalog_cache
     }
 
     /// One thread per core (at most four) for each batch of work: the
@@ -71,8 +71,8 @@ impl ProcessState {
     }
 
     /// The markdown renderers' child processes (started on first use;
-    /// [`render_child::Pool::stop_idle`] ends the idle ones).
-    pub fn renderers(&self) -> &render_child::Pool {
+    /// [`child::Pool::stop_idle`] ends the idle ones).
+    pub fn renderers(&self) -> &child::Pool {
         &self.0.renderers
     }
 

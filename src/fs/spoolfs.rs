@@ -21,7 +21,7 @@
 //!
 //! Outside this module, nothing opens a path inside a spool.
 
-use crate::replace_file::{self, Durability, Temp};
+use crate::fs::replace_file::{self, Durability, Temp};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt, OpenOptions, OpenOptionsExt};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -628,7 +628,7 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(t.join("b"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|n| crate::storage::is_temp_name(n))
+            .filter(|n| crate::fs::storage::is_temp_name(n))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
