@@ -58,7 +58,7 @@ pub enum BundleError {
     /// The pipeline takes signed bundles and this one's signature was
     /// refused (docs/contract.md §17.4).
     #[error(transparent)]
-    Signature(crate::signature::Refusal),
+    Signature(crate::signature::SignatureRefusal),
 }
 
 impl BundleError {

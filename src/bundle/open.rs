@@ -27,7 +27,7 @@ pub(super) fn open_file_nofollow(parent: &Dir, name: &OsStr) -> Result<std::fs::
 
 /// A listed file could not be opened; `io` is set for plain I/O failures so
 /// the caller can tell a passing condition from a bad bundle.
-pub(super) struct Refusal {
+pub(super) struct UnopenedFile {
     pub(super) problem: Problem,
     pub(super) io: Option<io::Error>,
 }
@@ -39,7 +39,7 @@ pub(super) struct Refusal {
 #[derive(Default)]
 pub(super) struct LastFolder(Option<(String, Dir)>);
 
-pub(super) fn open_checked(root: &Dir, path: &RelPath) -> Result<std::fs::File, Refusal> {
+pub(super) fn open_checked(root: &Dir, path: &RelPath) -> Result<std::fs::File, UnopenedFile> {
     open_checked_in(root, path, &mut LastFolder::default())
 }
 
@@ -49,7 +49,7 @@ pub(super) fn open_checked_in(
     root: &Dir,
     path: &RelPath,
     last: &mut LastFolder,
-) -> Result<std::fs::File, Refusal> {
+) -> Result<std::fs::File, UnopenedFile> {
     let parent = folder_of(root, path, last)?;
     open_file_nofollow(parent, OsStr::new(path.file_name())).map_err(|e| refuse_file(path, e))
 }
@@ -61,7 +61,7 @@ pub(super) fn size_checked_in(
     root: &Dir,
     path: &RelPath,
     last: &mut LastFolder,
-) -> Result<u64, Refusal> {
+) -> Result<u64, UnopenedFile> {
     let parent = folder_of(root, path, last)?;
     crate::fs::spoolfs::stat_file(parent, OsStr::new(path.file_name()))
         .map_err(|e| refuse_file(path, e))
@@ -73,7 +73,7 @@ fn folder_of<'a>(
     root: &'a Dir,
     path: &RelPath,
     last: &'a mut LastFolder,
-) -> Result<&'a Dir, Refusal> {
+) -> Result<&'a Dir, UnopenedFile> {
     let Some(folder) = path.parent() else {
         return Ok(root);
     };
@@ -85,15 +85,15 @@ fn folder_of<'a>(
     Ok(&last.0.as_ref().expect("walked above").1)
 }
 
-fn refuse(path: &RelPath, message: String, io: Option<io::Error>) -> Refusal {
-    Refusal {
+fn refuse(path: &RelPath, message: String, io: Option<io::Error>) -> UnopenedFile {
+    UnopenedFile {
         problem: Problem::at(path.as_str(), message),
         io,
     }
 }
 
 /// The refusal of the listed file `path` itself.
-fn refuse_file(path: &RelPath, e: EntryError) -> Refusal {
+fn refuse_file(path: &RelPath, e: EntryError) -> UnopenedFile {
     match e {
         EntryError::Missing => refuse(path, format!("listed in {MANIFEST} but not found"), None),
         EntryError::Kind("a symbolic link") => refuse(
@@ -148,7 +148,7 @@ fn walk_to(root: &Dir, folder: &str) -> Result<Dir, (String, EntryError)> {
 
 /// The refusal of the listed file `path` whose folder `walked` could not
 /// be opened.
-fn refuse_folder(path: &RelPath, walked: &str, e: EntryError) -> Refusal {
+fn refuse_folder(path: &RelPath, walked: &str, e: EntryError) -> UnopenedFile {
     match e {
         EntryError::Missing => refuse(
             path,
@@ -216,7 +216,7 @@ pub fn open_listed_at(
     open_checked(root, path).map_err(|r| r.into_error(dir, path))
 }
 
-impl Refusal {
+impl UnopenedFile {
     /// The error of the listed file `path` of the bundle at `dir`.
     pub(super) fn into_error(self, dir: &Path, path: &RelPath) -> BundleError {
         match self.io {

@@ -6,7 +6,7 @@ use super::error::{BundleError, Problem};
 use super::limits::{Limits, check_limits};
 use super::manifest::{Manifest, ManifestFile};
 use super::open::{
-    EntryError, LastFolder, Refusal, display_segments, kind_label, open_bundle_dir,
+    EntryError, LastFolder, UnopenedFile, display_segments, kind_label, open_bundle_dir,
     open_checked_in, open_file_nofollow, raced_message, size_checked_in, walk,
 };
 use super::parse::{parse_manifest, too_big};
@@ -14,8 +14,7 @@ use super::{MANIFEST, MAX_MANIFEST_BYTES, MAX_WARNINGS};
 use crate::fs::hashing;
 use crate::runtime::workers::{Workers, map_on};
 use crate::signature::{
-    AllowedSigners, MAX_SIGNATURE_BYTES, Reason, Refusal as SignatureRefusal, SIGNATURE_FILE,
-    Signer,
+    AllowedSigners, MAX_SIGNATURE_BYTES, Reason, SIGNATURE_FILE, SignatureRefusal, Signer,
 };
 use cap_std::fs::Dir;
 use std::collections::HashSet;
@@ -318,7 +317,7 @@ fn check_listed(
         message: format!("{}; try again later", problem.message),
         io: Some(e),
     };
-    let refused = |refusal: Refusal| match refusal.into_error(dir, &listed.path) {
+    let refused = |refusal: UnopenedFile| match refusal.into_error(dir, &listed.path) {
         BundleError::Invalid { mut problems } => Ok(problems.pop()),
         transient => Err(transient),
     };

@@ -36,7 +36,7 @@ pub enum Error {
     /// A valid signature whose principal may not write some of the
     /// bundle's outputs (docs/contract.md §17.4).
     #[error(transparent)]
-    Scope(crate::signature::Refusal),
+    Scope(crate::signature::SignatureRefusal),
     /// Reading the bundle or rendering its pages failed for a reason of
     /// this machine (a scratch file, memory), not of the bundle.
     #[error("{0}")]

@@ -80,14 +80,14 @@ impl Reason {
 /// A refused signature: why, and a message naming the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{SIGNATURE_FILE}: {message}")]
-pub struct Refusal {
+pub struct SignatureRefusal {
     pub reason: Reason,
     pub message: String,
 }
 
-impl Refusal {
-    pub fn new(reason: Reason, message: impl Into<String>) -> Refusal {
-        Refusal {
+impl SignatureRefusal {
+    pub fn new(reason: Reason, message: impl Into<String>) -> SignatureRefusal {
+        SignatureRefusal {
             reason,
             message: message.into(),
         }
@@ -125,10 +125,10 @@ pub fn check(
     signers: &AllowedSigners,
     namespace: &str,
     now: OffsetDateTime,
-) -> Result<Signer, Refusal> {
+) -> Result<Signer, SignatureRefusal> {
     let ns = namespace;
     let Some(bytes) = signature else {
-        return Err(Refusal::new(
+        return Err(SignatureRefusal::new(
             Reason::Missing,
             format!(
                 "not found; this pipeline takes only signed bundles: sign the sealed bundle with `ssh-keygen -Y sign -f KEY -n {ns} DIR/manifest.json` or `distributor bundle seal DIR --id ID --sign KEY{}`",
@@ -142,7 +142,7 @@ pub fn check(
     };
     let sig = parse(bytes)?;
     if sig.namespace() != ns {
-        return Err(Refusal::new(
+        return Err(SignatureRefusal::new(
             Reason::WrongNamespace,
             format!(
                 "signed in namespace {:?}, not {ns:?} (this pipeline's signatures.namespace); sign with `-n {ns}`",
@@ -154,7 +154,7 @@ pub fn check(
     PublicKey::from(sig.public_key().clone())
         .verify(ns, manifest, &sig)
         .map_err(|_| {
-            Refusal::new(
+            SignatureRefusal::new(
                 Reason::BadSignature,
                 format!(
                     "does not verify for this manifest.json (key {fingerprint}); the manifest changed after it was signed, or the signature is of another file: sign manifest.json again after sealing"
@@ -173,7 +173,7 @@ pub fn check(
     }
     if principals.is_empty() {
         return Err(first_refusal.unwrap_or_else(|| {
-            Refusal::new(
+            SignatureRefusal::new(
                 Reason::UnknownKey,
                 format!(
                     "signed by key {fingerprint}, which allowed_signers does not list; add the signer's public key with its principal, or sign with a listed key"
@@ -201,7 +201,7 @@ pub fn check_scopes<'p>(
     signer: &Signer,
     scopes: &BTreeMap<String, Scope>,
     paths: impl IntoIterator<Item = &'p str>,
-) -> Result<String, Refusal> {
+) -> Result<String, SignatureRefusal> {
     let granted: Vec<(&String, &Scope)> = signer
         .principals
         .iter()
@@ -238,7 +238,7 @@ pub fn check_scopes<'p>(
                 crate::text::wording::first_few(&quoted, SHOWN_PATHS, ", ")
             )
         };
-        return Err(Refusal::new(
+        return Err(SignatureRefusal::new(
             Reason::OutsideScope,
             format!(
                 "{shown} outside what key {} may publish: {who}; publish only inside those scopes, or ask the operator to widen signatures.scopes",
@@ -264,9 +264,9 @@ fn principals_text(principals: &[String]) -> String {
 }
 
 /// Reads an SSHSIG: ASCII armour, nothing else.
-fn parse(bytes: &[u8]) -> Result<SshSig, Refusal> {
+fn parse(bytes: &[u8]) -> Result<SshSig, SignatureRefusal> {
     let malformed = |why: &str| {
-        Refusal::new(
+        SignatureRefusal::new(
             Reason::Malformed,
             format!(
                 "{why}; it must be the armoured SSH signature that `ssh-keygen -Y sign` writes (-----BEGIN SSH SIGNATURE-----)"
@@ -286,12 +286,12 @@ fn parse(bytes: &[u8]) -> Result<SshSig, Refusal> {
 }
 
 /// Whether `line` allows a signature in namespace `ns` at `now`.
-fn line_allows(line: &SignerLine, ns: &str, now: OffsetDateTime) -> Result<(), Refusal> {
+fn line_allows(line: &SignerLine, ns: &str, now: OffsetDateTime) -> Result<(), SignatureRefusal> {
     let at = |t: OffsetDateTime| crate::catalog::format_time(t);
     if let Some(namespaces) = &line.namespaces
         && !matches_list(ns, namespaces)
     {
-        return Err(Refusal::new(
+        return Err(SignatureRefusal::new(
             Reason::WrongNamespace,
             format!(
                 "the key is listed (line {}) only for namespaces {:?}, which do not include {ns:?}; add {ns} to that line's namespaces=",
@@ -303,7 +303,7 @@ fn line_allows(line: &SignerLine, ns: &str, now: OffsetDateTime) -> Result<(), R
     if let Some(after) = line.valid_after
         && now < after
     {
-        return Err(Refusal::new(
+        return Err(SignatureRefusal::new(
             Reason::NotYetValid,
             format!(
                 "the key is not valid yet: allowed_signers line {} says valid-after {}",
@@ -315,7 +315,7 @@ fn line_allows(line: &SignerLine, ns: &str, now: OffsetDateTime) -> Result<(), R
     if let Some(before) = line.valid_before
         && now > before
     {
-        return Err(Refusal::new(
+        return Err(SignatureRefusal::new(
             Reason::NoLongerValid,
             format!(
                 "the key is no longer valid: allowed_signers line {} says valid-before {}; sign with a current key",
