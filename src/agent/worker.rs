@@ -360,6 +360,15 @@ impl Worker {
                 record.hooks.clear();
                 unfiled.insert(f.name.clone(), record.clone());
             }
+            // A kill while its result was written leaves the temporary
+            // file inside it: stale, and never to be filed with it.
+            if let Err(e) = spool::remove_stale_temps(&f.path) {
+                log::warn!(
+                    "pipeline={}: cannot remove leftover temporary files from {}: {e}; it is filed anyway. Check permissions, then delete its .distributor-tmp-* files by hand",
+                    self.pipeline.id,
+                    f.path.display()
+                );
+            }
             match spool::file_unfiled(&self.spool, &f.path, &f.name, &record) {
                 Ok(to) => {
                     unfiled.remove(&f.name);

@@ -1761,6 +1761,42 @@ fn a_crash_anywhere_between_commit_and_filing_never_rolls_readers_back() {
     });
 }
 
+/// A bundle the last agent published, recorded and was killed while
+/// writing its result into is filed by the next start without the
+/// temporary file that write left inside it (a SIGKILL loop found
+/// `done/<bundle>/.distributor-tmp-*`: the record's bundles were filed
+/// without the sweep a resumed bundle gets).
+#[test]
+fn a_recorded_bundle_is_filed_without_the_temporary_file_of_a_killed_write() {
+    let v = Versions::new(Backend::Local);
+    v.drop_version(1);
+    let (crashed, _) = v.agent_watched(&[("DISTRIBUTOR_FAILPOINT", "agent.recorded")]);
+    assert!(
+        crashed.stderr.contains("failpoint agent.recorded reached"),
+        "{}",
+        crashed.stderr
+    );
+    assert_eq!(v.bundles("work"), ["b1"]);
+    // What a kill between the temporary file's write and its rename leaves.
+    let stale = v
+        .site
+        .t
+        .join("spool/reports/work/b1/.distributor-tmp-4242-1");
+    std::fs::write(&stale, "{\"cut short").unwrap();
+    let (restarted, _) = v.agent_watched(&[]);
+    restarted.expect_code(0);
+    assert_eq!(v.bundles("done"), ["b0", "b1"]);
+    let filed = v.site.t.join("spool/reports/done/b1");
+    assert_eq!(
+        crate::util::sorted_names(&filed)
+            .into_iter()
+            .filter(|n| n.starts_with(".distributor-tmp-"))
+            .collect::<Vec<_>>(),
+        Vec::<String>::new()
+    );
+    assert_eq!(v.result("b1")["ok"], true);
+}
+
 /// A signed pipeline refuses a bundle older than what it would overwrite
 /// (`refuse_older`). A batch of three versions crashed after its commit
 /// reached one root is published again as a batch: its older bundles
