@@ -58,6 +58,7 @@ pub(super) struct Mode<'a> {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RecordText<'a> {
+    #[serde(deserialize_with = "path::one")]
     pub path: Cow<'a, RelPath>,
     #[serde(borrow)]
     pub pipeline_id: Cow<'a, str>,
@@ -66,7 +67,11 @@ pub(super) struct RecordText<'a> {
     #[serde(borrow)]
     pub source: SourceText<'a>,
     pub kind: OutputKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "path::optional"
+    )]
     pub source_path: Option<Cow<'a, RelPath>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<Cow<'a, str>>,
@@ -141,10 +146,12 @@ impl<'de> Deserialize<'de> for OutputRecord {
 }
 
 /// Timestamps of the file: RFC 3339 text, as [`super::rfc3339`] (the same
-/// text, the same errors), formatted without allocating. The fast reader
-/// (`layout`) hands over an instant it has read and checked itself, its
-/// fields packed into an `i128` ([`instant::pack`], `visit_i128`), when
-/// asked for one by [`instant::TOKEN`]; serde_json never does.
+/// text, the same errors), formatted without allocating. Each is a
+/// newtype named [`instant::TOKEN`], which serde_json sees through; the
+/// record writer (`write::Laying`) and the fast reader (`layout`) know
+/// it, and pass the instant itself, its fields packed into an `i128`
+/// ([`instant::pack`]): the writer formats it straight into its buffer,
+/// the reader hands over one it has read and checked itself.
 pub(super) mod instant {
     use super::super::{format_time, parse_time};
     use serde::{Deserializer, Serializer, de};
@@ -156,13 +163,27 @@ pub(super) mod instant {
     pub const TOKEN: &str = "$distributor::catalog::instant";
 
     pub fn serialize<S: Serializer>(t: &OffsetDateTime, s: S) -> Result<S::Ok, S::Error> {
-        let mut text = Text::default();
-        let utc = t.to_offset(time::UtcOffset::UTC);
-        if utc.format_into(&mut text, &Rfc3339).is_err() {
-            // As format_time: the seconds when RFC 3339 cannot say it.
-            return s.serialize_str(&format_time(*t));
+        s.serialize_newtype_struct(TOKEN, &Stamp(*t))
+    }
+
+    /// An instant as serde_json writes it (its text, as `format_time`), or
+    /// packed ([`pack`]) for a serializer that is not human-readable: the
+    /// record writer (`write::Laying`), which formats it itself.
+    struct Stamp(OffsetDateTime);
+
+    impl serde::Serialize for Stamp {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            if !s.is_human_readable() {
+                return s.serialize_i128(pack(self.0));
+            }
+            let mut text = Text::default();
+            let utc = self.0.to_offset(time::UtcOffset::UTC);
+            if utc.format_into(&mut text, &Rfc3339).is_err() {
+                // As format_time: the seconds when RFC 3339 cannot say it.
+                return s.serialize_str(&format_time(self.0));
+            }
+            s.serialize_str(std::str::from_utf8(&text.bytes[..text.len]).unwrap_or_default())
         }
-        s.serialize_str(std::str::from_utf8(&text.bytes[..text.len]).unwrap_or_default())
     }
 
     /// A timestamp's text, on the stack (the count `format_into` returns
@@ -242,7 +263,7 @@ pub(super) mod instant {
             | i128::from(t.nanosecond())
     }
 
-    fn unpack(packed: i128) -> Result<OffsetDateTime, time::error::ComponentRange> {
+    pub fn unpack(packed: i128) -> Result<OffsetDateTime, time::error::ComponentRange> {
         let field = |shift: u32, bits: u32| (packed >> shift) & ((1 << bits) - 1);
         let date = time::Date::from_ordinal_date((packed >> 80) as i32, field(64, 16) as u16)?;
         let time = time::Time::from_hms_nano(
@@ -252,5 +273,48 @@ pub(super) mod instant {
             field(0, 32) as u32,
         )?;
         Ok(time::PrimitiveDateTime::new(date, time).assume_utc())
+    }
+}
+
+/// Paths of the file: [`RelPath`]'s own text and errors, read from the
+/// text as the deserializer lends it (`RelPath`'s own deserializer first
+/// makes a `String` of it, then copies it).
+mod path {
+    use crate::paths::RelPath;
+    use serde::{Deserialize, Deserializer, de};
+    use std::borrow::Cow;
+
+    pub fn one<'de, 'a, D: Deserializer<'de>>(d: D) -> Result<Cow<'a, RelPath>, D::Error> {
+        Parsed::deserialize(d).map(|p| Cow::Owned(p.0))
+    }
+
+    pub fn optional<'de, 'a, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Cow<'a, RelPath>>, D::Error> {
+        Option::<Parsed>::deserialize(d).map(|p| p.map(|p| Cow::Owned(p.0)))
+    }
+
+    struct Parsed(RelPath);
+
+    impl<'de> Deserialize<'de> for Parsed {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Parsed, D::Error> {
+            d.deserialize_str(Visit)
+        }
+    }
+
+    struct Visit;
+
+    impl de::Visitor<'_> for Visit {
+        type Value = Parsed;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Parsed, E> {
+            RelPath::parse(text)
+                .map(Parsed)
+                .map_err(|e| E::custom(format!("invalid path {text:?}: {e}")))
+        }
     }
 }

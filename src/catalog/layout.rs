@@ -437,6 +437,7 @@ impl<'de> de::Deserializer<'de> for &mut Laid<'de, '_> {
         let value = v.visit_map(Fields {
             laid: &mut *self,
             fields,
+            next: 0,
             first: true,
         })?;
         self.depth = depth;
@@ -456,6 +457,8 @@ impl<'de> de::Deserializer<'de> for &mut Laid<'de, '_> {
 struct Fields<'x, 'a, 't> {
     laid: &'x mut Laid<'a, 't>,
     fields: &'static [&'static str],
+    /// The index in `fields` of the first key that may come next.
+    next: usize,
     first: bool,
 }
 
@@ -476,17 +479,19 @@ impl<'de> de::MapAccess<'de> for Fields<'_, 'de, '_> {
         }
         self.first = false;
         must(laid.line(laid.depth))?;
-        // Keys in the declared order: each one after the one before.
+        // Keys in the declared order: each one after the one before. It
+        // is handed over as its index in `fields`, which serde's derived
+        // field visitors take without comparing names again.
         let rest = &laid.b[laid.at..];
-        let at = self.fields.iter().position(|f| {
+        let found = self.fields[self.next..].iter().position(|f| {
             rest.strip_prefix(b"\"")
                 .and_then(|r| r.strip_prefix(f.as_bytes()))
                 .is_some_and(|r| r.starts_with(b"\": "))
         });
-        let key = self.fields[must(at)?];
-        laid.at += key.len() + b"\"\": ".len();
-        self.fields = &self.fields[must(at)? + 1..];
-        seed.deserialize(key.into_deserializer()).map(Some)
+        let at = self.next + must(found)?;
+        laid.at += self.fields[at].len() + b"\"\": ".len();
+        self.next = at + 1;
+        seed.deserialize((at as u64).into_deserializer()).map(Some)
     }
 
     fn next_value_seed<V: de::DeserializeSeed<'de>>(

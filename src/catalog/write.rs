@@ -7,12 +7,14 @@
 //! renames a file (the backends do, through `storage`).
 
 use super::SCHEMA_VERSION;
-use super::form::{self, Document, Mode, RecordText};
+use super::form::{self, Document, Mode, RecordText, instant};
+use super::format_time;
 use super::model::{Catalog, OutputRecord};
 use super::texts::{RecordTexts, Reuse, SEPARATOR, Span};
 use serde::Serialize;
 use serde::ser::Impossible;
 use std::borrow::Cow;
+use time::format_description::well_known::Rfc3339;
 
 impl Catalog {
     /// Serialises as pretty JSON with a final newline.
@@ -114,7 +116,11 @@ impl form::Document<'_, &[OutputRecord]> {
 pub(super) fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
     // Only a struct of strings, numbers, unit variants and structs is
     // laid out; a record is nothing else.
-    let _ = RecordText::of(r, &mut [0; 71]).serialize(Laying { out, depth: 2 });
+    let _ = RecordText::of(r, &mut [0; 71]).serialize(Laying {
+        out,
+        depth: 2,
+        instant: false,
+    });
 }
 
 /// A serde serializer of serde_json's pretty layout for a struct `depth`
@@ -125,6 +131,9 @@ pub(super) fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
 struct Laying<'o> {
     out: &'o mut Vec<u8>,
     depth: usize,
+    /// Inside a timestamp's newtype: not human-readable, so that the
+    /// timestamp hands over its instant rather than its text.
+    instant: bool,
 }
 
 /// What [`Laying`] does not lay out.
@@ -143,6 +152,17 @@ impl serde::ser::Error for NotLaid {
     fn custom<T: std::fmt::Display>(_: T) -> NotLaid {
         NotLaid
     }
+}
+
+/// Serializer methods for what [`Laying`] does not lay out: each fails.
+macro_rules! not_laid {
+    ($($name:ident $(<$t:ident>)? ($($arg:ty),*) -> $ok:ty;)*) => {
+        $(
+            fn $name $(<$t: ?Sized + Serialize>)? (self, $(_: $arg),*) -> Result<$ok, NotLaid> {
+                Err(NotLaid)
+            }
+        )*
+    };
 }
 
 /// A line break and up to 16 levels of indentation.
@@ -191,12 +211,35 @@ impl<'o> serde::Serializer for Laying<'o> {
         v.serialize(self)
     }
 
+    /// A timestamp ([`instant::TOKEN`]) is asked for as its packed
+    /// instant, formatted here (`serialize_i128`).
     fn serialize_newtype_struct<T: ?Sized + Serialize>(
         self,
-        _: &'static str,
+        name: &'static str,
         v: &T,
     ) -> Result<(), NotLaid> {
-        v.serialize(self)
+        let instant = name == instant::TOKEN;
+        v.serialize(Laying { instant, ..self })
+    }
+
+    fn is_human_readable(&self) -> bool {
+        !self.instant
+    }
+
+    /// An instant ([`instant::pack`]), as [`format_time`] writes it.
+    fn serialize_i128(self, packed: i128) -> Result<(), NotLaid> {
+        if !self.instant {
+            return Err(NotLaid);
+        }
+        let t = instant::unpack(packed).map_err(|_| NotLaid)?;
+        self.out.push(b'"');
+        let start = self.out.len();
+        if t.format_into(&mut *self.out, &Rfc3339).is_err() {
+            self.out.truncate(start);
+            self.out.extend_from_slice(format_time(t).as_bytes());
+        }
+        self.out.push(b'"');
+        Ok(())
     }
 
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Fields<'o>, NotLaid> {
@@ -208,93 +251,31 @@ impl<'o> serde::Serializer for Laying<'o> {
         })
     }
 
-    fn serialize_bool(self, _: bool) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_i8(self, _: i8) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_i16(self, _: i16) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_i32(self, _: i32) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_i64(self, _: i64) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_u8(self, _: u8) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_u16(self, _: u16) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_u32(self, _: u32) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_f32(self, _: f32) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_f64(self, _: f64) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_char(self, _: char) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_bytes(self, _: &[u8]) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_none(self) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_unit(self) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_unit_struct(self, _: &'static str) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_newtype_variant<T: ?Sized + Serialize>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<(), NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, NotLaid> {
-        Err(NotLaid)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, NotLaid> {
-        Err(NotLaid)
+    not_laid! {
+        serialize_bool(bool) -> ();
+        serialize_i8(i8) -> ();
+        serialize_i16(i16) -> ();
+        serialize_i32(i32) -> ();
+        serialize_i64(i64) -> ();
+        serialize_u8(u8) -> ();
+        serialize_u16(u16) -> ();
+        serialize_u32(u32) -> ();
+        serialize_f32(f32) -> ();
+        serialize_f64(f64) -> ();
+        serialize_char(char) -> ();
+        serialize_bytes(&[u8]) -> ();
+        serialize_none() -> ();
+        serialize_unit() -> ();
+        serialize_unit_struct(&'static str) -> ();
+        serialize_newtype_variant<T>(&'static str, u32, &'static str, &T) -> ();
+        serialize_seq(Option<usize>) -> Self::SerializeSeq;
+        serialize_tuple(usize) -> Self::SerializeTuple;
+        serialize_tuple_struct(&'static str, usize) -> Self::SerializeTupleStruct;
+        serialize_tuple_variant(&'static str, u32, &'static str, usize)
+            -> Self::SerializeTupleVariant;
+        serialize_map(Option<usize>) -> Self::SerializeMap;
+        serialize_struct_variant(&'static str, u32, &'static str, usize)
+            -> Self::SerializeStructVariant;
     }
 }
 
@@ -327,6 +308,7 @@ impl serde::ser::SerializeStruct for Fields<'_> {
         v.serialize(Laying {
             out: &mut *self.out,
             depth: self.depth,
+            instant: false,
         })
     }
 
