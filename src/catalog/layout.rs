@@ -285,16 +285,16 @@ impl<'a, 't> Laid<'a, 't> {
 
     /// Steps over `text` if it comes next.
     fn lit(&mut self, text: &[u8]) -> Option<()> {
-        self.b[self.at..].starts_with(text).then(|| {
+        let next = self.b.get(self.at..self.at + text.len())?;
+        same(next, text).then(|| {
             self.at += text.len();
         })
     }
 
     /// Steps over a line break and the indentation of `depth`.
     fn line(&mut self, depth: usize) -> Option<()> {
-        const SPACES: &[u8] = &[b' '; 32];
-        self.lit(b"\n")?;
-        self.lit(SPACES.get(..2 * depth)?)
+        const LINE: &[u8; 33] = b"\n                                ";
+        self.lit(LINE.get(..1 + 2 * depth)?)
     }
 
     /// A JSON string that holds nothing serde_json escapes (a quote, a
@@ -484,9 +484,10 @@ impl<'de> de::MapAccess<'de> for Fields<'_, 'de, '_> {
         // field visitors take without comparing names again.
         let rest = &laid.b[laid.at..];
         let found = self.fields[self.next..].iter().position(|f| {
-            rest.strip_prefix(b"\"")
-                .and_then(|r| r.strip_prefix(f.as_bytes()))
-                .is_some_and(|r| r.starts_with(b"\": "))
+            let f = f.as_bytes();
+            rest.get(1..1 + f.len()).is_some_and(|key| same(key, f))
+                && rest.starts_with(b"\"")
+                && rest[1 + f.len()..].starts_with(b"\": ")
         });
         let at = self.next + must(found)?;
         laid.at += self.fields[at].len() + b"\"\": ".len();
@@ -500,6 +501,28 @@ impl<'de> de::MapAccess<'de> for Fields<'_, 'de, '_> {
     ) -> Result<V::Value, NotLaidOut> {
         seed.deserialize(&mut *self.laid)
     }
+}
+
+/// `a == b`, for the short texts of a layout (keys, indentation) without
+/// a call to `memcmp`: two overlapping words each.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    fn word<const N: usize>(s: &[u8], at: usize) -> [u8; N] {
+        s.get(at..at + N)
+            .and_then(|w| w.try_into().ok())
+            .unwrap_or([0; N])
+    }
+    let n = a.len();
+    n == b.len()
+        && match n {
+            0..4 => a.iter().zip(b).all(|(x, y)| x == y),
+            4..8 => {
+                word::<4>(a, 0) == word::<4>(b, 0) && word::<4>(a, n - 4) == word::<4>(b, n - 4)
+            }
+            8..=16 => {
+                word::<8>(a, 0) == word::<8>(b, 0) && word::<8>(a, n - 8) == word::<8>(b, n - 8)
+            }
+            _ => a == b,
+        }
 }
 
 /// A timestamp in exactly the form [`super::format_time`] writes
@@ -554,6 +577,32 @@ mod tests {
     use super::*;
     use crate::catalog::{State, format_time, parse_time};
     use crate::paths::RelPath;
+
+    #[test]
+    fn short_texts_compare_as_slices_do() {
+        let texts: Vec<&[u8]> = vec![
+            b"",
+            b"a",
+            b"ab",
+            b"abc",
+            b"abcd",
+            b"abce",
+            b"abcdefg",
+            b"abcdefh",
+            b"abcdefgh",
+            b"xbcdefgh",
+            b"abcdefghijklmnop",
+            b"abcdefghijklmnoq",
+            b"abcdefghijklmnopq",
+            b"abcdefghijklmnopr",
+            b"\n      ",
+        ];
+        for a in &texts {
+            for b in &texts {
+                assert_eq!(same(a, b), a == b, "{a:?} {b:?}");
+            }
+        }
+    }
 
     #[test]
     fn a_timestamp_is_read_here_only_in_the_form_it_is_written() {

@@ -288,9 +288,11 @@ fn is_http_url(url: &str) -> bool {
         .or_else(|| url.strip_prefix("http://"));
     rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
         && if url.is_ascii() {
-            // The same test on bytes (a vertical tab is a control).
+            // The same test on bytes: ASCII whitespace and controls are
+            // the bytes up to a space and DEL (a vertical tab is a
+            // control). Without an early exit, so that it is vectorised.
             !url.bytes()
-                .any(|c| c.is_ascii_whitespace() || c.is_ascii_control())
+                .fold(false, |bad, c| bad | (c <= b' ') | (c == 0x7f))
         } else {
             !url.chars().any(|c| c.is_whitespace() || c.is_control())
         }

@@ -181,9 +181,10 @@ impl<'o> serde::Serializer for Laying<'o> {
 
     fn serialize_str(self, v: &str) -> Result<(), NotLaid> {
         // Most strings hold nothing to escape (the check is vectorised,
-        // serde_json's escaping goes byte by byte).
-        let plain = memchr::memchr2(b'"', b'\\', v.as_bytes()).is_none()
-            && !v.bytes().fold(false, |control, c| control | (c < 0x20));
+        // without an early exit; serde_json's escaping goes byte by byte).
+        let plain = !v.bytes().fold(false, |escape, c| {
+            escape | (c == b'"') | (c == b'\\') | (c < 0x20)
+        });
         if !plain {
             return serde_json::to_writer(&mut *self.out, v).map_err(|_| NotLaid);
         }
