@@ -182,7 +182,7 @@ impl<'o> serde::Serializer for Laying<'o> {
     fn serialize_str(self, v: &str) -> Result<(), NotLaid> {
         // Most strings hold nothing to escape (the check is vectorised,
         // without an early exit; serde_json's escaping goes byte by byte).
-        let plain = !v.bytes().fold(false, |escape, c| {
+        let plain = !v.as_bytes().iter().fold(false, |escape, &c| {
             escape | (c == b'"') | (c == b'\\') | (c < 0x20)
         });
         if !plain {
