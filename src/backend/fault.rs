@@ -79,6 +79,8 @@ pub(crate) enum Doing {
     StageDeletions,
     SyncDeletions,
     RemoveJournal,
+    /// Pointing a release destination's link at this release.
+    Switch(String),
     // A bucket.
     OpenBucket,
     ReadCatalog,
@@ -104,6 +106,7 @@ impl std::fmt::Display for Doing {
                 f.write_str("cannot finish the interrupted publication recorded in its journal")
             }
             Doing::ListFolder => f.write_str("cannot list the destination root"),
+            Doing::Switch(release) => write!(f, "cannot point the link at release {release}"),
             Doing::Delete(path) => write!(f, "cannot delete {path}"),
             Doing::Write(path) => write!(f, "cannot write {path}"),
             Doing::StageDeletions => {

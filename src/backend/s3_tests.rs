@@ -23,6 +23,7 @@ pub(in crate::backend) fn destination(workflow: Workflow) -> Destination {
         }),
         id: "web".into(),
         root: Default::default(),
+        releases: None,
         workflow,
         prefix: String::new(),
         scope: None,

@@ -96,6 +96,34 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Switch a release destination back to an earlier release (exit 3: none)
+    #[command(
+        after_help = "Example:\n  distributor rollback --pipeline site --destination www --dry-run\n  distributor rollback --pipeline site --destination www --to 20261207T031500Z"
+    )]
+    Rollback {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// The release to switch to (default: the one before the current)
+        #[arg(long, value_name = "RELEASE")]
+        to: Option<String>,
+        /// Say what would be switched, change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a release destination's releases, newest first, the current marked
+    #[command(
+        after_help = "Example:\n  distributor releases --pipeline site --destination www --json"
+    )]
+    Releases {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Print the list as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Inspect spools; move a failed bundle back to the inbox
     #[command(
         subcommand,

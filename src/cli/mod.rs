@@ -95,6 +95,30 @@ pub fn run(cli: Cli) -> u8 {
             true,
             process,
         ),
+        Command::Rollback {
+            target,
+            to,
+            dry_run,
+            json,
+        } => with_target(
+            config,
+            &target,
+            |t| {
+                maintain::rollback(t, to.as_deref(), dry_run)
+                    .map(|r| (r.to_text(), r.to_json(), true))
+            },
+            json,
+            false,
+            process,
+        ),
+        Command::Releases { target, json } => with_target(
+            config,
+            &target,
+            |t| maintain::releases(t).map(|r| (r.to_text(), r.to_json(), true)),
+            json,
+            true,
+            process,
+        ),
         Command::Catalog { target, json } => with_target(
             config,
             &target,

@@ -193,6 +193,9 @@ pub struct Destination {
     pub root: PathBuf,
     /// `local` (the root is [`Destination::root`]) or `s3`.
     pub backend: Backend,
+    /// `releases`: a local root published as whole releases behind a
+    /// link, this many kept (docs/contract.md §20.2); `None`: in place.
+    pub releases: Option<u32>,
     pub workflow: Workflow,
     /// The raw `prefix` template text, checked at load; "" for none.
     pub prefix: String,

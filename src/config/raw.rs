@@ -111,7 +111,7 @@ struct RawSignatures {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, workflow, prefix, scope, publish, html, links, retention and hooks"
+    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, releases, workflow, prefix, scope, publish, html, links, retention and hooks"
 )]
 struct RawDestination {
     id: Checked<DestinationIdRule>,
@@ -120,6 +120,7 @@ struct RawDestination {
     bucket: Option<Checked<BucketRule>>,
     endpoint: Option<Checked<EndpointRule>>,
     region: Option<Checked<RegionRule>>,
+    releases: Option<Releases>,
     workflow: Option<Checked<WorkflowRule>>,
     prefix: Option<Checked<PrefixRule>>,
     scope: Option<ScopeList>,
@@ -670,6 +671,29 @@ impl<'de> Deserialize<'de> for MaxFiles {
     }
 }
 
+/// `releases`: how many releases a local root keeps, 2 to
+/// [`MAX_RELEASES`] (docs/contract.md §20.2).
+struct Releases(u32);
+
+/// The most releases a root may keep: each costs a link for every file.
+pub const MAX_RELEASES: u32 = 100;
+
+impl<'de> Deserialize<'de> for Releases {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = d.deserialize_any(CountVisitor {
+            field: "releases",
+            min: 2,
+            hint: "keep the current release and at least one to roll back to, such as 5; remove the key to publish in place",
+        })?;
+        if n > MAX_RELEASES {
+            return Err(de::Error::custom(format!(
+                "releases must be at most {MAX_RELEASES}, not {n}: every release holds a link for each file of the root; keep fewer, such as 5"
+            )));
+        }
+        Ok(Releases(n))
+    }
+}
+
 /// `keep_latest`: an integer of at least 0.
 struct KeepLatest(u32);
 
@@ -762,6 +786,11 @@ fn destination_backend(
             Ok((resolve(&rd.path.0), Backend::Local))
         }
         BackendKind::S3 => {
+            if rd.releases.is_some() {
+                return Err(invalid(
+                    "releases is set but the backend is s3: a bucket cannot switch many keys at once, so releases are for local roots only (an s3 publication shows pages only after every other output, §20.1); remove releases".to_owned(),
+                ));
+            }
             let bucket = rd.bucket.as_ref().map(|c| c.0.clone()).ok_or_else(|| {
                 invalid("backend s3 needs a bucket; add \"bucket: NAME\"".to_owned())
             })?;
@@ -880,6 +909,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                 id: rd.id.0,
                 root,
                 backend,
+                releases: rd.releases.map(|r| r.0),
                 workflow: rd.workflow.map_or(Workflow::Additive, |c| c.0),
                 prefix: rd.prefix.map(|c| c.0).unwrap_or_default(),
                 scope: rd.scope.map(|s| s.0),

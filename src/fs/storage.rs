@@ -75,7 +75,7 @@ fn nofollow_dir_options() -> OpenOptions {
 }
 
 /// Opens the folder `name` inside `parent` without following a symlink.
-fn open_subdir(parent: &Dir, name: &str) -> io::Result<Dir> {
+pub fn open_subdir(parent: &Dir, name: impl AsRef<Path>) -> io::Result<Dir> {
     let file = parent.open_with(name, &nofollow_dir_options())?;
     Ok(Dir::from_std_file(file.into_std()))
 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 mod list;
 mod prune;
 mod reconcile;
+mod releases;
 mod selection;
 mod session;
 mod verify;
@@ -37,6 +38,7 @@ mod tests;
 pub use list::catalog;
 pub use prune::prune;
 pub use reconcile::reconcile;
+pub use releases::{list as releases, rollback};
 pub use verify::verify;
 
 /// How often a command plans again after another publisher changed the
@@ -113,6 +115,24 @@ pub enum MaintainError {
         pipeline_id: String,
         destination_id: String,
     },
+    #[error(
+        "pipeline {pipeline_id:?} destination {destination_id:?} (root {root}) is not published as releases, so there is no release to roll back to or list; add `releases: 5` to that destination (a local root) to keep the current release and the 4 before it"
+    )]
+    NoReleases {
+        pipeline_id: String,
+        destination_id: String,
+        root: String,
+    },
+    #[error("{root} has no earlier release to roll back to: {why}")]
+    NoEarlierRelease { root: String, why: String },
+    #[error(
+        "{root} has no release {release:?}; its releases are: {known} (see `distributor releases`)"
+    )]
+    NoSuchRelease {
+        release: String,
+        root: String,
+        known: String,
+    },
     #[error("{0}")]
     Lock(#[from] LockError),
     /// The root's storage failed (a folder, or a bucket): the text names
@@ -126,7 +146,10 @@ impl MaintainError {
     pub fn exit_code(&self) -> u8 {
         use crate::runtime::exit::{EXIT_FAILURE, EXIT_REFUSED, EXIT_USAGE};
         match self {
-            MaintainError::NoPrunePolicy { .. } => EXIT_USAGE,
+            MaintainError::NoPrunePolicy { .. }
+            | MaintainError::NoReleases { .. }
+            | MaintainError::NoSuchRelease { .. } => EXIT_USAGE,
+            MaintainError::NoEarlierRelease { .. } => EXIT_REFUSED,
             MaintainError::InvalidState { .. }
             | MaintainError::FutureState { .. }
             | MaintainError::LegacyState { .. } => EXIT_REFUSED,

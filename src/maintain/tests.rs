@@ -287,6 +287,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         backend: crate::config::Backend::Local,
         id: ME.1.to_owned(),
         root: root.to_owned(),
+        releases: None,
         workflow: Workflow::Additive,
         prefix: String::new(),
         scope: None,

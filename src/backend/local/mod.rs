@@ -23,6 +23,7 @@ use crate::report::Stage;
 use crate::runtime::process_state::ProcessState;
 use crate::runtime::workers::{InOrder, Workers};
 use journal::JOURNAL_FILE;
+use releases::{Building, Current, Opened, Releases};
 use stage::{CommitFailure, Failure, StagedRoot, Step, probe};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -43,6 +44,7 @@ pub(super) fn worth_reading_ahead(
 pub(crate) mod catalog_cache;
 pub(crate) mod hash_cache;
 pub(crate) mod journal;
+pub(crate) mod releases;
 mod stage;
 
 pub(super) struct LocalRoot {
@@ -57,6 +59,16 @@ pub(super) struct LocalRoot {
     staged: Option<StagedRoot>,
     /// Where the root's catalog is remembered.
     process: ProcessState,
+    /// `releases`: how many to keep (docs/contract.md §20.2).
+    keep: Option<u32>,
+    /// The releases, their folder locked, when the destination has them
+    /// (a dry run or a read-only command: once their folder exists).
+    releases: Option<Releases>,
+    /// The release this publication builds, once it started one; the
+    /// root is then that release's folder.
+    building: Option<Building>,
+    /// When the root was opened (a release's name).
+    opened_at: OffsetDateTime,
 }
 
 impl LocalRoot {
@@ -70,9 +82,77 @@ impl LocalRoot {
             state: Some(State::Absent),
             staged: None,
             process: process.clone(),
+            keep: d.releases,
+            releases: None,
+            building: None,
+            opened_at: OffsetDateTime::UNIX_EPOCH,
         }
     }
 
+    /// Opens the releases of a destination that has them (creating their
+    /// folder and taking its lock when `write`), and aims at the current
+    /// release; a plain root or none stays at `path`.
+    fn open_releases(&mut self, write: bool, timeout: Duration) -> Result<(), Opened> {
+        if self.keep.is_none() {
+            refuse_release_link(&self.path)?;
+            return Ok(());
+        }
+        self.releases = Releases::open(&self.path, write, timeout)?;
+        if let Some(rel) = &self.releases
+            && let Current::Release(name) = &rel.current
+        {
+            self.path = rel.path_of(name);
+        }
+        Ok(())
+    }
+
+    /// Whether the root is a release, whose lock is the releases folder's.
+    fn in_release(&self) -> bool {
+        self.releases
+            .as_ref()
+            .is_some_and(|r| matches!(r.current, Current::Release(_)))
+    }
+
+    /// Starts the next release from the current root (converting a plain
+    /// root first: its content as it is becomes a release of its own), and
+    /// aims the root at it.
+    fn start_release(&mut self) -> io::Result<()> {
+        let Some(rel) = &self.releases else {
+            return Ok(());
+        };
+        let mut from = self.root.take();
+        if rel.current == Current::Plain {
+            let (first, built) = rel.build(self.opened_at, from.as_ref())?;
+            rel.complete(&first, &built)?;
+            from = Some(rel.open_release(&first.name)?);
+        }
+        let (building, root) = rel.build(self.opened_at, from.as_ref())?;
+        self.path = root.path().to_owned();
+        self.root = Some(root);
+        self.building = Some(building);
+        Ok(())
+    }
+}
+
+/// Refuses a root without `releases` whose `path` is the link of a release
+/// destination: publishing through it would change a release in place.
+fn refuse_release_link(path: &std::path::Path) -> Result<(), Opened> {
+    let Ok(target) = std::fs::read_link(path) else {
+        return Ok(());
+    };
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let releases = format!("{name}{}/", releases::RELEASES_SUFFIX);
+    if target.to_string_lossy().starts_with(&releases) {
+        return Err(Opened::Io(io::Error::other(format!(
+            "{} is the link of a destination published as releases (it points to {}); set `releases` on this destination again, or replace the link with a copy of the release to publish in place",
+            path.display(),
+            target.display()
+        ))));
+    }
+    Ok(())
+}
+
+impl LocalRoot {
     /// Opens and locks `d`'s root (a dry run only waits for a lock file
     /// that exists, and creates nothing), settling its journal.
     pub(super) fn open(
@@ -82,6 +162,18 @@ impl LocalRoot {
         ahead: Option<journal::ReadAhead>,
     ) -> Result<LocalRoot, Error> {
         let mut target = LocalRoot::unopened(d, &options.process);
+        target.opened_at = now;
+        target
+            .open_releases(!options.dry_run, options.lock_timeout)
+            .map_err(|e| match e {
+                Opened::Lock(e) => Error::Lock(e),
+                Opened::Io(source) => Error::Root {
+                    stage: Stage::Lock,
+                    what: "cannot open the releases of destination root",
+                    path: d.root.clone(),
+                    source,
+                },
+            })?;
         target.lock(options, now, ahead, false)?;
         Ok(target)
     }
@@ -101,10 +193,30 @@ impl LocalRoot {
         process: &ProcessState,
     ) -> Result<LocalRoot, Fault> {
         let mut target = LocalRoot::unopened(d, process);
+        target.opened_at = now;
         let memory = process.catalog_cache();
-        let Some(root) = Root::open(&d.root).map_err(io_fault(&d.root, Doing::OpenFolder))? else {
+        let write = access == Access::Write
+            && d.releases.is_some()
+            && releases::folder_of(&d.root).is_dir();
+        target
+            .open_releases(write, lock_timeout)
+            .map_err(|e| match e {
+                Opened::Lock(e) => Fault::from(e),
+                Opened::Io(e) => io_fault(&d.root, Doing::OpenFolder)(e),
+            })?;
+        let Some(root) =
+            Root::open(&target.path).map_err(io_fault(&target.path, Doing::OpenFolder))?
+        else {
             return Ok(target);
         };
+        if target.in_release() {
+            // The releases folder's lock is held: a release has none.
+            let state = journal::recover(&root, access == Access::Write, now, memory)
+                .map_err(io_fault(&target.path, Doing::FinishJournal))?;
+            target.state = Some(usable(state)?.map_or(State::Absent, State::Catalog));
+            target.root = Some(root);
+            return Ok(target);
+        }
         let mut lock = lock::acquire_existing(&root, lock_timeout)?;
         let read_state = |root: &Root| {
             journal::read_state(root, memory)
@@ -160,6 +272,8 @@ impl LocalRoot {
         };
         let memory = options.process.catalog_cache();
         let lock = match &root {
+            // The releases folder's lock is held: a release has none.
+            Some(_) if self.in_release() => None,
             Some(root) if options.dry_run => lock::acquire_existing(root, options.lock_timeout)?,
             Some(root) => Some(lock::acquire(root, options.lock_timeout)?),
             None => None,
@@ -250,6 +364,12 @@ impl PublishRoot for LocalRoot {
         if self.root.is_some() {
             return Ok(());
         }
+        if self.releases.is_some() {
+            // The first release, built from nothing.
+            self.start_release().map_err(|e| self.write_error(e))?;
+            self.state = Some(State::Absent);
+            return Ok(());
+        }
         self.lock(options, now, None, true)
     }
 
@@ -326,6 +446,9 @@ impl PublishRoot for LocalRoot {
         workers: &dyn Workers,
         cancel: &crate::runtime::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
+        if self.releases.is_some() && self.building.is_none() {
+            self.start_release().map_err(|e| self.write_error(e))?;
+        }
         let staged = stage::stage(self.root(), change, workers, cancel, &self.process).map_err(
             |f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
@@ -360,6 +483,20 @@ impl PublishRoot for LocalRoot {
         let c = stage::commit(root, &change, staged, &self.process)
             .map_err(|e| self.write_error(e.source))?;
         memory.remember(root, c.catalog, change.catalog, c.texts);
+        if let (Some(rel), Some(building)) = (&mut self.releases, &self.building) {
+            let root = self.root.as_ref().expect("staged, so it exists");
+            rel.complete(building, root).map_err(|e| Error::Write {
+                path: self.path.clone(),
+                source: e,
+            })?;
+            let name = building.name.clone();
+            self.building = None;
+            rel.switch(&name).map_err(|e| Error::Write {
+                path: rel.link().to_owned(),
+                source: e,
+            })?;
+            rel.retain(self.keep.unwrap_or(u32::MAX));
+        }
         Ok(CommitTally {
             copied_across: c.copied_across,
             file_by_file,
@@ -368,6 +505,10 @@ impl PublishRoot for LocalRoot {
     }
 
     fn roll_back(&self) -> Result<(), io::Error> {
+        if let (Some(rel), Some(building)) = (&self.releases, &self.building) {
+            // The current release was never touched.
+            return rel.abandon(building);
+        }
         match &self.root {
             Some(root) => stage::roll_back(root, self.process.catalog_cache()),
             None => Ok(()),
