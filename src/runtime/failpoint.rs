@@ -9,7 +9,7 @@
 //! listed in [`POINTS`]; docs/reliability.md explains each.
 
 /// Every crash point: the agent's claim, then a local root's in the order
-/// a publication reaches them, then the driver's (every backend), then an
+/// a publication reaches them (a release destination's last), then the driver's (every backend), then an
 /// s3 destination's, then the agent's record of a commit, then the
 /// spool's.
 pub const POINTS: &[&str] = &[
@@ -21,6 +21,10 @@ pub const POINTS: &[&str] = &[
     "publish.after_delete",
     "publish.before_catalog",
     "publish.after_catalog",
+    "releases.after_links",
+    "releases.after_complete",
+    "releases.after_switch",
+    "releases.after_retain",
     "publish.staged",
     "publish.committed",
     "s3.after_upload",
