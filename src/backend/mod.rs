@@ -252,6 +252,11 @@ pub(crate) fn open_to_maintain(
     })
 }
 
+/// The folder of a release destination's releases: `<path>.releases`.
+pub fn releases_folder(link: &std::path::Path) -> std::path::PathBuf {
+    local::releases::folder_of(link)
+}
+
 /// `d`'s root as messages name it: a folder, or `s3://bucket/path at
 /// endpoint`.
 pub fn root_label(d: &Destination) -> String {

@@ -257,6 +257,13 @@ impl Destination {
             Backend::Local => {
                 let _ = writeln!(s, "      backend: local");
                 let _ = writeln!(s, "      root: {}", d.root.display());
+                if let Some(n) = d.releases {
+                    let _ = writeln!(
+                        s,
+                        "      releases: {n} kept in {}",
+                        crate::backend::releases_folder(&d.root).display()
+                    );
+                }
             }
             Backend::S3(l) => {
                 let _ = writeln!(s, "      backend: s3");

@@ -184,29 +184,33 @@ fn check_roots(config: &Config, file: &Path) -> Result<(), ConfigError> {
             .iter()
             .filter(|d| d.backend == Backend::Local)
         {
-            let root_key = clash_key(&d.root);
-            let first = format!(
-                "the root of destination {:?} of pipeline {:?} ({})",
-                d.id,
-                p.id,
-                d.root.display()
-            );
-            if overlaps(&root_key, &spool_key) {
-                let second = format!("the spool ({})", config.spool.display());
-                return Err(ConfigError::Overlap {
-                    file,
-                    first,
-                    second,
-                });
-            }
-            for q in &config.pipelines {
-                let (second, key) = inbox(q);
-                if overlaps(&root_key, &key) {
+            // A release destination's releases folder too (§20.2).
+            let releases = d.releases.map(|_| crate::backend::releases_folder(&d.root));
+            for folder in std::iter::once(&d.root).chain(releases.as_ref()) {
+                let root_key = clash_key(folder);
+                let first = format!(
+                    "the root of destination {:?} of pipeline {:?} ({})",
+                    d.id,
+                    p.id,
+                    folder.display()
+                );
+                if overlaps(&root_key, &spool_key) {
+                    let second = format!("the spool ({})", config.spool.display());
                     return Err(ConfigError::Overlap {
                         file,
                         first,
                         second,
                     });
+                }
+                for q in &config.pipelines {
+                    let (second, key) = inbox(q);
+                    if overlaps(&root_key, &key) {
+                        return Err(ConfigError::Overlap {
+                            file,
+                            first,
+                            second,
+                        });
+                    }
                 }
             }
         }

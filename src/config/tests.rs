@@ -367,6 +367,28 @@ fn error_cases_of_pipelines() -> Vec<(&'static str, String, Vec<&'static str>)> 
             vec!["root of destination", "the inbox of pipeline \"p\"", "overlap"],
         ),
         (
+            "releases on s3",
+            dest("        backend: s3\n        bucket: reports\n        releases: 5\n")
+                .replace("path: /srv/out", "path: site"),
+            vec!["releases is set but the backend is s3", "local roots only"],
+        ),
+        (
+            "one release",
+            dest("        releases: 1\n"),
+            vec!["releases must be at least 2, not 1", "roll back to"],
+        ),
+        (
+            "too many releases",
+            dest("        releases: 101\n"),
+            vec!["releases must be at most 100, not 101"],
+        ),
+        (
+            "releases folder holding an inbox",
+            dest("        releases: 3\n")
+                .replace("    destinations:", "    inbox: /srv/out.releases/in\n    destinations:"),
+            vec!["/srv/out.releases", "the inbox of pipeline \"p\"", "overlap"],
+        ),
+        (
             "unknown backend",
             dest("        backend: ftp\n"),
             vec!["line 6 column 18", "backend \"ftp\"", "use local or s3"],
