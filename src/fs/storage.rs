@@ -833,7 +833,7 @@ pub struct Look {
 /// close to the change could miss a later write. Such a look is simply not
 /// recorded (the file is hashed next time); git's index treats "racily
 /// clean" files the same way.
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Look {
     /// This look, if it can be recorded: taken (by a stat that started no

@@ -12,6 +12,8 @@ use super::{
     io_fault, usable,
 };
 use crate::backend::local::catalog_cache::CatalogCache;
+use crate::backend::local::hash_cache::HashCache;
+use crate::catalog::Sha256;
 use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
 use crate::fs::hashing::Hashed;
@@ -131,6 +133,66 @@ impl LocalRoot {
         self.root = Some(root);
         self.building = Some(building);
         Ok(())
+    }
+}
+
+/// The planned writes of `change` whose files in `current` (the release
+/// the next one is linked from) the record of looks there vouches for:
+/// read before linking gives every file a new change time. Their indexes.
+fn vouched_before_linking(current: &Root, change: &Change<'_>) -> Vec<usize> {
+    let same = |w: &&crate::backend::Write<'_>| {
+        change
+            .replaced(w.d.path.as_str())
+            .is_some_and(|o| o.sha256 == w.d.sha256 && o.size == w.d.size)
+    };
+    if change.writes.iter().filter(same).count() < stage::BARRIER_FROM {
+        return Vec::new();
+    }
+    let seen = HashCache::read(current);
+    (change.writes.iter().enumerate())
+        .filter(|(_, w)| same(w))
+        .filter(|(_, w)| {
+            matches!(current.look(w.d.path.as_str()), Ok(Some(look))
+                if look.size == w.d.size && seen.vouches(w.d.path.as_str(), &w.d.sha256, &look))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// A record of looks for the new release `root` that vouches for the
+/// `vouched` writes of `change` as their hard links look now.
+fn carry_looks(root: &Root, change: &Change<'_>, vouched: &[usize]) -> HashCache {
+    let mut carried = HashCache::default();
+    for &i in vouched {
+        let d = change.writes[i].d;
+        if let Ok(Some(look)) = root.look(d.path.as_str()) {
+            carried.carry(d.path.as_str(), &look, &d.sha256);
+        }
+    }
+    carried
+}
+
+/// Records the looks of a release's `outputs` (path, size, SHA-256) in its
+/// `.distributor-seen`, once their last change of time is settled, so that
+/// the next release knows them without reading them. A cache: a failure is
+/// logged.
+fn record_release_looks(root: &Root, outputs: &[(String, u64, Sha256)]) {
+    std::thread::sleep(crate::fs::storage::SETTLE);
+    let before = std::time::SystemTime::now();
+    let lines = outputs
+        .iter()
+        .filter_map(|(path, size, sha256)| match root.look(path) {
+            Ok(look) => look
+                .and_then(|l| l.settled(before))
+                .filter(|l| l.size == *size)
+                .map(|l| Ok((path.as_str(), l, sha256))),
+            Err(e) => Some(Err(e)),
+        });
+    if let Err(e) = hash_cache::write(root, lines) {
+        log::warn!(
+            "{}: cannot record the looks of the release's outputs ({e}); the next release reads and hashes them again",
+            root.path().display()
+        );
     }
 }
 
@@ -349,7 +411,10 @@ impl LocalRoot {
 
 impl PublishRoot for LocalRoot {
     fn label(&self) -> String {
-        self.path.display().to_string()
+        match &self.releases {
+            Some(rel) => rel.link().display().to_string(),
+            None => self.path.display().to_string(),
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -446,15 +511,20 @@ impl PublishRoot for LocalRoot {
         workers: &dyn Workers,
         cancel: &crate::runtime::interrupt::Cancel,
     ) -> Result<Vec<StagedAs>, Error> {
+        let mut carried = None;
         if self.releases.is_some() && self.building.is_none() {
+            let vouched = match &self.root {
+                Some(current) => vouched_before_linking(current, change),
+                None => Vec::new(),
+            };
             self.start_release().map_err(|e| self.write_error(e))?;
+            carried = Some(carry_looks(self.root(), change, &vouched));
         }
-        let staged = stage::stage(self.root(), change, workers, cancel, &self.process).map_err(
-            |f| match f {
+        let staged = stage::stage(self.root(), change, workers, cancel, &self.process, carried)
+            .map_err(|f| match f {
                 Failure::Bundle(e) => Error::Bundle(e),
                 Failure::Io(e) => self.write_error(never_fits(self.root(), change, e)),
-            },
-        )?;
+            })?;
         let outcome = staged
             .outputs
             .iter()
@@ -475,7 +545,18 @@ impl PublishRoot for LocalRoot {
         stage::make_durable(root, staged, &self.process).map_err(|e| self.write_error(e))
     }
 
-    fn commit(&mut self, change: Change<'_>) -> Result<CommitTally, Error> {
+    fn commit(&mut self, mut change: Change<'_>) -> Result<CommitTally, Error> {
+        // A release records the looks of its outputs once every link and
+        // unlink of the publication is done (each gives a new change time).
+        let looks: Vec<(String, u64, Sha256)> =
+            if self.building.is_some() && change.record_looks && change.is_large() {
+                change.record_looks = false;
+                (change.writes.iter())
+                    .map(|w| (w.d.path.as_str().to_owned(), w.d.size, w.d.sha256))
+                    .collect()
+            } else {
+                Vec::new()
+            };
         let staged = self.staged.take().expect("committed after staging");
         let file_by_file = staged.file_by_file();
         let root = self.root();
@@ -496,6 +577,9 @@ impl PublishRoot for LocalRoot {
                 source: e,
             })?;
             rel.retain(self.keep.unwrap_or(u32::MAX));
+            if !looks.is_empty() {
+                record_release_looks(self.root(), &looks);
+            }
         }
         Ok(CommitTally {
             copied_across: c.copied_across,
@@ -623,7 +707,7 @@ fn delete_through_engine(
     let staging = || io_fault(root.path(), Doing::StageDeletions);
     let cancel = crate::runtime::interrupt::Cancel::new();
     let mut staged =
-        stage::stage(root, change, &InOrder, &cancel, process).map_err(|f| match f {
+        stage::stage(root, change, &InOrder, &cancel, process, None).map_err(|f| match f {
             Failure::Io(e) => staging()(e),
             // Nothing is copied from a bundle.
             Failure::Bundle(e) => staging()(io::Error::other(e.to_string())),

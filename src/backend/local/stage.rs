@@ -157,7 +157,7 @@ pub(super) enum Failure {
 
 impl Change<'_> {
     /// A change of many files (see [`BARRIER_FROM`]).
-    fn is_large(&self) -> bool {
+    pub(super) fn is_large(&self) -> bool {
         self.writes.len() + self.deletes.len() + self.clear_first.len() >= BARRIER_FROM
     }
 
@@ -314,6 +314,7 @@ pub(super) fn stage<'a>(
     workers: &dyn Workers,
     cancel: &Cancel,
     process: &ProcessState,
+    carried: Option<HashCache>,
 ) -> Result<StagedRoot, Failure> {
     let layout = change.layout();
     if layout == Layout::Beside {
@@ -338,7 +339,9 @@ pub(super) fn stage<'a>(
         .iter()
         .filter(|w| records_same(change.replaced(w.d.path.as_str()), w.d))
         .count();
-    let seen = (recorded_same >= BARRIER_FROM).then(|| HashCache::read(root));
+    // (A new release's outputs are vouched for by the looks they had in
+    // the release they are linked from: `carried`.)
+    let seen = carried.or_else(|| (recorded_same >= BARRIER_FROM).then(|| HashCache::read(root)));
     // Made as each write is staged: a large tree's jobs are not held.
     let job = |w: &Write<'a>| Job {
         d: w.d,
