@@ -100,10 +100,23 @@ impl LocalRoot {
             return Ok(());
         }
         self.releases = Releases::open(&self.path, write, timeout)?;
-        if let Some(rel) = &self.releases
-            && let Current::Release(name) = &rel.current
-        {
-            self.path = rel.path_of(name);
+        let Some(rel) = &self.releases else {
+            return Ok(());
+        };
+        match &rel.current {
+            Current::Release(name) => self.path = rel.path_of(name),
+            Current::Nothing => {
+                // Built from nothing, the next release would drop every
+                // output the missing link's release held.
+                if let Some(newest) = rel.names()?.first() {
+                    return Err(Opened::Io(io::Error::other(format!(
+                        "{} is missing, but {} holds releases: point the link at one with `distributor rollback --to {newest}` (the newest), then publish again",
+                        self.path.display(),
+                        releases::folder_of(&self.path).display()
+                    ))));
+                }
+            }
+            Current::Plain => {}
         }
         Ok(())
     }

@@ -168,7 +168,11 @@ impl Releases {
                     ))));
                 }
                 std::fs::create_dir_all(parent_path)?;
-                std::fs::create_dir(&folder_path)?;
+                match std::fs::create_dir(&folder_path) {
+                    // Another process made it first: the lock decides.
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e.into()),
+                    _ => {}
+                }
                 Root::open(&folder_path)?.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?
             }
         };
@@ -332,13 +336,33 @@ impl Releases {
         rustix::fs::symlinkat(self.target_of(name).as_str(), dir, NEXT_LINK)?;
         let plain = self.current == Current::Plain;
         if plain {
-            rustix::fs::renameat_with(
+            let exchanged = rustix::fs::renameat_with(
                 dir,
                 NEXT_LINK,
                 &self.parent,
                 self.link_name.as_str(),
                 rustix::fs::RenameFlags::EXCHANGE,
-            )?;
+            );
+            match exchanged {
+                Ok(()) => {}
+                Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS) => {
+                    // The file system cannot exchange two names: the folder
+                    // goes first, and `path` is missing until the link
+                    // takes its place.
+                    log::warn!(
+                        "{}: its file system cannot exchange a folder and a link in one step (RENAME_EXCHANGE), so while it is converted to releases it is missing for an instant",
+                        self.link.display()
+                    );
+                    dir.remove_file(NEXT_LINK)?;
+                    rustix::fs::renameat(&self.parent, self.link_name.as_str(), dir, NEXT_LINK)?;
+                    rustix::fs::symlinkat(
+                        self.target_of(name).as_str(),
+                        &self.parent,
+                        self.link_name.as_str(),
+                    )?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         } else {
             rustix::fs::renameat(dir, NEXT_LINK, &self.parent, self.link_name.as_str())?;
         }
