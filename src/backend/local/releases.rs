@@ -114,6 +114,10 @@ pub enum Current {
     Plain,
     /// The link distributor owns, to this release.
     Release(String),
+    /// The link to this release, whose folder is gone (deleted or
+    /// replaced by hand): only `rollback` and `releases` open it, so that
+    /// the operator can point the link at a release that is there.
+    Missing(String),
 }
 
 /// The releases of one destination, their folder locked.
@@ -146,6 +150,26 @@ impl Releases {
     /// nothing. `Ok(None)` without `write` when there is no releases folder
     /// yet.
     pub fn open(link: &Path, write: bool, timeout: Duration) -> Result<Option<Releases>, Opened> {
+        let releases = Releases::open_to_switch(link, write, timeout)?;
+        if let Some(rel) = &releases
+            && let Current::Missing(name) = &rel.current
+        {
+            return Err(Opened::Io(refused(format!(
+                "{} links to release {name}, but {} holds no such release folder: run `distributor releases` to see what is there, and `distributor rollback --to RELEASE` to point the link at one",
+                rel.link.display(),
+                rel.folder.path().display()
+            ))));
+        }
+        Ok(releases)
+    }
+
+    /// Like [`Releases::open`], but a link to a release folder that is gone
+    /// is opened too ([`Current::Missing`]): `rollback` and `releases`.
+    pub fn open_to_switch(
+        link: &Path,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<Option<Releases>, Opened> {
         let (parent_path, link_name) = match (link.parent(), link.file_name()) {
             (Some(p), Some(n)) => (p, n.to_string_lossy().into_owned()),
             _ => {
@@ -235,11 +259,7 @@ impl Releases {
         if let Current::Release(name) = &current
             && !self.is_release(name)?
         {
-            return Err(Opened::Io(refused(format!(
-                "{} links to release {name}, but {} holds no such release folder: run `distributor releases` to see what is there, and `distributor rollback --to RELEASE` to point the link at one",
-                self.link.display(),
-                self.folder.path().display()
-            ))));
+            return Ok(Current::Missing(name.clone()));
         }
         Ok(current)
     }
