@@ -257,6 +257,13 @@ impl Destination {
             Backend::Local => {
                 let _ = writeln!(s, "      backend: local");
                 let _ = writeln!(s, "      root: {}", d.root.display());
+                if let Some(keep) = d.releases {
+                    let _ = writeln!(
+                        s,
+                        "      releases: {keep} (root is a link into {}.releases/)",
+                        d.root.display()
+                    );
+                }
             }
             Backend::S3(l) => {
                 let _ = writeln!(s, "      backend: s3");
