@@ -105,7 +105,7 @@ fn open(target: &OwnedRoot, write: bool) -> Result<Option<Releases>, MaintainErr
     if !releases::folder_of(link).is_dir() {
         return Ok(None);
     }
-    Releases::open(link, write, target.lock_timeout).map_err(|e| match e {
+    Releases::open_to_switch(link, write, target.lock_timeout).map_err(|e| match e {
         releases::Opened::Lock(e) => MaintainError::Lock(e),
         releases::Opened::Io(e) => storage(target, Doing::OpenFolder)(e),
     })
@@ -128,7 +128,7 @@ pub fn rollback(
     };
     let names = rel.names().map_err(storage(target, Doing::ListFolder))?;
     let from = match &rel.current {
-        Current::Release(name) => Some(name.clone()),
+        Current::Release(name) | Current::Missing(name) => Some(name.clone()),
         Current::Plain => {
             return Err(no_earlier(
                 "it is still a plain folder, which its next publication converts into the first release".to_owned(),
@@ -154,8 +154,10 @@ pub fn rollback(
                     names.join(", ")
                 )));
             };
-            let at = names.iter().position(|n| n == from).unwrap_or(0);
-            match names.get(at + 1) {
+            // Newest first: the first one older than `from` (which may be
+            // gone, deleted by hand).
+            let key = releases::parse_name(from);
+            match names.iter().find(|n| releases::parse_name(n) < key) {
                 Some(earlier) => earlier.clone(),
                 None => {
                     return Err(no_earlier(format!("release {from} is the oldest it keeps")));

@@ -25,6 +25,7 @@ mod producer_limits;
 mod producer_spool;
 mod quickstart;
 mod race;
+mod releases;
 mod reliability;
 mod render;
 mod run;

@@ -116,7 +116,8 @@ impl LocalRoot {
                     ))));
                 }
             }
-            Current::Plain => {}
+            // (`Releases::open` refuses a link to a missing release.)
+            Current::Plain | Current::Missing(_) => {}
         }
         Ok(())
     }

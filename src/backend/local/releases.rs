@@ -64,7 +64,10 @@ pub fn parse_name(name: &str) -> Option<(&str, u32)> {
         .then_some((base, n))
 }
 
-/// The name of a release made at `now`, not one of `taken`.
+/// The name of a release made at `now`: none of `taken` (every name in
+/// the releases folder), and after every release of the same second, even
+/// when retention deleted the first ones (a name used again would sort
+/// before the releases it follows).
 pub fn next_name(now: OffsetDateTime, taken: &[String]) -> String {
     let now = now.to_offset(time::UtcOffset::UTC);
     let base = format!(
@@ -76,13 +79,16 @@ pub fn next_name(now: OffsetDateTime, taken: &[String]) -> String {
         now.minute(),
         now.second()
     );
-    let mut name = base.clone();
-    let mut n = 0;
-    while taken.contains(&name) {
-        n += 1;
-        name = format!("{base}-{n}");
+    let after = taken
+        .iter()
+        .filter_map(|t| parse_name(t))
+        .filter(|(b, _)| *b == base)
+        .map(|(_, n)| n + 1)
+        .max();
+    match after {
+        None => base,
+        Some(n) => format!("{base}-{n}"),
     }
-    name
 }
 
 /// When a release was made, from its name, as RFC 3339.
@@ -108,6 +114,10 @@ pub enum Current {
     Plain,
     /// The link distributor owns, to this release.
     Release(String),
+    /// The link to this release, whose folder is gone (deleted or
+    /// replaced by hand): only `rollback` and `releases` open it, so that
+    /// the operator can point the link at a release that is there.
+    Missing(String),
 }
 
 /// The releases of one destination, their folder locked.
@@ -140,6 +150,26 @@ impl Releases {
     /// nothing. `Ok(None)` without `write` when there is no releases folder
     /// yet.
     pub fn open(link: &Path, write: bool, timeout: Duration) -> Result<Option<Releases>, Opened> {
+        let releases = Releases::open_to_switch(link, write, timeout)?;
+        if let Some(rel) = &releases
+            && let Current::Missing(name) = &rel.current
+        {
+            return Err(Opened::Io(refused(format!(
+                "{} links to release {name}, but {} holds no such release folder: run `distributor releases` to see what is there, and `distributor rollback --to RELEASE` to point the link at one",
+                rel.link.display(),
+                rel.folder.path().display()
+            ))));
+        }
+        Ok(releases)
+    }
+
+    /// Like [`Releases::open`], but a link to a release folder that is gone
+    /// is opened too ([`Current::Missing`]): `rollback` and `releases`.
+    pub fn open_to_switch(
+        link: &Path,
+        write: bool,
+        timeout: Duration,
+    ) -> Result<Option<Releases>, Opened> {
         let (parent_path, link_name) = match (link.parent(), link.file_name()) {
             (Some(p), Some(n)) => (p, n.to_string_lossy().into_owned()),
             _ => {
@@ -233,11 +263,7 @@ impl Releases {
         if let Current::Release(name) = &current
             && !self.is_release(name)?
         {
-            return Err(Opened::Io(refused(format!(
-                "{} links to release {name}, but {} holds no such release folder: run `distributor releases` to see what is there, and `distributor rollback --to RELEASE` to point the link at one",
-                self.link.display(),
-                self.folder.path().display()
-            ))));
+            return Ok(Current::Missing(name.clone()));
         }
         Ok(current)
     }
@@ -290,7 +316,11 @@ impl Releases {
     /// plain root), every file of it hard-linked but the reserved ones at
     /// its top; from nothing when `from` is `None`.
     pub fn build(&self, now: OffsetDateTime, from: Option<&Root>) -> io::Result<(Building, Root)> {
-        let name = next_name(now, &self.names()?);
+        let mut taken = Vec::new();
+        for entry in self.folder.dir().entries()? {
+            taken.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        let name = next_name(now, &taken);
         let temp = format!("{BUILDING}{name}");
         self.folder.dir().create_dir(&temp)?;
         let root = Root::open(&self.path_of(&temp))?
@@ -568,6 +598,9 @@ mod tests {
             .chain((1..=10).map(|n| format!("20261207T033000Z-{n}")))
             .collect();
         assert_eq!(next_name(now, &many), "20261207T033000Z-11");
+        // The first ones deleted by retention: never named again.
+        let kept = ["20261207T033000Z-2".to_owned()];
+        assert_eq!(next_name(now, &kept), "20261207T033000Z-3");
         let mut sorted = many.clone();
         sorted.sort_by(|a, b| parse_name(b).cmp(&parse_name(a)));
         assert_eq!(sorted[0], "20261207T033000Z-10");
