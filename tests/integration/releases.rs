@@ -875,6 +875,30 @@ fn a_link_whose_releases_folder_is_gone_is_refused_untouched() {
 }
 
 #[test]
+fn a_link_deleted_by_hand_is_refused_until_rolled_back_to_a_release() {
+    let t = with_releases(3);
+    let b1 = t.bundle("v1", &[("a.txt", "1\n"), ("keep.txt", "kept\n")]);
+    publish(&t, &b1);
+    let newest = current(&t);
+    fs::remove_file(t.join(LINK)).unwrap();
+    let on_disk = disk(&t);
+    // Built from nothing, the next release would lose keep.txt.
+    let b2 = t.bundle("v2", &[("a.txt", "2\n")]);
+    assert_refused(
+        &t.publish("p", &b2, &[]),
+        &format!("rollback --to {newest}"),
+    );
+    assert_eq!(disk(&t), on_disk, "nothing is built");
+    rollback(&t, &["--to", &newest]);
+    publish(&t, &b2);
+    assert_eq!(
+        fs::read_to_string(t.join("site/keep.txt")).unwrap(),
+        "kept\n"
+    );
+    assert_eq!(fs::read_to_string(t.join("site/a.txt")).unwrap(), "2\n");
+}
+
+#[test]
 fn a_release_damaged_by_hand_is_repaired_in_the_next_release() {
     let t = with_releases(3);
     let files: Files = &[("a.txt", "aaa\n"), ("b.txt", "bbb\n"), ("c.txt", "ccc\n")];
