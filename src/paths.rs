@@ -141,6 +141,27 @@ pub fn is_reserved_name(segment: &str) -> bool {
     segment.starts_with(RESERVED_PREFIX)
 }
 
+/// Whether the output at `path` is a page: its name ends in `.html` or
+/// `.htm` (in any case). A publication makes every other new or changed
+/// output visible before the pages, so that a page read meanwhile finds
+/// the files it refers to (docs/contract.md §7).
+pub fn is_page(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path).as_bytes();
+    [&b".html"[..], b".htm"].iter().any(|ext| {
+        name.len() >= ext.len() && name[name.len() - ext.len()..].eq_ignore_ascii_case(ext)
+    })
+}
+
+/// `items` in the order a publication makes them visible: those whose
+/// path is not a page, then the pages ([`is_page`]), each in the order
+/// given.
+pub fn pages_last<T>(
+    items: impl IntoIterator<Item = T>,
+    path: impl Fn(&T) -> &str,
+) -> (Vec<T>, Vec<T>) {
+    items.into_iter().partition(|item| !is_page(path(item)))
+}
+
 /// Which identifier rule applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdKind {
@@ -201,6 +222,44 @@ pub fn is_sha256_digest(digest: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_are_html_and_htm_outputs_and_go_last() {
+        // (path, a page)
+        let cases = [
+            ("index.html", true),
+            ("docs/guide.htm", true),
+            ("a/b/INDEX.HTML", true),
+            ("Page.Htm", true),
+            (".html", true),
+            ("style.css", false),
+            ("app.js", false),
+            ("index.html.gz", false),
+            ("index.htmlx", false),
+            ("page.xhtml", false),
+            ("html", false),
+            ("htm/logo.png", false),
+            ("report.md", false),
+            ("x.html/inside.txt", false),
+        ];
+        for (path, page) in cases {
+            assert_eq!(is_page(path), page, "{path}");
+        }
+        // Every other output first, then the pages, each in the order given.
+        let (first, last) = pages_last(
+            [
+                "b.html",
+                "a.css",
+                "index.htm",
+                "z/app.js",
+                "a/x.html",
+                "img.png",
+            ],
+            |p| p,
+        );
+        assert_eq!(first, ["a.css", "z/app.js", "img.png"]);
+        assert_eq!(last, ["b.html", "index.htm", "a/x.html"]);
+    }
 
     #[test]
     fn clean_paths_are_accepted() {

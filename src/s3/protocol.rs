@@ -10,7 +10,9 @@
 //! 2. write each output at its final key: a key without a catalog record
 //!    with `If-None-Match: *`, a recorded one with `If-Match` of the ETag
 //!    a HEAD showed right before, after checking the object still holds
-//!    the sha256 the catalog records (metadata, or a re-hash);
+//!    the sha256 the catalog records (metadata, or a re-hash); every
+//!    output that is not a page first, the pages once all of those are
+//!    stored ([`crate::paths::pages_last`]);
 //! 3. compare-and-swap the catalog on the ETag it was read with (on
 //!    conflict: re-read, let the caller rebase, try again);
 //! 4. delete the objects the new catalog no longer records;
@@ -323,12 +325,16 @@ fn run(
     let mut written = Vec::with_capacity(writes.len());
     // Every PUT this publication started has finished (stored or refused)
     // before an error is returned, so the caller's clean-up sees every
-    // object it stored.
-    let mut window = Window::default();
-    let sent = upload(session, writes, &id, &mut window, &mut written);
-    let landed = window.land_all(root, session.settings, &mut written);
-    sent?;
-    landed?;
+    // object it stored. The pages go up only once every other output is
+    // stored: a reader who loads a new page finds what it refers to.
+    let (others, pages) = crate::paths::pages_last(writes, |w| w.path.as_str());
+    for group in [others, pages] {
+        let mut window = Window::default();
+        let sent = upload(session, group, &id, &mut window, &mut written);
+        let landed = window.land_all(root, session.settings, &mut written);
+        sent?;
+        landed?;
+    }
     crate::runtime::failpoint::hit("s3.after_upload");
     // In the order of the writes (small objects land in any order).
     let order: std::collections::HashMap<&str, usize> =

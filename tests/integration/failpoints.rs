@@ -187,6 +187,92 @@ fn every_publication_step_crash_converges_for_both_workflows() {
     eprintln!("crash points: {hits} crashes mid-publication, each rerun converged");
 }
 
+/// A replacement killed once its catalog is durable, before it deleted
+/// anything: the new version is in force, and the old outputs are still on
+/// disk, recorded nowhere. The next run finishes the deletions from the
+/// journal (a file changed since is not the old output: it stays) and
+/// finds nothing left to do. A small change (staged at the top, each sync
+/// mode) and a large one (staged beside its targets).
+#[test]
+fn a_crash_between_the_catalog_and_the_deletions_is_finished_by_the_next_run() {
+    let cases = [
+        ("small", 0, SYNC_MODES[0].1),
+        ("small, file by file", 0, SYNC_MODES[1].1),
+        ("large", 20, SYNC_MODES[0].1),
+    ];
+    for (what, extra, unwritten) in cases {
+        let t = Test::new();
+        t.config(&config("replacement"));
+        let mut files: Vec<(String, String)> = [
+            ("report.md", "# One\n"),
+            ("old.txt", "old\n"),
+            ("sub/gone.md", "# Gone\n"),
+            ("keep.txt", "same\n"),
+        ]
+        .iter()
+        .map(|(p, c)| (p.to_string(), c.to_string()))
+        .collect();
+        files.extend((0..extra).map(|i| (format!("old/f{i:02}.txt"), format!("{i}\n"))));
+        let a = t.bundle_at("a", "first", "2026-06-01T00:00:00Z", &files);
+        let b = t.bundle_at(
+            "b",
+            "second",
+            "2026-06-02T00:00:00Z",
+            &[("report.md", "# Two\n"), ("keep.txt", "same\n")],
+        );
+        t.publish("p", &a, &[]).expect_code(0);
+        let crashed = t
+            .cmd()
+            .env("DISTRIBUTOR_FAILPOINT", "publish.after_catalog")
+            .env("DISTRIBUTOR_TEST_UNWRITTEN", unwritten)
+            .args(["--config", "config.yaml", "run", "--pipeline", "p"])
+            .arg(&b)
+            .output();
+        assert!(
+            crashed.stderr.contains("reached: aborting"),
+            "{what}: {}",
+            crashed.stderr
+        );
+
+        // The new catalog is in force; nothing is deleted yet.
+        let root = t.join("root");
+        let records = t.recorded("root");
+        let mut recorded: Vec<&str> = records.keys().map(String::as_str).collect();
+        recorded.sort();
+        assert_eq!(recorded, ["keep.txt", "report.html", "report.md"], "{what}");
+        assert!(
+            records.values().all(|r| r["source"]["id"] == "second"),
+            "{what}"
+        );
+        let dropped = ["old.txt", "sub/gone.md", "sub/gone.html"];
+        for path in dropped {
+            assert!(
+                root.join(path).exists(),
+                "{what}: {path} deleted before the catalog"
+            );
+        }
+        assert!(root.join(".distributor-journal.json").exists(), "{what}");
+        // Changed by someone meanwhile: no longer the output it deletes.
+        t.write("root/sub/gone.md", "# Mine now\n");
+
+        let rerun = t.publish("p", &b, &[]);
+        rerun.expect_code(0);
+        assert_eq!(rerun.dest()["action"], "skip_same", "{what}");
+        assert!(!root.join("old.txt").exists(), "{what}");
+        assert!(!root.join("sub/gone.html").exists(), "{what}");
+        assert!(!root.join("old").exists(), "{what}: emptied folder removed");
+        assert_eq!(
+            fs::read_to_string(root.join("sub/gone.md")).unwrap(),
+            "# Mine now\n",
+            "{what}: a file changed after the crash was deleted"
+        );
+        assert!(!t.recorded("root").contains_key("sub/gone.md"), "{what}");
+        fs::remove_dir_all(root.join("sub")).unwrap();
+        assert_catalog_matches_disk(&root);
+        assert_clean(&root);
+    }
+}
+
 #[test]
 fn force_replace_crash_converges() {
     for point in [

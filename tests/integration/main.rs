@@ -19,6 +19,7 @@ mod manpage;
 mod matrix;
 mod metrics;
 mod operate;
+mod order;
 mod outage;
 mod producer;
 mod producer_limits;

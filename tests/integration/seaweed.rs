@@ -522,6 +522,212 @@ fn forward_requests(mut client: TcpStream, mut server: TcpStream) -> std::io::Re
     }
 }
 
+/// One request that went through a [`RecordingProxy`]: its method and
+/// target (path and query), the status of its response, and two numbers
+/// from one counter shared by every connection: `started` once the request
+/// head arrived (before it is passed on), `answered` once the whole
+/// response came back from the server (before the client gets its last
+/// byte). A request a client sends only after another's response therefore
+/// has a `started` above that one's `answered`.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    pub method: String,
+    pub target: String,
+    /// The keys a multi-object delete (`POST ?delete`) names.
+    pub deletes: Vec<String>,
+    pub status: u16,
+    pub started: u64,
+    pub answered: u64,
+}
+
+/// A proxy in front of a server that passes every request and response on
+/// unchanged (so signed requests stay valid) and records each exchange.
+pub struct RecordingProxy {
+    /// `http://127.0.0.1:PORT` to give clients.
+    pub endpoint: String,
+    log: std::sync::Arc<Mutex<Vec<Exchange>>>,
+}
+
+impl RecordingProxy {
+    /// A proxy to `upstream` (`http://HOST:PORT`).
+    pub fn start(upstream: &str) -> RecordingProxy {
+        let upstream = upstream
+            .strip_prefix("http://")
+            .expect("an http endpoint")
+            .to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let clock = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let (upstream, log, clock) = (upstream.clone(), kept.clone(), clock.clone());
+                std::thread::spawn(move || {
+                    if let Ok(server) = TcpStream::connect(&upstream) {
+                        let _ = relay(client, server, &log, &clock);
+                    }
+                });
+            }
+        });
+        RecordingProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    /// Every exchange recorded since the last call, in the order they were
+    /// answered.
+    pub fn take(&self) -> Vec<Exchange> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+/// How the body of an HTTP/1.1 message ends.
+enum Body {
+    None,
+    Length(u64),
+    Chunked,
+    ToEof,
+}
+
+/// Reads one message head (through its empty line); `None` at the end of
+/// the stream before it.
+fn read_head(from: &mut impl std::io::BufRead) -> std::io::Result<Option<Vec<u8>>> {
+    let mut head = Vec::new();
+    loop {
+        let n = from.read_until(b'\n', &mut head)?;
+        if n == 0 {
+            return match head.is_empty() {
+                true => Ok(None),
+                false => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            };
+        }
+        if head.ends_with(b"\r\n\r\n") || head == b"\r\n" {
+            return Ok(Some(head));
+        }
+    }
+}
+
+/// The body that follows `head`: by `Content-Length`, chunked, or (a
+/// response with neither) to the end of the stream.
+fn body_of(head: &[u8], response: bool) -> Body {
+    let text = String::from_utf8_lossy(head).to_ascii_lowercase();
+    for line in text.split("\r\n") {
+        if let Some(v) = line.strip_prefix("transfer-encoding:")
+            && v.contains("chunked")
+        {
+            return Body::Chunked;
+        }
+        if let Some(v) = line.strip_prefix("content-length:") {
+            return Body::Length(v.trim().parse().unwrap_or(0));
+        }
+    }
+    if response { Body::ToEof } else { Body::None }
+}
+
+/// Copies one body from `from` to `to`.
+fn copy_body(
+    from: &mut impl std::io::BufRead,
+    to: &mut impl Write,
+    body: Body,
+) -> std::io::Result<()> {
+    match body {
+        Body::None => Ok(()),
+        Body::Length(n) => {
+            let copied = std::io::copy(&mut from.take(n), to)?;
+            match copied == n {
+                true => Ok(()),
+                false => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            }
+        }
+        Body::ToEof => std::io::copy(from, to).map(drop),
+        Body::Chunked => loop {
+            let mut line = Vec::new();
+            from.read_until(b'\n', &mut line)?;
+            to.write_all(&line)?;
+            let size = String::from_utf8_lossy(&line);
+            let size = size.trim().split(';').next().unwrap_or_default();
+            let size = u64::from_str_radix(size, 16)
+                .map_err(|_| std::io::Error::other(format!("bad chunk size {size:?}")))?;
+            if size == 0 {
+                // Trailers, through the empty line.
+                loop {
+                    let mut trailer = Vec::new();
+                    from.read_until(b'\n', &mut trailer)?;
+                    to.write_all(&trailer)?;
+                    if trailer == b"\r\n" || trailer.is_empty() {
+                        return Ok(());
+                    }
+                }
+            }
+            copy_body(from, to, Body::Length(size + 2))?;
+        },
+    }
+}
+
+/// Relays the exchanges of one client connection, one at a time (an
+/// HTTP/1.1 client sends its next request after the response), recording
+/// each.
+fn relay(
+    client: TcpStream,
+    mut server: TcpStream,
+    log: &Mutex<Vec<Exchange>>,
+    clock: &std::sync::atomic::AtomicU64,
+) -> std::io::Result<()> {
+    let mut to_client = client.try_clone()?;
+    let mut from_client = std::io::BufReader::new(client);
+    let mut from_server = std::io::BufReader::new(server.try_clone()?);
+    while let Some(head) = read_head(&mut from_client)? {
+        let started = clock.fetch_add(1, Ordering::SeqCst);
+        let line = String::from_utf8_lossy(&head).into_owned();
+        let mut words = line.split_whitespace();
+        let method = words.next().unwrap_or_default().to_owned();
+        let target = words.next().unwrap_or_default().to_owned();
+        let mut body = Vec::new();
+        copy_body(&mut from_client, &mut body, body_of(&head, false))?;
+        server.write_all(&head)?;
+        server.write_all(&body)?;
+        let mut deletes = Vec::new();
+        if method == "POST" && target.contains("?delete") {
+            let body = String::from_utf8_lossy(&body);
+            for piece in body.split("<Key>").skip(1) {
+                deletes.push(piece.split("</Key>").next().unwrap_or_default().to_owned());
+            }
+        }
+        let mut response = Vec::new();
+        let status = loop {
+            let head = read_head(&mut from_server)?
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+            let status: u16 = String::from_utf8_lossy(&head)
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            response.extend_from_slice(&head);
+            if status != 100 {
+                let body = match (method.as_str(), status) {
+                    ("HEAD", _) | (_, 204 | 304) => Body::None,
+                    _ => body_of(&head, true),
+                };
+                copy_body(&mut from_server, &mut response, body)?;
+                break status;
+            }
+        };
+        let answered = clock.fetch_add(1, Ordering::SeqCst);
+        log.lock().unwrap().push(Exchange {
+            method,
+            target,
+            deletes,
+            status,
+            started,
+            answered,
+        });
+        to_client.write_all(&response)?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // The bucket, seen through a plain client
 // ---------------------------------------------------------------------------

@@ -9,11 +9,15 @@
 //! publication created are removed, and the catalog is rewritten. Renames
 //! are atomic, so each path holds either the old or the new bytes, never a
 //! mix. A journal cut short was being written when its publication stopped,
-//! before it was durable, so before anything moved: it is dropped.
+//! before it was durable, so before anything moved: it is dropped. A
+//! journal found beside the catalog it names belongs to a publication that
+//! was in force and had only its deletions left (they come after the
+//! catalog is durable): recovery finishes them, each only where the path
+//! still holds what the publication deleted.
 
 use crate::backend::local::catalog_cache::CatalogCache;
 use crate::backend::local::hash_cache::Look;
-use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, State};
+use crate::catalog::{Catalog, OutputRecord, RecordTexts, STATE_FILE, State, format_time};
 use crate::fs::storage::{Entry, Root, is_temp_name};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,12 +40,59 @@ pub struct JournalWrite {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Journal {
     pub writes: Vec<JournalWrite>,
-    /// Paths deleted after the writes (or cleared before them).
+    /// Paths deleted after the catalog (or cleared before the writes).
     pub deletes: Vec<String>,
     /// Folders the publication may create, shallowest first.
     pub created_dirs: Vec<String>,
     /// True when the root had no state file before the publication.
     pub state_was_absent: bool,
+    /// The `updated_at` of the catalog the publication writes (RFC 3339):
+    /// found in place, that catalog is in force and only the deletions may
+    /// be left to finish. Absent from the journals of versions that
+    /// deleted before writing the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<String>,
+    /// What each deletion after the catalog removes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted: Vec<JournalDelete>,
+}
+
+/// One deletion after the catalog, and what recovery may take for the
+/// output it deletes: the bytes its record names, else (an unrecorded file
+/// of a legacy root) the file's look when it was journaled, or an empty
+/// folder. Anything else found there is left alone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JournalDelete {
+    pub path: String,
+    /// The record dropped, put back when recovery cannot delete its file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old: Option<OutputRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub look: Option<JournalLook>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub folder: bool,
+}
+
+/// A [`Look`] as the journal keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalLook {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl From<Look> for JournalLook {
+    fn from(l: Look) -> JournalLook {
+        JournalLook {
+            dev: l.dev,
+            ino: l.ino,
+            size: l.size,
+            ctime: l.ctime,
+            ctime_nsec: l.ctime_nsec,
+        }
+    }
 }
 
 /// A journal written from records borrowed from the catalog being built,
@@ -53,6 +104,22 @@ pub struct JournalRef<'a> {
     pub deletes: Vec<&'a str>,
     pub created_dirs: Vec<String>,
     pub state_was_absent: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deleted: Vec<JournalDeleteRef<'a>>,
+}
+
+/// A [`JournalDelete`] by reference.
+#[derive(Debug, Serialize)]
+pub struct JournalDeleteRef<'a> {
+    pub path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old: Option<&'a OutputRecord>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub look: Option<JournalLook>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub folder: bool,
 }
 
 /// A [`JournalWrite`] by reference.
@@ -255,6 +322,13 @@ pub fn recover_with(
         .into_iter()
         .map(|r| (r.path.as_str().to_owned(), r))
         .collect();
+    // Its catalog in place (and durable, after the sync), the publication
+    // had only deletions left: they are finished (a dry run only tells).
+    let finished = if catalog_written(&journal, &current) {
+        finish_deletions(root, &journal, apply, &mut records)?
+    } else {
+        0
+    };
     settle_records(root, &journal, &mut records)?;
     if apply {
         remove_temps(root, &journal)?;
@@ -281,6 +355,10 @@ pub fn recover_with(
         base.updated_at = now;
     }
     if apply {
+        if finished > 0 {
+            // Durable before the journal that names them goes.
+            root.sync()?;
+        }
         if changed {
             root.write_reserved(STATE_FILE, &base.to_json())?;
         }
@@ -332,6 +410,78 @@ fn read_journal(root: &Root, apply: bool, memory: &CatalogCache) -> io::Result<O
             root.path().display()
         ))),
     }
+}
+
+/// Whether `current` is the catalog the journaled publication writes: it
+/// has the journaled `updated_at` and records none of the outputs the
+/// publication deletes (an older catalog stamped in the same millisecond
+/// still records them).
+fn catalog_written(journal: &Journal, current: &State) -> bool {
+    let (Some(at), State::Catalog(c)) = (&journal.catalog, current) else {
+        return false;
+    };
+    format_time(c.updated_at) == *at
+        && journal
+            .deleted
+            .iter()
+            .all(|d| d.old.is_none() || c.get(&d.path).is_none())
+}
+
+/// Deletes what the publication still had to delete after its catalog,
+/// where the path still holds what it deleted ([`JournalDelete`]): never
+/// anything else, nor a path `records` holds. A file that cannot be
+/// deleted keeps its record, put back, with a warning. Returns how many
+/// were deleted (with `apply` false, none: the state is the same).
+fn finish_deletions(
+    root: &Root,
+    journal: &Journal,
+    apply: bool,
+    records: &mut BTreeMap<String, OutputRecord>,
+) -> io::Result<usize> {
+    let mut finished = 0;
+    for d in &journal.deleted {
+        let path = d.path.as_str();
+        if records.contains_key(path) {
+            continue;
+        }
+        let holds = match (&d.old, d.look) {
+            (Some(old), _) => root.holds(path, &old.sha256, old.size)?.is_some(),
+            (None, Some(look)) => root.look(path)?.map(JournalLook::from) == Some(look),
+            (None, None) => d.folder && root.entry(path)? == Entry::Dir,
+        };
+        if !holds || !apply {
+            continue;
+        }
+        match root.remove_output(path) {
+            Ok(true) => {
+                finished += 1;
+                if let Err(e) = root.prune_empty_parents(path) {
+                    log::warn!(
+                        "{}: cannot remove the folders {path} left empty ({e}); remove them by hand",
+                        root.path().display()
+                    );
+                }
+            }
+            // A folder that is not empty any more: someone's content.
+            Ok(false) => {}
+            Err(e) => {
+                log::warn!(
+                    "{}/{path}: cannot delete it ({e}); its record is kept, and the next publication that drops it deletes it",
+                    root.path().display()
+                );
+                if let Some(old) = &d.old {
+                    records.insert(path.to_owned(), old.clone());
+                }
+            }
+        }
+    }
+    if finished > 0 {
+        log::warn!(
+            "{}: the interrupted publication's catalog is in place; deleted the {finished} output(s) it no longer records",
+            root.path().display()
+        );
+    }
+    Ok(finished)
 }
 
 /// Brings `records` (by path) to what the root holds at every path the
@@ -539,16 +689,40 @@ mod tests {
     #[test]
     fn a_journal_written_by_reference_reads_back_as_the_same_journal() {
         let (new_a, old_a, new_b) = (record("a/x", 1), record("a/x", 2), record("b", 3));
-        let cases = [
-            (vec![], vec![], vec![], false),
+        let gone = record("gone", 4);
+        let look = JournalLook {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            ctime: 4,
+            ctime_nsec: 5,
+        };
+        // (path, old record, look, folder) of each deletion after the catalog
+        type Deleted<'a> = Vec<(&'a str, Option<&'a OutputRecord>, Option<JournalLook>, bool)>;
+        let cases: [(_, _, _, _, Option<String>, Deleted); 3] = [
+            (vec![], vec![], vec![], false, None, vec![]),
             (
                 vec![(&new_a, Some(&old_a)), (&new_b, None)],
-                vec!["gone", "g/one"],
+                vec!["gone", "g/one", "e"],
                 vec!["a".to_owned()],
                 true,
+                Some("2026-06-01T00:00:00.001Z".to_owned()),
+                vec![
+                    ("gone", Some(&gone), None, false),
+                    ("g/one", None, Some(look), false),
+                    ("e", None, None, true),
+                ],
+            ),
+            (
+                vec![(&new_b, None)],
+                vec![],
+                vec![],
+                false,
+                Some("2026-06-01T00:00:00Z".to_owned()),
+                vec![],
             ),
         ];
-        for (writes, deletes, created_dirs, state_was_absent) in cases {
+        for (writes, deletes, created_dirs, state_was_absent, catalog, deleted) in cases {
             let by_ref = JournalRef {
                 writes: writes
                     .iter()
@@ -557,6 +731,16 @@ mod tests {
                 deletes: deletes.clone(),
                 created_dirs: created_dirs.clone(),
                 state_was_absent,
+                catalog: catalog.clone(),
+                deleted: deleted
+                    .iter()
+                    .map(|&(path, old, look, folder)| JournalDeleteRef {
+                        path,
+                        old,
+                        look,
+                        folder,
+                    })
+                    .collect(),
             };
             let mut bytes = Vec::new();
             by_ref.write_json(&mut bytes).unwrap();
@@ -572,10 +756,191 @@ mod tests {
                 deletes: deletes.iter().map(|d| d.to_string()).collect(),
                 created_dirs,
                 state_was_absent,
+                catalog,
+                deleted: deleted
+                    .iter()
+                    .map(|&(path, old, look, folder)| JournalDelete {
+                        path: path.to_owned(),
+                        old: old.cloned(),
+                        look,
+                        folder,
+                    })
+                    .collect(),
             };
             assert_eq!(bytes, owned.to_json());
             assert_eq!(read.writes.len(), owned.writes.len());
             assert_eq!(read.deletes, owned.deletes);
+            assert_eq!(read.catalog, owned.catalog);
+            let summary = |j: &Journal| -> Vec<_> {
+                j.deleted
+                    .iter()
+                    .map(|d| (d.path.clone(), d.old.clone(), d.look, d.folder))
+                    .collect()
+            };
+            assert_eq!(summary(&read), summary(&owned));
+        }
+        // A journal of a version that deleted before its catalog reads
+        // with neither: recovery settles it as that version did.
+        let older: Journal = serde_json::from_str(
+            r#"{"writes": [], "deletes": ["x"], "created_dirs": [], "state_was_absent": false}"#,
+        )
+        .unwrap();
+        assert!(older.catalog.is_none() && older.deleted.is_empty());
+    }
+
+    /// A publication killed once its catalog was in place, before it had
+    /// deleted all it drops: recovery deletes each journaled path that
+    /// still holds what the publication deleted, and nothing else; a
+    /// catalog that is not the journaled one finishes nothing.
+    #[test]
+    fn deletions_left_after_the_catalog_are_finished_only_where_the_old_output_is() {
+        let then = time::macros::datetime!(2026-06-01 00:00 UTC);
+        let now = time::macros::datetime!(2026-06-02 00:00:00.007 UTC);
+        let with_bytes = |path: &str, bytes: &[u8]| {
+            let h = crate::fs::hashing::hash_bytes(bytes);
+            OutputRecord {
+                sha256: crate::catalog::Sha256::parse(&h.sha256).unwrap(),
+                size: h.size,
+                ..record(path, 0)
+            }
+        };
+        // (case, the catalog on disk: its time and whether it still records
+        // the deleted outputs, paths left afterwards)
+        let cases = [
+            (
+                "the journaled catalog",
+                now,
+                false,
+                &["changed.txt", "full/x", "legacy-changed.txt", "kept.txt"][..],
+            ),
+            (
+                "the catalog before it",
+                then,
+                true,
+                &[
+                    "gone.txt",
+                    "sub/deep.txt",
+                    "changed.txt",
+                    "legacy.txt",
+                    "legacy-changed.txt",
+                    "empty",
+                    "full/x",
+                    "kept.txt",
+                ][..],
+            ),
+            (
+                "an older catalog stamped alike",
+                now,
+                true,
+                &[
+                    "gone.txt",
+                    "sub/deep.txt",
+                    "changed.txt",
+                    "legacy.txt",
+                    "legacy-changed.txt",
+                    "empty",
+                    "full/x",
+                    "kept.txt",
+                ][..],
+            ),
+        ];
+        for (what, stamped, old_records, left) in cases {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = Root::open(tmp.path()).unwrap().unwrap();
+            let write = |path: &str, bytes: &[u8]| {
+                let p = tmp.path().join(path);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, bytes).unwrap();
+            };
+            for (path, bytes) in [
+                ("gone.txt", &b"old"[..]),
+                ("sub/deep.txt", b"deep"),
+                ("changed.txt", b"old too"),
+                ("legacy.txt", b"legacy"),
+                ("legacy-changed.txt", b"legacy"),
+                ("full/x", b"someone's"),
+                ("kept.txt", b"kept"),
+            ] {
+                write(path, bytes);
+            }
+            std::fs::create_dir(tmp.path().join("empty")).unwrap();
+            let look = |path: &str| root.look(path).unwrap().map(JournalLook::from);
+            let old = [
+                with_bytes("gone.txt", b"old"),
+                with_bytes("sub/deep.txt", b"deep"),
+                with_bytes("changed.txt", b"old too"),
+                with_bytes("full", b"a file once"),
+            ];
+            let journal = Journal {
+                writes: Vec::new(),
+                deletes: old.iter().map(|r| r.path.to_string()).collect(),
+                created_dirs: Vec::new(),
+                state_was_absent: false,
+                catalog: Some(format_time(now)),
+                deleted: old
+                    .iter()
+                    .map(|r| JournalDelete {
+                        path: r.path.to_string(),
+                        old: Some(r.clone()),
+                        look: None,
+                        folder: false,
+                    })
+                    .chain(["legacy.txt", "legacy-changed.txt"].map(|p| JournalDelete {
+                        path: p.to_owned(),
+                        old: None,
+                        look: look(p),
+                        folder: false,
+                    }))
+                    .chain([JournalDelete {
+                        path: "empty".to_owned(),
+                        old: None,
+                        look: None,
+                        folder: true,
+                    }])
+                    .collect(),
+            };
+            // Changed after the journal was written: not the old output.
+            write("changed.txt", b"someone else's");
+            crate::backend::local::hash_cache::wait_for_a_newer_change_time(
+                &tmp.path().join("legacy-changed.txt"),
+            );
+            write("legacy-changed.txt", b"legacy");
+            let mut catalog = Catalog::new(stamped);
+            catalog.outputs = vec![with_bytes("kept.txt", b"kept")];
+            if old_records {
+                catalog.outputs.extend(old.iter().cloned());
+                crate::catalog::sort_by_path(&mut catalog.outputs);
+            }
+            root.write_reserved(STATE_FILE, &catalog.to_json()).unwrap();
+            std::fs::write(tmp.path().join(JOURNAL_FILE), journal.to_json()).unwrap();
+
+            let Ok(State::Catalog(settled)) = recover(&root, true, now, &CatalogCache::default())
+            else {
+                panic!("{what}: not a catalog");
+            };
+            for path in [
+                "gone.txt",
+                "sub/deep.txt",
+                "sub",
+                "changed.txt",
+                "legacy.txt",
+                "legacy-changed.txt",
+                "empty",
+                "full/x",
+                "kept.txt",
+            ] {
+                let kept =
+                    left.contains(&path) || (path == "sub" && left.contains(&"sub/deep.txt"));
+                assert_eq!(tmp.path().join(path).exists(), kept, "{what}: {path}");
+            }
+            let recorded: Vec<&str> = settled.outputs.iter().map(|r| r.path.as_str()).collect();
+            let want: &[&str] = match old_records {
+                false => &["kept.txt"],
+                // The folder where a recorded file was is not the file.
+                true => &["changed.txt", "gone.txt", "kept.txt", "sub/deep.txt"],
+            };
+            assert_eq!(recorded, want, "{what}");
+            assert!(!tmp.path().join(JOURNAL_FILE).exists(), "{what}");
         }
     }
 
@@ -595,6 +960,8 @@ mod tests {
             deletes: vec!["gone".to_owned()],
             created_dirs: vec!["a".to_owned()],
             state_was_absent: false,
+            catalog: None,
+            deleted: Vec::new(),
         }
         .to_json();
         let mut zero_tail = whole[..whole.len() / 2].to_vec();

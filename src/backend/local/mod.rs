@@ -710,7 +710,7 @@ impl MaintainRoot for LocalRoot {
 }
 
 /// Runs `change` (deletions only) through the engine a publication uses:
-/// journaled, made durable, deleted, the catalog written last. A
+/// journaled, made durable, the catalog written, then deleted. A
 /// failure says which step failed, in the words of maintenance.
 fn delete_through_engine(
     root: &Root,

@@ -1,9 +1,10 @@
 //! The one engine that writes a destination root, for a single
 //! publication and for a batch of bundles alike (a single publication is a
 //! batch of one): the journal, outputs and the new catalog staged as
-//! temporary files, a durability barrier, the renames into place (the
-//! catalog's last), a second barrier, and settling from the journal after
-//! a failure. The outputs and the catalog are written while staging, so a
+//! temporary files, a durability barrier, the renames into place (every
+//! output that is not a page, then the pages, then the catalog: the order
+//! readers see, docs/contract.md §7), a second barrier, the deletions, a
+//! third barrier, and settling from the journal after a failure. The outputs and the catalog are written while staging, so a
 //! full disk stops a publication before its renames (a change at the top
 //! creates its folders as it renames; the record of a large publication's
 //! looks, `.distributor-seen`, written after them, fails nothing).
@@ -21,14 +22,16 @@
 //!
 //! The order is the crash-safety argument (docs/reliability.md): nothing
 //! is renamed into place, deleted or created outside the top of the root
-//! before the journal is durable, and the journal goes only after the
-//! catalog that records the result is durable. A journal found cut short
-//! therefore belongs to a publication that had moved nothing yet
+//! before the journal is durable, nothing is deleted before the catalog
+//! that no longer records it is durable, and the journal goes only after
+//! the deletions are durable. A journal found cut short therefore belongs
+//! to a publication that had moved nothing yet, and one found beside the
+//! catalog it names had only deletions left, which recovery finishes
 //! ([`crate::backend::local::journal::recover`]).
 
 use crate::backend::local::catalog_cache::CatalogCache;
 use crate::backend::local::hash_cache::{self, HashCache, Look, SEEN_FILE};
-use crate::backend::local::journal::{JOURNAL_FILE, JournalRef, JournalWriteRef};
+use crate::backend::local::journal::{JOURNAL_FILE, JournalDeleteRef, JournalRef, JournalWriteRef};
 use crate::backend::{Change, Write};
 use crate::bundle::{self, VerifiedBundle};
 use crate::catalog::{OutputRecord, RecordTexts, STATE_FILE, format_time};
@@ -190,8 +193,42 @@ impl Change<'_> {
                 .collect(),
             created_dirs: missing_dirs(root, self.writes.iter().map(|w| w.d), &self.clear_first)?,
             state_was_absent: self.state_was_absent,
+            catalog: Some(format_time(self.catalog.updated_at)),
+            deleted: self
+                .deletes
+                .iter()
+                .map(|path| journal_delete(root, path, self.removed(path)))
+                .filter_map(Result::transpose)
+                .collect::<io::Result<_>>()?,
         })
     }
+}
+
+/// What the journal keeps of the deletion of `path`, which drops the record
+/// `old` if any: an unrecorded file (a legacy root's) by its look, an
+/// empty folder as such; nothing for a path that holds nothing to delete.
+fn journal_delete<'a>(
+    root: &Root,
+    path: &'a str,
+    old: Option<&'a OutputRecord>,
+) -> io::Result<Option<JournalDeleteRef<'a>>> {
+    let mut delete = JournalDeleteRef {
+        path,
+        old,
+        look: None,
+        folder: false,
+    };
+    if old.is_none() {
+        match root.entry(path)? {
+            Entry::File { .. } => delete.look = root.look(path)?.map(Into::into),
+            Entry::Dir => delete.folder = true,
+            _ => {}
+        }
+        if delete.look.is_none() && !delete.folder {
+            return Ok(None);
+        }
+    }
+    Ok(Some(delete))
 }
 
 /// From this many writes and deletes on, a change is staged beside its
@@ -539,7 +576,7 @@ pub(super) enum Step {
     Delete(String),
     /// Renaming the catalog into place.
     Catalog,
-    /// Making the renames, deletions and catalog durable.
+    /// Making the renames and the catalog durable, or the deletions.
     Barrier,
     /// Removing the journal, once the catalog is durable.
     Journal,
@@ -557,9 +594,11 @@ fn failed_at(step: Step) -> impl FnOnce(io::Error) -> CommitFailure {
     move |source| CommitFailure { step, source }
 }
 
-/// Renames the staged outputs of `change` into place, deletes, renames the
-/// staged catalog into place, makes all of it durable (the second barrier)
-/// and drops the journal. Called once [`make_durable`] has returned.
+/// Renames the staged outputs of `change` into place (the pages last),
+/// renames the staged catalog into place, makes all of it durable (the
+/// second barrier), then deletes what the change drops, makes that durable
+/// (a third barrier, when anything is deleted) and drops the journal.
+/// Called once [`make_durable`] has returned.
 pub(super) fn commit(
     root: &Root,
     change: &Change<'_>,
@@ -581,7 +620,6 @@ pub(super) fn commit(
             Layout::Top => StagedAt::Top,
             Layout::Beside => StagedAt::Beside,
         },
-        change.deletes.iter().map(String::as_str),
         (staged.layout == Layout::Beside).then_some(&PerCore::for_io() as &dyn Workers),
     )?;
     failpoint::hit("publish.before_catalog");
@@ -600,9 +638,9 @@ pub(super) fn commit(
     let written = root
         .place_reserved(&staged.catalog, STATE_FILE)
         .map_err(failed_at(Step::Catalog))?;
-    // The renames, the deletions and the catalog's own rename become
-    // durable together; until then the journal (durable) lets the next
-    // process settle whatever a crash leaves.
+    // The renames and the catalog's own rename become durable together;
+    // until then the journal (durable) lets the next process settle
+    // whatever a crash leaves.
     second_barrier(root, staged.sync, &touched, process).map_err(failed_at(Step::Barrier))?;
     log::debug!(
         "{}: catalog written at {}",
@@ -610,6 +648,12 @@ pub(super) fn commit(
         format_time(change.catalog.updated_at)
     );
     failpoint::hit("publish.after_catalog");
+    // The catalog in force no longer records what goes now: a crash from
+    // here on leaves files that the journal's recovery deletes.
+    if !change.deletes.is_empty() {
+        let touched = delete_after_catalog(root, &change.deletes)?;
+        second_barrier(root, staged.sync, &touched, process).map_err(failed_at(Step::Barrier))?;
+    }
     root.remove_file(JOURNAL_FILE)
         .map_err(failed_at(Step::Journal))?;
     // Every temporary file at the top was renamed into place or removed.
@@ -621,8 +665,8 @@ pub(super) fn commit(
     })
 }
 
-/// Makes what [`commit`] renamed, deleted and wrote durable: one barrier,
-/// or a fsync of every folder `touched`.
+/// Makes what [`commit`] renamed and wrote, or deleted, durable: one
+/// barrier, or a fsync of every folder `touched` (that still exists).
 fn second_barrier(
     root: &Root,
     sync: SyncMode,
@@ -737,7 +781,7 @@ fn make_folders<'d>(root: &Root, writes: impl Iterator<Item = &'d Desired>) -> i
     Ok(())
 }
 
-/// Removes what a change deletes after its writes: a file, a link (never
+/// Removes what a change deletes after its catalog: a file, a link (never
 /// its target) or an empty folder. A folder with something in it, where
 /// the catalog recorded a file, is someone else's (only clearing, for
 /// `force_replace` or a path a planned file needs, removes a whole tree):
@@ -858,27 +902,31 @@ struct Moved {
     copied_across: u64,
 }
 
-/// Renames staged temporary files over their targets, then deletes (and
-/// prunes emptied folders). Renames run on `parallel` when given.
+/// The folders above `path` (the root, "", is always among those touched).
+fn touch_above(touched: &mut BTreeSet<String>, path: &str) {
+    let mut above = path;
+    while let Some(i) = above.rfind('/') {
+        above = &above[..i];
+        touched.insert(above.to_owned());
+    }
+}
+
+/// Renames staged temporary files over their targets: every output that is
+/// not a page first, then the pages ([`crate::paths::pages_last`]), so that
+/// a page never appears before a file it may refer to. Each group's renames
+/// run on `parallel` when given; the pages start once every other rename
+/// is done.
 fn move_into_place<'p>(
     root: &Root,
     staged: impl Iterator<Item = (&'p RelPath, &'p String)>,
     at: StagedAt,
-    deletes: impl IntoIterator<Item = &'p str>,
     parallel: Option<&dyn Workers>,
 ) -> Result<Moved, CommitFailure> {
     let copied_across = AtomicU64::new(0);
     let mut touched = BTreeSet::from([String::new()]);
-    let mut touch = |path: &str| {
-        let mut above = path;
-        while let Some(i) = above.rfind('/') {
-            above = &above[..i];
-            touched.insert(above.to_owned());
-        }
-    };
-    let staged: Vec<(&RelPath, &String)> = staged.collect();
-    for (path, _) in &staged {
-        touch(path.as_str());
+    let (others, pages) = crate::paths::pages_last(staged, |(path, _)| path.as_str());
+    for (path, _) in others.iter().chain(&pages) {
+        touch_above(&mut touched, path.as_str());
     }
     let rename = |(path, temp): &(&RelPath, &String)| -> io::Result<()> {
         let dir = root.parent_dir(path, at == StagedAt::Top)?;
@@ -909,29 +957,43 @@ fn move_into_place<'p>(
     };
     let same_folder =
         |a: &(&RelPath, &String), b: &(&RelPath, &String)| a.0.parent() == b.0.parent();
-    match parallel {
-        // Renaming over an existing file waits for the old one's blocks to
-        // be freed (and, with `discard`, trimmed): a few of those waits at
-        // once go faster than one after the other. Order does not matter,
-        // the journal covers every path, and the catalog comes after all.
-        Some(workers) => map_on_runs(workers, &staged, same_folder, rename)
-            .into_iter()
-            .collect::<io::Result<Vec<()>>>()
-            .map(drop),
-        None => staged.iter().try_for_each(rename),
-    }
-    .map_err(failed_at(Step::Rename))?;
-    for path in deletes {
-        remove_deleted(root, path)
-            .and_then(|()| root.prune_empty_parents(path))
-            .map_err(failed_at(Step::Delete(path.to_owned())))?;
-        failpoint::hit("publish.after_delete");
-        touch(path);
+    for group in [&others, &pages] {
+        match parallel {
+            // Renaming over an existing file waits for the old one's blocks
+            // to be freed (and, with `discard`, trimmed): a few of those
+            // waits at once go faster than one after the other. Order
+            // within a group does not matter: the journal covers every
+            // path, and the catalog comes after all.
+            Some(workers) => map_on_runs(workers, group, same_folder, rename)
+                .into_iter()
+                .collect::<io::Result<Vec<()>>>()
+                .map(drop),
+            None => group.iter().try_for_each(rename),
+        }
+        .map_err(failed_at(Step::Rename))?;
     }
     Ok(Moved {
         touched,
         copied_across: copied_across.into_inner(),
     })
+}
+
+/// Deletes what `change` drops (and prunes the folders left empty), once
+/// its catalog is durable. Returns the folders touched, for the caller's
+/// fsyncs.
+fn delete_after_catalog(
+    root: &Root,
+    deletes: &[String],
+) -> Result<BTreeSet<String>, CommitFailure> {
+    let mut touched = BTreeSet::from([String::new()]);
+    for path in deletes {
+        remove_deleted(root, path)
+            .and_then(|()| root.prune_empty_parents(path))
+            .map_err(failed_at(Step::Delete(path.clone())))?;
+        failpoint::hit("publish.after_delete");
+        touch_above(&mut touched, path);
+    }
+    Ok(touched)
 }
 
 /// Copies the staged file `temp` at the top of `root` to a new temporary
