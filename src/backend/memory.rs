@@ -13,8 +13,13 @@
 //! re-applied on the winner's catalog when the root may rebase and the
 //! change still holds there. Test-only: it never touches the disk but to
 //! read the bundle's files.
+//!
+//! A bundle may be made unreadable too ([`fail_reading`]): the driver's
+//! reads of it (preparing it, hashing it before anything is written) then
+//! fail, as a flaky disk under the spool would make them.
 
 use super::{Capabilities, Change, CommitTally, PublishRoot, StagedAs, rebase};
+use crate::bundle::BundleError;
 use crate::catalog::{Catalog, STATE_FILE, State};
 use crate::config::{Destination, Workflow};
 use crate::plan::{self, Desired, Entry, Listing, Plan};
@@ -22,7 +27,7 @@ use crate::publish::{Error, Options};
 use crate::runtime::workers::Workers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use time::OffsetDateTime;
 
@@ -38,10 +43,20 @@ pub(crate) enum Op {
 /// An injected failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {
-    /// A full disk: tried again later.
+    /// A full disk (a flaky one, reading a bundle): tried again later.
     Transient,
     /// An error no retry helps.
     Permanent,
+}
+
+impl Failure {
+    /// The error of a failed call: `transient` when transient.
+    fn error(self, transient: i32) -> io::Error {
+        match self {
+            Failure::Transient => io::Error::from_raw_os_error(transient),
+            Failure::Permanent => io::Error::other("injected permanent failure"),
+        }
+    }
 }
 
 /// What a root holds: its files by path, and its catalog.
@@ -83,13 +98,9 @@ impl Store {
             return Ok(());
         };
         self.log(format_args!("{op:?} fails"));
-        let source = match failure {
-            Failure::Transient => io::Error::from_raw_os_error(libc::ENOSPC),
-            Failure::Permanent => io::Error::other("injected permanent failure"),
-        };
         Err(Error::Write {
             path: PathBuf::from(&self.label),
-            source,
+            source: failure.error(libc::ENOSPC),
         })
     }
 }
@@ -156,6 +167,55 @@ impl Memory {
         store.stored = stored;
         store.version += 1;
     }
+}
+
+/// A bundle made unreadable ([`fail_reading`]): the reads the driver made
+/// of it, and the one that fails.
+struct Unreadable {
+    label: String,
+    reads: usize,
+    fails: (usize, Failure),
+    log: Log,
+}
+
+/// The unreadable bundles by folder.
+static UNREADABLE: Mutex<BTreeMap<PathBuf, Unreadable>> = Mutex::new(BTreeMap::new());
+
+/// Makes the `nth` read (from 1) the driver makes of the bundle in `dir`
+/// fail with `failure` (`EIO` when transient). Every read is logged into
+/// `log` as `<label>: read`, the failing one as `<label>: read fails`.
+pub(crate) fn fail_reading(dir: &Path, label: &str, nth: usize, failure: Failure, log: &Log) {
+    let unreadable = Unreadable {
+        label: label.to_owned(),
+        reads: 0,
+        fails: (nth, failure),
+        log: log.clone(),
+    };
+    lock(&UNREADABLE).insert(dir.to_path_buf(), unreadable);
+}
+
+/// Counts a read of the bundle in `dir` by the driver (`publish` calls it
+/// in unit tests before it reads a bundle), failing it when asked to
+/// ([`fail_reading`]).
+pub(crate) fn read_bundle(dir: &Path) -> Result<(), BundleError> {
+    let mut all = lock(&UNREADABLE);
+    let Some(bundle) = all.get_mut(dir) else {
+        return Ok(());
+    };
+    bundle.reads += 1;
+    let (nth, failure) = bundle.fails;
+    let failed = bundle.reads == nth;
+    let call = if failed { "read fails" } else { "read" };
+    lock(&bundle.log).push(format!("{}: {call}", bundle.label));
+    if !failed {
+        return Ok(());
+    }
+    let e = failure.error(libc::EIO);
+    Err(BundleError::Unreadable {
+        path: dir.to_path_buf(),
+        message: format!("cannot read: {e}"),
+        io: Some(e),
+    })
 }
 
 /// Whether `d` is a registered memory root.

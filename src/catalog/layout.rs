@@ -193,7 +193,8 @@ fn cuts(bytes: &[u8], from: usize, to: usize, parts: usize) -> Vec<usize> {
 }
 
 /// The records in `bytes[from..to]`, each after its separator (the
-/// first's when `first`), ending exactly at `to`.
+/// first's when `first`), ending exactly at `to`. The part is checked to
+/// be UTF-8 as a whole, in one pass, rather than string by string.
 fn records_between(
     bytes: &[u8],
     from: usize,
@@ -202,33 +203,39 @@ fn records_between(
     texts: bool,
     reserve: usize,
 ) -> Option<(Vec<OutputRecord>, Spans)> {
+    let part = std::str::from_utf8(&bytes[from..to]).ok()?;
     let mut times = Times::default();
-    let mut laid = Laid::new(&bytes[..to], from, &mut times);
+    let mut laid = Laid::text(part, &mut times);
     laid.depth = 2;
     let mut records = Vec::with_capacity(reserve);
     let mut spans = Vec::with_capacity(if texts { reserve } else { 0 });
     let mut shared = Shared::default();
     let mut fingerprints = Fingerprints::default();
     let mut separator: &[u8] = if first { b"\n    " } else { b",\n    " };
-    while laid.at < to {
+    while laid.at < part.len() {
         laid.lit(separator)?;
         separator = b",\n    ";
         let start = laid.at;
         let text = RecordText::deserialize(&mut laid).ok()?;
         let record = shared.record(text).ok()?;
         if texts {
-            spans.push((fingerprints.key(&record), start..laid.at));
+            spans.push((fingerprints.key(&record), from + start..from + laid.at));
         }
         records.push(record);
     }
     Some((records, spans))
 }
 
-/// The last timestamp read, so that the many records sharing one (a
-/// bundle's records were all written at one instant) parse it once.
+/// The last few timestamps read, each as its text in the file and its
+/// packed instant ([`instant::pack`]), so that the many records sharing
+/// them (a bundle's records have one source, and were written at one
+/// instant) read each of them once: a timestamp whose quoted text is one
+/// of these is stepped over without being read as a string again.
 #[derive(Default)]
 struct Times<'a> {
-    last: Option<(&'a str, OffsetDateTime)>,
+    known: [Option<(&'a [u8], i128)>; 4],
+    /// Where in `known` the next new timestamp goes.
+    next: usize,
 }
 
 /// A serde deserializer of serde_json's pretty layout as this tool writes
@@ -240,6 +247,9 @@ struct Times<'a> {
 /// ([`NotLaidOut`]): the file is then read by serde_json.
 struct Laid<'a, 't> {
     b: &'a [u8],
+    /// `b` as text, when it is known to be UTF-8 as a whole: its strings
+    /// are then not checked one by one.
+    text: Option<&'a str>,
     at: usize,
     /// How many objects and arrays the value at `at` is in.
     depth: usize,
@@ -276,10 +286,19 @@ impl<'a, 't> Laid<'a, 't> {
     fn new(b: &'a [u8], at: usize, times: &'t mut Times<'a>) -> Laid<'a, 't> {
         Laid {
             b,
+            text: None,
             at,
             depth: 0,
             times,
             records: None,
+        }
+    }
+
+    /// [`Laid::new`] at the start of `text`, which is known to be UTF-8.
+    fn text(text: &'a str, times: &'t mut Times<'a>) -> Laid<'a, 't> {
+        Laid {
+            text: Some(text),
+            ..Laid::new(text.as_bytes(), 0, times)
         }
     }
 
@@ -314,7 +333,10 @@ impl<'a, 't> Laid<'a, 't> {
         {
             return None;
         }
-        let text = std::str::from_utf8(&rest[..end]).ok()?;
+        let text = match self.text {
+            Some(all) => all.get(self.at..self.at + end)?,
+            None => std::str::from_utf8(&rest[..end]).ok()?,
+        };
         self.at += end + 1;
         Some(text)
     }
@@ -337,17 +359,24 @@ impl<'a, 't> Laid<'a, 't> {
         Some(n)
     }
 
-    /// A timestamp in the form `format_time` writes, through `times`.
-    fn time(&mut self) -> Option<OffsetDateTime> {
-        let text = self.string()?;
-        if let Some((last, t)) = self.times.last
-            && last == text
-        {
-            return Some(t);
+    /// A timestamp in the form `format_time` writes, packed
+    /// ([`instant::pack`]), through `times`.
+    fn time(&mut self) -> Option<i128> {
+        // A text known holds no quote: the quote after it ends the string.
+        let rest = &self.b[self.at..];
+        for (text, packed) in self.times.known.iter().flatten() {
+            let n = text.len();
+            if rest.get(n + 1) == Some(&b'"') && rest[0] == b'"' && rest[1..=n] == **text {
+                self.at += n + 2;
+                return Some(*packed);
+            }
         }
-        let t = canonical_time(text)?;
-        self.times.last = Some((text, t));
-        Some(t)
+        let text = self.string()?;
+        let packed = instant::pack(canonical_time(text)?);
+        let times = &mut *self.times;
+        times.known[times.next] = Some((text.as_bytes(), packed));
+        times.next = (times.next + 1) % times.known.len();
+        Some(packed)
     }
 
     /// The `outputs` array of the document: `[]`, or records up to
@@ -413,10 +442,7 @@ impl<'de> de::Deserializer<'de> for &mut Laid<'de, '_> {
         v: V,
     ) -> Result<V::Value, NotLaidOut> {
         match name {
-            instant::TOKEN => {
-                let t = must(self.time())?;
-                v.visit_i128(instant::pack(t))
-            }
+            instant::TOKEN => v.visit_i128(must(self.time())?),
             RECORDS if self.depth == 1 => {
                 must(self.records())?;
                 v.visit_unit()
@@ -675,7 +701,7 @@ mod tests {
                 for (r, (key, span)) in catalog.outputs.iter().zip(&spans) {
                     assert_eq!(*key, Fingerprints::default().key(r));
                     let mut own = Vec::new();
-                    super::super::write::push_record_text(r, &mut own);
+                    super::super::write::push_record_text(r, &mut own, &mut Default::default());
                     assert_eq!(&text.as_bytes()[span.clone()], &own[..]);
                 }
                 true
@@ -754,6 +780,47 @@ mod tests {
                 assert!(!agrees(&edited), "{what} at boundary {n}: read here");
             }
         }
+    }
+
+    #[test]
+    fn timestamps_records_share_are_each_records_own_read_and_written() {
+        // More instants than the readers and writers keep (four), met in
+        // turn and again, two of them a fraction apart.
+        let instants: Vec<OffsetDateTime> = [
+            "2026-06-04T12:00:00Z",
+            "2026-06-04T12:00:00.5Z",
+            "2026-06-04T14:00:00.25+02:00",
+            "1999-12-31T23:59:59.123456789Z",
+            "2026-06-05T00:00:00Z",
+            "2026-06-05T00:00:01Z",
+        ]
+        .iter()
+        .map(|t| parse_time(t).unwrap())
+        .collect();
+        let mut c = seed();
+        let template = c.outputs[0].clone();
+        c.outputs = (0..14)
+            .map(|i| {
+                let mut r = template.clone();
+                r.path = RelPath::parse(&format!("d/{i:02}.html")).unwrap();
+                let mut source = (*r.source).clone();
+                source.created = instants[i / 3 % 6];
+                r.source = std::sync::Arc::new(source);
+                r.created_at = instants[i % 6];
+                r.updated_at = instants[(i * 5 + 1) % 6];
+                r
+            })
+            .collect();
+        let written = c.to_json();
+        let mut formatted = Vec::new();
+        c.write_json_reusing(&mut formatted, None).unwrap();
+        assert_eq!(
+            String::from_utf8(formatted).unwrap(),
+            String::from_utf8(written.clone()).unwrap()
+        );
+        assert!(agrees(std::str::from_utf8(&written).unwrap()));
+        let (read, _) = read(&written, false).unwrap();
+        assert_eq!(read, c);
     }
 
     #[test]

@@ -48,11 +48,20 @@ impl Sha256 {
 
     /// Writes the text form into `out` (71 bytes), without allocating.
     pub(super) fn write_text<'b>(&self, out: &'b mut [u8; 71]) -> &'b str {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // The two digits of each byte, looked up at once.
+        const PAIRS: [[u8; 2]; 256] = {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            let mut pairs = [[0; 2]; 256];
+            let mut b = 0;
+            while b < 256 {
+                pairs[b] = [HEX[b >> 4], HEX[b & 15]];
+                b += 1;
+            }
+            pairs
+        };
         out[..7].copy_from_slice(b"sha256:");
-        for (i, b) in self.0.iter().enumerate() {
-            out[7 + 2 * i] = HEX[usize::from(b >> 4)];
-            out[8 + 2 * i] = HEX[usize::from(b & 15)];
+        for (pair, b) in out[7..].chunks_exact_mut(2).zip(self.0) {
+            pair.copy_from_slice(&PAIRS[usize::from(b)]);
         }
         // Only ASCII was written.
         std::str::from_utf8(out).unwrap_or_default()

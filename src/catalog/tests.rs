@@ -1,6 +1,6 @@
 use super::read::read_in_halves;
 use super::texts::{Fingerprints, text_path_cmp};
-use super::write::push_record_text;
+use super::write::{Stamps, push_record_text};
 use super::*;
 use crate::paths::RelPath;
 use std::collections::BTreeMap;
@@ -527,7 +527,7 @@ fn a_record_written_field_by_field_is_serdes_pretty_form() {
         serde_json::to_writer_pretty(&mut pretty, &r).unwrap();
         let expected = String::from_utf8(pretty).unwrap().replace('\n', "\n    ");
         let mut out = Vec::new();
-        push_record_text(&r, &mut out);
+        push_record_text(&r, &mut out, &mut Stamps::default());
         assert_eq!(String::from_utf8(out).unwrap(), expected);
     }
 }
@@ -658,7 +658,7 @@ fn a_records_text_compares_by_its_path() {
     ];
     for (texts, path, want) in cases {
         let mut text = Vec::new();
-        push_record_text(&record_at(texts, 1), &mut text);
+        push_record_text(&record_at(texts, 1), &mut text, &mut Stamps::default());
         assert_eq!(text_path_cmp(&text, path), Some(want), "{texts} vs {path}");
         assert_eq!(texts.cmp(path), want, "the order of the paths themselves");
     }

@@ -7,7 +7,7 @@
 //! no I/O.
 
 use super::model::{OutputRecord, SourceIdentity};
-use super::write::push_record_text;
+use super::write::{Stamps, push_record_text};
 use crate::paths::RelPath;
 use std::sync::Arc;
 use time::OffsetDateTime;
@@ -289,6 +289,8 @@ pub(super) struct Reuse<'a> {
     fresh: Vec<u8>,
     /// How many records were formatted now.
     formatted: usize,
+    /// The timestamps formatted last.
+    stamps: Stamps,
 }
 
 impl<'a> Reuse<'a> {
@@ -327,6 +329,7 @@ impl<'a> Reuse<'a> {
             next,
             fresh: Vec::new(),
             formatted: 0,
+            stamps: Stamps::default(),
         }
     }
 
@@ -353,7 +356,7 @@ impl<'a> Reuse<'a> {
                 self.formatted += 1;
                 self.fresh.extend_from_slice(SEPARATOR);
                 let start = self.fresh.len();
-                push_record_text(r, &mut self.fresh);
+                push_record_text(r, &mut self.fresh, &mut self.stamps);
                 Span {
                     buffer: fresh,
                     start,

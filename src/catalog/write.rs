@@ -112,15 +112,30 @@ impl form::Document<'_, &[OutputRecord]> {
 /// it out in the document: serde_json's pretty form at the third level
 /// (lines after the first indented by six spaces, the closing brace by
 /// four), written by [`Laying`] from the fields of [`RecordText`]. A test
-/// checks it against the record in the document.
-pub(super) fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
+/// checks it against the record in the document. `stamps` keeps the text
+/// of the timestamps laid out last, for the records that follow.
+pub(super) fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>, stamps: &mut Stamps) {
     // Only a struct of strings, numbers, unit variants and structs is
     // laid out; a record is nothing else.
     let _ = RecordText::of(r, &mut [0; 71]).serialize(Laying {
         out,
+        stamps,
         depth: 2,
         instant: false,
     });
+}
+
+/// The last few timestamps [`Laying`] formatted, each as its packed
+/// instant ([`instant::pack`]) and its quoted text, so that the many
+/// records sharing them (a bundle's records have one source, and were
+/// written at one instant) format each of them once.
+#[derive(Default)]
+pub(super) struct Stamps {
+    /// Packed instant, length of the text (0: an empty place), text (a
+    /// longer one than the longest RFC 3339 text is not kept).
+    known: [(i128, usize, [u8; 32]); 4],
+    /// Where in `known` the next new timestamp goes.
+    next: usize,
 }
 
 /// A serde serializer of serde_json's pretty layout for a struct `depth`
@@ -130,6 +145,7 @@ pub(super) fn push_record_text(r: &OutputRecord, out: &mut Vec<u8>) {
 /// serde_json. Knows no field by name.
 struct Laying<'o> {
     out: &'o mut Vec<u8>,
+    stamps: &'o mut Stamps,
     depth: usize,
     /// Inside a timestamp's newtype: not human-readable, so that the
     /// timestamp hands over its instant rather than its text.
@@ -165,8 +181,8 @@ macro_rules! not_laid {
     };
 }
 
-/// A line break and up to 16 levels of indentation.
-const LINE: &[u8; 33] = b"\n                                ";
+/// A comma, a line break and up to 16 levels of indentation.
+const LINE: &[u8; 34] = b",\n                                ";
 
 impl<'o> serde::Serializer for Laying<'o> {
     type Ok = ();
@@ -227,19 +243,36 @@ impl<'o> serde::Serializer for Laying<'o> {
         !self.instant
     }
 
-    /// An instant ([`instant::pack`]), as [`format_time`] writes it.
+    /// An instant ([`instant::pack`]), as [`format_time`] writes it,
+    /// through [`Stamps`].
     fn serialize_i128(self, packed: i128) -> Result<(), NotLaid> {
         if !self.instant {
             return Err(NotLaid);
         }
+        let stamps = &mut *self.stamps;
+        if let Some((_, len, text)) = stamps
+            .known
+            .iter()
+            .find(|(p, len, _)| *p == packed && *len > 0)
+        {
+            self.out.extend_from_slice(&text[..*len]);
+            return Ok(());
+        }
         let t = instant::unpack(packed).map_err(|_| NotLaid)?;
-        self.out.push(b'"');
         let start = self.out.len();
+        self.out.push(b'"');
         if t.format_into(&mut *self.out, &Rfc3339).is_err() {
-            self.out.truncate(start);
+            self.out.truncate(start + 1);
             self.out.extend_from_slice(format_time(t).as_bytes());
         }
         self.out.push(b'"');
+        let quoted = &self.out[start..];
+        let (p, len, text) = &mut stamps.known[stamps.next];
+        if let Some(place) = text.get_mut(..quoted.len()) {
+            place.copy_from_slice(quoted);
+            (*p, *len) = (packed, quoted.len());
+            stamps.next = (stamps.next + 1) % stamps.known.len();
+        }
         Ok(())
     }
 
@@ -247,6 +280,7 @@ impl<'o> serde::Serializer for Laying<'o> {
         self.out.push(b'{');
         Ok(Fields {
             out: self.out,
+            stamps: self.stamps,
             depth: self.depth + 1,
             first: true,
         })
@@ -283,6 +317,7 @@ impl<'o> serde::Serializer for Laying<'o> {
 /// The fields of a struct being laid out, each on its own line.
 struct Fields<'o> {
     out: &'o mut Vec<u8>,
+    stamps: &'o mut Stamps,
     /// The depth of the fields (one more than the struct's).
     depth: usize,
     first: bool,
@@ -297,17 +332,19 @@ impl serde::ser::SerializeStruct for Fields<'_> {
         key: &'static str,
         v: &T,
     ) -> Result<(), NotLaid> {
-        if !self.first {
-            self.out.push(b',');
-        }
+        // The comma after the field before, if any, and the key's line.
+        let line = LINE
+            .get(usize::from(self.first)..2 + 2 * self.depth)
+            .ok_or(NotLaid)?;
         self.first = false;
-        self.out
-            .extend_from_slice(LINE.get(..1 + 2 * self.depth).ok_or(NotLaid)?);
+        self.out.reserve(line.len() + key.len() + 4);
+        self.out.extend_from_slice(line);
         self.out.push(b'"');
         self.out.extend_from_slice(key.as_bytes());
         self.out.extend_from_slice(b"\": ");
         v.serialize(Laying {
             out: &mut *self.out,
+            stamps: &mut *self.stamps,
             depth: self.depth,
             instant: false,
         })
@@ -316,7 +353,7 @@ impl serde::ser::SerializeStruct for Fields<'_> {
     fn end(self) -> Result<(), NotLaid> {
         if !self.first {
             self.out
-                .extend_from_slice(LINE.get(..1 + 2 * (self.depth - 1)).ok_or(NotLaid)?);
+                .extend_from_slice(LINE.get(1..2 * self.depth).ok_or(NotLaid)?);
         }
         self.out.push(b'}');
         Ok(())

@@ -1,12 +1,14 @@
 //! The driver's rules as tables over memory roots (`crate::backend::memory`):
 //! rollback order, commit order, isolation of a refused bundle in a batch,
-//! a transient failure, and rebase after a lost race. Each row asserts what
-//! every root holds afterwards (files and catalog) and the calls logged.
+//! a root's failure (which stops a batch), a bundle that cannot be read for
+//! a while (which ends a batch before the bundles after it), and rebase
+//! after a lost race. Each row asserts what every root holds afterwards
+//! (files and catalog) and the calls logged.
 
 use super::Options;
 use super::driver::{Driver, Ended};
 use crate::backend::Capabilities;
-use crate::backend::memory::{Failure, Log, Memory, Op, Stored};
+use crate::backend::memory::{self, Failure, Log, Memory, Op, Stored};
 use crate::config::{Config, Destination};
 use crate::report::RunReport;
 use crate::runtime::workers::InOrder;
@@ -363,6 +365,74 @@ fn a_failing_root_stops_the_whole_batch_and_says_whether_it_may_pass() {
             "{row}"
         );
         assert!(!calls.iter().any(|c| c.ends_with(": catalog")), "{row}");
+    }
+}
+
+/// A bundle of a batch that cannot be read for a passing reason (a flaky
+/// disk under the spool) ends the batch there, whether it is met while the
+/// bundles are prepared or when it is hashed before anything is written:
+/// the bundles before it are published, it is reported failed and tried
+/// again later, and the bundles after it are not attempted (no report: the
+/// caller batches them next), so that nothing newer goes before it. One
+/// that cannot be read for good is reported alone, and the others are
+/// published. (A root's failure stops the whole batch instead:
+/// `a_failing_root_stops_the_whole_batch_and_says_whether_it_may_pass`.)
+#[test]
+fn a_bundle_unreadable_for_a_while_ends_the_batch_before_the_bundles_after_it() {
+    // The read of b2 that fails (1: preparing it; 2: hashing it before
+    // anything is written, which a bundle that writes nothing gets), and
+    // how.
+    let rows: &[(usize, Failure)] = &[
+        (1, Failure::Transient),
+        (2, Failure::Transient),
+        (1, Failure::Permanent),
+        (2, Failure::Permanent),
+    ];
+    for &(nth, failure) in rows {
+        let row = format!("read {nth} of b2, {failure:?}");
+        let transient = failure == Failure::Transient;
+        let (w, _) = World::new(LOCAL, LOCAL).seeded();
+        let b1 = w.bundle("b1", "s1", 1, &[("b1.txt", "one\n")]);
+        // b0 again: everything it holds is published already (skip_same).
+        let b2 = w.bundle("b2", "s0", 0, &[("base.txt", "base\n")]);
+        let b3 = w.bundle("b3", "s3", 3, &[("b3.txt", "three\n")]);
+        memory::fail_reading(&b2, "b2", nth, failure, &w.log);
+        let reports = w.reports(&[&b1, &b2, &b3]);
+
+        let ok: Vec<bool> = reports.iter().map(|r| r.ok).collect();
+        let (expected_ok, published): (&[bool], &[&str]) = if transient {
+            (&[true, false], &["b1.txt"])
+        } else {
+            (&[true, false, true], &["b1.txt", "b3.txt"])
+        };
+        assert_eq!(ok, expected_ok, "{row}: {reports:?}");
+        assert_eq!(reports[1].transient(), transient, "{row}");
+        assert!(
+            reports[1].error_text().contains("cannot read"),
+            "{row}: {reports:?}"
+        );
+        for root in w.stored() {
+            let (files, records) = paths(&root);
+            let mut expected = published.to_vec();
+            expected.push("base.txt");
+            assert_eq!(files, expected, "{row}");
+            assert_eq!(records, expected, "{row}");
+        }
+
+        let mut expected = vec!["a: open".to_owned(), "b: open".to_owned()];
+        if nth == 2 {
+            expected.push("b2: read".to_owned());
+        }
+        expected.push("b2: read fails".to_owned());
+        for call in ["stage", "make durable"] {
+            expected.extend(["a", "b"].map(|root| format!("{root}: {call}")));
+        }
+        for root in ["a", "b"] {
+            expected.push(format!("{root}: commit"));
+            expected.extend(published.iter().map(|p| format!("{root}: put {p}")));
+            expected.push(format!("{root}: catalog"));
+        }
+        assert_eq!(w.calls(), expected, "{row}");
     }
 }
 

@@ -88,7 +88,14 @@ pub(super) fn prepare_bundle(
             namespace: &s.namespace,
             required: s.required,
         });
-    let bundle = match bundle::inspect(bundle_dir, &pipeline.limits, policy, &process.per_core()) {
+    // Unit tests may make a bundle unreadable (crate::backend::memory).
+    #[cfg(test)]
+    let readable = crate::backend::memory::read_bundle(bundle_dir);
+    #[cfg(not(test))]
+    let readable = Ok(());
+    let inspected = readable
+        .and_then(|()| bundle::inspect(bundle_dir, &pipeline.limits, policy, &process.per_core()));
+    let bundle = match inspected {
         Ok(b) => b,
         Err(e) => {
             report.source = bundle::read_manifest(bundle_dir)
