@@ -9,10 +9,9 @@
 //! unit test.
 
 use crate::catalog::{
-    Catalog, MARKDOWN_TO_HTML, OutputKind, OutputRecord, Overlay, STATE_FILE, Sha256,
-    SourceIdentity, State,
+    Catalog, OutputKind, OutputRecord, Overlay, STATE_FILE, Sha256, SourceIdentity, State,
 };
-use crate::config::Workflow;
+use crate::config::{Encoding, Workflow};
 use crate::paths::RelPath;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -68,8 +67,12 @@ impl Action {
 pub struct Desired {
     pub path: RelPath,
     pub kind: OutputKind,
-    /// The bundle file the bytes come from (copied or rendered).
+    /// The bundle file the bytes come from (copied, rendered, or
+    /// compressed: a sibling's is its original's).
     pub bundle_path: RelPath,
+    /// How a generated output is made from `bundle_path` (a catalog
+    /// transform); `None` for a copy.
+    pub transform: Option<&'static str>,
     pub url: Option<String>,
     pub sha256: Sha256,
     pub size: u64,
@@ -108,7 +111,7 @@ impl Desired {
             source: shared.source.clone(),
             kind: self.kind,
             source_path: generated.then(|| self.bundle_path.clone()),
-            transform: generated.then_some(MARKDOWN_TO_HTML),
+            transform: self.transform,
             url: self.url.clone(),
             sha256: self.sha256,
             size: self.size,
@@ -126,7 +129,7 @@ impl Desired {
             && *record.source == *input.source
             && record.kind == self.kind
             && record.source_path.as_ref() == generated.then_some(&self.bundle_path)
-            && record.transform == generated.then_some(MARKDOWN_TO_HTML)
+            && record.transform == self.transform
             && record.url == self.url
             && record.sha256 == self.sha256
             && record.size == self.size
@@ -785,7 +788,7 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
     }
 
     let planned: BTreeSet<&str> = input.desired.iter().map(|d| d.path.as_str()).collect();
-    let delete_after: Vec<String> = match input.workflow {
+    let mut delete_after: Vec<String> = match input.workflow {
         Workflow::Additive => Vec::new(),
         Workflow::Replacement => catalog
             .outputs
@@ -800,6 +803,9 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
             .map(|r| r.path.as_str().to_owned())
             .collect(),
     };
+    delete_after.extend(stale_siblings(input.desired, catalog, &planned));
+    delete_after.sort();
+    delete_after.dedup();
     let all_same = input.desired.iter().all(|d| {
         catalog
             .get(d.path.as_str())
@@ -825,10 +831,39 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
     write_plan(input, action, Some(catalog), Vec::new(), delete_after)
 }
 
+/// The paths where a precompressed sibling of `path` may be recorded
+/// (docs/contract.md §21.4), each with the transform its record names.
+fn sibling_paths(path: &RelPath) -> impl Iterator<Item = (String, &'static str)> + '_ {
+    [Encoding::Gzip, Encoding::Brotli]
+        .into_iter()
+        .map(move |e| (format!("{path}{}", e.suffix()), e.transform()))
+}
+
+/// The recorded siblings of the planned outputs that the plan does not
+/// write again, whoever owns them: a sibling goes with its original, so a
+/// planned output that no longer gets one (too small now, or `precompress`
+/// turned off) takes its old one away rather than leave a web server
+/// serving stale bytes for it. A file of that name the catalog records as
+/// a copy or a page is no sibling and stays.
+fn stale_siblings<'c>(
+    desired: &'c [Desired],
+    catalog: &'c Catalog,
+    planned: &'c BTreeSet<&str>,
+) -> impl Iterator<Item = String> + 'c {
+    desired.iter().flat_map(move |d| {
+        sibling_paths(&d.path).filter_map(move |(path, transform)| {
+            let recorded = catalog.get(&path)?;
+            (recorded.transform == Some(transform) && !planned.contains(path.as_str()))
+                .then_some(path)
+        })
+    })
+}
+
 /// The records that planning `desired` can consult, taken from `records` (a
 /// catalog with a batch's pending changes): the record at each planned path
 /// and at each folder above it, the first record below each planned path,
-/// and for a replacement every record of the destination. Planning against
+/// the records where its precompressed siblings would be, and for a
+/// replacement every record of the destination. Planning against
 /// this small catalog decides exactly what planning against all of
 /// `records` would, without a pass over every record per bundle.
 pub fn catalog_view(
@@ -845,6 +880,7 @@ pub fn catalog_view(
         for r in at_or_above
             .filter_map(|a| records.get(a))
             .chain(records.first_from(&below))
+            .chain(sibling_paths(&d.path).filter_map(|(p, _)| records.get(&p)))
         {
             picked.insert(r.path.as_str(), r);
         }
@@ -936,7 +972,7 @@ pub fn check_unique(desired: &[Desired]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::parse_time;
+    use crate::catalog::{MARKDOWN_TO_HTML, parse_time};
 
     const P: &str = "reports";
     const D: &str = "site";
@@ -967,6 +1003,7 @@ mod tests {
             path: p.clone(),
             kind: OutputKind::Source,
             bundle_path: p,
+            transform: None,
             url: None,
             sha256: crate::catalog::Sha256::parse(&hex(sha)).unwrap(),
             size,
@@ -1547,10 +1584,214 @@ mod tests {
             cases_over_a_catalog(),
             cases_of_storage(),
             cases_forced_or_legacy(),
+            cases_of_siblings(),
         ];
         for case in cases.iter().flatten() {
             check(case);
         }
+    }
+
+    /// A precompressed sibling's record (docs/contract.md §21.4).
+    fn sibling_rec(path: &str, owner: (&str, &str), src: &SourceIdentity) -> OutputRecord {
+        let transform = if path.ends_with(".gz") {
+            crate::catalog::GZIP
+        } else {
+            crate::catalog::BROTLI
+        };
+        OutputRecord {
+            kind: OutputKind::Generated,
+            source_path: Some(RelPath::parse("a.css").unwrap()),
+            transform: Some(transform),
+            ..rec(path, owner, src, 'e', 5)
+        }
+    }
+
+    /// A planned sibling of `a.css`.
+    fn want_sibling(path: &str) -> Desired {
+        let mut d = want(path, 'e', 5);
+        d.kind = OutputKind::Generated;
+        d.bundle_path = RelPath::parse("a.css").unwrap();
+        d.transform = Some(if path.ends_with(".gz") {
+            crate::catalog::GZIP
+        } else {
+            crate::catalog::BROTLI
+        });
+        d
+    }
+
+    /// Siblings go with their original: a planned output takes its
+    /// recorded siblings away unless it gets them again, whoever owns
+    /// them, in either workflow; a same-named file that is no sibling
+    /// stays.
+    fn cases_of_siblings() -> Vec<Case> {
+        use Workflow::{Additive, Replacement};
+        let old = source("bundle-1");
+        let new = source("bundle-2");
+        let both = || {
+            vec![
+                rec("a.css", (P, D), &old, 'a', 3),
+                sibling_rec("a.css.br", (P, D), &old),
+                sibling_rec("a.css.gz", (P, D), &old),
+            ]
+        };
+        let on_disk = || {
+            storage(&[
+                ("a.css", file(3)),
+                ("a.css.br", file(5)),
+                ("a.css.gz", file(5)),
+            ])
+        };
+        vec![
+            Case {
+                name: "additive: an original written again with its siblings",
+                workflow: Additive,
+                force: false,
+                state: catalog(both()),
+                listing: on_disk(),
+                desired: vec![
+                    want("a.css", 'b', 3),
+                    want_sibling("a.css.br"),
+                    want_sibling("a.css.gz"),
+                ],
+                action: Action::UpsertAdditive,
+                writes: &["a.css", "a.css.br", "a.css.gz"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["a.css", "a.css.br", "a.css.gz"]),
+            },
+            Case {
+                name: "additive: an original without siblings now takes them away",
+                workflow: Additive,
+                force: false,
+                state: catalog(both()),
+                listing: on_disk(),
+                desired: vec![want("a.css", 'b', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["a.css"],
+                deletes: &["a.css.br", "a.css.gz"],
+                unmanaged: &[],
+                recorded: Some(&["a.css"]),
+            },
+            Case {
+                name: "additive: the same original with one sibling fewer",
+                workflow: Additive,
+                force: false,
+                state: catalog(both()),
+                listing: on_disk(),
+                desired: vec![want("a.css", 'a', 3), want_sibling("a.css.gz")],
+                action: Action::UpsertAdditive,
+                writes: &["a.css", "a.css.gz"],
+                deletes: &["a.css.br"],
+                unmanaged: &[],
+                recorded: Some(&["a.css", "a.css.gz"]),
+            },
+            Case {
+                name: "additive: another owner's siblings go with the original taken over",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![
+                    rec("a.css", ("other", "x"), &old, 'a', 3),
+                    sibling_rec("a.css.gz", ("other", "x"), &old),
+                ]),
+                listing: storage(&[("a.css", file(3)), ("a.css.gz", file(5))]),
+                desired: vec![want("a.css", 'b', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["a.css"],
+                deletes: &["a.css.gz"],
+                unmanaged: &[],
+                recorded: Some(&["a.css"]),
+            },
+            Case {
+                name: "additive: a copied file named like a sibling is no sibling",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![
+                    rec("a.css", (P, D), &old, 'a', 3),
+                    rec("a.css.gz", (P, D), &old, 'c', 5),
+                ]),
+                listing: storage(&[("a.css", file(3)), ("a.css.gz", file(5))]),
+                desired: vec![want("a.css", 'b', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["a.css"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["a.css", "a.css.gz"]),
+            },
+            Case {
+                name: "additive: siblings of an output not planned stay",
+                workflow: Additive,
+                force: false,
+                state: catalog(both()),
+                listing: on_disk(),
+                desired: vec![want("b.css", 'b', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["b.css"],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: Some(&["a.css", "a.css.br", "a.css.gz", "b.css"]),
+            },
+            Case {
+                name: "additive: recorded and on disk as planned is skip_same",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![
+                    rec("a.css", (P, D), &new, 'a', 3),
+                    sibling_rec("a.css.gz", (P, D), &new),
+                ]),
+                listing: storage(&[("a.css", file(3)), ("a.css.gz", file(5))]),
+                desired: vec![want("a.css", 'a', 3), want_sibling("a.css.gz")],
+                action: Action::SkipSame,
+                writes: &[],
+                deletes: &[],
+                unmanaged: &[],
+                recorded: None,
+            },
+            Case {
+                name: "additive: an unchanged original whose sibling is gone now is no skip",
+                workflow: Additive,
+                force: false,
+                state: catalog(vec![
+                    rec("a.css", (P, D), &new, 'a', 3),
+                    sibling_rec("a.css.gz", (P, D), &new),
+                ]),
+                listing: storage(&[("a.css", file(3)), ("a.css.gz", file(5))]),
+                desired: vec![want("a.css", 'a', 3)],
+                action: Action::UpsertAdditive,
+                writes: &["a.css"],
+                deletes: &["a.css.gz"],
+                unmanaged: &[],
+                recorded: Some(&["a.css"]),
+            },
+            Case {
+                name: "replacement: siblings go when their original goes",
+                workflow: Replacement,
+                force: false,
+                state: catalog(both()),
+                listing: on_disk(),
+                desired: vec![want("b.css", 'b', 3)],
+                action: Action::ReplaceCatalog,
+                writes: &["b.css"],
+                deletes: &["a.css", "a.css.br", "a.css.gz"],
+                unmanaged: &[],
+                recorded: Some(&["b.css"]),
+            },
+            Case {
+                name: "replacement: another owner's stale sibling goes too",
+                workflow: Replacement,
+                force: false,
+                state: catalog(vec![
+                    rec("a.css", ("other", "x"), &old, 'a', 3),
+                    sibling_rec("a.css.br", ("other", "x"), &old),
+                ]),
+                listing: storage(&[("a.css", file(3)), ("a.css.br", file(5))]),
+                desired: vec![want("a.css", 'b', 3)],
+                action: Action::ReplaceCatalog,
+                writes: &["a.css"],
+                deletes: &["a.css.br"],
+                unmanaged: &[],
+                recorded: Some(&["a.css"]),
+            },
+        ]
     }
 
     #[test]
@@ -1731,6 +1972,7 @@ mod tests {
     fn generated_outputs_record_source_path_and_transform() {
         let mut d = want("r.html", 'a', 3);
         d.kind = OutputKind::Generated;
+        d.transform = Some(MARKDOWN_TO_HTML);
         d.bundle_path = RelPath::parse("r.md").unwrap();
         d.url = Some("https://x.example/r.html".into());
         let src = source("s");

@@ -34,6 +34,7 @@ pub(in crate::backend) fn destination(workflow: Workflow) -> Destination {
         base_url: None,
         prune: None,
         hooks: None,
+        precompress: Vec::new(),
     }
 }
 

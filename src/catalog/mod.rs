@@ -35,8 +35,14 @@ pub use texts::{Buffer, RecordTexts, SMALL_CHANGE, small_beside};
 pub const STATE_FILE: &str = ".distributor.json";
 /// The schema version this tool writes.
 pub const SCHEMA_VERSION: u64 = 4;
-/// The only transform there is.
+/// The transform of a page rendered from markdown.
 pub const MARKDOWN_TO_HTML: &str = "markdown_to_html";
+/// The transform of a gzip sibling of an output (docs/contract.md §21.4).
+pub const GZIP: &str = "gzip";
+/// The transform of a brotli sibling of an output.
+pub const BROTLI: &str = "brotli";
+/// Every transform a record may name.
+pub const TRANSFORMS: [&str; 3] = [MARKDOWN_TO_HTML, GZIP, BROTLI];
 
 /// Formats an instant as RFC 3339 in UTC with a `Z` suffix; fractional
 /// seconds appear only when non-zero.

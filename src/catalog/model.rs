@@ -5,7 +5,7 @@
 //! Holds no text form (that is `form`) and does no I/O.
 
 use super::form::{RecordText, SourceText};
-use super::{MARKDOWN_TO_HTML, rfc3339};
+use super::{TRANSFORMS, rfc3339};
 use crate::paths::{IdKind, RelPath, check_id, is_sha256_digest};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -136,7 +136,7 @@ impl OutputKind {
 /// publication holds the old and the new catalog at once: the owner ids
 /// and the source identity are shared between the records of one
 /// publication (and between the records read from one catalog), the
-/// digest is its 32 bytes, and the transform is the one known name. It is
+/// digest is its 32 bytes, and the transform is one of the known names. It is
 /// read and written exactly as the text form in the file (`RecordText`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OutputRecord {
@@ -146,7 +146,8 @@ pub struct OutputRecord {
     pub source: Arc<SourceIdentity>,
     pub kind: OutputKind,
     pub source_path: Option<RelPath>,
-    /// Always [`MARKDOWN_TO_HTML`] when present.
+    /// One of [`TRANSFORMS`] when present: `markdown_to_html` for a page,
+    /// `gzip` or `brotli` for a precompressed sibling.
     pub transform: Option<&'static str>,
     pub url: Option<String>,
     pub sha256: Sha256,
@@ -250,10 +251,11 @@ impl Shared {
                     "output {path}: a source output may not have source_path or transform"
                 ));
             }
-            (OutputKind::Generated, Some(_), Some(MARKDOWN_TO_HTML)) => Some(MARKDOWN_TO_HTML),
-            (OutputKind::Generated, Some(_), Some(t)) => {
-                return Err(format!("output {path}: unknown transform {t:?}"));
-            }
+            (OutputKind::Generated, Some(_), Some(t)) => match TRANSFORMS.iter().find(|k| **k == t)
+            {
+                Some(known) => Some(*known),
+                None => return Err(format!("output {path}: unknown transform {t:?}")),
+            },
             (OutputKind::Generated, _, _) => {
                 return Err(format!(
                     "output {path}: a generated output needs both source_path and transform"

@@ -264,6 +264,10 @@ impl Destination {
                         crate::backend::releases_folder(&d.root).display()
                     );
                 }
+                if !d.precompress.is_empty() {
+                    let names: Vec<&str> = d.precompress.iter().map(|e| e.as_str()).collect();
+                    let _ = writeln!(s, "      precompress: {}", names.join(", "));
+                }
             }
             Backend::S3(l) => {
                 let _ = writeln!(s, "      backend: s3");

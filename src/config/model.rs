@@ -151,6 +151,42 @@ impl fmt::Display for Workflow {
     }
 }
 
+/// A precompressed sibling a local root gets beside each text output
+/// (`precompress`, docs/contract.md §21.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Encoding {
+    /// `X.gz`, catalog transform `gzip`.
+    Gzip,
+    /// `X.br`, catalog transform `brotli`.
+    Brotli,
+}
+
+impl Encoding {
+    /// The config spelling: `gzip` or `br`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Gzip => "gzip",
+            Encoding::Brotli => "br",
+        }
+    }
+
+    /// What the sibling's name adds to its original's: `.gz` or `.br`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Encoding::Gzip => ".gz",
+            Encoding::Brotli => ".br",
+        }
+    }
+
+    /// The sibling's `transform` in the catalog.
+    pub fn transform(self) -> &'static str {
+        match self {
+            Encoding::Gzip => crate::catalog::GZIP,
+            Encoding::Brotli => crate::catalog::BROTLI,
+        }
+    }
+}
+
 /// Where a destination's root lives (`backend:`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -217,6 +253,9 @@ pub struct Destination {
     /// `hooks`: what runs after each publication that changed the
     /// destination (docs/contract.md §19).
     pub hooks: Option<Hooks>,
+    /// `precompress`: the siblings each text output gets (local roots
+    /// only), each encoding once, in the order written; empty: none.
+    pub precompress: Vec<Encoding>,
 }
 
 /// `html.raw_html` (docs/contract.md §10, §16.4).

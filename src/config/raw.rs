@@ -14,8 +14,8 @@ use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
 use super::error::Place;
 use super::model::{
-    AgentConfig, Backend, Config, Destination, Hooks, Limits, Pipeline, PrunePolicy, RawHtml,
-    S3Location, Signatures, Workflow,
+    AgentConfig, Backend, Config, Destination, Encoding, Hooks, Limits, Pipeline, PrunePolicy,
+    RawHtml, S3Location, Signatures, Workflow,
 };
 use super::relations::{check_relations, normalize};
 use super::template::read_template;
@@ -111,7 +111,7 @@ struct RawSignatures {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, releases, workflow, prefix, scope, publish, html, links, retention and hooks"
+    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, releases, workflow, prefix, scope, publish, html, precompress, links, retention and hooks"
 )]
 struct RawDestination {
     id: Checked<DestinationIdRule>,
@@ -126,6 +126,7 @@ struct RawDestination {
     scope: Option<ScopeList>,
     publish: Option<RawPublish>,
     html: Option<RawHtmlSection>,
+    precompress: Option<PrecompressList>,
     links: Option<RawLinks>,
     retention: Option<RawRetention>,
     hooks: Option<RawHooks>,
@@ -188,6 +189,77 @@ fn check_hook(argv: &[String]) -> Result<(), String> {
         )),
         Ok(_) => Err(format!("{program} is not a file")),
         Err(e) => Err(format!("cannot use {program} as a hook: {e}")),
+    }
+}
+
+/// `precompress`: the siblings each text output gets (docs/contract.md
+/// §21.4), each encoding at most once; a bad entry is reported at its own
+/// line.
+struct PrecompressList(Vec<Encoding>);
+
+impl<'de> Deserialize<'de> for PrecompressList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PrecompressList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of encodings: [gzip], [br] or [gzip, br]")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<PrecompressList, A::Error> {
+                let mut list = Vec::new();
+                while let Some(e) = seq.next_element_seed(NotYet(&list))? {
+                    list.push(e);
+                }
+                Ok(PrecompressList(list))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// One entry of `precompress`, not among those before it (`.0`): a
+/// repeated one is reported at its own line.
+struct NotYet<'a>(&'a [Encoding]);
+
+impl<'de> de::DeserializeSeed<'de> for NotYet<'_> {
+    type Value = Encoding;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Encoding, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NotYet<'_> {
+    type Value = Encoding;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(EncodingRule::EXPECTING)
+    }
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Encoding, E> {
+        let e = EncodingRule::check(text).map_err(E::custom)?;
+        if self.0.contains(&e) {
+            return Err(E::custom(format!(
+                "precompress lists {} twice; list each encoding once",
+                e.as_str()
+            )));
+        }
+        Ok(e)
+    }
+}
+
+enum EncodingRule {}
+impl Rule for EncodingRule {
+    type Out = Encoding;
+    const EXPECTING: &'static str = "gzip or br";
+    fn check(text: &str) -> Result<Encoding, String> {
+        match text {
+            "gzip" => Ok(Encoding::Gzip),
+            "br" => Ok(Encoding::Brotli),
+            _ => Err(format!(
+                "precompress {text:?} is not known; use gzip (X.gz) or br (X.br, brotli)"
+            )),
+        }
     }
 }
 
@@ -786,6 +858,11 @@ fn destination_backend(
             Ok((resolve(&rd.path.0), Backend::Local))
         }
         BackendKind::S3 => {
+            if rd.precompress.is_some() {
+                return Err(invalid(
+                    "precompress is set but the backend is s3: siblings such as X.gz are for web servers that serve them from a folder (nginx gzip_static, Caddy precompressed); remove precompress, and let the CDN in front of the bucket compress".to_owned(),
+                ));
+            }
             if rd.releases.is_some() {
                 return Err(invalid(
                     "releases is set but the backend is s3: a bucket cannot switch many keys at once, so releases are for local roots only (an s3 publication shows pages only after every other output, §20.1); remove releases".to_owned(),
@@ -933,6 +1010,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                     after_publish: h.after_publish.0,
                     timeout: h.timeout.map_or(Hooks::DEFAULT_TIMEOUT, |c| c.0),
                 }),
+                precompress: rd.precompress.map(|p| p.0).unwrap_or_default(),
             });
         }
         let signatures = match rp.signatures {

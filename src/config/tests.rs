@@ -373,6 +373,31 @@ fn error_cases_of_pipelines() -> Vec<(&'static str, String, Vec<&'static str>)> 
             vec!["releases is set but the backend is s3", "local roots only"],
         ),
         (
+            "precompress on s3",
+            dest("        backend: s3\n        bucket: reports\n        precompress: [gzip]\n")
+                .replace("path: /srv/out", "path: site"),
+            vec![
+                "destination \"d\" of pipeline \"p\"",
+                "precompress is set but the backend is s3",
+                "remove precompress",
+            ],
+        ),
+        (
+            "unknown precompress encoding",
+            dest("        precompress: [gzip, zstd]\n"),
+            vec!["line 6 column 29", "precompress \"zstd\" is not known", "gzip", "br"],
+        ),
+        (
+            "precompress that is not a list",
+            dest("        precompress: gzip\n"),
+            vec!["line 6", "[gzip, br]"],
+        ),
+        (
+            "precompress listing an encoding twice",
+            dest("        precompress:\n          - br\n          - gzip\n          - br\n"),
+            vec!["line 9", "precompress lists br twice"],
+        ),
+        (
             "one release",
             dest("        releases: 1\n"),
             vec!["releases must be at least 2, not 1", "roll back to"],
@@ -930,6 +955,31 @@ fn config_path_precedence() {
     assert_eq!(
         choose_config_path(None, None),
         PathBuf::from(DEFAULT_CONFIG_PATH)
+    );
+}
+
+#[test]
+fn precompress_lists_each_encoding_in_the_order_written() {
+    // (keys, encodings)
+    let cases: &[(&str, &[Encoding])] = &[
+        ("", &[]),
+        ("        precompress: []\n", &[]),
+        ("        precompress: [gzip]\n", &[Encoding::Gzip]),
+        ("        precompress: [br]\n", &[Encoding::Brotli]),
+        (
+            "        precompress: [br, gzip]\n",
+            &[Encoding::Brotli, Encoding::Gzip],
+        ),
+    ];
+    for (keys, want) in cases {
+        let config = ok(&with_destination(keys));
+        let d = &config.pipelines[0].destinations[0];
+        assert_eq!(d.precompress, *want, "{keys}");
+    }
+    let summary = ok(&with_destination("        precompress: [gzip, br]\n")).summary();
+    assert!(
+        summary.contains("      precompress: gzip, br\n"),
+        "{summary}"
     );
 }
 

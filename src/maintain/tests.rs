@@ -298,6 +298,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         base_url: None,
         prune,
         hooks: None,
+        precompress: Vec::new(),
     }
 }
 

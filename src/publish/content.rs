@@ -1,6 +1,6 @@
 //! Output bytes a publication holds itself rather than copies from the
-//! bundle: rendered pages, and markdown files read (and verified) for
-//! rendering. One [`Content`] is shared by every destination that publishes
+//! bundle: rendered pages, precompressed siblings, and markdown files read
+//! (and verified) for rendering. One [`Content`] is shared by every destination that publishes
 //! it, and each reads it with its own [`Reader`].
 //!
 //! What a bundle holds in memory is bounded ([`Scratch`]): a page's body
@@ -150,6 +150,11 @@ impl Content {
             parts,
             body: body.0,
         }
+    }
+
+    /// A body on its own (a precompressed sibling).
+    pub(crate) fn whole(body: Spilled) -> Content {
+        Content::page(vec![Part::Body], body)
     }
 
     /// The bytes when they are all in memory in one piece (a markdown file

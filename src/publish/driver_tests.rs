@@ -14,6 +14,7 @@ fn desired(path: &str) -> Desired {
         path: RelPath::parse(path).unwrap(),
         kind: OutputKind::Source,
         bundle_path: RelPath::parse(path).unwrap(),
+        transform: None,
         url: None,
         sha256: crate::catalog::Sha256::parse(
             &crate::fs::hashing::hash_bytes(path.as_bytes()).sha256,

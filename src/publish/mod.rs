@@ -21,6 +21,7 @@ use std::time::Duration;
 mod content;
 mod driver;
 mod error;
+mod precompress;
 mod prepare;
 
 pub use crate::backend::{MAX_BATCH, peek_state, recover_abandoned, root_label, state_file_label};

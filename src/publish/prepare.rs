@@ -1,13 +1,15 @@
 //! Preparing a bundle before any lock is taken: inspecting it (manifest,
 //! file types and sizes, signature), rendering its markdown where a
-//! destination wants HTML, computing each destination's outputs, and the
-//! signer's scopes that bound what a replacement deletes. It never writes
+//! destination wants HTML, computing each destination's outputs (their
+//! precompressed siblings made too), and the signer's scopes that bound
+//! what a replacement deletes. It never writes
 //! and never reads the clock: the time is the publication's.
 
 use super::content::{Content, Scratch, Spill};
 use super::error::Error;
+use super::precompress::{self, Planned};
 use crate::bundle::{self, VerifiedBundle};
-use crate::catalog::{OutputKind, Sha256, SourceIdentity};
+use crate::catalog::{MARKDOWN_TO_HTML, OutputKind, Sha256, SourceIdentity};
 use crate::config::{self, Destination, Pipeline};
 use crate::fs::hashing::{self, Hashed};
 use crate::paths::RelPath;
@@ -41,9 +43,18 @@ type Rendered = BTreeMap<RelPath, Page>;
 pub(super) struct Prepared {
     pub(super) desired: Arc<[Desired]>,
     /// Outputs whose bytes the publication holds, by output path: rendered
-    /// HTML, and markdown sources read and verified for rendering (staged
-    /// from here rather than read from the bundle a second time).
+    /// HTML, precompressed siblings, and markdown sources read and verified
+    /// for rendering (staged from here rather than read from the bundle a
+    /// second time).
     pub(super) in_memory: BTreeMap<RelPath, Arc<Content>>,
+}
+
+/// One destination's outputs before their siblings are made: the
+/// bundle's, sorted by path, and the siblings planned for them.
+struct Outputs {
+    desired: Vec<Desired>,
+    in_memory: BTreeMap<RelPath, Arc<Content>>,
+    siblings: Vec<Planned>,
 }
 
 fn destination_report(d: &Destination) -> DestinationReport {
@@ -139,6 +150,8 @@ pub(super) fn prepare_bundle(
     let mut rendered: Vec<((config::RawHtml, Option<&config::HtmlTemplate>), Rendered)> =
         Vec::new();
     let mut room = Scratch::new(scratch);
+    // Siblings made so far, shared by the destinations that publish them.
+    let mut made = precompress::Made::new();
     let mut prepared = Vec::new();
     for (i, d) in destinations.iter().enumerate() {
         let html = if d.publish_html {
@@ -161,8 +174,12 @@ pub(super) fn prepare_bundle(
         } else {
             None
         };
-        match prepare(pipeline, d, &bundle, html) {
-            Ok(p) => prepared.push(p),
+        let Outputs {
+            mut desired,
+            mut in_memory,
+            siblings,
+        } = match prepare(pipeline, d, &bundle, html) {
+            Ok(p) => p,
             Err(e) => {
                 report.destinations[i].error = Some(e.clone());
                 let e = Error::Invalid {
@@ -171,7 +188,27 @@ pub(super) fn prepare_bundle(
                 };
                 return Err(Box::new(e.fail(report)));
             }
+        };
+        let url = |p: &RelPath| d.base_url.as_ref().map(|b| plan::output_url(b, p));
+        if let Err(e) = precompress::make(
+            siblings,
+            &mut desired,
+            &mut in_memory,
+            &url,
+            &bundle,
+            &mut made,
+            &mut room,
+            &mut verified,
+            &mut report.warnings,
+            &process.per_core(),
+        ) {
+            return Err(Box::new(e.fail(report)));
         }
+        desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+        prepared.push(Prepared {
+            desired: desired.into(),
+            in_memory,
+        });
     }
 
     let mut delete_within = None;
@@ -349,13 +386,15 @@ fn read_listed(bundle: &VerifiedBundle, f: &bundle::ManifestFile) -> Result<Vec<
     Ok(bytes)
 }
 
-/// Computes one destination's desired outputs.
+/// Computes one destination's desired outputs, and the siblings they get
+/// (docs/contract.md §21.4); every path, siblings' too, must lie in the
+/// destination's scope.
 fn prepare(
     pipeline: &Pipeline,
     d: &Destination,
     bundle: &VerifiedBundle,
     html: Option<&Rendered>,
-) -> Result<Prepared, String> {
+) -> Result<Outputs, String> {
     let m = &bundle.manifest;
     let prefix = config::expand_prefix(&d.prefix, &m.id, &pipeline.id, m.created)
         .map_err(|e| format!("prefix {:?}: {e}", d.prefix))?;
@@ -382,6 +421,7 @@ fn prepare(
                 path,
                 kind: OutputKind::Source,
                 bundle_path: f.path.clone(),
+                transform: None,
                 sha256: Sha256::parse(&f.sha256).expect("a verified manifest lists sha256 digests"),
                 size: f.size,
             });
@@ -398,6 +438,7 @@ fn prepare(
                 path: path.clone(),
                 kind: OutputKind::Generated,
                 bundle_path: f.path.clone(),
+                transform: Some(MARKDOWN_TO_HTML),
                 sha256: Sha256::parse(&hashed.sha256).expect("hashing gives sha256 digests"),
                 size: hashed.size,
             });
@@ -406,12 +447,16 @@ fn prepare(
     }
     plan::check_unique(&desired)?;
     desired.sort_by(|a, b| a.path.as_str().cmp(b.path.as_str()));
+    let siblings = precompress::siblings(&desired, &d.precompress);
     if let Some(scope) = &d.scope {
-        check_scope(d, scope, &prefix, &desired)?;
+        let paths = (desired.iter().map(|o| o.path.as_str()))
+            .chain(siblings.iter().map(|s| s.path.as_str()));
+        check_scope(d, scope, &prefix, paths)?;
     }
-    Ok(Prepared {
-        desired: desired.into(),
+    Ok(Outputs {
+        desired,
         in_memory,
+        siblings,
     })
 }
 
@@ -421,17 +466,14 @@ const OUTSIDE_NAMED: usize = 5;
 /// Every output must lie inside the destination's scope (docs/contract.md
 /// §17.1); the error names the first few that do not, the destination and
 /// its scope.
-fn check_scope(
+fn check_scope<'p>(
     d: &Destination,
     scope: &Scope,
     prefix: &str,
-    desired: &[Desired],
+    paths: impl Iterator<Item = &'p str>,
 ) -> Result<(), String> {
-    let outside: Vec<&str> = desired
-        .iter()
-        .map(|o| o.path.as_str())
-        .filter(|p| !scope.contains(p))
-        .collect();
+    let mut outside: Vec<&str> = paths.filter(|p| !scope.contains(p)).collect();
+    outside.sort_unstable();
     let Some(first) = outside.first() else {
         return Ok(());
     };
@@ -544,6 +586,193 @@ pipelines:
             crate::runtime::clock::now_millis(),
         );
         (tmp, result)
+    }
+
+    /// Prepares a bundle of `files` (path, bytes; source id `src-1`) for
+    /// the destinations of pipeline `p` in `destinations` (YAML), with a
+    /// scratch folder for what is too big to hold.
+    fn prepare_bytes(
+        destinations: &str,
+        files: &[(&str, Vec<u8>)],
+        after_sealing: impl FnOnce(&Path),
+    ) -> (tempfile::TempDir, Result<Ready, Box<RunReport>>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("bundle");
+        for (f, bytes) in files {
+            let path = dir.join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+        bundle::seal(&dir, "src-1", None).unwrap();
+        after_sealing(&dir);
+        let config = config::parse(
+            &format!("spool: ./spool\npipelines:\n  - id: p\n    destinations:\n{destinations}"),
+            &tmp.path().join("config.yaml"),
+        )
+        .unwrap();
+        let pipeline = &config.pipelines[0];
+        let all: Vec<&Destination> = pipeline.destinations.iter().collect();
+        let result = prepare_bundle(
+            pipeline,
+            &all,
+            &dir,
+            false,
+            tmp.path(),
+            &ProcessState::default(),
+            crate::runtime::clock::now_millis(),
+        );
+        (tmp, result)
+    }
+
+    /// Bytes that do not compress (xorshift), `len` of them.
+    fn noise(len: usize) -> Vec<u8> {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn read_all(content: &Content) -> Vec<u8> {
+        let mut out = Vec::new();
+        content.reader().read_to_end(&mut out).unwrap();
+        out
+    }
+
+    fn gunzip(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut out)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn siblings_are_prepared_held_like_pages_and_shared_by_destinations() {
+        let css = "body { color: black; }\n".repeat(100);
+        let md = "# Title\n\nSome words, again and again.\n".repeat(60);
+        let big = noise(crate::publish::content::SPILL_FROM + 10);
+        let files = [
+            ("a.css", css.clone().into_bytes()),
+            ("small.css", b"p {}\n".to_vec()),
+            ("doc.md", md.clone().into_bytes()),
+            ("big.txt", big.clone()),
+            ("logo.png", noise(4096)),
+        ];
+        let keys = "        precompress: [gzip, br]\n        publish: {source: true, html: true}\n        links: {base_url: \"https://x.example/\"}\n";
+        let d = format!(
+            "      - id: one\n        path: ./one\n{keys}      - id: two\n        path: ./two\n{keys}      - id: plain\n        path: ./plain\n"
+        );
+        let (_tmp, result) = prepare_bytes(&d, &files, |_| {});
+        let Ok(ready) = result else {
+            panic!("{:?}", result.err().unwrap().error);
+        };
+        let paths = |p: &Prepared| -> Vec<String> {
+            p.desired
+                .iter()
+                .map(|d| d.path.as_str().to_owned())
+                .collect()
+        };
+        let one = &ready.prepared[0];
+        assert_eq!(
+            paths(one),
+            [
+                "a.css",
+                "a.css.br",
+                "a.css.gz",
+                "big.txt",
+                "big.txt.br",
+                "big.txt.gz",
+                "doc.html",
+                "doc.html.br",
+                "doc.html.gz",
+                "doc.md",
+                "doc.md.br",
+                "doc.md.gz",
+                "logo.png",
+                "small.css",
+            ]
+        );
+        assert_eq!(
+            paths(&ready.prepared[2]).len(),
+            5,
+            "no precompress, no siblings"
+        );
+        let at = |p: &Prepared, path: &str| {
+            let d = p
+                .desired
+                .iter()
+                .find(|d| d.path.as_str() == path)
+                .unwrap()
+                .clone();
+            let held = Arc::clone(&p.in_memory[&d.path]);
+            (d, held)
+        };
+        let (gz, held) = at(one, "a.css.gz");
+        assert_eq!(gunzip(&read_all(&held)), css.as_bytes());
+        assert_eq!(gz.kind, OutputKind::Generated);
+        assert_eq!(gz.transform, Some(crate::catalog::GZIP));
+        assert_eq!(gz.bundle_path.as_str(), "a.css");
+        assert_eq!(gz.url.as_deref(), Some("https://x.example/a.css.gz"));
+        let hashed = hashing::copy_hashed(&mut held.reader(), None, None).unwrap();
+        assert_eq!(
+            (gz.sha256.to_string(), gz.size),
+            (hashed.sha256, hashed.size)
+        );
+        // The page's siblings are made from the page, the markdown's from
+        // the markdown; both come from doc.md.
+        let (page, _) = at(one, "doc.html");
+        let (page_gz, page_gz_held) = at(one, "doc.html.gz");
+        assert_eq!(page_gz.bundle_path.as_str(), "doc.md");
+        let html = read_all(&one.in_memory[&page.path]);
+        assert_eq!(gunzip(&read_all(&page_gz_held)), html);
+        let (md_br, _) = at(one, "doc.md.br");
+        assert_eq!(md_br.transform, Some(crate::catalog::BROTLI));
+        // A big sibling goes to the scratch file, as a big page does.
+        let (_, big_gz) = at(one, "big.txt.gz");
+        assert!(big_gz.is_spilled());
+        assert_eq!(gunzip(&read_all(&big_gz)), big);
+        assert!(ready.verified.contains(&RelPath::parse("big.txt").unwrap()));
+        // The second destination shares the first one's siblings.
+        let (_, again) = at(&ready.prepared[1], "big.txt.gz");
+        assert!(Arc::ptr_eq(&big_gz, &again));
+    }
+
+    #[test]
+    fn a_file_changed_since_sealing_fails_the_bundle_when_it_is_compressed() {
+        let css = "body { color: black; }\n".repeat(100).into_bytes();
+        let d = "      - id: www\n        path: ./www\n        precompress: [br]\n";
+        let (_tmp, result) = prepare_bytes(d, &[("a.css", css.clone())], |dir| {
+            let mut changed = css.clone();
+            changed[0] = b'B';
+            std::fs::write(dir.join("a.css"), changed).unwrap();
+        });
+        let Err(report) = result else {
+            panic!("should fail");
+        };
+        assert_eq!(report.stage, Some(Stage::Verify));
+        let error = report.error_text();
+        assert!(error.contains("a.css"), "{error}");
+        assert!(error.contains("sha256"), "{error}");
+    }
+
+    #[test]
+    fn siblings_lie_in_the_scope_like_every_output() {
+        let css = "body { color: black; }\n".repeat(100).into_bytes();
+        let d = "      - id: www\n        path: ./www\n        precompress: [gzip]\n        scope: [\"a.css\"]\n";
+        let (_tmp, result) = prepare_bytes(d, &[("a.css", css)], |_| {});
+        let Err(report) = result else {
+            panic!("should fail");
+        };
+        let error = report.error_text();
+        assert!(
+            error.contains("output \"a.css.gz\" is outside destination www's scope"),
+            "{error}"
+        );
     }
 
     #[test]

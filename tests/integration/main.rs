@@ -21,6 +21,7 @@ mod metrics;
 mod operate;
 mod order;
 mod outage;
+mod precompress;
 mod producer;
 mod producer_limits;
 mod producer_spool;

@@ -131,14 +131,14 @@ pipelines:
 
 /// What happened to a name in a watched root, in the order inotify told.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Seen {
+pub(crate) enum Seen {
     /// Renamed into place or created (the catalog too).
     Appeared(String),
     Deleted(String),
 }
 
 /// An inotify watch on every folder of a root, set before a publication.
-struct Watch {
+pub(crate) struct Watch {
     fd: rustix::fd::OwnedFd,
     /// Each watch's folder, relative to the root ("" for the root).
     folders: BTreeMap<i32, String>,
@@ -148,7 +148,7 @@ impl Watch {
     /// Watches `root` and every real folder below it (never through a
     /// link: each is added with `IN_DONT_FOLLOW | IN_ONLYDIR`, after a
     /// `lstat` showed a folder).
-    fn new(root: &Path) -> Watch {
+    pub(crate) fn new(root: &Path) -> Watch {
         let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
             .expect("inotify_init1");
         let mut watch = Watch {
@@ -183,7 +183,7 @@ impl Watch {
     /// binary's own temporary files and journal left out. A publication
     /// that has exited has queued all of its events (inotify queues each
     /// as the call that causes it returns).
-    fn events(&self) -> Vec<Seen> {
+    pub(crate) fn events(&self) -> Vec<Seen> {
         let mut buf = [MaybeUninit::uninit(); 1 << 16];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
         let mut seen = Vec::new();

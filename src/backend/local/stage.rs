@@ -742,7 +742,7 @@ fn stage_one(
     {
         if job.in_memory.is_some() {
             return Err(Failure::Io(io::Error::other(format!(
-                "{}: the bytes staged ({} bytes, sha256 {}) are not those planned ({} bytes, sha256 {}): the temporary file holding the rendered page changed; check the disk of the spool's work folder",
+                "{}: the bytes staged ({} bytes, sha256 {}) are not those planned ({} bytes, sha256 {}): the temporary file holding the rendered page or precompressed sibling changed; check the disk of the spool's work folder",
                 d.path, got.size, got.sha256, d.size, d.sha256
             ))));
         }
