@@ -11,6 +11,7 @@ mod delivery;
 mod disk_full;
 mod failed_spool;
 mod failpoints;
+mod gfm_spec;
 mod hostile;
 mod hostile3;
 mod lab;
