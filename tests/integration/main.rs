@@ -21,6 +21,7 @@ mod matrix;
 mod metrics;
 mod operate;
 mod outage;
+mod pathological;
 mod producer;
 mod producer_limits;
 mod producer_spool;
