@@ -6,17 +6,25 @@
 use super::error::{BundleError, Problem};
 use super::manifest::Manifest;
 
-/// The memory rendering one markdown file may take, in multiples of its
-/// size (docs/contract.md §12.3).
+/// The memory rendering one markdown file may take, in multiples of
+/// `limits.max_markdown_bytes` (docs/contract.md §12.3), whatever the
+/// file's own size: the renderer's memory limit decides, not an estimate
+/// from the size (contract §21.6).
 pub const MARKDOWN_TIMES: u64 = 32;
 
-/// The address space rendering any file may take, however small. What the
-/// renderer's child process (`crate::render::child`) maps for any document
-/// (the markdown's buffer aside: the output buffer, the page's skeleton,
-/// the parser's first allocations, the heap's rounding and the stack's
-/// growth) measures 0.2 MiB, so [`MARKDOWN_TIMES`] × the size covers it
-/// from 128 KiB up (docs/rendering.md).
+/// The address space rendering any file may take, however small
+/// `limits.max_markdown_bytes` is: what the renderer's child process
+/// (`crate::render::child`) maps for any document (the output buffer, the
+/// page's skeleton, the parser's first allocations, the heap's rounding
+/// and the stack's growth) measures 0.2 MiB (docs/rendering.md).
 pub const MARKDOWN_FLOOR: u64 = 4 << 20;
+
+/// The memory rendering a markdown file may take when
+/// `limits.max_markdown_bytes` is `cap`: [`MARKDOWN_TIMES`] × `cap`, at
+/// least [`MARKDOWN_FLOOR`].
+pub fn markdown_memory(cap: u64) -> u64 {
+    cap.saturating_mul(MARKDOWN_TIMES).max(MARKDOWN_FLOOR)
+}
 
 /// The CPU time rendering one markdown file may take, in seconds:
 /// [`MARKDOWN_CPU_FLOOR`] plus one second per [`MARKDOWN_CPU_BYTES`] of
@@ -24,7 +32,7 @@ pub const MARKDOWN_FLOOR: u64 = 4 << 20;
 /// core, so a 4 MiB file needs a quarter of a second and gets 21; what
 /// needs more is a document shaped to be slow (raw HTML nested thousands
 /// deep, whose end tags the sanitizer's parser matches against every open
-/// element), and its file is refused like one too dense for memory.
+/// element), and its file is refused like one too big for memory.
 pub fn markdown_cpu_seconds(size: u64) -> u64 {
     MARKDOWN_CPU_FLOOR + size.div_ceil(MARKDOWN_CPU_BYTES)
 }
@@ -126,22 +134,43 @@ pub fn check_limits(manifest: &Manifest, limits: &Limits) -> Result<(), BundleEr
     }
 }
 
-/// The problem of a markdown file whose rendering did not fit in 32 times
-/// its size in memory (docs/contract.md §12.3); `said` is what the renderer
-/// said as it ended (may be empty).
-pub fn markdown_too_dense(path: &str, size: u64, said: &str) -> Problem {
-    let said = if said.is_empty() {
-        String::new()
-    } else {
-        format!(" ({said})")
-    };
+/// The problem of a markdown file whose rendering needed more memory than
+/// the renderer may take ([`markdown_memory`]); `limit` says that limit
+/// and what the renderer said as it ended.
+pub fn markdown_too_dense(path: &str, size: u64, limit: &str) -> Problem {
     Problem::at(
         path,
         format!(
-            "is too dense to render to HTML within {MARKDOWN_TIMES} times its size in memory ({} KiB for {size} bytes){said}; break it into smaller pages, tables or paragraphs, or publish the file as a copy (publish.html off for this destination)",
-            size.saturating_mul(MARKDOWN_TIMES).max(MARKDOWN_FLOOR) >> 10
+            "needs more memory to render to HTML than a rendering may take ({size} bytes; {limit}); split it into smaller pages, raise limits.max_markdown_bytes, or publish it as a copy (publish.html off for this destination)"
         ),
     )
+}
+
+/// What [`markdown_too_dense`] says of the limit reached when
+/// `limits.max_markdown_bytes` is `cap`, and the renderer said `said` (may
+/// be empty).
+pub fn markdown_memory_reached(cap: u64, said: &str) -> String {
+    let said = if said.is_empty() {
+        String::new()
+    } else {
+        format!("; {said}")
+    };
+    format!(
+        "the limit is {}, {MARKDOWN_TIMES} times limits.max_markdown_bytes ({}){said}",
+        size_text(markdown_memory(cap)),
+        size_text(cap)
+    )
+}
+
+/// `bytes` the way a limit is written in the config: `4MiB`, `300KiB`.
+fn size_text(bytes: u64) -> String {
+    let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    for (shift, unit) in units {
+        if bytes >= 1 << shift && bytes.trailing_zeros() >= shift {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
 }
 
 /// The problem of a markdown file whose rendering took more CPU time than
@@ -173,6 +202,32 @@ pub fn markdown_too_big(path: &str, size: u64, limits: &Limits) -> Option<Proble
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rendering_may_take_32_times_the_largest_markdown_file() {
+        assert_eq!(markdown_memory(4 << 20), 128 << 20);
+        assert_eq!(markdown_memory(1 << 20), 32 << 20);
+        assert_eq!(markdown_memory(10), MARKDOWN_FLOOR);
+        assert_eq!(markdown_memory(u64::MAX), u64::MAX);
+        let problem = markdown_too_dense(
+            "a/page.md",
+            910_001,
+            &markdown_memory_reached(4 << 20, "memory allocation of 8 bytes failed"),
+        );
+        assert_eq!(problem.path.as_deref(), Some("a/page.md"));
+        assert_eq!(
+            problem.message,
+            "needs more memory to render to HTML than a rendering may take (910001 bytes; the limit is 128MiB, 32 times limits.max_markdown_bytes (4MiB); memory allocation of 8 bytes failed); split it into smaller pages, raise limits.max_markdown_bytes, or publish it as a copy (publish.html off for this destination)"
+        );
+        assert_eq!(
+            markdown_memory_reached(300 << 10, ""),
+            "the limit is 9600KiB, 32 times limits.max_markdown_bytes (300KiB)"
+        );
+        assert_eq!(
+            markdown_memory_reached(10, ""),
+            "the limit is 4MiB, 32 times limits.max_markdown_bytes (10B)"
+        );
+    }
 
     #[test]
     fn a_markdown_file_may_take_5_s_of_cpu_and_1_s_per_256_kib() {

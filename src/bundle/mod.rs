@@ -23,8 +23,8 @@ mod tests;
 
 pub use error::{BundleError, Problem};
 pub use limits::{
-    Limits, MARKDOWN_FLOOR, MARKDOWN_TIMES, check_limits, markdown_cpu_seconds, markdown_too_big,
-    markdown_too_dense, markdown_too_slow,
+    Limits, check_limits, markdown_cpu_seconds, markdown_memory, markdown_memory_reached,
+    markdown_too_big, markdown_too_dense, markdown_too_slow,
 };
 pub use manifest::ManifestFile;
 #[cfg(test)]

@@ -1,31 +1,32 @@
 //! Rendering markdown in child processes under a kernel-enforced memory
-//! limit (docs/contract.md §12.3: rendering one markdown file uses at most
-//! 32 × its size in memory).
+//! limit (docs/contract.md §12.3: rendering one markdown file takes at
+//! most 32 × `limits.max_markdown_bytes` in memory).
 //!
 //! How much memory pulldown-cmark takes for a document depends on its
 //! shape (a table of `|1|2|3|` cells or a paragraph of `*a* ` runs takes
-//! about 50 times its size, prose a few times), and nothing short of
-//! parsing tells. So the agent does not predict it: it runs its own binary
+//! about 50 times its size, prose a few times, cmark-gfm's pathological
+//! inputs up to 150 times), and nothing short of parsing tells. So the
+//! agent does not predict it (contract §21.6): it runs its own binary
 //! (`/proc/self/exe`, which stays the running binary even after a package
 //! upgrade replaced the file) with the hidden command [`COMMAND`], and
 //! sends it markdown files one after another over a pipe. Before each
 //! document the child sets its own address-space limit (`RLIMIT_AS`) to
-//! what it maps at that moment plus [`TIMES`] × the document's size (at
-//! least [`FLOOR`]), and only then reads the document and renders it with
-//! the in-process renderer ([`crate::render::render_page`]), streaming the
-//! body to its stdout. An allocation the limit refuses aborts the child;
-//! the parent reports the file as too dense to render, and nothing of its
-//! page is used.
+//! what it maps at that moment plus [`crate::bundle::markdown_memory`] of
+//! the largest file it may be sent (`limits.max_markdown_bytes`, in the
+//! request: 128 MiB for 4 MiB), whatever the document's own size, and
+//! only then reads the document and renders it with the in-process
+//! renderer ([`crate::render::render_page`]), streaming the body to its
+//! stdout. An allocation the limit refuses aborts the child; the parent
+//! refuses the file, naming the limit, and nothing of its page is used.
 //!
-//! The soft limit moves with each document, up and down: setrlimit(2) lets
-//! an unprivileged process set its soft limit anywhere up to its hard
-//! limit, and lower the hard limit for good. On its first document the
-//! child lowers its hard limit to what it maps then plus [`TIMES`] × the
-//! largest markdown file it may be sent (`limits.max_markdown_bytes`, in
-//! the request), so no document can ever take more than that. A child
-//! whose mapping has grown so much since that a document would not fit
-//! under the hard limit says so before rendering anything and ends; the
-//! parent renders the document on a fresh child.
+//! setrlimit(2) lets an unprivileged process set its soft limit anywhere
+//! up to its hard limit, and lower the hard limit for good. On its first
+//! document the child lowers its hard limit to what it maps then plus
+//! that room plus [`GROWTH`], so no document can ever take more. A child
+//! whose mapping has grown so much since (or that was made for a smaller
+//! `limits.max_markdown_bytes`) that a document's room would not fit under
+//! the hard limit says so before rendering anything and ends; the parent
+//! renders the document on a fresh child.
 //!
 //! Children are kept in a small pool ([`Pool`], one per process, in its
 //! [`crate::runtime::process_state::ProcessState`]): a document
@@ -64,7 +65,7 @@
 // (`render_in_child`) and the pool is exercised by the integration tests.
 #![cfg_attr(test, allow(dead_code))]
 
-use crate::bundle::{MARKDOWN_FLOOR as FLOOR, MARKDOWN_TIMES as TIMES};
+use crate::bundle::markdown_memory;
 use crate::config::RawHtml;
 use crate::render::{Part, RenderOptions, render_page};
 use serde::{Deserialize, Serialize};
@@ -88,6 +89,12 @@ const MAX_HEADER: u64 = 64 << 20;
 
 /// The most bytes of the parts' frame (the template's text is in it).
 const MAX_PARTS: u64 = 256 << 20;
+
+/// How much a child's mapping may grow past what it mapped at its first
+/// document before it is replaced: it grows by 0.2 MiB over 60 documents
+/// (docs/rendering.md), and each document gets the same room over what
+/// the child maps before it.
+const GROWTH: u64 = 4 << 20;
 
 /// What the parent sends before each document.
 #[derive(Debug, Serialize, Deserialize)]
@@ -131,7 +138,7 @@ impl Context {
 #[derive(Debug)]
 pub enum ChildError {
     /// The child ended on its memory limit: the file is refused. The text
-    /// is what the child said, if anything.
+    /// names the limit, and what the child said, if anything.
     OverLimit(String),
     /// The child failed on this document in another way (a panic):
     /// rendering it again would fail again. The text says how.
@@ -172,11 +179,12 @@ impl Noting<'_> {
 }
 
 /// Renders `markdown`'s page into `sink`, like [`render_page`], in a child
-/// process limited to [`TIMES`] × `markdown.len()` (at least [`FLOOR`])
-/// of address space, taken from `pool` (the process's, in its
-/// [`crate::runtime::process_state::ProcessState`]). `cap` is the
+/// process that may take [`markdown_memory`] of `cap` more address space
+/// than it maps before the document, taken from `pool` (the process's, in
+/// its [`crate::runtime::process_state::ProcessState`]). `cap` is the
 /// largest markdown file the caller renders (`limits.max_markdown_bytes`).
-/// On error, what `sink` got is not a page and must be thrown away.
+/// On error, what `sink` got is not a page and must be thrown away; a
+/// [`ChildError::OverLimit`] says the limit reached.
 pub fn render_in_child(
     pool: &Pool,
     markdown: &str,
@@ -255,7 +263,17 @@ impl Pool {
                     let failed = io::Error::other("its first document did not fit its limit");
                     return Err(child.failed(Err(failed), sink.error));
                 }
-                Err(e) => return Err(child.failed(Err(e), sink.error)),
+                Err(e) => {
+                    return Err(match child.failed(Err(e), sink.error) {
+                        ChildError::OverLimit(said) => {
+                            let cap = cap.max(markdown.len() as u64);
+                            ChildError::OverLimit(crate::bundle::markdown_memory_reached(
+                                cap, &said,
+                            ))
+                        }
+                        other => other,
+                    });
+                }
             }
         }
     }
@@ -726,11 +744,11 @@ struct MemoryLimit {
 
 impl MemoryLimit {
     /// Sets this process's soft address-space limit to what it maps now
-    /// plus [`TIMES`] × `len`, at least [`FLOOR`]. On the first document,
-    /// first lowers the hard limit to what it maps plus [`TIMES`] × `cap`
-    /// (at least [`FLOOR`]; never above a hard limit already set). False,
-    /// with no limit changed, when a later document would not fit under
-    /// the hard limit.
+    /// plus [`markdown_memory`] of `cap` (the largest file it may be sent,
+    /// at least `len`). On the first document, first lowers the hard limit
+    /// to that plus [`GROWTH`] (never above a hard limit already set).
+    /// False, with no limit changed, when a later document's room does not
+    /// fit under the hard limit.
     fn set(&mut self, len: u64, cap: u64) -> io::Result<bool> {
         use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
         let ceiling = match self.hard {
@@ -764,11 +782,12 @@ impl MemoryLimit {
 }
 
 /// The soft and hard address-space limits for a document of `len` bytes
-/// when the process maps `now` bytes: `now` plus [`TIMES`] × `len` (at
-/// least [`FLOOR`]) under the hard limit. The hard limit is `hard` once
-/// set; for the first document it is `now` plus [`TIMES`] × `cap` (at
-/// least [`FLOOR`]), never above `ceiling` (a hard limit set from
-/// outside). `None` when a later document does not fit under `hard`.
+/// when the process maps `now` bytes and may be sent files of up to `cap`
+/// bytes: `now` plus [`markdown_memory`] of `cap` (or `len`, if larger)
+/// under the hard limit. The hard limit is `hard` once set; for the first
+/// document it is that plus [`GROWTH`], never above `ceiling` (a hard
+/// limit set from outside). `None` when a later document does not fit
+/// under `hard`.
 fn plan_limits(
     now: u64,
     len: u64,
@@ -776,13 +795,16 @@ fn plan_limits(
     hard: Option<u64>,
     ceiling: Option<u64>,
 ) -> Option<(u64, u64)> {
-    let room = |len: u64| now.saturating_add(len.saturating_mul(TIMES).max(FLOOR));
+    let room = now.saturating_add(markdown_memory(cap.max(len)));
     let hard = match hard {
-        Some(hard) if room(len) > hard => return None,
+        Some(hard) if room > hard => return None,
         Some(hard) => hard,
-        None => ceiling.map_or(room(cap.max(len)), |max| room(cap.max(len)).min(max)),
+        None => {
+            let hard = room.saturating_add(GROWTH);
+            ceiling.map_or(hard, |max| hard.min(max))
+        }
     };
-    Some((room(len).min(hard), hard))
+    Some((room.min(hard), hard))
 }
 
 /// Bytes of address space this process maps (`VmSize` of
@@ -1052,45 +1074,47 @@ mod tests {
         }
     }
 
-    /// Each document gets what the process maps plus 32 times its size (at
-    /// least 4 MiB) as its soft limit, under a hard limit set once for the
-    /// largest file: a small document after a big one is held to its own
-    /// bound, and one that no longer fits under the hard limit is not
-    /// served.
+    /// Each document gets what the process maps plus 32 times the largest
+    /// file it may be sent (at least 4 MiB), whatever its own size, under
+    /// a hard limit set once, 4 MiB higher: a child that has grown by more
+    /// than that, or that was made for smaller files, renders no more.
     #[test]
-    fn each_document_gets_its_own_limit_under_one_hard_limit() {
+    fn every_document_gets_the_same_room_under_one_hard_limit() {
         let mib = 1 << 20;
         let cap = 4 * mib;
-        // First document, 3 MiB: the hard limit is set for 4 MiB.
+        // First document, 3 MiB: room for 4 MiB, and 4 MiB to grow.
         let (soft, hard) = plan_limits(10 * mib, 3 * mib, cap, None, None).unwrap();
-        assert_eq!((soft, hard), (10 * mib + 96 * mib, 10 * mib + 128 * mib));
-        // A 1 MiB document next, the process having grown by 2 MiB: 32 MiB.
-        assert_eq!(
-            plan_limits(12 * mib, mib, cap, Some(hard), None),
-            Some((12 * mib + 32 * mib, hard))
-        );
-        // A tiny one: the floor.
+        assert_eq!((soft, hard), (138 * mib, 142 * mib));
+        // A tiny document next, the process having grown by 2 MiB: the
+        // same room over what it maps.
         assert_eq!(
             plan_limits(12 * mib, 10, cap, Some(hard), None),
-            Some((12 * mib + FLOOR, hard))
+            Some((140 * mib, hard))
         );
-        // The largest one still fits while the process maps what it did...
+        // Grown by more than 4 MiB: another child renders it.
+        assert_eq!(plan_limits(15 * mib, 10, cap, Some(hard), None), None);
+        // A file of a pipeline with a bigger limit does not fit either.
+        assert_eq!(plan_limits(10 * mib, 10, 5 * mib, Some(hard), None), None);
+        // One with a smaller limit gets its own, smaller room.
         assert_eq!(
-            plan_limits(10 * mib, cap, cap, Some(hard), None),
-            Some((hard, hard))
+            plan_limits(10 * mib, 10, mib, Some(hard), None),
+            Some((42 * mib, hard))
         );
-        // ... but not once it has grown: another child renders it.
-        assert_eq!(plan_limits(11 * mib, cap, cap, Some(hard), None), None);
+        // A tiny limit: the floor.
+        assert_eq!(
+            plan_limits(10 * mib, 10, 100, None, None),
+            Some((14 * mib, 18 * mib))
+        );
         // A hard limit set from outside is never raised, and the first
         // document is not refused for it.
         assert_eq!(
             plan_limits(10 * mib, 3 * mib, cap, None, Some(50 * mib)),
             Some((50 * mib, 50 * mib))
         );
-        // A document larger than the cap sets the hard limit for itself.
+        // A document larger than the cap gets room for itself.
         assert_eq!(
             plan_limits(10 * mib, 5 * mib, cap, None, None),
-            Some((170 * mib, 170 * mib))
+            Some((170 * mib, 174 * mib))
         );
     }
 

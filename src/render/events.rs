@@ -1,16 +1,20 @@
 //! The event stream between the parser and the HTML writer: raw HTML
-//! escaping, link rewriting, bare-URL autolinks, heading and footnote ids,
-//! and the page title, applied one event at a time.
+//! escaping, GFM's tag filter, link rewriting, bare-URL autolinks, heading
+//! and footnote ids, the section of footnotes, and the page title, applied
+//! one event at a time.
 //!
 //! It holds back only what one decision needs (the text run being searched
 //! for URLs, one heading, one HTML block), so memory follows the largest
-//! block, not the document.
+//! block, not the document; footnote definitions are the exception: they
+//! are held to the end of the page, where GitHub puts them.
 
 use crate::config::RawHtml;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use pulldown_cmark::{CowStr, Event, HeadingLevel, LinkType, Tag, TagEnd};
 
+use super::autolink::Autolink;
+use super::html::Piece;
 use super::ids::Ids;
 use super::links::rewrite_destination;
 use super::{RenderOptions, autolink, push_escaped};
@@ -20,7 +24,7 @@ struct Heading<'a> {
     level: HeadingLevel,
     classes: Vec<CowStr<'a>>,
     attrs: Vec<(CowStr<'a>, Option<CowStr<'a>>)>,
-    events: Vec<Event<'a>>,
+    events: Vec<Piece<'a>>,
     /// Text for the slug: what a reader sees, without image alt text.
     slug_text: String,
     /// Text for the title: the same plus image alt text.
@@ -29,13 +33,13 @@ struct Heading<'a> {
     in_image: usize,
 }
 
-/// Iterator adapter from parser events to writer events.
+/// Iterator adapter from parser events to the writer's pieces.
 pub(super) struct Rewriter<'a, 'o, I> {
     inner: I,
     options: &'o RenderOptions<'o>,
     escape: bool,
-    /// Events ready for the writer.
-    ready: VecDeque<Event<'a>>,
+    /// Pieces ready for the writer.
+    ready: VecDeque<Piece<'a>>,
     /// Consecutive plain text not yet searched for URLs: one piece in
     /// `text`, or several joined in `joined`.
     text: Option<CowStr<'a>>,
@@ -45,11 +49,20 @@ pub(super) struct Rewriter<'a, 'o, I> {
     heading: Option<Heading<'a>>,
     /// Depth of links and images: their text is never autolinked.
     in_link: usize,
+    /// `[` of the text of the current block left open (no URL is linked
+    /// inside brackets, see [`autolink`]).
+    brackets: usize,
     /// Depth of raw `<a>` tags (raw HTML allowed).
     in_raw_anchor: usize,
     in_code_block: bool,
-    /// Open footnote definitions: their number, for the back-link.
-    definitions: Vec<usize>,
+    /// The footnote definitions being collected (one inside another, if
+    /// the parser ever nests them): label (lowercased) and pieces.
+    definition: Vec<(String, Vec<Piece<'a>>)>,
+    /// The footnote definitions seen, by lowercased label (the first of a
+    /// label counts), written at the end of the page.
+    definitions: HashMap<String, Vec<Piece<'a>>>,
+    /// Whether the parser's events have all been read.
+    done: bool,
     ids: Ids,
     /// Plain text of the first heading; `Some` once it has been seen.
     title: Option<String>,
@@ -74,9 +87,12 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
             raw_block: None,
             heading: None,
             in_link: 0,
+            brackets: 0,
             in_raw_anchor: 0,
             in_code_block: false,
-            definitions: Vec::new(),
+            definition: Vec::new(),
+            definitions: HashMap::new(),
+            done: false,
             ids: Ids::default(),
             title: None,
             raw_before: (options.raw_html == RawHtml::Allow).then(String::new),
@@ -115,28 +131,39 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         (!collapsed.is_empty()).then_some(collapsed)
     }
 
-    /// Hands an event on: into the heading being collected, else out.
-    fn emit(&mut self, event: Event<'a>) {
+    /// Hands a piece on: into the heading being collected, else
+    /// [`Self::put`].
+    fn emit(&mut self, piece: impl Into<Piece<'a>>) {
+        let piece = piece.into();
         match self.heading.as_mut() {
             Some(heading) => {
-                match &event {
-                    Event::Start(Tag::Image { .. }) => heading.in_image += 1,
-                    Event::End(TagEnd::Image) => heading.in_image -= 1,
-                    Event::Text(t) | Event::Code(t) => {
+                match &piece {
+                    Piece::Event(Event::Start(Tag::Image { .. })) => heading.in_image += 1,
+                    Piece::Event(Event::End(TagEnd::Image)) => heading.in_image -= 1,
+                    Piece::Event(Event::Text(t) | Event::Code(t)) => {
                         heading.title_text.push_str(t);
                         if heading.in_image == 0 {
                             heading.slug_text.push_str(t);
                         }
                     }
-                    Event::SoftBreak | Event::HardBreak => {
+                    Piece::Event(Event::SoftBreak | Event::HardBreak) => {
                         heading.title_text.push(' ');
                         heading.slug_text.push(' ');
                     }
                     _ => {}
                 }
-                heading.events.push(event);
+                heading.events.push(piece);
             }
-            None => self.ready.push_back(event),
+            None => self.put(piece),
+        }
+    }
+
+    /// Hands a piece on: into the footnote definition being collected,
+    /// else out.
+    fn put(&mut self, piece: Piece<'a>) {
+        match self.definition.last_mut() {
+            Some((_, pieces)) => pieces.push(piece),
+            None => self.ready.push_back(piece),
         }
     }
 
@@ -150,8 +177,8 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         } else {
             CowStr::from(std::mem::take(&mut self.joined))
         };
-        let urls = autolink::find_urls(&text);
-        if urls.is_empty() {
+        let links = autolink::find(&text, &mut self.brackets);
+        if links.is_empty() {
             self.emit(Event::Text(text));
             return;
         }
@@ -162,20 +189,25 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
             }
         };
         let mut at = 0;
-        let mut pieces = Vec::with_capacity(urls.len() * 4 + 1);
-        for url in urls {
-            if url.start > at {
-                pieces.push(Event::Text(piece(at..url.start)));
+        let mut pieces = Vec::with_capacity(links.len() * 4 + 1);
+        for (kind, range) in links {
+            if range.start > at {
+                pieces.push(Event::Text(piece(at..range.start)));
             }
+            let dest_url = match kind {
+                Autolink::Url => piece(range.clone()),
+                Autolink::Www => format!("http://{}", &text[range.clone()]).into(),
+                Autolink::Email => format!("mailto:{}", &text[range.clone()]).into(),
+            };
             pieces.push(Event::Start(Tag::Link {
                 link_type: LinkType::Inline,
-                dest_url: piece(url.clone()),
+                dest_url,
                 title: CowStr::Borrowed(""),
                 id: CowStr::Borrowed(""),
             }));
-            pieces.push(Event::Text(piece(url.clone())));
+            pieces.push(Event::Text(piece(range.clone())));
             pieces.push(Event::End(TagEnd::Link));
-            at = url.end;
+            at = range.end;
         }
         if at < text.len() {
             pieces.push(Event::Text(piece(at..text.len())));
@@ -199,10 +231,22 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         }
     }
 
-    /// Turns one parser event into writer events.
+    /// Turns one parser event into writer pieces.
     fn process(&mut self, event: Event<'a>) {
         if (self.text.is_some() || !self.joined.is_empty()) && !matches!(event, Event::Text(_)) {
             self.flush_text();
+        }
+        // GFM's tag filter (docs/contract.md §21.5); escaped, raw HTML
+        // is all text already.
+        let event = match event {
+            Event::Html(html) if !self.escape => Event::Html(tag_filter(html)),
+            Event::InlineHtml(html) if !self.escape => Event::InlineHtml(tag_filter(html)),
+            other => other,
+        };
+        if let Event::Start(tag) = &event
+            && !is_inline(tag)
+        {
+            self.brackets = 0;
         }
         match event {
             Event::Start(Tag::HtmlBlock) if self.escape => self.raw_block = Some(String::new()),
@@ -297,31 +341,12 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
             Event::End(TagEnd::Heading(level)) => self.finish_heading(level),
             Event::FootnoteReference(label) => {
                 let (number, id) = self.ids.footnote_reference(&label);
-                let html = format!(
-                    "<sup class=\"footnote-reference\" id=\"{id}\"><a href=\"#fn-{number}\">{number}</a></sup>"
-                );
-                self.emit(Event::InlineHtml(html.into()));
+                self.emit(Piece::FootnoteRef { number, id });
             }
             Event::Start(Tag::FootnoteDefinition(label)) => {
-                let (number, id) = self.ids.footnote_definition(&label);
-                self.definitions.push(number);
-                let id = id.map(|id| format!(" id=\"{id}\"")).unwrap_or_default();
-                let html = format!(
-                    "<div class=\"footnote-definition\"{id}><sup class=\"footnote-definition-label\">{number}</sup>"
-                );
-                self.emit(Event::Html(html.into()));
+                self.definition.push((label.to_lowercase(), Vec::new()));
             }
-            Event::End(TagEnd::FootnoteDefinition) => {
-                let number = self.definitions.pop().unwrap_or_default();
-                let html = if self.ids.is_referenced(number) {
-                    format!(
-                        "<a href=\"#fnref-{number}\" class=\"footnote-backref\" aria-label=\"Back to reference {number}\">\u{21a9}</a></div>\n"
-                    )
-                } else {
-                    "</div>\n".to_owned()
-                };
-                self.emit(Event::Html(html.into()));
-            }
+            Event::End(TagEnd::FootnoteDefinition) => self.end_definition(),
             other => self.emit(other),
         }
     }
@@ -351,40 +376,169 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         anchor.push_str("<a class=\"anchor\" href=\"#");
         push_escaped(&mut anchor, &id);
         anchor.push_str("\" aria-label=\"Link to this section\">#</a>");
-        self.ready.push_back(Event::Start(Tag::Heading {
+        self.put(Piece::Event(Event::Start(Tag::Heading {
             level: heading.level,
             id: Some(id.into()),
             classes: heading.classes,
             attrs: heading.attrs,
-        }));
-        self.ready.extend(heading.events);
-        self.ready.push_back(Event::InlineHtml(anchor.into()));
-        self.ready.push_back(Event::End(TagEnd::Heading(level)));
+        })));
+        for piece in heading.events {
+            self.put(piece);
+        }
+        self.put(Piece::Markup(anchor.into()));
+        self.put(Piece::Event(Event::End(TagEnd::Heading(level))));
+    }
+
+    /// Keeps the footnote definition just collected for the end of the
+    /// page (the first one of its label).
+    fn end_definition(&mut self) {
+        if let Some((label, pieces)) = self.definition.pop() {
+            self.definitions.entry(label).or_insert(pieces);
+        }
+    }
+
+    /// The section of footnotes at the end of the page, as GitHub writes
+    /// it: the definitions that were referenced, in the order of their
+    /// numbers, each ending with a back-link to each of its references
+    /// (inside its last paragraph when it ends with one).
+    fn write_footnotes(&mut self) {
+        let mut notes: Vec<(usize, Vec<Piece<'a>>)> = std::mem::take(&mut self.definitions)
+            .into_iter()
+            .filter_map(|(label, pieces)| Some((self.ids.footnote_number(&label)?, pieces)))
+            .collect();
+        if notes.is_empty() {
+            return;
+        }
+        notes.sort_by_key(|(number, _)| *number);
+        self.ready.push_back(Piece::Open(
+            "<section class=\"footnotes\" data-footnotes>\n<ol>\n".into(),
+        ));
+        for (number, mut pieces) in notes {
+            self.ready
+                .push_back(Piece::Open(format!("<li id=\"fn-{number}\">\n").into()));
+            let backrefs = self.backrefs(number);
+            if pieces.last() == Some(&Piece::Event(Event::End(TagEnd::Paragraph))) {
+                let end = pieces.pop();
+                pieces.push(Piece::Markup(format!(" {backrefs}").into()));
+                pieces.extend(end);
+            } else {
+                pieces.push(Piece::Markup(format!("{backrefs}\n").into()));
+            }
+            self.ready.extend(pieces);
+            self.ready.push_back(Piece::Close("</li>\n".into()));
+        }
+        self.ready
+            .push_back(Piece::Close("</ol>\n</section>\n".into()));
+    }
+
+    /// The back-links of footnote `number` to each of its references.
+    fn backrefs(&self, number: usize) -> String {
+        let mut html = String::new();
+        for n in 1..=self.ids.references(number) {
+            let (suffix, sup) = if n == 1 {
+                (String::new(), String::new())
+            } else {
+                html.push(' ');
+                (
+                    format!("-{n}"),
+                    format!("<sup class=\"footnote-ref\">{n}</sup>"),
+                )
+            };
+            html.push_str(&format!(
+                "<a href=\"#fnref-{number}{suffix}\" class=\"footnote-backref\" data-footnote-backref data-footnote-backref-idx=\"{number}{suffix}\" aria-label=\"Back to reference {number}{suffix}\">\u{21a9}{sup}</a>"
+            ));
+        }
+        html
     }
 }
 
 impl<'a, I: Iterator<Item = Event<'a>>> Iterator for Rewriter<'a, '_, I> {
-    type Item = Event<'a>;
+    type Item = Piece<'a>;
 
-    fn next(&mut self) -> Option<Event<'a>> {
+    fn next(&mut self) -> Option<Piece<'a>> {
         loop {
-            if let Some(event) = self.ready.pop_front() {
-                return Some(event);
+            if let Some(piece) = self.ready.pop_front() {
+                return Some(piece);
+            }
+            if self.done {
+                return None;
             }
             match self.inner.next() {
                 Some(event) => self.process(event),
                 None => {
+                    self.done = true;
                     self.flush_text();
                     if let Some(heading) = self.heading.as_ref() {
                         // A heading the parser never closed: close it.
                         let level = heading.level;
                         self.finish_heading(level);
                     }
-                    return self.ready.pop_front();
+                    while !self.definition.is_empty() {
+                        self.end_definition();
+                    }
+                    self.write_footnotes();
                 }
             }
         }
     }
+}
+
+/// Whether `tag` is an inline one (inside the text of a block).
+fn is_inline(tag: &Tag<'_>) -> bool {
+    matches!(
+        tag,
+        Tag::Emphasis
+            | Tag::Strong
+            | Tag::Strikethrough
+            | Tag::Superscript
+            | Tag::Subscript
+            | Tag::Link { .. }
+            | Tag::Image { .. }
+    )
+}
+
+/// GFM's tag filter: the `<` of each tag of `title`, `textarea`, `style`,
+/// `xmp`, `iframe`, `noembed`, `noframes`, `script` and `plaintext`
+/// (opening or closing, any case) becomes `&lt;`, so that the tag shows as
+/// text (cmark-gfm's `tagfilter` extension).
+pub(super) fn tag_filter(html: CowStr<'_>) -> CowStr<'_> {
+    const FILTERED: [&str; 9] = [
+        "title",
+        "textarea",
+        "style",
+        "xmp",
+        "iframe",
+        "noembed",
+        "noframes",
+        "script",
+        "plaintext",
+    ];
+    let is_filtered = |tag: &[u8]| {
+        let name = tag.strip_prefix(b"/").unwrap_or(tag);
+        FILTERED.iter().any(|f| {
+            name.len() > f.len()
+                && name[..f.len()].eq_ignore_ascii_case(f.as_bytes())
+                && match name[f.len()] {
+                    b'>' | b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r' => true,
+                    b'/' => name.get(f.len() + 1) == Some(&b'>'),
+                    _ => false,
+                }
+        })
+    };
+    let bytes = html.as_bytes();
+    let mut lts = memchr::memchr_iter(b'<', bytes).filter(|&i| is_filtered(&bytes[i + 1..]));
+    let Some(first) = lts.next() else {
+        return html;
+    };
+    let mut out = String::with_capacity(html.len() + 16);
+    let mut from = 0;
+    for at in std::iter::once(first).chain(lts) {
+        out.push_str(&html[from..at]);
+        out.push_str("&lt;");
+        from = at + 1;
+    }
+    out.push_str(&html[from..]);
+    out.into()
 }
 
 /// `source` without its HTML comments (`<!--` to the next `-->`, or to the

@@ -12,7 +12,7 @@
 //!   of that form (or exactly `fn` or `fnref`, whose numbered repeats would
 //!   be) is prefixed with `h-`, so headings can never take a footnote's id.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// The slug of a heading's text, before making it unique.
 pub(super) fn slug(text: &str) -> String {
@@ -69,8 +69,6 @@ pub(super) struct Ids {
     footnotes: HashMap<String, usize>,
     /// References written so far, by footnote number.
     references: HashMap<usize, usize>,
-    /// Footnote numbers whose definition has been written.
-    defined: HashSet<usize>,
 }
 
 /// `id` split into a slug and the number a repeat of it got (`intro-2`:
@@ -122,16 +120,18 @@ impl Ids {
         candidate
     }
 
-    /// The number of the footnote with this label (assigned on first use).
-    fn footnote_number(&mut self, label: &str) -> usize {
-        let next = self.footnotes.len() + 1;
-        *self.footnotes.entry(label.to_lowercase()).or_insert(next)
+    /// The number of the footnote with this label, given on its first
+    /// reference; `None` when it was never referenced.
+    pub(super) fn footnote_number(&self, label: &str) -> Option<usize> {
+        self.footnotes.get(&label.to_lowercase()).copied()
     }
 
-    /// A reference to footnote `label`: its number and the reference's own
-    /// id (`fnref-N`, then `fnref-N-2`, ...).
+    /// A reference to footnote `label`: its number (the next one on its
+    /// first reference) and the reference's own id (`fnref-N`, then
+    /// `fnref-N-2`, ...).
     pub(super) fn footnote_reference(&mut self, label: &str) -> (usize, String) {
-        let number = self.footnote_number(label);
+        let next = self.footnotes.len() + 1;
+        let number = *self.footnotes.entry(label.to_lowercase()).or_insert(next);
         let count = self.references.entry(number).or_insert(0);
         *count += 1;
         let id = if *count == 1 {
@@ -142,23 +142,16 @@ impl Ids {
         (number, id)
     }
 
-    /// A definition of footnote `label`: its number and id (`fn-N`), or no
-    /// id when the label was already defined.
-    pub(super) fn footnote_definition(&mut self, label: &str) -> (usize, Option<String>) {
-        let number = self.footnote_number(label);
-        let id = self.defined.insert(number).then(|| format!("fn-{number}"));
-        (number, id)
-    }
-
-    /// Whether footnote `number` has been referenced so far.
-    pub(super) fn is_referenced(&self, number: usize) -> bool {
-        self.references.contains_key(&number)
+    /// How many references to footnote `number` there were.
+    pub(super) fn references(&self, number: usize) -> usize {
+        self.references.get(&number).copied().unwrap_or(0)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn slugs_like_github() {
@@ -305,10 +298,10 @@ mod tests {
         assert_eq!(ids.footnote_reference("b"), (1, "fnref-1".to_owned()));
         assert_eq!(ids.footnote_reference("a"), (2, "fnref-2".to_owned()));
         assert_eq!(ids.footnote_reference("B"), (1, "fnref-1-2".to_owned()));
-        assert!(ids.is_referenced(1));
-        assert!(!ids.is_referenced(3));
-        assert_eq!(ids.footnote_definition("c"), (3, Some("fn-3".to_owned())));
-        assert_eq!(ids.footnote_definition("a"), (2, Some("fn-2".to_owned())));
-        assert_eq!(ids.footnote_definition("A"), (2, None));
+        assert_eq!((ids.references(1), ids.references(2)), (2, 1));
+        assert_eq!(ids.references(3), 0);
+        assert_eq!(ids.footnote_number("A"), Some(2));
+        // A note never referenced has no number: it is not shown.
+        assert_eq!(ids.footnote_number("c"), None);
     }
 }

@@ -46,26 +46,32 @@
 //! - Heading ids: see [`ids`]. Each heading ends with a self-link
 //!   `<a class="anchor" href="#id">#</a>`, shown on hover by the default
 //!   stylesheet.
-//! - Footnotes are numbered in the order they are first referenced (or
-//!   defined); the definition is `id="fn-N"`, the first reference
-//!   `id="fnref-N"`, further references to the same note `fnref-N-2`, ...
-//!   Labels match case-insensitively. A definition that was referenced
-//!   before it ends with a back-link to the first reference.
-//! - Bare URLs: see [`autolink`].
+//! - Footnotes are numbered in the order they are first referenced; the
+//!   first reference is `id="fnref-N"`, further references to the same
+//!   note `fnref-N-2`, ... Labels match case-insensitively. As on GitHub,
+//!   the notes that were referenced are listed at the end of the page
+//!   (`<section class="footnotes">`, items `id="fn-N"`), each with a
+//!   back-link to each of its references; a note never referenced is not
+//!   shown.
+//! - Bare URLs, `www.` links and e-mail addresses: see [`autolink`].
+//! - GFM's tag filter applies in every mode, and U+0000 becomes U+FFFD.
+//!   The HTML itself: see [`html`].
 //! - With a template, `{{title}}` is replaced by the escaped title and
 //!   `{{content}}` by the body, each wherever it occurs, in one pass: text
 //!   inserted is never searched again.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::io;
 
-use pulldown_cmark::{Options, Parser, html};
+use pulldown_cmark::{Options, Parser};
 
 pub use crate::config::RawHtml;
 
 mod autolink;
 pub(crate) mod child;
 mod events;
+mod html;
 mod ids;
 mod links;
 mod sanitize;
@@ -135,7 +141,12 @@ pub fn render_page(
     options: &RenderOptions<'_>,
     sink: &mut dyn io::Write,
 ) -> io::Result<Vec<Part>> {
-    let parser = Parser::new_ext(markdown, parser_options());
+    // CommonMark: U+0000 is replaced by U+FFFD.
+    let markdown = match memchr::memchr(0, markdown.as_bytes()) {
+        Some(_) => Cow::Owned(markdown.replace('\0', "\u{fffd}")),
+        None => Cow::Borrowed(markdown),
+    };
+    let parser = Parser::new_ext(&markdown, parser_options());
     let (last, title) = if options.raw_html == RawHtml::Sanitize {
         sanitize::render_body(parser, sink, options)?
     } else {
@@ -153,7 +164,7 @@ fn render_body<'a>(
 ) -> io::Result<(Option<u8>, String)> {
     let mut rewriter = events::Rewriter::new(events, options);
     let mut out = LastByte { sink, last: None };
-    html::write_html_io(&mut out, &mut rewriter)?;
+    html::write_all(&mut rewriter, &mut out)?;
     let title = rewriter
         .into_title()
         .unwrap_or_else(|| file_stem(options.source_path));
@@ -188,12 +199,14 @@ fn layout(title: &str, last: Option<u8>, options: &RenderOptions<'_>) -> Vec<Par
     }
 }
 
-/// The markdown extensions of docs/contract.md §10, and nothing else.
+/// The markdown extensions of docs/contract.md §10 and §21.5 (GFM's
+/// alerts), and nothing else.
 fn parser_options() -> Options {
     Options::ENABLE_TABLES
         | Options::ENABLE_FOOTNOTES
         | Options::ENABLE_STRIKETHROUGH
         | Options::ENABLE_TASKLISTS
+        | Options::ENABLE_GFM
 }
 
 /// The fixed HTML5 skeleton around a body whose last byte is `last`.

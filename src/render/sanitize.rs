@@ -25,9 +25,10 @@
 //! footnotes, code languages, task-list boxes), so a page without raw HTML
 //! is the same in every mode.
 
+use super::html::{Piece, Writer};
 use super::tags::{first_heading, tag_end, tag_name};
 use super::{LastByte, RenderOptions, events, links};
-use pulldown_cmark::{Event, html};
+use pulldown_cmark::{Event, Tag};
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
 use std::io;
@@ -44,36 +45,60 @@ pub(super) fn render_body<'a>(
     let own = OwnIds::default();
     let builder = builder(options, &own);
     let kept = builder.clone_tags();
-    let mut stretch: Vec<Event<'a>> = Vec::new();
+    let mut writer = Writer::default();
+    // The stretch being written: its HTML, and the ids of its headings.
+    let mut stretch = String::new();
+    let mut heading_ids: Vec<String> = Vec::new();
     let mut depth = 0usize;
     let mut open_html = 0i64;
     let mut raw = false;
     // The first heading's text when it came out of a sanitized stretch;
     // `Some(None)` when the first heading was an ordinary one.
     let mut title: Option<Option<String>> = None;
-    for event in rewriter.by_ref() {
-        match &event {
-            Event::Start(tag) => {
-                if title.is_none() && !raw && matches!(tag, pulldown_cmark::Tag::Heading { .. }) {
-                    title = Some(None);
+    for piece in rewriter.by_ref() {
+        match &piece {
+            Piece::Event(Event::Start(tag)) => {
+                if let Tag::Heading { id, .. } = tag {
+                    if title.is_none() && !raw {
+                        title = Some(None);
+                    }
+                    heading_ids.extend(id.as_ref().map(ToString::to_string));
                 }
                 depth += 1;
             }
-            Event::End(_) => depth = depth.saturating_sub(1),
-            Event::Html(text) | Event::InlineHtml(text) => {
+            Piece::Event(Event::End(_)) | Piece::Close(_) => depth = depth.saturating_sub(1),
+            Piece::Open(_) => depth += 1,
+            Piece::Event(Event::Html(text) | Event::InlineHtml(text)) => {
                 raw = true;
                 open_html += balance(text, &kept);
             }
             _ => {}
         }
-        stretch.push(event);
+        writer.write(piece, &mut stretch);
         if depth == 0 && (!raw || open_html <= 0) {
-            flush(&builder, &own, &mut stretch, raw, &mut out, &mut title)?;
+            flush(
+                &builder,
+                &own,
+                &mut stretch,
+                &mut heading_ids,
+                raw,
+                &mut out,
+                &mut title,
+            )?;
+            writer.at_line_start();
             raw = false;
             open_html = 0;
         }
     }
-    flush(&builder, &own, &mut stretch, raw, &mut out, &mut title)?;
+    flush(
+        &builder,
+        &own,
+        &mut stretch,
+        &mut heading_ids,
+        raw,
+        &mut out,
+        &mut title,
+    )?;
     let from_events = rewriter.into_title();
     let title = match title {
         // The first heading was raw HTML, or inside a stretch that was.
@@ -91,19 +116,16 @@ pub(super) fn render_body<'a>(
 struct OwnIds(std::sync::Arc<std::sync::Mutex<HashSet<String>>>);
 
 impl OwnIds {
-    fn set(&self, stretch: &[Event<'_>]) {
+    fn set(&self, heading_ids: &mut Vec<String>) {
         let mut own = self.0.lock().unwrap_or_else(|e| e.into_inner());
         own.clear();
-        own.extend(stretch.iter().filter_map(|e| match e {
-            Event::Start(pulldown_cmark::Tag::Heading { id: Some(id), .. }) => Some(id.to_string()),
-            _ => None,
-        }));
+        own.extend(heading_ids.drain(..));
     }
 
     /// Whether `id` on `element` is the renderer's: a heading's id of the
-    /// stretch on a heading, or a footnote's (`fn-N` on its definition,
-    /// `fnref-N` on a reference; no heading takes those). The same id on
-    /// any other element is raw HTML's.
+    /// stretch on a heading, or a footnote's (`fn-N` on its item,
+    /// `fnref-N` on a reference's link; no heading takes those). The same
+    /// id on any other element is raw HTML's.
     fn holds(&self, element: &str, id: &str) -> bool {
         let footnote = |prefix: &str| {
             id.strip_prefix(prefix)
@@ -115,8 +137,8 @@ impl OwnIds {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .contains(id),
-            "div" => footnote("fn-"),
-            "sup" => footnote("fnref-"),
+            "li" => footnote("fn-"),
+            "a" => footnote("fnref-"),
             _ => false,
         }
     }
@@ -128,26 +150,29 @@ impl OwnIds {
 /// In-page links to such a target use `#user-content-NAME`, as on GitHub.
 const USER_CONTENT: &str = "user-content-";
 
-/// Writes a stretch of events, sanitized when it holds raw HTML.
+/// Writes a stretch of the page, sanitized when it holds raw HTML.
 fn flush(
     builder: &ammonia::Builder<'_>,
     own: &OwnIds,
-    stretch: &mut Vec<Event<'_>>,
+    stretch: &mut String,
+    heading_ids: &mut Vec<String>,
     raw: bool,
     out: &mut LastByte<'_>,
     title: &mut Option<Option<String>>,
 ) -> io::Result<()> {
     if stretch.is_empty() {
+        heading_ids.clear();
         return Ok(());
     }
     if !raw {
-        return html::write_html_io(&mut *out, stretch.drain(..));
+        heading_ids.clear();
+        io::Write::write_all(out, stretch.as_bytes())?;
+        stretch.clear();
+        return Ok(());
     }
-    own.set(stretch);
-    let mut rendered = String::new();
-    html::push_html(&mut rendered, stretch.drain(..));
-    let clean = builder.clean(&rendered).to_string();
-    drop(rendered);
+    own.set(heading_ids);
+    let clean = builder.clean(stretch).to_string();
+    stretch.clear();
     if title.is_none() {
         *title = first_heading(&clean).map(Some);
     }
@@ -196,7 +221,7 @@ fn balance(text: &str, kept: &HashSet<&str>) -> i64 {
 /// rewritten to its `.html` page, as in markdown (docs/contract.md §10).
 fn builder<'o>(options: &RenderOptions<'o>, own: &OwnIds) -> ammonia::Builder<'o> {
     let mut b = ammonia::Builder::default();
-    b.add_tags(["picture", "source", "input"])
+    b.add_tags(["picture", "source", "input", "section"])
         .add_generic_attributes(["id", "align"])
         // `name` is the target of in-page links (`<a name="usage">`).
         .add_tag_attributes("a", ["aria-label", "name"])
@@ -213,9 +238,31 @@ fn builder<'o>(options: &RenderOptions<'o>, own: &OwnIds) -> ammonia::Builder<'o
         .set_tag_attribute_value("input", "type", "checkbox")
         .set_tag_attribute_value("input", "disabled", "")
         .add_tag_attributes("details", ["open"])
+        // What the renderer writes: self-links, footnotes, alerts.
         .add_allowed_classes("a", ["anchor", "footnote-backref"])
-        .add_allowed_classes("div", ["footnote-definition"])
-        .add_allowed_classes("sup", ["footnote-reference", "footnote-definition-label"])
+        .add_allowed_classes("sup", ["footnote-ref"])
+        .add_allowed_classes("section", ["footnotes"])
+        .add_tag_attributes("section", ["data-footnotes"])
+        .add_tag_attributes(
+            "a",
+            [
+                "data-footnote-ref",
+                "data-footnote-backref",
+                "data-footnote-backref-idx",
+            ],
+        )
+        .add_allowed_classes(
+            "div",
+            [
+                "markdown-alert",
+                "markdown-alert-note",
+                "markdown-alert-tip",
+                "markdown-alert-important",
+                "markdown-alert-warning",
+                "markdown-alert-caution",
+            ],
+        )
+        .add_allowed_classes("p", ["markdown-alert-title"])
         .url_schemes(HashSet::from(["http", "https", "mailto"]))
         // Links keep the attributes the page gives them; none opens a new
         // window (`target` is not allowed), so no `rel` is needed.

@@ -165,7 +165,7 @@ fn raw_html_is_escaped_in_escape_mode() {
         ),
         (
             "<div class=\"x\">\nhi\n</div>\n",
-            "<p>&lt;div class=\"x\"&gt;\nhi\n&lt;/div&gt;</p>\n",
+            "<p>&lt;div class=&quot;x&quot;&gt;\nhi\n&lt;/div&gt;</p>\n",
         ),
         // Comments are dropped, never shown.
         ("<!-- note -->\n", ""),
@@ -176,7 +176,7 @@ fn raw_html_is_escaped_in_escape_mode() {
         ("a <!-- inline --> b\n", "<p>a  b</p>\n"),
         (
             "a <b onclick=\"x()\">b</b> c\n",
-            "<p>a &lt;b onclick=\"x()\"&gt;b&lt;/b&gt; c</p>\n",
+            "<p>a &lt;b onclick=&quot;x()&quot;&gt;b&lt;/b&gt; c</p>\n",
         ),
     ];
     for (markdown, expected) in cases {
@@ -315,11 +315,25 @@ fn sanitize_keeps_what_readmes_use_and_drops_comments() {
     for kept in [
         "<h1 id=\"head\">Head<a class=\"anchor\" href=\"#head\" aria-label=\"Link to this section\">#</a></h1>",
         "type=\"checkbox\"",
-        "class=\"footnote-reference\"",
-        "class=\"footnote-definition\"",
+        "<sup class=\"footnote-ref\"><a href=\"#fn-1\" id=\"fnref-1\"",
+        "<section class=\"footnotes\" data-footnotes>",
+        "<li id=\"fn-1\">",
+        "class=\"footnote-backref\"",
         "<code class=\"language-rust\">",
     ] {
         assert!(body(&inside).contains(kept), "{kept} missing from {inside}");
+    }
+    // A note with raw HTML: the section is sanitized, and keeps all that;
+    // the tag filter made the script text.
+    let note = render_sanitized(
+        "Note[^1] and a [![b](b.png)](https://x.org).\n\n[^1]: A <kbd onclick=\"y()\">key</kbd><script>x()</script>.\n\n> [!NOTE]\n> <b>Bold</b>\n",
+    );
+    for kept in [
+        "<sup class=\"footnote-ref\"><a href=\"#fn-1\" id=\"fnref-1\" data-footnote-ref>1</a></sup>",
+        "<div class=\"markdown-alert markdown-alert-note\">\n<p class=\"markdown-alert-title\">Note</p>\n<p><b>Bold</b></p>\n</div>",
+        "<section class=\"footnotes\" data-footnotes=\"\">\n<ol>\n<li id=\"fn-1\">\n<p>A <kbd>key</kbd>&lt;script&gt;x()&lt;/script&gt;. <a href=\"#fnref-1\" class=\"footnote-backref\" data-footnote-backref=\"\" data-footnote-backref-idx=\"1\" aria-label=\"Back to reference 1\">\u{21a9}</a></p>\n</li>\n</ol>\n</section>",
+    ] {
+        assert!(body(&note).contains(kept), "{kept} missing from {note}");
     }
     assert!(inside.contains("<title>Head</title>"), "{inside}");
     assert!(!content.contains("&lt;"), "markup shown as text: {content}");
@@ -520,11 +534,26 @@ fn a_page_without_raw_html_is_the_same_in_every_mode() {
     assert_eq!(render_sanitized(markdown), render_allow(markdown));
 }
 
+/// Allowed raw HTML is written as it is, except for the tags of GFM's
+/// tag filter, which show as text (docs/contract.md §21.5).
 #[test]
-fn raw_html_passes_through_when_allowed() {
+fn raw_html_passes_through_when_allowed_but_for_the_tag_filter() {
     let cases: &[(&str, &str)] = &[
-        ("<script>alert(1)</script>\n", "<script>alert(1)</script>\n"),
+        ("<div onclick=\"x()\">\n", "<div onclick=\"x()\">\n"),
         ("a <b>b</b> c\n", "<p>a <b>b</b> c</p>\n"),
+        (
+            "<script>alert(1)</script>\n",
+            "&lt;script>alert(1)&lt;/script>\n",
+        ),
+        (
+            "a <TITLE>t</title\t> <xmp/> <iframe src=x> <plaintext> <noembed><noframes><textarea></style> b\n",
+            "<p>a &lt;TITLE>t&lt;/title\t> &lt;xmp/> &lt;iframe src=x> &lt;plaintext> &lt;noembed>&lt;noframes>&lt;textarea>&lt;/style> b</p>\n",
+        ),
+        // Only those names, as whole names.
+        (
+            "<titles> <scripts> <styled> <xmp-x>\n",
+            "<p><titles> <scripts> <styled> <xmp-x></p>\n",
+        ),
     ];
     for (markdown, expected) in cases {
         assert_eq!(
@@ -710,12 +739,23 @@ fn extensions_are_on() {
         ("| a | b |\n|---|---|\n| 1 | 2 |\n", "<td>1</td>"),
         (
             "Note[^1].\n\n[^1]: The note.\n",
-            "class=\"footnote-reference\"",
+            "<sup class=\"footnote-ref\"><a href=\"#fn-1\" id=\"fnref-1\" data-footnote-ref>1</a></sup>",
         ),
         (
             "Note[^1].\n\n[^1]: The note.\n",
-            "class=\"footnote-definition\"",
+            "<section class=\"footnotes\" data-footnotes>\n<ol>\n<li id=\"fn-1\">\n<p>The note. <a href=\"#fnref-1\" class=\"footnote-backref\" data-footnote-backref data-footnote-backref-idx=\"1\" aria-label=\"Back to reference 1\">\u{21a9}</a></p>\n</li>\n</ol>\n</section>\n",
         ),
+        (
+            "> [!TIP]\n> Try it.\n",
+            "<div class=\"markdown-alert markdown-alert-tip\">\n<p class=\"markdown-alert-title\">Tip</p>\n<p>Try it.</p>\n</div>\n",
+        ),
+        ("| a |\n|:-:|\n| 1 |\n", "<td align=\"center\">1</td>"),
+        (
+            "see www.x.org\n",
+            "<a href=\"http://www.x.org\">www.x.org</a>",
+        ),
+        ("to a@x.org\n", "<a href=\"mailto:a@x.org\">a@x.org</a>"),
+        ("a\0b\n", "<p>a\u{fffd}b</p>"),
         ("~~gone~~\n", "<del>gone</del>"),
         ("- [x] done\n- [ ] todo\n", "type=\"checkbox\" checked=\"\""),
         ("- [ ] todo\n", "<input disabled=\"\" type=\"checkbox\"/>"),
@@ -735,7 +775,7 @@ fn other_extensions_stay_off() {
         // Heading attributes are off: the braces stay text.
         ("# Title {#id}\n", "<h1 id=\"title-id\">Title {#id}<a "),
         // Smart punctuation is off.
-        ("\"quoted\" -- x\n", "<p>\"quoted\" -- x</p>"),
+        ("\"quoted\" -- x\n", "<p>&quot;quoted&quot; -- x</p>"),
         // Math is off.
         ("$x$\n", "<p>$x$</p>"),
     ];
@@ -940,6 +980,9 @@ fn heading_ids_leave_out_markup_and_image_text() {
     }
 }
 
+/// Footnotes as GitHub lists them: at the end of the page, in the order
+/// of their first reference, each with a back-link to each reference; a
+/// note never referenced is left out.
 #[test]
 fn footnote_ids_are_prefixed_and_unique() {
     let markdown = "# Notes\n\nOne[^b] two[^a] again[^B].\n\n## fn 1\n\n## fn-1\n\n\
@@ -956,20 +999,28 @@ fn footnote_ids_are_prefixed_and_unique() {
             "fnref-1-2",
             "h-fn-1",
             "h-fn-1-1",
-            "fn-2",
             "fn-1",
-            "fn-3"
+            "fn-2",
         ],
         "{html}"
     );
+    assert!(!html.contains("Unreferenced"), "{html}");
     let links = hrefs(&html);
-    for id in ["#fn-1", "#fn-2", "#fnref-1", "#fnref-2"] {
+    for id in ["#fn-1", "#fn-2", "#fnref-1", "#fnref-2", "#fnref-1-2"] {
         assert!(links.iter().any(|h| h == id), "no link to {id}: {html}");
     }
     // Every in-page link points at an id of the page.
     for href in links.iter().filter_map(|h| h.strip_prefix('#')) {
         assert!(all.iter().any(|id| id == href), "dangling #{href}: {html}");
     }
+    assert!(
+        body(&html).ends_with(
+            "<li id=\"fn-1\">\n<p>Second note. <a href=\"#fnref-1\" class=\"footnote-backref\" data-footnote-backref data-footnote-backref-idx=\"1\" aria-label=\"Back to reference 1\">\u{21a9}</a> \
+             <a href=\"#fnref-1-2\" class=\"footnote-backref\" data-footnote-backref data-footnote-backref-idx=\"1-2\" aria-label=\"Back to reference 1-2\">\u{21a9}<sup class=\"footnote-ref\">2</sup></a></p>\n</li>\n\
+             <li id=\"fn-2\">\n<p>First note. <a href=\"#fnref-2\" class=\"footnote-backref\" data-footnote-backref data-footnote-backref-idx=\"2\" aria-label=\"Back to reference 2\">\u{21a9}</a></p>\n</li>\n</ol>\n</section>\n"
+        ),
+        "{html}"
+    );
     assert!(
         !html.contains("id=\"a\"") && !html.contains("id=\"1\""),
         "{html}"
@@ -1002,7 +1053,10 @@ fn bare_urls_become_links_outside_code_and_links() {
         ("<https://x.org/auto>\n", &["https://x.org/auto"]),
         ("![https://x.org/alt](i.png)\n", &[]),
         ("xhttps://x.org\n", &[]),
-        ("ftp://x.org\n", &[]),
+        ("ftp://x.org\n", &["ftp://x.org"]),
+        ("www.x.org/a\n", &["http://www.x.org/a"]),
+        ("a.b@x.org\n", &["mailto:a.b@x.org"]),
+        ("`www.x.org a@x.org`\n", &[]),
     ];
     for (markdown, expected) in cases {
         let html = render(markdown);
@@ -1105,6 +1159,9 @@ fn default_page_has_the_stylesheet() {
     assert!(STYLESHEET.contains("max-width"));
     assert!(STYLESHEET.contains("table"));
     assert!(STYLESHEET.contains("pre"));
+    for class in ["note", "tip", "important", "warning", "caution"] {
+        assert!(STYLESHEET.contains(&format!(".markdown-alert-{class} {{")));
+    }
 }
 
 mod properties {
