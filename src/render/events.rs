@@ -236,11 +236,14 @@ impl<'a, 'o, I: Iterator<Item = Event<'a>>> Rewriter<'a, 'o, I> {
         if (self.text.is_some() || !self.joined.is_empty()) && !matches!(event, Event::Text(_)) {
             self.flush_text();
         }
-        // GFM's tag filter (docs/contract.md §21.5); escaped, raw HTML
-        // is all text already.
+        // GFM's tag filter (docs/contract.md §21.5) where raw HTML passes
+        // through: escaped, it is all text already; sanitized, the
+        // sanitizer removes those tags (a script and a style with their
+        // content: neither run nor shown).
+        let allowed = self.options.raw_html == RawHtml::Allow;
         let event = match event {
-            Event::Html(html) if !self.escape => Event::Html(tag_filter(html)),
-            Event::InlineHtml(html) if !self.escape => Event::InlineHtml(tag_filter(html)),
+            Event::Html(html) if allowed => Event::Html(tag_filter(html)),
+            Event::InlineHtml(html) if allowed => Event::InlineHtml(tag_filter(html)),
             other => other,
         };
         if let Event::Start(tag) = &event

@@ -324,14 +324,14 @@ fn sanitize_keeps_what_readmes_use_and_drops_comments() {
         assert!(body(&inside).contains(kept), "{kept} missing from {inside}");
     }
     // A note with raw HTML: the section is sanitized, and keeps all that;
-    // the tag filter made the script text.
+    // the script is removed, neither run nor shown.
     let note = render_sanitized(
         "Note[^1] and a [![b](b.png)](https://x.org).\n\n[^1]: A <kbd onclick=\"y()\">key</kbd><script>x()</script>.\n\n> [!NOTE]\n> <b>Bold</b>\n",
     );
     for kept in [
         "<sup class=\"footnote-ref\"><a href=\"#fn-1\" id=\"fnref-1\" data-footnote-ref>1</a></sup>",
         "<div class=\"markdown-alert markdown-alert-note\">\n<p class=\"markdown-alert-title\">Note</p>\n<p><b>Bold</b></p>\n</div>",
-        "<section class=\"footnotes\" data-footnotes=\"\">\n<ol>\n<li id=\"fn-1\">\n<p>A <kbd>key</kbd>&lt;script&gt;x()&lt;/script&gt;. <a href=\"#fnref-1\" class=\"footnote-backref\" data-footnote-backref=\"\" data-footnote-backref-idx=\"1\" aria-label=\"Back to reference 1\">\u{21a9}</a></p>\n</li>\n</ol>\n</section>",
+        "<section class=\"footnotes\" data-footnotes=\"\">\n<ol>\n<li id=\"fn-1\">\n<p>A <kbd>key</kbd>. <a href=\"#fnref-1\" class=\"footnote-backref\" data-footnote-backref=\"\" data-footnote-backref-idx=\"1\" aria-label=\"Back to reference 1\">\u{21a9}</a></p>\n</li>\n</ol>\n</section>",
     ] {
         assert!(body(&note).contains(kept), "{kept} missing from {note}");
     }
