@@ -25,6 +25,7 @@
 
 pub mod conformance;
 pub mod failure;
+pub mod headers;
 mod intent;
 pub mod protocol;
 mod recovery;

@@ -51,36 +51,12 @@ fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// A content type for serving the bucket as a website, from the extension.
-pub fn content_type(rel: &str) -> &'static str {
-    let ext = rel
-        .rsplit_once('.')
-        .map(|(_, e)| e.to_ascii_lowercase())
-        .unwrap_or_default();
-    match ext.as_str() {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "json" => "application/json",
-        "txt" | "md" => "text/plain; charset=utf-8",
-        "csv" => "text/csv; charset=utf-8",
-        "xml" => "application/xml",
-        "svg" => "image/svg+xml",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "pdf" => "application/pdf",
-        "woff2" => "font/woff2",
-        "zip" => "application/zip",
-        "gz" => "application/gzip",
-        _ => "application/octet-stream",
-    }
-}
-
 fn attributes(rel: &str, sha256: Option<&str>, intent: &str) -> Attributes {
     let mut a = Attributes::new();
-    a.insert(Attribute::ContentType, content_type(rel).into());
+    a.insert(
+        Attribute::ContentType,
+        super::headers::content_type(rel).into(),
+    );
     a.insert(
         Attribute::Metadata(META_INTENT.into()),
         intent.to_owned().into(),
@@ -329,23 +305,4 @@ pub(super) fn put(
         size,
         etag: root.etag_of(rel, etag)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::content_type;
-
-    #[test]
-    fn content_types_for_a_website() {
-        for (path, expected) in [
-            ("index.html", "text/html; charset=utf-8"),
-            ("a/B.HTM", "text/html; charset=utf-8"),
-            ("style.css", "text/css; charset=utf-8"),
-            ("img/x.png", "image/png"),
-            ("data", "application/octet-stream"),
-            ("archive.tar.gz", "application/gzip"),
-        ] {
-            assert_eq!(content_type(path), expected, "{path}");
-        }
-    }
 }
