@@ -297,6 +297,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         base_url: None,
         prune,
         hooks: None,
+        headers: Default::default(),
     }
 }
 

@@ -133,6 +133,8 @@ pub struct Head {
     pub intent: Option<String>,
     /// The server's `Last-Modified`.
     pub last_modified: OffsetDateTime,
+    /// The response headers stored with it.
+    pub served: headers::Served,
 }
 
 /// One entry of [`S3Root::list`].
@@ -586,7 +588,9 @@ impl S3Root {
     /// Uploads `source` to `rel`, which must not exist (`If-None-Match: *`):
     /// never overwrites an object, even one that appeared a moment ago.
     /// `sha256` (when the caller knows it) is checked before the object
-    /// becomes visible; `intent` is recorded in the object's metadata.
+    /// becomes visible; `intent` is recorded in the object's metadata. The
+    /// object gets its MIME type and no other header (the commit protocol
+    /// stores outputs with their destination's header rules).
     pub fn put_new(
         &self,
         rel: &str,
@@ -595,7 +599,17 @@ impl S3Root {
         intent: &str,
     ) -> Result<Written> {
         self.check_conformance()?;
-        upload::put(self, rel, source, None, sha256, intent, &mut || Ok(()))
+        let served = headers::HeaderRules::default().served(rel);
+        upload::put(
+            self,
+            rel,
+            source,
+            None,
+            sha256,
+            &served,
+            intent,
+            &mut || Ok(()),
+        )
     }
 
     /// Uploads `source` over `rel` only if the object is still at version
@@ -609,12 +623,14 @@ impl S3Root {
         intent: &str,
     ) -> Result<Written> {
         self.check_conformance()?;
+        let served = headers::HeaderRules::default().served(rel);
         upload::put(
             self,
             rel,
             source,
             Some(etag),
             sha256,
+            &served,
             intent,
             &mut || Ok(()),
         )
@@ -651,17 +667,19 @@ impl S3Root {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(self.store_failed("HEAD", rel, &e, answer)),
         };
-        let meta = |name: &'static str| {
-            r.attributes
-                .get(&Attribute::Metadata(name.into()))
-                .map(|v| v.as_ref().to_owned())
-        };
+        let attribute = |a: Attribute| r.attributes.get(&a).map(|v| v.as_ref().to_owned());
+        let meta = |name: &'static str| attribute(Attribute::Metadata(name.into()));
         Ok(Some(Head {
             size: r.meta.size,
             etag: self.etag_of(rel, r.meta.e_tag.clone())?,
             sha256: meta(META_SHA256),
             intent: meta(META_INTENT),
             last_modified: to_time(r.meta.last_modified),
+            served: headers::Served {
+                content_type: attribute(Attribute::ContentType),
+                cache_control: attribute(Attribute::CacheControl),
+                content_disposition: attribute(Attribute::ContentDisposition),
+            },
         }))
     }
 

@@ -19,6 +19,7 @@ use object_store::{
 };
 use sha2::Digest as _;
 
+use super::headers::Served;
 use super::{ETag, Error, META_INTENT, META_SHA256, Result, S3Root};
 
 /// Size of one multipart part, and the largest object sent in one PUT.
@@ -51,12 +52,19 @@ fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-fn attributes(rel: &str, sha256: Option<&str>, intent: &str) -> Attributes {
+/// What an output's object is stored with: its response headers
+/// (`served`) and the tool's metadata.
+fn attributes(served: &Served, sha256: Option<&str>, intent: &str) -> Attributes {
     let mut a = Attributes::new();
-    a.insert(
-        Attribute::ContentType,
-        super::headers::content_type(rel).into(),
-    );
+    for (key, value) in [
+        (Attribute::ContentType, &served.content_type),
+        (Attribute::CacheControl, &served.cache_control),
+        (Attribute::ContentDisposition, &served.content_disposition),
+    ] {
+        if let Some(value) = value {
+            a.insert(key, value.clone().into());
+        }
+    }
     a.insert(
         Attribute::Metadata(META_INTENT.into()),
         intent.to_owned().into(),
@@ -129,15 +137,17 @@ impl Read for FirstThen<'_> {
 }
 
 /// One conditional PUT of an object shorter than a part whose bytes the
-/// caller has hashed (`sha256`) and checked: `If-None-Match: *` for a new
-/// key (`replace` None), `If-Match` otherwise. [`Error::Exists`] or
-/// [`Error::Changed`] when the condition fails.
+/// caller has hashed (`sha256`) and checked, stored with the headers
+/// `served`: `If-None-Match: *` for a new key (`replace` None),
+/// `If-Match` otherwise. [`Error::Exists`] or [`Error::Changed`] when the
+/// condition fails.
 pub(super) async fn put_one(
     root: &S3Root,
     rel: &str,
     bytes: Vec<u8>,
     sha256: String,
     replace: Option<&ETag>,
+    served: &Served,
     intent: &str,
 ) -> Result<Written> {
     let size = bytes.len() as u64;
@@ -148,7 +158,7 @@ pub(super) async fn put_one(
             PutPayload::from(bytes),
             PutOptions {
                 mode: mode(replace),
-                attributes: attributes(rel, Some(&sha256), intent),
+                attributes: attributes(served, Some(&sha256), intent),
                 ..PutOptions::default()
             },
         )
@@ -179,15 +189,17 @@ fn refused(root: &S3Root, rel: &str, e: object_store::Error) -> Error {
 }
 
 /// The conditional upload behind `put_new` (`replace` = None) and
-/// `put_replace`. `tick` runs before each further part of a multipart
-/// upload (the commit protocol renews its lease there); an error from it
-/// aborts the upload.
+/// `put_replace`, stored with the headers `served`. `tick` runs before
+/// each further part of a multipart upload (the commit protocol renews
+/// its lease there); an error from it aborts the upload.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn put(
     root: &S3Root,
     rel: &str,
     source: &mut dyn Read,
     replace: Option<&ETag>,
     expected: Option<&str>,
+    served: &Served,
     intent: &str,
     tick: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Written> {
@@ -216,7 +228,7 @@ pub(super) fn put(
         // One conditional PUT: atomic, the condition checked by the server.
         let sha256 = crate::fs::hashing::format_digest(hasher);
         check(&sha256)?;
-        return root.block_on(put_one(root, rel, buf, sha256, replace, intent));
+        return root.block_on(put_one(root, rel, buf, sha256, replace, served, intent));
     }
     buf.resize(PART_SIZE, 0);
 
@@ -226,7 +238,7 @@ pub(super) fn put(
         PutPayload::from_static(b""),
         PutOptions {
             mode: mode(replace),
-            attributes: attributes(rel, None, intent),
+            attributes: attributes(served, None, intent),
             ..PutOptions::default()
         },
     ));
@@ -240,7 +252,7 @@ pub(super) fn put(
             .block_on(root.store.put_multipart_opts(
                 &key,
                 PutMultipartOptions {
-                    attributes: attributes(rel, expected, intent),
+                    attributes: attributes(served, expected, intent),
                     ..PutMultipartOptions::default()
                 },
             ))
