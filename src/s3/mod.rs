@@ -10,7 +10,9 @@
 //!   no unconditional overwrite anywhere.
 //! - No write happens before the server has passed the conformance check
 //!   ([`conformance`]) in this process: a server that accepts the headers and
-//!   ignores them is refused with [`Error::Nonconforming`].
+//!   ignores them is refused with [`Error::Nonconforming`]. Where the check
+//!   found that the server verifies `x-amz-checksum-sha256`, every output
+//!   PUT carries it ([`S3Root::output_store`]).
 //! - Every object this module writes carries its sha256 and the id of the
 //!   intent that wrote it as user metadata (`x-amz-meta-distributor-sha256`,
 //!   `x-amz-meta-distributor-intent`); ETags are only ever compared, never
@@ -38,11 +40,11 @@ use std::fmt;
 use std::io::Read;
 use std::sync::Arc;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, Checksum};
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
-    PutPayload, RetryConfig, UpdateVersion,
+    Attribute, Attributes, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 use time::OffsetDateTime;
 
@@ -321,6 +323,12 @@ pub struct S3Root {
     /// The servers that passed the conformance check, shared with the
     /// other roots of a process ([`S3Root::sharing`]).
     passed: conformance::Passed,
+    /// How `store` was made (`None` for a root over a given store): the
+    /// conformance check builds its checksum probe from it, and
+    /// [`S3Root::output_store`] the client that sends checksums.
+    builder: Option<(AmazonS3Builder, ClientOptions)>,
+    /// That client, once made.
+    checksummed: std::sync::Mutex<Option<Arc<dyn ObjectStore>>>,
     /// The catalog version this client last read or wrote, and its bytes:
     /// the next read asks the server for the catalog only if it is no
     /// longer that version (`If-None-Match`), so a publisher that is alone
@@ -373,6 +381,9 @@ impl S3Root {
             token,
         } = credentials;
         let label = location.to_string();
+        let endpoint = location.endpoint.as_deref();
+        let options = failure::client_options()
+            .with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")));
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&location.bucket)
             .with_region(&location.region)
@@ -384,17 +395,15 @@ impl S3Root {
                 retry_timeout: failure::RETRY_WINDOW,
                 ..RetryConfig::default()
             })
-            .with_client_options(failure::client_options())
+            .with_client_options(options.clone())
             .with_http_connector(failure::GuardedConnector);
         if let Some(token) = token {
             builder = builder.with_token(token);
         }
-        if let Some(endpoint) = &location.endpoint {
-            builder = builder
-                .with_endpoint(endpoint)
-                .with_allow_http(endpoint.starts_with("http://"));
+        if let Some(endpoint) = endpoint {
+            builder = builder.with_endpoint(endpoint);
         }
-        let store = builder.build().map_err(|source| Error::Client {
+        let store = builder.clone().build().map_err(|source| Error::Client {
             root: label.clone(),
             source: Box::new(source),
         })?;
@@ -403,7 +412,39 @@ impl S3Root {
             location.endpoint.as_deref().unwrap_or("aws"),
             location.bucket
         );
-        S3Root::with_store(Arc::new(store), &location.path, label, server)
+        let mut root = S3Root::with_store(Arc::new(store), &location.path, label, server)?;
+        root.builder = Some((builder, options));
+        Ok(root)
+    }
+
+    /// The client an output's PUT goes through: one that sends the SHA-256
+    /// of each body (`x-amz-checksum-sha256`, computed with the payload
+    /// hash that signs the request, so no second pass) when the
+    /// conformance check found that the server verifies it, else the
+    /// root's own.
+    fn output_store(&self) -> Result<Arc<dyn ObjectStore>> {
+        let builder = match &self.builder {
+            Some((builder, _)) if self.verifies_checksums() => builder,
+            _ => return Ok(Arc::clone(&self.store)),
+        };
+        let mut slot = self
+            .checksummed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(store) = &*slot {
+            return Ok(Arc::clone(store));
+        }
+        let store = builder
+            .clone()
+            .with_checksum_algorithm(Checksum::SHA256)
+            .build()
+            .map_err(|source| Error::Client {
+                root: self.label.clone(),
+                source: Box::new(source),
+            })?;
+        let store: Arc<dyn ObjectStore> = Arc::new(store);
+        *slot = Some(Arc::clone(&store));
+        Ok(store)
     }
 
     /// A root over any store (tests use `object_store::memory::InMemory`).
@@ -425,6 +466,8 @@ impl S3Root {
             label,
             server,
             passed: conformance::Passed::default(),
+            builder: None,
+            checksummed: std::sync::Mutex::new(None),
             catalog_seen: std::sync::Mutex::new(None),
         })
     }

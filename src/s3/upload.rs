@@ -152,7 +152,7 @@ pub(super) async fn put_one(
 ) -> Result<Written> {
     let size = bytes.len() as u64;
     let put = root
-        .store
+        .output_store()?
         .put_opts(
             &root.key(rel),
             PutPayload::from(bytes),
@@ -219,6 +219,7 @@ pub(super) fn put(
         _ => Ok(()),
     };
     let key = root.key(rel);
+    let store = root.output_store()?;
     let mut hasher = sha2::Sha256::new();
     let mut buf = read_first_part(root, rel, source)?;
     let n = buf.len();
@@ -233,7 +234,7 @@ pub(super) fn put(
     buf.resize(PART_SIZE, 0);
 
     // Claim the key: the one conditional write of a multipart upload.
-    let claim = root.block_on(root.store.put_opts(
+    let claim = root.block_on(store.put_opts(
         &key,
         PutPayload::from_static(b""),
         PutOptions {
@@ -249,7 +250,7 @@ pub(super) fn put(
     // parts upload while the runtime runs (waiting for capacity, finishing).
     let size_and_result = (|| -> Result<(u64, String, Option<String>)> {
         let upload = root
-            .block_on(root.store.put_multipart_opts(
+            .block_on(store.put_multipart_opts(
                 &key,
                 PutMultipartOptions {
                     attributes: attributes(served, expected, intent),
