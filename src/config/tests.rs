@@ -1723,6 +1723,14 @@ fn header_rules_load_in_order_and_show_in_the_summary() {
         served.content_type.as_deref(),
         Some("text/html; charset=utf-8")
     );
+    let summary = config.summary();
+    for want in [
+        "headers: match \"assets/**\", cache_control \"public, max-age=31536000, immutable\"\n",
+        "headers: match \"**/*.html\", cache_control \"no-cache\", content_type \"text/html; charset=utf-8\"\n",
+        "headers: match \"*.pdf\", content_disposition \"attachment\"\n",
+    ] {
+        assert!(summary.contains(want), "{want:?} missing:\n{summary}");
+    }
     let json = d.to_json();
     assert_eq!(json["headers"][2]["match"], "*.pdf");
     assert_eq!(json["headers"][2]["content_disposition"], "attachment");
