@@ -1139,7 +1139,8 @@ mod tests {
     }
 
     /// An output the backend must write again (an object stored with
-    /// other response headers, docs/object-storage.md, "Serving the bucket") is no skip_same:
+    /// other response headers, docs/object-storage.md, "Serving the
+    /// bucket") is no skip_same:
     /// it is written, with the same record.
     #[test]
     fn an_output_to_write_again_is_no_skip_same() {

@@ -102,9 +102,9 @@ pub(crate) trait PublishRoot {
     /// Of the paths of `desired`, those whose stored entry holds the
     /// recorded bytes but must be written again all the same (an object
     /// stored with other response headers than the destination's rules
-    /// give now, docs/object-storage.md, "Serving the bucket"); `touched` as for
-    /// [`PublishRoot::listing`]. A root that stores bytes only (a local
-    /// root: its web server sets the headers) has none.
+    /// give now, docs/object-storage.md, "Serving the bucket"); `touched`
+    /// as for [`PublishRoot::listing`]. A root that stores bytes only (a
+    /// local root: its web server sets the headers) has none.
     fn rewrite(&self, desired: &[Desired], touched: &BTreeMap<String, Entry>) -> BTreeSet<String> {
         let _ = (desired, touched);
         BTreeSet::new()
@@ -192,8 +192,9 @@ pub(crate) trait MaintainRoot {
 
     /// Of `paths`, those whose object is stored with other response
     /// headers than the destination's `headers` rules give it now (in
-    /// order; docs/object-storage.md, "Serving the bucket"). A root on a file system stores no
-    /// headers (its web server sets them): none there.
+    /// order; docs/object-storage.md, "Serving the bucket"). A root on a
+    /// file system stores no headers (its web server sets them): none
+    /// there.
     fn headers_differ(&self, paths: &[&str]) -> Result<Vec<String>, Fault> {
         let _ = paths;
         Ok(Vec::new())

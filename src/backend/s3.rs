@@ -63,7 +63,8 @@ pub(super) struct S3Bucket {
     texts: Option<Arc<RecordTexts>>,
     /// What a HEAD showed at the keys looked at ([`PublishRoot::look_ahead`]).
     heads: BTreeMap<String, Head>,
-    /// The destination's `headers` rules (docs/object-storage.md, "Serving the bucket").
+    /// The destination's `headers` rules (docs/object-storage.md,
+    /// "Serving the bucket").
     headers: HeaderRules,
 }
 
@@ -529,8 +530,8 @@ fn record<'s>(state: &'s State, path: &str) -> Option<&'s OutputRecord> {
 /// object's HEAD says so too (size, sha256 metadata), with the response
 /// headers the destination's `rules` give it now. An object whose stored
 /// headers differ is written again, bytes unchanged (docs/object-storage.md,
-/// "Serving the bucket"): the HEAD the plan makes anyway is the one place that knows
-/// them, so the catalog records none.
+/// "Serving the bucket"): the HEAD the plan makes anyway is the one place
+/// that knows them, so the catalog records none.
 pub(super) fn already_there(
     state: &State,
     head: Option<&Head>,

@@ -19,7 +19,8 @@ pub struct VerifyReport {
     pub missing: Vec<String>,
     pub mismatched: Vec<String>,
     /// Objects stored with other response headers than the `headers`
-    /// rules give them now (docs/object-storage.md, "Serving the bucket"); never on a local root.
+    /// rules give them now (docs/object-storage.md, "Serving the
+    /// bucket"); never on a local root.
     pub headers_differ: Vec<String>,
 }
 

@@ -1,8 +1,8 @@
 //! The response headers stored with each object of an s3 root
-//! (docs/object-storage.md, "Serving the bucket"): the `Content-Type` an output's
-//! extension gives in a maintained MIME database (`mime_guess`, not a
-//! table of our own), and a destination's `headers` rules, globs over the
-//! output path (`globset`) of which the first that matches sets
+//! (docs/object-storage.md, "Serving the bucket"): the `Content-Type` an
+//! output's extension gives in a maintained MIME database (`mime_guess`,
+//! not a table of our own), and a destination's `headers` rules, globs
+//! over the output path (`globset`) of which the first that matches sets
 //! `Cache-Control`, `Content-Type` and `Content-Disposition`. Pure: no
 //! request, no file.
 

@@ -1,10 +1,10 @@
-//! What browsers and caches get from an s3 destination (docs/object-storage.md,
-//! "Serving the bucket"), against the real SeaweedFS of `seaweed::server`: each
-//! object's `Content-Type` from the MIME database, the `headers` rules'
-//! `Cache-Control`, `Content-Type` and `Content-Disposition` as an
-//! anonymous reader's HEAD shows them, a header-only change found by
-//! `verify` and rewritten by the next publication, and the rules a config
-//! may not hold.
+//! What browsers and caches get from an s3 destination
+//! (docs/object-storage.md, "Serving the bucket"), against the real
+//! SeaweedFS of `seaweed::server`: each object's `Content-Type` from the
+//! MIME database, the `headers` rules' `Cache-Control`, `Content-Type` and
+//! `Content-Disposition` as an anonymous reader's HEAD shows them, a
+//! header-only change found by `verify` and rewritten by the next
+//! publication, and the rules a config may not hold.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
