@@ -191,6 +191,11 @@ pub struct PlanInput<'a> {
     pub desired: &'a Arc<[Desired]>,
     pub state: &'a State,
     pub listing: &'a Listing,
+    /// Planned paths whose stored entry holds the recorded bytes but is
+    /// written again all the same: an object stored with other response
+    /// headers than its destination's rules give now
+    /// (docs/object-storage.md, "Serving the bucket").
+    pub rewrite: &'a BTreeSet<String>,
     pub now: OffsetDateTime,
     /// A replacement deletes the owner's outputs it no longer plans only
     /// inside these scopes: those of the principals that signed the bundle,
@@ -811,6 +816,7 @@ fn catalog_plan(input: &PlanInput<'_>, catalog: &Catalog, force_hint: &str) -> P
             .get(d.path.as_str())
             .is_some_and(|r| d.matches(r, input))
             && input.listing.entry(d.path.as_str()) == Entry::File { size: d.size }
+            && !input.rewrite.contains(d.path.as_str())
     });
     if all_same && delete_after.is_empty() {
         return Plan {
@@ -1161,11 +1167,60 @@ mod tests {
             desired: &case.desired.clone().into(),
             state: &case.state,
             listing: &case.listing,
+            rewrite: &BTreeSet::new(),
             now: now(),
             delete_within: None,
             replay: None,
         };
         plan(&input)
+    }
+
+    /// An output the backend must write again (an object stored with
+    /// other response headers, docs/object-storage.md, "Serving the
+    /// bucket") is no skip_same:
+    /// it is written, with the same record.
+    #[test]
+    fn an_output_to_write_again_is_no_skip_same() {
+        let src = source("bundle-2");
+        let state = catalog(vec![
+            rec("r.html", (P, D), &src, 'a', 3),
+            rec("s.html", (P, D), &src, 'b', 3),
+        ]);
+        let listing = storage(&[("r.html", file(3)), ("s.html", file(3))]);
+        let desired: Arc<[Desired]> = vec![want("r.html", 'a', 3), want("s.html", 'b', 3)].into();
+        let plan_with = |rewrite: &[&str]| {
+            plan(&PlanInput {
+                pipeline_id: P,
+                destination_id: D,
+                workflow: Workflow::Additive,
+                force: false,
+                source: &src,
+                desired: &desired,
+                state: &state,
+                listing: &listing,
+                rewrite: &rewrite.iter().map(|p| (*p).to_owned()).collect(),
+                now: now(),
+                delete_within: None,
+                replay: None,
+            })
+        };
+        assert_eq!(plan_with(&[]).action, Action::SkipSame);
+        let again = plan_with(&["r.html"]);
+        assert_eq!(again.action, Action::UpsertAdditive);
+        let writes: Vec<&str> = again.writes.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(
+            writes,
+            ["r.html", "s.html"],
+            "the backend keeps what it holds"
+        );
+        let c = again.update.unwrap().apply(current(&state));
+        assert_eq!(
+            (c.outputs
+                .iter()
+                .map(|r| (r.path.as_str(), r.sha256.to_string())))
+            .collect::<Vec<_>>(),
+            [("r.html", hex('a')), ("s.html", hex('b'))]
+        );
     }
 
     /// Outputs planned into a root without a usable catalog.
@@ -1810,6 +1865,7 @@ mod tests {
             desired: &desired.clone().into(),
             state: &state,
             listing: &listing,
+            rewrite: &BTreeSet::new(),
             now: now(),
             delete_within: None,
             replay: None,
@@ -1877,6 +1933,7 @@ mod tests {
                 desired: &vec![want(path, 'a', 1)].into(),
                 state: &state,
                 listing: &listing,
+                rewrite: &BTreeSet::new(),
                 now: now(),
                 delete_within: None,
                 replay: Some(Replay {
@@ -1937,6 +1994,7 @@ mod tests {
                 desired: &desired.clone().into(),
                 state: &state,
                 listing: &listing,
+                rewrite: &BTreeSet::new(),
                 now: now(),
                 delete_within: within.as_deref(),
                 replay: None,
@@ -1960,6 +2018,7 @@ mod tests {
             desired: &desired.clone().into(),
             state: &state,
             listing: &listing,
+            rewrite: &BTreeSet::new(),
             now: now(),
             delete_within: None,
             replay: None,
@@ -1985,6 +2044,7 @@ mod tests {
             desired: &vec![d.clone()].into(),
             state: &State::Absent,
             listing: &Listing::default(),
+            rewrite: &BTreeSet::new(),
             now: now(),
             delete_within: None,
             replay: None,

@@ -99,6 +99,17 @@ pub(crate) trait PublishRoot {
         force: bool,
     ) -> Result<Listing, Error>;
 
+    /// Of the paths of `desired`, those whose stored entry holds the
+    /// recorded bytes but must be written again all the same (an object
+    /// stored with other response headers than the destination's rules
+    /// give now, docs/object-storage.md, "Serving the bucket"); `touched`
+    /// as for [`PublishRoot::listing`]. A root that stores bytes only (a
+    /// local root: its web server sets the headers) has none.
+    fn rewrite(&self, desired: &[Desired], touched: &BTreeMap<String, Entry>) -> BTreeSet<String> {
+        let _ = (desired, touched);
+        BTreeSet::new()
+    }
+
     /// The plan to use instead when this backend cannot carry `plan` out
     /// (a bucket deletes only what the catalog records, and has no
     /// `--force`); `None` when it can.
@@ -178,6 +189,16 @@ pub(crate) trait MaintainRoot {
 
     /// Which of `paths` hold a folder now (never one in a bucket).
     fn folders_at(&self, paths: &[String]) -> Result<BTreeSet<String>, Fault>;
+
+    /// Of `paths`, those whose object is stored with other response
+    /// headers than the destination's `headers` rules give it now (in
+    /// order; docs/object-storage.md, "Serving the bucket"). A root on a
+    /// file system stores no headers (its web server sets them): none
+    /// there.
+    fn headers_differ(&self, paths: &[&str]) -> Result<Vec<String>, Fault> {
+        let _ = paths;
+        Ok(Vec::new())
+    }
 
     /// Deletes what `change` deletes (recorded outputs, [`Change::deleting`])
     /// and records its catalog, through the commit a publication goes

@@ -43,6 +43,7 @@ use crate::plan::{self, Action, Desired, Entry, Listing, Plan};
 use crate::publish::{Error, Options};
 use crate::runtime::process_state::ProcessState;
 use crate::runtime::workers::Workers;
+use crate::s3::headers::HeaderRules;
 use crate::s3::protocol::{self, Base, Delete, Settings};
 use crate::s3::{self, ETag, Head, S3Root};
 
@@ -62,6 +63,9 @@ pub(super) struct S3Bucket {
     texts: Option<Arc<RecordTexts>>,
     /// What a HEAD showed at the keys looked at ([`PublishRoot::look_ahead`]).
     heads: BTreeMap<String, Head>,
+    /// The destination's `headers` rules (docs/object-storage.md,
+    /// "Serving the bucket").
+    headers: HeaderRules,
 }
 
 impl S3Bucket {
@@ -84,6 +88,7 @@ impl S3Bucket {
             etag: None,
             texts: None,
             heads: BTreeMap::new(),
+            headers: d.headers.clone(),
         }
     }
 
@@ -256,6 +261,18 @@ impl PublishRoot for S3Bucket {
         Ok(listing)
     }
 
+    fn rewrite(&self, desired: &[Desired], touched: &BTreeMap<String, Entry>) -> BTreeSet<String> {
+        desired
+            .iter()
+            .map(|d| d.path.as_str())
+            .filter(|path| !touched.contains_key(*path))
+            .filter(|path| {
+                (self.heads.get(*path)).is_some_and(|h| h.served != self.headers.served(path))
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
     fn refusal(&self, plan: &Plan, state: &State, force: bool) -> Option<Plan> {
         if force {
             return Some(Plan::refused(
@@ -280,7 +297,8 @@ impl PublishRoot for S3Bucket {
             .iter()
             .filter(|w| {
                 let path = w.path.as_str();
-                !touched.contains_key(path) && already_there(state, self.heads.get(path), w)
+                !touched.contains_key(path)
+                    && already_there(state, self.heads.get(path), w, &self.headers)
             })
             .map(|w| w.path.as_str().to_owned())
             .collect()
@@ -376,6 +394,10 @@ impl MaintainRoot for S3Bucket {
         Ok(BTreeSet::new())
     }
 
+    fn headers_differ(&self, paths: &[&str]) -> Result<Vec<String>, Fault> {
+        maintenance::headers_differ(self, paths)
+    }
+
     fn delete_owned(&mut self, mut change: Change<'_>) -> Result<(), Fault> {
         self.commit_change(&mut change)
             .map(drop)
@@ -405,6 +427,7 @@ impl S3Bucket {
                 replaces: change
                     .replaced(w.d.path.as_str())
                     .map(|r| r.sha256.to_string()),
+                served: self.headers.served(w.d.path.as_str()),
             })
             .collect();
         // Only recorded objects are ever deleted in a bucket.
@@ -504,11 +527,23 @@ fn record<'s>(state: &'s State, path: &str) -> Option<&'s OutputRecord> {
 
 /// Whether the object at a planned output's key already holds what the
 /// plan would write: the catalog records those bytes there, and the
-/// object's HEAD (size, sha256 metadata) says so too.
-pub(super) fn already_there(state: &State, head: Option<&Head>, w: &Desired) -> bool {
+/// object's HEAD says so too (size, sha256 metadata), with the response
+/// headers the destination's `rules` give it now. An object whose stored
+/// headers differ is written again, bytes unchanged (docs/object-storage.md,
+/// "Serving the bucket"): the HEAD the plan makes anyway is the one place
+/// that knows them, so the catalog records none.
+pub(super) fn already_there(
+    state: &State,
+    head: Option<&Head>,
+    w: &Desired,
+    rules: &HeaderRules,
+) -> bool {
     record(state, w.path.as_str()).is_some_and(|r| r.sha256 == w.sha256 && r.size == w.size)
-        && head
-            .is_some_and(|h| h.size == w.size && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s))
+        && head.is_some_and(|h| {
+            h.size == w.size
+                && h.sha256.as_ref().is_some_and(|s| w.sha256 == *s)
+                && h.served == rules.served(w.path.as_str())
+        })
 }
 
 /// Whether an object the catalog does not record at `path` belongs to a

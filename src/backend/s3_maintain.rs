@@ -212,6 +212,25 @@ pub(super) fn hash_each(
     Ok(())
 }
 
+/// [`MaintainRoot::headers_differ`](crate::backend::MaintainRoot::headers_differ):
+/// a HEAD of each object (several at once) shows the headers stored with
+/// it; a missing object has none to differ.
+pub(super) fn headers_differ(target: &S3Bucket, paths: &[&str]) -> Result<Vec<String>, Fault> {
+    let heads = target
+        .root
+        .head_many(paths)
+        .map_err(fault(target, Doing::LookAtObject))?;
+    Ok(paths
+        .iter()
+        .zip(heads)
+        .filter(|(path, head)| {
+            head.as_ref()
+                .is_some_and(|h| h.served != target.headers.served(path))
+        })
+        .map(|(path, _)| (*path).to_owned())
+        .collect())
+}
+
 /// [`MaintainRoot::swap_catalog`](crate::backend::MaintainRoot::swap_catalog): a
 /// compare-and-swap on the version [`read_catalog`] read (its `updated_at`
 /// moved past the one read, so that no two versions have the same bytes).

@@ -89,6 +89,7 @@ fn publish(root: &S3Root, path: &str, body: &'static str) {
         sha256: r.sha256.to_string(),
         source: Box::new(body.as_bytes()),
         replaces,
+        served: Default::default(),
     };
     let next = with(&base.state, &r);
     protocol::commit(

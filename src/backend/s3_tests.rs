@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{size_at, unrecorded_deletes};
+use super::{already_there, size_at, unrecorded_deletes};
 use crate::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State, parse_time};
 use crate::config::{Backend, Destination, S3Location, Workflow};
 use crate::paths::RelPath;
@@ -35,6 +35,7 @@ pub(in crate::backend) fn destination(workflow: Workflow) -> Destination {
         prune: None,
         hooks: None,
         precompress: Vec::new(),
+        headers: Default::default(),
     }
 }
 
@@ -131,6 +132,7 @@ fn head(size: u64, intent: Option<&str>) -> Head {
         sha256: None,
         intent: intent.map(str::to_owned),
         last_modified: parse_time(WHEN).unwrap(),
+        served: Default::default(),
     }
 }
 
@@ -176,4 +178,109 @@ fn a_key_is_seen_as_the_bundles_before_leave_it_else_as_its_head() {
     for (path, want) in cases {
         assert_eq!(size_at(path, &touched, &heads, &state), want, "{path}");
     }
+}
+
+#[test]
+fn an_object_is_kept_only_with_its_bytes_and_the_headers_the_rules_give() {
+    use crate::plan::Desired;
+    use crate::s3::headers::{HeaderRule, HeaderRules, Served};
+    let body = "<p>hi</p>";
+    let r = record("a/index.html", "p/web", body);
+    let state = catalog(std::slice::from_ref(&r));
+    let desired = Desired {
+        path: r.path.clone(),
+        kind: OutputKind::Source,
+        bundle_path: r.path.clone(),
+        transform: None,
+        url: None,
+        sha256: r.sha256,
+        size: r.size,
+    };
+    let rules = HeaderRules::new(vec![
+        HeaderRule::new("**/*.html", Some("no-cache".into()), None, None).unwrap(),
+    ])
+    .unwrap();
+    let served = |ct: &str, cc: Option<&str>| Served {
+        content_type: Some(ct.to_owned()),
+        cache_control: cc.map(str::to_owned),
+        content_disposition: None,
+    };
+    let stored = |size: u64, sha: Option<&str>, served: Served| Head {
+        sha256: sha.map(str::to_owned),
+        served,
+        ..head(size, None)
+    };
+    let sha = r.sha256.to_string();
+    let html = "text/html; charset=utf-8";
+    let cases = [
+        (
+            "as the rules give",
+            stored(r.size, Some(&sha), served(html, Some("no-cache"))),
+            &rules,
+            true,
+        ),
+        (
+            "without rules now",
+            stored(r.size, Some(&sha), served(html, None)),
+            &HeaderRules::default(),
+            true,
+        ),
+        (
+            "a rule added since",
+            stored(r.size, Some(&sha), served(html, None)),
+            &rules,
+            false,
+        ),
+        (
+            "a rule changed since",
+            stored(r.size, Some(&sha), served(html, Some("max-age=60"))),
+            &rules,
+            false,
+        ),
+        (
+            "an older type",
+            stored(r.size, Some(&sha), served("text/html", Some("no-cache"))),
+            &rules,
+            false,
+        ),
+        (
+            "a disposition nobody set",
+            stored(
+                r.size,
+                Some(&sha),
+                Served {
+                    content_disposition: Some("attachment".into()),
+                    ..served(html, Some("no-cache"))
+                },
+            ),
+            &rules,
+            false,
+        ),
+        (
+            "other bytes",
+            stored(r.size, Some("sha256:other"), served(html, Some("no-cache"))),
+            &rules,
+            false,
+        ),
+        (
+            "no sha256 metadata",
+            stored(r.size, None, served(html, Some("no-cache"))),
+            &rules,
+            false,
+        ),
+    ];
+    for (what, h, rules, kept) in cases {
+        assert_eq!(
+            already_there(&state, Some(&h), &desired, rules),
+            kept,
+            "{what}"
+        );
+    }
+    assert!(!already_there(&state, None, &desired, &rules), "no object");
+    let unrecorded = catalog(&[]);
+    let h = stored(r.size, Some(&sha), served(html, Some("no-cache")));
+    assert!(
+        !already_there(&unrecorded, Some(&h), &desired, &rules),
+        "no record"
+    );
 }

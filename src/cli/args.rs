@@ -71,7 +71,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Re-hash managed outputs; report missing and mismatched files (exit 1 if any)
+    /// Re-hash managed outputs; report missing and mismatched files, and objects stored with other headers (exit 1 if any)
     #[command(
         after_help = "Example:\n  distributor verify --pipeline reports --destination archive --all-owners"
     )]

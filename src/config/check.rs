@@ -281,6 +281,22 @@ impl Destination {
                 let endpoint = l.endpoint.as_deref().unwrap_or("(none; AWS S3)");
                 let _ = writeln!(s, "      endpoint: {endpoint}");
                 let _ = writeln!(s, "      region: {}", l.region);
+                if d.headers.is_empty() {
+                    let _ = writeln!(s, "      headers: (none; each object gets its MIME type)");
+                }
+                for r in d.headers.rules() {
+                    let mut text = format!("      headers: match {:?}", r.pattern);
+                    for (key, value) in [
+                        ("cache_control", &r.cache_control),
+                        ("content_type", &r.content_type),
+                        ("content_disposition", &r.content_disposition),
+                    ] {
+                        if let Some(value) = value {
+                            text.push_str(&format!(", {key} {value:?}"));
+                        }
+                    }
+                    let _ = writeln!(s, "{text}");
+                }
             }
         }
         let _ = writeln!(s, "      workflow: {}", d.workflow);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::format_duration;
 pub use crate::bundle::Limits;
+use crate::s3::headers::HeaderRules;
 use crate::scope::Scope;
 
 /// A loaded, checked configuration with every path resolved.
@@ -256,6 +257,9 @@ pub struct Destination {
     /// `precompress`: the siblings each text output gets (local roots
     /// only), each encoding once, in the order written; empty: none.
     pub precompress: Vec<Encoding>,
+    /// `headers`: the response headers stored with each object of an s3
+    /// destination (docs/object-storage.md, "Serving the bucket"); none on a local one.
+    pub headers: HeaderRules,
 }
 
 /// `html.raw_html` (docs/contract.md §10, §16.4).
@@ -336,6 +340,19 @@ impl Destination {
             doc["path"] = l.path.clone().into();
             doc["endpoint"] = l.endpoint.clone().into();
             doc["region"] = l.region.clone().into();
+        }
+        if !self.headers.is_empty() {
+            let rules: Vec<serde_json::Value> = (self.headers.rules().iter())
+                .map(|r| {
+                    serde_json::json!({
+                        "match": r.pattern,
+                        "cache_control": r.cache_control,
+                        "content_type": r.content_type,
+                        "content_disposition": r.content_disposition,
+                    })
+                })
+                .collect();
+            doc["headers"] = rules.into();
         }
         if let Some(h) = &self.hooks {
             doc["hooks"] = serde_json::json!({

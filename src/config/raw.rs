@@ -21,6 +21,7 @@ use super::relations::{check_relations, normalize};
 use super::template::read_template;
 use super::values::{expand_prefix, parse_duration, parse_size};
 use crate::paths::{self, IdKind};
+use crate::s3::headers::{self, HeaderRule, HeaderRules};
 use crate::scope::Scope;
 
 // ---------------------------------------------------------------------------
@@ -111,7 +112,7 @@ struct RawSignatures {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, releases, workflow, prefix, scope, publish, html, precompress, links, retention and hooks"
+    expecting = "a destination: a mapping with id, path and optional backend, bucket, endpoint, region, releases, workflow, prefix, scope, publish, html, precompress, links, retention, hooks and headers"
 )]
 struct RawDestination {
     id: Checked<DestinationIdRule>,
@@ -130,6 +131,58 @@ struct RawDestination {
     links: Option<RawLinks>,
     retention: Option<RawRetention>,
     hooks: Option<RawHooks>,
+    headers: Option<Vec<RawHeaderRule>>,
+}
+
+/// One rule of `headers` (docs/object-storage.md, "Serving the bucket").
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a header rule: a mapping with match (a glob over the output path) and cache_control, content_type and content_disposition"
+)]
+struct RawHeaderRule {
+    #[serde(rename = "match")]
+    pattern: Checked<GlobRule>,
+    cache_control: Option<Checked<CacheControlRule>>,
+    content_type: Option<Checked<ContentTypeRule>>,
+    content_disposition: Option<Checked<ContentDispositionRule>>,
+}
+
+/// `headers[].match`: a glob over output paths.
+enum GlobRule {}
+impl Rule for GlobRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a glob over the output path in quotes, such as \"assets/**\"";
+    fn check(text: &str) -> Result<String, String> {
+        headers::glob(text).map(|_| text.to_owned())
+    }
+}
+
+enum CacheControlRule {}
+impl Rule for CacheControlRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a Cache-Control value such as \"public, max-age=3600\"";
+    fn check(text: &str) -> Result<String, String> {
+        headers::check_value("cache_control", text)
+    }
+}
+
+enum ContentTypeRule {}
+impl Rule for ContentTypeRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a media type such as \"text/html; charset=utf-8\"";
+    fn check(text: &str) -> Result<String, String> {
+        headers::check_value("content_type", text)
+    }
+}
+
+enum ContentDispositionRule {}
+impl Rule for ContentDispositionRule {
+    type Out = String;
+    const EXPECTING: &'static str = "a Content-Disposition value such as \"attachment\"";
+    fn check(text: &str) -> Result<String, String> {
+        headers::check_value("content_disposition", text)
+    }
 }
 
 #[derive(Deserialize)]
@@ -852,6 +905,11 @@ fn destination_backend(
                     )));
                 }
             }
+            if rd.headers.is_some() {
+                return Err(invalid(
+                    "headers is set but the backend is local; on a local root the web server sets the response headers (docs/serving.md, \"Response headers\", shows the nginx and Caddy lines): remove headers".to_owned(),
+                ));
+            }
             if rd.path.0.is_empty() {
                 return Err(invalid("the path is empty; give a folder path".to_owned()));
             }
@@ -884,6 +942,22 @@ fn destination_backend(
             Ok((PathBuf::new(), Backend::S3(location)))
         }
     }
+}
+
+/// A destination's `headers`, each glob already checked as it was read.
+fn header_rules(raw: Vec<RawHeaderRule>) -> Result<HeaderRules, String> {
+    let rules = raw
+        .into_iter()
+        .map(|r| {
+            HeaderRule::new(
+                &r.pattern.0,
+                r.cache_control.map(|c| c.0),
+                r.content_type.map(|c| c.0),
+                r.content_disposition.map(|c| c.0),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    HeaderRules::new(rules)
 }
 
 /// Reads `signatures.allowed_signers` (docs/contract.md §17.3) of pipeline
@@ -976,8 +1050,18 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
             None => spool.join(&id).join("inbox"),
         };
         let mut destinations = Vec::new();
-        for rd in rp.destinations.0 {
+        for mut rd in rp.destinations.0 {
             let (root, backend) = destination_backend(&rd, &id, file, &resolve)?;
+            let headers =
+                header_rules(rd.headers.take().unwrap_or_default()).map_err(|message| {
+                    ConfigError::Invalid {
+                        at: Place {
+                            file: file.to_path_buf(),
+                            line_column: None,
+                        },
+                        message: format!("destination {:?} of pipeline {id:?}: {message}", rd.id.0),
+                    }
+                })?;
             let publish = rd.publish.unwrap_or(RawPublish {
                 source: None,
                 html: None,
@@ -1011,6 +1095,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
                     timeout: h.timeout.map_or(Hooks::DEFAULT_TIMEOUT, |c| c.0),
                 }),
                 precompress: rd.precompress.map(|p| p.0).unwrap_or_default(),
+                headers,
             });
         }
         let signatures = match rp.signatures {

@@ -1763,3 +1763,125 @@ fn a_shared_root_warning_names_roots_scopes_and_the_fix() {
     );
     assert!(shared_roots(&c).is_empty());
 }
+
+/// An s3 destination with `headers:` set to `rules` (YAML lines indented
+/// by 10 spaces in the caller's text, starting at line 9).
+fn with_header_rules(rules: &str) -> String {
+    with_destination(&format!(
+        "        backend: s3\n        bucket: reports\n        headers:\n{rules}"
+    ))
+    .replace("path: /srv/out", "path: site")
+}
+
+#[test]
+fn header_rules_load_in_order_and_show_in_the_summary() {
+    let config = ok(&with_header_rules(
+        "          - match: \"assets/**\"\n            cache_control: \"public, max-age=31536000, immutable\"\n          - match: \"**/*.html\"\n            cache_control: no-cache\n            content_type: \"text/html; charset=utf-8\"\n          - match: \"*.pdf\"\n            content_disposition: attachment\n",
+    ));
+    let d = &config.pipelines[0].destinations[0];
+    let patterns: Vec<&str> = d
+        .headers
+        .rules()
+        .iter()
+        .map(|r| r.pattern.as_str())
+        .collect();
+    assert_eq!(patterns, ["assets/**", "**/*.html", "*.pdf"]);
+    let served = d.headers.served("assets/a.html");
+    assert_eq!(
+        served.cache_control.as_deref(),
+        Some("public, max-age=31536000, immutable")
+    );
+    assert_eq!(
+        served.content_type.as_deref(),
+        Some("text/html; charset=utf-8")
+    );
+    let summary = config.summary();
+    for want in [
+        "headers: match \"assets/**\", cache_control \"public, max-age=31536000, immutable\"\n",
+        "headers: match \"**/*.html\", cache_control \"no-cache\", content_type \"text/html; charset=utf-8\"\n",
+        "headers: match \"*.pdf\", content_disposition \"attachment\"\n",
+    ] {
+        assert!(summary.contains(want), "{want:?} missing:\n{summary}");
+    }
+    let json = d.to_json();
+    assert_eq!(json["headers"][2]["match"], "*.pdf");
+    assert_eq!(json["headers"][2]["content_disposition"], "attachment");
+    // No rules: no key in the summary.
+    let plain = ok(&with_destination(""));
+    assert!(
+        plain.pipelines[0].destinations[0]
+            .to_json()
+            .get("headers")
+            .is_none()
+    );
+}
+
+#[test]
+fn bad_header_rules_name_the_line_and_the_fix() {
+    // (rules, what the error says, the line it names)
+    let cases = [
+        (
+            "          - match: \"assets/[a-\"\n",
+            "is not a valid glob",
+            Some(9),
+        ),
+        (
+            "          - match: \"/assets/**\"\n",
+            "drop the leading '/'",
+            Some(9),
+        ),
+        (
+            "          - match: \"**\"\n            cache_contol: no-cache\n",
+            "unknown key `cache_contol`",
+            Some(10),
+        ),
+        (
+            "          - cache_control: no-cache\n",
+            "missing required key `match`",
+            Some(9),
+        ),
+        (
+            "          - match: \"**\"\n            content_type: \"text/html\\nX-Evil: 1\"\n",
+            "control character",
+            Some(10),
+        ),
+        (
+            "          - match: \"**\"\n            cache_control: \"a\\u0001\"\n",
+            "control character",
+            Some(10),
+        ),
+        (
+            "          - match: \"**\"\n            content_type: html\n",
+            "not a media type",
+            Some(10),
+        ),
+        ("          match: \"**\"\n", "invalid type", Some(9)),
+    ];
+    for (rules, want, line) in cases {
+        let e = err(&with_header_rules(rules));
+        let text = e.to_string();
+        assert!(text.contains(want), "{rules}: {text}");
+        if let Some(line) = line {
+            assert!(
+                text.contains(&format!("line {line} ")),
+                "{rules}: names line {line}: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn header_rules_on_a_local_destination_are_an_error_pointing_to_serving_md() {
+    let e = err(&with_destination(
+        "        headers:\n          - match: \"**\"\n            cache_control: no-cache\n",
+    ));
+    let text = e.to_string();
+    for want in [
+        "destination \"d\" of pipeline \"p\"",
+        "headers is set but the backend is local",
+        "the web server sets the response headers",
+        "docs/serving.md",
+    ] {
+        assert!(text.contains(want), "{want:?} missing: {text}");
+    }
+}

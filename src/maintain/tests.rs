@@ -299,6 +299,7 @@ fn destination(root: &Path, prune: Option<PrunePolicy>) -> Destination {
         prune,
         hooks: None,
         precompress: Vec::new(),
+        headers: Default::default(),
     }
 }
 

@@ -1,5 +1,7 @@
 //! Verifying managed outputs: every file in scope re-hashed, streaming,
-//! against its record. Read-only: it changes nothing, not even a journal.
+//! against its record, and (in a bucket) the response headers stored with
+//! it against the destination's rules. Read-only: it changes nothing, not
+//! even a journal.
 
 use super::session::{in_scope, open, read, report_pending};
 use super::{MaintainError, OwnedRoot, json_text};
@@ -16,6 +18,10 @@ pub struct VerifyReport {
     pub checked: usize,
     pub missing: Vec<String>,
     pub mismatched: Vec<String>,
+    /// Objects stored with other response headers than the `headers`
+    /// rules give them now (docs/object-storage.md, "Serving the
+    /// bucket"); never on a local root.
+    pub headers_differ: Vec<String>,
 }
 
 impl VerifyReport {
@@ -29,13 +35,17 @@ impl VerifyReport {
         if self.ok {
             let _ = writeln!(out, "verify: {} output(s) checked: ok", self.checked);
         } else {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "verify: {} output(s) checked: {} missing, {} mismatched",
                 self.checked,
                 self.missing.len(),
                 self.mismatched.len()
             );
+            if !self.headers_differ.is_empty() {
+                let _ = write!(out, ", {} with other headers", self.headers_differ.len());
+            }
+            out.push('\n');
         }
         for path in &self.missing {
             let _ = writeln!(out, "  missing     {path}");
@@ -43,13 +53,17 @@ impl VerifyReport {
         for path in &self.mismatched {
             let _ = writeln!(out, "  mismatched  {path}");
         }
+        for path in &self.headers_differ {
+            let _ = writeln!(out, "  headers     {path}");
+        }
         out
     }
 }
 
 /// Re-hashes every managed output in scope, streaming, and reports the
-/// missing ones (no regular file or object at the path) and the mismatched
-/// ones (size or SHA-256 differs from the record). Changes nothing, not
+/// missing ones (no regular file or object at the path), the mismatched
+/// ones (size or SHA-256 differs from the record) and the objects stored
+/// with other response headers than the rules give. Changes nothing, not
 /// even an interrupted publication's journal or intent: it checks what the
 /// catalog would say once that is finished.
 pub fn verify(target: &OwnedRoot, all_owners: bool) -> Result<VerifyReport, MaintainError> {
@@ -64,6 +78,7 @@ pub fn verify(target: &OwnedRoot, all_owners: bool) -> Result<VerifyReport, Main
         checked: records.len(),
         missing: Vec::new(),
         mismatched: Vec::new(),
+        headers_differ: Vec::new(),
     };
     root.hash_each(&paths, &mut |i, hashed| {
         let (r, path) = (records[i], paths[i]);
@@ -76,6 +91,9 @@ pub fn verify(target: &OwnedRoot, all_owners: bool) -> Result<VerifyReport, Main
         }
     })
     .map_err(|f| target.error(f))?;
-    report.ok = report.missing.is_empty() && report.mismatched.is_empty();
+    report.headers_differ = root.headers_differ(&paths).map_err(|f| target.error(f))?;
+    report.ok = report.missing.is_empty()
+        && report.mismatched.is_empty()
+        && report.headers_differ.is_empty();
     Ok(report)
 }

@@ -818,6 +818,7 @@ impl<'a> Driver<'a> {
             desired: &prepared.desired,
             state: &state,
             listing: &listing,
+            rewrite: &root.target.rewrite(&prepared.desired, &root.touched),
             now,
             delete_within: r.delete_within.as_deref(),
             replay,

@@ -10,7 +10,9 @@
 //!   no unconditional overwrite anywhere.
 //! - No write happens before the server has passed the conformance check
 //!   ([`conformance`]) in this process: a server that accepts the headers and
-//!   ignores them is refused with [`Error::Nonconforming`].
+//!   ignores them is refused with [`Error::Nonconforming`]. Where the check
+//!   found that the server verifies `x-amz-checksum-sha256`, every output
+//!   PUT carries it ([`S3Root::output_store`]).
 //! - Every object this module writes carries its sha256 and the id of the
 //!   intent that wrote it as user metadata (`x-amz-meta-distributor-sha256`,
 //!   `x-amz-meta-distributor-intent`); ETags are only ever compared, never
@@ -25,6 +27,7 @@
 
 pub mod conformance;
 pub mod failure;
+pub mod headers;
 mod intent;
 pub mod protocol;
 mod recovery;
@@ -37,11 +40,11 @@ use std::fmt;
 use std::io::Read;
 use std::sync::Arc;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, Checksum};
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
-    PutPayload, RetryConfig, UpdateVersion,
+    Attribute, Attributes, ClientOptions, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 use time::OffsetDateTime;
 
@@ -132,6 +135,8 @@ pub struct Head {
     pub intent: Option<String>,
     /// The server's `Last-Modified`.
     pub last_modified: OffsetDateTime,
+    /// The response headers stored with it.
+    pub served: headers::Served,
 }
 
 /// One entry of [`S3Root::list`].
@@ -318,6 +323,12 @@ pub struct S3Root {
     /// The servers that passed the conformance check, shared with the
     /// other roots of a process ([`S3Root::sharing`]).
     passed: conformance::Passed,
+    /// How `store` was made (`None` for a root over a given store): the
+    /// conformance check builds its checksum probe from it, and
+    /// [`S3Root::output_store`] the client that sends checksums.
+    builder: Option<(AmazonS3Builder, ClientOptions)>,
+    /// That client, once made.
+    checksummed: std::sync::Mutex<Option<Arc<dyn ObjectStore>>>,
     /// The catalog version this client last read or wrote, and its bytes:
     /// the next read asks the server for the catalog only if it is no
     /// longer that version (`If-None-Match`), so a publisher that is alone
@@ -370,6 +381,9 @@ impl S3Root {
             token,
         } = credentials;
         let label = location.to_string();
+        let endpoint = location.endpoint.as_deref();
+        let options = failure::client_options()
+            .with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")));
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&location.bucket)
             .with_region(&location.region)
@@ -381,17 +395,15 @@ impl S3Root {
                 retry_timeout: failure::RETRY_WINDOW,
                 ..RetryConfig::default()
             })
-            .with_client_options(failure::client_options())
+            .with_client_options(options.clone())
             .with_http_connector(failure::GuardedConnector);
         if let Some(token) = token {
             builder = builder.with_token(token);
         }
-        if let Some(endpoint) = &location.endpoint {
-            builder = builder
-                .with_endpoint(endpoint)
-                .with_allow_http(endpoint.starts_with("http://"));
+        if let Some(endpoint) = endpoint {
+            builder = builder.with_endpoint(endpoint);
         }
-        let store = builder.build().map_err(|source| Error::Client {
+        let store = builder.clone().build().map_err(|source| Error::Client {
             root: label.clone(),
             source: Box::new(source),
         })?;
@@ -400,7 +412,39 @@ impl S3Root {
             location.endpoint.as_deref().unwrap_or("aws"),
             location.bucket
         );
-        S3Root::with_store(Arc::new(store), &location.path, label, server)
+        let mut root = S3Root::with_store(Arc::new(store), &location.path, label, server)?;
+        root.builder = Some((builder, options));
+        Ok(root)
+    }
+
+    /// The client an output's PUT goes through: one that sends the SHA-256
+    /// of each body (`x-amz-checksum-sha256`, computed with the payload
+    /// hash that signs the request, so no second pass) when the
+    /// conformance check found that the server verifies it, else the
+    /// root's own.
+    fn output_store(&self) -> Result<Arc<dyn ObjectStore>> {
+        let builder = match &self.builder {
+            Some((builder, _)) if self.verifies_checksums() => builder,
+            _ => return Ok(Arc::clone(&self.store)),
+        };
+        let mut slot = self
+            .checksummed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(store) = &*slot {
+            return Ok(Arc::clone(store));
+        }
+        let store = builder
+            .clone()
+            .with_checksum_algorithm(Checksum::SHA256)
+            .build()
+            .map_err(|source| Error::Client {
+                root: self.label.clone(),
+                source: Box::new(source),
+            })?;
+        let store: Arc<dyn ObjectStore> = Arc::new(store);
+        *slot = Some(Arc::clone(&store));
+        Ok(store)
     }
 
     /// A root over any store (tests use `object_store::memory::InMemory`).
@@ -422,6 +466,8 @@ impl S3Root {
             label,
             server,
             passed: conformance::Passed::default(),
+            builder: None,
+            checksummed: std::sync::Mutex::new(None),
             catalog_seen: std::sync::Mutex::new(None),
         })
     }
@@ -585,7 +631,9 @@ impl S3Root {
     /// Uploads `source` to `rel`, which must not exist (`If-None-Match: *`):
     /// never overwrites an object, even one that appeared a moment ago.
     /// `sha256` (when the caller knows it) is checked before the object
-    /// becomes visible; `intent` is recorded in the object's metadata.
+    /// becomes visible; `intent` is recorded in the object's metadata. The
+    /// object gets its MIME type and no other header (the commit protocol
+    /// stores outputs with their destination's header rules).
     pub fn put_new(
         &self,
         rel: &str,
@@ -594,7 +642,17 @@ impl S3Root {
         intent: &str,
     ) -> Result<Written> {
         self.check_conformance()?;
-        upload::put(self, rel, source, None, sha256, intent, &mut || Ok(()))
+        let served = headers::HeaderRules::default().served(rel);
+        upload::put(
+            self,
+            rel,
+            source,
+            None,
+            sha256,
+            &served,
+            intent,
+            &mut || Ok(()),
+        )
     }
 
     /// Uploads `source` over `rel` only if the object is still at version
@@ -608,12 +666,14 @@ impl S3Root {
         intent: &str,
     ) -> Result<Written> {
         self.check_conformance()?;
+        let served = headers::HeaderRules::default().served(rel);
         upload::put(
             self,
             rel,
             source,
             Some(etag),
             sha256,
+            &served,
             intent,
             &mut || Ok(()),
         )
@@ -650,17 +710,19 @@ impl S3Root {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(self.store_failed("HEAD", rel, &e, answer)),
         };
-        let meta = |name: &'static str| {
-            r.attributes
-                .get(&Attribute::Metadata(name.into()))
-                .map(|v| v.as_ref().to_owned())
-        };
+        let attribute = |a: Attribute| r.attributes.get(&a).map(|v| v.as_ref().to_owned());
+        let meta = |name: &'static str| attribute(Attribute::Metadata(name.into()));
         Ok(Some(Head {
             size: r.meta.size,
             etag: self.etag_of(rel, r.meta.e_tag.clone())?,
             sha256: meta(META_SHA256),
             intent: meta(META_INTENT),
             last_modified: to_time(r.meta.last_modified),
+            served: headers::Served {
+                content_type: attribute(Attribute::ContentType),
+                cache_control: attribute(Attribute::CacheControl),
+                content_disposition: attribute(Attribute::ContentDisposition),
+            },
         }))
     }
 

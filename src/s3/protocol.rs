@@ -61,6 +61,8 @@ pub struct Write<'a> {
     /// The sha256 the catalog records at `path` (a replacement), or `None`
     /// for a path the catalog does not record (a new key).
     pub replaces: Option<String>,
+    /// The response headers to store it with.
+    pub served: super::headers::Served,
 }
 
 /// What the catalog looked like when the plan was made.
@@ -425,11 +427,12 @@ fn upload<'r: 'f, 'f>(
                 return Ok(());
             }
             let len = first.len();
-            let path = w.path;
+            let (path, served) = (w.path, w.served);
             window.bytes += len;
             window.flying.push(Box::pin(async move {
+                let replace = replace.as_ref();
                 let stored =
-                    super::upload::put_one(root, &path, first, sha256, replace.as_ref(), id).await;
+                    super::upload::put_one(root, &path, first, sha256, replace, &served, id).await;
                 (path, len, stored)
             }));
             continue;
@@ -442,6 +445,7 @@ fn upload<'r: 'f, 'f>(
             &mut source,
             replace.as_ref(),
             Some(&w.sha256),
+            &w.served,
             id,
             &mut || session.keep_alive(),
         );

@@ -61,6 +61,7 @@ fn write<'a>(path: &str, bytes: &'a [u8], replaces: Option<&[u8]>) -> Write<'a> 
         sha256: hash_bytes(bytes).sha256,
         source: Box::new(bytes),
         replaces: replaces.map(|b| hash_bytes(b).sha256),
+        served: Default::default(),
     }
 }
 
@@ -677,6 +678,7 @@ fn a_long_upload_renews_its_lease_and_stops_when_it_was_taken_over() {
         sha256: "sha256:unused-the-upload-stops-first".into(),
         source: Box::new(source),
         replaces: None,
+        served: Default::default(),
     };
     let base = root.read_state().unwrap();
     let next = catalog_with(&base.state, &[big], &[]);

@@ -19,6 +19,7 @@ use object_store::{
 };
 use sha2::Digest as _;
 
+use super::headers::Served;
 use super::{ETag, Error, META_INTENT, META_SHA256, Result, S3Root};
 
 /// Size of one multipart part, and the largest object sent in one PUT.
@@ -51,36 +52,19 @@ fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// A content type for serving the bucket as a website, from the extension.
-pub fn content_type(rel: &str) -> &'static str {
-    let ext = rel
-        .rsplit_once('.')
-        .map(|(_, e)| e.to_ascii_lowercase())
-        .unwrap_or_default();
-    match ext.as_str() {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "json" => "application/json",
-        "txt" | "md" => "text/plain; charset=utf-8",
-        "csv" => "text/csv; charset=utf-8",
-        "xml" => "application/xml",
-        "svg" => "image/svg+xml",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "pdf" => "application/pdf",
-        "woff2" => "font/woff2",
-        "zip" => "application/zip",
-        "gz" => "application/gzip",
-        _ => "application/octet-stream",
-    }
-}
-
-fn attributes(rel: &str, sha256: Option<&str>, intent: &str) -> Attributes {
+/// What an output's object is stored with: its response headers
+/// (`served`) and the tool's metadata.
+fn attributes(served: &Served, sha256: Option<&str>, intent: &str) -> Attributes {
     let mut a = Attributes::new();
-    a.insert(Attribute::ContentType, content_type(rel).into());
+    for (key, value) in [
+        (Attribute::ContentType, &served.content_type),
+        (Attribute::CacheControl, &served.cache_control),
+        (Attribute::ContentDisposition, &served.content_disposition),
+    ] {
+        if let Some(value) = value {
+            a.insert(key, value.clone().into());
+        }
+    }
     a.insert(
         Attribute::Metadata(META_INTENT.into()),
         intent.to_owned().into(),
@@ -153,26 +137,28 @@ impl Read for FirstThen<'_> {
 }
 
 /// One conditional PUT of an object shorter than a part whose bytes the
-/// caller has hashed (`sha256`) and checked: `If-None-Match: *` for a new
-/// key (`replace` None), `If-Match` otherwise. [`Error::Exists`] or
-/// [`Error::Changed`] when the condition fails.
+/// caller has hashed (`sha256`) and checked, stored with the headers
+/// `served`: `If-None-Match: *` for a new key (`replace` None),
+/// `If-Match` otherwise. [`Error::Exists`] or [`Error::Changed`] when the
+/// condition fails.
 pub(super) async fn put_one(
     root: &S3Root,
     rel: &str,
     bytes: Vec<u8>,
     sha256: String,
     replace: Option<&ETag>,
+    served: &Served,
     intent: &str,
 ) -> Result<Written> {
     let size = bytes.len() as u64;
     let put = root
-        .store
+        .output_store()?
         .put_opts(
             &root.key(rel),
             PutPayload::from(bytes),
             PutOptions {
                 mode: mode(replace),
-                attributes: attributes(rel, Some(&sha256), intent),
+                attributes: attributes(served, Some(&sha256), intent),
                 ..PutOptions::default()
             },
         )
@@ -203,15 +189,17 @@ fn refused(root: &S3Root, rel: &str, e: object_store::Error) -> Error {
 }
 
 /// The conditional upload behind `put_new` (`replace` = None) and
-/// `put_replace`. `tick` runs before each further part of a multipart
-/// upload (the commit protocol renews its lease there); an error from it
-/// aborts the upload.
+/// `put_replace`, stored with the headers `served`. `tick` runs before
+/// each further part of a multipart upload (the commit protocol renews
+/// its lease there); an error from it aborts the upload.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn put(
     root: &S3Root,
     rel: &str,
     source: &mut dyn Read,
     replace: Option<&ETag>,
     expected: Option<&str>,
+    served: &Served,
     intent: &str,
     tick: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Written> {
@@ -231,6 +219,7 @@ pub(super) fn put(
         _ => Ok(()),
     };
     let key = root.key(rel);
+    let store = root.output_store()?;
     let mut hasher = sha2::Sha256::new();
     let mut buf = read_first_part(root, rel, source)?;
     let n = buf.len();
@@ -240,17 +229,17 @@ pub(super) fn put(
         // One conditional PUT: atomic, the condition checked by the server.
         let sha256 = crate::fs::hashing::format_digest(hasher);
         check(&sha256)?;
-        return root.block_on(put_one(root, rel, buf, sha256, replace, intent));
+        return root.block_on(put_one(root, rel, buf, sha256, replace, served, intent));
     }
     buf.resize(PART_SIZE, 0);
 
     // Claim the key: the one conditional write of a multipart upload.
-    let claim = root.block_on(root.store.put_opts(
+    let claim = root.block_on(store.put_opts(
         &key,
         PutPayload::from_static(b""),
         PutOptions {
             mode: mode(replace),
-            attributes: attributes(rel, None, intent),
+            attributes: attributes(served, None, intent),
             ..PutOptions::default()
         },
     ));
@@ -261,10 +250,10 @@ pub(super) fn put(
     // parts upload while the runtime runs (waiting for capacity, finishing).
     let size_and_result = (|| -> Result<(u64, String, Option<String>)> {
         let upload = root
-            .block_on(root.store.put_multipart_opts(
+            .block_on(store.put_multipart_opts(
                 &key,
                 PutMultipartOptions {
-                    attributes: attributes(rel, expected, intent),
+                    attributes: attributes(served, expected, intent),
                     ..PutMultipartOptions::default()
                 },
             ))
@@ -329,23 +318,4 @@ pub(super) fn put(
         size,
         etag: root.etag_of(rel, etag)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::content_type;
-
-    #[test]
-    fn content_types_for_a_website() {
-        for (path, expected) in [
-            ("index.html", "text/html; charset=utf-8"),
-            ("a/B.HTM", "text/html; charset=utf-8"),
-            ("style.css", "text/css; charset=utf-8"),
-            ("img/x.png", "image/png"),
-            ("data", "application/octet-stream"),
-            ("archive.tar.gz", "application/gzip"),
-        ] {
-            assert_eq!(content_type(path), expected, "{path}");
-        }
-    }
 }

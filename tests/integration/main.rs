@@ -35,6 +35,8 @@ mod render;
 mod run;
 mod s3;
 mod s3_batch;
+mod s3_checksums;
+mod s3_headers;
 mod s3_hostile;
 mod s3_maintain;
 mod s3_publish;

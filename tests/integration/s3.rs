@@ -10,6 +10,7 @@ use std::time::Instant;
 use distributor::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State};
 use distributor::config::S3Location;
 use distributor::paths::RelPath;
+use distributor::s3::headers::HeaderRules;
 use distributor::s3::protocol::{self, Base, Settings, Write};
 use distributor::s3::{Error, S3Root};
 
@@ -309,6 +310,7 @@ fn concurrent_commits_on_the_server_both_land() {
             sha256: mine.sha256.to_string(),
             source: Box::new(body),
             replaces: None,
+            served: HeaderRules::default().served(path),
         };
         protocol::commit(
             &root,

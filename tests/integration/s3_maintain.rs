@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use distributor::catalog::{Catalog, OutputKind, OutputRecord, SourceIdentity, State};
 use distributor::config::S3Location;
 use distributor::paths::RelPath;
+use distributor::s3::headers::HeaderRules;
 use distributor::s3::protocol::{self, Settings, Write};
 use distributor::s3::{Error, S3Root};
 use object_store::ObjectStoreExt as _;
@@ -87,6 +88,7 @@ fn publish(root: &S3Root, seeds: &[Seed]) -> Result<(), Error> {
             sha256: sha256(s.body.as_bytes()),
             source: Box::new(s.body.as_bytes()),
             replaces: None,
+            served: HeaderRules::default().served(s.path),
         })
         .collect();
     let mut rebase = |latest: &State| Some(with(latest, &records));
@@ -535,18 +537,21 @@ fn s3_killed_publisher_child() {
             sha256: sha256(b"new"),
             source: Box::new(&b"new"[..]),
             replaces: None,
+            served: HeaderRules::default().served("new.html"),
         },
         Write {
             path: "kept.html".into(),
             sha256: sha256(b"replaced"),
             source: Box::new(&b"replaced"[..]),
             replaces: Some(kept_old),
+            served: HeaderRules::default().served("kept.html"),
         },
         Write {
             path: "z.html".into(),
             sha256: sha256(b"never"),
             source: Box::new(Die { given: 0 }),
             replaces: None,
+            served: HeaderRules::default().served("z.html"),
         },
     ];
     let _ = protocol::commit(

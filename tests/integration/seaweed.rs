@@ -535,6 +535,8 @@ pub struct Exchange {
     pub target: String,
     /// The keys a multi-object delete (`POST ?delete`) names.
     pub deletes: Vec<String>,
+    /// The request's `x-amz-checksum-sha256` header, if it has one.
+    pub checksum: Option<String>,
     pub status: u16,
     pub started: u64,
     pub answered: u64,
@@ -684,6 +686,11 @@ fn relay(
         let mut words = line.split_whitespace();
         let method = words.next().unwrap_or_default().to_owned();
         let target = words.next().unwrap_or_default().to_owned();
+        let checksum = line.split("\r\n").find_map(|h| {
+            let (name, value) = h.split_once(':')?;
+            name.eq_ignore_ascii_case("x-amz-checksum-sha256")
+                .then(|| value.trim().to_owned())
+        });
         let mut body = Vec::new();
         copy_body(&mut from_client, &mut body, body_of(&head, false))?;
         server.write_all(&head)?;
@@ -719,6 +726,7 @@ fn relay(
             method,
             target,
             deletes,
+            checksum,
             status,
             started,
             answered,
