@@ -1229,7 +1229,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", choices=["large", "backlog", "signed", "nested", "tree", "latency", "catalog",
-                                       "big-root", "million",
+                                       "big-root", "million", "releases",
                                        "s3", "s3-backlog", "s3-large", "s3-catalog"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
@@ -1335,6 +1335,10 @@ def main():
             rows.append((f"  floor: write + fsync of the catalog {r['floor'] * 1000:.1f} ms; "
                          f"reading it alone (a fresh process must) {r['read_ms']:.1f} ms",
                          None, None, None))
+        if args.only in (None, "releases"):
+            import releases
+            rows.extend(releases.rows(releases.bench_releases(
+                work, releases.sizes(args.quick), 1 if args.quick else min(runs, 3))))
         if args.only == "million":
             # Opt-in: a million files take minutes to make and 1M inodes.
             r = bench_million(work, 20000 if args.quick else 1000000)
