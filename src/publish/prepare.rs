@@ -561,31 +561,11 @@ pipelines:
         destinations: &str,
         files: &[&str],
     ) -> (tempfile::TempDir, Result<Ready, Box<RunReport>>) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("bundle");
-        for f in files {
-            let path = dir.join(f);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, format!("# {f}\n")).unwrap();
-        }
-        bundle::seal(&dir, "src-1", None).unwrap();
-        let config = config::parse(
-            &format!("spool: ./spool\npipelines:\n  - id: p\n    destinations:\n{destinations}"),
-            &tmp.path().join("config.yaml"),
-        )
-        .unwrap();
-        let pipeline = &config.pipelines[0];
-        let all: Vec<&Destination> = pipeline.destinations.iter().collect();
-        let result = prepare_bundle(
-            pipeline,
-            &all,
-            &dir,
-            false,
-            tmp.path(),
-            &ProcessState::default(),
-            crate::runtime::clock::now_millis(),
-        );
-        (tmp, result)
+        let files: Vec<(&str, Vec<u8>)> = files
+            .iter()
+            .map(|f| (*f, format!("# {f}\n").into_bytes()))
+            .collect();
+        prepare_bytes(destinations, &files, |_| {})
     }
 
     /// Prepares a bundle of `files` (path, bytes; source id `src-1`) for
