@@ -365,6 +365,14 @@ impl PublishRoot for MemoryRoot {
         })
     }
 
+    fn rewrite(
+        &self,
+        _desired: &[Desired],
+        _touched: &BTreeMap<String, Entry>,
+    ) -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
     fn refusal(&self, _plan: &Plan, _state: &State, _force: bool) -> Option<Plan> {
         None
     }

@@ -105,10 +105,7 @@ pub(crate) trait PublishRoot {
     /// give now, docs/object-storage.md, "Serving the bucket"); `touched`
     /// as for [`PublishRoot::listing`]. A root that stores bytes only (a
     /// local root: its web server sets the headers) has none.
-    fn rewrite(&self, desired: &[Desired], touched: &BTreeMap<String, Entry>) -> BTreeSet<String> {
-        let _ = (desired, touched);
-        BTreeSet::new()
-    }
+    fn rewrite(&self, desired: &[Desired], touched: &BTreeMap<String, Entry>) -> BTreeSet<String>;
 
     /// The plan to use instead when this backend cannot carry `plan` out
     /// (a bucket deletes only what the catalog records, and has no
@@ -195,10 +192,7 @@ pub(crate) trait MaintainRoot {
     /// order; docs/object-storage.md, "Serving the bucket"). A root on a
     /// file system stores no headers (its web server sets them): none
     /// there.
-    fn headers_differ(&self, paths: &[&str]) -> Result<Vec<String>, Fault> {
-        let _ = paths;
-        Ok(Vec::new())
-    }
+    fn headers_differ(&self, paths: &[&str]) -> Result<Vec<String>, Fault>;
 
     /// Deletes what `change` deletes (recorded outputs, [`Change::deleting`])
     /// and records its catalog, through the commit a publication goes

@@ -477,6 +477,15 @@ impl PublishRoot for LocalRoot {
         None
     }
 
+    fn rewrite(
+        &self,
+        _desired: &[Desired],
+        _touched: &BTreeMap<String, Entry>,
+    ) -> BTreeSet<String> {
+        // Bytes only: the web server sets the headers.
+        BTreeSet::new()
+    }
+
     fn kept(
         &self,
         _plan: &Plan,
@@ -615,6 +624,11 @@ impl PublishRoot for LocalRoot {
 }
 
 impl MaintainRoot for LocalRoot {
+    fn headers_differ(&self, _paths: &[&str]) -> Result<Vec<String>, Fault> {
+        // A file stores no headers: its web server sets them.
+        Ok(Vec::new())
+    }
+
     fn capabilities(&self) -> Capabilities {
         LocalRoot::capabilities(self)
     }
