@@ -3,11 +3,12 @@
 //! batch of one): the journal, outputs and the new catalog staged as
 //! temporary files, a durability barrier, the renames into place (every
 //! output that is not a page, then the pages, then the catalog: the order
-//! readers see, docs/contract.md §7), a second barrier, the deletions, a
-//! third barrier, and settling from the journal after a failure. The outputs and the catalog are written while staging, so a
-//! full disk stops a publication before its renames (a change at the top
-//! creates its folders as it renames; the record of a large publication's
-//! looks, `.distributor-seen`, written after them, fails nothing).
+//! readers see, docs/contract.md §20.1), a second barrier, the deletions,
+//! a third barrier, and settling from the journal after a failure. The
+//! outputs and the catalog are written while staging, so a full disk stops
+//! a publication before its renames (a change at the top creates its
+//! folders as it renames; the record of a large publication's looks,
+//! `.distributor-seen`, written after them, fails nothing).
 //!
 //! The shape of the change picks the layout, never a second copy of the
 //! steps ([`Layout`]): a few writes are staged at the top of the root with
