@@ -155,9 +155,7 @@ impl LocalRoot {
 /// read before linking gives every file a new change time. Their indexes.
 fn vouched_before_linking(current: &Root, change: &Change<'_>) -> Vec<usize> {
     let same = |w: &&crate::backend::Write<'_>| {
-        change
-            .replaced(w.d.path.as_str())
-            .is_some_and(|o| o.sha256 == w.d.sha256 && o.size == w.d.size)
+        stage::records_same(change.replaced(w.d.path.as_str()), w.d)
     };
     if change.writes.iter().filter(same).count() < stage::BARRIER_FROM {
         return Vec::new();

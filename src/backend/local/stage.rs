@@ -704,7 +704,7 @@ struct Job<'a> {
 
 /// Whether the catalog record `old` (the one a write replaces) already
 /// names the bytes `d` wants.
-fn records_same(old: Option<&OutputRecord>, d: &Desired) -> bool {
+pub(super) fn records_same(old: Option<&OutputRecord>, d: &Desired) -> bool {
     old.is_some_and(|o| o.sha256 == d.sha256 && o.size == d.size)
 }
 
