@@ -20,6 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod fs;
 mod hooks;
+mod intake;
 mod maintain;
 mod metrics;
 pub mod paths;

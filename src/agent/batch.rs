@@ -170,8 +170,10 @@ impl Worker {
             .map(|(p, n)| (p.as_path(), n.as_str()))
             .collect();
         let recorded = AtomicBool::new(false);
-        let before_commit =
-            |told: &[(usize, &RunReport)]| self.record_committing(claimed, told, &recorded);
+        let before_commit = |told: &[(usize, &RunReport)]| {
+            self.fence()?;
+            self.record_committing(claimed, told, &recorded)
+        };
         let mut outcome = self.with_progress(&named, || {
             publish::publish_batch(
                 &self.pipeline,

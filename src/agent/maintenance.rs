@@ -92,6 +92,10 @@ const MAX_LOGGED_BLOCKED: usize = 20;
 /// at every pass, whether the agent restarted or not: what was found is
 /// kept in the pipeline's folder, where `distributor status` reads it.
 pub(super) fn expire_done(config: &Config, p: &Pipeline) {
+    if p.intake.is_some() {
+        // Its done/ is in the bucket, expired by the holder.
+        return;
+    }
     let spool = Spool::of(config, p);
     let previous = spool::retention_record(&spool);
     let expiry = match spool::expire_done(&spool, config.agent.done_retention, &previous) {

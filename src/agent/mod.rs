@@ -20,6 +20,7 @@ use std::time::Duration;
 
 mod batch;
 mod commit;
+mod intake;
 mod maintenance;
 pub mod presence;
 mod process;
@@ -296,6 +297,7 @@ impl Running {
             .pipelines
             .iter()
             .zip(&channels)
+            .filter(|(p, _)| p.intake.is_none())
             .map(|(p, (tx, _))| (p.inbox.clone(), tx.clone()))
             .collect();
         let watcher = start_watcher(routes);

@@ -73,8 +73,10 @@ impl Worker {
             let destinations: Vec<_> = self.pipeline.destinations.iter().collect();
             let bundle = [(path.to_path_buf(), name.to_owned())];
             let recorded = AtomicBool::new(false);
-            let before_commit =
-                |told: &[(usize, &RunReport)]| self.record_committing(&bundle, told, &recorded);
+            let before_commit = |told: &[(usize, &RunReport)]| {
+                self.fence()?;
+                self.record_committing(&bundle, told, &recorded)
+            };
             let mut report = self.with_progress(&[(path, name)], || {
                 publish::publish_recorded(
                     &self.pipeline,

@@ -23,11 +23,14 @@ pub(super) struct Worker {
     /// Finishing: claim nothing more, finish the bundle in hand;
     /// abandoned: give up its copying and its hooks too.
     pub(super) cancel: Cancel,
-    once: bool,
+    pub(super) once: bool,
     /// Started with the first bundle.
     pub(super) ticker: std::sync::OnceLock<super::ticker::Ticker>,
     /// The agent's caches, shared by its workers.
     process: ProcessState,
+    /// An intake pipeline's lease while this agent holds it: checked
+    /// before each commit (docs/contract.md §22.3).
+    pub(super) fence: std::sync::Mutex<Option<Arc<super::intake::Fence>>>,
 }
 
 /// What was last logged about an inbox entry: its state, and apart from
@@ -144,6 +147,7 @@ impl Worker {
             once,
             ticker: std::sync::OnceLock::new(),
             process: process.clone(),
+            fence: std::sync::Mutex::new(None),
         }
     }
 
@@ -159,6 +163,13 @@ impl Worker {
         }
     }
 
+    /// The check before a commit of an intake pipeline's holder: its
+    /// lease is still its own (nothing to check for a local inbox).
+    pub(super) fn fence(&self) -> std::io::Result<()> {
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        fence.map_or(Ok(()), |f| f.check())
+    }
+
     pub(super) fn stopping(&self) -> bool {
         self.cancel.finishing()
     }
@@ -170,6 +181,11 @@ impl Worker {
         let Some(_agent_lock) = self.serve_lock(rx) else {
             return;
         };
+        if let Some(intake) = &self.pipeline.intake {
+            // Serving is counted while the intake's lease is held.
+            self.serve_intake(intake, rx);
+            return;
+        }
         // Counted as serving (for metrics and systemd's STATUS=) while the
         // lock is held.
         let _serving = Serving::start();

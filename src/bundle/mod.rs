@@ -26,9 +26,9 @@ pub use limits::{
     Limits, check_limits, markdown_cpu_seconds, markdown_memory, markdown_memory_reached,
     markdown_too_big, markdown_too_dense, markdown_too_slow,
 };
-pub use manifest::ManifestFile;
 #[cfg(test)]
 pub use manifest::compute_digest;
+pub use manifest::{Manifest, ManifestFile};
 pub use open::open_listed;
 pub use parse::parse_manifest;
 #[cfg(test)]

@@ -31,8 +31,8 @@ mod tests;
 
 pub use error::{ConfigError, Place};
 pub use model::{
-    AgentConfig, Backend, Config, Destination, Encoding, Hooks, HtmlTemplate, Limits, Pipeline,
-    PrunePolicy, RawHtml, S3Location, Signatures, Workflow,
+    AgentConfig, Backend, Config, Destination, Encoding, Hooks, HtmlTemplate, Intake, Limits,
+    Pipeline, PrunePolicy, RawHtml, S3Location, Signatures, Workflow,
 };
 pub use shared::{SharedRoot, Sharer, shared_roots};
 pub use values::{

@@ -85,6 +85,34 @@ pub struct Pipeline {
     /// `signatures`: who may sign this pipeline's bundles
     /// (docs/contract.md §17.3); `None` takes unsigned bundles.
     pub signatures: Option<Signatures>,
+    /// `intake`: the pipeline's inbox is in a bucket (docs/contract.md
+    /// §22), and `inbox` is unused.
+    pub intake: Option<Intake>,
+}
+
+/// A pipeline's `intake`: an inbox in an S3-compatible bucket that any
+/// agent configured with it may serve, one at a time (docs/contract.md §22).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intake {
+    /// The bucket and `<path>`: producers upload under `<path>/inbox/`.
+    pub location: S3Location,
+    /// How long the lease of the agent serving the pipeline lasts without
+    /// renewal (default 30 s).
+    pub lease: Duration,
+}
+
+impl Intake {
+    /// How often the holder renews its lease: three times a lease, so
+    /// that two renewals may fail before it lapses.
+    pub fn renew_every(&self) -> Duration {
+        self.lease / 3
+    }
+
+    /// How often the holder lists the intake: six times a lease (5 s with
+    /// the default lease; docs/object-storage.md, "Intake requests").
+    pub fn poll_every(&self) -> Duration {
+        self.lease / 6
+    }
 }
 
 /// A pipeline's `signatures`.
@@ -112,6 +140,14 @@ impl Pipeline {
     /// The pipeline's spool folder, `<spool>/<id>`.
     pub fn spool_dir(&self, config: &Config) -> PathBuf {
         config.spool.join(&self.id)
+    }
+
+    /// Whether a bundle older than the source of a record it would
+    /// overwrite or delete is refused: `signatures.refuse_older`, and
+    /// always for an intake, where it fences a holder that lost its lease
+    /// (docs/contract.md §17.5, §22.3).
+    pub fn refuses_older(&self) -> bool {
+        self.intake.is_some() || self.signatures.as_ref().is_some_and(|s| s.refuse_older)
     }
 
     /// The destination with this id, if the pipeline has one.

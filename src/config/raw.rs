@@ -14,8 +14,8 @@ use super::DEFAULT_SPOOL;
 use super::error::ConfigError;
 use super::error::Place;
 use super::model::{
-    AgentConfig, Backend, Config, Destination, Encoding, Hooks, Limits, Pipeline, PrunePolicy,
-    RawHtml, S3Location, Signatures, Workflow,
+    AgentConfig, Backend, Config, Destination, Encoding, Hooks, Intake, Limits, Pipeline,
+    PrunePolicy, RawHtml, S3Location, Signatures, Workflow,
 };
 use super::relations::{check_relations, normalize};
 use super::template::read_template;
@@ -86,14 +86,45 @@ impl RawLimits {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a pipeline: a mapping with id, an optional inbox, limits, destinations and signatures"
+    expecting = "a pipeline: a mapping with id, an optional inbox or intake, limits, destinations and signatures"
 )]
 struct RawPipeline {
     id: Checked<PipelineIdRule>,
     inbox: Option<Checked<PathRule>>,
+    intake: Option<RawIntake>,
     limits: Option<RawLimits>,
     destinations: Destinations,
     signatures: Option<RawSignatures>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an intake: a mapping with backend (s3), bucket, path, endpoint, region and lease"
+)]
+struct RawIntake {
+    backend: Option<Checked<BackendRule>>,
+    bucket: Option<Checked<BucketRule>>,
+    path: Checked<DestinationPathRule>,
+    endpoint: Option<Checked<EndpointRule>>,
+    region: Option<Checked<RegionRule>>,
+    lease: Option<Checked<LeaseRule>>,
+}
+
+/// An intake's `lease`: 3 s to 1 h.
+enum LeaseRule {}
+impl Rule for LeaseRule {
+    type Out = Duration;
+    const EXPECTING: &'static str = "a duration from 3s to 1h, such as 30s";
+    fn check(text: &str) -> Result<Duration, String> {
+        let d = parse_duration(text)?;
+        if d < Duration::from_secs(3) || d > Duration::from_secs(3600) {
+            return Err(format!(
+                "lease {text} is out of range: give 3s to 1h (the holder renews it every third of it, and a standby takes over once it lapses)"
+            ));
+        }
+        Ok(d)
+    }
 }
 
 #[derive(Deserialize)]
@@ -944,6 +975,36 @@ fn destination_backend(
     }
 }
 
+/// A pipeline's `intake` (docs/contract.md §22).
+fn intake(ri: RawIntake, pipeline: &str, file: &Path) -> Result<Intake, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        at: Place {
+            file: file.to_path_buf(),
+            line_column: None,
+        },
+        message: format!("intake of pipeline {pipeline:?}: {message}"),
+    };
+    if ri.backend.as_ref().map_or(BackendKind::Local, |c| c.0) != BackendKind::S3 {
+        return Err(invalid(
+            "an intake is a bucket: add \"backend: s3\" (for a folder on this machine, use inbox instead of intake)".to_owned(),
+        ));
+    }
+    let bucket = ri
+        .bucket
+        .map(|c| c.0)
+        .ok_or_else(|| invalid("backend s3 needs a bucket; add \"bucket: NAME\"".to_owned()))?;
+    let path = check_key_prefix(&ri.path.0).map_err(invalid)?;
+    Ok(Intake {
+        location: S3Location {
+            bucket,
+            path,
+            endpoint: ri.endpoint.map(|c| c.0),
+            region: ri.region.map_or_else(|| "us-east-1".to_owned(), |c| c.0),
+        },
+        lease: ri.lease.map_or(Duration::from_secs(30), |c| c.0),
+    })
+}
+
 /// A destination's `headers`, each glob already checked as it was read.
 fn header_rules(raw: Vec<RawHeaderRule>) -> Result<HeaderRules, String> {
     let rules = raw
@@ -1045,6 +1106,21 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
     for rp in raw.pipelines.unwrap_or_default() {
         let id = rp.id.0;
         let pipeline_limits = rp.limits.map_or(limits, |l| l.over(limits));
+        let intake = match rp.intake {
+            Some(_) if rp.inbox.is_some() => {
+                return Err(ConfigError::Invalid {
+                    at: Place {
+                        file: file.to_path_buf(),
+                        line_column: None,
+                    },
+                    message: format!(
+                        "pipeline {id:?} sets both inbox and intake; a pipeline takes bundles from a folder (inbox) or from a bucket (intake), not both: remove one of them"
+                    ),
+                });
+            }
+            Some(ri) => Some(intake(ri, &id, file)?),
+            None => None,
+        };
         let inbox = match rp.inbox {
             Some(Checked(text)) => resolve(&text),
             None => spool.join(&id).join("inbox"),
@@ -1120,6 +1196,7 @@ pub(super) fn build(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> 
             limits: pipeline_limits,
             destinations,
             signatures,
+            intake,
         });
     }
 

@@ -802,7 +802,7 @@ impl<'a> Driver<'a> {
             .target
             .listing(&prepared.desired, &state, &root.touched, self.options.force)
             .map_err(|e| Failed::at(j, e))?;
-        let refuse_older = (self.pipeline.signatures.as_ref()).is_some_and(|s| s.refuse_older);
+        let refuse_older = self.pipeline.refuses_older();
         let replay = (refuse_older || self.older.is_some()).then(|| plan::Replay {
             refuse: refuse_older,
             later,

@@ -258,7 +258,7 @@ fn from_the_future(
     created: time::OffsetDateTime,
     now: time::OffsetDateTime,
 ) -> Option<String> {
-    let refuse_older = pipeline.signatures.as_ref().is_some_and(|s| s.refuse_older);
+    let refuse_older = pipeline.refuses_older();
     (refuse_older && created > now + CLOCK_SKEW).then(|| {
         use crate::catalog::format_time;
         format!(

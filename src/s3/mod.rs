@@ -25,6 +25,7 @@
 //!   writes nothing new and reads the `Last-Modified` the server stamped on an
 //!   object it has just stored.
 
+pub mod bucket;
 pub mod conformance;
 pub mod failure;
 pub mod headers;
@@ -32,7 +33,7 @@ mod intent;
 pub mod protocol;
 mod recovery;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub mod upload;
 
 use crate::report::Stage;

@@ -367,6 +367,7 @@ mod tests {
     fn result_files_that_are_fifos_links_or_huge_are_refused_not_read() {
         let tmp = tempfile::tempdir().unwrap();
         let spool = Spool {
+            intake: false,
             pipeline_id: "p".into(),
             inbox: tmp.path().join("inbox"),
             work: tmp.path().join("work"),

@@ -76,6 +76,9 @@ pub struct Spool {
     pub signed: bool,
     /// When inbox entries are claimed (`once` is false here).
     pub timing: Timing,
+    /// The pipeline's inbox is in a bucket (docs/contract.md §22): `inbox`
+    /// is neither made nor used.
+    pub intake: bool,
 }
 
 impl Spool {
@@ -94,6 +97,7 @@ impl Spool {
                 incomplete_timeout: config.agent.incomplete_timeout,
                 once: false,
             },
+            intake: pipeline.intake.is_some(),
         }
     }
 
@@ -123,6 +127,9 @@ impl Spool {
     pub fn create(&self) -> io::Result<()> {
         let mut device = None;
         for folder in [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed] {
+            if folder == Folder::Inbox && self.intake {
+                continue;
+            }
             let path = self.folder(folder);
             let (new_mode, fix) = match folder {
                 Folder::Inbox => (0o1770, (0o1000, 0)),
@@ -784,6 +791,7 @@ mod tests {
 
     fn spool(tmp: &Path) -> Spool {
         let s = Spool {
+            intake: false,
             pipeline_id: "p".into(),
             inbox: tmp.join("inbox"),
             work: tmp.join("work"),

@@ -14,6 +14,7 @@ mod failpoints;
 mod gfm_spec;
 mod hostile;
 mod hostile3;
+mod intake;
 mod lab;
 mod maintain;
 mod manpage;

@@ -1,0 +1,599 @@
+//! A pipeline whose inbox is in the object store (docs/contract.md §22):
+//! the lease, the standby, and the holder's loop. The holder brings one
+//! bundle at a time from the bucket into its local `work/` (hashed as it
+//! is read), hands it to the same processing as a local inbox's bundle
+//! ([`Worker::process`]: deferral, hooks, signatures, filing), then files
+//! its result in the bucket and removes it from the inbox and from this
+//! host. Before each commit the holder checks that the lease is still its
+//! own ([`Worker::fence`]).
+
+use super::worker::Worker;
+use super::{Serving, Wake};
+use crate::config::Intake;
+use crate::intake::lease::{self, Attempt, Held, RenewError};
+use crate::intake::{self, Bucket, Probe, State};
+use crate::spool::{self, Folder};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use time::OffsetDateTime;
+
+/// How often the holder expires `done/` results (and once when it takes
+/// the lease).
+const EXPIRE_EVERY: Duration = Duration::from_secs(600);
+
+/// The holder's lease and a client for the check before each commit.
+pub(super) struct Fence {
+    pub(super) held: Arc<Held>,
+    pub(super) bucket: Arc<Bucket>,
+}
+
+impl Fence {
+    /// The check before a commit (docs/contract.md §22.3).
+    pub(super) fn check(&self) -> std::io::Result<()> {
+        crate::runtime::failpoint::hit("intake.before_fence");
+        self.held.check(&self.bucket.root).map_err(|lost| {
+            std::io::Error::other(format!(
+                "not committed: {lost}; this agent no longer serves the intake, and the agent that does processes the bundle again"
+            ))
+        })
+    }
+}
+
+/// What the holder keeps between looks at the inbox.
+#[derive(Default)]
+struct Inbox {
+    /// Each name's manifest version and `Last-Modified` (arrival order).
+    arrivals: HashMap<String, (crate::s3::ETag, OffsetDateTime)>,
+    /// Incomplete bundles: what their objects looked like, and since when.
+    waiting: HashMap<String, (intake::Shape, Instant)>,
+    /// What was last logged about each name.
+    told: HashMap<String, String>,
+    /// Bundles failed without being fetched, whose objects may still be
+    /// in the inbox: not looked at again while their name is there.
+    failed: std::collections::HashSet<String>,
+}
+
+/// What to do with the bundle a look picked.
+enum Pick {
+    /// Complete: fetch and process it.
+    Complete(Box<Probe>),
+    /// Waiting cannot make it valid, or it stayed incomplete for
+    /// `incomplete_timeout`: fail it with the reason.
+    Fail(Box<Probe>, String),
+}
+
+impl Worker {
+    /// Serves an intake pipeline: stands by until this agent holds the
+    /// lease, then holds it until stopped or until it is lost (and stands
+    /// by again). `--once` gives up on standby after `lock_timeout`.
+    pub(super) fn serve_intake(&self, intake: &Intake, rx: &Receiver<Wake>) {
+        let id = &self.pipeline.id;
+        let bucket = match Bucket::open(intake) {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                log::error!("pipeline={id}: cannot use the intake: {e}; not serving this pipeline");
+                self.tally.failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let started = Instant::now();
+        let mut watch = lease::Watch::default();
+        let mut told = String::new();
+        loop {
+            if self.stopping() {
+                return;
+            }
+            let note = match watch.attempt(&bucket.root, intake.lease) {
+                Ok(Attempt::Taken(held)) => {
+                    let held = Arc::new(held);
+                    match &held.took_over {
+                        Some(r) => log::warn!(
+                            "pipeline={id}: took over the intake lease of {} {} (epoch {}), which was not renewed for {}; serving {} from here",
+                            r.host,
+                            r.pid,
+                            r.epoch,
+                            crate::config::format_duration(intake.lease),
+                            bucket.label()
+                        ),
+                        None => log::info!(
+                            "pipeline={id}: holds the intake lease (epoch {}); serving {}",
+                            held.epoch(),
+                            bucket.label()
+                        ),
+                    }
+                    told.clear();
+                    self.hold_intake(intake, &bucket, held, rx);
+                    if self.once {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(Attempt::HeldBy(r)) => format!(
+                    "another agent holds the intake lease ({}); standing by",
+                    r.map_or_else(|| "unreadable record".to_owned(), |r| r.holder())
+                ),
+                Err(e) => format!(
+                    "cannot reach the intake to take its lease ({e}); trying again every {}",
+                    crate::config::format_duration(intake.renew_every())
+                ),
+            };
+            if note != told {
+                log::info!("pipeline={id}: {note}");
+                told = note;
+            }
+            if self.once && started.elapsed() >= self.config.agent.lock_timeout {
+                log::warn!(
+                    "pipeline={id}: {told}; --once skipped the pipeline and left the intake to that agent"
+                );
+                self.tally.skipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            match rx.recv_timeout(intake.renew_every().min(self.config.agent.lock_timeout)) {
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                _ => {}
+            }
+        }
+    }
+
+    /// Serves the intake while this agent holds its lease.
+    fn hold_intake(
+        &self,
+        intake: &Intake,
+        bucket: &Arc<Bucket>,
+        held: Arc<Held>,
+        rx: &Receiver<Wake>,
+    ) {
+        let id = &self.pipeline.id;
+        let _serving = Serving::start();
+        let stop_renewing = Arc::new(AtomicBool::new(false));
+        let renewer = self.start_renewing(intake, &held, &stop_renewing);
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Fence {
+            held: held.clone(),
+            bucket: bucket.clone(),
+        }));
+        self.discard_leftovers();
+        let mut inbox = Inbox::default();
+        let mut held_since = None;
+        let mut expired = None;
+        loop {
+            if self.stopping() {
+                break;
+            }
+            if expired.is_none_or(|at: Instant| at.elapsed() >= EXPIRE_EVERY) {
+                expired = Some(Instant::now());
+                self.expire_intake(bucket);
+            }
+            if let Err(lost) = held.valid() {
+                log::warn!("pipeline={id}: {lost}; standing by");
+                break;
+            }
+            match self.intake_step(bucket, &mut inbox, &mut held_since, rx) {
+                Step::Processed => continue,
+                Step::Idle if self.once => break,
+                Step::Idle | Step::Unreachable => {}
+            }
+            match rx.recv_timeout(intake.poll_every()) {
+                Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                _ => {}
+            }
+        }
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        stop_renewing.store(true, Ordering::SeqCst);
+        if let Some(t) = renewer {
+            let _ = t.join();
+        }
+        if self.stopping() || self.once {
+            held.release(&bucket.root);
+        }
+    }
+
+    /// Renews the lease every third of it on a thread of its own (with a
+    /// client of its own), and turns a `spool flush` in the bucket into
+    /// the local flush the deferral's wait looks for.
+    fn start_renewing(
+        &self,
+        intake: &Intake,
+        held: &Arc<Held>,
+        stop: &Arc<AtomicBool>,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        let bucket = match Bucket::open(intake) {
+            Ok(b) => b,
+            Err(e) => {
+                log::error!(
+                    "pipeline={}: cannot open a client to renew the intake lease ({e}); it lapses",
+                    self.pipeline.id
+                );
+                return None;
+            }
+        };
+        let (held, stop) = (held.clone(), stop.clone());
+        let (id, every) = (self.pipeline.id.clone(), intake.renew_every());
+        let folder = self.spool.pipeline_folder().to_path_buf();
+        let spawned = std::thread::Builder::new()
+            .name(format!("lease-{id}"))
+            .spawn(move || {
+                let mut next = Instant::now() + every;
+                let mut failing = false;
+                while !stop.load(Ordering::SeqCst) {
+                    if Instant::now() < next {
+                        std::thread::sleep(Duration::from_millis(50).min(every));
+                        continue;
+                    }
+                    next = Instant::now() + every;
+                    crate::runtime::failpoint::hit("intake.renew");
+                    match held.renew(&bucket.root) {
+                        Ok(()) => {
+                            if failing {
+                                log::info!("pipeline={id}: renewed the intake lease again");
+                                failing = false;
+                            }
+                        }
+                        Err(RenewError::Lost(lost)) => {
+                            log::warn!("pipeline={id}: {lost}");
+                            return;
+                        }
+                        Err(RenewError::Failed(e)) => {
+                            if !failing {
+                                log::warn!("pipeline={id}: cannot renew the intake lease ({e}); trying again every {}", crate::config::format_duration(every));
+                                failing = true;
+                            }
+                            next = Instant::now() + every / 3;
+                        }
+                    }
+                    if let Ok(controls) = bucket.controls()
+                        && bucket.take_flush(&controls).unwrap_or(false)
+                    {
+                        let _ = spool::queue::request_flush(&folder, OffsetDateTime::now_utc());
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                log::error!(
+                    "pipeline={}: cannot start the lease thread ({e}); the lease lapses",
+                    self.pipeline.id
+                );
+                None
+            }
+        }
+    }
+
+    /// Deletes the results below `done/` past `done_retention`.
+    fn expire_intake(&self, bucket: &Bucket) {
+        match bucket.expire_done(self.config.agent.done_retention) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "pipeline={} removed {n} done/ results past done_retention from {}",
+                self.pipeline.id,
+                bucket.label()
+            ),
+            Err(e) => log::warn!(
+                "pipeline={}: cannot expire done/ results in {} ({e}); tried again later",
+                self.pipeline.id,
+                bucket.label()
+            ),
+        }
+    }
+
+    /// What an earlier holder on this host left in `work/`, `done/` and
+    /// `failed/` goes: the bucket is the record of what is finished, and a
+    /// bundle still in its inbox is processed again from its start.
+    fn discard_leftovers(&self) {
+        for folder in [Folder::Work, Folder::Done, Folder::Failed] {
+            let dir = self.spool.folder(folder);
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    log::info!(
+                        "pipeline={}: removing {} left by an earlier holder on this host; the bucket's inbox still has it if it was not finished",
+                        self.pipeline.id,
+                        path.display()
+                    );
+                    let _ = std::fs::remove_dir_all(&path);
+                } else if folder == Folder::Work {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.spool.pipeline_folder().join(spool::RESULTS_DIR));
+    }
+
+    /// One look at the intake: the next bundle in arrival order, fetched,
+    /// processed and filed in the bucket.
+    fn intake_step(
+        &self,
+        bucket: &Bucket,
+        inbox: &mut Inbox,
+        held_since: &mut Option<OffsetDateTime>,
+        rx: &Receiver<Wake>,
+    ) -> Step {
+        let id = &self.pipeline.id;
+        let controls = match bucket.controls() {
+            Ok(c) => c,
+            Err(e) => return self.unreachable(inbox, &e),
+        };
+        let hold = bucket.held(&controls);
+        if hold.is_some() != held_since.is_some() {
+            match hold {
+                Some(since) => log::warn!(
+                    "pipeline={id}: held since {} (`distributor spool hold`); claiming nothing from {} until `distributor spool release {id}`",
+                    crate::catalog::format_time(since),
+                    bucket.label()
+                ),
+                None => log::info!("pipeline={id}: released; claiming from the intake again"),
+            }
+            self.tally.metrics.set_held(id, hold.is_some());
+            *held_since = hold;
+        }
+        if hold.is_some() {
+            return Step::Idle;
+        }
+        let pick = match self.pick(bucket, inbox) {
+            Ok(p) => p,
+            Err(e) => return self.unreachable(inbox, &e),
+        };
+        inbox.told.remove("");
+        let Some(pick) = pick else {
+            return Step::Idle;
+        };
+        let (probe, fail) = match pick {
+            Pick::Complete(p) => (p, None),
+            Pick::Fail(p, why) => (p, Some(why)),
+        };
+        inbox.arrivals.remove(&probe.name);
+        inbox.waiting.remove(&probe.name);
+        inbox.told.remove(&probe.name);
+        if fail.is_some() {
+            // Failed without being fetched: its objects may stay in the
+            // inbox (too many to copy); not looked at again while they do.
+            inbox.failed.insert(probe.name.clone());
+        }
+        self.take_in(bucket, &probe, fail, rx);
+        Step::Processed
+    }
+
+    fn unreachable(&self, inbox: &mut Inbox, e: &crate::s3::Error) -> Step {
+        let note = e.to_string();
+        if inbox.told.get("") != Some(&note) {
+            log::warn!(
+                "pipeline={}: cannot look at the intake ({note}); trying again (an outage of the bucket defers, nothing is lost)",
+                self.pipeline.id
+            );
+            inbox.told.insert(String::new(), note);
+        }
+        Step::Unreachable
+    }
+
+    /// The first bundle in arrival order that is complete, or that must be
+    /// failed; `None` when every bundle waits.
+    fn pick(&self, bucket: &Bucket, inbox: &mut Inbox) -> crate::s3::Result<Option<Pick>> {
+        let names = bucket.names()?;
+        let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+        inbox.arrivals.retain(|n, _| present.contains(n.as_str()));
+        inbox.waiting.retain(|n, _| present.contains(n.as_str()));
+        inbox
+            .told
+            .retain(|n, _| n.is_empty() || present.contains(n.as_str()));
+        inbox.failed.retain(|n| present.contains(n.as_str()));
+        let unknown: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !inbox.arrivals.contains_key(*n) && !inbox.failed.contains(*n))
+            .collect();
+        for (name, arrival) in unknown.iter().zip(bucket.arrivals(&unknown)?) {
+            match arrival {
+                Some(a) => {
+                    inbox.arrivals.insert((*name).to_owned(), a);
+                }
+                None => {
+                    self.tell_intake(inbox, name, "waits: no manifest.json yet (upload it last)")
+                }
+            }
+        }
+        let mut order: Vec<(&String, &(crate::s3::ETag, OffsetDateTime))> =
+            inbox.arrivals.iter().collect();
+        order.sort_by(|a, b| (a.1.1, a.0).cmp(&(b.1.1, b.0)));
+        let order: Vec<String> = order.into_iter().map(|(n, _)| n.clone()).collect();
+        let signed = self.spool.signed;
+        for name in order {
+            let probe = bucket.probe(&name, &self.pipeline.limits, signed)?;
+            match &probe.state {
+                State::Complete => return Ok(Some(Pick::Complete(Box::new(probe)))),
+                State::Broken(why) => {
+                    let why = why.clone();
+                    return Ok(Some(Pick::Fail(Box::new(probe), why)));
+                }
+                State::NoManifest => {
+                    inbox.arrivals.remove(&name);
+                }
+                State::Incomplete(what) => {
+                    let entry = inbox
+                        .waiting
+                        .entry(name.clone())
+                        .or_insert((probe.signature, Instant::now()));
+                    if entry.0 != probe.signature {
+                        *entry = (probe.signature, Instant::now());
+                    }
+                    let timeout = self.config.agent.incomplete_timeout;
+                    if entry.1.elapsed() >= timeout {
+                        let why = format!(
+                            "still incomplete after {} without change ({what}); deliver it again, complete, with manifest.json last",
+                            crate::config::format_duration(timeout)
+                        );
+                        return Ok(Some(Pick::Fail(Box::new(probe), why)));
+                    }
+                    let what = what.clone();
+                    self.tell_intake(inbox, &name, &format!("waits: incomplete ({what})"));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn tell_intake(&self, inbox: &mut Inbox, name: &str, note: &str) {
+        if inbox.told.get(name).is_some_and(|t| t == note) {
+            return;
+        }
+        log::info!(
+            "pipeline={} bundle={} {note}",
+            self.pipeline.id,
+            crate::text::escape::inert(name)
+        );
+        inbox.told.insert(name.to_owned(), note.to_owned());
+    }
+
+    /// Brings `probe` into `work/`, processes it (or fails it with `fail`),
+    /// and files its result in the bucket.
+    fn take_in(&self, bucket: &Bucket, probe: &Probe, fail: Option<String>, rx: &Receiver<Wake>) {
+        let id = &self.pipeline.id;
+        let name = &probe.name;
+        let shown = crate::text::escape::inert(name);
+        let work = self.spool.work.join(name);
+        if work.exists() {
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        let fetched = match &fail {
+            Some(_) => std::fs::create_dir(&work)
+                .map(|()| None)
+                .map_err(intake::FetchError::Local),
+            None => bucket.fetch(probe, &work).map(Some),
+        };
+        crate::runtime::failpoint::hit("intake.fetched");
+        match fetched {
+            Ok(Some(f)) => {
+                for m in &f.mismatches {
+                    log::warn!("pipeline={id} bundle={shown}: {m}");
+                }
+                log::info!(
+                    "pipeline={id} bundle={shown}: fetched {} bytes from {}",
+                    f.bytes,
+                    bucket.label()
+                );
+                self.process(&work, name, rx);
+            }
+            Ok(None) => {
+                let why = fail.unwrap_or_default();
+                let e = crate::publish::Error::Folder {
+                    path: Path::new(intake::INBOX).join(name),
+                    why,
+                };
+                let report = e.fail(crate::report::RunReport::new(id, false));
+                self.file_away(&work, name, &report, 0);
+            }
+            Err(e) => {
+                // An outage while reading: the bundle stays in the inbox.
+                log::warn!(
+                    "pipeline={id} bundle={shown}: cannot fetch it ({e}); it stays in the intake and is tried again"
+                );
+                let _ = std::fs::remove_dir_all(&work);
+                return;
+            }
+        }
+        self.file_in_bucket(bucket, probe);
+    }
+
+    /// Files the result of the bundle just processed in the bucket: the
+    /// result, a failed bundle's files beside it, then its removal from the
+    /// inbox; then forgets it on this host. Nothing of it when the lease
+    /// was lost meanwhile (the new holder processes it again).
+    fn file_in_bucket(&self, bucket: &Bucket, probe: &Probe) {
+        let id = &self.pipeline.id;
+        let name = &probe.name;
+        let shown = crate::text::escape::inert(name);
+        let (folder, local) = if self.spool.done.join(name).is_dir() {
+            (Folder::Done, self.spool.done.join(name))
+        } else if self.spool.failed.join(name).is_dir() {
+            (Folder::Failed, self.spool.failed.join(name))
+        } else {
+            // Left in work/ (a stop, or a spool that cannot file it): it
+            // stays in the inbox, and the next holder processes it again.
+            log::info!("pipeline={id} bundle={shown}: not finished; it stays in the intake");
+            let _ = std::fs::remove_dir_all(self.spool.work.join(name));
+            return;
+        };
+        let forget = || {
+            let _ = std::fs::remove_dir_all(&local);
+            let _ = std::fs::remove_dir_all(self.spool.pipeline_folder().join(spool::RESULTS_DIR));
+        };
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(f) = &fence
+            && let Err(lost) = f.held.check(&bucket.root)
+        {
+            log::warn!(
+                "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
+            );
+            forget();
+            return;
+        }
+        // A bundle failed before its manifest was read has none.
+        let etag = probe
+            .manifest
+            .as_ref()
+            .map_or_else(|| crate::s3::ETag(String::new()), |(etag, _)| etag.clone());
+        let mut doc = match spool::read_result(&self.spool, folder, name) {
+            Ok(r) => r.doc,
+            Err(e) => serde_json::json!({ "ok": folder == Folder::Done, "error": e }),
+        };
+        let epoch = fence.as_ref().map_or(0, |f| f.held.epoch());
+        if let Some(obj) = doc.as_object_mut() {
+            obj.insert(
+                "intake".to_owned(),
+                serde_json::json!({
+                    "bucket": bucket.label(),
+                    "name": name,
+                    "manifest_etag": etag.0,
+                    "host": lease::host_name(),
+                    "epoch": epoch,
+                }),
+            );
+        }
+        let to = match folder {
+            Folder::Done => intake::DONE,
+            _ => intake::FAILED,
+        };
+        let filed = bucket.put_result(to, name, &doc, &etag).and_then(|filed| {
+            crate::runtime::failpoint::hit("intake.result_written");
+            if folder == Folder::Failed {
+                bucket.copy_to_failed(name, &filed.name, &probe.objects)?;
+            }
+            bucket.remove_from_inbox(name, &probe.objects)?;
+            Ok(filed)
+        });
+        match filed {
+            Ok(filed) => {
+                log::info!(
+                    "pipeline={id} bundle={shown}: filed as {}/{}/{} in {}",
+                    to,
+                    crate::text::escape::inert(&filed.name),
+                    intake::RESULT,
+                    bucket.label()
+                );
+                forget();
+            }
+            Err(e) => {
+                log::warn!(
+                    "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); it stays in the intake and is processed again (its publication ends skip_same where it was made)"
+                );
+                forget();
+            }
+        }
+    }
+}
+
+/// How one look at the intake ended.
+enum Step {
+    /// A bundle was processed: look again at once.
+    Processed,
+    /// Nothing to claim now.
+    Idle,
+    /// The bucket did not answer.
+    Unreachable,
+}

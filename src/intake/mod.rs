@@ -1,0 +1,608 @@
+//! An inbox in the object store (docs/contract.md §22): the layout of an
+//! intake below its `<path>`, and what the agent and the spool commands do
+//! there. No threads and no publishing: the agent's intake loop
+//! (`agent::intake`) brings one bundle at a time from here into its local
+//! `work/` and hands it to the same processing as a local inbox's.
+//!
+//! ```text
+//! <path>/.distributor-lease           the holder (lease.rs)
+//! <path>/.distributor-hold            `spool hold` (its text: since when)
+//! <path>/.distributor-flush           `spool flush`
+//! <path>/inbox/<name>/<file>          what producers upload, manifest.json last
+//! <path>/done/<name>/.distributor-result.json
+//! <path>/failed/<name>/.distributor-result.json, and the bundle's files
+//! ```
+
+pub mod lease;
+
+use crate::bundle::{Limits, Manifest};
+use crate::config::Intake;
+use crate::s3::{self, ETag, Listed, S3Root};
+use std::collections::HashMap;
+use std::path::Path;
+use time::OffsetDateTime;
+
+/// `spool hold` of an intake pipeline.
+pub const HOLD_KEY: &str = ".distributor-hold";
+/// `spool flush` of an intake pipeline.
+pub const FLUSH_KEY: &str = ".distributor-flush";
+/// The folders below `<path>`.
+pub const INBOX: &str = "inbox";
+pub const DONE: &str = "done";
+pub const FAILED: &str = "failed";
+/// The result object of a finished bundle.
+pub const RESULT: &str = crate::spool::RESULT_FILE;
+/// The most of a result object that is read.
+const RESULT_CAP: u64 = 1 << 20;
+const MANIFEST: &str = crate::bundle::MANIFEST;
+const SIGNATURE: &str = crate::signature::SIGNATURE_FILE;
+
+/// An intake's bucket, at its `<path>`.
+pub struct Bucket {
+    pub root: S3Root,
+}
+
+/// One bundle name's state in the inbox, as one probe found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Objects but no `manifest.json` yet.
+    NoManifest,
+    /// Listed files are missing or of another size, or the signature the
+    /// pipeline requires is not there yet: the text says which.
+    Incomplete(String),
+    /// Waiting cannot make it valid (the text says why): it is failed.
+    Broken(String),
+    /// Every listed file is there with its size.
+    Complete,
+}
+
+/// The newest `Last-Modified`, the count and the total size of a
+/// bundle's objects: it changes whenever an upload adds or replaces one.
+pub type Shape = (Option<OffsetDateTime>, usize, u64);
+
+/// A finished bundle in the bucket: its name, its result (when it has one
+/// that parses) and when that was written.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub name: String,
+    pub result: Option<serde_json::Value>,
+    pub at: Option<OffsetDateTime>,
+}
+
+/// A bundle in the inbox, probed.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub name: String,
+    pub state: State,
+    /// The manifest's version and `Last-Modified` (arrival order).
+    pub manifest: Option<(ETag, OffsetDateTime)>,
+    /// The parsed manifest, when complete.
+    pub parsed: Option<Manifest>,
+    /// Every object of the bundle as listed (at most `max_files + 16`).
+    pub objects: Vec<Listed>,
+    /// What changed last: the newest `Last-Modified`, the count and the
+    /// bytes of its objects.
+    pub signature: Shape,
+}
+
+/// What [`Bucket::fetch`] found wrong while reading (the bundle is still
+/// handed on: its verification then fails it with the same words as a
+/// local inbox's).
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub mismatches: Vec<String>,
+    pub bytes: u64,
+}
+
+/// The name a bundle gets below `done/` or `failed/`, and whether it was
+/// written by this call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filed {
+    pub name: String,
+    pub written: bool,
+}
+
+/// What a bundle name in the bucket must be: a single path segment that a
+/// local spool could also hold (docs/contract.md §2, §12).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > crate::spool::names::NAME_MAX {
+        return Err(format!(
+            "a bundle name must be 1 to {} bytes",
+            crate::spool::names::NAME_MAX
+        ));
+    }
+    if crate::paths::RelPath::parse(name).is_err() || name.contains('/') {
+        return Err(
+            "a bundle name must be one clean path segment (no control character, not . or ..)"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+impl Bucket {
+    /// A client for the intake (credentials from the environment).
+    pub fn open(intake: &Intake) -> s3::Result<Bucket> {
+        Ok(Bucket {
+            root: S3Root::open(&intake.location)?,
+        })
+    }
+
+    /// For `status`: one try per request.
+    pub fn open_single_try(intake: &Intake) -> s3::Result<Bucket> {
+        Ok(Bucket {
+            root: S3Root::open_single_try(&intake.location)?,
+        })
+    }
+
+    /// `s3://bucket/path`, for messages.
+    pub fn label(&self) -> &str {
+        self.root.label()
+    }
+
+    /// The key of `name`'s file `file` in `folder`, relative to `<path>`.
+    pub fn key(folder: &str, name: &str, file: &str) -> String {
+        format!("{folder}/{name}/{file}")
+    }
+
+    /// The bundle names in the inbox, sorted (names starting with `.`
+    /// are ignored, as in a local inbox).
+    pub fn names(&self) -> s3::Result<Vec<String>> {
+        let level = self.root.list_level(INBOX)?;
+        Ok(level
+            .folders
+            .into_iter()
+            .filter(|n| !crate::spool::is_ignored_name(n))
+            .collect())
+    }
+
+    /// The control objects at the top (`.distributor-hold`, `-flush`,
+    /// `-lease`), by name.
+    pub fn controls(&self) -> s3::Result<HashMap<String, Listed>> {
+        let level = self.root.list_level("")?;
+        Ok(level
+            .objects
+            .into_iter()
+            .map(|o| (o.path.clone(), o))
+            .collect())
+    }
+
+    /// The manifest `Last-Modified` of each name that has one (arrival
+    /// order), with up to [`s3::HEADS_IN_FLIGHT`] HEADs at once.
+    pub fn arrivals(&self, names: &[&str]) -> s3::Result<Vec<Option<(ETag, OffsetDateTime)>>> {
+        let keys: Vec<String> = names
+            .iter()
+            .map(|n| Bucket::key(INBOX, n, MANIFEST))
+            .collect();
+        let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
+        Ok(self
+            .root
+            .head_many(&rels)?
+            .into_iter()
+            .map(|h| h.map(|h| (h.etag, h.last_modified)))
+            .collect())
+    }
+
+    /// Probes bundle `name`: lists its objects (at most `max_files + 16`),
+    /// reads and checks its manifest, and checks every listed file's
+    /// object and size.
+    pub fn probe(&self, name: &str, limits: &Limits, signed: bool) -> s3::Result<Probe> {
+        let mut probe = Probe {
+            name: name.to_owned(),
+            state: State::NoManifest,
+            manifest: None,
+            parsed: None,
+            objects: Vec::new(),
+            signature: (None, 0, 0),
+        };
+        if let Err(why) = check_name(name) {
+            probe.state = State::Broken(format!("{why}; upload it again under a name that is"));
+            return Ok(probe);
+        }
+        let prefix = format!("{INBOX}/{name}");
+        let most = usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX);
+        let Some(objects) = self.root.list_at_most(&prefix, most)? else {
+            probe.state = State::Broken(format!(
+                "more than {most} objects under {prefix}/ (limits.max_files is {}); delete them (`distributor spool delete`), and split the bundle",
+                limits.max_files
+            ));
+            return Ok(probe);
+        };
+        let strip = format!("{prefix}/");
+        probe.objects = objects
+            .into_iter()
+            .map(|mut o| {
+                o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
+                o
+            })
+            .collect();
+        probe.signature = (
+            probe.objects.iter().map(|o| o.last_modified).max(),
+            probe.objects.len(),
+            probe.objects.iter().map(|o| o.size).sum(),
+        );
+        let sizes: HashMap<&str, u64> = probe
+            .objects
+            .iter()
+            .map(|o| (o.path.as_str(), o.size))
+            .collect();
+        let Some(&manifest_size) = sizes.get(MANIFEST) else {
+            return Ok(probe);
+        };
+        let cap = limits.max_manifest_bytes();
+        if manifest_size > cap {
+            probe.state = State::Broken(format!(
+                "{MANIFEST} is {manifest_size} bytes, more than the {cap} bytes this pipeline reads (room for limits.max_files entries); split the bundle"
+            ));
+            return Ok(probe);
+        }
+        let Some(small) = self
+            .root
+            .get_small(&Bucket::key(INBOX, name, MANIFEST), cap)?
+        else {
+            return Ok(probe); // deleted meanwhile
+        };
+        probe.manifest = Some((small.etag.clone(), small.last_modified));
+        let manifest = match crate::bundle::parse_manifest(&small.bytes)
+            .and_then(|m| crate::bundle::check_limits(&m, limits).map(|()| m))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                // An object is written whole: waiting cannot mend it.
+                probe.state = State::Broken(e.to_string());
+                return Ok(probe);
+            }
+        };
+        let mut missing = Vec::new();
+        for f in &manifest.files {
+            match sizes.get(f.path.as_str()) {
+                None => missing.push(format!("{} is missing", f.path)),
+                Some(&size) if size != f.size => missing.push(format!(
+                    "{} has {size} bytes, the manifest says {}",
+                    f.path, f.size
+                )),
+                Some(_) => {}
+            }
+        }
+        if signed && !sizes.contains_key(SIGNATURE) {
+            missing.push(format!("{SIGNATURE} is missing (the pipeline takes only signed bundles; upload it before {MANIFEST})"));
+        }
+        probe.state = if missing.is_empty() {
+            State::Complete
+        } else {
+            State::Incomplete(crate::text::wording::first_few(&missing, 3, "; "))
+        };
+        probe.parsed = Some(manifest);
+        Ok(probe)
+    }
+
+    /// Streams a probed bundle's listed files (and its manifest and
+    /// signature) into the new folder `into`, hashing each against the
+    /// manifest as it is read. A file is never read past its declared
+    /// size (a longer object gets one byte more, which its verification
+    /// then reports).
+    pub fn fetch(&self, probe: &Probe, into: &Path) -> Result<Fetched, FetchError> {
+        let manifest = probe.parsed.as_ref().ok_or_else(|| {
+            FetchError::Local(std::io::Error::other("the bundle has no parsed manifest"))
+        })?;
+        // work/ is the agent's own folder (0750, nobody else writes
+        // there) and every name comes from a parsed manifest: plain
+        // creation, never over anything.
+        std::fs::create_dir(into).map_err(FetchError::Local)?;
+        let mut fetched = Fetched::default();
+        let mut get =
+            |rel: &str, most: u64| -> Result<Option<crate::fs::hashing::Hashed>, FetchError> {
+                let path = into.join(rel);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(FetchError::Local)?;
+                }
+                let file = std::fs::File::create_new(&path).map_err(FetchError::Local)?;
+                let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
+                let key = Bucket::key(INBOX, &probe.name, rel);
+                let got = self
+                    .root
+                    .get_into(&key, &mut file, most)
+                    .map_err(FetchError::Bucket)?;
+                std::io::Write::flush(&mut file).map_err(FetchError::Local)?;
+                if let Some(h) = &got {
+                    fetched.bytes += h.size;
+                }
+                Ok(got)
+            };
+        for f in &manifest.files {
+            match get(f.path.as_str(), f.size)? {
+                None => fetched
+                    .mismatches
+                    .push(format!("{}: gone from the bucket", f.path)),
+                Some(h) if h.size != f.size || h.sha256 != f.sha256 => {
+                    fetched.mismatches.push(format!(
+                        "{}: read {} bytes hashing to {}, the manifest says {} bytes, {}",
+                        f.path, h.size, h.sha256, f.size, f.sha256
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if probe.objects.iter().any(|o| o.path == SIGNATURE) {
+            get(SIGNATURE, crate::signature::MAX_SIGNATURE_BYTES + 1)?;
+        }
+        get(MANIFEST, u64::MAX)?;
+        Ok(fetched)
+    }
+
+    /// Writes the result of bundle `name` below `folder` (`done` or
+    /// `failed`), never over another bundle's: a name already taken by a
+    /// result of another delivery gets `.1`, `.2`, … A result this
+    /// delivery already wrote (same `intake.manifest_etag`) is found and
+    /// kept, so that filing again after a crash writes nothing twice.
+    pub fn put_result(
+        &self,
+        folder: &str,
+        name: &str,
+        result: &serde_json::Value,
+        manifest_etag: &ETag,
+    ) -> s3::Result<Filed> {
+        let mut bytes = serde_json::to_vec_pretty(result).expect("a result serializes");
+        bytes.push(b'\n');
+        for n in 0..1000 {
+            let candidate = crate::spool::names::candidate(name, n, crate::spool::names::NAME_MAX);
+            let key = Bucket::key(folder, &candidate, RESULT);
+            match self
+                .root
+                .put_new(&key, &mut &bytes[..], None, "intake-result")
+            {
+                Ok(_) => {
+                    return Ok(Filed {
+                        name: candidate,
+                        written: true,
+                    });
+                }
+                Err(s3::Error::Exists { .. } | s3::Error::Changed { .. }) => {
+                    if self.result_etag(folder, &candidate)?.as_ref() == Some(manifest_etag) {
+                        return Ok(Filed {
+                            name: candidate,
+                            written: false,
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(s3::Error::Protocol {
+            root: self.label().to_owned(),
+            what: format!("{folder}/{name}: a thousand results of that name; delete old ones"),
+        })
+    }
+
+    /// The `intake.manifest_etag` recorded in a result, if it has one.
+    fn result_etag(&self, folder: &str, name: &str) -> s3::Result<Option<ETag>> {
+        let got = self
+            .root
+            .get_small(&Bucket::key(folder, name, RESULT), RESULT_CAP)?;
+        Ok(got.and_then(|small| {
+            let doc: serde_json::Value = serde_json::from_slice(&small.bytes).ok()?;
+            let etag = doc.get("intake")?.get("manifest_etag")?.as_str()?;
+            Some(ETag(etag.to_owned()))
+        }))
+    }
+
+    /// Copies a failed bundle's objects beside its result (server-side).
+    pub fn copy_to_failed(&self, name: &str, filed: &str, objects: &[Listed]) -> s3::Result<()> {
+        for o in objects {
+            if o.path == RESULT {
+                continue;
+            }
+            self.root.copy_within(
+                &Bucket::key(INBOX, name, &o.path),
+                &Bucket::key(FAILED, filed, &o.path),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Removes a finished bundle from the inbox: its manifest first (from
+    /// then on it is no bundle), then the rest of what was listed.
+    pub fn remove_from_inbox(&self, name: &str, objects: &[Listed]) -> s3::Result<()> {
+        self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
+        let rest: Vec<String> = objects
+            .iter()
+            .filter(|o| o.path != MANIFEST)
+            .map(|o| Bucket::key(INBOX, name, &o.path))
+            .collect();
+        let rels: Vec<&str> = rest.iter().map(String::as_str).collect();
+        self.root.delete_many(&rels)
+    }
+
+    /// The results below `folder`: name, result object (when there is
+    /// one) and when it was written.
+    pub fn results(
+        &self,
+        folder: &str,
+    ) -> s3::Result<Vec<Finished>> {
+        let names = self.root.list_level(folder)?.folders;
+        let keys: Vec<String> = names
+            .iter()
+            .map(|n| Bucket::key(folder, n, RESULT))
+            .collect();
+        let mut out = Vec::new();
+        for (name, key) in names.iter().zip(&keys) {
+            let got = self.root.get_small(key, RESULT_CAP)?;
+            let when = got.as_ref().map(|s| s.last_modified);
+            let doc = got.and_then(|s| serde_json::from_slice(&s.bytes).ok());
+            out.push(Finished {
+                name: name.clone(),
+                result: doc,
+                at: when,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The result of `folder/name`, if there is one.
+    pub fn result(&self, folder: &str, name: &str) -> s3::Result<Option<serde_json::Value>> {
+        let got = self
+            .root
+            .get_small(&Bucket::key(folder, name, RESULT), RESULT_CAP)?;
+        Ok(got.and_then(|s| serde_json::from_slice(&s.bytes).ok()))
+    }
+
+    /// Every object of `folder/name` (at most `most`; `None` beyond).
+    pub fn objects(
+        &self,
+        folder: &str,
+        name: &str,
+        most: usize,
+    ) -> s3::Result<Option<Vec<Listed>>> {
+        let prefix = format!("{folder}/{name}");
+        let strip = format!("{prefix}/");
+        Ok(self.root.list_at_most(&prefix, most)?.map(|v| {
+            v.into_iter()
+                .map(|mut o| {
+                    o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
+                    o
+                })
+                .collect()
+        }))
+    }
+
+    /// Deletes every object of `folder/name` (the result last, so that a
+    /// listing never shows a result without its files).
+    pub fn delete_all(&self, folder: &str, name: &str, objects: &[Listed]) -> s3::Result<()> {
+        let rest: Vec<String> = objects
+            .iter()
+            .filter(|o| o.path != RESULT)
+            .map(|o| Bucket::key(folder, name, &o.path))
+            .collect();
+        let rels: Vec<&str> = rest.iter().map(String::as_str).collect();
+        self.root.delete_many(&rels)?;
+        self.root.delete(&Bucket::key(folder, name, RESULT))
+    }
+
+    /// `spool retry` of a failed bundle: copies its files back into the
+    /// inbox (its manifest last), then deletes it from `failed/`. The name
+    /// in the inbox is the failed one; a name taken there is refused.
+    pub fn retry(&self, name: &str, most: usize) -> Result<(), String> {
+        let objects = self
+            .objects(FAILED, name, most)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{FAILED}/{name} holds more than {most} objects"))?;
+        if objects.is_empty() {
+            return Err(format!("no failed bundle {name} in {}", self.label()));
+        }
+        if !objects.iter().any(|o| o.path == MANIFEST) {
+            return Err(format!(
+                "{FAILED}/{name} has no {MANIFEST}: nothing to retry; deliver the bundle again"
+            ));
+        }
+        let taken = self.objects(INBOX, name, 1).map_err(|e| e.to_string())?;
+        if taken.is_none_or(|v| !v.is_empty()) {
+            return Err(format!(
+                "the inbox already has a bundle {name}; wait until it is finished, or delete it"
+            ));
+        }
+        let mut order: Vec<&Listed> = objects.iter().filter(|o| o.path != RESULT).collect();
+        order.sort_by_key(|o| (o.path == MANIFEST, o.path == SIGNATURE));
+        order.sort_by_key(|o| match o.path.as_str() {
+            MANIFEST => 2,
+            SIGNATURE => 1,
+            _ => 0,
+        });
+        for o in order {
+            (self.root)
+                .copy_within(
+                    &Bucket::key(FAILED, name, &o.path),
+                    &Bucket::key(INBOX, name, &o.path),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        self.delete_all(FAILED, name, &objects)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Deletes results below `done/` written longer than `retention` ago
+    /// (server time): how many went.
+    pub fn expire_done(&self, retention: std::time::Duration) -> s3::Result<usize> {
+        // One listing of done/ (a thousand objects a request), grouped by
+        // bundle, rather than a request per bundle.
+        let Some(all) = self.root.list_at_most(DONE, 10_000_000)? else {
+            return Ok(0);
+        };
+        if all.is_empty() {
+            return Ok(0);
+        }
+        let mut by_name: std::collections::BTreeMap<&str, Vec<&Listed>> = Default::default();
+        for o in &all {
+            let rest = o.path.strip_prefix("done/").unwrap_or(&o.path);
+            let name = rest.split('/').next().unwrap_or(rest);
+            by_name.entry(name).or_default().push(o);
+        }
+        let now = self.root.server_now()?;
+        let mut gone = 0;
+        for (name, objects) in by_name {
+            let newest = objects.iter().map(|o| o.last_modified).max();
+            if newest.is_some_and(|t| now - t > retention) {
+                let strip = format!("{DONE}/{name}/");
+                let objects: Vec<Listed> = objects
+                    .into_iter()
+                    .map(|o| Listed {
+                        path: o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned(),
+                        ..o.clone()
+                    })
+                    .collect();
+                self.delete_all(DONE, name, &objects)?;
+                gone += 1;
+            }
+        }
+        Ok(gone)
+    }
+
+    /// `spool hold`: since when, or `None` when not held.
+    pub fn held(&self, controls: &HashMap<String, Listed>) -> Option<OffsetDateTime> {
+        controls.get(HOLD_KEY).map(|o| o.last_modified)
+    }
+
+    /// Places a hold (`spool hold`).
+    pub fn hold(&self) -> s3::Result<()> {
+        match self
+            .root
+            .put_new(HOLD_KEY, &mut &b"held\n"[..], None, "hold")
+        {
+            Ok(_) | Err(s3::Error::Exists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Lifts a hold (`spool release`).
+    pub fn release(&self) -> s3::Result<()> {
+        self.root.delete(HOLD_KEY)
+    }
+
+    /// Asks for a deferred bundle's next try now (`spool flush`).
+    pub fn flush(&self) -> s3::Result<()> {
+        match self
+            .root
+            .put_new(FLUSH_KEY, &mut &b"flush\n"[..], None, "flush")
+        {
+            Ok(_) | Err(s3::Error::Exists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes a flush request: true when there was one.
+    pub fn take_flush(&self, controls: &HashMap<String, Listed>) -> s3::Result<bool> {
+        if !controls.contains_key(FLUSH_KEY) {
+            return Ok(false);
+        }
+        self.root.delete(FLUSH_KEY)?;
+        Ok(true)
+    }
+}
+
+/// Why a bundle could not be brought into `work/`.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{0}")]
+    Bucket(s3::Error),
+    #[error("cannot write the bundle into work/: {0}")]
+    Local(std::io::Error),
+}

@@ -1,0 +1,200 @@
+//! Requests the object-store intake makes (docs/contract.md §22) beside a
+//! destination's: listing one level of "folders", reading small objects
+//! whole, streaming an object into a file while hashing it, and copying
+//! server-side. None of these writes a destination's output; the writes
+//! an intake makes (its lease, its results) go through the conditional
+//! [`S3Root::put_new`] and [`S3Root::put_replace`].
+
+use super::{ETag, Error, Listed, Result, S3Root, failure, to_time};
+use crate::fs::hashing::Hashed;
+use object_store::{GetOptions, ObjectStore as _, ObjectStoreExt as _};
+use std::io::Write;
+use time::OffsetDateTime;
+
+/// One level of a listing with `/` as the delimiter.
+#[derive(Debug, Default)]
+pub struct Level {
+    /// The names of the "folders" right below the prefix (no slash).
+    pub folders: Vec<String>,
+    /// The objects right below the prefix, keys relative to the root.
+    pub objects: Vec<Listed>,
+}
+
+/// A small object read whole.
+#[derive(Debug)]
+pub struct Small {
+    pub bytes: Vec<u8>,
+    pub etag: ETag,
+    pub last_modified: OffsetDateTime,
+}
+
+impl S3Root {
+    /// The full key of folder `rel` ("" = the root) with a trailing slash.
+    fn folder_key(&self, rel: &str) -> Option<object_store::path::Path> {
+        let joined = match (self.prefix.is_empty(), rel.is_empty()) {
+            (true, true) => return None,
+            (true, false) => rel.to_owned(),
+            (false, true) => self.prefix.clone(),
+            (false, false) => format!("{}/{rel}", self.prefix),
+        };
+        Some(super::object_path(&joined))
+    }
+
+    fn relative(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_owned()
+        } else {
+            let strip = format!("{}/", self.prefix);
+            key.strip_prefix(&strip).unwrap_or(key).to_owned()
+        }
+    }
+
+    /// The folders and objects right below `rel` (one LIST request per
+    /// thousand entries; a folder's contents are not listed).
+    pub fn list_level(&self, rel: &str) -> Result<Level> {
+        let prefix = self.folder_key(rel);
+        let listed = self.block_on(self.store.list_with_delimiter(prefix.as_ref()));
+        let listed = listed.map_err(|e| self.store_err("LIST", rel, e))?;
+        let mut level = Level::default();
+        for p in listed.common_prefixes {
+            if let Some(name) = p.filename() {
+                level.folders.push(name.to_owned());
+            }
+        }
+        for meta in listed.objects {
+            level.objects.push(Listed {
+                path: self.relative(meta.location.as_ref()),
+                size: meta.size,
+                last_modified: to_time(meta.last_modified),
+            });
+        }
+        level.folders.sort();
+        level.objects.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(level)
+    }
+
+    /// The objects below `rel` (at any depth), at most `most` of them;
+    /// `None` when there are more (the listing stops there: a prefix with
+    /// millions of objects costs one page, not millions of entries).
+    pub fn list_at_most(&self, rel: &str, most: usize) -> Result<Option<Vec<Listed>>> {
+        use futures_util::StreamExt as _;
+        let prefix = self.folder_key(rel);
+        let listed: std::result::Result<Option<Vec<Listed>>, object_store::Error> =
+            self.block_on(async {
+                let mut out = Vec::new();
+                let mut stream = self.store.list(prefix.as_ref());
+                while let Some(meta) = stream.next().await {
+                    let meta = meta?;
+                    if out.len() == most {
+                        return Ok(None);
+                    }
+                    out.push(Listed {
+                        path: self.relative(meta.location.as_ref()),
+                        size: meta.size,
+                        last_modified: to_time(meta.last_modified),
+                    });
+                }
+                Ok(Some(out))
+            });
+        let mut listed = listed.map_err(|e| self.store_err("LIST", rel, e))?;
+        if let Some(l) = &mut listed {
+            l.sort_by(|a, b| a.path.cmp(&b.path));
+        }
+        Ok(listed)
+    }
+
+    /// The bytes of `rel`, `None` when it does not exist, an error when it
+    /// holds more than `most` bytes (read no further than that).
+    pub fn get_small(&self, rel: &str, most: u64) -> Result<Option<Small>> {
+        use futures_util::StreamExt as _;
+        let key = self.key(rel);
+        type Got = (Vec<u8>, Option<String>, chrono::DateTime<chrono::Utc>);
+        let got: std::result::Result<Option<Got>, object_store::Error> =
+            self.block_on(async {
+                let r = match self.store.get_opts(&key, GetOptions::default()).await {
+                    Ok(r) => r,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let (etag, modified) = (r.meta.e_tag.clone(), r.meta.last_modified);
+                let mut bytes = Vec::new();
+                let mut stream = r.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk?;
+                    bytes.extend_from_slice(&chunk);
+                    if bytes.len() as u64 > most {
+                        break;
+                    }
+                }
+                Ok(Some((bytes, etag, modified)))
+            });
+        let Some((bytes, etag, modified)) = got.map_err(|e| self.store_err("GET", rel, e))? else {
+            return Ok(None);
+        };
+        if bytes.len() as u64 > most {
+            return Err(Error::Protocol {
+                root: self.label.clone(),
+                what: format!("{rel} holds more than {most} bytes"),
+            });
+        }
+        Ok(Some(Small {
+            bytes,
+            etag: self.etag_of(rel, etag)?,
+            last_modified: to_time(modified),
+        }))
+    }
+
+    /// Streams `rel` into `out`, hashing it in the same pass, and stops
+    /// after `most` bytes (what follows is not read). `None` when the
+    /// object does not exist. Memory stays at one chunk.
+    pub fn get_into(&self, rel: &str, out: &mut dyn Write, most: u64) -> Result<Option<Hashed>> {
+        use futures_util::StreamExt as _;
+        use sha2::Digest as _;
+        let key = self.key(rel);
+        let got: std::result::Result<Option<Hashed>, Error> = self.block_on(async {
+            let (got, answer) =
+                failure::answered(self.store.get_opts(&key, GetOptions::default())).await;
+            let r = match got {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(self.store_failed("GET", rel, &e, answer)),
+            };
+            let mut hasher = sha2::Sha256::new();
+            let mut size = 0u64;
+            let mut stream = r.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.store_failed("GET", rel, &e, None))?;
+                let room = most.saturating_sub(size);
+                let take = &chunk[..chunk.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
+                hasher.update(take);
+                size += take.len() as u64;
+                out.write_all(take).map_err(|source| Error::Read {
+                    root: self.label.clone(),
+                    key: rel.to_owned(),
+                    source,
+                })?;
+                if take.len() < chunk.len() {
+                    // One byte over says "bigger than it should be".
+                    size += 1;
+                    break;
+                }
+            }
+            Ok(Some(Hashed {
+                sha256: crate::fs::hashing::format_digest(hasher),
+                size,
+            }))
+        });
+        got
+    }
+
+    /// Copies `from` to `to` inside the bucket (server-side; `to` is
+    /// overwritten if it exists).
+    pub fn copy_within(&self, from: &str, to: &str) -> Result<()> {
+        self.check_conformance()?;
+        let (src, dst) = (self.key(from), self.key(to));
+        match self.block_on(self.store.copy(&src, &dst)) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.store_err("COPY", from, e)),
+        }
+    }
+}
