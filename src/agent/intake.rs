@@ -52,9 +52,10 @@ struct Inbox {
     waiting: HashMap<String, (intake::Shape, Instant)>,
     /// What was last logged about each name.
     told: HashMap<String, String>,
-    /// Bundles failed without being fetched, whose objects may still be
-    /// in the inbox: not looked at again while their name is there.
-    failed: std::collections::HashSet<String>,
+    /// Bundles taken from the inbox, with their manifest's version: a
+    /// listing may show them a while longer, and the same delivery is
+    /// never taken twice (a new one under that name is).
+    taken: HashMap<String, Option<crate::s3::ETag>>,
 }
 
 /// What to do with the bundle a look picked.
@@ -351,11 +352,8 @@ impl Worker {
         inbox.arrivals.remove(&probe.name);
         inbox.waiting.remove(&probe.name);
         inbox.told.remove(&probe.name);
-        if fail.is_some() {
-            // Failed without being fetched: its objects may stay in the
-            // inbox (too many to copy); not looked at again while they do.
-            inbox.failed.insert(probe.name.clone());
-        }
+        let version = probe.manifest.as_ref().map(|(etag, _)| etag.clone());
+        inbox.taken.insert(probe.name.clone(), version);
         self.take_in(bucket, &probe, fail, rx);
         Step::Processed
     }
@@ -382,17 +380,20 @@ impl Worker {
         inbox
             .told
             .retain(|n, _| n.is_empty() || present.contains(n.as_str()));
-        inbox.failed.retain(|n| present.contains(n.as_str()));
+        inbox.taken.retain(|n, _| present.contains(n.as_str()));
         let unknown: Vec<&str> = names
             .iter()
             .map(String::as_str)
-            .filter(|n| !inbox.arrivals.contains_key(*n) && !inbox.failed.contains(*n))
+            .filter(|n| !inbox.arrivals.contains_key(*n))
             .collect();
         for (name, arrival) in unknown.iter().zip(bucket.arrivals(&unknown)?) {
+            let taken = inbox.taken.get(*name);
             match arrival {
+                Some(a) if taken.is_some_and(|v| v.as_ref() == Some(&a.0)) => {}
                 Some(a) => {
                     inbox.arrivals.insert((*name).to_owned(), a);
                 }
+                None if taken.is_some() => {}
                 None => {
                     self.tell_intake(inbox, name, "waits: no manifest.json yet (upload it last)")
                 }

@@ -155,6 +155,10 @@ pub struct Held {
     /// The holder whose lapsed lease this one took over, if any.
     pub took_over: Option<Record>,
     state: Mutex<HeldState>,
+    /// Held across each request on the lease (a renewal, a check), so
+    /// that a check never compares the server's version with the one a
+    /// renewal in flight is replacing.
+    requests: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -188,7 +192,12 @@ impl Held {
                 sent: Instant::now(),
                 lost: false,
             }),
+            requests: Mutex::new(()),
         }
+    }
+
+    fn one_request(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HeldState> {
@@ -224,6 +233,7 @@ impl Held {
     /// Renews the lease (`If-Match` on the version this agent wrote last).
     /// A version not ours means another agent took over: lost for good.
     pub fn renew(&self, bucket: &S3Root) -> Result<(), RenewError> {
+        let _one = self.one_request();
         self.valid().map_err(RenewError::Lost)?;
         let (record, etag) = {
             let s = self.state();
@@ -242,6 +252,17 @@ impl Held {
                 Ok(())
             }
             Err(s3::Error::Changed { .. } | s3::Error::Exists { .. }) => {
+                // A retried request whose first try was applied meets its
+                // own write: the server has this very record.
+                if let Ok(Some((Some(now), etag, _))) = read(bucket)
+                    && now == record
+                {
+                    let mut s = self.state();
+                    s.record = record;
+                    s.etag = etag;
+                    s.sent = sent;
+                    return Ok(());
+                }
                 self.state().lost = true;
                 Err(RenewError::Lost(self.valid().expect_err("just lost")))
             }
@@ -252,6 +273,7 @@ impl Held {
     /// The check before a commit (docs/contract.md §22.3): the lease is
     /// valid here and the server still has this agent's version.
     pub fn check(&self, bucket: &S3Root) -> Result<(), Lost> {
+        let _one = self.one_request();
         self.valid()?;
         let etag = self.state().etag.clone();
         match read(bucket) {
@@ -270,6 +292,7 @@ impl Held {
     /// at once (with the next epoch): marks it released, if it is still
     /// this agent's version.
     pub fn release(&self, bucket: &S3Root) {
+        let _one = self.one_request();
         if self.valid().is_err() {
             return;
         }

@@ -415,10 +415,7 @@ impl Bucket {
 
     /// The results below `folder`: name, result object (when there is
     /// one) and when it was written.
-    pub fn results(
-        &self,
-        folder: &str,
-    ) -> s3::Result<Vec<Finished>> {
+    pub fn results(&self, folder: &str) -> s3::Result<Vec<Finished>> {
         let names = self.root.list_level(folder)?.folders;
         let keys: Vec<String> = names
             .iter()

@@ -34,6 +34,10 @@ pub const POINTS: &[&str] = &[
     "agent.recorded",
     "spool.after_result",
     "spool.after_move",
+    "intake.fetched",
+    "intake.before_fence",
+    "intake.result_written",
+    "intake.renew",
 ];
 
 /// Aborts the process here if the environment asks for it.

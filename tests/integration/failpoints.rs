@@ -396,8 +396,9 @@ pipelines:
 
 #[test]
 fn agent_crash_at_every_step_files_each_bundle_exactly_once() {
-    // Every crash point: the publication's and the spool's.
-    for &point in POINTS {
+    // Every crash point: the publication's and the spool's (an intake's
+    // are in intake.rs).
+    for &point in POINTS.iter().filter(|p| !p.starts_with("intake.")) {
         let t = Test::new();
         t.config(agent_config());
         t.mkdir("spool/p/inbox");

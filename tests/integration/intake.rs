@@ -31,8 +31,12 @@ impl Intake {
 
     /// With `extra` YAML lines added to the pipeline.
     pub fn with(extra: &str) -> Intake {
+        Intake::at(server().location("reports"), extra)
+    }
+
+    /// At `location` (its path must be `reports`).
+    pub fn at(location: S3Location, extra: &str) -> Intake {
         let t = Test::new();
-        let location = server().location("reports");
         let bucket = S3Root::open_with(&location, credentials()).expect("s3 client");
         // The bucket must exist before anyone lists it.
         bucket
@@ -43,6 +47,19 @@ impl Intake {
             location,
             bucket,
         };
+        // The hook appends the bundle each publication that changed
+        // something was made from, one line each: the order of
+        // publication, and that none is made twice.
+        let hook = i.hook();
+        i.t.write(
+            "hook.sh",
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$(sed -n 's/.*\"bundle\": *\"\\([^\"]*\\)\".*/\\1/p')\" >> {}\n",
+                i.t.join("published.log").display()
+            ),
+        );
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
         i.write_config("config.yaml", "spool", extra);
         i
     }
@@ -53,10 +70,39 @@ impl Intake {
         self.t.write(
             file,
             format!(
-                "spool: {spool}\nagent:\n  settle: 50ms\npipelines:\n  - id: p\n    intake:\n      backend: s3\n      bucket: {}\n      path: reports\n      endpoint: {endpoint}\n      lease: {LEASE}\n{extra}    destinations:\n      - id: site\n        path: site\n",
-                self.location.bucket
+                "spool: {spool}\nagent:\n  settle: 50ms\n  incomplete_timeout: 2s\n  retry_max_interval: 1s\npipelines:\n  - id: p\n    intake:\n      backend: s3\n      bucket: {}\n      path: reports\n      endpoint: {endpoint}\n      lease: {LEASE}\n{extra}    destinations:\n      - id: site\n        path: site\n        hooks:\n          after_publish: [\"{}\"]\n",
+                self.location.bucket,
+                self.hook().display()
             ),
         )
+    }
+
+    fn hook(&self) -> PathBuf {
+        self.t.join("hook.sh")
+    }
+
+    /// The bundles the hook saw published, in order.
+    pub fn published(&self) -> Vec<String> {
+        std::fs::read_to_string(self.t.join("published.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The names below `done/` (or `failed/`) in the bucket.
+    pub fn filed(&self, folder: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .objects(folder)
+            .keys()
+            .filter_map(|k| {
+                k.strip_prefix(&format!("{folder}/"))?
+                    .strip_suffix("/.distributor-result.json")
+                    .map(str::to_owned)
+            })
+            .collect();
+        names.sort();
+        names
     }
 
     /// The binary with the intake's credentials and `--config file`.
@@ -193,4 +239,276 @@ fn bundles_uploaded_to_the_intake_are_published_and_filed_in_the_bucket() {
         !i.t.spool("p", "inbox").exists(),
         "an intake pipeline makes no local inbox"
     );
+}
+
+/// `count` bundles `b000`, `b001`, …: each writes `seq/<n>.txt` and the
+/// shared `latest.txt`, created one second apart in that order (so that
+/// one published out of order would be refused as older, §22.3).
+fn backlog(i: &Intake, count: usize) -> Vec<(String, PathBuf)> {
+    (0..count)
+        .map(|n| {
+            let name = format!("b{n:03}");
+            let created = format!("2026-01-01T00:{:02}:{:02}Z", n / 60, n % 60);
+            let seq = format!("seq/{n}.txt");
+            let text = format!("{n}\n");
+            let dir = i.t.bundle_at(
+                &name,
+                &name,
+                &created,
+                &[(seq.as_str(), text.as_str()), ("latest.txt", text.as_str())],
+            );
+            (name, dir)
+        })
+        .collect()
+}
+
+/// Waits until `done/` in the bucket holds `count` results.
+#[track_caller]
+fn wait_done(i: &Intake, count: usize, agents: &[&Proc]) {
+    let done = wait_for(Duration::from_secs(180), || i.filed("done").len() >= count);
+    let logs: Vec<String> = agents.iter().map(|a| a.stderr()).collect();
+    assert!(
+        done,
+        "done/ has {:?} of {count}\n{}",
+        i.filed("done").len(),
+        logs.join("\n----\n")
+    );
+}
+
+/// The site after `count` bundles of [`backlog`]: every one's file, the
+/// last one's `latest.txt`, every record's bytes as published.
+#[track_caller]
+fn assert_site(i: &Intake, count: usize) {
+    for n in 0..count {
+        assert_eq!(
+            std::fs::read_to_string(i.t.join(&format!("site/seq/{n}.txt"))).unwrap_or_default(),
+            format!("{n}\n"),
+            "seq/{n}.txt"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/latest.txt")).unwrap(),
+        format!("{}\n", count - 1)
+    );
+    crate::util::assert_catalog_matches_disk(&i.t.join("site"));
+}
+
+#[test]
+fn three_agents_publish_a_hundred_bundles_exactly_once_in_arrival_order() {
+    let i = Intake::new();
+    for (file, spool) in [
+        ("a.yaml", "spool-a"),
+        ("b.yaml", "spool-b"),
+        ("c.yaml", "spool-c"),
+    ] {
+        i.write_config(file, spool, "");
+    }
+    let agents: Vec<Proc> = ["a.yaml", "b.yaml", "c.yaml"]
+        .iter()
+        .map(|f| i.agent(f))
+        .collect();
+    let bundles = backlog(&i, 100);
+    for (name, dir) in &bundles {
+        i.upload(name, dir);
+    }
+    wait_done(&i, 100, &agents.iter().collect::<Vec<_>>());
+    let names: Vec<String> = bundles.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(i.filed("done"), names);
+    assert!(i.filed("failed").is_empty(), "{:?}", i.filed("failed"));
+    assert_eq!(
+        i.published(),
+        names,
+        "each published once, in arrival order"
+    );
+    assert!(i.objects("inbox").is_empty());
+    assert_site(&i, 100);
+    // One agent held the lease; the others stood by.
+    let serving: Vec<usize> = (0..3)
+        .filter(|&k| {
+            agents[k]
+                .stderr()
+                .contains("pipeline=p: holds the intake lease")
+        })
+        .collect();
+    assert_eq!(
+        serving.len(),
+        1,
+        "exactly one agent served:\n{}",
+        agents
+            .iter()
+            .map(|a| a.stderr())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    );
+    for (k, a) in agents.iter().enumerate() {
+        if k != serving[0] {
+            assert!(a.stderr().contains("standing by"), "{}", a.stderr());
+        }
+    }
+}
+
+#[test]
+fn a_holder_killed_mid_publication_is_taken_over_and_nothing_is_lost_or_doubled() {
+    let i = Intake::new();
+    i.write_config("b.yaml", "spool-b", "");
+    // A crashes once its third bundle's catalog is durable, before it
+    // files that bundle in the bucket.
+    let mut a = {
+        let mut cmd = i.cmd("config.yaml");
+        cmd.env("RUST_LOG", "info")
+            .env("DISTRIBUTOR_FAILPOINT", "publish.after_catalog:3")
+            .arg("agent");
+        cmd.start()
+    };
+    assert!(wait_for(Duration::from_secs(20), || i
+        .bucket
+        .head(".distributor-lease")
+        .unwrap()
+        .is_some()));
+    let b = i.agent("b.yaml");
+    let bundles = backlog(&i, 10);
+    // The lease versions as the server stamped them, watched meanwhile.
+    let mut versions: Vec<(String, time::OffsetDateTime)> = Vec::new();
+    let mut watch = || {
+        if let Ok(Some(small)) = i.bucket.get_small(".distributor-lease", 4096) {
+            let text = String::from_utf8_lossy(&small.bytes).into_owned();
+            if versions.last().is_none_or(|(t, _)| *t != text) {
+                versions.push((text, small.last_modified));
+            }
+        }
+    };
+    for (name, dir) in &bundles {
+        i.upload(name, dir);
+    }
+    assert!(wait_for(Duration::from_secs(60), || {
+        watch();
+        !a.running()
+    }));
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            watch();
+            b.stderr().contains("took over the intake lease")
+        }),
+        "{}",
+        b.stderr()
+    );
+    wait_done(&i, 10, &[&b]);
+    let names: Vec<String> = bundles.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(i.filed("done"), names, "each filed once");
+    assert!(i.filed("failed").is_empty());
+    assert_site(&i, 10);
+    // b002 was committed by A: B's publication of it changed nothing (no
+    // hook), and every other bundle was published once, in order.
+    let mut expected = names.clone();
+    expected.retain(|n| n != "b002");
+    assert_eq!(i.published(), expected);
+    // The takeover came within the lease and one renewal of A's last
+    // renewal, as the server's clock tells (to the second).
+    let epoch = |text: &str| {
+        serde_json::from_str::<serde_json::Value>(text).unwrap()["epoch"]
+            .as_u64()
+            .unwrap()
+    };
+    let first_b = versions
+        .iter()
+        .position(|(t, _)| epoch(t) == 2)
+        .expect("B's lease version seen");
+    let last_a = &versions[first_b - 1];
+    let gap = versions[first_b].1 - last_a.1;
+    assert!(
+        gap <= time::Duration::seconds(3 + 1 + 1),
+        "taken over {gap} after A's last renewal (lease 3s, renewal every 1s)"
+    );
+}
+
+#[test]
+fn a_holder_paused_past_its_lease_publishes_nothing_more() {
+    let i = Intake::new();
+    i.write_config("b.yaml", "spool-b", "");
+    // A stops itself right before its first commit's lease check, holding
+    // the local root's lock.
+    let mut a = {
+        let mut cmd = i.cmd("config.yaml");
+        cmd.env("RUST_LOG", "info")
+            .env("DISTRIBUTOR_FAILPOINT", "intake.before_fence:1:stop")
+            .arg("agent");
+        cmd.start()
+    };
+    assert!(wait_for(Duration::from_secs(20), || i
+        .bucket
+        .head(".distributor-lease")
+        .unwrap()
+        .is_some()));
+    let bundles = backlog(&i, 2);
+    i.upload(&bundles[0].0, &bundles[0].1);
+    assert!(
+        wait_for(Duration::from_secs(30), || a.stopped()),
+        "{}",
+        a.stderr()
+    );
+    // B takes the lapsed lease over, and waits for the root A locked.
+    let b = i.agent("b.yaml");
+    i.upload(&bundles[1].0, &bundles[1].1);
+    assert!(
+        wait_for(Duration::from_secs(30), || b
+            .stderr()
+            .contains("waiting for the lock")),
+        "{}",
+        b.stderr()
+    );
+    assert!(
+        b.stderr().contains("took over the intake lease"),
+        "{}",
+        b.stderr()
+    );
+    a.signal(libc::SIGCONT);
+    assert!(
+        wait_for(Duration::from_secs(30), || a
+            .stderr()
+            .contains("not committed")),
+        "A must refuse its commit once it runs again:\n{}",
+        a.stderr()
+    );
+    wait_done(&i, 2, &[&b]);
+    a.signal(libc::SIGTERM);
+    a.finish(Duration::from_secs(30));
+    assert_eq!(i.filed("done"), ["b000", "b001"]);
+    assert!(
+        i.filed("failed").is_empty(),
+        "A files no failure for the bundle B published"
+    );
+    assert_eq!(i.published(), ["b000", "b001"]);
+    assert_site(&i, 2);
+    let result = i.result("done", "b000").unwrap();
+    assert_eq!(result["intake"]["epoch"], 2, "{result}");
+}
+
+#[test]
+fn the_intake_server_stopped_mid_backlog_defers_and_loses_nothing() {
+    let mut server = crate::seaweed::OwnServer::start("intake-outage");
+    let i = Intake::at(server.location("intake", "reports"), "");
+    let agent = i.agent("config.yaml");
+    let bundles = backlog(&i, 12);
+    for (name, dir) in &bundles[..6] {
+        i.upload(name, dir);
+    }
+    assert!(wait_for(Duration::from_secs(60), || i.filed("done").len() >= 2));
+    server.stop(libc::SIGKILL);
+    assert!(
+        wait_for(Duration::from_secs(60), || agent
+            .stderr()
+            .contains("cannot")),
+        "{}",
+        agent.stderr()
+    );
+    server.resume();
+    for (name, dir) in &bundles[6..] {
+        i.upload(name, dir);
+    }
+    wait_done(&i, 12, &[&agent]);
+    let names: Vec<String> = bundles.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(i.filed("done"), names);
+    assert!(i.filed("failed").is_empty());
+    assert_eq!(i.published(), names);
+    assert_site(&i, 12);
 }
