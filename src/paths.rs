@@ -212,6 +212,30 @@ pub fn check_id(kind: IdKind, id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the name of a bundle in an inbox: a folder of a local inbox, or
+/// the `<name>` of an intake's `<path>/inbox/<name>/` (docs/contract.md
+/// §3, §22.1). One clean path segment (§2: no `/`, `\`, control
+/// character, `.` or `..`; at most 255 bytes) that does not start with
+/// `.`, which marks staging that the agent ignores. The error text names
+/// the rule that failed and the fix.
+pub fn check_bundle_name(name: &str) -> Result<(), String> {
+    let why = match RelPath::parse(name) {
+        _ if name.contains('/') => "contains '/' (the bundle's files go below its name)",
+        Err(PathError::Empty) => "is empty",
+        Err(PathError::Backslash) => "contains a backslash",
+        Err(PathError::ControlCharacter) => "contains a NUL or control character",
+        Err(PathError::SegmentTooLong | PathError::TooLong) => "is longer than 255 bytes",
+        Err(_) => "is '.' or '..'",
+        Ok(_) if name.starts_with('.') => {
+            "starts with '.', which marks a bundle being staged: the agent ignores it"
+        }
+        Ok(_) => return Ok(()),
+    };
+    Err(format!(
+        "bundle name {name:?} {why}; a bundle name is one path segment of up to {MAX_SEGMENT_BYTES} bytes without control characters or '\\', not starting with '.'"
+    ))
+}
+
 /// True when `digest` is `sha256:` followed by 64 lowercase hex digits.
 pub fn is_sha256_digest(digest: &str) -> bool {
     digest.strip_prefix("sha256:").is_some_and(|hex| {
@@ -222,6 +246,45 @@ pub fn is_sha256_digest(digest: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bundle_names_are_one_clean_segment_not_starting_with_a_dot() {
+        for ok in [
+            "2026-06-04",
+            "r",
+            "build 4711",
+            "café",
+            "a.b",
+            "a..b",
+            &"x".repeat(255),
+        ] {
+            assert_eq!(check_bundle_name(ok), Ok(()), "{ok:?}");
+        }
+        // (name, what the message says)
+        let cases = [
+            ("", "is empty"),
+            ("a/b", "contains '/'"),
+            ("a/", "contains '/'"),
+            (".staging-1", "starts with '.'"),
+            (".distributor-x", "starts with '.'"),
+            (".", "is '.' or '..'"),
+            ("..", "is '.' or '..'"),
+            ("a\\b", "backslash"),
+            ("a\nb", "control character"),
+            ("a\0b", "control character"),
+        ];
+        for (name, says) in cases {
+            let e = check_bundle_name(name).expect_err(name);
+            assert!(e.contains(says), "{name:?}: {e}");
+            assert!(e.contains("one path segment"), "{name:?}: {e}");
+        }
+        let long = "x".repeat(256);
+        assert!(
+            check_bundle_name(&long)
+                .unwrap_err()
+                .contains("longer than 255 bytes")
+        );
+    }
 
     #[test]
     fn pages_are_html_and_htm_outputs_and_go_last() {

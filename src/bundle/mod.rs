@@ -1,13 +1,14 @@
 //! Bundles (docs/contract.md §3): the `manifest.json` model and its strict parser, the
 //! digest rule, full verification of a bundle folder against its manifest,
-//! and sealing a folder into a bundle for producers.
+//! and, for producers, sealing a folder into a bundle and uploading a
+//! bundle into an intake's inbox in a bucket.
 //!
 //! Everything on disk is reached through an open directory handle, one path
 //! segment at a time, refusing symbolic links at every step. This module must
 //! never read from anything but a regular file (a FIFO, socket or device is
 //! never opened for reading), never hold a whole bundle file in memory, and
-//! never write anything except `manifest.json` (through a reserved temporary
-//! name) when sealing. It knows nothing about spools, catalogs or
+//! never write anything on disk except `manifest.json` (through a reserved
+//! temporary name) when sealing. It knows nothing about spools, catalogs or
 //! destinations.
 
 mod error;
@@ -16,6 +17,7 @@ mod manifest;
 mod open;
 mod parse;
 mod seal;
+mod upload;
 mod verify;
 
 #[cfg(test)]
@@ -34,6 +36,7 @@ pub use parse::parse_manifest;
 #[cfg(test)]
 pub use seal::seal;
 pub use seal::{SealError, seal_report, sign};
+pub use upload::{InboxUrl, Uploaded, upload};
 pub use verify::{
     SignaturePolicy, VerifiedBundle, inspect, mismatch_problem, read_manifest, verify, verify_files,
 };

@@ -49,7 +49,11 @@ pub fn read_manifest_at(root: &Dir, dir: &Path, cap: u64) -> Result<Manifest, Bu
 
 /// The exact bytes of `manifest.json` (what a signature covers), read
 /// without following a link, at most `cap` of them.
-fn read_manifest_bytes(root: &Dir, dir: &Path, cap: u64) -> Result<Vec<u8>, BundleError> {
+pub(super) fn read_manifest_bytes(
+    root: &Dir,
+    dir: &Path,
+    cap: u64,
+) -> Result<Vec<u8>, BundleError> {
     let path = dir.join(MANIFEST);
     let unreadable = |message: String, io: Option<io::Error>| BundleError::Unreadable {
         path: path.clone(),
@@ -106,17 +110,36 @@ pub struct SignaturePolicy<'a> {
 
 /// Checks `manifest.json.sig` over `manifest` (the bytes just read) as
 /// `policy` asks: who signed, `None` for an unsigned bundle that the
-/// policy lets through. The signature file is read like the manifest (no
-/// link, no special file, at most [`MAX_SIGNATURE_BYTES`]).
+/// policy lets through.
 fn check_signature(
     root: &Dir,
     dir: &Path,
     manifest: &[u8],
     policy: SignaturePolicy<'_>,
 ) -> Result<Option<Signer>, BundleError> {
+    let signature = read_signature(root, dir)?;
+    if signature.is_none() && !policy.required {
+        return Ok(None);
+    }
+    let now = time::OffsetDateTime::now_utc();
+    crate::signature::check(
+        manifest,
+        signature.as_deref(),
+        policy.signers,
+        policy.namespace,
+        now,
+    )
+    .map(Some)
+    .map_err(BundleError::Signature)
+}
+
+/// The bytes of `manifest.json.sig`, `None` when there is none. Read like
+/// the manifest: no link, no special file, at most
+/// [`MAX_SIGNATURE_BYTES`]; anything else is refused as malformed.
+pub(super) fn read_signature(root: &Dir, dir: &Path) -> Result<Option<Vec<u8>>, BundleError> {
     let refused =
         |message: String| BundleError::Signature(SignatureRefusal::new(Reason::Malformed, message));
-    let signature = match open_file_nofollow(root, OsStr::new(SIGNATURE_FILE)) {
+    Ok(match open_file_nofollow(root, OsStr::new(SIGNATURE_FILE)) {
         Ok(file) => match read_capped(file, MAX_SIGNATURE_BYTES) {
             Ok(Ok(bytes)) => Some(bytes),
             Ok(Err(len)) => {
@@ -139,20 +162,7 @@ fn check_signature(
         }
         Err(EntryError::Raced) => return Err(refused(raced_message())),
         Err(EntryError::Io(e)) => return Err(unreadable_signature(dir, e)),
-    };
-    if signature.is_none() && !policy.required {
-        return Ok(None);
-    }
-    let now = time::OffsetDateTime::now_utc();
-    crate::signature::check(
-        manifest,
-        signature.as_deref(),
-        policy.signers,
-        policy.namespace,
-        now,
-    )
-    .map(Some)
-    .map_err(BundleError::Signature)
+    })
 }
 
 /// A signature that cannot be read: refused when the producer made it

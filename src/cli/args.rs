@@ -142,10 +142,10 @@ pub enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Producer helpers: seal and verify bundles (no config needed)
+    /// Producer helpers: seal, verify and upload bundles (no config needed)
     #[command(
         subcommand,
-        after_help = "Example:\n  distributor bundle seal /srv/inbox/reports/.staging-2026-06-04 --id reports.2026-06-04\n  distributor bundle verify /srv/inbox/reports/.staging-2026-06-04\n  mv /srv/inbox/reports/.staging-2026-06-04 /srv/inbox/reports/2026-06-04"
+        after_help = "Example:\n  distributor bundle seal /srv/inbox/reports/.staging-2026-06-04 --id reports.2026-06-04\n  distributor bundle verify /srv/inbox/reports/.staging-2026-06-04\n  mv /srv/inbox/reports/.staging-2026-06-04 /srv/inbox/reports/2026-06-04\n  distributor bundle upload ./2026-06-04 s3://intake/reports/inbox/2026-06-04"
     )]
     Bundle(BundleCommand),
     /// Configuration helpers
@@ -314,6 +314,32 @@ pub enum BundleCommand {
     Verify {
         dir: PathBuf,
         /// Also check manifest.json.sig against this allowed_signers file, as the agent would
+        #[arg(long, value_name = "FILE")]
+        signers: Option<PathBuf>,
+        /// The namespace the signature must be in: the pipeline's signatures.namespace
+        #[arg(long, value_name = "NAMESPACE", default_value = crate::signature::NAMESPACE, requires = "signers")]
+        namespace: String,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a bundle as the agent would, then upload it into an intake's inbox in a bucket, manifest.json last
+    #[command(
+        after_help = "Credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN).\nOnly the files manifest.json lists are uploaded, then manifest.json.sig, then manifest.json.\n\nExamples:\n  distributor bundle upload ./build/2026-06-04 s3://intake/reports/inbox/2026-06-04\n  distributor bundle upload ./report-1 s3://intake/reports/inbox/report-1 --endpoint http://127.0.0.1:8333 --json"
+    )]
+    Upload {
+        /// The bundle folder (holding manifest.json)
+        dir: PathBuf,
+        /// Where the bundle goes: s3://BUCKET/PATH/inbox/NAME, with PATH the intake's path and NAME the bundle's name
+        #[arg(value_name = "URL")]
+        url: String,
+        /// An S3-compatible server, such as http://127.0.0.1:8333 (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS)
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
+        /// The bucket's region (default: $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1)
+        #[arg(long)]
+        region: Option<String>,
+        /// Also check manifest.json.sig against this allowed_signers file before uploading, as the agent would
         #[arg(long, value_name = "FILE")]
         signers: Option<PathBuf>,
         /// The namespace the signature must be in: the pipeline's signatures.namespace

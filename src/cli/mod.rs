@@ -26,7 +26,7 @@ mod tests;
 
 pub use args::{BundleCommand, Cli, Command, ConfigCommand, RunArgs, SpoolCommand, TargetArgs};
 
-use producer::{seal, verify};
+use producer::{seal, upload, verify};
 use publishing::{agent, run_bundle};
 use roots::with_target;
 use spools::{spool_list, spool_retry};
@@ -185,6 +185,26 @@ pub fn run(cli: Cli) -> u8 {
             namespace,
             json,
         }) => verify(&dir, signers.as_deref(), &namespace, json, process),
+        Command::Bundle(BundleCommand::Upload {
+            dir,
+            url,
+            endpoint,
+            region,
+            signers,
+            namespace,
+            json,
+        }) => upload(
+            &dir,
+            &url,
+            &producer::Server {
+                endpoint: endpoint.as_deref(),
+                region: region.as_deref(),
+            },
+            signers.as_deref(),
+            &namespace,
+            json,
+            process,
+        ),
         Command::Config(ConfigCommand::Check { json, strict }) => {
             config_check(cli.config.as_deref(), json, strict)
         }

@@ -7,16 +7,19 @@
 //!   must not exist ([`S3Root::put_new`], the catalog's first version, intent
 //!   records), `If-Match: <etag>` for a key whose current version the caller
 //!   has seen ([`S3Root::put_replace`], [`S3Root::write_catalog`]). There is
-//!   no unconditional overwrite anywhere.
-//! - No write happens before the server has passed the conformance check
-//!   ([`conformance`]) in this process: a server that accepts the headers and
-//!   ignores them is refused with [`Error::Nonconforming`]. Where the check
+//!   no unconditional overwrite anywhere but in a producer's upload into an
+//!   inbox ([`S3Root::put_upload`]), which is no destination write.
+//! - No write but a producer's upload happens before the server has passed
+//!   the conformance check ([`conformance`]) in this process: a server that
+//!   accepts the headers and ignores them is refused with
+//!   [`Error::Nonconforming`]. Where the check
 //!   found that the server verifies `x-amz-checksum-sha256`, every output
 //!   PUT carries it ([`S3Root::output_store`]).
 //! - Every object this module writes carries its sha256 and the id of the
 //!   intent that wrote it as user metadata (`x-amz-meta-distributor-sha256`,
-//!   `x-amz-meta-distributor-intent`); ETags are only ever compared, never
-//!   taken for a digest (multipart ETags are not MD5).
+//!   `x-amz-meta-distributor-intent`; a producer's upload has no intent);
+//!   ETags are only ever compared, never taken for a digest (multipart
+//!   ETags are not MD5).
 //! - Uploads stream: memory is bounded by a few parts ([`upload::PART_SIZE`])
 //!   whatever the object's size, and the bytes are hashed in the same pass.
 //! - LIST ([`S3Root::list`]) feeds reports and clean-up only, never a commit
@@ -648,10 +651,10 @@ impl S3Root {
             self,
             rel,
             source,
-            None,
+            upload::Condition::Absent,
             sha256,
             &served,
-            intent,
+            Some(intent),
             &mut || Ok(()),
         )
     }
@@ -672,12 +675,68 @@ impl S3Root {
             self,
             rel,
             source,
-            Some(etag),
+            upload::Condition::Version(etag),
             sha256,
             &served,
-            intent,
+            Some(intent),
             &mut || Ok(()),
         )
+    }
+
+    /// Uploads `source` to `rel` over whatever is there: a producer's
+    /// upload into an intake's inbox (`distributor bundle upload`,
+    /// docs/contract.md §22.1), the one unconditional write of this module.
+    /// It is no destination write: no catalog records an inbox key and no
+    /// publisher writes one. What it may overwrite is the rest of an
+    /// earlier, interrupted upload under the same bundle name, which a
+    /// retry must replace; the caller has checked before its first upload
+    /// that the bundle's `manifest.json` is not there (the bundle was not
+    /// delivered), and puts that last with [`S3Root::put_upload_new`].
+    ///
+    /// No conformance check: it writes probe objects under the root's
+    /// parent prefix, where a producer's credentials usually may not write
+    /// (docs/producers.md, "Bucket policies"), and this upload relies on no
+    /// condition. `sha256`, when given, is checked before the object
+    /// becomes visible and stored in its metadata; there is no intent.
+    pub fn put_upload(
+        &self,
+        rel: &str,
+        source: &mut dyn Read,
+        sha256: Option<&str>,
+    ) -> Result<Written> {
+        let served = headers::HeaderRules::default().served(rel);
+        upload::put(
+            self,
+            rel,
+            source,
+            upload::Condition::Any,
+            sha256,
+            &served,
+            None,
+            &mut || Ok(()),
+        )
+    }
+
+    /// The PUT that completes a producer's upload ([`S3Root::put_upload`]):
+    /// `bytes` (a bundle's `manifest.json`) to `rel` in one request, never
+    /// a multipart upload (whose placeholder would be an empty manifest
+    /// for a moment), and only where no object is (`If-None-Match: *`;
+    /// [`Error::Exists`] otherwise). No conformance check, as for
+    /// `put_upload`: on a server that ignores the condition this is an
+    /// overwrite, which the caller's `HEAD` before its first upload
+    /// guards against.
+    pub fn put_upload_new(&self, rel: &str, bytes: Vec<u8>) -> Result<Written> {
+        let served = headers::HeaderRules::default().served(rel);
+        let sha256 = crate::fs::hashing::hash_bytes(&bytes).sha256;
+        self.block_on(upload::put_one(
+            self,
+            rel,
+            bytes,
+            sha256,
+            upload::Condition::Absent,
+            &served,
+            None,
+        ))
     }
 
     /// What the server says about `rel`, or `None` when it does not exist.

@@ -431,8 +431,16 @@ fn upload<'r: 'f, 'f>(
             window.bytes += len;
             window.flying.push(Box::pin(async move {
                 let replace = replace.as_ref();
-                let stored =
-                    super::upload::put_one(root, &path, first, sha256, replace, &served, id).await;
+                let stored = super::upload::put_one(
+                    root,
+                    &path,
+                    first,
+                    sha256,
+                    replace.into(),
+                    &served,
+                    Some(id),
+                )
+                .await;
                 (path, len, stored)
             }));
             continue;
@@ -443,10 +451,10 @@ fn upload<'r: 'f, 'f>(
             root,
             &w.path,
             &mut source,
-            replace.as_ref(),
+            replace.as_ref().into(),
             Some(&w.sha256),
             &w.served,
-            id,
+            Some(id),
             &mut || session.keep_alive(),
         );
         let stored = match stored {

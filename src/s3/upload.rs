@@ -10,6 +10,9 @@
 //! is checked exactly once, before any part is sent, and nobody else can
 //! write the key in between (it holds an object that no catalog records
 //! with a matching sha256).
+//!
+//! The one upload without a condition is a producer's into an inbox
+//! ([`Condition::Any`], [`S3Root::put_upload`]): no claim, no placeholder.
 
 use std::io::Read;
 
@@ -52,9 +55,10 @@ fn read_full(source: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// What an output's object is stored with: its response headers
-/// (`served`) and the tool's metadata.
-fn attributes(served: &Served, sha256: Option<&str>, intent: &str) -> Attributes {
+/// What an object is stored with: its response headers (`served`) and
+/// the tool's metadata (no intent for a producer's upload, which belongs
+/// to no publication).
+fn attributes(served: &Served, sha256: Option<&str>, intent: Option<&str>) -> Attributes {
     let mut a = Attributes::new();
     for (key, value) in [
         (Attribute::ContentType, &served.content_type),
@@ -65,10 +69,12 @@ fn attributes(served: &Served, sha256: Option<&str>, intent: &str) -> Attributes
             a.insert(key, value.clone().into());
         }
     }
-    a.insert(
-        Attribute::Metadata(META_INTENT.into()),
-        intent.to_owned().into(),
-    );
+    if let Some(intent) = intent {
+        a.insert(
+            Attribute::Metadata(META_INTENT.into()),
+            intent.to_owned().into(),
+        );
+    }
     if let Some(sha) = sha256 {
         a.insert(
             Attribute::Metadata(META_SHA256.into()),
@@ -78,13 +84,37 @@ fn attributes(served: &Served, sha256: Option<&str>, intent: &str) -> Attributes
     a
 }
 
-fn mode(replace: Option<&ETag>) -> PutMode {
-    match replace {
-        None => PutMode::Create,
-        Some(etag) => PutMode::Update(UpdateVersion {
+/// What a PUT asks of the object already at its key.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Condition<'a> {
+    /// That there is none (`If-None-Match: *`).
+    Absent,
+    /// That it is exactly this version (`If-Match`).
+    Version(&'a ETag),
+    /// Nothing: whatever is there is overwritten. Only a producer's upload
+    /// into an inbox asks this ([`S3Root::put_upload`]); it is no
+    /// destination write.
+    Any,
+}
+
+impl<'a> From<Option<&'a ETag>> for Condition<'a> {
+    /// A new key (`None`) or the replacement of a version.
+    fn from(replace: Option<&'a ETag>) -> Condition<'a> {
+        match replace {
+            None => Condition::Absent,
+            Some(etag) => Condition::Version(etag),
+        }
+    }
+}
+
+fn mode(condition: Condition<'_>) -> PutMode {
+    match condition {
+        Condition::Absent => PutMode::Create,
+        Condition::Version(etag) => PutMode::Update(UpdateVersion {
             e_tag: Some(etag.0.clone()),
             version: None,
         }),
+        Condition::Any => PutMode::Overwrite,
     }
 }
 
@@ -136,19 +166,18 @@ impl Read for FirstThen<'_> {
     }
 }
 
-/// One conditional PUT of an object shorter than a part whose bytes the
-/// caller has hashed (`sha256`) and checked, stored with the headers
-/// `served`: `If-None-Match: *` for a new key (`replace` None),
-/// `If-Match` otherwise. [`Error::Exists`] or [`Error::Changed`] when the
-/// condition fails.
+/// One PUT, under `condition`, of an object (shorter than a part, or
+/// one that must go up in one request) whose bytes the caller has hashed
+/// (`sha256`) and checked, stored with the headers `served`.
+/// [`Error::Exists`] or [`Error::Changed`] when the condition fails.
 pub(super) async fn put_one(
     root: &S3Root,
     rel: &str,
     bytes: Vec<u8>,
     sha256: String,
-    replace: Option<&ETag>,
+    condition: Condition<'_>,
     served: &Served,
-    intent: &str,
+    intent: Option<&str>,
 ) -> Result<Written> {
     let size = bytes.len() as u64;
     let put = root
@@ -157,7 +186,7 @@ pub(super) async fn put_one(
             &root.key(rel),
             PutPayload::from(bytes),
             PutOptions {
-                mode: mode(replace),
+                mode: mode(condition),
                 attributes: attributes(served, Some(&sha256), intent),
                 ..PutOptions::default()
             },
@@ -188,19 +217,20 @@ fn refused(root: &S3Root, rel: &str, e: object_store::Error) -> Error {
     }
 }
 
-/// The conditional upload behind `put_new` (`replace` = None) and
-/// `put_replace`, stored with the headers `served`. `tick` runs before
-/// each further part of a multipart upload (the commit protocol renews
-/// its lease there); an error from it aborts the upload.
+/// The upload behind `put_new` ([`Condition::Absent`]), `put_replace`
+/// ([`Condition::Version`]) and `put_upload` ([`Condition::Any`]),
+/// stored with the headers `served`. `tick` runs before each further
+/// part of a multipart upload (the commit protocol renews its lease
+/// there); an error from it aborts the upload.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn put(
     root: &S3Root,
     rel: &str,
     source: &mut dyn Read,
-    replace: Option<&ETag>,
+    condition: Condition<'_>,
     expected: Option<&str>,
     served: &Served,
-    intent: &str,
+    intent: Option<&str>,
     tick: &mut dyn FnMut() -> Result<()>,
 ) -> Result<Written> {
     let read_err = |source| Error::Read {
@@ -229,21 +259,24 @@ pub(super) fn put(
         // One conditional PUT: atomic, the condition checked by the server.
         let sha256 = crate::fs::hashing::format_digest(hasher);
         check(&sha256)?;
-        return root.block_on(put_one(root, rel, buf, sha256, replace, served, intent));
+        return root.block_on(put_one(root, rel, buf, sha256, condition, served, intent));
     }
     buf.resize(PART_SIZE, 0);
 
-    // Claim the key: the one conditional write of a multipart upload.
-    let claim = root.block_on(store.put_opts(
-        &key,
-        PutPayload::from_static(b""),
-        PutOptions {
-            mode: mode(replace),
-            attributes: attributes(served, None, intent),
-            ..PutOptions::default()
-        },
-    ));
-    claim.map_err(refused)?;
+    // Claim the key: the one conditional write of a multipart upload (an
+    // upload under no condition has nothing to claim).
+    if !matches!(condition, Condition::Any) {
+        let claim = root.block_on(store.put_opts(
+            &key,
+            PutPayload::from_static(b""),
+            PutOptions {
+                mode: mode(condition),
+                attributes: attributes(served, None, intent),
+                ..PutOptions::default()
+            },
+        ));
+        claim.map_err(refused)?;
+    }
 
     // The upload is driven step by step: reading the source and `tick`
     // (which may talk to the store itself) happen outside the runtime;
@@ -303,9 +336,10 @@ pub(super) fn put(
             // A claimed new key holds this upload's empty placeholder: take
             // it away again (only if it is still ours). A replaced key keeps
             // the placeholder; see docs/object-storage.md, "Large objects".
-            if replace.is_none()
+            if matches!(condition, Condition::Absent)
+                && intent.is_some()
                 && let Ok(Some(head)) = root.head(rel)
-                && head.intent.as_deref() == Some(intent)
+                && head.intent.as_deref() == intent
                 && head.size == 0
             {
                 let _ = root.block_on(root.store.delete(&key));

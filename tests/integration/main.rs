@@ -5,6 +5,7 @@ mod util;
 mod agent;
 mod batch;
 mod bundle_cmd;
+mod bundle_upload;
 mod config_cmd;
 mod crash;
 mod delivery;
