@@ -160,6 +160,9 @@ impl Worker {
         let mut inbox = Inbox::default();
         let mut held_since = None;
         let mut expired = None;
+        // Looks in a row that the bucket did not answer: the wait doubles
+        // with each, up to `retry_max_interval`.
+        let mut unanswered = 0u32;
         loop {
             if self.stopping() {
                 break;
@@ -172,12 +175,20 @@ impl Worker {
                 log::warn!("pipeline={id}: {lost}; standing by");
                 break;
             }
+            let mut wait = intake.poll_every();
             match self.intake_step(bucket, &mut inbox, &mut held_since, rx) {
-                Step::Processed => continue,
+                Step::Processed => {
+                    unanswered = 0;
+                    continue;
+                }
                 Step::Idle if self.once => break,
-                Step::Idle | Step::Unreachable => {}
+                Step::Idle => unanswered = 0,
+                Step::Unreachable => {
+                    unanswered = unanswered.saturating_add(1);
+                    wait = backoff(wait, unanswered, self.config.agent.retry_max_interval);
+                }
             }
-            match rx.recv_timeout(intake.poll_every()) {
+            match rx.recv_timeout(wait) {
                 Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => break,
                 _ => {}
             }
@@ -285,6 +296,22 @@ impl Worker {
     /// `failed/` goes: the bucket is the record of what is finished, and a
     /// bundle still in its inbox is processed again from its start.
     fn discard_leftovers(&self) {
+        // Hooks a publication on this host still owed (its agent stopped
+        // between the commit and the hook) run first: a holder that
+        // processes the bundle again finds it published and owes none.
+        if let Ok(unfiled) = self.record() {
+            let destinations = self.destinations();
+            for (name, record) in unfiled.iter().filter(|(_, r)| !r.hooks.is_empty()) {
+                log::info!(
+                    "pipeline={} bundle={}: published by the last agent on this host, which stopped before running {} hook(s) it owed; running them now",
+                    self.pipeline.id,
+                    crate::text::escape::inert(name),
+                    record.hooks.len()
+                );
+                crate::hooks::run_owed(&self.pipeline, &destinations, &record.hooks, &self.cancel);
+            }
+        }
+        let _ = std::fs::remove_file(self.spool.work.join(spool::UNFILED_FILE));
         for folder in [Folder::Work, Folder::Done, Folder::Failed] {
             let dir = self.spool.folder(folder);
             let Ok(entries) = std::fs::read_dir(dir) else {
@@ -349,10 +376,10 @@ impl Worker {
             Pick::Complete(p) => (p, None),
             Pick::Fail(p, why) => (p, Some(why)),
         };
-        inbox.arrivals.remove(&probe.name);
+        let arrival = inbox.arrivals.remove(&probe.name);
         inbox.waiting.remove(&probe.name);
         inbox.told.remove(&probe.name);
-        let version = probe.manifest.as_ref().map(|(etag, _)| etag.clone());
+        let version = (probe.manifest.as_ref().or(arrival.as_ref())).map(|(etag, _)| etag.clone());
         inbox.taken.insert(probe.name.clone(), version);
         self.take_in(bucket, &probe, fail, rx);
         Step::Processed
@@ -406,6 +433,12 @@ impl Worker {
         let signed = self.spool.signed;
         for name in order {
             let probe = bucket.probe(&name, &self.pipeline.limits, signed)?;
+            log::debug!(
+                "pipeline={} bundle={}: {:?}",
+                self.pipeline.id,
+                crate::text::escape::inert(&name),
+                probe.state
+            );
             match &probe.state {
                 State::Complete => return Ok(Some(Pick::Complete(Box::new(probe)))),
                 State::Broken(why) => {
@@ -455,8 +488,8 @@ impl Worker {
     /// and files its result in the bucket.
     fn take_in(&self, bucket: &Bucket, probe: &Probe, fail: Option<String>, rx: &Receiver<Wake>) {
         let id = &self.pipeline.id;
-        let name = &probe.name;
-        let shown = crate::text::escape::inert(name);
+        let name = &local_name(&probe.name);
+        let shown = crate::text::escape::inert(&probe.name);
         let work = self.spool.work.join(name);
         if work.exists() {
             let _ = std::fs::remove_dir_all(&work);
@@ -498,26 +531,26 @@ impl Worker {
                 return;
             }
         }
-        self.file_in_bucket(bucket, probe);
+        self.file_in_bucket(bucket, probe, name);
     }
 
     /// Files the result of the bundle just processed in the bucket: the
     /// result, a failed bundle's files beside it, then its removal from the
     /// inbox; then forgets it on this host. Nothing of it when the lease
     /// was lost meanwhile (the new holder processes it again).
-    fn file_in_bucket(&self, bucket: &Bucket, probe: &Probe) {
+    fn file_in_bucket(&self, bucket: &Bucket, probe: &Probe, local_name: &str) {
         let id = &self.pipeline.id;
         let name = &probe.name;
         let shown = crate::text::escape::inert(name);
-        let (folder, local) = if self.spool.done.join(name).is_dir() {
-            (Folder::Done, self.spool.done.join(name))
-        } else if self.spool.failed.join(name).is_dir() {
-            (Folder::Failed, self.spool.failed.join(name))
+        let (folder, local) = if self.spool.done.join(local_name).is_dir() {
+            (Folder::Done, self.spool.done.join(local_name))
+        } else if self.spool.failed.join(local_name).is_dir() {
+            (Folder::Failed, self.spool.failed.join(local_name))
         } else {
             // Left in work/ (a stop, or a spool that cannot file it): it
             // stays in the inbox, and the next holder processes it again.
             log::info!("pipeline={id} bundle={shown}: not finished; it stays in the intake");
-            let _ = std::fs::remove_dir_all(self.spool.work.join(name));
+            let _ = std::fs::remove_dir_all(self.spool.work.join(local_name));
             return;
         };
         let forget = || {
@@ -539,7 +572,7 @@ impl Worker {
             .manifest
             .as_ref()
             .map_or_else(|| crate::s3::ETag(String::new()), |(etag, _)| etag.clone());
-        let mut doc = match spool::read_result(&self.spool, folder, name) {
+        let mut doc = match spool::read_result(&self.spool, folder, local_name) {
             Ok(r) => r.doc,
             Err(e) => serde_json::json!({ "ok": folder == Folder::Done, "error": e }),
         };
@@ -589,6 +622,28 @@ impl Worker {
     }
 }
 
+/// The wait after `unanswered` looks in a row found the bucket
+/// unreachable: `poll` doubled for each, at most `most` (never less than
+/// `poll`).
+fn backoff(poll: Duration, unanswered: u32, most: Duration) -> Duration {
+    let doubled = poll.saturating_mul(1u32 << unanswered.min(16));
+    doubled.min(most).max(poll)
+}
+
+/// The name of bundle `name` in the local spool: its own when it is a
+/// valid bundle name, else one that is (it is failed for its name).
+fn local_name(name: &str) -> String {
+    match crate::paths::check_bundle_name(name) {
+        Ok(()) => name.to_owned(),
+        Err(_) => {
+            use sha2::Digest as _;
+            let digest = sha2::Sha256::digest(name.as_bytes());
+            let tag: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+            format!("invalid-name~{tag}")
+        }
+    }
+}
+
 /// How one look at the intake ended.
 enum Step {
     /// A bundle was processed: look again at once.
@@ -597,4 +652,36 @@ enum Step {
     Idle,
     /// The bucket did not answer.
     Unreachable,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_bucket_is_looked_at_less_and_less_often() {
+        let poll = Duration::from_secs(5);
+        let most = Duration::from_secs(600);
+        let table = [(1, 10), (2, 20), (3, 40), (6, 320), (7, 600), (40, 600)];
+        for (unanswered, secs) in table {
+            assert_eq!(
+                backoff(poll, unanswered, most),
+                Duration::from_secs(secs),
+                "{unanswered}"
+            );
+        }
+        // A maximum below the poll interval never makes it poll faster.
+        assert_eq!(backoff(poll, 3, Duration::from_secs(1)), poll);
+    }
+
+    #[test]
+    fn an_invalid_name_gets_a_local_name_that_is_valid() {
+        assert_eq!(local_name("report-1"), "report-1");
+        for bad in ["n".repeat(256), "a\nb".to_owned(), "..".to_owned()] {
+            let local = local_name(&bad);
+            assert!(local.starts_with("invalid-name~"), "{local}");
+            assert!(crate::paths::check_bundle_name(&local).is_ok());
+            assert_ne!(local_name(&bad), local_name("other"));
+        }
+    }
 }

@@ -102,24 +102,6 @@ pub struct Filed {
     pub written: bool,
 }
 
-/// What a bundle name in the bucket must be: a single path segment that a
-/// local spool could also hold (docs/contract.md §2, §12).
-pub fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > crate::spool::names::NAME_MAX {
-        return Err(format!(
-            "a bundle name must be 1 to {} bytes",
-            crate::spool::names::NAME_MAX
-        ));
-    }
-    if crate::paths::RelPath::parse(name).is_err() || name.contains('/') {
-        return Err(
-            "a bundle name must be one clean path segment (no control character, not . or ..)"
-                .to_owned(),
-        );
-    }
-    Ok(())
-}
-
 impl Bucket {
     /// A client for the intake (credentials from the environment).
     pub fn open(intake: &Intake) -> s3::Result<Bucket> {
@@ -195,8 +177,8 @@ impl Bucket {
             objects: Vec::new(),
             signature: (None, 0, 0),
         };
-        if let Err(why) = check_name(name) {
-            probe.state = State::Broken(format!("{why}; upload it again under a name that is"));
+        if let Err(why) = crate::paths::check_bundle_name(name) {
+            probe.state = State::Broken(why);
             return Ok(probe);
         }
         let prefix = format!("{INBOX}/{name}");

@@ -118,7 +118,8 @@ impl Intake {
     /// A live agent on `file`, logging at info.
     pub fn agent(&self, file: &str) -> Proc {
         let mut cmd = self.cmd(file);
-        cmd.env("RUST_LOG", "info").arg("agent");
+        cmd.env("RUST_LOG", "info,distributor::agent::intake=debug")
+            .arg("agent");
         let mut agent = cmd.start();
         let ready = wait_for(Duration::from_secs(20), || {
             agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
@@ -511,4 +512,97 @@ fn the_intake_server_stopped_mid_backlog_defers_and_loses_nothing() {
     assert!(i.filed("failed").is_empty());
     assert_eq!(i.published(), names);
     assert_site(&i, 12);
+}
+
+#[test]
+fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
+    let i = Intake::with("    limits:\n      max_files: 4\n");
+    let agent = i.agent("config.yaml");
+    // Bytes that are not the manifest's, at the declared size.
+    let tampered = i.t.bundle("tampered", &[("t.txt", "good\n")]);
+    std::fs::write(tampered.join("t.txt"), "evil\n").unwrap();
+    i.upload("tampered", &tampered);
+    // A manifest that lists a file never uploaded.
+    let partial = i.t.bundle(
+        "partial",
+        &[("here.txt", "here\n"), ("never.txt", "never\n")],
+    );
+    std::fs::remove_file(partial.join("never.txt")).unwrap();
+    i.upload("partial", &partial);
+    // A manifest that is no manifest, and one over the pipeline's cap.
+    i.put("inbox/garbled/manifest.json", b"{ not json");
+    i.put("inbox/huge/manifest.json", &vec![b' '; (1 << 20) + 1]);
+    // Far more objects than limits.max_files under one name.
+    for n in 0..30 {
+        i.put(&format!("inbox/swarm/f{n}"), b"x");
+    }
+    i.put("inbox/swarm/manifest.json", b"{}");
+    // A name no spool may hold.
+    let long = "n".repeat(256);
+    let named = i.t.bundle("named", &[("n.txt", "n\n")]);
+    i.upload(&long, &named);
+    // And a good bundle after all of them.
+    let good = i.t.bundle("good", &[("g.txt", "g\n")]);
+    i.upload("good", &good);
+    let failed = ["garbled", "huge", "partial", "swarm", "tampered"];
+    assert!(
+        wait_for(Duration::from_secs(90), || i.filed("failed").len()
+            >= failed.len() + 1
+            && i.filed("done").len() == 1),
+        "failed {:?}, done {:?}\n{}",
+        i.filed("failed"),
+        i.filed("done"),
+        agent.stderr()
+    );
+    assert_eq!(i.filed("done"), ["good"]);
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/g.txt")).unwrap(),
+        "g\n"
+    );
+    // The long name is cut to fit a folder entry (with a hash of it).
+    let fitted = i
+        .filed("failed")
+        .into_iter()
+        .find(|n| n.starts_with("nnn"))
+        .expect("the long name failed");
+    assert!(fitted.len() <= 255 && fitted.contains('~'), "{fitted}");
+    let mut expected: Vec<String> = failed.iter().map(|s| s.to_string()).collect();
+    expected.push(fitted.clone());
+    expected.sort();
+    assert_eq!(i.filed("failed"), expected);
+    let error = |name: &str| i.result("failed", name).unwrap()["error"].to_string();
+    assert!(error("tampered").contains("t.txt"), "{}", error("tampered"));
+    assert!(
+        error("partial").contains("never.txt"),
+        "{}",
+        error("partial")
+    );
+    assert!(
+        error("partial").contains("still incomplete"),
+        "{}",
+        error("partial")
+    );
+    assert!(
+        error("garbled").contains("manifest.json"),
+        "{}",
+        error("garbled")
+    );
+    assert!(error("huge").contains("more than"), "{}", error("huge"));
+    assert!(
+        error("swarm").contains("more than 20 objects"),
+        "{}",
+        error("swarm")
+    );
+    assert!(
+        error(&fitted).contains("longer than 255 bytes"),
+        "{}",
+        error(&fitted)
+    );
+    // A failed bundle's files are kept beside its result.
+    assert!(
+        i.objects("failed/tampered")
+            .contains_key("failed/tampered/t.txt")
+    );
+    // None of them left anything in the site but the good bundle's.
+    assert_eq!(crate::util::tree(&i.t.join("site")).files(), ["g.txt"]);
 }
