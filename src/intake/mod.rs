@@ -415,10 +415,7 @@ impl Bucket {
 
     /// The results below `folder`: name, result object (when there is
     /// one) and when it was written.
-    pub fn results(
-        &self,
-        folder: &str,
-    ) -> s3::Result<Vec<Finished>> {
+    pub fn results(&self, folder: &str) -> s3::Result<Vec<Finished>> {
         let names = self.root.list_level(folder)?.folders;
         let keys: Vec<String> = names
             .iter()
@@ -435,6 +432,24 @@ impl Bucket {
                 at: when,
             });
         }
+        Ok(out)
+    }
+
+    /// The names below `folder` that have a result, each with when it was
+    /// written, oldest first: one LIST per thousand objects and no GET
+    /// (`done/` can hold a week of bundles), for `spool list` and `status`.
+    pub fn filed(&self, folder: &str) -> s3::Result<Vec<(String, OffsetDateTime)>> {
+        let all = self.root.list_at_most(folder, usize::MAX)?;
+        let (strip, tail) = (format!("{folder}/"), format!("/{RESULT}"));
+        let mut out: Vec<(String, OffsetDateTime)> = all
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|o| {
+                let name = o.path.strip_prefix(&strip)?.strip_suffix(&tail)?;
+                (!name.contains('/')).then(|| (name.to_owned(), o.last_modified))
+            })
+            .collect();
+        out.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
         Ok(out)
     }
 

@@ -109,25 +109,24 @@ impl S3Root {
         use futures_util::StreamExt as _;
         let key = self.key(rel);
         type Got = (Vec<u8>, Option<String>, chrono::DateTime<chrono::Utc>);
-        let got: std::result::Result<Option<Got>, object_store::Error> =
-            self.block_on(async {
-                let r = match self.store.get_opts(&key, GetOptions::default()).await {
-                    Ok(r) => r,
-                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                    Err(e) => return Err(e),
-                };
-                let (etag, modified) = (r.meta.e_tag.clone(), r.meta.last_modified);
-                let mut bytes = Vec::new();
-                let mut stream = r.into_stream();
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk?;
-                    bytes.extend_from_slice(&chunk);
-                    if bytes.len() as u64 > most {
-                        break;
-                    }
+        let got: std::result::Result<Option<Got>, object_store::Error> = self.block_on(async {
+            let r = match self.store.get_opts(&key, GetOptions::default()).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let (etag, modified) = (r.meta.e_tag.clone(), r.meta.last_modified);
+            let mut bytes = Vec::new();
+            let mut stream = r.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                bytes.extend_from_slice(&chunk);
+                if bytes.len() as u64 > most {
+                    break;
                 }
-                Ok(Some((bytes, etag, modified)))
-            });
+            }
+            Ok(Some((bytes, etag, modified)))
+        });
         let Some((bytes, etag, modified)) = got.map_err(|e| self.store_err("GET", rel, e))? else {
             return Ok(None);
         };

@@ -15,6 +15,7 @@ mod gfm_spec;
 mod hostile;
 mod hostile3;
 mod intake;
+mod intake_cli;
 mod lab;
 mod maintain;
 mod manpage;
