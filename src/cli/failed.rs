@@ -41,6 +41,9 @@ pub(super) fn retry_all(
     let p = config
         .pipeline(pipeline)
         .expect("spool_of found the pipeline");
+    if let Some(intake) = &p.intake {
+        return super::intake::retry_all(p, intake);
+    }
     let rows = spool::list(&spool, &[Folder::Failed]).map_err(|e| {
         Error::Failed(format!(
             "cannot list {}: {e}",
@@ -154,24 +157,32 @@ pub(super) fn rolls_back(
 
 /// `spool show P NAME`: the result of a failed or done bundle.
 pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) -> Outcome {
-    let (_, spool) = spool_of(flag, pipeline, true)?;
-    // In failed/, also a link or file that stood in for a bundle when it
-    // was claimed (its result is the agent's own copy).
-    let found = [Folder::Failed, Folder::Done].into_iter().find(|&f| {
-        let path = spool.folder(f).join(name);
-        !name.contains('/')
-            && !name.starts_with('.')
-            && (spool::is_real_folder(&path)
-                || (f == Folder::Failed && std::fs::symlink_metadata(&path).is_ok()))
-    });
-    let Some(folder) = found else {
-        return Err(Error::Usage(format!(
-            "no failed or done bundle {:?} in pipeline {pipeline}; list them with `distributor spool list --pipeline {pipeline}`",
-            inert(name)
-        )));
+    let (config, spool) = spool_of(flag, pipeline, true)?;
+    let p = config
+        .pipeline(pipeline)
+        .expect("spool_of found the pipeline");
+    let (folder, path, result) = match &p.intake {
+        Some(intake) => super::intake::result(p, intake, name)?,
+        None => {
+            // In failed/, also a link or file that stood in for a bundle
+            // when it was claimed (its result is the agent's own copy).
+            let found = [Folder::Failed, Folder::Done].into_iter().find(|&f| {
+                let path = spool.folder(f).join(name);
+                !name.contains('/')
+                    && !name.starts_with('.')
+                    && (spool::is_real_folder(&path)
+                        || (f == Folder::Failed && std::fs::symlink_metadata(&path).is_ok()))
+            });
+            let Some(folder) = found else {
+                return Err(Error::Usage(format!(
+                    "no failed or done bundle {:?} in pipeline {pipeline}; list them with `distributor spool list --pipeline {pipeline}`",
+                    inert(name)
+                )));
+            };
+            let path = spool.folder(folder).join(name).display().to_string();
+            (folder, path, spool::read_result(&spool, folder, name))
+        }
     };
-    let path = spool.folder(folder).join(name);
-    let result = spool::read_result(&spool, folder, name);
     // A failed bundle's result is the agent's own copy; the bundle's copy,
     // which its producer can change, is only ever shown marked unverified.
     let unverified = result.as_ref().is_ok_and(|r| r.unverified);
@@ -181,7 +192,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
                 "pipeline_id": pipeline,
                 "spool": folder.as_str(),
                 "name": name,
-                "path": path.display().to_string(),
+                "path": path,
                 "result": null,
                 "unverified_result": r.doc,
                 "error": spool::UNVERIFIED,
@@ -190,7 +201,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
                 "pipeline_id": pipeline,
                 "spool": folder.as_str(),
                 "name": name,
-                "path": path.display().to_string(),
+                "path": path,
                 "result": result.as_ref().ok().map(|r| &r.doc),
                 "error": result.as_ref().err(),
             }),
@@ -198,11 +209,7 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return told_unless(result.is_ok() && !unverified);
     }
-    println!(
-        "bundle {} in {}",
-        inert(name),
-        inert(&path.display().to_string())
-    );
+    println!("bundle {} in {}", inert(name), inert(&path));
     let doc = match result {
         Ok(r) => r.doc,
         Err(why) => {
@@ -275,7 +282,12 @@ pub(super) fn show(flag: Option<&Path>, pipeline: &str, name: &str, json: bool) 
 
 /// `spool delete P NAME`: removes a failed bundle.
 pub(super) fn delete(flag: Option<&Path>, pipeline: &str, name: &str) -> Outcome {
-    let (_, spool) = spool_of(flag, pipeline, false)?;
+    let (config, spool) = spool_of(flag, pipeline, false)?;
+    if let Some(p) = config.pipeline(pipeline)
+        && let Some(intake) = &p.intake
+    {
+        return super::intake::delete(p, intake, name);
+    }
     let removed = spool::delete(&spool, name)?;
     println!(
         "removed {} ({} file{}, {} bytes)",

@@ -13,6 +13,7 @@ mod args;
 mod docs;
 mod error;
 mod failed;
+mod intake;
 mod output;
 mod producer;
 mod publishing;
@@ -276,7 +277,8 @@ fn config_check(flag: Option<&Path>, json: bool, strict: bool) -> Outcome {
             .map(|p| {
                 serde_json::json!({
                     "id": p.id,
-                    "inbox": p.inbox.display().to_string(),
+                    "inbox": p.intake.is_none().then(|| p.inbox.display().to_string()),
+                    "intake": intake::config_json(p),
                     "signatures": p.signatures.as_ref().map(|s| s.to_json()),
                     "destinations": p.destinations.iter().map(|d| d.to_json()).collect::<Vec<_>>(),
                 })

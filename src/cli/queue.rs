@@ -1,7 +1,8 @@
 //! `spool flush [P]`, `spool hold P` and `spool release P`: the operator's
 //! say over a pipeline's queue (docs/contract.md §18.4, §18.5). Each writes
 //! or removes a small file in the pipeline's spool folder that the agent
-//! looks at ([`crate::spool::queue`]).
+//! looks at ([`crate::spool::queue`]); on an intake pipeline, an object in
+//! its bucket (super::intake).
 
 use super::{Error, Outcome, config_or_usage, told_unless};
 use crate::agent::presence;
@@ -48,6 +49,10 @@ pub(super) fn flush(flag: Option<&Path>, pipeline: Option<&str>) -> Outcome {
     // Each pipeline's error is told as it comes; the others go on.
     let mut ok = true;
     for p in pipelines {
+        if let Some(intake) = &p.intake {
+            ok &= super::intake::flush(&config, p, intake);
+            continue;
+        }
         let spool = Spool::of(&config, p);
         let folder = spool.pipeline_folder();
         match presence::read(folder) {
@@ -123,6 +128,9 @@ fn taken(folder: &Path) -> bool {
 /// `spool hold P`.
 pub(super) fn hold(flag: Option<&Path>, pipeline: &str) -> Outcome {
     let (p, spool) = one(flag, pipeline)?;
+    if let Some(intake) = &p.intake {
+        return super::intake::hold(&p, intake);
+    }
     let folder = spool.pipeline_folder();
     let before = queue::hold(folder).ok().flatten();
     let h = queue::put_hold(folder, OffsetDateTime::now_utc()).map_err(|e| {
@@ -150,6 +158,9 @@ pub(super) fn hold(flag: Option<&Path>, pipeline: &str) -> Outcome {
 /// `spool release P`.
 pub(super) fn release(flag: Option<&Path>, pipeline: &str) -> Outcome {
     let (p, spool) = one(flag, pipeline)?;
+    if let Some(intake) = &p.intake {
+        return super::intake::release(&p, intake);
+    }
     let folder = spool.pipeline_folder().to_owned();
     let was = queue::hold(&folder).ok().flatten();
     let released = queue::release(&folder).map_err(|e| {

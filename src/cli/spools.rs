@@ -28,6 +28,10 @@ pub(super) fn spool_list(
         .iter()
         .filter(|p| pipeline.is_none_or(|id| id == p.id))
     {
+        if let Some(intake) = &p.intake {
+            rows.extend(super::intake::list(&config, p, intake, folders).map_err(Error::Failed)?);
+            continue;
+        }
         let spool = Spool::of(&config, p);
         match spool::list(&spool, folders) {
             Ok(r) => rows.extend(r),
@@ -109,6 +113,9 @@ pub(super) fn spool_retry(
             config.file.display()
         )));
     };
+    if let Some(intake) = &p.intake {
+        return super::intake::retry(p, intake, name, allow_older);
+    }
     let spool = Spool::of(&config, p);
     if !allow_older
         && let Some(refusal) = super::failed::rolls_back(&config, p, &spool, name, process)

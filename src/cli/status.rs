@@ -7,6 +7,9 @@
 //! records them, so a success whose `done/` entry expired after
 //! `done_retention` no longer shows, and a failed bundle retried or deleted
 //! no longer counts as the last failure.
+//!
+//! An intake pipeline's inbox, `done/`, `failed/`, hold and lease are read
+//! from its bucket (super::intake), each request tried once.
 
 use super::output::{human_age, human_time};
 use super::{Outcome, access, config_for_reading, told_unless};
@@ -27,7 +30,14 @@ pub(super) fn status(flag: Option<&Path>, json: bool, check: bool) -> Outcome {
     let mut errors = Vec::new();
     for p in &config.pipelines {
         match pipeline_status(&config, p, now, &mut problems) {
-            Ok(doc) => pipelines.push(doc),
+            Ok(doc) => {
+                // An intake that cannot be read, told like a spool that
+                // cannot be (the rest of the pipeline is still shown).
+                if let Some(e) = doc["intake"]["error"].as_str() {
+                    errors.push(e.to_owned());
+                }
+                pipelines.push(doc);
+            }
             Err(e) => {
                 problems.push(format!("pipeline {}: {e}", p.id));
                 errors.push(e);
@@ -113,13 +123,31 @@ fn pipeline_status(
     problems: &mut Vec<String>,
 ) -> Result<Value, String> {
     let spool = Spool::of(config, p);
-    let folders = [Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed];
-    let rows = match spool::list(&spool, &folders) {
+    // An intake pipeline's inbox, done/ and failed/ are in its bucket, and
+    // its work/ is this host's (docs/contract.md §22.4).
+    let folders: &[Folder] = match p.intake {
+        Some(_) => &[Folder::Work],
+        None => &[Folder::Inbox, Folder::Work, Folder::Done, Folder::Failed],
+    };
+    let mut rows = match spool::list(&spool, folders) {
         Ok(rows) => rows,
         Err(e) => match producers_inbox(&spool, &e) {
             Some(inbox) => return Ok(producer_status(p, &spool, &inbox, now, problems)),
-            None => return Err(unreadable(&spool, &folders, &e)),
+            None => return Err(unreadable(&spool, folders, &e)),
         },
+    };
+    let bucket = p
+        .intake
+        .as_ref()
+        .map(|i| super::intake::status(config, p, i, now, problems));
+    if let Some(b) = &bucket {
+        rows.extend(b.rows.iter().cloned());
+    }
+    // Where a bundle of a folder is, for the problems.
+    let place = |f: Folder, name: &str| match &p.intake {
+        Some(i) => super::intake::place(i, f, name),
+        None if name.is_empty() => spool.folder(f).display().to_string(),
+        None => spool.folder(f).join(name).display().to_string(),
     };
     let pipeline_dir = p.spool_dir(config);
     let agent = presence::read(&pipeline_dir).map_err(|e| {
@@ -151,7 +179,9 @@ fn pipeline_status(
     let last_failure = in_folder(Folder::Failed).next_back();
     let last_success = in_folder(Folder::Done).next_back();
 
-    if !agent.running {
+    // An intake is served by whichever agent holds its lease (its
+    // problem, when none does, is told with the bucket's).
+    if !agent.running && bucket.is_none() {
         problems.push(format!(
             "pipeline {}: no agent serves it (start it: systemctl start distributor)",
             p.id
@@ -162,7 +192,7 @@ fn pipeline_status(
         problems.push(format!(
             "pipeline {}: {failed} bundle(s) in {} (newest: {}); see `distributor spool list --failed --pipeline {}`",
             p.id,
-            spool.failed.display(),
+            place(Folder::Failed, ""),
             inert(last_failure.map_or("", |r| r.name.as_str())),
             p.id
         ));
@@ -192,6 +222,8 @@ fn pipeline_status(
     // let them go (docs/troubleshooting.md).
     let unfiled = match spool::unfiled(&spool) {
         Ok(unfiled) => unfiled,
+        // A host where no agent served the intake yet has no work/.
+        Err(_) if p.intake.is_some() && !spool.work.exists() => Default::default(),
         Err(e) => {
             problems.push(format!(
                 "pipeline {}: cannot read {} ({e}); the agent sets a damaged one aside at its next publication. Until then a crash could publish bundles it names again",
@@ -222,17 +254,21 @@ fn pipeline_status(
             ));
         }
     }
-    let hold = spool::queue::hold(spool.pipeline_folder())
-        .map_err(|e| format!("cannot read the hold of pipeline {}: {e}", p.id))?;
+    let hold = match &bucket {
+        Some(b) => b.hold.clone(),
+        None => spool::queue::hold(spool.pipeline_folder())
+            .map_err(|e| format!("cannot read the hold of pipeline {}: {e}", p.id))?,
+    };
     if let Some(h) = &hold {
         problems.push(format!(
             "pipeline {}: held since {} (nothing new is claimed); `distributor spool release {}` resumes it",
             p.id, h.since, p.id
         ));
     }
-    let signature_refusals = match p.signatures {
-        Some(_) => signature_refusals(&spool, in_folder(Folder::Failed)),
-        None => BTreeMap::new(),
+    let signature_refusals = match (&p.signatures, &bucket) {
+        (None, _) => BTreeMap::new(),
+        (Some(_), Some(b)) => count_refusals(b.failed.iter().filter_map(|(_, doc)| doc.as_ref())),
+        (Some(_), None) => signature_refusals(&spool, in_folder(Folder::Failed)),
     };
     let limit = config.agent.incomplete_timeout;
     for r in in_folder(Folder::Inbox) {
@@ -241,7 +277,7 @@ fn pipeline_status(
             problems.push(format!(
                 "pipeline {}: {} has waited in the inbox for {} (longer than agent.incomplete_timeout {}); see `distributor spool list --inbox --pipeline {}`",
                 p.id,
-                inert(&spool.inbox.join(&r.name).display().to_string()),
+                inert(&place(Folder::Inbox, &r.name)),
                 human_age(age.unwrap_or(0)),
                 crate::config::format_duration(limit),
                 p.id
@@ -249,7 +285,7 @@ fn pipeline_status(
         }
     }
 
-    Ok(json!({
+    let mut doc = json!({
         "pipeline_id": p.id,
         "agent": agent,
         "inbox": count(Folder::Inbox),
@@ -281,7 +317,17 @@ fn pipeline_status(
         },
         "destinations": p.destinations.iter().map(|d| destination_json(&p.id, d)).collect::<Vec<_>>(),
         "signature_refusals": signature_refusals,
-    }))
+    });
+    if let Some(b) = bucket {
+        if b.error.is_some() {
+            // Not known: the bucket did not answer.
+            for key in ["inbox", "done", "failed"] {
+                doc[key] = Value::Null;
+            }
+        }
+        doc["intake"] = b.doc;
+    }
+    Ok(doc)
 }
 
 /// The inbox as its producer sees it, when the one asking is a producer
@@ -414,16 +460,36 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             .map(human_age)
             .unwrap_or_default()
     };
+    // An intake's counts are unknown when its bucket did not answer.
+    let count = |key: &str| match &p[key] {
+        Value::Null => "?".to_owned(),
+        n => n.to_string(),
+    };
     println!(
         "pipeline {}: inbox {}  work {}  done {}  failed {}",
         p["pipeline_id"].as_str().unwrap_or_default(),
-        p["inbox"],
-        p["work"],
-        p["done"],
-        p["failed"]
+        count("inbox"),
+        count("work"),
+        count("done"),
+        count("failed")
     );
+    // An intake is served by the agent holding its lease, on any host.
+    let intake = p["intake"].is_object();
+    if intake {
+        super::intake::print_status(p);
+    }
+    let label = if intake {
+        "agent on this host"
+    } else {
+        "agent"
+    };
     let agent = &p["agent"];
-    if agent["running"].as_bool() == Some(true) {
+    if agent["running"].as_bool() == Some(true) && intake {
+        println!(
+            "  {label}: running (pid {})",
+            agent["pid"].as_u64().unwrap_or_default()
+        );
+    } else if agent["running"].as_bool() == Some(true) {
         let pid = agent["pid"]
             .as_u64()
             .map_or_else(|| "unknown pid".to_owned(), |n| format!("pid {n}"));
@@ -433,7 +499,7 @@ fn print_text(p: &Value, now: OffsetDateTime) {
             .unwrap_or_default();
         println!("  agent: serving ({pid}{since})");
     } else {
-        println!("  agent: none serving this pipeline");
+        println!("  {label}: none serving this pipeline");
     }
     match p["last_success"].as_object() {
         Some(s) => println!(
@@ -595,11 +661,19 @@ fn signature_refusals<'r>(
     spool: &Spool,
     failed: impl Iterator<Item = &'r SpoolEntry>,
 ) -> BTreeMap<String, u64> {
+    let kept: Vec<Value> = failed
+        .filter_map(|r| spool::read_result(spool, Folder::Failed, &r.name).ok())
+        .filter(|result| !result.unverified)
+        .map(|result| result.doc)
+        .collect();
+    count_refusals(kept.iter())
+}
+
+/// Results refused for their signature, by reason.
+fn count_refusals<'d>(results: impl Iterator<Item = &'d Value>) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
-    for r in failed {
-        if let Ok(result) = spool::read_result(spool, Folder::Failed, &r.name)
-            && !result.unverified
-            && let Some(reason) = result.doc["signature_refused"].as_str()
+    for doc in results {
+        if let Some(reason) = doc["signature_refused"].as_str()
             && crate::signature::Reason::parse(reason).is_some()
         {
             *counts.entry(reason.to_owned()).or_default() += 1;

@@ -163,7 +163,28 @@ impl Config {
         let _ = writeln!(s, "pipelines: {}", self.pipelines.len());
         for p in &self.pipelines {
             let _ = writeln!(s, "  pipeline {}", p.id);
-            let _ = writeln!(s, "    inbox: {}", p.inbox.display());
+            match &p.intake {
+                Some(i) => {
+                    let l = &i.location;
+                    let _ = writeln!(
+                        s,
+                        "    intake: s3 bucket {}, path {}, endpoint {}, region {}, lease {} (producers upload to {}inbox/<bundle>/)",
+                        l.bucket,
+                        if l.path.is_empty() { "(none)" } else { &l.path },
+                        l.endpoint.as_deref().unwrap_or("(none; AWS S3)"),
+                        l.region,
+                        format_duration(i.lease),
+                        if l.path.is_empty() {
+                            String::new()
+                        } else {
+                            format!("{}/", l.path)
+                        }
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "    inbox: {}", p.inbox.display());
+                }
+            }
             if p.limits != self.limits {
                 let _ = writeln!(s, "    limits: {}", limits(&p.limits));
             }

@@ -417,6 +417,24 @@ impl Bucket {
         Ok(out)
     }
 
+    /// The names below `folder` that have a result, each with when it was
+    /// written, oldest first: one LIST per thousand objects and no GET
+    /// (`done/` can hold a week of bundles), for `spool list` and `status`.
+    pub fn filed(&self, folder: &str) -> s3::Result<Vec<(String, OffsetDateTime)>> {
+        let all = self.root.list_at_most(folder, usize::MAX)?;
+        let (strip, tail) = (format!("{folder}/"), format!("/{RESULT}"));
+        let mut out: Vec<(String, OffsetDateTime)> = all
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|o| {
+                let name = o.path.strip_prefix(&strip)?.strip_suffix(&tail)?;
+                (!name.contains('/')).then(|| (name.to_owned(), o.last_modified))
+            })
+            .collect();
+        out.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        Ok(out)
+    }
+
     /// The result of `folder/name`, if there is one.
     pub fn result(&self, folder: &str, name: &str) -> s3::Result<Option<serde_json::Value>> {
         let got = self

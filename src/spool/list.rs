@@ -30,6 +30,10 @@ pub struct SpoolEntry {
     /// since when, the last error and the next try.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deferred: Option<super::queue::Deferral>,
+    /// Entries of an intake pipeline that are in its bucket
+    /// (docs/contract.md §22.4): `s3://bucket/path`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
 }
 
 /// Lists the entries of `folders`, oldest first. Inbox entries carry their
@@ -107,6 +111,7 @@ pub fn list(spool: &Spool, folders: &[Folder]) -> io::Result<Vec<SpoolEntry>> {
                     state: None,
                     reason: None,
                     deferred: deferral.clone().filter(|d| d.bundle == entry_name),
+                    bucket: None,
                 },
             ));
         }
@@ -184,6 +189,7 @@ fn list_inbox(spool: &Spool) -> io::Result<Vec<SpoolEntry>> {
                         state: Some(state),
                         reason: Some(reason),
                         deferred: None,
+                        bucket: None,
                     },
                 )
             })

@@ -29,7 +29,7 @@ pub use expire::{
 pub use inbox::{
     INCOMPLETE_POLL, Probe, ProbeKind, Timing, Unchanged, Verdict, Waiting, probe_inbox_again,
 };
-pub use list::{FailedError, SpoolEntry, UNVERIFIED, delete, list, read_result, retry};
+pub use list::{FailedError, ResultDoc, SpoolEntry, UNVERIFIED, delete, list, read_result, retry};
 
 /// Result document written inside a finished bundle.
 pub const RESULT_FILE: &str = ".distributor-result.json";

@@ -16,6 +16,7 @@ mod gfm_spec;
 mod hostile;
 mod hostile3;
 mod intake;
+mod intake_cli;
 mod lab;
 mod maintain;
 mod manpage;
