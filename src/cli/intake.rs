@@ -87,7 +87,7 @@ fn failed(p: &Pipeline, intake: &Intake) -> impl Fn(s3::Error) -> Error {
 /// Whether `name` may be a bundle of the bucket; else the usage error, as
 /// for a local spool.
 fn check_name(name: &str, listing: &str) -> Result<(), Error> {
-    if crate::intake::check_name(name).is_err() || spool::is_ignored_name(name) {
+    if crate::paths::check_bundle_name(name).is_err() {
         return Err(Error::Usage(format!(
             "{:?} is not a bundle name; use a name shown by `distributor spool list {listing}`",
             inert(name)
@@ -323,7 +323,7 @@ pub(super) fn result(
             p.id
         ))
     };
-    if crate::intake::check_name(name).is_err() || spool::is_ignored_name(name) {
+    if crate::paths::check_bundle_name(name).is_err() {
         return Err(unknown());
     }
     let bucket = open(p, intake, false).map_err(Error::Failed)?;

@@ -498,7 +498,6 @@ impl Bucket {
             ));
         }
         let mut order: Vec<&Listed> = objects.iter().filter(|o| o.path != RESULT).collect();
-        order.sort_by_key(|o| (o.path == MANIFEST, o.path == SIGNATURE));
         order.sort_by_key(|o| match o.path.as_str() {
             MANIFEST => 2,
             SIGNATURE => 1,
