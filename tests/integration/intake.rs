@@ -546,7 +546,8 @@ fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     i.upload("good", &good);
     let failed = ["garbled", "huge", "partial", "swarm", "tampered"];
     assert!(
-        wait_for(Duration::from_secs(90), || i.filed("failed").len() > failed.len()
+        wait_for(Duration::from_secs(90), || i.filed("failed").len()
+            > failed.len()
             && i.filed("done").len() == 1),
         "failed {:?}, done {:?}\n{}",
         i.filed("failed"),
@@ -604,4 +605,106 @@ fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     );
     // None of them left anything in the site but the good bundle's.
     assert_eq!(crate::util::tree(&i.t.join("site")).files(), ["g.txt"]);
+}
+
+#[test]
+fn a_signed_intake_takes_bundles_uploaded_with_bundle_upload_and_refuses_others() {
+    let i = Intake::with("    signatures:\n      allowed_signers: signers\n");
+    let key = crate::signatures::keygen(&i.t, "alice", &["ed25519"], "");
+    i.t.write("signers", format!("alice {}\n", key.public));
+    let signed = i.t.bundle("signed", &[("s.txt", "signed\n")]);
+    crate::signatures::ssh_sign(&key.private, &signed.join("manifest.json"), "distributor");
+    let unsigned = i.t.bundle("unsigned", &[("u.txt", "unsigned\n")]);
+    // The producer's side: the bundle command uploads in the right order.
+    let endpoint = i.location.endpoint.clone().unwrap();
+    for (name, dir) in [("signed", &signed), ("unsigned", &unsigned)] {
+        let url = format!("s3://{}/reports/inbox/{name}", i.location.bucket);
+        i.cmd("config.yaml")
+            .args(["bundle", "upload"])
+            .arg(dir)
+            .args([url.as_str(), "--endpoint", endpoint.as_str()])
+            .output()
+            .expect_code(0);
+    }
+    let agent = i.agent("config.yaml");
+    // Published as its signer; the unsigned one waits for a signature,
+    // then fails after incomplete_timeout.
+    assert!(
+        wait_for(Duration::from_secs(60), || i.filed("done") == ["signed"]
+            && i.filed("failed") == ["unsigned"]),
+        "done {:?} failed {:?}\n{}",
+        i.filed("done"),
+        i.filed("failed"),
+        agent.stderr()
+    );
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/s.txt")).unwrap(),
+        "signed\n"
+    );
+    assert!(!i.t.join("site/u.txt").exists());
+    let done = i.result("done", "signed").unwrap();
+    assert_eq!(done["signer"]["principal"], "alice", "{done}");
+    let failed = i.result("failed", "unsigned").unwrap();
+    assert!(
+        failed["error"].to_string().contains("manifest.json.sig"),
+        "{failed}"
+    );
+}
+
+#[test]
+fn a_crash_between_the_result_and_the_inbox_removal_files_nothing_twice() {
+    // The second bundle's result is written (a failed one for `bad`),
+    // then the holder dies before the inbox objects go.
+    for (point, bad) in [
+        ("intake.result_written:2", false),
+        ("intake.result_written:1", true),
+    ] {
+        let i = Intake::new();
+        let one = i.t.bundle("one", &[("one.txt", "1\n")]);
+        let two = i.t.bundle("two", &[("two.txt", "2\n")]);
+        if bad {
+            std::fs::write(one.join("one.txt"), "X\n").unwrap();
+        }
+        i.upload("one", &one);
+        i.upload("two", &two);
+        let mut cmd = i.cmd("config.yaml");
+        let crashed = cmd
+            .env("DISTRIBUTOR_FAILPOINT", point)
+            .args(["agent", "--once"])
+            .output();
+        assert_ne!(
+            crashed.code, 0,
+            "{point}: the failpoint fired\n{}",
+            crashed.stderr
+        );
+        // The next agent (a released lease is not; it waits out the lease).
+        i.once().expect_code(if bad { 1 } else { 0 });
+        let (done, failed): (&[&str], &[&str]) = if bad {
+            (&["two"], &["one"])
+        } else {
+            (&["one", "two"], &[])
+        };
+        assert_eq!(i.filed("done"), done, "{point}");
+        assert_eq!(i.filed("failed"), failed, "{point}");
+        assert!(
+            i.objects("inbox").is_empty(),
+            "{point}: {:?}",
+            i.objects("inbox")
+        );
+        if bad {
+            // Its files once beside its result, not twice.
+            assert_eq!(
+                i.objects("failed/one")
+                    .keys()
+                    .filter(|k| k.ends_with("one.txt"))
+                    .count(),
+                1
+            );
+        }
+        assert_eq!(
+            i.published(),
+            ["one", "two"][usize::from(bad)..].to_vec(),
+            "{point}"
+        );
+    }
 }
