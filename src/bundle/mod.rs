@@ -19,6 +19,8 @@ mod seal;
 mod verify;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
 
 pub use error::{BundleError, Problem};

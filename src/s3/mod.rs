@@ -27,6 +27,8 @@
 
 pub mod conformance;
 pub mod failure;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod headers;
 mod intent;
 pub mod protocol;
