@@ -34,3 +34,6 @@ mod scope;
 pub mod signature;
 mod spool;
 mod text;
+
+#[cfg(test)]
+mod fuzzing;

@@ -244,6 +244,9 @@ pub fn is_sha256_digest(digest: &str) -> bool {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -21,6 +21,8 @@ mod upload;
 mod verify;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
 
 pub use error::{BundleError, Problem};

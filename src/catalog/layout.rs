@@ -41,7 +41,11 @@ pub(super) fn read(bytes: &[u8], texts: bool) -> Option<(Catalog, Spans)> {
 
 /// [`read`], its records read in `parts` (or as many as [`parts_for`]
 /// their size).
-fn read_in_parts(bytes: &[u8], texts: bool, parts: Option<usize>) -> Option<(Catalog, Spans)> {
+pub(super) fn read_in_parts(
+    bytes: &[u8],
+    texts: bool,
+    parts: Option<usize>,
+) -> Option<(Catalog, Spans)> {
     let mut times = Times::default();
     let mut laid = Laid::new(bytes, 0, &mut times);
     let head = Document::<RecordsAt>::deserialize(&mut laid).ok()?;

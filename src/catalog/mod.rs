@@ -75,4 +75,6 @@ pub mod rfc3339 {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 pub(crate) mod tests;

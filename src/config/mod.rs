@@ -27,6 +27,8 @@ mod values;
 mod yaml;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
 
 pub use error::{ConfigError, Place};

@@ -29,7 +29,7 @@ fn with_destination(dest: &str) -> String {
     )
 }
 
-const SPEC_EXAMPLE: &str = r#"
+pub(super) const SPEC_EXAMPLE: &str = r#"
 spool: /var/spool/distributor      # default; per-pipeline spools live under it
 agent:
   settle: 250ms

@@ -280,7 +280,13 @@ impl Writer {
                 self.block_start(out);
                 match info {
                     CodeBlockKind::Fenced(info) => {
-                        let lang = info.split(' ').next().unwrap_or_default();
+                        // The first word, cut at any ASCII white space as
+                        // CommonMark does: a browser splits the class
+                        // there, so a tab would add a class of its own.
+                        let lang = info
+                            .split(|c: char| c.is_ascii_whitespace())
+                            .next()
+                            .unwrap_or_default();
                         if lang.is_empty() {
                             self.raw(out, "<pre><code>");
                         } else {

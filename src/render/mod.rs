@@ -78,6 +78,8 @@ mod sanitize;
 mod tags;
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
 
 /// What to render and how.

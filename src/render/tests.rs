@@ -1358,3 +1358,28 @@ mod parts {
         }
     }
 }
+
+/// Found by fuzzing (docs/reliability.md): a fenced code block's info
+/// string was cut at the first space only, so ```` ```rust<TAB>anchor ````
+/// gave `<code class="language-rust<TAB>anchor">`, two classes to a
+/// browser (which splits classes at any ASCII white space): markdown could
+/// put any class of the site's stylesheet or scripts on an element, in
+/// every mode, outside the sanitizer's allowlist. The language is now the
+/// info string's first word, cut as CommonMark and cmark-gfm cut it.
+#[test]
+fn a_code_blocks_language_is_one_class() {
+    for info in ["rust\tanchor", "rust\u{c}anchor", "rust anchor", "rust"] {
+        let markdown = format!("```{info}\nfn main() {{}}\n```\n");
+        for page in [
+            render(&markdown),
+            render_allow(&markdown),
+            render_sanitized(&markdown),
+        ] {
+            assert_eq!(
+                body(&page),
+                "<pre><code class=\"language-rust\">fn main() {}\n</code></pre>\n",
+                "{info:?}"
+            );
+        }
+    }
+}

@@ -31,6 +31,8 @@
 pub mod bucket;
 pub mod conformance;
 pub mod failure;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod headers;
 mod intent;
 pub mod protocol;

@@ -351,4 +351,6 @@ pub fn sign(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use time::macros::datetime;
 
 /// `ssh-keygen -t ed25519 -N '' -C test-one`.
-const ED_PRIVATE: &str = "-----BEGIN OPENSSH PRIVATE KEY-----
+pub(super) const ED_PRIVATE: &str = "-----BEGIN OPENSSH PRIVATE KEY-----
 b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW
 QyNTUxOQAAACAjio6OiS6+5mYd5XNKapBZVa2Pi1Te6/eDePlZMOg+qQAAAJDZedo42Xna
 OAAAAAtzc2gtZWQyNTUxOQAAACAjio6OiS6+5mYd5XNKapBZVa2Pi1Te6/eDePlZMOg+qQ
@@ -14,13 +14,14 @@ AAAECxtwrTcAD2SQoyqhIH8bta2e6GU0aYVz0CiywnwcjxdCOKjo6JLr7mZh3lc0pqkFlV
 rY+LVN7r94N4+Vkw6D6pAAAACHRlc3Qtb25lAQIDBAU=
 -----END OPENSSH PRIVATE KEY-----
 ";
-const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICOKjo6JLr7mZh3lc0pqkFlVrY+LVN7r94N4+Vkw6D6p";
+pub(super) const ED: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICOKjo6JLr7mZh3lc0pqkFlVrY+LVN7r94N4+Vkw6D6p";
 /// Another key (`ssh-keygen -t ecdsa -b 256`), never the signer here.
-const OTHER: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBMbCXbkzW7pkV1z2ikamiDKn/DwkWiutGuG8WVFDtMxy5DVzwOdU0yVpXmjMIuWR1smbTcj+0YWJ4XzA0itxAsA=";
+pub(super) const OTHER: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBMbCXbkzW7pkV1z2ikamiDKn/DwkWiutGuG8WVFDtMxy5DVzwOdU0yVpXmjMIuWR1smbTcj+0YWJ4XzA0itxAsA=";
 
-const MANIFEST: &[u8] = b"{\"m\":1}\n";
+pub(super) const MANIFEST: &[u8] = b"{\"m\":1}\n";
 /// `ssh-keygen -Y sign -f <ED_PRIVATE> -n distributor` over [`MANIFEST`].
-const BY_SSH_KEYGEN: &str = "-----BEGIN SSH SIGNATURE-----
+pub(super) const BY_SSH_KEYGEN: &str = "-----BEGIN SSH SIGNATURE-----
 U1NIU0lHAAAAAQAAADMAAAALc3NoLWVkMjU1MTkAAAAgI4qOjokuvuZmHeVzSmqQWVWtj4
 tU3uv3g3j5WTDoPqkAAAALZGlzdHJpYnV0b3IAAAAAAAAABnNoYTUxMgAAAFMAAAALc3No
 LWVkMjU1MTkAAABAeW9K3Bt0hjbl3PQ4LukLgb9oxpkr5kCcc5vOA//pp6ovMtxfwBEn5Q
@@ -28,7 +29,7 @@ A0cgl58z6Z8GloctgOzeG+SA895F/GBg==
 -----END SSH SIGNATURE-----
 ";
 
-const NOW: OffsetDateTime = datetime!(2026-12-02 12:00 UTC);
+pub(super) const NOW: OffsetDateTime = datetime!(2026-12-02 12:00 UTC);
 
 fn signers(text: &str) -> AllowedSigners {
     AllowedSigners::parse(text).unwrap()
