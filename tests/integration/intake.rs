@@ -120,15 +120,22 @@ impl Intake {
         let mut cmd = self.cmd(file);
         cmd.env("RUST_LOG", "info,distributor::agent::intake=debug")
             .arg("agent");
-        let mut agent = cmd.start();
-        let ready = wait_for(Duration::from_secs(20), || {
-            agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
-        });
-        assert!(
-            ready && agent.running(),
-            "the agent did not come up:\n{}",
-            agent.stderr()
-        );
+        crate::util::started_agent(&mut cmd)
+    }
+
+    /// A live agent on `config.yaml` with the crash point `failpoint`,
+    /// once it holds the lease.
+    pub fn agent_failing(&self, failpoint: &str) -> Proc {
+        let mut cmd = self.cmd("config.yaml");
+        cmd.env("RUST_LOG", "info")
+            .env("DISTRIBUTOR_FAILPOINT", failpoint)
+            .arg("agent");
+        let agent = crate::util::started_agent(&mut cmd);
+        assert!(wait_for(Duration::from_secs(20), || self
+            .bucket
+            .head(".distributor-lease")
+            .unwrap()
+            .is_some()));
         agent
     }
 
@@ -354,18 +361,7 @@ fn a_holder_killed_mid_publication_is_taken_over_and_nothing_is_lost_or_doubled(
     i.write_config("b.yaml", "spool-b", "");
     // A crashes once its third bundle's catalog is durable, before it
     // files that bundle in the bucket.
-    let mut a = {
-        let mut cmd = i.cmd("config.yaml");
-        cmd.env("RUST_LOG", "info")
-            .env("DISTRIBUTOR_FAILPOINT", "publish.after_catalog:3")
-            .arg("agent");
-        cmd.start()
-    };
-    assert!(wait_for(Duration::from_secs(20), || i
-        .bucket
-        .head(".distributor-lease")
-        .unwrap()
-        .is_some()));
+    let mut a = i.agent_failing("publish.after_catalog:3");
     let b = i.agent("b.yaml");
     let bundles = backlog(&i, 10);
     // The lease versions as the server stamped them, watched meanwhile.
@@ -428,18 +424,7 @@ fn a_holder_paused_past_its_lease_publishes_nothing_more() {
     i.write_config("b.yaml", "spool-b", "");
     // A stops itself right before its first commit's lease check, holding
     // the local root's lock.
-    let mut a = {
-        let mut cmd = i.cmd("config.yaml");
-        cmd.env("RUST_LOG", "info")
-            .env("DISTRIBUTOR_FAILPOINT", "intake.before_fence:1:stop")
-            .arg("agent");
-        cmd.start()
-    };
-    assert!(wait_for(Duration::from_secs(20), || i
-        .bucket
-        .head(".distributor-lease")
-        .unwrap()
-        .is_some()));
+    let mut a = i.agent_failing("intake.before_fence:1:stop");
     let bundles = backlog(&i, 2);
     i.upload(&bundles[0].0, &bundles[0].1);
     assert!(

@@ -212,16 +212,7 @@ impl Test {
             .arg("--config")
             .arg(config)
             .arg("agent");
-        let mut agent = cmd.start();
-        let ready = wait_for(Duration::from_secs(20), || {
-            agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
-        });
-        assert!(
-            ready && agent.running(),
-            "the agent did not come up:\n{}",
-            agent.stderr()
-        );
-        agent
+        started_agent(&mut cmd)
     }
 
     /// `spool/<pipeline>/<folder>`.
@@ -594,6 +585,23 @@ impl Rng {
         out.truncate(len);
         out
     }
+}
+
+/// Starts `cmd` (an `agent` command) and waits until it handles SIGTERM,
+/// SIGINT and SIGHUP (a signal sent earlier would kill it with the
+/// default action).
+#[track_caller]
+pub fn started_agent(cmd: &mut TestCommand) -> Proc {
+    let mut agent = cmd.start();
+    let ready = wait_for(Duration::from_secs(20), || {
+        agent.catches(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP]) || !agent.running()
+    });
+    assert!(
+        ready && agent.running(),
+        "the agent did not come up:\n{}",
+        agent.stderr()
+    );
+    agent
 }
 
 /// What a finished command produced.
