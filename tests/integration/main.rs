@@ -7,6 +7,7 @@ mod batch;
 mod bundle_cmd;
 mod config_cmd;
 mod crash;
+mod crash_states;
 mod delivery;
 mod disk_full;
 mod failed_spool;
