@@ -126,6 +126,10 @@ pub fn parse(text: &str) -> Result<Vec<Call>, String> {
             let Some(head) = pending.remove(&tid) else {
                 return Err(format!("resumed call never started: {line}"));
             };
+            if tail.contains("<unfinished ...>") {
+                // Its process exited in the call: it never completed.
+                continue;
+            }
             format!("{head}{tail}")
         } else {
             rest.to_owned()
