@@ -22,8 +22,8 @@ status=0
 DISTRIBUTOR_CRASH_STATES="${DISTRIBUTOR_CRASH_STATES:-full}" \
   cargo test --quiet --test integration "crash_states::scenarios::${1:-}" -- \
   --test-threads="${THREADS:-2}" --nocapture >"$log" 2>&1 || status=$?
-grep -E '^crash-states ' "$log" | sort || true
-awk '/^crash-states / {
+grep -oE "crash-states [a-z0-9-]+: .*" "$log" | sort || true
+awk '/crash-states [a-z0-9-]+: / {
   for (i = 1; i <= NF; i++) {
     if ($(i + 1) ~ /^distinct/) d += $i
     if ($(i + 1) ~ /^checked/) c += $i

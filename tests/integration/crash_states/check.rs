@@ -6,7 +6,7 @@
 
 use super::Listing;
 use super::model::Shown;
-use crate::util::{is_reserved, sha256};
+use crate::util::{is_reserved, records, sha256};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -101,17 +101,6 @@ pub fn catalog(v: &Listing) -> Result<Option<Value>, String> {
             .map_err(|e| format!("the catalog is not JSON ({e})")),
         Some(other) => Err(format!("the catalog is {}", super::model::brief(other))),
     }
-}
-
-fn records(catalog: &Value) -> BTreeMap<String, Value> {
-    catalog["outputs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|r| (r["path"].as_str().unwrap_or_default().to_owned(), r.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// A settled root, after a restart: no journal and no temporary file,

@@ -10,14 +10,16 @@
 //! (bench/crash-states).
 
 pub mod check;
+mod lazyfs;
 pub mod model;
 mod scenarios;
 pub mod trace;
 
-use crate::util::{BIN, Output, Test};
+use crate::util::{BIN, Output, Test, wait_output};
 use model::{Bounds, Image, Shown};
 use std::collections::{BTreeMap, HashSet};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 pub type Listing = BTreeMap<String, Shown>;
@@ -88,9 +90,10 @@ pub fn bounds() -> Bounds {
     }
 }
 
-fn command(s: &Scenario, args: &[String]) -> Command {
+/// The binary run in `dir` with the scenario's config and environment.
+pub fn command_in(s: &Scenario, dir: &Path, args: &[String]) -> Command {
     let mut cmd = Command::new(BIN);
-    cmd.current_dir(s.t.path())
+    cmd.current_dir(dir)
         .env_remove("DISTRIBUTOR_CONFIG")
         .env_remove("DISTRIBUTOR_FAILPOINT")
         .env("RUST_LOG", "warn")
@@ -102,19 +105,21 @@ fn command(s: &Scenario, args: &[String]) -> Command {
     cmd
 }
 
-fn run(s: &Scenario, args: &[String]) -> Output {
-    let mut cmd = s.t.cmd();
-    cmd.args(["--config", "config.yaml"]).args(args);
-    for (k, v) in &s.env {
-        cmd.env(k, v);
-    }
-    cmd.output()
+fn run_in(s: &Scenario, dir: &Path, args: &[String]) -> Output {
+    let child = command_in(s, dir, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn distributor");
+    wait_output(child, &args.join(" "))
 }
 
-fn listing(s: &Scenario) -> Listing {
-    Image::read(&model::canonical(s.t.path()))
+/// What the folder `dir` holds.
+pub fn listing_of(s: &Scenario, dir: &Path) -> Listing {
+    Image::read(dir)
         .and_then(|i| i.listing().map_err(std::io::Error::other))
-        .unwrap_or_else(|e| panic!("{}: cannot read the test folder: {e}", s.name))
+        .unwrap_or_else(|e| panic!("{}: cannot read {}: {e}", s.name, dir.display()))
 }
 
 /// Paths outside `changes` that differ from the initial tree.
@@ -155,7 +160,7 @@ pub fn record(s: &Scenario) -> Recorded {
     let initial = initial_image.listing().expect("initial listing");
     let scratch = tempfile::tempdir().expect("scratch folder");
     let record = scratch.path().join("strace.txt");
-    let code = trace::record(&mut command(s, &s.command), &record);
+    let code = trace::record(&mut command_in(s, &root, &s.command), &record);
     drop(s.held.borrow_mut().take());
     let text = std::fs::read_to_string(&record).expect("read the record");
     if let Ok(keep) = std::env::var("DISTRIBUTOR_CRASH_STATES_RECORDS") {
@@ -174,7 +179,7 @@ pub fn record(s: &Scenario) -> Recorded {
     let calls = trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", s.name));
     let m = model::from_calls(&root, initial_image, &calls, model::umask())
         .unwrap_or_else(|e| panic!("{}: {e}", s.name));
-    let reference = listing(s);
+    let reference = listing_of(s, &root);
     // The model must end where the command did, or its states mean nothing.
     let modelled = m.last().listing().expect("final listing");
     if let Some(d) = model::differ(&modelled, &reference) {
@@ -193,6 +198,16 @@ pub fn record(s: &Scenario) -> Recorded {
 /// Records the scenario's command, explores its crash states within
 /// `bounds`, and reports.
 pub fn explore(s: &Scenario, bounds: &Bounds) -> Report {
+    explore_with(s, bounds.max_states, |m| m.crashes(bounds))
+}
+
+/// Records the scenario's command, checks at most `max_states` of the
+/// distinct crash states `pick` makes of its model, and reports.
+pub fn explore_with(
+    s: &Scenario,
+    max_states: usize,
+    pick: impl Fn(&model::Model) -> Vec<model::Crash>,
+) -> Report {
     let start = Instant::now();
     let root = model::canonical(s.t.path());
     let Recorded {
@@ -205,25 +220,27 @@ pub fn explore(s: &Scenario, bounds: &Bounds) -> Report {
         points: m.points().len(),
         ..Report::default()
     };
-    let crashes = m.crashes(bounds);
+    let crashes = pick(&m);
     report.enumerated = crashes.len();
+    // Only the crash is kept of each distinct state: its tree is built
+    // again when checked (trees of large publications take megabytes).
     let mut seen = HashSet::new();
     let mut distinct = Vec::new();
     for crash in crashes {
-        let image = m.build(&crash);
-        let digest = image
+        let digest = m
+            .build(&crash)
             .digest()
             .unwrap_or_else(|e| panic!("{}: {}: {e}", s.name, crash.label));
         if seen.insert(digest) {
-            distinct.push((crash, image));
+            distinct.push(crash);
         }
     }
     report.distinct = distinct.len();
-    let picked = model::spread(distinct.len(), bounds.max_states);
-    for i in picked {
-        let (crash, image) = &distinct[i];
+    for i in model::spread(distinct.len(), max_states) {
+        let crash = &distinct[i];
         report.checked += 1;
-        let mut found = check_state(s, &root, image, &initial, &reference);
+        let image = m.build(crash);
+        let mut found = check_state(s, &root, &image, &initial, &reference);
         if !found.is_empty() {
             found.truncate(5);
             report.violations.push(format!(
@@ -253,7 +270,7 @@ pub fn explore(s: &Scenario, bounds: &Bounds) -> Report {
 /// what it leaves; returns the violations.
 fn check_state(
     s: &Scenario,
-    root: &std::path::Path,
+    root: &Path,
     image: &Image,
     initial: &Listing,
     reference: &Listing,
@@ -262,16 +279,28 @@ fn check_state(
         .write(root)
         .unwrap_or_else(|e| panic!("{}: cannot write a crash state: {e}", s.name));
     let state = image.listing().expect("state listing");
-    let mut found = untouched(s, initial, &state);
+    restart_and_check(s, root, initial, reference, &state)
+}
+
+/// Checks the crash state `state` that folder `dir` holds, runs the
+/// restart on it twice and checks what it leaves; returns the violations.
+pub fn restart_and_check(
+    s: &Scenario,
+    dir: &Path,
+    initial: &Listing,
+    reference: &Listing,
+    state: &Listing,
+) -> Vec<String> {
+    let mut found = untouched(s, initial, state);
     found.extend((s.check)(&Ctx {
         initial,
         reference,
-        state: &state,
+        state,
         after: None,
     }));
     let restart = |found: &mut Vec<String>| {
         for (args, codes) in &s.restart {
-            let out = run(s, args);
+            let out = run_in(s, dir, args);
             if !codes.contains(&out.code) {
                 found.push(format!(
                     "the restart's `{}` exited {}:\n{}",
@@ -283,17 +312,17 @@ fn check_state(
         }
     };
     restart(&mut found);
-    let after = listing(s);
+    let after = listing_of(s, dir);
     found.extend(untouched(s, initial, &after));
     found.extend((s.check)(&Ctx {
         initial,
         reference,
-        state: &state,
+        state,
         after: Some(&after),
     }));
     // The restart converged: running it again changes nothing.
     restart(&mut found);
-    let again = listing(s);
+    let again = listing_of(s, dir);
     let lasting = |l: &Listing| -> Listing {
         l.iter()
             .filter(|(p, _)| !p.ends_with(PRESENCE))

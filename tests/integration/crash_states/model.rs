@@ -364,6 +364,20 @@ impl Model {
         out
     }
 
+    /// What a SIGKILL after each operation leaves: every operation before
+    /// it, whole (no power cut, nothing lost).
+    pub fn kills(&self) -> Vec<Crash> {
+        (0..=self.ops.len())
+            .map(|at| Crash {
+                at,
+                kept: (0..at).collect(),
+                cut: Cut::All,
+                cuts: vec![],
+                label: format!("killed after op {at}"),
+            })
+            .collect()
+    }
+
     /// The entry operations a crash keeps: the durable ones and what they
     /// build on, then the chosen pending ones whose dependencies are kept.
     pub fn kept_entries(&self, crash: &Crash) -> Vec<bool> {
@@ -414,9 +428,12 @@ impl Model {
                 .iter()
                 .find(|(i, _)| i == ino)
                 .map_or(crash.cut, |(_, c)| *c);
+            let ops: Vec<usize> = ops.iter().copied().filter(|&i| i < at).collect();
+            if ops.is_empty() {
+                continue;
+            }
             let mut data: Vec<u8> = image.data[*ino].as_ref().clone();
             let mut mode = image.nodes[*ino].mode;
-            let ops: Vec<usize> = ops.iter().copied().filter(|&i| i < at).collect();
             let pending_bytes: u64 = ops
                 .iter()
                 .filter(|&&i| self.durable_at[i] >= at)

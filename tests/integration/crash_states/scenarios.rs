@@ -253,6 +253,10 @@ fn spool_checks(c: &Ctx, placed: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
 /// failed/.
 #[test]
 fn agent_once_claims_publishes_and_files() {
+    assert_no_violation(agent_once());
+}
+
+fn agent_once() -> Scenario {
     let t = Test::on_tmpfs();
     t.config(&config(
         "additive",
@@ -289,7 +293,7 @@ fn agent_once_claims_publishes_and_files() {
         3,
     );
     let roots = root_checks("root", &["unmanaged.txt"]);
-    assert_no_violation(Scenario {
+    Scenario {
         name: "agent-once",
         t,
         command: strings(&["agent", "--once"]),
@@ -303,7 +307,7 @@ fn agent_once_claims_publishes_and_files() {
             found
         }),
         held: Default::default(),
-    });
+    }
 }
 
 /// `agent --once` on a fresh spool and a root that does not exist yet,
@@ -341,6 +345,24 @@ fn fresh_agent() -> Scenario {
 #[test]
 fn agent_once_on_a_fresh_spool_and_root() {
     assert_no_violation(fresh_agent());
+}
+
+/// The scenarios the LazyFS check runs ([`super::lazyfs`]): all but the
+/// tree of 1,000 files (long) and the deferral (it holds a lock on its
+/// own test folder).
+pub fn for_lazyfs() -> Vec<Scenario> {
+    vec![
+        run_scenario("run-new-root", "additive", BARRIER, true),
+        run_scenario("run-additive", "additive", FILE_BY_FILE, false),
+        run_scenario("run-replacement-barrier", "replacement", BARRIER, false),
+        run_scenario("run-replacement-fsync", "replacement", FILE_BY_FILE, false),
+        agent_once(),
+        fresh_agent(),
+        prune(),
+        reconcile(),
+        conversion(),
+        switch(),
+    ]
 }
 
 /// Regression: the agent created `work/`, `done/` and `failed/` and
@@ -438,6 +460,10 @@ fn read_outputs(l: &super::Listing) -> std::collections::BTreeMap<String, std::s
 /// the outputs of the two older ones.
 #[test]
 fn prune_apply() {
+    assert_no_violation(prune());
+}
+
+fn prune() -> Scenario {
     let t = Test::on_tmpfs();
     t.config(&config(
         "additive",
@@ -453,7 +479,7 @@ fn prune_apply() {
     t.write("root/s1/planted.txt", "the operator's\n");
     age(&t, "root");
     let prune = strings(&["prune", "--pipeline", "p", "--destination", "d", "--apply"]);
-    assert_no_violation(Scenario {
+    Scenario {
         name: "prune-apply",
         t,
         command: prune.clone(),
@@ -463,7 +489,7 @@ fn prune_apply() {
         changes: vec!["root"],
         check: Box::new(root_checks("root", &["s1/planted.txt"])),
         held: Default::default(),
-    });
+    }
 }
 
 /// Sets every record's `updated_at` far in the past.
@@ -482,6 +508,10 @@ fn age(t: &Test, root: &str) {
 /// their records.
 #[test]
 fn reconcile_state() {
+    assert_no_violation(reconcile());
+}
+
+fn reconcile() -> Scenario {
     let t = Test::on_tmpfs();
     t.config(&config("additive", "", ""));
     t.bundle_at(
@@ -495,7 +525,7 @@ fn reconcile_state() {
     fs::remove_file(t.join("root/sub/b.txt")).unwrap();
     t.write("root/unmanaged.txt", "the operator's\n");
     let reconcile = strings(&["reconcile-state", "--pipeline", "p", "--destination", "d"]);
-    assert_no_violation(Scenario {
+    Scenario {
         name: "reconcile-state",
         t,
         command: reconcile.clone(),
@@ -505,7 +535,7 @@ fn reconcile_state() {
         changes: vec!["root"],
         check: Box::new(root_checks("root", &["unmanaged.txt"])),
         held: Default::default(),
-    });
+    }
 }
 
 /// The checks of a release root: in a crash state, the link shows one
@@ -562,6 +592,10 @@ const RELEASES: &str = "        releases: 3\n";
 /// and the folder is exchanged for the link (`RENAME_EXCHANGE`).
 #[test]
 fn releases_conversion() {
+    assert_no_violation(conversion());
+}
+
+fn conversion() -> Scenario {
     let t = Test::on_tmpfs();
     t.config(&config("additive", "", ""));
     first(&t);
@@ -573,12 +607,16 @@ fn releases_conversion() {
         "2026-06-02T00:00:00Z",
         &[("report.md", "# Two\n"), ("keep.txt", "changed\n")],
     );
-    assert_no_violation(release_scenario("releases-conversion", t));
+    release_scenario("releases-conversion", t)
 }
 
 /// A fourth release switched in, retention deleting the oldest.
 #[test]
 fn releases_switch_and_retention() {
+    assert_no_violation(switch());
+}
+
+fn switch() -> Scenario {
     let t = Test::on_tmpfs();
     t.config(&config("additive", RELEASES, ""));
     for v in 1..=3 {
@@ -603,5 +641,22 @@ fn releases_switch_and_retention() {
             ("b/new.md", "# New\n"),
         ],
     );
-    assert_no_violation(release_scenario("releases-switch", t));
+    release_scenario("releases-switch", t)
+}
+
+/// Regression: retention deleted an old release file by file under its
+/// own name, the catalog in any order among them, so a process killed
+/// meanwhile (or a power cut keeping some of the deletions) left a
+/// release with a name, listed and a rollback target, holding part of
+/// its files and perhaps no catalog; nothing removed it. Killed after any
+/// operation of the publication, nothing is left half.
+#[test]
+fn a_release_retention_killed_at_any_instant_leaves_no_half_release() {
+    let report = super::explore_with(&switch(), usize::MAX, |m| m.kills());
+    assert!(report.checked > 0);
+    assert!(
+        report.violations.is_empty(),
+        "{}",
+        report.violations.join("\n")
+    );
 }
