@@ -16,7 +16,7 @@ use super::{Listing, Scenario, command_in, listing_of, restart_and_check};
 use crate::util::{DEADLINE, signal, stopped, wait_for};
 use distributor::runtime::failpoint::POINTS;
 use std::fs;
-use std::io::Read;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -29,7 +29,9 @@ struct Mount {
     _dir: tempfile::TempDir,
     mnt: PathBuf,
     faults: PathBuf,
-    done: PathBuf,
+    /// LazyFS's FIFO of completion messages, which it opens once, when it
+    /// starts, and writes a line to after each command.
+    done: std::sync::Mutex<std::io::BufReader<fs::File>>,
     child: Child,
 }
 
@@ -63,40 +65,44 @@ impl Mount {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let mut mount = Mount {
+        // LazyFS makes the FIFO, then opens it, which waits for a reader.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            wait_for(Duration::from_secs(20), || done.exists());
+            let _ = tx.send(fs::File::open(done));
+        });
+        let mut child = child;
+        let mounted = wait_for(Duration::from_secs(20), || {
+            fs::read_to_string("/proc/self/mounts")
+                .is_ok_and(|m| m.contains(&format!(" {} fuse", mnt.display())))
+                || child.try_wait().ok().flatten().is_some()
+        });
+        let done = rx.recv_timeout(Duration::from_secs(20));
+        let (true, None, Ok(Ok(done))) = (mounted, child.try_wait().ok().flatten(), done) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("LazyFS did not mount (is /dev/fuse usable here?)".into());
+        };
+        Ok(Mount {
             _dir: dir,
             mnt,
             faults,
-            done,
+            done: std::sync::Mutex::new(std::io::BufReader::new(done)),
             child,
-        };
-        let mounted = wait_for(Duration::from_secs(20), || {
-            fs::read_to_string("/proc/self/mounts")
-                .is_ok_and(|m| m.contains(&format!(" {} fuse", mount.mnt.display())))
-                || mount.child.try_wait().ok().flatten().is_some()
-        });
-        if !mounted || mount.child.try_wait().ok().flatten().is_some() {
-            return Err("LazyFS did not mount (is /dev/fuse usable here?)".into());
-        }
-        Ok(mount)
+        })
     }
 
     /// Sends `command` to LazyFS and waits for its completion message.
     fn fault(&self, command: &str) {
-        let done = self.done.clone();
-        let reader = std::thread::spawn(move || {
-            let mut text = String::new();
-            fs::File::open(done)
-                .and_then(|mut f| f.read_to_string(&mut text))
-                .map(|_| text)
-        });
         fs::write(&self.faults, format!("{command}\n")).expect("write the faults FIFO");
-        let answer = reader
-            .join()
-            .expect("the FIFO reader")
-            .expect("read the FIFO");
+        let mut answer = String::new();
+        self.done
+            .lock()
+            .unwrap()
+            .read_line(&mut answer)
+            .expect("read LazyFS's answer");
         assert!(
-            answer.contains("finished"),
+            answer.starts_with("finished::"),
             "LazyFS answered {answer:?} to {command}"
         );
     }
@@ -147,11 +153,16 @@ fn explore(mount: &Mount, s: &Scenario) -> (usize, Vec<String>) {
     let initial: Listing = image.listing().expect("listing");
     let reference_dir = copy_in(mount, &image, &format!("{}-reference", s.name));
     let out = command_in(s, &reference_dir, &s.command)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .env("DISTRIBUTOR_TEST_UNWRITTEN", u64::MAX.to_string())
+        .output()
         .expect("run the command");
-    assert_eq!(out.code(), Some(s.code), "{} on LazyFS", s.name);
+    assert_eq!(
+        out.status.code(),
+        Some(s.code),
+        "{} on LazyFS:\n{}",
+        s.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reference = listing_of(s, &reference_dir);
     let _ = fs::remove_dir_all(&reference_dir);
     let (mut tried, mut violations) = (0, Vec::new());
@@ -159,6 +170,7 @@ fn explore(mount: &Mount, s: &Scenario) -> (usize, Vec<String>) {
         for n in 1..=HITS {
             let dir = copy_in(mount, &image, &format!("{}-{point}-{n}", s.name));
             let mut child = command_in(s, &dir, &s.command)
+                .env("DISTRIBUTOR_TEST_UNWRITTEN", u64::MAX.to_string())
                 .env("DISTRIBUTOR_FAILPOINT", format!("{point}:{n}:stop"))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -183,6 +195,11 @@ fn explore(mount: &Mount, s: &Scenario) -> (usize, Vec<String>) {
                 let state = listing_of(s, &dir);
                 let found = restart_and_check(s, &dir, &initial, &reference, &state);
                 if !found.is_empty() {
+                    eprintln!(
+                        "{} on LazyFS, crash at {point}:{n}:\n    {}",
+                        s.name,
+                        found.join("\n    ")
+                    );
                     violations.push(format!(
                         "{} on LazyFS, crash at {point}:{n}:\n    {}",
                         s.name,

@@ -347,21 +347,17 @@ fn agent_once_on_a_fresh_spool_and_root() {
     assert_no_violation(fresh_agent());
 }
 
-/// The scenarios the LazyFS check runs ([`super::lazyfs`]): all but the
-/// tree of 1,000 files (long) and the deferral (it holds a lock on its
-/// own test folder).
+/// The scenarios the LazyFS check runs ([`super::lazyfs`]): those of a
+/// root made durable file by file. LazyFS's FUSE layer makes nothing
+/// durable on `syncfs` (the barrier of large publications, of releases
+/// and of a small one on an idle machine), and refuses `renameat2` flags
+/// (the spool's claim, `RENAME_NOREPLACE`), so the agent cannot run there.
 pub fn for_lazyfs() -> Vec<Scenario> {
     vec![
-        run_scenario("run-new-root", "additive", BARRIER, true),
         run_scenario("run-additive", "additive", FILE_BY_FILE, false),
-        run_scenario("run-replacement-barrier", "replacement", BARRIER, false),
         run_scenario("run-replacement-fsync", "replacement", FILE_BY_FILE, false),
-        agent_once(),
-        fresh_agent(),
         prune(),
         reconcile(),
-        conversion(),
-        switch(),
     ]
 }
 

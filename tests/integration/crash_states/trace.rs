@@ -131,6 +131,9 @@ pub fn parse(text: &str) -> Result<Vec<Call>, String> {
                 continue;
             }
             format!("{head}{tail}")
+        } else if rest.contains("<unfinished ...>") {
+            // `call(... <unfinished ...>) = ?`: its process exited in it.
+            continue;
         } else {
             rest.to_owned()
         };
@@ -402,6 +405,7 @@ mod tests {
 9 unlinkat(3<\\x2f\\x72>, \"\\x62\", 0) = -1 ENOENT (No such file or directory)
 9 renameat2(-100<\\x2f>, \"\\x61\", -100<\\x2f>, \"\\x62\", 0x2) = 0
 9 exit_group(0) = ?
+9 fcntl(6<\\x2f>, 0x1 <unfinished ...>) = ?
 ";
         let calls = parse(text).unwrap();
         let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
