@@ -884,11 +884,11 @@ impl Sim {
         let Some(name) = parts.pop() else {
             return Err("the traced folder itself is changed".into());
         };
-        let dir = self.walk(&parts, 0)?;
+        let dir = self.folder_at(&parts, 0)?;
         Ok(Some((dir, name)))
     }
 
-    fn walk(&self, parts: &[Vec<u8>], depth: usize) -> Result<Ino, String> {
+    fn folder_at(&self, parts: &[Vec<u8>], depth: usize) -> Result<Ino, String> {
         if depth > 40 {
             return Err("too many links".into());
         }
@@ -911,7 +911,7 @@ impl Sim {
                     let parts = self
                         .inside(&target)
                         .ok_or("a link out of the traced folder")?;
-                    dir = self.walk(&parts, depth + 1)?;
+                    dir = self.folder_at(&parts, depth + 1)?;
                 }
                 Kind::File => return Err("a file where a folder should be".into()),
             }
