@@ -79,6 +79,7 @@ impl Mount {
         });
         let done = rx.recv_timeout(Duration::from_secs(20));
         let (true, None, Ok(Ok(done))) = (mounted, child.try_wait().ok().flatten(), done) else {
+            let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).status();
             let _ = child.kill();
             let _ = child.wait();
             return Err("LazyFS did not mount (is /dev/fuse usable here?)".into());
