@@ -149,6 +149,41 @@ pub fn sync_dir(dir: &Dir) -> io::Result<()> {
     dir.open_with(".", &o)?.sync_all()
 }
 
+/// Creates the folder `path` and every missing folder above it (with
+/// `mode`, before the umask), then fsyncs the folder holding each one
+/// created, shallowest first: the new entries are durable before anything
+/// is moved into them. Without that, a power cut could keep a bundle
+/// renamed into a new spool folder, or an output written into a new root,
+/// and lose the folder's own entry: both would be gone.
+pub fn create_dir_all_durable(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut missing = Vec::new();
+    let mut at = path;
+    while !at.as_os_str().is_empty() {
+        match std::fs::symlink_metadata(at) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(at),
+            Err(e) => return Err(e),
+        }
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)?;
+    for created in missing.iter().rev() {
+        let parent = match created.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Makes temporary names unique within the process (with its id): one
 /// counter per process is the point, so not in `ProcessState`
 /// (docs/architecture.md, "What a process keeps").
@@ -200,6 +235,25 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = Dir::open_ambient_dir(tmp.path(), ambient_authority()).unwrap();
         (tmp, dir)
+    }
+
+    #[test]
+    fn folders_are_created_with_their_parents_and_existing_ones_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let deep = tmp.path().join("a/b/c");
+        create_dir_all_durable(&deep, 0o750).unwrap();
+        for p in ["a", "a/b", "a/b/c"] {
+            let meta = fs::metadata(tmp.path().join(p)).unwrap();
+            assert!(meta.is_dir(), "{p}");
+            assert_eq!(meta.permissions().mode() & 0o077 & !0o050, 0, "{p}");
+        }
+        fs::write(deep.join("kept"), b"x").unwrap();
+        create_dir_all_durable(&deep, 0o750).unwrap();
+        assert_eq!(fs::read(deep.join("kept")).unwrap(), b"x");
+        // A file in the way is an error, not a folder made beside it.
+        fs::write(tmp.path().join("file"), b"x").unwrap();
+        assert!(create_dir_all_durable(&tmp.path().join("file/sub"), 0o750).is_err());
     }
 
     fn names(path: &Path) -> Vec<String> {

@@ -131,12 +131,14 @@ impl Root {
         }
     }
 
-    /// Opens the root, creating it (and its parents) when missing.
+    /// Opens the root, creating it (and its parents) when missing, durably
+    /// ([`crate::fs::replace_file::create_dir_all_durable`]): a publication
+    /// makes the root's content durable, never the root's own entry.
     pub fn create(path: &Path) -> io::Result<Root> {
         if let Some(root) = Root::open(path)? {
             return Ok(root);
         }
-        std::fs::DirBuilder::new().recursive(true).create(path)?;
+        crate::fs::replace_file::create_dir_all_durable(path, 0o777)?;
         Root::open(path)?.ok_or_else(|| io::Error::other("root vanished after creation"))
     }
 

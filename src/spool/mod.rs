@@ -140,10 +140,9 @@ impl Spool {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => true,
                 Err(e) => return Err(folder_error(path, e)),
             };
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(path)
+            // Durably: a bundle is renamed into these folders and never
+            // fsynced there (docs/reliability.md, "Crash states").
+            crate::fs::replace_file::create_dir_all_durable(path, 0o750)
                 .map_err(|e| folder_error(path, e))?;
             let meta = fs::metadata(path).map_err(|e| folder_error(path, e))?;
             let mode = meta.mode() & 0o7777;

@@ -8,6 +8,7 @@ mod bundle_cmd;
 mod bundle_upload;
 mod config_cmd;
 mod crash;
+mod crash_states;
 mod delivery;
 mod disk_full;
 mod failed_spool;

@@ -38,6 +38,9 @@ const NEXT_LINK: &str = ".distributor-tmp-link";
 /// The prefix of a release folder being built.
 const BUILDING: &str = ".distributor-tmp-build-";
 
+/// The prefix a release retention deletes under (a temporary name).
+const RETIRED: &str = ".distributor-tmp-retired-";
+
 /// `path`'s releases folder: `<path>.releases`.
 pub fn folder_of(link: &Path) -> PathBuf {
     let mut name = link.as_os_str().to_owned();
@@ -302,8 +305,13 @@ impl Releases {
             let name = entry?.file_name();
             let Some(name) = name.to_str() else { continue };
             if is_temp_name(name) {
+                let what = if name.starts_with(RETIRED) {
+                    "an old release retention was deleting"
+                } else {
+                    "the link was never switched to it"
+                };
                 log::warn!(
-                    "{}/{name}: removing what an interrupted publication left (the link was never switched to it)",
+                    "{}/{name}: removing what an interrupted publication left ({what})",
                     self.folder.path().display()
                 );
                 self.folder.remove_any(name)?;
@@ -434,7 +442,7 @@ impl Releases {
             if Some(name.as_str()) == current {
                 continue;
             }
-            match self.folder.remove_any(name) {
+            match self.retire(name) {
                 Ok(()) => log::debug!("{}: release {name} deleted", self.folder.path().display()),
                 Err(e) => log::warn!(
                     "{}/{name}: cannot delete this release beyond the {keep} kept ({e}); the next publication tries again",
@@ -443,6 +451,18 @@ impl Releases {
             }
             failpoint::hit("releases.after_retain");
         }
+    }
+
+    /// Deletes release `name`: renamed to a temporary name first, and that
+    /// made durable, so that a crash while its files go never leaves part
+    /// of a release under its name (listed, a rollback target); the next
+    /// holder of the lock removes the rest ([`Releases::sweep`]).
+    fn retire(&self, name: &str) -> io::Result<()> {
+        let temp = format!("{RETIRED}{name}");
+        let dir = self.folder.dir();
+        rustix::fs::renameat(dir, name, dir, temp.as_str())?;
+        sync_dir(dir)?;
+        self.folder.remove_any(&temp)
     }
 
     /// Removes a release folder being built (after a failure).
