@@ -1230,7 +1230,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--only", choices=["large", "backlog", "signed", "nested", "tree", "latency", "catalog",
                                        "big-root", "million", "releases",
-                                       "s3", "s3-backlog", "s3-large", "s3-catalog"])
+                                       "s3", "s3-backlog", "s3-large", "s3-catalog", "intake"])
     args = ap.parse_args()
     runs = 1 if args.quick else args.runs
     large = (8 << 20) if args.quick else (1 << 30)
@@ -1347,9 +1347,13 @@ def main():
                 rows.append((f"  peak RSS {rss // 1024} MiB "
                              f"({rss / max(r['catalog_kib'], 1):.1f}x the catalog, "
                              f"{r['catalog_kib'] // 1024} MiB; goal <= 3x)", None, None, None))
-        if args.only in (None, "s3", "s3-backlog", "s3-large", "s3-catalog"):
+        if args.only in (None, "s3", "s3-backlog", "s3-large", "s3-catalog", "intake"):
             import s3
             with s3.Seaweed(work) as server:
+                if args.only in (None, "s3", "intake"):
+                    import intake
+                    rows.extend(intake.rows(intake.bench_intake(
+                        work, server, intake.sizes(args.quick), 1 if args.quick else min(runs, 3))))
                 if args.only in (None, "s3", "s3-backlog"):
                     r = bench_s3_backlog(work, server, s3_backlog, runs)
                     rows.append((f"s3 backlog {r['count']} bundles: agent --once", r["ours"],

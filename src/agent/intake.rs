@@ -56,6 +56,12 @@ struct Inbox {
     /// listing may show them a while longer, and the same delivery is
     /// never taken twice (a new one under that name is).
     taken: HashMap<String, Option<crate::s3::ETag>>,
+    /// When the manifests of the names in `taken` were last looked for
+    /// (a new delivery under such a name). Some servers (SeaweedFS) list
+    /// a finished bundle's emptied prefix for a while: looking for all of
+    /// them before each bundle of a backlog cost a HEAD per finished
+    /// bundle per bundle, once per listing interval costs one.
+    taken_checked: Option<Instant>,
 }
 
 /// What to do with the bundle a look picked.
@@ -176,7 +182,7 @@ impl Worker {
                 break;
             }
             let mut wait = intake.poll_every();
-            match self.intake_step(bucket, &mut inbox, &mut held_since, rx) {
+            match self.intake_step(bucket, &mut inbox, &mut held_since, wait, rx) {
                 Step::Processed => {
                     unanswered = 0;
                     continue;
@@ -341,6 +347,7 @@ impl Worker {
         bucket: &Bucket,
         inbox: &mut Inbox,
         held_since: &mut Option<OffsetDateTime>,
+        every: Duration,
         rx: &Receiver<Wake>,
     ) -> Step {
         let id = &self.pipeline.id;
@@ -364,7 +371,7 @@ impl Worker {
         if hold.is_some() {
             return Step::Idle;
         }
-        let pick = match self.pick(bucket, inbox) {
+        let pick = match self.pick(bucket, inbox, every) {
             Ok(p) => p,
             Err(e) => return self.unreachable(inbox, &e),
         };
@@ -399,7 +406,12 @@ impl Worker {
 
     /// The first bundle in arrival order that is complete, or that must be
     /// failed; `None` when every bundle waits.
-    fn pick(&self, bucket: &Bucket, inbox: &mut Inbox) -> crate::s3::Result<Option<Pick>> {
+    fn pick(
+        &self,
+        bucket: &Bucket,
+        inbox: &mut Inbox,
+        every: Duration,
+    ) -> crate::s3::Result<Option<Pick>> {
         let names = bucket.names()?;
         let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
         inbox.arrivals.retain(|n, _| present.contains(n.as_str()));
@@ -408,10 +420,15 @@ impl Worker {
             .told
             .retain(|n, _| n.is_empty() || present.contains(n.as_str()));
         inbox.taken.retain(|n, _| present.contains(n.as_str()));
+        let recheck = inbox.taken_checked.is_none_or(|at| at.elapsed() >= every);
+        if recheck {
+            inbox.taken_checked = Some(Instant::now());
+        }
         let unknown: Vec<&str> = names
             .iter()
             .map(String::as_str)
             .filter(|n| !inbox.arrivals.contains_key(*n))
+            .filter(|n| recheck || !inbox.taken.contains_key(*n))
             .collect();
         for (name, arrival) in unknown.iter().zip(bucket.arrivals(&unknown)?) {
             let taken = inbox.taken.get(*name);

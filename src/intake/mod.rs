@@ -78,6 +78,9 @@ pub struct Probe {
     pub manifest: Option<(ETag, OffsetDateTime)>,
     /// The parsed manifest, when complete.
     pub parsed: Option<Manifest>,
+    /// The bytes it was parsed from ([`Bucket::fetch`] writes these, not
+    /// a second read of the object).
+    pub manifest_bytes: Vec<u8>,
     /// Every object of the bundle as listed (at most `max_files + 16`).
     pub objects: Vec<Listed>,
     /// What changed last: the newest `Last-Modified`, the count and the
@@ -174,6 +177,7 @@ impl Bucket {
             state: State::NoManifest,
             manifest: None,
             parsed: None,
+            manifest_bytes: Vec::new(),
             objects: Vec::new(),
             signature: (None, 0, 0),
         };
@@ -255,14 +259,16 @@ impl Bucket {
             State::Incomplete(crate::text::wording::first_few(&missing, 3, "; "))
         };
         probe.parsed = Some(manifest);
+        probe.manifest_bytes = small.bytes;
         Ok(probe)
     }
 
-    /// Streams a probed bundle's listed files (and its manifest and
-    /// signature) into the new folder `into`, hashing each against the
-    /// manifest as it is read. A file is never read past its declared
-    /// size (a longer object gets one byte more, which its verification
-    /// then reports).
+    /// Streams a probed bundle's listed files (and its signature) into
+    /// the new folder `into`, hashing each against the manifest as it is
+    /// read, then writes the manifest the probe read and checked (the
+    /// one the files were hashed against; not read again). A file is
+    /// never read past its declared size (a longer object gets one byte
+    /// more, which its verification then reports).
     pub fn fetch(&self, probe: &Probe, into: &Path) -> Result<Fetched, FetchError> {
         let manifest = probe.parsed.as_ref().ok_or_else(|| {
             FetchError::Local(std::io::Error::other("the bundle has no parsed manifest"))
@@ -308,7 +314,9 @@ impl Bucket {
         if probe.objects.iter().any(|o| o.path == SIGNATURE) {
             get(SIGNATURE, crate::signature::MAX_SIGNATURE_BYTES + 1)?;
         }
-        get(MANIFEST, u64::MAX)?;
+        let mut file = std::fs::File::create_new(into.join(MANIFEST)).map_err(FetchError::Local)?;
+        std::io::Write::write_all(&mut file, &probe.manifest_bytes).map_err(FetchError::Local)?;
+        fetched.bytes += probe.manifest_bytes.len() as u64;
         Ok(fetched)
     }
 
