@@ -262,7 +262,11 @@ impl Worker {
                             next = Instant::now() + every / 3;
                         }
                     }
-                    if let Ok(controls) = bucket.controls()
+                    // Only a deferred bundle waits for a flush (and the
+                    // holder's loop is in its wait then, not looking).
+                    let deferred = spool::queue::deferral(&folder).is_ok_and(|d| d.is_some());
+                    if deferred
+                        && let Ok(controls) = bucket.controls()
                         && bucket.take_flush(&controls).unwrap_or(false)
                     {
                         let _ = spool::queue::request_flush(&folder, OffsetDateTime::now_utc());
@@ -355,6 +359,11 @@ impl Worker {
             Ok(c) => c,
             Err(e) => return self.unreachable(inbox, &e),
         };
+        // A flush asked for while no bundle waits in its deferral (this
+        // loop runs only between bundles) finds nothing to flush.
+        if controls.contains_key(intake::FLUSH_KEY) && bucket.take_flush(&controls).is_ok() {
+            log::info!("pipeline={id}: `spool flush` asked, but no bundle is deferred");
+        }
         let hold = bucket.held(&controls);
         if hold.is_some() != held_since.is_some() {
             match hold {

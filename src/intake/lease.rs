@@ -9,7 +9,7 @@
 //! lost once a `lease` has passed since it *sent* its last successful
 //! renewal (a standby that saw that renewal waits a `lease` after seeing
 //! it, which is later). The argument, and the window that remains, are in
-//! docs/object-storage.md ("Intake lease").
+//! docs/object-storage.md ("Intake").
 
 use crate::s3::{self, ETag, S3Root};
 use serde::{Deserialize, Serialize};
