@@ -171,7 +171,7 @@ impl Worker {
             .collect();
         let recorded = AtomicBool::new(false);
         let before_commit = |told: &[(usize, &RunReport)]| {
-            self.fence()?;
+            self.fence(claimed, told)?;
             self.record_committing(claimed, told, &recorded)
         };
         let mut outcome = self.with_progress(&named, || {

@@ -29,9 +29,41 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(600);
 pub(super) struct Fence {
     pub(super) held: Arc<Held>,
     pub(super) bucket: Arc<Bucket>,
+    /// The bundle in hand (its name in the bucket and its manifest's
+    /// version), whose hooks are recorded before its commit.
+    in_hand: std::sync::Mutex<Option<(String, crate::s3::ETag)>>,
+    /// Whether any destination has hooks (else nothing is recorded).
+    hooks: bool,
 }
 
 impl Fence {
+    /// Records in the bucket the hooks the commit of the bundle in hand
+    /// owes ([`intake::COMMITTING`]), so that the agent that publishes it
+    /// again after a crash runs them.
+    pub(super) fn owes(&self, hooks: Vec<crate::hooks::Owed>) -> std::io::Result<()> {
+        if !self.hooks || hooks.is_empty() {
+            return Ok(());
+        }
+        let in_hand = self
+            .in_hand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some((name, etag)) = in_hand else {
+            return Ok(());
+        };
+        let c = intake::Committing {
+            name,
+            manifest_etag: etag.0,
+            hooks,
+        };
+        self.bucket.mark_committing(&c).map_err(|e| {
+            std::io::Error::other(format!(
+                "not committed: cannot record the hooks it owes in the intake ({e})"
+            ))
+        })
+    }
+
     /// The check before a commit (docs/contract.md §22.3).
     pub(super) fn check(&self) -> std::io::Result<()> {
         crate::runtime::failpoint::hit("intake.before_fence");
@@ -56,6 +88,8 @@ struct Inbox {
     /// listing may show them a while longer, and the same delivery is
     /// never taken twice (a new one under that name is).
     taken: HashMap<String, Option<crate::s3::ETag>>,
+    /// The hooks earlier holders' publications owed, by bundle name.
+    owed: HashMap<String, intake::Committing>,
     /// When the manifests of the names in `taken` were last looked for
     /// (a new delivery under such a name). Some servers (SeaweedFS) list
     /// a finished bundle's emptied prefix for a while: looking for all of
@@ -158,12 +192,30 @@ impl Worker {
         let _serving = Serving::start();
         let stop_renewing = Arc::new(AtomicBool::new(false));
         let renewer = self.start_renewing(intake, &held, &stop_renewing);
-        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(Fence {
+        let hooks = self.pipeline.destinations.iter().any(|d| d.hooks.is_some());
+        let fence = Arc::new(Fence {
             held: held.clone(),
             bucket: bucket.clone(),
-        }));
+            in_hand: std::sync::Mutex::new(None),
+            hooks,
+        });
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(fence.clone());
         self.discard_leftovers();
-        let mut inbox = Inbox::default();
+        // The hooks earlier holders' publications owed: carried into the
+        // next publication of their bundle (docs/contract.md §22.2).
+        let mut owed = HashMap::new();
+        if hooks {
+            match bucket.committing() {
+                Ok(c) => owed = c,
+                Err(e) => log::warn!(
+                    "pipeline={id}: cannot read the hooks earlier holders owed ({e}); a bundle they committed and publish again runs none"
+                ),
+            }
+        }
+        let mut inbox = Inbox {
+            owed,
+            ..Inbox::default()
+        };
         let mut held_since = None;
         let mut expired = None;
         // Looks in a row that the bucket did not answer: the wait doubles
@@ -306,21 +358,8 @@ impl Worker {
     /// `failed/` goes: the bucket is the record of what is finished, and a
     /// bundle still in its inbox is processed again from its start.
     fn discard_leftovers(&self) {
-        // Hooks a publication on this host still owed (its agent stopped
-        // between the commit and the hook) run first: a holder that
-        // processes the bundle again finds it published and owes none.
-        if let Ok(unfiled) = self.record() {
-            let destinations = self.destinations();
-            for (name, record) in unfiled.iter().filter(|(_, r)| !r.hooks.is_empty()) {
-                log::info!(
-                    "pipeline={} bundle={}: published by the last agent on this host, which stopped before running {} hook(s) it owed; running them now",
-                    self.pipeline.id,
-                    crate::text::escape::inert(name),
-                    record.hooks.len()
-                );
-                crate::hooks::run_owed(&self.pipeline, &destinations, &record.hooks, &self.cancel);
-            }
-        }
+        // Hooks a publication owed are in the bucket (intake::COMMITTING),
+        // carried into its next publication by whichever agent makes it.
         let _ = std::fs::remove_file(self.spool.work.join(spool::UNFILED_FILE));
         for folder in [Folder::Work, Folder::Done, Folder::Failed] {
             let dir = self.spool.folder(folder);
@@ -396,8 +435,12 @@ impl Worker {
         inbox.waiting.remove(&probe.name);
         inbox.told.remove(&probe.name);
         let version = (probe.manifest.as_ref().or(arrival.as_ref())).map(|(etag, _)| etag.clone());
+        let carried = inbox
+            .owed
+            .remove(&probe.name)
+            .filter(|c| version.as_ref().is_some_and(|v| v.0 == c.manifest_etag));
         inbox.taken.insert(probe.name.clone(), version);
-        self.take_in(bucket, &probe, fail, rx);
+        self.take_in(bucket, &probe, fail, carried, rx);
         Step::Processed
     }
 
@@ -512,7 +555,14 @@ impl Worker {
 
     /// Brings `probe` into `work/`, processes it (or fails it with `fail`),
     /// and files its result in the bucket.
-    fn take_in(&self, bucket: &Bucket, probe: &Probe, fail: Option<String>, rx: &Receiver<Wake>) {
+    fn take_in(
+        &self,
+        bucket: &Bucket,
+        probe: &Probe,
+        fail: Option<String>,
+        carried: Option<intake::Committing>,
+        rx: &Receiver<Wake>,
+    ) {
         let id = &self.pipeline.id;
         let name = &local_name(&probe.name);
         let shown = crate::text::escape::inert(&probe.name);
@@ -537,6 +587,7 @@ impl Worker {
                     f.bytes,
                     bucket.label()
                 );
+                self.hand_over(probe, &work, name, carried);
                 self.process(&work, name, rx);
             }
             Ok(None) => {
@@ -558,6 +609,48 @@ impl Worker {
             }
         }
         self.file_in_bucket(bucket, probe, name);
+    }
+
+    /// Before processing `probe` (fetched into `work`, local name `name`):
+    /// the fence learns which bundle is in hand, and the hooks an earlier
+    /// holder's publication of this very delivery owed are recorded as a
+    /// commit under way ([`spool::UNFILED_FILE`]), which the publication
+    /// carries into the hooks it runs (as after a crash on this host).
+    fn hand_over(
+        &self,
+        probe: &Probe,
+        work: &Path,
+        name: &str,
+        carried: Option<intake::Committing>,
+    ) {
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let (Some(f), Some((etag, _))) = (&fence, &probe.manifest) {
+            *f.in_hand.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((probe.name.clone(), etag.clone()));
+        }
+        let Some(c) = carried.filter(|c| !c.hooks.is_empty()) else {
+            return;
+        };
+        log::info!(
+            "pipeline={} bundle={}: an earlier holder's publication of it owed {} hook(s); they run after this one",
+            self.pipeline.id,
+            crate::text::escape::inert(&probe.name),
+            c.hooks.len()
+        );
+        let recorded = spool::unfiled(&self.spool).and_then(|mut unfiled| {
+            unfiled.insert(
+                name.to_owned(),
+                spool::Unfiled::committing(work, 0, c.hooks)?,
+            );
+            spool::set_unfiled(&self.spool, &unfiled)
+        });
+        if let Err(e) = recorded {
+            log::warn!(
+                "pipeline={} bundle={}: cannot record the hooks an earlier holder owed ({e}); they do not run",
+                self.pipeline.id,
+                crate::text::escape::inert(&probe.name)
+            );
+        }
     }
 
     /// Files the result of the bundle just processed in the bucket: the
@@ -613,6 +706,15 @@ impl Worker {
                     "host": lease::host_name(),
                     "epoch": epoch,
                 }),
+            );
+        }
+        // Its hooks ran (a publication left owing them is not filed): the
+        // record of what it owed goes before its result is written.
+        if fence.as_ref().is_some_and(|f| f.hooks)
+            && let Err(e) = bucket.unmark_committing(name)
+        {
+            log::warn!(
+                "pipeline={id} bundle={shown}: cannot forget the hooks it owed ({e}); the next publication of it runs them again (hooks run at least once)"
             );
         }
         let to = match folder {

@@ -74,7 +74,7 @@ impl Worker {
             let bundle = [(path.to_path_buf(), name.to_owned())];
             let recorded = AtomicBool::new(false);
             let before_commit = |told: &[(usize, &RunReport)]| {
-                self.fence()?;
+                self.fence(&bundle, told)?;
                 self.record_committing(&bundle, told, &recorded)
             };
             let mut report = self.with_progress(&[(path, name)], || {

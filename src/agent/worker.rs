@@ -165,9 +165,26 @@ impl Worker {
 
     /// The check before a commit of an intake pipeline's holder: its
     /// lease is still its own (nothing to check for a local inbox).
-    pub(super) fn fence(&self) -> std::io::Result<()> {
+    /// Before the commit of `bundles` (the reports `told`), an intake's
+    /// holder also records in the bucket the hooks the commit owes.
+    pub(super) fn fence(
+        &self,
+        bundles: super::commit::Bundles,
+        told: &[(usize, &crate::report::RunReport)],
+    ) -> std::io::Result<()> {
         let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        fence.map_or(Ok(()), |f| f.check())
+        let Some(f) = fence else {
+            return Ok(());
+        };
+        f.check()?;
+        let destinations = self.destinations();
+        let owed: Vec<_> = told
+            .iter()
+            .flat_map(|(i, report)| {
+                crate::hooks::owed(&self.pipeline, &destinations, &bundles[*i].1, report)
+            })
+            .collect();
+        f.owes(owed)
     }
 
     pub(super) fn stopping(&self) -> bool {

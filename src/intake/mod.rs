@@ -22,6 +22,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use time::OffsetDateTime;
 
+/// Below it, `<name>`: the hooks a holder's publication of bundle `name`
+/// owes, written before its commit and deleted once it is filed, so that
+/// whichever agent publishes it again runs them (docs/contract.md §22.2).
+pub const COMMITTING: &str = ".distributor-committing";
 /// `spool hold` of an intake pipeline.
 pub const HOLD_KEY: &str = ".distributor-hold";
 /// `spool flush` of an intake pipeline.
@@ -599,6 +603,54 @@ impl Bucket {
         }
         self.root.delete(FLUSH_KEY)?;
         Ok(true)
+    }
+}
+
+/// What a holder's publication about to commit owes: the hooks of the
+/// bundle `name`, as delivered (its manifest's version).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Committing {
+    pub name: String,
+    pub manifest_etag: String,
+    pub hooks: Vec<crate::hooks::Owed>,
+}
+
+impl Bucket {
+    /// Every record of a publication about to commit, by bundle name (at
+    /// most a thousand; unreadable ones are skipped).
+    pub fn committing(&self) -> s3::Result<HashMap<String, Committing>> {
+        let listed = self
+            .root
+            .list_at_most(COMMITTING, 1000)?
+            .unwrap_or_default();
+        let mut out = HashMap::new();
+        for o in listed {
+            if let Some(small) = self.root.get_small(&o.path, 1 << 20)?
+                && let Ok(c) = serde_json::from_slice::<Committing>(&small.bytes)
+            {
+                out.insert(c.name.clone(), c);
+            }
+        }
+        Ok(out)
+    }
+
+    fn committing_key(name: &str) -> String {
+        format!("{COMMITTING}/{name}")
+    }
+
+    /// Records `c` (over an earlier record of that name).
+    pub fn mark_committing(&self, c: &Committing) -> s3::Result<()> {
+        let key = Bucket::committing_key(&c.name);
+        self.root.delete(&key)?;
+        let bytes = serde_json::to_vec(c).expect("a record serializes");
+        self.root
+            .put_new(&key, &mut &bytes[..], None, "committing")?;
+        Ok(())
+    }
+
+    /// Forgets the record of bundle `name` (filed: its hooks ran).
+    pub fn unmark_committing(&self, name: &str) -> s3::Result<()> {
+        self.root.delete(&Bucket::committing_key(name))
     }
 }
 
