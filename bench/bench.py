@@ -84,6 +84,23 @@ agent:
         )
 
 
+def small_bundles(staging, count, tag, folder_tag, id_tag):
+    """`count` bundles `<tag>NNNN` in `staging`, shaped like real ones: 3
+    files in a new subfolder `<folder_tag>NNNN`, sealed as
+    `<id_tag>-NNNN`."""
+    for i in range(count):
+        b = os.path.join(staging, f"{tag}{i:04d}")
+        folder = os.path.join(b, f"{folder_tag}{i:04d}")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "report.md"), "w") as f:
+            f.write(f"# Report {i}\n")
+        with open(os.path.join(folder, "page.html"), "w") as f:
+            f.write(f"<p>{i}</p>\n")
+        with open(os.path.join(folder, "data.bin"), "wb") as f:
+            f.write(os.urandom(4096))
+        seal(b, f"{id_tag}-{i:04d}")
+
+
 def seal(bundle, bundle_id):
     sh([BIN, "bundle", "seal", bundle, "--id", bundle_id, "--created", "2026-06-04T00:00:00Z"],
        stdout=subprocess.DEVNULL)
@@ -477,18 +494,7 @@ def bench_latency(work, count):
     root = os.path.join(base, "root")
     metrics = os.path.join(base, "metrics.prom")
     write_config(config, spool, root, settle="0s", metrics=metrics)
-    # Shaped like real bundles: 3 files in a new subfolder.
-    for i in range(count):
-        b = os.path.join(staging, f"l{i:04d}")
-        folder = os.path.join(b, f"r{i:04d}")
-        os.makedirs(folder)
-        with open(os.path.join(folder, "report.md"), "w") as f:
-            f.write(f"# Report {i}\n")
-        with open(os.path.join(folder, "page.html"), "w") as f:
-            f.write(f"<p>{i}</p>\n")
-        with open(os.path.join(folder, "data.bin"), "wb") as f:
-            f.write(os.urandom(4096))
-        seal(b, f"latency-{i:04d}")
+    small_bundles(staging, count, "l", "r", "latency")
     inbox = os.path.join(spool, "bench", "inbox")
     # Like every timed run: start with nothing left to write back (the tree
     # measure before this one leaves about a GiB of it).

@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.parse
 
-from bench import (BIN, make_nested, median, random_file, runs_line, seal, sh, start_agent,
+from bench import (BIN, make_nested, median, random_file, runs_line, seal, sh, small_bundles, start_agent,
                    timed)
 
 LEASE = 3.0
@@ -155,21 +155,6 @@ def bench_backlog(work, server, count, runs):
             "rclone": median(rclone), "rss_kib": max(rss)}
 
 
-def small_bundles(staging, count, tag):
-    """`count` 3-file bundles in a new subfolder each (as bench_latency)."""
-    for i in range(count):
-        b = os.path.join(staging, f"{tag}{i:04d}")
-        folder = os.path.join(b, f"{tag}{i:04d}")
-        os.makedirs(folder)
-        with open(os.path.join(folder, "report.md"), "w") as f:
-            f.write(f"# Report {i}\n")
-        with open(os.path.join(folder, "page.html"), "w") as f:
-            f.write(f"<p>{i}</p>\n")
-        with open(os.path.join(folder, "data.bin"), "wb") as f:
-            f.write(os.urandom(4096))
-        seal(b, f"{tag}-{i:04d}")
-
-
 def start(config, env, log):
     return subprocess.Popen([BIN, "--config", config, "agent"], stdout=log, stderr=log, env=env)
 
@@ -200,7 +185,7 @@ def bench_latency(work, server, count):
     import s3
     base = os.path.join(work, "intake-latency")
     staging = os.path.join(base, "staging")
-    small_bundles(staging, count, "l")
+    small_bundles(staging, count, "l", "l", "l")
     local_staging = os.path.join(base, "local-staging")
     sh(["cp", "-a", staging, local_staging])
     bucket = server.bucket("intake-latency")

@@ -175,17 +175,25 @@ fn owned(catalog: Option<Value>) -> BTreeMap<String, String> {
 
 /// After a restart, a root holds what the command left when it was not
 /// interrupted: the same outputs and records.
+/// Up to five keys whose values differ between `a` and `b` (either side
+/// missing counts).
+fn first_differences<'m, V: PartialEq>(
+    a: &'m BTreeMap<String, V>,
+    b: &'m BTreeMap<String, V>,
+) -> Vec<&'m String> {
+    a.keys()
+        .chain(b.keys())
+        .filter(|p| a.get(*p) != b.get(*p))
+        .take(5)
+        .collect()
+}
+
 pub fn as_reference(reference: &Listing, now: &Listing, root: &str) -> Vec<String> {
     let (want, got) = (view(reference, root), view(now, root));
     let mut found = Vec::new();
     let (a, b) = (outputs(&want), outputs(&got));
     if a != b {
-        let differ: Vec<&String> = a
-            .keys()
-            .chain(b.keys())
-            .filter(|p| a.get(*p) != b.get(*p))
-            .take(5)
-            .collect();
+        let differ = first_differences(&a, &b);
         found.push(format!(
             "{root} differs from the uncrashed run at {differ:?}"
         ));
@@ -195,12 +203,7 @@ pub fn as_reference(reference: &Listing, now: &Listing, root: &str) -> Vec<Strin
         owned(catalog(&got).ok().flatten()),
     );
     if a != b {
-        let differ: Vec<&String> = a
-            .keys()
-            .chain(b.keys())
-            .filter(|p| a.get(*p) != b.get(*p))
-            .take(5)
-            .collect();
+        let differ = first_differences(&a, &b);
         found.push(format!(
             "{root}'s records differ from the uncrashed run's at {differ:?}"
         ));
