@@ -2,10 +2,11 @@
 //! the lease, the standby, and the holder's loop. The holder brings one
 //! bundle at a time from the bucket into its local `work/` (hashed as it
 //! is read), hands it to the same processing as a local inbox's bundle
-//! ([`Worker::process`]: deferral, hooks, signatures, filing), then files
-//! its result in the bucket and removes it from the inbox and from this
-//! host. Before each commit the holder checks that the lease is still its
-//! own ([`Worker::fence`]).
+//! ([`Worker::process`]: deferral, hooks, signatures, filing), removes it
+//! from this host, and hands it to the [`Filer`], which files its result
+//! in the bucket and removes it from the inbox while the next bundle is
+//! fetched. Before each commit the holder waits for the filings under way
+//! and checks that the lease is still its own ([`Worker::fence`]).
 
 use super::worker::Worker;
 use super::{Serving, Wake};
@@ -34,6 +35,33 @@ pub(super) struct Fence {
     in_hand: std::sync::Mutex<Option<(String, crate::s3::ETag)>>,
     /// Whether any destination has hooks (else nothing is recorded).
     hooks: bool,
+    /// Bundles finished but not filed yet (see [`Filer`]).
+    filings: Filings,
+}
+
+/// A count of filings under way, which a commit waits to reach zero: a
+/// crash then leaves at most the bundle in hand published and not filed
+/// (its hooks run again where it is published again), as when each bundle
+/// was filed before the next was taken.
+#[derive(Default)]
+struct Filings {
+    count: std::sync::Mutex<usize>,
+    changed: std::sync::Condvar,
+}
+
+impl Filings {
+    fn add(&self, n: isize) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count = count.saturating_add_signed(n);
+        self.changed.notify_all();
+    }
+
+    fn wait_for_none(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = self.changed.wait(count).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 impl Fence {
@@ -64,8 +92,10 @@ impl Fence {
         })
     }
 
-    /// The check before a commit (docs/contract.md §22.3).
+    /// The check before a commit (docs/contract.md §22.3), once the
+    /// bundles finished before are filed.
     pub(super) fn check(&self) -> std::io::Result<()> {
+        self.filings.wait_for_none();
         crate::runtime::failpoint::hit("intake.before_fence");
         self.held.check(&self.bucket.root).map_err(|lost| {
             std::io::Error::other(format!(
@@ -80,8 +110,9 @@ impl Fence {
 struct Inbox {
     /// Each name's manifest version and `Last-Modified` (arrival order).
     arrivals: HashMap<String, (crate::s3::ETag, OffsetDateTime)>,
-    /// Incomplete bundles: what their objects looked like, and since when.
-    waiting: HashMap<String, (intake::Shape, Instant)>,
+    /// Incomplete bundles: what their objects looked like, since when,
+    /// and when they were last probed.
+    waiting: HashMap<String, (intake::Shape, Instant, Instant)>,
     /// What was last logged about each name.
     told: HashMap<String, String>,
     /// Bundles taken from the inbox, with their manifest's version: a
@@ -96,6 +127,10 @@ struct Inbox {
     /// them before each bundle of a backlog cost a HEAD per finished
     /// bundle per bundle, once per listing interval costs one.
     taken_checked: Option<Instant>,
+    /// When the inbox was last listed (with the control objects): a
+    /// backlog known from that listing is worked through without listing
+    /// again before each bundle, until the listing interval has passed.
+    looked: Option<Instant>,
 }
 
 /// What to do with the bundle a look picked.
@@ -198,8 +233,10 @@ impl Worker {
             bucket: bucket.clone(),
             in_hand: std::sync::Mutex::new(None),
             hooks,
+            filings: Filings::default(),
         });
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(fence.clone());
+        let mut filer = Filer::start(id, intake, &fence);
         self.discard_leftovers();
         // The hooks earlier holders' publications owed: carried into the
         // next publication of their bundle (docs/contract.md §22.2).
@@ -234,7 +271,7 @@ impl Worker {
                 break;
             }
             let mut wait = intake.poll_every();
-            match self.intake_step(bucket, &mut inbox, &mut held_since, wait, rx) {
+            match self.intake_step(bucket, &mut inbox, &mut held_since, wait, &filer, rx) {
                 Step::Processed => {
                     unanswered = 0;
                     continue;
@@ -251,6 +288,8 @@ impl Worker {
                 _ => {}
             }
         }
+        // What is finished is filed while the lease is still renewed.
+        filer.finish();
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
         stop_renewing.store(true, Ordering::SeqCst);
         if let Some(t) = renewer {
@@ -337,6 +376,20 @@ impl Worker {
         }
     }
 
+    /// Whether this agent serves an intake whose lease it lost (a deferred
+    /// bundle then stops waiting: it is the new holder's).
+    pub(super) fn lease_lost(&self) -> bool {
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(Err(lost)) = fence.map(|f| f.held.valid()) else {
+            return false;
+        };
+        log::warn!(
+            "pipeline={}: {lost}; the deferred bundle stays in the intake for the agent that serves it now",
+            self.pipeline.id
+        );
+        true
+    }
+
     /// Deletes the results below `done/` past `done_retention`.
     fn expire_intake(&self, bucket: &Bucket) {
         match bucket.expire_done(self.config.agent.done_retention) {
@@ -391,35 +444,48 @@ impl Worker {
         inbox: &mut Inbox,
         held_since: &mut Option<OffsetDateTime>,
         every: Duration,
+        filer: &Filer,
         rx: &Receiver<Wake>,
     ) -> Step {
         let id = &self.pipeline.id;
-        let controls = match bucket.controls() {
-            Ok(c) => c,
-            Err(e) => return self.unreachable(inbox, &e),
-        };
-        // A flush asked for while no bundle waits in its deferral (this
-        // loop runs only between bundles) finds nothing to flush.
-        if controls.contains_key(intake::FLUSH_KEY) && bucket.take_flush(&controls).is_ok() {
-            log::info!("pipeline={id}: `spool flush` asked, but no bundle is deferred");
+        // Bundles whose filing failed are taken again.
+        for name in filer.failed() {
+            inbox.taken.remove(&name);
         }
-        let hold = bucket.held(&controls);
-        if hold.is_some() != held_since.is_some() {
-            match hold {
-                Some(since) => log::warn!(
-                    "pipeline={id}: held since {} (`distributor spool hold`); claiming nothing from {} until `distributor spool release {id}`",
-                    crate::catalog::format_time(since),
-                    bucket.label()
-                ),
-                None => log::info!("pipeline={id}: released; claiming from the intake again"),
+        // A backlog known from the last listing is worked through without
+        // looking again before each bundle: the inbox, its control objects
+        // (a hold, a flush) and new arrivals are looked at once per
+        // listing interval.
+        let look = inbox.arrivals.is_empty() || inbox.looked.is_none_or(|at| at.elapsed() >= every);
+        if look {
+            let controls = match bucket.controls() {
+                Ok(c) => c,
+                Err(e) => return self.unreachable(inbox, &e),
+            };
+            inbox.looked = Some(Instant::now());
+            // A flush asked for while no bundle waits in its deferral (this
+            // loop runs only between bundles) finds nothing to flush.
+            if controls.contains_key(intake::FLUSH_KEY) && bucket.take_flush(&controls).is_ok() {
+                log::info!("pipeline={id}: `spool flush` asked, but no bundle is deferred");
             }
-            self.tally.metrics.set_held(id, hold.is_some());
-            *held_since = hold;
+            let hold = bucket.held(&controls);
+            if hold.is_some() != held_since.is_some() {
+                match hold {
+                    Some(since) => log::warn!(
+                        "pipeline={id}: held since {} (`distributor spool hold`); claiming nothing from {} until `distributor spool release {id}`",
+                        crate::catalog::format_time(since),
+                        bucket.label()
+                    ),
+                    None => log::info!("pipeline={id}: released; claiming from the intake again"),
+                }
+                self.tally.metrics.set_held(id, hold.is_some());
+                *held_since = hold;
+            }
         }
-        if hold.is_some() {
+        if held_since.is_some() {
             return Step::Idle;
         }
-        let pick = match self.pick(bucket, inbox, every) {
+        let pick = match self.pick(bucket, inbox, every, look) {
             Ok(p) => p,
             Err(e) => return self.unreachable(inbox, &e),
         };
@@ -440,7 +506,7 @@ impl Worker {
             .remove(&probe.name)
             .filter(|c| version.as_ref().is_some_and(|v| v.0 == c.manifest_etag));
         inbox.taken.insert(probe.name.clone(), version);
-        self.take_in(bucket, &probe, fail, carried, rx);
+        self.take_in(bucket, &probe, fail, carried, filer, rx);
         Step::Processed
     }
 
@@ -457,13 +523,84 @@ impl Worker {
     }
 
     /// The first bundle in arrival order that is complete, or that must be
-    /// failed; `None` when every bundle waits.
+    /// failed; `None` when every bundle waits. With `look`, the inbox is
+    /// listed first for new arrivals; else the arrivals known are probed.
     fn pick(
         &self,
         bucket: &Bucket,
         inbox: &mut Inbox,
         every: Duration,
+        look: bool,
     ) -> crate::s3::Result<Option<Pick>> {
+        if look {
+            self.look_at_inbox(bucket, inbox, every)?;
+        }
+        let mut order: Vec<(&String, &(crate::s3::ETag, OffsetDateTime))> =
+            inbox.arrivals.iter().collect();
+        order.sort_by(|a, b| (a.1.1, a.0).cmp(&(b.1.1, b.0)));
+        let order: Vec<String> = order.into_iter().map(|(n, _)| n.clone()).collect();
+        let signed = self.spool.signed;
+        for name in order {
+            // An incomplete bundle is probed again once per listing
+            // interval, not before each bundle of a backlog behind it.
+            if inbox
+                .waiting
+                .get(&name)
+                .is_some_and(|w| w.2.elapsed() < every)
+            {
+                continue;
+            }
+            let probe = bucket.probe(&name, &self.pipeline.limits, signed)?;
+            log::debug!(
+                "pipeline={} bundle={}: {:?}",
+                self.pipeline.id,
+                crate::text::escape::inert(&name),
+                probe.state
+            );
+            match &probe.state {
+                State::Complete => return Ok(Some(Pick::Complete(Box::new(probe)))),
+                State::Broken(why) => {
+                    let why = why.clone();
+                    return Ok(Some(Pick::Fail(Box::new(probe), why)));
+                }
+                State::NoManifest => {
+                    inbox.arrivals.remove(&name);
+                }
+                State::Incomplete(what) => {
+                    let now = Instant::now();
+                    let entry =
+                        inbox
+                            .waiting
+                            .entry(name.clone())
+                            .or_insert((probe.signature, now, now));
+                    entry.2 = now;
+                    if entry.0 != probe.signature {
+                        *entry = (probe.signature, now, now);
+                    }
+                    let timeout = self.config.agent.incomplete_timeout;
+                    if entry.1.elapsed() >= timeout {
+                        let why = format!(
+                            "still incomplete after {} without change ({what}); deliver it again, complete, with manifest.json last",
+                            crate::config::format_duration(timeout)
+                        );
+                        return Ok(Some(Pick::Fail(Box::new(probe), why)));
+                    }
+                    let what = what.clone();
+                    self.tell_intake(inbox, &name, &format!("waits: incomplete ({what})"));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Lists the inbox: forgets what left it, and learns the arrival of
+    /// each new name (and of a new delivery under a name taken before).
+    fn look_at_inbox(
+        &self,
+        bucket: &Bucket,
+        inbox: &mut Inbox,
+        every: Duration,
+    ) -> crate::s3::Result<()> {
         let names = bucket.names()?;
         let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
         inbox.arrivals.retain(|n, _| present.contains(n.as_str()));
@@ -472,7 +609,18 @@ impl Worker {
             .told
             .retain(|n, _| n.is_empty() || present.contains(n.as_str()));
         inbox.taken.retain(|n, _| present.contains(n.as_str()));
-        let recheck = inbox.taken_checked.is_none_or(|at| at.elapsed() >= every);
+        // While a backlog is known, names already taken are looked at
+        // again once per lease, not once per listing interval: on servers
+        // that list an emptied prefix for a while, a new delivery under a
+        // name just finished waits that long behind the backlog.
+        let recheck_every = if inbox.arrivals.is_empty() {
+            every
+        } else {
+            every * 6
+        };
+        let recheck = inbox
+            .taken_checked
+            .is_none_or(|at| at.elapsed() >= recheck_every);
         if recheck {
             inbox.taken_checked = Some(Instant::now());
         }
@@ -495,50 +643,7 @@ impl Worker {
                 }
             }
         }
-        let mut order: Vec<(&String, &(crate::s3::ETag, OffsetDateTime))> =
-            inbox.arrivals.iter().collect();
-        order.sort_by(|a, b| (a.1.1, a.0).cmp(&(b.1.1, b.0)));
-        let order: Vec<String> = order.into_iter().map(|(n, _)| n.clone()).collect();
-        let signed = self.spool.signed;
-        for name in order {
-            let probe = bucket.probe(&name, &self.pipeline.limits, signed)?;
-            log::debug!(
-                "pipeline={} bundle={}: {:?}",
-                self.pipeline.id,
-                crate::text::escape::inert(&name),
-                probe.state
-            );
-            match &probe.state {
-                State::Complete => return Ok(Some(Pick::Complete(Box::new(probe)))),
-                State::Broken(why) => {
-                    let why = why.clone();
-                    return Ok(Some(Pick::Fail(Box::new(probe), why)));
-                }
-                State::NoManifest => {
-                    inbox.arrivals.remove(&name);
-                }
-                State::Incomplete(what) => {
-                    let entry = inbox
-                        .waiting
-                        .entry(name.clone())
-                        .or_insert((probe.signature, Instant::now()));
-                    if entry.0 != probe.signature {
-                        *entry = (probe.signature, Instant::now());
-                    }
-                    let timeout = self.config.agent.incomplete_timeout;
-                    if entry.1.elapsed() >= timeout {
-                        let why = format!(
-                            "still incomplete after {} without change ({what}); deliver it again, complete, with manifest.json last",
-                            crate::config::format_duration(timeout)
-                        );
-                        return Ok(Some(Pick::Fail(Box::new(probe), why)));
-                    }
-                    let what = what.clone();
-                    self.tell_intake(inbox, &name, &format!("waits: incomplete ({what})"));
-                }
-            }
-        }
-        Ok(None)
+        Ok(())
     }
 
     fn tell_intake(&self, inbox: &mut Inbox, name: &str, note: &str) {
@@ -561,6 +666,7 @@ impl Worker {
         probe: &Probe,
         fail: Option<String>,
         carried: Option<intake::Committing>,
+        filer: &Filer,
         rx: &Receiver<Wake>,
     ) {
         let id = &self.pipeline.id;
@@ -608,7 +714,7 @@ impl Worker {
                 return;
             }
         }
-        self.file_in_bucket(bucket, probe, name);
+        self.file_in_bucket(filer, probe, name);
     }
 
     /// Before processing `probe` (fetched into `work`, local name `name`):
@@ -653,14 +759,12 @@ impl Worker {
         }
     }
 
-    /// Files the result of the bundle just processed in the bucket: the
-    /// result, a failed bundle's files beside it, then its removal from the
-    /// inbox; then forgets it on this host. Nothing of it when the lease
-    /// was lost meanwhile (the new holder processes it again).
-    fn file_in_bucket(&self, bucket: &Bucket, probe: &Probe, local_name: &str) {
+    /// Files the result of the bundle just processed in the bucket (by
+    /// the [`Filer`]): the result, a failed bundle's files beside it, then
+    /// its removal from the inbox; and forgets it on this host.
+    fn file_in_bucket(&self, filer: &Filer, probe: &Probe, local_name: &str) {
         let id = &self.pipeline.id;
-        let name = &probe.name;
-        let shown = crate::text::escape::inert(name);
+        let shown = crate::text::escape::inert(&probe.name);
         let (folder, local) = if self.spool.done.join(local_name).is_dir() {
             (Folder::Done, self.spool.done.join(local_name))
         } else if self.spool.failed.join(local_name).is_dir() {
@@ -672,80 +776,215 @@ impl Worker {
             let _ = std::fs::remove_dir_all(self.spool.work.join(local_name));
             return;
         };
-        let forget = || {
-            let _ = std::fs::remove_dir_all(&local);
-            let _ = std::fs::remove_dir_all(self.spool.pipeline_folder().join(spool::RESULTS_DIR));
+        let doc = match spool::read_result(&self.spool, folder, local_name) {
+            Ok(r) => r.doc,
+            Err(e) => serde_json::json!({ "ok": folder == Folder::Done, "error": e }),
         };
-        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(f) = &fence
-            && let Err(lost) = f.held.check(&bucket.root)
-        {
-            log::warn!(
-                "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
-            );
-            forget();
-            return;
-        }
+        let _ = std::fs::remove_dir_all(&local);
+        let _ = std::fs::remove_dir_all(self.spool.pipeline_folder().join(spool::RESULTS_DIR));
         // A bundle failed before its manifest was read has none.
         let etag = probe
             .manifest
             .as_ref()
             .map_or_else(|| crate::s3::ETag(String::new()), |(etag, _)| etag.clone());
-        let mut doc = match spool::read_result(&self.spool, folder, local_name) {
-            Ok(r) => r.doc,
-            Err(e) => serde_json::json!({ "ok": folder == Folder::Done, "error": e }),
-        };
-        let epoch = fence.as_ref().map_or(0, |f| f.held.epoch());
-        if let Some(obj) = doc.as_object_mut() {
-            obj.insert(
-                "intake".to_owned(),
-                serde_json::json!({
-                    "bucket": bucket.label(),
-                    "name": name,
-                    "manifest_etag": etag.0,
-                    "host": lease::host_name(),
-                    "epoch": epoch,
-                }),
-            );
-        }
-        // Its hooks ran (a publication left owing them is not filed): the
-        // record of what it owed goes before its result is written.
-        if fence.as_ref().is_some_and(|f| f.hooks)
-            && let Err(e) = bucket.unmark_committing(name)
-        {
-            log::warn!(
-                "pipeline={id} bundle={shown}: cannot forget the hooks it owed ({e}); the next publication of it runs them again (hooks run at least once)"
-            );
-        }
-        let to = match folder {
-            Folder::Done => intake::DONE,
-            _ => intake::FAILED,
-        };
-        let filed = bucket.put_result(to, name, &doc, &etag).and_then(|filed| {
-            crate::runtime::failpoint::hit("intake.result_written");
-            if folder == Folder::Failed {
-                bucket.copy_to_failed(name, &filed.name, &probe.objects)?;
-            }
-            bucket.remove_from_inbox(name, &probe.objects)?;
-            Ok(filed)
+        filer.file(Filing {
+            name: probe.name.clone(),
+            objects: probe.objects.clone(),
+            etag,
+            folder,
+            doc,
         });
-        match filed {
-            Ok(filed) => {
-                log::info!(
-                    "pipeline={id} bundle={shown}: filed as {}/{}/{} in {}",
-                    to,
-                    crate::text::escape::inert(&filed.name),
-                    intake::RESULT,
-                    bucket.label()
-                );
-                forget();
-            }
+    }
+}
+
+/// A finished bundle's result, to be filed in the bucket.
+struct Filing {
+    /// Its name in the inbox.
+    name: String,
+    /// Its objects there, as probed.
+    objects: Vec<crate::s3::Listed>,
+    /// Its manifest's version.
+    etag: crate::s3::ETag,
+    folder: Folder,
+    /// Its result, as filed locally.
+    doc: serde_json::Value,
+}
+
+/// Files finished bundles in the bucket on a thread of its own (with a
+/// client of its own) while the holder goes on with the next bundle: a
+/// filing is three to five requests that the next publication need not
+/// wait for. A bundle stays in the inbox until it is filed, and the
+/// holder does not take it again meanwhile; one whose filing failed is
+/// processed again (its publication ends `skip_same`).
+struct Filer {
+    id: String,
+    fence: Arc<Fence>,
+    sender: Option<crossbeam_channel::Sender<Filing>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The names whose filing failed, for the holder to take again.
+    unfiled: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Filings queued at most: the holder waits for the filer beyond that.
+const FILINGS_QUEUED: usize = 64;
+
+impl Filer {
+    fn start(id: &str, intake: &Intake, fence: &Arc<Fence>) -> Filer {
+        let mut filer = Filer {
+            id: id.to_owned(),
+            fence: fence.clone(),
+            sender: None,
+            thread: None,
+            unfiled: Arc::default(),
+        };
+        let bucket = match Bucket::open(intake) {
+            Ok(b) => b,
             Err(e) => {
                 log::warn!(
-                    "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); it stays in the intake and is processed again (its publication ends skip_same where it was made)"
+                    "pipeline={id}: cannot open a second client to file results ({e}); filing each before the next bundle"
                 );
-                forget();
+                return filer;
             }
+        };
+        let (tx, rx) = crossbeam_channel::bounded::<Filing>(FILINGS_QUEUED);
+        let (id2, fence2, unfiled) = (filer.id.clone(), fence.clone(), filer.unfiled.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("filer-{id}"))
+            .spawn(move || {
+                for f in rx {
+                    let name = f.name.clone();
+                    // A panic is a filing that failed: the commit waiting
+                    // for this count must not wait for ever.
+                    let filed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        file_one(&id2, &bucket, &fence2, f)
+                    }));
+                    if !filed.unwrap_or(false) {
+                        unfiled.lock().unwrap_or_else(|e| e.into_inner()).push(name);
+                    }
+                    fence2.filings.add(-1);
+                }
+            });
+        match spawned {
+            Ok(t) => {
+                filer.sender = Some(tx);
+                filer.thread = Some(t);
+            }
+            Err(e) => log::warn!(
+                "pipeline={id}: cannot start a thread to file results ({e}); filing each before the next bundle"
+            ),
+        }
+        filer
+    }
+
+    /// Queues `f` (files it here when there is no filer thread).
+    fn file(&self, f: Filing) {
+        let f = match &self.sender {
+            Some(tx) => {
+                self.fence.filings.add(1);
+                match tx.send(f) {
+                    Ok(()) => return,
+                    Err(crossbeam_channel::SendError(f)) => {
+                        self.fence.filings.add(-1);
+                        f
+                    }
+                }
+            }
+            None => f,
+        };
+        let name = f.name.clone();
+        if !file_one(&self.id, &self.fence.bucket, &self.fence, f) {
+            self.unfiled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(name);
+        }
+    }
+
+    /// The names whose filing failed since the last call.
+    fn failed(&self) -> Vec<String> {
+        std::mem::take(&mut *self.unfiled.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Files what is queued, then stops the thread.
+    fn finish(&mut self) {
+        self.sender = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Filer {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Files `f` in the bucket: its result, a failed bundle's files beside
+/// it, then its removal from the inbox. Nothing of it when the lease was
+/// lost meanwhile (the new holder processes it again). Whether it was
+/// filed.
+fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: Filing) -> bool {
+    let name = &f.name;
+    let shown = crate::text::escape::inert(name);
+    if let Err(lost) = fence.held.check(&bucket.root) {
+        log::warn!(
+            "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
+        );
+        return false;
+    }
+    let mut doc = f.doc;
+    if let Some(obj) = doc.as_object_mut() {
+        obj.insert(
+            "intake".to_owned(),
+            serde_json::json!({
+                "bucket": bucket.label(),
+                "name": name,
+                "manifest_etag": f.etag.0,
+                "host": lease::host_name(),
+                "epoch": fence.held.epoch(),
+            }),
+        );
+    }
+    // Its hooks ran (a publication left owing them is not filed): the
+    // record of what it owed goes before its result is written.
+    if fence.hooks
+        && let Err(e) = bucket.unmark_committing(name)
+    {
+        log::warn!(
+            "pipeline={id} bundle={shown}: cannot forget the hooks it owed ({e}); the next publication of it runs them again (hooks run at least once)"
+        );
+    }
+    let to = match f.folder {
+        Folder::Done => intake::DONE,
+        _ => intake::FAILED,
+    };
+    let filed = bucket
+        .put_result(to, name, &doc, &f.etag)
+        .and_then(|filed| {
+            crate::runtime::failpoint::hit("intake.result_written");
+            if f.folder == Folder::Failed {
+                bucket.copy_to_failed(name, &filed.name, &f.objects)?;
+            }
+            bucket.remove_from_inbox(name, &f.objects)?;
+            Ok(filed)
+        });
+    match filed {
+        Ok(filed) => {
+            log::info!(
+                "pipeline={id} bundle={shown}: filed as {}/{}/{} in {}",
+                to,
+                crate::text::escape::inert(&filed.name),
+                intake::RESULT,
+                bucket.label()
+            );
+            true
+        }
+        Err(e) => {
+            log::warn!(
+                "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); it stays in the intake and is processed again (its publication ends skip_same where it was made)"
+            );
+            false
         }
     }
 }

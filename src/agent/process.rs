@@ -239,12 +239,13 @@ impl Worker {
 
     /// Waits `pause` before the next attempt of a deferred bundle, or less
     /// when `spool flush` asks for it (seen within [`FLUSH_POLL`]). False
-    /// when a stop came meanwhile.
+    /// when a stop came meanwhile, or when this agent lost the lease of
+    /// the intake it serves (the bundle is the new holder's).
     pub(super) fn wait_for_retry(&self, pause: Duration, rx: &Receiver<Wake>) -> bool {
         let folder = self.spool.pipeline_folder();
         let deadline = Instant::now() + pause;
         loop {
-            if self.stopping() {
+            if self.stopping() || self.lease_lost() {
                 return false;
             }
             if queue::flush_requested(folder) {

@@ -172,9 +172,9 @@ impl Bucket {
             .collect())
     }
 
-    /// Probes bundle `name`: lists its objects (at most `max_files + 16`),
-    /// reads and checks its manifest, and checks every listed file's
-    /// object and size.
+    /// Probes bundle `name`: lists its objects (at most `max_files + 16`)
+    /// while reading its manifest, checks the manifest, and checks every
+    /// listed file's object and size.
     pub fn probe(&self, name: &str, limits: &Limits, signed: bool) -> s3::Result<Probe> {
         let mut probe = Probe {
             name: name.to_owned(),
@@ -191,7 +191,14 @@ impl Bucket {
         }
         let prefix = format!("{INBOX}/{name}");
         let most = usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX);
-        let Some(objects) = self.root.list_at_most(&prefix, most)? else {
+        let cap = limits.max_manifest_bytes();
+        // The listing and the manifest are read side by side; the manifest
+        // counts only when the listing shows it too.
+        let manifest_key = Bucket::key(INBOX, name, MANIFEST);
+        let (listed, small) = self
+            .root
+            .list_and_get_small((&prefix, most), (&manifest_key, cap));
+        let Some(objects) = listed? else {
             probe.state = State::Broken(format!(
                 "more than {most} objects under {prefix}/ (limits.max_files is {}); delete them (`distributor spool delete`), and split the bundle",
                 limits.max_files
@@ -219,17 +226,13 @@ impl Bucket {
         let Some(&manifest_size) = sizes.get(MANIFEST) else {
             return Ok(probe);
         };
-        let cap = limits.max_manifest_bytes();
         if manifest_size > cap {
             probe.state = State::Broken(format!(
                 "{MANIFEST} is {manifest_size} bytes, more than the {cap} bytes this pipeline reads (room for limits.max_files entries); split the bundle"
             ));
             return Ok(probe);
         }
-        let Some(small) = self
-            .root
-            .get_small(&Bucket::key(INBOX, name, MANIFEST), cap)?
-        else {
+        let Some(small) = small? else {
             return Ok(probe); // deleted meanwhile
         };
         probe.manifest = Some((small.etag.clone(), small.last_modified));
@@ -282,27 +285,32 @@ impl Bucket {
         // creation, never over anything.
         std::fs::create_dir(into).map_err(FetchError::Local)?;
         let mut fetched = Fetched::default();
-        let mut get =
-            |rel: &str, most: u64| -> Result<Option<crate::fs::hashing::Hashed>, FetchError> {
-                let path = into.join(rel);
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(FetchError::Local)?;
-                }
-                let file = std::fs::File::create_new(&path).map_err(FetchError::Local)?;
-                let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
-                let key = Bucket::key(INBOX, &probe.name, rel);
-                let got = self
-                    .root
-                    .get_into(&key, &mut file, most)
-                    .map_err(FetchError::Bucket)?;
-                std::io::Write::flush(&mut file).map_err(FetchError::Local)?;
-                if let Some(h) = &got {
-                    fetched.bytes += h.size;
-                }
-                Ok(got)
-            };
-        for f in &manifest.files {
-            match get(f.path.as_str(), f.size)? {
+        let mut keys: Vec<(String, u64)> = manifest
+            .files
+            .iter()
+            .map(|f| (Bucket::key(INBOX, &probe.name, f.path.as_str()), f.size))
+            .collect();
+        if probe.objects.iter().any(|o| o.path == SIGNATURE) {
+            keys.push((
+                Bucket::key(INBOX, &probe.name, SIGNATURE),
+                crate::signature::MAX_SIGNATURE_BYTES + 1,
+            ));
+        }
+        let prefix = Bucket::key(INBOX, &probe.name, "");
+        let got = self.root.get_many_into(&keys, |key| {
+            let rel = key.strip_prefix(&prefix).unwrap_or(key);
+            let path = into.join(rel);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let file = std::fs::File::create_new(&path)?;
+            Ok::<_, FetchError>(std::io::BufWriter::with_capacity(1 << 18, file))
+        })?;
+        for (f, got) in manifest.files.iter().zip(&got) {
+            if let Some(h) = got {
+                fetched.bytes += h.size;
+            }
+            match got {
                 None => fetched
                     .mismatches
                     .push(format!("{}: gone from the bucket", f.path)),
@@ -314,9 +322,6 @@ impl Bucket {
                 }
                 Some(_) => {}
             }
-        }
-        if probe.objects.iter().any(|o| o.path == SIGNATURE) {
-            get(SIGNATURE, crate::signature::MAX_SIGNATURE_BYTES + 1)?;
         }
         let mut file = std::fs::File::create_new(into.join(MANIFEST)).map_err(FetchError::Local)?;
         std::io::Write::write_all(&mut file, &probe.manifest_bytes).map_err(FetchError::Local)?;
@@ -658,7 +663,7 @@ impl Bucket {
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     #[error("{0}")]
-    Bucket(s3::Error),
+    Bucket(#[from] s3::Error),
     #[error("cannot write the bundle into work/: {0}")]
-    Local(std::io::Error),
+    Local(#[from] std::io::Error),
 }

@@ -11,6 +11,9 @@ use object_store::{GetOptions, ObjectStore as _, ObjectStoreExt as _};
 use std::io::Write;
 use time::OffsetDateTime;
 
+/// How many objects [`S3Root::get_many_into`] reads at once.
+pub const GETS_IN_FLIGHT: usize = 8;
+
 /// One level of a listing with `/` as the delimiter.
 #[derive(Debug, Default)]
 pub struct Level {
@@ -77,39 +80,62 @@ impl S3Root {
     /// `None` when there are more (the listing stops there: a prefix with
     /// millions of objects costs one page, not millions of entries).
     pub fn list_at_most(&self, rel: &str, most: usize) -> Result<Option<Vec<Listed>>> {
+        self.block_on(self.list_at_most_async(rel, most))
+    }
+
+    /// The bytes of `rel`, `None` when it does not exist, an error when it
+    /// holds more than `most` bytes (read no further than that).
+    pub fn get_small(&self, rel: &str, most: u64) -> Result<Option<Small>> {
+        self.block_on(self.get_small_async(rel, most))
+    }
+
+    /// [`S3Root::list_at_most`] of `(rel, most)` and [`S3Root::get_small`]
+    /// of `small`, side by side (one round trip, not two).
+    pub fn list_and_get_small(
+        &self,
+        (rel, most): (&str, usize),
+        small: (&str, u64),
+    ) -> (Result<Option<Vec<Listed>>>, Result<Option<Small>>) {
+        self.block_on(async {
+            futures_util::join!(
+                self.list_at_most_async(rel, most),
+                self.get_small_async(small.0, small.1)
+            )
+        })
+    }
+
+    async fn list_at_most_async(&self, rel: &str, most: usize) -> Result<Option<Vec<Listed>>> {
         use futures_util::StreamExt as _;
         let prefix = self.folder_key(rel);
-        let listed: std::result::Result<Option<Vec<Listed>>, object_store::Error> =
-            self.block_on(async {
-                let mut out = Vec::new();
-                let mut stream = self.store.list(prefix.as_ref());
-                while let Some(meta) = stream.next().await {
-                    let meta = meta?;
-                    if out.len() == most {
-                        return Ok(None);
-                    }
-                    out.push(Listed {
-                        path: self.relative(meta.location.as_ref()),
-                        size: meta.size,
-                        last_modified: to_time(meta.last_modified),
-                    });
+        let (listed, answer) = failure::answered(async {
+            let mut out = Vec::new();
+            let mut stream = self.store.list(prefix.as_ref());
+            while let Some(meta) = stream.next().await {
+                let meta = meta?;
+                if out.len() == most {
+                    return Ok(None);
                 }
-                Ok(Some(out))
-            });
-        let mut listed = listed.map_err(|e| self.store_err("LIST", rel, e))?;
+                out.push(Listed {
+                    path: self.relative(meta.location.as_ref()),
+                    size: meta.size,
+                    last_modified: to_time(meta.last_modified),
+                });
+            }
+            Ok::<_, object_store::Error>(Some(out))
+        })
+        .await;
+        let mut listed = listed.map_err(|e| self.store_failed("LIST", rel, &e, answer))?;
         if let Some(l) = &mut listed {
             l.sort_by(|a, b| a.path.cmp(&b.path));
         }
         Ok(listed)
     }
 
-    /// The bytes of `rel`, `None` when it does not exist, an error when it
-    /// holds more than `most` bytes (read no further than that).
-    pub fn get_small(&self, rel: &str, most: u64) -> Result<Option<Small>> {
+    async fn get_small_async(&self, rel: &str, most: u64) -> Result<Option<Small>> {
         use futures_util::StreamExt as _;
         let key = self.key(rel);
         type Got = (Vec<u8>, Option<String>, chrono::DateTime<chrono::Utc>);
-        let got: std::result::Result<Option<Got>, object_store::Error> = self.block_on(async {
+        let (got, answer) = failure::answered(async {
             let r = match self.store.get_opts(&key, GetOptions::default()).await {
                 Ok(r) => r,
                 Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -125,9 +151,12 @@ impl S3Root {
                     break;
                 }
             }
-            Ok(Some((bytes, etag, modified)))
-        });
-        let Some((bytes, etag, modified)) = got.map_err(|e| self.store_err("GET", rel, e))? else {
+            Ok::<Option<Got>, object_store::Error>(Some((bytes, etag, modified)))
+        })
+        .await;
+        let Some((bytes, etag, modified)) =
+            got.map_err(|e| self.store_failed("GET", rel, &e, answer))?
+        else {
             return Ok(None);
         };
         if bytes.len() as u64 > most {
@@ -143,47 +172,80 @@ impl S3Root {
         }))
     }
 
-    /// Streams `rel` into `out`, hashing it in the same pass, and stops
-    /// after `most` bytes (what follows is not read). `None` when the
-    /// object does not exist. Memory stays at one chunk.
-    pub fn get_into(&self, rel: &str, out: &mut dyn Write, most: u64) -> Result<Option<Hashed>> {
+    /// Streams each of `items` (a key and the most bytes to read of it)
+    /// into the writer `open` gives for its key, hashing it in the same
+    /// pass, with up to [`GETS_IN_FLIGHT`] objects at once (a bundle of
+    /// small files waits for its slowest round trips, not for their sum).
+    /// A writer is opened when its object's GET starts and dropped when
+    /// it ends, so memory stays at one chunk and one writer per object in
+    /// flight. Each object stops after its `most` bytes (what follows is
+    /// not read, and one byte more is counted: "bigger than it should
+    /// be"); `None` for an object that does not exist. Every object is
+    /// tried; the first error is returned.
+    pub fn get_many_into<W, E>(
+        &self,
+        items: &[(String, u64)],
+        open: impl Fn(&str) -> std::result::Result<W, E>,
+    ) -> std::result::Result<Vec<Option<Hashed>>, E>
+    where
+        W: Write,
+        E: From<Error> + From<std::io::Error>,
+    {
+        use futures_util::StreamExt as _;
+        let open = &open;
+        let gets = items.iter().map(|(rel, most)| async move {
+            let mut out = open(rel)?;
+            let got = self.stream_into::<E>(rel, &mut out, *most).await?;
+            out.flush()?;
+            Ok::<_, E>(got)
+        });
+        self.block_on(
+            futures_util::stream::iter(gets)
+                .buffered(GETS_IN_FLIGHT)
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .collect()
+    }
+
+    async fn stream_into<E>(
+        &self,
+        rel: &str,
+        out: &mut impl Write,
+        most: u64,
+    ) -> std::result::Result<Option<Hashed>, E>
+    where
+        E: From<Error> + From<std::io::Error>,
+    {
         use futures_util::StreamExt as _;
         use sha2::Digest as _;
         let key = self.key(rel);
-        let got: std::result::Result<Option<Hashed>, Error> = self.block_on(async {
-            let (got, answer) =
-                failure::answered(self.store.get_opts(&key, GetOptions::default())).await;
-            let r = match got {
-                Ok(r) => r,
-                Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                Err(e) => return Err(self.store_failed("GET", rel, &e, answer)),
-            };
-            let mut hasher = sha2::Sha256::new();
-            let mut size = 0u64;
-            let mut stream = r.into_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| self.store_failed("GET", rel, &e, None))?;
-                let room = most.saturating_sub(size);
-                let take = &chunk[..chunk.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
-                hasher.update(take);
-                size += take.len() as u64;
-                out.write_all(take).map_err(|source| Error::Read {
-                    root: self.label.clone(),
-                    key: rel.to_owned(),
-                    source,
-                })?;
-                if take.len() < chunk.len() {
-                    // One byte over says "bigger than it should be".
-                    size += 1;
-                    break;
-                }
+        let (got, answer) =
+            failure::answered(self.store.get_opts(&key, GetOptions::default())).await;
+        let r = match got {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.store_failed("GET", rel, &e, answer).into()),
+        };
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        let mut stream = r.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.store_failed("GET", rel, &e, None))?;
+            let room = most.saturating_sub(size);
+            let take = &chunk[..chunk.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
+            hasher.update(take);
+            size += take.len() as u64;
+            out.write_all(take)?;
+            if take.len() < chunk.len() {
+                size += 1;
+                break;
             }
-            Ok(Some(Hashed {
-                sha256: crate::fs::hashing::format_digest(hasher),
-                size,
-            }))
-        });
-        got
+        }
+        Ok(Some(Hashed {
+            sha256: crate::fs::hashing::format_digest(hasher),
+            size,
+        }))
     }
 
     /// Copies `from` to `to` inside the bucket (server-side; `to` is

@@ -878,29 +878,38 @@ impl S3Root {
         }
     }
 
-    /// [`S3Root::delete`] of every path in `rels`, with up to
-    /// [`HEADS_IN_FLIGHT`] requests at once (undoing a batch of thousands
-    /// of objects, one after another, would hold a stopping agent for
-    /// seconds). Every delete is attempted; the first error is returned.
+    /// [`S3Root::delete`] of every path in `rels`, a thousand to a request
+    /// (S3's `DeleteObjects`; one by one, up to 20 at once, on a server
+    /// configured without it): undoing a batch of thousands of objects,
+    /// or removing a finished bundle from an intake, is one round trip,
+    /// not one per object. Every delete is attempted; the first error is
+    /// returned.
     pub fn delete_many(&self, rels: &[&str]) -> Result<()> {
         use futures_util::StreamExt as _;
         self.check_conformance()?;
-        let one = |rel: &str| {
-            let key = self.key(rel);
-            let rel = rel.to_owned();
-            async move {
-                match failure::answered(self.store.delete(&key)).await {
-                    (Ok(()) | Err(object_store::Error::NotFound { .. }), _) => Ok(()),
-                    (Err(e), answer) => Err(self.store_failed("DELETE", &rel, &e, answer)),
-                }
-            }
+        if rels.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<object_store::Result<object_store::path::Path>> =
+            rels.iter().map(|rel| Ok(self.key(rel))).collect();
+        let (results, answer): (Vec<object_store::Result<_>>, _) =
+            self.block_on(failure::answered(
+                self.store
+                    .delete_stream(futures_util::stream::iter(keys).boxed())
+                    .collect(),
+            ));
+        let what = match rels {
+            [one] => (*one).to_owned(),
+            [first, rest @ ..] => format!("{first} and {} more", rest.len()),
+            [] => String::new(),
         };
-        let results: Vec<Result<()>> = self.block_on(
-            futures_util::stream::iter(rels.iter().map(|rel| one(rel)))
-                .buffer_unordered(HEADS_IN_FLIGHT)
-                .collect(),
-        );
-        results.into_iter().collect()
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.store_failed("DELETE", &what, &e, answer)),
+            }
+        }
+        Ok(())
     }
 
     /// Every object under `rel_prefix` ("" = the whole root), keys relative

@@ -513,6 +513,50 @@ fn the_intake_server_stopped_mid_backlog_defers_and_loses_nothing() {
 }
 
 #[test]
+fn a_holder_whose_lease_lapses_while_its_bundle_is_deferred_serves_again() {
+    // The bundle waits for a root another process locked; meanwhile the
+    // server goes away for longer than the lease. The deferral must stop
+    // waiting (its commit could never pass the fence again), and the
+    // agent take the lease anew once the server is back.
+    let mut server = crate::seaweed::OwnServer::start("intake-lapse");
+    let i = Intake::at(server.location("intake", "reports"), "");
+    let config = std::fs::read_to_string(i.t.join("config.yaml")).unwrap();
+    i.t.write(
+        "config.yaml",
+        config.replacen("agent:\n", "agent:\n  lock_timeout: 1s\n", 1),
+    );
+    let lock = crate::util::hold_root_lock(&i.t.join("site"));
+    let mut agent = i.agent("config.yaml");
+    let bundles = backlog(&i, 1);
+    i.upload(&bundles[0].0, &bundles[0].1);
+    assert!(
+        wait_for(Duration::from_secs(60), || agent
+            .stderr()
+            .contains("deferred since")),
+        "{}",
+        agent.stderr()
+    );
+    server.stop(libc::SIGKILL);
+    assert!(
+        wait_for(Duration::from_secs(60), || agent
+            .stderr()
+            .contains("the deferred bundle stays in the intake")),
+        "{}",
+        agent.stderr()
+    );
+    drop(lock);
+    server.resume();
+    wait_done(&i, 1, &[&agent]);
+    assert_eq!(i.filed("done"), ["b000"]);
+    assert_eq!(i.published(), ["b000"]);
+    assert_site(&i, 1);
+    let result = i.result("done", "b000").unwrap();
+    assert_eq!(result["intake"]["epoch"], 2, "{result}");
+    agent.signal(libc::SIGTERM);
+    agent.finish(Duration::from_secs(30));
+}
+
+#[test]
 fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     let i = Intake::with("    limits:\n      max_files: 4\n");
     let agent = i.agent("config.yaml");
