@@ -117,6 +117,9 @@ struct Tally {
     failed: AtomicUsize,
     /// `--once`: bundles left in the inbox because they are incomplete.
     incomplete: AtomicUsize,
+    /// `--once`: bundles left in the inbox because they could not be
+    /// claimed (moved into `work/`).
+    unclaimed: AtomicUsize,
     /// Pipelines `--once` left alone because another agent serves them.
     skipped: AtomicUsize,
     /// Bundles that could not be filed and stay in `work/`.
@@ -216,16 +219,18 @@ fn run_once(config: &Config, process: &ProcessState) -> bool {
     write_metrics(config, &tally.metrics, false);
     let failed = tally.failed.load(Ordering::Relaxed);
     let incomplete = tally.incomplete.load(Ordering::Relaxed);
+    let unclaimed = tally.unclaimed.load(Ordering::Relaxed);
     let skipped = tally.skipped.load(Ordering::Relaxed);
     let left = tally.left.load(Ordering::Relaxed);
     let summary = once_summary(
         tally.done.load(Ordering::Relaxed),
         failed,
         incomplete,
+        unclaimed,
         skipped,
         left,
     );
-    let ok = failed == 0 && skipped == 0 && incomplete == 0 && left == 0;
+    let ok = failed == 0 && skipped == 0 && incomplete == 0 && unclaimed == 0 && left == 0;
     if ok {
         log::info!("{summary}");
     } else {
@@ -239,6 +244,7 @@ fn once_summary(
     done: usize,
     failed: usize,
     incomplete: usize,
+    unclaimed: usize,
     skipped: usize,
     left: usize,
 ) -> String {
@@ -248,6 +254,11 @@ fn once_summary(
     }
     if incomplete > 0 {
         s.push_str(&format!(", {incomplete} incomplete left in the inbox"));
+    }
+    if unclaimed > 0 {
+        s.push_str(&format!(
+            ", {unclaimed} could not be claimed and stay in the inbox (the log says why)"
+        ));
     }
     if skipped > 0 {
         let pipelines = if skipped == 1 {

@@ -71,12 +71,20 @@ fn the_once_summary_names_skipped_pipelines_only_when_there_are_any() {
         ),
     ] {
         assert_eq!(
-            once_summary(done, failed, 2, skipped, 0),
+            once_summary(done, failed, 2, 0, skipped, 0),
             want.replacen(" failed", " failed, 2 incomplete left in the inbox", 1)
         );
-        assert_eq!(once_summary(done, failed, 0, skipped, 0), want);
         assert_eq!(
-            once_summary(done, failed, 0, skipped, 1),
+            once_summary(done, failed, 0, 3, skipped, 0),
+            want.replacen(
+                " failed",
+                " failed, 3 could not be claimed and stay in the inbox (the log says why)",
+                1
+            )
+        );
+        assert_eq!(once_summary(done, failed, 0, 0, skipped, 0), want);
+        assert_eq!(
+            once_summary(done, failed, 0, 0, skipped, 1),
             want.replacen(
                 " failed",
                 " failed, 1 could not be filed and stay in work/",

@@ -524,6 +524,10 @@ impl Worker {
             }
             if self.once {
                 if !claimed_any {
+                    // Bundles whose claim failed stay in the inbox: not
+                    // every bundle ended in done/ (exit 1).
+                    let unclaimed = inbox.verdicts.values().filter(|(_, claim)| *claim).count();
+                    self.tally.unclaimed.fetch_add(unclaimed, Ordering::Relaxed);
                     if !look.left_incomplete.is_empty() {
                         self.tally
                             .incomplete
@@ -850,6 +854,11 @@ impl Worker {
                     if told.claim.as_ref() != Some(&key) {
                         let fix = if e.raw_os_error() == Some(libc::EPERM) {
                             "The inbox is sticky and belongs to another user, so the agent may move only its own user's entries: make the agent's user own the inbox (chown)"
+                        } else if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                        ) {
+                            "The spool's file system refuses rename with RENAME_NOREPLACE, which the agent needs so that a claim never replaces anything: put the spool on a local file system (ext4, xfs, btrfs, tmpfs)"
                         } else {
                             "The agent needs write access to the bundle folder to move it"
                         };

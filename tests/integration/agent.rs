@@ -343,6 +343,46 @@ fn once_publishes_good_bundles_fails_the_tampered_one_and_exits_1() {
 }
 
 #[test]
+fn once_exits_1_when_a_bundle_cannot_be_claimed_and_says_why() {
+    // A spool whose file system refuses rename with RENAME_NOREPLACE (some
+    // network and FUSE file systems), for one bundle: strace makes that
+    // very call fail with EINVAL, as such a file system does.
+    let dir = Test::new();
+    dir.config(&config_p(""));
+    let inbox = dir.spool("p", "inbox");
+    for name in ["good", "stuck"] {
+        let b = dir.sealed(name, &[("a.txt", name.as_bytes())]);
+        drop_into(&b, &inbox.join(name));
+    }
+    let out = std::process::Command::new("strace")
+        .current_dir(dir.path())
+        .env("RUST_LOG", "info")
+        .env_remove("DISTRIBUTOR_CONFIG")
+        .args(["-f", "-o", "/dev/null", "-P"])
+        .arg(inbox.join("stuck"))
+        .args([
+            "-e",
+            "trace=renameat2",
+            "-e",
+            "inject=renameat2:error=EINVAL",
+        ])
+        .arg(crate::util::BIN)
+        .args(["--config", "config.yaml", "agent", "--once"])
+        .output()
+        .expect("strace (scripts/install-test-deps installs it)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("1 done, 0 failed, 1 could not be claimed and stay in the inbox"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("RENAME_NOREPLACE"), "{stderr}");
+    assert_eq!(names(&dir.spool("p", "done")), set(&["good"]));
+    assert_eq!(names(&inbox), set(&["stuck"]));
+    assert!(inbox.join("stuck/manifest.json").is_file());
+}
+
+#[test]
 fn once_processes_bundles_in_manifest_modification_order_then_by_name() {
     let dir = Test::new();
     // No prefix: every bundle writes `a.txt`, so the last one processed owns it.
