@@ -969,11 +969,16 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: Filing) -> bool {
             if f.folder == Folder::Failed {
                 bucket.copy_to_failed(name, &filed.name, &f.objects)?;
             }
-            bucket.remove_from_inbox(name, &f.objects)?;
-            Ok(filed)
+            let left = bucket.remove_from_inbox(name, &f.objects)?;
+            Ok((filed, left))
         });
     match filed {
-        Ok(filed) => {
+        Ok((filed, left)) => {
+            if left > 0 {
+                log::info!(
+                    "pipeline={id} bundle={shown}: delivered again while it was processed; the {left} object(s) of the new delivery stay in the inbox, and it is processed next"
+                );
+            }
             log::info!(
                 "pipeline={id} bundle={shown}: filed as {}/{}/{} in {}",
                 to,

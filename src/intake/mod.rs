@@ -400,16 +400,50 @@ impl Bucket {
     }
 
     /// Removes a finished bundle from the inbox: its manifest first (from
-    /// then on it is no bundle), then the rest of what was listed.
-    pub fn remove_from_inbox(&self, name: &str, objects: &[Listed]) -> s3::Result<()> {
-        self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
-        let rest: Vec<String> = objects
-            .iter()
-            .filter(|o| o.path != MANIFEST)
-            .map(|o| Bucket::key(INBOX, name, &o.path))
-            .collect();
+    /// then on it is no bundle), then the rest of what was listed. Only
+    /// objects still as `objects` listed them go (same size and version):
+    /// a producer delivering again under this name meanwhile replaced
+    /// some of them, and its new delivery is left whole. Returns how many
+    /// listed objects were left for that reason.
+    pub fn remove_from_inbox(&self, name: &str, objects: &[Listed]) -> s3::Result<usize> {
+        let prefix = format!("{INBOX}/{name}");
+        let most = objects.len().saturating_add(16);
+        let now: Option<HashMap<String, Listed>> =
+            self.root.list_at_most(&prefix, most)?.map(|listed| {
+                let strip = format!("{prefix}/");
+                listed
+                    .into_iter()
+                    .map(|o| (o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned(), o))
+                    .collect()
+            });
+        // Too many objects to list (a hostile prefix): what was listed goes.
+        let unchanged = |o: &Listed| {
+            now.as_ref().is_none_or(|now| {
+                now.get(&o.path).is_some_and(|n| {
+                    n.size == o.size && n.etag == o.etag && n.last_modified == o.last_modified
+                })
+            })
+        };
+        let mut left = 0;
+        let replaced = |o: &Listed| now.as_ref().is_some_and(|now| now.contains_key(&o.path));
+        if let Some(m) = objects.iter().find(|o| o.path == MANIFEST) {
+            if unchanged(m) {
+                self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
+            } else if replaced(m) {
+                left += 1;
+            }
+        }
+        let mut rest = Vec::new();
+        for o in objects.iter().filter(|o| o.path != MANIFEST) {
+            if unchanged(o) {
+                rest.push(Bucket::key(INBOX, name, &o.path));
+            } else if replaced(o) {
+                left += 1;
+            }
+        }
         let rels: Vec<&str> = rest.iter().map(String::as_str).collect();
-        self.root.delete_many(&rels)
+        self.root.delete_many(&rels)?;
+        Ok(left)
     }
 
     /// The results below `folder`: name, result object (when there is

@@ -69,6 +69,7 @@ impl S3Root {
                 path: self.relative(meta.location.as_ref()),
                 size: meta.size,
                 last_modified: to_time(meta.last_modified),
+                etag: meta.e_tag,
             });
         }
         level.folders.sort();
@@ -119,6 +120,7 @@ impl S3Root {
                     path: self.relative(meta.location.as_ref()),
                     size: meta.size,
                     last_modified: to_time(meta.last_modified),
+                    etag: meta.e_tag,
                 });
             }
             Ok::<_, object_store::Error>(Some(out))

@@ -152,6 +152,8 @@ pub struct Listed {
     pub path: String,
     pub size: u64,
     pub last_modified: OffsetDateTime,
+    /// The version the listing gave, when the server gave one.
+    pub etag: Option<String>,
 }
 
 /// What can go wrong talking to the bucket. Each variant says which stage
@@ -939,6 +941,7 @@ impl S3Root {
                     path,
                     size: meta.size,
                     last_modified: to_time(meta.last_modified),
+                    etag: meta.e_tag,
                 });
             }
             Ok(out)

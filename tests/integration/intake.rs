@@ -557,6 +557,52 @@ fn a_holder_whose_lease_lapses_while_its_bundle_is_deferred_serves_again() {
 }
 
 #[test]
+fn a_delivery_again_under_the_same_name_while_one_is_processed_is_kept() {
+    // The agent stops right after fetching `x`; the producer delivers `x`
+    // again (same file names, other bytes); the first delivery's filing
+    // must not delete the objects of the second.
+    let i = Intake::new();
+    let first = i.t.bundle_at(
+        "x1",
+        "x",
+        "2026-01-01T00:00:01Z",
+        &[("a.txt", "1\n"), ("only-in-1.txt", "1\n")],
+    );
+    let second =
+        i.t.bundle_at("x2", "x", "2026-01-01T00:00:02Z", &[("a.txt", "2\n")]);
+    let mut agent = i.agent_failing("intake.fetched:1:stop");
+    i.upload("x", &first);
+    assert!(
+        wait_for(Duration::from_secs(60), || agent
+            .stderr()
+            .contains("failpoint intake.fetched reached")),
+        "{}",
+        agent.stderr()
+    );
+    i.upload("x", &second);
+    agent.signal(libc::SIGCONT);
+    wait_done(&i, 2, &[&agent]);
+    assert_eq!(i.filed("done"), ["x", "x.1"]);
+    assert_eq!(i.published(), ["x", "x"]);
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/a.txt")).unwrap(),
+        "2\n"
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || i.objects("inbox").is_empty()),
+        "{:?}",
+        i.objects("inbox")
+    );
+    let log = agent.stderr();
+    assert!(
+        log.contains("delivered again while it was processed"),
+        "{log}"
+    );
+    agent.signal(libc::SIGTERM);
+    agent.finish(Duration::from_secs(30));
+}
+
+#[test]
 fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     let i = Intake::with("    limits:\n      max_files: 4\n");
     let agent = i.agent("config.yaml");
