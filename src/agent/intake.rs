@@ -42,11 +42,14 @@ pub(super) struct Fence {
 /// A count of filings under way, which a commit waits to reach zero: a
 /// crash then leaves at most the bundle in hand published and not filed
 /// (its hooks run again where it is published again), as when each bundle
-/// was filed before the next was taken.
+/// was filed before the next was taken. Once a filing was given up (a
+/// stop, a lost lease), no commit of this holder follows it: the bundle
+/// stays in the inbox, and the next holder processes it first.
 #[derive(Default)]
 struct Filings {
     count: std::sync::Mutex<usize>,
     changed: std::sync::Condvar,
+    given_up: AtomicBool,
 }
 
 impl Filings {
@@ -56,11 +59,13 @@ impl Filings {
         self.changed.notify_all();
     }
 
-    fn wait_for_none(&self) {
+    /// Waits until no filing is under way; false when one was given up.
+    fn settled(&self) -> bool {
         let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
         while *count > 0 {
             count = self.changed.wait(count).unwrap_or_else(|e| e.into_inner());
         }
+        !self.given_up.load(Ordering::SeqCst)
     }
 }
 
@@ -95,7 +100,11 @@ impl Fence {
     /// The check before a commit (docs/contract.md §22.3), once the
     /// bundles finished before are filed.
     pub(super) fn check(&self) -> std::io::Result<()> {
-        self.filings.wait_for_none();
+        if !self.filings.settled() {
+            return Err(std::io::Error::other(
+                "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order",
+            ));
+        }
         crate::runtime::failpoint::hit("intake.before_fence");
         self.held.check(&self.bucket.root).map_err(|lost| {
             std::io::Error::other(format!(
@@ -236,7 +245,8 @@ impl Worker {
             filings: Filings::default(),
         });
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(fence.clone());
-        let mut filer = Filer::start(id, intake, &fence);
+        let most = self.config.agent.retry_max_interval;
+        let mut filer = Filer::start(id, intake, &fence, most, &self.cancel);
         self.discard_leftovers();
         // The hooks earlier holders' publications owed: carried into the
         // next publication of their bundle (docs/contract.md §22.2).
@@ -448,10 +458,6 @@ impl Worker {
         rx: &Receiver<Wake>,
     ) -> Step {
         let id = &self.pipeline.id;
-        // Bundles whose filing failed are taken again.
-        for name in filer.failed() {
-            inbox.taken.remove(&name);
-        }
         // A backlog known from the last listing is worked through without
         // looking again before each bundle: the inbox, its control objects
         // (a hold, a flush) and new arrivals are looked at once per
@@ -812,30 +818,46 @@ struct Filing {
 
 /// Files finished bundles in the bucket on a thread of its own (with a
 /// client of its own) while the holder goes on with the next bundle: a
-/// filing is three to five requests that the next publication need not
-/// wait for. A bundle stays in the inbox until it is filed, and the
-/// holder does not take it again meanwhile; one whose filing failed is
-/// processed again (its publication ends `skip_same`).
+/// filing is several requests that fetching the next bundle need not wait
+/// for. The next commit does ([`Filings`]). A bundle stays in the inbox
+/// until it is filed, and the holder does not take it again meanwhile; a
+/// filing that fails is tried again (commits wait) until it is filed, the
+/// lease is lost or the holder stops: processing it again instead would
+/// put it after the bundles committed meanwhile.
 struct Filer {
     id: String,
     fence: Arc<Fence>,
     sender: Option<crossbeam_channel::Sender<Filing>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// The names whose filing failed, for the holder to take again.
-    unfiled: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Set when the holder stops: a filing that failed is not tried
+    /// again (it stays in the inbox, and is processed again).
+    stopping: Arc<AtomicBool>,
+    /// The worker's: a stop asked while a commit waits for a filing.
+    cancel: crate::runtime::interrupt::Cancel,
+    /// The first wait before a failed filing is tried again, and the
+    /// longest.
+    waits: (Duration, Duration),
 }
 
 /// Filings queued at most: the holder waits for the filer beyond that.
 const FILINGS_QUEUED: usize = 64;
 
 impl Filer {
-    fn start(id: &str, intake: &Intake, fence: &Arc<Fence>) -> Filer {
+    fn start(
+        id: &str,
+        intake: &Intake,
+        fence: &Arc<Fence>,
+        most: Duration,
+        cancel: &crate::runtime::interrupt::Cancel,
+    ) -> Filer {
         let mut filer = Filer {
             id: id.to_owned(),
             fence: fence.clone(),
             sender: None,
             thread: None,
-            unfiled: Arc::default(),
+            stopping: Arc::default(),
+            cancel: cancel.clone(),
+            waits: (intake.poll_every(), most),
         };
         let bucket = match Bucket::open(intake) {
             Ok(b) => b,
@@ -847,20 +869,13 @@ impl Filer {
             }
         };
         let (tx, rx) = crossbeam_channel::bounded::<Filing>(FILINGS_QUEUED);
-        let (id2, fence2, unfiled) = (filer.id.clone(), fence.clone(), filer.unfiled.clone());
+        let (id2, fence2, waits) = (filer.id.clone(), fence.clone(), filer.waits);
+        let stop = (filer.stopping.clone(), filer.cancel.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("filer-{id}"))
             .spawn(move || {
                 for f in rx {
-                    let name = f.name.clone();
-                    // A panic is a filing that failed: the commit waiting
-                    // for this count must not wait for ever.
-                    let filed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        file_one(&id2, &bucket, &fence2, f)
-                    }));
-                    if !filed.unwrap_or(false) {
-                        unfiled.lock().unwrap_or_else(|e| e.into_inner()).push(name);
-                    }
+                    file_until_done(&id2, &bucket, &fence2, &f, waits, (&stop.0, &stop.1));
                     fence2.filings.add(-1);
                 }
             });
@@ -891,22 +906,21 @@ impl Filer {
             }
             None => f,
         };
-        let name = f.name.clone();
-        if !file_one(&self.id, &self.fence.bucket, &self.fence, f) {
-            self.unfiled
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(name);
-        }
+        let stop = (&*self.stopping, &self.cancel);
+        file_until_done(
+            &self.id,
+            &self.fence.bucket,
+            &self.fence,
+            &f,
+            self.waits,
+            stop,
+        );
     }
 
-    /// The names whose filing failed since the last call.
-    fn failed(&self) -> Vec<String> {
-        std::mem::take(&mut *self.unfiled.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Files what is queued, then stops the thread.
+    /// Files what is queued (a filing that fails is not tried again),
+    /// then stops the thread.
     fn finish(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
         self.sender = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -920,11 +934,51 @@ impl Drop for Filer {
     }
 }
 
+/// Files `f`, trying again after a failure (the wait doubling from
+/// `waits.0` up to `waits.1`) until it is filed, the lease is lost (the
+/// new holder processes the bundle again) or the holder stops (`stop`:
+/// its filer's flag, the worker's token); a filing given up is recorded
+/// in [`Filings`].
+fn file_until_done(
+    id: &str,
+    bucket: &Bucket,
+    fence: &Fence,
+    f: &Filing,
+    waits: (Duration, Duration),
+    stop: (&AtomicBool, &crate::runtime::interrupt::Cancel),
+) {
+    let stopping = || stop.0.load(Ordering::SeqCst) || stop.1.finishing();
+    let mut failures = 0u32;
+    loop {
+        // A panic is a filing that failed: the commit waiting for it must
+        // not wait for ever.
+        let filed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            file_one(id, bucket, fence, f)
+        }));
+        if filed.unwrap_or(false) {
+            return;
+        }
+        if fence.held.valid().is_err() || stopping() {
+            log::info!(
+                "pipeline={id} bundle={}: not filed; it stays in the intake and is processed again (its publication ends skip_same)",
+                crate::text::escape::inert(&f.name)
+            );
+            fence.filings.given_up.store(true, Ordering::SeqCst);
+            return;
+        }
+        failures = failures.saturating_add(1);
+        let until = Instant::now() + backoff(waits.0, failures, waits.1);
+        while Instant::now() < until && !stopping() && fence.held.valid().is_ok() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// Files `f` in the bucket: its result, a failed bundle's files beside
 /// it, then its removal from the inbox. Nothing of it when the lease was
 /// lost meanwhile (the new holder processes it again). Whether it was
 /// filed.
-fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: Filing) -> bool {
+fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
     let name = &f.name;
     let shown = crate::text::escape::inert(name);
     // The commit of this bundle checked the lease in the bucket moments
@@ -936,7 +990,7 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: Filing) -> bool {
         );
         return false;
     }
-    let mut doc = f.doc;
+    let mut doc = f.doc.clone();
     if let Some(obj) = doc.as_object_mut() {
         obj.insert(
             "intake".to_owned(),
@@ -990,7 +1044,7 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: Filing) -> bool {
         }
         Err(e) => {
             log::warn!(
-                "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); it stays in the intake and is processed again (its publication ends skip_same where it was made)"
+                "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); trying again (the next commit waits for it)"
             );
             false
         }

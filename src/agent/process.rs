@@ -230,8 +230,13 @@ impl Worker {
     /// Stopping while a bundle is deferred: it stays in work/, its record
     /// too, and the next start resumes the deferral.
     fn left_deferred(&self, name: &str) -> Processed {
+        let left = if self.pipeline.intake.is_some() {
+            "it stays in the intake for the agent that serves it next"
+        } else {
+            "left in work/ for the next start"
+        };
         log::info!(
-            "pipeline={} bundle={name}: deferred, left in work/ for the next start",
+            "pipeline={} bundle={name}: deferred, {left}",
             self.pipeline.id
         );
         Processed::Left

@@ -235,6 +235,15 @@ impl Bucket {
         let Some(small) = small? else {
             return Ok(probe); // deleted meanwhile
         };
+        // Replaced between the listing and the read: looked at again at
+        // the next look, as one delivery.
+        let listed = probe.objects.iter().find(|o| o.path == MANIFEST);
+        if listed
+            .and_then(|o| o.etag.as_deref())
+            .is_some_and(|e| !same_etag(e, &small.etag.0))
+        {
+            return Ok(probe);
+        }
         probe.manifest = Some((small.etag.clone(), small.last_modified));
         let manifest = match crate::bundle::parse_manifest(&small.bytes)
             .and_then(|m| crate::bundle::check_limits(&m, limits).map(|()| m))
@@ -417,13 +426,25 @@ impl Bucket {
                     .collect()
             });
         // Too many objects to list (a hostile prefix): what was listed goes.
+        // The same bytes uploaded again are the same object (the same
+        // delivery, published already).
         let unchanged = |o: &Listed| {
             now.as_ref().is_none_or(|now| {
                 now.get(&o.path).is_some_and(|n| {
-                    n.size == o.size && n.etag == o.etag && n.last_modified == o.last_modified
+                    n.size == o.size
+                        && match (&n.etag, &o.etag) {
+                            (Some(a), Some(b)) => same_etag(a, b),
+                            _ => n.last_modified == o.last_modified,
+                        }
                 })
             })
         };
+        if objects.is_empty() {
+            // Failed before it was listed (its name, a prefix of too many
+            // objects): its manifest goes, so that it is no bundle.
+            self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
+            return Ok(0);
+        }
         let mut left = 0;
         let replaced = |o: &Listed| now.as_ref().is_some_and(|now| now.contains_key(&o.path));
         if let Some(m) = objects.iter().find(|o| o.path == MANIFEST) {
@@ -691,6 +712,12 @@ impl Bucket {
     pub fn unmark_committing(&self, name: &str) -> s3::Result<()> {
         self.root.delete(&Bucket::committing_key(name))
     }
+}
+
+/// Whether two ETags name one version: equal, quotes aside (a listing
+/// and a response header may quote them differently).
+fn same_etag(a: &str, b: &str) -> bool {
+    a.trim_matches('"') == b.trim_matches('"')
 }
 
 /// Why a bundle could not be brought into `work/`.

@@ -182,8 +182,8 @@ impl S3Root {
     /// it ends, so memory stays at one chunk and one writer per object in
     /// flight. Each object stops after its `most` bytes (what follows is
     /// not read, and one byte more is counted: "bigger than it should
-    /// be"); `None` for an object that does not exist. Every object is
-    /// tried; the first error is returned.
+    /// be"); `None` for an object that does not exist. The first error
+    /// ends it: the GETs in flight are dropped, none more is started.
     pub fn get_many_into<W, E>(
         &self,
         items: &[(String, u64)],
@@ -193,7 +193,7 @@ impl S3Root {
         W: Write,
         E: From<Error> + From<std::io::Error>,
     {
-        use futures_util::StreamExt as _;
+        use futures_util::{StreamExt as _, TryStreamExt as _};
         let open = &open;
         let gets = items.iter().map(|(rel, most)| async move {
             let mut out = open(rel)?;
@@ -204,10 +204,8 @@ impl S3Root {
         self.block_on(
             futures_util::stream::iter(gets)
                 .buffered(GETS_IN_FLIGHT)
-                .collect::<Vec<_>>(),
+                .try_collect::<Vec<_>>(),
         )
-        .into_iter()
-        .collect()
     }
 
     async fn stream_into<E>(

@@ -603,6 +603,52 @@ fn a_delivery_again_under_the_same_name_while_one_is_processed_is_kept() {
 }
 
 #[test]
+fn the_same_bytes_uploaded_again_while_processed_are_one_delivery() {
+    // A retried upload of the very bundle being processed: filing removes
+    // it (same size and ETag), and nothing is left in the inbox.
+    let i = Intake::new();
+    let x =
+        i.t.bundle_at("x", "x", "2026-01-01T00:00:01Z", &[("a.txt", "1\n")]);
+    let mut agent = i.agent_failing("intake.fetched:1:stop");
+    i.upload("x", &x);
+    assert!(
+        wait_for(Duration::from_secs(60), || agent
+            .stderr()
+            .contains("failpoint intake.fetched reached")),
+        "{}",
+        agent.stderr()
+    );
+    // Uploaded again in a later second of the server's clock: only the
+    // ETag says it is the same object.
+    let first = i.bucket.head("inbox/x/a.txt").unwrap().unwrap();
+    assert!(wait_for(Duration::from_secs(10), || i
+        .bucket
+        .server_now()
+        .is_ok_and(|now| now > first.last_modified)));
+    i.upload("x", &x);
+    assert_ne!(
+        i.bucket
+            .head("inbox/x/a.txt")
+            .unwrap()
+            .unwrap()
+            .last_modified,
+        first.last_modified
+    );
+    agent.signal(libc::SIGCONT);
+    wait_done(&i, 1, &[&agent]);
+    assert!(
+        wait_for(Duration::from_secs(30), || i.objects("inbox").is_empty()),
+        "{:?}\n{}",
+        i.objects("inbox"),
+        agent.stderr()
+    );
+    assert_eq!(i.filed("done"), ["x"]);
+    assert_eq!(i.published(), ["x"]);
+    agent.signal(libc::SIGTERM);
+    agent.finish(Duration::from_secs(30));
+}
+
+#[test]
 fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     let i = Intake::with("    limits:\n      max_files: 4\n");
     let agent = i.agent("config.yaml");
@@ -693,6 +739,14 @@ fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     );
     // None of them left anything in the site but the good bundle's.
     assert_eq!(crate::util::tree(&i.t.join("site")).files(), ["g.txt"]);
+    // Filed, none is a bundle any more: no manifest is left in the inbox
+    // (the swarm's other objects stay, and are no bundle).
+    let manifests: Vec<String> = i
+        .objects("inbox")
+        .into_keys()
+        .filter(|k| k.ends_with("/manifest.json"))
+        .collect();
+    assert!(manifests.is_empty(), "{manifests:?}");
 }
 
 #[test]
