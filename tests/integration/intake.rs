@@ -444,13 +444,7 @@ fn a_holder_paused_past_its_lease_publishes_nothing_more() {
     // B takes the lapsed lease over, and waits for the root A locked.
     let b = i.agent("b.yaml");
     i.upload(&bundles[1].0, &bundles[1].1);
-    assert!(
-        wait_for(Duration::from_secs(30), || b
-            .stderr()
-            .contains("waiting for the lock")),
-        "{}",
-        b.stderr()
-    );
+    b.wait_log("waiting for the lock", Duration::from_secs(30));
     assert!(
         b.stderr().contains("took over the intake lease"),
         "{}",
@@ -489,13 +483,7 @@ fn the_intake_server_stopped_mid_backlog_defers_and_loses_nothing() {
     }
     assert!(wait_for(Duration::from_secs(60), || i.filed("done").len() >= 2));
     server.stop(libc::SIGKILL);
-    assert!(
-        wait_for(Duration::from_secs(60), || agent
-            .stderr()
-            .contains("cannot")),
-        "{}",
-        agent.stderr()
-    );
+    agent.wait_log("cannot", Duration::from_secs(60));
     server.resume();
     for (name, dir) in &bundles[6..] {
         i.upload(name, dir);
@@ -529,20 +517,11 @@ fn a_holder_whose_lease_lapses_while_its_bundle_is_deferred_serves_again() {
     let mut agent = i.agent("config.yaml");
     let bundles = backlog(&i, 1);
     i.upload(&bundles[0].0, &bundles[0].1);
-    assert!(
-        wait_for(Duration::from_secs(60), || agent
-            .stderr()
-            .contains("deferred since")),
-        "{}",
-        agent.stderr()
-    );
+    agent.wait_log("deferred since", Duration::from_secs(60));
     server.stop(libc::SIGKILL);
-    assert!(
-        wait_for(Duration::from_secs(60), || agent
-            .stderr()
-            .contains("the deferred bundle stays in the intake")),
-        "{}",
-        agent.stderr()
+    agent.wait_log(
+        "the deferred bundle stays in the intake",
+        Duration::from_secs(60),
     );
     drop(lock);
     server.resume();
@@ -572,13 +551,7 @@ fn a_delivery_again_under_the_same_name_while_one_is_processed_is_kept() {
         i.t.bundle_at("x2", "x", "2026-01-01T00:00:02Z", &[("a.txt", "2\n")]);
     let mut agent = i.agent_failing("intake.fetched:1:stop");
     i.upload("x", &first);
-    assert!(
-        wait_for(Duration::from_secs(60), || agent
-            .stderr()
-            .contains("failpoint intake.fetched reached")),
-        "{}",
-        agent.stderr()
-    );
+    agent.wait_log("failpoint intake.fetched reached", Duration::from_secs(60));
     i.upload("x", &second);
     agent.signal(libc::SIGCONT);
     wait_done(&i, 2, &[&agent]);
@@ -611,13 +584,7 @@ fn the_same_bytes_uploaded_again_while_processed_are_one_delivery() {
         i.t.bundle_at("x", "x", "2026-01-01T00:00:01Z", &[("a.txt", "1\n")]);
     let mut agent = i.agent_failing("intake.fetched:1:stop");
     i.upload("x", &x);
-    assert!(
-        wait_for(Duration::from_secs(60), || agent
-            .stderr()
-            .contains("failpoint intake.fetched reached")),
-        "{}",
-        agent.stderr()
-    );
+    agent.wait_log("failpoint intake.fetched reached", Duration::from_secs(60));
     // Uploaded again in a later second of the server's clock: only the
     // ETag says it is the same object.
     let first = i.bucket.head("inbox/x/a.txt").unwrap().unwrap();
