@@ -981,10 +981,11 @@ fn file_until_done(
 fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
     let name = &f.name;
     let shown = crate::text::escape::inert(name);
-    // The commit of this bundle checked the lease in the bucket moments
-    // ago; its filing checks it on this host's clock (no request), which
-    // a paused or partitioned holder fails first.
-    if let Err(lost) = fence.held.valid() {
+    // Checked in the bucket, not only on this host's clock: a host
+    // suspended past the lease resumes with a monotonic clock that did
+    // not count the suspension, while another agent took the lease over
+    // and may be fetching this very bundle.
+    if let Err(lost) = fence.held.check(&bucket.root) {
         log::warn!(
             "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
         );
