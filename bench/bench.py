@@ -61,19 +61,25 @@ def timed_shell(script):
     return time.perf_counter() - start
 
 
-def write_config(path, spool, root, workflow="additive", html=False, settle="250ms",
-                 metrics=None):
+def config_head(spool, settle="0s", metrics=None):
+    """The start of every benchmark config, up to the one pipeline's id
+    (`bench`): an agent that rescans rarely and never prunes."""
     metrics_line = f"  metrics_file: {metrics}\n" if metrics else ""
-    with open(path, "w") as f:
-        f.write(
-            f"""spool: {spool}
+    return f"""spool: {spool}
 agent:
   settle: {settle}
   rescan_interval: 60s
   prune_interval: 0s
 {metrics_line}pipelines:
   - id: bench
-    destinations:
+"""
+
+
+def write_config(path, spool, root, workflow="additive", html=False, settle="250ms",
+                 metrics=None):
+    with open(path, "w") as f:
+        f.write(
+            config_head(spool, settle, metrics) + f"""    destinations:
       - id: root
         path: {root}
         workflow: {workflow}
@@ -307,14 +313,7 @@ def make_nested(src, count):
 def write_prefixed_config(path, spool, root):
     with open(path, "w") as f:
         f.write(
-            f"""spool: {spool}
-agent:
-  settle: 0s
-  rescan_interval: 60s
-  prune_interval: 0s
-pipelines:
-  - id: bench
-    destinations:
+            config_head(spool) + f"""    destinations:
       - id: root
         path: {root}
         prefix: "{{source_id}}/"

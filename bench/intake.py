@@ -44,7 +44,7 @@ import threading
 import time
 import urllib.parse
 
-from bench import (BIN, make_nested, median, random_file, runs_line, seal, sh, small_bundles, start_agent,
+from bench import (BIN, config_head, make_nested, median, random_file, runs_line, seal, sh, small_bundles, start_agent,
                    timed)
 
 LEASE = 3.0
@@ -74,14 +74,7 @@ def write_config(path, spool, root, endpoint=None, bucket=None, lease=LEASE):
       lease: {lease:g}s
 """
     with open(path, "w") as f:
-        f.write(f"""spool: {spool}
-agent:
-  settle: 0s
-  rescan_interval: 60s
-  prune_interval: 0s
-pipelines:
-  - id: bench
-{intake}    destinations:
+        f.write(config_head(spool) + f"""{intake}    destinations:
       - id: root
         path: {root}
         workflow: additive

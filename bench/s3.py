@@ -175,16 +175,10 @@ class Seaweed:
 
 
 def write_s3_config(path, spool, endpoint, bucket):
+    from bench import config_head
     with open(path, "w") as f:
         f.write(
-            f"""spool: {spool}
-agent:
-  settle: 0s
-  rescan_interval: 60s
-  prune_interval: 0s
-pipelines:
-  - id: bench
-    destinations:
+            config_head(spool) + f"""    destinations:
       - id: bucket
         backend: s3
         bucket: {bucket}
