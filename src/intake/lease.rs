@@ -8,13 +8,16 @@
 //! `lease` on its own monotonic clock; the holder counts its lease as
 //! lost once a `lease` has passed since it *sent* its last successful
 //! renewal (a standby that saw that renewal waits a `lease` after seeing
-//! it, which is later). The argument, and the window that remains, are in
-//! docs/object-storage.md ("Intake").
+//! it, which is later). Both count on the boot-time clock ([`Boot`]), which
+//! counts a suspension of the host: a holder resumed after one longer than
+//! its lease knows, without asking, that it lost the lease. The argument,
+//! and the window that remains, are in docs/object-storage.md ("Intake").
 
+use crate::runtime::clock::Boot;
 use crate::s3::{self, ETag, S3Root};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The lease object, below the intake's `<path>`.
 pub const LEASE_KEY: &str = ".distributor-lease";
@@ -88,8 +91,8 @@ pub fn read(bucket: &S3Root) -> s3::Result<Option<(Option<Record>, ETag, time::O
 /// What a standby keeps about the lease between looks.
 #[derive(Debug, Default)]
 pub struct Watch {
-    /// The version last seen, and since when (this process's clock).
-    seen: Option<(ETag, Instant)>,
+    /// The version last seen, and since when.
+    seen: Option<(ETag, Boot)>,
 }
 
 /// What one attempt to take the lease found.
@@ -120,7 +123,7 @@ impl Watch {
         let since = match &self.seen {
             Some((seen, since)) if *seen == etag => *since,
             _ => {
-                let now = Instant::now();
+                let now = Boot::now();
                 self.seen = Some((etag.clone(), now));
                 now
             }
@@ -131,7 +134,7 @@ impl Watch {
         }
         let epoch = record.as_ref().map_or(0, |r| r.epoch) + 1;
         let mine = Record::mine(epoch, 0);
-        let started = Instant::now();
+        let started = Boot::now();
         match bucket.put_replace(LEASE_KEY, &mut &mine.bytes()[..], &etag, None, "lease") {
             Ok(w) => {
                 self.seen = None;
@@ -166,7 +169,7 @@ struct HeldState {
     record: Record,
     etag: ETag,
     /// When the last successful write of the lease was sent.
-    sent: Instant,
+    sent: Boot,
     /// Another agent's version was found where ours should be.
     lost: bool,
 }
@@ -189,7 +192,7 @@ impl Held {
             state: Mutex::new(HeldState {
                 record,
                 etag,
-                sent: Instant::now(),
+                sent: Boot::now(),
                 lost: false,
             }),
             requests: Mutex::new(()),
@@ -242,7 +245,7 @@ impl Held {
             r.renewed = crate::catalog::format_time(time::OffsetDateTime::now_utc());
             (r, s.etag.clone())
         };
-        let sent = Instant::now();
+        let sent = Boot::now();
         match bucket.put_replace(LEASE_KEY, &mut &record.bytes()[..], &etag, None, "lease") {
             Ok(w) => {
                 let mut s = self.state();
