@@ -228,9 +228,14 @@ impl Worker {
     }
 
     /// Stopping while a bundle is deferred: it stays in work/, its record
-    /// too, and the next start resumes the deferral.
+    /// too, and the next start resumes the deferral. An intake's bundle
+    /// (stopping, or the lease lost) leaves this host: it stays in the
+    /// bucket's inbox, and whichever agent serves the intake next starts
+    /// its deferral afresh, so this host's record of it goes (else
+    /// `status` would show a deferral on an agent that stands by).
     fn left_deferred(&self, name: &str) -> Processed {
         let left = if self.pipeline.intake.is_some() {
+            self.undefer();
             "it stays in the intake for the agent that serves it next"
         } else {
             "left in work/ for the next start"

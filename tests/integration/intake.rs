@@ -523,6 +523,10 @@ fn a_holder_whose_lease_lapses_while_its_bundle_is_deferred_serves_again() {
         "the deferred bundle stays in the intake",
         Duration::from_secs(60),
     );
+    // The bundle left this host: `status` here shows no deferral.
+    agent.wait_log("deferred, it stays in the intake", Duration::from_secs(60));
+    let deferral = i.t.join("spool/p/.distributor-deferred.json");
+    assert!(!deferral.exists(), "{}", deferral.display());
     drop(lock);
     server.resume();
     wait_done(&i, 1, &[&agent]);
