@@ -26,6 +26,14 @@ use time::OffsetDateTime;
 /// the lease).
 const EXPIRE_EVERY: Duration = Duration::from_secs(600);
 
+/// The most bytes of manifests read by a look and kept for their probes
+/// ([`intake::MANIFEST_KEPT`] each): a backlog of a thousand small bundles
+/// fits, and a hostile inbox of many large manifests costs no more.
+const MANIFESTS_KEPT: usize = 4 << 20;
+
+/// The most objects a look lists to see the inbox whole (ten LISTs).
+const LOOK_MOST: usize = 10_000;
+
 /// The holder's lease and a client for the check before each commit.
 pub(super) struct Fence {
     pub(super) held: Arc<Held>,
@@ -98,27 +106,32 @@ impl Fence {
     }
 
     /// The check before a commit (docs/contract.md §22.3), once the
-    /// bundles finished before are filed.
+    /// bundles finished before are filed. The lease is read in the bucket
+    /// while the filing under way goes on (on the filer's thread), and
+    /// counted valid on this host's clock once it is done.
     pub(super) fn check(&self) -> std::io::Result<()> {
+        crate::runtime::failpoint::hit("intake.before_fence");
+        let lost = |lost: lease::Lost| {
+            std::io::Error::other(format!(
+                "not committed: {lost}; this agent no longer serves the intake, and the agent that does processes the bundle again"
+            ))
+        };
+        self.held.check(&self.bucket.root).map_err(lost)?;
         if !self.filings.settled() {
             return Err(std::io::Error::other(
                 "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order",
             ));
         }
-        crate::runtime::failpoint::hit("intake.before_fence");
-        self.held.check(&self.bucket.root).map_err(|lost| {
-            std::io::Error::other(format!(
-                "not committed: {lost}; this agent no longer serves the intake, and the agent that does processes the bundle again"
-            ))
-        })
+        self.held.valid().map_err(lost)
     }
 }
 
 /// What the holder keeps between looks at the inbox.
 #[derive(Default)]
 struct Inbox {
-    /// Each name's manifest version and `Last-Modified` (arrival order).
-    arrivals: HashMap<String, (crate::s3::ETag, OffsetDateTime)>,
+    /// Each name's manifest as the look found it (arrival order, and
+    /// the bytes of a small one for its probe).
+    arrivals: HashMap<String, intake::Arrival>,
     /// Incomplete bundles: what their objects looked like, since when,
     /// and when they were last probed.
     waiting: HashMap<String, (intake::Shape, Instant, Instant)>,
@@ -140,6 +153,23 @@ struct Inbox {
     /// backlog known from that listing is worked through without listing
     /// again before each bundle, until the listing interval has passed.
     looked: Option<Instant>,
+    /// Each bundle's objects, when the last look listed the inbox whole.
+    listed: HashMap<String, Vec<crate::s3::Listed>>,
+    /// When the inbox was last listed.
+    listed_at: Option<Instant>,
+    /// Until when the inbox is looked at by its names only (it held more
+    /// than [`LOOK_MOST`] objects).
+    names_only_until: Option<Instant>,
+}
+
+impl Inbox {
+    /// Forgets the names a look no longer found.
+    fn forget_all_but(&mut self, present: impl Fn(&str) -> bool) {
+        self.arrivals.retain(|n, _| present(n));
+        self.waiting.retain(|n, _| present(n));
+        self.told.retain(|n, _| n.is_empty() || present(n));
+        self.taken.retain(|n, _| present(n));
+    }
 }
 
 /// What to do with the bundle a look picked.
@@ -459,10 +489,17 @@ impl Worker {
     ) -> Step {
         let id = &self.pipeline.id;
         // A backlog known from the last listing is worked through without
-        // looking again before each bundle: the inbox, its control objects
-        // (a hold, a flush) and new arrivals are looked at once per
-        // listing interval.
+        // looking again before each bundle: the control objects (a hold, a
+        // flush) are looked at once per listing interval, and the inbox
+        // too while no bundle it showed is ready; while one is, once per
+        // lease (what arrives meanwhile comes after the backlog).
         let look = inbox.arrivals.is_empty() || inbox.looked.is_none_or(|at| at.elapsed() >= every);
+        let ready = inbox
+            .arrivals
+            .keys()
+            .any(|n| !inbox.waiting.contains_key(n));
+        let look_at_inbox =
+            look && (!ready || inbox.listed_at.is_none_or(|at| at.elapsed() >= every * 6));
         if look {
             let controls = match bucket.controls() {
                 Ok(c) => c,
@@ -491,7 +528,7 @@ impl Worker {
         if held_since.is_some() {
             return Step::Idle;
         }
-        let pick = match self.pick(bucket, inbox, every, look) {
+        let pick = match self.pick(bucket, inbox, every, look_at_inbox) {
             Ok(p) => p,
             Err(e) => return self.unreachable(inbox, &e),
         };
@@ -506,7 +543,10 @@ impl Worker {
         let arrival = inbox.arrivals.remove(&probe.name);
         inbox.waiting.remove(&probe.name);
         inbox.told.remove(&probe.name);
-        let version = (probe.manifest.as_ref().or(arrival.as_ref())).map(|(etag, _)| etag.clone());
+        let version = match &probe.manifest {
+            Some((etag, _)) => Some(etag.clone()),
+            None => arrival.map(|a| a.etag),
+        };
         let carried = inbox
             .owed
             .remove(&probe.name)
@@ -541,9 +581,8 @@ impl Worker {
         if look {
             self.look_at_inbox(bucket, inbox, every)?;
         }
-        let mut order: Vec<(&String, &(crate::s3::ETag, OffsetDateTime))> =
-            inbox.arrivals.iter().collect();
-        order.sort_by(|a, b| (a.1.1, a.0).cmp(&(b.1.1, b.0)));
+        let mut order: Vec<(&String, &intake::Arrival)> = inbox.arrivals.iter().collect();
+        order.sort_by(|a, b| (a.1.at, a.0).cmp(&(b.1.at, b.0)));
         let order: Vec<String> = order.into_iter().map(|(n, _)| n.clone()).collect();
         let signed = self.spool.signed;
         for name in order {
@@ -556,7 +595,17 @@ impl Worker {
             {
                 continue;
             }
-            let probe = bucket.probe(&name, &self.pipeline.limits, signed)?;
+            // What the look listed serves a bundle's first probe; one
+            // that waits is listed anew once that listing is older than
+            // the listing interval.
+            let fresh = inbox.listed_at.is_some_and(|at| at.elapsed() < every);
+            let known = intake::Known {
+                objects: (fresh || !inbox.waiting.contains_key(&name))
+                    .then(|| inbox.listed.get(&name).map(Vec::as_slice))
+                    .flatten(),
+                manifest: inbox.arrivals.get(&name),
+            };
+            let probe = bucket.probe(&name, &self.pipeline.limits, signed, known)?;
             log::debug!(
                 "pipeline={} bundle={}: {:?}",
                 self.pipeline.id,
@@ -599,22 +648,39 @@ impl Worker {
         Ok(None)
     }
 
-    /// Lists the inbox: forgets what left it, and learns the arrival of
-    /// each new name (and of a new delivery under a name taken before).
+    /// Looks at the inbox: forgets what left it, and learns the arrival
+    /// of each new name (and of a new delivery under a name taken before).
+    /// An inbox of at most [`LOOK_MOST`] objects is listed whole, which
+    /// tells every manifest's version and arrival, and every bundle's
+    /// objects for its probe; a larger one by its names, each new name's
+    /// manifest then read by a GET.
     fn look_at_inbox(
         &self,
         bucket: &Bucket,
         inbox: &mut Inbox,
         every: Duration,
     ) -> crate::s3::Result<()> {
-        let names = bucket.names()?;
+        inbox.listed.clear();
+        inbox.listed_at = Some(Instant::now());
+        let whole = inbox.names_only_until.is_none_or(|at| Instant::now() >= at);
+        let look = if whole {
+            bucket.look(LOOK_MOST)?
+        } else {
+            intake::Look::Names(bucket.names()?)
+        };
+        let names = match look {
+            intake::Look::Whole(all) => {
+                inbox.names_only_until = None;
+                return self.look_at_whole_inbox(bucket, inbox, all);
+            }
+            intake::Look::Names(names) => names,
+        };
+        // Too many objects to list whole: not tried again for a lease.
+        if whole {
+            inbox.names_only_until = Some(Instant::now() + every * 6);
+        }
         let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
-        inbox.arrivals.retain(|n, _| present.contains(n.as_str()));
-        inbox.waiting.retain(|n, _| present.contains(n.as_str()));
-        inbox
-            .told
-            .retain(|n, _| n.is_empty() || present.contains(n.as_str()));
-        inbox.taken.retain(|n, _| present.contains(n.as_str()));
+        inbox.forget_all_but(|n| present.contains(n));
         // While a backlog is known, names already taken are looked at
         // again once per lease, not once per listing interval: on servers
         // that list an emptied prefix for a while, a new delivery under a
@@ -636,10 +702,77 @@ impl Worker {
             .filter(|n| !inbox.arrivals.contains_key(*n))
             .filter(|n| recheck || !inbox.taken.contains_key(*n))
             .collect();
-        for (name, arrival) in unknown.iter().zip(bucket.arrivals(&unknown)?) {
+        self.learn_arrivals(bucket, inbox, &unknown)
+    }
+
+    /// [`Worker::look_at_inbox`] of an inbox listed whole: no request for
+    /// each name, and none for a name whose objects are gone.
+    fn look_at_whole_inbox(
+        &self,
+        bucket: &Bucket,
+        inbox: &mut Inbox,
+        all: std::collections::BTreeMap<String, Vec<crate::s3::Listed>>,
+    ) -> crate::s3::Result<()> {
+        inbox.forget_all_but(|n| all.contains_key(n));
+        // A server that lists objects without their versions: each new
+        // name's manifest is read.
+        let mut unknown = Vec::new();
+        for (name, objects) in &all {
+            let manifest = objects.iter().find(|o| o.path == crate::bundle::MANIFEST);
+            let taken = inbox.taken.get(name);
+            match manifest.map(|m| (m.etag.as_ref(), m.last_modified)) {
+                Some((Some(etag), at)) => {
+                    let etag = crate::s3::ETag(etag.clone());
+                    let known = inbox.arrivals.get(name).map(|a| &a.etag);
+                    if known != Some(&etag) && taken.is_none_or(|v| v.as_ref() != Some(&etag)) {
+                        let a = intake::Arrival {
+                            etag,
+                            at,
+                            bytes: None,
+                        };
+                        inbox.arrivals.insert(name.clone(), a);
+                    }
+                }
+                Some((None, _)) if !inbox.arrivals.contains_key(name) => {
+                    unknown.push(name.as_str());
+                }
+                Some((None, _)) => {}
+                None => {
+                    inbox.arrivals.remove(name);
+                    inbox.waiting.remove(name);
+                    if taken.is_none() {
+                        self.tell_intake(
+                            inbox,
+                            name,
+                            "waits: no manifest.json yet (upload it last)",
+                        );
+                    }
+                }
+            }
+        }
+        self.learn_arrivals(bucket, inbox, &unknown)?;
+        inbox.listed = all.into_iter().collect();
+        Ok(())
+    }
+
+    /// Reads the manifests of `names` (new to this holder): each becomes
+    /// an arrival, unless it is the delivery already taken.
+    fn learn_arrivals(
+        &self,
+        bucket: &Bucket,
+        inbox: &mut Inbox,
+        names: &[&str],
+    ) -> crate::s3::Result<()> {
+        let kept: usize = inbox
+            .arrivals
+            .values()
+            .filter_map(|a| a.bytes.as_ref().map(Vec::len))
+            .sum();
+        let budget = MANIFESTS_KEPT.saturating_sub(kept);
+        for (name, arrival) in names.iter().zip(bucket.arrivals(names, budget)?) {
             let taken = inbox.taken.get(*name);
             match arrival {
-                Some(a) if taken.is_some_and(|v| v.as_ref() == Some(&a.0)) => {}
+                Some(a) if taken.is_some_and(|v| v.as_ref() == Some(&a.etag)) => {}
                 Some(a) => {
                     inbox.arrivals.insert((*name).to_owned(), a);
                 }
@@ -981,11 +1114,12 @@ fn file_until_done(
 fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
     let name = &f.name;
     let shown = crate::text::escape::inert(name);
-    // Checked in the bucket, not only on this host's clock: a host
-    // suspended past the lease resumes with a monotonic clock that did
-    // not count the suspension, while another agent took the lease over
-    // and may be fetching this very bundle.
-    if let Err(lost) = fence.held.check(&bucket.root) {
+    // Checked on this host's clock, which is enough: the lease is counted
+    // on the boot-time clock, which counts a suspension of the host too,
+    // so no other agent can have taken the lease over while it is valid
+    // here (docs/object-storage.md, "Intake"). The commit before this
+    // filing checked it in the bucket.
+    if let Err(lost) = fence.held.valid() {
         log::warn!(
             "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
         );
@@ -1017,16 +1151,38 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
         Folder::Done => intake::DONE,
         _ => intake::FAILED,
     };
-    let filed = bucket
-        .put_result(to, name, &doc, &f.etag)
-        .and_then(|filed| {
-            crate::runtime::failpoint::hit("intake.result_written");
-            if f.folder == Folder::Failed {
-                bucket.copy_to_failed(name, &filed.name, &f.objects)?;
-            }
-            let left = bucket.remove_from_inbox(name, &f.objects)?;
-            Ok((filed, left))
-        });
+    // The listing that tells what changed in the inbox since the probe is
+    // taken while the result is written (a round trip less); the inbox
+    // loses nothing before the result is written.
+    let (filed, now) = std::thread::scope(|scope| {
+        let listing = std::thread::Builder::new()
+            .name(format!("filer-list-{id}"))
+            .spawn_scoped(scope, || bucket.inbox_now(name, &f.objects));
+        let filed = bucket
+            .put_result(to, name, &doc, &f.etag)
+            .and_then(|filed| {
+                crate::runtime::failpoint::hit("intake.result_written");
+                if f.folder == Folder::Failed {
+                    bucket.copy_to_failed(name, &filed.name, &f.objects)?;
+                }
+                Ok(filed)
+            });
+        let now = match listing {
+            Ok(listing) => listing.join().unwrap_or_else(|_| {
+                Err(crate::s3::Error::Protocol {
+                    root: bucket.label().to_owned(),
+                    what: "listing the inbox panicked".to_owned(),
+                })
+            }),
+            // No thread to spare: listed after the result is written.
+            Err(_) => bucket.inbox_now(name, &f.objects),
+        };
+        (filed, now)
+    });
+    let filed = filed.and_then(|filed| {
+        let left = bucket.remove_unchanged(name, &f.objects, now?.as_ref())?;
+        Ok((filed, left))
+    });
     match filed {
         Ok((filed, left)) => {
             if left > 0 {

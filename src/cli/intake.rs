@@ -9,7 +9,7 @@ use super::output::human_age;
 use super::{Error, Outcome, told_unless};
 use crate::agent::presence;
 use crate::config::{Config, Intake, Pipeline, format_duration};
-use crate::intake::{Bucket, DONE, FAILED, INBOX, State, lease};
+use crate::intake::{Bucket, DONE, FAILED, INBOX, Known, State, lease};
 use crate::s3::{self, Failure};
 use crate::spool::{self, Folder, ResultDoc, Spool, SpoolEntry, queue};
 use crate::text::escape::inert;
@@ -262,7 +262,7 @@ fn inbox(
     let now = OffsetDateTime::now_utc();
     let mut rows = Vec::new();
     for name in bucket.names()? {
-        let probe = bucket.probe(&name, &p.limits, spool.signed)?;
+        let probe = bucket.probe(&name, &p.limits, spool.signed, Known::default())?;
         let Some(last) = probe.signature.0 else {
             continue; // removed since the listing
         };

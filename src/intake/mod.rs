@@ -64,6 +64,41 @@ pub enum State {
 /// bundle's objects: it changes whenever an upload adds or replaces one.
 pub type Shape = (Option<OffsetDateTime>, usize, u64);
 
+/// A manifest in the inbox as a look found it ([`Bucket::arrivals`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    pub etag: ETag,
+    /// Its `Last-Modified`: the bundle's arrival.
+    pub at: OffsetDateTime,
+    /// Its bytes, kept for the probe when small.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// What a look at the inbox found of one bundle, which its probe does not
+/// ask again.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Known<'a> {
+    /// Its objects (paths below its folder), when the look listed every
+    /// object of the inbox.
+    pub objects: Option<&'a [Listed]>,
+    /// Its manifest, when the look read it.
+    pub manifest: Option<&'a Arrival>,
+}
+
+/// What one look at the inbox found ([`Bucket::look`]).
+#[derive(Debug)]
+pub enum Look {
+    /// Every object below `inbox/`, by bundle name (paths below its
+    /// folder). A name whose objects are all gone is not there, even on
+    /// a server that lists an emptied folder for minutes.
+    Whole(std::collections::BTreeMap<String, Vec<Listed>>),
+    /// More objects than a look lists: the names only.
+    Names(Vec<String>),
+}
+
+/// The most bytes of a manifest kept from a look to the probe.
+pub const MANIFEST_KEPT: u64 = 64 << 10;
+
 /// A finished bundle in the bucket: its name, its result (when it has one
 /// that parses) and when that was written.
 #[derive(Debug, Clone)]
@@ -145,6 +180,30 @@ impl Bucket {
             .collect())
     }
 
+    /// Every object of the inbox, when there are at most `most` (one LIST
+    /// per thousand), else its names ([`Bucket::names`]). Objects right
+    /// below `inbox/` and names starting with `.` are no bundle's.
+    pub fn look(&self, most: usize) -> s3::Result<Look> {
+        let Some(all) = self.root.list_at_most(INBOX, most)? else {
+            return Ok(Look::Names(self.names()?));
+        };
+        let strip = format!("{INBOX}/");
+        let mut names = std::collections::BTreeMap::<String, Vec<Listed>>::new();
+        for mut o in all {
+            let rel = o.path.strip_prefix(&strip).unwrap_or(&o.path);
+            let Some((name, path)) = rel.split_once('/') else {
+                continue;
+            };
+            if crate::spool::is_ignored_name(name) {
+                continue;
+            }
+            let name = name.to_owned();
+            o.path = path.to_owned();
+            names.entry(name).or_default().push(o);
+        }
+        Ok(Look::Whole(names))
+    }
+
     /// The control objects at the top (`.distributor-hold`, `-flush`,
     /// `-lease`), by name.
     pub fn controls(&self) -> s3::Result<HashMap<String, Listed>> {
@@ -156,26 +215,45 @@ impl Bucket {
             .collect())
     }
 
-    /// The manifest `Last-Modified` of each name that has one (arrival
-    /// order), with up to [`s3::HEADS_IN_FLIGHT`] HEADs at once.
-    pub fn arrivals(&self, names: &[&str]) -> s3::Result<Vec<Option<(ETag, OffsetDateTime)>>> {
+    /// The manifest of each name that has one, read with up to
+    /// [`s3::HEADS_IN_FLIGHT`] GETs at once: its version and arrival, and
+    /// its bytes when it holds at most [`MANIFEST_KEPT`] and the bytes kept
+    /// stay within `budget` (the probe then reads only the listing). A GET
+    /// costs what a HEAD costs, and saves the probe's.
+    pub fn arrivals(&self, names: &[&str], mut budget: usize) -> s3::Result<Vec<Option<Arrival>>> {
         let keys: Vec<String> = names
             .iter()
             .map(|n| Bucket::key(INBOX, n, MANIFEST))
             .collect();
         let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
-        Ok(self
-            .root
-            .head_many(&rels)?
-            .into_iter()
-            .map(|h| h.map(|h| (h.etag, h.last_modified)))
-            .collect())
+        let mut out = vec![None; names.len()];
+        self.root.get_small_each(&rels, MANIFEST_KEPT, |i, small| {
+            out[i] = small.map(|s| {
+                let keep = s.bytes.len() as u64 <= MANIFEST_KEPT && s.bytes.len() <= budget;
+                if keep {
+                    budget -= s.bytes.len();
+                }
+                Arrival {
+                    etag: s.etag,
+                    at: s.last_modified,
+                    bytes: keep.then_some(s.bytes),
+                }
+            });
+        })?;
+        Ok(out)
     }
 
     /// Probes bundle `name`: lists its objects (at most `max_files + 16`)
     /// while reading its manifest, checks the manifest, and checks every
-    /// listed file's object and size.
-    pub fn probe(&self, name: &str, limits: &Limits, signed: bool) -> s3::Result<Probe> {
+    /// listed file's object and size. What a look found is not asked
+    /// again ([`Known`]).
+    pub fn probe(
+        &self,
+        name: &str,
+        limits: &Limits,
+        signed: bool,
+        known: Known<'_>,
+    ) -> s3::Result<Probe> {
         let mut probe = Probe {
             name: name.to_owned(),
             state: State::NoManifest,
@@ -192,12 +270,32 @@ impl Bucket {
         let prefix = format!("{INBOX}/{name}");
         let most = usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX);
         let cap = limits.max_manifest_bytes();
-        // The listing and the manifest are read side by side; the manifest
-        // counts only when the listing shows it too.
         let manifest_key = Bucket::key(INBOX, name, MANIFEST);
-        let (listed, small) = self
-            .root
-            .list_and_get_small((&prefix, most), (&manifest_key, cap));
+        let relative = |listed: Option<Vec<Listed>>| {
+            let strip = format!("{prefix}/");
+            listed.map(|l| {
+                l.into_iter()
+                    .map(|mut o| {
+                        o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
+                        o
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        // The listing and the manifest are read side by side, unless the
+        // look listed the bundle or read its manifest already; the
+        // manifest counts only when the listing shows it too.
+        let kept = known.manifest.and_then(|a| Some((a, a.bytes.as_ref()?)));
+        let (listed, read) = match (known.objects, kept) {
+            (Some(objects), _) => (Ok((objects.len() <= most).then(|| objects.to_vec())), None),
+            (None, Some(_)) => (self.root.list_at_most(&prefix, most).map(relative), None),
+            (None, None) => {
+                let (listed, small) = self
+                    .root
+                    .list_and_get_small((&prefix, most), (&manifest_key, cap));
+                (listed.map(relative), Some(small))
+            }
+        };
         let Some(objects) = listed? else {
             probe.state = State::Broken(format!(
                 "more than {most} objects under {prefix}/ (limits.max_files is {}); delete them (`distributor spool delete`), and split the bundle",
@@ -205,14 +303,7 @@ impl Bucket {
             ));
             return Ok(probe);
         };
-        let strip = format!("{prefix}/");
-        probe.objects = objects
-            .into_iter()
-            .map(|mut o| {
-                o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
-                o
-            })
-            .collect();
+        probe.objects = objects;
         probe.signature = (
             probe.objects.iter().map(|o| o.last_modified).max(),
             probe.objects.len(),
@@ -232,16 +323,28 @@ impl Bucket {
             ));
             return Ok(probe);
         }
-        let Some(small) = small? else {
+        let shown = probe
+            .objects
+            .iter()
+            .find(|o| o.path == MANIFEST)
+            .and_then(|o| o.etag.as_deref());
+        let small = match (read, kept) {
+            (Some(small), _) => small?,
+            (None, Some((a, bytes))) if shown.is_some_and(|e| same_etag(e, &a.etag.0)) => {
+                Some(s3::bucket::Small {
+                    bytes: bytes.clone(),
+                    etag: a.etag.clone(),
+                    last_modified: a.at,
+                })
+            }
+            (None, _) => self.root.get_small(&manifest_key, cap)?,
+        };
+        let Some(small) = small else {
             return Ok(probe); // deleted meanwhile
         };
         // Replaced between the listing and the read: looked at again at
         // the next look, as one delivery.
-        let listed = probe.objects.iter().find(|o| o.path == MANIFEST);
-        if listed
-            .and_then(|o| o.etag.as_deref())
-            .is_some_and(|e| !same_etag(e, &small.etag.0))
-        {
+        if shown.is_some_and(|e| !same_etag(e, &small.etag.0)) {
             return Ok(probe);
         }
         probe.manifest = Some((small.etag.clone(), small.last_modified));
@@ -408,28 +511,43 @@ impl Bucket {
         Ok(())
     }
 
-    /// Removes a finished bundle from the inbox: its manifest first (from
-    /// then on it is no bundle), then the rest of what was listed. Only
-    /// objects still as `objects` listed them go (same size and version):
-    /// a producer delivering again under this name meanwhile replaced
-    /// some of them, and its new delivery is left whole. Returns how many
-    /// listed objects were left for that reason.
-    pub fn remove_from_inbox(&self, name: &str, objects: &[Listed]) -> s3::Result<usize> {
+    /// The objects below `inbox/<name>/` now, by path (`None`: more than
+    /// `objects` and a few more), for [`Bucket::remove_unchanged`].
+    pub fn inbox_now(
+        &self,
+        name: &str,
+        objects: &[Listed],
+    ) -> s3::Result<Option<HashMap<String, Listed>>> {
         let prefix = format!("{INBOX}/{name}");
         let most = objects.len().saturating_add(16);
-        let now: Option<HashMap<String, Listed>> =
-            self.root.list_at_most(&prefix, most)?.map(|listed| {
-                let strip = format!("{prefix}/");
-                listed
-                    .into_iter()
-                    .map(|o| (o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned(), o))
-                    .collect()
-            });
+        Ok(self.root.list_at_most(&prefix, most)?.map(|listed| {
+            let strip = format!("{prefix}/");
+            listed
+                .into_iter()
+                .map(|o| (o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned(), o))
+                .collect()
+        }))
+    }
+
+    /// Removes a finished bundle from the inbox: its manifest and the rest
+    /// of what was listed, in one request. Only objects that `now` (a
+    /// listing taken since the probe) shows as `objects` listed them go
+    /// (same size and version), and none once its manifest was replaced:
+    /// a producer delivered again under this name meanwhile, and its new
+    /// delivery is left whole (files the same in both too; its own filing
+    /// removes what the first delivery left). Returns how many listed
+    /// objects were left for that reason.
+    pub fn remove_unchanged(
+        &self,
+        name: &str,
+        objects: &[Listed],
+        now: Option<&HashMap<String, Listed>>,
+    ) -> s3::Result<usize> {
         // Too many objects to list (a hostile prefix): what was listed goes.
         // The same bytes uploaded again are the same object (the same
         // delivery, published already).
         let unchanged = |o: &Listed| {
-            now.as_ref().is_none_or(|now| {
+            now.is_none_or(|now| {
                 now.get(&o.path).is_some_and(|n| {
                     n.size == o.size
                         && match (&n.etag, &o.etag) {
@@ -445,24 +563,24 @@ impl Bucket {
             self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
             return Ok(0);
         }
+        // One request (a thousand keys each), the manifest first: the
+        // server deletes a request's keys whatever becomes of the agent,
+        // and one that fails on any key is filed again from a new
+        // listing.
+        let replaced = |o: &Listed| now.is_some_and(|now| now.contains_key(&o.path));
+        let manifest = objects.iter().filter(|o| o.path == MANIFEST);
+        let files = objects.iter().filter(|o| o.path != MANIFEST);
+        let delivered_again = manifest.clone().any(|m| replaced(m) && !unchanged(m));
+        let mut keys = Vec::new();
         let mut left = 0;
-        let replaced = |o: &Listed| now.as_ref().is_some_and(|now| now.contains_key(&o.path));
-        if let Some(m) = objects.iter().find(|o| o.path == MANIFEST) {
-            if unchanged(m) {
-                self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
-            } else if replaced(m) {
-                left += 1;
-            }
-        }
-        let mut rest = Vec::new();
-        for o in objects.iter().filter(|o| o.path != MANIFEST) {
-            if unchanged(o) {
-                rest.push(Bucket::key(INBOX, name, &o.path));
+        for o in manifest.chain(files) {
+            if unchanged(o) && !delivered_again {
+                keys.push(Bucket::key(INBOX, name, &o.path));
             } else if replaced(o) {
                 left += 1;
             }
         }
-        let rels: Vec<&str> = rest.iter().map(String::as_str).collect();
+        let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
         self.root.delete_many(&rels)?;
         Ok(left)
     }
@@ -728,3 +846,6 @@ pub enum FetchError {
     #[error("cannot write the bundle into work/: {0}")]
     Local(#[from] std::io::Error),
 }
+
+#[cfg(test)]
+mod tests;

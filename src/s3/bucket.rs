@@ -133,7 +133,47 @@ impl S3Root {
         Ok(listed)
     }
 
+    /// Reads each of `rels` as [`S3Root::get_small`] does, up to
+    /// [`super::HEADS_IN_FLIGHT`] at once, and hands it to `each` with its
+    /// index, in order; except that an object of more than `most` bytes
+    /// is no error: its `bytes` are then its first `most + 1` (its version
+    /// and `Last-Modified` are what the caller wants of it). Only the
+    /// objects in flight are in memory, besides what `each` keeps.
+    pub fn get_small_each(
+        &self,
+        rels: &[&str],
+        most: u64,
+        mut each: impl FnMut(usize, Option<Small>),
+    ) -> Result<()> {
+        use futures_util::StreamExt as _;
+        self.block_on(async {
+            let mut got = futures_util::stream::iter(
+                rels.iter().map(|rel| self.get_head_of_async(rel, most)),
+            )
+            .buffered(super::HEADS_IN_FLIGHT)
+            .enumerate();
+            while let Some((i, small)) = got.next().await {
+                each(i, small?);
+            }
+            Ok(())
+        })
+    }
+
     async fn get_small_async(&self, rel: &str, most: u64) -> Result<Option<Small>> {
+        let got = self.get_head_of_async(rel, most).await?;
+        if let Some(small) = &got
+            && small.bytes.len() as u64 > most
+        {
+            return Err(Error::Protocol {
+                root: self.label.clone(),
+                what: format!("{rel} holds more than {most} bytes"),
+            });
+        }
+        Ok(got)
+    }
+
+    /// The object `rel`, its bytes read no further than `most + 1`.
+    async fn get_head_of_async(&self, rel: &str, most: u64) -> Result<Option<Small>> {
         use futures_util::StreamExt as _;
         let key = self.key(rel);
         type Got = (Vec<u8>, Option<String>, chrono::DateTime<chrono::Utc>);
@@ -150,6 +190,7 @@ impl S3Root {
                 let chunk = chunk?;
                 bytes.extend_from_slice(&chunk);
                 if bytes.len() as u64 > most {
+                    bytes.truncate(usize::try_from(most.saturating_add(1)).unwrap_or(usize::MAX));
                     break;
                 }
             }
@@ -161,12 +202,6 @@ impl S3Root {
         else {
             return Ok(None);
         };
-        if bytes.len() as u64 > most {
-            return Err(Error::Protocol {
-                root: self.label.clone(),
-                what: format!("{rel} holds more than {most} bytes"),
-            });
-        }
         Ok(Some(Small {
             bytes,
             etag: self.etag_of(rel, etag)?,

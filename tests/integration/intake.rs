@@ -549,10 +549,19 @@ fn a_delivery_again_under_the_same_name_while_one_is_processed_is_kept() {
         "x1",
         "x",
         "2026-01-01T00:00:01Z",
-        &[("a.txt", "1\n"), ("only-in-1.txt", "1\n")],
+        &[
+            ("a.txt", "1\n"),
+            ("only-in-1.txt", "1\n"),
+            ("same.txt", "s\n"),
+        ],
     );
-    let second =
-        i.t.bundle_at("x2", "x", "2026-01-01T00:00:02Z", &[("a.txt", "2\n")]);
+    // `same.txt` is the same object in both: the second needs it.
+    let second = i.t.bundle_at(
+        "x2",
+        "x",
+        "2026-01-01T00:00:02Z",
+        &[("a.txt", "2\n"), ("same.txt", "s\n")],
+    );
     let mut agent = i.agent_failing("intake.fetched:1:stop");
     i.upload("x", &first);
     agent.wait_log("failpoint intake.fetched reached", Duration::from_secs(60));

@@ -1,0 +1,191 @@
+//! The intake's requests against `object_store`'s in-memory store: what a
+//! probe reads, and what filing removes from the inbox. The agent's loop
+//! and the real server are exercised by tests/integration/intake.rs.
+
+use super::*;
+use crate::s3::tests::memory_root;
+
+fn bucket() -> Bucket {
+    Bucket {
+        root: memory_root("reports"),
+    }
+}
+
+/// Writes `rel` whether or not it exists (as a producer's upload does).
+fn put(b: &Bucket, rel: &str, bytes: &[u8]) {
+    match b.root.head(rel).unwrap() {
+        Some(h) => b
+            .root
+            .put_replace(rel, &mut &bytes[..], &h.etag, None, "test"),
+        None => b.root.put_new(rel, &mut &bytes[..], None, "test"),
+    }
+    .unwrap();
+}
+
+/// Delivers bundle `name` with `files`, its manifest last; returns the
+/// manifest's bytes.
+fn deliver(b: &Bucket, name: &str, files: &[(&str, &str)]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, body) in files {
+        let file = dir.path().join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, body).unwrap();
+        put(b, &Bucket::key(INBOX, name, path), body.as_bytes());
+    }
+    crate::bundle::seal(dir.path(), name, None).unwrap();
+    let manifest = std::fs::read(dir.path().join(MANIFEST)).unwrap();
+    put(b, &Bucket::key(INBOX, name, MANIFEST), &manifest);
+    manifest
+}
+
+/// The paths left below `inbox/name/`.
+fn left(b: &Bucket, name: &str) -> Vec<String> {
+    let prefix = format!("{INBOX}/{name}/");
+    let listed = b.root.list(&prefix).unwrap();
+    listed
+        .into_iter()
+        .map(|o| o.path.strip_prefix(&prefix).unwrap().to_owned())
+        .collect()
+}
+
+/// Files bundle `name` probed as `objects` away from the inbox.
+fn remove(b: &Bucket, name: &str, objects: &[Listed]) -> usize {
+    let now = b.inbox_now(name, objects).unwrap();
+    b.remove_unchanged(name, objects, now.as_ref()).unwrap()
+}
+
+fn probe(b: &Bucket, name: &str, seen: Option<&Arrival>) -> Probe {
+    b.probe(
+        name,
+        &Limits::default(),
+        false,
+        Known {
+            objects: None,
+            manifest: seen,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_look_keeps_small_manifests_within_its_budget() {
+    let b = bucket();
+    let one = deliver(&b, "one", &[("a.txt", "1\n")]);
+    let two = deliver(&b, "two", &[("a.txt", "2\n")]);
+    let all = b.arrivals(&["one", "none", "two"], usize::MAX).unwrap();
+    let kept: Vec<Option<&Vec<u8>>> = all
+        .iter()
+        .map(|a| a.as_ref().and_then(|a| a.bytes.as_ref()))
+        .collect();
+    assert_eq!(kept, [Some(&one), None, Some(&two)]);
+    // A budget for one: the first keeps its bytes, the second only its
+    // version and arrival.
+    let some = b.arrivals(&["one", "two"], one.len()).unwrap();
+    assert_eq!(some[0].as_ref().unwrap().bytes.as_ref(), Some(&one));
+    let second = some[1].as_ref().unwrap();
+    assert_eq!(second.bytes, None);
+    assert_eq!(second.etag, all[2].as_ref().unwrap().etag);
+}
+
+#[test]
+fn a_probe_uses_the_manifest_the_look_read_only_while_the_listing_shows_it() {
+    let b = bucket();
+    deliver(&b, "x", &[("a.txt", "1\n")]);
+    let seen = b.arrivals(&["x"], usize::MAX).unwrap()[0].clone().unwrap();
+    // The same version: the bytes the look kept are the manifest (shown
+    // here by keeping other bytes under its version).
+    let mut other = seen.clone();
+    other.bytes = Some(b"{ not a manifest".to_vec());
+    assert!(matches!(
+        probe(&b, "x", Some(&other)).state,
+        State::Broken(_)
+    ));
+    assert_eq!(probe(&b, "x", Some(&seen)).state, State::Complete);
+    // Delivered again since the look: the probe reads the new manifest.
+    let again = deliver(&b, "x", &[("a.txt", "2\n"), ("b.txt", "2\n")]);
+    let p = probe(&b, "x", Some(&other));
+    assert_eq!(p.state, State::Complete);
+    assert_eq!(p.manifest_bytes, again);
+    assert_eq!(p.parsed.unwrap().files.len(), 2);
+}
+
+#[test]
+fn filing_removes_what_the_probe_saw_and_leaves_a_new_delivery_whole() {
+    // (what happened meanwhile, what is left, how many the filing left)
+    type Meanwhile = fn(&Bucket);
+    let cases: [(&str, Meanwhile, &[&str], usize); 4] = [
+        ("nothing", |_| {}, &[], 0),
+        (
+            "a file replaced, the manifest not yet",
+            |b| put(b, &Bucket::key(INBOX, "x", "a.txt"), b"new\n"),
+            &["a.txt"],
+            1,
+        ),
+        (
+            "delivered again, a file the same in both",
+            |b| {
+                deliver(b, "x", &[("a.txt", "new\n"), ("same.txt", "s\n")]);
+            },
+            &["a.txt", "manifest.json", "only.txt", "same.txt"],
+            4,
+        ),
+        (
+            "a file deleted by someone else",
+            |b| b.root.delete(&Bucket::key(INBOX, "x", "only.txt")).unwrap(),
+            &[],
+            0,
+        ),
+    ];
+    for (what, meanwhile, want, kept) in cases {
+        let b = bucket();
+        let files = [("a.txt", "1\n"), ("only.txt", "1\n"), ("same.txt", "s\n")];
+        deliver(&b, "x", &files);
+        let p = probe(&b, "x", None);
+        assert_eq!(p.state, State::Complete, "{what}");
+        meanwhile(&b);
+        assert_eq!(remove(&b, "x", &p.objects), kept, "{what}");
+        assert_eq!(left(&b, "x"), want, "{what}");
+    }
+}
+
+#[test]
+fn filing_a_bundle_failed_before_it_was_listed_removes_its_manifest() {
+    let b = bucket();
+    deliver(&b, "x", &[("a.txt", "1\n")]);
+    assert_eq!(remove(&b, "x", &[]), 0);
+    assert_eq!(left(&b, "x"), ["a.txt"]);
+}
+
+#[test]
+fn a_look_lists_a_small_inbox_whole_and_a_large_one_by_its_names() {
+    let b = bucket();
+    deliver(&b, "one", &[("a.txt", "1\n"), ("sub/b.txt", "2\n")]);
+    put(
+        &b,
+        &Bucket::key(INBOX, "two", "a.txt"),
+        b"no manifest yet\n",
+    );
+    put(&b, &Bucket::key(INBOX, ".hidden", "a.txt"), b"ignored\n");
+    put(&b, &format!("{INBOX}/stray.txt"), b"no bundle's\n");
+    let Look::Whole(all) = b.look(6).unwrap() else {
+        panic!("6 objects are listed whole")
+    };
+    let paths = |name: &str| -> Vec<String> { all[name].iter().map(|o| o.path.clone()).collect() };
+    assert_eq!(all.keys().collect::<Vec<_>>(), ["one", "two"]);
+    assert_eq!(paths("one"), ["a.txt", "manifest.json", "sub/b.txt"]);
+    assert_eq!(paths("two"), ["a.txt"]);
+    // What the look listed is what the probe would have.
+    let listed = probe(&b, "one", None);
+    let known = Known {
+        objects: Some(&all["one"]),
+        manifest: None,
+    };
+    let from_look = b.probe("one", &Limits::default(), false, known).unwrap();
+    assert_eq!(from_look.state, State::Complete);
+    assert_eq!(from_look.objects, listed.objects);
+    assert_eq!(from_look.manifest_bytes, listed.manifest_bytes);
+    let Look::Names(names) = b.look(5).unwrap() else {
+        panic!("more than 5 objects are not listed whole")
+    };
+    assert_eq!(names, ["one", "two"]);
+}
