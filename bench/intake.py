@@ -10,7 +10,9 @@ into a local root.
   until every bundle has its result in done/, `agent --once` on a local
   inbox holding the same bundles, and a live agent given them one at a
   time (one_at_a_time: what §22.5, one bundle in work/, leaves an
-  intake). Goal: the intake's rate >= 0.5x the local inbox's.
+  intake). `rclone move` of the inbox (uploaded again after it) is the
+  floor of the requests an intake cannot do without: every object read
+  and deleted. Goal: the intake's rate >= 0.5x the local inbox's.
 - latency: a live agent on the intake; each 3-file bundle's files are put
   (untimed), then, after a random pause (so that the manifest lands
   anywhere in the listing interval), its manifest.json: timed from that
@@ -107,7 +109,7 @@ def bench_backlog(work, server, count, runs):
     make_nested(src, count)
     names = sorted(os.listdir(src))
     env = dict(server.distributor_env(), RUST_LOG="warn")
-    intake, local, single, rclone, rss = [], [], [], [], []
+    intake, local, single, rclone, moved, rss = [], [], [], [], [], []
     for run in range(runs):
         rbase = os.path.join(base, f"run{run}")
         bucket = server.bucket("intake-backlog")
@@ -118,6 +120,15 @@ def bench_backlog(work, server, count, runs):
         rclone.append(t)
         if sorted(os.listdir(dest)) != names:
             sys.exit("intake backlog: rclone did not copy every bundle")
+        # The floor of what an intake must ask of the server: every object
+        # read and deleted (`rclone move`), before the results it writes.
+        dest = os.path.join(rbase, "rclone-move")
+        sh("sync")
+        t, _ = timed(["rclone", "move", f"s3:{bucket}/{PATH}/inbox", dest], env=server.rclone_env())
+        moved.append(t)
+        if sorted(os.listdir(dest)) != names or inbox_left(server, bucket):
+            sys.exit("intake backlog: rclone did not move every bundle")
+        upload(server, src, bucket)
 
         config = os.path.join(rbase, "intake.yaml")
         write_config(config, os.path.join(rbase, "ispool"), os.path.join(rbase, "iroot"),
@@ -146,9 +157,10 @@ def bench_backlog(work, server, count, runs):
             sys.exit("intake backlog: the local inbox did not finish every bundle")
         single.append(one_at_a_time(rbase, src, names))
     runs_line(f"intake backlog {count}", intake=intake, local=local, single=single,
-              rclone=rclone)
+              rclone=rclone, rclone_move=moved)
     return {"count": count, "intake": median(intake), "local": median(local),
-            "single": median(single), "rclone": median(rclone), "rss_kib": max(rss)}
+            "single": median(single), "rclone": median(rclone), "moved": median(moved),
+            "rss_kib": max(rss)}
 
 
 def one_at_a_time(rbase, src, names):
@@ -529,6 +541,7 @@ def rows(r):
                 "local inbox, agent --once", b["local"]))
     out.append(("", b["intake"], "local inbox, one bundle at a time", b["single"]))
     out.append(("", b["intake"], "rclone copy of the inbox", b["rclone"]))
+    out.append(("", b["intake"], "rclone move of the inbox (read, delete)", b["moved"]))
     out.append((f"  rate {rate:.2f}x the local inbox's (goal >= 0.5: "
                 f"{'met' if rate >= 0.5 else 'not met'}), {b['single'] / b['intake']:.2f}x "
                 f"its rate one bundle at a time (the most §22.5 allows: "
