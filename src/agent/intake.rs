@@ -117,10 +117,16 @@ impl Fence {
             ))
         };
         self.held.check(&self.bucket.root).map_err(lost)?;
+        let waiting = Instant::now();
         if !self.filings.settled() {
             return Err(std::io::Error::other(
                 "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order",
             ));
+        }
+        // A filing tried again through an outage can take long: the lease
+        // is read again then.
+        if waiting.elapsed() >= self.held.lease() / 3 {
+            self.held.check(&self.bucket.root).map_err(lost)?;
         }
         self.held.valid().map_err(lost)
     }
@@ -140,7 +146,7 @@ struct Inbox {
     /// Bundles taken from the inbox, with their manifest's version: a
     /// listing may show them a while longer, and the same delivery is
     /// never taken twice (a new one under that name is).
-    taken: HashMap<String, Option<crate::s3::ETag>>,
+    taken: HashMap<String, Option<(crate::s3::ETag, OffsetDateTime)>>,
     /// The hooks earlier holders' publications owed, by bundle name.
     owed: HashMap<String, intake::Committing>,
     /// When the manifests of the names in `taken` were last looked for
@@ -544,13 +550,13 @@ impl Worker {
         inbox.waiting.remove(&probe.name);
         inbox.told.remove(&probe.name);
         let version = match &probe.manifest {
-            Some((etag, _)) => Some(etag.clone()),
-            None => arrival.map(|a| a.etag),
+            Some(v) => Some(v.clone()),
+            None => arrival.map(|a| (a.etag, a.at)),
         };
         let carried = inbox
             .owed
             .remove(&probe.name)
-            .filter(|c| version.as_ref().is_some_and(|v| v.0 == c.manifest_etag));
+            .filter(|c| version.as_ref().is_some_and(|v| v.0.0 == c.manifest_etag));
         inbox.taken.insert(probe.name.clone(), version);
         self.take_in(bucket, &probe, fail, carried, filer, rx);
         Step::Processed
@@ -595,12 +601,12 @@ impl Worker {
             {
                 continue;
             }
-            // What the look listed serves a bundle's first probe; one
-            // that waits is listed anew once that listing is older than
-            // the listing interval.
+            // What the look listed serves a probe within the listing
+            // interval; later, the bundle is listed anew (a producer may
+            // have deleted or replaced objects since).
             let fresh = inbox.listed_at.is_some_and(|at| at.elapsed() < every);
             let known = intake::Known {
-                objects: (fresh || !inbox.waiting.contains_key(&name))
+                objects: fresh
                     .then(|| inbox.listed.get(&name).map(Vec::as_slice))
                     .flatten(),
                 manifest: inbox.arrivals.get(&name),
@@ -723,8 +729,12 @@ impl Worker {
             match manifest.map(|m| (m.etag.as_ref(), m.last_modified)) {
                 Some((Some(etag), at)) => {
                     let etag = crate::s3::ETag(etag.clone());
-                    let known = inbox.arrivals.get(name).map(|a| &a.etag);
-                    if known != Some(&etag) && taken.is_none_or(|v| v.as_ref() != Some(&etag)) {
+                    let same = |v: Option<(&crate::s3::ETag, OffsetDateTime)>| {
+                        v.is_some_and(|v| intake::same_delivery(v, (&etag, at)))
+                    };
+                    let known = inbox.arrivals.get(name).map(|a| (&a.etag, a.at));
+                    let taken = taken.and_then(Option::as_ref).map(|(e, at)| (e, *at));
+                    if !same(known) && !same(taken) {
                         let a = intake::Arrival {
                             etag,
                             at,
@@ -772,7 +782,10 @@ impl Worker {
         for (name, arrival) in names.iter().zip(bucket.arrivals(names, budget)?) {
             let taken = inbox.taken.get(*name);
             match arrival {
-                Some(a) if taken.is_some_and(|v| v.as_ref() == Some(&a.etag)) => {}
+                Some(a)
+                    if taken.and_then(Option::as_ref).is_some_and(|(e, at)| {
+                        intake::same_delivery((e, *at), (&a.etag, a.at))
+                    }) => {}
                 Some(a) => {
                     inbox.arrivals.insert((*name).to_owned(), a);
                 }
@@ -1114,11 +1127,8 @@ fn file_until_done(
 fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
     let name = &f.name;
     let shown = crate::text::escape::inert(name);
-    // Checked on this host's clock, which is enough: the lease is counted
-    // on the boot-time clock, which counts a suspension of the host too,
-    // so no other agent can have taken the lease over while it is valid
-    // here (docs/object-storage.md, "Intake"). The commit before this
-    // filing checked it in the bucket.
+    // Known lost here: nothing is written. The lease is read in the
+    // bucket again before the inbox loses anything (below).
     if let Err(lost) = fence.held.valid() {
         log::warn!(
             "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
@@ -1151,40 +1161,65 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
         Folder::Done => intake::DONE,
         _ => intake::FAILED,
     };
-    // The listing that tells what changed in the inbox since the probe is
-    // taken while the result is written (a round trip less); the inbox
-    // loses nothing before the result is written.
-    let (filed, now) = std::thread::scope(|scope| {
-        let listing = std::thread::Builder::new()
-            .name(format!("filer-list-{id}"))
-            .spawn_scoped(scope, || bucket.inbox_now(name, &f.objects));
+    // Before the inbox loses anything, the lease is read in the bucket
+    // (a host paused past its lease, whose clock did not count the pause,
+    // finds out here) and the inbox listed, to see what changed since the
+    // probe; both while the result is written, a done bundle's at least
+    // (a failed one's files are copied first, and listed after).
+    let before_removal = || {
+        std::thread::scope(|scope| {
+            let lease = std::thread::Builder::new()
+                .name(format!("filer-lease-{id}"))
+                .spawn_scoped(scope, || fence.held.check(&bucket.root));
+            let now = bucket.inbox_now(name, &f.objects);
+            let lease = match lease {
+                Ok(lease) => lease.join().unwrap_or_else(|_| {
+                    Err(lease::Lost("reading the intake lease panicked".to_owned()))
+                }),
+                Err(_) => fence.held.check(&bucket.root),
+            };
+            (now, lease)
+        })
+    };
+    let done = f.folder == Folder::Done;
+    let (filed, checked) = std::thread::scope(|scope| {
+        let early = if done {
+            std::thread::Builder::new()
+                .name(format!("filer-list-{id}"))
+                .spawn_scoped(scope, before_removal)
+                .ok()
+        } else {
+            None
+        };
         let filed = bucket
             .put_result(to, name, &doc, &f.etag)
             .and_then(|filed| {
                 crate::runtime::failpoint::hit("intake.result_written");
-                if f.folder == Folder::Failed {
+                if !done {
                     bucket.copy_to_failed(name, &filed.name, &f.objects)?;
                 }
                 Ok(filed)
             });
-        let now = match listing {
-            Ok(listing) => listing.join().unwrap_or_else(|_| {
-                Err(crate::s3::Error::Protocol {
-                    root: bucket.label().to_owned(),
-                    what: "listing the inbox panicked".to_owned(),
-                })
-            }),
-            // No thread to spare: listed after the result is written.
-            Err(_) => bucket.inbox_now(name, &f.objects),
+        let checked = match early {
+            Some(early) => early.join().ok(),
+            None => None,
         };
-        (filed, now)
+        (filed, checked)
     });
     let filed = filed.and_then(|filed| {
+        let (now, lease) = checked.unwrap_or_else(before_removal);
+        if let Err(lost) = lease {
+            log::warn!(
+                "pipeline={id} bundle={shown}: {lost}; its result is written, but it is not removed from the inbox by this agent"
+            );
+            return Ok((filed, None));
+        }
         let left = bucket.remove_unchanged(name, &f.objects, now?.as_ref())?;
-        Ok((filed, left))
+        Ok((filed, Some(left)))
     });
     match filed {
-        Ok((filed, left)) => {
+        Ok((_, None)) => false,
+        Ok((filed, Some(left))) => {
             if left > 0 {
                 log::info!(
                     "pipeline={id} bundle={shown}: delivered again while it was processed; the {left} object(s) of the new delivery stay in the inbox, and it is processed next"

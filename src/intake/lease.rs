@@ -211,6 +211,11 @@ impl Held {
         self.state().record.epoch
     }
 
+    /// How long the lease lasts unrenewed.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// Whether this agent may still count the lease as its own without
     /// asking the server: not found lost, and less than a `lease` since
     /// its last successful renewal was sent.

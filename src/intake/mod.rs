@@ -96,6 +96,9 @@ pub enum Look {
     Names(Vec<String>),
 }
 
+/// The keys one `DeleteObjects` takes.
+const DELETES_A_REQUEST: usize = 1000;
+
 /// The most bytes of a manifest kept from a look to the probe.
 pub const MANIFEST_KEPT: u64 = 64 << 10;
 
@@ -184,7 +187,11 @@ impl Bucket {
     /// per thousand), else its names ([`Bucket::names`]). Objects right
     /// below `inbox/` and names starting with `.` are no bundle's.
     pub fn look(&self, most: usize) -> s3::Result<Look> {
-        let Some(all) = self.root.list_at_most(INBOX, most)? else {
+        // A listing that fails (an outage, or a key the client cannot
+        // take, such as one with an empty segment: `inbox/x//f`) is
+        // followed by the listing of names, which fails in an outage too,
+        // and else spares every other bundle the one key.
+        let Ok(Some(all)) = self.root.list_at_most(INBOX, most) else {
             return Ok(Look::Names(self.names()?));
         };
         let strip = format!("{INBOX}/");
@@ -498,28 +505,37 @@ impl Bucket {
     }
 
     /// Copies a failed bundle's objects beside its result (server-side).
+    /// One gone from the inbox meanwhile (the producer deleted it, or a
+    /// new delivery dropped it) is not copied: its failure says so.
     pub fn copy_to_failed(&self, name: &str, filed: &str, objects: &[Listed]) -> s3::Result<()> {
         for o in objects {
             if o.path == RESULT {
                 continue;
             }
-            self.root.copy_within(
-                &Bucket::key(INBOX, name, &o.path),
-                &Bucket::key(FAILED, filed, &o.path),
-            )?;
+            let from = Bucket::key(INBOX, name, &o.path);
+            match self
+                .root
+                .copy_within(&from, &Bucket::key(FAILED, filed, &o.path))
+            {
+                Err(e) if self.root.head(&from).is_ok_and(|h| h.is_none()) => {
+                    log::debug!("{from}: gone, not copied ({e})");
+                }
+                other => other?,
+            }
         }
         Ok(())
     }
 
     /// The objects below `inbox/<name>/` now, by path (`None`: more than
-    /// `objects` and a few more), for [`Bucket::remove_unchanged`].
+    /// a page of a listing and more than `objects` and a few more), for
+    /// [`Bucket::remove_unchanged`].
     pub fn inbox_now(
         &self,
         name: &str,
         objects: &[Listed],
     ) -> s3::Result<Option<HashMap<String, Listed>>> {
         let prefix = format!("{INBOX}/{name}");
-        let most = objects.len().saturating_add(16);
+        let most = objects.len().saturating_add(16).max(DELETES_A_REQUEST);
         Ok(self.root.list_at_most(&prefix, most)?.map(|listed| {
             let strip = format!("{prefix}/");
             listed
@@ -529,58 +545,82 @@ impl Bucket {
         }))
     }
 
-    /// Removes a finished bundle from the inbox: its manifest and the rest
-    /// of what was listed, in one request. Only objects that `now` (a
-    /// listing taken since the probe) shows as `objects` listed them go
-    /// (same size and version), and none once its manifest was replaced:
-    /// a producer delivered again under this name meanwhile, and its new
-    /// delivery is left whole (files the same in both too; its own filing
-    /// removes what the first delivery left). Returns how many listed
-    /// objects were left for that reason.
+    /// Removes a finished bundle from the inbox: its manifest first, then
+    /// the rest of what was listed, in one request when it fits. Only
+    /// objects that `now` (a listing taken since the probe; `None` when it
+    /// held more than a page) shows as `objects` listed them go: same
+    /// size, version and `Last-Modified`. An object uploaded again since
+    /// (even with the same bytes) belongs to a new delivery under way, and
+    /// nothing goes once the manifest was replaced: the new delivery is
+    /// left whole, and its own filing removes what the first left. The
+    /// same bytes uploaded again whole (a newer manifest, same version)
+    /// are the same delivery, and go. Returns how many listed objects
+    /// were left.
     pub fn remove_unchanged(
         &self,
         name: &str,
         objects: &[Listed],
         now: Option<&HashMap<String, Listed>>,
     ) -> s3::Result<usize> {
-        // Too many objects to list (a hostile prefix): what was listed goes.
-        // The same bytes uploaded again are the same object (the same
-        // delivery, published already).
+        let manifest_key = Bucket::key(INBOX, name, MANIFEST);
+        let probed = objects.iter().find(|o| o.path == MANIFEST);
+        let Some(now) = now.filter(|_| !objects.is_empty()) else {
+            // Failed before it was listed (its name, a prefix of too many
+            // objects), or more objects than a page now (a new delivery
+            // under way): only the manifest goes, if it is still the one
+            // probed, so that this delivery is no bundle any more.
+            let head = self.root.head(&manifest_key)?;
+            let same = match (probed, &head) {
+                (Some(p), Some(h)) => {
+                    p.size == h.size && p.etag.as_deref().is_none_or(|e| same_etag(e, &h.etag.0))
+                }
+                (None, Some(_)) => objects.is_empty(),
+                (_, None) => false,
+            };
+            if same {
+                self.root.delete(&manifest_key)?;
+            }
+            return Ok(objects
+                .len()
+                .saturating_sub(usize::from(probed.is_some() && same)));
+        };
+        let same_bytes = |o: &Listed, n: &Listed| {
+            n.size == o.size
+                && match (&n.etag, &o.etag) {
+                    (Some(a), Some(b)) => same_etag(a, b),
+                    _ => same_second(n.last_modified, o.last_modified),
+                }
+        };
+        let manifest_now = now.get(MANIFEST);
+        let delivered_again =
+            matches!((probed, manifest_now), (Some(p), Some(n)) if !same_bytes(p, n));
+        let again_whole = matches!((probed, manifest_now),
+            (Some(p), Some(n)) if same_bytes(p, n) && !same_second(p.last_modified, n.last_modified));
         let unchanged = |o: &Listed| {
-            now.is_none_or(|now| {
-                now.get(&o.path).is_some_and(|n| {
-                    n.size == o.size
-                        && match (&n.etag, &o.etag) {
-                            (Some(a), Some(b)) => same_etag(a, b),
-                            _ => n.last_modified == o.last_modified,
-                        }
-                })
+            now.get(&o.path).is_some_and(|n| {
+                same_bytes(o, n) && (again_whole || same_second(o.last_modified, n.last_modified))
             })
         };
-        if objects.is_empty() {
-            // Failed before it was listed (its name, a prefix of too many
-            // objects): its manifest goes, so that it is no bundle.
-            self.root.delete(&Bucket::key(INBOX, name, MANIFEST))?;
-            return Ok(0);
-        }
-        // One request (a thousand keys each), the manifest first: the
-        // server deletes a request's keys whatever becomes of the agent,
-        // and one that fails on any key is filed again from a new
-        // listing.
-        let replaced = |o: &Listed| now.is_some_and(|now| now.contains_key(&o.path));
         let manifest = objects.iter().filter(|o| o.path == MANIFEST);
         let files = objects.iter().filter(|o| o.path != MANIFEST);
-        let delivered_again = manifest.clone().any(|m| replaced(m) && !unchanged(m));
         let mut keys = Vec::new();
         let mut left = 0;
         for o in manifest.chain(files) {
             if unchanged(o) && !delivered_again {
                 keys.push(Bucket::key(INBOX, name, &o.path));
-            } else if replaced(o) {
+            } else if now.contains_key(&o.path) {
                 left += 1;
             }
         }
-        let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
+        // The server deletes a request's keys whatever becomes of the
+        // agent, and a filing that fails on any key is tried again from a
+        // new listing. More keys than one request takes go side by side:
+        // the manifest goes first, on its own.
+        let mut rels: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if rels.len() > DELETES_A_REQUEST && rels.first() == Some(&manifest_key.as_str()) {
+            self.root.delete(&manifest_key)?;
+            rels.remove(0);
+        }
         self.root.delete_many(&rels)?;
         Ok(left)
     }
@@ -836,6 +876,23 @@ impl Bucket {
 /// and a response header may quote them differently).
 fn same_etag(a: &str, b: &str) -> bool {
     a.trim_matches('"') == b.trim_matches('"')
+}
+
+/// [`same_etag`] of two versions.
+pub fn same_version(a: &ETag, b: &ETag) -> bool {
+    same_etag(&a.0, &b.0)
+}
+
+/// Whether two manifests are one delivery: the same version, written in
+/// the same second (the same bytes uploaded again are a new delivery).
+pub fn same_delivery(a: (&ETag, OffsetDateTime), b: (&ETag, OffsetDateTime)) -> bool {
+    same_version(a.0, b.0) && same_second(a.1, b.1)
+}
+
+/// Two `Last-Modified` times of one object, to the second (a listing
+/// may carry milliseconds that a response header does not).
+fn same_second(a: OffsetDateTime, b: OffsetDateTime) -> bool {
+    a.unix_timestamp() == b.unix_timestamp()
 }
 
 /// Why a bundle could not be brought into `work/`.

@@ -149,6 +149,44 @@ fn filing_removes_what_the_probe_saw_and_leaves_a_new_delivery_whole() {
 }
 
 #[test]
+fn filing_leaves_a_new_delivery_of_more_objects_than_a_listing_page_whole() {
+    let b = bucket();
+    deliver(&b, "x", &[("a.txt", "1\n"), ("b.txt", "1\n")]);
+    let p = probe(&b, "x", None);
+    // Delivered again with more files than one listing page shows.
+    let dir = tempfile::tempdir().unwrap();
+    for n in 0..DELETES_A_REQUEST {
+        let path = format!("f{n:04}.txt");
+        std::fs::write(dir.path().join(&path), "n\n").unwrap();
+        put(&b, &Bucket::key(INBOX, "x", &path), b"n\n");
+    }
+    std::fs::write(dir.path().join("a.txt"), "1\n").unwrap();
+    crate::bundle::seal(dir.path(), "x", None).unwrap();
+    let manifest = std::fs::read(dir.path().join(MANIFEST)).unwrap();
+    put(&b, &Bucket::key(INBOX, "x", MANIFEST), &manifest);
+    assert_eq!(b.inbox_now("x", &p.objects).unwrap(), None);
+    assert_eq!(remove(&b, "x", &p.objects), 3);
+    let after = probe(&b, "x", None);
+    assert_eq!(after.manifest_bytes, manifest);
+    assert_eq!(after.objects.len(), DELETES_A_REQUEST + 3);
+    // Not delivered again: its manifest goes (it is no bundle any more),
+    // what else the listing cannot tell apart stays.
+    let b = bucket();
+    deliver(&b, "y", &[("a.txt", "1\n")]);
+    let p = probe(&b, "y", None);
+    for n in 0..DELETES_A_REQUEST {
+        put(
+            &b,
+            &Bucket::key(INBOX, "y", &format!("f{n:04}.txt")),
+            b"n\n",
+        );
+    }
+    assert_eq!(remove(&b, "y", &p.objects), 1);
+    assert!(!left(&b, "y").contains(&MANIFEST.to_owned()));
+    assert!(left(&b, "y").contains(&"a.txt".to_owned()));
+}
+
+#[test]
 fn filing_a_bundle_failed_before_it_was_listed_removes_its_manifest() {
     let b = bucket();
     deliver(&b, "x", &[("a.txt", "1\n")]);

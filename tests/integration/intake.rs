@@ -353,6 +353,10 @@ fn three_agents_publish_a_hundred_bundles_exactly_once_in_arrival_order() {
             assert!(a.stderr().contains("standing by"), "{}", a.stderr());
         }
     }
+    // Each taken from the bucket once: none taken again while its filing
+    // was under way (a second publication would end skip_same, unseen).
+    let log = agents[serving[0]].stderr();
+    assert_eq!(log.matches(": fetched ").count(), 100, "{log}");
 }
 
 #[test]
