@@ -47,31 +47,48 @@ pub(super) struct Fence {
     filings: Filings,
 }
 
-/// A count of filings under way, which a commit waits to reach zero: a
-/// crash then leaves at most the bundle in hand published and not filed
+/// The filings under way (by bundle name), which a commit waits to end:
+/// a crash then leaves at most the bundle in hand published and not filed
 /// (its hooks run again where it is published again), as when each bundle
-/// was filed before the next was taken. Once a filing was given up (a
-/// stop, a lost lease), no commit of this holder follows it: the bundle
-/// stays in the inbox, and the next holder processes it first.
+/// was filed before the next was taken. A name being filed is not taken
+/// again meanwhile, whatever a look shows of it. Once a filing was given
+/// up (a stop, a lost lease), no commit of this holder follows it: the
+/// bundle stays in the inbox, and the next holder processes it first.
 #[derive(Default)]
 struct Filings {
-    count: std::sync::Mutex<usize>,
+    names: std::sync::Mutex<Vec<String>>,
     changed: std::sync::Condvar,
     given_up: AtomicBool,
 }
 
 impl Filings {
-    fn add(&self, n: isize) {
-        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
-        *count = count.saturating_add_signed(n);
+    fn names(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn start(&self, name: &str) {
+        self.names().push(name.to_owned());
         self.changed.notify_all();
+    }
+
+    fn end(&self, name: &str) {
+        let mut names = self.names();
+        if let Some(at) = names.iter().position(|n| n == name) {
+            names.remove(at);
+        }
+        self.changed.notify_all();
+    }
+
+    /// The names being filed now.
+    fn under_way(&self) -> std::collections::HashSet<String> {
+        self.names().iter().cloned().collect()
     }
 
     /// Waits until no filing is under way; false when one was given up.
     fn settled(&self) -> bool {
-        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
-        while *count > 0 {
-            count = self.changed.wait(count).unwrap_or_else(|e| e.into_inner());
+        let mut names = self.names();
+        while !names.is_empty() {
+            names = self.changed.wait(names).unwrap_or_else(|e| e.into_inner());
         }
         !self.given_up.load(Ordering::SeqCst)
     }
@@ -117,16 +134,10 @@ impl Fence {
             ))
         };
         self.held.check(&self.bucket.root).map_err(lost)?;
-        let waiting = Instant::now();
         if !self.filings.settled() {
             return Err(std::io::Error::other(
                 "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order",
             ));
-        }
-        // A filing tried again through an outage can take long: the lease
-        // is read again then.
-        if waiting.elapsed() >= self.held.lease() / 3 {
-            self.held.check(&self.bucket.root).map_err(lost)?;
         }
         self.held.valid().map_err(lost)
     }
@@ -611,7 +622,19 @@ impl Worker {
                     .flatten(),
                 manifest: inbox.arrivals.get(&name),
             };
-            let probe = bucket.probe(&name, &self.pipeline.limits, signed, known)?;
+            let probe = match bucket.probe(&name, &self.pipeline.limits, signed, known) {
+                Ok(probe) => probe,
+                // Its objects cannot be read (a key the client cannot
+                // take): it fails, and the bundles after it go on.
+                Err(e) if intake::unreadable(&e) => {
+                    let why = format!(
+                        "its objects cannot be listed or read ({e}); delete them (`distributor spool delete`) and deliver it again with valid names"
+                    );
+                    let probe = intake::Probe::broken(&name, why.clone());
+                    return Ok(Some(Pick::Fail(Box::new(probe), why)));
+                }
+                Err(e) => return Err(e),
+            };
             log::debug!(
                 "pipeline={} bundle={}: {:?}",
                 self.pipeline.id,
@@ -668,6 +691,7 @@ impl Worker {
     ) -> crate::s3::Result<()> {
         inbox.listed.clear();
         inbox.listed_at = Some(Instant::now());
+        let filing = self.filings_under_way();
         let whole = inbox.names_only_until.is_none_or(|at| Instant::now() >= at);
         let look = if whole {
             bucket.look(LOOK_MOST)?
@@ -675,8 +699,9 @@ impl Worker {
             intake::Look::Names(bucket.names()?)
         };
         let names = match look {
-            intake::Look::Whole(all) => {
+            intake::Look::Whole(mut all) => {
                 inbox.names_only_until = None;
+                all.retain(|n, _| !filing.contains(n));
                 return self.look_at_whole_inbox(bucket, inbox, all);
             }
             intake::Look::Names(names) => names,
@@ -705,10 +730,18 @@ impl Worker {
         let unknown: Vec<&str> = names
             .iter()
             .map(String::as_str)
+            .filter(|n| !filing.contains(*n))
             .filter(|n| !inbox.arrivals.contains_key(*n))
             .filter(|n| recheck || !inbox.taken.contains_key(*n))
             .collect();
         self.learn_arrivals(bucket, inbox, &unknown)
+    }
+
+    /// The names whose filing is under way: not taken again meanwhile
+    /// (a look may show a delivery again while it is being removed).
+    fn filings_under_way(&self) -> std::collections::HashSet<String> {
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        fence.map(|f| f.filings.under_way()).unwrap_or_default()
     }
 
     /// [`Worker::look_at_inbox`] of an inbox listed whole: no request for
@@ -1022,7 +1055,7 @@ impl Filer {
             .spawn(move || {
                 for f in rx {
                     file_until_done(&id2, &bucket, &fence2, &f, waits, (&stop.0, &stop.1));
-                    fence2.filings.add(-1);
+                    fence2.filings.end(&f.name);
                 }
             });
         match spawned {
@@ -1041,11 +1074,11 @@ impl Filer {
     fn file(&self, f: Filing) {
         let f = match &self.sender {
             Some(tx) => {
-                self.fence.filings.add(1);
+                self.fence.filings.start(&f.name);
                 match tx.send(f) {
                     Ok(()) => return,
                     Err(crossbeam_channel::SendError(f)) => {
-                        self.fence.filings.add(-1);
+                        self.fence.filings.end(&f.name);
                         f
                     }
                 }
@@ -1208,13 +1241,13 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
     });
     let filed = filed.and_then(|filed| {
         let (now, lease) = checked.unwrap_or_else(before_removal);
-        if let Err(lost) = lease {
+        if let Err(lost) = lease.and_then(|()| fence.held.valid()) {
             log::warn!(
-                "pipeline={id} bundle={shown}: {lost}; its result is written, but it is not removed from the inbox by this agent"
+                "pipeline={id} bundle={shown}: {lost}; its result is written, and it stays in the inbox until this agent reads its lease again (or the agent that serves the intake next removes it)"
             );
             return Ok((filed, None));
         }
-        let left = bucket.remove_unchanged(name, &f.objects, now?.as_ref())?;
+        let left = bucket.remove_unchanged(name, (&f.objects, &f.etag), now?.as_ref())?;
         Ok((filed, Some(left)))
     });
     match filed {

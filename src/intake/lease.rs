@@ -211,11 +211,6 @@ impl Held {
         self.state().record.epoch
     }
 
-    /// How long the lease lasts unrenewed.
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-
     /// Whether this agent may still count the lease as its own without
     /// asking the server: not found lost, and less than a `lease` since
     /// its last successful renewal was sent.
@@ -291,7 +286,7 @@ impl Held {
                 self.valid()
             }
             Err(e) => Err(Lost(format!(
-                "cannot read the intake lease to check it before the commit ({e})"
+                "cannot read the intake lease to check that it is still this agent's ({e})"
             ))),
         }
     }

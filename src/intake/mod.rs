@@ -130,6 +130,21 @@ pub struct Probe {
     pub signature: Shape,
 }
 
+impl Probe {
+    /// Bundle `name`, failed for `why` before anything of it was read.
+    pub fn broken(name: &str, why: String) -> Probe {
+        Probe {
+            name: name.to_owned(),
+            state: State::Broken(why),
+            manifest: None,
+            parsed: None,
+            manifest_bytes: Vec::new(),
+            objects: Vec::new(),
+            signature: (None, 0, 0),
+        }
+    }
+}
+
 /// What [`Bucket::fetch`] found wrong while reading (the bundle is still
 /// handed on: its verification then fails it with the same words as a
 /// local inbox's).
@@ -187,12 +202,20 @@ impl Bucket {
     /// per thousand), else its names ([`Bucket::names`]). Objects right
     /// below `inbox/` and names starting with `.` are no bundle's.
     pub fn look(&self, most: usize) -> s3::Result<Look> {
-        // A listing that fails (an outage, or a key the client cannot
-        // take, such as one with an empty segment: `inbox/x//f`) is
-        // followed by the listing of names, which fails in an outage too,
-        // and else spares every other bundle the one key.
-        let Ok(Some(all)) = self.root.list_at_most(INBOX, most) else {
-            return Ok(Look::Names(self.names()?));
+        // A key the client cannot take (one with an empty segment:
+        // `inbox/x//f`) fails the whole listing: the names are listed
+        // instead, which spares every other bundle that key.
+        let all = match self.root.list_at_most(INBOX, most) {
+            Ok(Some(all)) => all,
+            Ok(None) => return Ok(Look::Names(self.names()?)),
+            Err(e) if unreadable(&e) => {
+                log::warn!(
+                    "{}: cannot list the inbox whole ({e}); looking at it by its names",
+                    self.label()
+                );
+                return Ok(Look::Names(self.names()?));
+            }
+            Err(e) => return Err(e),
         };
         let strip = format!("{INBOX}/");
         let mut names = std::collections::BTreeMap::<String, Vec<Listed>>::new();
@@ -261,19 +284,13 @@ impl Bucket {
         signed: bool,
         known: Known<'_>,
     ) -> s3::Result<Probe> {
-        let mut probe = Probe {
-            name: name.to_owned(),
-            state: State::NoManifest,
-            manifest: None,
-            parsed: None,
-            manifest_bytes: Vec::new(),
-            objects: Vec::new(),
-            signature: (None, 0, 0),
-        };
         if let Err(why) = crate::paths::check_bundle_name(name) {
-            probe.state = State::Broken(why);
-            return Ok(probe);
+            return Ok(Probe::broken(name, why));
         }
+        let mut probe = Probe {
+            state: State::NoManifest,
+            ..Probe::broken(name, String::new())
+        };
         let prefix = format!("{INBOX}/{name}");
         let most = usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX);
         let cap = limits.max_manifest_bytes();
@@ -559,7 +576,7 @@ impl Bucket {
     pub fn remove_unchanged(
         &self,
         name: &str,
-        objects: &[Listed],
+        (objects, version): (&[Listed], &ETag),
         now: Option<&HashMap<String, Listed>>,
     ) -> s3::Result<usize> {
         let manifest_key = Bucket::key(INBOX, name, MANIFEST);
@@ -568,15 +585,12 @@ impl Bucket {
             // Failed before it was listed (its name, a prefix of too many
             // objects), or more objects than a page now (a new delivery
             // under way): only the manifest goes, if it is still the one
-            // probed, so that this delivery is no bundle any more.
+            // probed (`version`; any, for a bundle failed before its
+            // manifest was read), so that this delivery is no bundle.
             let head = self.root.head(&manifest_key)?;
-            let same = match (probed, &head) {
-                (Some(p), Some(h)) => {
-                    p.size == h.size && p.etag.as_deref().is_none_or(|e| same_etag(e, &h.etag.0))
-                }
-                (None, Some(_)) => objects.is_empty(),
-                (_, None) => false,
-            };
+            let same = head
+                .as_ref()
+                .is_some_and(|h| version.0.is_empty() || same_version(version, &h.etag));
             if same {
                 self.root.delete(&manifest_key)?;
             }
@@ -594,11 +608,21 @@ impl Bucket {
         let manifest_now = now.get(MANIFEST);
         let delivered_again =
             matches!((probed, manifest_now), (Some(p), Some(n)) if !same_bytes(p, n));
-        let again_whole = matches!((probed, manifest_now),
-            (Some(p), Some(n)) if same_bytes(p, n) && !same_second(p.last_modified, n.last_modified));
+        // Uploaded again whole: the files written up to the new manifest's
+        // second are that upload's; a later one is a new delivery's.
+        let again_whole = match (probed, manifest_now) {
+            (Some(p), Some(n))
+                if same_bytes(p, n) && !same_second(p.last_modified, n.last_modified) =>
+            {
+                Some(n.last_modified.unix_timestamp())
+            }
+            _ => None,
+        };
         let unchanged = |o: &Listed| {
             now.get(&o.path).is_some_and(|n| {
-                same_bytes(o, n) && (again_whole || same_second(o.last_modified, n.last_modified))
+                same_bytes(o, n)
+                    && (same_second(o.last_modified, n.last_modified)
+                        || again_whole.is_some_and(|m| n.last_modified.unix_timestamp() <= m))
             })
         };
         let manifest = objects.iter().filter(|o| o.path == MANIFEST);
@@ -876,6 +900,18 @@ impl Bucket {
 /// and a response header may quote them differently).
 fn same_etag(a: &str, b: &str) -> bool {
     a.trim_matches('"') == b.trim_matches('"')
+}
+
+/// Whether `e` is a request the client could not make sense of (a key it
+/// cannot take): not an outage, and not the bucket's refusal either.
+pub fn unreadable(e: &s3::Error) -> bool {
+    matches!(
+        e,
+        s3::Error::Store {
+            failure: s3::Failure::Other,
+            ..
+        }
+    )
 }
 
 /// [`same_etag`] of two versions.

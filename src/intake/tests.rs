@@ -48,10 +48,15 @@ fn left(b: &Bucket, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Files bundle `name` probed as `objects` away from the inbox.
-fn remove(b: &Bucket, name: &str, objects: &[Listed]) -> usize {
-    let now = b.inbox_now(name, objects).unwrap();
-    b.remove_unchanged(name, objects, now.as_ref()).unwrap()
+/// Files bundle `name` probed as `p` away from the inbox.
+fn remove(b: &Bucket, name: &str, p: &Probe) -> usize {
+    let now = b.inbox_now(name, &p.objects).unwrap();
+    let version = p
+        .manifest
+        .as_ref()
+        .map_or(ETag(String::new()), |m| m.0.clone());
+    b.remove_unchanged(name, (&p.objects, &version), now.as_ref())
+        .unwrap()
 }
 
 fn probe(b: &Bucket, name: &str, seen: Option<&Arrival>) -> Probe {
@@ -143,7 +148,7 @@ fn filing_removes_what_the_probe_saw_and_leaves_a_new_delivery_whole() {
         let p = probe(&b, "x", None);
         assert_eq!(p.state, State::Complete, "{what}");
         meanwhile(&b);
-        assert_eq!(remove(&b, "x", &p.objects), kept, "{what}");
+        assert_eq!(remove(&b, "x", &p), kept, "{what}");
         assert_eq!(left(&b, "x"), want, "{what}");
     }
 }
@@ -165,7 +170,7 @@ fn filing_leaves_a_new_delivery_of_more_objects_than_a_listing_page_whole() {
     let manifest = std::fs::read(dir.path().join(MANIFEST)).unwrap();
     put(&b, &Bucket::key(INBOX, "x", MANIFEST), &manifest);
     assert_eq!(b.inbox_now("x", &p.objects).unwrap(), None);
-    assert_eq!(remove(&b, "x", &p.objects), 3);
+    assert_eq!(remove(&b, "x", &p), 3);
     let after = probe(&b, "x", None);
     assert_eq!(after.manifest_bytes, manifest);
     assert_eq!(after.objects.len(), DELETES_A_REQUEST + 3);
@@ -181,7 +186,7 @@ fn filing_leaves_a_new_delivery_of_more_objects_than_a_listing_page_whole() {
             b"n\n",
         );
     }
-    assert_eq!(remove(&b, "y", &p.objects), 1);
+    assert_eq!(remove(&b, "y", &p), 1);
     assert!(!left(&b, "y").contains(&MANIFEST.to_owned()));
     assert!(left(&b, "y").contains(&"a.txt".to_owned()));
 }
@@ -190,7 +195,12 @@ fn filing_leaves_a_new_delivery_of_more_objects_than_a_listing_page_whole() {
 fn filing_a_bundle_failed_before_it_was_listed_removes_its_manifest() {
     let b = bucket();
     deliver(&b, "x", &[("a.txt", "1\n")]);
-    assert_eq!(remove(&b, "x", &[]), 0);
+    let failed = Probe {
+        objects: Vec::new(),
+        manifest: None,
+        ..probe(&b, "x", None)
+    };
+    assert_eq!(remove(&b, "x", &failed), 0);
     assert_eq!(left(&b, "x"), ["a.txt"]);
 }
 
