@@ -1228,10 +1228,12 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
             .put_result(to, name, &doc, &f.etag)
             .and_then(|filed| {
                 crate::runtime::failpoint::hit("intake.result_written");
-                if !done {
-                    bucket.copy_to_failed(name, &filed.name, &f.objects)?;
-                }
-                Ok(filed)
+                let refused = if done {
+                    Vec::new()
+                } else {
+                    bucket.copy_to_failed(name, &filed.name, &f.objects)?
+                };
+                Ok((filed, refused))
             });
         let checked = match early {
             Some(early) => early.join().ok(),
@@ -1239,7 +1241,20 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
         };
         (filed, checked)
     });
-    let filed = filed.and_then(|filed| {
+    let filed = filed.and_then(|(filed, refused)| {
+        // What could not be copied beside the failure stays in the inbox.
+        for (path, e) in &refused {
+            log::warn!(
+                "pipeline={id} bundle={shown}: {} could not be copied beside its failure ({e}); it stays in the inbox (delete it with `distributor spool delete` once you have it)",
+                crate::text::escape::inert(path)
+            );
+        }
+        let objects: Vec<crate::s3::Listed> = f
+            .objects
+            .iter()
+            .filter(|o| !refused.iter().any(|(p, _)| *p == o.path))
+            .cloned()
+            .collect();
         let (now, lease) = checked.unwrap_or_else(before_removal);
         if let Err(lost) = lease.and_then(|()| fence.held.valid()) {
             log::warn!(
@@ -1247,7 +1262,7 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
             );
             return Ok((filed, None));
         }
-        let left = bucket.remove_unchanged(name, (&f.objects, &f.etag), now?.as_ref())?;
+        let left = bucket.remove_unchanged(name, (&objects, &f.etag), now?.as_ref())?;
         Ok((filed, Some(left)))
     });
     match filed {

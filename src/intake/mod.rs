@@ -523,8 +523,17 @@ impl Bucket {
 
     /// Copies a failed bundle's objects beside its result (server-side).
     /// One gone from the inbox meanwhile (the producer deleted it, or a
-    /// new delivery dropped it) is not copied: its failure says so.
-    pub fn copy_to_failed(&self, name: &str, filed: &str, objects: &[Listed]) -> s3::Result<()> {
+    /// new delivery dropped it) is not copied: its failure says so. One
+    /// the server refuses to copy for good (S3 copies at most 5 GiB in one
+    /// request; a policy that denies it) is returned with why: it stays in
+    /// the inbox. An outage is an error (the filing is tried again).
+    pub fn copy_to_failed(
+        &self,
+        name: &str,
+        filed: &str,
+        objects: &[Listed],
+    ) -> s3::Result<Vec<(String, s3::Error)>> {
+        let mut refused = Vec::new();
         for o in objects {
             if o.path == RESULT {
                 continue;
@@ -534,13 +543,15 @@ impl Bucket {
                 .root
                 .copy_within(&from, &Bucket::key(FAILED, filed, &o.path))
             {
+                Ok(()) => {}
                 Err(e) if self.root.head(&from).is_ok_and(|h| h.is_none()) => {
                     log::debug!("{from}: gone, not copied ({e})");
                 }
-                other => other?,
+                Err(e) if !e.is_transient() => refused.push((o.path.clone(), e)),
+                Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(refused)
     }
 
     /// The objects below `inbox/<name>/` now, by path (`None`: more than
