@@ -136,6 +136,7 @@ pub fn run(config_path: &Path, once: bool, process: &ProcessState) -> Result<boo
         log::warn!("{warning}");
     }
     create_spools(&config)?;
+    config::in_force::remove_dead_temps(&config.spool);
     if once {
         return Ok(run_once(&config, process));
     }

@@ -44,12 +44,37 @@ fn now() -> String {
 
 fn write<T: Serialize>(spool: &Path, name: &str, value: &T) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    crate::fs::spoolfs::replace(
-        &crate::fs::spoolfs::open_folder_io(spool)?,
-        name,
-        &bytes,
-        false,
-    )
+    let dir = crate::fs::spoolfs::open_folder_io(spool)?;
+    crate::fs::spoolfs::replace(&dir, name, &bytes, false)
+}
+
+/// Removes from the top of `spool` the temporary files that agents killed
+/// while writing there left (`.distributor-tmp-<pid>-<n>` of a pid no
+/// longer running); an agent still running may be writing its own.
+pub fn remove_dead_temps(spool: &Path) {
+    let Ok(dir) = crate::fs::spoolfs::open_folder_io(spool) else {
+        return;
+    };
+    let Ok(entries) = dir.entries() else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(pid) = name
+            .strip_prefix(crate::fs::replace_file::TEMP_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        let dead = matches!(
+            rustix::process::test_kill_process(pid),
+            Err(rustix::io::Errno::SRCH)
+        );
+        if dead && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = crate::fs::spoolfs::remove(&dir, name);
+        }
+    }
 }
 
 fn read<T: for<'de> Deserialize<'de>>(spool: &Path, name: &str) -> Option<T> {
@@ -149,6 +174,27 @@ fn spool_named(text: &str, path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_killed_agents_left_goes_and_nothing_of_a_live_one() {
+        let spool = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let prefix = crate::fs::replace_file::TEMP_PREFIX;
+        let left = format!("{prefix}{dead}-0");
+        let live = format!("{prefix}{}-7", std::process::id());
+        for name in [&left, &live, &format!("{prefix}odd")] {
+            std::fs::write(spool.path().join(name), b"partial").unwrap();
+        }
+        remove_dead_temps(spool.path());
+        let mut names: Vec<String> = std::fs::read_dir(spool.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [live, format!("{prefix}odd")]);
+    }
 
     /// (config text, the spool it names) for a file at /etc/d/config.yaml.
     #[test]
