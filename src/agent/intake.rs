@@ -154,21 +154,23 @@ struct Inbox {
     waiting: HashMap<String, (intake::Shape, Instant, Instant)>,
     /// What was last logged about each name.
     told: HashMap<String, String>,
-    /// Bundles taken from the inbox, with their manifest's version: a
+    /// Bundles taken from the inbox, with their manifest's version and
+    /// `Last-Modified` (the delivery, [`intake::same_delivery`]): a
     /// listing may show them a while longer, and the same delivery is
     /// never taken twice (a new one under that name is).
     taken: HashMap<String, Option<(crate::s3::ETag, OffsetDateTime)>>,
     /// The hooks earlier holders' publications owed, by bundle name.
     owed: HashMap<String, intake::Committing>,
     /// When the manifests of the names in `taken` were last looked for
-    /// (a new delivery under such a name). Some servers (SeaweedFS) list
-    /// a finished bundle's emptied prefix for a while: looking for all of
-    /// them before each bundle of a backlog cost a HEAD per finished
-    /// bundle per bundle, once per listing interval costs one.
+    /// by a look at the names only (a new delivery under such a name).
+    /// Some servers (SeaweedFS) list a finished bundle's emptied prefix
+    /// for a while: looking for all of them before each bundle of a
+    /// backlog cost a GET per finished bundle per bundle, once per
+    /// listing interval costs one.
     taken_checked: Option<Instant>,
-    /// When the inbox was last listed (with the control objects): a
-    /// backlog known from that listing is worked through without listing
-    /// again before each bundle, until the listing interval has passed.
+    /// When the control objects were last listed: a backlog known from
+    /// the last look is worked through without listing again before each
+    /// bundle, until the listing interval has passed.
     looked: Option<Instant>,
     /// Each bundle's objects, when the last look listed the inbox whole.
     listed: HashMap<String, Vec<crate::s3::Listed>>,
