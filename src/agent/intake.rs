@@ -31,6 +31,9 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(600);
 /// fits, and a hostile inbox of many large manifests costs no more.
 const MANIFESTS_KEPT: usize = 4 << 20;
 
+/// What is logged of a name whose objects have no manifest yet.
+const NO_MANIFEST_YET: &str = "waits: no manifest.json yet (upload it last)";
+
 /// The most objects a look lists to see the inbox whole (ten LISTs).
 const LOOK_MOST: usize = 10_000;
 
@@ -786,11 +789,7 @@ impl Worker {
                     inbox.arrivals.remove(name);
                     inbox.waiting.remove(name);
                     if taken.is_none() {
-                        self.tell_intake(
-                            inbox,
-                            name,
-                            "waits: no manifest.json yet (upload it last)",
-                        );
+                        self.tell_intake(inbox, name, NO_MANIFEST_YET);
                     }
                 }
             }
@@ -825,9 +824,7 @@ impl Worker {
                     inbox.arrivals.insert((*name).to_owned(), a);
                 }
                 None if taken.is_some() => {}
-                None => {
-                    self.tell_intake(inbox, name, "waits: no manifest.json yet (upload it last)")
-                }
+                None => self.tell_intake(inbox, name, NO_MANIFEST_YET),
             }
         }
         Ok(())
@@ -1286,7 +1283,7 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
         }
         Err(e) => {
             log::warn!(
-                "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); trying again (the next commit waits for it)"
+                "pipeline={id} bundle={shown}: cannot file its result in the bucket ({e}); trying again (the next commit waits for it). Filing needs PutObject, GetObject, DeleteObject and ListBucket on the intake's path (docs/object-storage.md, \"Bucket permissions\")"
             );
             false
         }

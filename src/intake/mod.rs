@@ -295,29 +295,18 @@ impl Bucket {
         let most = usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX);
         let cap = limits.max_manifest_bytes();
         let manifest_key = Bucket::key(INBOX, name, MANIFEST);
-        let relative = |listed: Option<Vec<Listed>>| {
-            let strip = format!("{prefix}/");
-            listed.map(|l| {
-                l.into_iter()
-                    .map(|mut o| {
-                        o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
-                        o
-                    })
-                    .collect::<Vec<_>>()
-            })
-        };
         // The listing and the manifest are read side by side, unless the
         // look listed the bundle or read its manifest already; the
         // manifest counts only when the listing shows it too.
         let kept = known.manifest.and_then(|a| Some((a, a.bytes.as_ref()?)));
         let (listed, read) = match (known.objects, kept) {
             (Some(objects), _) => (Ok((objects.len() <= most).then(|| objects.to_vec())), None),
-            (None, Some(_)) => (self.root.list_at_most(&prefix, most).map(relative), None),
+            (None, Some(_)) => (self.objects(INBOX, name, most), None),
             (None, None) => {
                 let (listed, small) = self
                     .root
                     .list_and_get_small((&prefix, most), (&manifest_key, cap));
-                (listed.map(relative), Some(small))
+                (listed.map(|l| l.map(|l| below(&prefix, l))), Some(small))
             }
         };
         let Some(objects) = listed? else {
@@ -562,15 +551,10 @@ impl Bucket {
         name: &str,
         objects: &[Listed],
     ) -> s3::Result<Option<HashMap<String, Listed>>> {
-        let prefix = format!("{INBOX}/{name}");
         let most = objects.len().saturating_add(16).max(DELETES_A_REQUEST);
-        Ok(self.root.list_at_most(&prefix, most)?.map(|listed| {
-            let strip = format!("{prefix}/");
-            listed
-                .into_iter()
-                .map(|o| (o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned(), o))
-                .collect()
-        }))
+        Ok(self
+            .objects(INBOX, name, most)?
+            .map(|listed| listed.into_iter().map(|o| (o.path.clone(), o)).collect()))
     }
 
     /// Removes a finished bundle from the inbox: its manifest first, then
@@ -716,15 +700,10 @@ impl Bucket {
         most: usize,
     ) -> s3::Result<Option<Vec<Listed>>> {
         let prefix = format!("{folder}/{name}");
-        let strip = format!("{prefix}/");
-        Ok(self.root.list_at_most(&prefix, most)?.map(|v| {
-            v.into_iter()
-                .map(|mut o| {
-                    o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
-                    o
-                })
-                .collect()
-        }))
+        Ok(self
+            .root
+            .list_at_most(&prefix, most)?
+            .map(|listed| below(&prefix, listed)))
     }
 
     /// Deletes every object of `folder/name` (the result last, so that a
@@ -905,6 +884,18 @@ impl Bucket {
     pub fn unmark_committing(&self, name: &str) -> s3::Result<()> {
         self.root.delete(&Bucket::committing_key(name))
     }
+}
+
+/// `listed` (objects below `prefix`) with their paths below it.
+fn below(prefix: &str, listed: Vec<Listed>) -> Vec<Listed> {
+    let strip = format!("{prefix}/");
+    listed
+        .into_iter()
+        .map(|mut o| {
+            o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
+            o
+        })
+        .collect()
 }
 
 /// Whether two ETags name one version: equal, quotes aside (a listing
