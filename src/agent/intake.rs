@@ -137,10 +137,15 @@ impl Fence {
             ))
         };
         self.held.check(&self.bucket.root).map_err(lost)?;
+        let waiting = Instant::now();
         if !self.filings.settled() {
             return Err(std::io::Error::other(
                 "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order",
             ));
+        }
+        // A long wait (a filing tried again): the lease is read again.
+        if waiting.elapsed() >= self.held.lease() / 3 {
+            self.held.check(&self.bucket.root).map_err(lost)?;
         }
         self.held.valid().map_err(lost)
     }
@@ -704,10 +709,9 @@ impl Worker {
             intake::Look::Names(bucket.names()?)
         };
         let names = match look {
-            intake::Look::Whole(mut all) => {
+            intake::Look::Whole(all) => {
                 inbox.names_only_until = None;
-                all.retain(|n, _| !filing.contains(n));
-                return self.look_at_whole_inbox(bucket, inbox, all);
+                return self.look_at_whole_inbox(bucket, inbox, all, &filing);
             }
             intake::Look::Names(names) => names,
         };
@@ -756,12 +760,15 @@ impl Worker {
         bucket: &Bucket,
         inbox: &mut Inbox,
         all: std::collections::BTreeMap<String, Vec<crate::s3::Listed>>,
+        filing: &std::collections::HashSet<String>,
     ) -> crate::s3::Result<()> {
+        // A name being filed is still what this holder took (`taken`),
+        // whatever is listed of it: it is only not taken again meanwhile.
         inbox.forget_all_but(|n| all.contains_key(n));
         // A server that lists objects without their versions: each new
         // name's manifest is read.
         let mut unknown = Vec::new();
-        for (name, objects) in &all {
+        for (name, objects) in all.iter().filter(|(n, _)| !filing.contains(*n)) {
             let manifest = objects.iter().find(|o| o.path == crate::bundle::MANIFEST);
             let taken = inbox.taken.get(name);
             match manifest.map(|m| (m.etag.as_ref(), m.last_modified)) {
@@ -795,7 +802,10 @@ impl Worker {
             }
         }
         self.learn_arrivals(bucket, inbox, &unknown)?;
-        inbox.listed = all.into_iter().collect();
+        inbox.listed = all
+            .into_iter()
+            .filter(|(n, _)| !filing.contains(n))
+            .collect();
         Ok(())
     }
 
@@ -967,14 +977,15 @@ impl Worker {
         let _ = std::fs::remove_dir_all(&local);
         let _ = std::fs::remove_dir_all(self.spool.pipeline_folder().join(spool::RESULTS_DIR));
         // A bundle failed before its manifest was read has none.
-        let etag = probe
-            .manifest
-            .as_ref()
-            .map_or_else(|| crate::s3::ETag(String::new()), |(etag, _)| etag.clone());
+        let (etag, at) = match &probe.manifest {
+            Some((etag, at)) => (etag.clone(), Some(*at)),
+            None => (crate::s3::ETag(String::new()), None),
+        };
         filer.file(Filing {
             name: probe.name.clone(),
             objects: probe.objects.clone(),
             etag,
+            at,
             folder,
             doc,
         });
@@ -987,8 +998,9 @@ struct Filing {
     name: String,
     /// Its objects there, as probed.
     objects: Vec<crate::s3::Listed>,
-    /// Its manifest's version.
+    /// Its manifest's version and `Last-Modified` (the delivery).
     etag: crate::s3::ETag,
+    at: Option<OffsetDateTime>,
     folder: Folder,
     /// Its result, as filed locally.
     doc: serde_json::Value,
@@ -1175,19 +1187,28 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
                 "bucket": bucket.label(),
                 "name": name,
                 "manifest_etag": f.etag.0,
+                "manifest_last_modified": f.at.map(crate::catalog::format_time),
                 "host": lease::host_name(),
                 "epoch": fence.held.epoch(),
             }),
         );
     }
     // Its hooks ran (a publication left owing them is not filed): the
-    // record of what it owed goes before its result is written.
-    if fence.hooks
-        && let Err(e) = bucket.unmark_committing(name)
-    {
-        log::warn!(
-            "pipeline={id} bundle={shown}: cannot forget the hooks it owed ({e}); the next publication of it runs them again (hooks run at least once)"
-        );
+    // record of what it owed goes before its result is written (a crash
+    // between the two would run them again), once the lease was read in
+    // the bucket (a stale holder must not remove a new holder's record).
+    if fence.hooks {
+        if let Err(lost) = fence.held.check(&bucket.root) {
+            log::warn!(
+                "pipeline={id} bundle={shown}: {lost}; its result is not filed in the bucket by this agent"
+            );
+            return false;
+        }
+        if let Err(e) = bucket.unmark_committing(name) {
+            log::warn!(
+                "pipeline={id} bundle={shown}: cannot forget the hooks it owed ({e}); the next publication of it runs them again (hooks run at least once)"
+            );
+        }
     }
     let to = match f.folder {
         Folder::Done => intake::DONE,
@@ -1203,7 +1224,14 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
             let lease = std::thread::Builder::new()
                 .name(format!("filer-lease-{id}"))
                 .spawn_scoped(scope, || fence.held.check(&bucket.root));
-            let now = bucket.inbox_now(name, &f.objects);
+            // A bundle failed before it was listed has nothing to list
+            // (its prefix may not even be listable): only its manifest
+            // goes.
+            let now = if f.objects.is_empty() {
+                Ok(None)
+            } else {
+                bucket.inbox_now(name, &f.objects)
+            };
             let lease = match lease {
                 Ok(lease) => lease.join().unwrap_or_else(|_| {
                     Err(lease::Lost("reading the intake lease panicked".to_owned()))
@@ -1224,7 +1252,7 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
             None
         };
         let filed = bucket
-            .put_result(to, name, &doc, &f.etag)
+            .put_result(to, name, &doc, (&f.etag, f.at))
             .and_then(|filed| {
                 crate::runtime::failpoint::hit("intake.result_written");
                 let refused = if done {

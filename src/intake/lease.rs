@@ -207,6 +207,11 @@ impl Held {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lease's length.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
     pub fn epoch(&self) -> u64 {
         self.state().record.epoch
     }

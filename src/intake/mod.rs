@@ -36,8 +36,11 @@ pub const DONE: &str = "done";
 pub const FAILED: &str = "failed";
 /// The result object of a finished bundle.
 pub const RESULT: &str = crate::spool::RESULT_FILE;
-/// The most of a result object that is read.
-const RESULT_CAP: u64 = 1 << 20;
+/// The most of a result object that is read: a result lists every output
+/// of every destination (about 20 bytes a file and more for long paths),
+/// and one that could not be read would stop the filing of every later
+/// delivery under its name.
+const RESULT_CAP: u64 = 64 << 20;
 const MANIFEST: &str = crate::bundle::MANIFEST;
 const SIGNATURE: &str = crate::signature::SIGNATURE_FILE;
 
@@ -153,6 +156,10 @@ pub struct Fetched {
     pub mismatches: Vec<String>,
     pub bytes: u64,
 }
+
+/// A delivery as its result records it: its manifest's version, and its
+/// `Last-Modified` when known.
+pub type Delivery<'a> = (&'a ETag, Option<OffsetDateTime>);
 
 /// The name a bundle gets below `done/` or `failed/`, and whether it was
 /// written by this call.
@@ -457,14 +464,14 @@ impl Bucket {
     /// Writes the result of bundle `name` below `folder` (`done` or
     /// `failed`), never over another bundle's: a name already taken by a
     /// result of another delivery gets `.1`, `.2`, … A result this
-    /// delivery already wrote (same `intake.manifest_etag`) is found and
-    /// kept, so that filing again after a crash writes nothing twice.
+    /// delivery already wrote ([`Bucket::filed_for`]) is found and kept,
+    /// so that filing again after a crash writes nothing twice.
     pub fn put_result(
         &self,
         folder: &str,
         name: &str,
         result: &serde_json::Value,
-        manifest_etag: &ETag,
+        delivery: Delivery<'_>,
     ) -> s3::Result<Filed> {
         let mut bytes = serde_json::to_vec_pretty(result).expect("a result serializes");
         bytes.push(b'\n');
@@ -482,7 +489,7 @@ impl Bucket {
                     });
                 }
                 Err(s3::Error::Exists { .. } | s3::Error::Changed { .. }) => {
-                    if self.result_etag(folder, &candidate)?.as_ref() == Some(manifest_etag) {
+                    if self.filed_for((folder, &candidate), name, delivery)? {
                         return Ok(Filed {
                             name: candidate,
                             written: false,
@@ -498,16 +505,44 @@ impl Bucket {
         })
     }
 
-    /// The `intake.manifest_etag` recorded in a result, if it has one.
-    fn result_etag(&self, folder: &str, name: &str) -> s3::Result<Option<ETag>> {
+    /// Whether the result `folder/filed` was written for `delivery` of
+    /// bundle `name`: the `intake.name` it records is `name`, its
+    /// `intake.manifest_etag` that version, and its
+    /// `intake.manifest_last_modified` that second (a result that does not
+    /// record one, and a delivery whose second is not known, are compared
+    /// by version only). The same bytes uploaded again after their filing
+    /// are a new delivery: it is published again, and filed apart.
+    pub fn filed_for(
+        &self,
+        (folder, filed): (&str, &str),
+        name: &str,
+        (etag, at): Delivery<'_>,
+    ) -> s3::Result<bool> {
         let got = self
             .root
-            .get_small(&Bucket::key(folder, name, RESULT), RESULT_CAP)?;
-        Ok(got.and_then(|small| {
-            let doc: serde_json::Value = serde_json::from_slice(&small.bytes).ok()?;
-            let etag = doc.get("intake")?.get("manifest_etag")?.as_str()?;
-            Some(ETag(etag.to_owned()))
-        }))
+            .get_small(&Bucket::key(folder, filed, RESULT), RESULT_CAP)?;
+        let Some(small) = got else {
+            return Ok(false);
+        };
+        let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&small.bytes) else {
+            return Ok(false);
+        };
+        let recorded = |key: &str| doc.get("intake")?.get(key)?.as_str();
+        let Some(version) = recorded("manifest_etag") else {
+            return Ok(false);
+        };
+        if recorded("name").is_some_and(|n| n != name) {
+            return Ok(false);
+        }
+        if !same_version(&ETag(version.to_owned()), etag) {
+            return Ok(false);
+        }
+        let second =
+            recorded("manifest_last_modified").and_then(|t| crate::catalog::parse_time(t).ok());
+        Ok(match (second, at) {
+            (Some(a), Some(b)) => same_second(a, b),
+            _ => true,
+        })
     }
 
     /// Copies a failed bundle's objects beside its result (server-side).

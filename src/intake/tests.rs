@@ -237,3 +237,71 @@ fn a_look_lists_a_small_inbox_whole_and_a_large_one_by_its_names() {
     };
     assert_eq!(names, ["one", "two"]);
 }
+
+/// Writes the result of `name` as probed in `p` below `folder`, as the
+/// holder's filing does.
+fn file_result(b: &Bucket, folder: &str, name: &str, p: &Probe) -> Filed {
+    let (etag, at) = p.manifest.clone().unwrap();
+    let doc = serde_json::json!({
+        "ok": folder == DONE,
+        "intake": {
+            "name": name,
+            "manifest_etag": etag.0,
+            "manifest_last_modified": crate::catalog::format_time(at),
+        },
+    });
+    b.put_result(folder, name, &doc, (&etag, Some(at))).unwrap()
+}
+
+#[test]
+fn a_result_is_known_as_its_delivery_by_version_and_second() {
+    let b = bucket();
+    deliver(&b, "x", &[("a.txt", "1\n")]);
+    let p = probe(&b, "x", None);
+    let (etag, at) = p.manifest.clone().unwrap();
+    assert!(file_result(&b, DONE, "x", &p).written);
+    let other = ETag("\"0123\"".to_owned());
+    let later = at + time::Duration::seconds(5);
+    // (delivery, whether the result is its)
+    let cases = [
+        ((&etag, Some(at)), true),
+        ((&etag, None), true),
+        ((&etag, Some(later)), false),
+        ((&other, Some(at)), false),
+    ];
+    for (delivery, is) in cases {
+        assert_eq!(
+            b.filed_for((DONE, "x"), "x", delivery).unwrap(),
+            is,
+            "{delivery:?}"
+        );
+    }
+    // Another bundle's (a name whose manifest has the same bytes).
+    assert!(!b.filed_for((DONE, "x"), "y", (&etag, Some(at))).unwrap());
+    // Filed again for the same delivery: found, not written twice; for the
+    // same bytes uploaded again later: a result of its own.
+    assert_eq!(
+        b.put_result(DONE, "x", &serde_json::json!({}), (&etag, Some(at)))
+            .unwrap(),
+        Filed {
+            name: "x".to_owned(),
+            written: false
+        }
+    );
+    let again = b
+        .put_result(DONE, "x", &serde_json::json!({}), (&etag, Some(later)))
+        .unwrap();
+    assert_eq!((again.name.as_str(), again.written), ("x.1", true));
+    // A result written before results recorded the second: by version.
+    put(
+        &b,
+        &Bucket::key(DONE, "old", RESULT),
+        serde_json::json!({ "intake": { "manifest_etag": etag.0 } })
+            .to_string()
+            .as_bytes(),
+    );
+    assert!(
+        b.filed_for((DONE, "old"), "old", (&etag, Some(later)))
+            .unwrap()
+    );
+}
