@@ -344,7 +344,7 @@ impl Worker {
                     continue;
                 }
                 Step::Idle if self.once => break,
-                Step::Idle => unanswered = 0,
+                Step::Idle | Step::Changing => unanswered = 0,
                 Step::Unreachable => {
                     unanswered = unanswered.saturating_add(1);
                     wait = backoff(wait, unanswered, self.config.agent.retry_max_interval);
@@ -572,15 +572,28 @@ impl Worker {
         inbox.told.remove(&probe.name);
         let version = match &probe.manifest {
             Some(v) => Some(v.clone()),
-            None => arrival.map(|a| (a.etag, a.at)),
+            None => arrival.as_ref().map(|a| (a.etag.clone(), a.at)),
         };
-        let carried = inbox
-            .owed
-            .remove(&probe.name)
+        let owed = inbox.owed.remove(&probe.name);
+        let carried = owed
+            .clone()
             .filter(|c| version.as_ref().is_some_and(|v| v.0.0 == c.manifest_etag));
         inbox.taken.insert(probe.name.clone(), version);
-        self.take_in(bucket, &probe, fail, carried, filer, rx);
-        Step::Processed
+        let again = match self.take_in(bucket, &probe, fail, carried, filer, rx) {
+            Taken::Processed => return Step::Processed,
+            Taken::Again(again) => again,
+        };
+        // Not taken after all: it stays first in arrival order, and is
+        // listed again before it is fetched again.
+        inbox.taken.remove(&probe.name);
+        inbox.listed.remove(&probe.name);
+        if let Some(a) = arrival {
+            inbox.arrivals.insert(probe.name.clone(), a);
+        }
+        if let Some(c) = owed {
+            inbox.owed.insert(probe.name.clone(), c);
+        }
+        again
     }
 
     fn unreachable(&self, inbox: &mut Inbox, e: &crate::s3::Error) -> Step {
@@ -623,9 +636,21 @@ impl Worker {
                 continue;
             }
             // What the look listed serves a probe within the listing
-            // interval; later, the bundle is listed anew (a producer may
-            // have deleted or replaced objects since).
-            let fresh = inbox.listed_at.is_some_and(|at| at.elapsed() < every);
+            // interval, and within a lease when it gave every object's
+            // version: the fetch then reads each object only as listed (one
+            // replaced or gone since is not read, and the bundle is looked
+            // at again). Later, and for a bundle that waits to be complete,
+            // the bundle is listed anew.
+            let versioned = inbox
+                .listed
+                .get(&name)
+                .is_some_and(|l| l.iter().all(|o| o.etag.is_some()));
+            let serves = if versioned && !inbox.waiting.contains_key(&name) {
+                every * 6
+            } else {
+                every
+            };
+            let fresh = inbox.listed_at.is_some_and(|at| at.elapsed() < serves);
             let known = intake::Known {
                 objects: fresh
                     .then(|| inbox.listed.get(&name).map(Vec::as_slice))
@@ -768,6 +793,8 @@ impl Worker {
         // A server that lists objects without their versions: each new
         // name's manifest is read.
         let mut unknown = Vec::new();
+        // New arrivals, with their manifests' sizes.
+        let mut new = Vec::new();
         for (name, objects) in all.iter().filter(|(n, _)| !filing.contains(*n)) {
             let manifest = objects.iter().find(|o| o.path == crate::bundle::MANIFEST);
             let taken = inbox.taken.get(name);
@@ -786,6 +813,7 @@ impl Worker {
                             bytes: None,
                         };
                         inbox.arrivals.insert(name.clone(), a);
+                        new.push((name.as_str(), manifest.map_or(0, |m| m.size), at));
                     }
                 }
                 Some((None, _)) if !inbox.arrivals.contains_key(name) => {
@@ -802,10 +830,57 @@ impl Worker {
             }
         }
         self.learn_arrivals(bucket, inbox, &unknown)?;
+        self.read_manifests(bucket, inbox, new)?;
         inbox.listed = all
             .into_iter()
             .filter(|(n, _)| !filing.contains(n))
             .collect();
+        Ok(())
+    }
+
+    /// Reads the manifests of `new` arrivals (name, the manifest's listed
+    /// size, and its arrival) that a listing showed with their versions,
+    /// in arrival order, as many as [`MANIFESTS_KEPT`] keeps,
+    /// [`crate::s3::HEADS_IN_FLIGHT`] at a time: their probes then read
+    /// nothing more. The same GET a bundle as a probe makes, but side by
+    /// side rather than one before each bundle; once each.
+    fn read_manifests(
+        &self,
+        bucket: &Bucket,
+        inbox: &mut Inbox,
+        mut new: Vec<(&str, u64, OffsetDateTime)>,
+    ) -> crate::s3::Result<()> {
+        new.sort_by(|a, b| (a.2, a.0).cmp(&(b.2, b.0)));
+        let kept: u64 = inbox
+            .arrivals
+            .values()
+            .filter_map(|a| a.bytes.as_ref().map(|b| b.len() as u64))
+            .sum();
+        let budget = (MANIFESTS_KEPT as u64).saturating_sub(kept);
+        let mut room = budget;
+        let mut names = Vec::new();
+        for (name, size, _) in new {
+            if size > intake::MANIFEST_KEPT || size > room {
+                break;
+            }
+            room -= size;
+            names.push(name);
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+        let names: Vec<String> = names.into_iter().map(str::to_owned).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        for (name, read) in names.iter().zip(bucket.arrivals(&refs, budget)?) {
+            // Kept only while it is the version the listing showed (the
+            // probe compares them again).
+            if let (Some(read), Some(a)) = (read, inbox.arrivals.get_mut(name))
+                && intake::same_version(&read.etag, &a.etag)
+            {
+                a.bytes = read.bytes;
+            }
+        }
         Ok(())
     }
 
@@ -862,7 +937,7 @@ impl Worker {
         carried: Option<intake::Committing>,
         filer: &Filer,
         rx: &Receiver<Wake>,
-    ) {
+    ) -> Taken {
         let id = &self.pipeline.id;
         let name = &local_name(&probe.name);
         let shown = crate::text::escape::inert(&probe.name);
@@ -874,7 +949,10 @@ impl Worker {
             Some(_) => std::fs::create_dir(&work)
                 .map(|()| None)
                 .map_err(intake::FetchError::Local),
-            None => bucket.fetch(probe, &work).map(Some),
+            None => {
+                crate::runtime::failpoint::hit("intake.probed");
+                bucket.fetch(probe, &work).map(Some)
+            }
         };
         crate::runtime::failpoint::hit("intake.fetched");
         match fetched {
@@ -899,16 +977,25 @@ impl Worker {
                 let report = e.fail(crate::report::RunReport::new(id, false));
                 self.file_away(&work, name, &report, 0);
             }
+            Err(e) if e.changed() => {
+                log::info!(
+                    "pipeline={id} bundle={shown}: uploaded again while it was fetched ({e}); looked at again"
+                );
+                let _ = std::fs::remove_dir_all(&work);
+                return Taken::Again(Step::Changing);
+            }
             Err(e) => {
-                // An outage while reading: the bundle stays in the inbox.
+                // An outage while reading (or a local folder that cannot
+                // take it): the bundle stays in the inbox, first in order.
                 log::warn!(
                     "pipeline={id} bundle={shown}: cannot fetch it ({e}); it stays in the intake and is tried again"
                 );
                 let _ = std::fs::remove_dir_all(&work);
-                return;
+                return Taken::Again(Step::Unreachable);
             }
         }
         self.file_in_bucket(filer, probe, name);
+        Taken::Processed
     }
 
     /// Before processing `probe` (fetched into `work`, local name `name`):
@@ -1341,6 +1428,15 @@ fn local_name(name: &str) -> String {
 }
 
 /// How one look at the intake ended.
+/// What became of a bundle [`Worker::take_in`] was given.
+enum Taken {
+    /// Processed (or failed), and handed to the filer.
+    Processed,
+    /// Not fetched: it stays in the inbox, and the holder's loop goes on
+    /// as this step says.
+    Again(Step),
+}
+
 enum Step {
     /// A bundle was processed: look again at once.
     Processed,
@@ -1348,6 +1444,9 @@ enum Step {
     Idle,
     /// The bucket did not answer.
     Unreachable,
+    /// The bundle taken was being uploaded again: looked at again after
+    /// a listing interval (`--once` too).
+    Changing,
 }
 
 #[cfg(test)]

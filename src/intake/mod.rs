@@ -417,15 +417,28 @@ impl Bucket {
         // creation, never over anything.
         std::fs::create_dir(into).map_err(FetchError::Local)?;
         let mut fetched = Fetched::default();
-        let mut keys: Vec<(String, u64)> = manifest
+        // Each object as probed: one replaced since (a new delivery under
+        // way) is not read ([`FetchError::changed`]).
+        let version = |path: &str| {
+            probe
+                .objects
+                .iter()
+                .find(|o| o.path == path)
+                .and_then(|o| o.etag.clone())
+        };
+        let mut keys: Vec<(String, u64, Option<String>)> = manifest
             .files
             .iter()
-            .map(|f| (Bucket::key(INBOX, &probe.name, f.path.as_str()), f.size))
+            .map(|f| {
+                let key = Bucket::key(INBOX, &probe.name, f.path.as_str());
+                (key, f.size, version(f.path.as_str()))
+            })
             .collect();
         if probe.objects.iter().any(|o| o.path == SIGNATURE) {
             keys.push((
                 Bucket::key(INBOX, &probe.name, SIGNATURE),
                 crate::signature::MAX_SIGNATURE_BYTES + 1,
+                version(SIGNATURE),
             ));
         }
         let prefix = Bucket::key(INBOX, &probe.name, "");
@@ -975,6 +988,14 @@ pub enum FetchError {
     Bucket(#[from] s3::Error),
     #[error("cannot write the bundle into work/: {0}")]
     Local(#[from] std::io::Error),
+}
+
+impl FetchError {
+    /// An object was replaced since the probe listed it: the bundle is
+    /// being delivered again, and is probed again rather than failed.
+    pub fn changed(&self) -> bool {
+        matches!(self, FetchError::Bucket(s3::Error::Changed { .. }))
+    }
 }
 
 #[cfg(test)]

@@ -305,3 +305,39 @@ fn a_result_is_known_as_its_delivery_by_version_and_second() {
             .unwrap()
     );
 }
+
+#[test]
+fn a_fetch_reads_each_object_only_as_its_probe_listed_it() {
+    // (what happens between the probe and the fetch, whether the fetch
+    // reports the bundle changed)
+    type Meanwhile = fn(&Bucket);
+    let cases: [(&str, Meanwhile, bool); 3] = [
+        ("nothing", |_| {}, false),
+        (
+            "a file uploaded again",
+            |b| put(b, &Bucket::key(INBOX, "x", "a.txt"), b"2\n"),
+            true,
+        ),
+        (
+            "a file deleted",
+            |b| b.root.delete(&Bucket::key(INBOX, "x", "a.txt")).unwrap(),
+            true,
+        ),
+    ];
+    for (what, meanwhile, changed) in cases {
+        let b = bucket();
+        deliver(&b, "x", &[("a.txt", "1\n"), ("b.txt", "b\n")]);
+        let p = probe(&b, "x", None);
+        meanwhile(&b);
+        let work = tempfile::tempdir().unwrap();
+        let into = work.path().join("x");
+        match b.fetch(&p, &into) {
+            Ok(f) => {
+                assert!(!changed, "{what}: fetched");
+                assert!(f.mismatches.is_empty(), "{what}: {:?}", f.mismatches);
+                assert_eq!(std::fs::read(into.join("a.txt")).unwrap(), b"1\n");
+            }
+            Err(e) => assert!(changed && e.changed(), "{what}: {e}"),
+        }
+    }
+}

@@ -209,19 +209,21 @@ impl S3Root {
         }))
     }
 
-    /// Streams each of `items` (a key and the most bytes to read of it)
-    /// into the writer `open` gives for its key, hashing it in the same
-    /// pass, with up to [`GETS_IN_FLIGHT`] objects at once (a bundle of
-    /// small files waits for its slowest round trips, not for their sum).
-    /// A writer is opened when its object's GET starts and dropped when
-    /// it ends, so memory stays at one chunk and one writer per object in
-    /// flight. Each object stops after its `most` bytes (what follows is
-    /// not read, and one byte more is counted: "bigger than it should
-    /// be"); `None` for an object that does not exist. The first error
-    /// ends it: the GETs in flight are dropped, none more is started.
+    /// Streams each of `items` (a key, the most bytes to read of it, and
+    /// the version it must still be, if any: `Error::Changed` when it is
+    /// another or gone) into the writer `open` gives for its key, hashing
+    /// it in the same pass, with up to [`GETS_IN_FLIGHT`] objects at once
+    /// (a bundle of small files waits for its slowest round trips, not for
+    /// their sum). A writer is opened when its object's GET starts and
+    /// dropped when it ends, so memory stays at one chunk and one writer
+    /// per object in flight. Each object stops after its `most` bytes
+    /// (what follows is not read, and one byte more is counted: "bigger
+    /// than it should be"); `None` for an object without a version that
+    /// does not exist. The first error ends it: the GETs in flight are
+    /// dropped, none more is started.
     pub fn get_many_into<W, E>(
         &self,
-        items: &[(String, u64)],
+        items: &[(String, u64, Option<String>)],
         open: impl Fn(&str) -> std::result::Result<W, E>,
     ) -> std::result::Result<Vec<Option<Hashed>>, E>
     where
@@ -230,9 +232,11 @@ impl S3Root {
     {
         use futures_util::{StreamExt as _, TryStreamExt as _};
         let open = &open;
-        let gets = items.iter().map(|(rel, most)| async move {
+        let gets = items.iter().map(|(rel, most, version)| async move {
             let mut out = open(rel)?;
-            let got = self.stream_into::<E>(rel, &mut out, *most).await?;
+            let got = self
+                .stream_into::<E>(rel, &mut out, *most, version.clone())
+                .await?;
             out.flush()?;
             Ok::<_, E>(got)
         });
@@ -248,6 +252,7 @@ impl S3Root {
         rel: &str,
         out: &mut impl Write,
         most: u64,
+        if_match: Option<String>,
     ) -> std::result::Result<Option<Hashed>, E>
     where
         E: From<Error> + From<std::io::Error>,
@@ -255,11 +260,25 @@ impl S3Root {
         use futures_util::StreamExt as _;
         use sha2::Digest as _;
         let key = self.key(rel);
-        let (got, answer) =
-            failure::answered(self.store.get_opts(&key, GetOptions::default())).await;
+        let versioned = if_match.is_some();
+        let options = GetOptions {
+            if_match,
+            ..GetOptions::default()
+        };
+        let (got, answer) = failure::answered(self.store.get_opts(&key, options)).await;
         let r = match got {
             Ok(r) => r,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            // Gone since it was listed with its version: changed too.
+            Err(object_store::Error::NotFound { .. }) if !versioned => return Ok(None),
+            Err(
+                object_store::Error::NotFound { .. } | object_store::Error::Precondition { .. },
+            ) => {
+                return Err(Error::Changed {
+                    root: self.label.clone(),
+                    key: rel.to_owned(),
+                }
+                .into());
+            }
             Err(e) => return Err(self.store_failed("GET", rel, &e, answer).into()),
         };
         let mut hasher = sha2::Sha256::new();

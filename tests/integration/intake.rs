@@ -834,3 +834,72 @@ fn a_crash_between_the_result_and_the_inbox_removal_files_nothing_twice() {
         );
     }
 }
+
+#[test]
+fn a_bundle_uploaded_again_between_its_probe_and_its_fetch_is_not_failed() {
+    let i = Intake::new();
+    let first = i.t.bundle("x", &[("a.txt", "1\n"), ("b.txt", "b\n")]);
+    i.upload("x", &first);
+    // The holder found it complete, and stops before reading its objects.
+    let mut a = i.agent_failing("intake.probed:1:stop");
+    assert!(
+        wait_for(Duration::from_secs(30), || a.stopped()),
+        "{}",
+        a.stderr()
+    );
+    // Meanwhile the producer sends it again, with another a.txt.
+    let again = i.t.bundle_at(
+        "x2",
+        "x",
+        "2026-06-05T00:00:00Z",
+        &[("a.txt", "2\n"), ("b.txt", "b\n")],
+    );
+    i.upload("x", &again);
+    a.signal(libc::SIGCONT);
+    wait_done(&i, 1, &[&a]);
+    // Its objects changed under the fetch: looked at again, not failed,
+    // and the delivery now in the inbox is the one published.
+    assert!(
+        wait_for(Duration::from_secs(30), || i.objects("inbox").is_empty()),
+        "{:?}",
+        i.objects("inbox")
+    );
+    a.signal(libc::SIGTERM);
+    let log = a.finish(Duration::from_secs(30)).stderr;
+    assert!(log.contains("uploaded again while it was fetched"), "{log}");
+    assert_eq!(i.filed("done"), ["x"], "{log}");
+    assert!(i.filed("failed").is_empty(), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/a.txt")).unwrap(),
+        "2\n"
+    );
+    assert_eq!(i.published(), ["x"]);
+}
+
+#[test]
+fn a_bundle_whose_fetch_meets_an_outage_is_taken_again_first() {
+    let mut server = crate::seaweed::OwnServer::start("intake-fetch-outage");
+    let i = Intake::at(server.location("intake", "reports"), "");
+    let bundles = backlog(&i, 2);
+    for (name, dir) in &bundles {
+        i.upload(name, dir);
+    }
+    // The holder found b000 complete; the server stops before it is read.
+    let a = i.agent_failing("intake.probed:1:stop");
+    assert!(
+        wait_for(Duration::from_secs(30), || a.stopped()),
+        "{}",
+        a.stderr()
+    );
+    server.stop(libc::SIGKILL);
+    a.signal(libc::SIGCONT);
+    a.wait_log("cannot fetch it", Duration::from_secs(120));
+    server.resume();
+    // It stays first: taken again once the server answers, before b001.
+    wait_done(&i, 2, &[&a]);
+    let names: Vec<String> = bundles.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(i.filed("done"), names, "{}", a.stderr());
+    assert!(i.filed("failed").is_empty(), "{}", a.stderr());
+    assert_eq!(i.published(), names);
+    assert_site(&i, 2);
+}
