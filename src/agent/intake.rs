@@ -119,9 +119,9 @@ impl Fence {
             hooks,
         };
         self.bucket.mark_committing(&c).map_err(|e| {
-            std::io::Error::other(format!(
+            std::io::Error::other(crate::publish::Fenced(format!(
                 "not committed: cannot record the hooks it owes in the intake ({e})"
-            ))
+            )))
         })
     }
 
@@ -132,16 +132,16 @@ impl Fence {
     pub(super) fn check(&self) -> std::io::Result<()> {
         crate::runtime::failpoint::hit("intake.before_fence");
         let lost = |lost: lease::Lost| {
-            std::io::Error::other(format!(
+            std::io::Error::other(crate::publish::Fenced(format!(
                 "not committed: {lost}; this agent no longer serves the intake, and the agent that does processes the bundle again"
-            ))
+            )))
         };
         self.held.check(&self.bucket.root).map_err(lost)?;
         let waiting = Instant::now();
         if !self.filings.settled() {
-            return Err(std::io::Error::other(
-                "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order",
-            ));
+            return Err(std::io::Error::other(crate::publish::Fenced(
+                "not committed: the result of the bundle before it could not be filed in the intake; the agent that serves the intake next processes both again, in order".to_owned(),
+            )));
         }
         // A long wait (a filing tried again): the lease is read again.
         if waiting.elapsed() >= self.held.lease() / 3 {
@@ -575,11 +575,14 @@ impl Worker {
             None => arrival.as_ref().map(|a| (a.etag.clone(), a.at)),
         };
         let owed = inbox.owed.remove(&probe.name);
-        let carried = owed
-            .clone()
-            .filter(|c| version.as_ref().is_some_and(|v| v.0.0 == c.manifest_etag));
-        inbox.taken.insert(probe.name.clone(), version);
-        let again = match self.take_in(bucket, &probe, fail, carried, filer, rx) {
+        let carried = owed.clone().filter(|c| {
+            version.as_ref().is_some_and(|v| {
+                intake::same_version(&v.0, &crate::s3::ETag(c.manifest_etag.clone()))
+            })
+        });
+        inbox.taken.insert(probe.name.clone(), version.clone());
+        let taken = (&*probe, version);
+        let again = match self.take_in(bucket, taken, fail, carried, filer, rx) {
             Taken::Processed => return Step::Processed,
             Taken::Again(again) => again,
         };
@@ -660,10 +663,11 @@ impl Worker {
             let probe = match bucket.probe(&name, &self.pipeline.limits, signed, known) {
                 Ok(probe) => probe,
                 // Its objects cannot be read (a key the client cannot
-                // take): it fails, and the bundles after it go on.
-                Err(e) if intake::unreadable(&e) => {
+                // take, an object the server refuses to serve): it fails,
+                // and the bundles after it go on.
+                Err(e) if intake::unreadable(&e) || intake::refused(&e) => {
                     let why = format!(
-                        "its objects cannot be listed or read ({e}); delete them (`distributor spool delete`) and deliver it again with valid names"
+                        "its objects cannot be listed or read ({e}); delete inbox/<name>/ in the bucket with an S3 client (`aws s3 rm --recursive`) and deliver it again with valid names"
                     );
                     let probe = intake::Probe::broken(&name, why.clone());
                     return Ok(Some(Pick::Fail(Box::new(probe), why)));
@@ -830,7 +834,14 @@ impl Worker {
             }
         }
         self.learn_arrivals(bucket, inbox, &unknown)?;
-        self.read_manifests(bucket, inbox, new)?;
+        // Read ahead only: a manifest that cannot be read now is read by
+        // its probe, which says why.
+        if let Err(e) = self.read_manifests(bucket, inbox, new) {
+            log::debug!(
+                "pipeline={}: manifests not read ahead ({e})",
+                self.pipeline.id
+            );
+        }
         inbox.listed = all
             .into_iter()
             .filter(|(n, _)| !filing.contains(n))
@@ -932,7 +943,7 @@ impl Worker {
     fn take_in(
         &self,
         bucket: &Bucket,
-        probe: &Probe,
+        (probe, version): (&Probe, Option<(crate::s3::ETag, OffsetDateTime)>),
         fail: Option<String>,
         carried: Option<intake::Committing>,
         filer: &Filer,
@@ -945,13 +956,29 @@ impl Worker {
         if work.exists() {
             let _ = std::fs::remove_dir_all(&work);
         }
+        let mut fail = fail;
         let fetched = match &fail {
             Some(_) => std::fs::create_dir(&work)
                 .map(|()| None)
                 .map_err(intake::FetchError::Local),
             None => {
                 crate::runtime::failpoint::hit("intake.probed");
-                bucket.fetch(probe, &work).map(Some)
+                match bucket.fetch(probe, &work) {
+                    // An object the server refuses to serve for good (a
+                    // denying policy, a key it cannot decrypt, an archived
+                    // storage class): the bundle fails, the ones after it
+                    // go on.
+                    Err(e) if e.refused() => {
+                        let _ = std::fs::remove_dir_all(&work);
+                        fail = Some(format!(
+                            "the bucket refuses to serve its objects ({e}); let the agent's identity read them (s3:GetObject, a readable storage class and encryption), then deliver it again"
+                        ));
+                        std::fs::create_dir(&work)
+                            .map(|()| None)
+                            .map_err(intake::FetchError::Local)
+                    }
+                    fetched => fetched.map(Some),
+                }
             }
         };
         crate::runtime::failpoint::hit("intake.fetched");
@@ -994,8 +1021,11 @@ impl Worker {
                 return Taken::Again(Step::Unreachable);
             }
         }
-        self.file_in_bucket(filer, probe, name);
-        Taken::Processed
+        if self.file_in_bucket(filer, (probe, version), name) {
+            Taken::Processed
+        } else {
+            Taken::Again(Step::Unreachable)
+        }
     }
 
     /// Before processing `probe` (fetched into `work`, local name `name`):
@@ -1043,7 +1073,12 @@ impl Worker {
     /// Files the result of the bundle just processed in the bucket (by
     /// the [`Filer`]): the result, a failed bundle's files beside it, then
     /// its removal from the inbox; and forgets it on this host.
-    fn file_in_bucket(&self, filer: &Filer, probe: &Probe, local_name: &str) {
+    fn file_in_bucket(
+        &self,
+        filer: &Filer,
+        (probe, version): (&Probe, Option<(crate::s3::ETag, OffsetDateTime)>),
+        local_name: &str,
+    ) -> bool {
         let id = &self.pipeline.id;
         let shown = crate::text::escape::inert(&probe.name);
         let (folder, local) = if self.spool.done.join(local_name).is_dir() {
@@ -1052,10 +1087,11 @@ impl Worker {
             (Folder::Failed, self.spool.failed.join(local_name))
         } else {
             // Left in work/ (a stop, or a spool that cannot file it): it
-            // stays in the inbox, and the next holder processes it again.
+            // stays in the inbox, first in order, and is processed again
+            // (its publication then ends skip_same).
             log::info!("pipeline={id} bundle={shown}: not finished; it stays in the intake");
             let _ = std::fs::remove_dir_all(self.spool.work.join(local_name));
-            return;
+            return false;
         };
         let doc = match spool::read_result(&self.spool, folder, local_name) {
             Ok(r) => r.doc,
@@ -1063,9 +1099,10 @@ impl Worker {
         };
         let _ = std::fs::remove_dir_all(&local);
         let _ = std::fs::remove_dir_all(self.spool.pipeline_folder().join(spool::RESULTS_DIR));
-        // A bundle failed before its manifest was read has none.
-        let (etag, at) = match &probe.manifest {
-            Some((etag, at)) => (etag.clone(), Some(*at)),
+        // A bundle failed before its manifest was read has the version
+        // the look saw (its filing removes that manifest only), if any.
+        let (etag, at) = match probe.manifest.clone().or(version) {
+            Some((etag, at)) => (etag, Some(at)),
             None => (crate::s3::ETag(String::new()), None),
         };
         filer.file(Filing {
@@ -1076,6 +1113,7 @@ impl Worker {
             folder,
             doc,
         });
+        true
     }
 }
 
@@ -1359,7 +1397,7 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
         // What could not be copied beside the failure stays in the inbox.
         for (path, e) in &refused {
             log::warn!(
-                "pipeline={id} bundle={shown}: {} could not be copied beside its failure ({e}); it stays in the inbox (delete it with `distributor spool delete` once you have it)",
+                "pipeline={id} bundle={shown}: {} could not be copied beside its failure ({e}); it stays in the inbox (delete it with an S3 client once you have it)",
                 crate::text::escape::inert(path)
             );
         }

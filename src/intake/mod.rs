@@ -318,7 +318,7 @@ impl Bucket {
         };
         let Some(objects) = listed? else {
             probe.state = State::Broken(format!(
-                "more than {most} objects under {prefix}/ (limits.max_files is {}); delete them (`distributor spool delete`), and split the bundle",
+                "more than {most} objects under {prefix}/ (limits.max_files is {}); delete them with an S3 client (`aws s3 rm --recursive`), and split the bundle",
                 limits.max_files
             ));
             return Ok(probe);
@@ -964,6 +964,21 @@ pub fn unreadable(e: &s3::Error) -> bool {
     )
 }
 
+/// Whether the server refuses one object for good: access denied to it, or
+/// another client error (a key it cannot decrypt, an archived storage
+/// class). Not refused credentials or a missing bucket: those stop every
+/// request, and are waited out as an outage.
+pub fn refused(e: &s3::Error) -> bool {
+    match e {
+        s3::Error::Store { failure, .. } => match failure {
+            s3::Failure::Denied => true,
+            s3::Failure::Status(s) => (400..500).contains(s) && !failure.is_transient(),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// [`same_etag`] of two versions.
 pub fn same_version(a: &ETag, b: &ETag) -> bool {
     same_etag(&a.0, &b.0)
@@ -995,6 +1010,11 @@ impl FetchError {
     /// being delivered again, and is probed again rather than failed.
     pub fn changed(&self) -> bool {
         matches!(self, FetchError::Bucket(s3::Error::Changed { .. }))
+    }
+
+    /// The server refuses to serve an object for good ([`refused`]).
+    pub fn refused(&self) -> bool {
+        matches!(self, FetchError::Bucket(e) if refused(e))
     }
 }
 

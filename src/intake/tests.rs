@@ -341,3 +341,28 @@ fn a_fetch_reads_each_object_only_as_its_probe_listed_it() {
         }
     }
 }
+
+#[test]
+fn an_object_refused_for_good_fails_its_bundle_and_an_outage_does_not() {
+    use s3::Failure;
+    let cases = [
+        (Failure::Denied, true),
+        (Failure::Status(400), true),
+        (Failure::Status(429), false),
+        (Failure::Status(503), false),
+        (Failure::ServerError, false),
+        (Failure::Connect, false),
+        (Failure::CredentialsRefused, false),
+        (Failure::BucketMissing, false),
+    ];
+    for (failure, is) in cases {
+        let e = s3::Error::Store {
+            root: "s3://b/p".to_owned(),
+            op: "GET",
+            key: "inbox/x/a.txt".to_owned(),
+            failure,
+        };
+        assert_eq!(refused(&e), is, "{failure:?}");
+        assert_eq!(FetchError::Bucket(e).refused(), is, "{failure:?}");
+    }
+}

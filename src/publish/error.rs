@@ -117,9 +117,7 @@ pub enum Error {
     /// The agent could not record the commit it was about to make in its
     /// spool (docs/reliability.md, "After the commit"); nothing was
     /// committed anywhere.
-    #[error(
-        "cannot record the publication in the spool before committing it ({source}); nothing was committed, the bundle is tried again. Check free space and permissions in the pipeline's work/ folder"
-    )]
+    #[error("{}", record_message(source))]
     Record {
         #[source]
         source: io::Error,
@@ -247,5 +245,41 @@ impl report::Failure for Error {
 
     fn is_refused(&self) -> bool {
         matches!(self, Error::Refused { .. })
+    }
+}
+
+/// Why an intake's holder may not commit (its lease, its records in the
+/// bucket), carried in the `io::Error` its check before the commit returns:
+/// told as it is, without the spool's advice.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Fenced(pub String);
+
+fn record_message(source: &io::Error) -> String {
+    match source.get_ref().and_then(|e| e.downcast_ref::<Fenced>()) {
+        Some(fenced) => format!("{fenced}; the bundle is tried again"),
+        None => format!(
+            "cannot record the publication in the spool before committing it ({source}); nothing was committed, the bundle is tried again. Check free space and permissions in the pipeline's work/ folder"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_an_intake_fenced_is_told_without_the_spools_advice() {
+        let spool = Error::Record {
+            source: io::Error::other("No space left on device"),
+        };
+        assert!(spool.to_string().contains("Check free space"), "{spool}");
+        let fenced = Error::Record {
+            source: io::Error::other(Fenced("not committed: the lease was lost".to_owned())),
+        };
+        assert_eq!(
+            fenced.to_string(),
+            "not committed: the lease was lost; the bundle is tried again"
+        );
     }
 }

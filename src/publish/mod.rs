@@ -28,7 +28,7 @@ pub use crate::backend::{MAX_BATCH, peek_state, recover_abandoned, root_label, s
 pub use crate::plan::Rollback;
 pub use crate::runtime::workers::Workers;
 pub(crate) use content::Content;
-pub use error::Error;
+pub use error::{Error, Fenced};
 
 use crate::runtime::process_state::ProcessState;
 use driver::{Aborted, Driver, Ended};
