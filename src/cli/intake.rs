@@ -262,7 +262,19 @@ fn inbox(
     let now = OffsetDateTime::now_utc();
     let mut rows = Vec::new();
     for name in bucket.names()? {
-        let probe = bucket.probe(&name, &p.limits, spool.signed, Known::default())?;
+        let probe = match bucket.probe(&name, &p.limits, spool.signed, Known::default()) {
+            Ok(probe) => probe,
+            // One bundle's objects the client cannot take, or the server
+            // refuses: that row says so, the others are listed.
+            Err(e) if crate::intake::unreadable(&e) || crate::intake::refused(&e) => {
+                let why = format!("its objects cannot be listed or read ({e})");
+                crate::intake::Probe {
+                    signature: (Some(now), 0, 0),
+                    ..crate::intake::Probe::broken(&name, why)
+                }
+            }
+            Err(e) => return Err(e),
+        };
         let Some(last) = probe.signature.0 else {
             continue; // removed since the listing
         };
