@@ -584,6 +584,8 @@ impl Worker {
         let taken = (&*probe, version);
         let again = match self.take_in(bucket, taken, fail, carried, filer, rx) {
             Taken::Processed => return Step::Processed,
+            // `--once` ends there: the bundle stays first for the next run.
+            Taken::Again(_) if self.once => Step::Idle,
             Taken::Again(again) => again,
         };
         // Not taken after all: it stays first in arrival order, and is
@@ -663,11 +665,10 @@ impl Worker {
             let probe = match bucket.probe(&name, &self.pipeline.limits, signed, known) {
                 Ok(probe) => probe,
                 // Its objects cannot be read (a key the client cannot
-                // take, an object the server refuses to serve): it fails,
-                // and the bundles after it go on.
-                Err(e) if intake::unreadable(&e) || intake::refused(&e) => {
+                // take): it fails, and the bundles after it go on.
+                Err(e) if intake::unreadable(&e) => {
                     let why = format!(
-                        "its objects cannot be listed or read ({e}); delete inbox/<name>/ in the bucket with an S3 client (`aws s3 rm --recursive`) and deliver it again with valid names"
+                        "its objects cannot be listed or read ({e}); delete inbox/{name}/ in the bucket with an S3 client (`aws s3 rm --recursive`) and deliver it again with valid names"
                     );
                     let probe = intake::Probe::broken(&name, why.clone());
                     return Ok(Some(Pick::Fail(Box::new(probe), why)));
@@ -964,14 +965,15 @@ impl Worker {
             None => {
                 crate::runtime::failpoint::hit("intake.probed");
                 match bucket.fetch(probe, &work) {
-                    // An object the server refuses to serve for good (a
-                    // denying policy, a key it cannot decrypt, an archived
-                    // storage class): the bundle fails, the ones after it
-                    // go on.
-                    Err(e) if e.refused() => {
+                    // A path this host cannot hold (longer than its file
+                    // system takes): the bundle fails, the ones after it go
+                    // on.
+                    Err(intake::FetchError::Local(e))
+                        if e.raw_os_error() == Some(libc::ENAMETOOLONG) =>
+                    {
                         let _ = std::fs::remove_dir_all(&work);
                         fail = Some(format!(
-                            "the bucket refuses to serve its objects ({e}); let the agent's identity read them (s3:GetObject, a readable storage class and encryption), then deliver it again"
+                            "a path of it is too long for this host's work/ ({e}); shorten its paths and deliver it again"
                         ));
                         std::fs::create_dir(&work)
                             .map(|()| None)

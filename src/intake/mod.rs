@@ -966,8 +966,9 @@ pub fn unreadable(e: &s3::Error) -> bool {
 
 /// Whether the server refuses one object for good: access denied to it, or
 /// another client error (a key it cannot decrypt, an archived storage
-/// class). Not refused credentials or a missing bucket: those stop every
-/// request, and are waited out as an outage.
+/// class). Not refused credentials or a missing bucket. For `spool list`'s
+/// rows only: the agent waits such an error out, as S3 answers 403 to a
+/// bad signature too, and that is no reason to fail a bundle.
 pub fn refused(e: &s3::Error) -> bool {
     match e {
         s3::Error::Store { failure, .. } => match failure {
@@ -1010,11 +1011,6 @@ impl FetchError {
     /// being delivered again, and is probed again rather than failed.
     pub fn changed(&self) -> bool {
         matches!(self, FetchError::Bucket(s3::Error::Changed { .. }))
-    }
-
-    /// The server refuses to serve an object for good ([`refused`]).
-    pub fn refused(&self) -> bool {
-        matches!(self, FetchError::Bucket(e) if refused(e))
     }
 }
 

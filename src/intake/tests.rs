@@ -343,7 +343,7 @@ fn a_fetch_reads_each_object_only_as_its_probe_listed_it() {
 }
 
 #[test]
-fn an_object_refused_for_good_fails_its_bundle_and_an_outage_does_not() {
+fn an_object_refused_for_good_is_told_apart_from_an_outage() {
     use s3::Failure;
     let cases = [
         (Failure::Denied, true),
@@ -363,6 +363,5 @@ fn an_object_refused_for_good_fails_its_bundle_and_an_outage_does_not() {
             failure,
         };
         assert_eq!(refused(&e), is, "{failure:?}");
-        assert_eq!(FetchError::Bucket(e).refused(), is, "{failure:?}");
     }
 }
