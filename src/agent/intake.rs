@@ -355,6 +355,13 @@ impl Worker {
                 _ => {}
             }
         }
+        // `--once`: what waits to be complete stays in the inbox (and the
+        // run exits 1, as for a local inbox).
+        if self.once {
+            self.tally
+                .incomplete
+                .fetch_add(inbox.waiting.len(), Ordering::Relaxed);
+        }
         // What is finished is filed while the lease is still renewed.
         filer.finish();
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -584,8 +591,12 @@ impl Worker {
         let taken = (&*probe, version);
         let again = match self.take_in(bucket, taken, fail, carried, filer, rx) {
             Taken::Processed => return Step::Processed,
-            // `--once` ends there: the bundle stays first for the next run.
-            Taken::Again(_) if self.once => Step::Idle,
+            // `--once` ends there: the bundle stays first for the next run
+            // (and the run exits 1, as for a bundle it could not claim).
+            Taken::Again(_) if self.once => {
+                self.tally.unclaimed.fetch_add(1, Ordering::Relaxed);
+                Step::Idle
+            }
             Taken::Again(again) => again,
         };
         // Not taken after all: it stays first in arrival order, and is

@@ -903,3 +903,25 @@ fn a_bundle_whose_fetch_meets_an_outage_is_taken_again_first() {
     assert_eq!(i.published(), names);
     assert_site(&i, 2);
 }
+
+#[test]
+fn agent_once_exits_1_while_an_intake_bundle_stays_incomplete() {
+    let i = Intake::new();
+    let partial = i.t.bundle("partial", &[("a.txt", "a\n"), ("b.txt", "b\n")]);
+    std::fs::remove_file(partial.join("b.txt")).unwrap();
+    i.upload("partial", &partial);
+    i.upload("ready", &i.t.bundle("ready", &[("r.txt", "r\n")]));
+    let out = i.once();
+    out.expect_code(1);
+    assert!(
+        out.stderr
+            .contains("1 done, 0 failed, 1 incomplete left in the inbox"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(i.filed("done"), ["ready"]);
+    assert!(
+        i.objects("inbox")
+            .contains_key("inbox/partial/manifest.json")
+    );
+}
