@@ -679,7 +679,8 @@ impl Worker {
                 // take): it fails, and the bundles after it go on.
                 Err(e) if intake::unreadable(&e) => {
                     let why = format!(
-                        "its objects cannot be listed or read ({e}); delete inbox/{name}/ in the bucket with an S3 client (`aws s3 rm --recursive`) and deliver it again with valid names"
+                        "its objects cannot be listed or read ({e}); delete inbox/{}/ in the bucket with an S3 client (`aws s3 rm --recursive`) and deliver it again with valid names",
+                        crate::text::escape::inert(&name)
                     );
                     let probe = intake::Probe::broken(&name, why.clone());
                     return Ok(Some(Pick::Fail(Box::new(probe), why)));
