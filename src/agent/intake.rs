@@ -970,10 +970,8 @@ impl Worker {
             let _ = std::fs::remove_dir_all(&work);
         }
         let mut fail = fail;
-        let fetched = match &fail {
-            Some(_) => std::fs::create_dir(&work)
-                .map(|()| None)
-                .map_err(intake::FetchError::Local),
+        let read = match &fail {
+            Some(_) => None,
             None => {
                 crate::runtime::failpoint::hit("intake.probed");
                 match bucket.fetch(probe, &work) {
@@ -987,13 +985,18 @@ impl Worker {
                         fail = Some(format!(
                             "a path of it is too long for this host's work/ ({e}); shorten its paths and deliver it again"
                         ));
-                        std::fs::create_dir(&work)
-                            .map(|()| None)
-                            .map_err(intake::FetchError::Local)
+                        None
                     }
-                    fetched => fetched.map(Some),
+                    read => Some(read),
                 }
             }
+        };
+        // A bundle failed before it was read gets an empty folder to file.
+        let fetched = match read {
+            Some(read) => read.map(Some),
+            None => std::fs::create_dir(&work)
+                .map(|()| None)
+                .map_err(intake::FetchError::Local),
         };
         crate::runtime::failpoint::hit("intake.fetched");
         match fetched {
