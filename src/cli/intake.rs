@@ -261,7 +261,11 @@ fn inbox(
     };
     let now = OffsetDateTime::now_utc();
     let mut rows = Vec::new();
-    for name in bucket.names()? {
+    for name in bucket.all_names()? {
+        if let Some(why) = bucket.unreachable(&name) {
+            rows.push((now, now, name, Waiting::Unreadable.as_str(), why));
+            continue;
+        }
         let probe = match bucket.probe(&name, &p.limits, spool.signed, Known::default()) {
             Ok(probe) => probe,
             // One bundle's objects the client cannot take, or the server

@@ -42,11 +42,16 @@ pub const RESULT: &str = crate::spool::RESULT_FILE;
 /// delivery under its name.
 const RESULT_CAP: u64 = 64 << 20;
 const MANIFEST: &str = crate::bundle::MANIFEST;
+/// Why an object whose key the s3 client cannot name is left alone.
+const UNNAMED: &str = "its key holds a control character, an empty, `.` or `..` segment, or a slash at its end, which no request of this agent can name";
 const SIGNATURE: &str = crate::signature::SIGNATURE_FILE;
 
 /// An intake's bucket, at its `<path>`.
 pub struct Bucket {
     pub root: S3Root,
+    /// The names in the inbox no request can name ([`Bucket::unreachable`]),
+    /// each told once.
+    told: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// One bundle name's state in the inbox, as one probe found it.
@@ -172,16 +177,53 @@ pub struct Filed {
 impl Bucket {
     /// A client for the intake (credentials from the environment).
     pub fn open(intake: &Intake) -> s3::Result<Bucket> {
-        Ok(Bucket {
-            root: S3Root::open(&intake.location)?,
-        })
+        Ok(Bucket::over(S3Root::open(&intake.location)?))
     }
 
     /// For `status`: one try per request.
     pub fn open_single_try(intake: &Intake) -> s3::Result<Bucket> {
-        Ok(Bucket {
-            root: S3Root::open_single_try(&intake.location)?,
-        })
+        Ok(Bucket::over(S3Root::open_single_try(&intake.location)?))
+    }
+
+    /// The intake at `root`.
+    pub fn over(root: S3Root) -> Bucket {
+        Bucket {
+            root,
+            told: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Why no bundle `name` can be taken from the inbox, when none can:
+    /// its name holds a control character or is empty, so that no
+    /// request of this agent names its objects (the s3 client would name
+    /// others). It is never claimed, filed or deleted, and no other
+    /// bundle waits for it.
+    pub fn unreachable(&self, name: &str) -> Option<String> {
+        if self.root.addresses(&Bucket::key(INBOX, name, MANIFEST)) {
+            return None;
+        }
+        Some(format!(
+            "its name \"{}\" holds a control character or is empty, so this agent cannot name its objects; it is never claimed: delete it with an S3 client (`aws s3 rm --recursive`) and deliver it again under a name of letters, digits, '.', '_' and '-'",
+            crate::text::escape::inert(name)
+        ))
+    }
+
+    /// `names` without the unreachable ones, each of those told once (a
+    /// warning) by this client.
+    fn reachable(&self, names: impl IntoIterator<Item = String>) -> Vec<String> {
+        let mut out = Vec::new();
+        for name in names {
+            match self.unreachable(&name) {
+                None => out.push(name),
+                Some(why) => {
+                    let mut told = self.told.lock().unwrap_or_else(|e| e.into_inner());
+                    if told.insert(name.clone()) {
+                        log::warn!("{}: a bundle in the inbox is skipped: {why}", self.label());
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// `s3://bucket/path`, for messages.
@@ -197,6 +239,12 @@ impl Bucket {
     /// The bundle names in the inbox, sorted (names starting with `.`
     /// are ignored, as in a local inbox).
     pub fn names(&self) -> s3::Result<Vec<String>> {
+        Ok(self.reachable(self.all_names()?))
+    }
+
+    /// [`Bucket::names`] with the unreachable ones ([`Bucket::unreachable`]),
+    /// for `spool list`.
+    pub fn all_names(&self) -> s3::Result<Vec<String>> {
         let level = self.root.list_level(INBOX)?;
         Ok(level
             .folders
@@ -209,9 +257,9 @@ impl Bucket {
     /// per thousand), else its names ([`Bucket::names`]). Objects right
     /// below `inbox/` and names starting with `.` are no bundle's.
     pub fn look(&self, most: usize) -> s3::Result<Look> {
-        // A key the client cannot take (one with an empty segment:
-        // `inbox/x//f`) fails the whole listing: the names are listed
-        // instead, which spares every other bundle that key.
+        // A listing the client cannot make sense of even read by the
+        // agent itself ([`S3Root::list_at_most`]): the names are listed
+        // instead, which spares every other bundle.
         let all = match self.root.list_at_most(INBOX, most) {
             Ok(Some(all)) => all,
             Ok(None) => return Ok(Look::Names(self.names()?)),
@@ -238,6 +286,8 @@ impl Bucket {
             o.path = path.to_owned();
             names.entry(name).or_default().push(o);
         }
+        let keep = self.reachable(names.keys().cloned());
+        names.retain(|n, _| keep.contains(n));
         Ok(Look::Whole(names))
     }
 
@@ -576,6 +626,16 @@ impl Bucket {
                 continue;
             }
             let from = Bucket::key(INBOX, name, &o.path);
+            if !self.root.addresses(&from) {
+                refused.push((
+                    o.path.clone(),
+                    s3::Error::Protocol {
+                        root: self.label().to_owned(),
+                        what: UNNAMED.to_owned(),
+                    },
+                ));
+                continue;
+            }
             match self
                 .root
                 .copy_within(&from, &Bucket::key(FAILED, filed, &o.path))
@@ -673,8 +733,15 @@ impl Bucket {
         let mut keys = Vec::new();
         let mut left = 0;
         for o in manifest.chain(files) {
-            if unchanged(o) && !delivered_again {
-                keys.push(Bucket::key(INBOX, name, &o.path));
+            let key = Bucket::key(INBOX, name, &o.path);
+            if !self.root.addresses(&key) {
+                log::warn!(
+                    "{}: {}: {UNNAMED}; it stays in the inbox: delete it with an S3 client",
+                    self.label(),
+                    crate::text::escape::inert(&key)
+                );
+            } else if unchanged(o) && !delivered_again {
+                keys.push(key);
             } else if now.contains_key(&o.path) {
                 left += 1;
             }

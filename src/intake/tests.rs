@@ -6,9 +6,7 @@ use super::*;
 use crate::s3::tests::memory_root;
 
 fn bucket() -> Bucket {
-    Bucket {
-        root: memory_root("reports"),
-    }
+    Bucket::over(memory_root("reports"))
 }
 
 /// Writes `rel` whether or not it exists (as a producer's upload does).

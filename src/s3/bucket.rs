@@ -31,6 +31,24 @@ pub struct Small {
     pub last_modified: OffsetDateTime,
 }
 
+/// Whether `e` is a listing the s3 client could not read: a key in it
+/// is no path it takes (a control character; an empty, `.` or `..`
+/// segment), which its own reader then lists ([`S3Root::list_raw`]).
+fn unparsed(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Store {
+            failure: super::Failure::Other,
+            ..
+        }
+    )
+}
+
+/// The key prefix the s3 client lists below `folder`: "" or `folder/`.
+fn raw_prefix(folder: Option<&object_store::path::Path>) -> String {
+    folder.map(|p| format!("{p}/")).unwrap_or_default()
+}
+
 impl S3Root {
     /// The full key of folder `rel` ("" = the root) with a trailing slash.
     fn folder_key(&self, rel: &str) -> Option<object_store::path::Path> {
@@ -57,20 +75,43 @@ impl S3Root {
     pub fn list_level(&self, rel: &str) -> Result<Level> {
         let prefix = self.folder_key(rel);
         let listed = self.block_on(self.store.list_with_delimiter(prefix.as_ref()));
-        let listed = listed.map_err(|e| self.store_err("LIST", rel, e))?;
         let mut level = Level::default();
-        for p in listed.common_prefixes {
-            if let Some(name) = p.filename() {
-                level.folders.push(name.to_owned());
+        match listed.map_err(|e| self.store_err("LIST", rel, e)) {
+            Ok(listed) => {
+                for p in listed.common_prefixes {
+                    if let Some(name) = p.filename() {
+                        level.folders.push(name.to_owned());
+                    }
+                }
+                for meta in listed.objects {
+                    level.objects.push(Listed {
+                        path: self.relative(meta.location.as_ref()),
+                        size: meta.size,
+                        last_modified: to_time(meta.last_modified),
+                        etag: meta.e_tag,
+                    });
+                }
             }
-        }
-        for meta in listed.objects {
-            level.objects.push(Listed {
-                path: self.relative(meta.location.as_ref()),
-                size: meta.size,
-                last_modified: to_time(meta.last_modified),
-                etag: meta.e_tag,
-            });
+            Err(e) if unparsed(&e) => {
+                let below = raw_prefix(prefix.as_ref());
+                log::debug!(
+                    "{}: LIST {rel}: {e}; listed by this agent's own reader",
+                    self.label
+                );
+                let raw = self.block_on(self.list_raw(&below, true, usize::MAX))?;
+                let raw = raw.unwrap_or_default();
+                for p in raw.prefixes {
+                    let name = p.strip_prefix(&below).unwrap_or(&p);
+                    level
+                        .folders
+                        .push(name.strip_suffix('/').unwrap_or(name).to_owned());
+                }
+                for mut o in raw.objects {
+                    o.path = self.relative(&o.path);
+                    level.objects.push(o);
+                }
+            }
+            Err(e) => return Err(e),
         }
         level.folders.sort();
         level.objects.sort_by(|a, b| a.path.cmp(&b.path));
@@ -126,7 +167,27 @@ impl S3Root {
             Ok::<_, object_store::Error>(Some(out))
         })
         .await;
-        let mut listed = listed.map_err(|e| self.store_failed("LIST", rel, &e, answer))?;
+        let mut listed = match listed.map_err(|e| self.store_failed("LIST", rel, &e, answer)) {
+            Err(e) if unparsed(&e) => {
+                log::debug!(
+                    "{}: LIST {rel}: {e}; listed by this agent's own reader",
+                    self.label
+                );
+                let raw = self
+                    .list_raw(&raw_prefix(prefix.as_ref()), false, most)
+                    .await?;
+                raw.map(|raw| {
+                    raw.objects
+                        .into_iter()
+                        .map(|mut o| {
+                            o.path = self.relative(&o.path);
+                            o
+                        })
+                        .collect()
+                })
+            }
+            listed => listed?,
+        };
         if let Some(l) = &mut listed {
             l.sort_by(|a, b| a.path.cmp(&b.path));
         }

@@ -102,17 +102,26 @@ impl Failure {
             return Failure::NotSent;
         }
         if let Some(kind) = transport_kind(e) {
-            return match kind {
-                HttpErrorKind::Connect => Failure::Connect,
-                HttpErrorKind::Timeout => Failure::TimedOut,
-                HttpErrorKind::Request | HttpErrorKind::Interrupted => Failure::Broken,
-                HttpErrorKind::Decode => Failure::Unreadable,
-                _ => Failure::Other,
-            };
+            return Failure::of_kind(kind);
         }
         match (e, answer) {
             (E::Generic { .. }, Some(status)) => Failure::of_status(status),
             (E::Generic { .. }, None) => Failure::ServerError,
+            _ => Failure::Other,
+        }
+    }
+
+    /// The failure of a request this crate sent itself (no answer).
+    pub fn of_http(e: &HttpError) -> Failure {
+        Failure::of_kind(e.kind())
+    }
+
+    fn of_kind(kind: HttpErrorKind) -> Failure {
+        match kind {
+            HttpErrorKind::Connect => Failure::Connect,
+            HttpErrorKind::Timeout => Failure::TimedOut,
+            HttpErrorKind::Request | HttpErrorKind::Interrupted => Failure::Broken,
+            HttpErrorKind::Decode => Failure::Unreadable,
             _ => Failure::Other,
         }
     }

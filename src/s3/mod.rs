@@ -36,6 +36,7 @@ mod fuzz_tests;
 pub mod headers;
 mod intent;
 pub mod protocol;
+mod raw_list;
 mod recovery;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -503,6 +504,19 @@ impl S3Root {
         }
     }
 
+    /// Whether a request of this client reaches the object `rel` itself:
+    /// its key is a path the client takes as it is (no control character,
+    /// no empty, `.` or `..` segment, no slash at its end). A producer can
+    /// upload any other key, which the client would change into another.
+    pub fn addresses(&self, rel: &str) -> bool {
+        let full = if self.prefix.is_empty() {
+            rel.to_owned()
+        } else {
+            format!("{}/{rel}", self.prefix)
+        };
+        Path::parse(&full).is_ok_and(|p| p.as_ref() == full)
+    }
+
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         failure::block_on(&self.runtime, f)
     }
@@ -918,37 +932,9 @@ impl S3Root {
     /// to the root, sorted. For reports and clean-up only: a listing may be
     /// stale, so no commit decision rests on it.
     pub fn list(&self, rel_prefix: &str) -> Result<Vec<Listed>> {
-        use futures_util::StreamExt as _;
-        let full = match (self.prefix.is_empty(), rel_prefix.is_empty()) {
-            (true, true) => None,
-            (true, false) => Some(object_path(rel_prefix)),
-            (false, true) => Some(object_path(&self.prefix)),
-            (false, false) => Some(object_path(&format!("{}/{rel_prefix}", self.prefix))),
-        };
-        let strip = if self.prefix.is_empty() {
-            String::new()
-        } else {
-            format!("{}/", self.prefix)
-        };
-        let listed: Result<Vec<Listed>, object_store::Error> = self.block_on(async {
-            let mut out = Vec::new();
-            let mut stream = self.store.list(full.as_ref());
-            while let Some(meta) = stream.next().await {
-                let meta = meta?;
-                let key = meta.location.to_string();
-                let path = key.strip_prefix(&strip).unwrap_or(&key).to_owned();
-                out.push(Listed {
-                    path,
-                    size: meta.size,
-                    last_modified: to_time(meta.last_modified),
-                    etag: meta.e_tag,
-                });
-            }
-            Ok(out)
-        });
-        let mut listed = listed.map_err(|e| self.store_err("LIST", rel_prefix, e))?;
-        listed.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(listed)
+        Ok(self
+            .list_at_most(rel_prefix, usize::MAX)?
+            .unwrap_or_default())
     }
 
     /// The server's clock: the `Last-Modified` it stamps on a tiny object

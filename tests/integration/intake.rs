@@ -733,6 +733,115 @@ fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
     assert!(manifests.is_empty(), "{manifests:?}");
 }
 
+/// Puts `bytes` at the key `rel` below the intake's path as is, with an
+/// unsigned HTTP request of its own (the test server lets anonymous
+/// clients write): S3 takes keys that no `object_store` path can be, and
+/// a hostile producer's client sends them.
+fn put_raw(i: &Intake, rel: &str, bytes: &[u8]) {
+    use std::io::{Read as _, Write as _};
+    let endpoint = i.location.endpoint.as_deref().expect("endpoint");
+    let host = endpoint.trim_start_matches("http://");
+    let key: String = format!("reports/{rel}")
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let mut stream = std::net::TcpStream::connect(host).expect("connect to the server");
+    write!(
+        stream,
+        "PUT /{}/{key} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        i.location.bucket,
+        bytes.len()
+    )
+    .unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "PUT {rel:?}: {answer}");
+}
+
+#[test]
+fn keys_no_request_can_name_hold_back_no_other_bundle() {
+    let i = Intake::new();
+    // A bundle name with a control character: the s3 client would name
+    // another key for any of its objects.
+    put_raw(&i, "inbox/tab\tx/manifest.json", b"{}");
+    // A good bundle with such keys beside its files.
+    put_raw(&i, "inbox/mixed/stray\u{1}file", b"x");
+    put_raw(&i, "inbox/mixed/folder/", b"");
+    let mixed = i.t.bundle("mixed", &[("m.txt", "m\n")]);
+    i.upload("mixed", &mixed);
+    let good = i.t.bundle("good", &[("g.txt", "g\n")]);
+    i.upload("good", &good);
+    let agent = i.agent("config.yaml");
+    assert!(
+        wait_for(Duration::from_secs(60), || i.filed("done").len() == 2),
+        "done {:?}\n{}",
+        i.filed("done"),
+        agent.stderr()
+    );
+    assert_eq!(i.filed("done"), ["good", "mixed"]);
+    assert!(i.filed("failed").is_empty(), "{:?}", i.filed("failed"));
+    assert_eq!(
+        crate::util::tree(&i.t.join("site")).files(),
+        ["g.txt", "m.txt"]
+    );
+    // What no request can name stays in the inbox, untouched; the rest of
+    // the mixed bundle is gone.
+    let left: Vec<String> = i.objects("inbox").into_keys().collect();
+    assert_eq!(
+        left,
+        [
+            "inbox/mixed/folder/",
+            "inbox/mixed/stray\u{1}file",
+            "inbox/tab\tx/manifest.json"
+        ]
+    );
+    // The operator is told once, by name, with the fix.
+    let told = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("a bundle in the inbox is skipped") && l.contains("tab\\tx"))
+            .count()
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), || told(&agent.stderr()) == 1),
+        "{}",
+        agent.stderr()
+    );
+    assert!(agent.stderr().contains("delete it with an S3 client"));
+    // `spool list` shows it, and why it is never claimed.
+    let list = i
+        .cmd("config.yaml")
+        .args(["spool", "list", "--inbox", "--json"])
+        .output();
+    list.expect_code(0);
+    let rows = list.json();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "tab\tx")
+        .unwrap_or_else(|| panic!("{}", list.stdout));
+    assert_eq!(row["state"], "unreadable", "{row}");
+    assert!(
+        row["reason"].as_str().unwrap().contains("never claimed"),
+        "{row}"
+    );
+    // Another bundle after a look that saw them all is taken as well.
+    let late = i.t.bundle("late", &[("l.txt", "l\n")]);
+    i.upload("late", &late);
+    assert!(
+        wait_for(Duration::from_secs(60), || i.filed("done").len() == 3),
+        "{}",
+        agent.stderr()
+    );
+    assert_eq!(told(&agent.stderr()), 1, "{}", agent.stderr());
+}
+
 #[test]
 fn a_signed_intake_takes_bundles_uploaded_with_bundle_upload_and_refuses_others() {
     let i = Intake::with("    signatures:\n      allowed_signers: signers\n");
