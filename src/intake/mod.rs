@@ -286,7 +286,8 @@ impl Bucket {
             o.path = path.to_owned();
             names.entry(name).or_default().push(o);
         }
-        let keep = self.reachable(names.keys().cloned());
+        let keep: std::collections::HashSet<String> =
+            self.reachable(names.keys().cloned()).into_iter().collect();
         names.retain(|n, _| keep.contains(n));
         Ok(Look::Whole(names))
     }
@@ -526,9 +527,16 @@ impl Bucket {
 
     /// Writes the result of bundle `name` below `folder` (`done` or
     /// `failed`), never over another bundle's: a name already taken by a
-    /// result of another delivery gets `.1`, `.2`, … A result this
-    /// delivery already wrote ([`Bucket::filed_for`]) is found and kept,
-    /// so that filing again after a crash writes nothing twice.
+    /// result of another delivery gets `.1`, `.2`, … (the first one free,
+    /// as a local spool names them). A result this delivery already wrote
+    /// ([`Bucket::filed_for`]) is found and kept, so that filing again
+    /// after a crash writes nothing twice.
+    ///
+    /// One PUT when the name is free; else one LIST of the names taken
+    /// (a page per thousand), a GET of each result written since the
+    /// delivery's manifest (none, but after a crash), and a PUT: a name
+    /// delivered again and again costs a LIST per thousand of its
+    /// results, not a PUT and a GET for each.
     pub fn put_result(
         &self,
         folder: &str,
@@ -536,36 +544,103 @@ impl Bucket {
         result: &serde_json::Value,
         delivery: Delivery<'_>,
     ) -> s3::Result<Filed> {
+        use crate::spool::names::{NAME_MAX, candidate};
         let mut bytes = serde_json::to_vec_pretty(result).expect("a result serializes");
         bytes.push(b'\n');
-        for n in 0..1000 {
-            let candidate = crate::spool::names::candidate(name, n, crate::spool::names::NAME_MAX);
-            let key = Bucket::key(folder, &candidate, RESULT);
+        let put = |candidate: &str| {
+            let key = Bucket::key(folder, candidate, RESULT);
             match self
                 .root
                 .put_new(&key, &mut &bytes[..], None, "intake-result")
             {
-                Ok(_) => {
-                    return Ok(Filed {
-                        name: candidate,
-                        written: true,
-                    });
-                }
-                Err(s3::Error::Exists { .. } | s3::Error::Changed { .. }) => {
-                    if self.filed_for((folder, &candidate), name, delivery)? {
-                        return Ok(Filed {
-                            name: candidate,
-                            written: false,
-                        });
-                    }
-                }
-                Err(e) => return Err(e),
+                Ok(_) => Ok(true),
+                Err(s3::Error::Exists { .. } | s3::Error::Changed { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        };
+        let filed = |name: String, written: bool| Ok(Filed { name, written });
+        let first = candidate(name, 0, NAME_MAX);
+        if put(&first)? {
+            return filed(first, true);
+        }
+        // A key the client cannot take below `folder` (no agent writes
+        // one; a bucket-wide writer could): each name is then tried.
+        let taken = match self.taken_names(folder, name) {
+            Err(e) if unreadable(&e) => {
+                log::warn!(
+                    "{}: cannot list the names taken below {folder}/ ({e}); trying each",
+                    self.label()
+                );
+                Default::default()
+            }
+            taken => taken?,
+        };
+        // A result of this delivery was written after its manifest (a
+        // second of leeway for the clocks of a server's nodes).
+        let since = delivery.1.map(|at| at.unix_timestamp() - 1);
+        for (candidate, written) in &taken {
+            let suspect = match (written, since) {
+                (Some(written), Some(since)) => written.unix_timestamp() >= since,
+                (None, _) => false,
+                (Some(_), None) => true,
+            };
+            if suspect && self.filed_for((folder, candidate), name, delivery)? {
+                return filed(candidate.clone(), false);
+            }
+        }
+        for n in 0..=u32::MAX {
+            let candidate = candidate(name, n, NAME_MAX);
+            if taken.contains_key(&candidate) {
+                continue;
+            }
+            // Free when listed, unless written since: by this delivery's
+            // filing (a holder paused meanwhile) or another's.
+            if put(&candidate)? {
+                return filed(candidate, true);
+            }
+            if self.filed_for((folder, &candidate), name, delivery)? {
+                return filed(candidate, false);
             }
         }
         Err(s3::Error::Protocol {
             root: self.label().to_owned(),
-            what: format!("{folder}/{name}: a thousand results of that name; delete old ones"),
+            what: format!(
+                "{folder}/{name}: every name a result of it can have is taken; delete old ones"
+            ),
         })
+    }
+
+    /// The names below `folder` that results of bundle `name` can have
+    /// taken (`name`, `name.1`, …), each with when its result was written
+    /// (`None`: a folder without one, being filed or deleted).
+    fn taken_names(
+        &self,
+        folder: &str,
+        name: &str,
+    ) -> s3::Result<std::collections::BTreeMap<String, Option<OffsetDateTime>>> {
+        use crate::spool::names::{NAME_MAX, index_of, stem};
+        let listed = self
+            .root
+            .list_starting(folder, &format!("{folder}/{}", stem(name, NAME_MAX)))?;
+        let strip = format!("{folder}/");
+        let mut taken = std::collections::BTreeMap::new();
+        for o in listed {
+            let Some((candidate, file)) = o
+                .path
+                .strip_prefix(&strip)
+                .and_then(|rest| rest.split_once('/'))
+            else {
+                continue;
+            };
+            if index_of(name, candidate, NAME_MAX).is_none() {
+                continue;
+            }
+            let written = taken.entry(candidate.to_owned()).or_insert(None);
+            if file == RESULT {
+                *written = Some(o.last_modified);
+            }
+        }
+        Ok(taken)
     }
 
     /// Whether the result `folder/filed` was written for `delivery` of
@@ -762,7 +837,8 @@ impl Bucket {
     /// The results below `folder`: name, result object (when there is
     /// one) and when it was written.
     pub fn results(&self, folder: &str) -> s3::Result<Vec<Finished>> {
-        let names = self.root.list_level(folder)?.folders;
+        let mut names = self.root.list_level(folder)?.folders;
+        names.retain(|n| self.root.addresses(&Bucket::key(folder, n, RESULT)));
         let keys: Vec<String> = names
             .iter()
             .map(|n| Bucket::key(folder, n, RESULT))
@@ -828,6 +904,7 @@ impl Bucket {
             .iter()
             .filter(|o| o.path != RESULT)
             .map(|o| Bucket::key(folder, name, &o.path))
+            .filter(|key| self.root.addresses(key))
             .collect();
         let rels: Vec<&str> = rest.iter().map(String::as_str).collect();
         self.root.delete_many(&rels)?;
@@ -894,6 +971,11 @@ impl Bucket {
         let now = self.root.server_now()?;
         let mut gone = 0;
         for (name, objects) in by_name {
+            // A name no request can name (no agent files one): left alone,
+            // as the client would name another bundle's keys.
+            if !self.root.addresses(&Bucket::key(DONE, name, RESULT)) {
+                continue;
+            }
             let newest = objects.iter().map(|o| o.last_modified).max();
             if newest.is_some_and(|t| now - t > retention) {
                 let strip = format!("{DONE}/{name}/");

@@ -45,10 +45,10 @@ impl ReconcileReport {
             self.unmanaged.len()
         );
         for path in &self.missing {
-            let _ = writeln!(out, "  missing    {path}");
+            let _ = writeln!(out, "  missing    {}", crate::text::escape::inert(path));
         }
         for path in &self.unmanaged {
-            let _ = writeln!(out, "  unmanaged  {path}");
+            let _ = writeln!(out, "  unmanaged  {}", crate::text::escape::inert(path));
         }
         if self.dry_run {
             if !self.missing.is_empty() {

@@ -44,6 +44,24 @@ fn unparsed(e: &Error) -> bool {
     )
 }
 
+/// A key before every key that starts with `start`, and after as few
+/// others as can be: `start` with its last character one lower and
+/// U+10FFFF after it (or without its last character, when the one lower
+/// is no character a key takes). Not `start` itself: SeaweedFS compares
+/// `start-after` with the names of each folder, so that after `x` it
+/// leaves out the folder `x/` (S3 compares whole keys, and keeps it).
+fn just_before(start: &str) -> String {
+    let mut chars = start.chars();
+    let Some(last) = chars.next_back() else {
+        return String::new();
+    };
+    let head = chars.as_str();
+    match (last as u32).checked_sub(1).and_then(char::from_u32) {
+        Some(lower) if !lower.is_control() && lower != '/' => format!("{head}{lower}\u{10FFFF}"),
+        _ => head.to_owned(),
+    }
+}
+
 /// The key prefix the s3 client lists below `folder`: "" or `folder/`.
 fn raw_prefix(folder: Option<&object_store::path::Path>) -> String {
     folder.map(|p| format!("{p}/")).unwrap_or_default()
@@ -114,6 +132,7 @@ impl S3Root {
             Err(e) => return Err(e),
         }
         level.folders.sort();
+        level.folders.dedup();
         level.objects.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(level)
     }
@@ -123,6 +142,39 @@ impl S3Root {
     /// millions of objects costs one page, not millions of entries).
     pub fn list_at_most(&self, rel: &str, most: usize) -> Result<Option<Vec<Listed>>> {
         self.block_on(self.list_at_most_async(rel, most))
+    }
+
+    /// The objects below `rel` whose keys (relative to the root) start
+    /// with `start`: one LIST from just before them (`start-after`), a
+    /// page per thousand of them, and no page past them.
+    pub fn list_starting(&self, rel: &str, start: &str) -> Result<Vec<Listed>> {
+        use futures_util::StreamExt as _;
+        let prefix = self.folder_key(rel);
+        let start = self.key(start);
+        let start = start.as_ref();
+        let offset = super::object_path(&just_before(start));
+        let (listed, answer) = self.block_on(failure::answered(async {
+            let mut out = Vec::new();
+            let mut stream = self.store.list_with_offset(prefix.as_ref(), &offset);
+            while let Some(meta) = stream.next().await {
+                let meta = meta?;
+                let key = meta.location.as_ref();
+                if !key.starts_with(start) {
+                    if key < start {
+                        continue;
+                    }
+                    break;
+                }
+                out.push(Listed {
+                    path: self.relative(meta.location.as_ref()),
+                    size: meta.size,
+                    last_modified: to_time(meta.last_modified),
+                    etag: meta.e_tag,
+                });
+            }
+            Ok::<_, object_store::Error>(out)
+        }));
+        listed.map_err(|e| self.store_failed("LIST", start, &e, answer))
     }
 
     /// The bytes of `rel`, `None` when it does not exist, an error when it
@@ -371,6 +423,28 @@ impl S3Root {
         match self.block_on(self.store.copy(&src, &dst)) {
             Ok(()) => Ok(()),
             Err(e) => Err(self.store_err("COPY", from, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::just_before;
+
+    #[test]
+    fn a_listing_starts_just_before_the_keys_it_wants() {
+        let cases = [
+            ("done/daily", "done/dailx\u{10FFFF}"),
+            ("done/a b", "done/a a\u{10FFFF}"),
+            ("done/x ", "done/x"),
+            ("done/0", "done/"),
+            ("done/é", "done/è\u{10FFFF}"),
+            ("", ""),
+        ];
+        for (start, want) in cases {
+            let got = just_before(start);
+            assert_eq!(got, want, "{start:?}");
+            assert!(got.as_str() < start || start.is_empty(), "{start:?}");
         }
     }
 }

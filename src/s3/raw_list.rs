@@ -6,9 +6,11 @@
 //! asked with `encoding-type=url`, so that any key travels as ASCII, and
 //! signed with `object_store`'s own SigV4 signer over the root's client.
 //!
-//! Used only when `object_store` cannot read a page
-//! ([`S3Root::list_at_most`], [`S3Root::list_level`]): one request more
-//! while such a key is in the inbox, none otherwise.
+//! Used only when `object_store` cannot read a listing
+//! ([`S3Root::list_at_most`], [`S3Root::list_level`]), which is then read
+//! again whole (the pages before the one that failed, again), with a
+//! client of its own and no retry: an outage meanwhile fails the look,
+//! which is tried again. No request more while no such key is listed.
 
 use object_store::aws::{AmazonS3ConfigKey as K, AwsAuthorizer, AwsCredential};
 use object_store::client::{HttpConnector as _, HttpRequestBody};
@@ -35,6 +37,9 @@ struct Page {
     is_truncated: bool,
     #[serde(default)]
     next_continuation_token: Option<String>,
+    /// `url` when the server encoded the keys as asked.
+    #[serde(default)]
+    encoding_type: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,12 +149,21 @@ impl S3Root {
                 .ok()
                 .and_then(|text| quick_xml::de::from_str::<Page>(text).ok())
                 .ok_or_else(|| failed(Failure::Unreadable))?;
+            // A server that did not encode the keys sent them as they are.
+            let encoded = page.encoding_type.as_deref() == Some("url");
+            let decoded = |s: &str| {
+                if encoded {
+                    url_decoded(s).ok_or_else(|| failed(Failure::Unreadable))
+                } else {
+                    Ok(s.to_owned())
+                }
+            };
             for c in page.contents {
                 if raw.objects.len() == most {
                     return Ok(None);
                 }
                 raw.objects.push(Listed {
-                    path: url_decoded(&c.key).ok_or_else(|| failed(Failure::Unreadable))?,
+                    path: decoded(&c.key)?,
                     size: c.size,
                     last_modified: OffsetDateTime::parse(
                         &c.last_modified,
@@ -160,8 +174,7 @@ impl S3Root {
                 });
             }
             for p in page.common_prefixes {
-                raw.prefixes
-                    .push(url_decoded(&p.prefix).ok_or_else(|| failed(Failure::Unreadable))?);
+                raw.prefixes.push(decoded(&p.prefix)?);
             }
             match page.next_continuation_token {
                 Some(next) if page.is_truncated => token = Some(next),
@@ -253,5 +266,6 @@ mod tests {
         assert_eq!(page.contents[0].e_tag.as_deref(), Some("\"9dd4\""));
         assert_eq!(page.contents[0].size, 1);
         assert_eq!(page.common_prefixes[0].prefix, "r/a+b/");
+        assert_eq!(page.encoding_type.as_deref(), Some("url"));
     }
 }

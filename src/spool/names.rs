@@ -48,6 +48,35 @@ pub fn candidate(name: &str, n: u32, max: usize) -> String {
     }
 }
 
+/// The longest suffix [`candidate`] appends: `.` and the ten digits of
+/// the largest `u32`.
+const LONGEST_INDEX: usize = 11;
+
+/// A start of `name` that every [`candidate`] of it in `max` bytes
+/// begins with: the name itself when even its longest suffix fits, else
+/// the part of it that the most cut candidate keeps. A listing from it
+/// finds every name a bundle of that name can have taken.
+pub fn stem(name: &str, max: usize) -> &str {
+    if name.len() + LONGEST_INDEX <= max {
+        return name;
+    }
+    let mut cut = max.saturating_sub(LONGEST_INDEX + TAG_LEN).min(name.len());
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &name[..cut]
+}
+
+/// Which [`candidate`] of `name` in `max` bytes `taken` is, if it is one.
+pub fn index_of(name: &str, taken: &str, max: usize) -> Option<u32> {
+    if taken == candidate(name, 0, max) {
+        return Some(0);
+    }
+    let (_, digits) = taken.rsplit_once('.')?;
+    let n = digits.parse::<u32>().ok().filter(|n| *n > 0)?;
+    (candidate(name, n, max) == taken).then_some(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +143,43 @@ mod tests {
         assert_eq!(names.len(), 50);
         assert_eq!(candidate("b", 0, NAME_MAX), "b");
         assert_eq!(candidate("b", 2, NAME_MAX), "b.2");
+    }
+
+    #[test]
+    fn every_candidate_starts_with_the_stem_and_is_told_by_its_index() {
+        let long = "n".repeat(250);
+        let accents = format!("r{}", "é".repeat(127));
+        for name in [
+            "x",
+            "report.1",
+            &"y".repeat(244),
+            &"z".repeat(245),
+            &long,
+            &accents,
+        ] {
+            let stem = stem(name, NAME_MAX);
+            for n in [0, 1, 2, 9, 10, 999, 1000, 123_456, u32::MAX] {
+                let c = candidate(name, n, NAME_MAX);
+                assert!(c.starts_with(stem), "{c} does not start with {stem}");
+                assert_eq!(index_of(name, &c, NAME_MAX), Some(n), "{c}");
+            }
+        }
+        // (name, a name below done/, which candidate it is)
+        let cases: &[(&str, &str, Option<u32>)] = &[
+            ("x", "x", Some(0)),
+            ("x", "x.1", Some(1)),
+            ("x", "x.01", None),
+            ("x", "x.0", None),
+            ("x", "x.-1", None),
+            ("x", "x.1.2", None),
+            ("x", "xy", None),
+            ("x", "x-2026", None),
+            ("report.1", "report.1", Some(0)),
+            ("report.1", "report.1.1", Some(1)),
+            ("report", "report.1", Some(1)),
+        ];
+        for (name, taken, want) in cases {
+            assert_eq!(index_of(name, taken, NAME_MAX), *want, "{name} {taken}");
+        }
     }
 }

@@ -843,6 +843,88 @@ fn keys_no_request_can_name_hold_back_no_other_bundle() {
 }
 
 #[test]
+fn a_name_delivered_over_a_thousand_times_is_filed_without_reading_each_result() {
+    let proxy = crate::seaweed::RecordingProxy::start(&server().endpoint);
+    let mut location = server().location("reports");
+    location.endpoint = Some(proxy.endpoint.clone());
+    let i = Intake::at(location, "");
+    // The results of 1,200 earlier deliveries of `daily`, one of them
+    // (`daily.7`) since deleted by done_retention, and another bundle's
+    // whose name starts alike.
+    let result = |n: u32| match n {
+        0 => "done/daily/.distributor-result.json".to_owned(),
+        n => format!("done/daily.{n}/.distributor-result.json"),
+    };
+    let doc = br#"{"ok": true, "intake": {"name": "daily", "manifest_etag": "\"0\""}}"#;
+    std::thread::scope(|scope| {
+        for part in 0..4u32 {
+            let (i, result) = (&i, &result);
+            scope.spawn(move || {
+                for n in (0..1200u32).filter(|n| n % 4 == part && *n != 7) {
+                    i.bucket
+                        .put_new(&result(n), &mut &doc[..], None, "test")
+                        .unwrap();
+                }
+            });
+        }
+    });
+    i.put("done/daily-other/.distributor-result.json", doc);
+    // Delivered two seconds after the last of them by the server's clock
+    // (a result written a second before a delivery may be its own).
+    let clock = || {
+        i.put("clock", b"");
+        i.bucket.head("clock").unwrap().unwrap().last_modified
+    };
+    let two_seconds_later = || {
+        let last = clock();
+        assert!(wait_for(Duration::from_secs(10), || clock()
+            >= last + time::Duration::seconds(2)));
+    };
+    two_seconds_later();
+    let daily = i.t.bundle("daily", &[("d.txt", "d\n")]);
+    i.upload("daily", &daily);
+    proxy.take();
+    let out = i.once();
+    out.expect_code(0);
+    let log = proxy.take();
+    // Filed under the first name free, as a local spool names it.
+    assert_eq!(
+        i.result("done", "daily.7").unwrap()["intake"]["name"],
+        "daily"
+    );
+    let to_done = |log: &[crate::seaweed::Exchange], method: &str| {
+        log.iter()
+            .filter(|e| e.method == method && e.target.contains("/done/daily"))
+            .count()
+    };
+    // The name taken (a PUT), one listing from it (two pages), the PUT of
+    // the result; no result read.
+    assert_eq!(to_done(&log, "PUT"), 2, "{log:#?}");
+    assert_eq!(to_done(&log, "GET"), 0, "{log:#?}");
+    let lists = log
+        .iter()
+        .filter(|e| e.method == "GET" && e.target.contains("start-after="))
+        .count();
+    assert_eq!(lists, 2, "{log:#?}");
+    // Delivered again: past every name taken, still without a read.
+    let again = i.t.bundle("again", &[("d.txt", "e\n")]);
+    two_seconds_later();
+    i.upload("daily", &again);
+    proxy.take();
+    i.once().expect_code(0);
+    let log = proxy.take();
+    assert_eq!(to_done(&log, "GET"), 0, "{log:#?}");
+    assert_eq!(
+        i.result("done", "daily.1200").unwrap()["intake"]["name"],
+        "daily"
+    );
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/d.txt")).unwrap(),
+        "e\n"
+    );
+}
+
+#[test]
 fn a_signed_intake_takes_bundles_uploaded_with_bundle_upload_and_refuses_others() {
     let i = Intake::with("    signatures:\n      allowed_signers: signers\n");
     let key = crate::signatures::keygen(&i.t, "alice", &["ed25519"], "");
