@@ -1115,9 +1115,10 @@ pub fn unreadable(e: &s3::Error) -> bool {
 
 /// Whether the server refuses one object for good: access denied to it, or
 /// another client error (a key it cannot decrypt, an archived storage
-/// class). Not refused credentials or a missing bucket. For `spool list`'s
-/// rows only: the agent waits such an error out, as S3 answers 403 to a
-/// bad signature too, and that is no reason to fail a bundle.
+/// class). Not refused credentials or a missing bucket. S3 answers 403 to
+/// a bad signature too: the agent fails a bundle for it only when the
+/// server answers it otherwise (it read the bundle's manifest, and reads
+/// the lease right after), else waits it out.
 pub fn refused(e: &s3::Error) -> bool {
     match e {
         s3::Error::Store { failure, .. } => match failure {

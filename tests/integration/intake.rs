@@ -738,6 +738,11 @@ fn hostile_uploads_fail_with_the_reason_and_touch_nothing_else() {
 /// clients write): S3 takes keys that no `object_store` path can be, and
 /// a hostile producer's client sends them.
 fn put_raw(i: &Intake, rel: &str, bytes: &[u8]) {
+    put_raw_with(i, rel, bytes, "");
+}
+
+/// [`put_raw`] with more header lines (each ending in CRLF).
+fn put_raw_with(i: &Intake, rel: &str, bytes: &[u8], headers: &str) {
     use std::io::{Read as _, Write as _};
     let endpoint = i.location.endpoint.as_deref().expect("endpoint");
     let host = endpoint.trim_start_matches("http://");
@@ -753,7 +758,7 @@ fn put_raw(i: &Intake, rel: &str, bytes: &[u8]) {
     let mut stream = std::net::TcpStream::connect(host).expect("connect to the server");
     write!(
         stream,
-        "PUT /{}/{key} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "PUT /{}/{key} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
         i.location.bucket,
         bytes.len()
     )
@@ -840,6 +845,52 @@ fn keys_no_request_can_name_hold_back_no_other_bundle() {
         agent.stderr()
     );
     assert_eq!(told(&agent.stderr()), 1, "{}", agent.stderr());
+}
+
+#[test]
+fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
+    let i = Intake::new();
+    // A file encrypted with the producer's own key (SSE-C): listed with
+    // its size, but no read without that key.
+    let sealed = i.t.bundle("sealed", &[("s.txt", "secret\n")]);
+    for rel in ["s.txt", "manifest.json"] {
+        let bytes = std::fs::read(sealed.join(rel)).unwrap();
+        if rel == "s.txt" {
+            put_raw_with(
+                &i,
+                "inbox/sealed/s.txt",
+                &bytes,
+                "x-amz-server-side-encryption-customer-algorithm: AES256\r\n\
+                 x-amz-server-side-encryption-customer-key: a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=\r\n\
+                 x-amz-server-side-encryption-customer-key-MD5: mT2HRsMGJ5IX5C+0rreZ8Q==\r\n",
+            );
+        } else {
+            i.put(&format!("inbox/sealed/{rel}"), &bytes);
+        }
+    }
+    let good = i.t.bundle("good", &[("g.txt", "g\n")]);
+    i.upload("good", &good);
+    let out = i.once();
+    // A failed bundle: exit 1, as for a local inbox.
+    out.expect_code(1);
+    assert_eq!(i.filed("done"), ["good"], "{}", out.stderr);
+    assert_eq!(i.filed("failed"), ["sealed"], "{}", out.stderr);
+    let error = i.result("failed", "sealed").unwrap()["error"].to_string();
+    assert!(
+        error.contains("refuses to give an object") && error.contains("SSE-C"),
+        "{error}"
+    );
+    assert_eq!(crate::util::tree(&i.t.join("site")).files(), ["g.txt"]);
+    // What the server would not copy beside the failure stays in the
+    // inbox; its manifest went with the bundle's failure.
+    assert_eq!(
+        i.objects("inbox").into_keys().collect::<Vec<_>>(),
+        ["inbox/sealed/s.txt"]
+    );
+    assert!(
+        i.objects("failed/sealed")
+            .contains_key("failed/sealed/manifest.json")
+    );
 }
 
 #[test]
