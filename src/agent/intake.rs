@@ -344,6 +344,17 @@ impl Worker {
                     continue;
                 }
                 Step::Idle if self.once => break,
+                // `--once` does not wait an outage out (the client tried
+                // each request again for up to half a minute already):
+                // what is in the intake stays for the next run, which
+                // exits 1 meanwhile.
+                Step::Unreachable if self.once => {
+                    log::warn!(
+                        "pipeline={id}: the intake did not answer; --once leaves it, and what it holds stays there for the next run"
+                    );
+                    self.tally.unclaimed.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
                 Step::Idle | Step::Changing => unanswered = 0,
                 Step::Unreachable => {
                     unanswered = unanswered.saturating_add(1);
@@ -364,6 +375,11 @@ impl Worker {
         }
         // What is finished is filed while the lease is still renewed.
         filer.finish();
+        // `--once`: a bundle whose filing was given up stays in the intake
+        // (processed again next run, ending skip_same): the run exits 1.
+        if self.once && fence.filings.given_up.load(Ordering::SeqCst) {
+            self.tally.unclaimed.fetch_add(1, Ordering::Relaxed);
+        }
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
         stop_renewing.store(true, Ordering::SeqCst);
         if let Some(t) = renewer {

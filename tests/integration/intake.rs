@@ -1119,6 +1119,44 @@ fn a_bundle_uploaded_again_between_its_probe_and_its_fetch_is_not_failed() {
 }
 
 #[test]
+fn agent_once_ends_when_the_intake_stops_answering() {
+    let mut server = crate::seaweed::OwnServer::start("intake-once-outage");
+    let i = Intake::at(server.location("intake", "reports"), "");
+    let bundles = backlog(&i, 2);
+    for (name, dir) in &bundles {
+        i.upload(name, dir);
+    }
+    // The run publishes the first bundle and writes its result; then the
+    // server goes away.
+    let mut cmd = i.cmd("config.yaml");
+    cmd.env("RUST_LOG", "info")
+        .env("DISTRIBUTOR_FAILPOINT", "intake.result_written:1:stop")
+        .args(["agent", "--once"]);
+    let mut run = cmd.start();
+    assert!(
+        wait_for(Duration::from_secs(30), || run.stopped()),
+        "{}",
+        run.stderr()
+    );
+    server.stop(libc::SIGKILL);
+    run.signal(libc::SIGCONT);
+    // It ends (it used to look again and again while the intake did not
+    // answer), and exits 1: what it did not file stays in the intake.
+    let out = run.finish(Duration::from_secs(120));
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    // The next run files what is left, nothing twice, in order.
+    server.resume();
+    i.once().expect_code(0);
+    let names: Vec<String> = bundles.iter().map(|(n, _)| n.clone()).collect();
+    assert_eq!(i.filed("done"), names);
+    assert!(i.objects("inbox").is_empty(), "{:?}", i.objects("inbox"));
+    assert_site(&i, 2);
+    let mut published = i.published();
+    published.dedup();
+    assert_eq!(published, names);
+}
+
+#[test]
 fn a_bundle_whose_fetch_meets_an_outage_is_taken_again_first() {
     let mut server = crate::seaweed::OwnServer::start("intake-fetch-outage");
     let i = Intake::at(server.location("intake", "reports"), "");
