@@ -307,7 +307,9 @@ impl Bucket {
     /// [`s3::HEADS_IN_FLIGHT`] GETs at once: its version and arrival, and
     /// its bytes when it holds at most [`MANIFEST_KEPT`] and the bytes kept
     /// stay within `budget` (the probe then reads only the listing). A GET
-    /// costs what a HEAD costs, and saves the probe's.
+    /// costs what a HEAD costs, and saves the probe's. A manifest the
+    /// server refuses for good ([`Bucket::refuses`]) is as none: no
+    /// arrival, and the look goes on.
     pub fn arrivals(&self, names: &[&str], mut budget: usize) -> s3::Result<Vec<Option<Arrival>>> {
         let keys: Vec<String> = names
             .iter()
@@ -315,7 +317,15 @@ impl Bucket {
             .collect();
         let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut out = vec![None; names.len()];
+        let mut failed = None;
         self.root.get_small_each(&rels, MANIFEST_KEPT, |i, small| {
+            let small = match small {
+                Ok(small) => small,
+                Err(e) => {
+                    failed.get_or_insert_with(Vec::new).push((i, e));
+                    return;
+                }
+            };
             out[i] = small.map(|s| {
                 let keep = s.bytes.len() as u64 <= MANIFEST_KEPT && s.bytes.len() <= budget;
                 if keep {
@@ -327,8 +337,26 @@ impl Bucket {
                     bytes: keep.then_some(s.bytes),
                 }
             });
-        })?;
+        });
+        for (i, e) in failed.unwrap_or_default() {
+            if !self.refuses(&e) {
+                return Err(e);
+            }
+            log::warn!(
+                "{}: {} is refused to this agent ({e}); its bundle cannot be taken as delivered: delete it with an S3 client and deliver it again, readable",
+                self.label(),
+                crate::text::escape::inert(&keys[i])
+            );
+        }
         Ok(out)
+    }
+
+    /// Whether `e` is the server refusing one object for good ([`refused`])
+    /// while it answers this agent otherwise: a read of the lease right
+    /// after succeeds (S3 answers 403 to a bad signature or a skewed
+    /// clock too, and then to every request).
+    pub fn refuses(&self, e: &s3::Error) -> bool {
+        refused(e) && lease::read(&self.root).is_ok()
     }
 
     /// Probes bundle `name`: lists its objects (at most `max_files + 16`)
@@ -400,15 +428,24 @@ impl Bucket {
             .find(|o| o.path == MANIFEST)
             .and_then(|o| o.etag.as_deref());
         let small = match (read, kept) {
-            (Some(small), _) => small?,
+            (Some(small), _) => small,
             (None, Some((a, bytes))) if shown.is_some_and(|e| same_etag(e, &a.etag.0)) => {
-                Some(s3::bucket::Small {
+                Ok(Some(s3::bucket::Small {
                     bytes: bytes.clone(),
                     etag: a.etag.clone(),
                     last_modified: a.at,
-                })
+                }))
             }
-            (None, _) => self.root.get_small(&manifest_key, cap)?,
+            (None, _) => self.root.get_small(&manifest_key, cap),
+        };
+        let small = match small {
+            Err(e) if self.refuses(&e) => {
+                probe.state = State::Broken(format!(
+                    "the intake bucket refuses to give its {MANIFEST} ({e}) while it answers this agent otherwise: an object encrypted with a key of the producer's (SSE-C), archived, or denied to this agent by a policy; upload it again as a plain object, readable by the agent"
+                ));
+                return Ok(probe);
+            }
+            small => small?,
         };
         let Some(small) = small else {
             return Ok(probe); // deleted meanwhile

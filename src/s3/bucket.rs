@@ -251,13 +251,15 @@ impl S3Root {
     /// index, in order; except that an object of more than `most` bytes
     /// is no error: its `bytes` are then its first `most + 1` (its version
     /// and `Last-Modified` are what the caller wants of it). Only the
-    /// objects in flight are in memory, besides what `each` keeps.
+    /// objects in flight are in memory, besides what `each` keeps. An
+    /// object whose read fails goes to `each` as that failure, and the
+    /// others are read on.
     pub fn get_small_each(
         &self,
         rels: &[&str],
         most: u64,
-        mut each: impl FnMut(usize, Option<Small>),
-    ) -> Result<()> {
+        mut each: impl FnMut(usize, Result<Option<Small>>),
+    ) {
         use futures_util::StreamExt as _;
         self.block_on(async {
             let mut got = futures_util::stream::iter(
@@ -266,9 +268,8 @@ impl S3Root {
             .buffered(super::HEADS_IN_FLIGHT)
             .enumerate();
             while let Some((i, small)) = got.next().await {
-                each(i, small?);
+                each(i, small);
             }
-            Ok(())
         })
     }
 

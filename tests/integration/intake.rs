@@ -847,6 +847,12 @@ fn keys_no_request_can_name_hold_back_no_other_bundle() {
     assert_eq!(told(&agent.stderr()), 1, "{}", agent.stderr());
 }
 
+/// The headers of an upload encrypted with a key of the producer's own
+/// (SSE-C): no read without that key.
+const SSE_C: &str = "x-amz-server-side-encryption-customer-algorithm: AES256\r\n\
+    x-amz-server-side-encryption-customer-key: a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=\r\n\
+    x-amz-server-side-encryption-customer-key-MD5: mT2HRsMGJ5IX5C+0rreZ8Q==\r\n";
+
 #[test]
 fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
     let i = Intake::new();
@@ -856,25 +862,32 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
     for rel in ["s.txt", "manifest.json"] {
         let bytes = std::fs::read(sealed.join(rel)).unwrap();
         if rel == "s.txt" {
-            put_raw_with(
-                &i,
-                "inbox/sealed/s.txt",
-                &bytes,
-                "x-amz-server-side-encryption-customer-algorithm: AES256\r\n\
-                 x-amz-server-side-encryption-customer-key: a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s=\r\n\
-                 x-amz-server-side-encryption-customer-key-MD5: mT2HRsMGJ5IX5C+0rreZ8Q==\r\n",
-            );
+            put_raw_with(&i, "inbox/sealed/s.txt", &bytes, SSE_C);
         } else {
             i.put(&format!("inbox/sealed/{rel}"), &bytes);
         }
     }
+    // A manifest so encrypted.
+    let locked = i.t.bundle("locked", &[("l.txt", "l\n")]);
+    i.put("inbox/locked/l.txt", b"l\n");
+    put_raw_with(
+        &i,
+        "inbox/locked/manifest.json",
+        &std::fs::read(locked.join("manifest.json")).unwrap(),
+        SSE_C,
+    );
     let good = i.t.bundle("good", &[("g.txt", "g\n")]);
     i.upload("good", &good);
     let out = i.once();
     // A failed bundle: exit 1, as for a local inbox.
     out.expect_code(1);
     assert_eq!(i.filed("done"), ["good"], "{}", out.stderr);
-    assert_eq!(i.filed("failed"), ["sealed"], "{}", out.stderr);
+    assert_eq!(i.filed("failed"), ["locked", "sealed"], "{}", out.stderr);
+    let error = i.result("failed", "locked").unwrap()["error"].to_string();
+    assert!(
+        error.contains("refuses to give its manifest.json"),
+        "{error}"
+    );
     let error = i.result("failed", "sealed").unwrap()["error"].to_string();
     assert!(
         error.contains("refuses to give an object") && error.contains("SSE-C"),
@@ -885,7 +898,7 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
     // inbox; its manifest went with the bundle's failure.
     assert_eq!(
         i.objects("inbox").into_keys().collect::<Vec<_>>(),
-        ["inbox/sealed/s.txt"]
+        ["inbox/locked/manifest.json", "inbox/sealed/s.txt"]
     );
     assert!(
         i.objects("failed/sealed")
