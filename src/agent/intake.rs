@@ -1008,7 +1008,12 @@ impl Worker {
                     // that object's fault, not an outage's or the
                     // credentials'; the bundle fails, the ones after it
                     // go on.
-                    Err(intake::FetchError::Bucket(e)) if bucket.refuses(&e) => {
+                    // (An object deleted meanwhile is the bundle sent
+                    // again: S3 may answer 403 for it.)
+                    Err(intake::FetchError::Bucket(e))
+                        if bucket.refuses(&e)
+                            && bucket.still_listed(&probe.name, &probe.objects) =>
+                    {
                         let _ = std::fs::remove_dir_all(&work);
                         fail = Some(format!(
                             "the intake bucket refuses to give an object of it ({e}) while it answers this agent otherwise: an object encrypted with a key of the producer's (SSE-C), archived, or denied to this agent by a policy; upload it again as a plain object, readable by the agent"

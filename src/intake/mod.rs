@@ -317,13 +317,16 @@ impl Bucket {
             .collect();
         let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut out = vec![None; names.len()];
-        let mut failed = None;
+        // Reads stop at the first failure other than a refusal (an
+        // outage: the look fails, and is tried again).
+        let mut failed = Vec::new();
         self.root.get_small_each(&rels, MANIFEST_KEPT, |i, small| {
             let small = match small {
                 Ok(small) => small,
                 Err(e) => {
-                    failed.get_or_insert_with(Vec::new).push((i, e));
-                    return;
+                    let go_on = refused(&e);
+                    failed.push((i, e));
+                    return go_on;
                 }
             };
             out[i] = small.map(|s| {
@@ -337,16 +340,19 @@ impl Bucket {
                     bytes: keep.then_some(s.bytes),
                 }
             });
+            true
         });
-        for (i, e) in failed.unwrap_or_default() {
+        for (i, e) in failed {
             if !self.refuses(&e) {
                 return Err(e);
             }
-            log::warn!(
-                "{}: {} is refused to this agent ({e}); its bundle cannot be taken as delivered: delete it with an S3 client and deliver it again, readable",
-                self.label(),
-                crate::text::escape::inert(&keys[i])
-            );
+            // An arrival of unknown version, first in order: its probe
+            // reads the manifest again, and fails the bundle.
+            out[i] = Some(Arrival {
+                etag: ETag(String::new()),
+                at: OffsetDateTime::UNIX_EPOCH,
+                bytes: None,
+            });
         }
         Ok(out)
     }
@@ -357,6 +363,27 @@ impl Bucket {
     /// clock too, and then to every request).
     pub fn refuses(&self, e: &s3::Error) -> bool {
         refused(e) && lease::read(&self.root).is_ok()
+    }
+
+    /// Whether every one of `objects` of bundle `name` is still in the
+    /// inbox as listed: a refusal of a GET is the object's, not that of
+    /// an object deleted meanwhile (S3 answers 403 for a missing key to
+    /// a client that may not list the bucket).
+    pub fn still_listed(&self, name: &str, objects: &[Listed]) -> bool {
+        let most = objects.len().saturating_add(16);
+        let Ok(Some(now)) = self.objects(INBOX, name, most) else {
+            return false;
+        };
+        let now: HashMap<&str, &Listed> = now.iter().map(|o| (o.path.as_str(), o)).collect();
+        objects.iter().all(|o| {
+            now.get(o.path.as_str()).is_some_and(|n| {
+                n.size == o.size
+                    && match (&n.etag, &o.etag) {
+                        (Some(a), Some(b)) => same_etag(a, b),
+                        _ => same_second(n.last_modified, o.last_modified),
+                    }
+            })
+        })
     }
 
     /// Probes bundle `name`: lists its objects (at most `max_files + 16`)
@@ -438,8 +465,14 @@ impl Bucket {
             }
             (None, _) => self.root.get_small(&manifest_key, cap),
         };
+        let listed_manifest: Vec<Listed> = probe
+            .objects
+            .iter()
+            .filter(|o| o.path == MANIFEST)
+            .cloned()
+            .collect();
         let small = match small {
-            Err(e) if self.refuses(&e) => {
+            Err(e) if self.refuses(&e) && self.still_listed(name, &listed_manifest) => {
                 probe.state = State::Broken(format!(
                     "the intake bucket refuses to give its {MANIFEST} ({e}) while it answers this agent otherwise: an object encrypted with a key of the producer's (SSE-C), archived, or denied to this agent by a policy; upload it again as a plain object, readable by the agent"
                 ));
@@ -625,6 +658,10 @@ impl Bucket {
                 return filed(candidate.clone(), false);
             }
         }
+        // Names found taken that the listing did not show: a few at most
+        // (written since it, or a listing behind); a thousand is a server
+        // that refuses every conditional PUT.
+        let mut unlisted = 0;
         for n in 0..=u32::MAX {
             let candidate = candidate(name, n, NAME_MAX);
             if taken.contains_key(&candidate) {
@@ -635,6 +672,10 @@ impl Bucket {
             if put(&candidate)? {
                 return filed(candidate, true);
             }
+            unlisted += 1;
+            if unlisted == 1000 {
+                break;
+            }
             if self.filed_for((folder, &candidate), name, delivery)? {
                 return filed(candidate, false);
             }
@@ -642,7 +683,7 @@ impl Bucket {
         Err(s3::Error::Protocol {
             root: self.label().to_owned(),
             what: format!(
-                "{folder}/{name}: every name a result of it can have is taken; delete old ones"
+                "{folder}/{name}: a thousand names a result of it can have were found taken though no listing showed them; is the server's listing up to date?"
             ),
         })
     }

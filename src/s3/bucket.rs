@@ -58,6 +58,9 @@ fn just_before(start: &str) -> String {
     let head = chars.as_str();
     match (last as u32).checked_sub(1).and_then(char::from_u32) {
         Some(lower) if !lower.is_control() && lower != '/' => format!("{head}{lower}\u{10FFFF}"),
+        // Not a key ending in `/`, which the client would cut (out of
+        // the folder listed): a space sorts before every name character.
+        _ if head.ends_with('/') => format!("{head} "),
         _ => head.to_owned(),
     }
 }
@@ -252,13 +255,13 @@ impl S3Root {
     /// is no error: its `bytes` are then its first `most + 1` (its version
     /// and `Last-Modified` are what the caller wants of it). Only the
     /// objects in flight are in memory, besides what `each` keeps. An
-    /// object whose read fails goes to `each` as that failure, and the
-    /// others are read on.
+    /// object whose read fails goes to `each` as that failure; the reads
+    /// go on while `each` returns true.
     pub fn get_small_each(
         &self,
         rels: &[&str],
         most: u64,
-        mut each: impl FnMut(usize, Result<Option<Small>>),
+        mut each: impl FnMut(usize, Result<Option<Small>>) -> bool,
     ) {
         use futures_util::StreamExt as _;
         self.block_on(async {
@@ -268,7 +271,9 @@ impl S3Root {
             .buffered(super::HEADS_IN_FLIGHT)
             .enumerate();
             while let Some((i, small)) = got.next().await {
-                each(i, small);
+                if !each(i, small) {
+                    return;
+                }
             }
         })
     }
@@ -438,7 +443,7 @@ mod tests {
             ("done/daily", "done/dailx\u{10FFFF}"),
             ("done/a b", "done/a a\u{10FFFF}"),
             ("done/x ", "done/x"),
-            ("done/0", "done/"),
+            ("done/0", "done/ "),
             ("done/é", "done/è\u{10FFFF}"),
             ("", ""),
         ];
