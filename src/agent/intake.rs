@@ -322,6 +322,7 @@ impl Worker {
         };
         let mut held_since = None;
         let mut expired = None;
+        crate::runtime::failpoint::hit("intake.held");
         // Looks in a row that the bucket did not answer: the wait doubles
         // with each, up to `retry_max_interval`.
         let mut unanswered = 0u32;

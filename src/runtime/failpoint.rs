@@ -34,6 +34,7 @@ pub const POINTS: &[&str] = &[
     "agent.recorded",
     "spool.after_result",
     "spool.after_move",
+    "intake.held",
     "intake.probed",
     "intake.fetched",
     "intake.before_fence",

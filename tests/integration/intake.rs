@@ -1170,6 +1170,34 @@ fn agent_once_ends_when_the_intake_stops_answering() {
 }
 
 #[test]
+fn agent_once_ends_when_its_look_is_not_answered() {
+    let mut server = crate::seaweed::OwnServer::start("intake-once-look");
+    let i = Intake::at(server.location("intake", "reports"), "");
+    let one = i.t.bundle("one", &[("one.txt", "1\n")]);
+    i.upload("one", &one);
+    // The run holds the lease; the server goes away before its first look.
+    let mut cmd = i.cmd("config.yaml");
+    cmd.env("RUST_LOG", "info")
+        .env("DISTRIBUTOR_FAILPOINT", "intake.held:1:stop")
+        .args(["agent", "--once"]);
+    let mut run = cmd.start();
+    assert!(
+        wait_for(Duration::from_secs(30), || run.stopped()),
+        "{}",
+        run.stderr()
+    );
+    server.stop(libc::SIGKILL);
+    run.signal(libc::SIGCONT);
+    let out = run.finish(Duration::from_secs(120));
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.contains("--once leaves it"), "{}", out.stderr);
+    server.resume();
+    i.once().expect_code(0);
+    assert_eq!(i.filed("done"), ["one"]);
+    assert_eq!(i.published(), ["one"]);
+}
+
+#[test]
 fn a_bundle_whose_fetch_meets_an_outage_is_taken_again_first() {
     let mut server = crate::seaweed::OwnServer::start("intake-fetch-outage");
     let i = Intake::at(server.location("intake", "reports"), "");
