@@ -308,8 +308,9 @@ impl Bucket {
     /// its bytes when it holds at most [`MANIFEST_KEPT`] and the bytes kept
     /// stay within `budget` (the probe then reads only the listing). A GET
     /// costs what a HEAD costs, and saves the probe's. A manifest the
-    /// server refuses for good ([`Bucket::refuses`]) is as none: no
-    /// arrival, and the look goes on.
+    /// server refuses for good ([`Bucket::refuses`]) is an arrival of
+    /// unknown version, first in order, whose probe then fails the
+    /// bundle; the look goes on.
     pub fn arrivals(&self, names: &[&str], mut budget: usize) -> s3::Result<Vec<Option<Arrival>>> {
         let keys: Vec<String> = names
             .iter()

@@ -46,8 +46,9 @@ fn unparsed(e: &Error) -> bool {
 
 /// A key before every key that starts with `start`, and after as few
 /// others as can be: `start` with its last character one lower and
-/// U+10FFFF after it (or without its last character, when the one lower
-/// is no character a key takes). Not `start` itself: SeaweedFS compares
+/// U+10FFFF after it (or, when the one lower is no character a key
+/// takes, without its last character, and a space after a `/` then at
+/// its end). Not `start` itself: SeaweedFS compares
 /// `start-after` with the names of each folder, so that after `x` it
 /// leaves out the folder `x/` (S3 compares whole keys, and keeps it).
 fn just_before(start: &str) -> String {
