@@ -376,15 +376,9 @@ impl Bucket {
             return false;
         };
         let now: HashMap<&str, &Listed> = now.iter().map(|o| (o.path.as_str(), o)).collect();
-        objects.iter().all(|o| {
-            now.get(o.path.as_str()).is_some_and(|n| {
-                n.size == o.size
-                    && match (&n.etag, &o.etag) {
-                        (Some(a), Some(b)) => same_etag(a, b),
-                        _ => same_second(n.last_modified, o.last_modified),
-                    }
-            })
-        })
+        objects
+            .iter()
+            .all(|o| now.get(o.path.as_str()).is_some_and(|n| same_bytes(o, n)))
     }
 
     /// Probes bundle `name`: lists its objects (at most `max_files + 16`)
@@ -855,13 +849,6 @@ impl Bucket {
                 .len()
                 .saturating_sub(usize::from(probed.is_some() && same)));
         };
-        let same_bytes = |o: &Listed, n: &Listed| {
-            n.size == o.size
-                && match (&n.etag, &o.etag) {
-                    (Some(a), Some(b)) => same_etag(a, b),
-                    _ => same_second(n.last_modified, o.last_modified),
-                }
-        };
         let manifest_now = now.get(MANIFEST);
         let delivered_again =
             matches!((probed, manifest_now), (Some(p), Some(n)) if !same_bytes(p, n));
@@ -1174,6 +1161,16 @@ fn below(prefix: &str, listed: Vec<Listed>) -> Vec<Listed> {
         .collect()
 }
 
+/// Whether two listings of an object show the same bytes: its size, and
+/// its ETag (its `Last-Modified` second where a listing gives none).
+fn same_bytes(o: &Listed, n: &Listed) -> bool {
+    n.size == o.size
+        && match (&n.etag, &o.etag) {
+            (Some(a), Some(b)) => same_etag(a, b),
+            _ => same_second(n.last_modified, o.last_modified),
+        }
+}
+
 /// Whether two ETags name one version: equal, quotes aside (a listing
 /// and a response header may quote them differently).
 fn same_etag(a: &str, b: &str) -> bool {
@@ -1183,13 +1180,7 @@ fn same_etag(a: &str, b: &str) -> bool {
 /// Whether `e` is a request the client could not make sense of (a key it
 /// cannot take): not an outage, and not the bucket's refusal either.
 pub fn unreadable(e: &s3::Error) -> bool {
-    matches!(
-        e,
-        s3::Error::Store {
-            failure: s3::Failure::Other,
-            ..
-        }
-    )
+    s3::bucket::unparsed(e)
 }
 
 /// Whether the server refuses one object for good: access denied to it, or

@@ -31,10 +31,11 @@ pub struct Small {
     pub last_modified: OffsetDateTime,
 }
 
-/// Whether `e` is a listing the s3 client could not read: a key in it
-/// is no path it takes (a control character; an empty, `.` or `..`
-/// segment), which its own reader then lists ([`S3Root::list_raw`]).
-fn unparsed(e: &Error) -> bool {
+/// Whether `e` is an answer the s3 client could not make sense of: in a
+/// listing, a key that is no path it takes (a control character; an
+/// empty, `.` or `..` segment), which its own reader then lists
+/// ([`S3Root::list_raw`]).
+pub fn unparsed(e: &Error) -> bool {
     matches!(
         e,
         Error::Store {

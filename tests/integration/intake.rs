@@ -1131,6 +1131,28 @@ fn a_bundle_uploaded_again_between_its_probe_and_its_fetch_is_not_failed() {
     assert_eq!(i.published(), ["x"]);
 }
 
+/// `agent --once` stopped at `failpoint`, the server killed meanwhile,
+/// then let go on: what the run ended with.
+fn once_losing_the_server(
+    i: &Intake,
+    server: &mut crate::seaweed::OwnServer,
+    failpoint: &str,
+) -> Output {
+    let mut cmd = i.cmd("config.yaml");
+    cmd.env("RUST_LOG", "info")
+        .env("DISTRIBUTOR_FAILPOINT", failpoint)
+        .args(["agent", "--once"]);
+    let mut run = cmd.start();
+    assert!(
+        wait_for(Duration::from_secs(30), || run.stopped()),
+        "{}",
+        run.stderr()
+    );
+    server.stop(libc::SIGKILL);
+    run.signal(libc::SIGCONT);
+    run.finish(Duration::from_secs(120))
+}
+
 #[test]
 fn agent_once_ends_when_the_intake_stops_answering() {
     let mut server = crate::seaweed::OwnServer::start("intake-once-outage");
@@ -1141,21 +1163,8 @@ fn agent_once_ends_when_the_intake_stops_answering() {
     }
     // The run publishes the first bundle and writes its result; then the
     // server goes away.
-    let mut cmd = i.cmd("config.yaml");
-    cmd.env("RUST_LOG", "info")
-        .env("DISTRIBUTOR_FAILPOINT", "intake.result_written:1:stop")
-        .args(["agent", "--once"]);
-    let mut run = cmd.start();
-    assert!(
-        wait_for(Duration::from_secs(30), || run.stopped()),
-        "{}",
-        run.stderr()
-    );
-    server.stop(libc::SIGKILL);
-    run.signal(libc::SIGCONT);
-    // It ends (it used to look again and again while the intake did not
-    // answer), and exits 1: what it did not file stays in the intake.
-    let out = run.finish(Duration::from_secs(120));
+    let out = once_losing_the_server(&i, &mut server, "intake.result_written:1:stop");
+    // It ends, and exits 1: what it did not file stays in the intake.
     assert_eq!(out.code, 1, "{}", out.stderr);
     // The next run files what is left, nothing twice, in order.
     server.resume();
@@ -1176,19 +1185,7 @@ fn agent_once_ends_when_its_look_is_not_answered() {
     let one = i.t.bundle("one", &[("one.txt", "1\n")]);
     i.upload("one", &one);
     // The run holds the lease; the server goes away before its first look.
-    let mut cmd = i.cmd("config.yaml");
-    cmd.env("RUST_LOG", "info")
-        .env("DISTRIBUTOR_FAILPOINT", "intake.held:1:stop")
-        .args(["agent", "--once"]);
-    let mut run = cmd.start();
-    assert!(
-        wait_for(Duration::from_secs(30), || run.stopped()),
-        "{}",
-        run.stderr()
-    );
-    server.stop(libc::SIGKILL);
-    run.signal(libc::SIGCONT);
-    let out = run.finish(Duration::from_secs(120));
+    let out = once_losing_the_server(&i, &mut server, "intake.held:1:stop");
     assert_eq!(out.code, 1, "{}", out.stderr);
     assert!(out.stderr.contains("--once leaves it"), "{}", out.stderr);
     server.resume();
