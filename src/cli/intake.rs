@@ -285,7 +285,25 @@ fn inbox(
         // This host's clock against the server's: a skew shifts it.
         let quiet = human_age((now - last).whole_seconds());
         let timeout = format_duration(config.agent.incomplete_timeout);
+        // Objects a failure left behind (the server would not copy them
+        // beside it) are not a delivery waiting for its manifest.
+        let left_behind = match &probe.state {
+            State::NoManifest => bucket.left_behind_by(&name, last).unwrap_or_else(|e| {
+                log::debug!("{}: cannot read failed/ ({e})", bucket.label());
+                None
+            }),
+            _ => None,
+        };
         let (state, mut reason) = match &probe.state {
+            State::NoManifest if let Some(filed) = left_behind => (
+                Waiting::NoManifest,
+                format!(
+                    "left behind by its failure, filed as {FAILED}/{}: the server would not copy these objects beside it (the agent's log names them); once you have them elsewhere, delete them with an S3 client (`aws s3 rm --recursive {}/{INBOX}/{}/`)",
+                    inert(&filed),
+                    bucket.label(),
+                    inert(&name)
+                ),
+            ),
             State::NoManifest => (
                 Waiting::NoManifest,
                 format!(

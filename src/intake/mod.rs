@@ -756,6 +756,31 @@ impl Bucket {
         })
     }
 
+    /// The name in `failed/` of the failure that left behind the objects
+    /// of bundle `name` still in the inbox, the newest of them written at
+    /// `newest` (objects the server would not copy beside it): its newest
+    /// failed result, written since, and recording `name`. `None` for
+    /// objects of a delivery still under way.
+    pub fn left_behind_by(&self, name: &str, newest: OffsetDateTime) -> s3::Result<Option<String>> {
+        let newest_result = self
+            .taken_names(FAILED, name)?
+            .into_iter()
+            .filter_map(|(filed, written)| Some((written?, filed)))
+            .max();
+        let Some((written, filed)) = newest_result else {
+            return Ok(None);
+        };
+        if written < newest {
+            return Ok(None);
+        }
+        let doc = self.result(FAILED, &filed)?;
+        let records = doc
+            .as_ref()
+            .and_then(|d| d.get("intake")?.get("name")?.as_str())
+            == Some(name);
+        Ok(records.then_some(filed))
+    }
+
     /// Copies a failed bundle's objects beside its result (server-side).
     /// One gone from the inbox meanwhile (the producer deleted it, or a
     /// new delivery dropped it) is not copied: its failure says so. One

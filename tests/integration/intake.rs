@@ -904,6 +904,47 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
         i.objects("failed/sealed")
             .contains_key("failed/sealed/manifest.json")
     );
+    // The operator is told what the object left in the inbox is, and how
+    // to remove it; not that it waits for its manifest.
+    let why = |name: &str| {
+        let out = i
+            .cmd("config.yaml")
+            .args(["spool", "list", "--inbox", "--json"])
+            .output();
+        out.expect_code(0);
+        let rows = out.json();
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned();
+        row.unwrap_or_else(|| panic!("no {name} in {rows}"))
+    };
+    let sealed = why("sealed");
+    assert_eq!(sealed["state"], "no_manifest", "{sealed}");
+    let reason = sealed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("left behind by its failure, filed as failed/sealed")
+            && reason.contains("aws s3 rm --recursive s3://"),
+        "{reason}"
+    );
+    // An object uploaded under that name since (by the server's clock):
+    // a delivery under way, waiting for its manifest.
+    let written = |rel: &str| i.bucket.head(rel).unwrap().unwrap().last_modified;
+    let failed_at = written("failed/sealed/.distributor-result.json");
+    assert!(wait_for(Duration::from_secs(10), || {
+        i.put("inbox/sealed/again.txt", b"again\n");
+        written("inbox/sealed/again.txt").unix_timestamp() > failed_at.unix_timestamp()
+    }));
+    let again = why("sealed");
+    assert!(
+        again["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no manifest.json yet"),
+        "{again}"
+    );
 }
 
 #[test]
