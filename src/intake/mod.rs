@@ -1174,11 +1174,15 @@ impl Bucket {
     }
 }
 
-/// `listed` (objects below `prefix`) with their paths below it.
+/// `listed` (objects below `prefix`) with their paths below it. A folder
+/// marker (`<prefix>/`, an empty object a bucket console's "Create
+/// folder" makes, listed by `object_store` without its slash) is no
+/// object of it.
 fn below(prefix: &str, listed: Vec<Listed>) -> Vec<Listed> {
     let strip = format!("{prefix}/");
     listed
         .into_iter()
+        .filter(|o| o.path != prefix)
         .map(|mut o| {
             o.path = o.path.strip_prefix(&strip).unwrap_or(&o.path).to_owned();
             o

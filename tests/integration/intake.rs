@@ -1284,3 +1284,31 @@ fn agent_once_exits_1_while_an_intake_bundle_stays_incomplete() {
             .contains_key("inbox/partial/manifest.json")
     );
 }
+
+#[test]
+fn folder_markers_a_console_makes_are_no_bundles_and_hold_nothing_back() {
+    let i = Intake::new();
+    // "Create folder" in a bucket console: an empty object whose key ends
+    // in a slash, for the inbox, a bundle's folder, and a folder left
+    // empty.
+    put_raw(&i, "inbox/", b"");
+    put_raw(&i, "inbox/good/", b"");
+    i.upload("good", &i.t.bundle("good", &[("g.txt", "g\n")]));
+    put_raw(&i, "inbox/empty/", b"");
+    let out = i.once();
+    out.expect_code(0);
+    assert_eq!(i.filed("done"), ["good"], "{}", out.stderr);
+    assert_eq!(i.published(), ["good"]);
+    assert_eq!(crate::util::tree(&i.t.join("site")).files(), ["g.txt"]);
+    // The markers stay (no request can name them), and nothing is shown
+    // waiting: an operator sees an empty inbox.
+    assert_eq!(i.objects("inbox").len(), 3, "{:?}", i.objects("inbox"));
+    let out = i
+        .cmd("config.yaml")
+        .args(["spool", "list", "--inbox", "--json"])
+        .output();
+    out.expect_code(0);
+    assert_eq!(out.json(), serde_json::json!([]), "{}", out.stdout);
+    let out = i.cmd("config.yaml").args(["status"]).output();
+    assert!(out.stdout.contains("inbox 0 "), "{}", out.stdout);
+}
