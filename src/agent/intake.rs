@@ -1013,7 +1013,11 @@ impl Worker {
                     // again: S3 may answer 403 for it.)
                     Err(intake::FetchError::Bucket(e))
                         if bucket.refuses(&e)
-                            && bucket.still_listed(&probe.name, &probe.objects) =>
+                            && bucket.still_listed(
+                                &probe.name,
+                                &probe.objects,
+                                intake::most_objects(&self.pipeline.limits),
+                            ) =>
                     {
                         let _ = std::fs::remove_dir_all(&work);
                         fail = Some(format!(

@@ -367,11 +367,11 @@ impl Bucket {
     }
 
     /// Whether every one of `objects` of bundle `name` is still in the
-    /// inbox as listed: a refusal of a GET is the object's, not that of
-    /// an object deleted meanwhile (S3 answers 403 for a missing key to
-    /// a client that may not list the bucket).
-    pub fn still_listed(&self, name: &str, objects: &[Listed]) -> bool {
-        let most = objects.len().saturating_add(16);
+    /// inbox as listed, the bundle listed with at most `most` objects: a
+    /// refusal of a GET is the object's, not that of an object deleted
+    /// meanwhile (S3 answers 403 for a missing key to a client that may
+    /// not list the bucket).
+    pub fn still_listed(&self, name: &str, objects: &[Listed], most: usize) -> bool {
         let Ok(Some(now)) = self.objects(INBOX, name, most) else {
             return false;
         };
@@ -400,7 +400,7 @@ impl Bucket {
             ..Probe::broken(name, String::new())
         };
         let prefix = format!("{INBOX}/{name}");
-        let most = usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX);
+        let most = most_objects(limits);
         let cap = limits.max_manifest_bytes();
         let manifest_key = Bucket::key(INBOX, name, MANIFEST);
         // The listing and the manifest are read side by side, unless the
@@ -467,7 +467,12 @@ impl Bucket {
             .cloned()
             .collect();
         let small = match small {
-            Err(e) if self.refuses(&e) && self.still_listed(name, &listed_manifest) => {
+            // Replaced or deleted since the listing (S3 may refuse a key
+            // deleted meanwhile): looked at again at the next look.
+            Err(e) if self.refuses(&e) && !self.still_listed(name, &listed_manifest, most) => {
+                return Ok(probe);
+            }
+            Err(e) if self.refuses(&e) => {
                 probe.state = State::Broken(format!(
                     "the intake bucket refuses to give its {MANIFEST} ({e}) while it answers this agent otherwise: an object encrypted with a key of the producer's (SSE-C), archived, or denied to this agent by a policy; upload it again as a plain object, readable by the agent"
                 ));
@@ -1172,6 +1177,13 @@ impl Bucket {
     pub fn unmark_committing(&self, name: &str) -> s3::Result<()> {
         self.root.delete(&Bucket::committing_key(name))
     }
+}
+
+/// The most objects a bundle's listing holds before the bundle fails:
+/// `limits.max_files`, its manifest and signature, and room for a few
+/// unlisted objects.
+pub fn most_objects(limits: &Limits) -> usize {
+    usize::try_from(limits.max_files.saturating_add(16)).unwrap_or(usize::MAX)
 }
 
 /// `listed` (objects below `prefix`) with their paths below it. A folder

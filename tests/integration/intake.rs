@@ -867,9 +867,19 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
             i.put(&format!("inbox/sealed/{rel}"), &bytes);
         }
     }
-    // A manifest so encrypted.
-    let locked = i.t.bundle("locked", &[("l.txt", "l\n")]);
-    i.put("inbox/locked/l.txt", b"l\n");
+    // A manifest so encrypted, in a bundle of more files than a probe
+    // lists beside a manifest.
+    let files: Vec<(String, String)> = (0..20)
+        .map(|n| (format!("l{n}.txt"), format!("{n}\n")))
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let locked = i.t.bundle("locked", &files);
+    for (path, content) in &files {
+        i.put(&format!("inbox/locked/{path}"), content.as_bytes());
+    }
     put_raw_with(
         &i,
         "inbox/locked/manifest.json",
