@@ -1462,6 +1462,11 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
             .filter(|o| !refused.iter().any(|(p, _)| *p == o.path))
             .cloned()
             .collect();
+        // Nothing it may remove (its every object stays): not a bundle
+        // failed before it was listed, whose manifest alone goes.
+        if objects.is_empty() && !f.objects.is_empty() {
+            return Ok((filed, Some(0)));
+        }
         let (now, lease) = checked.unwrap_or_else(before_removal);
         if let Err(lost) = lease.and_then(|()| fence.held.valid()) {
             log::warn!(

@@ -886,13 +886,25 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
         &std::fs::read(locked.join("manifest.json")).unwrap(),
         SSE_C,
     );
+    // A bundle of that manifest alone: nothing of it can be copied.
+    put_raw_with(
+        &i,
+        "inbox/bare/manifest.json",
+        &std::fs::read(locked.join("manifest.json")).unwrap(),
+        SSE_C,
+    );
     let good = i.t.bundle("good", &[("g.txt", "g\n")]);
     i.upload("good", &good);
     let out = i.once();
     // A failed bundle: exit 1, as for a local inbox.
     out.expect_code(1);
     assert_eq!(i.filed("done"), ["good"], "{}", out.stderr);
-    assert_eq!(i.filed("failed"), ["locked", "sealed"], "{}", out.stderr);
+    assert_eq!(
+        i.filed("failed"),
+        ["bare", "locked", "sealed"],
+        "{}",
+        out.stderr
+    );
     let error = i.result("failed", "locked").unwrap()["error"].to_string();
     assert!(
         error.contains("refuses to give its manifest.json"),
@@ -908,7 +920,11 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
     // inbox; its manifest went with the bundle's failure.
     assert_eq!(
         i.objects("inbox").into_keys().collect::<Vec<_>>(),
-        ["inbox/locked/manifest.json", "inbox/sealed/s.txt"]
+        [
+            "inbox/bare/manifest.json",
+            "inbox/locked/manifest.json",
+            "inbox/sealed/s.txt"
+        ]
     );
     assert!(
         i.objects("failed/sealed")
