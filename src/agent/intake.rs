@@ -992,16 +992,11 @@ impl Worker {
             None => {
                 crate::runtime::failpoint::hit("intake.probed");
                 match bucket.fetch(probe, &work) {
-                    // A path this host cannot hold (longer than its file
-                    // system takes): the bundle fails, the ones after it go
-                    // on.
-                    Err(intake::FetchError::Local(e))
-                        if e.raw_os_error() == Some(libc::ENAMETOOLONG) =>
-                    {
+                    // A path this host cannot hold: the bundle fails, the
+                    // ones after it go on.
+                    Err(intake::FetchError::Local(e)) if unholdable(&e).is_some() => {
                         let _ = std::fs::remove_dir_all(&work);
-                        fail = Some(format!(
-                            "a path of it is too long for this host's work/ ({e}); shorten its paths and deliver it again"
-                        ));
+                        fail = unholdable(&e);
                         None
                     }
                     // One object the server refuses for good, while it
@@ -1503,6 +1498,25 @@ fn file_one(id: &str, bucket: &Bucket, fence: &Fence, f: &Filing) -> bool {
     }
 }
 
+/// Why a bundle's paths cannot be written into this host's `work/`, when
+/// `e` (met writing them) is the bundle's fault rather than the host's: a
+/// path longer than the file system takes, or a file where another path
+/// needs a folder (S3 holds `manifest.json.sig` and `manifest.json.sig/x`
+/// side by side).
+fn unholdable(e: &std::io::Error) -> Option<String> {
+    use std::io::ErrorKind as K;
+    if e.raw_os_error() == Some(libc::ENAMETOOLONG) {
+        return Some(format!(
+            "a path of it is too long for this host's work/ ({e}); shorten its paths and deliver it again"
+        ));
+    }
+    matches!(e.kind(), K::AlreadyExists | K::NotADirectory | K::IsADirectory).then(|| {
+        format!(
+            "two of its objects cannot both be files ({e}): one is named as a folder of the other; rename one and deliver it again"
+        )
+    })
+}
+
 /// The wait after `unanswered` looks in a row found the bucket
 /// unreachable: `poll` doubled for each, at most `most` (never less than
 /// `poll`).
@@ -1565,6 +1579,41 @@ mod tests {
         }
         // A maximum below the poll interval never makes it poll faster.
         assert_eq!(backoff(poll, 3, Duration::from_secs(1)), poll);
+    }
+
+    #[test]
+    fn a_path_the_bundle_makes_unholdable_fails_it_and_a_host_fault_does_not() {
+        use std::io::{Error, ErrorKind as K};
+        for (e, theirs) in [
+            (
+                Error::from_raw_os_error(libc::ENAMETOOLONG),
+                Some("too long"),
+            ),
+            (
+                Error::from_raw_os_error(libc::EEXIST),
+                Some("cannot both be files"),
+            ),
+            (
+                Error::from_raw_os_error(libc::ENOTDIR),
+                Some("cannot both be files"),
+            ),
+            (
+                Error::from_raw_os_error(libc::EISDIR),
+                Some("cannot both be files"),
+            ),
+            (Error::from_raw_os_error(libc::ENOSPC), None),
+            (Error::from_raw_os_error(libc::EACCES), None),
+            (Error::from(K::Interrupted), None),
+        ] {
+            let got = unholdable(&e);
+            match theirs {
+                Some(why) => assert!(
+                    got.as_deref().is_some_and(|g| g.contains(why)),
+                    "{e}: {got:?}"
+                ),
+                None => assert_eq!(got, None, "{e}"),
+            }
+        }
     }
 
     #[test]

@@ -284,6 +284,12 @@ fn de_path<'de, D: Deserializer<'de>>(d: D) -> Result<RelPath, D::Error> {
             "\"path\" {text:?} lists the manifest itself; remove this entry"
         )));
     }
+    // No bundle can hold it: manifest.json is a file, not a folder.
+    if path.segments().next() == Some(MANIFEST) {
+        return Err(de::Error::custom(format!(
+            "\"path\" {text:?} puts a file in a folder named {MANIFEST}, the name of the bundle's manifest; rename that folder"
+        )));
+    }
     if path.as_str() == crate::signature::SIGNATURE_FILE {
         return Err(de::Error::custom(format!(
             "\"path\" {text:?} lists the manifest's signature, which is never listed nor published; remove this entry"

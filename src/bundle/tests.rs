@@ -337,6 +337,11 @@ fn bad_manifests_of_files() -> Vec<(&'static str, Vec<u8>, &'static str)> {
             "lists the manifest itself",
         ),
         (
+            "path inside the manifest",
+            serde_json::to_vec(&doc(&[("manifest.json/x", HELLO_SHA, 6)])).unwrap(),
+            "puts a file in a folder named manifest.json",
+        ),
+        (
             "path duplicate",
             serde_json::to_vec(&doc(&[
                 ("a", HELLO_SHA, 6),
