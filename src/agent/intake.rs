@@ -53,8 +53,9 @@ pub(super) struct Fence {
 /// The filings under way (by bundle name), which a commit waits to end:
 /// a crash then leaves at most the bundle in hand published and not filed
 /// (its hooks run again where it is published again), as when each bundle
-/// was filed before the next was taken. A name being filed is not taken
-/// again meanwhile, whatever a look shows of it. Once a filing was given
+/// was filed before the next was taken. A name being filed is not probed
+/// until its filing ended (a delivery again under it keeps its place in
+/// arrival order; the one being removed is never taken twice). Once a filing was given
 /// up (a stop, a lost lease), no commit of this holder follows it: the
 /// bundle stays in the inbox, and the next holder processes it first.
 #[derive(Default)]
@@ -85,6 +86,15 @@ impl Filings {
     /// The names being filed now.
     fn under_way(&self) -> std::collections::HashSet<String> {
         self.names().iter().cloned().collect()
+    }
+
+    /// Waits until the filing of `name` (if one is under way) has ended.
+    fn wait_for(&self, name: &str) {
+        let names = self.names();
+        let _names = self
+            .changed
+            .wait_while(names, |names| names.iter().any(|n| n == name))
+            .unwrap_or_else(|e| e.into_inner());
     }
 
     /// Waits until no filing is under way; false when one was given up.
@@ -330,13 +340,13 @@ impl Worker {
             if self.stopping() {
                 break;
             }
-            if expired.is_none_or(|at: Instant| at.elapsed() >= EXPIRE_EVERY) {
-                expired = Some(Instant::now());
-                self.expire_intake(bucket);
-            }
             if let Err(lost) = held.valid() {
                 log::warn!("pipeline={id}: {lost}; standing by");
                 break;
+            }
+            if expired.is_none_or(|at: Instant| at.elapsed() >= EXPIRE_EVERY) {
+                expired = Some(Instant::now());
+                self.expire_intake(bucket, &held);
             }
             let mut wait = intake.poll_every();
             match self.intake_step(bucket, &mut inbox, &mut held_since, wait, &filer, rx) {
@@ -482,7 +492,17 @@ impl Worker {
     }
 
     /// Deletes the results below `done/` past `done_retention`.
-    fn expire_intake(&self, bucket: &Bucket) {
+    fn expire_intake(&self, bucket: &Bucket, held: &Held) {
+        // Only while the lease is this agent's in the bucket: a holder
+        // paused past its lease must not delete a result a new holder
+        // just wrote under a name that expired meanwhile.
+        if let Err(lost) = held.check(&bucket.root) {
+            log::info!(
+                "pipeline={}: done/ results not expired: {lost}",
+                self.pipeline.id
+            );
+            return;
+        }
         match bucket.expire_done(self.config.agent.done_retention) {
             Ok(0) => {}
             Ok(n) => log::info!(
@@ -658,7 +678,14 @@ impl Worker {
         order.sort_by(|a, b| (a.1.at, a.0).cmp(&(b.1.at, b.0)));
         let order: Vec<String> = order.into_iter().map(|(n, _)| n.clone()).collect();
         let signed = self.spool.signed;
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for name in order {
+            // A delivery again under a name still being filed keeps its
+            // place: it is probed (listed anew) once that filing ended,
+            // and nothing after it is taken meanwhile.
+            if let Some(f) = &fence {
+                f.filings.wait_for(&name);
+            }
             // An incomplete bundle is probed again once per listing
             // interval, not before each bundle of a backlog behind it.
             if inbox
@@ -798,15 +825,14 @@ impl Worker {
         let unknown: Vec<&str> = names
             .iter()
             .map(String::as_str)
-            .filter(|n| !filing.contains(*n))
             .filter(|n| !inbox.arrivals.contains_key(*n))
             .filter(|n| recheck || !inbox.taken.contains_key(*n))
             .collect();
         self.learn_arrivals(bucket, inbox, &unknown)
     }
 
-    /// The names whose filing is under way: not taken again meanwhile
-    /// (a look may show a delivery again while it is being removed).
+    /// The names whose filing is under way: their listings are not kept
+    /// (a look may show a delivery while it is being removed).
     fn filings_under_way(&self) -> std::collections::HashSet<String> {
         let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
         fence.map(|f| f.filings.under_way()).unwrap_or_default()
@@ -821,15 +847,17 @@ impl Worker {
         all: std::collections::BTreeMap<String, Vec<crate::s3::Listed>>,
         filing: &std::collections::HashSet<String>,
     ) -> crate::s3::Result<()> {
-        // A name being filed is still what this holder took (`taken`),
-        // whatever is listed of it: it is only not taken again meanwhile.
+        // A name being filed is still what this holder took (`taken`).
         inbox.forget_all_but(|n| all.contains_key(n));
         // A server that lists objects without their versions: each new
         // name's manifest is read.
         let mut unknown = Vec::new();
         // New arrivals, with their manifests' sizes.
         let mut new = Vec::new();
-        for (name, objects) in all.iter().filter(|(n, _)| !filing.contains(*n)) {
+        // A name being filed: what is listed of it may be the delivery
+        // being removed (the same delivery, never taken twice), or a new
+        // delivery, an arrival like any other.
+        for (name, objects) in &all {
             let manifest = objects.iter().find(|o| o.path == crate::bundle::MANIFEST);
             let taken = inbox.taken.get(name);
             match manifest.map(|m| (m.etag.as_ref(), m.last_modified)) {

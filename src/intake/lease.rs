@@ -285,7 +285,7 @@ impl Held {
         self.valid()?;
         let etag = self.state().etag.clone();
         match read(bucket) {
-            Ok(Some((_, now, _))) if now == etag => self.valid(),
+            Ok(Some((_, now, _))) if super::same_version(&now, &etag) => self.valid(),
             Ok(_) => {
                 self.state().lost = true;
                 self.valid()

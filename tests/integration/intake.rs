@@ -1338,3 +1338,63 @@ fn folder_markers_a_console_makes_are_no_bundles_and_hold_nothing_back() {
     let out = i.cmd("config.yaml").args(["status"]).output();
     assert!(out.stdout.contains("inbox 0 "), "{}", out.stdout);
 }
+
+#[test]
+fn a_delivery_again_under_a_name_being_filed_keeps_its_place_in_arrival_order() {
+    let proxy = crate::seaweed::RecordingProxy::start(&server().endpoint);
+    let mut location = server().location("reports");
+    location.endpoint = Some(proxy.endpoint.clone());
+    let i = Intake::at(location, "");
+    i.upload("a", &i.t.bundle("a1", &[("a.txt", "one\n")]));
+    let mut cmd = i.cmd("config.yaml");
+    cmd.env("RUST_LOG", "info")
+        .env("DISTRIBUTOR_FAILPOINT", "intake.fetched:1:stop")
+        .args(["agent", "--once"]);
+    let mut run = cmd.start();
+    assert!(
+        wait_for(Duration::from_secs(30), || run.stopped()),
+        "{}",
+        run.stderr()
+    );
+    // While `a` is processed: `a` delivered again, then `b`, a second
+    // later by the server's clock.
+    i.upload("a", &i.t.bundle("a2", &[("a.txt", "two\n")]));
+    let written = |rel: &str| i.bucket.head(rel).unwrap().unwrap().last_modified;
+    let again = written("inbox/a/manifest.json");
+    assert!(wait_for(Duration::from_secs(10), || {
+        i.put("clock", b"");
+        written("clock").unix_timestamp() > again.unix_timestamp()
+    }));
+    i.upload("b", &i.t.bundle("b", &[("b.txt", "b\n")]));
+    // The first `a` is filed slowly: its result's PUT waits, and the
+    // agent looks at the inbox meanwhile.
+    proxy.hold("PUT", "done/a/.distributor-result.json");
+    proxy.take();
+    run.signal(libc::SIGCONT);
+    assert!(proxy.wait_held(Duration::from_secs(30)), "{}", run.stderr());
+    let looked = |log: &[crate::seaweed::Exchange]| {
+        log.iter().any(|e| {
+            e.method == "GET"
+                && e.target.contains("list-type=2")
+                && e.target.ends_with("prefix=reports%2Finbox%2F")
+        })
+    };
+    let mut log = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            log.extend(proxy.take());
+            looked(&log)
+        }),
+        "{log:#?}"
+    );
+    proxy.release();
+    let out = run.finish(Duration::from_secs(120));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // `a` again came before `b`, as its manifest did.
+    assert_eq!(i.published(), ["a", "a", "b"], "{}", out.stderr);
+    assert_eq!(
+        std::fs::read_to_string(i.t.join("site/a.txt")).unwrap(),
+        "two\n"
+    );
+    assert_eq!(i.filed("done"), ["a", "a.1", "b"]);
+}

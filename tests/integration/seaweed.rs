@@ -548,6 +548,23 @@ pub struct RecordingProxy {
     /// `http://127.0.0.1:PORT` to give clients.
     pub endpoint: String,
     log: std::sync::Arc<Mutex<Vec<Exchange>>>,
+    hold: std::sync::Arc<(Mutex<Hold>, std::sync::Condvar)>,
+}
+
+/// The requests a [`RecordingProxy`] keeps from the server for now: of
+/// `rule`'s method, with its text in their target.
+#[derive(Default)]
+struct Hold {
+    rule: Option<(String, String)>,
+    held: usize,
+}
+
+impl Hold {
+    fn holds(&self, method: &str, target: &str) -> bool {
+        self.rule
+            .as_ref()
+            .is_some_and(|(m, part)| m == method && target.contains(part.as_str()))
+    }
 }
 
 impl RecordingProxy {
@@ -561,13 +578,15 @@ impl RecordingProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let log = std::sync::Arc::new(Mutex::new(Vec::new()));
         let clock = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let kept = log.clone();
+        let hold = std::sync::Arc::new((Mutex::new(Hold::default()), std::sync::Condvar::new()));
+        let (kept, held) = (log.clone(), hold.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let (upstream, log, clock) = (upstream.clone(), kept.clone(), clock.clone());
+                let hold = held.clone();
                 std::thread::spawn(move || {
                     if let Ok(server) = TcpStream::connect(&upstream) {
-                        let _ = relay(client, server, &log, &clock);
+                        let _ = relay(client, server, &log, &clock, &hold);
                     }
                 });
             }
@@ -575,7 +594,33 @@ impl RecordingProxy {
         RecordingProxy {
             endpoint: format!("http://127.0.0.1:{port}"),
             log,
+            hold,
         }
+    }
+
+    /// Keeps every request of `method` whose target holds `part` from the
+    /// server until [`RecordingProxy::release`].
+    pub fn hold(&self, method: &str, part: &str) {
+        let mut h = self.hold.0.lock().unwrap();
+        h.rule = Some((method.to_owned(), part.to_owned()));
+        h.held = 0;
+    }
+
+    /// Waits up to `most` for a request to be held; whether one was.
+    pub fn wait_held(&self, most: std::time::Duration) -> bool {
+        let (lock, changed) = &*self.hold;
+        let h = lock.lock().unwrap();
+        let (h, _) = changed
+            .wait_timeout_while(h, most, |h| h.held == 0)
+            .unwrap();
+        h.held > 0
+    }
+
+    /// Passes the requests held on, and holds no more.
+    pub fn release(&self) {
+        let (lock, changed) = &*self.hold;
+        lock.lock().unwrap().rule = None;
+        changed.notify_all();
     }
 
     /// Every exchange recorded since the last call, in the order they were
@@ -676,6 +721,7 @@ fn relay(
     mut server: TcpStream,
     log: &Mutex<Vec<Exchange>>,
     clock: &std::sync::atomic::AtomicU64,
+    hold: &(Mutex<Hold>, std::sync::Condvar),
 ) -> std::io::Result<()> {
     let mut to_client = client.try_clone()?;
     let mut from_client = std::io::BufReader::new(client);
@@ -693,6 +739,17 @@ fn relay(
         });
         let mut body = Vec::new();
         copy_body(&mut from_client, &mut body, body_of(&head, false))?;
+        {
+            let (lock, changed) = hold;
+            let mut h = lock.lock().unwrap();
+            if h.holds(&method, &target) {
+                h.held += 1;
+                changed.notify_all();
+                let _h = changed
+                    .wait_while(h, |h| h.holds(&method, &target))
+                    .unwrap();
+            }
+        }
         server.write_all(&head)?;
         server.write_all(&body)?;
         let mut deletes = Vec::new();
