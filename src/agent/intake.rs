@@ -197,6 +197,10 @@ struct Inbox {
     /// Until when the inbox is looked at by its names only (it held more
     /// than [`LOOK_MOST`] objects).
     names_only_until: Option<Instant>,
+    /// The names whose manifest a look by names did not find, and when:
+    /// read again once per lease, not at each look (an inbox of many
+    /// names without one would cost a GET each, every look).
+    absent: HashMap<String, Instant>,
 }
 
 impl Inbox {
@@ -206,6 +210,7 @@ impl Inbox {
         self.waiting.retain(|n, _| present(n));
         self.told.retain(|n, _| n.is_empty() || present(n));
         self.taken.retain(|n, _| present(n));
+        self.absent.retain(|n, _| present(n));
     }
 }
 
@@ -827,6 +832,12 @@ impl Worker {
             .map(String::as_str)
             .filter(|n| !inbox.arrivals.contains_key(*n))
             .filter(|n| recheck || !inbox.taken.contains_key(*n))
+            .filter(|n| {
+                inbox
+                    .absent
+                    .get(*n)
+                    .is_none_or(|at| at.elapsed() >= every * 6)
+            })
             .collect();
         self.learn_arrivals(bucket, inbox, &unknown)
     }
@@ -968,6 +979,10 @@ impl Worker {
             .sum();
         let budget = MANIFESTS_KEPT.saturating_sub(kept);
         for (name, arrival) in names.iter().zip(bucket.arrivals(names, budget)?) {
+            match &arrival {
+                Some(_) => inbox.absent.remove(*name),
+                None => inbox.absent.insert((*name).to_owned(), Instant::now()),
+            };
             let taken = inbox.taken.get(*name);
             match arrival {
                 Some(a)

@@ -1398,3 +1398,71 @@ fn a_delivery_again_under_a_name_being_filed_keeps_its_place_in_arrival_order() 
     );
     assert_eq!(i.filed("done"), ["a", "a.1", "b"]);
 }
+
+#[test]
+fn an_inbox_too_large_to_list_whole_reads_a_missing_manifest_once_a_lease() {
+    let proxy = crate::seaweed::RecordingProxy::start(&server().endpoint);
+    let mut location = server().location("reports");
+    // Objects put straight to the server, not through the proxy.
+    let direct = S3Root::open_with(&location, credentials()).expect("s3 client");
+    location.endpoint = Some(proxy.endpoint.clone());
+    let i = Intake::at(location, "");
+    // A lease of 12 s: a look every 2 s.
+    let config = std::fs::read_to_string(i.t.join("config.yaml"))
+        .unwrap()
+        .replace(&format!("lease: {LEASE}"), "lease: 12s");
+    i.t.write("config.yaml", config);
+    // 100 names without a manifest, of 101 objects each: more objects
+    // than a look lists whole, so the inbox is looked at by its names.
+    std::thread::scope(|scope| {
+        for part in 0..16 {
+            let direct = &direct;
+            scope.spawn(move || {
+                for n in (0..100).filter(|n| n % 16 == part) {
+                    for k in 0..101 {
+                        let rel = format!("inbox/h{n:03}/f{k}");
+                        direct.put_new(&rel, &mut &b"x"[..], None, "test").unwrap();
+                    }
+                }
+            });
+        }
+    });
+    i.upload("good", &i.t.bundle("good", &[("g.txt", "g\n")]));
+    proxy.take();
+    let mut agent = i.agent("config.yaml");
+    let looks = |log: &[crate::seaweed::Exchange]| {
+        log.iter()
+            .filter(|e| {
+                e.method == "GET"
+                    && e.target.contains("delimiter=%2F")
+                    && e.target.ends_with("prefix=reports%2Finbox%2F")
+            })
+            .count()
+    };
+    let mut log = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(90), || {
+            log.extend(proxy.take());
+            looks(&log) >= 6 && i.filed("done") == ["good"]
+        }),
+        "{} looks\n{}",
+        looks(&log),
+        agent.stderr()
+    );
+    // Each name's missing manifest was asked for once a lease, not at
+    // every look (six looks take about half a lease).
+    for n in 0..100 {
+        let key = format!("inbox/h{n:03}/manifest.json");
+        let reads = log
+            .iter()
+            .filter(|e| e.method == "GET" && e.target.ends_with(&key))
+            .count();
+        assert!(
+            2 * reads <= looks(&log),
+            "{key}: {reads} reads in {} looks",
+            looks(&log)
+        );
+    }
+    agent.signal(libc::SIGTERM);
+    agent.finish(Duration::from_secs(30));
+}
