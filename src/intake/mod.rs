@@ -467,6 +467,10 @@ impl Bucket {
             .cloned()
             .collect();
         let small = match small {
+            // Replaced since the listing, which showed it within the cap,
+            // by a larger one: looked at again at the next look (whose
+            // listing shows its size).
+            Err(s3::Error::Oversize { .. }) => return Ok(probe),
             // Replaced or deleted since the listing (S3 may refuse a key
             // deleted meanwhile): looked at again at the next look.
             Err(e) if self.refuses(&e) && !self.still_listed(name, &listed_manifest, most) => {

@@ -285,9 +285,10 @@ impl S3Root {
         if let Some(small) = &got
             && small.bytes.len() as u64 > most
         {
-            return Err(Error::Protocol {
+            return Err(Error::Oversize {
                 root: self.label.clone(),
-                what: format!("{rel} holds more than {most} bytes"),
+                key: rel.to_owned(),
+                most,
             });
         }
         Ok(got)

@@ -209,6 +209,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An object larger than the most its reader takes (a small object
+    /// read whole: a manifest, a result, the lease).
+    #[error("{root}: {key} holds more than {most} bytes")]
+    Oversize {
+        root: String,
+        key: String,
+        most: u64,
+    },
     /// A request failed; [`Failure`] says how, without anything the
     /// server sent (no body, no header value).
     #[error("{root}: {op} {key}: {failure}")]
@@ -260,6 +268,7 @@ impl Error {
             Error::HashMismatch { .. }
             | Error::Read { .. }
             | Error::Store { .. }
+            | Error::Oversize { .. }
             | Error::Protocol { .. } => Stage::Publish,
         }
     }

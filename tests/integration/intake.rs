@@ -1466,3 +1466,54 @@ fn an_inbox_too_large_to_list_whole_reads_a_missing_manifest_once_a_lease() {
     agent.signal(libc::SIGTERM);
     agent.finish(Duration::from_secs(30));
 }
+
+#[test]
+fn a_manifest_replaced_by_one_over_the_cap_after_a_look_fails_its_bundle_only() {
+    let i = Intake::with("    limits:\n      max_files: 4\n");
+    // A lease long enough that the first look's listing serves every
+    // probe of this run.
+    let config = std::fs::read_to_string(i.t.join("config.yaml"))
+        .unwrap()
+        .replace(&format!("lease: {LEASE}"), "lease: 60s");
+    i.t.write("config.yaml", config);
+    let upload_at = |name: &str, content: &str| {
+        let b = i.t.bundle(name, &[("f.txt", content)]);
+        i.upload(name, &b);
+        b
+    };
+    upload_at("w", "w\n");
+    // A manifest too large to be read ahead by the look (padded with a
+    // key the manifest may carry), within the pipeline's cap.
+    let x = i.t.bundle("x", &[("x.txt", "x\n")]);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(x.join("manifest.json")).unwrap()).unwrap();
+    manifest["padding"] = serde_json::json!("p".repeat(100 << 10));
+    std::fs::write(
+        x.join("manifest.json"),
+        serde_json::to_vec(&manifest).unwrap(),
+    )
+    .unwrap();
+    i.upload("x", &x);
+    upload_at("y", "y\n");
+    let mut cmd = i.cmd("config.yaml");
+    cmd.env("RUST_LOG", "info")
+        .env("DISTRIBUTOR_FAILPOINT", "intake.fetched:1:stop")
+        .args(["agent", "--once"]);
+    let mut run = cmd.start();
+    assert!(
+        wait_for(Duration::from_secs(30), || run.stopped()),
+        "{}",
+        run.stderr()
+    );
+    // Looked at, and `w` fetched: `x`'s manifest is then replaced by one
+    // over the cap (1 MiB at max_files 4).
+    i.put("inbox/x/manifest.json", &vec![b' '; (1 << 20) + 1]);
+    run.signal(libc::SIGCONT);
+    let out = run.finish(Duration::from_secs(120));
+    // The others are published; `x` fails, saying why.
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(i.filed("done"), ["w", "y"], "{}", out.stderr);
+    assert_eq!(i.filed("failed"), ["x"], "{}", out.stderr);
+    let error = i.result("failed", "x").unwrap()["error"].to_string();
+    assert!(error.contains("more than the 1048576 bytes"), "{error}");
+}
