@@ -55,9 +55,10 @@ pub(super) struct Fence {
 /// (its hooks run again where it is published again), as when each bundle
 /// was filed before the next was taken. A name being filed is not probed
 /// until its filing ended (a delivery again under it keeps its place in
-/// arrival order; the one being removed is never taken twice). Once a filing was given
-/// up (a stop, a lost lease), no commit of this holder follows it: the
-/// bundle stays in the inbox, and the next holder processes it first.
+/// arrival order; the one being removed is never taken twice). Once a
+/// filing was given up (a stop, a lost lease), no commit of this holder
+/// follows it: the bundle stays in the inbox, and the next holder
+/// processes it first.
 #[derive(Default)]
 struct Filings {
     names: std::sync::Mutex<Vec<String>>,
