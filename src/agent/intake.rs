@@ -89,13 +89,15 @@ impl Filings {
         self.names().iter().cloned().collect()
     }
 
-    /// Waits until the filing of `name` (if one is under way) has ended.
-    fn wait_for(&self, name: &str) {
+    /// Waits up to `most` for the filing of `name` (if one is under way)
+    /// to end; whether none is under way.
+    fn wait_for(&self, name: &str, most: Duration) -> bool {
         let names = self.names();
-        let _names = self
+        let (names, _) = self
             .changed
-            .wait_while(names, |names| names.iter().any(|n| n == name))
+            .wait_timeout_while(names, most, |names| names.iter().any(|n| n == name))
             .unwrap_or_else(|e| e.into_inner());
+        !names.iter().any(|n| n == name)
     }
 
     /// Waits until no filing is under way; false when one was given up.
@@ -688,9 +690,24 @@ impl Worker {
         for name in order {
             // A delivery again under a name still being filed keeps its
             // place: it is probed (listed anew) once that filing ended,
-            // and nothing after it is taken meanwhile.
+            // and nothing after it is taken meanwhile. A filing tried
+            // again (a stop or a lost lease ends it) is waited for a lease
+            // at a time; nothing is taken once the holder stops or its
+            // lease is lost meanwhile, and `--once` leaves it for the next
+            // run.
             if let Some(f) = &fence {
-                f.filings.wait_for(&name);
+                let filed = f.filings.wait_for(&name, every * 6);
+                if !filed && self.once {
+                    log::info!(
+                        "pipeline={} bundle={}: delivered again while its filing is tried again; --once leaves it for the next run",
+                        self.pipeline.id,
+                        crate::text::escape::inert(&name)
+                    );
+                    self.tally.unclaimed.fetch_add(1, Ordering::Relaxed);
+                }
+                if !filed || self.stopping() || f.held.valid().is_err() {
+                    return Ok(None);
+                }
             }
             // An incomplete bundle is probed again once per listing
             // interval, not before each bundle of a backlog behind it.
@@ -833,11 +850,13 @@ impl Worker {
             .map(String::as_str)
             .filter(|n| !inbox.arrivals.contains_key(*n))
             .filter(|n| recheck || !inbox.taken.contains_key(*n))
+            // A name taken is asked again at each recheck, above.
             .filter(|n| {
-                inbox
-                    .absent
-                    .get(*n)
-                    .is_none_or(|at| at.elapsed() >= every * 6)
+                inbox.taken.contains_key(*n)
+                    || inbox
+                        .absent
+                        .get(*n)
+                        .is_none_or(|at| at.elapsed() >= every * 6)
             })
             .collect();
         self.learn_arrivals(bucket, inbox, &unknown)
@@ -1556,7 +1575,7 @@ fn unholdable(e: &std::io::Error) -> Option<String> {
     }
     matches!(e.kind(), K::AlreadyExists | K::NotADirectory | K::IsADirectory).then(|| {
         format!(
-            "two of its objects cannot both be files ({e}): one is named as a folder of the other; rename one and deliver it again"
+            "two of its paths cannot both be written into this host's work/ ({e}): one names a folder the other needs as a file, or they differ only in case on a file system that ignores case; rename one and deliver it again"
         )
     })
 }
@@ -1635,15 +1654,15 @@ mod tests {
             ),
             (
                 Error::from_raw_os_error(libc::EEXIST),
-                Some("cannot both be files"),
+                Some("cannot both be written"),
             ),
             (
                 Error::from_raw_os_error(libc::ENOTDIR),
-                Some("cannot both be files"),
+                Some("cannot both be written"),
             ),
             (
                 Error::from_raw_os_error(libc::EISDIR),
-                Some("cannot both be files"),
+                Some("cannot both be written"),
             ),
             (Error::from_raw_os_error(libc::ENOSPC), None),
             (Error::from_raw_os_error(libc::EACCES), None),

@@ -295,21 +295,20 @@ fn inbox(
             _ => None,
         };
         let (state, mut reason) = match &probe.state {
-            State::NoManifest if let Some(filed) = left_behind => (
-                Waiting::NoManifest,
-                format!(
-                    "left behind by its failure, filed as {FAILED}/{}: the server would not copy these objects beside it (the agent's log names them); once you have them elsewhere, delete them with an S3 client (`aws s3 rm --recursive {}/{INBOX}/{}/`)",
-                    inert(&filed),
-                    bucket.label(),
-                    inert(&name)
-                ),
-            ),
             State::NoManifest => (
                 Waiting::NoManifest,
-                format!(
-                    "no {} yet (its newest object is {quiet} old); a bundle is complete once its {0} is there and every file it lists has its declared size: upload {0} last (docs/producers.md)",
-                    crate::bundle::MANIFEST
-                ),
+                match left_behind {
+                    Some(filed) => format!(
+                        "left behind by its failure, filed as {FAILED}/{}: the server would not copy these objects beside it (the agent's log names them); once you have them elsewhere, delete them with an S3 client (`aws s3 rm --recursive {}/{INBOX}/{}/`)",
+                        inert(&filed),
+                        bucket.label(),
+                        inert(&name)
+                    ),
+                    None => format!(
+                        "no {} yet (its newest object is {quiet} old); a bundle is complete once its {0} is there and every file it lists has its declared size: upload {0} last (docs/producers.md)",
+                        crate::bundle::MANIFEST
+                    ),
+                },
             ),
             State::Incomplete(what) => (
                 Waiting::Incomplete,

@@ -471,12 +471,12 @@ impl Bucket {
             // by a larger one: looked at again at the next look (whose
             // listing shows its size).
             Err(s3::Error::Oversize { .. }) => return Ok(probe),
-            // Replaced or deleted since the listing (S3 may refuse a key
-            // deleted meanwhile): looked at again at the next look.
-            Err(e) if self.refuses(&e) && !self.still_listed(name, &listed_manifest, most) => {
-                return Ok(probe);
-            }
             Err(e) if self.refuses(&e) => {
+                // Replaced or deleted since the listing (S3 may refuse a
+                // key deleted meanwhile): looked at again at the next look.
+                if !self.still_listed(name, &listed_manifest, most) {
+                    return Ok(probe);
+                }
                 probe.state = State::Broken(format!(
                     "the intake bucket refuses to give its {MANIFEST} ({e}) while it answers this agent otherwise: an object encrypted with a key of the producer's (SSE-C), archived, or denied to this agent by a policy; upload it again as a plain object, readable by the agent"
                 ));
@@ -768,8 +768,10 @@ impl Bucket {
     /// The name in `failed/` of the failure that left behind the objects
     /// of bundle `name` still in the inbox, the newest of them written at
     /// `newest` (objects the server would not copy beside it): its newest
-    /// failed result, written since, and recording `name`. `None` for
-    /// objects of a delivery still under way.
+    /// failed result, recording `name` and a manifest written no earlier
+    /// than the objects (a producer uploads a bundle's files before its
+    /// manifest). `None` for objects of a delivery still under way, and
+    /// for a failure that does not record its manifest's time.
     pub fn left_behind_by(&self, name: &str, newest: OffsetDateTime) -> s3::Result<Option<String>> {
         let newest_result = self
             .taken_names(FAILED, name)?
@@ -783,11 +785,13 @@ impl Bucket {
             return Ok(None);
         }
         let doc = self.result(FAILED, &filed)?;
-        let records = doc
-            .as_ref()
-            .and_then(|d| d.get("intake")?.get("name")?.as_str())
-            == Some(name);
-        Ok(records.then_some(filed))
+        let recorded = |key: &str| doc.as_ref()?.get("intake")?.get(key)?.as_str();
+        let manifest_at = recorded("manifest_last_modified")
+            .and_then(|t| crate::catalog::parse_time(t).ok())
+            .filter(|at| *at > OffsetDateTime::UNIX_EPOCH);
+        let before_manifest =
+            manifest_at.is_some_and(|at| newest.unix_timestamp() <= at.unix_timestamp());
+        Ok((recorded("name") == Some(name) && before_manifest).then_some(filed))
     }
 
     /// Copies a failed bundle's objects beside its result (server-side).
