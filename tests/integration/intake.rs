@@ -90,6 +90,24 @@ impl Intake {
             .collect()
     }
 
+    /// The row of `name` in `spool list --inbox --json`.
+    #[track_caller]
+    pub fn inbox_row(&self, name: &str) -> serde_json::Value {
+        let out = self
+            .cmd("config.yaml")
+            .args(["spool", "list", "--inbox", "--json"])
+            .output();
+        out.expect_code(0);
+        let rows = out.json();
+        let row = rows
+            .as_array()
+            .expect("an array")
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned();
+        row.unwrap_or_else(|| panic!("no {name} in {rows}"))
+    }
+
     /// The names below `done/` (or `failed/`) in the bucket.
     pub fn filed(&self, folder: &str) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -819,18 +837,7 @@ fn keys_no_request_can_name_hold_back_no_other_bundle() {
     );
     assert!(agent.stderr().contains("delete it with an S3 client"));
     // `spool list` shows it, and why it is never claimed.
-    let list = i
-        .cmd("config.yaml")
-        .args(["spool", "list", "--inbox", "--json"])
-        .output();
-    list.expect_code(0);
-    let rows = list.json();
-    let row = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == "tab\tx")
-        .unwrap_or_else(|| panic!("{}", list.stdout));
+    let row = i.inbox_row("tab\tx");
     assert_eq!(row["state"], "unreadable", "{row}");
     assert!(
         row["reason"].as_str().unwrap().contains("never claimed"),
@@ -932,22 +939,7 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
     );
     // The operator is told what the object left in the inbox is, and how
     // to remove it; not that it waits for its manifest.
-    let why = |name: &str| {
-        let out = i
-            .cmd("config.yaml")
-            .args(["spool", "list", "--inbox", "--json"])
-            .output();
-        out.expect_code(0);
-        let rows = out.json();
-        let row = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .cloned();
-        row.unwrap_or_else(|| panic!("no {name} in {rows}"))
-    };
-    let sealed = why("sealed");
+    let sealed = i.inbox_row("sealed");
     assert_eq!(sealed["state"], "no_manifest", "{sealed}");
     let reason = sealed["reason"].as_str().unwrap();
     assert!(
@@ -963,7 +955,7 @@ fn an_object_the_server_refuses_for_good_fails_its_bundle_and_no_other() {
         i.put("inbox/sealed/again.txt", b"again\n");
         written("inbox/sealed/again.txt").unix_timestamp() > failed_at.unix_timestamp()
     }));
-    let again = why("sealed");
+    let again = i.inbox_row("sealed");
     assert!(
         again["reason"]
             .as_str()
@@ -1205,19 +1197,25 @@ fn once_losing_the_server(
     server: &mut crate::seaweed::OwnServer,
     failpoint: &str,
 ) -> Output {
+    let mut run = once_stopped_at(i, failpoint);
+    server.stop(libc::SIGKILL);
+    run.signal(libc::SIGCONT);
+    run.finish(Duration::from_secs(120))
+}
+
+/// `agent --once` stopped (SIGSTOP) at `failpoint`, waiting for SIGCONT.
+fn once_stopped_at(i: &Intake, failpoint: &str) -> Proc {
     let mut cmd = i.cmd("config.yaml");
     cmd.env("RUST_LOG", "info")
         .env("DISTRIBUTOR_FAILPOINT", failpoint)
         .args(["agent", "--once"]);
-    let mut run = cmd.start();
+    let run = cmd.start();
     assert!(
         wait_for(Duration::from_secs(30), || run.stopped()),
         "{}",
         run.stderr()
     );
-    server.stop(libc::SIGKILL);
-    run.signal(libc::SIGCONT);
-    run.finish(Duration::from_secs(120))
+    run
 }
 
 #[test]
@@ -1346,16 +1344,7 @@ fn a_delivery_again_under_a_name_being_filed_keeps_its_place_in_arrival_order() 
     location.endpoint = Some(proxy.endpoint.clone());
     let i = Intake::at(location, "");
     i.upload("a", &i.t.bundle("a1", &[("a.txt", "one\n")]));
-    let mut cmd = i.cmd("config.yaml");
-    cmd.env("RUST_LOG", "info")
-        .env("DISTRIBUTOR_FAILPOINT", "intake.fetched:1:stop")
-        .args(["agent", "--once"]);
-    let mut run = cmd.start();
-    assert!(
-        wait_for(Duration::from_secs(30), || run.stopped()),
-        "{}",
-        run.stderr()
-    );
+    let mut run = once_stopped_at(&i, "intake.fetched:1:stop");
     // While `a` is processed: `a` delivered again, then `b`, a second
     // later by the server's clock.
     i.upload("a", &i.t.bundle("a2", &[("a.txt", "two\n")]));
@@ -1495,16 +1484,7 @@ fn a_manifest_replaced_by_one_over_the_cap_after_a_look_fails_its_bundle_only() 
     .unwrap();
     i.upload("x", &x);
     upload_at("y", "y\n");
-    let mut cmd = i.cmd("config.yaml");
-    cmd.env("RUST_LOG", "info")
-        .env("DISTRIBUTOR_FAILPOINT", "intake.fetched:1:stop")
-        .args(["agent", "--once"]);
-    let mut run = cmd.start();
-    assert!(
-        wait_for(Duration::from_secs(30), || run.stopped()),
-        "{}",
-        run.stderr()
-    );
+    let mut run = once_stopped_at(&i, "intake.fetched:1:stop");
     // Looked at, and `w` fetched: `x`'s manifest is then replaced by one
     // over the cap (1 MiB at max_files 4).
     i.put("inbox/x/manifest.json", &vec![b' '; (1 << 20) + 1]);
