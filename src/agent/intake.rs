@@ -1057,11 +1057,14 @@ impl Worker {
                 match bucket.fetch(probe, &work) {
                     // A path this host cannot hold: the bundle fails, the
                     // ones after it go on.
-                    Err(intake::FetchError::Local(e)) if unholdable(&e).is_some() => {
-                        let _ = std::fs::remove_dir_all(&work);
-                        fail = unholdable(&e);
-                        None
-                    }
+                    Err(intake::FetchError::Local(e)) => match unholdable(&e) {
+                        Some(why) => {
+                            let _ = std::fs::remove_dir_all(&work);
+                            fail = Some(why);
+                            None
+                        }
+                        None => Some(Err(intake::FetchError::Local(e))),
+                    },
                     // One object the server refuses for good, while it
                     // answers this agent otherwise (a read of the lease):
                     // that object's fault, not an outage's or the

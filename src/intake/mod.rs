@@ -738,31 +738,38 @@ impl Bucket {
         name: &str,
         (etag, at): Delivery<'_>,
     ) -> s3::Result<bool> {
-        let got = self
-            .root
-            .get_small(&Bucket::key(folder, filed, RESULT), RESULT_CAP)?;
-        let Some(small) = got else {
+        let Some(recorded) = self.recorded(folder, filed)? else {
             return Ok(false);
         };
-        let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&small.bytes) else {
+        let Some(version) = recorded.manifest_etag else {
             return Ok(false);
         };
-        let recorded = |key: &str| doc.get("intake")?.get(key)?.as_str();
-        let Some(version) = recorded("manifest_etag") else {
-            return Ok(false);
-        };
-        if recorded("name").is_some_and(|n| n != name) {
+        if recorded.name.is_some_and(|n| n != name) {
             return Ok(false);
         }
-        if !same_version(&ETag(version.to_owned()), etag) {
+        if !same_version(&ETag(version), etag) {
             return Ok(false);
         }
-        let second =
-            recorded("manifest_last_modified").and_then(|t| crate::catalog::parse_time(t).ok());
-        Ok(match (second, at) {
+        Ok(match (recorded.manifest_at, at) {
             (Some(a), Some(b)) => same_second(a, b),
             _ => true,
         })
+    }
+
+    /// What the result `folder/filed` records of the delivery it was
+    /// filed for (its `intake` object); `None` without a result that
+    /// parses.
+    fn recorded(&self, folder: &str, filed: &str) -> s3::Result<Option<Recorded>> {
+        let Some(doc) = self.result(folder, filed)? else {
+            return Ok(None);
+        };
+        let text = |key: &str| Some(doc.get("intake")?.get(key)?.as_str()?.to_owned());
+        Ok(Some(Recorded {
+            name: text("name"),
+            manifest_etag: text("manifest_etag"),
+            manifest_at: text("manifest_last_modified")
+                .and_then(|t| crate::catalog::parse_time(&t).ok()),
+        }))
     }
 
     /// The name in `failed/` of the failure that left behind the objects
@@ -784,14 +791,14 @@ impl Bucket {
         if written < newest {
             return Ok(None);
         }
-        let doc = self.result(FAILED, &filed)?;
-        let recorded = |key: &str| doc.as_ref()?.get("intake")?.get(key)?.as_str();
-        let manifest_at = recorded("manifest_last_modified")
-            .and_then(|t| crate::catalog::parse_time(t).ok())
-            .filter(|at| *at > OffsetDateTime::UNIX_EPOCH);
-        let before_manifest =
-            manifest_at.is_some_and(|at| newest.unix_timestamp() <= at.unix_timestamp());
-        Ok((recorded("name") == Some(name) && before_manifest).then_some(filed))
+        let Some(recorded) = self.recorded(FAILED, &filed)? else {
+            return Ok(None);
+        };
+        let before_manifest = recorded
+            .manifest_at
+            .filter(|at| *at > OffsetDateTime::UNIX_EPOCH)
+            .is_some_and(|at| newest.unix_timestamp() <= at.unix_timestamp());
+        Ok((recorded.name.as_deref() == Some(name) && before_manifest).then_some(filed))
     }
 
     /// Copies a failed bundle's objects beside its result (server-side).
@@ -1264,6 +1271,13 @@ pub fn same_delivery(a: (&ETag, OffsetDateTime), b: (&ETag, OffsetDateTime)) -> 
 /// may carry milliseconds that a response header does not).
 fn same_second(a: OffsetDateTime, b: OffsetDateTime) -> bool {
     a.unix_timestamp() == b.unix_timestamp()
+}
+
+/// What a result records of the delivery it was filed for.
+struct Recorded {
+    name: Option<String>,
+    manifest_etag: Option<String>,
+    manifest_at: Option<OffsetDateTime>,
 }
 
 /// Why a bundle could not be brought into `work/`.
